@@ -1,0 +1,70 @@
+//! Body types shared by the server, the upstream client and the replies:
+//! everything idemgate sends is a [`ProxyBody`], either bytes it holds or a
+//! stream it passes through.
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request or response body idemgate sends.
+pub type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// A body of bytes held in memory (hyper sends it with a Content-Length).
+pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// A streamed body, passed through as it arrives.
+pub fn stream<B>(body: B) -> ProxyBody
+where
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed()
+}
+
+pin_project_lite::pin_project! {
+    /// A body whose first bytes were already read (while deciding whether the
+    /// response fits the store), followed by the rest as it streams.
+    pub struct Prefixed<B> {
+        prefix: Option<Bytes>,
+        #[pin]
+        rest: B,
+    }
+}
+
+impl<B> Prefixed<B> {
+    pub fn new(prefix: Bytes, rest: B) -> Self {
+        Prefixed {
+            prefix: (!prefix.is_empty()).then_some(prefix),
+            rest,
+        }
+    }
+}
+
+impl<B> http_body::Body for Prefixed<B>
+where
+    B: http_body::Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let this = self.project();
+        if let Some(prefix) = this.prefix.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(prefix))));
+        }
+        this.rest.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_none() && self.rest.is_end_stream()
+    }
+}

@@ -1,0 +1,828 @@
+//! Configuration: the TOML file as written (`Raw*` types, `deny_unknown_fields`)
+//! kept apart from the validated runtime [`Config`] the gateway runs on.
+//!
+//! Invariant: a `Config` value is always valid. Every unknown field, bad value,
+//! and field whose feature is not built yet is rejected here with the file, the
+//! field and the reason, never silently ignored (DESIGN §6).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::{Method, Uri};
+use serde::Deserialize;
+
+/// Why a configuration was refused. Each variant names the source (file path or
+/// `<inline>`), so an operator knows what to edit.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{source_name}: cannot read: {error}")]
+    Read {
+        source_name: String,
+        error: std::io::Error,
+    },
+    #[error("{source_name}: {message}")]
+    Parse {
+        source_name: String,
+        message: String,
+    },
+    #[error("{source_name}: field `{field}`: {reason}")]
+    Invalid {
+        source_name: String,
+        field: String,
+        reason: String,
+    },
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub store: StoreConfig,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// Slow or silent clients are cut off after this long without a full head.
+    pub header_read_timeout: Duration,
+    /// hyper's read buffer bound; larger request heads get 431.
+    pub max_header_bytes: usize,
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub url: StoreUrl,
+    pub durability: Durability,
+}
+
+/// Where operations are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    Sqlite(PathBuf),
+}
+
+impl StoreUrl {
+    /// Parses `sqlite://PATH` (or `sqlite:PATH`); `sqlite:///abs/path.db` is absolute.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"));
+        match path {
+            Some("") => Err("the sqlite URL names no file".into()),
+            Some(p) if p.contains('?') => {
+                Err("sqlite URL options are not supported; use the [store] fields".into())
+            }
+            Some(p) if p.starts_with(":memory:") => Err(
+                "an in-memory store would forget every operation on restart; name a file".into(),
+            ),
+            Some(p) => Ok(StoreUrl::Sqlite(PathBuf::from(p))),
+            None if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Err("the PostgreSQL store is not built yet; use sqlite://FILE".into())
+            }
+            None => Err("expected sqlite://FILE".into()),
+        }
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
+        }
+    }
+}
+
+/// How hard each commit is pushed to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync every commit: survives a power loss.
+    Full,
+    /// Survives a process crash, not a power loss.
+    Normal,
+}
+
+/// Where a write's `Idempotency-Key` comes from when the client sends none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyMode {
+    Require,
+    Assign,
+    Off,
+}
+
+impl std::str::FromStr for KeyMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "require" => Ok(KeyMode::Require),
+            "assign" => Ok(KeyMode::Assign),
+            "off" => Ok(KeyMode::Off),
+            "derive" => Err("key mode `derive` is not built yet".into()),
+            other => Err(format!(
+                "unknown key mode `{other}`: expected require, assign or off"
+            )),
+        }
+    }
+}
+
+/// The origin a route forwards to: scheme and authority only.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
+}
+
+impl Upstream {
+    fn parse(url: &str) -> Result<Self, String> {
+        let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+        let scheme = uri.scheme().cloned().ok_or("the URL has no scheme")?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(format!("scheme `{scheme}` is not http or https"));
+        }
+        let authority = uri.authority().cloned().ok_or("the URL has no host")?;
+        if authority.as_str().contains('@') {
+            return Err("credentials in the upstream URL are not allowed".into());
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err("give the origin only (scheme://host[:port]); request paths are forwarded unchanged".into());
+        }
+        Ok(Upstream { scheme, authority })
+    }
+
+    /// The upstream URI for a request's path and query.
+    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+    }
+}
+
+/// One validated `[[routes]]` entry.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub path_prefix: String,
+    pub upstream: Upstream,
+    pub methods: Vec<Method>,
+    pub key: KeyMode,
+    pub scope_headers: Vec<HeaderName>,
+    pub allow_anonymous: bool,
+    pub fingerprint_headers: Vec<HeaderName>,
+    pub ignore_fields: Vec<String>,
+    /// `None` when the file sets it to the empty string: the key is not forwarded.
+    pub forward_key_header: Option<HeaderName>,
+    pub connect_timeout: Duration,
+    pub upstream_timeout: Duration,
+    pub connect_retries: u32,
+    pub release_statuses: Vec<u16>,
+    pub unknown_statuses: Vec<u16>,
+    pub max_body: usize,
+    pub max_stored_response: usize,
+    pub store_request_body: bool,
+}
+
+impl AsRef<Route> for Route {
+    fn as_ref(&self) -> &Route {
+        self
+    }
+}
+
+impl Route {
+    /// Whether a request with this method is a write this route protects.
+    pub fn intercepts(&self, method: &Method) -> bool {
+        self.key != KeyMode::Off && self.methods.contains(method)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The file as written.
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
+    routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<String>,
+    admin_listen: Option<String>,
+    admin_token_env: Option<String>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    header_read_timeout: Option<String>,
+    max_header_bytes: Option<String>,
+    shutdown_grace: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    url: Option<String>,
+    durability: Option<String>,
+    retention: Option<String>,
+    encryption_key_env: Option<String>,
+    lease: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    name: Option<String>,
+    path_prefix: Option<String>,
+    upstream: Option<String>,
+    upstream_ca: Option<String>,
+    methods: Option<Vec<String>>,
+    key: Option<String>,
+    derive_from: Option<Vec<String>>,
+    derive_window: Option<String>,
+    scope_headers: Option<Vec<String>>,
+    allow_anonymous: Option<bool>,
+    fingerprint_headers: Option<Vec<String>>,
+    ignore_fields: Option<Vec<String>>,
+    forward_key_header: Option<String>,
+    in_progress: Option<String>,
+    wait_timeout: Option<String>,
+    connect_timeout: Option<String>,
+    upstream_timeout: Option<String>,
+    late_window: Option<String>,
+    connect_retries: Option<u32>,
+    release_statuses: Option<Vec<u16>>,
+    unknown_statuses: Option<Vec<u16>>,
+    max_body: Option<String>,
+    max_stored_response: Option<String>,
+    store_request_body: Option<bool>,
+    pause_after_unknown: Option<u32>,
+    reconcile: Option<toml::Value>,
+}
+
+/// Command-line values that override the file's `[server]` and `[store]`.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    pub store_url: Option<String>,
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let source_name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            source_name: source_name.clone(),
+            error,
+        })?;
+        Self::from_toml_str(&text, &source_name)
+    }
+
+    /// Parses and validates TOML text; `source_name` names it in errors.
+    pub fn from_toml_str(text: &str, source_name: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            source_name: source_name.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        Validator { source_name }.config(raw)
+    }
+
+    /// The no-file mode: one catch-all route to `upstream`.
+    pub fn single_route(upstream: &str, key: KeyMode) -> Result<Config, ConfigError> {
+        let raw = RawConfig {
+            routes: vec![RawRoute {
+                name: Some("default".into()),
+                path_prefix: Some("/".into()),
+                upstream: Some(upstream.into()),
+                ..RawRoute::default()
+            }],
+            ..RawConfig::default()
+        };
+        let mut config = Validator {
+            source_name: "--upstream",
+        }
+        .config(raw)?;
+        config.routes[0].key = key;
+        Ok(config)
+    }
+
+    /// Applies command-line overrides, validating them like file values.
+    pub fn apply(&mut self, overrides: &Overrides) -> Result<(), ConfigError> {
+        if let Some(listen) = overrides.listen {
+            self.server.listen = listen;
+        }
+        if let Some(admin) = overrides.admin_listen {
+            self.server.admin_listen = admin;
+        }
+        if let Some(url) = &overrides.store_url {
+            self.store.url = StoreUrl::parse(url).map_err(|reason| ConfigError::Invalid {
+                source_name: "--store".into(),
+                field: "store.url".into(),
+                reason,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+struct Validator<'a> {
+    source_name: &'a str,
+}
+
+impl Validator<'_> {
+    fn invalid(&self, field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            source_name: self.source_name.to_string(),
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    fn not_built<T>(&self, field: &str, value: &Option<T>) -> Result<(), ConfigError> {
+        match value {
+            Some(_) => Err(self.invalid(field, "this feature is not built yet; remove the field")),
+            None => Ok(()),
+        }
+    }
+
+    fn duration(
+        &self,
+        field: &str,
+        value: Option<&str>,
+        default: &str,
+    ) -> Result<Duration, ConfigError> {
+        let text = value.unwrap_or(default);
+        let parsed = humantime::parse_duration(text).map_err(|e| {
+            self.invalid(
+                field,
+                format!("`{text}` is not a duration ({e}); e.g. \"500ms\", \"10s\", \"24h\""),
+            )
+        })?;
+        if parsed.is_zero() {
+            return Err(self.invalid(field, "must be greater than zero"));
+        }
+        Ok(parsed)
+    }
+
+    fn size(&self, field: &str, value: Option<&str>, default: &str) -> Result<usize, ConfigError> {
+        let text = value.unwrap_or(default);
+        let parsed: bytesize::ByteSize = text.parse().map_err(|e| {
+            self.invalid(
+                field,
+                format!("`{text}` is not a size ({e}); e.g. \"64KiB\", \"10MiB\""),
+            )
+        })?;
+        usize::try_from(parsed.as_u64())
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| self.invalid(field, "must be greater than zero"))
+    }
+
+    fn addr(
+        &self,
+        field: &str,
+        value: Option<&str>,
+        default: &str,
+    ) -> Result<SocketAddr, ConfigError> {
+        let text = value.unwrap_or(default);
+        text.parse().map_err(|_| {
+            self.invalid(
+                field,
+                format!("`{text}` is not IP:PORT, e.g. \"127.0.0.1:8080\""),
+            )
+        })
+    }
+
+    fn headers(
+        &self,
+        field: &str,
+        names: Option<Vec<String>>,
+        default: &[&str],
+    ) -> Result<Vec<HeaderName>, ConfigError> {
+        let names = names.unwrap_or_else(|| default.iter().map(|s| s.to_string()).collect());
+        names
+            .iter()
+            .map(|n| {
+                HeaderName::from_bytes(n.as_bytes())
+                    .map_err(|_| self.invalid(field, format!("`{n}` is not a header name")))
+            })
+            .collect()
+    }
+
+    fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+        let server = self.server(raw.server)?;
+        let store = self.store(raw.store)?;
+        if raw.routes.is_empty() {
+            return Err(self.invalid("routes", "at least one [[routes]] entry is needed"));
+        }
+        let mut routes = Vec::with_capacity(raw.routes.len());
+        for (i, raw_route) in raw.routes.into_iter().enumerate() {
+            let route = self.route(i, raw_route)?;
+            if routes.iter().any(|r: &Route| r.name == route.name) {
+                return Err(self.invalid(
+                    format!("routes[{i}].name"),
+                    format!("route name `{}` is used twice", route.name),
+                ));
+            }
+            if routes
+                .iter()
+                .any(|r: &Route| r.path_prefix == route.path_prefix)
+            {
+                return Err(self.invalid(
+                    format!("routes[{i}].path_prefix"),
+                    format!("path_prefix `{}` is used twice", route.path_prefix),
+                ));
+            }
+            routes.push(route);
+        }
+        Ok(Config {
+            server,
+            store,
+            routes,
+        })
+    }
+
+    fn server(&self, raw: RawServer) -> Result<ServerConfig, ConfigError> {
+        self.not_built("server.admin_token_env", &raw.admin_token_env)?;
+        self.not_built("server.tls_cert", &raw.tls_cert)?;
+        self.not_built("server.tls_key", &raw.tls_key)?;
+        let max_header_bytes = self.size(
+            "server.max_header_bytes",
+            raw.max_header_bytes.as_deref(),
+            "64KiB",
+        )?;
+        if max_header_bytes < 8192 {
+            return Err(self.invalid(
+                "server.max_header_bytes",
+                "must be at least 8KiB (hyper's smallest read buffer)",
+            ));
+        }
+        Ok(ServerConfig {
+            listen: self.addr("server.listen", raw.listen.as_deref(), "127.0.0.1:8080")?,
+            admin_listen: self.addr(
+                "server.admin_listen",
+                raw.admin_listen.as_deref(),
+                "127.0.0.1:9090",
+            )?,
+            header_read_timeout: self.duration(
+                "server.header_read_timeout",
+                raw.header_read_timeout.as_deref(),
+                "10s",
+            )?,
+            max_header_bytes,
+            shutdown_grace: self.duration(
+                "server.shutdown_grace",
+                raw.shutdown_grace.as_deref(),
+                "30s",
+            )?,
+        })
+    }
+
+    fn store(&self, raw: RawStore) -> Result<StoreConfig, ConfigError> {
+        self.not_built("store.retention", &raw.retention)?;
+        self.not_built("store.encryption_key_env", &raw.encryption_key_env)?;
+        self.not_built("store.lease", &raw.lease)?;
+        let url = StoreUrl::parse(raw.url.as_deref().unwrap_or("sqlite://idemgate.db"))
+            .map_err(|reason| self.invalid("store.url", reason))?;
+        let durability = match raw.durability.as_deref().unwrap_or("full") {
+            "full" => Durability::Full,
+            "normal" => Durability::Normal,
+            other => {
+                return Err(self.invalid(
+                    "store.durability",
+                    format!("`{other}`: expected full or normal"),
+                ));
+            }
+        };
+        Ok(StoreConfig { url, durability })
+    }
+
+    fn route(&self, i: usize, raw: RawRoute) -> Result<Route, ConfigError> {
+        let field = |name: &str| format!("routes[{i}].{name}");
+        self.not_built(&field("upstream_ca"), &raw.upstream_ca)?;
+        self.not_built(&field("derive_from"), &raw.derive_from)?;
+        self.not_built(&field("derive_window"), &raw.derive_window)?;
+        self.not_built(&field("in_progress"), &raw.in_progress)?;
+        self.not_built(&field("wait_timeout"), &raw.wait_timeout)?;
+        self.not_built(&field("late_window"), &raw.late_window)?;
+        self.not_built(&field("pause_after_unknown"), &raw.pause_after_unknown)?;
+        self.not_built(&field("reconcile"), &raw.reconcile)?;
+
+        let name = raw
+            .name
+            .ok_or_else(|| self.invalid(field("name"), "is required"))?;
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(self.invalid(field("name"), "use letters, digits, `-` and `_` only"));
+        }
+        let path_prefix = raw.path_prefix.unwrap_or_else(|| "/".into());
+        if !path_prefix.starts_with('/') || path_prefix.contains(['?', '#']) {
+            return Err(self.invalid(field("path_prefix"), "must be a path starting with `/`"));
+        }
+        let upstream_text = raw
+            .upstream
+            .ok_or_else(|| self.invalid(field("upstream"), "is required"))?;
+        let upstream = Upstream::parse(&upstream_text)
+            .map_err(|reason| self.invalid(field("upstream"), reason))?;
+
+        let methods =
+            raw.methods
+                .unwrap_or_else(|| vec!["POST".into(), "PATCH".into()])
+                .iter()
+                .map(|m| {
+                    let method = Method::from_bytes(m.as_bytes()).map_err(|_| {
+                        self.invalid(field("methods"), format!("`{m}` is not a method"))
+                    })?;
+                    if m.to_ascii_uppercase() != *m {
+                        return Err(self
+                            .invalid(field("methods"), format!("`{m}`: methods are upper case")));
+                    }
+                    if method.is_safe() {
+                        return Err(self.invalid(
+                            field("methods"),
+                            format!("`{m}` is a safe method, never a write"),
+                        ));
+                    }
+                    Ok(method)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+        let key = raw
+            .key
+            .as_deref()
+            .unwrap_or("require")
+            .parse()
+            .map_err(|reason: String| self.invalid(field("key"), reason))?;
+        let scope_headers = self.headers(
+            &field("scope_headers"),
+            raw.scope_headers,
+            &["authorization"],
+        )?;
+        let allow_anonymous = raw.allow_anonymous.unwrap_or(false);
+        if scope_headers.is_empty() && !allow_anonymous {
+            return Err(self.invalid(
+                field("scope_headers"),
+                "is empty: set allow_anonymous = true to share keys between all clients",
+            ));
+        }
+        let ignore_fields = raw.ignore_fields.unwrap_or_default();
+        for pointer in &ignore_fields {
+            if !pointer.starts_with('/') {
+                return Err(self.invalid(
+                    field("ignore_fields"),
+                    format!("`{pointer}` is not a JSON pointer (e.g. \"/nonce\")"),
+                ));
+            }
+        }
+        let forward_key_header = match raw
+            .forward_key_header
+            .as_deref()
+            .unwrap_or("Idempotency-Key")
+        {
+            "" => None,
+            name => Some(HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                self.invalid(
+                    field("forward_key_header"),
+                    format!("`{name}` is not a header name"),
+                )
+            })?),
+        };
+        let release_statuses = self.statuses(
+            &field("release_statuses"),
+            raw.release_statuses,
+            &[429, 503],
+        )?;
+        let unknown_statuses = self.statuses(
+            &field("unknown_statuses"),
+            raw.unknown_statuses,
+            &[502, 504],
+        )?;
+        if let Some(both) = release_statuses
+            .iter()
+            .find(|s| unknown_statuses.contains(s))
+        {
+            return Err(self.invalid(
+                field("unknown_statuses"),
+                format!("{both} is also a release status"),
+            ));
+        }
+        let connect_retries = raw.connect_retries.unwrap_or(2);
+        if connect_retries > 10 {
+            return Err(self.invalid(field("connect_retries"), "at most 10"));
+        }
+        Ok(Route {
+            name,
+            path_prefix,
+            upstream,
+            methods,
+            key,
+            scope_headers,
+            allow_anonymous,
+            fingerprint_headers: self.headers(
+                &field("fingerprint_headers"),
+                raw.fingerprint_headers,
+                &["content-type"],
+            )?,
+            ignore_fields,
+            forward_key_header,
+            connect_timeout: self.duration(
+                &field("connect_timeout"),
+                raw.connect_timeout.as_deref(),
+                "5s",
+            )?,
+            upstream_timeout: self.duration(
+                &field("upstream_timeout"),
+                raw.upstream_timeout.as_deref(),
+                "30s",
+            )?,
+            connect_retries,
+            release_statuses,
+            unknown_statuses,
+            max_body: self.size(&field("max_body"), raw.max_body.as_deref(), "10MiB")?,
+            max_stored_response: self.size(
+                &field("max_stored_response"),
+                raw.max_stored_response.as_deref(),
+                "1MiB",
+            )?,
+            store_request_body: raw.store_request_body.unwrap_or(false),
+        })
+    }
+
+    fn statuses(
+        &self,
+        field: &str,
+        value: Option<Vec<u16>>,
+        default: &[u16],
+    ) -> Result<Vec<u16>, ConfigError> {
+        let statuses = value.unwrap_or_else(|| default.to_vec());
+        for status in &statuses {
+            if !(400..=599).contains(status) {
+                return Err(self.invalid(
+                    field,
+                    format!("{status}: only 4xx and 5xx statuses can release or hold an operation"),
+                ));
+            }
+        }
+        Ok(statuses)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "[[routes]]\nname = \"api\"\nupstream = \"http://127.0.0.1:9\"\n";
+
+    fn error_of(text: &str) -> String {
+        Config::from_toml_str(text, "test.toml")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn defaults_follow_the_design() {
+        let config = Config::from_toml_str(MINIMAL, "test.toml").unwrap();
+        assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(config.server.admin_listen.to_string(), "127.0.0.1:9090");
+        assert_eq!(config.store.url, StoreUrl::Sqlite("idemgate.db".into()));
+        assert_eq!(config.store.durability, Durability::Full);
+        let route = &config.routes[0];
+        assert_eq!(route.methods, vec![Method::POST, Method::PATCH]);
+        assert_eq!(route.key, KeyMode::Require);
+        assert_eq!(route.scope_headers, vec![http::header::AUTHORIZATION]);
+        assert_eq!(
+            route.forward_key_header.as_ref().map(|h| h.as_str()),
+            Some("idempotency-key")
+        );
+        assert_eq!(route.max_body, 10 * 1024 * 1024);
+        assert_eq!(route.max_stored_response, 1024 * 1024);
+        assert_eq!(route.release_statuses, vec![429, 503]);
+        assert_eq!(route.unknown_statuses, vec![502, 504]);
+        assert_eq!(route.upstream_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_with_the_file() {
+        let err = error_of(&format!("{MINIMAL}colour = \"blue\"\n"));
+        assert!(err.starts_with("test.toml:"), "{err}");
+        assert!(err.contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_field_and_reason() {
+        let err = error_of(&format!("{MINIMAL}max_body = \"lots\"\n"));
+        assert!(
+            err.contains("routes[0].max_body") && err.contains("not a size"),
+            "{err}"
+        );
+        let err = error_of(&format!("{MINIMAL}upstream_timeout = \"0s\"\n"));
+        assert!(err.contains("routes[0].upstream_timeout"), "{err}");
+        let err = error_of(&format!("{MINIMAL}key = \"sometimes\"\n"));
+        assert!(
+            err.contains("routes[0].key") && err.contains("sometimes"),
+            "{err}"
+        );
+        let err = error_of(&format!("{MINIMAL}methods = [\"GET\"]\n"));
+        assert!(err.contains("safe method"), "{err}");
+        let err = error_of(&format!("{MINIMAL}scope_headers = []\n"));
+        assert!(err.contains("allow_anonymous"), "{err}");
+        let err = error_of(&format!("{MINIMAL}release_statuses = [200]\n"));
+        assert!(err.contains("release_statuses"), "{err}");
+        let err = error_of(&format!("{MINIMAL}unknown_statuses = [429]\n"));
+        assert!(err.contains("also a release status"), "{err}");
+        let err = error_of(&format!("{MINIMAL}ignore_fields = [\"nonce\"]\n"));
+        assert!(err.contains("JSON pointer"), "{err}");
+        let err = error_of("[server]\nlisten = \"localhost\"\n");
+        assert!(err.contains("server.listen"), "{err}");
+    }
+
+    #[test]
+    fn upstream_must_be_an_origin() {
+        let with = |u: &str| error_of(&format!("[[routes]]\nname = \"a\"\nupstream = \"{u}\"\n"));
+        assert!(with("ftp://x").contains("not http or https"));
+        assert!(with("http://x/v1").contains("origin only"));
+        assert!(with("http://user:pw@x").contains("credentials"));
+        assert!(with("x").contains("routes[0].upstream"));
+    }
+
+    #[test]
+    fn routes_need_unique_names_and_prefixes() {
+        let twice = format!("{MINIMAL}{MINIMAL}");
+        assert!(error_of(&twice).contains("used twice"));
+        assert!(error_of("[server]\n").contains("at least one"));
+    }
+
+    #[test]
+    fn features_not_built_yet_are_rejected() {
+        for line in [
+            "derive_from = [\"/id\"]",
+            "in_progress = \"wait\"",
+            "late_window = \"1s\"",
+            "upstream_ca = \"ca.pem\"",
+            "pause_after_unknown = 3",
+        ] {
+            let err = error_of(&format!("{MINIMAL}{line}\n"));
+            assert!(err.contains("not built yet"), "{line}: {err}");
+        }
+        assert!(error_of(&format!("{MINIMAL}key = \"derive\"\n")).contains("not built yet"));
+        assert!(
+            error_of(&format!("[store]\nurl = \"postgres://x/y\"\n{MINIMAL}"))
+                .contains("not built yet")
+        );
+        assert!(
+            error_of(&format!("[server]\ntls_cert = \"c.pem\"\n{MINIMAL}"))
+                .contains("not built yet")
+        );
+    }
+
+    #[test]
+    fn store_urls() {
+        assert_eq!(
+            StoreUrl::parse("sqlite:///tmp/a.db"),
+            Ok(StoreUrl::Sqlite("/tmp/a.db".into()))
+        );
+        assert_eq!(
+            StoreUrl::parse("sqlite:a.db"),
+            Ok(StoreUrl::Sqlite("a.db".into()))
+        );
+        assert!(StoreUrl::parse("sqlite://").is_err());
+        assert!(StoreUrl::parse("sqlite::memory:").is_err());
+        assert!(StoreUrl::parse("mysql://x").is_err());
+    }
+
+    #[test]
+    fn overrides_replace_file_values() {
+        let mut config = Config::from_toml_str(MINIMAL, "t").unwrap();
+        config
+            .apply(&Overrides {
+                listen: Some("127.0.0.1:1".parse().unwrap()),
+                admin_listen: None,
+                store_url: Some("sqlite:///tmp/o.db".into()),
+            })
+            .unwrap();
+        assert_eq!(config.server.listen.port(), 1);
+        assert_eq!(config.store.url, StoreUrl::Sqlite("/tmp/o.db".into()));
+        let bad = Overrides {
+            store_url: Some("nope".into()),
+            ..Overrides::default()
+        };
+        assert!(
+            config
+                .apply(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("--store")
+        );
+    }
+}

@@ -1,0 +1,37 @@
+//! idemgate: an idempotency gateway. Automations point at it instead of an
+//! API whose writes are not idempotent; it makes every write safe to retry.
+//!
+//! # Layout
+//! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
+//! - [`server`]: listeners, accept loops, graceful shutdown.
+//! - [`pipeline`]: the life of a request, one module per phase.
+//! - [`store`]: the only truth about operations (SQLite); all SQL lives there.
+//! - [`problem`]: every error idemgate answers itself, as RFC 9457 problem+json.
+//! - [`admin`]: the operators' listener.
+//! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
+//! - [`body`]: the body types the proxy sends.
+//!
+//! # Life of a write request
+//! route → key and scope → body (bounded) → fingerprint → claim (one commit)
+//! → forward (own task) → record (one commit) → respond. A key that already
+//! has an operation is answered from the store instead:
+//!
+//! | state | what a request with the key gets |
+//! |---|---|
+//! | `in_progress` | 409 `request-in-progress` + `Retry-After` |
+//! | `completed` | the stored response, `Idempotent-Replayed: true` |
+//! | `unknown` | 409 `outcome-unknown`: nothing sent until it is resolved |
+//! | `not_attempted` | forwarded as a fresh attempt |
+//!
+//! A key reused with a different fingerprint is 422 `key-reused` in any state.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod body;
+pub mod canonical_json;
+pub mod cli;
+pub mod config;
+pub mod pipeline;
+pub mod problem;
+pub mod server;
+pub mod store;

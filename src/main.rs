@@ -1,0 +1,92 @@
+//! The `idemgate` binary: parse the command line, set up logging, run.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Parser;
+use idemgate::cli::{Cli, Command, LogFormat};
+use idemgate::config::{Config, Durability, StoreUrl};
+use idemgate::server::Gateway;
+use idemgate::store::{SqliteStore, Store};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("idemgate: cannot start the runtime: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("idemgate: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(serve) => {
+            init_logging(serve.log_format);
+            let config = serve.config()?;
+            let store = config.store.url.to_string();
+            let gateway = Gateway::start(config)
+                .await
+                .with_context(|| format!("cannot start with store {store}"))?;
+            // One line on stdout that scripts and tests can wait for.
+            println!(
+                "listening proxy={} admin={}",
+                gateway.addr(),
+                gateway.admin_addr()
+            );
+            std::io::stdout().flush()?;
+            shutdown_signal().await?;
+            tracing::info!("shutting down");
+            gateway.shutdown().await;
+            Ok(())
+        }
+        Command::CheckConfig { file } => {
+            Config::load(&file)?;
+            println!("ok");
+            Ok(())
+        }
+        Command::Migrate { store } => {
+            init_logging(LogFormat::Text);
+            let url =
+                StoreUrl::parse(&store).map_err(|reason| anyhow::anyhow!("--store: {reason}"))?;
+            let StoreUrl::Sqlite(path) = &url;
+            let owner = format!("migrate-{}", uuid::Uuid::now_v7());
+            SqliteStore::open(path, Durability::Full, owner)
+                .await?
+                .close()
+                .await;
+            println!("migrated {url}");
+            Ok(())
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result?,
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,413 @@
+//! The `forward` phase: the pooled upstream client, the rewriting of a request
+//! for the upstream, and the classification of how an exchange ended.
+//!
+//! Invariants:
+//! - hop-by-hop headers never cross idemgate in either direction; `Host` is
+//!   the upstream's; `X-Forwarded-For`/`-Proto` say who asked;
+//! - a write is re-sent by idemgate only when the client proves that no byte
+//!   of it was written (a connect failure): [`Exchange::NotSent`]. Every other
+//!   failure may have reached the upstream and is [`Exchange::Lost`];
+//! - a response is [`Exchange::Complete`] only when its whole body arrived.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Request, Response, request};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::{Instant, timeout_at};
+
+use crate::body::{ProxyBody, full, stream};
+use crate::config::Route;
+use crate::problem::ProxyError;
+
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+
+/// Idle pooled connections are closed after this; upstreams commonly close at 60s+.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connect-retry backoff: full jitter over `BASE * 2^n`, capped.
+const BACKOFF_BASE: Duration = Duration::from_millis(100);
+const BACKOFF_CAP: Duration = Duration::from_secs(2);
+
+/// A pooled HTTP/1.1 client for one route: plain http or https via rustls with
+/// the webpki roots.
+pub fn client(route: &Route) -> Result<UpstreamClient, rustls::Error> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(route.connect_timeout));
+    let https = HttpsConnectorBuilder::new()
+        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .build(https))
+}
+
+/// Removes hop-by-hop headers: the fixed RFC 9110 set and any the
+/// `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// The head of the request as the upstream gets it.
+fn upstream_head(
+    route: &Route,
+    parts: &request::Parts,
+    peer: IpAddr,
+) -> Result<request::Builder, ProxyError> {
+    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let uri = route
+        .upstream
+        .uri_for(path_and_query)
+        .map_err(|e| ProxyError::UpstreamFailed {
+            reason: format!("cannot build the upstream URL: {e}"),
+        })?;
+    let mut headers = parts.headers.clone();
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::EXPECT);
+    let host = HeaderValue::from_str(route.upstream.authority.as_str()).map_err(|e| {
+        ProxyError::UpstreamFailed {
+            reason: format!("bad upstream host: {e}"),
+        }
+    })?;
+    headers.insert(header::HOST, host);
+    let forwarded_for = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(earlier) => format!("{earlier}, {peer}"),
+        None => peer.to_string(),
+    };
+    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+        headers.insert("x-forwarded-for", value);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    let mut builder = Request::builder()
+        .method(parts.method.clone())
+        .uri(uri)
+        .version(http::Version::HTTP_11);
+    if let Some(h) = builder.headers_mut() {
+        *h = headers;
+    }
+    Ok(builder)
+}
+
+/// Streams a request the gateway does not intercept to the upstream and its
+/// response back, unchanged but for hop-by-hop headers.
+pub async fn pass_through(
+    client: &UpstreamClient,
+    route: &Route,
+    request: Request<Incoming>,
+    peer: IpAddr,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let (parts, body) = request.into_parts();
+    let upstream = upstream_head(route, &parts, peer)?
+        .body(stream(body))
+        .map_err(|e| ProxyError::UpstreamFailed {
+            reason: e.to_string(),
+        })?;
+    let sent = tokio::time::timeout(route.upstream_timeout, client.request(upstream)).await;
+    let response = match sent {
+        Err(_) => return Err(ProxyError::UpstreamTimeout),
+        Ok(Err(e)) if e.is_connect() => {
+            return Err(ProxyError::UpstreamUnreachable {
+                operation: None,
+                reason: error_chain(&e),
+            });
+        }
+        Ok(Err(e)) => {
+            return Err(ProxyError::UpstreamFailed {
+                reason: error_chain(&e),
+            });
+        }
+        Ok(Ok(response)) => response,
+    };
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, stream(body)))
+}
+
+/// A buffered write on its way upstream.
+pub struct WriteRequest {
+    head: request::Parts,
+    body: Bytes,
+}
+
+impl WriteRequest {
+    /// Rewrites a buffered write: the bare key in `forward_key_header`, the
+    /// body sent with a Content-Length.
+    pub fn new(
+        route: &Route,
+        parts: &request::Parts,
+        body: Bytes,
+        key: &str,
+        peer: IpAddr,
+    ) -> Result<Self, ProxyError> {
+        let (mut head, ()) = upstream_head(route, parts, peer)?
+            .body(())
+            .map_err(|e| ProxyError::UpstreamFailed {
+                reason: e.to_string(),
+            })?
+            .into_parts();
+        head.headers.remove(crate::pipeline::key::IDEMPOTENCY_KEY);
+        if let Some(name) = &route.forward_key_header {
+            let value = HeaderValue::from_str(key).map_err(|e| ProxyError::Internal {
+                reason: e.to_string(),
+            })?;
+            head.headers.insert(name.clone(), value);
+        }
+        head.headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        Ok(WriteRequest { head, body })
+    }
+
+    fn build(&self) -> Request<ProxyBody> {
+        let mut request = Request::new(full(self.body.clone()));
+        *request.method_mut() = self.head.method.clone();
+        *request.uri_mut() = self.head.uri.clone();
+        *request.version_mut() = self.head.version;
+        *request.headers_mut() = self.head.headers.clone();
+        request
+    }
+}
+
+/// How an exchange for a write ended, by how far the request got.
+pub enum Exchange {
+    /// No byte was written after every connect retry.
+    NotSent { attempts: u32, reason: String },
+    /// Written (or maybe written) but no complete response came back.
+    Lost { cause: LostCause, reason: String },
+    /// A response head whose status the route classifies before the body:
+    /// a release status (`release`) or an unknown one; passed through as it
+    /// streams.
+    Classified {
+        head: http::response::Parts,
+        body: Incoming,
+        release: bool,
+    },
+    /// A full response within `max_stored_response`.
+    Complete {
+        head: http::response::Parts,
+        body: Bytes,
+    },
+    /// The head arrived but the body is larger than `max_stored_response`:
+    /// what was read so far, and the rest to stream.
+    Oversized {
+        head: http::response::Parts,
+        prefix: Bytes,
+        rest: Incoming,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostCause {
+    /// `upstream_timeout` ran out (answered 504).
+    Timeout,
+    /// Reset, closed or truncated after writing (answered 502).
+    Broken,
+}
+
+impl LostCause {
+    pub fn evidence(self) -> &'static str {
+        match self {
+            LostCause::Timeout => "timeout",
+            LostCause::Broken => "reset",
+        }
+    }
+}
+
+/// Sends a write and reads its response, retrying only connect failures.
+pub async fn send_write(
+    client: &UpstreamClient,
+    route: &Route,
+    request: &WriteRequest,
+) -> Exchange {
+    let mut attempts = 0;
+    let response = loop {
+        attempts += 1;
+        let deadline = Instant::now() + route.upstream_timeout;
+        match timeout_at(deadline, client.request(request.build())).await {
+            Err(_) => {
+                return Exchange::Lost {
+                    cause: LostCause::Timeout,
+                    reason: "no response head in time".into(),
+                };
+            }
+            Ok(Ok(response)) => break (response, deadline),
+            Ok(Err(e)) if e.is_connect() => {
+                if attempts > route.connect_retries {
+                    return Exchange::NotSent {
+                        attempts,
+                        reason: error_chain(&e),
+                    };
+                }
+                tokio::time::sleep(backoff(attempts - 1)).await;
+            }
+            Ok(Err(e)) => {
+                return Exchange::Lost {
+                    cause: LostCause::Broken,
+                    reason: error_chain(&e),
+                };
+            }
+        }
+    };
+    let ((mut head, mut body), deadline) = (response.0.into_parts(), response.1);
+    strip_hop_by_hop(&mut head.headers);
+    let status = head.status.as_u16();
+    let release = route.release_statuses.contains(&status);
+    if release || route.unknown_statuses.contains(&status) {
+        return Exchange::Classified {
+            head,
+            body,
+            release,
+        };
+    }
+    let limit = route.max_stored_response;
+    let declared = head
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Exchange::Oversized {
+            head,
+            prefix: Bytes::new(),
+            rest: body,
+        };
+    }
+    let mut buffer = BytesMut::new();
+    loop {
+        match timeout_at(deadline, body.frame()).await {
+            Err(_) => {
+                let reason = format!("response body incomplete after {} bytes", buffer.len());
+                return Exchange::Lost {
+                    cause: LostCause::Timeout,
+                    reason,
+                };
+            }
+            Ok(None) => {
+                return Exchange::Complete {
+                    head,
+                    body: buffer.freeze(),
+                };
+            }
+            Ok(Some(Err(e))) => {
+                let reason = format!(
+                    "response body cut after {} bytes: {}",
+                    buffer.len(),
+                    error_chain(&e)
+                );
+                return Exchange::Lost {
+                    cause: LostCause::Broken,
+                    reason,
+                };
+            }
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    buffer.extend_from_slice(&data);
+                    if buffer.len() > limit {
+                        return Exchange::Oversized {
+                            head,
+                            prefix: buffer.freeze(),
+                            rest: body,
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Full-jitter exponential backoff before connect retry `n` (0-based): a
+/// uniform draw from `[0, min(cap, base * 2^n)]`.
+pub fn backoff(n: u32) -> Duration {
+    let ceiling = BACKOFF_BASE
+        .saturating_mul(1u32 << n.min(16))
+        .min(BACKOFF_CAP);
+    ceiling.mul_f64(fastrand::f64())
+}
+
+/// An error and its causes, for logs and events (never carries payloads).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_stays_within_its_bounds() {
+        for n in 0..20 {
+            let ceiling = BACKOFF_BASE
+                .saturating_mul(1u32 << n.min(16))
+                .min(BACKOFF_CAP);
+            for _ in 0..200 {
+                assert!(backoff(n) <= ceiling);
+            }
+        }
+        assert!(backoff(30) <= BACKOFF_CAP);
+        // Full jitter: draws spread over the range instead of sticking to its top.
+        let draws: Vec<Duration> = (0..200).map(|_| backoff(4)).collect();
+        assert!(draws.iter().any(|d| *d < BACKOFF_CAP / 2));
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        headers.insert("x-secret-hop", HeaderValue::from_static("1"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("h2c"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1);
+        assert!(headers.contains_key(header::CONTENT_TYPE));
+    }
+}

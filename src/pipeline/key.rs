@@ -1,0 +1,192 @@
+//! The `key` phase: which `Idempotency-Key` a write carries (honoured from the
+//! header or assigned per the route's key mode), and the scope it lives in.
+//!
+//! Invariants: a key is 1–255 characters 0x21–0x7E after unquoting (the IETF
+//! draft's sf-string, or a bare token as most SDKs send it); credentials only
+//! ever leave this module as a SHA-256 [`Scope`], never in clear.
+
+use http::HeaderMap;
+use http::header::HeaderName;
+use sha2::{Digest, Sha256};
+
+/// The `Idempotency-Key` header.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// A validated idempotency key, held bare (unquoted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(String);
+
+/// Why a key header was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("several Idempotency-Key headers were sent; send one")]
+    Several,
+    #[error("the Idempotency-Key is empty")]
+    Empty,
+    #[error("the Idempotency-Key is longer than 255 characters")]
+    TooLong,
+    #[error("the Idempotency-Key has a character outside 0x21-0x7E (space, control or non-ASCII)")]
+    BadCharacter,
+    #[error("the quoted Idempotency-Key is not a valid sf-string")]
+    BadQuoting,
+}
+
+impl IdempotencyKey {
+    /// A new key for `assign` mode: a UUIDv7, time-ordered for operators.
+    pub fn assign() -> Self {
+        IdempotencyKey(uuid::Uuid::now_v7().to_string())
+    }
+
+    /// Validates an unquoted key.
+    pub fn new(bare: &str) -> Result<Self, KeyError> {
+        match bare.len() {
+            0 => Err(KeyError::Empty),
+            256.. => Err(KeyError::TooLong),
+            _ if !bare.bytes().all(|b| (0x21..=0x7e).contains(&b)) => Err(KeyError::BadCharacter),
+            _ => Ok(IdempotencyKey(bare.to_string())),
+        }
+    }
+
+    /// The key a request carries: `None` when it has no `Idempotency-Key`.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, KeyError> {
+        let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(KeyError::Several);
+        }
+        let text = value.to_str().map_err(|_| KeyError::BadCharacter)?;
+        match text.strip_prefix('"') {
+            Some(quoted) => Self::new(&unquote(quoted)?).map(Some),
+            None => Self::new(text).map(Some),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The inside of an RFC 8941 sf-string whose opening quote is already gone.
+fn unquote(quoted: &str) -> Result<String, KeyError> {
+    let mut out = String::with_capacity(quoted.len());
+    let mut chars = quoted.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(escaped @ ('"' | '\\')) => out.push(escaped),
+                _ => return Err(KeyError::BadQuoting),
+            },
+            '"' if chars.as_str().is_empty() => return Ok(out),
+            '"' => return Err(KeyError::BadQuoting),
+            c => out.push(c),
+        }
+    }
+    Err(KeyError::BadQuoting)
+}
+
+/// A SHA-256 over a route's scope header values: two clients with different
+/// credentials never share keys or see each other's stored responses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope(String);
+
+impl Scope {
+    /// The scope of a request, or `None` when it carries none of `names`.
+    /// An anonymous route gives requests without them one shared scope.
+    pub fn from_headers(
+        headers: &HeaderMap,
+        names: &[HeaderName],
+        allow_anonymous: bool,
+    ) -> Option<Self> {
+        let present = names.iter().any(|n| headers.contains_key(n));
+        if !present && !allow_anonymous {
+            return None;
+        }
+        let mut hasher = Sha256::new();
+        hasher.update(b"idemgate-scope-v1");
+        for name in names {
+            let values: Vec<_> = headers.get_all(name).iter().collect();
+            hasher.update((values.len() as u64).to_be_bytes());
+            for value in values {
+                hasher.update((value.len() as u64).to_be_bytes());
+                hasher.update(value.as_bytes());
+            }
+        }
+        Some(Scope(hex::encode(hasher.finalize())))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn parse(values: &[&[u8]]) -> Result<Option<IdempotencyKey>, KeyError> {
+        let mut headers = HeaderMap::new();
+        for v in values {
+            headers.append(IDEMPOTENCY_KEY, HeaderValue::from_bytes(v).unwrap());
+        }
+        IdempotencyKey::from_headers(&headers)
+    }
+
+    fn key(s: &str) -> Option<IdempotencyKey> {
+        Some(IdempotencyKey(s.into()))
+    }
+
+    #[test]
+    fn bare_and_quoted_forms_are_one_key() {
+        assert_eq!(parse(&[b"abc-123"]), Ok(key("abc-123")));
+        assert_eq!(parse(&[b"\"abc-123\""]), Ok(key("abc-123")));
+        assert_eq!(parse(&[br#""a\"b\\c""#]), Ok(key(r#"a"b\c"#)));
+        assert_eq!(parse(&[]), Ok(None));
+    }
+
+    #[test]
+    fn malformed_keys_are_refused() {
+        assert_eq!(parse(&[b"a", b"b"]), Err(KeyError::Several));
+        assert_eq!(parse(&[b"a b"]), Err(KeyError::BadCharacter));
+        assert_eq!(parse(&[b"\"a b\""]), Err(KeyError::BadCharacter));
+        assert_eq!(parse(&[b"\"\""]), Err(KeyError::Empty));
+        assert_eq!(parse(&[b"\"abc"]), Err(KeyError::BadQuoting));
+        assert_eq!(parse(&[b"\"a\"b\""]), Err(KeyError::BadQuoting));
+        assert_eq!(parse(&[br#""a\b""#]), Err(KeyError::BadQuoting));
+        assert_eq!(parse(&["k\u{e9}".as_bytes()]), Err(KeyError::BadCharacter));
+        assert_eq!(parse(&[&[0x80]]), Err(KeyError::BadCharacter));
+        let long = "k".repeat(256);
+        assert_eq!(parse(&[long.as_bytes()]), Err(KeyError::TooLong));
+        assert!(parse(&["k".repeat(255).as_bytes()]).unwrap().is_some());
+    }
+
+    #[test]
+    fn assigned_keys_are_valid_and_distinct() {
+        let (a, b) = (IdempotencyKey::assign(), IdempotencyKey::assign());
+        assert_ne!(a, b);
+        assert_eq!(IdempotencyKey::new(a.as_str()), Ok(a));
+    }
+
+    #[test]
+    fn scope_hides_credentials_and_separates_them() {
+        let names = [http::header::AUTHORIZATION];
+        let with = |token: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                http::header::AUTHORIZATION,
+                HeaderValue::from_str(token).unwrap(),
+            );
+            Scope::from_headers(&h, &names, false).unwrap()
+        };
+        let a = with("Bearer secret-a");
+        assert_eq!(a, with("Bearer secret-a"));
+        assert_ne!(a, with("Bearer secret-b"));
+        assert!(!a.as_str().contains("secret"));
+        assert_eq!(a.as_str().len(), 64);
+        assert_eq!(Scope::from_headers(&HeaderMap::new(), &names, false), None);
+        assert!(Scope::from_headers(&HeaderMap::new(), &names, true).is_some());
+        assert!(Scope::from_headers(&HeaderMap::new(), &[], true).is_some());
+    }
+}

@@ -1,0 +1,282 @@
+//! The life of a request, as phases in a fixed order, one module each:
+//!
+//! 1. [`route`]: longest `path_prefix`; none → 404 `no-route`. A method the
+//!    route does not intercept is streamed through untouched ([`forward::pass_through`]).
+//! 2. [`key`]: the `Idempotency-Key` (or an assigned one) and the scope.
+//! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`).
+//! 4. [`fingerprint`]: what makes a retry "the same request".
+//! 5. [`claim`]: one store transaction decides: send, replay, or refuse.
+//! 6. [`forward`] + [`record`]: in a task of their own, so a client that hangs
+//!    up never cancels the upstream call nor leaves the operation `in_progress`.
+//! 7. [`replay`]: what a key that already has an operation gets.
+//!
+//! Errors from any phase are [`ProxyError`]s, rendered in one place
+//! ([`crate::problem`]).
+
+pub mod claim;
+pub mod fingerprint;
+pub mod forward;
+pub mod key;
+pub mod record;
+pub mod replay;
+pub mod route;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::{Request, Response, request};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::body::ProxyBody;
+use crate::config::{Config, KeyMode, Route};
+use crate::problem::ProxyError;
+use crate::store::{Claim, NewOperation, RequestSummary, Store};
+use fingerprint::{Fingerprint, FingerprintInput};
+use forward::{UpstreamClient, WriteRequest};
+use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
+
+/// A configured route with its pooled upstream client.
+pub struct ActiveRoute {
+    route: Route,
+    client: UpstreamClient,
+}
+
+impl AsRef<Route> for ActiveRoute {
+    fn as_ref(&self) -> &Route {
+        &self.route
+    }
+}
+
+/// The proxy: routes, the store, and the forward tasks in flight.
+pub struct Proxy {
+    routes: Vec<ActiveRoute>,
+    store: Arc<dyn Store>,
+    /// Forward tasks outlive their requests; shutdown waits for them.
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+    /// hyper bounds its read buffer only roughly; this is the exact bound.
+    max_header_bytes: usize,
+}
+
+impl Proxy {
+    pub fn new(
+        config: &Config,
+        store: Arc<dyn Store>,
+        shutdown: CancellationToken,
+    ) -> Result<Self, rustls::Error> {
+        let routes = config
+            .routes
+            .iter()
+            .map(|route| {
+                Ok(ActiveRoute {
+                    route: route.clone(),
+                    client: forward::client(route)?,
+                })
+            })
+            .collect::<Result<_, rustls::Error>>()?;
+        Ok(Proxy {
+            routes,
+            store,
+            tasks: TaskTracker::new(),
+            shutdown,
+            max_header_bytes: config.server.max_header_bytes,
+        })
+    }
+
+    /// The forward tasks, for shutdown to wait on.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// Handles one request; every error becomes a problem response here.
+    pub async fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let method = request.method().clone();
+        let path = request.uri().path().to_string();
+        let response = self
+            .handle_inner(request, peer)
+            .await
+            .unwrap_or_else(|error| {
+                tracing::debug!(%method, %path, %error, "answered with a problem");
+                error.into_response()
+            });
+        tracing::debug!(%method, %path, status = response.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request");
+        response
+    }
+
+    async fn handle_inner(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let head_bytes = head_size(&request);
+        if head_bytes > self.max_header_bytes {
+            return Err(ProxyError::HeadersTooLarge {
+                limit: self.max_header_bytes,
+            });
+        }
+        let path = request.uri().path();
+        let active = route::select(&self.routes, path).ok_or_else(|| ProxyError::NoRoute {
+            path: path.to_string(),
+        })?;
+        let route = &active.route;
+        if !route.intercepts(request.method()) {
+            return forward::pass_through(&active.client, route, request, peer.ip()).await;
+        }
+        let (key, assigned) = match IdempotencyKey::from_headers(request.headers())? {
+            Some(key) => (key, false),
+            None if route.key == KeyMode::Assign => (IdempotencyKey::assign(), true),
+            None => return Err(ProxyError::MissingKey),
+        };
+        let mut response = self
+            .write(active, &key, request, peer)
+            .await
+            .unwrap_or_else(ProxyError::into_response);
+        if assigned && let Ok(value) = HeaderValue::from_str(key.as_str()) {
+            response.headers_mut().insert(IDEMPOTENCY_KEY, value);
+        }
+        Ok(response)
+    }
+
+    /// An intercepted write with its key: scope, body, fingerprint, claim,
+    /// then forward and record (or answer from the store).
+    async fn write(
+        &self,
+        active: &ActiveRoute,
+        key: &IdempotencyKey,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let route = &active.route;
+        let scope = Scope::from_headers(
+            request.headers(),
+            &route.scope_headers,
+            route.allow_anonymous,
+        )
+        .ok_or_else(|| {
+            let names: Vec<&str> = route.scope_headers.iter().map(|h| h.as_str()).collect();
+            ProxyError::MissingScope {
+                headers: names.join(", "),
+            }
+        })?;
+        let (parts, body) = request.into_parts();
+        let body = read_body(&parts, body, route.max_body).await?;
+        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let fingerprint = Fingerprint::compute(&FingerprintInput {
+            method: &parts.method,
+            path_and_query,
+            headers: &parts.headers,
+            fingerprint_headers: &route.fingerprint_headers,
+            ignore_fields: &route.ignore_fields,
+            body: &body,
+        });
+        let new = NewOperation {
+            route: route.name.clone(),
+            scope: scope.as_str().to_string(),
+            key: key.as_str().to_string(),
+            fingerprint,
+            request: RequestSummary {
+                method: parts.method.to_string(),
+                path: path_and_query.to_string(),
+                content_type: parts
+                    .headers
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string),
+                body_size: body.len() as u64,
+                body_sha256: hex::encode(Sha256::digest(&body)),
+                body: route.store_request_body.then(|| body.to_vec()),
+            },
+        };
+        let claim = match claim::claim(self.store.as_ref(), &new).await? {
+            claim::Claimed::Send(claim) => claim,
+            claim::Claimed::Answer(response) => return Ok(response),
+        };
+        let request = WriteRequest::new(route, &parts, body, key.as_str(), peer.ip())?;
+        self.forward_and_record(active, claim, request).await
+    }
+
+    /// Runs forward + record in a task of its own and waits for its reply.
+    async fn forward_and_record(
+        &self,
+        active: &ActiveRoute,
+        claim: Claim,
+        request: WriteRequest,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let store = self.store.clone();
+        let client = active.client.clone();
+        let route = active.route.clone();
+        let shutdown = self.shutdown.clone();
+        self.tasks.spawn(async move {
+            let guard = record::SettleGuard::new(store.clone(), claim.clone());
+            let exchange = forward::send_write(&client, &route, &request).await;
+            let (settlement, events, reply) = record::settle(&claim, exchange);
+            let deliver = |reply| {
+                // The client may have hung up; the outcome is recorded regardless.
+                let _ = reply_tx.send(reply);
+            };
+            record::record(
+                &store, &claim, settlement, events, reply, deliver, &shutdown,
+            )
+            .await;
+            guard.disarm();
+        });
+        reply_rx.await.map_err(|_| ProxyError::Internal {
+            reason: "the forward task ended without a reply".into(),
+        })?
+    }
+}
+
+/// The size of a request head as sent: request line and header lines.
+fn head_size<B>(request: &Request<B>) -> usize {
+    let line = request.method().as_str().len()
+        + request.uri().to_string().len()
+        + " HTTP/1.1\r\n".len()
+        + 1;
+    let headers: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    line + headers + 2
+}
+
+/// Reads a write's body whole, refusing more than `limit` bytes. A declared
+/// Content-Length over the limit is refused before the body is polled, so
+/// hyper never sends `100 Continue` for it.
+async fn read_body(
+    parts: &request::Parts,
+    body: Incoming,
+    limit: usize,
+) -> Result<Bytes, ProxyError> {
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(ProxyError::BodyTooLarge { limit })
+        }
+        Err(error) => Err(ProxyError::BodyRead {
+            reason: error.to_string(),
+        }),
+    }
+}

@@ -1,0 +1,223 @@
+//! The `record` phase: turning how an exchange ended into a settlement, and
+//! committing it before the client sees the response.
+//!
+//! Invariants:
+//! - the outcome is durable before the client learns it, so a client that
+//!   retries after seeing a response always gets the same one replayed;
+//! - an attempt is never left `in_progress` by a live process: if the store
+//!   refuses the record, the client gets 503 and recording is retried in the
+//!   background until it lands (or, at shutdown, left for the next start to
+//!   mark `unknown`); if the task itself dies, [`SettleGuard`] records
+//!   `unknown`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Response, StatusCode};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::body::{Prefixed, ProxyBody, full, stream};
+use crate::pipeline::forward::{Exchange, LostCause};
+use crate::problem::{OperationRef, ProxyError};
+use crate::store::{Claim, Event, Recorded, Settlement, State, Store, StoredResponse};
+
+/// Backoff between attempts to record an outcome the store refused.
+const RECORD_RETRY: Duration = Duration::from_millis(200);
+const RECORD_RETRY_CAP: Duration = Duration::from_secs(5);
+
+/// What the client gets once the settlement is recorded.
+pub type Reply = Result<Response<ProxyBody>, ProxyError>;
+
+/// The settlement, its events, and the reply for an exchange.
+pub fn settle(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply) {
+    let operation = |state| OperationRef {
+        id: claim.operation_id.clone(),
+        state,
+    };
+    match exchange {
+        Exchange::NotSent { attempts, reason } => (
+            Settlement::NotAttempted {
+                evidence: "connect-failed".into(),
+            },
+            vec![Event {
+                kind: "connect-failed",
+                detail: json!({ "tries": attempts, "error": reason }),
+            }],
+            Err(ProxyError::UpstreamUnreachable {
+                operation: Some(operation(State::NotAttempted)),
+                reason,
+            }),
+        ),
+        Exchange::Lost { cause, reason } => {
+            let status = match cause {
+                LostCause::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                LostCause::Broken => StatusCode::BAD_GATEWAY,
+            };
+            let detail = format!(
+                "the request was sent but no complete response came back ({reason}); it may have happened, so retries are held until it is reconciled"
+            );
+            (
+                Settlement::Unknown {
+                    evidence: cause.evidence().into(),
+                },
+                vec![Event {
+                    kind: cause.evidence(),
+                    detail: json!({ "error": reason }),
+                }],
+                Err(ProxyError::OutcomeUnknown {
+                    operation: operation(State::Unknown),
+                    status,
+                    detail,
+                }),
+            )
+        }
+        Exchange::Classified {
+            head,
+            body,
+            release,
+        } => {
+            let status = head.status.as_u16();
+            let settlement = if release {
+                Settlement::NotAttempted {
+                    evidence: format!("released-{status}"),
+                }
+            } else {
+                Settlement::Unknown {
+                    evidence: format!("upstream-{status}"),
+                }
+            };
+            let events = vec![Event {
+                kind: "response",
+                detail: json!({ "status": status }),
+            }];
+            (
+                settlement,
+                events,
+                Ok(Response::from_parts(head, stream(body))),
+            )
+        }
+        Exchange::Complete { head, body } => {
+            let stored = StoredResponse {
+                status: head.status.as_u16(),
+                headers: stored_headers(&head.headers),
+                body: Some(body.to_vec()),
+            };
+            let events = vec![Event {
+                kind: "response",
+                detail: json!({ "status": stored.status, "bytes": body.len() }),
+            }];
+            (
+                Settlement::Completed { response: stored },
+                events,
+                Ok(Response::from_parts(head, full(body))),
+            )
+        }
+        Exchange::Oversized { head, prefix, rest } => {
+            let stored = StoredResponse {
+                status: head.status.as_u16(),
+                headers: stored_headers(&head.headers),
+                body: None,
+            };
+            let events = vec![Event {
+                kind: "response",
+                detail: json!({ "status": stored.status, "body_stored": false }),
+            }];
+            let body = stream(Prefixed::new(prefix, rest));
+            (
+                Settlement::Completed { response: stored },
+                events,
+                Ok(Response::from_parts(head, body)),
+            )
+        }
+    }
+}
+
+fn stored_headers(headers: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
+    headers
+        .iter()
+        .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
+        .collect()
+}
+
+/// Records a settlement, then hands the reply to the client through `deliver`.
+/// When the store refuses, the client gets 503 at once and recording goes on
+/// until it lands or the gateway shuts down.
+pub async fn record(
+    store: &Arc<dyn Store>,
+    claim: &Claim,
+    settlement: Settlement,
+    events: Vec<Event>,
+    reply: Reply,
+    deliver: impl FnOnce(Reply),
+    shutdown: &CancellationToken,
+) {
+    match store.record(claim, &settlement, &events).await {
+        Ok(Recorded::Applied) => deliver(reply),
+        Ok(Recorded::Stale) => {
+            tracing::warn!(operation_id = %claim.operation_id, "the operation changed while its attempt was in flight");
+            deliver(reply);
+        }
+        Err(error) => {
+            tracing::error!(operation_id = %claim.operation_id, %error, "cannot record the outcome; retrying");
+            let operation = OperationRef {
+                id: claim.operation_id.clone(),
+                state: State::InProgress,
+            };
+            deliver(Err(ProxyError::StoreUnavailableAfterSend { operation }));
+            let mut wait = RECORD_RETRY;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => {
+                        tracing::error!(operation_id = %claim.operation_id, "outcome not recorded before shutdown; it becomes unknown at the next start");
+                        return;
+                    }
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                match store.record(claim, &settlement, &events).await {
+                    Ok(_) => return,
+                    Err(error) => {
+                        tracing::warn!(operation_id = %claim.operation_id, %error, "still cannot record the outcome")
+                    }
+                }
+                wait = (wait * 2).min(RECORD_RETRY_CAP);
+            }
+        }
+    }
+}
+
+/// Marks a claimed attempt `unknown` if the task forwarding it ends without
+/// recording an outcome (a panic): it may have been sent.
+pub struct SettleGuard {
+    armed: Option<(Arc<dyn Store>, Claim)>,
+}
+
+impl SettleGuard {
+    pub fn new(store: Arc<dyn Store>, claim: Claim) -> Self {
+        SettleGuard {
+            armed: Some((store, claim)),
+        }
+    }
+
+    pub fn disarm(mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for SettleGuard {
+    fn drop(&mut self) {
+        let Some((store, claim)) = self.armed.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let settlement = Settlement::Unknown { evidence: "forward-task-died".into() };
+            let event = Event { kind: "forward-task-died", detail: json!({}) };
+            if let Err(error) = store.record(&claim, &settlement, &[event]).await {
+                tracing::error!(operation_id = %claim.operation_id, %error, "cannot mark an abandoned attempt unknown");
+            }
+        });
+    }
+}

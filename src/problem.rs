@@ -1,0 +1,383 @@
+//! Every error idemgate answers itself, rendered in one place as RFC 9457
+//! problem details (`application/problem+json`, `type` =
+//! `urn:idemgate:problem:<name>`).
+//!
+//! Invariant: the status and problem name follow from the [`ProxyError`]
+//! variant alone, through one exhaustive match ([`ProxyError::problem`]), unit
+//! tested per variant. Problems about an operation carry its `operation_id` and
+//! `state`; none carries credentials or payloads.
+
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use serde::Serialize;
+
+use crate::body::{ProxyBody, full};
+use crate::pipeline::key::KeyError;
+use crate::store::{Operation, State, StoreError};
+
+/// The operation a problem is about.
+#[derive(Debug, Clone)]
+pub struct OperationRef {
+    pub id: String,
+    pub state: State,
+}
+
+impl From<&Operation> for OperationRef {
+    fn from(op: &Operation) -> Self {
+        OperationRef {
+            id: op.id.clone(),
+            state: op.state,
+        }
+    }
+}
+
+/// An error idemgate answers itself instead of an upstream response.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no route matches {path}")]
+    NoRoute { path: String },
+    #[error("the request head is larger than {limit} bytes")]
+    HeadersTooLarge { limit: usize },
+    #[error("this write needs an Idempotency-Key header")]
+    MissingKey,
+    #[error(transparent)]
+    InvalidKey(#[from] KeyError),
+    #[error("this write carries none of the scope headers ({headers})")]
+    MissingScope { headers: String },
+    #[error("the request body is larger than {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("the request body could not be read: {reason}")]
+    BodyRead { reason: String },
+    #[error("this Idempotency-Key was used for a different request")]
+    KeyReused { operation: OperationRef },
+    #[error("a request with this Idempotency-Key is still in progress")]
+    InProgress { operation: OperationRef },
+    #[error("{detail}")]
+    OutcomeUnknown {
+        operation: OperationRef,
+        status: StatusCode,
+        detail: String,
+    },
+    #[error(
+        "the operation completed, but its response was too large to store and cannot be replayed"
+    )]
+    ResponseNotStored { operation: OperationRef },
+    #[error("the operation store is unavailable; nothing was sent upstream")]
+    StoreUnavailable { source: StoreError },
+    #[error("the outcome was sent upstream but could not be recorded yet; do not assume it failed")]
+    StoreUnavailableAfterSend { operation: OperationRef },
+    #[error("the upstream could not be reached; nothing was sent ({reason})")]
+    UpstreamUnreachable {
+        operation: Option<OperationRef>,
+        reason: String,
+    },
+    #[error("the upstream did not answer in time")]
+    UpstreamTimeout,
+    #[error("the upstream exchange failed: {reason}")]
+    UpstreamFailed { reason: String },
+    #[error("the request could not be handled: {reason}")]
+    Internal { reason: String },
+}
+
+/// An RFC 9457 problem body.
+#[derive(Debug, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub problem_type: String,
+    pub title: &'static str,
+    pub status: u16,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<&'static str>,
+    #[serde(skip)]
+    retry_after: Option<u32>,
+}
+
+impl ProxyError {
+    /// The one mapping from error to status, problem name and title.
+    pub fn problem(&self) -> Problem {
+        use ProxyError::*;
+        let (status, name, title, operation) = match self {
+            NoRoute { .. } => (StatusCode::NOT_FOUND, "no-route", "No route", None),
+            HeadersTooLarge { .. } => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers-too-large",
+                "Request head too large",
+                None,
+            ),
+            MissingKey => (
+                StatusCode::BAD_REQUEST,
+                "missing-key",
+                "Idempotency-Key required",
+                None,
+            ),
+            InvalidKey(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid-key",
+                "Invalid Idempotency-Key",
+                None,
+            ),
+            MissingScope { .. } => (
+                StatusCode::BAD_REQUEST,
+                "missing-scope",
+                "Scope headers required",
+                None,
+            ),
+            BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+                None,
+            ),
+            BodyRead { .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid-body",
+                "Request body unreadable",
+                None,
+            ),
+            KeyReused { operation } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "key-reused",
+                "Idempotency-Key reused with a different request",
+                Some(operation),
+            ),
+            InProgress { operation } => (
+                StatusCode::CONFLICT,
+                "request-in-progress",
+                "Request in progress",
+                Some(operation),
+            ),
+            OutcomeUnknown {
+                operation, status, ..
+            } => (
+                *status,
+                "outcome-unknown",
+                "Outcome unknown",
+                Some(operation),
+            ),
+            ResponseNotStored { operation } => (
+                StatusCode::CONFLICT,
+                "response-not-stored",
+                "Response not stored",
+                Some(operation),
+            ),
+            StoreUnavailable { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Store unavailable",
+                None,
+            ),
+            StoreUnavailableAfterSend { operation } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Store unavailable",
+                Some(operation),
+            ),
+            UpstreamUnreachable { operation, .. } => (
+                StatusCode::BAD_GATEWAY,
+                "upstream-unreachable",
+                "Upstream unreachable",
+                operation.as_ref(),
+            ),
+            UpstreamTimeout => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                "Upstream timeout",
+                None,
+            ),
+            UpstreamFailed { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "upstream-failed",
+                "Upstream failed",
+                None,
+            ),
+            Internal { .. } => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+                None,
+            ),
+        };
+        let retry_after = match self {
+            InProgress { .. } => Some(1),
+            StoreUnavailable { .. } | StoreUnavailableAfterSend { .. } => Some(2),
+            _ => None,
+        };
+        Problem {
+            problem_type: format!("urn:idemgate:problem:{name}"),
+            title,
+            status: status.as_u16(),
+            detail: self.to_string(),
+            operation_id: operation.map(|op| op.id.clone()),
+            state: operation.map(|op| op.state.as_str()),
+            retry_after,
+        }
+    }
+
+    pub fn into_response(self) -> Response<ProxyBody> {
+        self.problem().into_response()
+    }
+}
+
+impl Problem {
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let mut response = Response::new(full(body));
+        *response.status_mut() =
+            StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let headers = response.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            http::HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(seconds) = self.retry_after {
+            headers.insert(RETRY_AFTER, seconds.into());
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(state: State) -> OperationRef {
+        OperationRef {
+            id: "op-1".into(),
+            state,
+        }
+    }
+
+    fn check(error: ProxyError, status: u16, name: &str) -> Problem {
+        let problem = error.problem();
+        assert_eq!(problem.status, status, "{name}");
+        assert_eq!(problem.problem_type, format!("urn:idemgate:problem:{name}"));
+        assert!(!problem.detail.is_empty());
+        problem
+    }
+
+    #[test]
+    fn each_error_maps_to_its_status_and_name() {
+        check(ProxyError::NoRoute { path: "/x".into() }, 404, "no-route");
+        check(ProxyError::MissingKey, 400, "missing-key");
+        check(
+            ProxyError::HeadersTooLarge { limit: 1 },
+            431,
+            "headers-too-large",
+        );
+        check(
+            ProxyError::InvalidKey(KeyError::Several),
+            400,
+            "invalid-key",
+        );
+        check(
+            ProxyError::MissingScope {
+                headers: "authorization".into(),
+            },
+            400,
+            "missing-scope",
+        );
+        check(ProxyError::BodyTooLarge { limit: 1 }, 413, "body-too-large");
+        check(
+            ProxyError::BodyRead {
+                reason: "reset".into(),
+            },
+            400,
+            "invalid-body",
+        );
+        check(
+            ProxyError::KeyReused {
+                operation: op(State::Completed),
+            },
+            422,
+            "key-reused",
+        );
+        let p = check(
+            ProxyError::InProgress {
+                operation: op(State::InProgress),
+            },
+            409,
+            "request-in-progress",
+        );
+        assert_eq!(p.retry_after, Some(1));
+        for status in [
+            StatusCode::CONFLICT,
+            StatusCode::BAD_GATEWAY,
+            StatusCode::GATEWAY_TIMEOUT,
+        ] {
+            let error = ProxyError::OutcomeUnknown {
+                operation: op(State::Unknown),
+                status,
+                detail: "held".into(),
+            };
+            check(error, status.as_u16(), "outcome-unknown");
+        }
+        check(
+            ProxyError::ResponseNotStored {
+                operation: op(State::Completed),
+            },
+            409,
+            "response-not-stored",
+        );
+        let store = StoreError::Corrupt("x".into());
+        check(
+            ProxyError::StoreUnavailable { source: store },
+            503,
+            "store-unavailable",
+        );
+        check(
+            ProxyError::StoreUnavailableAfterSend {
+                operation: op(State::InProgress),
+            },
+            503,
+            "store-unavailable",
+        );
+        check(
+            ProxyError::UpstreamUnreachable {
+                operation: None,
+                reason: "refused".into(),
+            },
+            502,
+            "upstream-unreachable",
+        );
+        check(ProxyError::UpstreamTimeout, 504, "upstream-timeout");
+        check(
+            ProxyError::UpstreamFailed {
+                reason: "reset".into(),
+            },
+            502,
+            "upstream-failed",
+        );
+        check(ProxyError::Internal { reason: "x".into() }, 500, "internal");
+    }
+
+    #[test]
+    fn operation_problems_carry_id_and_state() {
+        let problem = ProxyError::KeyReused {
+            operation: op(State::Unknown),
+        }
+        .problem();
+        let json = serde_json::to_value(&problem).unwrap();
+        assert_eq!(json["operation_id"], "op-1");
+        assert_eq!(json["state"], "unknown");
+        assert_eq!(
+            json["title"],
+            "Idempotency-Key reused with a different request"
+        );
+        let plain = serde_json::to_value(ProxyError::MissingKey.problem()).unwrap();
+        assert!(plain.get("operation_id").is_none() && plain.get("state").is_none());
+    }
+
+    #[test]
+    fn responses_are_problem_json() {
+        let response = ProxyError::InProgress {
+            operation: op(State::InProgress),
+        }
+        .into_response();
+        assert_eq!(response.status(), 409);
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+        assert_eq!(response.headers()[RETRY_AFTER], "1");
+    }
+}

@@ -1,0 +1,227 @@
+//! Listeners, the accept loops and graceful shutdown.
+//!
+//! [`Gateway::start`] opens the store (taking its lock), binds the proxy and
+//! admin listeners and serves until [`Gateway::shutdown`]: stop accepting,
+//! let connections finish and forward tasks record their outcomes within
+//! `shutdown_grace`, then close the store, which releases it for the next
+//! process. Whatever could not be recorded is still `in_progress` in the
+//! store and becomes `unknown` at the next start.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout_at};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ServerConfig, StoreUrl};
+use crate::pipeline::Proxy;
+use crate::store::{SqliteStore, Store, StoreError};
+
+/// Why the gateway did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr} ({field}): {error}")]
+    Bind {
+        field: &'static str,
+        addr: SocketAddr,
+        error: std::io::Error,
+    },
+    #[error("cannot set up TLS for upstreams: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+/// A running gateway.
+pub struct Gateway {
+    addr: SocketAddr,
+    admin_addr: SocketAddr,
+    shutdown: CancellationToken,
+    serving: JoinHandle<()>,
+}
+
+impl Gateway {
+    /// Opens the store and starts serving.
+    pub async fn start(config: Config) -> Result<Gateway, StartError> {
+        let owner = uuid::Uuid::now_v7().to_string();
+        let store: Arc<dyn Store> = match &config.store.url {
+            StoreUrl::Sqlite(path) => {
+                Arc::new(SqliteStore::open(path, config.store.durability, owner).await?)
+            }
+        };
+        match Self::serve(config, store.clone()).await {
+            Ok(gateway) => Ok(gateway),
+            Err(error) => {
+                store.close().await;
+                Err(error)
+            }
+        }
+    }
+
+    async fn serve(config: Config, store: Arc<dyn Store>) -> Result<Gateway, StartError> {
+        let server = config.server.clone();
+        let bind = |field, addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|error| StartError::Bind { field, addr, error })
+        };
+        let proxy_listener = bind("server.listen", server.listen).await?;
+        let admin_listener = bind("server.admin_listen", server.admin_listen).await?;
+        let addr = proxy_listener
+            .local_addr()
+            .map_err(|error| StartError::Bind {
+                field: "server.listen",
+                addr: server.listen,
+                error,
+            })?;
+        let admin_addr = admin_listener
+            .local_addr()
+            .map_err(|error| StartError::Bind {
+                field: "server.admin_listen",
+                addr: server.admin_listen,
+                error,
+            })?;
+        let shutdown = CancellationToken::new();
+        // Cancelled only once the grace period is over: outcomes the store
+        // refused are retried until then.
+        let give_up = CancellationToken::new();
+        let proxy = Arc::new(Proxy::new(&config, store.clone(), give_up.clone())?);
+        let proxy_service = {
+            let proxy = proxy.clone();
+            move |peer: SocketAddr| {
+                let proxy = proxy.clone();
+                service_fn(move |request| {
+                    let proxy = proxy.clone();
+                    async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
+                })
+            }
+        };
+        let admin_service = {
+            let store = store.clone();
+            move |_peer: SocketAddr| {
+                let store = store.clone();
+                service_fn(move |request| {
+                    let store = store.clone();
+                    async move { Ok::<_, Infallible>(crate::admin::handle(store, request).await) }
+                })
+            }
+        };
+        let stop_accepting = CancellationToken::new();
+        let loops = [
+            tokio::spawn(accept_loop(
+                proxy_listener,
+                server.clone(),
+                proxy_service,
+                stop_accepting.clone(),
+            )),
+            tokio::spawn(accept_loop(
+                admin_listener,
+                server.clone(),
+                admin_service,
+                stop_accepting.clone(),
+            )),
+        ];
+        let serving = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                shutdown.cancelled().await;
+                let deadline = Instant::now() + server.shutdown_grace;
+                stop_accepting.cancel();
+                for accept in loops {
+                    let _ = accept.await;
+                }
+                // Connections are drained; forward tasks get the rest of the grace to record.
+                proxy.tasks().close();
+                if timeout_at(deadline, proxy.tasks().wait()).await.is_err() {
+                    tracing::warn!("forward tasks still running at the end of the grace period");
+                }
+                give_up.cancel();
+                store.close().await;
+            }
+        });
+        tracing::info!(%addr, %admin_addr, "listening");
+        Ok(Gateway {
+            addr,
+            admin_addr,
+            shutdown,
+            serving,
+        })
+    }
+
+    /// The proxy listener's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The admin listener's address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// Stops accepting, drains within `shutdown_grace`, closes the store.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        if let Err(error) = self.serving.await {
+            tracing::error!(%error, "the server task failed");
+        }
+    }
+}
+
+/// Accepts connections until shutdown, then waits up to `shutdown_grace` for
+/// the open ones to finish their requests.
+async fn accept_loop<F, S>(
+    listener: TcpListener,
+    server: ServerConfig,
+    service: F,
+    stop: CancellationToken,
+) where
+    F: Fn(SocketAddr) -> S + Send + 'static,
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<crate::body::ProxyBody>,
+            Error = Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(server.header_read_timeout)
+        .max_buf_size(server.max_header_bytes)
+        .keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service(peer)));
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let deadline = Instant::now() + server.shutdown_grace;
+    if timeout_at(deadline, graceful.shutdown()).await.is_err() {
+        tracing::warn!("connections still open at the end of the grace period");
+    }
+}

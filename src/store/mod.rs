@@ -1,0 +1,259 @@
+//! The store: the only truth about operations (DESIGN §7).
+//!
+//! Store methods work on whole operations and return after a durable commit.
+//! Every state change is a compare-and-set on (id, state, attempt, owner), so a
+//! stale writer loses instead of overwriting. The happy path costs two
+//! commits: [`Store::claim`] (with its `claimed` event) and [`Store::record`]
+//! (with its `sent` and `response` events). All SQL lives in this module's
+//! backends.
+
+mod sqlite;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use crate::pipeline::fingerprint::Fingerprint;
+pub use sqlite::SqliteStore;
+
+/// Where an operation stands, and so what a request with its key gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Claimed durably by a live owner; the request is being sent.
+    InProgress,
+    /// A full upstream response (or other evidence) is held and replayed.
+    Completed,
+    /// The request was or may have been written but no full response came
+    /// back: held, never re-sent automatically.
+    Unknown,
+    /// Proof that nothing reached the upstream: the next request is a fresh attempt.
+    NotAttempted,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::InProgress => "in_progress",
+            State::Completed => "completed",
+            State::Unknown => "unknown",
+            State::NotAttempted => "not_attempted",
+        }
+    }
+
+    fn parse(text: &str) -> Result<Self, StoreError> {
+        match text {
+            "in_progress" => Ok(State::InProgress),
+            "completed" => Ok(State::Completed),
+            "unknown" => Ok(State::Unknown),
+            "not_attempted" => Ok(State::NotAttempted),
+            other => Err(StoreError::Corrupt(format!("unknown state `{other}`"))),
+        }
+    }
+}
+
+/// A stored operation, as a request or an operator sees it.
+#[derive(Debug, Clone)]
+pub struct Operation {
+    pub id: String,
+    pub route: String,
+    pub key: String,
+    pub fingerprint: Fingerprint,
+    pub state: State,
+    pub attempt: u32,
+    /// What proves the state: `response`, `gateway-restarted`, `connect-failed`, …
+    pub evidence: String,
+    pub response: Option<StoredResponse>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// An upstream response as recorded: end-to-end headers with lower-case
+/// names, duplicates and order kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// `None` when the body was larger than `max_stored_response`.
+    pub body: Option<Vec<u8>>,
+}
+
+/// What is kept about the request: never credentials, the body only when the
+/// route asks for it.
+#[derive(Debug, Clone)]
+pub struct RequestSummary {
+    pub method: String,
+    pub path: String,
+    pub content_type: Option<String>,
+    pub body_size: u64,
+    pub body_sha256: String,
+    pub body: Option<Vec<u8>>,
+}
+
+/// A write that wants to become an operation.
+#[derive(Debug, Clone)]
+pub struct NewOperation {
+    pub route: String,
+    pub scope: String,
+    pub key: String,
+    pub fingerprint: Fingerprint,
+    pub request: RequestSummary,
+}
+
+/// Proof that this process owns an attempt: the compare-and-set token for
+/// [`Store::record`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub operation_id: String,
+    pub attempt: u32,
+}
+
+/// What [`Store::claim`] found.
+#[derive(Debug)]
+pub enum ClaimResult {
+    /// New, or a `not_attempted` one taken for its next attempt: send it.
+    Claimed(Claim),
+    /// Someone else's business: replay, refuse or hold per its state.
+    Existing(Operation),
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone)]
+pub enum Settlement {
+    Completed { response: StoredResponse },
+    NotAttempted { evidence: String },
+    Unknown { evidence: String },
+}
+
+impl Settlement {
+    fn state(&self) -> State {
+        match self {
+            Settlement::Completed { .. } => State::Completed,
+            Settlement::NotAttempted { .. } => State::NotAttempted,
+            Settlement::Unknown { .. } => State::Unknown,
+        }
+    }
+
+    fn evidence(&self) -> &str {
+        match self {
+            Settlement::Completed { .. } => "response",
+            Settlement::NotAttempted { evidence } | Settlement::Unknown { evidence } => evidence,
+        }
+    }
+}
+
+/// One entry of an operation's timeline: short evidence, never credentials
+/// or payloads.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub kind: &'static str,
+    pub detail: serde_json::Value,
+}
+
+/// Whether [`Store::record`] won its compare-and-set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    Applied,
+    /// The operation had already left this attempt's `in_progress`.
+    Stale,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the store {store} is in use by another idemgate process (lock file {lock})")]
+    Locked { store: String, lock: String },
+    #[error("cannot open the store {store}: {reason}")]
+    Open { store: String, reason: String },
+    #[error("the store is unavailable: {0}")]
+    Unavailable(#[from] sqlx::Error),
+    #[error("the store holds a value it cannot read: {0}")]
+    Corrupt(String),
+}
+
+/// The operations store. Implementations commit durably before returning.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Looks up `(route, scope, key)` and, in the same transaction, claims it
+    /// for this process when it is new or `not_attempted`.
+    async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError>;
+
+    /// Settles a claimed attempt, with its events, as one compare-and-set.
+    async fn record(
+        &self,
+        claim: &Claim,
+        settlement: &Settlement,
+        events: &[Event],
+    ) -> Result<Recorded, StoreError>;
+
+    /// Whether the store answers (readiness).
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Closes connections and releases the store for another process.
+    async fn close(&self);
+}
+
+/// Milliseconds since the Unix epoch, as the store keeps time.
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Headers as JSON `[[name, value]]`, each value byte kept as one char
+/// U+0000–U+00FF (Latin-1), so values that are not UTF-8 survive unchanged.
+fn encode_headers(headers: &[(String, Vec<u8>)]) -> String {
+    let pairs: Vec<(&str, String)> = headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str(),
+                value.iter().map(|&b| char::from(b)).collect(),
+            )
+        })
+        .collect();
+    serde_json::to_string(&pairs).unwrap_or_default()
+}
+
+fn decode_headers(text: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    let corrupt = || StoreError::Corrupt("response headers".into());
+    let pairs: Vec<(String, String)> = serde_json::from_str(text).map_err(|_| corrupt())?;
+    pairs
+        .into_iter()
+        .map(|(name, value)| {
+            let bytes = value
+                .chars()
+                .map(|c| u8::try_from(c).map_err(|_| corrupt()))
+                .collect::<Result<_, _>>()?;
+            Ok((name, bytes))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_bytes_exactly() {
+        let headers = vec![
+            ("set-cookie".to_string(), b"a=1".to_vec()),
+            ("set-cookie".to_string(), b"b=2".to_vec()),
+            ("x-latin".to_string(), vec![b'c', 0xe9, 0xff]),
+        ];
+        assert_eq!(decode_headers(&encode_headers(&headers)).unwrap(), headers);
+        assert!(decode_headers("[[\"x\",\"\u{20ac}\"]]").is_err());
+    }
+
+    #[test]
+    fn states_round_trip() {
+        for state in [
+            State::InProgress,
+            State::Completed,
+            State::Unknown,
+            State::NotAttempted,
+        ] {
+            assert_eq!(State::parse(state.as_str()).unwrap(), state);
+        }
+        assert!(State::parse("maybe").is_err());
+    }
+}

@@ -1,0 +1,323 @@
+//! The SQLite backend: the default store, for one gateway process.
+//!
+//! Invariants:
+//! - one process at a time: an exclusive `flock` on `<file>.lock`, held for the
+//!   store's life and released by the kernel when the process dies, so every
+//!   `in_progress` row found at open belongs to a dead owner and becomes
+//!   `unknown` (`gateway-restarted`) before the first request is served;
+//! - one writer: the pool has a single connection, so transactions never race
+//!   each other and a claim's look-up and insert are atomic;
+//! - WAL journal; `durability = "full"` fsyncs every commit, `"normal"`
+//!   survives a process crash but not a power loss.
+
+use std::fs::{File, TryLockError};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::{
+    Claim, ClaimResult, Event, NewOperation, Operation, Recorded, Settlement, State, Store,
+    StoreError, StoredResponse, decode_headers, encode_headers, now_millis,
+};
+use crate::config::Durability;
+use crate::pipeline::fingerprint::Fingerprint;
+
+/// How long a request waits for the writer before the store counts as busy (503).
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+    /// This process's instance id, written as `owner` on every claim.
+    owner: String,
+    /// The held lock file; `None` once closed. std Mutex: never held across `.await`.
+    lock: Mutex<Option<File>>,
+}
+
+impl SqliteStore {
+    /// Locks, opens (creating it if needed) and migrates the store, then marks
+    /// what a dead owner left `in_progress` as `unknown`.
+    pub async fn open(
+        path: &Path,
+        durability: Durability,
+        owner: String,
+    ) -> Result<Self, StoreError> {
+        let store_name = format!("sqlite://{}", path.display());
+        let lock = lock_file(path, &store_name)?;
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match durability {
+                Durability::Full => SqliteSynchronous::Full,
+                Durability::Normal => SqliteSynchronous::Normal,
+            })
+            .foreign_keys(true)
+            .busy_timeout(ACQUIRE_TIMEOUT);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::Open {
+                store: store_name.clone(),
+                reason: e.to_string(),
+            })?;
+        sqlx::migrate!("migrations/sqlite")
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Open {
+                store: store_name.clone(),
+                reason: format!("migration failed: {e}"),
+            })?;
+        let store = SqliteStore {
+            pool,
+            owner,
+            lock: Mutex::new(Some(lock)),
+        };
+        let abandoned = store.mark_abandoned().await?;
+        if abandoned > 0 {
+            tracing::warn!(
+                count = abandoned,
+                "operations left in flight by a previous process are now unknown"
+            );
+        }
+        Ok(store)
+    }
+
+    /// Every `in_progress` operation belongs to a dead owner (we hold the lock):
+    /// it may have reached the upstream, so it becomes `unknown`, never re-sent.
+    async fn mark_abandoned(&self) -> Result<u64, StoreError> {
+        let now = now_millis();
+        let mut tx = self.pool.begin().await?;
+        let ids: Vec<(String, Option<String>)> = sqlx::query_as(
+            "UPDATE operations SET state = 'unknown', evidence = 'gateway-restarted', updated_at = ?1
+             WHERE state = 'in_progress' RETURNING id, owner",
+        )
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        for (id, owner) in &ids {
+            let event = Event {
+                kind: "owner-lost",
+                detail: serde_json::json!({ "reason": "gateway-restarted", "owner": owner }),
+            };
+            insert_event(&mut tx, id, now, &event).await?;
+        }
+        tx.commit().await?;
+        Ok(ids.len() as u64)
+    }
+}
+
+fn lock_file(path: &Path, store_name: &str) -> Result<File, StoreError> {
+    let mut lock_path = PathBuf::from(path);
+    lock_path.as_mut_os_string().push(".lock");
+    let lock_name = lock_path.display().to_string();
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| StoreError::Open {
+            store: store_name.to_string(),
+            reason: format!("lock file {lock_name}: {e}"),
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => Err(StoreError::Locked {
+            store: store_name.to_string(),
+            lock: lock_name,
+        }),
+        Err(TryLockError::Error(e)) => Err(StoreError::Open {
+            store: store_name.to_string(),
+            reason: format!("lock file {lock_name}: {e}"),
+        }),
+    }
+}
+
+async fn insert_event(
+    tx: &mut Transaction<'_, Sqlite>,
+    operation_id: &str,
+    at: i64,
+    event: &Event,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO events (operation_id, at, kind, detail) VALUES (?1, ?2, ?3, ?4)")
+        .bind(operation_id)
+        .bind(at)
+        .bind(event.kind)
+        .bind(event.detail.to_string())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+fn operation_from_row(row: &SqliteRow) -> Result<Operation, StoreError> {
+    let status: Option<i64> = row.try_get("response_status")?;
+    let response = match status {
+        Some(status) => {
+            let headers: Option<String> = row.try_get("response_headers")?;
+            Some(StoredResponse {
+                status: u16::try_from(status)
+                    .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+                headers: decode_headers(headers.as_deref().unwrap_or("[]"))?,
+                body: row.try_get("response_body")?,
+            })
+        }
+        None => None,
+    };
+    let attempt: i64 = row.try_get("attempt")?;
+    Ok(Operation {
+        id: row.try_get("id")?,
+        route: row.try_get("route")?,
+        key: row.try_get("idem_key")?,
+        fingerprint: Fingerprint::from_stored(row.try_get("fingerprint")?),
+        state: State::parse(row.try_get("state")?)?,
+        attempt: u32::try_from(attempt)
+            .map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))?,
+        evidence: row.try_get("evidence")?,
+        response,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
+        let now = now_millis();
+        let mut tx = self.pool.begin().await?;
+        let existing = sqlx::query(
+            "SELECT * FROM operations WHERE route = ?1 AND scope = ?2 AND idem_key = ?3",
+        )
+        .bind(&new.route)
+        .bind(&new.scope)
+        .bind(&new.key)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let claim = match existing {
+            None => {
+                let id = uuid::Uuid::now_v7().to_string();
+                let request = &new.request;
+                sqlx::query(
+                    "INSERT INTO operations (id, route, scope, idem_key, fingerprint, state, attempt, owner, evidence,
+                        request_method, request_path, request_content_type, request_body_size, request_body_sha256,
+                        request_body, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 'in_progress', 1, ?6, 'claimed', ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)",
+                )
+                .bind(&id)
+                .bind(&new.route)
+                .bind(&new.scope)
+                .bind(&new.key)
+                .bind(new.fingerprint.as_str())
+                .bind(&self.owner)
+                .bind(&request.method)
+                .bind(&request.path)
+                .bind(&request.content_type)
+                .bind(request.body_size as i64)
+                .bind(&request.body_sha256)
+                .bind(&request.body)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                Claim {
+                    operation_id: id,
+                    attempt: 1,
+                }
+            }
+            Some(row) => {
+                let operation = operation_from_row(&row)?;
+                if operation.state != State::NotAttempted
+                    || operation.fingerprint != new.fingerprint
+                {
+                    return Ok(ClaimResult::Existing(operation));
+                }
+                let attempt = operation.attempt + 1;
+                let taken = sqlx::query(
+                    "UPDATE operations SET state = 'in_progress', attempt = ?1, owner = ?2, evidence = 'claimed',
+                        updated_at = ?3
+                     WHERE id = ?4 AND state = 'not_attempted' AND attempt = ?5",
+                )
+                .bind(attempt as i64)
+                .bind(&self.owner)
+                .bind(now)
+                .bind(&operation.id)
+                .bind(operation.attempt as i64)
+                .execute(&mut *tx)
+                .await?;
+                if taken.rows_affected() == 0 {
+                    return Ok(ClaimResult::Existing(operation));
+                }
+                Claim {
+                    operation_id: operation.id,
+                    attempt,
+                }
+            }
+        };
+        let event = Event {
+            kind: "claimed",
+            detail: serde_json::json!({ "attempt": claim.attempt, "owner": self.owner }),
+        };
+        insert_event(&mut tx, &claim.operation_id, now, &event).await?;
+        tx.commit().await?;
+        Ok(ClaimResult::Claimed(claim))
+    }
+
+    async fn record(
+        &self,
+        claim: &Claim,
+        settlement: &Settlement,
+        events: &[Event],
+    ) -> Result<Recorded, StoreError> {
+        let now = now_millis();
+        let response = match settlement {
+            Settlement::Completed { response } => Some(response),
+            _ => None,
+        };
+        let mut tx = self.pool.begin().await?;
+        let updated = sqlx::query(
+            "UPDATE operations SET state = ?1, evidence = ?2, response_status = ?3, response_headers = ?4,
+                response_body = ?5, updated_at = ?6
+             WHERE id = ?7 AND state = 'in_progress' AND attempt = ?8 AND owner = ?9",
+        )
+        .bind(settlement.state().as_str())
+        .bind(settlement.evidence())
+        .bind(response.map(|r| i64::from(r.status)))
+        .bind(response.map(|r| encode_headers(&r.headers)))
+        .bind(response.and_then(|r| r.body.as_deref()))
+        .bind(now)
+        .bind(&claim.operation_id)
+        .bind(claim.attempt as i64)
+        .bind(&self.owner)
+        .execute(&mut *tx)
+        .await?;
+        for event in events {
+            insert_event(&mut tx, &claim.operation_id, now, event).await?;
+        }
+        tx.commit().await?;
+        Ok(if updated.rows_affected() == 1 {
+            Recorded::Applied
+        } else {
+            Recorded::Stale
+        })
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+        // Dropping the file releases the flock for the next process.
+        if let Ok(mut lock) = self.lock.lock() {
+            lock.take();
+        }
+    }
+}
