@@ -1,4 +1,5 @@
-//! The command line (DESIGN §5): `serve`, `check-config`, `migrate`.
+//! The command line (DESIGN §5): `serve`, `check-config`, `migrate`,
+//! `mock-upstream`, `demo`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,6 +34,13 @@ pub enum Command {
         #[arg(long)]
         store: String,
     },
+    /// Run a small non-idempotent API with faults by path, to try idemgate against.
+    MockUpstream {
+        #[arg(long, default_value = "127.0.0.1:7000")]
+        listen: SocketAddr,
+    },
+    /// Walk through what idemgate does against the mock API, then exit.
+    Demo,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

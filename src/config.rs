@@ -58,6 +58,9 @@ pub struct ServerConfig {
 pub struct StoreConfig {
     pub url: StoreUrl,
     pub durability: Durability,
+    /// `completed` and `not_attempted` operations are deleted this long after
+    /// their last update; `unknown` ones never expire on their own.
+    pub retention: Duration,
 }
 
 /// Where operations are kept.
@@ -110,8 +113,18 @@ pub enum Durability {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyMode {
     Require,
+    Derive,
     Assign,
     Off,
+}
+
+/// What a request gets while the first one with its key is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InProgressMode {
+    /// 409 `request-in-progress` with `Retry-After`.
+    Reject,
+    /// Wait (up to `wait_timeout`) for the first attempt's outcome.
+    Wait,
 }
 
 impl std::str::FromStr for KeyMode {
@@ -119,11 +132,11 @@ impl std::str::FromStr for KeyMode {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "require" => Ok(KeyMode::Require),
+            "derive" => Ok(KeyMode::Derive),
             "assign" => Ok(KeyMode::Assign),
             "off" => Ok(KeyMode::Off),
-            "derive" => Err("key mode `derive` is not built yet".into()),
             other => Err(format!(
-                "unknown key mode `{other}`: expected require, assign or off"
+                "unknown key mode `{other}`: expected require, derive, assign or off"
             )),
         }
     }
@@ -171,12 +184,19 @@ pub struct Route {
     pub upstream: Upstream,
     pub methods: Vec<Method>,
     pub key: KeyMode,
+    /// JSON pointers naming the business action (derive mode).
+    pub derive_from: Vec<String>,
+    /// Derive mode without `derive_from`: how long an identical request is
+    /// the same operation after the earlier one's last update.
+    pub derive_window: Duration,
     pub scope_headers: Vec<HeaderName>,
     pub allow_anonymous: bool,
     pub fingerprint_headers: Vec<HeaderName>,
     pub ignore_fields: Vec<String>,
     /// `None` when the file sets it to the empty string: the key is not forwarded.
     pub forward_key_header: Option<HeaderName>,
+    pub in_progress: InProgressMode,
+    pub wait_timeout: Duration,
     pub connect_timeout: Duration,
     pub upstream_timeout: Duration,
     pub connect_retries: u32,
@@ -488,7 +508,6 @@ impl Validator<'_> {
     }
 
     fn store(&self, raw: RawStore) -> Result<StoreConfig, ConfigError> {
-        self.not_built("store.retention", &raw.retention)?;
         self.not_built("store.encryption_key_env", &raw.encryption_key_env)?;
         self.not_built("store.lease", &raw.lease)?;
         let url = StoreUrl::parse(raw.url.as_deref().unwrap_or("sqlite://idemgate.db"))
@@ -503,16 +522,16 @@ impl Validator<'_> {
                 ));
             }
         };
-        Ok(StoreConfig { url, durability })
+        Ok(StoreConfig {
+            url,
+            durability,
+            retention: self.duration("store.retention", raw.retention.as_deref(), "24h")?,
+        })
     }
 
     fn route(&self, i: usize, raw: RawRoute) -> Result<Route, ConfigError> {
         let field = |name: &str| format!("routes[{i}].{name}");
         self.not_built(&field("upstream_ca"), &raw.upstream_ca)?;
-        self.not_built(&field("derive_from"), &raw.derive_from)?;
-        self.not_built(&field("derive_window"), &raw.derive_window)?;
-        self.not_built(&field("in_progress"), &raw.in_progress)?;
-        self.not_built(&field("wait_timeout"), &raw.wait_timeout)?;
         self.not_built(&field("late_window"), &raw.late_window)?;
         self.not_built(&field("pause_after_unknown"), &raw.pause_after_unknown)?;
         self.not_built(&field("reconcile"), &raw.reconcile)?;
@@ -576,15 +595,21 @@ impl Validator<'_> {
                 "is empty: set allow_anonymous = true to share keys between all clients",
             ));
         }
-        let ignore_fields = raw.ignore_fields.unwrap_or_default();
-        for pointer in &ignore_fields {
-            if !pointer.starts_with('/') {
+        let ignore_fields = self.pointers(&field("ignore_fields"), raw.ignore_fields)?;
+        let derive_from = self.pointers(&field("derive_from"), raw.derive_from)?;
+        if !derive_from.is_empty() && key != KeyMode::Derive {
+            return Err(self.invalid(field("derive_from"), "only with key = \"derive\""));
+        }
+        let in_progress = match raw.in_progress.as_deref().unwrap_or("reject") {
+            "reject" => InProgressMode::Reject,
+            "wait" => InProgressMode::Wait,
+            other => {
                 return Err(self.invalid(
-                    field("ignore_fields"),
-                    format!("`{pointer}` is not a JSON pointer (e.g. \"/nonce\")"),
+                    field("in_progress"),
+                    format!("`{other}`: expected reject or wait"),
                 ));
             }
-        }
+        };
         let forward_key_header = match raw
             .forward_key_header
             .as_deref()
@@ -636,6 +661,18 @@ impl Validator<'_> {
             )?,
             ignore_fields,
             forward_key_header,
+            derive_from,
+            derive_window: self.duration(
+                &field("derive_window"),
+                raw.derive_window.as_deref(),
+                "10m",
+            )?,
+            in_progress,
+            wait_timeout: self.duration(
+                &field("wait_timeout"),
+                raw.wait_timeout.as_deref(),
+                "10s",
+            )?,
             connect_timeout: self.duration(
                 &field("connect_timeout"),
                 raw.connect_timeout.as_deref(),
@@ -657,6 +694,23 @@ impl Validator<'_> {
             )?,
             store_request_body: raw.store_request_body.unwrap_or(false),
         })
+    }
+
+    fn pointers(
+        &self,
+        field: &str,
+        value: Option<Vec<String>>,
+    ) -> Result<Vec<String>, ConfigError> {
+        let pointers = value.unwrap_or_default();
+        for pointer in &pointers {
+            if !pointer.starts_with('/') {
+                return Err(self.invalid(
+                    field,
+                    format!("`{pointer}` is not a JSON pointer (e.g. \"/event_id\")"),
+                ));
+            }
+        }
+        Ok(pointers)
     }
 
     fn statuses(
@@ -766,8 +820,6 @@ mod tests {
     #[test]
     fn features_not_built_yet_are_rejected() {
         for line in [
-            "derive_from = [\"/id\"]",
-            "in_progress = \"wait\"",
             "late_window = \"1s\"",
             "upstream_ca = \"ca.pem\"",
             "pause_after_unknown = 3",
@@ -775,7 +827,6 @@ mod tests {
             let err = error_of(&format!("{MINIMAL}{line}\n"));
             assert!(err.contains("not built yet"), "{line}: {err}");
         }
-        assert!(error_of(&format!("{MINIMAL}key = \"derive\"\n")).contains("not built yet"));
         assert!(
             error_of(&format!("[store]\nurl = \"postgres://x/y\"\n{MINIMAL}"))
                 .contains("not built yet")
@@ -784,6 +835,28 @@ mod tests {
             error_of(&format!("[server]\ntls_cert = \"c.pem\"\n{MINIMAL}"))
                 .contains("not built yet")
         );
+    }
+
+    #[test]
+    fn derive_and_wait_values_are_checked() {
+        assert!(error_of(&format!("{MINIMAL}derive_from = [\"/id\"]\n")).contains("only with key"));
+        assert!(
+            error_of(&format!("{MINIMAL}in_progress = \"later\"\n")).contains("reject or wait")
+        );
+        assert!(
+            error_of(&format!(
+                "{MINIMAL}key = \"derive\"\nderive_from = [\"id\"]\n"
+            ))
+            .contains("JSON pointer")
+        );
+        let text = format!(
+            "{MINIMAL}key = \"derive\"\nderive_from = [\"/event_id\"]\nin_progress = \"wait\"\n"
+        );
+        let route = &Config::from_toml_str(&text, "t").unwrap().routes[0];
+        assert_eq!(route.key, KeyMode::Derive);
+        assert_eq!(route.in_progress, InProgressMode::Wait);
+        assert_eq!(route.derive_window, Duration::from_secs(600));
+        assert_eq!(route.wait_timeout, Duration::from_secs(10));
     }
 
     #[test]

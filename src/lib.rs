@@ -6,10 +6,14 @@
 //! - [`server`]: listeners, accept loops, graceful shutdown.
 //! - [`pipeline`]: the life of a request, one module per phase.
 //! - [`store`]: the only truth about operations (SQLite); all SQL lives there.
+//! - [`retention`]: the background sweep of expired operations.
+//! - [`clock`]: the time the store keeps (a manual one for tests).
 //! - [`problem`]: every error idemgate answers itself, as RFC 9457 problem+json.
 //! - [`admin`]: the operators' listener.
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
+//! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
+//!   [`demo`]: the newcomer's tour against it.
 //!
 //! # Life of a write request
 //! route → key and scope → body (bounded) → fingerprint → claim (one commit)
@@ -30,8 +34,12 @@ pub mod admin;
 pub mod body;
 pub mod canonical_json;
 pub mod cli;
+pub mod clock;
 pub mod config;
+pub mod demo;
+pub mod mock_upstream;
 pub mod pipeline;
 pub mod problem;
+pub mod retention;
 pub mod server;
 pub mod store;

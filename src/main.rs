@@ -1,11 +1,14 @@
 //! The `idemgate` binary: parse the command line, set up logging, run.
 
 use std::io::Write;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
 use idemgate::cli::{Cli, Command, LogFormat};
+use idemgate::clock::SystemClock;
 use idemgate::config::{Config, Durability, StoreUrl};
+use idemgate::mock_upstream::MockUpstream;
 use idemgate::server::Gateway;
 use idemgate::store::{SqliteStore, Store};
 use tracing_subscriber::EnvFilter;
@@ -54,13 +57,33 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("ok");
             Ok(())
         }
+        Command::MockUpstream { listen } => {
+            init_logging(LogFormat::Text);
+            let mock = MockUpstream::start(listen).await?;
+            println!("listening mock={}", mock.addr());
+            std::io::stdout().flush()?;
+            shutdown_signal().await?;
+            mock.stop().await;
+            Ok(())
+        }
+        Command::Demo => {
+            // Quiet logs: the tour's own lines are the output.
+            let filter =
+                EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("error"));
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .init();
+            idemgate::demo::run(std::io::stdout()).await?;
+            Ok(())
+        }
         Command::Migrate { store } => {
             init_logging(LogFormat::Text);
             let url =
                 StoreUrl::parse(&store).map_err(|reason| anyhow::anyhow!("--store: {reason}"))?;
             let StoreUrl::Sqlite(path) = &url;
             let owner = format!("migrate-{}", uuid::Uuid::now_v7());
-            SqliteStore::open(path, Durability::Full, owner)
+            SqliteStore::open(path, Durability::Full, owner, Arc::new(SystemClock))
                 .await?
                 .close()
                 .await;

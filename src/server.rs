@@ -21,8 +21,10 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ServerConfig, StoreUrl};
 use crate::pipeline::Proxy;
+use crate::retention;
 use crate::store::{SqliteStore, Store, StoreError};
 
 /// Why the gateway did not start.
@@ -51,13 +53,21 @@ pub struct Gateway {
 impl Gateway {
     /// Opens the store and starts serving.
     pub async fn start(config: Config) -> Result<Gateway, StartError> {
+        Self::start_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    /// [`Gateway::start`] with the clock the store and the windows read.
+    pub async fn start_with_clock(
+        config: Config,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Gateway, StartError> {
         let owner = uuid::Uuid::now_v7().to_string();
         let store: Arc<dyn Store> = match &config.store.url {
-            StoreUrl::Sqlite(path) => {
-                Arc::new(SqliteStore::open(path, config.store.durability, owner).await?)
-            }
+            StoreUrl::Sqlite(path) => Arc::new(
+                SqliteStore::open(path, config.store.durability, owner, clock.clone()).await?,
+            ),
         };
-        match Self::serve(config, store.clone()).await {
+        match Self::serve(config, store.clone(), clock).await {
             Ok(gateway) => Ok(gateway),
             Err(error) => {
                 store.close().await;
@@ -66,7 +76,11 @@ impl Gateway {
         }
     }
 
-    async fn serve(config: Config, store: Arc<dyn Store>) -> Result<Gateway, StartError> {
+    async fn serve(
+        config: Config,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Gateway, StartError> {
         let server = config.server.clone();
         let bind = |field, addr| async move {
             TcpListener::bind(addr)
@@ -93,7 +107,12 @@ impl Gateway {
         // Cancelled only once the grace period is over: outcomes the store
         // refused are retried until then.
         let give_up = CancellationToken::new();
-        let proxy = Arc::new(Proxy::new(&config, store.clone(), give_up.clone())?);
+        let proxy = Arc::new(Proxy::new(
+            &config,
+            store.clone(),
+            clock.clone(),
+            give_up.clone(),
+        )?);
         let proxy_service = {
             let proxy = proxy.clone();
             move |peer: SocketAddr| {
@@ -115,6 +134,12 @@ impl Gateway {
             }
         };
         let stop_accepting = CancellationToken::new();
+        let sweep = tokio::spawn(retention::run(
+            store.clone(),
+            clock,
+            config.store.retention,
+            stop_accepting.clone(),
+        ));
         let loops = [
             tokio::spawn(accept_loop(
                 proxy_listener,
@@ -135,8 +160,8 @@ impl Gateway {
                 shutdown.cancelled().await;
                 let deadline = Instant::now() + server.shutdown_grace;
                 stop_accepting.cancel();
-                for accept in loops {
-                    let _ = accept.await;
+                for task in loops.into_iter().chain([sweep]) {
+                    let _ = task.await;
                 }
                 // Connections are drained; forward tasks get the rest of the grace to record.
                 proxy.tasks().close();

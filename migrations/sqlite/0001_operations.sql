@@ -20,10 +20,14 @@ CREATE TABLE operations (
     response_headers     TEXT,               -- JSON [[name, latin-1 value]]
     response_body        BLOB,               -- NULL with a status: too large to store
     created_at           INTEGER NOT NULL,   -- ms since the Unix epoch
-    updated_at           INTEGER NOT NULL
+    updated_at           INTEGER NOT NULL,
+    -- derive mode without derive_from: an identical request after derive_window
+    -- is a new operation; the old one is kept for operators, marked superseded.
+    superseded_at        INTEGER
 ) STRICT;
 
-CREATE UNIQUE INDEX operations_identity ON operations (route, scope, idem_key);
+-- The identity is unique among operations that are not superseded.
+CREATE UNIQUE INDEX operations_identity ON operations (route, scope, idem_key) WHERE superseded_at IS NULL;
 CREATE INDEX operations_state_updated ON operations (state, updated_at);
 
 -- Each operation's timeline: short evidence, never credentials or payloads.

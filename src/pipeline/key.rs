@@ -9,6 +9,8 @@ use http::HeaderMap;
 use http::header::HeaderName;
 use sha2::{Digest, Sha256};
 
+use crate::pipeline::fingerprint::Fingerprint;
+
 /// The `Idempotency-Key` header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
@@ -35,6 +37,40 @@ impl IdempotencyKey {
     /// A new key for `assign` mode: a UUIDv7, time-ordered for operators.
     pub fn assign() -> Self {
         IdempotencyKey(uuid::Uuid::now_v7().to_string())
+    }
+
+    /// Derive mode with `derive_from`: the key is the business action's
+    /// identity — the scope and the values the pointers name in a JSON body —
+    /// so the same action is one operation whatever else changes. `None` when
+    /// the body is not JSON or lacks one of them (or it is `null`).
+    pub fn derive_from_body(scope: &Scope, pointers: &[String], body: &[u8]) -> Option<Self> {
+        let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let mut hasher = Sha256::new();
+        hasher.update(b"idemgate-derive-v1:fields");
+        hasher.update(scope.0.as_bytes());
+        for pointer in pointers {
+            let field = value.pointer(pointer).filter(|v| !v.is_null())?;
+            let canonical = crate::canonical_json::canonicalize(field);
+            for part in [pointer.as_bytes(), &canonical] {
+                hasher.update((part.len() as u64).to_be_bytes());
+                hasher.update(part);
+            }
+        }
+        Some(Self::derived(hasher))
+    }
+
+    /// Derive mode without `derive_from`: the scope and the whole request's
+    /// fingerprint, so identical requests are one operation.
+    pub fn derive_from_fingerprint(scope: &Scope, fingerprint: &Fingerprint) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(b"idemgate-derive-v1:fingerprint");
+        hasher.update(scope.0.as_bytes());
+        hasher.update(fingerprint.as_str().as_bytes());
+        Self::derived(hasher)
+    }
+
+    fn derived(hasher: Sha256) -> Self {
+        IdempotencyKey(format!("derived-{}", hex::encode(hasher.finalize())))
     }
 
     /// Validates an unquoted key.
@@ -167,6 +203,63 @@ mod tests {
         let (a, b) = (IdempotencyKey::assign(), IdempotencyKey::assign());
         assert_ne!(a, b);
         assert_eq!(IdempotencyKey::new(a.as_str()), Ok(a));
+    }
+
+    fn scope(token: &str) -> Scope {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_str(token).unwrap(),
+        );
+        Scope::from_headers(&headers, &[http::header::AUTHORIZATION], false).unwrap()
+    }
+
+    #[test]
+    fn derived_keys_follow_the_named_fields() {
+        let pointers = vec!["/event_id".to_string(), "/source".to_string()];
+        let derive = |scope: &Scope, body: &str| {
+            IdempotencyKey::derive_from_body(scope, &pointers, body.as_bytes())
+        };
+        let alice = scope("Bearer a");
+        let a = derive(&alice, r#"{"event_id":7,"source":"crm","title":"x"}"#).unwrap();
+        assert!(a.as_str().starts_with("derived-"));
+        assert_eq!(IdempotencyKey::new(a.as_str()), Ok(a.clone()));
+        // Other fields do not count; the named ones and the scope do.
+        assert_eq!(
+            derive(&alice, r#"{"title":"y","source":"crm","event_id":7.0}"#),
+            Some(a.clone())
+        );
+        assert_ne!(
+            derive(&alice, r#"{"event_id":8,"source":"crm"}"#),
+            Some(a.clone())
+        );
+        assert_ne!(
+            derive(&scope("Bearer b"), r#"{"event_id":7,"source":"crm"}"#),
+            Some(a)
+        );
+        // A body lacking a field, with it null, or not JSON derives nothing.
+        assert_eq!(derive(&alice, r#"{"event_id":7}"#), None);
+        assert_eq!(derive(&alice, r#"{"event_id":7,"source":null}"#), None);
+        assert_eq!(derive(&alice, "event_id=7"), None);
+    }
+
+    #[test]
+    fn fingerprint_keys_are_per_scope() {
+        let fp = Fingerprint::from_stored("ab".into());
+        let a = IdempotencyKey::derive_from_fingerprint(&scope("Bearer a"), &fp);
+        assert_eq!(
+            a,
+            IdempotencyKey::derive_from_fingerprint(&scope("Bearer a"), &fp)
+        );
+        assert_ne!(
+            a,
+            IdempotencyKey::derive_from_fingerprint(&scope("Bearer b"), &fp)
+        );
+        let other = Fingerprint::from_stored("cd".into());
+        assert_ne!(
+            a,
+            IdempotencyKey::derive_from_fingerprint(&scope("Bearer a"), &other)
+        );
     }
 
     #[test]

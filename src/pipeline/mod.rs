@@ -36,9 +36,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::body::ProxyBody;
+use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, Route};
 use crate::problem::ProxyError;
-use crate::store::{Claim, NewOperation, RequestSummary, Store};
+use crate::store::{NewOperation, RequestSummary, Store};
+use claim::InFlight;
 use fingerprint::{Fingerprint, FingerprintInput};
 use forward::{UpstreamClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
@@ -59,9 +61,12 @@ impl AsRef<Route> for ActiveRoute {
 pub struct Proxy {
     routes: Vec<ActiveRoute>,
     store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    in_flight: Arc<InFlight>,
     /// Forward tasks outlive their requests; shutdown waits for them.
     tasks: TaskTracker,
-    shutdown: CancellationToken,
+    /// Cancelled at the end of the shutdown grace: stop retrying records.
+    give_up: CancellationToken,
     /// hyper bounds its read buffer only roughly; this is the exact bound.
     max_header_bytes: usize,
 }
@@ -70,7 +75,8 @@ impl Proxy {
     pub fn new(
         config: &Config,
         store: Arc<dyn Store>,
-        shutdown: CancellationToken,
+        clock: Arc<dyn Clock>,
+        give_up: CancellationToken,
     ) -> Result<Self, rustls::Error> {
         let routes = config
             .routes
@@ -85,8 +91,10 @@ impl Proxy {
         Ok(Proxy {
             routes,
             store,
+            clock,
+            in_flight: Arc::default(),
             tasks: TaskTracker::new(),
-            shutdown,
+            give_up,
             max_header_bytes: config.server.max_header_bytes,
         })
     }
@@ -116,13 +124,13 @@ impl Proxy {
         response
     }
 
+    /// Phases 1–4: route, key and scope, body, fingerprint; then the write.
     async fn handle_inner(
         &self,
         request: Request<Incoming>,
         peer: SocketAddr,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let head_bytes = head_size(&request);
-        if head_bytes > self.max_header_bytes {
+        if head_size(&request) > self.max_header_bytes {
             return Err(ProxyError::HeadersTooLarge {
                 limit: self.max_header_bytes,
             });
@@ -135,31 +143,10 @@ impl Proxy {
         if !route.intercepts(request.method()) {
             return forward::pass_through(&active.client, route, request, peer.ip()).await;
         }
-        let (key, assigned) = match IdempotencyKey::from_headers(request.headers())? {
-            Some(key) => (key, false),
-            None if route.key == KeyMode::Assign => (IdempotencyKey::assign(), true),
-            None => return Err(ProxyError::MissingKey),
-        };
-        let mut response = self
-            .write(active, &key, request, peer)
-            .await
-            .unwrap_or_else(ProxyError::into_response);
-        if assigned && let Ok(value) = HeaderValue::from_str(key.as_str()) {
-            response.headers_mut().insert(IDEMPOTENCY_KEY, value);
+        let sent_key = IdempotencyKey::from_headers(request.headers())?;
+        if sent_key.is_none() && route.key == KeyMode::Require {
+            return Err(ProxyError::MissingKey);
         }
-        Ok(response)
-    }
-
-    /// An intercepted write with its key: scope, body, fingerprint, claim,
-    /// then forward and record (or answer from the store).
-    async fn write(
-        &self,
-        active: &ActiveRoute,
-        key: &IdempotencyKey,
-        request: Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
-        let route = &active.route;
         let scope = Scope::from_headers(
             request.headers(),
             &route.scope_headers,
@@ -182,6 +169,14 @@ impl Proxy {
             ignore_fields: &route.ignore_fields,
             body: &body,
         });
+        let (key, announced) = match sent_key {
+            Some(key) => (key, false),
+            None => (made_key(route, &scope, &fingerprint, &body)?, true),
+        };
+        // An identical request is the same derived operation only within the window.
+        let fresh_after =
+            (announced && route.key == KeyMode::Derive && route.derive_from.is_empty())
+                .then(|| self.clock.now_millis() - clock::millis(route.derive_window));
         let new = NewOperation {
             route: route.name.clone(),
             scope: scope.as_str().to_string(),
@@ -199,27 +194,40 @@ impl Proxy {
                 body_sha256: hex::encode(Sha256::digest(&body)),
                 body: route.store_request_body.then(|| body.to_vec()),
             },
+            fresh_after,
         };
-        let claim = match claim::claim(self.store.as_ref(), &new).await? {
+        let mut response = self
+            .write(active, &key, new, &parts, body, peer)
+            .await
+            .unwrap_or_else(ProxyError::into_response);
+        if announced && let Ok(value) = HeaderValue::from_str(key.as_str()) {
+            response.headers_mut().insert(IDEMPOTENCY_KEY, value);
+        }
+        Ok(response)
+    }
+
+    /// Phases 5–7: claim, then forward and record (or answer from the store).
+    async fn write(
+        &self,
+        active: &ActiveRoute,
+        key: &IdempotencyKey,
+        new: NewOperation,
+        parts: &request::Parts,
+        body: Bytes,
+        peer: SocketAddr,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let route = &active.route;
+        let claim = match claim::claim(self.store.as_ref(), &self.in_flight, route, &new).await? {
             claim::Claimed::Send(claim) => claim,
             claim::Claimed::Answer(response) => return Ok(response),
         };
-        let request = WriteRequest::new(route, &parts, body, key.as_str(), peer.ip())?;
-        self.forward_and_record(active, claim, request).await
-    }
-
-    /// Runs forward + record in a task of its own and waits for its reply.
-    async fn forward_and_record(
-        &self,
-        active: &ActiveRoute,
-        claim: Claim,
-        request: WriteRequest,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let in_flight = self.in_flight.begin(&claim);
+        let request = WriteRequest::new(route, parts, body, key.as_str(), peer.ip())?;
         let (reply_tx, reply_rx) = oneshot::channel();
         let store = self.store.clone();
         let client = active.client.clone();
-        let route = active.route.clone();
-        let shutdown = self.shutdown.clone();
+        let route = route.clone();
+        let give_up = self.give_up.clone();
         self.tasks.spawn(async move {
             let guard = record::SettleGuard::new(store.clone(), claim.clone());
             let exchange = forward::send_write(&client, &route, &request).await;
@@ -228,15 +236,31 @@ impl Proxy {
                 // The client may have hung up; the outcome is recorded regardless.
                 let _ = reply_tx.send(reply);
             };
-            record::record(
-                &store, &claim, settlement, events, reply, deliver, &shutdown,
-            )
-            .await;
+            record::record(&store, &claim, settlement, events, reply, deliver, &give_up).await;
             guard.disarm();
+            drop(in_flight);
         });
         reply_rx.await.map_err(|_| ProxyError::Internal {
             reason: "the forward task ended without a reply".into(),
         })?
+    }
+}
+
+/// The key for a write that sent none: assigned, or derived from the request.
+fn made_key(
+    route: &Route,
+    scope: &Scope,
+    fingerprint: &Fingerprint,
+    body: &[u8],
+) -> Result<IdempotencyKey, ProxyError> {
+    match route.key {
+        KeyMode::Assign => Ok(IdempotencyKey::assign()),
+        KeyMode::Derive if route.derive_from.is_empty() => {
+            Ok(IdempotencyKey::derive_from_fingerprint(scope, fingerprint))
+        }
+        KeyMode::Derive => IdempotencyKey::derive_from_body(scope, &route.derive_from, body)
+            .ok_or(ProxyError::MissingKey),
+        KeyMode::Require | KeyMode::Off => Err(ProxyError::MissingKey),
     }
 }
 

@@ -9,8 +9,6 @@
 
 mod sqlite;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use async_trait::async_trait;
 
 use crate::pipeline::fingerprint::Fingerprint;
@@ -97,6 +95,9 @@ pub struct NewOperation {
     pub key: String,
     pub fingerprint: Fingerprint,
     pub request: RequestSummary,
+    /// Derive mode without `derive_from`: a settled operation last updated
+    /// before this time (ms) is superseded and the key starts a new one.
+    pub fresh_after: Option<i64>,
 }
 
 /// Proof that this process owns an attempt: the compare-and-set token for
@@ -184,19 +185,17 @@ pub trait Store: Send + Sync {
         events: &[Event],
     ) -> Result<Recorded, StoreError>;
 
+    /// Deletes up to `limit` `completed` and `not_attempted` operations last
+    /// updated before `cutoff` (ms), with their events; `unknown` ones stay.
+    async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError>;
+
     /// Whether the store answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 
-    /// Closes connections and releases the store for another process.
+    /// Marks what this process still has `in_progress` as `unknown`
+    /// (`gateway-stopped`), closes connections and releases the store for
+    /// another process.
     async fn close(&self);
-}
-
-/// Milliseconds since the Unix epoch, as the store keeps time.
-fn now_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// Headers as JSON `[[name, value]]`, each value byte kept as one char

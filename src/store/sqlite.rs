@@ -12,7 +12,7 @@
 
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,8 +24,9 @@ use sqlx::{Row, Sqlite, Transaction};
 
 use super::{
     Claim, ClaimResult, Event, NewOperation, Operation, Recorded, Settlement, State, Store,
-    StoreError, StoredResponse, decode_headers, encode_headers, now_millis,
+    StoreError, StoredResponse, decode_headers, encode_headers,
 };
+use crate::clock::Clock;
 use crate::config::Durability;
 use crate::pipeline::fingerprint::Fingerprint;
 
@@ -38,6 +39,7 @@ pub struct SqliteStore {
     owner: String,
     /// The held lock file; `None` once closed. std Mutex: never held across `.await`.
     lock: Mutex<Option<File>>,
+    clock: Arc<dyn Clock>,
 }
 
 impl SqliteStore {
@@ -47,6 +49,7 @@ impl SqliteStore {
         path: &Path,
         durability: Durability,
         owner: String,
+        clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
         let store_name = format!("sqlite://{}", path.display());
         let lock = lock_file(path, &store_name)?;
@@ -81,8 +84,13 @@ impl SqliteStore {
             pool,
             owner,
             lock: Mutex::new(Some(lock)),
+            clock,
         };
-        let abandoned = store.mark_abandoned().await?;
+        // We hold the lock, so every `in_progress` operation belongs to a dead
+        // owner: it may have reached the upstream, so it is held, never re-sent.
+        let abandoned = store
+            .mark_in_progress_unknown("gateway-restarted", None)
+            .await?;
         if abandoned > 0 {
             tracing::warn!(
                 count = abandoned,
@@ -92,28 +100,76 @@ impl SqliteStore {
         Ok(store)
     }
 
-    /// Every `in_progress` operation belongs to a dead owner (we hold the lock):
-    /// it may have reached the upstream, so it becomes `unknown`, never re-sent.
-    async fn mark_abandoned(&self) -> Result<u64, StoreError> {
-        let now = now_millis();
+    /// Inserts a new operation, claimed for its first attempt.
+    async fn insert(
+        &self,
+        tx: &mut Transaction<'_, Sqlite>,
+        new: &NewOperation,
+        now: i64,
+    ) -> Result<Claim, StoreError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let request = &new.request;
+        sqlx::query(
+            "INSERT INTO operations (id, route, scope, idem_key, fingerprint, state, attempt, owner, evidence,
+                request_method, request_path, request_content_type, request_body_size, request_body_sha256,
+                request_body, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'in_progress', 1, ?6, 'claimed', ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)",
+        )
+        .bind(&id)
+        .bind(&new.route)
+        .bind(&new.scope)
+        .bind(&new.key)
+        .bind(new.fingerprint.as_str())
+        .bind(&self.owner)
+        .bind(&request.method)
+        .bind(&request.path)
+        .bind(&request.content_type)
+        .bind(request.body_size as i64)
+        .bind(&request.body_sha256)
+        .bind(&request.body)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+        Ok(Claim {
+            operation_id: id,
+            attempt: 1,
+        })
+    }
+
+    /// `in_progress` → `unknown` with `evidence`, for one owner or for all.
+    async fn mark_in_progress_unknown(
+        &self,
+        evidence: &str,
+        owner: Option<&str>,
+    ) -> Result<u64, StoreError> {
+        let now = self.clock.now_millis();
         let mut tx = self.pool.begin().await?;
         let ids: Vec<(String, Option<String>)> = sqlx::query_as(
-            "UPDATE operations SET state = 'unknown', evidence = 'gateway-restarted', updated_at = ?1
-             WHERE state = 'in_progress' RETURNING id, owner",
+            "UPDATE operations SET state = 'unknown', evidence = ?1, updated_at = ?2
+             WHERE state = 'in_progress' AND (?3 IS NULL OR owner = ?3) RETURNING id, owner",
         )
+        .bind(evidence)
         .bind(now)
+        .bind(owner)
         .fetch_all(&mut *tx)
         .await?;
         for (id, owner) in &ids {
             let event = Event {
                 kind: "owner-lost",
-                detail: serde_json::json!({ "reason": "gateway-restarted", "owner": owner }),
+                detail: serde_json::json!({ "reason": evidence, "owner": owner }),
             };
             insert_event(&mut tx, id, now, &event).await?;
         }
         tx.commit().await?;
         Ok(ids.len() as u64)
     }
+}
+
+/// A settled operation older than the derive window gives way to a new one;
+/// `unknown` and `in_progress` ones always match.
+fn is_outdated(operation: &Operation, fresh_after: Option<i64>) -> bool {
+    matches!(operation.state, State::Completed | State::NotAttempted)
+        && fresh_after.is_some_and(|cutoff| operation.updated_at < cutoff)
 }
 
 fn lock_file(path: &Path, store_name: &str) -> Result<File, StoreError> {
@@ -191,53 +247,39 @@ fn operation_from_row(row: &SqliteRow) -> Result<Operation, StoreError> {
 #[async_trait]
 impl Store for SqliteStore {
     async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
-        let now = now_millis();
+        let now = self.clock.now_millis();
         let mut tx = self.pool.begin().await?;
-        let existing = sqlx::query(
-            "SELECT * FROM operations WHERE route = ?1 AND scope = ?2 AND idem_key = ?3",
+        let row = sqlx::query(
+            "SELECT * FROM operations
+             WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 AND superseded_at IS NULL",
         )
         .bind(&new.route)
         .bind(&new.scope)
         .bind(&new.key)
         .fetch_optional(&mut *tx)
         .await?;
-        let claim = match existing {
-            None => {
-                let id = uuid::Uuid::now_v7().to_string();
-                let request = &new.request;
-                sqlx::query(
-                    "INSERT INTO operations (id, route, scope, idem_key, fingerprint, state, attempt, owner, evidence,
-                        request_method, request_path, request_content_type, request_body_size, request_body_sha256,
-                        request_body, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, 'in_progress', 1, ?6, 'claimed', ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)",
-                )
-                .bind(&id)
-                .bind(&new.route)
-                .bind(&new.scope)
-                .bind(&new.key)
-                .bind(new.fingerprint.as_str())
-                .bind(&self.owner)
-                .bind(&request.method)
-                .bind(&request.path)
-                .bind(&request.content_type)
-                .bind(request.body_size as i64)
-                .bind(&request.body_sha256)
-                .bind(&request.body)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                Claim {
-                    operation_id: id,
-                    attempt: 1,
-                }
+        let existing = match row.as_ref().map(operation_from_row).transpose()? {
+            Some(old) if is_outdated(&old, new.fresh_after) => {
+                sqlx::query("UPDATE operations SET superseded_at = ?1 WHERE id = ?2")
+                    .bind(now)
+                    .bind(&old.id)
+                    .execute(&mut *tx)
+                    .await?;
+                let event = Event {
+                    kind: "superseded",
+                    detail: serde_json::json!({ "reason": "derive-window" }),
+                };
+                insert_event(&mut tx, &old.id, now, &event).await?;
+                None
             }
-            Some(row) => {
-                let operation = operation_from_row(&row)?;
-                if operation.state != State::NotAttempted
-                    || operation.fingerprint != new.fingerprint
-                {
-                    return Ok(ClaimResult::Existing(operation));
-                }
+            other => other,
+        };
+        let claim = match existing {
+            None => self.insert(&mut tx, new, now).await?,
+            Some(operation)
+                if operation.state == State::NotAttempted
+                    && operation.fingerprint == new.fingerprint =>
+            {
                 let attempt = operation.attempt + 1;
                 let taken = sqlx::query(
                     "UPDATE operations SET state = 'in_progress', attempt = ?1, owner = ?2, evidence = 'claimed',
@@ -259,6 +301,7 @@ impl Store for SqliteStore {
                     attempt,
                 }
             }
+            Some(operation) => return Ok(ClaimResult::Existing(operation)),
         };
         let event = Event {
             kind: "claimed",
@@ -275,7 +318,7 @@ impl Store for SqliteStore {
         settlement: &Settlement,
         events: &[Event],
     ) -> Result<Recorded, StoreError> {
-        let now = now_millis();
+        let now = self.clock.now_millis();
         let response = match settlement {
             Settlement::Completed { response } => Some(response),
             _ => None,
@@ -313,7 +356,34 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
+        let deleted = sqlx::query(
+            "DELETE FROM operations WHERE id IN (
+                SELECT id FROM operations
+                WHERE state IN ('completed', 'not_attempted') AND updated_at < ?1
+                LIMIT ?2)",
+        )
+        .bind(cutoff)
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await?;
+        Ok(deleted.rows_affected())
+    }
+
     async fn close(&self) {
+        match self
+            .mark_in_progress_unknown("gateway-stopped", Some(&self.owner))
+            .await
+        {
+            Ok(0) => {}
+            Ok(count) => tracing::warn!(
+                count,
+                "operations still in flight at shutdown are now unknown"
+            ),
+            Err(error) => {
+                tracing::error!(%error, "cannot settle in-flight operations; they become unknown at the next start")
+            }
+        }
         self.pool.close().await;
         // Dropping the file releases the flock for the next process.
         if let Ok(mut lock) = self.lock.lock() {

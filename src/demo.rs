@@ -1,0 +1,357 @@
+//! `idemgate demo`: a newcomer's tour. Starts the mock API and a gateway on
+//! free loopback ports with a throw-away store, walks through what idemgate
+//! does — printing each step, what the client got and how many writes
+//! reached the API — and exits.
+//!
+//! Each step checks what it shows: if idemgate ever behaved otherwise, the
+//! demo fails with [`DemoError::Unexpected`] instead of printing a wrong story.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::Config;
+use crate::mock_upstream::MockUpstream;
+use crate::server::{Gateway, StartError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("cannot start: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("cannot start the gateway: {0}")]
+    Start(#[from] StartError),
+    #[error("the demo config is invalid: {0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("a request failed: {0}")]
+    Request(String),
+    #[error("step {step}: expected {expected}, got {got}")]
+    Unexpected {
+        step: u32,
+        expected: String,
+        got: String,
+    },
+}
+
+/// What the client got for one request.
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+    key: Option<String>,
+    body: String,
+}
+
+impl Answer {
+    /// `201 Created`, or the problem name for an error idemgate answered.
+    fn summary(&self) -> String {
+        let problem = serde_json::from_str::<serde_json::Value>(&self.body)
+            .ok()
+            .and_then(|v| v["type"].as_str().map(str::to_string))
+            .and_then(|t| t.strip_prefix("urn:idemgate:problem:").map(str::to_string));
+        match problem {
+            Some(name) => format!("{} {name}", self.status.as_u16()),
+            None => format!("{} {}", self.status.as_u16(), self.body),
+        }
+    }
+}
+
+struct Tour<W> {
+    out: W,
+    client: Client<HttpConnector, Full<Bytes>>,
+    gateway: SocketAddr,
+    mock: MockUpstream,
+    requests: u64,
+}
+
+const TOKEN: &str = "Bearer demo-token";
+
+impl<W: Write> Tour<W> {
+    async fn send(
+        &mut self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> Result<Answer, DemoError> {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.gateway))
+            .header("authorization", TOKEN)
+            .header("content-type", "application/json");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.to_string())))
+            .map_err(|e| DemoError::Request(e.to_string()))?;
+        self.requests += 1;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| DemoError::Request(e.to_string()))?;
+        let status = response.status();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let replayed = header("idempotent-replayed").is_some_and(|v| v == "true");
+        let key = header("idempotency-key");
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| DemoError::Request(e.to_string()))?
+            .to_bytes();
+        Ok(Answer {
+            status,
+            replayed,
+            key,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    }
+
+    fn say(&mut self, text: &str) -> Result<(), DemoError> {
+        writeln!(self.out, "{text}")?;
+        Ok(())
+    }
+
+    /// Prints what the client got and the API's write count, and checks both.
+    fn show(
+        &mut self,
+        step: u32,
+        got: &str,
+        ok: bool,
+        expected: &str,
+        writes: u64,
+    ) -> Result<(), DemoError> {
+        let counted = self.mock.writes();
+        writeln!(self.out, "   → {got}\n   writes at the API: {counted}")?;
+        if !ok {
+            return Err(DemoError::Unexpected {
+                step,
+                expected: expected.into(),
+                got: got.into(),
+            });
+        }
+        if counted != writes {
+            return Err(DemoError::Unexpected {
+                step,
+                expected: format!("{writes} writes at the API"),
+                got: format!("{counted}"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Runs the tour, printing to `out`.
+pub async fn run(out: impl Write) -> Result<(), DemoError> {
+    let dir = std::env::temp_dir().join(format!("idemgate-demo-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir)?;
+    let result = tour(out, &dir).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn tour(out: impl Write, dir: &std::path::Path) -> Result<(), DemoError> {
+    let mock = MockUpstream::start(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    let store: PathBuf = dir.join("demo.db");
+    let config = Config::from_toml_str(
+        &format!(
+            r#"
+            [server]
+            listen = "127.0.0.1:0"
+            admin_listen = "127.0.0.1:0"
+            [store]
+            url = "sqlite://{store}"
+            [[routes]]
+            name = "tasks"
+            path_prefix = "/"
+            upstream = "http://{mock}"
+            [[routes]]
+            name = "events"
+            path_prefix = "/events"
+            upstream = "http://{mock}"
+            key = "derive"
+            derive_from = ["/event_id"]
+            "#,
+            store = store.display(),
+            mock = mock.addr(),
+        ),
+        "demo",
+    )?;
+    let gateway = Gateway::start(config).await?;
+    let mut tour = Tour {
+        out,
+        client: Client::builder(TokioExecutor::new()).build_http(),
+        gateway: gateway.addr(),
+        mock,
+        requests: 0,
+    };
+    let result = steps(&mut tour).await;
+    gateway.shutdown().await;
+    tour.mock.stop().await;
+    result
+}
+
+async fn steps<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
+    t.say(&format!(
+        "idemgate demo: a gateway on {} in front of a mock API on {}.\n\
+         The mock is not idempotent: every write it receives creates something.\n",
+        t.gateway,
+        t.mock.addr()
+    ))?;
+
+    t.say("1. A first write: POST /tasks with Idempotency-Key: demo-1")?;
+    let first = t
+        .send(
+            Method::POST,
+            "/tasks",
+            Some("demo-1"),
+            r#"{"title":"write the report"}"#,
+        )
+        .await?;
+    let ok = first.status == StatusCode::CREATED;
+    t.show(1, &first.summary(), ok, "201", 1)?;
+
+    t.say("\n2. Its response was lost, so the client retries the same request")?;
+    let again = t
+        .send(
+            Method::POST,
+            "/tasks",
+            Some("demo-1"),
+            r#"{ "title": "write the report" }"#,
+        )
+        .await?;
+    let ok = again.replayed && again.body == first.body && again.status == first.status;
+    let got = format!(
+        "{} (Idempotent-Replayed: {})",
+        again.summary(),
+        again.replayed
+    );
+    t.show(2, &got, ok, "the same 201, replayed", 1)?;
+    t.say("   The stored response was replayed byte for byte; the JSON was re-serialised\n   with other spacing, and it is still the same request.")?;
+
+    t.say("\n3. The same key with a changed payload (a bug in the client)")?;
+    let changed = t
+        .send(
+            Method::POST,
+            "/tasks",
+            Some("demo-1"),
+            r#"{"title":"something else"}"#,
+        )
+        .await?;
+    let ok = changed.status == StatusCode::UNPROCESSABLE_ENTITY;
+    t.show(3, &changed.summary(), ok, "422 key-reused", 1)?;
+
+    t.say("\n4. 20 concurrent duplicates of a slow write (a retry storm, key demo-2)")?;
+    let storm = (0..20).map(|_| {
+        let client = t.client.clone();
+        let uri = format!("http://{}/slow?ms=400", t.gateway);
+        async move {
+            let request = Request::post(uri)
+                .header("authorization", TOKEN)
+                .header("idempotency-key", "demo-2")
+                .body(Full::new(Bytes::from_static(b"{\"title\":\"slow\"}")))
+                .map_err(|e| DemoError::Request(e.to_string()))?;
+            let response = client
+                .request(request)
+                .await
+                .map_err(|e| DemoError::Request(e.to_string()))?;
+            Ok::<_, DemoError>(response.status())
+        }
+    });
+    let statuses: Vec<StatusCode> = join_all(storm).await?;
+    t.requests += 20;
+    let created = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CREATED)
+        .count();
+    let conflicts = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CONFLICT)
+        .count();
+    let got = format!("{created} × 201, {conflicts} × 409 request-in-progress");
+    let ok = created >= 1 && created + conflicts == 20;
+    t.show(4, &got, ok, "one forwarded, the rest 409 or replayed", 2)?;
+
+    t.say("\n5. A client that sends no key retries the same event (the /events route\n   derives the key from the body's /event_id)")?;
+    let event = r#"{"event_id":"evt-981","title":"from the CRM"}"#;
+    let first_event = t.send(Method::POST, "/events", None, event).await?;
+    let retry_event = t.send(Method::POST, "/events", None, event).await?;
+    let got = format!(
+        "{} with Idempotency-Key: {}…, then {} replayed: {}",
+        first_event.summary(),
+        first_event
+            .key
+            .as_deref()
+            .map_or("-", |k| &k[..k.len().min(24)]),
+        retry_event.status.as_u16(),
+        retry_event.replayed
+    );
+    let ok = first_event.status == StatusCode::CREATED
+        && retry_event.replayed
+        && first_event.key == retry_event.key;
+    t.show(5, &got, ok, "201, then the same 201 replayed", 3)?;
+
+    t.say("\n6. A lost response: the API commits the write, then drops the connection\n   (POST /drop, key demo-3)")?;
+    let lost = t
+        .send(
+            Method::POST,
+            "/drop",
+            Some("demo-3"),
+            r#"{"title":"maybe"}"#,
+        )
+        .await?;
+    let retry = t
+        .send(
+            Method::POST,
+            "/drop",
+            Some("demo-3"),
+            r#"{"title":"maybe"}"#,
+        )
+        .await?;
+    let got = format!("{}, retry {}", lost.summary(), retry.summary());
+    let ok = lost.status == StatusCode::BAD_GATEWAY && retry.status == StatusCode::CONFLICT;
+    t.show(
+        6,
+        &got,
+        ok,
+        "502 outcome-unknown, then 409 outcome-unknown",
+        4,
+    )?;
+    t.say("   The write may have happened, so idemgate holds it as `unknown` and never\n   re-sends it blindly; an operator or a reconcile probe settles it.")?;
+
+    let (requests, writes) = (t.requests, t.mock.writes());
+    t.say(&format!(
+        "\ndemo ok: {requests} requests, {writes} writes at the API: each intended write happened once."
+    ))
+}
+
+/// Awaits every future concurrently, failing with the first error.
+async fn join_all<T, F>(futures: impl Iterator<Item = F>) -> Result<Vec<T>, DemoError>
+where
+    F: std::future::Future<Output = Result<T, DemoError>> + Send + 'static,
+    T: Send + 'static,
+{
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut results = Vec::with_capacity(handles.len());
+    for handle in handles {
+        results.push(
+            handle
+                .await
+                .map_err(|e| DemoError::Request(e.to_string()))??,
+        );
+    }
+    Ok(results)
+}

@@ -1,0 +1,231 @@
+//! `idemgate mock-upstream`: a small, deliberately non-idempotent API to try
+//! idemgate against and to benchmark it, with faults chosen by path.
+//!
+//! Every write (any method but GET and HEAD) that reaches its commit point
+//! is counted as an effect, like a real API that creates a task each time:
+//!
+//! | path | behaviour |
+//! |---|---|
+//! | `/slow?ms=N` | commit, wait N ms (at most 60 s), answer 201 |
+//! | `/drop` | commit, then close the connection without answering |
+//! | `/hang` | commit, then never answer |
+//! | `/truncate` | commit, announce a body and close after part of it |
+//! | `/status/{code}` | answer `code` without committing (a refusal) |
+//! | `/once-429/…` | the first write per `Idempotency-Key` gets 429 uncommitted; later ones commit |
+//! | anything else | commit, answer 201 `{"id": n, "path": …}` |
+//!
+//! `GET /_effects` answers `{"writes": n}`; `GET /_effects/{key}` answers
+//! 200 with the effect committed under that `Idempotency-Key`, 404 when none
+//! was. Other GETs answer 200 `{"ok": true}`.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::body::{BoxError, ProxyBody, full, stream};
+
+/// The longest `/slow` wait, so a typo cannot hold a connection for hours.
+const MAX_SLOW: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct Effects {
+    writes: u64,
+    /// Effect id by the `Idempotency-Key` it was committed under.
+    by_key: HashMap<String, u64>,
+    /// Keys that already got their one 429 on `/once-429`.
+    refused_once: HashSet<String>,
+}
+
+/// A running mock API.
+pub struct MockUpstream {
+    addr: SocketAddr,
+    effects: Arc<Mutex<Effects>>,
+    stop: CancellationToken,
+    serving: JoinHandle<()>,
+}
+
+impl MockUpstream {
+    /// Binds `addr` (port 0 for any free port) and serves until [`MockUpstream::stop`].
+    pub async fn start(addr: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let effects = Arc::new(Mutex::new(Effects::default()));
+        let stop = CancellationToken::new();
+        let serving = tokio::spawn(serve(listener, effects.clone(), stop.clone()));
+        Ok(MockUpstream {
+            addr,
+            effects,
+            stop,
+            serving,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Writes committed so far.
+    pub fn writes(&self) -> u64 {
+        self.effects.lock().map_or(0, |e| e.writes)
+    }
+
+    /// Stops accepting and drops open connections.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.serving.await;
+    }
+}
+
+async fn serve(listener: TcpListener, effects: Arc<Mutex<Effects>>, stop: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(_) => continue,
+            },
+        };
+        let effects = effects.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| respond(effects.clone(), request));
+            let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = connection => {}
+            }
+        });
+    }
+}
+
+/// `Err` makes hyper close the connection without an answer (`/drop`).
+async fn respond(
+    effects: Arc<Mutex<Effects>>,
+    request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, BoxError> {
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().unwrap_or("").to_string();
+    if request.method() == Method::GET || request.method() == Method::HEAD {
+        return Ok(read(&effects, &path));
+    }
+    let key = request
+        .headers()
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if let Some(code) = path.strip_prefix("/status/") {
+        let status = code.parse().ok().and_then(|c| StatusCode::from_u16(c).ok());
+        return Ok(match status {
+            Some(status) => json_response(status, json!({ "status": status.as_u16() })),
+            None => json_response(StatusCode::BAD_REQUEST, json!({ "error": "bad status" })),
+        });
+    }
+    if path.starts_with("/once-429") && refuse_once(&effects, key.as_deref().unwrap_or(&path)) {
+        let mut response = json_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            json!({ "error": "slow down" }),
+        );
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        return Ok(response);
+    }
+    let id = commit(&effects, key);
+    let created = json!({ "id": id, "path": path });
+    match path.as_str() {
+        "/drop" => Err("dropped after commit".into()),
+        "/hang" => std::future::pending().await,
+        "/truncate" => {
+            let part = Bytes::from_static(b"{\"id\":");
+            let mut response = Response::new(stream(Truncated(Some(part))));
+            *response.status_mut() = StatusCode::CREATED;
+            response
+                .headers_mut()
+                .insert(CONTENT_LENGTH, HeaderValue::from_static("100"));
+            Ok(response)
+        }
+        "/slow" => {
+            let ms = query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("ms="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms).min(MAX_SLOW)).await;
+            Ok(json_response(StatusCode::CREATED, created))
+        }
+        _ => Ok(json_response(StatusCode::CREATED, created)),
+    }
+}
+
+/// A body that sends its one part and then fails, so hyper cuts the
+/// response short of its Content-Length.
+struct Truncated(Option<Bytes>);
+
+impl http_body::Body for Truncated {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        std::task::Poll::Ready(Some(match self.0.take() {
+            Some(part) => Ok(http_body::Frame::data(part)),
+            None => Err("truncated on purpose".into()),
+        }))
+    }
+}
+
+fn commit(effects: &Mutex<Effects>, key: Option<String>) -> u64 {
+    let Ok(mut effects) = effects.lock() else {
+        return 0;
+    };
+    effects.writes += 1;
+    let id = effects.writes;
+    if let Some(key) = key {
+        effects.by_key.insert(key, id);
+    }
+    id
+}
+
+fn refuse_once(effects: &Mutex<Effects>, key: &str) -> bool {
+    effects
+        .lock()
+        .is_ok_and(|mut e| e.refused_once.insert(key.to_string()))
+}
+
+fn read(effects: &Mutex<Effects>, path: &str) -> Response<ProxyBody> {
+    let Ok(effects) = effects.lock() else {
+        return json_response(StatusCode::INTERNAL_SERVER_ERROR, json!({}));
+    };
+    match path.strip_prefix("/_effects") {
+        Some("") => json_response(StatusCode::OK, json!({ "writes": effects.writes })),
+        Some(rest) => match effects.by_key.get(rest.trim_start_matches('/')) {
+            Some(id) => json_response(StatusCode::OK, json!({ "id": id })),
+            None => json_response(StatusCode::NOT_FOUND, json!({ "error": "no such effect" })),
+        },
+        None => json_response(StatusCode::OK, json!({ "ok": true })),
+    }
+}
+
+fn json_response(status: StatusCode, body: serde_json::Value) -> Response<ProxyBody> {
+    let mut response = Response::new(full(body.to_string()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}

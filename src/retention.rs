@@ -1,0 +1,77 @@
+//! Retention: a background sweep deletes `completed` and `not_attempted`
+//! operations `retention` after their last update. `unknown` operations never
+//! expire on their own: they wait for an operator.
+//!
+//! The sweep deletes in bounded batches and pauses between them, so it takes
+//! the store's single writer only briefly and never stalls requests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::{self, Clock};
+use crate::store::Store;
+
+/// Operations deleted per transaction.
+pub const BATCH: u32 = 500;
+/// The pause between two batches of one sweep, for requests to get the writer.
+const BETWEEN_BATCHES: Duration = Duration::from_millis(20);
+
+/// How often to sweep: a hundredth of the retention, between 1 s and 60 s.
+pub fn interval(retention: Duration) -> Duration {
+    (retention / 100).clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+/// Sweeps every [`interval`] until `stop`.
+pub async fn run(
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    retention: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval(retention)) => {}
+        }
+        let cutoff = clock.now_millis() - clock::millis(retention);
+        let mut deleted = 0;
+        loop {
+            match store.sweep(cutoff, BATCH).await {
+                Ok(count) => {
+                    deleted += count;
+                    if count < u64::from(BATCH) {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "retention sweep failed; trying again later");
+                    break;
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(BETWEEN_BATCHES) => {}
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(deleted, "expired operations deleted");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_follows_retention_within_bounds() {
+        assert_eq!(
+            interval(Duration::from_secs(24 * 3600)),
+            Duration::from_secs(60)
+        );
+        assert_eq!(interval(Duration::from_secs(300)), Duration::from_secs(3));
+        assert_eq!(interval(Duration::from_secs(10)), Duration::from_secs(1));
+    }
+}
