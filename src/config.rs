@@ -142,6 +142,27 @@ impl std::str::FromStr for KeyMode {
     }
 }
 
+/// A route's reconcile probe (DESIGN §3.8): a read-only GET to the route's
+/// own upstream that may prove an `unknown` operation happened.
+#[derive(Debug, Clone)]
+pub struct Reconcile {
+    /// The URL with `{key}` where the bare key goes (URL-component encoded).
+    pub url: String,
+    pub found_status: u16,
+    /// When set, the probe's JSON body must have a non-null value here.
+    pub found_json_pointer: Option<String>,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReconcile {
+    url: String,
+    found_status: Option<u16>,
+    found_json_pointer: Option<String>,
+    timeout: Option<String>,
+}
+
 /// The origin a route forwards to: scheme and authority only.
 #[derive(Debug, Clone)]
 pub struct Upstream {
@@ -150,7 +171,20 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// An upstream: the origin only.
     fn parse(url: &str) -> Result<Self, String> {
+        let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(
+                "give the origin only (scheme://host[:port]); request paths are forwarded unchanged"
+                    .into(),
+            );
+        }
+        Self::parse_any(url)
+    }
+
+    /// The origin of any http(s) URL.
+    fn parse_any(url: &str) -> Result<Self, String> {
         let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
         let scheme = uri.scheme().cloned().ok_or("the URL has no scheme")?;
         if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
@@ -159,9 +193,6 @@ impl Upstream {
         let authority = uri.authority().cloned().ok_or("the URL has no host")?;
         if authority.as_str().contains('@') {
             return Err("credentials in the upstream URL are not allowed".into());
-        }
-        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-            return Err("give the origin only (scheme://host[:port]); request paths are forwarded unchanged".into());
         }
         Ok(Upstream { scheme, authority })
     }
@@ -197,6 +228,12 @@ pub struct Route {
     pub forward_key_header: Option<HeaderName>,
     pub in_progress: InProgressMode,
     pub wait_timeout: Duration,
+    /// After `upstream_timeout`, how long the exchange is kept open for a
+    /// late response that settles an `unknown` operation.
+    pub late_window: Duration,
+    /// Pause the route when this many of its operations are `unknown`; 0 = never.
+    pub pause_after_unknown: u32,
+    pub reconcile: Option<Reconcile>,
     pub connect_timeout: Duration,
     pub upstream_timeout: Duration,
     pub connect_retries: u32,
@@ -205,12 +242,6 @@ pub struct Route {
     pub max_body: usize,
     pub max_stored_response: usize,
     pub store_request_body: bool,
-}
-
-impl AsRef<Route> for Route {
-    fn as_ref(&self) -> &Route {
-        self
-    }
 }
 
 impl Route {
@@ -285,7 +316,7 @@ struct RawRoute {
     max_stored_response: Option<String>,
     store_request_body: Option<bool>,
     pause_after_unknown: Option<u32>,
-    reconcile: Option<toml::Value>,
+    reconcile: Option<RawReconcile>,
 }
 
 /// Command-line values that override the file's `[server]` and `[store]`.
@@ -532,9 +563,6 @@ impl Validator<'_> {
     fn route(&self, i: usize, raw: RawRoute) -> Result<Route, ConfigError> {
         let field = |name: &str| format!("routes[{i}].{name}");
         self.not_built(&field("upstream_ca"), &raw.upstream_ca)?;
-        self.not_built(&field("late_window"), &raw.late_window)?;
-        self.not_built(&field("pause_after_unknown"), &raw.pause_after_unknown)?;
-        self.not_built(&field("reconcile"), &raw.reconcile)?;
 
         let name = raw
             .name
@@ -600,6 +628,10 @@ impl Validator<'_> {
         if !derive_from.is_empty() && key != KeyMode::Derive {
             return Err(self.invalid(field("derive_from"), "only with key = \"derive\""));
         }
+        let reconcile = raw
+            .reconcile
+            .map(|r| self.reconcile(&field("reconcile"), r, &upstream))
+            .transpose()?;
         let in_progress = match raw.in_progress.as_deref().unwrap_or("reject") {
             "reject" => InProgressMode::Reject,
             "wait" => InProgressMode::Wait,
@@ -668,6 +700,9 @@ impl Validator<'_> {
                 "10m",
             )?,
             in_progress,
+            late_window: self.duration(&field("late_window"), raw.late_window.as_deref(), "60s")?,
+            pause_after_unknown: raw.pause_after_unknown.unwrap_or(100),
+            reconcile,
             wait_timeout: self.duration(
                 &field("wait_timeout"),
                 raw.wait_timeout.as_deref(),
@@ -693,6 +728,50 @@ impl Validator<'_> {
                 "1MiB",
             )?,
             store_request_body: raw.store_request_body.unwrap_or(false),
+        })
+    }
+
+    fn reconcile(
+        &self,
+        field: &str,
+        raw: RawReconcile,
+        upstream: &Upstream,
+    ) -> Result<Reconcile, ConfigError> {
+        let url_field = format!("{field}.url");
+        if !raw.url.contains("{key}") {
+            return Err(self.invalid(url_field, "must contain {key} where the key goes"));
+        }
+        let probe = Upstream::parse_any(&raw.url.replace("{key}", "k"))
+            .map_err(|reason| self.invalid(&url_field, reason))?;
+        if probe.scheme != upstream.scheme || probe.authority != upstream.authority {
+            return Err(self.invalid(
+                url_field,
+                format!(
+                    "probes go to the route's own upstream origin ({}://{})",
+                    upstream.scheme, upstream.authority
+                ),
+            ));
+        }
+        let found_status = raw.found_status.unwrap_or(200);
+        if !(100..=599).contains(&found_status) {
+            return Err(self.invalid(
+                format!("{field}.found_status"),
+                format!("{found_status} is not a status"),
+            ));
+        }
+        if let Some(pointer) = &raw.found_json_pointer
+            && !pointer.starts_with('/')
+        {
+            return Err(self.invalid(
+                format!("{field}.found_json_pointer"),
+                format!("`{pointer}` is not a JSON pointer (e.g. \"/data/0/id\")"),
+            ));
+        }
+        Ok(Reconcile {
+            url: raw.url,
+            found_status,
+            found_json_pointer: raw.found_json_pointer,
+            timeout: self.duration(&format!("{field}.timeout"), raw.timeout.as_deref(), "5s")?,
         })
     }
 
@@ -764,6 +843,9 @@ mod tests {
         assert_eq!(route.release_statuses, vec![429, 503]);
         assert_eq!(route.unknown_statuses, vec![502, 504]);
         assert_eq!(route.upstream_timeout, Duration::from_secs(30));
+        assert_eq!(route.late_window, Duration::from_secs(60));
+        assert_eq!(route.pause_after_unknown, 100);
+        assert!(route.reconcile.is_none());
     }
 
     #[test]
@@ -819,14 +901,8 @@ mod tests {
 
     #[test]
     fn features_not_built_yet_are_rejected() {
-        for line in [
-            "late_window = \"1s\"",
-            "upstream_ca = \"ca.pem\"",
-            "pause_after_unknown = 3",
-        ] {
-            let err = error_of(&format!("{MINIMAL}{line}\n"));
-            assert!(err.contains("not built yet"), "{line}: {err}");
-        }
+        let err = error_of(&format!("{MINIMAL}upstream_ca = \"ca.pem\"\n"));
+        assert!(err.contains("not built yet"), "{err}");
         assert!(
             error_of(&format!("[store]\nurl = \"postgres://x/y\"\n{MINIMAL}"))
                 .contains("not built yet")
@@ -857,6 +933,33 @@ mod tests {
         assert_eq!(route.in_progress, InProgressMode::Wait);
         assert_eq!(route.derive_window, Duration::from_secs(600));
         assert_eq!(route.wait_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn reconcile_probes_stay_on_the_upstream_origin() {
+        let with = |table: &str| {
+            let text = format!(
+                "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\n[routes.reconcile]\n{table}"
+            );
+            Config::from_toml_str(&text, "t")
+        };
+        let probe = with("url = \"http://api:8000/v1/orders?idempotency_key={key}\"\nfound_json_pointer = \"/data/0/id\"\n")
+            .unwrap()
+            .routes[0]
+            .reconcile
+            .clone()
+            .unwrap();
+        assert_eq!(probe.found_status, 200);
+        assert_eq!(probe.timeout, Duration::from_secs(5));
+        let err = |table: &str| with(table).unwrap_err().to_string();
+        assert!(err("url = \"http://other:8000/x/{key}\"\n").contains("own upstream origin"));
+        assert!(err("url = \"https://api:8000/x/{key}\"\n").contains("own upstream origin"));
+        assert!(err("url = \"http://api:8000/x\"\n").contains("{key}"));
+        assert!(
+            err("url = \"http://api:8000/{key}\"\nfound_json_pointer = \"id\"\n")
+                .contains("JSON pointer")
+        );
+        assert!(err("url = \"http://api:8000/{key}\"\nmethod = \"POST\"\n").contains("method"));
     }
 
     #[test]

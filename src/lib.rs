@@ -7,6 +7,7 @@
 //! - [`pipeline`]: the life of a request, one module per phase.
 //! - [`store`]: the only truth about operations (SQLite); all SQL lives there.
 //! - [`retention`]: the background sweep of expired operations.
+//! - [`reconcile`]: probes that may prove an `unknown` operation happened.
 //! - [`clock`]: the time the store keeps (a manual one for tests).
 //! - [`problem`]: every error idemgate answers itself, as RFC 9457 problem+json.
 //! - [`admin`]: the operators' listener.
@@ -40,6 +41,7 @@ pub mod demo;
 pub mod mock_upstream;
 pub mod pipeline;
 pub mod problem;
+pub mod reconcile;
 pub mod retention;
 pub mod server;
 pub mod store;

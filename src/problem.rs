@@ -62,6 +62,12 @@ pub enum ProxyError {
         "the operation completed, but its response was too large to store and cannot be replayed"
     )]
     ResponseNotStored { operation: OperationRef },
+    #[error("route `{route}` is paused ({reason}); completed operations are still replayed")]
+    RoutePaused {
+        route: String,
+        reason: String,
+        operation: Option<OperationRef>,
+    },
     #[error("the operation store is unavailable; nothing was sent upstream")]
     StoreUnavailable { source: StoreError },
     #[error("the outcome was sent upstream but could not be recorded yet; do not assume it failed")]
@@ -162,6 +168,12 @@ impl ProxyError {
                 "response-not-stored",
                 "Response not stored",
                 Some(operation),
+            ),
+            RoutePaused { operation, .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "route-paused",
+                "Route paused",
+                operation.as_ref(),
             ),
             StoreUnavailable { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -321,6 +333,12 @@ mod tests {
             409,
             "response-not-stored",
         );
+        let paused = ProxyError::RoutePaused {
+            route: "r".into(),
+            reason: "operator".into(),
+            operation: None,
+        };
+        check(paused, 503, "route-paused");
         let store = StoreError::Corrupt("x".into());
         check(
             ProxyError::StoreUnavailable { source: store },

@@ -107,10 +107,24 @@ impl Gateway {
         // Cancelled only once the grace period is over: outcomes the store
         // refused are retried until then.
         let give_up = CancellationToken::new();
+        let paused = store.paused_routes().await?;
+        for route in config.routes.iter().filter(|r| r.pause_after_unknown > 0) {
+            // Operations a dead process left unknown count towards the latch too.
+            if !paused.contains(&route.name)
+                && store
+                    .trip_pause_latch(&route.name, route.pause_after_unknown)
+                    .await?
+            {
+                tracing::warn!(route = %route.name, "route paused at startup: too many operations unknown");
+            }
+        }
+        let paused = store.paused_routes().await?;
         let proxy = Arc::new(Proxy::new(
             &config,
             store.clone(),
             clock.clone(),
+            &paused,
+            shutdown.clone(),
             give_up.clone(),
         )?);
         let proxy_service = {

@@ -40,3 +40,11 @@ CREATE TABLE events (
 ) STRICT;
 
 CREATE INDEX events_operation ON events (operation_id, id);
+
+-- Routes paused by an operator or by the pause_after_unknown latch; stored so
+-- a pause survives restarts. Only an explicit resume clears it.
+CREATE TABLE route_pauses (
+    route      TEXT PRIMARY KEY NOT NULL,
+    reason     TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+) STRICT;

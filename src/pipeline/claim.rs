@@ -25,7 +25,7 @@ use crate::body::ProxyBody;
 use crate::config::{InProgressMode, Route};
 use crate::pipeline::replay;
 use crate::problem::{OperationRef, ProxyError};
-use crate::store::{Claim, ClaimResult, NewOperation, State, Store};
+use crate::store::{Claim, ClaimResult, NewOperation, Operation, State, Store};
 
 /// Waiters per operation beyond this are refused at once (409), so a retry
 /// storm cannot pile up unbounded tasks behind one slow request.
@@ -41,6 +41,9 @@ pub enum Claimed {
     Send(Claim),
     /// The operation exists and answers for itself (a replay).
     Answer(Response<ProxyBody>),
+    /// The same request's operation is `unknown`: held, unless a reconcile
+    /// probe can settle it now.
+    Held(Operation),
 }
 
 /// Attempts in flight in this process, for duplicates to wait on.
@@ -139,9 +142,13 @@ pub async fn claim(
             ClaimResult::Claimed(claim) => return Ok(Claimed::Send(claim)),
             ClaimResult::Existing(operation) => operation,
         };
+        let same = operation.fingerprint == new.fingerprint;
+        if same && operation.state == State::Unknown {
+            return Ok(Claimed::Held(operation));
+        }
         let waits = route.in_progress == InProgressMode::Wait
             && operation.state == State::InProgress
-            && operation.fingerprint == new.fingerprint;
+            && same;
         if !waits {
             return replay::answer_existing(&operation, &new.fingerprint).map(Claimed::Answer);
         }

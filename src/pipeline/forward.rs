@@ -9,7 +9,10 @@
 //!   failure may have reached the upstream and is [`Exchange::Lost`];
 //! - a response is [`Exchange::Complete`] only when its whole body arrived.
 
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -189,6 +192,10 @@ impl WriteRequest {
         Ok(WriteRequest { head, body })
     }
 
+    pub fn body_len(&self) -> usize {
+        self.body.len()
+    }
+
     fn build(&self) -> Request<ProxyBody> {
         let mut request = Request::new(full(self.body.clone()));
         *request.method_mut() = self.head.method.clone();
@@ -244,106 +251,175 @@ impl LostCause {
     }
 }
 
+/// The rest of an exchange that timed out: it resolves to how the exchange
+/// ended after all, if the upstream answers late.
+pub type Late = Pin<Box<dyn Future<Output = Exchange> + Send>>;
+
+/// A write's exchange, and its continuation when it timed out.
+pub struct Sent {
+    pub exchange: Exchange,
+    pub tries: u32,
+    pub late: Option<Late>,
+}
+
 /// Sends a write and reads its response, retrying only connect failures.
+/// On `upstream_timeout` the exchange is not dropped: [`Sent::late`] goes on
+/// listening, for the caller to bound by `late_window`.
 pub async fn send_write(
     client: &UpstreamClient,
-    route: &Route,
+    route: &Arc<Route>,
     request: &WriteRequest,
-) -> Exchange {
-    let mut attempts = 0;
-    let response = loop {
-        attempts += 1;
-        let deadline = Instant::now() + route.upstream_timeout;
-        match timeout_at(deadline, client.request(request.build())).await {
-            Err(_) => {
-                return Exchange::Lost {
-                    cause: LostCause::Timeout,
-                    reason: "no response head in time".into(),
-                };
-            }
-            Ok(Ok(response)) => break (response, deadline),
-            Ok(Err(e)) if e.is_connect() => {
-                if attempts > route.connect_retries {
-                    return Exchange::NotSent {
-                        attempts,
-                        reason: error_chain(&e),
-                    };
-                }
-                tokio::time::sleep(backoff(attempts - 1)).await;
-            }
-            Ok(Err(e)) => {
-                return Exchange::Lost {
-                    cause: LostCause::Broken,
-                    reason: error_chain(&e),
-                };
-            }
-        }
-    };
-    let ((mut head, mut body), deadline) = (response.0.into_parts(), response.1);
-    strip_hop_by_hop(&mut head.headers);
-    let status = head.status.as_u16();
-    let release = route.release_statuses.contains(&status);
-    if release || route.unknown_statuses.contains(&status) {
-        return Exchange::Classified {
-            head,
-            body,
-            release,
-        };
-    }
-    let limit = route.max_stored_response;
-    let declared = head
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Exchange::Oversized {
-            head,
-            prefix: Bytes::new(),
-            rest: body,
-        };
-    }
-    let mut buffer = BytesMut::new();
+) -> Sent {
+    let mut tries = 0;
     loop {
-        match timeout_at(deadline, body.frame()).await {
+        tries += 1;
+        let deadline = Instant::now() + route.upstream_timeout;
+        let mut pending = Box::pin(client.request(request.build()));
+        let (exchange, late) = match timeout_at(deadline, pending.as_mut()).await {
             Err(_) => {
-                let reason = format!("response body incomplete after {} bytes", buffer.len());
-                return Exchange::Lost {
-                    cause: LostCause::Timeout,
-                    reason,
-                };
+                let route = route.clone();
+                let late: Late = Box::pin(async move {
+                    match pending.await {
+                        Ok(response) => read_response(response, &route, None).await.0,
+                        Err(e) => lost(LostCause::Broken, error_chain(&e)),
+                    }
+                });
+                (
+                    lost(LostCause::Timeout, "no response head in time".into()),
+                    Some(late),
+                )
             }
-            Ok(None) => {
-                return Exchange::Complete {
+            Ok(Ok(response)) => read_response(response, route, Some(deadline)).await,
+            Ok(Err(e)) if e.is_connect() && tries <= route.connect_retries => {
+                tokio::time::sleep(backoff(tries - 1)).await;
+                continue;
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                let reason = error_chain(&e);
+                (
+                    Exchange::NotSent {
+                        attempts: tries,
+                        reason,
+                    },
+                    None,
+                )
+            }
+            Ok(Err(e)) => (lost(LostCause::Broken, error_chain(&e)), None),
+        };
+        return Sent {
+            exchange,
+            tries,
+            late,
+        };
+    }
+}
+
+fn lost(cause: LostCause, reason: String) -> Exchange {
+    Exchange::Lost { cause, reason }
+}
+
+/// Reads a response head's body as far as the route needs, by `deadline` if
+/// any. A body that times out comes back as `Lost` with its continuation.
+async fn read_response(
+    response: Response<Incoming>,
+    route: &Arc<Route>,
+    deadline: Option<Instant>,
+) -> (Exchange, Option<Late>) {
+    {
+        let (mut head, body) = response.into_parts();
+        strip_hop_by_hop(&mut head.headers);
+        let status = head.status.as_u16();
+        let release = route.release_statuses.contains(&status);
+        if release || route.unknown_statuses.contains(&status) {
+            return (
+                Exchange::Classified {
                     head,
-                    body: buffer.freeze(),
-                };
-            }
-            Ok(Some(Err(e))) => {
-                let reason = format!(
-                    "response body cut after {} bytes: {}",
-                    buffer.len(),
-                    error_chain(&e)
-                );
-                return Exchange::Lost {
-                    cause: LostCause::Broken,
-                    reason,
-                };
-            }
-            Ok(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    buffer.extend_from_slice(&data);
-                    if buffer.len() > limit {
-                        return Exchange::Oversized {
+                    body,
+                    release,
+                },
+                None,
+            );
+        }
+        let declared = head
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > route.max_stored_response as u64) {
+            return (
+                Exchange::Oversized {
+                    head,
+                    prefix: Bytes::new(),
+                    rest: body,
+                },
+                None,
+            );
+        }
+        read_body(head, BytesMut::new(), body, route, deadline).await
+    }
+}
+
+/// Buffers a body up to `max_stored_response`. Boxed: its continuation
+/// (after a timeout) is itself.
+fn read_body(
+    head: http::response::Parts,
+    mut buffer: BytesMut,
+    mut body: Incoming,
+    route: &Arc<Route>,
+    deadline: Option<Instant>,
+) -> Pin<Box<dyn Future<Output = (Exchange, Option<Late>)> + Send + '_>> {
+    Box::pin(async move {
+        loop {
+            let next = match deadline {
+                Some(deadline) => timeout_at(deadline, body.frame()).await,
+                None => Ok(body.frame().await),
+            };
+            match next {
+                Err(_) => {
+                    let reason = format!("response body incomplete after {} bytes", buffer.len());
+                    let route = route.clone();
+                    let late: Late =
+                        Box::pin(
+                            async move { read_body(head, buffer, body, &route, None).await.0 },
+                        );
+                    return (lost(LostCause::Timeout, reason), Some(late));
+                }
+                Ok(None) => {
+                    return (
+                        Exchange::Complete {
                             head,
-                            prefix: buffer.freeze(),
-                            rest: body,
-                        };
+                            body: buffer.freeze(),
+                        },
+                        None,
+                    );
+                }
+                Ok(Some(Err(e))) => {
+                    let reason = format!(
+                        "response body cut after {} bytes: {}",
+                        buffer.len(),
+                        error_chain(&e)
+                    );
+                    return (lost(LostCause::Broken, reason), None);
+                }
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        buffer.extend_from_slice(&data);
+                        if buffer.len() > route.max_stored_response {
+                            let prefix = buffer.freeze();
+                            return (
+                                Exchange::Oversized {
+                                    head,
+                                    prefix,
+                                    rest: body,
+                                },
+                                None,
+                            );
+                        }
                     }
                 }
             }
         }
-    }
+    })
 }
 
 /// Full-jitter exponential backoff before connect retry `n` (0-based): a

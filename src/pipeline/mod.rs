@@ -13,6 +13,7 @@
 //! Errors from any phase are [`ProxyError`]s, rendered in one place
 //! ([`crate::problem`]).
 
+pub mod attempt;
 pub mod claim;
 pub mod fingerprint;
 pub mod forward;
@@ -23,6 +24,7 @@ pub mod route;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -38,33 +40,34 @@ use tokio_util::task::TaskTracker;
 use crate::body::ProxyBody;
 use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, Route};
-use crate::problem::ProxyError;
-use crate::store::{NewOperation, RequestSummary, Store};
-use claim::InFlight;
+use crate::problem::{OperationRef, ProxyError};
+use crate::reconcile::{self, Reconciler};
+use crate::store::{NewOperation, RequestSummary, State, Store};
+use attempt::Attempt;
+use claim::{Claimed, InFlight};
 use fingerprint::{Fingerprint, FingerprintInput};
 use forward::{UpstreamClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
 
 /// A configured route with its pooled upstream client.
 pub struct ActiveRoute {
-    route: Route,
+    route: Arc<Route>,
     client: UpstreamClient,
-}
-
-impl AsRef<Route> for ActiveRoute {
-    fn as_ref(&self) -> &Route {
-        &self.route
-    }
+    /// Mirrors the stored pause; the store is the truth across restarts.
+    paused: AtomicBool,
 }
 
 /// The proxy: routes, the store, and the forward tasks in flight.
 pub struct Proxy {
-    routes: Vec<ActiveRoute>,
+    routes: Vec<Arc<ActiveRoute>>,
     store: Arc<dyn Store>,
+    reconciler: Arc<Reconciler>,
     clock: Arc<dyn Clock>,
     in_flight: Arc<InFlight>,
     /// Forward tasks outlive their requests; shutdown waits for them.
     tasks: TaskTracker,
+    /// Cancelled when shutdown starts: stop follow-ups of lost responses.
+    stopping: CancellationToken,
     /// Cancelled at the end of the shutdown grace: stop retrying records.
     give_up: CancellationToken,
     /// hyper bounds its read buffer only roughly; this is the exact bound.
@@ -72,26 +75,32 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// The proxy for `config`; `paused` names the routes the store holds paused.
     pub fn new(
         config: &Config,
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
+        paused: &[String],
+        stopping: CancellationToken,
         give_up: CancellationToken,
     ) -> Result<Self, rustls::Error> {
         let routes = config
             .routes
             .iter()
             .map(|route| {
-                Ok(ActiveRoute {
-                    route: route.clone(),
+                Ok(Arc::new(ActiveRoute {
+                    route: Arc::new(route.clone()),
                     client: forward::client(route)?,
-                })
+                    paused: AtomicBool::new(paused.contains(&route.name)),
+                }))
             })
             .collect::<Result<_, rustls::Error>>()?;
         Ok(Proxy {
             routes,
             store,
+            reconciler: Arc::default(),
             clock,
+            stopping,
             in_flight: Arc::default(),
             tasks: TaskTracker::new(),
             give_up,
@@ -136,9 +145,12 @@ impl Proxy {
             });
         }
         let path = request.uri().path();
-        let active = route::select(&self.routes, path).ok_or_else(|| ProxyError::NoRoute {
-            path: path.to_string(),
-        })?;
+        let active =
+            route::select(&self.routes, path, |active| &active.route).ok_or_else(|| {
+                ProxyError::NoRoute {
+                    path: path.to_string(),
+                }
+            })?;
         let route = &active.route;
         if !route.intercepts(request.method()) {
             return forward::pass_through(&active.client, route, request, peer.ip()).await;
@@ -209,7 +221,7 @@ impl Proxy {
     /// Phases 5–7: claim, then forward and record (or answer from the store).
     async fn write(
         &self,
-        active: &ActiveRoute,
+        active: &Arc<ActiveRoute>,
         key: &IdempotencyKey,
         new: NewOperation,
         parts: &request::Parts,
@@ -217,32 +229,73 @@ impl Proxy {
         peer: SocketAddr,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let route = &active.route;
+        if active.paused.load(Ordering::SeqCst) {
+            return self.write_while_paused(route, &new).await;
+        }
+        let credentials = || reconcile::credentials(&parts.headers, route);
         let claim = match claim::claim(self.store.as_ref(), &self.in_flight, route, &new).await? {
-            claim::Claimed::Send(claim) => claim,
-            claim::Claimed::Answer(response) => return Ok(response),
+            Claimed::Send(claim) => claim,
+            Claimed::Answer(response) => return Ok(response),
+            Claimed::Held(operation) => {
+                let settled = self
+                    .reconciler
+                    .reconcile(
+                        self.store.as_ref(),
+                        &active.client,
+                        route,
+                        &operation.id,
+                        key.as_str(),
+                        &credentials(),
+                    )
+                    .await;
+                return match settled {
+                    Some(response) => Ok(replay::respond(&response, true)),
+                    None => replay::answer_existing(&operation, &new.fingerprint),
+                };
+            }
         };
-        let in_flight = self.in_flight.begin(&claim);
-        let request = WriteRequest::new(route, parts, body, key.as_str(), peer.ip())?;
+        let attempt = Attempt {
+            store: self.store.clone(),
+            reconciler: self.reconciler.clone(),
+            active: active.clone(),
+            in_flight: Some(self.in_flight.begin(&claim)),
+            request: WriteRequest::new(route, parts, body, key.as_str(), peer.ip())?,
+            claim,
+            key: key.as_str().to_string(),
+            credentials: credentials(),
+            stopping: self.stopping.clone(),
+            give_up: self.give_up.clone(),
+        };
         let (reply_tx, reply_rx) = oneshot::channel();
-        let store = self.store.clone();
-        let client = active.client.clone();
-        let route = route.clone();
-        let give_up = self.give_up.clone();
-        self.tasks.spawn(async move {
-            let guard = record::SettleGuard::new(store.clone(), claim.clone());
-            let exchange = forward::send_write(&client, &route, &request).await;
-            let (settlement, events, reply) = record::settle(&claim, exchange);
-            let deliver = |reply| {
-                // The client may have hung up; the outcome is recorded regardless.
-                let _ = reply_tx.send(reply);
-            };
-            record::record(&store, &claim, settlement, events, reply, deliver, &give_up).await;
-            guard.disarm();
-            drop(in_flight);
-        });
+        self.tasks.spawn(attempt.run(reply_tx));
         reply_rx.await.map_err(|_| ProxyError::Internal {
             reason: "the forward task ended without a reply".into(),
         })?
+    }
+
+    /// A paused route still replays completed operations; every other write
+    /// gets 503 `route-paused` and nothing is sent.
+    async fn write_while_paused(
+        &self,
+        route: &Route,
+        new: &NewOperation,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let operation = self
+            .store
+            .find(&new.route, &new.scope, &new.key)
+            .await
+            .map_err(|source| ProxyError::StoreUnavailable { source })?;
+        if let Some(operation) = &operation
+            && operation.state == State::Completed
+            && operation.fingerprint == new.fingerprint
+        {
+            return replay::answer_existing(operation, &new.fingerprint);
+        }
+        Err(ProxyError::RoutePaused {
+            route: route.name.clone(),
+            reason: "paused until an operator resumes it".into(),
+            operation: operation.as_ref().map(OperationRef::from),
+        })
     }
 }
 

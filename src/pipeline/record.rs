@@ -29,8 +29,29 @@ const RECORD_RETRY_CAP: Duration = Duration::from_secs(5);
 /// What the client gets once the settlement is recorded.
 pub type Reply = Result<Response<ProxyBody>, ProxyError>;
 
-/// The settlement, its events, and the reply for an exchange.
-pub fn settle(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply) {
+/// The settlement, its events, and the reply for an exchange that took
+/// `tries` connection attempts to send `bytes` of body.
+pub fn settle(
+    claim: &Claim,
+    exchange: Exchange,
+    tries: u32,
+    bytes: usize,
+) -> (Settlement, Vec<Event>, Reply) {
+    let written = !matches!(exchange, Exchange::NotSent { .. });
+    let (settlement, mut events, reply) = classify(claim, exchange);
+    if written {
+        events.insert(
+            0,
+            Event {
+                kind: "sent",
+                detail: json!({ "tries": tries, "bytes": bytes }),
+            },
+        );
+    }
+    (settlement, events, reply)
+}
+
+fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply) {
     let operation = |state| OperationRef {
         id: claim.operation_id.clone(),
         state,
@@ -133,7 +154,9 @@ pub fn settle(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Rep
     }
 }
 
-fn stored_headers(headers: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
+/// Response headers as stored: end-to-end ones (the caller stripped the
+/// hop-by-hop ones), lower-case names, order and duplicates kept.
+pub fn stored_headers(headers: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
     headers
         .iter()
         .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
@@ -142,7 +165,7 @@ fn stored_headers(headers: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
 
 /// Records a settlement, then hands the reply to the client through `deliver`.
 /// When the store refuses, the client gets 503 at once and recording goes on
-/// until it lands or the gateway shuts down.
+/// until it lands or the gateway shuts down (`None` then).
 pub async fn record(
     store: &Arc<dyn Store>,
     claim: &Claim,
@@ -151,12 +174,14 @@ pub async fn record(
     reply: Reply,
     deliver: impl FnOnce(Reply),
     shutdown: &CancellationToken,
-) {
+) -> Option<Recorded> {
     match store.record(claim, &settlement, &events).await {
-        Ok(Recorded::Applied) => deliver(reply),
-        Ok(Recorded::Stale) => {
-            tracing::warn!(operation_id = %claim.operation_id, "the operation changed while its attempt was in flight");
+        Ok(recorded) => {
+            if recorded == Recorded::Stale {
+                tracing::warn!(operation_id = %claim.operation_id, "the operation changed while its attempt was in flight");
+            }
             deliver(reply);
+            Some(recorded)
         }
         Err(error) => {
             tracing::error!(operation_id = %claim.operation_id, %error, "cannot record the outcome; retrying");
@@ -170,12 +195,12 @@ pub async fn record(
                 tokio::select! {
                     _ = shutdown.cancelled() => {
                         tracing::error!(operation_id = %claim.operation_id, "outcome not recorded before shutdown; it becomes unknown at the next start");
-                        return;
+                        return None;
                     }
                     _ = tokio::time::sleep(wait) => {}
                 }
                 match store.record(claim, &settlement, &events).await {
-                    Ok(_) => return,
+                    Ok(recorded) => return Some(recorded),
                     Err(error) => {
                         tracing::warn!(operation_id = %claim.operation_id, %error, "still cannot record the outcome")
                     }

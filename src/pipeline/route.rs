@@ -3,12 +3,16 @@
 
 use crate::config::Route;
 
-/// The route for `path`, if any.
-pub fn select<'a, R: AsRef<Route>>(routes: &'a [R], path: &str) -> Option<&'a R> {
+/// The entry of `routes` whose route (`route_of`) serves `path`, if any.
+pub fn select<'a, R>(
+    routes: &'a [R],
+    path: &str,
+    route_of: impl Fn(&R) -> &Route,
+) -> Option<&'a R> {
     routes
         .iter()
-        .filter(|r| prefix_matches(&r.as_ref().path_prefix, path))
-        .max_by_key(|r| r.as_ref().path_prefix.len())
+        .filter(|r| prefix_matches(&route_of(r).path_prefix, path))
+        .max_by_key(|r| route_of(r).path_prefix.len())
 }
 
 /// `/api` matches `/api` and `/api/x`, not `/apix`; `/` matches every path.
@@ -29,13 +33,13 @@ mod tests {
         let text = "[[routes]]\nname = \"all\"\nupstream = \"http://a\"\n\
                     [[routes]]\nname = \"orders\"\npath_prefix = \"/orders\"\nupstream = \"http://b\"\n";
         let config = Config::from_toml_str(text, "t").unwrap();
-        let name = |path| select(&config.routes, path).map(|r| r.name.as_str());
+        let name = |path| select(&config.routes, path, |r| r).map(|r| r.name.as_str());
         assert_eq!(name("/orders/1"), Some("orders"));
         assert_eq!(name("/orders"), Some("orders"));
         assert_eq!(name("/ordersx"), Some("all"));
         assert_eq!(name("/"), Some("all"));
         let only = "[[routes]]\nname = \"o\"\npath_prefix = \"/api\"\nupstream = \"http://b\"\n";
         let config = Config::from_toml_str(only, "t").unwrap();
-        assert!(select(&config.routes, "/other").is_none());
+        assert!(select(&config.routes, "/other", |r| r).is_none());
     }
 }

@@ -185,6 +185,37 @@ pub trait Store: Send + Sync {
         events: &[Event],
     ) -> Result<Recorded, StoreError>;
 
+    /// The current (not superseded) operation for `(route, scope, key)`.
+    async fn find(
+        &self,
+        route: &str,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<Operation>, StoreError>;
+
+    /// Appends an event to an operation's timeline.
+    async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError>;
+
+    /// Settles a held operation with evidence that came after the fact (a
+    /// late response for `attempt`, or a reconcile probe's match for any
+    /// attempt): `unknown` → `completed`, as a compare-and-set. The event is
+    /// kept either way; `false` when the operation was no longer `unknown`.
+    async fn settle_held(
+        &self,
+        operation_id: &str,
+        attempt: Option<u32>,
+        response: &StoredResponse,
+        evidence: &str,
+        event: &Event,
+    ) -> Result<bool, StoreError>;
+
+    /// Pauses `route` if at least `threshold` of its operations are
+    /// `unknown`; `true` when the route is paused afterwards.
+    async fn trip_pause_latch(&self, route: &str, threshold: u32) -> Result<bool, StoreError>;
+
+    /// The routes paused now.
+    async fn paused_routes(&self) -> Result<Vec<String>, StoreError>;
+
     /// Deletes up to `limit` `completed` and `not_attempted` operations last
     /// updated before `cutoff` (ms), with their events; `unknown` ones stay.
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError>;

@@ -356,6 +356,88 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn find(
+        &self,
+        route: &str,
+        scope: &str,
+        key: &str,
+    ) -> Result<Option<Operation>, StoreError> {
+        let row = sqlx::query(
+            "SELECT * FROM operations
+             WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 AND superseded_at IS NULL",
+        )
+        .bind(route)
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(operation_from_row).transpose()
+    }
+
+    async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        insert_event(&mut tx, operation_id, self.clock.now_millis(), event).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn settle_held(
+        &self,
+        operation_id: &str,
+        attempt: Option<u32>,
+        response: &StoredResponse,
+        evidence: &str,
+        event: &Event,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now_millis();
+        let mut tx = self.pool.begin().await?;
+        let updated = sqlx::query(
+            "UPDATE operations SET state = 'completed', evidence = ?1, response_status = ?2,
+                response_headers = ?3, response_body = ?4, updated_at = ?5
+             WHERE id = ?6 AND state = 'unknown' AND (?7 IS NULL OR attempt = ?7)",
+        )
+        .bind(evidence)
+        .bind(i64::from(response.status))
+        .bind(encode_headers(&response.headers))
+        .bind(response.body.as_deref())
+        .bind(now)
+        .bind(operation_id)
+        .bind(attempt.map(i64::from))
+        .execute(&mut *tx)
+        .await?;
+        insert_event(&mut tx, operation_id, now, event).await?;
+        tx.commit().await?;
+        Ok(updated.rows_affected() == 1)
+    }
+
+    async fn trip_pause_latch(&self, route: &str, threshold: u32) -> Result<bool, StoreError> {
+        let now = self.clock.now_millis();
+        sqlx::query(
+            "INSERT INTO route_pauses (route, reason, updated_at)
+             SELECT ?1, 'pause_after_unknown: ' || ?2 || ' operations unknown', ?3
+             WHERE (SELECT count(*) FROM operations WHERE route = ?1 AND state = 'unknown') >= ?2
+             ON CONFLICT (route) DO NOTHING",
+        )
+        .bind(route)
+        .bind(i64::from(threshold))
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        let paused: Option<i64> = sqlx::query_scalar("SELECT 1 FROM route_pauses WHERE route = ?1")
+            .bind(route)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(paused.is_some())
+    }
+
+    async fn paused_routes(&self) -> Result<Vec<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT route FROM route_pauses ORDER BY route")
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
         let deleted = sqlx::query(
             "DELETE FROM operations WHERE id IN (

@@ -1,0 +1,195 @@
+//! One claimed attempt, run in a task of its own so that a client that hangs
+//! up never cancels the upstream call nor leaves the operation `in_progress`
+//! (DESIGN §3.6): forward, record, answer — and when the outcome is lost,
+//! what comes after (DESIGN §3.7–3.10):
+//!
+//! 1. the route's pause latch is checked (`pause_after_unknown`);
+//! 2. the reconcile probe, if the route has one, runs once right away;
+//! 3. the exchange is kept open for `late_window`: a late response settles
+//!    the operation `completed` (evidence `late-response`) if it is still
+//!    `unknown`, and is kept as an event either way.
+//!
+//! Steps 2 and 3 stop when the gateway starts shutting down: they only ever
+//! upgrade what is held, so cutting them short loses no evidence.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use http::HeaderMap;
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::pipeline::ActiveRoute;
+use crate::pipeline::claim::InFlightGuard;
+use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
+use crate::pipeline::record::{self, Reply, SettleGuard};
+use crate::reconcile::Reconciler;
+use crate::store::{Claim, Event, Recorded, Settlement, Store, StoredResponse};
+
+/// Everything one attempt needs, owned, for its task.
+pub struct Attempt {
+    pub store: Arc<dyn Store>,
+    pub reconciler: Arc<Reconciler>,
+    pub active: Arc<ActiveRoute>,
+    pub claim: Claim,
+    pub key: String,
+    /// The triggering request's credential headers, for a reconcile probe;
+    /// in memory only.
+    pub credentials: HeaderMap,
+    pub request: WriteRequest,
+    /// Dropped once the outcome is recorded, to wake waiting duplicates.
+    pub in_flight: Option<InFlightGuard>,
+    /// Cancelled when shutdown starts: stop probing and listening late.
+    pub stopping: CancellationToken,
+    /// Cancelled when the shutdown grace is over: stop retrying records.
+    pub give_up: CancellationToken,
+}
+
+impl Attempt {
+    /// Forwards, records, answers through `reply`, then follows up a loss.
+    pub async fn run(self, reply: oneshot::Sender<Reply>) {
+        let guard = SettleGuard::new(self.store.clone(), self.claim.clone());
+        let route = &self.active.route;
+        let sent = forward::send_write(&self.active.client, route, &self.request).await;
+        let (settlement, events, response) = record::settle(
+            &self.claim,
+            sent.exchange,
+            sent.tries,
+            self.request.body_len(),
+        );
+        let held = matches!(settlement, Settlement::Unknown { .. });
+        let deliver = |response| {
+            // The client may have hung up; the outcome is recorded regardless.
+            let _ = reply.send(response);
+        };
+        let recorded = record::record(
+            &self.store,
+            &self.claim,
+            settlement,
+            events,
+            response,
+            deliver,
+            &self.give_up,
+        )
+        .await;
+        guard.disarm();
+        if held && recorded == Some(Recorded::Applied) {
+            self.follow_up(sent.late).await;
+        }
+    }
+
+    async fn follow_up(mut self, late: Option<Late>) {
+        // Waiters see the operation `unknown` now; a probe or a late response
+        // may still settle it for their next retry.
+        drop(self.in_flight.take());
+        self.trip_pause_latch().await;
+        let route = &self.active.route;
+        let probe = self.reconciler.reconcile(
+            self.store.as_ref(),
+            &self.active.client,
+            route,
+            &self.claim.operation_id,
+            &self.key,
+            &self.credentials,
+        );
+        let late = async {
+            if let Some(late) = late
+                && let Ok(exchange) = tokio::time::timeout(route.late_window, late).await
+            {
+                self.record_late(exchange).await;
+            }
+        };
+        tokio::select! {
+            _ = self.stopping.cancelled() => {}
+            _ = async { tokio::join!(probe, late) } => {}
+        }
+    }
+
+    async fn trip_pause_latch(&self) {
+        let route = &self.active.route;
+        if route.pause_after_unknown == 0 {
+            return;
+        }
+        match self
+            .store
+            .trip_pause_latch(&route.name, route.pause_after_unknown)
+            .await
+        {
+            Ok(true) if !self.active.paused.swap(true, Ordering::SeqCst) => {
+                tracing::warn!(route = %route.name, threshold = route.pause_after_unknown, "route paused: too many operations unknown");
+                let event = Event {
+                    kind: "route-paused",
+                    detail: json!({ "route": route.name, "unknown_at_least": route.pause_after_unknown }),
+                };
+                self.add_event(&event).await;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(route = %route.name, %error, "cannot check the pause latch")
+            }
+        }
+    }
+
+    /// A response that came after the operation was held.
+    async fn record_late(&self, exchange: Exchange) {
+        let stored = |head: &http::response::Parts, body: Option<Vec<u8>>| StoredResponse {
+            status: head.status.as_u16(),
+            headers: record::stored_headers(&head.headers),
+            body,
+        };
+        let response = match exchange {
+            Exchange::Complete { head, body } => stored(&head, Some(body.to_vec())),
+            Exchange::Oversized { head, .. } => stored(&head, None),
+            Exchange::Classified { head, .. } => {
+                let detail = json!({ "status": head.status.as_u16(), "settles": false });
+                return self
+                    .add_event(&Event {
+                        kind: "late-response",
+                        detail,
+                    })
+                    .await;
+            }
+            Exchange::Lost { reason, .. } | Exchange::NotSent { reason, .. } => {
+                let detail = json!({ "error": reason });
+                return self
+                    .add_event(&Event {
+                        kind: "late-response",
+                        detail,
+                    })
+                    .await;
+            }
+        };
+        let event = Event {
+            kind: "late-response",
+            detail: json!({ "status": response.status, "attempt": self.claim.attempt }),
+        };
+        match self
+            .store
+            .settle_held(
+                &self.claim.operation_id,
+                Some(self.claim.attempt),
+                &response,
+                "late-response",
+                &event,
+            )
+            .await
+        {
+            Ok(true) => {
+                tracing::info!(operation_id = %self.claim.operation_id, "a late response settled an unknown operation")
+            }
+            Ok(false) => {
+                tracing::info!(operation_id = %self.claim.operation_id, "a late response came after the operation was settled; kept as an event")
+            }
+            Err(error) => {
+                tracing::warn!(operation_id = %self.claim.operation_id, %error, "cannot record a late response")
+            }
+        }
+    }
+
+    async fn add_event(&self, event: &Event) {
+        if let Err(error) = self.store.add_event(&self.claim.operation_id, event).await {
+            tracing::warn!(operation_id = %self.claim.operation_id, %error, "cannot record an event");
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Reconcile probes (DESIGN §3.8): a read-only GET to the route's own
+//! upstream that may prove an `unknown` operation happened.
+//!
+//! Invariants:
+//! - a probe only ever *upgrades* an operation: a match settles it
+//!   `completed` (evidence `reconciled`) with the probe's response as what
+//!   later replays get; anything else — 404, another status, a timeout —
+//!   leaves it `unknown`: "not found" is never proof that nothing happened;
+//! - the probe carries the credential headers of the request that triggered
+//!   it, held in memory only for the probe's duration, never stored;
+//! - at most one probe per operation is in flight, each bounded by the
+//!   route's `reconcile.timeout`.
+
+use bytes::BytesMut;
+use dashmap::DashSet;
+use http::header::{ACCEPT, AUTHORIZATION, HeaderName, HeaderValue};
+use http::{HeaderMap, Request};
+use http_body_util::BodyExt;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use serde_json::json;
+
+use crate::body::full;
+use crate::config::{Reconcile, Route};
+use crate::pipeline::forward::{UpstreamClient, strip_hop_by_hop};
+use crate::store::{Event, Store, StoredResponse};
+
+/// URL-component encoding: everything but the RFC 3986 unreserved characters.
+const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// What a probe found.
+pub enum ProbeResult {
+    /// The upstream shows the operation happened; this is its response.
+    Matched(StoredResponse),
+    /// No proof either way.
+    NotMatched {
+        status: Option<u16>,
+        error: Option<String>,
+    },
+    /// Another probe for the operation is already running.
+    Busy,
+}
+
+impl ProbeResult {
+    /// The timeline entry for this probe (never credentials or bodies).
+    pub fn event(&self, url: &str) -> Event {
+        let detail = match self {
+            ProbeResult::Matched(response) => {
+                json!({ "url": url, "status": response.status, "matched": true })
+            }
+            ProbeResult::NotMatched { status, error } => {
+                json!({ "url": url, "status": status, "matched": false, "error": error })
+            }
+            ProbeResult::Busy => json!({ "url": url, "skipped": "a probe is already running" }),
+        };
+        Event {
+            kind: "probe",
+            detail,
+        }
+    }
+}
+
+/// The probes in flight in this process.
+#[derive(Default)]
+pub struct Reconciler {
+    running: DashSet<String>,
+}
+
+/// Removes an operation from the running set when its probe ends.
+struct Running<'a> {
+    reconciler: &'a Reconciler,
+    operation_id: &'a str,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.reconciler.running.remove(self.operation_id);
+    }
+}
+
+/// The probe URL for a key.
+pub fn url_for(reconcile: &Reconcile, key: &str) -> String {
+    let encoded = utf8_percent_encode(key, COMPONENT).to_string();
+    reconcile.url.replace("{key}", &encoded)
+}
+
+impl Reconciler {
+    /// Probes for a held operation and settles it `completed` (evidence
+    /// `reconciled`) on a match; the probe is on its timeline either way.
+    /// The probe's response when it settled the operation.
+    pub async fn reconcile(
+        &self,
+        store: &dyn Store,
+        client: &UpstreamClient,
+        route: &Route,
+        operation_id: &str,
+        key: &str,
+        credentials: &HeaderMap,
+    ) -> Option<StoredResponse> {
+        let reconcile = route.reconcile.as_ref()?;
+        let result = self
+            .probe(client, route, reconcile, operation_id, key, credentials)
+            .await;
+        let event = result.event(&url_for(reconcile, key));
+        let written = match &result {
+            ProbeResult::Matched(response) => store
+                .settle_held(operation_id, None, response, "reconciled", &event)
+                .await
+                .map(|settled| settled.then(|| response.clone())),
+            ProbeResult::NotMatched { .. } => {
+                store.add_event(operation_id, &event).await.map(|()| None)
+            }
+            ProbeResult::Busy => Ok(None),
+        };
+        written.unwrap_or_else(|error| {
+            tracing::warn!(%operation_id, %error, "cannot record a probe's result");
+            None
+        })
+    }
+
+    /// Probes the upstream for `key` with the triggering request's
+    /// `credentials`, unless a probe for `operation_id` is already running.
+    pub async fn probe(
+        &self,
+        client: &UpstreamClient,
+        route: &Route,
+        reconcile: &Reconcile,
+        operation_id: &str,
+        key: &str,
+        credentials: &HeaderMap,
+    ) -> ProbeResult {
+        if !self.running.insert(operation_id.to_string()) {
+            return ProbeResult::Busy;
+        }
+        let _running = Running {
+            reconciler: self,
+            operation_id,
+        };
+        let url = url_for(reconcile, key);
+        match tokio::time::timeout(
+            reconcile.timeout,
+            fetch(client, route, reconcile, &url, credentials),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => ProbeResult::NotMatched {
+                status: None,
+                error: Some(format!(
+                    "no answer within {}",
+                    humantime::format_duration(reconcile.timeout)
+                )),
+            },
+        }
+    }
+}
+
+async fn fetch(
+    client: &UpstreamClient,
+    route: &Route,
+    reconcile: &Reconcile,
+    url: &str,
+    credentials: &HeaderMap,
+) -> ProbeResult {
+    let not_matched = |status, error: String| ProbeResult::NotMatched {
+        status,
+        error: Some(error),
+    };
+    let mut request = Request::get(url).body(full(""));
+    if let Ok(request) = &mut request {
+        *request.headers_mut() = credentials.clone();
+        request
+            .headers_mut()
+            .insert(ACCEPT, HeaderValue::from_static("application/json"));
+    }
+    let request = match request {
+        Ok(request) => request,
+        Err(e) => return not_matched(None, e.to_string()),
+    };
+    let response = match client.request(request).await {
+        Ok(response) => response,
+        Err(e) => return not_matched(None, e.to_string()),
+    };
+    let (mut head, mut body) = response.into_parts();
+    strip_hop_by_hop(&mut head.headers);
+    let status = head.status.as_u16();
+    let mut buffer = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    buffer.extend_from_slice(&data);
+                }
+                if buffer.len() > route.max_stored_response {
+                    return not_matched(Some(status), "probe response too large to store".into());
+                }
+            }
+            Err(e) => return not_matched(Some(status), format!("probe response cut: {e}")),
+        }
+    }
+    if status != reconcile.found_status {
+        return not_matched(
+            Some(status),
+            format!("status {status} is not {}", reconcile.found_status),
+        );
+    }
+    if let Some(pointer) = &reconcile.found_json_pointer {
+        let found = serde_json::from_slice::<serde_json::Value>(&buffer)
+            .ok()
+            .is_some_and(|v| v.pointer(pointer).is_some_and(|v| !v.is_null()));
+        if !found {
+            return not_matched(Some(status), format!("nothing at {pointer}"));
+        }
+    }
+    ProbeResult::Matched(StoredResponse {
+        status,
+        headers: crate::pipeline::record::stored_headers(&head.headers),
+        body: Some(buffer.to_vec()),
+    })
+}
+
+/// Keeps only the headers a probe may carry: `authorization` and the
+/// route's scope headers.
+pub fn credentials(headers: &HeaderMap, route: &Route) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    let mut names: Vec<&HeaderName> = std::iter::once(&AUTHORIZATION)
+        .chain(&route.scope_headers)
+        .collect();
+    names.sort_by_key(|n| n.as_str());
+    names.dedup();
+    for name in names {
+        for value in headers.get_all(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn keys_are_url_component_encoded() {
+        let reconcile = Reconcile {
+            url: "http://api/v1/orders?idempotency_key={key}".into(),
+            found_status: 200,
+            found_json_pointer: None,
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(
+            url_for(&reconcile, "a/b?c=d&e f#~x"),
+            "http://api/v1/orders?idempotency_key=a%2Fb%3Fc%3Dd%26e%20f%23~x"
+        );
+    }
+}
