@@ -11,8 +11,10 @@
 //!   the store, nothing sent upstream (checked after the run);
 //! - `retry_storm_64/*`: 64 concurrent identical POSTs with one key, timed
 //!   until the last response is in; `direct` sends them straight to the
-//!   upstream (64 writes), `gateway_*` through idemgate, and after the run it
-//!   asserts the upstream saw exactly one write per storm.
+//!   upstream (64 writes), `gateway_{normal,full}` through idemgate with the
+//!   default `in_progress = "reject"` (one 201, the rest 409 or replays),
+//!   `gateway_wait` with `in_progress = "wait"` (every client gets the 201);
+//!   after the run it asserts the upstream saw exactly one write per storm.
 //!
 //! Client, gateway and upstream share one tokio runtime (two workers), so on
 //! a two-core machine they compete for the same CPUs, as a sidecar would.
@@ -138,7 +140,8 @@ struct TestGateway {
 }
 
 impl TestGateway {
-    async fn start(upstream: SocketAddr, durability: &str) -> TestGateway {
+    /// `route_extra`: TOML lines appended to the route table.
+    async fn start(upstream: SocketAddr, durability: &str, route_extra: &str) -> TestGateway {
         let dir = tempfile::tempdir().expect("tempdir");
         let toml = format!(
             r#"[server]
@@ -153,6 +156,7 @@ durability = "{durability}"
 name = "api"
 path_prefix = "/"
 upstream = "http://{upstream}"
+{route_extra}
 "#,
             store = dir.path().join("idemgate.db").display(),
         );
@@ -353,11 +357,12 @@ fn end_to_end(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let (upstream, normal, full) = rt.block_on(async {
+    let (upstream, normal, full, wait) = rt.block_on(async {
         let upstream = Upstream::start().await;
-        let normal = TestGateway::start(upstream.addr, "normal").await;
-        let full = TestGateway::start(upstream.addr, "full").await;
-        (upstream, normal, full)
+        let normal = TestGateway::start(upstream.addr, "normal", "").await;
+        let full = TestGateway::start(upstream.addr, "full", "").await;
+        let wait = TestGateway::start(upstream.addr, "normal", r#"in_progress = "wait""#).await;
+        (upstream, normal, full, wait)
     });
     let client = client();
     let direct = upstream.addr;
@@ -453,7 +458,11 @@ fn end_to_end(c: &mut Criterion) {
         direct_storms * STORM,
         "without the gateway every request of a storm is a write"
     );
-    for (name, gateway) in [("gateway_normal", &normal), ("gateway_full", &full)] {
+    for (name, gateway) in [
+        ("gateway_normal", &normal),
+        ("gateway_full", &full),
+        ("gateway_wait", &wait),
+    ] {
         let writes_before = upstream.writes();
         let tally = bench_gateway_storm(&mut group, &rt, name, &client, gateway.addr());
         let writes = upstream.writes() - writes_before;
@@ -467,6 +476,12 @@ fn end_to_end(c: &mut Criterion) {
             tally.storms * STORM,
             "{name}: every request answered"
         );
+        if name == "gateway_wait" {
+            assert_eq!(
+                tally.in_progress, 0,
+                "{name}: waiters get the outcome, not 409"
+            );
+        }
         eprintln!(
             "retry_storm_64/{name}: {} storms, {} upstream writes; answers: {} fresh 201, \
              {} replayed 201, {} 409 request-in-progress",
@@ -483,6 +498,7 @@ fn end_to_end(c: &mut Criterion) {
     rt.block_on(async {
         normal.shutdown().await;
         full.shutdown().await;
+        wait.shutdown().await;
     });
     drop(upstream);
 }
