@@ -44,7 +44,32 @@ impl Clock for ManualClock {
     }
 }
 
+/// A store timestamp as RFC 3339 UTC with milliseconds.
+pub fn rfc3339(millis: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(millis).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
 /// A duration in the store's unit.
 pub fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_796_000_000_123), "2026-11-30T00:53:20.123Z");
+    }
+
+    #[test]
+    fn manual_clocks_move_when_told() {
+        let clock = ManualClock::new();
+        let before = clock.now_millis();
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(clock.now_millis() - before, 2000);
+    }
 }

@@ -47,6 +47,8 @@ pub struct Config {
 pub struct ServerConfig {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// The environment variable holding the admin API's bearer token.
+    pub admin_token_env: String,
     /// Slow or silent clients are cut off after this long without a full head.
     pub header_read_timeout: Duration,
     /// hyper's read buffer bound; larger request heads get 431.
@@ -503,7 +505,15 @@ impl Validator<'_> {
     }
 
     fn server(&self, raw: RawServer) -> Result<ServerConfig, ConfigError> {
-        self.not_built("server.admin_token_env", &raw.admin_token_env)?;
+        let admin_token_env = raw
+            .admin_token_env
+            .unwrap_or_else(|| "IDEMGATE_ADMIN_TOKEN".into());
+        if admin_token_env.is_empty() || admin_token_env.contains(['=', '\0']) {
+            return Err(self.invalid(
+                "server.admin_token_env",
+                "must name an environment variable",
+            ));
+        }
         self.not_built("server.tls_cert", &raw.tls_cert)?;
         self.not_built("server.tls_key", &raw.tls_key)?;
         let max_header_bytes = self.size(
@@ -524,6 +534,7 @@ impl Validator<'_> {
                 raw.admin_listen.as_deref(),
                 "127.0.0.1:9090",
             )?,
+            admin_token_env,
             header_read_timeout: self.duration(
                 "server.header_read_timeout",
                 raw.header_read_timeout.as_deref(),

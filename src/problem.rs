@@ -12,6 +12,7 @@ use http::{Response, StatusCode};
 use serde::Serialize;
 
 use crate::body::{ProxyBody, full};
+use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::key::KeyError;
 use crate::store::{Operation, State, StoreError};
 
@@ -38,6 +39,8 @@ pub enum ProxyError {
     NoRoute { path: String },
     #[error("the request head is larger than {limit} bytes")]
     HeadersTooLarge { limit: usize },
+    #[error("no operation with this key in your scope")]
+    UnknownOperation,
     #[error("this write needs an Idempotency-Key header")]
     MissingKey,
     #[error(transparent)]
@@ -111,6 +114,12 @@ impl ProxyError {
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "headers-too-large",
                 "Request head too large",
+                None,
+            ),
+            UnknownOperation => (
+                StatusCode::NOT_FOUND,
+                "unknown-operation",
+                "Unknown operation",
                 None,
             ),
             MissingKey => (
@@ -228,12 +237,64 @@ impl ProxyError {
         }
     }
 
+    /// How a request that ends in this error counts in metrics and logs.
+    pub fn outcome(&self) -> Outcome {
+        use ProxyError::*;
+        match self {
+            KeyReused { .. } => Outcome::mismatch,
+            InProgress { .. } | ResponseNotStored { .. } => Outcome::conflict,
+            OutcomeUnknown { .. } | StoreUnavailableAfterSend { .. } => Outcome::unknown,
+            UpstreamUnreachable {
+                operation: Some(_), ..
+            } => Outcome::released,
+            UpstreamUnreachable {
+                operation: None, ..
+            }
+            | UpstreamTimeout
+            | UpstreamFailed { .. } => Outcome::proxied,
+            NoRoute { .. }
+            | UnknownOperation
+            | HeadersTooLarge { .. }
+            | MissingKey
+            | InvalidKey(_)
+            | MissingScope { .. }
+            | BodyTooLarge { .. }
+            | BodyRead { .. }
+            | RoutePaused { .. }
+            | StoreUnavailable { .. }
+            | Internal { .. } => Outcome::rejected,
+        }
+    }
+
+    /// The problem response, carrying its [`Outcome`] and [`OperationId`]
+    /// as extensions for the request log.
     pub fn into_response(self) -> Response<ProxyBody> {
-        self.problem().into_response()
+        let outcome = self.outcome();
+        let problem = self.problem();
+        let operation = problem.operation_id.clone();
+        let mut response = problem.into_response();
+        response.extensions_mut().insert(outcome);
+        if let Some(id) = operation {
+            response.extensions_mut().insert(OperationId(id));
+        }
+        response
     }
 }
 
 impl Problem {
+    /// A problem that is not about an operation.
+    pub fn new(status: StatusCode, name: &str, title: &'static str, detail: String) -> Self {
+        Problem {
+            problem_type: format!("urn:idemgate:problem:{name}"),
+            title,
+            status: status.as_u16(),
+            detail,
+            operation_id: None,
+            state: None,
+            retry_after: None,
+        }
+    }
+
     pub fn into_response(self) -> Response<ProxyBody> {
         let body = serde_json::to_vec(&self).unwrap_or_default();
         let mut response = Response::new(full(body));
@@ -274,6 +335,7 @@ mod tests {
     fn each_error_maps_to_its_status_and_name() {
         check(ProxyError::NoRoute { path: "/x".into() }, 404, "no-route");
         check(ProxyError::MissingKey, 400, "missing-key");
+        check(ProxyError::UnknownOperation, 404, "unknown-operation");
         check(
             ProxyError::HeadersTooLarge { limit: 1 },
             431,

@@ -21,8 +21,11 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::Admin;
+use crate::admin::auth::{AdminToken, ExposedAdmin};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ServerConfig, StoreUrl};
+use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
 use crate::retention;
 use crate::store::{SqliteStore, Store, StoreError};
@@ -38,6 +41,8 @@ pub enum StartError {
         addr: SocketAddr,
         error: std::io::Error,
     },
+    #[error(transparent)]
+    ExposedAdmin(#[from] ExposedAdmin),
     #[error("cannot set up TLS for upstreams: {0}")]
     Tls(#[from] rustls::Error),
 }
@@ -82,6 +87,8 @@ impl Gateway {
         clock: Arc<dyn Clock>,
     ) -> Result<Gateway, StartError> {
         let server = config.server.clone();
+        let token = AdminToken::from_env(&server.admin_token_env);
+        token.check_exposure(server.admin_listen, &server.admin_token_env)?;
         let bind = |field, addr| async move {
             TcpListener::bind(addr)
                 .await
@@ -119,14 +126,23 @@ impl Gateway {
             }
         }
         let paused = store.paused_routes().await?;
+        let metrics = Arc::new(Metrics::default());
         let proxy = Arc::new(Proxy::new(
             &config,
             store.clone(),
             clock.clone(),
             &paused,
+            metrics.clone(),
             shutdown.clone(),
             give_up.clone(),
         )?);
+        let admin = Arc::new(Admin {
+            store: store.clone(),
+            proxy: proxy.clone(),
+            metrics,
+            clock: clock.clone(),
+            token,
+        });
         let proxy_service = {
             let proxy = proxy.clone();
             move |peer: SocketAddr| {
@@ -137,15 +153,12 @@ impl Gateway {
                 })
             }
         };
-        let admin_service = {
-            let store = store.clone();
-            move |_peer: SocketAddr| {
-                let store = store.clone();
-                service_fn(move |request| {
-                    let store = store.clone();
-                    async move { Ok::<_, Infallible>(crate::admin::handle(store, request).await) }
-                })
-            }
+        let admin_service = move |_peer: SocketAddr| {
+            let admin = admin.clone();
+            service_fn(move |request| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(crate::admin::handle(admin, request).await) }
+            })
         };
         let stop_accepting = CancellationToken::new();
         let sweep = tokio::spawn(retention::run(

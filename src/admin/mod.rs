@@ -1,40 +1,363 @@
 //! The admin listener (`admin_listen`), kept apart from the proxy so
 //! operators' tools never share a port with automations.
 //!
-//! Routes:
-//! - `GET /healthz` — 200 while the process serves (no token, no payload data);
-//! - `GET /readyz` — 200 when the store answers, 503 `store-unavailable` otherwise.
+//! Routes (JSON unless said otherwise):
+//! - `GET /healthz` — 200 while the process serves; no token, no payload data.
+//! - `GET /readyz` — 200 when the store answers, 503 `store-unavailable`; no token.
+//! - `GET /metrics` — Prometheus text, every metric `idemgate_*`; no token.
+//! - `GET /admin/keys?state=&route=&key=&limit=&cursor=` — operation
+//!   summaries, newest first, `{"items": […], "next_cursor": …}`.
+//! - `GET /admin/keys/{id}` — one operation with evidence, next action,
+//!   request summary, response status and its event timeline.
+//! - `POST /admin/keys/{id}/resolve` — an operator settles a held operation.
+//! - `GET /admin/stats` — counts by state and route, oldest `unknown` age.
+//! - `POST /admin/routes/{name}/pause`, `POST /admin/routes/{name}/resume`.
+//! - `GET /admin/openapi.json` — the OpenAPI 3.1 description of these routes.
 //!
-//! Anything else is 404 `no-route`.
+//! Every `/admin/*` route needs `Authorization: Bearer <token>` ([`auth`]);
+//! errors are problem+json ([`AdminError`]), and nothing here ever shows
+//! credentials: scopes are hashes and are not shown at all.
+
+pub mod auth;
+mod keys;
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
 
 use crate::body::{ProxyBody, full};
-use crate::store::Store;
+use crate::clock::Clock;
+use crate::metrics::Metrics;
+use crate::pipeline::Proxy;
+use crate::problem::Problem;
+use crate::store::{State, Store, StoreError};
 
-/// Answers one admin request.
-pub async fn handle<B>(store: Arc<dyn Store>, request: Request<B>) -> Response<ProxyBody> {
-    match (request.method(), request.uri().path()) {
-        (&Method::GET, "/healthz") => json(StatusCode::OK, r#"{"status":"ok"}"#),
-        (&Method::GET, "/readyz") => match store.ping().await {
-            Ok(()) => json(StatusCode::OK, r#"{"status":"ready"}"#),
-            Err(source) => crate::problem::ProxyError::StoreUnavailable { source }.into_response(),
-        },
-        _ => crate::problem::ProxyError::NoRoute {
-            path: request.uri().path().to_string(),
+/// Admin request bodies (a resolution with the response to replay) are
+/// bounded like a stored response plus room for the envelope.
+const MAX_ADMIN_BODY: usize = 4 * 1024 * 1024;
+
+/// What the admin handlers share.
+pub struct Admin {
+    pub store: Arc<dyn Store>,
+    pub proxy: Arc<Proxy>,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+    pub token: auth::AdminToken,
+}
+
+/// Why an admin request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("a valid `Authorization: Bearer <token>` is required")]
+    Unauthorized,
+    #[error("no such {0}")]
+    NotFound(&'static str),
+    #[error("no route named `{0}`")]
+    NoRoute(String),
+    #[error(
+        "operation {id} is {state} and cannot be resolved: only unknown operations, or in-progress ones whose gateway died, can be"
+    )]
+    NotResolvable { id: String, state: &'static str },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    InvalidResolution(String),
+    #[error("{method} is not allowed here")]
+    MethodNotAllowed { method: Method },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl AdminError {
+    /// The one mapping from admin error to status and problem name.
+    pub fn problem(&self) -> Problem {
+        let (status, name, title) = match self {
+            AdminError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            AdminError::NotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "unknown-operation",
+                "Unknown operation",
+            ),
+            AdminError::NoRoute(_) => (StatusCode::NOT_FOUND, "no-route", "No route"),
+            AdminError::NotResolvable { .. } => {
+                (StatusCode::CONFLICT, "not-resolvable", "Not resolvable")
+            }
+            AdminError::BadRequest(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid-request",
+                "Invalid request",
+            ),
+            AdminError::InvalidResolution(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid-resolution",
+                "Invalid resolution",
+            ),
+            AdminError::MethodNotAllowed { .. } => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+            ),
+            AdminError::Store(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Store unavailable",
+            ),
+        };
+        Problem::new(status, name, title, self.to_string())
+    }
+
+    fn into_response(self) -> Response<ProxyBody> {
+        let mut response = self.problem().into_response();
+        if matches!(self, AdminError::Unauthorized) {
+            response.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
         }
-        .into_response(),
+        response
     }
 }
 
-fn json(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
-    let mut response = Response::new(full(body));
+/// Answers one admin request.
+pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<ProxyBody> {
+    route(&admin, request)
+        .await
+        .unwrap_or_else(AdminError::into_response)
+}
+
+async fn route(
+    admin: &Admin,
+    request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, AdminError> {
+    let path = request.uri().path().to_string();
+    let method = request.method().clone();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let get = |found: Result<Response<ProxyBody>, AdminError>| {
+        if method == Method::GET {
+            found
+        } else {
+            Err(AdminError::MethodNotAllowed {
+                method: method.clone(),
+            })
+        }
+    };
+    match segments.as_slice() {
+        ["healthz"] => get(Ok(json_response(
+            StatusCode::OK,
+            &json!({ "status": "ok" }),
+        ))),
+        ["readyz"] if method == Method::GET => {
+            admin.store.ping().await?;
+            Ok(json_response(StatusCode::OK, &json!({ "status": "ready" })))
+        }
+        ["metrics"] if method == Method::GET => {
+            let stats = admin.store.stats().await?;
+            let text = admin.metrics.render(&stats, admin.clock.now_millis());
+            let mut response = Response::new(full(text));
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            Ok(response)
+        }
+        ["readyz" | "metrics"] => Err(AdminError::MethodNotAllowed { method }),
+        ["admin", rest @ ..] => {
+            admin.token.check(request.headers())?;
+            match (method.clone(), rest) {
+                (Method::GET, ["keys"]) => keys::list(admin, request.uri().query()).await,
+                (Method::GET, ["keys", id]) => keys::show(admin, id).await,
+                (Method::POST, ["keys", id, "resolve"]) => {
+                    let body = read_body(request.into_body()).await?;
+                    keys::resolve(admin, id, &body).await
+                }
+                (Method::GET, ["stats"]) => stats(admin).await,
+                (Method::POST, ["routes", name, action @ ("pause" | "resume")]) => {
+                    let body = read_body(request.into_body()).await?;
+                    pause(admin, name, action, &body).await
+                }
+                (Method::GET, ["openapi.json"]) => Ok(openapi()),
+                (
+                    _,
+                    ["keys"] | ["keys", _] | ["keys", _, "resolve"] | ["stats"] | ["openapi.json"],
+                )
+                | (_, ["routes", _, "pause" | "resume"]) => {
+                    Err(AdminError::MethodNotAllowed { method })
+                }
+                _ => Err(AdminError::NoRoute(path)),
+            }
+        }
+        _ => Err(AdminError::NoRoute(path)),
+    }
+}
+
+async fn read_body(body: Incoming) -> Result<Bytes, AdminError> {
+    Limited::new(body, MAX_ADMIN_BODY)
+        .collect()
+        .await
+        .map(|collected| collected.to_bytes())
+        .map_err(|e| AdminError::BadRequest(format!("the request body could not be read: {e}")))
+}
+
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<ProxyBody> {
+    let mut response = Response::new(full(body.to_string()));
     *response.status_mut() = status;
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
+}
+
+/// `GET /admin/stats`.
+async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
+    let stats = admin.store.stats().await?;
+    let states = [
+        State::InProgress,
+        State::Completed,
+        State::Unknown,
+        State::NotAttempted,
+    ];
+    let zeros = || {
+        states
+            .iter()
+            .map(|s| (s.as_str().to_string(), json!(0)))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let mut totals = zeros();
+    let mut by_route = serde_json::Map::new();
+    for (route, state, count) in &stats.counts {
+        let per_route = by_route
+            .entry(route.clone())
+            .or_insert_with(|| Value::Object(zeros()));
+        per_route[state.as_str()] = json!(count);
+        let total = totals[state.as_str()].as_u64().unwrap_or(0);
+        totals[state.as_str()] = json!(total + count);
+    }
+    let now = admin.clock.now_millis();
+    let oldest = stats
+        .oldest_unknown_created_at
+        .map(|created| (now - created).max(0) as f64 / 1000.0);
+    let paused = admin.store.paused_routes().await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "operations": totals,
+            "by_route": by_route,
+            "oldest_unknown_age_seconds": oldest,
+            "paused_routes": paused,
+        }),
+    ))
+}
+
+/// `POST /admin/routes/{name}/pause|resume`, with an optional
+/// `{"reason": "…"}` for a pause.
+async fn pause(
+    admin: &Admin,
+    name: &str,
+    action: &str,
+    body: &[u8],
+) -> Result<Response<ProxyBody>, AdminError> {
+    let reason = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| AdminError::BadRequest(format!("the body is not JSON: {e}")))?;
+        value
+            .get("reason")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let reason =
+        (action == "pause").then(|| reason.unwrap_or_else(|| "paused by an operator".into()));
+    if !admin.proxy.set_paused(name, reason.as_deref()).await? {
+        return Err(AdminError::NoRoute(name.to_string()));
+    }
+    tracing::warn!(route = %name, action, "route {action}d by an operator");
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "route": name, "paused": reason.is_some(), "reason": reason }),
+    ))
+}
+
+/// `GET /admin/openapi.json`.
+fn openapi() -> Response<ProxyBody> {
+    let mut response = Response::new(full(OPENAPI));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// The OpenAPI 3.1 description of the admin API; a test calls every route
+/// it lists, so it stays true.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_admin_error_maps_to_its_status_and_name() {
+        let cases = [
+            (AdminError::Unauthorized, 401, "unauthorized"),
+            (AdminError::NotFound("operation"), 404, "unknown-operation"),
+            (AdminError::NoRoute("x".into()), 404, "no-route"),
+            (
+                AdminError::NotResolvable {
+                    id: "a".into(),
+                    state: "completed",
+                },
+                409,
+                "not-resolvable",
+            ),
+            (AdminError::BadRequest("x".into()), 400, "invalid-request"),
+            (
+                AdminError::InvalidResolution("x".into()),
+                400,
+                "invalid-resolution",
+            ),
+            (
+                AdminError::MethodNotAllowed {
+                    method: Method::PUT,
+                },
+                405,
+                "method-not-allowed",
+            ),
+            (
+                AdminError::Store(StoreError::Corrupt("x".into())),
+                503,
+                "store-unavailable",
+            ),
+        ];
+        for (error, status, name) in cases {
+            let problem = error.problem();
+            assert_eq!(problem.status, status, "{name}");
+            assert_eq!(problem.problem_type, format!("urn:idemgate:problem:{name}"));
+        }
+    }
+
+    #[test]
+    fn the_openapi_document_is_json_and_lists_every_admin_route() {
+        let doc: Value = serde_json::from_str(OPENAPI).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let paths = doc["paths"].as_object().unwrap();
+        for path in [
+            "/admin/keys",
+            "/admin/keys/{id}",
+            "/admin/keys/{id}/resolve",
+            "/admin/stats",
+            "/admin/routes/{name}/pause",
+            "/admin/routes/{name}/resume",
+            "/admin/openapi.json",
+            "/healthz",
+            "/readyz",
+            "/metrics",
+        ] {
+            assert!(paths.contains_key(path), "{path}");
+        }
+    }
 }

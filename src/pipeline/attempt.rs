@@ -14,12 +14,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use http::HeaderMap;
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::Metrics;
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::claim::InFlightGuard;
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
@@ -40,6 +42,7 @@ pub struct Attempt {
     pub request: WriteRequest,
     /// Dropped once the outcome is recorded, to wake waiting duplicates.
     pub in_flight: Option<InFlightGuard>,
+    pub metrics: Arc<Metrics>,
     /// Cancelled when shutdown starts: stop probing and listening late.
     pub stopping: CancellationToken,
     /// Cancelled when the shutdown grace is over: stop retrying records.
@@ -51,7 +54,10 @@ impl Attempt {
     pub async fn run(self, reply: oneshot::Sender<Reply>) {
         let guard = SettleGuard::new(self.store.clone(), self.claim.clone());
         let route = &self.active.route;
+        let started = Instant::now();
         let sent = forward::send_write(&self.active.client, route, &self.request).await;
+        self.metrics
+            .upstream_duration(&route.name, started.elapsed().as_secs_f64());
         let (settlement, events, response) = record::settle(
             &self.claim,
             sent.exchange,
@@ -142,6 +148,7 @@ impl Attempt {
             Exchange::Complete { head, body } => stored(&head, Some(body.to_vec())),
             Exchange::Oversized { head, .. } => stored(&head, None),
             Exchange::Classified { head, .. } => {
+                self.metrics.late_response(&self.active.route.name);
                 let detail = json!({ "status": head.status.as_u16(), "settles": false });
                 return self
                     .add_event(&Event {

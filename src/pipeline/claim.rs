@@ -43,7 +43,7 @@ pub enum Claimed {
     Answer(Response<ProxyBody>),
     /// The same request's operation is `unknown`: held, unless a reconcile
     /// probe can settle it now.
-    Held(Operation),
+    Held(Box<Operation>),
 }
 
 /// Attempts in flight in this process, for duplicates to wait on.
@@ -156,7 +156,7 @@ pub async fn claim(
             Waited::LookAgain => continue,
             Waited::TimedOut | Waited::TooManyWaiters => {
                 return Err(ProxyError::InProgress {
-                    operation: OperationRef::from(&operation),
+                    operation: OperationRef::from(operation.as_ref()),
                 });
             }
         }

@@ -28,6 +28,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::body::{ProxyBody, full, stream};
 use crate::config::Route;
+use crate::metrics::Outcome;
 use crate::problem::ProxyError;
 
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
@@ -155,7 +156,9 @@ pub async fn pass_through(
     };
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(parts, stream(body)))
+    let mut response = Response::from_parts(parts, stream(body));
+    response.extensions_mut().insert(Outcome::proxied);
+    Ok(response)
 }
 
 /// A buffered write on its way upstream.

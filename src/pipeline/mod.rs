@@ -21,6 +21,7 @@ pub mod key;
 pub mod record;
 pub mod replay;
 pub mod route;
+pub mod status;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,9 +41,10 @@ use tokio_util::task::TaskTracker;
 use crate::body::ProxyBody;
 use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, Route};
+use crate::metrics::{Metrics, OperationId, Outcome};
 use crate::problem::{OperationRef, ProxyError};
 use crate::reconcile::{self, Reconciler};
-use crate::store::{NewOperation, RequestSummary, State, Store};
+use crate::store::{NewOperation, RequestSummary, State, Store, StoreError};
 use attempt::Attempt;
 use claim::{Claimed, InFlight};
 use fingerprint::{Fingerprint, FingerprintInput};
@@ -62,6 +64,7 @@ pub struct Proxy {
     routes: Vec<Arc<ActiveRoute>>,
     store: Arc<dyn Store>,
     reconciler: Arc<Reconciler>,
+    metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     in_flight: Arc<InFlight>,
     /// Forward tasks outlive their requests; shutdown waits for them.
@@ -81,6 +84,7 @@ impl Proxy {
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         paused: &[String],
+        metrics: Arc<Metrics>,
         stopping: CancellationToken,
         give_up: CancellationToken,
     ) -> Result<Self, rustls::Error> {
@@ -99,6 +103,7 @@ impl Proxy {
             routes,
             store,
             reconciler: Arc::default(),
+            metrics,
             clock,
             stopping,
             in_flight: Arc::default(),
@@ -108,12 +113,25 @@ impl Proxy {
         })
     }
 
+    /// Pauses (with `reason`) or resumes a route, stored first; `false` when
+    /// there is no such route.
+    pub async fn set_paused(&self, name: &str, reason: Option<&str>) -> Result<bool, StoreError> {
+        let Some(active) = self.routes.iter().find(|a| a.route.name == name) else {
+            return Ok(false);
+        };
+        self.store.set_paused(name, reason).await?;
+        active.paused.store(reason.is_some(), Ordering::SeqCst);
+        Ok(true)
+    }
+
     /// The forward tasks, for shutdown to wait on.
     pub fn tasks(&self) -> &TaskTracker {
         &self.tasks
     }
 
-    /// Handles one request; every error becomes a problem response here.
+    /// Handles one request; every error becomes a problem response here,
+    /// and every request is counted and logged once (never with credentials
+    /// or payloads).
     pub async fn handle(
         self: Arc<Self>,
         request: Request<Incoming>,
@@ -122,35 +140,51 @@ impl Proxy {
         let started = Instant::now();
         let method = request.method().clone();
         let path = request.uri().path().to_string();
-        let response = self
-            .handle_inner(request, peer)
-            .await
-            .unwrap_or_else(|error| {
-                tracing::debug!(%method, %path, %error, "answered with a problem");
-                error.into_response()
-            });
-        tracing::debug!(%method, %path, status = response.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request");
+        let active = route::select(&self.routes, &path, |active| &active.route).cloned();
+        let answered = if head_size(&request) > self.max_header_bytes {
+            Err(ProxyError::HeadersTooLarge {
+                limit: self.max_header_bytes,
+            })
+        } else if path.starts_with(status::PREFIX) {
+            status::lookup(self.store.as_ref(), &self.routes, &request).await
+        } else if let Some(active) = &active {
+            self.handle_route(active, request, peer).await
+        } else {
+            Err(ProxyError::NoRoute { path: path.clone() })
+        };
+        let response = answered.unwrap_or_else(ProxyError::into_response);
+        let outcome = response
+            .extensions()
+            .get::<Outcome>()
+            .copied()
+            .unwrap_or(Outcome::rejected);
+        let route = active.as_ref().map_or("", |a| a.route.name.as_str());
+        self.metrics.request(route, outcome);
+        let operation_id = response
+            .extensions()
+            .get::<OperationId>()
+            .map(|id| id.0.as_str());
+        tracing::info!(
+            route,
+            %method,
+            %path,
+            operation_id,
+            outcome = ?outcome,
+            status = response.status().as_u16(),
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "request"
+        );
         response
     }
 
-    /// Phases 1–4: route, key and scope, body, fingerprint; then the write.
-    async fn handle_inner(
+    /// Phases 2–4 for a routed request: key and scope, body, fingerprint;
+    /// then the write. Methods the route does not intercept stream through.
+    async fn handle_route(
         &self,
+        active: &Arc<ActiveRoute>,
         request: Request<Incoming>,
         peer: SocketAddr,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        if head_size(&request) > self.max_header_bytes {
-            return Err(ProxyError::HeadersTooLarge {
-                limit: self.max_header_bytes,
-            });
-        }
-        let path = request.uri().path();
-        let active =
-            route::select(&self.routes, path, |active| &active.route).ok_or_else(|| {
-                ProxyError::NoRoute {
-                    path: path.to_string(),
-                }
-            })?;
         let route = &active.route;
         if !route.intercepts(request.method()) {
             return forward::pass_through(&active.client, route, request, peer.ip()).await;
@@ -249,7 +283,11 @@ impl Proxy {
                     )
                     .await;
                 return match settled {
-                    Some(response) => Ok(replay::respond(&response, true)),
+                    Some(response) => {
+                        let mut response = replay::respond(&response);
+                        response.extensions_mut().insert(OperationId(operation.id));
+                        Ok(response)
+                    }
                     None => replay::answer_existing(&operation, &new.fingerprint),
                 };
             }
@@ -263,14 +301,18 @@ impl Proxy {
             claim,
             key: key.as_str().to_string(),
             credentials: credentials(),
+            metrics: self.metrics.clone(),
             stopping: self.stopping.clone(),
             give_up: self.give_up.clone(),
         };
+        let operation_id = OperationId(attempt.claim.operation_id.clone());
         let (reply_tx, reply_rx) = oneshot::channel();
         self.tasks.spawn(attempt.run(reply_tx));
-        reply_rx.await.map_err(|_| ProxyError::Internal {
+        let mut response = reply_rx.await.map_err(|_| ProxyError::Internal {
             reason: "the forward task ended without a reply".into(),
-        })?
+        })??;
+        response.extensions_mut().insert(operation_id);
+        Ok(response)
     }
 
     /// A paused route still replays completed operations; every other write

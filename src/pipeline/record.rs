@@ -18,6 +18,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::{Prefixed, ProxyBody, full, stream};
+use crate::metrics::Outcome;
 use crate::pipeline::forward::{Exchange, LostCause};
 use crate::problem::{OperationRef, ProxyError};
 use crate::store::{Claim, Event, Recorded, Settlement, State, Store, StoredResponse};
@@ -40,14 +41,24 @@ pub fn settle(
     let written = !matches!(exchange, Exchange::NotSent { .. });
     let (settlement, mut events, reply) = classify(claim, exchange);
     if written {
+        let detail = json!({ "tries": tries, "bytes": bytes });
         events.insert(
             0,
             Event {
                 kind: "sent",
-                detail: json!({ "tries": tries, "bytes": bytes }),
+                detail,
             },
         );
     }
+    let outcome = match settlement {
+        Settlement::Completed { .. } => Outcome::forwarded,
+        Settlement::NotAttempted { .. } => Outcome::released,
+        Settlement::Unknown { .. } => Outcome::unknown,
+    };
+    let reply = reply.map(|mut response| {
+        response.extensions_mut().insert(outcome);
+        response
+    });
     (settlement, events, reply)
 }
 

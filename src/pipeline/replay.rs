@@ -9,6 +9,7 @@ use http::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 
 use crate::body::{ProxyBody, full};
+use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::fingerprint::Fingerprint;
 use crate::problem::{OperationRef, ProxyError};
 use crate::store::{Operation, State, StoredResponse};
@@ -27,7 +28,13 @@ pub fn answer_existing(
         });
     }
     match (operation.state, &operation.response) {
-        (State::Completed, Some(stored)) if stored.body.is_some() => Ok(respond(stored, true)),
+        (State::Completed, Some(stored)) if stored.body.is_some() => {
+            let mut response = respond(stored);
+            response
+                .extensions_mut()
+                .insert(OperationId(operation.id.clone()));
+            Ok(response)
+        }
         (State::Completed, Some(_)) => Err(ProxyError::ResponseNotStored {
             operation: reference,
         }),
@@ -47,8 +54,8 @@ pub fn answer_existing(
     }
 }
 
-/// A stored response as the client gets it.
-pub fn respond(stored: &StoredResponse, replayed: bool) -> Response<ProxyBody> {
+/// A stored response as a replay: nothing was sent upstream.
+pub fn respond(stored: &StoredResponse) -> Response<ProxyBody> {
     let body = stored.body.clone().unwrap_or_default();
     let mut response = Response::new(full(body));
     *response.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
@@ -64,9 +71,8 @@ pub fn respond(stored: &StoredResponse, replayed: bool) -> Response<ProxyBody> {
             headers.append(name, value);
         }
     }
-    if replayed {
-        headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    }
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response.extensions_mut().insert(Outcome::replayed);
     response
 }
 
@@ -93,6 +99,15 @@ mod tests {
                 ],
                 body: body.map(<[u8]>::to_vec),
             }),
+            request: crate::store::RequestSummary {
+                method: "POST".into(),
+                path: "/".into(),
+                content_type: None,
+                body_size: 0,
+                body_sha256: String::new(),
+                body: None,
+            },
+            superseded: false,
             created_at: 0,
             updated_at: 0,
         }

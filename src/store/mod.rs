@@ -38,7 +38,7 @@ impl State {
         }
     }
 
-    fn parse(text: &str) -> Result<Self, StoreError> {
+    pub fn parse(text: &str) -> Result<Self, StoreError> {
         match text {
             "in_progress" => Ok(State::InProgress),
             "completed" => Ok(State::Completed),
@@ -61,8 +61,69 @@ pub struct Operation {
     /// What proves the state: `response`, `gateway-restarted`, `connect-failed`, …
     pub evidence: String,
     pub response: Option<StoredResponse>,
+    pub request: RequestSummary,
+    /// Derive mode: a newer operation took the key after `derive_window`.
+    pub superseded: bool,
     pub created_at: i64,
     pub updated_at: i64,
+}
+
+/// An operation as listed for operators and clients: no payloads.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub id: String,
+    pub route: String,
+    pub key: String,
+    pub state: State,
+    pub attempt: u32,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// One entry of a stored timeline.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    pub at: i64,
+    pub kind: String,
+    pub detail: serde_json::Value,
+}
+
+/// Which operations [`Store::list`] returns, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub state: Option<State>,
+    pub route: Option<String>,
+    pub key: Option<String>,
+    /// Only operations older than this id (the previous page's last).
+    pub before: Option<String>,
+    pub limit: u32,
+}
+
+/// An operator's decision about a held operation.
+#[derive(Debug, Clone)]
+pub enum Decision {
+    /// It happened; later requests replay `response`.
+    Completed { response: StoredResponse },
+    /// It did not happen; the next request is forwarded as a new attempt.
+    NotAttempted,
+}
+
+/// What [`Store::resolve`] did.
+#[derive(Debug)]
+pub enum Resolved {
+    Done,
+    NotFound,
+    /// Settled already, or `in_progress` with a live owner.
+    NotResolvable(State),
+}
+
+/// Counts for operators.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// (route, state, count)
+    pub counts: Vec<(String, State, u64)>,
+    /// Creation time (ms) of the oldest `unknown` operation.
+    pub oldest_unknown_created_at: Option<i64>,
 }
 
 /// An upstream response as recorded: end-to-end headers with lower-case
@@ -114,7 +175,7 @@ pub enum ClaimResult {
     /// New, or a `not_attempted` one taken for its next attempt: send it.
     Claimed(Claim),
     /// Someone else's business: replay, refuse or hold per its state.
-    Existing(Operation),
+    Existing(Box<Operation>),
 }
 
 /// How an attempt ended.
@@ -215,6 +276,35 @@ pub trait Store: Send + Sync {
 
     /// The routes paused now.
     async fn paused_routes(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Operations matching `filter`, newest first.
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError>;
+
+    /// One operation with its timeline.
+    async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError>;
+
+    /// The newest operation with `key` under any of the (route, scope) pairs.
+    async fn find_newest(
+        &self,
+        scopes: &[(String, String)],
+        key: &str,
+    ) -> Result<Option<Summary>, StoreError>;
+
+    /// Settles a held operation by an operator's decision: allowed from
+    /// `unknown`, or `in_progress` whose owner is dead. One transaction, so
+    /// a concurrent client retry either sees the decision or claims first.
+    async fn resolve(
+        &self,
+        id: &str,
+        decision: &Decision,
+        event: &Event,
+    ) -> Result<Resolved, StoreError>;
+
+    /// Counts by route and state, and the oldest `unknown` operation.
+    async fn stats(&self) -> Result<Stats, StoreError>;
+
+    /// Pauses `route` with `reason`, or resumes it (`None`), durably.
+    async fn set_paused(&self, route: &str, reason: Option<&str>) -> Result<(), StoreError>;
 
     /// Deletes up to `limit` `completed` and `not_attempted` operations last
     /// updated before `cutoff` (ms), with their events; `unknown` ones stay.

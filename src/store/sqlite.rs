@@ -23,8 +23,9 @@ use sqlx::sqlite::{
 use sqlx::{Row, Sqlite, Transaction};
 
 use super::{
-    Claim, ClaimResult, Event, NewOperation, Operation, Recorded, Settlement, State, Store,
-    StoreError, StoredResponse, decode_headers, encode_headers,
+    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded,
+    RequestSummary, Resolved, Settlement, State, Stats, Store, StoreError, StoredEvent,
+    StoredResponse, Summary, decode_headers, encode_headers,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
@@ -228,17 +229,44 @@ fn operation_from_row(row: &SqliteRow) -> Result<Operation, StoreError> {
         }
         None => None,
     };
-    let attempt: i64 = row.try_get("attempt")?;
+    let summary = summary_from_row(row)?;
+    let body_size: i64 = row.try_get("request_body_size")?;
+    let superseded_at: Option<i64> = row.try_get("superseded_at")?;
     Ok(Operation {
+        id: summary.id,
+        route: summary.route,
+        key: summary.key,
+        fingerprint: Fingerprint::from_stored(row.try_get("fingerprint")?),
+        state: summary.state,
+        attempt: summary.attempt,
+        evidence: row.try_get("evidence")?,
+        response,
+        request: RequestSummary {
+            method: row.try_get("request_method")?,
+            path: row.try_get("request_path")?,
+            content_type: row.try_get("request_content_type")?,
+            body_size: u64::try_from(body_size).unwrap_or(0),
+            body_sha256: row.try_get("request_body_sha256")?,
+            body: row.try_get("request_body")?,
+        },
+        superseded: superseded_at.is_some(),
+        created_at: summary.created_at,
+        updated_at: summary.updated_at,
+    })
+}
+
+/// The columns [`summary_from_row`] reads.
+const SUMMARY_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at";
+
+fn summary_from_row(row: &SqliteRow) -> Result<Summary, StoreError> {
+    let attempt: i64 = row.try_get("attempt")?;
+    Ok(Summary {
         id: row.try_get("id")?,
         route: row.try_get("route")?,
         key: row.try_get("idem_key")?,
-        fingerprint: Fingerprint::from_stored(row.try_get("fingerprint")?),
         state: State::parse(row.try_get("state")?)?,
         attempt: u32::try_from(attempt)
             .map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))?,
-        evidence: row.try_get("evidence")?,
-        response,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
     })
@@ -294,14 +322,14 @@ impl Store for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
                 if taken.rows_affected() == 0 {
-                    return Ok(ClaimResult::Existing(operation));
+                    return Ok(ClaimResult::Existing(Box::new(operation)));
                 }
                 Claim {
                     operation_id: operation.id,
                     attempt,
                 }
             }
-            Some(operation) => return Ok(ClaimResult::Existing(operation)),
+            Some(operation) => return Ok(ClaimResult::Existing(Box::new(operation))),
         };
         let event = Event {
             kind: "claimed",
@@ -436,6 +464,155 @@ impl Store for SqliteStore {
                 .fetch_all(&self.pool)
                 .await?,
         )
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {SUMMARY_COLUMNS} FROM operations
+             WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR route = ?2)
+               AND (?3 IS NULL OR idem_key = ?3) AND (?4 IS NULL OR id < ?4)
+             ORDER BY id DESC LIMIT ?5"
+        ))
+        .bind(filter.state.map(State::as_str))
+        .bind(&filter.route)
+        .bind(&filter.key)
+        .bind(&filter.before)
+        .bind(i64::from(filter.limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(summary_from_row).collect()
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
+        let Some(row) = sqlx::query("SELECT * FROM operations WHERE id = ?1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let events: Vec<(i64, String, String)> = sqlx::query_as(
+            "SELECT at, kind, detail FROM events WHERE operation_id = ?1 ORDER BY id",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        let events = events
+            .into_iter()
+            .map(|(at, kind, detail)| StoredEvent {
+                at,
+                kind,
+                detail: serde_json::from_str(&detail).unwrap_or(serde_json::Value::Null),
+            })
+            .collect();
+        Ok(Some((operation_from_row(&row)?, events)))
+    }
+
+    async fn find_newest(
+        &self,
+        scopes: &[(String, String)],
+        key: &str,
+    ) -> Result<Option<Summary>, StoreError> {
+        let mut newest: Option<Summary> = None;
+        for (route, scope) in scopes {
+            let row = sqlx::query(&format!(
+                "SELECT {SUMMARY_COLUMNS} FROM operations
+                 WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 ORDER BY id DESC LIMIT 1"
+            ))
+            .bind(route)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+            if let Some(found) = row.as_ref().map(summary_from_row).transpose()?
+                && newest.as_ref().is_none_or(|n| found.id > n.id)
+            {
+                newest = Some(found);
+            }
+        }
+        Ok(newest)
+    }
+
+    async fn resolve(
+        &self,
+        id: &str,
+        decision: &Decision,
+        event: &Event,
+    ) -> Result<Resolved, StoreError> {
+        let now = self.clock.now_millis();
+        let (state, response) = match decision {
+            Decision::Completed { response } => (State::Completed, Some(response)),
+            Decision::NotAttempted => (State::NotAttempted, None),
+        };
+        let mut tx = self.pool.begin().await?;
+        let updated = sqlx::query(
+            "UPDATE operations SET state = ?1, evidence = 'operator', response_status = ?2,
+                response_headers = ?3, response_body = ?4, updated_at = ?5
+             WHERE id = ?6 AND (state = 'unknown' OR (state = 'in_progress' AND owner IS NOT ?7))",
+        )
+        .bind(state.as_str())
+        .bind(response.map(|r| i64::from(r.status)))
+        .bind(response.map(|r| encode_headers(&r.headers)))
+        .bind(response.and_then(|r| r.body.as_deref()))
+        .bind(now)
+        .bind(id)
+        .bind(&self.owner)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() == 1 {
+            insert_event(&mut tx, id, now, event).await?;
+        }
+        let state: Option<String> =
+            sqlx::query_scalar("SELECT state FROM operations WHERE id = ?1")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        tx.commit().await?;
+        Ok(match state {
+            None => Resolved::NotFound,
+            Some(_) if updated.rows_affected() == 1 => Resolved::Done,
+            Some(state) => Resolved::NotResolvable(State::parse(&state)?),
+        })
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let counts: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT route, state, count(*) FROM operations GROUP BY route, state ORDER BY route, state",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let oldest_unknown_created_at: Option<i64> =
+            sqlx::query_scalar("SELECT min(created_at) FROM operations WHERE state = 'unknown'")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(Stats {
+            counts: counts
+                .into_iter()
+                .map(|(route, state, n)| {
+                    Ok((route, State::parse(&state)?, u64::try_from(n).unwrap_or(0)))
+                })
+                .collect::<Result<_, StoreError>>()?,
+            oldest_unknown_created_at,
+        })
+    }
+
+    async fn set_paused(&self, route: &str, reason: Option<&str>) -> Result<(), StoreError> {
+        match reason {
+            Some(reason) => sqlx::query(
+                "INSERT INTO route_pauses (route, reason, updated_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (route) DO UPDATE SET reason = excluded.reason, updated_at = excluded.updated_at",
+            )
+            .bind(route)
+            .bind(reason)
+            .bind(self.clock.now_millis())
+            .execute(&self.pool)
+            .await?,
+            None => sqlx::query("DELETE FROM route_pauses WHERE route = ?1")
+                .bind(route)
+                .execute(&self.pool)
+                .await?,
+        };
+        Ok(())
     }
 
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {

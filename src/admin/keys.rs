@@ -1,0 +1,405 @@
+//! `/admin/keys`: finding held operations, reading their timeline, and an
+//! operator's resolution.
+//!
+//! Invariants: what is shown is never a credential (scopes are not shown;
+//! the request's query string is not shown, since automations put API keys
+//! there; the request body only when the route stores it), and a resolution
+//! is one store transaction that a concurrent client retry cannot interleave
+//! with.
+
+use std::collections::HashMap;
+
+use http::header::{HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Admin, AdminError, json_response};
+use crate::body::ProxyBody;
+use crate::clock::rfc3339;
+use crate::store::{
+    Decision, Event, ListFilter, Operation, Resolved, State, StoredEvent, StoredResponse, Summary,
+};
+
+const DEFAULT_LIMIT: u32 = 50;
+const MAX_LIMIT: u32 = 500;
+
+/// `GET /admin/keys?state=&route=&key=&limit=&cursor=`.
+pub async fn list(admin: &Admin, query: Option<&str>) -> Result<Response<ProxyBody>, AdminError> {
+    let mut filter = ListFilter {
+        limit: DEFAULT_LIMIT,
+        ..ListFilter::default()
+    };
+    for (name, value) in form_pairs(query.unwrap_or(""))? {
+        match name.as_str() {
+            "state" => {
+                filter.state = Some(State::parse(&value).map_err(|_| {
+                    AdminError::BadRequest(format!(
+                        "state `{value}`: expected in_progress, completed, unknown or not_attempted"
+                    ))
+                })?)
+            }
+            "route" => filter.route = Some(value),
+            "key" => filter.key = Some(value),
+            "cursor" => filter.before = Some(value),
+            "limit" => {
+                filter.limit = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        AdminError::BadRequest(format!(
+                            "limit `{value}`: expected 1 to {MAX_LIMIT}"
+                        ))
+                    })?
+            }
+            other => {
+                return Err(AdminError::BadRequest(format!(
+                    "unknown parameter `{other}`"
+                )));
+            }
+        }
+    }
+    let items = admin.store.list(&filter).await?;
+    let next_cursor = (items.len() == filter.limit as usize)
+        .then(|| items.last().map(|s| s.id.clone()))
+        .flatten();
+    let items: Vec<Value> = items.iter().map(summary).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "items": items, "next_cursor": next_cursor }),
+    ))
+}
+
+/// `a=1&b=x%20y` as decoded pairs.
+fn form_pairs(query: &str) -> Result<Vec<(String, String)>, AdminError> {
+    let decode = |text: &str| {
+        percent_encoding::percent_decode_str(&text.replace('+', " "))
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|_| AdminError::BadRequest("the query is not UTF-8".into()))
+    };
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            Ok((decode(name)?, decode(value)?))
+        })
+        .collect()
+}
+
+fn summary(s: &Summary) -> Value {
+    json!({
+        "id": s.id,
+        "route": s.route,
+        "key": s.key,
+        "state": s.state.as_str(),
+        "attempts": s.attempt,
+        "created_at": rfc3339(s.created_at),
+        "updated_at": rfc3339(s.updated_at),
+    })
+}
+
+/// `GET /admin/keys/{id}`.
+pub async fn show(admin: &Admin, id: &str) -> Result<Response<ProxyBody>, AdminError> {
+    let (operation, events) = admin
+        .store
+        .get(id)
+        .await?
+        .ok_or(AdminError::NotFound("operation"))?;
+    Ok(json_response(StatusCode::OK, &detail(&operation, &events)))
+}
+
+/// The operation as an operator reads it.
+pub fn detail(op: &Operation, events: &[StoredEvent]) -> Value {
+    let mut value = summary(&Summary {
+        id: op.id.clone(),
+        route: op.route.clone(),
+        key: op.key.clone(),
+        state: op.state,
+        attempt: op.attempt,
+        created_at: op.created_at,
+        updated_at: op.updated_at,
+    });
+    let request = &op.request;
+    let path = request.path.split('?').next().unwrap_or("");
+    let mut request_json = json!({
+        "method": request.method,
+        "path": path,
+        "content_type": request.content_type,
+        "body_size": request.body_size,
+        "body_sha256": request.body_sha256,
+    });
+    if let Some(body) = &request.body {
+        request_json["body"] = json!(String::from_utf8_lossy(body));
+    }
+    let extra = json!({
+        "evidence": op.evidence,
+        "next_action": next_action(op),
+        "superseded": op.superseded,
+        "request": request_json,
+        "response": op.response.as_ref().map(|r| json!({
+            "status": r.status,
+            "body_stored": r.body.is_some(),
+        })),
+        "events": events.iter().map(|e| json!({
+            "at": rfc3339(e.at),
+            "kind": e.kind,
+            "detail": e.detail,
+        })).collect::<Vec<_>>(),
+    });
+    if let (Some(target), Value::Object(more)) = (value.as_object_mut(), extra) {
+        target.extend(more);
+    }
+    value
+}
+
+/// What an operator should do next, per state (DESIGN §2 in words).
+fn next_action(op: &Operation) -> String {
+    match op.state {
+        State::InProgress => format!(
+            "In flight (attempt {}). Wait for it to settle; if its gateway died it becomes unknown at the next start.",
+            op.attempt
+        ),
+        State::Completed if op.response.as_ref().is_some_and(|r| r.body.is_none()) => {
+            "Nothing to do: it completed, but its response was too large to store, so retries get 409 response-not-stored.".into()
+        }
+        State::Completed => "Nothing to do: retries get the stored response replayed.".into(),
+        State::Unknown => format!(
+            "Check the destination for key `{}`. If the operation happened, resolve it as completed (optionally with the response retries should get); if it did not, resolve it as not_attempted so the client's next retry is forwarded. Until then retries get 409 outcome-unknown and nothing is sent.",
+            op.key
+        ),
+        State::NotAttempted => format!(
+            "Nothing reached the destination. The client's next retry with this key is forwarded as attempt {}.",
+            op.attempt + 1
+        ),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Resolution {
+    outcome: String,
+    operator: String,
+    note: Option<String>,
+    reference: Option<String>,
+    response: Option<ResolutionResponse>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolutionResponse {
+    status: u16,
+    #[serde(default)]
+    headers: HashMap<String, HeaderValues>,
+    body: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum HeaderValues {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `POST /admin/keys/{id}/resolve`.
+pub async fn resolve(
+    admin: &Admin,
+    id: &str,
+    body: &[u8],
+) -> Result<Response<ProxyBody>, AdminError> {
+    let resolution: Resolution = serde_json::from_slice(body)
+        .map_err(|e| AdminError::InvalidResolution(format!("the body is not a resolution: {e}")))?;
+    let decision = decision(&resolution)?;
+    let event = Event {
+        kind: "resolved",
+        detail: json!({
+            "outcome": resolution.outcome,
+            "operator": resolution.operator,
+            "note": resolution.note,
+            "reference": resolution.reference,
+        }),
+    };
+    match admin.store.resolve(id, &decision, &event).await? {
+        Resolved::Done => {
+            tracing::info!(operation_id = %id, operator = %resolution.operator, outcome = %resolution.outcome, "resolved by an operator");
+            show(admin, id).await
+        }
+        Resolved::NotFound => Err(AdminError::NotFound("operation")),
+        Resolved::NotResolvable(state) => Err(AdminError::NotResolvable {
+            id: id.to_string(),
+            state: state.as_str(),
+        }),
+    }
+}
+
+fn decision(resolution: &Resolution) -> Result<Decision, AdminError> {
+    let invalid = |reason: &str| AdminError::InvalidResolution(reason.to_string());
+    let operator = resolution.operator.trim();
+    if operator.is_empty() || operator.len() > 200 {
+        return Err(invalid("`operator` names who decided: 1 to 200 characters"));
+    }
+    if resolution.note.as_ref().is_some_and(|n| n.len() > 4000)
+        || resolution.reference.as_ref().is_some_and(|r| r.len() > 400)
+    {
+        return Err(invalid(
+            "`note` is at most 4000 characters, `reference` at most 400",
+        ));
+    }
+    match (resolution.outcome.as_str(), &resolution.response) {
+        ("not_attempted", None) => Ok(Decision::NotAttempted),
+        ("not_attempted", Some(_)) => Err(invalid("a not_attempted resolution takes no `response`")),
+        ("completed", Some(response)) => Ok(Decision::Completed {
+            response: stored_response(response)?,
+        }),
+        ("completed", None) => Ok(Decision::Completed {
+            response: StoredResponse {
+                status: 200,
+                headers: vec![("content-type".into(), b"application/json".to_vec())],
+                body: Some(
+                    json!({ "resolved_by": resolution.operator, "reference": resolution.reference })
+                        .to_string()
+                        .into_bytes(),
+                ),
+            },
+        }),
+        (other, _) => Err(AdminError::InvalidResolution(format!(
+            "outcome `{other}`: expected completed or not_attempted"
+        ))),
+    }
+}
+
+/// The response later replays get, checked like a real one: a valid
+/// status, and end-to-end headers only.
+fn stored_response(response: &ResolutionResponse) -> Result<StoredResponse, AdminError> {
+    let invalid = |reason: String| AdminError::InvalidResolution(reason);
+    if !(200..=599).contains(&response.status) {
+        return Err(invalid(format!(
+            "status {} is not a final status",
+            response.status
+        )));
+    }
+    let mut headers = Vec::new();
+    for (name, values) in &response.headers {
+        let header = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| invalid(format!("`{name}` is not a header name")))?;
+        let refused = [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "content-length",
+        ];
+        if refused.contains(&header.as_str()) {
+            return Err(invalid(format!("`{name}` is set by idemgate, not stored")));
+        }
+        let values = match values {
+            HeaderValues::One(value) => std::slice::from_ref(value),
+            HeaderValues::Many(values) => values.as_slice(),
+        };
+        for value in values {
+            if value.contains(['\r', '\n']) || HeaderValue::from_str(value).is_err() {
+                return Err(invalid(format!(
+                    "the value of `{name}` is not a valid header value"
+                )));
+            }
+            headers.push((header.as_str().to_string(), value.as_bytes().to_vec()));
+        }
+    }
+    let body = match &response.body {
+        None => Vec::new(),
+        Some(Value::String(text)) => text.clone().into_bytes(),
+        Some(other) => {
+            if !headers.iter().any(|(n, _)| n == "content-type") {
+                headers.push(("content-type".into(), b"application/json".to_vec()));
+            }
+            other.to_string().into_bytes()
+        }
+    };
+    Ok(StoredResponse {
+        status: response.status,
+        headers,
+        body: Some(body),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolution(text: &str) -> Result<Decision, AdminError> {
+        decision(&serde_json::from_str::<Resolution>(text).unwrap())
+    }
+
+    #[test]
+    fn completed_without_a_response_replays_who_resolved_it() {
+        let Decision::Completed { response } =
+            resolution(r#"{"outcome":"completed","operator":"ann","reference":"T-1"}"#).unwrap()
+        else {
+            panic!("not completed");
+        };
+        assert_eq!(response.status, 200);
+        let body: Value = serde_json::from_slice(response.body.as_deref().unwrap()).unwrap();
+        assert_eq!(body, json!({ "resolved_by": "ann", "reference": "T-1" }));
+    }
+
+    #[test]
+    fn bodies_are_stored_verbatim_or_as_json() {
+        let text = r#"{"outcome":"completed","operator":"ann","response":{"status":201,"headers":{"x-a":["1","2"]},"body":"plain"}}"#;
+        let Decision::Completed { response } = resolution(text).unwrap() else {
+            panic!("not completed");
+        };
+        assert_eq!(response.body.as_deref(), Some(&b"plain"[..]));
+        assert_eq!(response.headers.len(), 2);
+        let text =
+            r#"{"outcome":"completed","operator":"ann","response":{"status":201,"body":{"id":7}}}"#;
+        let Decision::Completed { response } = resolution(text).unwrap() else {
+            panic!("not completed");
+        };
+        assert_eq!(response.body.as_deref(), Some(&br#"{"id":7}"#[..]));
+        assert!(
+            response
+                .headers
+                .contains(&("content-type".into(), b"application/json".to_vec()))
+        );
+    }
+
+    #[test]
+    fn bad_resolutions_are_refused() {
+        for text in [
+            r#"{"outcome":"maybe","operator":"ann"}"#,
+            r#"{"outcome":"completed","operator":" "}"#,
+            r#"{"outcome":"not_attempted","operator":"ann","response":{"status":200}}"#,
+            r#"{"outcome":"completed","operator":"ann","response":{"status":99}}"#,
+            r#"{"outcome":"completed","operator":"ann","response":{"status":200,"headers":{"content-length":"3"}}}"#,
+            r#"{"outcome":"completed","operator":"ann","response":{"status":200,"headers":{"transfer-encoding":"chunked"}}}"#,
+            r#"{"outcome":"completed","operator":"ann","response":{"status":200,"headers":{"connection":"close"}}}"#,
+            r#"{"outcome":"completed","operator":"ann","response":{"status":200,"headers":{"x-a":"1\r\nx-b: 2"}}}"#,
+            r#"{"outcome":"completed","operator":"ann","response":{"status":200,"headers":{"bad name":"1"}}}"#,
+        ] {
+            assert!(
+                matches!(resolution(text), Err(AdminError::InvalidResolution(_))),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn query_pairs_are_decoded() {
+        let pairs = form_pairs("state=unknown&key=a%2Fb+c&&limit=5").unwrap();
+        assert_eq!(
+            pairs,
+            vec![
+                ("state".to_string(), "unknown".to_string()),
+                ("key".to_string(), "a/b c".to_string()),
+                ("limit".to_string(), "5".to_string()),
+            ]
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! Prometheus metrics (`GET /metrics` on the admin listener), every one named
+//! `idemgate_*`, with a registry per gateway so two gateways in one process
+//! never mix their counts.
+//!
+//! Counters and the latency histogram move on the request path; the
+//! operation gauges are read from the store at scrape time, since the store
+//! is the only truth about operations. No label carries payload data: route
+//! names, outcomes and states only.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+use crate::store::Stats;
+
+/// How an intercepted request ended, for metrics and the request log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)] // label values are written as they appear
+pub enum Outcome {
+    /// Sent upstream and completed.
+    forwarded,
+    /// Answered from the store.
+    replayed,
+    /// Another request with the key is in flight, or it cannot be replayed.
+    conflict,
+    /// The key was used for a different request.
+    mismatch,
+    /// Refused before anything was sent (bad input, paused, store down).
+    rejected,
+    /// Sent, outcome unknown (or held as unknown).
+    unknown,
+    /// Nothing reached the upstream, or it released the key (429/503).
+    released,
+    /// Not a write this route intercepts: streamed through.
+    proxied,
+}
+
+/// The operation a response is about, carried as a response extension for
+/// the request log.
+#[derive(Debug, Clone)]
+pub struct OperationId(pub String);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StateLabels {
+    route: String,
+    state: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    upstream_seconds: Family<RouteLabels, Histogram>,
+    late_responses: Family<RouteLabels, Counter>,
+    operations: Family<StateLabels, Gauge>,
+    oldest_unknown_seconds: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("idemgate");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Intercepted and proxied requests by route and outcome",
+            requests.clone(),
+        );
+        let upstream_seconds = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ])
+        });
+        registry.register(
+            "upstream_duration_seconds",
+            "Time from handing a write to the upstream until its outcome",
+            upstream_seconds.clone(),
+        );
+        let late_responses = Family::<RouteLabels, Counter>::default();
+        registry.register(
+            "late_responses",
+            "Responses that arrived after their operation had left in_progress",
+            late_responses.clone(),
+        );
+        let operations = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "operations",
+            "Stored operations by route and state",
+            operations.clone(),
+        );
+        let oldest_unknown_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "oldest_unknown_age_seconds",
+            "Age of the oldest operation whose outcome is unknown (0 when none)",
+            oldest_unknown_seconds.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            upstream_seconds,
+            late_responses,
+            operations,
+            oldest_unknown_seconds,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn request(&self, route: &str, outcome: Outcome) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: route.to_string(),
+                outcome,
+            })
+            .inc();
+    }
+
+    pub fn upstream_duration(&self, route: &str, seconds: f64) {
+        self.upstream_seconds
+            .get_or_create(&RouteLabels {
+                route: route.to_string(),
+            })
+            .observe(seconds);
+    }
+
+    pub fn late_response(&self, route: &str) {
+        self.late_responses
+            .get_or_create(&RouteLabels {
+                route: route.to_string(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition, with the operation gauges set from
+    /// `stats` (read from the store at scrape time) as of `now` (ms).
+    pub fn render(&self, stats: &Stats, now: i64) -> String {
+        self.operations.clear();
+        for (route, state, count) in &stats.counts {
+            self.operations
+                .get_or_create(&StateLabels {
+                    route: route.clone(),
+                    state: state.as_str().to_string(),
+                })
+                .set(i64::try_from(*count).unwrap_or(i64::MAX));
+        }
+        let age = stats
+            .oldest_unknown_created_at
+            .map_or(0.0, |created| (now - created).max(0) as f64 / 1000.0);
+        self.oldest_unknown_seconds.set(age);
+        let mut text = String::new();
+        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::State;
+
+    #[test]
+    fn renders_counters_and_gauges() {
+        let metrics = Metrics::default();
+        metrics.request("api", Outcome::forwarded);
+        metrics.request("api", Outcome::forwarded);
+        metrics.request("api", Outcome::replayed);
+        metrics.upstream_duration("api", 0.02);
+        metrics.late_response("api");
+        let stats = Stats {
+            counts: vec![("api".into(), State::Unknown, 3)],
+            oldest_unknown_created_at: Some(1_000),
+        };
+        let text = metrics.render(&stats, 11_000);
+        assert!(
+            text.contains(r#"idemgate_requests_total{route="api",outcome="forwarded"} 2"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"idemgate_requests_total{route="api",outcome="replayed"} 1"#));
+        assert!(text.contains(r#"idemgate_upstream_duration_seconds_count{route="api"} 1"#));
+        assert!(text.contains(r#"idemgate_late_responses_total{route="api"} 1"#));
+        assert!(text.contains(r#"idemgate_operations{route="api",state="unknown"} 3"#));
+        assert!(text.contains("idemgate_oldest_unknown_age_seconds 10.0"));
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            assert!(line.starts_with("idemgate_"), "{line}");
+        }
+    }
+}

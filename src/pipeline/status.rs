@@ -1,0 +1,80 @@
+//! Clients asking what became of their own operation:
+//! `GET /.idemgate/operations/{key}` on the proxy listener (DESIGN §3).
+//!
+//! Invariant: a client only ever sees operations in its own scope — the
+//! lookup hashes the caller's scope headers per route exactly as a write
+//! would — and never payloads: id, route, state, attempts, last update.
+
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use percent_encoding::percent_decode_str;
+use serde_json::json;
+use std::sync::Arc;
+
+use crate::body::{ProxyBody, full};
+use crate::clock::rfc3339;
+use crate::metrics::{OperationId, Outcome};
+use crate::pipeline::ActiveRoute;
+use crate::pipeline::key::{IdempotencyKey, Scope};
+use crate::problem::ProxyError;
+use crate::store::Store;
+
+/// The path prefix idemgate reserves for itself on the proxy listener.
+pub const PREFIX: &str = "/.idemgate/";
+
+/// Answers a request under [`PREFIX`].
+pub async fn lookup<B>(
+    store: &dyn Store,
+    routes: &[Arc<ActiveRoute>],
+    request: &Request<B>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let path = request.uri().path();
+    let key = path
+        .strip_prefix(PREFIX)
+        .and_then(|rest| rest.strip_prefix("operations/"))
+        .filter(|_| request.method() == Method::GET)
+        .ok_or_else(|| ProxyError::NoRoute {
+            path: path.to_string(),
+        })?;
+    let key = percent_decode_str(key)
+        .decode_utf8()
+        .map_err(|_| ProxyError::InvalidKey(crate::pipeline::key::KeyError::BadCharacter))?;
+    let key = IdempotencyKey::new(&key)?;
+    let scopes: Vec<(String, String)> = routes
+        .iter()
+        .filter_map(|active| {
+            let route = &active.route;
+            Scope::from_headers(
+                request.headers(),
+                &route.scope_headers,
+                route.allow_anonymous,
+            )
+            .map(|scope| (route.name.clone(), scope.as_str().to_string()))
+        })
+        .collect();
+    if scopes.is_empty() {
+        return Err(ProxyError::MissingScope {
+            headers: "the scope headers of a route".into(),
+        });
+    }
+    let found = store
+        .find_newest(&scopes, key.as_str())
+        .await
+        .map_err(|source| ProxyError::StoreUnavailable { source })?
+        .ok_or(ProxyError::UnknownOperation)?;
+    let body = json!({
+        "operation_id": found.id,
+        "route": found.route,
+        "state": found.state.as_str(),
+        "attempts": found.attempt,
+        "updated_at": rfc3339(found.updated_at),
+    });
+    let mut response = Response::new(full(body.to_string()));
+    *response.status_mut() = StatusCode::OK;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.extensions_mut().insert(Outcome::replayed);
+    response.extensions_mut().insert(OperationId(found.id));
+    Ok(response)
+}
