@@ -19,7 +19,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::Config;
 use crate::mock_upstream::MockUpstream;
-use crate::server::{Gateway, StartError};
+use crate::server::{Gateway, StartError, StartOptions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
@@ -65,6 +65,8 @@ struct Tour<W> {
     out: W,
     client: Client<HttpConnector, Full<Bytes>>,
     gateway: SocketAddr,
+    admin: SocketAddr,
+    admin_token: String,
     mock: MockUpstream,
     requests: u64,
 }
@@ -72,6 +74,7 @@ struct Tour<W> {
 const TOKEN: &str = "Bearer demo-token";
 
 impl<W: Write> Tour<W> {
+    /// A write (or any request) from the automation, through the gateway.
     async fn send(
         &mut self,
         method: Method,
@@ -87,10 +90,28 @@ impl<W: Write> Tour<W> {
         if let Some(key) = key {
             request = request.header("idempotency-key", key);
         }
+        self.requests += 1;
+        self.fetch(request, body).await
+    }
+
+    /// An operator's call to the admin API.
+    async fn admin(&mut self, method: Method, path: &str, body: &str) -> Result<Answer, DemoError> {
+        let request = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.admin))
+            .header("authorization", format!("Bearer {}", self.admin_token))
+            .header("content-type", "application/json");
+        self.fetch(request, body).await
+    }
+
+    async fn fetch(
+        &self,
+        request: http::request::Builder,
+        body: &str,
+    ) -> Result<Answer, DemoError> {
         let request = request
             .body(Full::new(Bytes::from(body.to_string())))
             .map_err(|e| DemoError::Request(e.to_string()))?;
-        self.requests += 1;
         let response = self
             .client
             .request(request)
@@ -179,6 +200,13 @@ async fn tour(out: impl Write, dir: &std::path::Path) -> Result<(), DemoError> {
             path_prefix = "/"
             upstream = "http://{mock}"
             [[routes]]
+            name = "orders"
+            path_prefix = "/orders"
+            upstream = "http://{mock}"
+            [routes.reconcile]
+            url = "http://{mock}/_effects/{{key}}"
+            found_json_pointer = "/id"
+            [[routes]]
             name = "events"
             path_prefix = "/events"
             upstream = "http://{mock}"
@@ -190,11 +218,18 @@ async fn tour(out: impl Write, dir: &std::path::Path) -> Result<(), DemoError> {
         ),
         "demo",
     )?;
-    let gateway = Gateway::start(config).await?;
+    let admin_token = uuid::Uuid::now_v7().simple().to_string();
+    let options = StartOptions {
+        admin_token: Some(admin_token.clone()),
+        ..StartOptions::default()
+    };
+    let gateway = Gateway::start_with(config, options).await?;
     let mut tour = Tour {
         out,
         client: Client::builder(TokioExecutor::new()).build_http(),
         gateway: gateway.addr(),
+        admin: gateway.admin_addr(),
+        admin_token,
         mock,
         requests: 0,
     };
@@ -332,10 +367,107 @@ async fn steps<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
     )?;
     t.say("   The write may have happened, so idemgate holds it as `unknown` and never\n   re-sends it blindly; an operator or a reconcile probe settles it.")?;
 
+    reconciled(t).await?;
+    resolved_by_an_operator(t).await?;
+
     let (requests, writes) = (t.requests, t.mock.writes());
     t.say(&format!(
         "\ndemo ok: {requests} requests, {writes} writes at the API: each intended write happened once."
     ))
+}
+
+/// Step 7: a lost response settled by the route's reconcile probe.
+async fn reconciled<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
+    t.say("\n7. Another lost response, on /orders, whose route has a reconcile probe\n   (GET /_effects/{key} on the API): POST /orders/drop, key demo-4")?;
+    let lost = t
+        .send(
+            Method::POST,
+            "/orders/drop",
+            Some("demo-4"),
+            r#"{"sku":"A-1"}"#,
+        )
+        .await?;
+    t.say(&format!("   → {}", lost.summary()))?;
+    // The probe runs right away; the client can ask how its operation stands.
+    let mut state = String::new();
+    for _ in 0..100 {
+        let status = t
+            .send(Method::GET, "/.idemgate/operations/demo-4", None, "")
+            .await?;
+        state = serde_json::from_str::<serde_json::Value>(&status.body)
+            .ok()
+            .and_then(|v| v["state"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        if state == "completed" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    t.say(&format!(
+        "   GET /.idemgate/operations/demo-4 → state {state}"
+    ))?;
+    let retry = t
+        .send(
+            Method::POST,
+            "/orders/drop",
+            Some("demo-4"),
+            r#"{"sku":"A-1"}"#,
+        )
+        .await?;
+    let got = format!(
+        "retry {} (Idempotent-Replayed: {})",
+        retry.summary(),
+        retry.replayed
+    );
+    let ok = state == "completed" && retry.replayed && retry.status == StatusCode::OK;
+    t.show(7, &got, ok, "completed by the probe, the retry replayed", 5)?;
+    t.say("   The probe found the order at the API, so the operation is completed with\n   the probe's answer as its response: no operator needed, no second order.")
+}
+
+/// Step 8: an operator settles the operation step 6 left unknown.
+async fn resolved_by_an_operator<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
+    t.say("\n8. An operator settles the held operation from step 6 through the admin API")?;
+    let listed = t
+        .admin(Method::GET, "/admin/keys?state=unknown&key=demo-3", "")
+        .await?;
+    let id = serde_json::from_str::<serde_json::Value>(&listed.body)
+        .ok()
+        .and_then(|v| v["items"][0]["id"].as_str().map(str::to_string))
+        .ok_or_else(|| DemoError::Unexpected {
+            step: 8,
+            expected: "demo-3 listed as unknown".into(),
+            got: listed.body.clone(),
+        })?;
+    t.say(&format!(
+        "   GET /admin/keys?state=unknown → {id} (key demo-3)"
+    ))?;
+    let resolution = r#"{"outcome":"completed","operator":"demo-operator","reference":"task 4 exists at the API"}"#;
+    let resolved = t
+        .admin(
+            Method::POST,
+            &format!("/admin/keys/{id}/resolve"),
+            resolution,
+        )
+        .await?;
+    t.say(&format!(
+        "   POST /admin/keys/{id}/resolve {resolution} → {}",
+        resolved.status.as_u16()
+    ))?;
+    let retry = t
+        .send(
+            Method::POST,
+            "/drop",
+            Some("demo-3"),
+            r#"{"title":"maybe"}"#,
+        )
+        .await?;
+    let got = format!(
+        "retry {} (Idempotent-Replayed: {})",
+        retry.summary(),
+        retry.replayed
+    );
+    let ok = resolved.status == StatusCode::OK && retry.replayed;
+    t.show(8, &got, ok, "the operator's resolution replayed", 5)
 }
 
 /// Awaits every future concurrently, failing with the first error.

@@ -14,6 +14,9 @@
 //! | `/once-429/…` | the first write per `Idempotency-Key` gets 429 uncommitted; later ones commit |
 //! | anything else | commit, answer 201 `{"id": n, "path": …}` |
 //!
+//! The behaviour is chosen by the end of the path (`/orders/drop` drops too),
+//! so one mock can stand behind several routes.
+//!
 //! `GET /_effects` answers `{"writes": n}`; `GET /_effects/{key}` answers
 //! 200 with the effect committed under that `Idempotency-Key`, 404 when none
 //! was. Other GETs answer 200 `{"ok": true}`.
@@ -126,14 +129,14 @@ async fn respond(
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    if let Some(code) = path.strip_prefix("/status/") {
+    if let Some((_, code)) = path.rsplit_once("/status/") {
         let status = code.parse().ok().and_then(|c| StatusCode::from_u16(c).ok());
         return Ok(match status {
             Some(status) => json_response(status, json!({ "status": status.as_u16() })),
             None => json_response(StatusCode::BAD_REQUEST, json!({ "error": "bad status" })),
         });
     }
-    if path.starts_with("/once-429") && refuse_once(&effects, key.as_deref().unwrap_or(&path)) {
+    if path.contains("/once-429") && refuse_once(&effects, key.as_deref().unwrap_or(&path)) {
         let mut response = json_response(
             StatusCode::TOO_MANY_REQUESTS,
             json!({ "error": "slow down" }),
@@ -145,10 +148,10 @@ async fn respond(
     }
     let id = commit(&effects, key);
     let created = json!({ "id": id, "path": path });
-    match path.as_str() {
-        "/drop" => Err("dropped after commit".into()),
-        "/hang" => std::future::pending().await,
-        "/truncate" => {
+    match path.rsplit('/').next().unwrap_or("") {
+        "drop" => Err("dropped after commit".into()),
+        "hang" => std::future::pending().await,
+        "truncate" => {
             let part = Bytes::from_static(b"{\"id\":");
             let mut response = Response::new(stream(Truncated(Some(part))));
             *response.status_mut() = StatusCode::CREATED;
@@ -157,7 +160,7 @@ async fn respond(
                 .insert(CONTENT_LENGTH, HeaderValue::from_static("100"));
             Ok(response)
         }
-        "/slow" => {
+        "slow" => {
             let ms = query
                 .split('&')
                 .find_map(|pair| pair.strip_prefix("ms="))

@@ -55,10 +55,27 @@ pub struct Gateway {
     serving: JoinHandle<()>,
 }
 
+/// What an embedding program (the demo, tests) may set beyond the config.
+pub struct StartOptions {
+    /// The clock the store and the time windows read.
+    pub clock: Arc<dyn Clock>,
+    /// The admin token itself, instead of reading `admin_token_env`.
+    pub admin_token: Option<String>,
+}
+
+impl Default for StartOptions {
+    fn default() -> Self {
+        StartOptions {
+            clock: Arc::new(SystemClock),
+            admin_token: None,
+        }
+    }
+}
+
 impl Gateway {
     /// Opens the store and starts serving.
     pub async fn start(config: Config) -> Result<Gateway, StartError> {
-        Self::start_with_clock(config, Arc::new(SystemClock)).await
+        Self::start_with(config, StartOptions::default()).await
     }
 
     /// [`Gateway::start`] with the clock the store and the windows read.
@@ -66,13 +83,23 @@ impl Gateway {
         config: Config,
         clock: Arc<dyn Clock>,
     ) -> Result<Gateway, StartError> {
+        let options = StartOptions {
+            clock,
+            ..StartOptions::default()
+        };
+        Self::start_with(config, options).await
+    }
+
+    /// [`Gateway::start`] with [`StartOptions`].
+    pub async fn start_with(config: Config, options: StartOptions) -> Result<Gateway, StartError> {
+        let clock = options.clock.clone();
         let owner = uuid::Uuid::now_v7().to_string();
         let store: Arc<dyn Store> = match &config.store.url {
             StoreUrl::Sqlite(path) => Arc::new(
                 SqliteStore::open(path, config.store.durability, owner, clock.clone()).await?,
             ),
         };
-        match Self::serve(config, store.clone(), clock).await {
+        match Self::serve(config, store.clone(), options).await {
             Ok(gateway) => Ok(gateway),
             Err(error) => {
                 store.close().await;
@@ -84,10 +111,14 @@ impl Gateway {
     async fn serve(
         config: Config,
         store: Arc<dyn Store>,
-        clock: Arc<dyn Clock>,
+        options: StartOptions,
     ) -> Result<Gateway, StartError> {
+        let clock = options.clock;
         let server = config.server.clone();
-        let token = AdminToken::from_env(&server.admin_token_env);
+        let token = match options.admin_token {
+            Some(token) => AdminToken::new(token),
+            None => AdminToken::from_env(&server.admin_token_env),
+        };
         token.check_exposure(server.admin_listen, &server.admin_token_env)?;
         let bind = |field, addr| async move {
             TcpListener::bind(addr)

@@ -42,12 +42,12 @@ impl AdminToken {
     /// Reads the token from the environment variable `variable`; an empty
     /// value counts as unset.
     pub fn from_env(variable: &str) -> Self {
-        AdminToken(
-            std::env::var(variable)
-                .ok()
-                .filter(|t| !t.is_empty())
-                .map(String::into_bytes),
-        )
+        Self::new(std::env::var(variable).unwrap_or_default())
+    }
+
+    /// A token given directly; empty counts as unset.
+    pub fn new(token: String) -> Self {
+        AdminToken(Some(token.into_bytes()).filter(|t| !t.is_empty()))
     }
 
     /// Refuses an admin listener off loopback without a token.
