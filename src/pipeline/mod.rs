@@ -140,12 +140,15 @@ impl Proxy {
         let started = Instant::now();
         let method = request.method().clone();
         let path = request.uri().path().to_string();
-        let active = route::select(&self.routes, &path, |active| &active.route).cloned();
+        let reserved = path.starts_with(status::PREFIX);
+        let active = (!reserved)
+            .then(|| route::select(&self.routes, &path, |active| &active.route).cloned())
+            .flatten();
         let answered = if head_size(&request) > self.max_header_bytes {
             Err(ProxyError::HeadersTooLarge {
                 limit: self.max_header_bytes,
             })
-        } else if path.starts_with(status::PREFIX) {
+        } else if reserved {
             status::lookup(self.store.as_ref(), &self.routes, &request).await
         } else if let Some(active) = &active {
             self.handle_route(active, request, peer).await
