@@ -1,5 +1,5 @@
 //! The command line (DESIGN §5): `serve`, `check-config`, `migrate`,
-//! `mock-upstream`, `demo`.
+//! `keys`, `mock-upstream`, `demo`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,6 +34,8 @@ pub enum Command {
         #[arg(long)]
         store: String,
     },
+    /// Find, read and settle operations through a running gateway's admin API.
+    Keys(Keys),
     /// Run a small non-idempotent API with faults by path, to try idemgate against.
     MockUpstream {
         #[arg(long, default_value = "127.0.0.1:7000")]
@@ -117,5 +119,129 @@ impl Serve {
             store_url: self.store.clone(),
         })?;
         Ok(config)
+    }
+}
+
+/// `idemgate keys …`: the admin API (DESIGN §4) from a terminal; see
+/// [`crate::keys_cli`].
+#[derive(Debug, clap::Args)]
+pub struct Keys {
+    /// The admin API's base URL (the gateway's `admin_listen`).
+    #[arg(long, global = true, default_value = "http://127.0.0.1:9090")]
+    pub admin: String,
+    /// The environment variable holding the admin token (the gateway's
+    /// `admin_token_env`). The token is never taken as a flag: flags end up
+    /// in shell history and process listings.
+    #[arg(long, global = true, default_value = "IDEMGATE_ADMIN_TOKEN")]
+    pub token_env: String,
+    /// Print the API's JSON answer instead of the human-readable form.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: KeysCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// List operations, newest first.
+    List(KeysList),
+    /// Show one operation: evidence, next action, request summary and timeline.
+    Show {
+        /// The operation id (the ID column of `keys list`).
+        id: String,
+    },
+    /// Settle an operation whose outcome is unknown (DESIGN §4).
+    Resolve(KeysResolve),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct KeysList {
+    /// Only operations in this state.
+    #[arg(long, value_enum)]
+    pub state: Option<OperationState>,
+    /// Only this route (its `name`).
+    #[arg(long)]
+    pub route: Option<String>,
+    /// Only this exact idempotency key (bare, unquoted).
+    #[arg(long)]
+    pub key: Option<String>,
+    /// At most this many (1 to 500; the API's default is 50).
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// Continue after the previous page (its `next cursor`).
+    #[arg(long)]
+    pub cursor: Option<String>,
+}
+
+/// The states of DESIGN §2, spelled as the API spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OperationState {
+    #[value(name = "in_progress")]
+    InProgress,
+    #[value(name = "completed")]
+    Completed,
+    #[value(name = "unknown")]
+    Unknown,
+    #[value(name = "not_attempted")]
+    NotAttempted,
+}
+
+impl OperationState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperationState::InProgress => "in_progress",
+            OperationState::Completed => "completed",
+            OperationState::Unknown => "unknown",
+            OperationState::NotAttempted => "not_attempted",
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct KeysResolve {
+    /// The operation id.
+    pub id: String,
+    /// completed: it happened (retries get the stored response); not_attempted:
+    /// it did not (the next retry is forwarded).
+    #[arg(long, value_enum)]
+    pub outcome: ResolveOutcome,
+    /// Who decided, recorded in the operation's timeline.
+    #[arg(long)]
+    pub operator: String,
+    /// Why, in a sentence, recorded in the timeline.
+    #[arg(long)]
+    pub note: Option<String>,
+    /// A ticket or the destination's own id for the write.
+    #[arg(long)]
+    pub reference: Option<String>,
+    /// The status later replays get (completed only). Without it, replays get
+    /// 200 {"resolved_by", "reference"}.
+    #[arg(long)]
+    pub status: Option<u16>,
+    /// A header of the stored response, `name: value`; repeatable.
+    #[arg(long = "header", value_name = "NAME: VALUE", requires = "status")]
+    pub headers: Vec<String>,
+    /// The stored response body, verbatim.
+    #[arg(long, requires = "status", conflicts_with = "json_body")]
+    pub body: Option<String>,
+    /// The stored response body as JSON (stored with content-type: application/json).
+    #[arg(long, value_name = "JSON", requires = "status")]
+    pub json_body: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ResolveOutcome {
+    #[value(name = "completed")]
+    Completed,
+    #[value(name = "not_attempted")]
+    NotAttempted,
+}
+
+impl ResolveOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResolveOutcome::Completed => "completed",
+            ResolveOutcome::NotAttempted => "not_attempted",
+        }
     }
 }

@@ -11,6 +11,7 @@
 //! - [`clock`]: the time the store keeps (a manual one for tests).
 //! - [`problem`]: every error idemgate answers itself, as RFC 9457 problem+json.
 //! - [`admin`]: the operators' listener; [`metrics`]: Prometheus counters.
+//! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal.
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
@@ -38,6 +39,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod keys_cli;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod pipeline;

@@ -57,6 +57,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("ok");
             Ok(())
         }
+        Command::Keys(keys) => match idemgate::keys_cli::run(&keys).await {
+            Ok(output) => {
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(output.as_bytes())?;
+                stdout.flush()?;
+                Ok(())
+            }
+            // `error: <status> <name>: <detail>`, without the `idemgate:`
+            // prefix other commands get: operators' scripts match this line.
+            Err(error) => {
+                eprintln!("error: {error}");
+                std::process::exit(1);
+            }
+        },
         Command::MockUpstream { listen } => {
             init_logging(LogFormat::Text);
             let mock = MockUpstream::start(listen).await?;
