@@ -37,6 +37,8 @@ pub enum Outcome {
     released,
     /// Not a write this route intercepts: streamed through.
     proxied,
+    /// A client asked how its operation stands (`/.idemgate/operations/…`).
+    lookup,
 }
 
 /// The operation a response is about, carried as a response extension for

@@ -70,9 +70,13 @@ impl AdminToken {
         let Some(expected) = &self.0 else {
             return Err(AdminError::Unauthorized);
         };
+        // The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
         let presented = headers
             .get(AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim().as_bytes())
             .ok_or(AdminError::Unauthorized)?;
         if bool::from(presented.ct_eq(expected)) {
             Ok(())
@@ -99,7 +103,9 @@ mod tests {
         assert!(token.check(&with("Bearer s3cret")).is_ok());
         assert!(token.check(&with("Bearer s3cre")).is_err());
         assert!(token.check(&with("Bearer s3cret2")).is_err());
-        assert!(token.check(&with("bearer s3cret")).is_err());
+        assert!(token.check(&with("bearer s3cret")).is_ok());
+        assert!(token.check(&with("Bearer  s3cret ")).is_ok());
+        assert!(token.check(&with("Bearers3cret")).is_err());
         assert!(token.check(&with("Basic s3cret")).is_err());
         assert!(token.check(&HeaderMap::new()).is_err());
         assert!(AdminToken(None).check(&with("Bearer ")).is_err());

@@ -186,6 +186,7 @@ impl Attempt {
                 tracing::info!(operation_id = %self.claim.operation_id, "a late response settled an unknown operation")
             }
             Ok(false) => {
+                self.metrics.late_response(&self.active.route.name);
                 tracing::info!(operation_id = %self.claim.operation_id, "a late response came after the operation was settled; kept as an event")
             }
             Err(error) => {

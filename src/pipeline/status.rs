@@ -3,7 +3,8 @@
 //!
 //! Invariant: a client only ever sees operations in its own scope — the
 //! lookup hashes the caller's scope headers per route exactly as a write
-//! would — and never payloads: id, route, state, attempts, last update.
+//! would — and never payloads: id, route, state, attempts, last update. A
+//! caller with none of any route's scope headers has no operations: 404.
 
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
@@ -52,11 +53,6 @@ pub async fn lookup<B>(
             .map(|scope| (route.name.clone(), scope.as_str().to_string()))
         })
         .collect();
-    if scopes.is_empty() {
-        return Err(ProxyError::MissingScope {
-            headers: "the scope headers of a route".into(),
-        });
-    }
     let found = store
         .find_newest(&scopes, key.as_str())
         .await
@@ -74,7 +70,7 @@ pub async fn lookup<B>(
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response.extensions_mut().insert(Outcome::replayed);
+    response.extensions_mut().insert(Outcome::lookup);
     response.extensions_mut().insert(OperationId(found.id));
     Ok(response)
 }
