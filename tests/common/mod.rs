@@ -4,36 +4,59 @@
 //!   every request and counts *committed writes* — non-GET requests whose
 //!   handler got past its commit point, i.e. side effects the upstream would
 //!   have performed. Paths choose the behaviour:
-//!   - default: commit, answer 201 `{"id": n, "received": <body>}` with two
-//!     `x-upstream-tag` headers (to check header order and duplicates);
+//!   - default: commit, wait `?ms=N` if given, answer 201 `{"id": n,
+//!     "received": <body>}` with two `x-upstream-tag` headers (to check
+//!     header order and duplicates);
 //!   - `/slow?ms=N`: commit, sleep N ms, then answer like the default;
 //!   - `/big?bytes=N`: commit, answer 200 with an N-byte body ([`big_body`]);
-//!   - `/hold`: commit, then never answer (until the upstream is dropped).
+//!   - `/hold`: commit, then never answer (until the upstream is dropped);
+//!   - `/drop`: commit, then close the connection without an answer;
+//!   - `/truncate`: commit, announce a 100-byte body and stop after 6 bytes;
+//!   - `/status/{code}`: answer `code` *without* committing (a refusal);
+//!   - `/commit-then/{code}`: commit, then answer `code` (the write happened,
+//!     the answer says otherwise: a 502/504 from a proxy in front of the API);
+//!   - `/once/{code}[?ms=N]`: the first write per `Idempotency-Key` waits N
+//!     ms and gets `code` uncommitted; later ones commit and wait N ms, then
+//!     answer like the default.
 //!
-//!   GET and HEAD are recorded and answered 200 but never counted as writes.
-//! - [`TestGateway`]: an in-process gateway on a per-test SQLite file.
-//! - [`BinaryGateway`]: the real `idemgate serve` process.
-//! - [`send`] / [`write`]: one request through a fresh hyper client.
+//!   GET and HEAD are recorded and answered 200 but never counted as writes,
+//!   except `GET /lookup?key=K` (a reconcile probe's target): 200
+//!   `{"id": n}` when a write was committed under `Idempotency-Key: K`, 404
+//!   otherwise. Accepted TCP connections are counted too.
+//! - [`RawUpstream`]: a TCP listener that counts connections and breaks each
+//!   one on purpose (close at once, or reset after reading the request).
+//! - [`TestGateway`]: an in-process gateway on a per-test SQLite file;
+//!   [`Setup`] adds config lines, another upstream URL or a manual clock.
+//! - [`BinaryGateway`]: the real `idemgate serve` process; [`BinaryMock`]:
+//!   the real `idemgate mock-upstream`.
+//! - [`send`] / [`write`]: one request through a fresh hyper client;
+//!   [`try_send`] when the peer may break or stay silent.
 //! - [`raw_exchange`]: raw TCP, for malformed or hand-framed requests.
+//! - [`TestGateway::operation`]: an operation as the admin API shows it
+//!   (state, attempts, evidence, timeline), for gateways set up with
+//!   [`Setup::admin`].
 //!
 //! No fixed ports; every wait is bounded by [`WAIT`].
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::convert::Infallible;
+use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use idemgate::clock::Clock;
 use idemgate::config::Config;
 use idemgate::server::Gateway;
 use serde_json::{Value, json};
@@ -72,7 +95,14 @@ impl Recorded {
 
 struct UpstreamState {
     requests: Mutex<Vec<Recorded>>,
+    /// How many requests were recorded, to wait on.
+    received: watch::Sender<usize>,
     writes: watch::Sender<usize>,
+    connections: AtomicUsize,
+    /// Upstream id of the write committed under each `Idempotency-Key`.
+    by_key: Mutex<HashMap<String, usize>>,
+    /// Keys that already got their one refusal on `/once/{code}`.
+    refused_once: Mutex<HashSet<String>>,
 }
 
 /// A recording HTTP/1.1 upstream; stops serving when dropped.
@@ -84,13 +114,20 @@ pub struct FakeUpstream {
 
 impl FakeUpstream {
     pub async fn start() -> FakeUpstream {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind upstream");
+        FakeUpstream::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// Serves on `addr`: a port that was refused a moment ago comes alive.
+    pub async fn start_on(addr: SocketAddr) -> FakeUpstream {
+        let listener = TcpListener::bind(addr).await.expect("bind upstream");
         let addr = listener.local_addr().expect("upstream addr");
         let state = Arc::new(UpstreamState {
             requests: Mutex::new(Vec::new()),
+            received: watch::channel(0).0,
             writes: watch::channel(0).0,
+            connections: AtomicUsize::new(0),
+            by_key: Mutex::new(HashMap::new()),
+            refused_once: Mutex::new(HashSet::new()),
         });
         let accept_state = state.clone();
         // The JoinSet lives inside the accept task: aborting that task drops
@@ -101,6 +138,7 @@ impl FakeUpstream {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                accept_state.connections.fetch_add(1, Ordering::SeqCst);
                 let state = accept_state.clone();
                 connections.spawn(async move {
                     let service = service_fn(move |req| handle(state.clone(), req));
@@ -131,6 +169,11 @@ impl FakeUpstream {
         *self.state.writes.borrow()
     }
 
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
+    }
+
     /// Every request received so far, in arrival order.
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.requests.lock().expect("requests lock").clone()
@@ -152,6 +195,20 @@ impl FakeUpstream {
             .unwrap_or_else(|_| panic!("upstream saw {} writes, expected {n}", self.writes()))
             .expect("writes channel open");
     }
+
+    /// Waits until at least `n` requests (of any kind) arrived; panics after [`WAIT`].
+    pub async fn wait_for_requests(&self, n: usize) {
+        let mut rx = self.state.received.subscribe();
+        tokio::time::timeout(WAIT, rx.wait_for(|r| *r >= n))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "upstream received {} requests, expected {n}",
+                    self.requests().len()
+                )
+            })
+            .expect("received channel open");
+    }
 }
 
 impl Drop for FakeUpstream {
@@ -169,18 +226,26 @@ pub fn big_body(n: usize) -> Vec<u8> {
     (0..n).map(|i| b'a' + (i % 26) as u8).collect()
 }
 
-fn query_number(uri: &http::Uri, name: &str) -> Option<u64> {
+fn query_value<'a>(uri: &'a http::Uri, name: &str) -> Option<&'a str> {
     uri.query()?
         .split('&')
         .filter_map(|pair| pair.split_once('='))
         .find(|(k, _)| *k == name)
-        .and_then(|(_, v)| v.parse().ok())
+        .map(|(_, v)| v)
 }
 
+fn query_number(uri: &http::Uri, name: &str) -> Option<u64> {
+    query_value(uri, name).and_then(|v| v.parse().ok())
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type UpstreamBody = BoxBody<Bytes, BoxError>;
+
+/// `Err` makes hyper close the connection without an answer (`/drop`).
 async fn handle(
     state: Arc<UpstreamState>,
     req: Request<Incoming>,
-) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+) -> Result<hyper::Response<UpstreamBody>, BoxError> {
     let (parts, body) = req.into_parts();
     let body = body
         .collect()
@@ -194,20 +259,45 @@ async fn handle(
         .unwrap_or_default();
     let received = serde_json::from_slice::<Value>(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-    state
-        .requests
-        .lock()
-        .expect("requests lock")
-        .push(Recorded {
+    let key = parts
+        .headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    {
+        let mut requests = state.requests.lock().expect("requests lock");
+        requests.push(Recorded {
             method: parts.method.clone(),
             uri,
             headers: parts.headers.clone(),
             body,
         });
+        state.received.send_replace(requests.len());
+    }
+    let path = parts.uri.path();
 
     if is_read(&parts.method) {
+        if path == "/lookup" {
+            return Ok(lookup(&state, query_value(&parts.uri, "key")));
+        }
         let id = state.requests.lock().expect("requests lock").len();
         return Ok(json_response(StatusCode::OK, id, received));
+    }
+
+    if let Some(code) = path.strip_prefix("/status/") {
+        return Ok(status_response(code));
+    }
+    let delay = Duration::from_millis(query_number(&parts.uri, "ms").unwrap_or(0));
+    if let Some(code) = path.strip_prefix("/once/") {
+        let first = state
+            .refused_once
+            .lock()
+            .expect("refused lock")
+            .insert(key.clone().unwrap_or_default());
+        if first {
+            tokio::time::sleep(delay).await;
+            return Ok(status_response(code));
+        }
     }
 
     // Commit point: from here on the upstream has "done" the write.
@@ -216,8 +306,11 @@ async fn handle(
         *w += 1;
         id = *w;
     });
+    if let Some(key) = key {
+        state.by_key.lock().expect("by_key lock").insert(key, id);
+    }
 
-    match parts.uri.path() {
+    match path {
         "/slow" => {
             let ms = query_number(&parts.uri, "ms").unwrap_or(300);
             tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -225,7 +318,7 @@ async fn handle(
         }
         "/big" => {
             let n = query_number(&parts.uri, "bytes").unwrap_or(4096) as usize;
-            let mut resp = hyper::Response::new(Full::new(Bytes::from(big_body(n))));
+            let mut resp = hyper::Response::new(boxed(Full::new(Bytes::from(big_body(n)))));
             *resp.status_mut() = StatusCode::OK;
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
@@ -234,19 +327,193 @@ async fn handle(
             Ok(resp)
         }
         "/hold" => std::future::pending().await,
-        _ => Ok(json_response(StatusCode::CREATED, id, received)),
+        "/drop" => Err("dropped after commit".into()),
+        "/truncate" => {
+            let mut resp = hyper::Response::new(BoxBody::new(Truncated(Some(Bytes::from_static(
+                b"{\"id\":",
+            )))));
+            *resp.status_mut() = StatusCode::CREATED;
+            resp.headers_mut().insert(
+                http::header::CONTENT_LENGTH,
+                http::HeaderValue::from_static("100"),
+            );
+            Ok(resp)
+        }
+        _ => {
+            if let Some(code) = path.strip_prefix("/commit-then/") {
+                return Ok(status_response(code));
+            }
+            tokio::time::sleep(delay).await;
+            Ok(json_response(StatusCode::CREATED, id, received))
+        }
     }
 }
 
-fn json_response(status: StatusCode, id: usize, received: Value) -> hyper::Response<Full<Bytes>> {
+/// `GET /lookup?key=K`: the write committed under `K`, if any.
+fn lookup(state: &UpstreamState, key: Option<&str>) -> hyper::Response<UpstreamBody> {
+    let found = key.and_then(|k| state.by_key.lock().expect("by_key lock").get(k).copied());
+    let (status, body) = match found {
+        Some(id) => (StatusCode::OK, json!({ "id": id })),
+        None => (StatusCode::NOT_FOUND, json!({ "error": "no such write" })),
+    };
+    hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("x-upstream-tag", "lookup")
+        .body(boxed(Full::new(Bytes::from(body.to_string()))))
+        .expect("response")
+}
+
+/// An answer with status `code` (a path segment) and a small JSON body.
+fn status_response(code: &str) -> hyper::Response<UpstreamBody> {
+    let status = code
+        .parse()
+        .ok()
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .unwrap_or_else(|| panic!("bad status in test path: {code}"));
+    let body = json!({ "upstream_status": status.as_u16() }).to_string();
+    hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("retry-after", "1")
+        .body(boxed(Full::new(Bytes::from(body))))
+        .expect("response")
+}
+
+fn boxed(body: Full<Bytes>) -> UpstreamBody {
+    body.map_err(|never| match never {}).boxed()
+}
+
+/// A body that sends its one part and then fails, so hyper cuts the
+/// response short of its Content-Length.
+struct Truncated(Option<Bytes>);
+
+impl http_body::Body for Truncated {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        std::task::Poll::Ready(Some(match self.0.take() {
+            Some(part) => Ok(http_body::Frame::data(part)),
+            None => Err("truncated on purpose".into()),
+        }))
+    }
+}
+
+fn json_response(status: StatusCode, id: usize, received: Value) -> hyper::Response<UpstreamBody> {
     let body = serde_json::to_vec(&json!({ "id": id, "received": received })).expect("json");
     hyper::Response::builder()
         .status(status)
         .header("content-type", "application/json")
         .header("x-upstream-tag", "first")
         .header("x-upstream-tag", "second")
-        .body(Full::new(Bytes::from(body)))
+        .body(boxed(Full::new(Bytes::from(body))))
         .expect("response")
+}
+
+/// How a [`RawUpstream`] breaks each connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Breakage {
+    /// Accept, then close at once without reading.
+    CloseAtOnce,
+    /// Read the whole request head and body, then reset (RST).
+    ResetAfterRequest,
+}
+
+/// A TCP listener that counts connections and breaks each one.
+pub struct RawUpstream {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+    /// Complete requests read (head and declared body).
+    requests: Arc<AtomicUsize>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl RawUpstream {
+    pub async fn start(breakage: Breakage) -> RawUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind raw");
+        let addr = listener.local_addr().expect("raw addr");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let (conns, reqs) = (connections.clone(), requests.clone());
+        let accept = tokio::spawn(async move {
+            let mut open = JoinSet::new();
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                conns.fetch_add(1, Ordering::SeqCst);
+                if breakage == Breakage::CloseAtOnce {
+                    drop(stream);
+                    continue;
+                }
+                let reqs = reqs.clone();
+                open.spawn(async move {
+                    let read = tokio::time::timeout(WAIT, read_request(&mut stream)).await;
+                    if matches!(read, Ok(true)) {
+                        reqs.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // Linger 0: closing sends RST instead of FIN, and so
+                    // never blocks (what the deprecation warns about).
+                    #[allow(deprecated)]
+                    let _ = stream.set_linger(Some(Duration::ZERO));
+                    drop(stream);
+                });
+                while open.try_join_next().is_some() {}
+            }
+        });
+        RawUpstream {
+            addr,
+            connections,
+            requests,
+            accept,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for RawUpstream {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Reads one request head and its Content-Length body; `true` when whole.
+async fn read_request(stream: &mut TcpStream) -> bool {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = find(&buf, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| k.trim() == "content-length")
+                .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + length {
+                return true;
+            }
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 // ------------------------------------------------------------------ config
@@ -259,14 +526,25 @@ pub fn gateway_toml(
     path_prefix: &str,
     route_extra: &str,
 ) -> String {
+    gateway_toml_with(
+        store,
+        upstream_url,
+        &Setup::route(route_extra).at(path_prefix),
+    )
+}
+
+/// Like [`gateway_toml`], with every part [`Setup`] can add.
+pub fn gateway_toml_with(store: &Path, upstream_url: &str, setup: &Setup) -> String {
     format!(
         r#"[server]
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
+{server_extra}
 
 [store]
 url = "sqlite://{store}"
 durability = "normal"
+{store_extra}
 
 [[routes]]
 name = "api"
@@ -275,12 +553,80 @@ upstream = "{upstream_url}"
 {route_extra}
 "#,
         store = store.display(),
+        path_prefix = setup.path_prefix,
+        server_extra = setup.server,
+        store_extra = setup.store,
+        route_extra = setup.route,
     )
 }
 
 pub fn parse_config(toml: &str) -> Config {
     Config::from_toml_str(toml, "test.toml")
         .unwrap_or_else(|e| panic!("test config rejected: {e}\n{toml}"))
+}
+
+/// What a test gateway is made of beyond the defaults.
+#[derive(Clone)]
+pub struct Setup {
+    pub path_prefix: String,
+    /// TOML lines for the route table (a `[routes.reconcile]` table last).
+    pub route: String,
+    /// TOML lines for `[store]`.
+    pub store: String,
+    /// TOML lines for `[server]`.
+    pub server: String,
+    /// The route's upstream; the fake upstream's URL when `None`.
+    pub upstream_url: Option<String>,
+    /// The clock the gateway (and its store) reads; the system's when `None`.
+    pub clock: Option<Arc<dyn Clock>>,
+    /// The admin token, handed over through `StartOptions`; none when `None`.
+    pub admin_token: Option<String>,
+}
+
+impl Setup {
+    /// A catch-all route with `route_extra` lines.
+    pub fn route(route_extra: &str) -> Setup {
+        Setup {
+            path_prefix: "/".into(),
+            route: route_extra.into(),
+            store: String::new(),
+            server: String::new(),
+            upstream_url: None,
+            clock: None,
+            admin_token: None,
+        }
+    }
+
+    pub fn at(mut self, path_prefix: &str) -> Setup {
+        self.path_prefix = path_prefix.into();
+        self
+    }
+
+    pub fn store(mut self, lines: &str) -> Setup {
+        self.store = lines.into();
+        self
+    }
+
+    pub fn server(mut self, lines: &str) -> Setup {
+        self.server = lines.into();
+        self
+    }
+
+    pub fn upstream_url(mut self, url: impl Into<String>) -> Setup {
+        self.upstream_url = Some(url.into());
+        self
+    }
+
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Setup {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// An admin token of its own, for [`TestGateway::operation`].
+    pub fn admin(mut self) -> Setup {
+        self.admin_token = Some(format!("test-admin-{}", uuid::Uuid::now_v7().simple()));
+        self
+    }
 }
 
 // ---------------------------------------------------------------- gateway
@@ -291,6 +637,8 @@ pub struct TestGateway {
     pub upstream: FakeUpstream,
     pub toml: String,
     pub store_path: PathBuf,
+    clock: Option<Arc<dyn Clock>>,
+    admin_token: Option<String>,
     // Last field: removed after the gateway above is dropped.
     pub dir: TempDir,
 }
@@ -302,23 +650,39 @@ pub async fn spawn_gateway(route_extra: &str) -> TestGateway {
 
 /// Like [`spawn_gateway`] with the route at `path_prefix`.
 pub async fn spawn_gateway_at(path_prefix: &str, route_extra: &str) -> TestGateway {
-    let upstream = FakeUpstream::start().await;
+    spawn_gateway_with(Setup::route(route_extra).at(path_prefix)).await
+}
+
+/// A gateway made as `setup` says, in front of a new fake upstream.
+pub async fn spawn_gateway_with(setup: Setup) -> TestGateway {
+    spawn_gateway_on(FakeUpstream::start().await, setup).await
+}
+
+/// A gateway made as `setup` says, in front of `upstream` (unless
+/// `setup.upstream_url` points elsewhere).
+pub async fn spawn_gateway_on(upstream: FakeUpstream, setup: Setup) -> TestGateway {
     let dir = tempfile::tempdir().expect("tempdir");
     let store_path = dir.path().join("idemgate.db");
-    let toml = gateway_toml(&store_path, &upstream.url(), path_prefix, route_extra);
-    let gateway = start(&toml).await;
+    let url = setup.upstream_url.clone().unwrap_or_else(|| upstream.url());
+    let toml = gateway_toml_with(&store_path, &url, &setup);
+    let gateway = start(&toml, setup.clock.clone(), setup.admin_token.clone()).await;
     TestGateway {
         gateway: Some(gateway),
         upstream,
         toml,
         store_path,
+        clock: setup.clock,
+        admin_token: setup.admin_token,
         dir,
     }
 }
 
-async fn start(toml: &str) -> Gateway {
-    let config = parse_config(toml);
-    tokio::time::timeout(WAIT, Gateway::start(config))
+async fn start(toml: &str, clock: Option<Arc<dyn Clock>>, admin_token: Option<String>) -> Gateway {
+    let options = idemgate::server::StartOptions {
+        clock: clock.unwrap_or_else(|| Arc::new(idemgate::clock::SystemClock)),
+        admin_token,
+    };
+    tokio::time::timeout(WAIT, Gateway::start_with(parse_config(toml), options))
         .await
         .expect("gateway start timed out")
         .unwrap_or_else(|e| panic!("gateway failed to start: {e}"))
@@ -345,10 +709,28 @@ impl TestGateway {
             .expect("gateway shutdown timed out");
     }
 
+    /// Starts a graceful shutdown in the background; await the handle for
+    /// its end (bounded by [`WAIT`]).
+    pub fn begin_shutdown(&mut self) -> tokio::task::JoinHandle<()> {
+        let gateway = self.gateway.take().expect("gateway running");
+        tokio::spawn(async move {
+            tokio::time::timeout(WAIT, gateway.shutdown())
+                .await
+                .expect("gateway shutdown timed out");
+        })
+    }
+
     /// Shuts down and starts a new gateway on the same store and config.
     pub async fn restart(&mut self) {
         self.shutdown().await;
-        self.gateway = Some(start(&self.toml).await);
+        self.start_again().await;
+    }
+
+    /// Starts a new gateway on this one's store and config, after a
+    /// [`TestGateway::shutdown`].
+    pub async fn start_again(&mut self) {
+        assert!(self.gateway.is_none(), "the gateway is still running");
+        self.gateway = Some(start(&self.toml, self.clock.clone(), self.admin_token.clone()).await);
     }
 
     /// A second `Gateway::start` on this gateway's config (same store).
@@ -357,6 +739,43 @@ impl TestGateway {
             .await
             .expect("second gateway start timed out")
     }
+
+    /// The newest operation with `key`, as `GET /admin/keys/{id}` shows it:
+    /// `state`, `attempts`, `evidence`, `events` (`kind`, `detail`), …
+    pub async fn operation(&self, key: &str) -> Value {
+        let token = self
+            .admin_token
+            .as_deref()
+            .expect("operation() needs a gateway set up with Setup::admin()");
+        let admin = self.admin_addr();
+        let list = admin_call(
+            admin,
+            "GET",
+            &format!("/admin/keys?key={key}"),
+            Some(token),
+            "",
+        )
+        .await;
+        assert_eq!(list.status, StatusCode::OK, "admin list: {:?}", list.body);
+        let id = list.json()["items"][0]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no operation with key {key}"))
+            .to_owned();
+        let shown = admin_call(admin, "GET", &format!("/admin/keys/{id}"), Some(token), "").await;
+        assert_eq!(shown.status, StatusCode::OK, "admin show: {:?}", shown.body);
+        shown.json()
+    }
+}
+
+/// The `detail` of each event of `kind` in an operation's timeline.
+pub fn events_of(operation: &Value, kind: &str) -> Vec<Value> {
+    operation["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["kind"] == kind)
+        .map(|e| e["detail"].clone())
+        .collect()
 }
 
 // ----------------------------------------------------------------- binary
@@ -393,39 +812,8 @@ impl BinaryGateway {
 
     /// Spawns `cmd` (an `idemgate serve …`), stderr into `stderr_path`, and
     /// waits for its `listening proxy=… admin=…` line.
-    pub async fn spawn(mut cmd: Command, stderr_path: &Path) -> BinaryGateway {
-        let stderr = std::fs::File::create(stderr_path).expect("stderr file");
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn idemgate");
-        let stdout = child.stdout.take().expect("stdout piped");
-        let read = tokio::task::spawn_blocking(move || {
-            let mut reader = std::io::BufReader::new(stdout);
-            let mut line = String::new();
-            let n = reader.read_line(&mut line).expect("read stdout");
-            (reader, line, n)
-        });
-        let (reader, line, n) = match tokio::time::timeout(WAIT, read).await {
-            Ok(joined) => joined.expect("stdout reader"),
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "no listening line within {WAIT:?}; stderr:\n{}",
-                    read_to_string(stderr_path)
-                );
-            }
-        };
-        if n == 0 {
-            let status = child.wait().expect("wait");
-            panic!(
-                "idemgate exited ({status}) before listening; stderr:\n{}",
-                read_to_string(stderr_path)
-            );
-        }
+    pub async fn spawn(cmd: Command, stderr_path: &Path) -> BinaryGateway {
+        let (child, reader, line) = spawn_until_first_line(cmd, stderr_path).await;
         let (proxy, admin) = parse_listening_line(&line);
         BinaryGateway {
             child,
@@ -450,6 +838,81 @@ impl BinaryGateway {
 impl Drop for BinaryGateway {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Spawns `cmd`, stderr into `stderr_path`, and waits (up to [`WAIT`]) for
+/// the first line on its stdout; the reader stays open with the child.
+async fn spawn_until_first_line(
+    mut cmd: Command,
+    stderr_path: &Path,
+) -> (Child, std::io::BufReader<std::process::ChildStdout>, String) {
+    let stderr = std::fs::File::create(stderr_path).expect("stderr file");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn idemgate");
+    let stdout = child.stdout.take().expect("stdout piped");
+    let read = tokio::task::spawn_blocking(move || {
+        let mut reader = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        let n = reader.read_line(&mut line).expect("read stdout");
+        (reader, line, n)
+    });
+    let (reader, line, n) = match tokio::time::timeout(WAIT, read).await {
+        Ok(joined) => joined.expect("stdout reader"),
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "no listening line within {WAIT:?}; stderr:\n{}",
+                read_to_string(stderr_path)
+            );
+        }
+    };
+    if n == 0 {
+        let status = child.wait().expect("wait");
+        panic!(
+            "idemgate exited ({status}) before listening; stderr:\n{}",
+            read_to_string(stderr_path)
+        );
+    }
+    (child, reader, line)
+}
+
+/// A running `idemgate mock-upstream` process; killed when dropped.
+pub struct BinaryMock {
+    child: Child,
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+    pub addr: SocketAddr,
+}
+
+impl BinaryMock {
+    /// Starts `idemgate mock-upstream --listen 127.0.0.1:0` and waits for
+    /// its `listening mock=ADDR` line.
+    pub async fn start(stderr_path: &Path) -> BinaryMock {
+        let mut cmd = binary();
+        cmd.arg("mock-upstream").arg("--listen").arg("127.0.0.1:0");
+        let (child, reader, line) = spawn_until_first_line(cmd, stderr_path).await;
+        let addr = line
+            .trim_end()
+            .strip_prefix("listening mock=")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("mock startup line: {line:?}"));
+        BinaryMock {
+            child,
+            _stdout: reader,
+            addr,
+        }
+    }
+}
+
+impl Drop for BinaryMock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -588,6 +1051,31 @@ pub async fn send(
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
 ) -> Response {
+    match try_send(addr, method, path, headers, body, WAIT).await {
+        Ok(resp) => resp,
+        Err(Exchange::Failed(e)) => panic!("request failed: {e}"),
+        Err(Exchange::TimedOut) => panic!("{method} {path} timed out"),
+    }
+}
+
+/// Why [`try_send`] got no whole response.
+#[derive(Debug)]
+pub enum Exchange {
+    /// The connection failed, closed or broke (head or body).
+    Failed(String),
+    /// Nothing complete within the time allowed.
+    TimedOut,
+}
+
+/// Like [`send`], but a broken or silent peer is an `Err`, not a panic.
+pub async fn try_send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+    within: Duration,
+) -> Result<Response, Exchange> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut req = Request::builder()
         .method(method)
@@ -597,18 +1085,25 @@ pub async fn send(
     }
     let req = req.body(Full::new(body.into())).expect("request");
     let exchange = async {
-        let resp = client.request(req).await.expect("request failed");
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| Exchange::Failed(format!("{e:?}")))?;
         let (parts, body) = resp.into_parts();
-        let body = body.collect().await.expect("response body").to_bytes();
-        Response {
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| Exchange::Failed(format!("body: {e:?}")))?
+            .to_bytes();
+        Ok(Response {
             status: parts.status,
             headers: parts.headers,
             body,
-        }
+        })
     };
-    tokio::time::timeout(WAIT, exchange)
+    tokio::time::timeout(within, exchange)
         .await
-        .unwrap_or_else(|_| panic!("{method} {path} timed out"))
+        .unwrap_or(Err(Exchange::TimedOut))
 }
 
 /// POST `body` (JSON) to `path` as [`ALICE`] with `key`, if any.
@@ -679,6 +1174,92 @@ pub fn assert_replay_of(replay: &Response, original: &Response) {
             "replayed content-length"
         );
     }
+}
+
+/// Asserts 409 `outcome-unknown` about an `unknown` operation.
+pub fn assert_held_unknown(resp: &Response) {
+    resp.assert_operation_problem(409, "outcome-unknown", "unknown");
+    assert!(!resp.is_replay(), "a held operation is not a replay");
+}
+
+/// Writes `body` to `path` with `key` as [`ALICE`] every 100 ms until
+/// `done` holds for the answer; panics after `within`. Only for retries that
+/// send nothing upstream until they succeed (replays and refusals).
+pub async fn write_until(
+    addr: SocketAddr,
+    path: &str,
+    key: &str,
+    body: &str,
+    within: Duration,
+    done: impl Fn(&Response) -> bool,
+) -> Response {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let resp = write(addr, path, Some(key), body).await;
+        if done(&resp) {
+            return resp;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still {} after {within:?}: {}",
+            resp.status,
+            String::from_utf8_lossy(&resp.body)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `n` clients write `body` to `path` with `key` at once (released together
+/// by a barrier); their answers in completion order.
+pub async fn concurrent_writes(
+    addr: SocketAddr,
+    n: usize,
+    path: &str,
+    key: &str,
+    body: &str,
+) -> Vec<Response> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let mut tasks = JoinSet::new();
+    for _ in 0..n {
+        let (barrier, path, key, body) = (
+            barrier.clone(),
+            path.to_owned(),
+            key.to_owned(),
+            body.to_owned(),
+        );
+        tasks.spawn(async move {
+            barrier.wait().await;
+            write(addr, &path, Some(&key), &body).await
+        });
+    }
+    let mut responses = Vec::new();
+    while let Some(resp) = tasks.join_next().await {
+        responses.push(resp.expect("client task"));
+    }
+    responses
+}
+
+/// Asserts exactly one of `responses` is a fresh 201 and every other one
+/// replays it; returns the fresh one.
+pub fn assert_one_fresh_rest_replayed(responses: &[Response]) -> &Response {
+    let fresh: Vec<&Response> = responses.iter().filter(|r| !r.is_replay()).collect();
+    assert_eq!(
+        fresh.len(),
+        1,
+        "expected one fresh answer, got {:?}",
+        responses
+            .iter()
+            .map(|r| (r.status, r.is_replay()))
+            .collect::<Vec<_>>()
+    );
+    let original = fresh[0];
+    assert_fresh_created(original);
+    for resp in responses {
+        if !std::ptr::eq(resp, original) {
+            assert_replay_of(resp, original);
+        }
+    }
+    original
 }
 
 // -------------------------------------------------------------------- raw
@@ -795,4 +1376,26 @@ pub async fn assert_still_serving(gw: &TestGateway) {
     assert_eq!(resp.status, StatusCode::OK, "gateway stopped serving");
     let health = send(gw.admin_addr(), "GET", "/healthz", &[], Bytes::new()).await;
     assert_eq!(health.status, StatusCode::OK, "admin stopped serving");
+}
+
+// ------------------------------------------------------------------ admin
+
+/// One admin API call with `Authorization: Bearer <token>` (none when
+/// `token` is `None`); a non-empty `body` is sent as JSON.
+pub async fn admin_call(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Response {
+    let authorization = token.map(|t| format!("Bearer {t}"));
+    let mut headers = Vec::new();
+    if let Some(auth) = &authorization {
+        headers.push(("authorization", auth.as_str()));
+    }
+    if !body.is_empty() {
+        headers.push(("content-type", "application/json"));
+    }
+    send(admin, method, path, &headers, body.to_owned()).await
 }
