@@ -3,7 +3,8 @@
 //! (DESIGN §3.6): forward, record, answer — and when the outcome is lost,
 //! what comes after (DESIGN §3.7–3.10):
 //!
-//! 1. the route's pause latch is checked (`pause_after_unknown`);
+//! 1. the route's pause latch is checked (`pause_after_unknown`), before the
+//!    client is answered;
 //! 2. the reconcile probe, if the route has one, runs once right away;
 //! 3. the exchange is kept open for `late_window`: a late response settles
 //!    the operation `completed` (evidence `late-response`) if it is still
@@ -65,20 +66,38 @@ impl Attempt {
             self.request.body_len(),
         );
         let held = matches!(settlement, Settlement::Unknown { .. });
-        let deliver = |response| {
-            // The client may have hung up; the outcome is recorded regardless.
-            let _ = reply.send(response);
+        // The client may have hung up; the outcome is recorded regardless.
+        let deliver = |response| drop(reply.send(response));
+        let recorded = match self.store.record(&self.claim, &settlement, &events).await {
+            Ok(recorded) => {
+                if recorded == Recorded::Stale {
+                    tracing::warn!(operation_id = %self.claim.operation_id, "the operation changed while its attempt was in flight");
+                }
+                // The latch trips before the client hears of the loss, so
+                // no write sent after that answer can slip past it.
+                if held && recorded == Recorded::Applied {
+                    self.trip_pause_latch().await;
+                }
+                deliver(response);
+                Some(recorded)
+            }
+            Err(error) => {
+                tracing::error!(operation_id = %self.claim.operation_id, %error, "cannot record the outcome; retrying");
+                deliver(Err(record::unrecorded(&self.claim)));
+                let recorded = record::keep_recording(
+                    self.store.as_ref(),
+                    &self.claim,
+                    &settlement,
+                    &events,
+                    &self.give_up,
+                )
+                .await;
+                if held && recorded == Some(Recorded::Applied) {
+                    self.trip_pause_latch().await;
+                }
+                recorded
+            }
         };
-        let recorded = record::record(
-            &self.store,
-            &self.claim,
-            settlement,
-            events,
-            response,
-            deliver,
-            &self.give_up,
-        )
-        .await;
         guard.disarm();
         if held && recorded == Some(Recorded::Applied) {
             self.follow_up(sent.late).await;
@@ -89,7 +108,6 @@ impl Attempt {
         // Waiters see the operation `unknown` now; a probe or a late response
         // may still settle it for their next retry.
         drop(self.in_flight.take());
-        self.trip_pause_latch().await;
         let route = &self.active.route;
         let probe = self.reconciler.reconcile(
             self.store.as_ref(),

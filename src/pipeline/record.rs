@@ -174,51 +174,43 @@ pub fn stored_headers(headers: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-/// Records a settlement, then hands the reply to the client through `deliver`.
-/// When the store refuses, the client gets 503 at once and recording goes on
-/// until it lands or the gateway shuts down (`None` then).
-pub async fn record(
-    store: &Arc<dyn Store>,
+/// What the client gets when the outcome was sent but could not be recorded
+/// (recording goes on in the background: [`keep_recording`]).
+pub fn unrecorded(claim: &Claim) -> ProxyError {
+    ProxyError::StoreUnavailableAfterSend {
+        operation: OperationRef {
+            id: claim.operation_id.clone(),
+            state: State::InProgress,
+        },
+    }
+}
+
+/// Retries recording a settlement the store refused, with backoff, until it
+/// lands or `give_up` (the end of the shutdown grace): never leaves an
+/// operation `in_progress` while this process lives.
+pub async fn keep_recording(
+    store: &dyn Store,
     claim: &Claim,
-    settlement: Settlement,
-    events: Vec<Event>,
-    reply: Reply,
-    deliver: impl FnOnce(Reply),
-    shutdown: &CancellationToken,
+    settlement: &Settlement,
+    events: &[Event],
+    give_up: &CancellationToken,
 ) -> Option<Recorded> {
-    match store.record(claim, &settlement, &events).await {
-        Ok(recorded) => {
-            if recorded == Recorded::Stale {
-                tracing::warn!(operation_id = %claim.operation_id, "the operation changed while its attempt was in flight");
+    let mut wait = RECORD_RETRY;
+    loop {
+        tokio::select! {
+            _ = give_up.cancelled() => {
+                tracing::error!(operation_id = %claim.operation_id, "outcome not recorded before shutdown; it becomes unknown at the next start");
+                return None;
             }
-            deliver(reply);
-            Some(recorded)
+            _ = tokio::time::sleep(wait) => {}
         }
-        Err(error) => {
-            tracing::error!(operation_id = %claim.operation_id, %error, "cannot record the outcome; retrying");
-            let operation = OperationRef {
-                id: claim.operation_id.clone(),
-                state: State::InProgress,
-            };
-            deliver(Err(ProxyError::StoreUnavailableAfterSend { operation }));
-            let mut wait = RECORD_RETRY;
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => {
-                        tracing::error!(operation_id = %claim.operation_id, "outcome not recorded before shutdown; it becomes unknown at the next start");
-                        return None;
-                    }
-                    _ = tokio::time::sleep(wait) => {}
-                }
-                match store.record(claim, &settlement, &events).await {
-                    Ok(recorded) => return Some(recorded),
-                    Err(error) => {
-                        tracing::warn!(operation_id = %claim.operation_id, %error, "still cannot record the outcome")
-                    }
-                }
-                wait = (wait * 2).min(RECORD_RETRY_CAP);
+        match store.record(claim, settlement, events).await {
+            Ok(recorded) => return Some(recorded),
+            Err(error) => {
+                tracing::warn!(operation_id = %claim.operation_id, %error, "still cannot record the outcome")
             }
         }
+        wait = (wait * 2).min(RECORD_RETRY_CAP);
     }
 }
 
