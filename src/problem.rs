@@ -49,6 +49,8 @@ pub enum ProxyError {
     MissingScope { headers: String },
     #[error("the request body is larger than {limit} bytes")]
     BodyTooLarge { limit: usize },
+    #[error("the request body did not arrive within {}", humantime::format_duration(*after))]
+    BodyTimeout { after: std::time::Duration },
     #[error("the request body could not be read: {reason}")]
     BodyRead { reason: String },
     #[error("this Idempotency-Key was used for a different request")]
@@ -144,6 +146,12 @@ impl ProxyError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body-too-large",
                 "Request body too large",
+                None,
+            ),
+            BodyTimeout { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "body-timeout",
+                "Request body too slow",
                 None,
             ),
             BodyRead { .. } => (
@@ -260,6 +268,7 @@ impl ProxyError {
             | MissingScope { .. }
             | BodyTooLarge { .. }
             | BodyRead { .. }
+            | BodyTimeout { .. }
             | RoutePaused { .. }
             | StoreUnavailable { .. }
             | Internal { .. } => Outcome::rejected,
@@ -335,6 +344,10 @@ mod tests {
     fn each_error_maps_to_its_status_and_name() {
         check(ProxyError::NoRoute { path: "/x".into() }, 404, "no-route");
         check(ProxyError::MissingKey, 400, "missing-key");
+        let slow = ProxyError::BodyTimeout {
+            after: std::time::Duration::from_secs(1),
+        };
+        check(slow, 408, "body-timeout");
         check(ProxyError::UnknownOperation, 404, "unknown-operation");
         check(
             ProxyError::HeadersTooLarge { limit: 1 },

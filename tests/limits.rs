@@ -2,7 +2,8 @@
 //! before anything is sent (declared or chunked, and before `100 Continue`),
 //! a chunked body within the limit is forwarded with a Content-Length, a
 //! response too large to store is delivered once and never re-sent, and
-//! garbage or oversized request heads never take the gateway down.
+//! garbage or oversized request heads never take the gateway down, and a
+//! body that never finishes is cut off with 408.
 
 mod common;
 
@@ -251,5 +252,27 @@ async fn many_aborted_connections_do_not_kill_the_gateway() {
             .await;
     }
 
+    assert_still_serving(&gw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_finishes_is_408_and_not_sent() {
+    let gw = spawn_gateway(r#"upstream_timeout = "400ms""#).await;
+    // Announces 100 bytes, sends 10 and then waits: a slow-loris body.
+    let head = format!(
+        "POST /slow-client HTTP/1.1\r\nhost: a\r\n{}\r\nidempotency-key: trickle-1\r\n\
+         content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"a\":\"bcd\"",
+        auth_header()
+    );
+    let started = std::time::Instant::now();
+    let resp = raw_exchange(gw.addr(), head.as_bytes())
+        .await
+        .expect("the gateway answers instead of waiting forever");
+
+    assert_eq!(resp.status, 408, "head: {}", resp.head);
+    assert!(resp.head.contains("application/problem+json"));
+    assert!(String::from_utf8_lossy(&resp.body).contains("urn:idemgate:problem:body-timeout"));
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert!(gw.upstream.requests().is_empty(), "nothing sent upstream");
     assert_still_serving(&gw).await;
 }

@@ -208,7 +208,7 @@ impl Proxy {
             }
         })?;
         let (parts, body) = request.into_parts();
-        let body = read_body(&parts, body, route.max_body).await?;
+        let body = read_body(&parts, body, route).await?;
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let fingerprint = Fingerprint::compute(&FingerprintInput {
             method: &parts.method,
@@ -376,14 +376,16 @@ fn head_size<B>(request: &Request<B>) -> usize {
     line + headers + 2
 }
 
-/// Reads a write's body whole, refusing more than `limit` bytes. A declared
-/// Content-Length over the limit is refused before the body is polled, so
-/// hyper never sends `100 Continue` for it.
+/// Reads a write's body whole, refusing more than the route's `max_body`
+/// and a client that takes longer than its `upstream_timeout` to send it. A
+/// declared Content-Length over the limit is refused before the body is
+/// polled, so hyper never sends `100 Continue` for it.
 async fn read_body(
     parts: &request::Parts,
     body: Incoming,
-    limit: usize,
+    route: &Route,
 ) -> Result<Bytes, ProxyError> {
+    let limit = route.max_body;
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
@@ -392,7 +394,13 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
+    let collected =
+        tokio::time::timeout(route.upstream_timeout, Limited::new(body, limit).collect())
+            .await
+            .map_err(|_| ProxyError::BodyTimeout {
+                after: route.upstream_timeout,
+            })?;
+    match collected {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => {
             Err(ProxyError::BodyTooLarge { limit })
