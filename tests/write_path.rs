@@ -336,3 +336,22 @@ async fn ignored_fields_do_not_change_the_operation() {
     changed.assert_problem(422, "key-reused");
     assert_eq!(gw.upstream.writes(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_payload_while_the_first_is_in_flight_is_key_reused() {
+    let gw = spawn_gateway("").await;
+    let addr = gw.addr();
+    let first =
+        tokio::spawn(async move { write(addr, "/slow?ms=600", Some("order-9"), ORDER).await });
+    gw.upstream.wait_for_requests(1).await;
+
+    let changed = ORDER.replace("\"qty\":3", "\"qty\":4");
+    let reused = write(gw.addr(), "/slow?ms=600", Some("order-9"), &changed).await;
+    reused.assert_operation_problem(422, "key-reused", "in_progress");
+    let same = write(gw.addr(), "/slow?ms=600", Some("order-9"), ORDER).await;
+    same.assert_operation_problem(409, "request-in-progress", "in_progress");
+
+    assert_fresh_created(&first.await.expect("first write"));
+    assert_eq!(gw.upstream.writes(), 1, "nothing but the first was sent");
+    assert_eq!(gw.upstream.requests().len(), 1);
+}

@@ -299,7 +299,7 @@ impl Proxy {
             store: self.store.clone(),
             reconciler: self.reconciler.clone(),
             active: active.clone(),
-            in_flight: Some(self.in_flight.begin(&claim)),
+            in_flight: Some(self.in_flight.begin(&claim, &new)),
             request: WriteRequest::new(route, parts, body, key.as_str(), peer.ip())?,
             claim,
             key: key.as_str().to_string(),
