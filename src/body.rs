@@ -68,3 +68,29 @@ where
         self.prefix.is_none() && self.rest.is_end_stream()
     }
 }
+
+/// A body that sends one part and then fails, so hyper cuts the response
+/// short of its Content-Length: the mock upstream's (and the tests')
+/// truncated response.
+pub struct CutShort(Option<Bytes>);
+
+impl CutShort {
+    pub fn new(part: Bytes) -> Self {
+        CutShort(Some(part))
+    }
+}
+
+impl http_body::Body for CutShort {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        std::task::Poll::Ready(Some(match self.0.take() {
+            Some(part) => Ok(http_body::Frame::data(part)),
+            None => Err("cut short on purpose".into()),
+        }))
+    }
+}

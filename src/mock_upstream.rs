@@ -38,7 +38,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::body::{BoxError, ProxyBody, full, stream};
+use crate::body::{BoxError, CutShort, ProxyBody, full, stream};
 
 /// The longest `/slow` wait, so a typo cannot hold a connection for hours.
 const MAX_SLOW: Duration = Duration::from_secs(60);
@@ -153,7 +153,7 @@ async fn respond(
         "hang" => std::future::pending().await,
         "truncate" => {
             let part = Bytes::from_static(b"{\"id\":");
-            let mut response = Response::new(stream(Truncated(Some(part))));
+            let mut response = Response::new(stream(CutShort::new(part)));
             *response.status_mut() = StatusCode::CREATED;
             response
                 .headers_mut()
@@ -170,25 +170,6 @@ async fn respond(
             Ok(json_response(StatusCode::CREATED, created))
         }
         _ => Ok(json_response(StatusCode::CREATED, created)),
-    }
-}
-
-/// A body that sends its one part and then fails, so hyper cuts the
-/// response short of its Content-Length.
-struct Truncated(Option<Bytes>);
-
-impl http_body::Body for Truncated {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        std::task::Poll::Ready(Some(match self.0.take() {
-            Some(part) => Ok(http_body::Frame::data(part)),
-            None => Err("truncated on purpose".into()),
-        }))
     }
 }
 

@@ -6,12 +6,16 @@
 //! Invariants:
 //! - nothing goes upstream unless this process durably holds the claim; a
 //!   store that cannot commit means 503 `store-unavailable` and nothing sent;
-//! - the in-flight map holds only attempts this process claimed and has not
-//!   yet settled, so its presence proves `in_progress` and duplicates are
-//!   answered from it without a store transaction; its absence proves
-//!   nothing, and the store is asked. A waiter that wakes asks again, so
-//!   when the first attempt ends `not_attempted`, the store's
-//!   compare-and-set lets exactly one waiter take the next attempt;
+//! - one request per identity (route, scope, key) at a time asks the store
+//!   to claim it (single flight): duplicates that arrive meanwhile wait for
+//!   that one answer instead of queueing their own transactions, which is
+//!   what keeps a retry storm cheap. An entry in the in-flight map exists
+//!   only while this process is claiming or holds an unsettled attempt, so
+//!   its presence proves `in_progress` and duplicates are answered from it
+//!   (409, 422, or a wait); its absence proves nothing, and the store is
+//!   asked. A waiter that wakes looks again, so when the first attempt ends
+//!   `not_attempted`, the store's compare-and-set lets exactly one waiter
+//!   take the next attempt;
 //! - no map guard is held across an `.await`.
 
 use std::sync::Arc;
@@ -28,20 +32,25 @@ use crate::config::{InProgressMode, Route};
 use crate::pipeline::fingerprint::Fingerprint;
 use crate::pipeline::replay;
 use crate::problem::{OperationRef, ProxyError};
-use crate::store::{Claim, ClaimResult, NewOperation, Operation, State, Store};
+use crate::store::{Claim, ClaimResult, NewOperation, Operation, State, Store, StoreError};
 
 /// Waiters per operation beyond this are refused at once (409), so a retry
 /// storm cannot pile up unbounded tasks behind one slow request.
 pub const MAX_WAITERS: usize = 256;
 
-/// How often a waiter looks again at an operation whose attempt it cannot
-/// subscribe to (claimed an instant ago, not yet registered).
+/// How often a waiter looks again at an operation in progress that is not
+/// in this process's map (another gateway's).
 const POLL: Duration = Duration::from_millis(25);
+
+/// The longest a duplicate waits for the store's answer to the request
+/// claiming its identity; the store's own acquire timeout is 5 s.
+const CLAIM_WAIT: Duration = Duration::from_secs(10);
 
 /// What the claim decided.
 pub enum Claimed {
-    /// This process owns the attempt: forward it.
-    Send(Claim),
+    /// This process owns the attempt: forward it, and drop the guard once
+    /// its outcome is recorded.
+    Send(Claim, InFlightGuard),
     /// The operation exists and answers for itself (a replay).
     Answer(Response<ProxyBody>),
     /// The same request's operation is `unknown`: held, unless a reconcile
@@ -49,54 +58,55 @@ pub enum Claimed {
     Held(Box<Operation>),
 }
 
-/// Attempts in flight in this process, by operation identity (route, scope,
-/// key): duplicates are answered from here without a store transaction —
-/// 409, 422, or a wait — which is what keeps a retry storm cheap. An
-/// identity that is absent here is always looked up in the store.
+/// Identities this process is claiming or has attempts in flight for.
 #[derive(Default)]
 pub struct InFlight {
-    attempts: DashMap<String, Arc<Attempt>>,
+    entries: DashMap<String, Arc<Entry>>,
 }
 
-struct Attempt {
-    operation_id: String,
+/// Where an identity's entry stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// One request is asking the store.
+    Claiming,
+    /// Claimed: the attempt for this operation is in flight.
+    InFlight(String),
+    /// Gone: settled, or the store answered with an existing operation.
+    Done,
+}
+
+struct Entry {
     fingerprint: Fingerprint,
-    settled: watch::Sender<bool>,
+    phase: watch::Sender<Phase>,
     waiters: AtomicUsize,
 }
 
-impl Attempt {
-    fn reference(&self) -> OperationRef {
-        OperationRef {
-            id: self.operation_id.clone(),
-            state: State::InProgress,
-        }
-    }
-}
-
-/// Registered while an attempt is in flight; dropping it (after the outcome
-/// is recorded, or if the task dies) wakes the waiters.
+/// Held by the request that entered an identity: while it claims, then by
+/// the attempt's task until its outcome is recorded. Dropping it (also when
+/// the client hangs up mid-claim, or the task dies) frees the identity and
+/// wakes everyone waiting on it.
 pub struct InFlightGuard {
     in_flight: Arc<InFlight>,
     identity: String,
-    attempt: Arc<Attempt>,
+    entry: Arc<Entry>,
+}
+
+impl InFlightGuard {
+    fn promote(&self, operation_id: &str) {
+        self.entry
+            .phase
+            .send_replace(Phase::InFlight(operation_id.to_string()));
+    }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        // Only our own entry: a waiter may already have claimed the next attempt.
+        // Only our own entry: a waiter may already have entered the next one.
         self.in_flight
-            .attempts
-            .remove_if(&self.identity, |_, a| Arc::ptr_eq(a, &self.attempt));
-        self.attempt.settled.send_replace(true);
+            .entries
+            .remove_if(&self.identity, |_, e| Arc::ptr_eq(e, &self.entry));
+        self.entry.phase.send_replace(Phase::Done);
     }
-}
-
-enum Waited {
-    /// Settled (or worth another look): ask again.
-    LookAgain,
-    TimedOut,
-    TooManyWaiters,
 }
 
 /// The in-flight map's key for an operation's identity.
@@ -105,51 +115,25 @@ fn identity(new: &NewOperation) -> String {
 }
 
 impl InFlight {
-    /// Registers an attempt this process just claimed for `new`.
-    pub fn begin(self: &Arc<Self>, claim: &Claim, new: &NewOperation) -> InFlightGuard {
-        let attempt = Arc::new(Attempt {
-            operation_id: claim.operation_id.clone(),
-            fingerprint: new.fingerprint.clone(),
-            settled: watch::channel(false).0,
-            waiters: AtomicUsize::new(0),
-        });
+    /// Enters `new`'s identity to claim it, or returns the entry of the
+    /// request already there (cloned out: no map guard outlives this call).
+    fn enter(self: &Arc<Self>, new: &NewOperation) -> Result<InFlightGuard, Arc<Entry>> {
         let identity = identity(new);
-        self.attempts.insert(identity.clone(), attempt.clone());
-        InFlightGuard {
-            in_flight: self.clone(),
-            identity,
-            attempt,
-        }
-    }
-
-    /// The attempt in flight for `identity`, cloned out so that no map
-    /// guard outlives this call.
-    fn get(&self, identity: &str) -> Option<Arc<Attempt>> {
-        self.attempts.get(identity).map(|a| a.clone())
-    }
-
-    /// Waits for `attempt` to settle, or, without one, a short while before
-    /// the caller looks again.
-    async fn wait(attempt: Option<Arc<Attempt>>, deadline: Instant) -> Waited {
-        let Some(attempt) = attempt else {
-            let next = (Instant::now() + POLL).min(deadline);
-            tokio::time::sleep_until(next).await;
-            return if next >= deadline {
-                Waited::TimedOut
-            } else {
-                Waited::LookAgain
-            };
-        };
-        if attempt.waiters.fetch_add(1, Ordering::SeqCst) >= MAX_WAITERS {
-            attempt.waiters.fetch_sub(1, Ordering::SeqCst);
-            return Waited::TooManyWaiters;
-        }
-        let mut settled = attempt.settled.subscribe();
-        let outcome = timeout_at(deadline, settled.wait_for(|done| *done)).await;
-        attempt.waiters.fetch_sub(1, Ordering::SeqCst);
-        match outcome {
-            Ok(_) => Waited::LookAgain,
-            Err(_) => Waited::TimedOut,
+        match self.entries.entry(identity.clone()) {
+            dashmap::Entry::Occupied(found) => Err(found.get().clone()),
+            dashmap::Entry::Vacant(vacant) => {
+                let entry = Arc::new(Entry {
+                    fingerprint: new.fingerprint.clone(),
+                    phase: watch::channel(Phase::Claiming).0,
+                    waiters: AtomicUsize::new(0),
+                });
+                vacant.insert(entry.clone());
+                Ok(InFlightGuard {
+                    in_flight: self.clone(),
+                    identity,
+                    entry,
+                })
+            }
         }
     }
 }
@@ -159,51 +143,101 @@ impl InFlight {
 /// `wait_timeout`.
 pub async fn claim(
     store: &dyn Store,
-    in_flight: &InFlight,
+    in_flight: &Arc<InFlight>,
     route: &Route,
     new: &NewOperation,
 ) -> Result<Claimed, ProxyError> {
     let deadline = Instant::now() + route.wait_timeout;
-    let identity = identity(new);
     let waits = route.in_progress == InProgressMode::Wait;
     loop {
-        let in_progress = if let Some(attempt) = in_flight.get(&identity) {
-            if attempt.fingerprint != new.fingerprint {
-                return Err(ProxyError::KeyReused {
-                    operation: attempt.reference(),
-                });
-            }
-            if !waits {
-                return Err(ProxyError::InProgress {
-                    operation: attempt.reference(),
-                });
-            }
-            attempt.reference()
-        } else {
-            let found = store
-                .claim(new)
-                .await
-                .map_err(|source| ProxyError::StoreUnavailable { source })?;
-            let operation = match found {
-                ClaimResult::Claimed(claim) => return Ok(Claimed::Send(claim)),
-                ClaimResult::Existing(operation) => operation,
-            };
-            let same = operation.fingerprint == new.fingerprint;
-            if same && operation.state == State::Unknown {
-                return Ok(Claimed::Held(operation));
-            }
-            if !(waits && same && operation.state == State::InProgress) {
-                return replay::answer_existing(&operation, &new.fingerprint).map(Claimed::Answer);
-            }
-            OperationRef::from(operation.as_ref())
+        let entry = match in_flight.enter(new) {
+            Ok(guard) => match claim_in_store(store, new, waits, guard).await? {
+                Stored::Decided(claimed) => return Ok(claimed),
+                Stored::Elsewhere(operation) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(ProxyError::InProgress { operation });
+                    }
+                    tokio::time::sleep(POLL.min(deadline - now)).await;
+                    continue;
+                }
+            },
+            Err(entry) => entry,
         };
-        match InFlight::wait(in_flight.get(&identity), deadline).await {
-            Waited::LookAgain => continue,
-            Waited::TimedOut | Waited::TooManyWaiters => {
-                return Err(ProxyError::InProgress {
-                    operation: in_progress,
+        let mut phase = entry.phase.subscribe();
+        let claimed = timeout_at(
+            Instant::now() + CLAIM_WAIT,
+            phase.wait_for(|p| *p != Phase::Claiming),
+        )
+        .await
+        .map(|seen| seen.map(|p| p.clone()));
+        let operation_id = match claimed {
+            Ok(Ok(Phase::InFlight(id))) => id,
+            Ok(_) => continue,
+            Err(_) => {
+                return Err(ProxyError::StoreUnavailable {
+                    source: StoreError::Busy("a claim took too long".into()),
                 });
             }
+        };
+        let operation = OperationRef {
+            id: operation_id,
+            state: State::InProgress,
+        };
+        if entry.fingerprint != new.fingerprint {
+            return Err(ProxyError::KeyReused { operation });
+        }
+        if !waits {
+            return Err(ProxyError::InProgress { operation });
+        }
+        if entry.waiters.fetch_add(1, Ordering::SeqCst) >= MAX_WAITERS {
+            entry.waiters.fetch_sub(1, Ordering::SeqCst);
+            return Err(ProxyError::InProgress { operation });
+        }
+        let settled = timeout_at(deadline, phase.wait_for(|p| *p == Phase::Done))
+            .await
+            .is_ok();
+        entry.waiters.fetch_sub(1, Ordering::SeqCst);
+        if !settled {
+            return Err(ProxyError::InProgress { operation });
         }
     }
+}
+
+/// What the store said to the request that entered the identity.
+enum Stored {
+    Decided(Claimed),
+    /// A wait-mode request should look again: in progress, but not in this
+    /// process's map (another gateway's, or it settled a moment ago).
+    Elsewhere(OperationRef),
+}
+
+async fn claim_in_store(
+    store: &dyn Store,
+    new: &NewOperation,
+    waits: bool,
+    guard: InFlightGuard,
+) -> Result<Stored, ProxyError> {
+    let found = store
+        .claim(new)
+        .await
+        .map_err(|source| ProxyError::StoreUnavailable { source })?;
+    let operation = match found {
+        ClaimResult::Claimed(claim) => {
+            guard.promote(&claim.operation_id);
+            return Ok(Stored::Decided(Claimed::Send(claim, guard)));
+        }
+        ClaimResult::Existing(operation) => operation,
+    };
+    // Not ours to send: free the identity for the duplicates right away.
+    drop(guard);
+    let same = operation.fingerprint == new.fingerprint;
+    if same && operation.state == State::Unknown {
+        return Ok(Stored::Decided(Claimed::Held(operation)));
+    }
+    if waits && same && operation.state == State::InProgress {
+        return Ok(Stored::Elsewhere(OperationRef::from(operation.as_ref())));
+    }
+    replay::answer_existing(&operation, &new.fingerprint)
+        .map(|response| Stored::Decided(Claimed::Answer(response)))
 }

@@ -183,7 +183,7 @@ impl Proxy {
     /// Phases 2–4 for a routed request: key and scope, body, fingerprint;
     /// then the write. Methods the route does not intercept stream through.
     async fn handle_route(
-        &self,
+        self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
         request: Request<Incoming>,
         peer: SocketAddr,
@@ -245,9 +245,25 @@ impl Proxy {
             },
             fresh_after,
         };
-        let mut response = self
-            .write(active, &key, new, &parts, body, peer)
+        // From the claim on, the write runs in a task of its own: a client
+        // that hangs up can no longer cancel it between the claim's commit
+        // and the attempt, which would leave the operation in_progress.
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let this = self.clone();
+        let (active, written_key) = (active.clone(), key.clone());
+        self.tasks.spawn(async move {
+            let reply = this
+                .write(&active, &written_key, new, &parts, body, peer)
+                .await;
+            drop(reply_tx.send(reply));
+        });
+        let mut response = reply_rx
             .await
+            .unwrap_or_else(|_| {
+                Err(ProxyError::Internal {
+                    reason: "the write task ended without a reply".into(),
+                })
+            })
             .unwrap_or_else(ProxyError::into_response);
         if announced && let Ok(value) = HeaderValue::from_str(key.as_str()) {
             response.headers_mut().insert(IDEMPOTENCY_KEY, value);
@@ -270,36 +286,37 @@ impl Proxy {
             return self.write_while_paused(route, &new).await;
         }
         let credentials = || reconcile::credentials(&parts.headers, route);
-        let claim = match claim::claim(self.store.as_ref(), &self.in_flight, route, &new).await? {
-            Claimed::Send(claim) => claim,
-            Claimed::Answer(response) => return Ok(response),
-            Claimed::Held(operation) => {
-                let settled = self
-                    .reconciler
-                    .reconcile(
-                        self.store.as_ref(),
-                        &active.client,
-                        route,
-                        &operation.id,
-                        key.as_str(),
-                        &credentials(),
-                    )
-                    .await;
-                return match settled {
-                    Some(response) => {
-                        let mut response = replay::respond(&response);
-                        response.extensions_mut().insert(OperationId(operation.id));
-                        Ok(response)
-                    }
-                    None => replay::answer_existing(&operation, &new.fingerprint),
-                };
-            }
-        };
+        let (claim, in_flight) =
+            match claim::claim(self.store.as_ref(), &self.in_flight, route, &new).await? {
+                Claimed::Send(claim, guard) => (claim, guard),
+                Claimed::Answer(response) => return Ok(response),
+                Claimed::Held(operation) => {
+                    let settled = self
+                        .reconciler
+                        .reconcile(
+                            self.store.as_ref(),
+                            &active.client,
+                            route,
+                            &operation.id,
+                            key.as_str(),
+                            &credentials(),
+                        )
+                        .await;
+                    return match settled {
+                        Some(response) => {
+                            let mut response = replay::respond(&response);
+                            response.extensions_mut().insert(OperationId(operation.id));
+                            Ok(response)
+                        }
+                        None => replay::answer_existing(&operation, &new.fingerprint),
+                    };
+                }
+            };
         let attempt = Attempt {
             store: self.store.clone(),
             reconciler: self.reconciler.clone(),
             active: active.clone(),
-            in_flight: Some(self.in_flight.begin(&claim, &new)),
+            in_flight: Some(in_flight),
             request: WriteRequest::new(route, parts, body, key.as_str(), peer.ip())?,
             claim,
             key: key.as_str().to_string(),

@@ -225,6 +225,8 @@ pub enum StoreError {
     Locked { store: String, lock: String },
     #[error("cannot open the store {store}: {reason}")]
     Open { store: String, reason: String },
+    #[error("the store is busy: {0}")]
+    Busy(String),
     #[error("the store is unavailable: {0}")]
     Unavailable(#[from] sqlx::Error),
     #[error("the store holds a value it cannot read: {0}")]

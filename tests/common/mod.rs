@@ -329,9 +329,9 @@ async fn handle(
         "/hold" => std::future::pending().await,
         "/drop" => Err("dropped after commit".into()),
         "/truncate" => {
-            let mut resp = hyper::Response::new(BoxBody::new(Truncated(Some(Bytes::from_static(
-                b"{\"id\":",
-            )))));
+            let mut resp = hyper::Response::new(BoxBody::new(idemgate::body::CutShort::new(
+                Bytes::from_static(b"{\"id\":"),
+            )));
             *resp.status_mut() = StatusCode::CREATED;
             resp.headers_mut().insert(
                 http::header::CONTENT_LENGTH,
@@ -382,25 +382,6 @@ fn status_response(code: &str) -> hyper::Response<UpstreamBody> {
 
 fn boxed(body: Full<Bytes>) -> UpstreamBody {
     body.map_err(|never| match never {}).boxed()
-}
-
-/// A body that sends its one part and then fails, so hyper cuts the
-/// response short of its Content-Length.
-struct Truncated(Option<Bytes>);
-
-impl http_body::Body for Truncated {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        std::task::Poll::Ready(Some(match self.0.take() {
-            Some(part) => Ok(http_body::Frame::data(part)),
-            None => Err("truncated on purpose".into()),
-        }))
-    }
 }
 
 fn json_response(status: StatusCode, id: usize, received: Value) -> hyper::Response<UpstreamBody> {
