@@ -162,4 +162,63 @@ mod tests {
             r#"{"a":{"d":2},"e":[1,3]}"#
         );
     }
+
+    /// A random JSON value, `depth` levels deep at most (seeded: repeatable).
+    fn arbitrary(rng: &mut fastrand::Rng, depth: u32) -> Value {
+        match rng.u8(0..if depth == 0 { 4 } else { 6 }) {
+            0 => Value::Null,
+            1 => Value::Bool(rng.bool()),
+            2 => match rng.u8(0..3) {
+                0 => Value::from(rng.i64(-1_000_000..1_000_000)),
+                1 => Value::from(rng.f64() * 10f64.powi(rng.i32(-30..30))),
+                _ => Value::from(rng.u64(..)),
+            },
+            3 => {
+                let len = rng.usize(0..8);
+                Value::String((0..len).map(|_| random_char(rng)).collect())
+            }
+            4 => Value::Array(
+                (0..rng.usize(0..5))
+                    .map(|_| arbitrary(rng, depth - 1))
+                    .collect(),
+            ),
+            _ => Value::Object(
+                (0..rng.usize(0..5))
+                    .map(|_| {
+                        let len = rng.usize(0..6);
+                        let name: String = (0..len).map(|_| random_char(rng)).collect();
+                        (name, arbitrary(rng, depth - 1))
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    /// ASCII, controls, quotes, BMP and astral characters alike.
+    fn random_char(rng: &mut fastrand::Rng) -> char {
+        match rng.u8(0..4) {
+            0 => rng.char('\u{0}'..='\u{7f}'),
+            1 => ['"', '\\', '\n', '\u{1f}', '/'][rng.usize(0..5)],
+            2 => rng.char('\u{80}'..='\u{ffff}'),
+            _ => rng.char('\u{10000}'..='\u{10ffff}'),
+        }
+    }
+
+    #[test]
+    fn property_canonical_form_is_stable_and_faithful() {
+        let mut rng = fastrand::Rng::with_seed(8785);
+        for _ in 0..2000 {
+            let value = arbitrary(&mut rng, 4);
+            let canonical = canonicalize(&value);
+            // Faithful: it parses back to the same value.
+            let back: Value = serde_json::from_slice(&canonical).unwrap();
+            assert_eq!(canonicalize(&back), canonical, "{value}");
+            // Stable: any other serialisation of the value has the same form.
+            let pretty = serde_json::to_string_pretty(&value).unwrap();
+            let reparsed: Value = serde_json::from_str(&pretty).unwrap();
+            assert_eq!(canonicalize(&reparsed), canonical, "{pretty}");
+            // Canonical output is compact, sorted, and valid UTF-8.
+            assert!(std::str::from_utf8(&canonical).is_ok());
+        }
+    }
 }
