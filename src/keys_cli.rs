@@ -26,10 +26,10 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::{Map, Value, json};
 
 use crate::cli::{Keys, KeysCommand, KeysList, KeysResolve};
+use crate::pipeline::key::url_component;
 
 /// One admin call, connect to last byte; the admin API answers from the
 /// store, so anything slower is a gateway in trouble, not a slow answer.
@@ -40,15 +40,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_ANSWER: usize = 64 * 1024 * 1024;
 /// Bytes of a non-problem error body worth showing.
 const MAX_SHOWN_ERROR_BODY: usize = 300;
-/// Characters escaped in query values and path segments: everything but
-/// RFC 3986 unreserved ones (the API decodes `+` as a space, so it must be
-/// escaped too).
-const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
 /// Why a `keys` command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KeysError {
@@ -88,10 +79,14 @@ pub async fn run(keys: &Keys) -> Result<String, KeysError> {
     // Local mistakes first: they need neither the token nor the gateway.
     let call = match &keys.command {
         KeysCommand::List(list) => (Method::GET, list_path(list), None),
-        KeysCommand::Show { id } => (Method::GET, format!("/admin/keys/{}", segment(id)), None),
+        KeysCommand::Show { id } => (
+            Method::GET,
+            format!("/admin/keys/{}", url_component(id)),
+            None,
+        ),
         KeysCommand::Resolve(resolve) => (
             Method::POST,
-            format!("/admin/keys/{}/resolve", segment(&resolve.id)),
+            format!("/admin/keys/{}/resolve", url_component(&resolve.id)),
             Some(resolution(resolve)?),
         ),
     };
@@ -163,7 +158,7 @@ fn list_path(list: &KeysList) -> String {
         .filter_map(|(name, value)| {
             value
                 .as_ref()
-                .map(|v| format!("{name}={}", utf8_percent_encode(v, COMPONENT)))
+                .map(|v| format!("{name}={}", url_component(v)))
         })
         .collect();
     if query.is_empty() {
@@ -171,10 +166,6 @@ fn list_path(list: &KeysList) -> String {
     } else {
         format!("/admin/keys?{}", query.join("&"))
     }
-}
-
-fn segment(text: &str) -> String {
-    utf8_percent_encode(text, COMPONENT).to_string()
 }
 
 /// The body of `POST /admin/keys/{id}/resolve` these flags describe. A

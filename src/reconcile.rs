@@ -16,20 +16,13 @@ use dashmap::DashSet;
 use http::header::{ACCEPT, AUTHORIZATION, HeaderName, HeaderValue};
 use http::{HeaderMap, Request};
 use http_body_util::BodyExt;
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::json;
 
 use crate::body::full;
 use crate::config::{Reconcile, Route};
 use crate::pipeline::forward::{UpstreamClient, strip_hop_by_hop};
+use crate::pipeline::key::url_component;
 use crate::store::{Event, Store, StoredResponse};
-
-/// URL-component encoding: everything but the RFC 3986 unreserved characters.
-const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
 
 /// What a probe found.
 pub enum ProbeResult {
@@ -83,8 +76,7 @@ impl Drop for Running<'_> {
 
 /// The probe URL for a key.
 pub fn url_for(reconcile: &Reconcile, key: &str) -> String {
-    let encoded = utf8_percent_encode(key, COMPONENT).to_string();
-    reconcile.url.replace("{key}", &encoded)
+    reconcile.url.replace("{key}", &url_component(key))
 }
 
 impl Reconciler {

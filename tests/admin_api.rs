@@ -278,18 +278,10 @@ async fn an_exposed_admin_listener_without_a_token_refuses_to_start() {
 
 // ------------------------------------------------------- unknown, shown
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unknown_operation_is_listed_and_shown_without_credentials() {
-    let (gw, admin) =
-        gateway("upstream_timeout = \"300ms\"\nscope_headers = [\"authorization\", \"x-account\"]")
-            .await;
-    let secrets = [
-        "alice-token",
-        "acct-secret-42",
-        "query-secret-77",
-        admin.token.as_str(),
-    ];
-    let lost = send(
+/// A write carrying a credential in every place one can hide: the
+/// Authorization header, a second scope header and the query string.
+async fn send_with_secrets(gw: &TestGateway) -> Response {
+    send(
         gw.addr(),
         "POST",
         "/hold?api_key=query-secret-77",
@@ -301,7 +293,21 @@ async fn an_unknown_operation_is_listed_and_shown_without_credentials() {
         ],
         ORDER,
     )
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_operation_is_listed_and_shown_without_credentials() {
+    let (gw, admin) =
+        gateway("upstream_timeout = \"300ms\"\nscope_headers = [\"authorization\", \"x-account\"]")
+            .await;
+    let secrets = [
+        "alice-token",
+        "acct-secret-42",
+        "query-secret-77",
+        admin.token.as_str(),
+    ];
+    let lost = send_with_secrets(&gw).await;
     lost.assert_operation_problem(504, "outcome-unknown", "unknown");
     // A completed one alongside, so the state filter has something to leave out.
     assert_fresh_created(&write(gw.addr(), "/orders", Some("done-1"), ORDER).await);
@@ -400,19 +406,7 @@ async fn an_unknown_operation_is_listed_and_shown_without_credentials() {
         }
     }
     // Held: a retry is not sent.
-    let retry = send(
-        gw.addr(),
-        "POST",
-        "/hold?api_key=query-secret-77",
-        &[
-            ("content-type", "application/json"),
-            ("authorization", ALICE),
-            ("x-account", "acct-secret-42"),
-            ("idempotency-key", "held-1"),
-        ],
-        ORDER,
-    )
-    .await;
+    let retry = send_with_secrets(&gw).await;
     assert_held_unknown(&retry);
     assert_eq!(gw.upstream.writes(), 2);
 }

@@ -7,9 +7,23 @@
 
 use http::HeaderMap;
 use http::header::HeaderName;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
 use crate::pipeline::fingerprint::Fingerprint;
+
+/// URL-component encoding: everything but the RFC 3986 unreserved
+/// characters, so a key (or any text) is one path segment or query value.
+const URL_COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `text` URL-component encoded (`a/b c` → `a%2Fb%20c`).
+pub fn url_component(text: &str) -> String {
+    utf8_percent_encode(text, URL_COMPONENT).to_string()
+}
 
 /// The `Idempotency-Key` header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
