@@ -355,3 +355,24 @@ async fn changed_payload_while_the_first_is_in_flight_is_key_reused() {
     assert_eq!(gw.upstream.writes(), 1, "nothing but the first was sent");
     assert_eq!(gw.upstream.requests().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_reserialised_json_body_is_the_same_operation() {
+    // Over 64 KiB, the fingerprint is computed off the async workers.
+    let items: Vec<serde_json::Value> = (0..4000)
+        .map(|i| serde_json::json!({ "sku": format!("item-{i}"), "qty": i, "price": i as f64 / 7.0 }))
+        .collect();
+    let compact = serde_json::json!({ "items": items }).to_string();
+    let pretty = serde_json::to_string_pretty(&serde_json::json!({ "items": items })).unwrap();
+    assert!(compact.len() > 128 * 1024 && pretty != compact);
+    let gw = spawn_gateway("").await;
+
+    let first = write(gw.addr(), "/orders", Some("bulk-1"), &compact).await;
+    assert_fresh_created(&first);
+    let again = write(gw.addr(), "/orders", Some("bulk-1"), &pretty).await;
+    assert_replay_of(&again, &first);
+    let changed = compact.replace("item-3999", "item-4000");
+    let reused = write(gw.addr(), "/orders", Some("bulk-1"), &changed).await;
+    reused.assert_problem(422, "key-reused");
+    assert_eq!(gw.upstream.writes(), 1);
+}

@@ -210,14 +210,7 @@ impl Proxy {
         let (parts, body) = request.into_parts();
         let body = read_body(&parts, body, route).await?;
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let fingerprint = Fingerprint::compute(&FingerprintInput {
-            method: &parts.method,
-            path_and_query,
-            headers: &parts.headers,
-            fingerprint_headers: &route.fingerprint_headers,
-            ignore_fields: &route.ignore_fields,
-            body: &body,
-        });
+        let fingerprint = fingerprint_of(route, &parts, &body).await?;
         let (key, announced) = match sent_key {
             Some(key) => (key, false),
             None => (made_key(route, &scope, &fingerprint, &body)?, true),
@@ -359,6 +352,43 @@ impl Proxy {
             operation: operation.as_ref().map(OperationRef::from),
         })
     }
+}
+
+/// Bodies larger than this are fingerprinted on the blocking pool: RFC 8785
+/// over a large JSON body takes milliseconds (about 1 ms per 64 KiB), which
+/// must not stall the other requests on an async worker.
+const INLINE_FINGERPRINT_BYTES: usize = 64 * 1024;
+
+/// The request's fingerprint, computed where its size says.
+async fn fingerprint_of(
+    route: &Arc<Route>,
+    parts: &request::Parts,
+    body: &Bytes,
+) -> Result<Fingerprint, ProxyError> {
+    let compute = |route: &Route, parts: &request::Parts, body: &[u8]| {
+        Fingerprint::compute(&FingerprintInput {
+            method: &parts.method,
+            path_and_query: parts.uri.path_and_query().map_or("/", |pq| pq.as_str()),
+            headers: &parts.headers,
+            fingerprint_headers: &route.fingerprint_headers,
+            ignore_fields: &route.ignore_fields,
+            body,
+        })
+    };
+    if body.len() <= INLINE_FINGERPRINT_BYTES {
+        return Ok(compute(route, parts, body));
+    }
+    let (route, body) = (route.clone(), body.clone());
+    let mut head = Request::new(());
+    *head.method_mut() = parts.method.clone();
+    *head.uri_mut() = parts.uri.clone();
+    *head.headers_mut() = parts.headers.clone();
+    let (head, ()) = head.into_parts();
+    tokio::task::spawn_blocking(move || compute(&route, &head, &body))
+        .await
+        .map_err(|e| ProxyError::Internal {
+            reason: format!("fingerprinting failed: {e}"),
+        })
 }
 
 /// The key for a write that sent none: assigned, or derived from the request.
