@@ -22,11 +22,14 @@ use serde_json::json;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::claim::InFlightGuard;
+use crate::pipeline::fingerprint::Fingerprint;
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
 use crate::pipeline::record::{self, Reply, SettleGuard};
+use crate::pipeline::replay::ReplayCache;
 use crate::reconcile::Reconciler;
 use crate::store::{Claim, Event, Recorded, Settlement, Store, StoredResponse};
 
@@ -44,6 +47,11 @@ pub struct Attempt {
     /// Dropped once the outcome is recorded, to wake waiting duplicates.
     pub in_flight: Option<InFlightGuard>,
     pub metrics: Arc<Metrics>,
+    /// Where a completed response goes for replays, under `identity`.
+    pub replays: Arc<ReplayCache>,
+    pub identity: String,
+    pub fingerprint: Fingerprint,
+    pub clock: Arc<dyn Clock>,
     /// Cancelled when shutdown starts: stop probing and listening late.
     pub stopping: CancellationToken,
     /// Cancelled when the shutdown grace is over: stop retrying records.
@@ -66,6 +74,9 @@ impl Attempt {
             self.request.body_len(),
         );
         let held = matches!(settlement, Settlement::Unknown { .. });
+        // Not later than the store's own update time, so the cache never
+        // outlives the stored operation.
+        let recorded_at = self.clock.now_millis();
         // The client may have hung up; the outcome is recorded regardless.
         let deliver = |response| drop(reply.send(response));
         let recorded = match self.store.record(&self.claim, &settlement, &events).await {
@@ -77,6 +88,17 @@ impl Attempt {
                 // no write sent after that answer can slip past it.
                 if held && recorded == Recorded::Applied {
                     self.trip_pause_latch().await;
+                }
+                if let (Settlement::Completed { response: stored }, Recorded::Applied) =
+                    (&settlement, recorded)
+                {
+                    self.replays.insert(
+                        &self.identity,
+                        &self.claim.operation_id,
+                        &self.fingerprint,
+                        stored,
+                        recorded_at,
+                    );
                 }
                 deliver(response);
                 Some(recorded)

@@ -30,7 +30,7 @@ use tokio::time::{Instant, timeout_at};
 use crate::body::ProxyBody;
 use crate::config::{InProgressMode, Route};
 use crate::pipeline::fingerprint::Fingerprint;
-use crate::pipeline::replay;
+use crate::pipeline::replay::{self, ReplayCache};
 use crate::problem::{OperationRef, ProxyError};
 use crate::store::{Claim, ClaimResult, NewOperation, Operation, State, Store, StoreError};
 
@@ -109,16 +109,21 @@ impl Drop for InFlightGuard {
     }
 }
 
-/// The in-flight map's key for an operation's identity.
-fn identity(new: &NewOperation) -> String {
+/// The key of an operation's identity in the in-flight map and the replay
+/// cache.
+pub fn identity(new: &NewOperation) -> String {
     format!("{}\0{}\0{}", new.route, new.scope, new.key)
 }
 
 impl InFlight {
     /// Enters `new`'s identity to claim it, or returns the entry of the
     /// request already there (cloned out: no map guard outlives this call).
-    fn enter(self: &Arc<Self>, new: &NewOperation) -> Result<InFlightGuard, Arc<Entry>> {
-        let identity = identity(new);
+    fn enter(
+        self: &Arc<Self>,
+        identity: &str,
+        new: &NewOperation,
+    ) -> Result<InFlightGuard, Arc<Entry>> {
+        let identity = identity.to_string();
         match self.entries.entry(identity.clone()) {
             dashmap::Entry::Occupied(found) => Err(found.get().clone()),
             dashmap::Entry::Vacant(vacant) => {
@@ -138,20 +143,27 @@ impl InFlight {
     }
 }
 
-/// Claims `new`, or answers it from the in-flight map or the store; on a
+/// Claims `new`, or answers it from the replay cache (completed operations
+/// updated after `valid_after`), the in-flight map or the store; on a
 /// `wait` route a duplicate of an attempt in flight waits up to
 /// `wait_timeout`.
 pub async fn claim(
     store: &dyn Store,
     in_flight: &Arc<InFlight>,
+    cache: &ReplayCache,
     route: &Route,
     new: &NewOperation,
+    valid_after: i64,
 ) -> Result<Claimed, ProxyError> {
     let deadline = Instant::now() + route.wait_timeout;
     let waits = route.in_progress == InProgressMode::Wait;
+    let identity = identity(new);
     loop {
-        let entry = match in_flight.enter(new) {
-            Ok(guard) => match claim_in_store(store, new, waits, guard).await? {
+        if let Some(answer) = cache.answer(&identity, &new.fingerprint, valid_after) {
+            return answer.map(Claimed::Answer);
+        }
+        let entry = match in_flight.enter(&identity, new) {
+            Ok(guard) => match claim_in_store(store, cache, new, waits, guard).await? {
                 Stored::Decided(claimed) => return Ok(claimed),
                 Stored::Elsewhere(operation) => {
                     let now = Instant::now();
@@ -214,6 +226,7 @@ enum Stored {
 
 async fn claim_in_store(
     store: &dyn Store,
+    cache: &ReplayCache,
     new: &NewOperation,
     waits: bool,
     guard: InFlightGuard,
@@ -238,6 +251,7 @@ async fn claim_in_store(
     if waits && same && operation.state == State::InProgress {
         return Ok(Stored::Elsewhere(OperationRef::from(operation.as_ref())));
     }
+    cache.insert_operation(&identity(new), &operation);
     replay::answer_existing(&operation, &new.fingerprint)
         .map(|response| Stored::Decided(Claimed::Answer(response)))
 }

@@ -26,7 +26,7 @@ pub mod status;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
@@ -50,6 +50,7 @@ use claim::{Claimed, InFlight};
 use fingerprint::{Fingerprint, FingerprintInput};
 use forward::{UpstreamClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
+use replay::ReplayCache;
 
 /// A configured route with its pooled upstream client.
 pub struct ActiveRoute {
@@ -67,6 +68,9 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     in_flight: Arc<InFlight>,
+    replays: Arc<ReplayCache>,
+    /// The store's retention: a cached replay is never older than this.
+    retention: Duration,
     /// Forward tasks outlive their requests; shutdown waits for them.
     tasks: TaskTracker,
     /// Cancelled when shutdown starts: stop follow-ups of lost responses.
@@ -107,6 +111,8 @@ impl Proxy {
             clock,
             stopping,
             in_flight: Arc::default(),
+            replays: Arc::default(),
+            retention: config.store.retention,
             tasks: TaskTracker::new(),
             give_up,
             max_header_bytes: config.server.max_header_bytes,
@@ -279,32 +285,44 @@ impl Proxy {
             return self.write_while_paused(route, &new).await;
         }
         let credentials = || reconcile::credentials(&parts.headers, route);
-        let (claim, in_flight) =
-            match claim::claim(self.store.as_ref(), &self.in_flight, route, &new).await? {
-                Claimed::Send(claim, guard) => (claim, guard),
-                Claimed::Answer(response) => return Ok(response),
-                Claimed::Held(operation) => {
-                    let settled = self
-                        .reconciler
-                        .reconcile(
-                            self.store.as_ref(),
-                            &active.client,
-                            route,
-                            &operation.id,
-                            key.as_str(),
-                            &credentials(),
-                        )
-                        .await;
-                    return match settled {
-                        Some(response) => {
-                            let mut response = replay::respond(&response);
-                            response.extensions_mut().insert(OperationId(operation.id));
-                            Ok(response)
-                        }
-                        None => replay::answer_existing(&operation, &new.fingerprint),
-                    };
-                }
-            };
+        // Completed operations the store may have deleted (retention) or
+        // superseded (derive window) are never answered from the cache.
+        let valid_after = (self.clock.now_millis() - clock::millis(self.retention))
+            .max(new.fresh_after.unwrap_or(i64::MIN));
+        let claimed = claim::claim(
+            self.store.as_ref(),
+            &self.in_flight,
+            &self.replays,
+            route,
+            &new,
+            valid_after,
+        )
+        .await?;
+        let (claim, in_flight) = match claimed {
+            Claimed::Send(claim, guard) => (claim, guard),
+            Claimed::Answer(response) => return Ok(response),
+            Claimed::Held(operation) => {
+                let settled = self
+                    .reconciler
+                    .reconcile(
+                        self.store.as_ref(),
+                        &active.client,
+                        route,
+                        &operation.id,
+                        key.as_str(),
+                        &credentials(),
+                    )
+                    .await;
+                return match settled {
+                    Some(response) => {
+                        let mut response = replay::respond(&response);
+                        response.extensions_mut().insert(OperationId(operation.id));
+                        Ok(response)
+                    }
+                    None => replay::answer_existing(&operation, &new.fingerprint),
+                };
+            }
+        };
         let attempt = Attempt {
             store: self.store.clone(),
             reconciler: self.reconciler.clone(),
@@ -315,6 +333,10 @@ impl Proxy {
             key: key.as_str().to_string(),
             credentials: credentials(),
             metrics: self.metrics.clone(),
+            replays: self.replays.clone(),
+            identity: claim::identity(&new),
+            fingerprint: new.fingerprint.clone(),
+            clock: self.clock.clone(),
             stopping: self.stopping.clone(),
             give_up: self.give_up.clone(),
         };

@@ -5,6 +5,11 @@
 //! (order and duplicates kept) and the stored body byte for byte, with
 //! `Content-Length` recomputed and `Idempotent-Replayed: true` added.
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use dashmap::DashMap;
 use http::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 
@@ -76,6 +81,144 @@ pub fn respond(stored: &StoredResponse) -> Response<ProxyBody> {
     response
 }
 
+/// The most response bytes the replay cache holds; older entries go first.
+pub const CACHE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Completed operations' responses by identity, so a replay needs no store
+/// read. `completed` is final but for two things, which every look-up
+/// checks against the store's clock: retention deletes the operation, and
+/// `derive_window` supersedes it. Absence proves nothing: the store is asked.
+pub struct ReplayCache {
+    entries: DashMap<String, Arc<Cached>>,
+    /// Insertion order for eviction. std Mutex: never held across `.await`.
+    order: Mutex<VecDeque<(String, Arc<Cached>)>>,
+    bytes: AtomicUsize,
+    max_bytes: usize,
+}
+
+struct Cached {
+    operation_id: String,
+    fingerprint: Fingerprint,
+    response: StoredResponse,
+    updated_at: i64,
+}
+
+impl Cached {
+    fn size(&self, identity: &str) -> usize {
+        identity.len()
+            + self.response.body.as_ref().map_or(0, Vec::len)
+            + self
+                .response
+                .headers
+                .iter()
+                .map(|(n, v)| n.len() + v.len())
+                .sum::<usize>()
+    }
+}
+
+impl Default for ReplayCache {
+    fn default() -> Self {
+        Self::with_capacity(CACHE_BYTES)
+    }
+}
+
+impl ReplayCache {
+    pub fn with_capacity(max_bytes: usize) -> Self {
+        ReplayCache {
+            entries: DashMap::new(),
+            order: Mutex::new(VecDeque::new()),
+            bytes: AtomicUsize::new(0),
+            max_bytes,
+        }
+    }
+
+    /// Keeps a completed operation's stored response (one with a body).
+    pub fn insert_operation(&self, identity: &str, operation: &Operation) {
+        if let (State::Completed, Some(response)) = (operation.state, &operation.response) {
+            self.insert(
+                identity,
+                &operation.id,
+                &operation.fingerprint,
+                response,
+                operation.updated_at,
+            );
+        }
+    }
+
+    /// Keeps a response just recorded as `completed`. `updated_at` must not
+    /// be later than the store's own, so the cache never outlives it.
+    pub fn insert(
+        &self,
+        identity: &str,
+        operation_id: &str,
+        fingerprint: &Fingerprint,
+        response: &StoredResponse,
+        updated_at: i64,
+    ) {
+        if response.body.is_none() {
+            return;
+        }
+        let cached = Arc::new(Cached {
+            operation_id: operation_id.to_string(),
+            fingerprint: fingerprint.clone(),
+            response: response.clone(),
+            updated_at,
+        });
+        let size = cached.size(identity);
+        if size > self.max_bytes {
+            return;
+        }
+        if let Some(old) = self.entries.insert(identity.to_string(), cached.clone()) {
+            self.bytes.fetch_sub(old.size(identity), Ordering::SeqCst);
+        }
+        self.bytes.fetch_add(size, Ordering::SeqCst);
+        let Ok(mut order) = self.order.lock() else {
+            return;
+        };
+        order.push_back((identity.to_string(), cached));
+        while self.bytes.load(Ordering::SeqCst) > self.max_bytes {
+            let Some((oldest, entry)) = order.pop_front() else {
+                break;
+            };
+            // Only if it is still that entry: a newer one keeps its place.
+            if self
+                .entries
+                .remove_if(&oldest, |_, current| Arc::ptr_eq(current, &entry))
+                .is_some()
+            {
+                self.bytes.fetch_sub(entry.size(&oldest), Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The answer for `identity` if a completed operation updated after
+    /// `valid_after` (ms, the store's clock) is cached: its replay, or 422
+    /// when `fingerprint` differs.
+    pub fn answer(
+        &self,
+        identity: &str,
+        fingerprint: &Fingerprint,
+        valid_after: i64,
+    ) -> Option<Result<Response<ProxyBody>, ProxyError>> {
+        let cached = self.entries.get(identity).map(|c| c.clone())?;
+        if cached.updated_at < valid_after {
+            return None;
+        }
+        let operation = OperationRef {
+            id: cached.operation_id.clone(),
+            state: State::Completed,
+        };
+        if cached.fingerprint != *fingerprint {
+            return Some(Err(ProxyError::KeyReused { operation }));
+        }
+        let mut response = respond(&cached.response);
+        response
+            .extensions_mut()
+            .insert(OperationId(cached.operation_id.clone()));
+        Some(Ok(response))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +281,49 @@ mod tests {
         assert_eq!(status(&operation(State::InProgress, None), &fp), 409);
         let other = Fingerprint::from_stored("g".into());
         assert_eq!(status(&operation(State::Completed, Some(b"")), &other), 422);
+    }
+
+    #[tokio::test]
+    async fn the_cache_replays_only_what_is_still_valid() {
+        let cache = ReplayCache::default();
+        let fp = Fingerprint::from_stored("f".into());
+        let mut op = operation(State::Completed, Some(b"{\"id\":1}"));
+        op.updated_at = 1_000;
+        cache.insert_operation("id-1", &op);
+        let replay = cache.answer("id-1", &fp, 0).unwrap().unwrap();
+        assert_eq!(replay.headers()[IDEMPOTENT_REPLAYED], "true");
+        let body = replay.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"{\"id\":1}");
+        // Another fingerprint is a reused key; an expired entry is not answered.
+        let other = Fingerprint::from_stored("g".into());
+        let reused = cache.answer("id-1", &other, 0).unwrap().unwrap_err();
+        assert_eq!(reused.problem().status, 422);
+        assert!(cache.answer("id-1", &fp, 1_001).is_none());
+        assert!(cache.answer("id-2", &fp, 0).is_none());
+        // Only completed operations with a stored body are kept.
+        cache.insert_operation("id-3", &operation(State::Unknown, Some(b"x")));
+        cache.insert_operation("id-4", &operation(State::Completed, None));
+        assert!(cache.answer("id-3", &fp, 0).is_none());
+        assert!(cache.answer("id-4", &fp, 0).is_none());
+    }
+
+    #[test]
+    fn the_cache_evicts_the_oldest_past_its_capacity() {
+        let fp = Fingerprint::from_stored("f".into());
+        let body = vec![b'x'; 100];
+        let cache = ReplayCache::with_capacity(350);
+        for i in 0..5 {
+            cache.insert_operation(&format!("k{i}"), &operation(State::Completed, Some(&body)));
+        }
+        assert!(
+            cache.answer("k0", &fp, 0).is_none(),
+            "the oldest went first"
+        );
+        assert!(cache.answer("k4", &fp, 0).is_some());
+        assert!(cache.bytes.load(Ordering::SeqCst) <= 350);
+        // Re-inserting a key replaces its entry without double counting.
+        cache.insert_operation("k4", &operation(State::Completed, Some(&body)));
+        assert!(cache.bytes.load(Ordering::SeqCst) <= 350);
+        assert!(cache.answer("k4", &fp, 0).is_some());
     }
 }
