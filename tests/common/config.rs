@@ -1,0 +1,114 @@
+//! Gateway configs for tests: [`Setup`] and the TOML it writes.
+
+use super::*;
+
+/// A complete config for one route `api` at `path_prefix` → `upstream_url`,
+/// with `route_extra` (TOML lines) appended to the route table.
+pub fn gateway_toml(
+    store: &Path,
+    upstream_url: &str,
+    path_prefix: &str,
+    route_extra: &str,
+) -> String {
+    gateway_toml_with(
+        store,
+        upstream_url,
+        &Setup::route(route_extra).at(path_prefix),
+    )
+}
+
+/// Like [`gateway_toml`], with every part [`Setup`] can add.
+pub fn gateway_toml_with(store: &Path, upstream_url: &str, setup: &Setup) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+{server_extra}
+
+[store]
+url = "sqlite://{store}"
+durability = "normal"
+{store_extra}
+
+[[routes]]
+name = "api"
+path_prefix = "{path_prefix}"
+upstream = "{upstream_url}"
+{route_extra}
+"#,
+        store = store.display(),
+        path_prefix = setup.path_prefix,
+        server_extra = setup.server,
+        store_extra = setup.store,
+        route_extra = setup.route,
+    )
+}
+
+pub fn parse_config(toml: &str) -> Config {
+    Config::from_toml_str(toml, "test.toml")
+        .unwrap_or_else(|e| panic!("test config rejected: {e}\n{toml}"))
+}
+
+/// What a test gateway is made of beyond the defaults.
+#[derive(Clone)]
+pub struct Setup {
+    pub path_prefix: String,
+    /// TOML lines for the route table (a `[routes.reconcile]` table last).
+    pub route: String,
+    /// TOML lines for `[store]`.
+    pub store: String,
+    /// TOML lines for `[server]`.
+    pub server: String,
+    /// The route's upstream; the fake upstream's URL when `None`.
+    pub upstream_url: Option<String>,
+    /// The clock the gateway (and its store) reads; the system's when `None`.
+    pub clock: Option<Arc<dyn Clock>>,
+    /// The admin token, handed over through `StartOptions`; none when `None`.
+    pub admin_token: Option<String>,
+}
+
+impl Setup {
+    /// A catch-all route with `route_extra` lines.
+    pub fn route(route_extra: &str) -> Setup {
+        Setup {
+            path_prefix: "/".into(),
+            route: route_extra.into(),
+            store: String::new(),
+            server: String::new(),
+            upstream_url: None,
+            clock: None,
+            admin_token: None,
+        }
+    }
+
+    pub fn at(mut self, path_prefix: &str) -> Setup {
+        self.path_prefix = path_prefix.into();
+        self
+    }
+
+    pub fn store(mut self, lines: &str) -> Setup {
+        self.store = lines.into();
+        self
+    }
+
+    pub fn server(mut self, lines: &str) -> Setup {
+        self.server = lines.into();
+        self
+    }
+
+    pub fn upstream_url(mut self, url: impl Into<String>) -> Setup {
+        self.upstream_url = Some(url.into());
+        self
+    }
+
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Setup {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// An admin token of its own, for [`TestGateway::operation`].
+    pub fn admin(mut self) -> Setup {
+        self.admin_token = Some(format!("test-admin-{}", uuid::Uuid::now_v7().simple()));
+        self
+    }
+}

@@ -1,0 +1,150 @@
+//! In-process gateways on a per-test SQLite file: [`TestGateway`].
+
+use super::*;
+
+/// An in-process gateway on its own SQLite file, with its fake upstream.
+pub struct TestGateway {
+    gateway: Option<Gateway>,
+    pub upstream: FakeUpstream,
+    pub toml: String,
+    pub store_path: PathBuf,
+    clock: Option<Arc<dyn Clock>>,
+    admin_token: Option<String>,
+    // Last field: removed after the gateway above is dropped.
+    pub dir: TempDir,
+}
+
+/// A gateway with one catch-all route; `route_extra` adds route fields.
+pub async fn spawn_gateway(route_extra: &str) -> TestGateway {
+    spawn_gateway_at("/", route_extra).await
+}
+
+/// Like [`spawn_gateway`] with the route at `path_prefix`.
+pub async fn spawn_gateway_at(path_prefix: &str, route_extra: &str) -> TestGateway {
+    spawn_gateway_with(Setup::route(route_extra).at(path_prefix)).await
+}
+
+/// A gateway made as `setup` says, in front of a new fake upstream.
+pub async fn spawn_gateway_with(setup: Setup) -> TestGateway {
+    spawn_gateway_on(FakeUpstream::start().await, setup).await
+}
+
+/// A gateway made as `setup` says, in front of `upstream` (unless
+/// `setup.upstream_url` points elsewhere).
+pub async fn spawn_gateway_on(upstream: FakeUpstream, setup: Setup) -> TestGateway {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store_path = dir.path().join("idemgate.db");
+    let url = setup.upstream_url.clone().unwrap_or_else(|| upstream.url());
+    let toml = gateway_toml_with(&store_path, &url, &setup);
+    let gateway = start(&toml, setup.clock.clone(), setup.admin_token.clone()).await;
+    TestGateway {
+        gateway: Some(gateway),
+        upstream,
+        toml,
+        store_path,
+        clock: setup.clock,
+        admin_token: setup.admin_token,
+        dir,
+    }
+}
+
+async fn start(toml: &str, clock: Option<Arc<dyn Clock>>, admin_token: Option<String>) -> Gateway {
+    let options = idemgate::server::StartOptions {
+        clock: clock.unwrap_or_else(|| Arc::new(idemgate::clock::SystemClock)),
+        admin_token,
+    };
+    tokio::time::timeout(WAIT, Gateway::start_with(parse_config(toml), options))
+        .await
+        .expect("gateway start timed out")
+        .unwrap_or_else(|e| panic!("gateway failed to start: {e}"))
+}
+
+impl TestGateway {
+    pub fn gateway(&self) -> &Gateway {
+        self.gateway.as_ref().expect("gateway running")
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.gateway().addr()
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.gateway().admin_addr()
+    }
+
+    /// Graceful shutdown; the store lock is released when this returns.
+    pub async fn shutdown(&mut self) {
+        let gateway = self.gateway.take().expect("gateway running");
+        tokio::time::timeout(WAIT, gateway.shutdown())
+            .await
+            .expect("gateway shutdown timed out");
+    }
+
+    /// Starts a graceful shutdown in the background; await the handle for
+    /// its end (bounded by [`WAIT`]).
+    pub fn begin_shutdown(&mut self) -> tokio::task::JoinHandle<()> {
+        let gateway = self.gateway.take().expect("gateway running");
+        tokio::spawn(async move {
+            tokio::time::timeout(WAIT, gateway.shutdown())
+                .await
+                .expect("gateway shutdown timed out");
+        })
+    }
+
+    /// Shuts down and starts a new gateway on the same store and config.
+    pub async fn restart(&mut self) {
+        self.shutdown().await;
+        self.start_again().await;
+    }
+
+    /// Starts a new gateway on this one's store and config, after a
+    /// [`TestGateway::shutdown`].
+    pub async fn start_again(&mut self) {
+        assert!(self.gateway.is_none(), "the gateway is still running");
+        self.gateway = Some(start(&self.toml, self.clock.clone(), self.admin_token.clone()).await);
+    }
+
+    /// A second `Gateway::start` on this gateway's config (same store).
+    pub async fn try_start_another(&self) -> Result<Gateway, idemgate::server::StartError> {
+        tokio::time::timeout(WAIT, Gateway::start(parse_config(&self.toml)))
+            .await
+            .expect("second gateway start timed out")
+    }
+
+    /// The newest operation with `key`, as `GET /admin/keys/{id}` shows it:
+    /// `state`, `attempts`, `evidence`, `events` (`kind`, `detail`), …
+    pub async fn operation(&self, key: &str) -> Value {
+        let token = self
+            .admin_token
+            .as_deref()
+            .expect("operation() needs a gateway set up with Setup::admin()");
+        let admin = self.admin_addr();
+        let list = admin_call(
+            admin,
+            "GET",
+            &format!("/admin/keys?key={key}"),
+            Some(token),
+            "",
+        )
+        .await;
+        assert_eq!(list.status, StatusCode::OK, "admin list: {:?}", list.body);
+        let id = list.json()["items"][0]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no operation with key {key}"))
+            .to_owned();
+        let shown = admin_call(admin, "GET", &format!("/admin/keys/{id}"), Some(token), "").await;
+        assert_eq!(shown.status, StatusCode::OK, "admin show: {:?}", shown.body);
+        shown.json()
+    }
+}
+
+/// The `detail` of each event of `kind` in an operation's timeline.
+pub fn events_of(operation: &Value, kind: &str) -> Vec<Value> {
+    operation["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["kind"] == kind)
+        .map(|e| e["detail"].clone())
+        .collect()
+}

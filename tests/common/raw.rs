@@ -1,0 +1,117 @@
+//! Raw TCP, for malformed or hand-framed requests.
+
+use super::*;
+
+/// A raw HTTP/1.1 response read off a socket.
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    /// The head as text (status line and headers), lowercased.
+    pub head: String,
+    pub body: Vec<u8>,
+    /// Interim 1xx status codes seen before the final response.
+    pub interim: Vec<u16>,
+}
+
+/// Writes `request` to a new connection and reads one final response
+/// (skipping 1xx). `None` when the peer closed or reset before a full head.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Option<RawResponse> {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let exchange = async {
+        // A peer that refuses early may reset while we still write: keep
+        // reading whatever it answered.
+        let _ = stream.write_all(request).await;
+        read_response(&mut stream).await
+    };
+    tokio::time::timeout(WAIT, exchange)
+        .await
+        .expect("raw exchange timed out")
+}
+
+/// Reads one final response from `stream` (skipping 1xx).
+pub async fn read_response(stream: &mut TcpStream) -> Option<RawResponse> {
+    let mut buf = Vec::new();
+    let mut interim = Vec::new();
+    loop {
+        let head_end = loop {
+            if let Some(i) = find(&buf, b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 8192];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        buf.drain(..head_end);
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("bad status line: {head:?}"));
+        if (100..200).contains(&status) {
+            interim.push(status);
+            continue;
+        }
+        let length = head
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim() == "content-length")
+            .and_then(|(_, v)| v.trim().parse::<usize>().ok());
+        let mut body = buf;
+        let mut chunk = [0u8; 8192];
+        loop {
+            if length.is_some_and(|len| body.len() >= len) {
+                break;
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => body.extend_from_slice(&chunk[..n]),
+            }
+        }
+        return Some(RawResponse {
+            status,
+            head,
+            body,
+            interim,
+        });
+    }
+}
+
+pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A raw POST head (no body) with the given extra header lines.
+pub fn raw_post_head(path: &str, extra_headers: &[&str]) -> String {
+    let mut head = format!("POST {path} HTTP/1.1\r\nhost: idemgate.test\r\n");
+    for line in extra_headers {
+        head.push_str(line);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    head
+}
+
+/// Encodes `body` as one chunk plus the last chunk.
+pub fn chunked(body: &[u8]) -> Vec<u8> {
+    let mut out = format!("{:x}\r\n", body.len()).into_bytes();
+    out.extend_from_slice(body);
+    out.extend_from_slice(b"\r\n0\r\n\r\n");
+    out
+}
+
+/// An unused loopback port: bound, then released.
+pub async fn closed_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+/// Asserts the gateway still proxies a plain GET after some abuse.
+pub async fn assert_still_serving(gw: &TestGateway) {
+    let resp = send(gw.addr(), "GET", "/alive", &[], Bytes::new()).await;
+    assert_eq!(resp.status, StatusCode::OK, "gateway stopped serving");
+    let health = send(gw.admin_addr(), "GET", "/healthz", &[], Bytes::new()).await;
+    assert_eq!(health.status, StatusCode::OK, "admin stopped serving");
+}
