@@ -153,17 +153,17 @@ pub async fn claim(
     cache: &ReplayCache,
     route: &Route,
     new: &NewOperation,
+    identity: &str,
     valid_after: i64,
 ) -> Result<Claimed, ProxyError> {
     let deadline = Instant::now() + route.wait_timeout;
     let waits = route.in_progress == InProgressMode::Wait;
-    let identity = identity(new);
     loop {
-        if let Some(answer) = cache.answer(&identity, &new.fingerprint, valid_after) {
+        if let Some(answer) = cache.answer(identity, &new.fingerprint, valid_after) {
             return answer.map(Claimed::Answer);
         }
-        let entry = match in_flight.enter(&identity, new) {
-            Ok(guard) => match claim_in_store(store, cache, new, waits, guard).await? {
+        let entry = match in_flight.enter(identity, new) {
+            Ok(guard) => match claim_in_store(store, cache, new, identity, waits, guard).await? {
                 Stored::Decided(claimed) => return Ok(claimed),
                 Stored::Elsewhere(operation) => {
                     let now = Instant::now();
@@ -228,6 +228,7 @@ async fn claim_in_store(
     store: &dyn Store,
     cache: &ReplayCache,
     new: &NewOperation,
+    identity: &str,
     waits: bool,
     guard: InFlightGuard,
 ) -> Result<Stored, ProxyError> {
@@ -251,7 +252,7 @@ async fn claim_in_store(
     if waits && same && operation.state == State::InProgress {
         return Ok(Stored::Elsewhere(OperationRef::from(operation.as_ref())));
     }
-    cache.insert_operation(&identity(new), &operation);
+    cache.insert_operation(identity, &operation);
     replay::answer_existing(&operation, &new.fingerprint)
         .map(|response| Stored::Decided(Claimed::Answer(response)))
 }

@@ -289,12 +289,14 @@ impl Proxy {
         // superseded (derive window) are never answered from the cache.
         let valid_after = (self.clock.now_millis() - clock::millis(self.retention))
             .max(new.fresh_after.unwrap_or(i64::MIN));
+        let identity = claim::identity(&new);
         let claimed = claim::claim(
             self.store.as_ref(),
             &self.in_flight,
             &self.replays,
             route,
             &new,
+            &identity,
             valid_after,
         )
         .await?;
@@ -334,7 +336,7 @@ impl Proxy {
             credentials: credentials(),
             metrics: self.metrics.clone(),
             replays: self.replays.clone(),
-            identity: claim::identity(&new),
+            identity,
             fingerprint: new.fingerprint.clone(),
             clock: self.clock.clone(),
             stopping: self.stopping.clone(),
