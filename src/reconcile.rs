@@ -1,4 +1,4 @@
-//! Reconcile probes (DESIGN §3.8): a read-only GET to the route's own
+//! Reconcile probes (README "After a lost response"): a read-only GET to the route's own
 //! upstream that may prove an `unknown` operation happened.
 //!
 //! Invariants:
@@ -9,14 +9,18 @@
 //! - the probe carries the credential headers of the request that triggered
 //!   it, held in memory only for the probe's duration, never stored;
 //! - at most one probe per operation is in flight, each bounded by the
-//!   route's `reconcile.timeout`.
+//!   route's `reconcile.timeout`; a request that would probe while one is
+//!   running waits for that one instead (bounded the same), so that either
+//!   way it can answer from what the probe left in the store.
 
 use bytes::BytesMut;
-use dashmap::DashSet;
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
 use http::header::{ACCEPT, AUTHORIZATION, HeaderName, HeaderValue};
 use http::{HeaderMap, Request};
 use http_body_util::BodyExt;
 use serde_json::json;
+use tokio::sync::watch;
 
 use crate::body::full;
 use crate::config::{Reconcile, Route};
@@ -33,8 +37,6 @@ pub enum ProbeResult {
         status: Option<u16>,
         error: Option<String>,
     },
-    /// Another probe for the operation is already running.
-    Busy,
 }
 
 impl ProbeResult {
@@ -47,7 +49,6 @@ impl ProbeResult {
             ProbeResult::NotMatched { status, error } => {
                 json!({ "url": url, "status": status, "matched": false, "error": error })
             }
-            ProbeResult::Busy => json!({ "url": url, "skipped": "a probe is already running" }),
         };
         Event {
             kind: "probe",
@@ -56,16 +57,19 @@ impl ProbeResult {
     }
 }
 
-/// The probes in flight in this process.
+/// The probes in flight in this process, by operation id; each probe's
+/// receiver lets a request that comes meanwhile wait for it to end.
 #[derive(Default)]
 pub struct Reconciler {
-    running: DashSet<String>,
+    running: DashMap<String, watch::Receiver<()>>,
 }
 
-/// Removes an operation from the running set when its probe ends.
+/// Held while a probe runs: dropping it removes the operation from the
+/// running set and (dropping the sender) wakes whoever waits on it.
 struct Running<'a> {
     reconciler: &'a Reconciler,
     operation_id: &'a str,
+    _done: watch::Sender<()>,
 }
 
 impl Drop for Running<'_> {
@@ -82,7 +86,9 @@ pub fn url_for(reconcile: &Reconcile, key: &str) -> String {
 impl Reconciler {
     /// Probes for a held operation and settles it `completed` (evidence
     /// `reconciled`) on a match; the probe is on its timeline either way.
-    /// The probe's response when it settled the operation.
+    /// When a probe for the operation is already running, waits for it to
+    /// end instead. Either way the caller then reads the store, which holds
+    /// whatever the probe (or anything else) settled.
     pub async fn reconcile(
         &self,
         store: &dyn Store,
@@ -91,48 +97,33 @@ impl Reconciler {
         operation_id: &str,
         key: &str,
         credentials: &HeaderMap,
-    ) -> Option<StoredResponse> {
-        let reconcile = route.reconcile.as_ref()?;
-        let result = self
-            .probe(client, route, reconcile, operation_id, key, credentials)
-            .await;
-        let event = result.event(&url_for(reconcile, key));
-        let written = match &result {
-            ProbeResult::Matched(response) => store
-                .settle_held(operation_id, None, response, "reconciled", &event)
-                .await
-                .map(|settled| settled.then(|| response.clone())),
-            ProbeResult::NotMatched { .. } => {
-                store.add_event(operation_id, &event).await.map(|()| None)
-            }
-            ProbeResult::Busy => Ok(None),
+    ) {
+        let Some(reconcile) = route.reconcile.as_ref() else {
+            return;
         };
-        written.unwrap_or_else(|error| {
-            tracing::warn!(%operation_id, %error, "cannot record a probe's result");
-            None
-        })
-    }
-
-    /// Probes the upstream for `key` with the triggering request's
-    /// `credentials`, unless a probe for `operation_id` is already running.
-    pub async fn probe(
-        &self,
-        client: &UpstreamClient,
-        route: &Route,
-        reconcile: &Reconcile,
-        operation_id: &str,
-        key: &str,
-        credentials: &HeaderMap,
-    ) -> ProbeResult {
-        if !self.running.insert(operation_id.to_string()) {
-            return ProbeResult::Busy;
-        }
+        let done = match self.running.entry(operation_id.to_string()) {
+            Entry::Occupied(running) => Err(running.get().clone()),
+            Entry::Vacant(vacant) => {
+                let (done, running) = watch::channel(());
+                vacant.insert(running);
+                Ok(done)
+            }
+        };
+        let done = match done {
+            Ok(done) => done,
+            Err(mut running) => {
+                // `changed` ends when the running probe drops its sender.
+                let _ = tokio::time::timeout(reconcile.timeout, running.changed()).await;
+                return;
+            }
+        };
         let _running = Running {
             reconciler: self,
             operation_id,
+            _done: done,
         };
         let url = url_for(reconcile, key);
-        match tokio::time::timeout(
+        let result = match tokio::time::timeout(
             reconcile.timeout,
             fetch(client, route, reconcile, &url, credentials),
         )
@@ -146,6 +137,17 @@ impl Reconciler {
                     humantime::format_duration(reconcile.timeout)
                 )),
             },
+        };
+        let event = result.event(&url);
+        let written = match &result {
+            ProbeResult::Matched(response) => store
+                .settle_held(operation_id, None, response, "reconciled", &event)
+                .await
+                .map(drop),
+            ProbeResult::NotMatched { .. } => store.add_event(operation_id, &event).await,
+        };
+        if let Err(error) = written {
+            tracing::warn!(%operation_id, %error, "cannot record a probe's result");
         }
     }
 }

@@ -145,10 +145,11 @@ impl Gateway {
         // Cancelled only once the grace period is over: outcomes the store
         // refused are retried until then.
         let give_up = CancellationToken::new();
-        let paused = store.paused_routes().await?;
+        // The latch trips on transitions to `unknown`, and the recovery is
+        // one; a restart that marks nothing leaves an operator's resume alone.
+        let recovered = store.recover().await?;
         for route in config.routes.iter().filter(|r| r.pause_after_unknown > 0) {
-            // Operations a dead process left unknown count towards the latch too.
-            if !paused.contains(&route.name)
+            if recovered.contains(&route.name)
                 && store
                     .trip_pause_latch(&route.name, route.pause_after_unknown)
                     .await?

@@ -8,7 +8,8 @@
 //!   that an `unknown` or `in_progress` one always matches.
 //! - `in_progress = "wait"`: duplicates wait for the first attempt and get
 //!   its replay, 409 when `wait_timeout` runs out; when the first attempt is
-//!   released (429), exactly one waiter sends the next attempt.
+//!   released (429), every waiter gets that 429 and sends nothing: the
+//!   client's next retry is the next attempt.
 //! - `in_progress = "reject"` (default): a duplicate is refused at once.
 
 mod common;
@@ -226,7 +227,7 @@ async fn waiter_gets_409_when_wait_timeout_runs_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn released_first_attempt_is_retried_by_exactly_one_waiter() {
+async fn released_first_attempt_answers_its_waiters_with_the_same_429() {
     let gw = spawn_gateway_with(Setup::route(r#"in_progress = "wait""#).admin()).await;
     let path = "/once/429?ms=500";
     let addr = gw.addr();
@@ -236,23 +237,25 @@ async fn released_first_attempt_is_retried_by_exactly_one_waiter() {
     let waiters = concurrent_writes(gw.addr(), 3, path, "wait-3", ORDER).await;
     let first = first.await.expect("client task");
 
-    assert_eq!(
-        first.status,
-        StatusCode::TOO_MANY_REQUESTS,
-        "passed through"
-    );
-    assert!(!first.is_replay());
-    assert_eq!(first.json()["upstream_status"], 429);
-    let original = assert_one_fresh_rest_replayed(&waiters);
-    assert_eq!(gw.upstream.writes(), 1, "exactly one committed write");
+    for resp in waiters.iter().chain([&first]) {
+        assert_eq!(resp.status, StatusCode::TOO_MANY_REQUESTS, "passed through");
+        assert!(!resp.is_replay());
+        assert_eq!(resp.json()["upstream_status"], 429);
+        assert_eq!(resp.header("retry-after"), Some("1"));
+    }
     assert_eq!(
         gw.upstream.write_requests().len(),
-        2,
-        "the refused attempt and one retry"
+        1,
+        "the waiters sent nothing"
     );
+    assert_eq!(gw.operation("wait-3").await["attempts"], 1);
+
+    // The client's next retry is the next attempt, and then replays.
+    let next = write(gw.addr(), path, Some("wait-3"), ORDER).await;
+    assert_fresh_created(&next);
     assert_eq!(gw.operation("wait-3").await["attempts"], 2);
     let after = write(gw.addr(), path, Some("wait-3"), ORDER).await;
-    assert_replay_of(&after, original);
+    assert_replay_of(&after, &next);
     assert_eq!(gw.upstream.writes(), 1);
 }
 

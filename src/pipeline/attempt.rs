@@ -28,7 +28,7 @@ use crate::pipeline::ActiveRoute;
 use crate::pipeline::claim::InFlightGuard;
 use crate::pipeline::fingerprint::Fingerprint;
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
-use crate::pipeline::record::{self, Reply, SettleGuard};
+use crate::pipeline::record::{self, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::replay::ReplayCache;
 use crate::reconcile::Reconciler;
 use crate::store::{Claim, Event, Recorded, Settlement, Store, StoredResponse};
@@ -60,14 +60,19 @@ pub struct Attempt {
 
 impl Attempt {
     /// Forwards, records, answers through `reply`, then follows up a loss.
-    pub async fn run(self, reply: oneshot::Sender<Reply>) {
+    pub async fn run(mut self, reply: oneshot::Sender<Reply>) {
         let guard = SettleGuard::new(self.store.clone(), self.claim.clone());
         let route = &self.active.route;
         let started = Instant::now();
         let sent = forward::send_write(&self.active.client, route, &self.request).await;
         self.metrics
             .upstream_duration(&route.name, started.elapsed().as_secs_f64());
-        let (settlement, events, response) = record::settle(
+        let Settled {
+            settlement,
+            events,
+            reply: response,
+            released,
+        } = record::settle(
             &self.claim,
             sent.exchange,
             sent.tries,
@@ -89,16 +94,8 @@ impl Attempt {
                 if held && recorded == Recorded::Applied {
                     self.trip_pause_latch().await;
                 }
-                if let (Settlement::Completed { response: stored }, Recorded::Applied) =
-                    (&settlement, recorded)
-                {
-                    self.replays.insert(
-                        &self.identity,
-                        &self.claim.operation_id,
-                        &self.fingerprint,
-                        stored,
-                        recorded_at,
-                    );
+                if recorded == Recorded::Applied {
+                    self.hand_over(&settlement, released, recorded_at);
                 }
                 deliver(response);
                 Some(recorded)
@@ -123,6 +120,25 @@ impl Attempt {
         guard.disarm();
         if held && recorded == Some(Recorded::Applied) {
             self.follow_up(sent.late).await;
+        }
+    }
+
+    /// What the duplicates of this attempt see once its outcome is
+    /// recorded, while the in-flight guard still holds the identity: a
+    /// completed response goes to the replay cache; a released attempt's
+    /// answer goes to its waiters, who send nothing.
+    fn hand_over(&mut self, settlement: &Settlement, released: Option<Released>, recorded_at: i64) {
+        if let Settlement::Completed { response } = settlement {
+            self.replays.insert(
+                &self.identity,
+                &self.claim.operation_id,
+                &self.fingerprint,
+                response,
+                recorded_at,
+            );
+        }
+        if let (Some(released), Some(guard)) = (released, self.in_flight.take()) {
+            guard.release(&self.claim.operation_id, released);
         }
     }
 
@@ -187,7 +203,7 @@ impl Attempt {
         let response = match exchange {
             Exchange::Complete { head, body } => stored(&head, Some(body.to_vec())),
             Exchange::Oversized { head, .. } => stored(&head, None),
-            Exchange::Classified { head, .. } => {
+            Exchange::Classified { head, .. } | Exchange::Released { head, .. } => {
                 self.metrics.late_response(&self.active.route.name);
                 let detail = json!({ "status": head.status.as_u16(), "settles": false });
                 return self

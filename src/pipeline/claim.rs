@@ -13,9 +13,16 @@
 //!   only while this process is claiming or holds an unsettled attempt, so
 //!   its presence proves `in_progress` and duplicates are answered from it
 //!   (409, 422, or a wait); its absence proves nothing, and the store is
-//!   asked. A waiter that wakes looks again, so when the first attempt ends
-//!   `not_attempted`, the store's compare-and-set lets exactly one waiter
-//!   take the next attempt;
+//!   asked. A waiter whose attempt ended `not_attempted` gets that
+//!   attempt's answer ([`Released`]) and sends nothing — the client's next
+//!   retry is the next attempt; any other waiter looks again;
+//! - every answer comes from the operation the store holds now for the
+//!   identity ([`NewOperation::outdates`] decides what "now" excludes): the
+//!   replay cache mirrors what the store said under the identity's guard,
+//!   and a claim that starts an attempt forgets it first;
+//! - a paused route asks the store what it holds without claiming: an
+//!   existing operation answers for itself, and only a write that would be
+//!   sent gets 503 `route-paused`;
 //! - no map guard is held across an `.await`.
 
 use std::sync::Arc;
@@ -30,6 +37,7 @@ use tokio::time::{Instant, timeout_at};
 use crate::body::ProxyBody;
 use crate::config::{InProgressMode, Route};
 use crate::pipeline::fingerprint::Fingerprint;
+use crate::pipeline::record::Released;
 use crate::pipeline::replay::{self, ReplayCache};
 use crate::problem::{OperationRef, ProxyError};
 use crate::store::{Claim, ClaimResult, NewOperation, Operation, State, Store, StoreError};
@@ -65,7 +73,7 @@ pub struct InFlight {
 }
 
 /// Where an identity's entry stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum Phase {
     /// One request is asking the store.
     Claiming,
@@ -73,6 +81,15 @@ enum Phase {
     InFlight(String),
     /// Gone: settled, or the store answered with an existing operation.
     Done,
+    /// The attempt of this operation (id) ended `not_attempted`: its
+    /// waiters get its answer.
+    Released(Arc<(String, Released)>),
+}
+
+impl Phase {
+    fn is_over(&self) -> bool {
+        matches!(self, Phase::Done | Phase::Released(_))
+    }
 }
 
 struct Entry {
@@ -97,6 +114,13 @@ impl InFlightGuard {
             .phase
             .send_replace(Phase::InFlight(operation_id.to_string()));
     }
+
+    /// Frees the identity, handing the released attempt's answer to the
+    /// duplicates waiting on it.
+    pub fn release(self, operation_id: &str, answer: Released) {
+        let released = Arc::new((operation_id.to_string(), answer));
+        self.entry.phase.send_replace(Phase::Released(released));
+    }
 }
 
 impl Drop for InFlightGuard {
@@ -105,7 +129,13 @@ impl Drop for InFlightGuard {
         self.in_flight
             .entries
             .remove_if(&self.identity, |_, e| Arc::ptr_eq(e, &self.entry));
-        self.entry.phase.send_replace(Phase::Done);
+        self.entry.phase.send_if_modified(|phase| {
+            let over = phase.is_over();
+            if !over {
+                *phase = Phase::Done;
+            }
+            !over
+        });
     }
 }
 
@@ -146,7 +176,8 @@ impl InFlight {
 /// Claims `new`, or answers it from the replay cache (completed operations
 /// updated after `valid_after`), the in-flight map or the store; on a
 /// `wait` route a duplicate of an attempt in flight waits up to
-/// `wait_timeout`.
+/// `wait_timeout`. On a `paused` route nothing is claimed.
+#[allow(clippy::too_many_arguments)] // the phase's inputs, each distinct
 pub async fn claim(
     store: &dyn Store,
     in_flight: &Arc<InFlight>,
@@ -155,6 +186,7 @@ pub async fn claim(
     new: &NewOperation,
     identity: &str,
     valid_after: i64,
+    paused: bool,
 ) -> Result<Claimed, ProxyError> {
     let deadline = Instant::now() + route.wait_timeout;
     let waits = route.in_progress == InProgressMode::Wait;
@@ -163,28 +195,31 @@ pub async fn claim(
             return answer.map(Claimed::Answer);
         }
         let entry = match in_flight.enter(identity, new) {
-            Ok(guard) => match claim_in_store(store, cache, new, identity, waits, guard).await? {
-                Stored::Decided(claimed) => return Ok(claimed),
-                Stored::Elsewhere(operation) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Err(ProxyError::InProgress { operation });
+            Ok(guard) => {
+                match claim_in_store(store, cache, route, new, identity, paused, guard).await? {
+                    Stored::Decided(claimed) => return Ok(claimed),
+                    Stored::Elsewhere(operation) => {
+                        let now = Instant::now();
+                        if now >= deadline {
+                            return Err(ProxyError::InProgress { operation });
+                        }
+                        tokio::time::sleep(POLL.min(deadline - now)).await;
+                        continue;
                     }
-                    tokio::time::sleep(POLL.min(deadline - now)).await;
-                    continue;
                 }
-            },
+            }
             Err(entry) => entry,
         };
         let mut phase = entry.phase.subscribe();
         let claimed = timeout_at(
             Instant::now() + CLAIM_WAIT,
-            phase.wait_for(|p| *p != Phase::Claiming),
+            phase.wait_for(|p| !matches!(p, Phase::Claiming)),
         )
         .await
         .map(|seen| seen.map(|p| p.clone()));
         let operation_id = match claimed {
             Ok(Ok(Phase::InFlight(id))) => id,
+            Ok(Ok(Phase::Released(released))) => return answer_released(&released),
             Ok(_) => continue,
             Err(_) => {
                 return Err(ProxyError::StoreUnavailable {
@@ -206,14 +241,21 @@ pub async fn claim(
             entry.waiters.fetch_sub(1, Ordering::SeqCst);
             return Err(ProxyError::InProgress { operation });
         }
-        let settled = timeout_at(deadline, phase.wait_for(|p| *p == Phase::Done))
+        let settled = timeout_at(deadline, phase.wait_for(Phase::is_over))
             .await
-            .is_ok();
+            .map(|seen| seen.map(|p| p.clone()));
         entry.waiters.fetch_sub(1, Ordering::SeqCst);
-        if !settled {
-            return Err(ProxyError::InProgress { operation });
+        match settled {
+            Ok(Ok(Phase::Released(released))) => return answer_released(&released),
+            Ok(_) => {}
+            Err(_) => return Err(ProxyError::InProgress { operation }),
         }
     }
+}
+
+/// A duplicate of an attempt that ended `not_attempted` gets its answer.
+fn answer_released((operation_id, answer): &(String, Released)) -> Result<Claimed, ProxyError> {
+    answer.answer(operation_id).map(Claimed::Answer)
 }
 
 /// What the store said to the request that entered the identity.
@@ -227,32 +269,55 @@ enum Stored {
 async fn claim_in_store(
     store: &dyn Store,
     cache: &ReplayCache,
+    route: &Route,
     new: &NewOperation,
     identity: &str,
-    waits: bool,
+    paused: bool,
     guard: InFlightGuard,
 ) -> Result<Stored, ProxyError> {
-    let found = store
-        .claim(new)
-        .await
-        .map_err(|source| ProxyError::StoreUnavailable { source })?;
+    let unavailable = |source| ProxyError::StoreUnavailable { source };
+    let found = if paused {
+        match store.current(new).await.map_err(unavailable)? {
+            Some(operation) if !would_send(&operation, new) => {
+                ClaimResult::Existing(Box::new(operation))
+            }
+            operation => {
+                return Err(ProxyError::RoutePaused {
+                    route: route.name.clone(),
+                    reason: "paused until an operator resumes it".into(),
+                    operation: operation.as_ref().map(OperationRef::from),
+                });
+            }
+        }
+    } else {
+        store.claim(new).await.map_err(unavailable)?
+    };
     let operation = match found {
         ClaimResult::Claimed(claim) => {
+            // A new attempt: whatever was cached is no longer current.
+            cache.forget(identity);
             guard.promote(&claim.operation_id);
             return Ok(Stored::Decided(Claimed::Send(claim, guard)));
         }
         ClaimResult::Existing(operation) => operation,
     };
+    // Still under the guard, so no claim of this identity can come between.
+    cache.mirror(identity, &operation);
     // Not ours to send: free the identity for the duplicates right away.
     drop(guard);
     let same = operation.fingerprint == new.fingerprint;
     if same && operation.state == State::Unknown {
         return Ok(Stored::Decided(Claimed::Held(operation)));
     }
-    if waits && same && operation.state == State::InProgress {
+    if route.in_progress == InProgressMode::Wait && same && operation.state == State::InProgress {
         return Ok(Stored::Elsewhere(OperationRef::from(operation.as_ref())));
     }
-    cache.insert_operation(identity, &operation);
     replay::answer_existing(&operation, &new.fingerprint)
         .map(|response| Stored::Decided(Claimed::Answer(response)))
+}
+
+/// Whether a claim of `new` would send it: the operation is its own and
+/// `not_attempted`, so the next attempt is due.
+fn would_send(operation: &Operation, new: &NewOperation) -> bool {
+    operation.state == State::NotAttempted && operation.fingerprint == new.fingerprint
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Request, Response, request};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
@@ -215,13 +215,20 @@ pub enum Exchange {
     NotSent { attempts: u32, reason: String },
     /// Written (or maybe written) but no complete response came back.
     Lost { cause: LostCause, reason: String },
-    /// A response head whose status the route classifies before the body:
-    /// a release status (`release`) or an unknown one; passed through as it
-    /// streams.
+    /// A response whose status is one of the route's `unknown_statuses`
+    /// (502, 504): the write may have happened; passed through as it streams.
     Classified {
         head: http::response::Parts,
         body: Incoming,
-        release: bool,
+    },
+    /// A response whose status is one of the route's `release_statuses`
+    /// (429, 503): the upstream refused the write. Its body is read whole
+    /// (up to `max_stored_response`; past that, or cut, it is dropped and
+    /// the head alone answers), because every duplicate that waited on this
+    /// attempt gets the same answer.
+    Released {
+        head: http::response::Parts,
+        body: Bytes,
     },
     /// A full response within `max_stored_response`.
     Complete {
@@ -332,16 +339,23 @@ async fn read_response(
         let (mut head, body) = response.into_parts();
         strip_hop_by_hop(&mut head.headers);
         let status = head.status.as_u16();
-        let release = route.release_statuses.contains(&status);
-        if release || route.unknown_statuses.contains(&status) {
+        if head.status.is_informational() {
+            // hyper hands a 101 to the caller; to a write that asked for no
+            // upgrade it is no final answer, and the request was written.
             return (
-                Exchange::Classified {
-                    head,
-                    body,
-                    release,
-                },
+                lost(
+                    LostCause::Broken,
+                    format!("the upstream answered {status}, which is not a final response"),
+                ),
                 None,
             );
+        }
+        if route.release_statuses.contains(&status) {
+            let body = read_released(&mut head, body, route, deadline).await;
+            return (Exchange::Released { head, body }, None);
+        }
+        if route.unknown_statuses.contains(&status) {
+            return (Exchange::Classified { head, body }, None);
         }
         let declared = head
             .headers
@@ -359,6 +373,29 @@ async fn read_response(
             );
         }
         read_body(head, BytesMut::new(), body, route, deadline).await
+    }
+}
+
+/// A release status's body, read whole by `deadline` and within
+/// `max_stored_response`; empty (with no `Content-Length`) when it is
+/// larger, cut or late: the status and headers are what say "back off".
+async fn read_released(
+    head: &mut http::response::Parts,
+    body: Incoming,
+    route: &Route,
+    deadline: Option<Instant>,
+) -> Bytes {
+    let collect = Limited::new(body, route.max_stored_response).collect();
+    let read = match deadline {
+        Some(deadline) => timeout_at(deadline, collect).await.ok(),
+        None => Some(collect.await),
+    };
+    match read {
+        Some(Ok(collected)) => collected.to_bytes(),
+        _ => {
+            head.headers.remove(header::CONTENT_LENGTH);
+            Bytes::new()
+        }
     }
 }
 

@@ -42,9 +42,9 @@ use crate::body::ProxyBody;
 use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, Route};
 use crate::metrics::{Metrics, OperationId, Outcome};
-use crate::problem::{OperationRef, ProxyError};
+use crate::problem::ProxyError;
 use crate::reconcile::{self, Reconciler};
-use crate::store::{NewOperation, RequestSummary, State, Store, StoreError};
+use crate::store::{NewOperation, RequestSummary, Store, StoreError};
 use attempt::Attempt;
 use claim::{Claimed, InFlight};
 use fingerprint::{Fingerprint, FingerprintInput};
@@ -281,9 +281,6 @@ impl Proxy {
         peer: SocketAddr,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let route = &active.route;
-        if active.paused.load(Ordering::SeqCst) {
-            return self.write_while_paused(route, &new).await;
-        }
         let credentials = || reconcile::credentials(&parts.headers, route);
         // Completed operations the store may have deleted (retention) or
         // superseded (derive window) are never answered from the cache.
@@ -298,14 +295,17 @@ impl Proxy {
             &new,
             &identity,
             valid_after,
+            active.paused.load(Ordering::SeqCst),
         )
         .await?;
         let (claim, in_flight) = match claimed {
             Claimed::Send(claim, guard) => (claim, guard),
             Claimed::Answer(response) => return Ok(response),
+            Claimed::Held(operation) if route.reconcile.is_none() => {
+                return replay::answer_existing(&operation, &new.fingerprint);
+            }
             Claimed::Held(operation) => {
-                let settled = self
-                    .reconciler
+                self.reconciler
                     .reconcile(
                         self.store.as_ref(),
                         &active.client,
@@ -315,14 +315,18 @@ impl Proxy {
                         &credentials(),
                     )
                     .await;
-                return match settled {
-                    Some(response) => {
-                        let mut response = replay::respond(&response);
-                        response.extensions_mut().insert(OperationId(operation.id));
-                        Ok(response)
-                    }
-                    None => replay::answer_existing(&operation, &new.fingerprint),
-                };
+                // Whatever settled it meanwhile (this probe, the one that
+                // was running, a late response, an operator), the answer
+                // comes from the operation the store holds now.
+                let current = self
+                    .store
+                    .current(&new)
+                    .await
+                    .map_err(|source| ProxyError::StoreUnavailable { source })?;
+                return replay::answer_existing(
+                    current.as_ref().unwrap_or(&operation),
+                    &new.fingerprint,
+                );
             }
         };
         let attempt = Attempt {
@@ -350,31 +354,6 @@ impl Proxy {
         })??;
         response.extensions_mut().insert(operation_id);
         Ok(response)
-    }
-
-    /// A paused route still replays completed operations; every other write
-    /// gets 503 `route-paused` and nothing is sent.
-    async fn write_while_paused(
-        &self,
-        route: &Route,
-        new: &NewOperation,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
-        let operation = self
-            .store
-            .find(&new.route, &new.scope, &new.key)
-            .await
-            .map_err(|source| ProxyError::StoreUnavailable { source })?;
-        if let Some(operation) = &operation
-            && operation.state == State::Completed
-            && operation.fingerprint == new.fingerprint
-        {
-            return replay::answer_existing(operation, &new.fingerprint);
-        }
-        Err(ProxyError::RoutePaused {
-            route: route.name.clone(),
-            reason: "paused until an operator resumes it".into(),
-            operation: operation.as_ref().map(OperationRef::from),
-        })
     }
 }
 

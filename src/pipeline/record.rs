@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::body::{Prefixed, ProxyBody, full, stream};
 use crate::metrics::Outcome;
 use crate::pipeline::forward::{Exchange, LostCause};
+use crate::pipeline::replay;
 use crate::problem::{OperationRef, ProxyError};
 use crate::store::{Claim, Event, Recorded, Settlement, State, Store, StoredResponse};
 
@@ -30,15 +31,63 @@ const RECORD_RETRY_CAP: Duration = Duration::from_secs(5);
 /// What the client gets once the settlement is recorded.
 pub type Reply = Result<Response<ProxyBody>, ProxyError>;
 
+/// How an exchange ended, ready to record: the settlement, its events, the
+/// reply for the client, and for an attempt that ended `not_attempted`, the
+/// answer its waiting duplicates get.
+pub struct Settled {
+    pub settlement: Settlement,
+    pub events: Vec<Event>,
+    pub reply: Reply,
+    pub released: Option<Released>,
+}
+
+/// What the duplicates that waited on an attempt get when it ended
+/// `not_attempted`: the same answer as the request that sent it, so an
+/// upstream that asked clients to back off sees one attempt per retry, not
+/// one per waiter.
+#[derive(Debug, Clone)]
+pub enum Released {
+    /// A release status (429, 503): the upstream's own response.
+    Refused(StoredResponse),
+    /// No byte reached the upstream.
+    Unreachable { reason: String },
+}
+
+impl Released {
+    /// The answer for one waiter of `operation_id`'s attempt.
+    pub fn answer(&self, operation_id: &str) -> Reply {
+        match self {
+            Released::Refused(response) => {
+                let mut response = replay::rebuild(response);
+                response.extensions_mut().insert(Outcome::released);
+                Ok(response)
+            }
+            Released::Unreachable { reason } => Err(ProxyError::UpstreamUnreachable {
+                operation: Some(OperationRef {
+                    id: operation_id.to_string(),
+                    state: State::NotAttempted,
+                }),
+                reason: reason.clone(),
+            }),
+        }
+    }
+}
+
 /// The settlement, its events, and the reply for an exchange that took
 /// `tries` connection attempts to send `bytes` of body.
-pub fn settle(
-    claim: &Claim,
-    exchange: Exchange,
-    tries: u32,
-    bytes: usize,
-) -> (Settlement, Vec<Event>, Reply) {
+pub fn settle(claim: &Claim, exchange: Exchange, tries: u32, bytes: usize) -> Settled {
     let written = !matches!(exchange, Exchange::NotSent { .. });
+    let released = match &exchange {
+        Exchange::NotSent { reason, .. } => Some(Released::Unreachable {
+            reason: reason.clone(),
+        }),
+        Exchange::Released { head, body } => Some(Released::Refused(StoredResponse {
+            status: head.status.as_u16(),
+            headers: stored_headers(&head.headers),
+            body: Some(body.to_vec()),
+        })),
+        _ => None,
+    };
     let (settlement, mut events, reply) = classify(claim, exchange);
     if written {
         let detail = json!({ "tries": tries, "bytes": bytes });
@@ -59,7 +108,12 @@ pub fn settle(
         response.extensions_mut().insert(outcome);
         response
     });
-    (settlement, events, reply)
+    Settled {
+        settlement,
+        events,
+        reply,
+        released,
+    }
 }
 
 fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply) {
@@ -104,29 +158,24 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
                 }),
             )
         }
-        Exchange::Classified {
-            head,
-            body,
-            release,
-        } => {
+        Exchange::Classified { head, body } => {
             let status = head.status.as_u16();
-            let settlement = if release {
-                Settlement::NotAttempted {
-                    evidence: format!("released-{status}"),
-                }
-            } else {
+            (
                 Settlement::Unknown {
                     evidence: format!("upstream-{status}"),
-                }
-            };
-            let events = vec![Event {
-                kind: "response",
-                detail: json!({ "status": status }),
-            }];
-            (
-                settlement,
-                events,
+                },
+                vec![response_event(status)],
                 Ok(Response::from_parts(head, stream(body))),
+            )
+        }
+        Exchange::Released { head, body } => {
+            let status = head.status.as_u16();
+            (
+                Settlement::NotAttempted {
+                    evidence: format!("released-{status}"),
+                },
+                vec![response_event(status)],
+                Ok(Response::from_parts(head, full(body))),
             )
         }
         Exchange::Complete { head, body } => {
@@ -162,6 +211,13 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
                 Ok(Response::from_parts(head, body)),
             )
         }
+    }
+}
+
+fn response_event(status: u16) -> Event {
+    Event {
+        kind: "response",
+        detail: json!({ "status": status }),
     }
 }
 

@@ -61,6 +61,17 @@ pub fn answer_existing(
 
 /// A stored response as a replay: nothing was sent upstream.
 pub fn respond(stored: &StoredResponse) -> Response<ProxyBody> {
+    let mut response = rebuild(stored);
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response.extensions_mut().insert(Outcome::replayed);
+    response
+}
+
+/// A stored response as an HTTP response: its status, its headers in
+/// order, its body, `Content-Length` left for hyper to recompute.
+pub fn rebuild(stored: &StoredResponse) -> Response<ProxyBody> {
     let body = stored.body.clone().unwrap_or_default();
     let mut response = Response::new(full(body));
     *response.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
@@ -76,8 +87,6 @@ pub fn respond(stored: &StoredResponse) -> Response<ProxyBody> {
             headers.append(name, value);
         }
     }
-    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    response.extensions_mut().insert(Outcome::replayed);
     response
 }
 
@@ -85,9 +94,17 @@ pub fn respond(stored: &StoredResponse) -> Response<ProxyBody> {
 pub const CACHE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Completed operations' responses by identity, so a replay needs no store
-/// read. `completed` is final but for two things, which every look-up
-/// checks against the store's clock: retention deletes the operation, and
-/// `derive_window` supersedes it. Absence proves nothing: the store is asked.
+/// read.
+///
+/// Invariant: an entry is the operation the store holds now for its
+/// identity, or nothing. `completed` is final but for three things:
+/// retention deletes the operation and `derive_window` outdates it (every
+/// look-up checks both against the store's clock), and a claim supersedes
+/// it — so every claim that starts an attempt [`forget`](Self::forget)s the
+/// identity, and an entry is only written by the request holding the
+/// identity's in-flight guard (the claim's single flight), so no write can
+/// land after the claim that made it stale. Absence proves nothing: the
+/// store is asked.
 pub struct ReplayCache {
     entries: DashMap<String, Arc<Cached>>,
     /// Insertion order for eviction. std Mutex: never held across `.await`.
@@ -132,17 +149,24 @@ impl ReplayCache {
         }
     }
 
-    /// Keeps a completed operation's stored response (one with a body).
-    pub fn insert_operation(&self, identity: &str, operation: &Operation) {
-        if let (State::Completed, Some(response)) = (operation.state, &operation.response) {
-            self.insert(
+    /// Mirrors the operation the store holds now for `identity`: kept when
+    /// it is completed with a stored body, forgotten otherwise.
+    pub fn mirror(&self, identity: &str, operation: &Operation) {
+        match (operation.state, &operation.response) {
+            (State::Completed, Some(response)) => self.insert(
                 identity,
                 &operation.id,
                 &operation.fingerprint,
                 response,
                 operation.updated_at,
-            );
+            ),
+            _ => self.forget(identity),
         }
+    }
+
+    /// Drops `identity`'s entry: its operation is no longer the current one.
+    pub fn forget(&self, identity: &str) {
+        self.entries.remove(identity);
     }
 
     /// Keeps a response just recorded as `completed`. `updated_at` must not
@@ -156,7 +180,7 @@ impl ReplayCache {
         updated_at: i64,
     ) {
         if response.body.is_none() {
-            return;
+            return self.forget(identity);
         }
         let cached = Arc::new(Cached {
             operation_id: operation_id.to_string(),
@@ -166,28 +190,24 @@ impl ReplayCache {
         });
         let size = cached.size(identity);
         if size > self.max_bytes {
-            return;
+            return self.forget(identity);
         }
-        if let Some(old) = self.entries.insert(identity.to_string(), cached.clone()) {
-            self.bytes.fetch_sub(old.size(identity), Ordering::SeqCst);
-        }
-        self.bytes.fetch_add(size, Ordering::SeqCst);
+        self.entries.insert(identity.to_string(), cached.clone());
         let Ok(mut order) = self.order.lock() else {
             return;
         };
+        // The bound is on what the queue holds, replaced and forgotten
+        // entries included, since it keeps them alive until they are popped.
+        self.bytes.fetch_add(size, Ordering::SeqCst);
         order.push_back((identity.to_string(), cached));
         while self.bytes.load(Ordering::SeqCst) > self.max_bytes {
             let Some((oldest, entry)) = order.pop_front() else {
                 break;
             };
+            self.bytes.fetch_sub(entry.size(&oldest), Ordering::SeqCst);
             // Only if it is still that entry: a newer one keeps its place.
-            if self
-                .entries
-                .remove_if(&oldest, |_, current| Arc::ptr_eq(current, &entry))
-                .is_some()
-            {
-                self.bytes.fetch_sub(entry.size(&oldest), Ordering::SeqCst);
-            }
+            self.entries
+                .remove_if(&oldest, |_, current| Arc::ptr_eq(current, &entry));
         }
     }
 
@@ -289,7 +309,7 @@ mod tests {
         let fp = Fingerprint::from_stored("f".into());
         let mut op = operation(State::Completed, Some(b"{\"id\":1}"));
         op.updated_at = 1_000;
-        cache.insert_operation("id-1", &op);
+        cache.mirror("id-1", &op);
         let replay = cache.answer("id-1", &fp, 0).unwrap().unwrap();
         assert_eq!(replay.headers()[IDEMPOTENT_REPLAYED], "true");
         let body = replay.into_body().collect().await.unwrap().to_bytes();
@@ -301,8 +321,8 @@ mod tests {
         assert!(cache.answer("id-1", &fp, 1_001).is_none());
         assert!(cache.answer("id-2", &fp, 0).is_none());
         // Only completed operations with a stored body are kept.
-        cache.insert_operation("id-3", &operation(State::Unknown, Some(b"x")));
-        cache.insert_operation("id-4", &operation(State::Completed, None));
+        cache.mirror("id-3", &operation(State::Unknown, Some(b"x")));
+        cache.mirror("id-4", &operation(State::Completed, None));
         assert!(cache.answer("id-3", &fp, 0).is_none());
         assert!(cache.answer("id-4", &fp, 0).is_none());
     }
@@ -313,7 +333,7 @@ mod tests {
         let body = vec![b'x'; 100];
         let cache = ReplayCache::with_capacity(350);
         for i in 0..5 {
-            cache.insert_operation(&format!("k{i}"), &operation(State::Completed, Some(&body)));
+            cache.mirror(&format!("k{i}"), &operation(State::Completed, Some(&body)));
         }
         assert!(
             cache.answer("k0", &fp, 0).is_none(),
@@ -322,7 +342,7 @@ mod tests {
         assert!(cache.answer("k4", &fp, 0).is_some());
         assert!(cache.bytes.load(Ordering::SeqCst) <= 350);
         // Re-inserting a key replaces its entry without double counting.
-        cache.insert_operation("k4", &operation(State::Completed, Some(&body)));
+        cache.mirror("k4", &operation(State::Completed, Some(&body)));
         assert!(cache.bytes.load(Ordering::SeqCst) <= 350);
         assert!(cache.answer("k4", &fp, 0).is_some());
     }

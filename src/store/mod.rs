@@ -1,4 +1,4 @@
-//! The store: the only truth about operations (DESIGN §7).
+//! The store: the only truth about operations (README "What a request gets").
 //!
 //! Store methods work on whole operations and return after a durable commit.
 //! Every state change is a compare-and-set on (id, state, attempt, owner), so a
@@ -161,6 +161,24 @@ pub struct NewOperation {
     pub fresh_after: Option<i64>,
 }
 
+impl NewOperation {
+    /// Whether `operation`, stored under this write's identity, is no longer
+    /// the current one for it: a settled operation last updated before the
+    /// derive window (`fresh_after`) gives way to a new one; `unknown` and
+    /// `in_progress` ones always match, since they may still have happened.
+    ///
+    /// This is the one rule that decides "the operation the store holds now
+    /// for this identity": [`Store::claim`] supersedes what it outdates, and
+    /// [`Store::current`] does not return it, so a claim, the paused path
+    /// and a probe's answer all see the same operation.
+    pub fn outdates(&self, operation: &Operation) -> bool {
+        matches!(operation.state, State::Completed | State::NotAttempted)
+            && self
+                .fresh_after
+                .is_some_and(|cutoff| operation.updated_at < cutoff)
+    }
+}
+
 /// Proof that this process owns an attempt: the compare-and-set token for
 /// [`Store::record`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -248,13 +266,18 @@ pub trait Store: Send + Sync {
         events: &[Event],
     ) -> Result<Recorded, StoreError>;
 
-    /// The current (not superseded) operation for `(route, scope, key)`.
-    async fn find(
-        &self,
-        route: &str,
-        scope: &str,
-        key: &str,
-    ) -> Result<Option<Operation>, StoreError>;
+    /// The operation the store holds now for `new`'s identity, without
+    /// claiming anything: `None` when there is none, or when the one stored
+    /// is outdated for `new` ([`NewOperation::outdates`]) and the next claim
+    /// would supersede it.
+    async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError>;
+
+    /// Marks every `in_progress` operation `unknown` (`gateway-restarted`):
+    /// run once at start, before the first request is served, by the only
+    /// process that holds the store, so their owners are dead. They may
+    /// have reached the upstream, so they are held, never re-sent. Returns
+    /// the routes of the operations it marked, for their pause latches.
+    async fn recover(&self) -> Result<Vec<String>, StoreError>;
 
     /// Appends an event to an operation's timeline.
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError>;

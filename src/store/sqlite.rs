@@ -4,7 +4,8 @@
 //! - one process at a time: an exclusive `flock` on `<file>.lock`, held for the
 //!   store's life and released by the kernel when the process dies, so every
 //!   `in_progress` row found at open belongs to a dead owner and becomes
-//!   `unknown` (`gateway-restarted`) before the first request is served;
+//!   `unknown` (`gateway-restarted`, [`Store::recover`]) before the first
+//!   request is served;
 //! - one writer: the pool has a single connection, so transactions never race
 //!   each other and a claim's look-up and insert are atomic;
 //! - WAL journal; `durability = "full"` fsyncs every commit, `"normal"`
@@ -44,8 +45,8 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Locks, opens (creating it if needed) and migrates the store, then marks
-    /// what a dead owner left `in_progress` as `unknown`.
+    /// Locks, opens (creating it if needed) and migrates the store; what a
+    /// dead owner left `in_progress` waits for [`Store::recover`].
     pub async fn open(
         path: &Path,
         durability: Durability,
@@ -81,24 +82,12 @@ impl SqliteStore {
                 store: store_name.clone(),
                 reason: format!("migration failed: {e}"),
             })?;
-        let store = SqliteStore {
+        Ok(SqliteStore {
             pool,
             owner,
             lock: Mutex::new(Some(lock)),
             clock,
-        };
-        // We hold the lock, so every `in_progress` operation belongs to a dead
-        // owner: it may have reached the upstream, so it is held, never re-sent.
-        let abandoned = store
-            .mark_in_progress_unknown("gateway-restarted", None)
-            .await?;
-        if abandoned > 0 {
-            tracing::warn!(
-                count = abandoned,
-                "operations left in flight by a previous process are now unknown"
-            );
-        }
-        Ok(store)
+        })
     }
 
     /// Inserts a new operation, claimed for its first attempt.
@@ -137,24 +126,25 @@ impl SqliteStore {
         })
     }
 
-    /// `in_progress` → `unknown` with `evidence`, for one owner or for all.
+    /// `in_progress` → `unknown` with `evidence`, for one owner or for all;
+    /// the routes of the operations marked, one entry per operation.
     async fn mark_in_progress_unknown(
         &self,
         evidence: &str,
         owner: Option<&str>,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Vec<String>, StoreError> {
         let now = self.clock.now_millis();
         let mut tx = self.pool.begin().await?;
-        let ids: Vec<(String, Option<String>)> = sqlx::query_as(
+        let ids: Vec<(String, Option<String>, String)> = sqlx::query_as(
             "UPDATE operations SET state = 'unknown', evidence = ?1, updated_at = ?2
-             WHERE state = 'in_progress' AND (?3 IS NULL OR owner = ?3) RETURNING id, owner",
+             WHERE state = 'in_progress' AND (?3 IS NULL OR owner = ?3) RETURNING id, owner, route",
         )
         .bind(evidence)
         .bind(now)
         .bind(owner)
         .fetch_all(&mut *tx)
         .await?;
-        for (id, owner) in &ids {
+        for (id, owner, _) in &ids {
             let event = Event {
                 kind: "owner-lost",
                 detail: serde_json::json!({ "reason": evidence, "owner": owner }),
@@ -162,15 +152,8 @@ impl SqliteStore {
             insert_event(&mut tx, id, now, &event).await?;
         }
         tx.commit().await?;
-        Ok(ids.len() as u64)
+        Ok(ids.into_iter().map(|(_, _, route)| route).collect())
     }
-}
-
-/// A settled operation older than the derive window gives way to a new one;
-/// `unknown` and `in_progress` ones always match.
-fn is_outdated(operation: &Operation, fresh_after: Option<i64>) -> bool {
-    matches!(operation.state, State::Completed | State::NotAttempted)
-        && fresh_after.is_some_and(|cutoff| operation.updated_at < cutoff)
 }
 
 fn lock_file(path: &Path, store_name: &str) -> Result<File, StoreError> {
@@ -287,7 +270,7 @@ impl Store for SqliteStore {
         .fetch_optional(&mut *tx)
         .await?;
         let existing = match row.as_ref().map(operation_from_row).transpose()? {
-            Some(old) if is_outdated(&old, new.fresh_after) => {
+            Some(old) if new.outdates(&old) => {
                 sqlx::query("UPDATE operations SET superseded_at = ?1 WHERE id = ?2")
                     .bind(now)
                     .bind(&old.id)
@@ -384,22 +367,31 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn find(
-        &self,
-        route: &str,
-        scope: &str,
-        key: &str,
-    ) -> Result<Option<Operation>, StoreError> {
+    async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
         let row = sqlx::query(
             "SELECT * FROM operations
              WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 AND superseded_at IS NULL",
         )
-        .bind(route)
-        .bind(scope)
-        .bind(key)
+        .bind(&new.route)
+        .bind(&new.scope)
+        .bind(&new.key)
         .fetch_optional(&self.pool)
         .await?;
-        row.as_ref().map(operation_from_row).transpose()
+        let found = row.as_ref().map(operation_from_row).transpose()?;
+        Ok(found.filter(|operation| !new.outdates(operation)))
+    }
+
+    async fn recover(&self) -> Result<Vec<String>, StoreError> {
+        let routes = self
+            .mark_in_progress_unknown("gateway-restarted", None)
+            .await?;
+        if !routes.is_empty() {
+            tracing::warn!(
+                count = routes.len(),
+                "operations left in flight by a previous process are now unknown"
+            );
+        }
+        Ok(routes)
     }
 
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError> {
@@ -634,9 +626,9 @@ impl Store for SqliteStore {
             .mark_in_progress_unknown("gateway-stopped", Some(&self.owner))
             .await
         {
-            Ok(0) => {}
-            Ok(count) => tracing::warn!(
-                count,
+            Ok(routes) if routes.is_empty() => {}
+            Ok(routes) => tracing::warn!(
+                count = routes.len(),
                 "operations still in flight at shutdown are now unknown"
             ),
             Err(error) => {

@@ -111,6 +111,15 @@ impl TestGateway {
             .expect("second gateway start timed out")
     }
 
+    /// One admin API call with this gateway's token (see [`Setup::admin`]).
+    pub async fn admin(&self, method: &str, path: &str, body: &str) -> Response {
+        let token = self
+            .admin_token
+            .as_deref()
+            .expect("admin() needs a gateway set up with Setup::admin()");
+        admin_call(self.admin_addr(), method, path, Some(token), body).await
+    }
+
     /// The newest operation with `key`, as `GET /admin/keys/{id}` shows it:
     /// `state`, `attempts`, `evidence`, `events` (`kind`, `detail`), …
     pub async fn operation(&self, key: &str) -> Value {

@@ -19,12 +19,18 @@
 //!     ms and gets `code` uncommitted; later ones commit and wait N ms, then
 //!     answer like the default.
 //!
+//!   - `/scripted`: what [`FakeUpstream::script`] says now (commit and
+//!     answer, commit and drop, or refuse with a status), so identical
+//!     requests can meet different fates.
+//!
 //!   GET and HEAD are recorded and answered 200 but never counted as writes,
-//!   except `GET /lookup?key=K` (a reconcile probe's target): 200
-//!   `{"id": n}` when a write was committed under `Idempotency-Key: K`, 404
-//!   otherwise. Accepted TCP connections are counted too.
+//!   except `GET /lookup?key=K[&ms=N]` (a reconcile probe's target, after N
+//!   ms): 200 `{"id": n}` when a write was committed under
+//!   `Idempotency-Key: K`, 404 otherwise. Accepted TCP connections are
+//!   counted too.
 //! - [`RawUpstream`]: a TCP listener that counts connections and breaks each
-//!   one on purpose (close at once, or reset after reading the request).
+//!   one on purpose (close at once, reset after reading the request, or a
+//!   `101` that no request asked for).
 //! - [`TestGateway`]: an in-process gateway on a per-test SQLite file;
 //!   [`Setup`] adds config lines, another upstream URL or a manual clock.
 //! - [`BinaryGateway`]: the real `idemgate serve` process; [`BinaryMock`]:

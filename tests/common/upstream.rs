@@ -31,6 +31,20 @@ struct UpstreamState {
     by_key: Mutex<HashMap<String, usize>>,
     /// Keys that already got their one refusal on `/once/{code}`.
     refused_once: Mutex<HashSet<String>>,
+    /// What a write to `/scripted` does now ([`FakeUpstream::script`]).
+    scripted: Mutex<Scripted>,
+}
+
+/// What a write to `/scripted` does, switched by the test between writes,
+/// so that identical requests can meet different fates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scripted {
+    /// Commit and answer like the default path.
+    Create,
+    /// Commit, then close the connection without an answer (a lost response).
+    Drop,
+    /// Answer this status without committing (a refusal).
+    Refuse(u16),
 }
 
 /// A recording HTTP/1.1 upstream; stops serving when dropped.
@@ -56,6 +70,7 @@ impl FakeUpstream {
             connections: AtomicUsize::new(0),
             by_key: Mutex::new(HashMap::new()),
             refused_once: Mutex::new(HashSet::new()),
+            scripted: Mutex::new(Scripted::Create),
         });
         let accept_state = state.clone();
         // The JoinSet lives inside the accept task: aborting that task drops
@@ -90,6 +105,11 @@ impl FakeUpstream {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// What writes to `/scripted` do from now on.
+    pub fn script(&self, scripted: Scripted) {
+        *self.state.scripted.lock().expect("scripted lock") = scripted;
     }
 
     /// Committed writes so far.
@@ -206,6 +226,9 @@ async fn handle(
 
     if is_read(&parts.method) {
         if path == "/lookup" {
+            // `?ms=N`: a slow lookup, for probes that race a retry.
+            let delay = query_number(&parts.uri, "ms").unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(delay)).await;
             return Ok(lookup(&state, query_value(&parts.uri, "key")));
         }
         let id = state.requests.lock().expect("requests lock").len();
@@ -214,6 +237,10 @@ async fn handle(
 
     if let Some(code) = path.strip_prefix("/status/") {
         return Ok(status_response(code));
+    }
+    let scripted = *state.scripted.lock().expect("scripted lock");
+    if let ("/scripted", Scripted::Refuse(code)) = (path, scripted) {
+        return Ok(status_response(&code.to_string()));
     }
     let delay = Duration::from_millis(query_number(&parts.uri, "ms").unwrap_or(0));
     if let Some(code) = path.strip_prefix("/once/") {
@@ -256,6 +283,7 @@ async fn handle(
         }
         "/hold" => std::future::pending().await,
         "/drop" => Err("dropped after commit".into()),
+        "/scripted" if scripted == Scripted::Drop => Err("dropped after commit".into()),
         "/truncate" => {
             let mut resp = hyper::Response::new(BoxBody::new(idemgate::body::CutShort::new(
                 Bytes::from_static(b"{\"id\":"),
@@ -330,6 +358,9 @@ pub enum Breakage {
     CloseAtOnce,
     /// Read the whole request head and body, then reset (RST).
     ResetAfterRequest,
+    /// Read the whole request, answer `101 Switching Protocols` (to a
+    /// request that asked for no upgrade), then close.
+    SwitchProtocols,
 }
 
 /// A TCP listener that counts connections and breaks each one.
@@ -364,6 +395,12 @@ impl RawUpstream {
                     let read = tokio::time::timeout(WAIT, read_request(&mut stream)).await;
                     if matches!(read, Ok(true)) {
                         reqs.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if breakage == Breakage::SwitchProtocols {
+                        let head = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n";
+                        let _ = stream.write_all(head).await;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        return;
                     }
                     // Linger 0: closing sends RST instead of FIN, and so
                     // never blocks (what the deprecation warns about).
