@@ -148,7 +148,9 @@ impl std::str::FromStr for KeyMode {
 /// own upstream that may prove an `unknown` operation happened.
 #[derive(Debug, Clone)]
 pub struct Reconcile {
-    /// The URL with `{key}` where the bare key goes (URL-component encoded).
+    /// The URL with `{key}` where the bare key goes (URL-component encoded):
+    /// on the route's own upstream origin, `{key}` only in the path or the
+    /// query, and no fragment.
     pub url: String,
     pub found_status: u16,
     /// When set, the probe's JSON body must have a non-null value here.
@@ -178,7 +180,7 @@ impl Upstream {
         let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
         if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
             return Err(
-                "give the origin only (scheme://host[:port]); request paths are forwarded unchanged"
+                "give the origin only (scheme://host[:port]); each request's own path is forwarded"
                     .into(),
             );
         }
@@ -749,11 +751,26 @@ impl Validator<'_> {
         upstream: &Upstream,
     ) -> Result<Reconcile, ConfigError> {
         let url_field = format!("{field}.url");
-        if !raw.url.contains("{key}") {
-            return Err(self.invalid(url_field, "must contain {key} where the key goes"));
+        // A fragment is never sent: `{key}` there would make every probe ask
+        // the same question, and settle unrelated operations with one answer.
+        if raw.url.contains('#') {
+            return Err(self.invalid(
+                url_field,
+                "a probe URL takes no fragment (`#…`): it is never sent, so the probe could not name the key; put {key} in the path or the query",
+            ));
         }
         let probe = Upstream::parse_any(&raw.url.replace("{key}", "k"))
             .map_err(|reason| self.invalid(&url_field, reason))?;
+        // The key goes where it names a resource: the path or the query.
+        let after_scheme = raw.url.split_once("://").map_or("", |(_, rest)| rest);
+        let (authority, path_and_query) =
+            after_scheme.split_at(after_scheme.find(['/', '?']).unwrap_or(after_scheme.len()));
+        if authority.contains("{key}") || !path_and_query.contains("{key}") {
+            return Err(self.invalid(
+                url_field,
+                "must contain {key} in its path or query (only there), where the key goes",
+            ));
+        }
         if probe.scheme != upstream.scheme || probe.authority != upstream.authority {
             return Err(self.invalid(
                 url_field,
@@ -971,6 +988,45 @@ mod tests {
                 .contains("JSON pointer")
         );
         assert!(err("url = \"http://api:8000/{key}\"\nmethod = \"POST\"\n").contains("method"));
+    }
+
+    #[test]
+    fn reconcile_keys_go_in_the_path_or_the_query_only() {
+        let with = |url: &str| {
+            let text = format!(
+                "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\n[routes.reconcile]\nurl = \"{url}\"\n"
+            );
+            Config::from_toml_str(&text, "t.toml").map(|c| c.routes[0].reconcile.clone())
+        };
+        for url in [
+            "http://api:8000/v1/tasks/{key}",
+            "http://api:8000/v1/tasks?key={key}",
+            "http://api:8000/{key}/x?again={key}",
+            "http://api:8000?key={key}",
+        ] {
+            assert!(with(url).is_ok(), "{url}");
+        }
+        let err = |url: &str| match with(url) {
+            Ok(_) => panic!("accepted {url}"),
+            Err(e) => e.to_string(),
+        };
+        let fragment = err("http://api:8000/v1/probe-list?tenant=1#{key}");
+        assert!(
+            fragment.starts_with("t.toml: field `routes[0].reconcile.url`")
+                && fragment.contains("fragment"),
+            "{fragment}"
+        );
+        // A fragment is refused even beside a key in the path.
+        assert!(err("http://api:8000/v1/{key}#top").contains("fragment"));
+        assert!(err("http://api:8000/v1/{key}#").contains("fragment"));
+        // In the authority, `{key}` would pick the host (here it would even
+        // pass the origin check, the upstream's host being `k`).
+        let text = "[[routes]]\nname = \"a\"\nupstream = \"http://k:8000\"\n[routes.reconcile]\nurl = \"http://{key}:8000/x\"\n";
+        let host = Config::from_toml_str(text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(host.contains("path or query"), "{host}");
+        assert!(err("http://api:8000/x").contains("path or query"));
     }
 
     #[test]

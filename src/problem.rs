@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::body::{ProxyBody, full};
 use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::key::KeyError;
+use crate::pipeline::path::PathError;
 use crate::store::{Operation, State, StoreError};
 
 /// The operation a problem is about.
@@ -37,6 +38,8 @@ impl From<&Operation> for OperationRef {
 pub enum ProxyError {
     #[error("no route matches {path}")]
     NoRoute { path: String },
+    #[error(transparent)]
+    InvalidPath(#[from] PathError),
     #[error("the request head is larger than {limit} bytes")]
     HeadersTooLarge { limit: usize },
     #[error("no operation with this key in your scope")]
@@ -112,6 +115,12 @@ impl ProxyError {
         use ProxyError::*;
         let (status, name, title, operation) = match self {
             NoRoute { .. } => (StatusCode::NOT_FOUND, "no-route", "No route", None),
+            InvalidPath(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid-path",
+                "Invalid request path",
+                None,
+            ),
             HeadersTooLarge { .. } => (
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "headers-too-large",
@@ -261,6 +270,7 @@ impl ProxyError {
             | UpstreamTimeout
             | UpstreamFailed { .. } => Outcome::proxied,
             NoRoute { .. }
+            | InvalidPath(_)
             | UnknownOperation
             | HeadersTooLarge { .. }
             | MissingKey
@@ -343,6 +353,8 @@ mod tests {
     #[test]
     fn each_error_maps_to_its_status_and_name() {
         check(ProxyError::NoRoute { path: "/x".into() }, 404, "no-route");
+        let bad_path = PathError::BadPercentEncoding { at: 1 };
+        check(ProxyError::InvalidPath(bad_path), 400, "invalid-path");
         check(ProxyError::MissingKey, 400, "missing-key");
         let slow = ProxyError::BodyTimeout {
             after: std::time::Duration::from_secs(1),

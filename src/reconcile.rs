@@ -11,7 +11,9 @@
 //! - at most one probe per operation is in flight, each bounded by the
 //!   route's `reconcile.timeout`; a request that would probe while one is
 //!   running waits for that one instead (bounded the same), so that either
-//!   way it can answer from what the probe left in the store.
+//!   way it can answer from what the probe left in the store;
+//! - a probe asks about its own key and nothing else: [`url_for`] is the
+//!   one place a probe URL is built from a key.
 
 use bytes::BytesMut;
 use dashmap::DashMap;
@@ -78,7 +80,16 @@ impl Drop for Running<'_> {
     }
 }
 
-/// The probe URL for a key.
+/// The probe URL for a key: the only place a key becomes part of a URL
+/// for a probe.
+///
+/// Invariant: the URL names the key's own resource and nothing else. The
+/// configured URL has `{key}` only in its path or query and no fragment
+/// (checked at load, see `config`); each `{key}` becomes the key as one
+/// URL component, every byte but `A–Z a–z 0–9 - _ ~` percent-encoded, so no
+/// key can add a segment, a query parameter or a fragment, nor be a
+/// dot-segment (`.` → `%2E`, `..` → `%2E%2E`) that an upstream would
+/// resolve to the collection.
 pub fn url_for(reconcile: &Reconcile, key: &str) -> String {
     reconcile.url.replace("{key}", &url_component(key))
 }
@@ -249,6 +260,28 @@ mod tests {
         assert_eq!(
             url_for(&reconcile, "a/b?c=d&e f#~x"),
             "http://api/v1/orders?idempotency_key=a%2Fb%3Fc%3Dd%26e%20f%23~x"
+        );
+    }
+
+    #[test]
+    fn dot_keys_are_not_dot_segments() {
+        let reconcile = Reconcile {
+            url: "http://api/v1/tasks/{key}?again={key}".into(),
+            found_status: 200,
+            found_json_pointer: None,
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(
+            url_for(&reconcile, ".."),
+            "http://api/v1/tasks/%2E%2E?again=%2E%2E"
+        );
+        assert_eq!(
+            url_for(&reconcile, "."),
+            "http://api/v1/tasks/%2E?again=%2E"
+        );
+        assert_eq!(
+            url_for(&reconcile, "a.b"),
+            "http://api/v1/tasks/a%2Eb?again=a%2Eb"
         );
     }
 }

@@ -1,6 +1,7 @@
 //! The configuration and the command line: the commented example
 //! `config/idemgate.toml` loads and passes `idemgate check-config`, invalid
-//! files are rejected naming file, field and reason, and `idemgate serve`
+//! files (an unknown field, a bad value, a probe URL with a fragment) are
+//! rejected naming file, field and reason, and `idemgate serve`
 //! runs from flags alone, announcing its addresses on stdout.
 
 mod common;
@@ -47,23 +48,28 @@ fn config_file_with(dir: &std::path::Path, extra: &str) -> PathBuf {
     write_config(dir, "candidate.toml", &toml)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_config_rejects_unknown_field_naming_file_and_field() {
+/// Runs `idemgate check-config` on a valid config with `extra` appended to
+/// the route, which must fail naming the file; its stderr.
+async fn check_config_refuses(extra: &str) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = config_file_with(dir.path(), "retry_forever = true");
+    let path = config_file_with(dir.path(), extra);
 
     let mut cmd = binary();
     cmd.arg("check-config").arg(&path);
     let (status, stdout, stderr) = run_to_exit(cmd).await;
 
-    assert!(
-        !status.success(),
-        "accepted an unknown field; stdout: {stdout}"
-    );
+    assert!(!status.success(), "accepted {extra}; stdout: {stdout}");
     assert!(
         stderr.contains("candidate.toml"),
         "file not named:\n{stderr}"
     );
+    stderr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_rejects_unknown_field_naming_file_and_field() {
+    let stderr = check_config_refuses("retry_forever = true").await;
+
     assert!(
         stderr.contains("retry_forever"),
         "field not named:\n{stderr}"
@@ -72,19 +78,23 @@ async fn check_config_rejects_unknown_field_naming_file_and_field() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_config_rejects_bad_value_naming_the_field() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = config_file_with(dir.path(), r#"max_body = "lots""#);
+    let stderr = check_config_refuses(r#"max_body = "lots""#).await;
 
-    let mut cmd = binary();
-    cmd.arg("check-config").arg(&path);
-    let (status, _stdout, stderr) = run_to_exit(cmd).await;
-
-    assert!(!status.success(), "accepted max_body = \"lots\"");
-    assert!(
-        stderr.contains("candidate.toml"),
-        "file not named:\n{stderr}"
-    );
     assert!(stderr.contains("max_body"), "field not named:\n{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_rejects_a_probe_key_in_the_fragment() {
+    let probe =
+        "[routes.reconcile]\nurl = \"http://upstream.example/v1/probe-list?tenant=1#{key}\"";
+
+    let stderr = check_config_refuses(probe).await;
+
+    assert!(
+        stderr.contains("routes[0].reconcile.url"),
+        "field not named:\n{stderr}"
+    );
+    assert!(stderr.contains("fragment"), "reason not given:\n{stderr}");
 }
 
 #[test]

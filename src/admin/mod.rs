@@ -14,7 +14,8 @@
 //! - `POST /admin/routes/{name}/pause`, `POST /admin/routes/{name}/resume`.
 //! - `GET /admin/openapi.json` — the OpenAPI 3.1 description of these routes.
 //!
-//! Every `/admin/*` route needs `Authorization: Bearer <token>` ([`auth`]);
+//! Path segments are matched percent-decoded (`/admin/keys/%2E` is the id
+//! `.`). Every `/admin/*` route needs `Authorization: Bearer <token>` ([`auth`]);
 //! errors are problem+json ([`AdminError`]), and nothing here ever shows
 //! credentials: scopes are hashes and are not shown at all.
 
@@ -28,6 +29,7 @@ use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use percent_encoding::percent_decode_str;
 use serde_json::{Value, json};
 
 use crate::body::{ProxyBody, full};
@@ -136,7 +138,15 @@ async fn route(
 ) -> Result<Response<ProxyBody>, AdminError> {
     let path = request.uri().path().to_string();
     let method = request.method().clone();
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    // Segments are matched decoded: `idemgate keys` (and any client)
+    // percent-encodes an id as one URL component, `.` as `%2E` included. A
+    // segment that is not UTF-8 once decoded names nothing that exists.
+    let decoded: Vec<_> = path
+        .trim_start_matches('/')
+        .split('/')
+        .map(|segment| percent_decode_str(segment).decode_utf8_lossy())
+        .collect();
+    let segments: Vec<&str> = decoded.iter().map(AsRef::as_ref).collect();
     let get = |found: Result<Response<ProxyBody>, AdminError>| {
         if method == Method::GET {
             found

@@ -84,7 +84,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The head of the request as the upstream gets it.
+/// The head of the request as the upstream gets it, for writes and
+/// pass-through alike. Its path is the request's as `Proxy::handle` left it:
+/// normalized ([`crate::pipeline::path`]), so the upstream performs the
+/// write on the path that was routed and fingerprinted.
 fn upstream_head(
     route: &Route,
     parts: &request::Parts,
@@ -106,12 +109,8 @@ fn upstream_head(
         }
     })?;
     headers.insert(header::HOST, host);
-    let forwarded_for = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(earlier) => format!("{earlier}, {peer}"),
-        None => peer.to_string(),
-    };
-    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
-        headers.insert("x-forwarded-for", value);
+    if let Some(value) = forwarded_for(&headers, peer) {
+        headers.insert(X_FORWARDED_FOR, value);
     }
     headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
     let mut builder = Request::builder()
@@ -122,6 +121,23 @@ fn upstream_head(
         *h = headers;
     }
     Ok(builder)
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// `X-Forwarded-For` with `peer` appended. Repeated field lines are one
+/// comma-separated list (RFC 9110 §5.3), so the peer goes after all of them
+/// combined, in order; empty lines add nothing.
+fn forwarded_for(headers: &HeaderMap, peer: IpAddr) -> Option<HeaderValue> {
+    let mut list = Vec::new();
+    for value in headers.get_all(X_FORWARDED_FOR) {
+        if !value.as_bytes().trim_ascii().is_empty() {
+            list.extend_from_slice(value.as_bytes().trim_ascii());
+            list.extend_from_slice(b", ");
+        }
+    }
+    list.extend_from_slice(peer.to_string().as_bytes());
+    HeaderValue::from_bytes(&list).ok()
 }
 
 /// Streams a request the gateway does not intercept to the upstream and its
@@ -501,6 +517,25 @@ mod tests {
         // Full jitter: draws spread over the range instead of sticking to its top.
         let draws: Vec<Duration> = (0..200).map(|_| backoff(4)).collect();
         assert!(draws.iter().any(|d| *d < BACKOFF_CAP / 2));
+    }
+
+    #[test]
+    fn forwarded_for_appends_the_peer_to_every_line_combined() {
+        let peer = IpAddr::from([192, 0, 2, 9]);
+        let mut headers = HeaderMap::new();
+        assert_eq!(forwarded_for(&headers, peer).unwrap(), "192.0.2.9");
+        for line in ["10.0.0.1", " ", "10.0.0.2, 10.0.0.3 "] {
+            headers.append(X_FORWARDED_FOR, HeaderValue::from_static(line));
+        }
+        assert_eq!(
+            forwarded_for(&headers, peer).unwrap(),
+            "10.0.0.1, 10.0.0.2, 10.0.0.3, 192.0.2.9"
+        );
+        let v6 = IpAddr::from([0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(
+            forwarded_for(&headers, v6).unwrap(),
+            "10.0.0.1, 10.0.0.2, 10.0.0.3, ::1"
+        );
     }
 
     #[test]

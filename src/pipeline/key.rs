@@ -13,14 +13,12 @@ use sha2::{Digest, Sha256};
 use crate::pipeline::fingerprint::Fingerprint;
 
 /// URL-component encoding: everything but the RFC 3986 unreserved
-/// characters, so a key (or any text) is one path segment or query value.
-const URL_COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
+/// characters, so a key (or any text) is one path segment or query value —
+/// and `.` too, so that the keys `.` and `..` are never the dot-segments an
+/// upstream would resolve to the parent resource (`/tasks/..`).
+const URL_COMPONENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'~');
 
-/// `text` URL-component encoded (`a/b c` → `a%2Fb%20c`).
+/// `text` URL-component encoded (`a/b c` → `a%2Fb%20c`, `..` → `%2E%2E`).
 pub fn url_component(text: &str) -> String {
     utf8_percent_encode(text, URL_COMPONENT).to_string()
 }
@@ -210,6 +208,14 @@ mod tests {
         let long = "k".repeat(256);
         assert_eq!(parse(&[long.as_bytes()]), Err(KeyError::TooLong));
         assert!(parse(&["k".repeat(255).as_bytes()]).unwrap().is_some());
+    }
+
+    #[test]
+    fn url_components_are_never_dot_segments() {
+        assert_eq!(url_component("a/b c"), "a%2Fb%20c");
+        assert_eq!(url_component("."), "%2E");
+        assert_eq!(url_component(".."), "%2E%2E");
+        assert_eq!(url_component("v1.2-x_y~z"), "v1%2E2-x_y~z");
     }
 
     #[test]

@@ -1,7 +1,12 @@
 //! The life of a request, as phases in a fixed order, one module each:
 //!
+//! 0. [`path`]: the request path in normal form (RFC 3986 §6.2.2), rewritten
+//!    in place, so everything after it — the reserved `/.idemgate/` prefix
+//!    ([`status`]), routing, the fingerprint and the upstream's request line —
+//!    sees one spelling; a path that has none → 400 `invalid-path`.
 //! 1. [`route`]: longest `path_prefix`; none → 404 `no-route`. A method the
-//!    route does not intercept is streamed through untouched ([`forward::pass_through`]).
+//!    route does not intercept is streamed through ([`forward::pass_through`]),
+//!    unchanged but for its normalized path and hop-by-hop headers.
 //! 2. [`key`]: the `Idempotency-Key` (or an assigned one) and the scope.
 //! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`).
 //! 4. [`fingerprint`]: what makes a retry "the same request".
@@ -18,6 +23,7 @@ pub mod claim;
 pub mod fingerprint;
 pub mod forward;
 pub mod key;
+pub mod path;
 pub mod record;
 pub mod replay;
 pub mod route;
@@ -140,20 +146,26 @@ impl Proxy {
     /// or payloads).
     pub async fn handle(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        mut request: Request<Incoming>,
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let method = request.method().clone();
+        // The head as sent, before its path is normalized.
+        let head_bytes = head_size(&request);
+        // Phase 0, once: from here on the request's path is in normal form.
+        let normalized = path::normalize(request.uri_mut());
         let path = request.uri().path().to_string();
-        let reserved = path.starts_with(status::PREFIX);
-        let active = (!reserved)
+        let reserved = normalized.is_ok() && path.starts_with(status::PREFIX);
+        let active = (normalized.is_ok() && !reserved)
             .then(|| route::select(&self.routes, &path, |active| &active.route).cloned())
             .flatten();
-        let answered = if head_size(&request) > self.max_header_bytes {
+        let answered = if head_bytes > self.max_header_bytes {
             Err(ProxyError::HeadersTooLarge {
                 limit: self.max_header_bytes,
             })
+        } else if let Err(error) = normalized {
+            Err(error.into())
         } else if reserved {
             status::lookup(self.store.as_ref(), &self.routes, &request).await
         } else if let Some(active) = &active {

@@ -26,8 +26,11 @@
 //!   GET and HEAD are recorded and answered 200 but never counted as writes,
 //!   except `GET /lookup?key=K[&ms=N]` (a reconcile probe's target, after N
 //!   ms): 200 `{"id": n}` when a write was committed under
-//!   `Idempotency-Key: K`, 404 otherwise. Accepted TCP connections are
-//!   counted too.
+//!   `Idempotency-Key: K`, 404 otherwise; `GET /tasks/{key}` (a probe in
+//!   the path) likewise answers `{"id": n}` or 404 for the percent-decoded
+//!   key, but the collection (200 `{"data": [{"id": 1}]}`) for `/tasks/.`
+//!   and `/tasks/..`, as an upstream that resolves dot-segments would.
+//!   Accepted TCP connections are counted too.
 //! - [`RawUpstream`]: a TCP listener that counts connections and breaks each
 //!   one on purpose (close at once, reset after reading the request, or a
 //!   `101` that no request asked for).

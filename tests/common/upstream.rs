@@ -231,6 +231,9 @@ async fn handle(
             tokio::time::sleep(Duration::from_millis(delay)).await;
             return Ok(lookup(&state, query_value(&parts.uri, "key")));
         }
+        if let Some(segment) = path.strip_prefix("/tasks/") {
+            return Ok(task(&state, segment));
+        }
         let id = state.requests.lock().expect("requests lock").len();
         return Ok(json_response(StatusCode::OK, id, received));
     }
@@ -316,6 +319,27 @@ fn lookup(state: &UpstreamState, key: Option<&str>) -> hyper::Response<UpstreamB
         .status(status)
         .header("content-type", "application/json")
         .header("x-upstream-tag", "lookup")
+        .body(boxed(Full::new(Bytes::from(body.to_string()))))
+        .expect("response")
+}
+
+/// `GET /tasks/{key}` as an upstream that resolves dot-segments answers it:
+/// `/tasks/.` and `/tasks/..` name the collection (200 `{"data": [{"id": 1}]}`);
+/// any other segment is percent-decoded and names the write committed under
+/// that key (200 `{"id": n}`), 404 when there is none.
+fn task(state: &UpstreamState, segment: &str) -> hyper::Response<UpstreamBody> {
+    let (status, body) = if matches!(segment, "." | "..") {
+        (StatusCode::OK, json!({ "data": [{ "id": 1 }] }))
+    } else {
+        let key = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+        match state.by_key.lock().expect("by_key lock").get(key.as_ref()) {
+            Some(id) => (StatusCode::OK, json!({ "id": id })),
+            None => (StatusCode::NOT_FOUND, json!({ "error": "no such task" })),
+        }
+    };
+    hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
         .body(boxed(Full::new(Bytes::from(body.to_string()))))
         .expect("response")
 }

@@ -1,0 +1,277 @@
+//! Paths and probes name what they mean, however they are spelled:
+//!
+//! - a request path is normalized (RFC 3986 §6.2.2) before anything routes
+//!   on it: `/./api/echo`, `/%61pi/echo` and `/x/../api/echo` are the
+//!   protected `/api` route, one operation, and the upstream receives
+//!   `/api/echo`; `/api/../v1/x` is `/v1/x`; a path that cannot be
+//!   normalized is 400 `invalid-path` and nothing is sent;
+//! - a reconcile probe for the key `.` or `..` asks about that key, never
+//!   about the collection an upstream that resolves dot-segments would
+//!   answer for; the admin API (and so `idemgate keys`) reads `%2E` in a
+//!   path as the same `.`;
+//! - repeated `X-Forwarded-For` lines reach the upstream as one list with
+//!   the peer appended.
+//!
+//! The `keys` test spawns the real binary beside in-process gateways; no
+//! gateway here restarts on its store, so the store lock a child may
+//! inherit between fork and exec never matters (see `tests/restart.rs`).
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::StatusCode;
+use serde_json::json;
+
+const BODY: &str = r#"{"title":"t"}"#;
+
+/// Route `api` at `/api` (keys required) beside a catch-all `all` that is a
+/// plain proxy (`key = "off"`), both to one fake upstream.
+async fn protected_api_beside_a_catch_all() -> TestGateway {
+    let upstream = FakeUpstream::start().await;
+    let all = format!(
+        "[[routes]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"{}\"\nkey = \"off\"\n",
+        upstream.url()
+    );
+    spawn_gateway_on(upstream, Setup::route(&all).at("/api")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equivalent_spellings_of_a_protected_path_are_one_operation_on_it() {
+    let gw = protected_api_beside_a_catch_all().await;
+    let spellings = [
+        "/./api/echo",
+        "/%61pi/echo",
+        "/api/../api/echo",
+        "/x/../api/echo",
+    ];
+
+    for (n, path) in spellings.iter().enumerate() {
+        let key = format!("spelled-{n}");
+        let first = write(gw.addr(), path, Some(&key), BODY).await;
+        assert_fresh_created(&first);
+        for _ in 0..2 {
+            let retry = write(gw.addr(), path, Some(&key), BODY).await;
+            assert_replay_of(&retry, &first);
+        }
+        let canonical = write(gw.addr(), "/api/echo", Some(&key), BODY).await;
+        assert_replay_of(&canonical, &first);
+
+        assert_eq!(gw.upstream.writes(), n + 1, "{path}: one upstream write");
+        let sent = gw.upstream.write_requests();
+        assert_eq!(sent[n].uri, "/api/echo", "{path}: what the upstream got");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dot_segment_leaves_the_prefix_it_names() {
+    let gw = protected_api_beside_a_catch_all().await;
+
+    // `/api/../v1/x` is `/v1/x`: the catch-all's, which needs no key.
+    let resp = write(gw.addr(), "/api/../v1/x?src=test", None, BODY).await;
+
+    assert_fresh_created(&resp);
+    let sent = gw.upstream.write_requests();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        sent[0].uri, "/v1/x?src=test",
+        "normalized path, query as is"
+    );
+    // Pass-through requests are forwarded normalized too.
+    let read = send(gw.addr(), "GET", "/%61pi/./items/%7e1", &[], Bytes::new()).await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(
+        gw.upstream.requests().last().expect("a GET").uri,
+        "/api/items/~1"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reserved_prefix_is_decided_after_normalization() {
+    let gw = protected_api_beside_a_catch_all().await;
+    let written = write(gw.addr(), "/api/echo", Some("lookup-1"), BODY).await;
+    assert_fresh_created(&written);
+
+    let found = send(
+        gw.addr(),
+        "GET",
+        "/api/../.idemgate/operations/lookup-1",
+        &[("authorization", ALICE)],
+        Bytes::new(),
+    )
+    .await;
+
+    assert_eq!(found.status, StatusCode::OK);
+    assert_eq!(found.json()["state"], "completed", "{:?}", found.json());
+    assert_eq!(
+        gw.upstream.requests().len(),
+        1,
+        "the lookup stays in idemgate"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_that_cannot_be_normalized_is_refused() {
+    let gw = protected_api_beside_a_catch_all().await;
+
+    for path in ["/%zz", "/api/%4", "/api/echo%"] {
+        let resp = write(gw.addr(), path, Some("bad-path"), BODY).await;
+        let problem = resp.assert_problem(400, "invalid-path");
+        assert!(
+            problem["detail"].as_str().is_some_and(|d| d.contains('%')),
+            "{path}: {problem}"
+        );
+    }
+    let raw = raw_exchange(gw.addr(), b"OPTIONS * HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("a response");
+    assert_eq!(raw.status, 400, "asterisk-form: {}", raw.head);
+    assert!(gw.upstream.requests().is_empty(), "nothing sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_forwarded_for_lines_are_one_list() {
+    let gw = protected_api_beside_a_catch_all().await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", ALICE),
+        ("idempotency-key", "xff-1"),
+        ("x-forwarded-for", "10.0.0.1"),
+        ("x-forwarded-for", "10.0.0.2, 10.0.0.3"),
+    ];
+
+    let written = send(gw.addr(), "POST", "/api/echo", &headers, BODY).await;
+    let read = send(gw.addr(), "GET", "/v1/x", &headers[3..], Bytes::new()).await;
+
+    assert_fresh_created(&written);
+    assert_eq!(read.status, StatusCode::OK);
+    for up in gw.upstream.requests() {
+        let lines: Vec<_> = up.headers.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(
+            lines,
+            ["10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"],
+            "{} {}",
+            up.method,
+            up.uri
+        );
+    }
+}
+
+// ------------------------------------------------ probes for keys `.` and `..`
+
+/// A gateway whose route probes `GET /tasks/{key}` on its upstream, which
+/// answers `/tasks/.` and `/tasks/..` for the collection.
+async fn with_path_probe() -> TestGateway {
+    let upstream = FakeUpstream::start().await;
+    let route = format!(
+        "[routes.reconcile]\nurl = \"{}/tasks/{{key}}\"\nfound_status = 200\ntimeout = \"2s\"",
+        upstream.url()
+    );
+    spawn_gateway_on(upstream, Setup::route(&route).admin()).await
+}
+
+fn probes(gw: &TestGateway) -> Vec<String> {
+    gw.upstream
+        .requests()
+        .into_iter()
+        .filter(|r| r.uri.starts_with("/tasks/"))
+        .map(|r| r.uri)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dot_key_is_never_settled_with_the_collection() {
+    let gw = with_path_probe().await;
+
+    for (key, encoded) in [("..", "/tasks/%2E%2E"), (".", "/tasks/%2E")] {
+        // 502 without committing: nothing happened, nothing to find.
+        let before = gw.upstream.requests().len();
+        let lost = write(gw.addr(), "/status/502", Some(key), BODY).await;
+        assert_eq!(lost.status, StatusCode::BAD_GATEWAY, "{key}");
+        gw.upstream.wait_for_requests(before + 2).await; // the write and the first probe
+        let retry = write(gw.addr(), "/status/502", Some(key), BODY).await;
+
+        assert_held_unknown(&retry);
+        let stored = gw.operation(key).await;
+        assert_eq!(stored["state"], "unknown", "{key}: {stored}");
+        let asked = probes(&gw);
+        assert!(!asked.is_empty(), "{key}: no probe");
+        assert!(
+            asked
+                .iter()
+                .all(|uri| uri != "/tasks/.." && uri != "/tasks/.")
+        );
+        assert!(asked.iter().any(|uri| uri == encoded), "{key}: {asked:?}");
+    }
+    assert_eq!(gw.upstream.writes(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dot_key_that_was_written_is_settled_with_its_own_resource() {
+    let gw = with_path_probe().await;
+    let lost = write(gw.addr(), "/drop", Some(".."), BODY).await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+
+    let settled = write_until(
+        gw.addr(),
+        "/drop",
+        "..",
+        BODY,
+        Duration::from_secs(5),
+        |r| r.status != StatusCode::CONFLICT,
+    )
+    .await;
+
+    assert_eq!(settled.status, StatusCode::OK);
+    assert!(settled.is_replay());
+    assert_eq!(settled.json(), json!({ "id": 1 }), "the key's own task");
+    assert_eq!(gw.upstream.writes(), 1);
+    assert_eq!(gw.operation("..").await["evidence"], "reconciled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_reads_percent_encoded_path_segments() {
+    let setup = Setup::route("").admin();
+    let token = setup.admin_token.clone().expect("a token");
+    let gw = spawn_gateway_with(setup).await;
+    assert_fresh_created(&write(gw.addr(), "/tasks", Some(".."), BODY).await);
+    let id = gw.operation("..").await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+
+    // Every byte of the id percent-encoded: still the same operation.
+    let encoded: String = id.bytes().map(|b| format!("%{b:02X}")).collect();
+    let shown = admin_call(
+        gw.admin_addr(),
+        "GET",
+        &format!("/admin/keys/{encoded}"),
+        Some(&token),
+        "",
+    )
+    .await;
+    assert_eq!(shown.status, StatusCode::OK, "{:?}", shown.body);
+    assert_eq!(shown.json()["id"], id.as_str());
+
+    // `idemgate keys` encodes `.` as `%2E`, in the query and in the path.
+    let variable = format!("IDEMGATE_TEST_TOKEN_{}", uuid::Uuid::now_v7().simple());
+    let keys = |args: &[&str]| {
+        let mut cmd = binary();
+        cmd.arg("keys")
+            .args(args)
+            .args(["--json", "--admin"])
+            .arg(format!("http://{}", gw.admin_addr()))
+            .args(["--token-env", &variable])
+            .env(&variable, &token);
+        cmd
+    };
+    let (status, stdout, stderr) = run_to_exit(keys(&["list", "--key", ".."])).await;
+    assert!(status.success(), "{stderr}");
+    let page: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(page["items"][0]["id"], id.as_str(), "{page}");
+    let (status, _, stderr) = run_to_exit(keys(&["show", "."])).await;
+    assert!(!status.success());
+    assert!(stderr.contains("404 unknown-operation"), "{stderr}");
+}
