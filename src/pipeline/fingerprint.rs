@@ -4,9 +4,11 @@
 //! The fingerprint is a SHA-256 over the method, the path and query, the
 //! route's `fingerprint_headers` and the body. A JSON body is canonicalised
 //! (RFC 8785, after removing `ignore_fields`) so re-serialising the same
-//! payload is not a change; any other body, or JSON that does not parse, is
-//! hashed as sent. Every part is length-prefixed, so no two different requests
-//! can run together into the same bytes.
+//! payload is not a change; any other body, JSON that does not parse, or JSON
+//! that the canonical form would not keep apart from another payload (see
+//! `canonical_json`) is hashed as sent. So two requests with different bodies
+//! never share a fingerprint, and every part is length-prefixed, so no two
+//! different requests can run together into the same bytes.
 
 use http::header::{CONTENT_TYPE, HeaderName};
 use http::{HeaderMap, Method};
@@ -69,12 +71,15 @@ impl Fingerprint {
     }
 }
 
-/// The canonical JSON of a JSON body, or `None` for any other body.
+/// The canonical JSON of a JSON body, or `None` for any other body — and for
+/// JSON that canonicalising could make equal to another payload (a member
+/// named twice, a lone surrogate, a number a double cannot hold): hashed as
+/// sent, any change to it is a change.
 fn canonical_body(input: &FingerprintInput<'_>) -> Option<Vec<u8>> {
     if !is_json(input.headers) {
         return None;
     }
-    let mut value: serde_json::Value = serde_json::from_slice(input.body).ok()?;
+    let mut value = canonical_json::parse_exact(input.body).ok()?;
     for pointer in input.ignore_fields {
         canonical_json::remove_pointer(&mut value, pointer);
     }
@@ -98,6 +103,7 @@ pub fn is_json(headers: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::key::IdempotencyKey;
     use http::HeaderValue;
 
     fn fp(
@@ -187,6 +193,496 @@ mod tests {
         // Invalid JSON under a JSON media type is hashed raw too, not refused.
         let broken = fp(Method::POST, "/t", JSON, &[], "{");
         assert_ne!(broken, fp(Method::POST, "/t", JSON, &[], "{ "));
+    }
+
+    /// Two bodies that must be two operations, and two that must be one.
+    fn assert_apart(a: &str, b: &str) {
+        assert_ne!(
+            fp(Method::POST, "/t", JSON, &[], a),
+            fp(Method::POST, "/t", JSON, &[], b),
+            "{a} vs {b}"
+        );
+    }
+    fn assert_one(a: &str, b: &str) {
+        assert_eq!(
+            fp(Method::POST, "/t", JSON, &[], a),
+            fp(Method::POST, "/t", JSON, &[], b),
+            "{a} vs {b}"
+        );
+    }
+
+    #[test]
+    fn numbers_binary64_cannot_hold_are_not_merged() {
+        // 2^53 + 1 and 2^53 are one double.
+        assert_apart(
+            r#"{"account":9007199254740993}"#,
+            r#"{"account":9007199254740992}"#,
+        );
+        // Two 20-digit ids.
+        assert_apart(
+            r#"{"id":12345678901234567890}"#,
+            r#"{"id":12345678901234567891}"#,
+        );
+        assert_apart(
+            r#"{"id":12345678901234567890}"#,
+            r#"{"id":12345678901234567000}"#,
+        );
+        // A decimal with more digits than its double keeps.
+        assert_apart("[0.30000000000000001]", "[0.3]");
+        assert_apart("[333333333.33333329]", "[333333333.3333333]");
+        // Out of range both ways: no double at all, or a zero that was not 0.
+        assert_apart("[1e400]", "[1e401]");
+        assert_apart("[1e-400]", "[0]");
+        // Hashed as sent, such a body keeps its ignored fields: a change.
+        let with_nonce = |nonce: &str| {
+            let body = format!(r#"{{"id":12345678901234567890,"nonce":{nonce}}}"#);
+            fp(Method::POST, "/t", JSON, &["/nonce"], &body)
+        };
+        assert_ne!(with_nonce("1"), with_nonce("2"));
+    }
+
+    #[test]
+    fn duplicate_member_names_are_not_merged() {
+        assert_apart(r#"{"a":1,"a":2}"#, r#"{"a":2}"#);
+        assert_apart(r#"{"a":1,"\u0061":2}"#, r#"{"a":2}"#);
+        assert_apart(r#"{"x":[{"b":0,"a":1,"a":2}]}"#, r#"{"x":[{"b":0,"a":2}]}"#);
+        // The same duplicate sent again is the same bytes: one operation.
+        assert_one(r#"{"a":1,"a":2}"#, r#"{"a":1,"a":2}"#);
+    }
+
+    #[test]
+    fn lone_surrogates_are_not_merged() {
+        assert_apart(r#"["\ud800"]"#, r#"["\ud801"]"#);
+        assert_apart(r#"{"\udc00":1}"#, r#"{"\udc01":1}"#);
+        assert_apart(r#"["\ud800"]"#, r#"["\ufffd"]"#);
+        // A pair is one character, whichever way it is written.
+        assert_one(r#"["\ud83d\ude00"]"#, "[\"\u{1F600}\"]");
+    }
+
+    #[test]
+    fn exact_values_written_differently_are_one_operation() {
+        assert_one("[1]", "[1.0]");
+        assert_one("[1]", "[1e0]");
+        assert_one("[0.1]", "[1e-1]");
+        assert_one("[0.1]", "[0.10]");
+        assert_one("[0]", "[-0]");
+        assert_one("[9007199254740992]", "[9007199254740992.0]");
+        assert_one("[1e21]", "[1000000000000000000000]");
+        assert_one("[12345678901234567000]", "[1.2345678901234567e19]");
+        assert_one(r#"{"s":"A"}"#, r#"{"\u0073":"\u0041"}"#);
+    }
+
+    #[test]
+    fn exact_json_fingerprints_are_unchanged() {
+        // Stored fingerprints must still match after an upgrade: pinned.
+        let canonical = fp(
+            Method::POST,
+            "/t",
+            JSON,
+            &["/nonce"],
+            r#"{"b":[1.0,0.1,"\u0041"],"a":null,"nonce":7}"#,
+        );
+        assert_eq!(
+            canonical.as_str(),
+            "f8bf799f45becd53f8537155d4e9d725e8225d7861707c62d459daa4475712ca"
+        );
+    }
+
+    /// A JSON value as the property test knows it: numbers as exact
+    /// decimals, strings as UTF-16 code units (so a lone surrogate is one
+    /// too), objects as members in order (so a name may repeat).
+    #[derive(Clone, Debug)]
+    enum Json {
+        Null,
+        Bool(bool),
+        Number(Decimal),
+        String(Vec<u16>),
+        Array(Vec<Json>),
+        Object(Vec<(Vec<u16>, Json)>),
+    }
+
+    /// `(-1)^negative × digits × 10^exponent`; `digits` has no leading or
+    /// trailing zero (none at all: zero, unsigned). `exact`: known, by how it
+    /// was made, to be a double's shortest form (`false`: not, or unknown).
+    #[derive(Clone, Debug)]
+    struct Decimal {
+        negative: bool,
+        digits: String,
+        exponent: i32,
+        exact: bool,
+    }
+
+    impl Decimal {
+        fn new(negative: bool, digits: &str, exponent: i32, exact: bool) -> Decimal {
+            let kept = digits.trim_start_matches('0');
+            let trimmed = kept.trim_end_matches('0');
+            let exponent = exponent + (kept.len() - trimmed.len()) as i32;
+            let zero = trimmed.is_empty();
+            Decimal {
+                negative: negative && !zero,
+                digits: trimmed.to_owned(),
+                exponent: if zero { 0 } else { exponent },
+                exact,
+            }
+        }
+
+        /// Rust's shortest round-trip form of `double` (not the code under
+        /// test's); zero for a NaN or an infinity, which JSON cannot write.
+        fn of_double(double: f64) -> Decimal {
+            if !double.is_finite() {
+                return Decimal::new(false, "", 0, true);
+            }
+            let text = format!("{double:e}");
+            let (mantissa, exponent) = text.split_once('e').unwrap();
+            let negative = mantissa.starts_with('-');
+            let mantissa = mantissa.trim_start_matches('-');
+            let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+            let exponent: i32 = exponent.parse().unwrap();
+            let digits = format!("{whole}{fraction}");
+            Decimal::new(negative, &digits, exponent - fraction.len() as i32, true)
+        }
+
+        fn same(&self, other: &Decimal) -> bool {
+            (self.negative, &self.digits, self.exponent)
+                == (other.negative, &other.digits, other.exponent)
+        }
+    }
+
+    impl Json {
+        /// Whether `self` and `other` are one exact JSON value: objects
+        /// without a repeated name compare as maps, others member by member.
+        fn same(&self, other: &Json) -> bool {
+            match (self, other) {
+                (Json::Null, Json::Null) => true,
+                (Json::Bool(a), Json::Bool(b)) => a == b,
+                (Json::Number(a), Json::Number(b)) => a.same(b),
+                (Json::String(a), Json::String(b)) => a == b,
+                (Json::Array(a), Json::Array(b)) => {
+                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y))
+                }
+                (Json::Object(a), Json::Object(b)) => {
+                    a.len() == b.len()
+                        && compared_in_order(a)
+                            .into_iter()
+                            .zip(compared_in_order(b))
+                            .all(|(x, y)| x.0 == y.0 && x.1.same(&y.1))
+                }
+                _ => false,
+            }
+        }
+
+        /// I-JSON whose every number is known exact.
+        fn is_exact(&self) -> bool {
+            match self {
+                Json::Null | Json::Bool(_) => true,
+                Json::Number(n) => n.exact,
+                Json::String(units) => !has_lone_surrogate(units),
+                Json::Array(items) => items.iter().all(Json::is_exact),
+                Json::Object(members) => {
+                    !repeats_a_name(members)
+                        && members
+                            .iter()
+                            .all(|(name, value)| !has_lone_surrogate(name) && value.is_exact())
+                }
+            }
+        }
+    }
+
+    /// Members by name when no name repeats (order does not matter), else
+    /// as sent (a parser may keep the first or the last).
+    fn compared_in_order(members: &[(Vec<u16>, Json)]) -> Vec<&(Vec<u16>, Json)> {
+        let mut order: Vec<_> = members.iter().collect();
+        if !repeats_a_name(members) {
+            order.sort_by(|x, y| x.0.cmp(&y.0));
+        }
+        order
+    }
+
+    fn repeats_a_name(members: &[(Vec<u16>, Json)]) -> bool {
+        let mut names: Vec<_> = members.iter().map(|(name, _)| name).collect();
+        names.sort();
+        names.windows(2).any(|pair| pair[0] == pair[1])
+    }
+
+    fn has_lone_surrogate(units: &[u16]) -> bool {
+        char::decode_utf16(units.iter().copied()).any(|c| c.is_err())
+    }
+
+    /// Numbers near one another as doubles, or not doubles at all.
+    const TRICKY_NUMBERS: [(&str, i32, bool); 10] = [
+        ("9007199254740992", 0, true),
+        ("9007199254740993", 0, false),
+        ("12345678901234567", 3, true),
+        ("12345678901234567890", 0, false),
+        ("3", -1, true),
+        ("30000000000000001", -17, false),
+        ("1", 400, false),
+        ("1", -400, false),
+        ("1", 0, true),
+        ("", 0, true),
+    ];
+
+    fn random_number(rng: &mut fastrand::Rng) -> Decimal {
+        let long = |rng: &mut fastrand::Rng, lengths: std::ops::Range<usize>| -> String {
+            // First and last digit non-zero: that many significant digits.
+            let len = rng.usize(lengths);
+            let mut digits: String = (0..len).map(|_| rng.digit(10)).collect();
+            digits.replace_range(0..1, &rng.char('1'..='9').to_string());
+            digits.replace_range(len - 1.., &rng.char('1'..='9').to_string());
+            digits
+        };
+        match rng.u8(0..5) {
+            0 => Decimal::of_double(f64::from_bits(rng.u64(..))),
+            1 => Decimal::of_double(rng.f64() * 10f64.powi(rng.i32(-30..30))),
+            // Beyond what a double's shortest form (17 digits) can write.
+            2 => Decimal::new(rng.bool(), &long(rng, 18..24), 0, false),
+            3 => {
+                let exponent = rng.i32(-40..10);
+                Decimal::new(rng.bool(), &long(rng, 18..30), exponent, false)
+            }
+            _ => {
+                let (digits, exponent, exact) = TRICKY_NUMBERS[rng.usize(..TRICKY_NUMBERS.len())];
+                Decimal::new(rng.bool(), digits, exponent, exact)
+            }
+        }
+    }
+
+    /// A few code units: names and strings collide often, and include
+    /// escapes, pairs, lone surrogates and U+FFFD (what a lone one becomes).
+    fn random_units(rng: &mut fastrand::Rng, max: usize) -> Vec<u16> {
+        let pool: [&[u16]; 10] = [
+            &[0x41],
+            &[0x61],
+            &[0x22],
+            &[0x5c],
+            &[0x0a],
+            &[0xe9],
+            &[0xfffd],
+            &[0xd83d, 0xde00],
+            &[0xd800],
+            &[0xdc00],
+        ];
+        (0..rng.usize(0..=max))
+            .flat_map(|_| pool[rng.usize(..pool.len())].iter().copied())
+            .collect()
+    }
+
+    fn random_json(rng: &mut fastrand::Rng, depth: u32) -> Json {
+        match rng.u8(0..if depth == 0 { 4 } else { 6 }) {
+            0 => [Json::Null, Json::Bool(true), Json::Bool(false)][rng.usize(0..3)].clone(),
+            1 | 2 => Json::Number(random_number(rng)),
+            3 => Json::String(random_units(rng, 4)),
+            4 => Json::Array(
+                (0..rng.usize(0..4))
+                    .map(|_| random_json(rng, depth - 1))
+                    .collect(),
+            ),
+            _ => Json::Object(
+                (0..rng.usize(0..4))
+                    .map(|_| (random_units(rng, 1), random_json(rng, depth - 1)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// `value` with one small change somewhere (or, rarely, none).
+    fn mutated(rng: &mut fastrand::Rng, value: &Json) -> Json {
+        let mut value = value.clone();
+        match &mut value {
+            Json::Number(n) => match rng.u8(0..3) {
+                0 => {
+                    *n = Decimal::new(n.negative, &format!("{}1", n.digits), n.exponent - 1, false)
+                }
+                1 => *n = Decimal::new(n.negative, &n.digits.clone(), n.exponent + 1, false),
+                _ => *n = random_number(rng),
+            },
+            Json::String(units) => match units.pop() {
+                Some(0xd800 | 0xdc00) => units.push(0xfffd),
+                _ => units.extend(random_units(rng, 1)),
+            },
+            Json::Array(items) if !items.is_empty() => {
+                let at = rng.usize(..items.len());
+                items[at] = mutated(rng, &items[at]);
+            }
+            Json::Object(members) if !members.is_empty() => {
+                let at = rng.usize(..members.len());
+                match rng.u8(0..3) {
+                    // The same name again, with another value: a duplicate.
+                    0 => {
+                        let name = members[at].0.clone();
+                        members.push((name, random_json(rng, 1)));
+                    }
+                    1 => {
+                        members.remove(at);
+                    }
+                    _ => members[at].1 = mutated(rng, &members[at].1),
+                }
+            }
+            _ => value = random_json(rng, 2),
+        }
+        value
+    }
+
+    /// One of the many JSON texts of `value`: whitespace, member order
+    /// (when no name repeats), escapes and number forms chosen at random.
+    fn render(rng: &mut fastrand::Rng, value: &Json, out: &mut String) {
+        match value {
+            Json::Null => out.push_str("null"),
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Number(n) => render_number(rng, n, out),
+            Json::String(units) => render_string(rng, units, out),
+            Json::Array(items) => render_list(rng, "[]", items.iter(), out, render),
+            Json::Object(members) => {
+                let mut order: Vec<_> = members.iter().collect();
+                if !repeats_a_name(members) {
+                    rng.shuffle(&mut order);
+                }
+                render_list(rng, "{}", order, out, |rng, (name, member), out| {
+                    render_string(rng, name, out);
+                    space(rng, out);
+                    out.push(':');
+                    space(rng, out);
+                    render(rng, member, out);
+                });
+            }
+        }
+    }
+
+    fn space(rng: &mut fastrand::Rng, out: &mut String) {
+        out.push_str(["", " ", "\n  ", "\t\r\n"][rng.usize(..4)]);
+    }
+
+    /// `brackets` around the items `each` renders, with commas and spaces.
+    fn render_list<T>(
+        rng: &mut fastrand::Rng,
+        brackets: &str,
+        items: impl IntoIterator<Item = T>,
+        out: &mut String,
+        mut each: impl FnMut(&mut fastrand::Rng, T, &mut String),
+    ) {
+        let (open, close) = brackets.split_at(1);
+        out.push_str(open);
+        for (i, item) in items.into_iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            space(rng, out);
+            each(rng, item, out);
+            space(rng, out);
+        }
+        out.push_str(close);
+    }
+
+    fn render_number(rng: &mut fastrand::Rng, n: &Decimal, out: &mut String) {
+        if n.negative || (n.digits.is_empty() && rng.bool()) {
+            out.push('-');
+        }
+        // Zeros after the digits: the same value.
+        let padding = "0".repeat(rng.usize(0..3));
+        let digits = if n.digits.is_empty() { "0" } else { &n.digits };
+        let len = digits.len() as i32;
+        match rng.u8(0..3) {
+            // d.ddd e±x
+            0 => {
+                let e = ["e", "E", "e+", "E+"][rng.usize(..4)];
+                let exponent = n.exponent + len - 1;
+                let e = if exponent < 0 { "e" } else { e };
+                let fraction = format!("{}{padding}", &digits[1..]);
+                let point = if fraction.is_empty() { "" } else { "." };
+                out.push_str(&format!("{}{point}{fraction}{e}{exponent}", &digits[..1]));
+            }
+            // ddd e±x
+            1 => out.push_str(&format!("{digits}e{}", n.exponent)),
+            // Positional, when it is not absurdly long.
+            _ if n.exponent.abs() < 400 => {
+                let point = len + n.exponent;
+                if n.exponent >= 0 {
+                    out.push_str(digits);
+                    out.push_str(&"0".repeat(n.exponent as usize));
+                } else if point > 0 {
+                    let (whole, fraction) = digits.split_at(point as usize);
+                    out.push_str(&format!("{whole}.{fraction}{padding}"));
+                } else {
+                    out.push_str(&format!(
+                        "0.{}{digits}{padding}",
+                        "0".repeat(-point as usize)
+                    ));
+                }
+            }
+            _ => out.push_str(&format!("{digits}e{}", n.exponent)),
+        }
+    }
+
+    fn render_string(rng: &mut fastrand::Rng, units: &[u16], out: &mut String) {
+        let escaped = |rng: &mut fastrand::Rng, unit: u16| {
+            if rng.bool() {
+                format!("\\u{unit:04x}")
+            } else {
+                format!("\\u{unit:04X}")
+            }
+        };
+        out.push('"');
+        for c in char::decode_utf16(units.iter().copied()) {
+            match c {
+                Err(lone) => out.push_str(&escaped(rng, lone.unpaired_surrogate())),
+                Ok(c) if rng.u8(0..3) == 0 => {
+                    let mut buffer = [0u16; 2];
+                    for unit in c.encode_utf16(&mut buffer) {
+                        out.push_str(&escaped(rng, *unit));
+                    }
+                }
+                Ok('"') => out.push_str("\\\""),
+                Ok('\\') => out.push_str("\\\\"),
+                Ok('\n') => out.push_str("\\n"),
+                Ok(c) => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+
+    #[test]
+    fn property_different_values_never_share_a_fingerprint() {
+        let mut rng = fastrand::Rng::with_seed(7493);
+        let pointers = ["/v".to_string()];
+        let scope =
+            crate::pipeline::key::Scope::from_headers(&HeaderMap::new(), &[], true).unwrap();
+        let (mut merged, mut apart) = (0, 0);
+        for _ in 0..3000 {
+            let a = random_json(&mut rng, 3);
+            let b = match rng.u8(0..3) {
+                0 => a.clone(),
+                1 => mutated(&mut rng, &a),
+                _ => random_json(&mut rng, 3),
+            };
+            let [text_a, text_b] = [&a, &b].map(|value| {
+                let mut text = String::new();
+                render(&mut rng, value, &mut text);
+                text
+            });
+            // The fingerprint of the body, and the key derived from it as a field.
+            let [ours, theirs] = [&text_a, &text_b].map(|text| {
+                let field = format!(r#"{{"v":{text}}}"#);
+                (
+                    fp(Method::POST, "/t", JSON, &[], text),
+                    IdempotencyKey::derive_from_body(&scope, &pointers, field.as_bytes()),
+                )
+            });
+            if !a.same(&b) {
+                apart += 1;
+                assert!(
+                    ours.0 != theirs.0 && ours.1 != theirs.1,
+                    "merged: {text_a} / {text_b}"
+                );
+            } else if a.is_exact() {
+                merged += 1;
+                assert_eq!(ours, theirs, "{text_a} / {text_b}");
+            }
+        }
+        // Both sides of the property were exercised.
+        assert!(
+            merged > 300 && apart > 1500,
+            "{merged} merged, {apart} apart"
+        );
     }
 
     #[test]

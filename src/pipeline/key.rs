@@ -10,6 +10,7 @@ use http::header::HeaderName;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
+use crate::canonical_json::{self, NotExact};
 use crate::pipeline::fingerprint::Fingerprint;
 
 /// URL-component encoding: everything but the RFC 3986 unreserved
@@ -54,16 +55,29 @@ impl IdempotencyKey {
     /// Derive mode with `derive_from`: the key is the business action's
     /// identity — the scope and the values the pointers name in a JSON body —
     /// so the same action is one operation whatever else changes. `None` when
-    /// the body is not JSON or lacks one of them (or it is `null`).
+    /// the body is not JSON or lacks one of them (or it is `null`), or when an
+    /// object on a pointer's way names the wanted member twice (the upstream
+    /// may read the other one).
+    ///
+    /// A value is hashed in its canonical form when that is exact (so `7` and
+    /// `7.0` are one action), else as sent (a 20-digit id: two ids one double
+    /// apart stay two actions), behind a NUL byte that no canonical text
+    /// starts with.
     pub fn derive_from_body(scope: &Scope, pointers: &[String], body: &[u8]) -> Option<Self> {
-        let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+        if canonical_json::check_exact(body) == Err(NotExact::Syntax) {
+            return None;
+        }
         let mut hasher = Sha256::new();
         hasher.update(b"idemgate-derive-v1:fields");
         hasher.update(scope.0.as_bytes());
         for pointer in pointers {
-            let field = value.pointer(pointer).filter(|v| !v.is_null())?;
-            let canonical = crate::canonical_json::canonicalize(field);
-            for part in [pointer.as_bytes(), &canonical] {
+            let raw = canonical_json::raw_at(body, pointer)?;
+            let field = match canonical_json::parse_exact(raw) {
+                Ok(serde_json::Value::Null) => return None,
+                Ok(value) => canonical_json::canonicalize(&value),
+                Err(_) => [b"\0".as_slice(), raw].concat(),
+            };
+            for part in [pointer.as_bytes(), &field] {
                 hasher.update((part.len() as u64).to_be_bytes());
                 hasher.update(part);
             }
@@ -261,6 +275,41 @@ mod tests {
         assert_eq!(derive(&alice, r#"{"event_id":7}"#), None);
         assert_eq!(derive(&alice, r#"{"event_id":7,"source":null}"#), None);
         assert_eq!(derive(&alice, "event_id=7"), None);
+    }
+
+    #[test]
+    fn derived_keys_never_merge_two_values() {
+        let pointers = vec!["/event/id".to_string()];
+        let alice = scope("Bearer a");
+        let derive =
+            |body: &str| IdempotencyKey::derive_from_body(&alice, &pointers, body.as_bytes());
+        // Two 20-digit ids, and 2^53 + 1 beside 2^53, are one double each.
+        let id = derive(r#"{"event":{"id":12345678901234567890}}"#).unwrap();
+        assert_ne!(
+            derive(r#"{"event":{"id":12345678901234567891}}"#),
+            Some(id.clone())
+        );
+        assert_eq!(
+            derive(r#"{"event":{"id":12345678901234567890},"x":1}"#),
+            Some(id)
+        );
+        assert_ne!(
+            derive(r#"{"event":{"id":9007199254740993}}"#),
+            derive(r#"{"event":{"id":9007199254740992}}"#)
+        );
+        // A field holding a duplicate member is not merged with its last one.
+        assert_ne!(
+            derive(r#"{"event":{"id":{"n":1,"n":2}}}"#),
+            derive(r#"{"event":{"id":{"n":2}}}"#)
+        );
+        // A name the path goes through twice is ambiguous: no key.
+        assert_eq!(derive(r#"{"event":{"id":1},"event":{"id":2}}"#), None);
+        assert_eq!(derive(r#"{"event":{"id":1,"id":2}}"#), None);
+        // Exact values keep the key they always had (pinned: stored keys).
+        assert_eq!(
+            derive(r#"{"event":{"id":7.0}}"#).unwrap().as_str(),
+            "derived-6bb84260f99e4bb461bfd42f8b78bf2033f508c759d619cd3eed6776032ea431"
+        );
     }
 
     #[test]
