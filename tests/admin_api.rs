@@ -1039,13 +1039,26 @@ fn assert_documented(doc: &Value, operation: &Value, method: &str, path: &str, r
             String::from_utf8_lossy(&resp.body)
         )
     });
+    let actual = resp.header("content-type").unwrap_or("");
     if let Some(content) = deref(doc, listed)["content"].as_object() {
-        let actual = resp.header("content-type").unwrap_or("");
         assert!(
             content.keys().any(|c| actual.starts_with(c.as_str())),
             "{method} {path} {status}: content-type {actual:?}, documented {:?}",
             content.keys().collect::<Vec<_>>()
         );
+    }
+    if actual.starts_with("application/problem+json") {
+        let body = resp.json();
+        let required = doc["components"]["schemas"]["Problem"]["required"]
+            .as_array()
+            .expect("the Problem schema lists its required members");
+        for member in required {
+            let member = member.as_str().expect("member name");
+            assert!(
+                body.get(member).is_some(),
+                "{method} {path} {status}: no `{member}` in {body}"
+            );
+        }
     }
 }
 

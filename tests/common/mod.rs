@@ -23,6 +23,8 @@
 //!   except `GET /lookup?key=K` (a reconcile probe's target): 200
 //!   `{"id": n}` when a write was committed under `Idempotency-Key: K`, 404
 //!   otherwise. Accepted TCP connections are counted too.
+//!   [`FakeUpstream::start_aliased`] makes a fixed path (an SDK's) behave
+//!   as one of these.
 //! - [`RawUpstream`]: a TCP listener that counts connections and breaks each
 //!   one on purpose (close at once, or reset after reading the request).
 //! - [`TestGateway`]: an in-process gateway on a per-test SQLite file;
@@ -32,6 +34,9 @@
 //! - [`send`] / [`write`]: one request through a fresh hyper client;
 //!   [`try_send`] when the peer may break or stay silent.
 //! - [`raw_exchange`]: raw TCP, for malformed or hand-framed requests.
+//! - [`run_to_exit_within`]: a process (the CLI, a client script) run to
+//!   its end, killed past a bound.
+//! - [`scrape_metrics`] / [`metric`]: the admin listener's counters.
 //! - [`TestGateway::operation`]: an operation as the admin API shows it
 //!   (state, attempts, evidence, timeline), for gateways set up with
 //!   [`Setup::admin`].
