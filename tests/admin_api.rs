@@ -1,5 +1,5 @@
-//! The admin API (DESIGN §4) and the client lookup (§3), against in-process
-//! gateways:
+//! The admin API and the client status lookup (README "For operators",
+//! "After a lost response"), against in-process gateways:
 //!
 //! 1. every `/admin/*` route is 401 problem+json without the exact bearer
 //!    token, also when no token is configured; an admin listener off
@@ -889,20 +889,27 @@ async fn a_stored_request_body_is_shown_only_when_the_route_stores_it() {
 
 // ------------------------------------------------------- client lookup
 
+/// `GET /.idemgate/operations/{key}` (`key` as it goes in the path) as
+/// the client with `authorization`.
+async fn lookup(gw: &TestGateway, key: &str, authorization: &str) -> Response {
+    let path = format!("/.idemgate/operations/{key}");
+    send(
+        gw.addr(),
+        "GET",
+        &path,
+        &[("authorization", authorization)],
+        Bytes::new(),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_look_up_only_their_own_operations() {
     let (gw, admin) = gateway("").await;
     assert_fresh_created(&write(gw.addr(), "/orders", Some("look-1"), ORDER).await);
     let id = admin.id_of("look-1").await;
 
-    let mine = send(
-        gw.addr(),
-        "GET",
-        "/.idemgate/operations/look-1",
-        &[("authorization", ALICE)],
-        Bytes::new(),
-    )
-    .await;
+    let mine = lookup(&gw, "look-1", ALICE).await;
     assert_eq!(mine.status, 200, "{}", String::from_utf8_lossy(&mine.body));
     assert!(!mine.is_replay());
     let found = mine.json();
@@ -924,14 +931,7 @@ async fn clients_look_up_only_their_own_operations() {
     assert!(is_rfc3339_utc(&found["updated_at"]), "{found}");
 
     for (authorization, key) in [(BOB, "look-1"), (ALICE, "look-2")] {
-        let other = send(
-            gw.addr(),
-            "GET",
-            &format!("/.idemgate/operations/{key}"),
-            &[("authorization", authorization)],
-            Bytes::new(),
-        )
-        .await;
+        let other = lookup(&gw, key, authorization).await;
         other.assert_problem(404, "unknown-operation");
     }
     assert_eq!(
@@ -941,12 +941,39 @@ async fn clients_look_up_only_their_own_operations() {
     );
 }
 
-// ------------------------------------------------------------- metrics
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_takes_the_key_in_either_header_form() {
+    let (gw, admin) = gateway("").await;
+    // Keys written as sf-strings: `k1`, and `a"b` with an escaped quote.
+    assert_fresh_created(&write(gw.addr(), "/orders", Some(r#""k1""#), ORDER).await);
+    assert_fresh_created(&write(gw.addr(), "/orders", Some(r#""a\"b""#), ORDER).await);
+    let k1 = admin.id_of("k1").await;
+    let escaped = admin.id_of("a%22b").await;
 
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    // Every spelling the header accepts, percent-encoded in the path (or
+    // not: a client may send the quotes as they are), names one operation.
+    for (spelling, id) in [
+        ("k1", &k1),
+        ("%22k1%22", &k1),
+        (r#""k1""#, &k1),
+        ("a%22b", &escaped),
+        ("%22a%5C%22b%22", &escaped),
+    ] {
+        let found = lookup(&gw, spelling, ALICE).await;
+        assert_eq!(
+            found.status,
+            200,
+            "{spelling}: {}",
+            String::from_utf8_lossy(&found.body)
+        );
+        assert_eq!(found.json()["operation_id"], id.as_str(), "{spelling}");
+    }
+    // A malformed sf-string is refused, as the header would be.
+    let malformed = lookup(&gw, "%22k1", ALICE).await;
+    malformed.assert_problem(400, "invalid-key");
 }
+
+// ------------------------------------------------------------- metrics
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_forwarded_and_replayed_writes() {
