@@ -237,16 +237,19 @@ async fn without_a_configured_token_every_admin_call_is_401() {
     assert_eq!(health.status, 200);
 }
 
+/// A config (store in `dir`) whose admin token variable is one of its
+/// own, set by nobody: (variable, TOML).
+fn token_variable_config(dir: &std::path::Path) -> (String, String) {
+    let variable = format!("IDEMGATE_TEST_TOKEN_{}", uuid::Uuid::now_v7().simple());
+    let setup = Setup::route("").server(&format!("admin_token_env = \"{variable}\""));
+    let toml = gateway_toml_with(&dir.join("idemgate.db"), "http://127.0.0.1:9", &setup);
+    (variable, toml)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exposed_admin_listener_without_a_token_refuses_to_start() {
-    let variable = format!("IDEMGATE_TEST_TOKEN_{}", uuid::Uuid::now_v7().simple());
     let dir = tempfile::tempdir().expect("tempdir");
-    let setup = Setup::route("").server(&format!("admin_token_env = \"{variable}\""));
-    let toml = gateway_toml_with(
-        &dir.path().join("idemgate.db"),
-        "http://127.0.0.1:9",
-        &setup,
-    );
+    let (variable, toml) = token_variable_config(dir.path());
     let exposed = toml.replace(
         "admin_listen = \"127.0.0.1:0\"",
         "admin_listen = \"0.0.0.0:0\"",
@@ -274,6 +277,27 @@ async fn an_exposed_admin_listener_without_a_token_refuses_to_start() {
         text.contains("admin_listen") && text.contains(&variable),
         "the error names neither admin_listen nor {variable}: {text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_token_with_surrounding_whitespace_refuses_to_start() {
+    // The real binary, so the token comes from the environment as in
+    // production; a loopback admin listener does not make it acceptable.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (variable, toml) = token_variable_config(dir.path());
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    for token in ["s3cret-token\n", " s3cret-token", "   "] {
+        let mut cmd = binary();
+        cmd.arg("serve").arg("--config").arg(&config);
+        cmd.env(&variable, token);
+        let (status, stdout, stderr) = run_to_exit(cmd).await;
+        assert!(!status.success(), "started with {token:?}: {stdout}");
+        assert!(
+            stderr.contains(&variable) && stderr.contains("whitespace"),
+            "the refusal names neither {variable} nor the fault: {stderr}"
+        );
+        assert!(!stderr.contains("s3cret"), "the token leaked: {stderr}");
+    }
 }
 
 // ------------------------------------------------------- unknown, shown
