@@ -4,8 +4,11 @@
 //!
 //! Invariant: the status and problem name follow from the [`ProxyError`]
 //! variant alone, through one exhaustive match ([`ProxyError::problem`]), unit
-//! tested per variant. Problems about an operation carry its `operation_id` and
-//! `state`; none carries credentials or payloads.
+//! tested per variant. Every body, the admin API's included, is built by
+//! [`Problem::new`] and so carries the `error` extension member
+//! ([`ErrorEnvelope`]) with the same name and detail. Problems about an
+//! operation carry its `operation_id` and `state`; none carries credentials
+//! or payloads.
 
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
@@ -105,8 +108,33 @@ pub struct Problem {
     pub operation_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<&'static str>,
+    /// An extension member (RFC 9457 §3.2) for Stripe-style SDKs, which
+    /// raise only when a body carries an `error` object: without it
+    /// stripe-node resolves a held 409 as if it were the created resource,
+    /// and the automation believes a write happened whose outcome is unknown.
+    pub error: ErrorEnvelope,
     #[serde(skip)]
     retry_after: Option<u32>,
+}
+
+/// The `error` member: `{"type": "idempotency_error", "code": <problem
+/// name>, "message": <detail>}`, the envelope Stripe-style SDKs read.
+#[derive(Debug, Serialize)]
+pub struct ErrorEnvelope {
+    /// Always [`ErrorEnvelope::TYPE`]: every problem idemgate answers is
+    /// about whether (and how) a write may be sent, never about the
+    /// upstream's own business errors, which pass through untouched.
+    #[serde(rename = "type")]
+    pub error_type: &'static str,
+    /// The problem name, as in `urn:idemgate:problem:<name>`.
+    pub code: String,
+    /// The problem's `detail`.
+    pub message: String,
+}
+
+impl ErrorEnvelope {
+    /// The error type SDKs map to their idempotency error class.
+    pub const TYPE: &'static str = "idempotency_error";
 }
 
 impl ProxyError {
@@ -244,13 +272,10 @@ impl ProxyError {
             _ => None,
         };
         Problem {
-            problem_type: format!("urn:idemgate:problem:{name}"),
-            title,
-            status: status.as_u16(),
-            detail: self.to_string(),
             operation_id: operation.map(|op| op.id.clone()),
             state: operation.map(|op| op.state.as_str()),
             retry_after,
+            ..Problem::new(status, name, title, self.to_string())
         }
     }
 
@@ -301,12 +326,18 @@ impl ProxyError {
 }
 
 impl Problem {
-    /// A problem that is not about an operation.
+    /// A problem that is not about an operation; the one constructor, so
+    /// the `type`, `detail` and `error` members always agree.
     pub fn new(status: StatusCode, name: &str, title: &'static str, detail: String) -> Self {
         Problem {
             problem_type: format!("urn:idemgate:problem:{name}"),
             title,
             status: status.as_u16(),
+            error: ErrorEnvelope {
+                error_type: ErrorEnvelope::TYPE,
+                code: name.to_string(),
+                message: detail.clone(),
+            },
             detail,
             operation_id: None,
             state: None,
@@ -347,7 +378,22 @@ mod tests {
         assert_eq!(problem.status, status, "{name}");
         assert_eq!(problem.problem_type, format!("urn:idemgate:problem:{name}"));
         assert!(!problem.detail.is_empty());
+        assert_error_envelope(&problem, name);
         problem
+    }
+
+    /// The `error` member names the problem and repeats its detail.
+    fn assert_error_envelope(problem: &Problem, name: &str) {
+        let json = serde_json::to_value(problem).unwrap();
+        assert_eq!(
+            json["error"],
+            serde_json::json!({
+                "type": "idempotency_error",
+                "code": name,
+                "message": problem.detail,
+            }),
+            "{json}"
+        );
     }
 
     #[test]
@@ -473,6 +519,40 @@ mod tests {
         );
         let plain = serde_json::to_value(ProxyError::MissingKey.problem()).unwrap();
         assert!(plain.get("operation_id").is_none() && plain.get("state").is_none());
+    }
+
+    #[test]
+    fn every_body_keeps_rfc_9457_and_adds_the_error_member() {
+        let held = ProxyError::OutcomeUnknown {
+            operation: op(State::Unknown),
+            status: StatusCode::CONFLICT,
+            detail: "the outcome is unknown".into(),
+        };
+        let body = serde_json::to_value(held.problem()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "type": "urn:idemgate:problem:outcome-unknown",
+                "title": "Outcome unknown",
+                "status": 409,
+                "detail": "the outcome is unknown",
+                "operation_id": "op-1",
+                "state": "unknown",
+                "error": {
+                    "type": "idempotency_error",
+                    "code": "outcome-unknown",
+                    "message": "the outcome is unknown",
+                },
+            })
+        );
+        // Problems built outside ProxyError (the admin API's) carry it too.
+        let admin = Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            "a bearer token is required".into(),
+        );
+        assert_error_envelope(&admin, "unauthorized");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Admin;
-use crate::admin::auth::{AdminToken, ExposedAdmin};
+use crate::admin::auth::{AdminToken, ExposedAdmin, UnusableToken};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ServerConfig, StoreUrl};
 use crate::metrics::Metrics;
@@ -43,6 +43,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     ExposedAdmin(#[from] ExposedAdmin),
+    #[error(transparent)]
+    UnusableAdminToken(#[from] UnusableToken),
     #[error("cannot set up TLS for upstreams: {0}")]
     Tls(#[from] rustls::Error),
 }
@@ -116,9 +118,9 @@ impl Gateway {
         let clock = options.clock;
         let server = config.server.clone();
         let token = match options.admin_token {
-            Some(token) => AdminToken::new(token),
+            Some(token) => AdminToken::new(token, &server.admin_token_env),
             None => AdminToken::from_env(&server.admin_token_env),
-        };
+        }?;
         token.check_exposure(server.admin_listen, &server.admin_token_env)?;
         let bind = |field, addr| async move {
             TcpListener::bind(addr)

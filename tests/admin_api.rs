@@ -1,5 +1,5 @@
-//! The admin API (DESIGN §4) and the client lookup (§3), against in-process
-//! gateways:
+//! The admin API and the client status lookup (README "For operators",
+//! "After a lost response"), against in-process gateways:
 //!
 //! 1. every `/admin/*` route is 401 problem+json without the exact bearer
 //!    token, also when no token is configured; an admin listener off
@@ -237,16 +237,19 @@ async fn without_a_configured_token_every_admin_call_is_401() {
     assert_eq!(health.status, 200);
 }
 
+/// A config (store in `dir`) whose admin token variable is one of its
+/// own, set by nobody: (variable, TOML).
+fn token_variable_config(dir: &std::path::Path) -> (String, String) {
+    let variable = format!("IDEMGATE_TEST_TOKEN_{}", uuid::Uuid::now_v7().simple());
+    let setup = Setup::route("").server(&format!("admin_token_env = \"{variable}\""));
+    let toml = gateway_toml_with(&dir.join("idemgate.db"), "http://127.0.0.1:9", &setup);
+    (variable, toml)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exposed_admin_listener_without_a_token_refuses_to_start() {
-    let variable = format!("IDEMGATE_TEST_TOKEN_{}", uuid::Uuid::now_v7().simple());
     let dir = tempfile::tempdir().expect("tempdir");
-    let setup = Setup::route("").server(&format!("admin_token_env = \"{variable}\""));
-    let toml = gateway_toml_with(
-        &dir.path().join("idemgate.db"),
-        "http://127.0.0.1:9",
-        &setup,
-    );
+    let (variable, toml) = token_variable_config(dir.path());
     let exposed = toml.replace(
         "admin_listen = \"127.0.0.1:0\"",
         "admin_listen = \"0.0.0.0:0\"",
@@ -274,6 +277,27 @@ async fn an_exposed_admin_listener_without_a_token_refuses_to_start() {
         text.contains("admin_listen") && text.contains(&variable),
         "the error names neither admin_listen nor {variable}: {text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_token_with_surrounding_whitespace_refuses_to_start() {
+    // The real binary, so the token comes from the environment as in
+    // production; a loopback admin listener does not make it acceptable.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (variable, toml) = token_variable_config(dir.path());
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    for token in ["s3cret-token\n", " s3cret-token", "   "] {
+        let mut cmd = binary();
+        cmd.arg("serve").arg("--config").arg(&config);
+        cmd.env(&variable, token);
+        let (status, stdout, stderr) = run_to_exit(cmd).await;
+        assert!(!status.success(), "started with {token:?}: {stdout}");
+        assert!(
+            stderr.contains(&variable) && stderr.contains("whitespace"),
+            "the refusal names neither {variable} nor the fault: {stderr}"
+        );
+        assert!(!stderr.contains("s3cret"), "the token leaked: {stderr}");
+    }
 }
 
 // ------------------------------------------------------- unknown, shown
@@ -889,20 +913,27 @@ async fn a_stored_request_body_is_shown_only_when_the_route_stores_it() {
 
 // ------------------------------------------------------- client lookup
 
+/// `GET /.idemgate/operations/{key}` (`key` as it goes in the path) as
+/// the client with `authorization`.
+async fn lookup(gw: &TestGateway, key: &str, authorization: &str) -> Response {
+    let path = format!("/.idemgate/operations/{key}");
+    send(
+        gw.addr(),
+        "GET",
+        &path,
+        &[("authorization", authorization)],
+        Bytes::new(),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_look_up_only_their_own_operations() {
     let (gw, admin) = gateway("").await;
     assert_fresh_created(&write(gw.addr(), "/orders", Some("look-1"), ORDER).await);
     let id = admin.id_of("look-1").await;
 
-    let mine = send(
-        gw.addr(),
-        "GET",
-        "/.idemgate/operations/look-1",
-        &[("authorization", ALICE)],
-        Bytes::new(),
-    )
-    .await;
+    let mine = lookup(&gw, "look-1", ALICE).await;
     assert_eq!(mine.status, 200, "{}", String::from_utf8_lossy(&mine.body));
     assert!(!mine.is_replay());
     let found = mine.json();
@@ -924,14 +955,7 @@ async fn clients_look_up_only_their_own_operations() {
     assert!(is_rfc3339_utc(&found["updated_at"]), "{found}");
 
     for (authorization, key) in [(BOB, "look-1"), (ALICE, "look-2")] {
-        let other = send(
-            gw.addr(),
-            "GET",
-            &format!("/.idemgate/operations/{key}"),
-            &[("authorization", authorization)],
-            Bytes::new(),
-        )
-        .await;
+        let other = lookup(&gw, key, authorization).await;
         other.assert_problem(404, "unknown-operation");
     }
     assert_eq!(
@@ -941,12 +965,39 @@ async fn clients_look_up_only_their_own_operations() {
     );
 }
 
-// ------------------------------------------------------------- metrics
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_takes_the_key_in_either_header_form() {
+    let (gw, admin) = gateway("").await;
+    // Keys written as sf-strings: `k1`, and `a"b` with an escaped quote.
+    assert_fresh_created(&write(gw.addr(), "/orders", Some(r#""k1""#), ORDER).await);
+    assert_fresh_created(&write(gw.addr(), "/orders", Some(r#""a\"b""#), ORDER).await);
+    let k1 = admin.id_of("k1").await;
+    let escaped = admin.id_of("a%22b").await;
 
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    // Every spelling the header accepts, percent-encoded in the path (or
+    // not: a client may send the quotes as they are), names one operation.
+    for (spelling, id) in [
+        ("k1", &k1),
+        ("%22k1%22", &k1),
+        (r#""k1""#, &k1),
+        ("a%22b", &escaped),
+        ("%22a%5C%22b%22", &escaped),
+    ] {
+        let found = lookup(&gw, spelling, ALICE).await;
+        assert_eq!(
+            found.status,
+            200,
+            "{spelling}: {}",
+            String::from_utf8_lossy(&found.body)
+        );
+        assert_eq!(found.json()["operation_id"], id.as_str(), "{spelling}");
+    }
+    // A malformed sf-string is refused, as the header would be.
+    let malformed = lookup(&gw, "%22k1", ALICE).await;
+    malformed.assert_problem(400, "invalid-key");
 }
+
+// ------------------------------------------------------------- metrics
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_forwarded_and_replayed_writes() {
@@ -1039,13 +1090,26 @@ fn assert_documented(doc: &Value, operation: &Value, method: &str, path: &str, r
             String::from_utf8_lossy(&resp.body)
         )
     });
+    let actual = resp.header("content-type").unwrap_or("");
     if let Some(content) = deref(doc, listed)["content"].as_object() {
-        let actual = resp.header("content-type").unwrap_or("");
         assert!(
             content.keys().any(|c| actual.starts_with(c.as_str())),
             "{method} {path} {status}: content-type {actual:?}, documented {:?}",
             content.keys().collect::<Vec<_>>()
         );
+    }
+    if actual.starts_with("application/problem+json") {
+        let body = resp.json();
+        let required = doc["components"]["schemas"]["Problem"]["required"]
+            .as_array()
+            .expect("the Problem schema lists its required members");
+        for member in required {
+            let member = member.as_str().expect("member name");
+            assert!(
+                body.get(member).is_some(),
+                "{method} {path} {status}: no `{member}` in {body}"
+            );
+        }
     }
 }
 

@@ -3,9 +3,14 @@
 //! by `admin_token_env`.
 //!
 //! Invariants: the comparison takes the same time wherever the first wrong
-//! byte is (`subtle`); with no token configured every `/admin/*` call is
-//! 401; and idemgate refuses to start with an admin listener off loopback
-//! and no token ([`AdminToken::check_exposure`]).
+//! byte is (`subtle`); with no token configured (the variable unset or
+//! empty) every `/admin/*` call is 401; a configured token is one some
+//! `Authorization` header can carry, so it can match — idemgate refuses to
+//! start with one that has surrounding whitespace, is blank, or holds a
+//! character outside printable ASCII ([`UnusableToken`]), rather than trim
+//! a secret behind the operator's back; and idemgate refuses to start with
+//! an admin listener off loopback and no token
+//! ([`AdminToken::check_exposure`]).
 
 use std::net::SocketAddr;
 
@@ -38,16 +43,66 @@ pub struct ExposedAdmin {
     pub variable: String,
 }
 
+/// A configured token that no request could ever present: header values
+/// lose their surrounding whitespace on the wire and carry only printable
+/// ASCII, so the admin API would be set up yet shut to everyone.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the admin token variable {variable} {fault}, so no Authorization header could ever match it: set it to the token alone (or unset it for no admin access)"
+)]
+pub struct UnusableToken {
+    pub variable: String,
+    pub fault: TokenFault,
+}
+
+/// What makes a token [unusable](UnusableToken).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenFault {
+    #[error("is blank (only whitespace)")]
+    Blank,
+    #[error("has leading or trailing whitespace")]
+    SurroundingWhitespace,
+    #[error("has a character outside printable ASCII")]
+    NotPrintable,
+}
+
 impl AdminToken {
-    /// Reads the token from the environment variable `variable`; an empty
-    /// value counts as unset.
-    pub fn from_env(variable: &str) -> Self {
-        Self::new(std::env::var(variable).unwrap_or_default())
+    /// Reads the token from the environment variable `variable`; unset or
+    /// empty means no token.
+    pub fn from_env(variable: &str) -> Result<Self, UnusableToken> {
+        match std::env::var(variable) {
+            Ok(token) => Self::new(token, variable),
+            Err(std::env::VarError::NotPresent) => Ok(AdminToken(None)),
+            Err(std::env::VarError::NotUnicode(_)) => Err(UnusableToken {
+                variable: variable.to_string(),
+                fault: TokenFault::NotPrintable,
+            }),
+        }
     }
 
-    /// A token given directly; empty counts as unset.
-    pub fn new(token: String) -> Self {
-        AdminToken(Some(token.into_bytes()).filter(|t| !t.is_empty()))
+    /// A token given directly, in place of `variable`'s value (which the
+    /// error names); empty means no token.
+    pub fn new(token: String, variable: &str) -> Result<Self, UnusableToken> {
+        // Whitespace first: a trailing newline (a token file written with
+        // `echo`) is the likely mistake, and the message should say so.
+        let fault = if token.is_empty() {
+            return Ok(AdminToken(None));
+        } else if token.trim().is_empty() {
+            TokenFault::Blank
+        } else if token.trim() != token {
+            TokenFault::SurroundingWhitespace
+        } else if !token
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) || b == b'\t')
+        {
+            TokenFault::NotPrintable
+        } else {
+            return Ok(AdminToken(Some(token.into_bytes())));
+        };
+        Err(UnusableToken {
+            variable: variable.to_string(),
+            fault,
+        })
     }
 
     /// Refuses an admin listener off loopback without a token.
@@ -130,5 +185,32 @@ mod tests {
                 .check_exposure(exposed, "X")
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn a_token_no_header_can_carry_is_refused_not_trimmed() {
+        let fault = |token: &str| AdminToken::new(token.into(), "ADMIN_VAR").map_err(|e| e.fault);
+        for (token, expected) in [
+            (" s3cret", TokenFault::SurroundingWhitespace),
+            ("s3cret\n", TokenFault::SurroundingWhitespace),
+            ("\ts3cret", TokenFault::SurroundingWhitespace),
+            ("   ", TokenFault::Blank),
+            ("s3cr\u{e9}t", TokenFault::NotPrintable),
+            ("s3\ncret", TokenFault::NotPrintable),
+        ] {
+            assert_eq!(fault(token).err(), Some(expected), "{token:?}");
+        }
+        let err = AdminToken::new(" s3cret ".into(), "ADMIN_VAR").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("ADMIN_VAR") && text.contains("whitespace"),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "the token is never shown: {text}");
+        // Empty is no token; inner spaces can be sent, so they are kept.
+        let none = AdminToken::new(String::new(), "ADMIN_VAR").unwrap();
+        assert_eq!(format!("{none:?}"), "AdminToken(unset)");
+        let spaced = AdminToken::new("s3 cret".into(), "ADMIN_VAR").unwrap();
+        assert!(spaced.check(&with("Bearer s3 cret")).is_ok());
     }
 }

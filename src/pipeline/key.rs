@@ -119,9 +119,16 @@ impl IdempotencyKey {
             return Err(KeyError::Several);
         }
         let text = value.to_str().map_err(|_| KeyError::BadCharacter)?;
+        Self::parse(text).map(Some)
+    }
+
+    /// A key as the header spells it — an sf-string `"…"` or a bare token —
+    /// wherever it is written (the header, a status lookup's path), so both
+    /// forms always name one key.
+    pub fn parse(text: &str) -> Result<Self, KeyError> {
         match text.strip_prefix('"') {
-            Some(quoted) => Self::new(&unquote(quoted)?).map(Some),
-            None => Self::new(text).map(Some),
+            Some(quoted) => Self::new(&unquote(quoted)?),
+            None => Self::new(text),
         }
     }
 
@@ -206,6 +213,9 @@ mod tests {
         assert_eq!(parse(&[b"\"abc-123\""]), Ok(key("abc-123")));
         assert_eq!(parse(&[br#""a\"b\\c""#]), Ok(key(r#"a"b\c"#)));
         assert_eq!(parse(&[]), Ok(None));
+        // The same parse wherever a key is written (a status lookup's path).
+        assert_eq!(IdempotencyKey::parse("\"abc-123\"").ok(), key("abc-123"));
+        assert_eq!(IdempotencyKey::parse("\"abc"), Err(KeyError::BadQuoting));
     }
 
     #[test]

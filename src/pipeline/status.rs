@@ -1,5 +1,7 @@
 //! Clients asking what became of their own operation:
-//! `GET /.idemgate/operations/{key}` on the proxy listener (DESIGN §3).
+//! `GET /.idemgate/operations/{key}` on the proxy listener, `{key}`
+//! percent-encoded in either form the `Idempotency-Key` header accepts
+//! (bare, or the sf-string `"…"`).
 //!
 //! Invariant: a client only ever sees operations in its own scope — the
 //! lookup hashes the caller's scope headers per route exactly as a write
@@ -16,7 +18,7 @@ use crate::body::{ProxyBody, full};
 use crate::clock::rfc3339;
 use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::ActiveRoute;
-use crate::pipeline::key::{IdempotencyKey, Scope};
+use crate::pipeline::key::{IdempotencyKey, KeyError, Scope};
 use crate::problem::ProxyError;
 use crate::store::Store;
 
@@ -39,8 +41,9 @@ pub async fn lookup<B>(
         })?;
     let key = percent_decode_str(key)
         .decode_utf8()
-        .map_err(|_| ProxyError::InvalidKey(crate::pipeline::key::KeyError::BadCharacter))?;
-    let key = IdempotencyKey::new(&key)?;
+        .map_err(|_| ProxyError::InvalidKey(KeyError::BadCharacter))?;
+    // Parsed exactly as the header is: `"k1"` and `k1` are one key.
+    let key = IdempotencyKey::parse(&key)?;
     let scopes: Vec<(String, String)> = routes
         .iter()
         .filter_map(|active| {

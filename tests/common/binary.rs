@@ -162,16 +162,26 @@ pub fn parse_listening_line(line: &str) -> (SocketAddr, SocketAddr) {
 
 /// Runs `cmd` to completion within [`WAIT`] (killing it otherwise) and
 /// returns (exit status, stdout, stderr).
-pub async fn run_to_exit(mut cmd: Command) -> (std::process::ExitStatus, String, String) {
+pub async fn run_to_exit(cmd: Command) -> (std::process::ExitStatus, String, String) {
+    run_to_exit_within(cmd, WAIT).await
+}
+
+/// Like [`run_to_exit`], bounded by `within` (for processes that wait on
+/// their own retries and backoff, like real client SDKs).
+pub async fn run_to_exit_within(
+    mut cmd: Command,
+    within: Duration,
+) -> (std::process::ExitStatus, String, String) {
+    let program = cmd.get_program().to_string_lossy().into_owned();
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn idemgate");
+        .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
     let pid = child.id();
     let output = tokio::task::spawn_blocking(move || child.wait_with_output());
-    match tokio::time::timeout(WAIT, output).await {
+    match tokio::time::timeout(within, output).await {
         Ok(out) => {
             let out = out.expect("join").expect("wait_with_output");
             (
@@ -183,7 +193,7 @@ pub async fn run_to_exit(mut cmd: Command) -> (std::process::ExitStatus, String,
         Err(_) => {
             // The child moved into the blocking task; kill it by its own pid.
             let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-            panic!("idemgate (pid {pid}) still running after {WAIT:?}");
+            panic!("{program} (pid {pid}) still running after {within:?}");
         }
     }
 }

@@ -60,6 +60,12 @@ impl Response {
             "title; body: {text}"
         );
         assert!(body["detail"].is_string(), "detail; body: {text}");
+        // The extension member Stripe-style SDKs raise on.
+        assert_eq!(
+            body["error"],
+            json!({"type": "idempotency_error", "code": name, "message": body["detail"]}),
+            "error member; body: {text}"
+        );
         body
     }
 

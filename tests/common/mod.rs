@@ -31,6 +31,8 @@
 //!   key, but the collection (200 `{"data": [{"id": 1}]}`) for `/tasks/.`
 //!   and `/tasks/..`, as an upstream that resolves dot-segments would.
 //!   Accepted TCP connections are counted too.
+//!   [`FakeUpstream::start_aliased`] makes a fixed path (an SDK's) behave
+//!   as one of these.
 //! - [`RawUpstream`]: a TCP listener that counts connections and breaks each
 //!   one on purpose (close at once, reset after reading the request, or a
 //!   `101` that no request asked for).
@@ -41,6 +43,9 @@
 //! - [`send`] / [`write`]: one request through a fresh hyper client;
 //!   [`try_send`] when the peer may break or stay silent.
 //! - [`raw_exchange`]: raw TCP, for malformed or hand-framed requests.
+//! - [`run_to_exit_within`]: a process (the CLI, a client script) run to
+//!   its end, killed past a bound.
+//! - [`scrape_metrics`] / [`metric`]: the admin listener's counters.
 //! - [`TestGateway::operation`]: an operation as the admin API shows it
 //!   (state, attempts, evidence, timeline), for gateways set up with
 //!   [`Setup::admin`].

@@ -33,6 +33,8 @@ struct UpstreamState {
     refused_once: Mutex<HashSet<String>>,
     /// What a write to `/scripted` does now ([`FakeUpstream::script`]).
     scripted: Mutex<Scripted>,
+    /// Paths that behave as another path ([`FakeUpstream::start_aliased`]).
+    aliases: HashMap<String, String>,
 }
 
 /// What a write to `/scripted` does, switched by the test between writes,
@@ -61,6 +63,21 @@ impl FakeUpstream {
 
     /// Serves on `addr`: a port that was refused a moment ago comes alive.
     pub async fn start_on(addr: SocketAddr) -> FakeUpstream {
+        FakeUpstream::serve(addr, HashMap::new()).await
+    }
+
+    /// Like [`FakeUpstream::start`], with each `(path, behaves_as)` pair
+    /// answering requests to `path` as `behaves_as` would (for clients whose
+    /// paths are fixed, e.g. an SDK's `/v1/customers` that should `/drop`).
+    pub async fn start_aliased(aliases: &[(&str, &str)]) -> FakeUpstream {
+        let aliases = aliases
+            .iter()
+            .map(|(path, behaves_as)| (path.to_string(), behaves_as.to_string()))
+            .collect();
+        FakeUpstream::serve(SocketAddr::from(([127, 0, 0, 1], 0)), aliases).await
+    }
+
+    async fn serve(addr: SocketAddr, aliases: HashMap<String, String>) -> FakeUpstream {
         let listener = TcpListener::bind(addr).await.expect("bind upstream");
         let addr = listener.local_addr().expect("upstream addr");
         let state = Arc::new(UpstreamState {
@@ -71,6 +88,7 @@ impl FakeUpstream {
             by_key: Mutex::new(HashMap::new()),
             refused_once: Mutex::new(HashSet::new()),
             scripted: Mutex::new(Scripted::Create),
+            aliases,
         });
         let accept_state = state.clone();
         // The JoinSet lives inside the accept task: aborting that task drops
@@ -223,6 +241,7 @@ async fn handle(
         state.received.send_replace(requests.len());
     }
     let path = parts.uri.path();
+    let path = state.aliases.get(path).map_or(path, String::as_str);
 
     if is_read(&parts.method) {
         if path == "/lookup" {
