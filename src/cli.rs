@@ -1,4 +1,4 @@
-//! The command line (DESIGN §5): `serve`, `check-config`, `migrate`,
+//! The command line (README "Configuration"): `serve`, `check-config`, `migrate`,
 //! `keys`, `mock-upstream`, `demo`.
 
 use std::net::SocketAddr;
@@ -53,7 +53,7 @@ pub enum LogFormat {
 
 #[derive(Debug, clap::Args)]
 pub struct Serve {
-    /// The TOML config file (DESIGN §6). Without it: one catch-all route to --upstream.
+    /// The TOML config file (README "Configuration"). Without it: one catch-all route to --upstream.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Proxy listener, overriding [server].listen.
@@ -122,7 +122,7 @@ impl Serve {
     }
 }
 
-/// `idemgate keys …`: the admin API (DESIGN §4) from a terminal; see
+/// `idemgate keys …`: the admin API from a terminal; see
 /// [`crate::keys_cli`].
 #[derive(Debug, clap::Args)]
 pub struct Keys {
@@ -150,7 +150,7 @@ pub enum KeysCommand {
         /// The operation id (the ID column of `keys list`).
         id: String,
     },
-    /// Settle an operation whose outcome is unknown (DESIGN §4).
+    /// Settle an operation whose outcome is unknown.
     Resolve(KeysResolve),
 }
 
@@ -173,7 +173,7 @@ pub struct KeysList {
     pub cursor: Option<String>,
 }
 
-/// The states of DESIGN §2, spelled as the API spells them.
+/// The states of an operation, spelled as the API spells them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OperationState {
     #[value(name = "in_progress")]

@@ -3,7 +3,7 @@
 //!
 //! Invariant: a `Config` value is always valid. Every unknown field, bad value,
 //! and field whose feature is not built yet is rejected here with the file, the
-//! field and the reason, never silently ignored (DESIGN §6).
+//! field and the reason, never silently ignored (README "Configuration").
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -144,7 +144,7 @@ impl std::str::FromStr for KeyMode {
     }
 }
 
-/// A route's reconcile probe (DESIGN §3.8): a read-only GET to the route's
+/// A route's reconcile probe (README "After a lost response"): a read-only GET to the route's
 /// own upstream that may prove an `unknown` operation happened.
 #[derive(Debug, Clone)]
 pub struct Reconcile {

@@ -18,9 +18,10 @@
 //!   [`demo`]: the newcomer's tour against it.
 //!
 //! # Life of a write request
-//! route → key and scope → body (bounded) → fingerprint → claim (one commit)
-//! → forward (own task) → record (one commit) → respond. A key that already
-//! has an operation is answered from the store instead:
+//! path (normalized) → route → key and scope → body (bounded) → fingerprint
+//! → claim (one commit) → forward (own task) → record (one commit) →
+//! respond. A key that already has an operation is answered from the
+//! operation the store holds now for it instead (ARCHITECTURE.md §2):
 //!
 //! | state | what a request with the key gets |
 //! |---|---|
@@ -30,6 +31,7 @@
 //! | `not_attempted` | forwarded as a fresh attempt |
 //!
 //! A key reused with a different fingerprint is 422 `key-reused` in any state.
+//! The whole story, module by module, is in ARCHITECTURE.md.
 #![forbid(unsafe_code)]
 
 pub mod admin;

@@ -81,17 +81,23 @@ impl Drop for Running<'_> {
 }
 
 /// The probe URL for a key: the only place a key becomes part of a URL
-/// for a probe.
+/// for a probe; `None` when no URL can name the key's resource safely.
 ///
 /// Invariant: the URL names the key's own resource and nothing else. The
 /// configured URL has `{key}` only in its path or query and no fragment
 /// (checked at load, see `config`); each `{key}` becomes the key as one
 /// URL component, every byte but `A–Z a–z 0–9 - _ ~` percent-encoded, so no
-/// key can add a segment, a query parameter or a fragment, nor be a
-/// dot-segment (`.` → `%2E`, `..` → `%2E%2E`) that an upstream would
-/// resolve to the collection.
-pub fn url_for(reconcile: &Reconcile, key: &str) -> String {
-    reconcile.url.replace("{key}", &url_component(key))
+/// key can add a segment, a query parameter or a fragment. A key that is a
+/// dot-segment (`.`, `..`) is never put in a path at all: encoded as `%2E`
+/// it is still resolved to the collection by any upstream (or proxy in
+/// front of it) that normalizes per RFC 3986 §6.2.2 before resolving, and
+/// a probe that may ask about the wrong resource is worse than none.
+pub fn url_for(reconcile: &Reconcile, key: &str) -> Option<String> {
+    let path = reconcile.url.split(['?', '#']).next().unwrap_or_default();
+    if path.contains("{key}") && matches!(key, "." | "..") {
+        return None;
+    }
+    Some(reconcile.url.replace("{key}", &url_component(key)))
 }
 
 impl Reconciler {
@@ -110,6 +116,16 @@ impl Reconciler {
         credentials: &HeaderMap,
     ) {
         let Some(reconcile) = route.reconcile.as_ref() else {
+            return;
+        };
+        let Some(url) = url_for(reconcile, key) else {
+            let event = Event {
+                kind: "probe",
+                detail: json!({ "skipped": "the key is a dot-segment: no probe URL can name its resource" }),
+            };
+            if let Err(error) = store.add_event(operation_id, &event).await {
+                tracing::warn!(%operation_id, %error, "cannot record a skipped probe");
+            }
             return;
         };
         let done = match self.running.entry(operation_id.to_string()) {
@@ -133,7 +149,6 @@ impl Reconciler {
             operation_id,
             _done: done,
         };
-        let url = url_for(reconcile, key);
         let result = match tokio::time::timeout(
             reconcile.timeout,
             fetch(client, route, reconcile, &url, credentials),
@@ -249,39 +264,44 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    #[test]
-    fn keys_are_url_component_encoded() {
-        let reconcile = Reconcile {
-            url: "http://api/v1/orders?idempotency_key={key}".into(),
+    fn probe(url: &str) -> Reconcile {
+        Reconcile {
+            url: url.into(),
             found_status: 200,
             found_json_pointer: None,
             timeout: Duration::from_secs(1),
-        };
+        }
+    }
+
+    #[test]
+    fn keys_are_url_component_encoded() {
+        let reconcile = probe("http://api/v1/orders?idempotency_key={key}");
         assert_eq!(
-            url_for(&reconcile, "a/b?c=d&e f#~x"),
-            "http://api/v1/orders?idempotency_key=a%2Fb%3Fc%3Dd%26e%20f%23~x"
+            url_for(&reconcile, "a/b?c=d&e f#~x").as_deref(),
+            Some("http://api/v1/orders?idempotency_key=a%2Fb%3Fc%3Dd%26e%20f%23~x")
         );
     }
 
     #[test]
-    fn dot_keys_are_not_dot_segments() {
-        let reconcile = Reconcile {
-            url: "http://api/v1/tasks/{key}?again={key}".into(),
-            found_status: 200,
-            found_json_pointer: None,
-            timeout: Duration::from_secs(1),
-        };
+    fn dot_keys_are_never_dot_segments() {
+        // In the path, no encoding is safe from an upstream that normalizes
+        // `%2E` before resolving: no probe.
+        let in_path = probe("http://api/v1/tasks/{key}?again={key}");
+        assert_eq!(url_for(&in_path, ".."), None);
+        assert_eq!(url_for(&in_path, "."), None);
         assert_eq!(
-            url_for(&reconcile, ".."),
-            "http://api/v1/tasks/%2E%2E?again=%2E%2E"
+            url_for(&in_path, "a.b").as_deref(),
+            Some("http://api/v1/tasks/a%2Eb?again=a%2Eb")
         );
         assert_eq!(
-            url_for(&reconcile, "."),
-            "http://api/v1/tasks/%2E?again=%2E"
+            url_for(&in_path, "...").as_deref(),
+            Some("http://api/v1/tasks/%2E%2E%2E?again=%2E%2E%2E")
         );
+        // In the query a dot key is only a value.
+        let in_query = probe("http://api/v1/tasks?key={key}");
         assert_eq!(
-            url_for(&reconcile, "a.b"),
-            "http://api/v1/tasks/a%2Eb?again=a%2Eb"
+            url_for(&in_query, "..").as_deref(),
+            Some("http://api/v1/tasks?key=%2E%2E")
         );
     }
 }

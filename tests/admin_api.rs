@@ -603,7 +603,7 @@ async fn a_late_response_after_a_resolution_is_an_event_and_counted() {
     assert_eq!(&retry.body[..], b"settled by ann");
     assert_eq!(gw.upstream.writes(), 1);
 
-    // DESIGN §3.9: a late response that cannot settle its operation is
+    // A late response that cannot settle its operation is
     // counted in idemgate_late_responses_total.
     let metrics = send(admin.addr, "GET", "/metrics", &[], Bytes::new()).await;
     let text = String::from_utf8_lossy(&metrics.body);

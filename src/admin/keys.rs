@@ -155,7 +155,7 @@ pub fn detail(op: &Operation, events: &[StoredEvent]) -> Value {
     value
 }
 
-/// What an operator should do next, per state (DESIGN §2 in words).
+/// What an operator should do next, per state (README "What a request gets", in words).
 fn next_action(op: &Operation) -> String {
     match op.state {
         State::InProgress => format!(
