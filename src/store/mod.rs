@@ -247,6 +247,12 @@ pub enum StoreError {
     Busy(String),
     #[error("the store is unavailable: {0}")]
     Unavailable(#[from] sqlx::Error),
+    #[error("the store is unavailable: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("the store did not commit: {0}")]
+    Failed(String),
+    #[error("the store is closed")]
+    Closed,
     #[error("the store holds a value it cannot read: {0}")]
     Corrupt(String),
 }

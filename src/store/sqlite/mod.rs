@@ -1,0 +1,306 @@
+//! The SQLite backend: the default store, for one gateway process.
+//!
+//! Invariants:
+//! - one process at a time: an exclusive `flock` on `<file>.lock`, held for the
+//!   store's life and released by the kernel when the process dies, so every
+//!   `in_progress` row found at open belongs to a dead owner and becomes
+//!   `unknown` (`gateway-restarted`, [`Store::recover`]) before the first
+//!   request is served;
+//! - one writer: a thread of its own owns the only connection that writes
+//!   ([`writer`]), so transactions never race each other and a claim's
+//!   look-up and insert are atomic; it commits the calls of every request
+//!   waiting at a moment in one transaction (group commit);
+//! - WAL journal; `durability = "full"` fsyncs every commit (so every
+//!   batch), `"normal"` survives a process crash but not a power loss.
+//!
+//! Migrations run through sqlx (`migrations/sqlite`, embedded in the
+//! binary) on a connection that is closed before the writer opens its own.
+
+mod statements;
+mod writer;
+
+use std::fs::{File, TryLockError};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rusqlite::Connection;
+use sqlx::ConnectOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+
+use super::{
+    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded, Resolved,
+    Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
+};
+use crate::clock::Clock;
+use crate::config::Durability;
+use writer::{QUEUE_TIMEOUT, Writer};
+
+pub struct SqliteStore {
+    writer: Writer,
+    /// This process's instance id, written as `owner` on every claim.
+    owner: Arc<str>,
+    /// The held lock file; `None` once closed. std Mutex: never held across `.await`.
+    lock: Mutex<Option<File>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl SqliteStore {
+    /// Locks, opens (creating it if needed) and migrates the store, and
+    /// starts its writer; what a dead owner left `in_progress` waits for
+    /// [`Store::recover`].
+    pub async fn open(
+        path: &Path,
+        durability: Durability,
+        owner: String,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StoreError> {
+        let store_name = format!("sqlite://{}", path.display());
+        let lock = lock_file(path, &store_name)?;
+        let open_error = |reason: String| StoreError::Open {
+            store: store_name.clone(),
+            reason,
+        };
+        let mut migrations = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .foreign_keys(true)
+            .busy_timeout(QUEUE_TIMEOUT)
+            .connect()
+            .await
+            .map_err(|e| open_error(e.to_string()))?;
+        sqlx::migrate!("migrations/sqlite")
+            .run(&mut migrations)
+            .await
+            .map_err(|e| open_error(format!("migration failed: {e}")))?;
+        sqlx::Connection::close(migrations)
+            .await
+            .map_err(|e| open_error(e.to_string()))?;
+        let conn = connect(path, durability).map_err(|e| open_error(e.to_string()))?;
+        Ok(SqliteStore {
+            writer: Writer::start(conn)?,
+            owner: owner.into(),
+            lock: Mutex::new(Some(lock)),
+            clock,
+        })
+    }
+}
+
+/// The writer's connection: WAL, the durability asked for, temporary data
+/// in memory (multi-row work would otherwise create a temp file per
+/// statement), a busy timeout equal to the writer's queue timeout.
+fn connect(path: &Path, durability: Durability) -> Result<Connection, rusqlite::Error> {
+    let conn = Connection::open(path)?;
+    let synchronous = match durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.busy_timeout(QUEUE_TIMEOUT)?;
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = {synchronous};
+         PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY;"
+    ))?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+fn lock_file(path: &Path, store_name: &str) -> Result<File, StoreError> {
+    let mut lock_path = PathBuf::from(path);
+    lock_path.as_mut_os_string().push(".lock");
+    let lock_name = lock_path.display().to_string();
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| StoreError::Open {
+            store: store_name.to_string(),
+            reason: format!("lock file {lock_name}: {e}"),
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => Err(StoreError::Locked {
+            store: store_name.to_string(),
+            lock: lock_name,
+        }),
+        Err(TryLockError::Error(e)) => Err(StoreError::Open {
+            store: store_name.to_string(),
+            reason: format!("lock file {lock_name}: {e}"),
+        }),
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
+        let (owner, now, new) = (self.owner.clone(), self.clock.now_millis(), new.clone());
+        self.writer
+            .run(move |conn| statements::claim(conn, &owner, now, &new))
+            .await
+    }
+
+    async fn record(
+        &self,
+        claim: &Claim,
+        settlement: &Settlement,
+        events: &[Event],
+    ) -> Result<Recorded, StoreError> {
+        let (owner, now) = (self.owner.clone(), self.clock.now_millis());
+        let (claim, settlement, events) = (claim.clone(), settlement.clone(), events.to_vec());
+        self.writer
+            .run(move |conn| statements::record(conn, &owner, now, &claim, &settlement, &events))
+            .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.writer
+            .run(|conn| Ok(conn.prepare_cached("SELECT 1")?.query_row([], |_| Ok(()))?))
+            .await
+    }
+
+    async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
+        let new = new.clone();
+        self.writer
+            .run(move |conn| Ok(statements::find(conn, &new)?.filter(|op| !new.outdates(op))))
+            .await
+    }
+
+    async fn recover(&self) -> Result<Vec<String>, StoreError> {
+        let now = self.clock.now_millis();
+        let routes = self
+            .writer
+            .run(move |conn| {
+                statements::mark_in_progress_unknown(conn, now, "gateway-restarted", None)
+            })
+            .await?;
+        if !routes.is_empty() {
+            tracing::warn!(
+                count = routes.len(),
+                "operations left in flight by a previous process are now unknown"
+            );
+        }
+        Ok(routes)
+    }
+
+    async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError> {
+        let (now, id, event) = (
+            self.clock.now_millis(),
+            operation_id.to_string(),
+            event.clone(),
+        );
+        self.writer
+            .run(move |conn| statements::insert_event(conn, &id, now, &event))
+            .await
+    }
+
+    async fn settle_held(
+        &self,
+        operation_id: &str,
+        attempt: Option<u32>,
+        response: &StoredResponse,
+        evidence: &str,
+        event: &Event,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now_millis();
+        let (id, response) = (operation_id.to_string(), response.clone());
+        let (evidence, event) = (evidence.to_string(), event.clone());
+        self.writer
+            .run(move |conn| {
+                statements::settle_held(conn, now, &id, attempt, &response, &evidence, &event)
+            })
+            .await
+    }
+
+    async fn trip_pause_latch(&self, route: &str, threshold: u32) -> Result<bool, StoreError> {
+        let (now, route) = (self.clock.now_millis(), route.to_string());
+        self.writer
+            .run(move |conn| statements::trip_pause_latch(conn, now, &route, threshold))
+            .await
+    }
+
+    async fn paused_routes(&self) -> Result<Vec<String>, StoreError> {
+        self.writer.run(statements::paused_routes).await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
+        let filter = filter.clone();
+        self.writer
+            .run(move |conn| statements::list(conn, &filter))
+            .await
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
+        let id = id.to_string();
+        self.writer
+            .run(move |conn| statements::get(conn, &id))
+            .await
+    }
+
+    async fn find_newest(
+        &self,
+        scopes: &[(String, String)],
+        key: &str,
+    ) -> Result<Option<Summary>, StoreError> {
+        let (scopes, key) = (scopes.to_vec(), key.to_string());
+        self.writer
+            .run(move |conn| statements::find_newest(conn, &scopes, &key))
+            .await
+    }
+
+    async fn resolve(
+        &self,
+        id: &str,
+        decision: &Decision,
+        event: &Event,
+    ) -> Result<Resolved, StoreError> {
+        let (owner, now) = (self.owner.clone(), self.clock.now_millis());
+        let (id, decision, event) = (id.to_string(), decision.clone(), event.clone());
+        self.writer
+            .run(move |conn| statements::resolve(conn, &owner, now, &id, &decision, &event))
+            .await
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.writer.run(statements::stats).await
+    }
+
+    async fn set_paused(&self, route: &str, reason: Option<&str>) -> Result<(), StoreError> {
+        let (now, route) = (self.clock.now_millis(), route.to_string());
+        let reason = reason.map(str::to_string);
+        self.writer
+            .run(move |conn| statements::set_paused(conn, now, &route, reason.as_deref()))
+            .await
+    }
+
+    async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
+        self.writer
+            .run(move |conn| statements::sweep(conn, cutoff, limit))
+            .await
+    }
+
+    async fn close(&self) {
+        let (owner, now) = (self.owner.clone(), self.clock.now_millis());
+        let marked = self
+            .writer
+            .run(move |conn| {
+                statements::mark_in_progress_unknown(conn, now, "gateway-stopped", Some(&owner))
+            })
+            .await;
+        match marked {
+            Ok(routes) if routes.is_empty() => {}
+            Ok(routes) => tracing::warn!(
+                count = routes.len(),
+                "operations still in flight at shutdown are now unknown"
+            ),
+            Err(error) => {
+                tracing::error!(%error, "cannot settle in-flight operations; they become unknown at the next start")
+            }
+        }
+        self.writer.stop().await;
+        // Dropping the file releases the flock for the next process.
+        if let Ok(mut lock) = self.lock.lock() {
+            lock.take();
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! The SQL of the SQLite store, one function per store call, each run by
+//! the writer thread inside its batch's transaction (and its own
+//! savepoint). Statements are prepared once per connection
+//! (`prepare_cached`) and reused by every batch.
+//!
+//! Every state change is a compare-and-set on (id, state, attempt, owner):
+//! a stale writer changes no row and learns it from the row count.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::pipeline::fingerprint::Fingerprint;
+use crate::store::{
+    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded,
+    RequestSummary, Resolved, Settlement, State, Stats, StoreError, StoredEvent, StoredResponse,
+    Summary, decode_headers, encode_headers,
+};
+
+/// The columns [`operation_from_row`] reads.
+const OPERATION_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at,
+    fingerprint, evidence, response_status, response_headers, response_body, request_method,
+    request_path, request_content_type, request_body_size, request_body_sha256, request_body,
+    superseded_at";
+
+/// The columns [`summary_from_row`] reads.
+const SUMMARY_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at";
+
+/// Looks up `new`'s identity and claims it when it is new, outdated or
+/// `not_attempted` with the same fingerprint.
+pub fn claim(
+    conn: &Connection,
+    owner: &str,
+    now: i64,
+    new: &NewOperation,
+) -> Result<ClaimResult, StoreError> {
+    let existing = match find(conn, new)? {
+        Some(old) if new.outdates(&old) => {
+            conn.prepare_cached("UPDATE operations SET superseded_at = ?1 WHERE id = ?2")?
+                .execute(params![now, old.id])?;
+            let event = Event {
+                kind: "superseded",
+                detail: serde_json::json!({ "reason": "derive-window" }),
+            };
+            insert_event(conn, &old.id, now, &event)?;
+            None
+        }
+        other => other,
+    };
+    let claim = match existing {
+        None => insert(conn, owner, now, new)?,
+        Some(operation)
+            if operation.state == State::NotAttempted
+                && operation.fingerprint == new.fingerprint =>
+        {
+            let attempt = operation.attempt + 1;
+            let taken = conn
+                .prepare_cached(
+                    "UPDATE operations SET state = 'in_progress', attempt = ?1, owner = ?2,
+                        evidence = 'claimed', updated_at = ?3
+                     WHERE id = ?4 AND state = 'not_attempted' AND attempt = ?5",
+                )?
+                .execute(params![
+                    attempt,
+                    owner,
+                    now,
+                    operation.id,
+                    operation.attempt
+                ])?;
+            if taken == 0 {
+                return Ok(ClaimResult::Existing(Box::new(operation)));
+            }
+            Claim {
+                operation_id: operation.id,
+                attempt,
+            }
+        }
+        Some(operation) => return Ok(ClaimResult::Existing(Box::new(operation))),
+    };
+    let event = Event {
+        kind: "claimed",
+        detail: serde_json::json!({ "attempt": claim.attempt, "owner": owner }),
+    };
+    insert_event(conn, &claim.operation_id, now, &event)?;
+    Ok(ClaimResult::Claimed(claim))
+}
+
+/// The stored operation for `new`'s identity that is not superseded.
+pub fn find(conn: &Connection, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
+    let mut statement = conn.prepare_cached(&format!(
+        "SELECT {OPERATION_COLUMNS} FROM operations
+         WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 AND superseded_at IS NULL"
+    ))?;
+    let found = statement
+        .query_row(params![new.route, new.scope, new.key], operation_from_row)
+        .optional()?;
+    found.transpose()
+}
+
+/// Inserts a new operation, claimed for its first attempt.
+fn insert(
+    conn: &Connection,
+    owner: &str,
+    now: i64,
+    new: &NewOperation,
+) -> Result<Claim, StoreError> {
+    let id = uuid::Uuid::now_v7().to_string();
+    let request = &new.request;
+    conn.prepare_cached(
+        "INSERT INTO operations (id, route, scope, idem_key, fingerprint, state, attempt, owner,
+            evidence, request_method, request_path, request_content_type, request_body_size,
+            request_body_sha256, request_body, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'in_progress', 1, ?6, 'claimed', ?7, ?8, ?9, ?10, ?11, ?12,
+            ?13, ?13)",
+    )?
+    .execute(params![
+        id,
+        new.route,
+        new.scope,
+        new.key,
+        new.fingerprint.as_str(),
+        owner,
+        request.method,
+        request.path,
+        request.content_type,
+        request.body_size as i64,
+        request.body_sha256,
+        request.body,
+        now,
+    ])?;
+    Ok(Claim {
+        operation_id: id,
+        attempt: 1,
+    })
+}
+
+/// Settles a claimed attempt with its events, as one compare-and-set.
+pub fn record(
+    conn: &Connection,
+    owner: &str,
+    now: i64,
+    claim: &Claim,
+    settlement: &Settlement,
+    events: &[Event],
+) -> Result<Recorded, StoreError> {
+    let response = match settlement {
+        Settlement::Completed { response } => Some(response),
+        _ => None,
+    };
+    let updated = conn
+        .prepare_cached(
+            "UPDATE operations SET state = ?1, evidence = ?2, response_status = ?3,
+                response_headers = ?4, response_body = ?5, updated_at = ?6
+             WHERE id = ?7 AND state = 'in_progress' AND attempt = ?8 AND owner = ?9",
+        )?
+        .execute(params![
+            settlement.state().as_str(),
+            settlement.evidence(),
+            response.map(|r| i64::from(r.status)),
+            response.map(|r| encode_headers(&r.headers)),
+            response.and_then(|r| r.body.as_deref()),
+            now,
+            claim.operation_id,
+            claim.attempt,
+            owner,
+        ])?;
+    for event in events {
+        insert_event(conn, &claim.operation_id, now, event)?;
+    }
+    Ok(if updated == 1 {
+        Recorded::Applied
+    } else {
+        Recorded::Stale
+    })
+}
+
+/// `in_progress` → `unknown` with `evidence`, for one owner or for all;
+/// the routes of the operations marked, one entry per operation.
+pub fn mark_in_progress_unknown(
+    conn: &Connection,
+    now: i64,
+    evidence: &str,
+    owner: Option<&str>,
+) -> Result<Vec<String>, StoreError> {
+    let marked: Vec<(String, Option<String>, String)> = conn
+        .prepare_cached(
+            "UPDATE operations SET state = 'unknown', evidence = ?1, updated_at = ?2
+             WHERE state = 'in_progress' AND (?3 IS NULL OR owner = ?3)
+             RETURNING id, owner, route",
+        )?
+        .query_map(params![evidence, now, owner], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    for (id, owner, _) in &marked {
+        let event = Event {
+            kind: "owner-lost",
+            detail: serde_json::json!({ "reason": evidence, "owner": owner }),
+        };
+        insert_event(conn, id, now, &event)?;
+    }
+    Ok(marked.into_iter().map(|(_, _, route)| route).collect())
+}
+
+pub fn insert_event(
+    conn: &Connection,
+    operation_id: &str,
+    at: i64,
+    event: &Event,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO events (operation_id, at, kind, detail) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![
+        operation_id,
+        at,
+        event.kind,
+        event.detail.to_string()
+    ])?;
+    Ok(())
+}
+
+/// `unknown` → `completed` with evidence that came after the fact; the
+/// event is kept either way.
+pub fn settle_held(
+    conn: &Connection,
+    now: i64,
+    operation_id: &str,
+    attempt: Option<u32>,
+    response: &StoredResponse,
+    evidence: &str,
+    event: &Event,
+) -> Result<bool, StoreError> {
+    let updated = conn
+        .prepare_cached(
+            "UPDATE operations SET state = 'completed', evidence = ?1, response_status = ?2,
+                response_headers = ?3, response_body = ?4, updated_at = ?5
+             WHERE id = ?6 AND state = 'unknown' AND (?7 IS NULL OR attempt = ?7)",
+        )?
+        .execute(params![
+            evidence,
+            i64::from(response.status),
+            encode_headers(&response.headers),
+            response.body.as_deref(),
+            now,
+            operation_id,
+            attempt,
+        ])?;
+    insert_event(conn, operation_id, now, event)?;
+    Ok(updated == 1)
+}
+
+/// Pauses `route` if at least `threshold` of its operations are `unknown`;
+/// whether it is paused afterwards.
+pub fn trip_pause_latch(
+    conn: &Connection,
+    now: i64,
+    route: &str,
+    threshold: u32,
+) -> Result<bool, StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO route_pauses (route, reason, updated_at)
+         SELECT ?1, 'pause_after_unknown: ' || ?2 || ' operations unknown', ?3
+         WHERE (SELECT count(*) FROM operations WHERE route = ?1 AND state = 'unknown') >= ?2
+         ON CONFLICT (route) DO NOTHING",
+    )?
+    .execute(params![route, threshold, now])?;
+    let paused = conn
+        .prepare_cached("SELECT 1 FROM route_pauses WHERE route = ?1")?
+        .query_row(params![route], |_| Ok(()))
+        .optional()?;
+    Ok(paused.is_some())
+}
+
+pub fn paused_routes(conn: &Connection) -> Result<Vec<String>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT route FROM route_pauses ORDER BY route")?
+        .query_map([], |row| row.get(0))?
+        .collect::<Result<_, _>>()?)
+}
+
+pub fn set_paused(
+    conn: &Connection,
+    now: i64,
+    route: &str,
+    reason: Option<&str>,
+) -> Result<(), StoreError> {
+    match reason {
+        Some(reason) => conn
+            .prepare_cached(
+                "INSERT INTO route_pauses (route, reason, updated_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (route) DO UPDATE SET reason = excluded.reason,
+                    updated_at = excluded.updated_at",
+            )?
+            .execute(params![route, reason, now])?,
+        None => conn
+            .prepare_cached("DELETE FROM route_pauses WHERE route = ?1")?
+            .execute(params![route])?,
+    };
+    Ok(())
+}
+
+pub fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
+    let mut statement = conn.prepare_cached(&format!(
+        "SELECT {SUMMARY_COLUMNS} FROM operations
+         WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR route = ?2)
+           AND (?3 IS NULL OR idem_key = ?3) AND (?4 IS NULL OR id < ?4)
+         ORDER BY id DESC LIMIT ?5"
+    ))?;
+    let rows = statement.query_map(
+        params![
+            filter.state.map(State::as_str),
+            filter.route,
+            filter.key,
+            filter.before,
+            filter.limit,
+        ],
+        summary_from_row,
+    )?;
+    rows.map(|row| row?).collect()
+}
+
+pub fn get(
+    conn: &Connection,
+    id: &str,
+) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
+    let found = conn
+        .prepare_cached(&format!(
+            "SELECT {OPERATION_COLUMNS} FROM operations WHERE id = ?1"
+        ))?
+        .query_row(params![id], operation_from_row)
+        .optional()?;
+    let Some(operation) = found.transpose()? else {
+        return Ok(None);
+    };
+    let events = conn
+        .prepare_cached("SELECT at, kind, detail FROM events WHERE operation_id = ?1 ORDER BY id")?
+        .query_map(params![id], |row| {
+            let detail: String = row.get(2)?;
+            Ok(StoredEvent {
+                at: row.get(0)?,
+                kind: row.get(1)?,
+                detail: serde_json::from_str(&detail).unwrap_or(serde_json::Value::Null),
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(Some((operation, events)))
+}
+
+/// The newest operation with `key` under any of the (route, scope) pairs.
+pub fn find_newest(
+    conn: &Connection,
+    scopes: &[(String, String)],
+    key: &str,
+) -> Result<Option<Summary>, StoreError> {
+    let mut statement = conn.prepare_cached(&format!(
+        "SELECT {SUMMARY_COLUMNS} FROM operations
+         WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 ORDER BY id DESC LIMIT 1"
+    ))?;
+    let mut newest: Option<Summary> = None;
+    for (route, scope) in scopes {
+        let found = statement
+            .query_row(params![route, scope, key], summary_from_row)
+            .optional()?
+            .transpose()?;
+        if let Some(found) = found
+            && newest.as_ref().is_none_or(|n| found.id > n.id)
+        {
+            newest = Some(found);
+        }
+    }
+    Ok(newest)
+}
+
+/// An operator's decision, allowed from `unknown` or from `in_progress`
+/// whose owner is not this process (so is dead: one process per store).
+pub fn resolve(
+    conn: &Connection,
+    owner: &str,
+    now: i64,
+    id: &str,
+    decision: &Decision,
+    event: &Event,
+) -> Result<Resolved, StoreError> {
+    let (state, response) = match decision {
+        Decision::Completed { response } => (State::Completed, Some(response)),
+        Decision::NotAttempted => (State::NotAttempted, None),
+    };
+    let updated = conn
+        .prepare_cached(
+            "UPDATE operations SET state = ?1, evidence = 'operator', response_status = ?2,
+                response_headers = ?3, response_body = ?4, updated_at = ?5
+             WHERE id = ?6
+               AND (state = 'unknown' OR (state = 'in_progress' AND owner IS NOT ?7))",
+        )?
+        .execute(params![
+            state.as_str(),
+            response.map(|r| i64::from(r.status)),
+            response.map(|r| encode_headers(&r.headers)),
+            response.and_then(|r| r.body.as_deref()),
+            now,
+            id,
+            owner,
+        ])?;
+    if updated == 1 {
+        insert_event(conn, id, now, event)?;
+        return Ok(Resolved::Done);
+    }
+    let state: Option<String> = conn
+        .prepare_cached("SELECT state FROM operations WHERE id = ?1")?
+        .query_row(params![id], |row| row.get(0))
+        .optional()?;
+    Ok(match state {
+        None => Resolved::NotFound,
+        Some(state) => Resolved::NotResolvable(State::parse(&state)?),
+    })
+}
+
+pub fn stats(conn: &Connection) -> Result<Stats, StoreError> {
+    let counts = conn
+        .prepare_cached(
+            "SELECT route, state, count(*) FROM operations GROUP BY route, state
+             ORDER BY route, state",
+        )?
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, i64>(2)?,
+            ))
+        })?
+        .map(|row| {
+            let (route, state, n) = row?;
+            Ok((route, State::parse(&state)?, u64::try_from(n).unwrap_or(0)))
+        })
+        .collect::<Result<_, StoreError>>()?;
+    let oldest_unknown_created_at = conn
+        .prepare_cached("SELECT min(created_at) FROM operations WHERE state = 'unknown'")?
+        .query_row([], |row| row.get(0))?;
+    Ok(Stats {
+        counts,
+        oldest_unknown_created_at,
+    })
+}
+
+/// Deletes up to `limit` settled operations last updated before `cutoff`.
+pub fn sweep(conn: &Connection, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
+    let deleted = conn
+        .prepare_cached(
+            "DELETE FROM operations WHERE id IN (
+                SELECT id FROM operations
+                WHERE state IN ('completed', 'not_attempted') AND updated_at < ?1
+                LIMIT ?2)",
+        )?
+        .execute(params![cutoff, limit])?;
+    Ok(deleted as u64)
+}
+
+/// A row of [`OPERATION_COLUMNS`]; the outer `Result` is SQLite's, the
+/// inner one says whether the values make sense.
+fn operation_from_row(row: &Row) -> rusqlite::Result<Result<Operation, StoreError>> {
+    let status: Option<i64> = row.get("response_status")?;
+    let headers: Option<String> = row.get("response_headers")?;
+    let body: Option<Vec<u8>> = row.get("response_body")?;
+    let body_size: i64 = row.get("request_body_size")?;
+    let superseded_at: Option<i64> = row.get("superseded_at")?;
+    let fingerprint: String = row.get("fingerprint")?;
+    let evidence: String = row.get("evidence")?;
+    let request = RequestSummary {
+        method: row.get("request_method")?,
+        path: row.get("request_path")?,
+        content_type: row.get("request_content_type")?,
+        body_size: u64::try_from(body_size).unwrap_or(0),
+        body_sha256: row.get("request_body_sha256")?,
+        body: row.get("request_body")?,
+    };
+    let summary = summary_from_row(row)?;
+    Ok((|| {
+        let summary = summary?;
+        let response = match status {
+            Some(status) => Some(StoredResponse {
+                status: u16::try_from(status)
+                    .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+                headers: decode_headers(headers.as_deref().unwrap_or("[]"))?,
+                body,
+            }),
+            None => None,
+        };
+        Ok(Operation {
+            id: summary.id,
+            route: summary.route,
+            key: summary.key,
+            fingerprint: Fingerprint::from_stored(fingerprint),
+            state: summary.state,
+            attempt: summary.attempt,
+            evidence,
+            response,
+            request,
+            superseded: superseded_at.is_some(),
+            created_at: summary.created_at,
+            updated_at: summary.updated_at,
+        })
+    })())
+}
+
+fn summary_from_row(row: &Row) -> rusqlite::Result<Result<Summary, StoreError>> {
+    let attempt: i64 = row.get("attempt")?;
+    let state: String = row.get("state")?;
+    let (id, route, key): (String, String, String) =
+        (row.get("id")?, row.get("route")?, row.get("idem_key")?);
+    let (created_at, updated_at) = (row.get("created_at")?, row.get("updated_at")?);
+    Ok((|| {
+        Ok(Summary {
+            id,
+            route,
+            key,
+            state: State::parse(&state)?,
+            attempt: u32::try_from(attempt)
+                .map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))?,
+            created_at,
+            updated_at,
+        })
+    })())
+}

@@ -1,0 +1,339 @@
+//! The SQLite writer: one OS thread owns the connection and commits the
+//! work of every request waiting at that moment in one transaction —
+//! group commit (ARCHITECTURE.md §4).
+//!
+//! Invariants:
+//! - durable before answered: a job's reply is sent only after the
+//!   transaction that holds it committed (one fsync per batch with
+//!   `durability = "full"`), so no claim sends a byte upstream, and no
+//!   client hears an outcome, before it is on disk;
+//! - a job whose statements fail rolls back to its own savepoint and fails
+//!   alone; a batch that cannot begin or commit fails every job in it, and
+//!   none of their writes happened;
+//! - a job whose deadline passed while it queued is refused unrun: a caller
+//!   told "busy" never has its claim committed behind its back;
+//! - jobs run in the order they were queued, so one request's calls (a
+//!   claim, then its record) keep their order.
+
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::store::StoreError;
+
+/// The most jobs one transaction takes; more wait for the next one.
+const MAX_BATCH: usize = 256;
+
+/// Jobs queued beyond this make callers wait to queue (backpressure).
+const QUEUE: usize = 4096;
+
+/// How long a job may wait in the queue before it is refused unrun: the
+/// store counts as busy (503) past this.
+pub const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One request's statements and where their result goes.
+trait Work: Send {
+    fn deadline(&self) -> Instant;
+    /// Runs the statements; `false` when they failed (the caller rolls back).
+    fn run(&mut self, conn: &Connection) -> bool;
+    /// Sends the result, or `failed` when the batch did not commit.
+    fn reply(self: Box<Self>, failed: Option<&str>);
+}
+
+struct Task<T, F> {
+    deadline: Instant,
+    statements: Option<F>,
+    result: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> Work for Task<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
+{
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    fn run(&mut self, conn: &Connection) -> bool {
+        let Some(statements) = self.statements.take() else {
+            return false;
+        };
+        let result = statements(conn);
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn reply(self: Box<Self>, failed: Option<&str>) {
+        let result = match (failed, self.result) {
+            (Some(reason), _) => Err(StoreError::Failed(reason.to_string())),
+            (None, Some(result)) => result,
+            (None, None) => Err(StoreError::Busy(format!(
+                "the writer did not reach this request within {}",
+                humantime::format_duration(QUEUE_TIMEOUT)
+            ))),
+        };
+        drop(self.reply.send(result));
+    }
+}
+
+enum Message {
+    Job(Box<dyn Work>),
+    /// Ends the thread once everything queued before it is done.
+    Stop,
+}
+
+/// The handle requests use to queue work for the writer thread.
+pub struct Writer {
+    queue: mpsc::Sender<Message>,
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Writer {
+    /// Starts the thread that owns `conn`.
+    pub fn start(conn: Connection) -> Result<Writer, StoreError> {
+        let (queue, receiver) = mpsc::channel(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("idemgate-sqlite-writer".into())
+            .spawn(move || write_batches(&conn, receiver))
+            .map_err(|e| StoreError::Failed(format!("cannot start the writer thread: {e}")))?;
+        Ok(Writer {
+            queue,
+            thread: std::sync::Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Runs `statements` in the next batch and returns their result once
+    /// the batch committed.
+    pub async fn run<T, F>(&self, statements: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let deadline = Instant::now() + QUEUE_TIMEOUT;
+        let (reply, answer) = oneshot::channel();
+        let task = Task {
+            deadline,
+            statements: Some(statements),
+            result: None,
+            reply,
+        };
+        let queued =
+            tokio::time::timeout(QUEUE_TIMEOUT, self.queue.send(Message::Job(Box::new(task))));
+        match queued.await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(StoreError::Closed),
+            Err(_) => return Err(StoreError::Busy("the writer's queue is full".into())),
+        }
+        // The writer always answers: run, expired, or failed with its batch.
+        answer.await.unwrap_or(Err(StoreError::Closed))
+    }
+
+    /// Lets the thread finish what is queued, then ends it.
+    pub async fn stop(&self) {
+        if self.queue.send(Message::Stop).await.is_err() {
+            return;
+        }
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(thread) = thread {
+            let joined = tokio::task::spawn_blocking(move || thread.join()).await;
+            if !matches!(joined, Ok(Ok(()))) {
+                tracing::error!("the SQLite writer thread ended abnormally");
+            }
+        }
+    }
+}
+
+/// The thread: take whatever is queued, commit it as one transaction,
+/// answer everyone in it, repeat.
+fn write_batches(conn: &Connection, mut receiver: mpsc::Receiver<Message>) {
+    let mut batch: Vec<Box<dyn Work>> = Vec::with_capacity(MAX_BATCH);
+    let mut stopping = false;
+    while !stopping {
+        match receiver.blocking_recv() {
+            Some(Message::Job(job)) => batch.push(job),
+            Some(Message::Stop) | None => break,
+        }
+        while batch.len() < MAX_BATCH {
+            match receiver.try_recv() {
+                Ok(Message::Job(job)) => batch.push(job),
+                Ok(Message::Stop) => {
+                    stopping = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let failed = commit(conn, &mut batch).err().map(|e| e.to_string());
+        for job in batch.drain(..) {
+            job.reply(failed.as_deref());
+        }
+    }
+}
+
+/// Runs `batch` in one transaction, each job inside its own savepoint.
+fn commit(conn: &Connection, batch: &mut [Box<dyn Work>]) -> Result<(), rusqlite::Error> {
+    let mut run = || -> Result<(), rusqlite::Error> {
+        conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        let now = Instant::now();
+        for job in batch.iter_mut().filter(|job| job.deadline() >= now) {
+            conn.prepare_cached("SAVEPOINT job")?.execute([])?;
+            if !job.run(conn) {
+                conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
+            }
+            conn.prepare_cached("RELEASE job")?.execute([])?;
+        }
+        conn.prepare_cached("COMMIT")?.execute([])?;
+        Ok(())
+    };
+    let result = run();
+    if result.is_err() && !conn.is_autocommit() {
+        // Nothing of this batch happened; the connection is clean for the next.
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn table() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (x INTEGER PRIMARY KEY)")
+            .unwrap();
+        conn
+    }
+
+    type Answer = oneshot::Receiver<Result<(), StoreError>>;
+
+    /// A job inserting each of `xs`, with its answer.
+    fn inserts(xs: &[i64], deadline: Instant) -> (Box<dyn Work>, Answer) {
+        let xs = xs.to_vec();
+        let (reply, answer) = oneshot::channel();
+        let task = Task {
+            deadline,
+            statements: Some(move |conn: &Connection| {
+                for x in xs {
+                    conn.execute("INSERT INTO t (x) VALUES (?1)", [x])?;
+                }
+                Ok(())
+            }),
+            result: None,
+            reply,
+        };
+        (Box::new(task), answer)
+    }
+
+    fn rows(conn: &Connection) -> Vec<i64> {
+        let mut statement = conn.prepare("SELECT x FROM t ORDER BY x").unwrap();
+        statement
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    fn answered(mut answer: Answer) -> Result<(), StoreError> {
+        answer.try_recv().expect("answered")
+    }
+
+    #[test]
+    fn a_failing_job_rolls_back_alone() {
+        let conn = table();
+        let later = Instant::now() + QUEUE_TIMEOUT;
+        let (first, a) = inserts(&[1], later);
+        // Its second insert conflicts with the first job's row.
+        let (second, b) = inserts(&[2, 1], later);
+        let (third, c) = inserts(&[3], later);
+        let mut batch = vec![first, second, third];
+        commit(&conn, &mut batch).unwrap();
+        for job in batch {
+            job.reply(None);
+        }
+        assert!(answered(a).is_ok());
+        assert!(answered(b).is_err());
+        assert!(answered(c).is_ok());
+        assert_eq!(rows(&conn), [1, 3], "the failed job left nothing behind");
+    }
+
+    #[test]
+    fn a_job_past_its_deadline_is_refused_unrun() {
+        let conn = table();
+        let (late, a) = inserts(&[1], Instant::now() - Duration::from_millis(1));
+        let (timely, b) = inserts(&[2], Instant::now() + QUEUE_TIMEOUT);
+        let mut batch = vec![late, timely];
+        commit(&conn, &mut batch).unwrap();
+        for job in batch {
+            job.reply(None);
+        }
+        assert!(matches!(answered(a), Err(StoreError::Busy(_))));
+        assert!(answered(b).is_ok());
+        assert_eq!(rows(&conn), [2]);
+    }
+
+    #[test]
+    fn a_batch_that_cannot_begin_fails_every_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("locked.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x INTEGER PRIMARY KEY)")
+            .unwrap();
+        conn.busy_timeout(Duration::from_millis(20)).unwrap();
+        let other = Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN EXCLUSIVE").unwrap();
+
+        let later = Instant::now() + QUEUE_TIMEOUT;
+        let (first, a) = inserts(&[1], later);
+        let (second, b) = inserts(&[2], later);
+        let mut batch = vec![first, second];
+        let failed = commit(&conn, &mut batch).unwrap_err().to_string();
+        for job in batch {
+            job.reply(Some(&failed));
+        }
+        assert!(matches!(answered(a), Err(StoreError::Failed(_))));
+        assert!(matches!(answered(b), Err(StoreError::Failed(_))));
+        other.execute_batch("ROLLBACK").unwrap();
+        assert!(rows(&conn).is_empty());
+        assert!(
+            conn.is_autocommit(),
+            "the connection is clean for the next batch"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_calls_are_each_answered_after_their_commit() {
+        let writer = Arc::new(Writer::start(table()).unwrap());
+        let mut calls = tokio::task::JoinSet::new();
+        for x in 0..200_i64 {
+            let writer = writer.clone();
+            calls.spawn(async move {
+                writer
+                    .run(move |conn| {
+                        conn.execute("INSERT INTO t (x) VALUES (?1)", [x])?;
+                        Ok(x)
+                    })
+                    .await
+            });
+        }
+        let mut seen = Vec::new();
+        while let Some(result) = calls.join_next().await {
+            seen.push(result.unwrap().unwrap());
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..200).collect::<Vec<_>>());
+        let count = writer
+            .run(|conn| Ok(conn.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))?))
+            .await
+            .unwrap();
+        assert_eq!(count, 200);
+        writer.stop().await;
+        let after = writer.run(|_| Ok(())).await;
+        assert!(matches!(after, Err(StoreError::Closed)));
+    }
+}
