@@ -909,6 +909,14 @@ async fn a_stored_request_body_is_shown_only_when_the_route_stores_it() {
     let op = admin.show(&admin.id_of("body-1").await).await;
     assert_eq!(op["request"]["body"], ORDER, "{op}");
     assert_eq!(op["response"], json!({"status": 201, "body_stored": true}));
+    // A plain write's timeline, whether its events were stored or are
+    // proven by the row itself.
+    assert_eq!(kinds(&op), ["claimed", "sent", "response"], "{op}");
+    let events = op["events"].as_array().expect("events");
+    assert_eq!(events[0]["detail"]["attempt"], 1, "{op}");
+    assert_eq!(events[1]["detail"]["tries"], 1, "{op}");
+    assert_eq!(events[1]["detail"]["bytes"], ORDER.len(), "{op}");
+    assert_eq!(events[2]["detail"]["status"], 201, "{op}");
 }
 
 // ------------------------------------------------------- client lookup

@@ -88,6 +88,67 @@ pub struct StoredEvent {
     pub detail: serde_json::Value,
 }
 
+/// Events the operation row itself proves, so the happy path need not
+/// store them (two fewer event rows, and their index entries, per write):
+/// a first attempt's claim is the row's creation, and a plain response —
+/// sent on the first try, recorded as `completed` with evidence
+/// `response` — is the row's response columns at its last update.
+fn is_implied_by_record(settlement: &Settlement, events: &[Event]) -> bool {
+    let first_try = |e: &Event| e.kind == "sent" && e.detail["tries"] == 1;
+    matches!(settlement, Settlement::Completed { .. })
+        && matches!(events, [sent, response] if first_try(sent) && response.kind == "response")
+}
+
+/// An operation's whole timeline: the stored events with the ones its row
+/// implies (see [`is_implied_by_record`]) put back in their place.
+pub fn timeline(operation: &Operation, stored: Vec<StoredEvent>) -> Vec<StoredEvent> {
+    let mut events = Vec::with_capacity(stored.len() + 3);
+    let claimed_first = |e: &StoredEvent| e.kind == "claimed" && e.detail["attempt"] == 1;
+    if !stored.iter().any(claimed_first) {
+        events.push(StoredEvent {
+            at: operation.created_at,
+            kind: "claimed".into(),
+            detail: serde_json::json!({ "attempt": 1 }),
+        });
+    }
+    let last_claim = stored
+        .iter()
+        .filter(|e| e.kind == "claimed")
+        .map(|e| e.at)
+        .max()
+        .unwrap_or(operation.created_at);
+    let responded = stored
+        .iter()
+        .any(|e| e.kind == "response" && e.at >= last_claim);
+    events.extend(stored);
+    if let (State::Completed, "response", false, Some(response)) = (
+        operation.state,
+        operation.evidence.as_str(),
+        responded,
+        &operation.response,
+    ) {
+        let at = operation.updated_at;
+        let bytes = operation.request.body_size;
+        let answer = match &response.body {
+            Some(body) => serde_json::json!({ "status": response.status, "bytes": body.len() }),
+            None => serde_json::json!({ "status": response.status, "body_stored": false }),
+        };
+        events.push(StoredEvent {
+            at,
+            kind: "sent".into(),
+            detail: serde_json::json!({ "tries": 1, "bytes": bytes }),
+        });
+        events.push(StoredEvent {
+            at,
+            kind: "response".into(),
+            detail: answer,
+        });
+    }
+    // Stable: events at the same instant keep the order above.
+    events.sort_by_key(|e| e.at);
+    events
+}
+
 /// Which operations [`Store::list`] returns, newest first.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
@@ -265,6 +326,8 @@ pub trait Store: Send + Sync {
     async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError>;
 
     /// Settles a claimed attempt, with its events, as one compare-and-set.
+    /// Events the row itself proves are not stored ([`timeline`] shows
+    /// them).
     async fn record(
         &self,
         claim: &Claim,
@@ -311,7 +374,7 @@ pub trait Store: Send + Sync {
     /// Operations matching `filter`, newest first.
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError>;
 
-    /// One operation with its timeline.
+    /// One operation with its whole [`timeline`].
     async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError>;
 
     /// The newest operation with `key` under any of the (route, scope) pairs.
@@ -393,6 +456,115 @@ mod tests {
         ];
         assert_eq!(decode_headers(&encode_headers(&headers)).unwrap(), headers);
         assert!(decode_headers("[[\"x\",\"\u{20ac}\"]]").is_err());
+    }
+
+    fn completed(created_at: i64, updated_at: i64) -> Operation {
+        Operation {
+            id: "op".into(),
+            route: "r".into(),
+            key: "k".into(),
+            fingerprint: Fingerprint::from_stored("f".into()),
+            state: State::Completed,
+            attempt: 1,
+            evidence: "response".into(),
+            response: Some(StoredResponse {
+                status: 201,
+                headers: vec![],
+                body: Some(b"{}".to_vec()),
+            }),
+            request: RequestSummary {
+                method: "POST".into(),
+                path: "/".into(),
+                content_type: None,
+                body_size: 7,
+                body_sha256: String::new(),
+                body: None,
+            },
+            superseded: false,
+            created_at,
+            updated_at,
+        }
+    }
+
+    fn event(at: i64, kind: &str, detail: serde_json::Value) -> StoredEvent {
+        StoredEvent {
+            at,
+            kind: kind.into(),
+            detail,
+        }
+    }
+
+    fn kinds(events: &[StoredEvent]) -> Vec<(i64, &str)> {
+        events.iter().map(|e| (e.at, e.kind.as_str())).collect()
+    }
+
+    #[test]
+    fn the_happy_path_timeline_comes_from_the_row() {
+        let events = timeline(&completed(10, 20), vec![]);
+        assert_eq!(
+            kinds(&events),
+            [(10, "claimed"), (20, "sent"), (20, "response")]
+        );
+        assert_eq!(events[0].detail["attempt"], 1);
+        assert_eq!(
+            events[1].detail,
+            serde_json::json!({"tries": 1, "bytes": 7})
+        );
+        assert_eq!(
+            events[2].detail,
+            serde_json::json!({"status": 201, "bytes": 2})
+        );
+        // Stored events keep their place among the implied ones.
+        let late = event(30, "late-response", serde_json::json!({}));
+        let events = timeline(&completed(10, 20), vec![late]);
+        assert_eq!(kinds(&events).last(), Some(&(30, "late-response")));
+    }
+
+    #[test]
+    fn stored_events_are_never_implied_twice() {
+        // A second attempt whose response was stored (it took connect retries).
+        let stored = vec![
+            event(12, "connect-failed", serde_json::json!({})),
+            event(15, "claimed", serde_json::json!({"attempt": 2})),
+            event(20, "sent", serde_json::json!({"tries": 2})),
+            event(20, "response", serde_json::json!({"status": 201})),
+        ];
+        let events = timeline(&completed(10, 20), stored);
+        assert_eq!(
+            kinds(&events),
+            [
+                (10, "claimed"),
+                (12, "connect-failed"),
+                (15, "claimed"),
+                (20, "sent"),
+                (20, "response")
+            ]
+        );
+        // Settled by an operator: no response is implied.
+        let mut resolved = completed(10, 20);
+        resolved.evidence = "operator".into();
+        assert_eq!(kinds(&timeline(&resolved, vec![])), [(10, "claimed")]);
+    }
+
+    #[test]
+    fn only_a_plain_first_try_is_implied_by_its_record() {
+        let response = Settlement::Completed {
+            response: completed(0, 0).response.unwrap(),
+        };
+        let sent = |tries| Event {
+            kind: "sent",
+            detail: serde_json::json!({ "tries": tries }),
+        };
+        let answer = Event {
+            kind: "response",
+            detail: serde_json::json!({}),
+        };
+        assert!(is_implied_by_record(&response, &[sent(1), answer.clone()]));
+        assert!(!is_implied_by_record(&response, &[sent(2), answer.clone()]));
+        let held = Settlement::Unknown {
+            evidence: "timeout".into(),
+        };
+        assert!(!is_implied_by_record(&held, &[sent(1), answer]));
     }
 
     #[test]

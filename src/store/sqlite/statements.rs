@@ -12,7 +12,7 @@ use crate::pipeline::fingerprint::Fingerprint;
 use crate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded,
     RequestSummary, Resolved, Settlement, State, Stats, StoreError, StoredEvent, StoredResponse,
-    Summary, decode_headers, encode_headers,
+    Summary, decode_headers, encode_headers, is_implied_by_record, timeline,
 };
 
 /// The columns [`operation_from_row`] reads.
@@ -46,7 +46,8 @@ pub fn claim(
         other => other,
     };
     let claim = match existing {
-        None => insert(conn, owner, now, new)?,
+        // The row's creation is the first attempt's claim (see `timeline`).
+        None => return Ok(ClaimResult::Claimed(insert(conn, owner, now, new)?)),
         Some(operation)
             if operation.state == State::NotAttempted
                 && operation.fingerprint == new.fingerprint =>
@@ -162,8 +163,12 @@ pub fn record(
             claim.attempt,
             owner,
         ])?;
-    for event in events {
-        insert_event(conn, &claim.operation_id, now, event)?;
+    // A stale record keeps its evidence as events; an applied plain
+    // response is proven by the row itself.
+    if updated == 0 || !is_implied_by_record(settlement, events) {
+        for event in events {
+            insert_event(conn, &claim.operation_id, now, event)?;
+        }
     }
     Ok(if updated == 1 {
         Recorded::Applied
@@ -331,7 +336,7 @@ pub fn get(
     let Some(operation) = found.transpose()? else {
         return Ok(None);
     };
-    let events = conn
+    let events: Vec<StoredEvent> = conn
         .prepare_cached("SELECT at, kind, detail FROM events WHERE operation_id = ?1 ORDER BY id")?
         .query_map(params![id], |row| {
             let detail: String = row.get(2)?;
@@ -342,6 +347,7 @@ pub fn get(
             })
         })?
         .collect::<Result<_, _>>()?;
+    let events = timeline(&operation, events);
     Ok(Some((operation, events)))
 }
 
