@@ -11,6 +11,7 @@ use idemgate::config::{Config, Durability, StoreUrl};
 use idemgate::mock_upstream::MockUpstream;
 use idemgate::server::Gateway;
 use idemgate::store::{SqliteStore, Store};
+use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> std::process::ExitCode {
@@ -34,7 +35,7 @@ fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(serve) => {
-            init_logging(serve.log_format);
+            let _log = init_logging(serve.log_format);
             let config = serve.config()?;
             let store = config.store.url.to_string();
             let gateway = Gateway::start(config)
@@ -72,7 +73,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         },
         Command::MockUpstream { listen } => {
-            init_logging(LogFormat::Text);
+            let _log = init_logging(LogFormat::Text);
             let mock = MockUpstream::start(listen).await?;
             println!("listening mock={}", mock.addr());
             std::io::stdout().flush()?;
@@ -92,7 +93,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Migrate { store } => {
-            init_logging(LogFormat::Text);
+            let _log = init_logging(LogFormat::Text);
             let url =
                 StoreUrl::parse(&store).map_err(|reason| anyhow::anyhow!("--store: {reason}"))?;
             let StoreUrl::Sqlite(path) = &url;
@@ -107,17 +108,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs to stderr through a writer thread of its own, so a slow reader of
+/// stderr never stalls a request: past 128k lines waiting, lines are
+/// dropped rather than requests delayed. Keep the guard until exit: it
+/// flushes what is queued.
+fn init_logging(format: LogFormat) -> WorkerGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
     // Colours only for a person at a terminal, never into log files.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    guard
 }
 
 /// SIGINT or SIGTERM.
