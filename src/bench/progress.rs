@@ -3,7 +3,7 @@
 //! CI), nothing with `--json`.
 //!
 //! Invariant: it only reads the workers' counters, and it stops when the
-//! load does ([`Shown::finish`]), so it never outlives the run.
+//! load does ([`Shown::finish`], or when dropped), so it never outlives the run.
 
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
@@ -83,11 +83,19 @@ pub struct Shown {
 }
 
 impl Shown {
-    pub async fn finish(self) {
+    /// Stops the display and waits until its last line is out.
+    pub async fn finish(mut self) {
         self.stop.cancel();
-        if let Some(showing) = self.showing {
+        if let Some(showing) = self.showing.take() {
             let _ = showing.await;
         }
+    }
+}
+
+impl Drop for Shown {
+    /// A run that fails before [`Shown::finish`] stops the display too.
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 
