@@ -127,9 +127,14 @@ impl Report {
 
     pub fn write_text(&self, mut out: impl Write) -> std::io::Result<()> {
         writeln!(out, "idemgate bench: {}", self.driven)?;
+        let requests = if self.requests_per_key == 1 {
+            "request"
+        } else {
+            "requests"
+        };
         writeln!(
             out,
-            "  {} keys, {} requests per key, concurrency {}, {}-byte bodies",
+            "  {} keys, {} {requests} per key, concurrency {}, {}-byte bodies",
             self.keys, self.requests_per_key, self.concurrency, self.body_bytes
         )?;
         self.figures.write_text(&mut out, "")?;
