@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::config::{Config, ConfigError, KeyMode, Overrides};
+use crate::config::{Config, ConfigError, Durability, KeyMode, Overrides};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -330,6 +330,15 @@ impl BenchDurability {
         match self {
             BenchDurability::Full => "full",
             BenchDurability::Normal => "normal",
+        }
+    }
+}
+
+impl From<BenchDurability> for Durability {
+    fn from(durability: BenchDurability) -> Durability {
+        match durability {
+            BenchDurability::Full => Durability::Full,
+            BenchDurability::Normal => Durability::Normal,
         }
     }
 }

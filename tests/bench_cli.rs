@@ -52,16 +52,21 @@ fn assert_shape(report: &Value) {
     assert!(report.get("exactly_once").is_some(), "{report}");
 }
 
+/// Exit 0, the documented shape, and one upstream write per key.
+fn assert_exactly_once(code: i32, report: &Value, keys: u64) {
+    assert_eq!(code, 0, "{report}");
+    assert_shape(report);
+    assert_eq!(report["keys"], keys, "{report}");
+    assert_eq!(report["upstream_writes"], keys, "{report}");
+    assert_eq!(report["exactly_once"], true, "{report}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_run_reports_one_write_per_key() {
     let (code, report) = bench(&SMALL).await;
-    assert_eq!(code, 0, "{report}");
-    assert_shape(&report);
+    assert_exactly_once(code, &report, 20);
     assert_eq!(report["requests"], 60);
-    assert_eq!(report["keys"], 20);
-    assert_eq!(report["upstream_writes"], 20);
     assert_eq!(report["upstream_keys"], 20);
-    assert_eq!(report["exactly_once"], true);
     assert_eq!(count(&report, "fresh 201"), 20, "{report}");
     // Each retry is a replay or met its first write in flight.
     let retries = count(&report, "replayed 201") + count(&report, "409 request-in-progress");
@@ -71,9 +76,7 @@ async fn a_small_run_reports_one_write_per_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_wait_mode_every_retry_gets_the_201() {
     let (code, report) = bench(&[&SMALL[..], &["--wait", "--durability", "normal"]].concat()).await;
-    assert_eq!(code, 0, "{report}");
-    assert_shape(&report);
-    assert_eq!(report["exactly_once"], true);
+    assert_exactly_once(code, &report, 20);
     assert_eq!(count(&report, "fresh 201"), 20, "{report}");
     assert_eq!(count(&report, "replayed 201"), 40, "{report}");
 }
@@ -94,11 +97,8 @@ async fn with_faults_and_changed_payloads_each_key_is_still_written_once() {
         "mock",
     ])
     .await;
-    assert_eq!(code, 0, "{report}");
-    assert_shape(&report);
-    assert_eq!(report["upstream_writes"], 20);
+    assert_exactly_once(code, &report, 20);
     assert_eq!(report["upstream_keys"], 20);
-    assert_eq!(report["exactly_once"], true);
     // Keys 0, 10 (dropped) and 1, 11 (truncated) went unknown: the one
     // request forwarded for each got 502, their retries 409 (or 422 for a
     // changed payload).
@@ -133,10 +133,7 @@ async fn a_target_gateway_is_checked_through_the_mocks_counter() {
         .concat(),
     )
     .await;
-    assert_eq!(code, 0, "{report}");
-    assert_shape(&report);
-    assert_eq!(report["exactly_once"], true);
-    assert_eq!(report["upstream_writes"], 20);
+    assert_exactly_once(code, &report, 20);
     assert_eq!(report["targets"][0], target.as_str());
 
     // Without a counter the verdict is not checked: null, exit 0.
@@ -149,11 +146,7 @@ async fn a_target_gateway_is_checked_through_the_mocks_counter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn populate_reports_store_size_and_resident_memory() {
     let (code, report) = bench(&["--populate", "50", "--concurrency", "8"]).await;
-    assert_eq!(code, 0, "{report}");
-    assert_shape(&report);
-    assert_eq!(report["keys"], 50);
-    assert_eq!(report["upstream_writes"], 50);
-    assert_eq!(report["exactly_once"], true);
+    assert_exactly_once(code, &report, 50);
     assert_eq!(count(&report, "fresh 201"), 50, "{report}");
     let populate = &report["populate"];
     assert_eq!(populate["operations"], 50, "{report}");

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use crate::cli::BenchDurability;
-use crate::config::Config;
+use crate::config::{Config, ConfigError, InProgressMode, KeyMode, Overrides};
 use crate::mock_upstream::MockUpstream;
 use crate::server::{Gateway, StartOptions};
 
@@ -90,48 +90,50 @@ async fn start_in(
         .await
         .map_err(BenchError::Io)?;
     let store = dir.join("bench.db");
-    let config = Config::from_toml_str(&toml(&store, mock.addr(), setup), "bench")
-        .map_err(|e| BenchError::Start(e.to_string()))?;
+    let config = config(&store, mock.addr(), setup).map_err(|e| BenchError::Start(e.to_string()));
     // A token of its own: the admin listener is unused, and an
     // IDEMGATE_ADMIN_TOKEN in the environment must not decide whether it starts.
     let options = StartOptions {
         admin_token: Some(uuid::Uuid::now_v7().simple().to_string()),
         ..StartOptions::default()
     };
-    match Gateway::start_with(config, options).await {
+    let started = match config {
+        Ok(config) => Gateway::start_with(config, options)
+            .await
+            .map_err(|e| BenchError::Start(e.to_string())),
+        Err(error) => Err(error),
+    };
+    match started {
         Ok(gateway) => Ok((mock, gateway, store)),
         Err(error) => {
             mock.stop().await;
-            Err(BenchError::Start(error.to_string()))
+            Err(error)
         }
     }
 }
 
-fn toml(store: &Path, mock: SocketAddr, setup: Setup) -> String {
-    let in_progress = if setup.wait { "wait" } else { "reject" };
-    let forward_key = if setup.forward_key {
-        ""
-    } else {
-        "forward_key_header = \"\"\n"
-    };
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-[store]
-url = "sqlite://{store}"
-durability = "{durability}"
-[[routes]]
-name = "bench"
-path_prefix = "/"
-upstream = "http://{mock}"
-in_progress = "{in_progress}"
-pause_after_unknown = 0
-{forward_key}"#,
-        store = store.display(),
-        durability = setup.durability.as_str(),
-    )
+/// What `serve --upstream` would run (one catch-all route), on free
+/// loopback ports and `store`, as `setup` says.
+fn config(store: &Path, mock: SocketAddr, setup: Setup) -> Result<Config, ConfigError> {
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut config = Config::single_route(&format!("http://{mock}"), KeyMode::Require)?;
+    config.apply(&Overrides {
+        listen: Some(loopback),
+        admin_listen: Some(loopback),
+        store_url: Some(format!("sqlite://{}", store.display())),
+    })?;
+    config.store.durability = setup.durability.into();
+    for route in &mut config.routes {
+        route.in_progress = match setup.wait {
+            true => InProgressMode::Wait,
+            false => InProgressMode::Reject,
+        };
+        route.pause_after_unknown = 0;
+        if !setup.forward_key {
+            route.forward_key_header = None;
+        }
+    }
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -139,7 +141,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_own_config_is_valid_in_every_setup() {
+    fn the_own_config_follows_the_setup() {
         for (durability, wait, forward_key) in [
             (BenchDurability::Full, false, true),
             (BenchDurability::Normal, true, false),
@@ -149,14 +151,13 @@ mod tests {
                 wait,
                 forward_key,
             };
-            let text = toml(
-                Path::new("/tmp/x.db"),
-                SocketAddr::from(([127, 0, 0, 1], 7000)),
-                setup,
-            );
-            let config = Config::from_toml_str(&text, "test").expect("valid");
+            let mock = SocketAddr::from(([127, 0, 0, 1], 7000));
+            let config = config(Path::new("/tmp/x.db"), mock, setup).expect("valid");
+            assert!(config.server.listen.ip().is_loopback());
+            assert_eq!(config.store.durability, durability.into());
             let route = &config.routes[0];
             assert_eq!(route.pause_after_unknown, 0);
+            assert_eq!(route.in_progress == InProgressMode::Wait, wait);
             assert_eq!(route.forward_key_header.is_some(), forward_key);
         }
     }
