@@ -1,12 +1,13 @@
 //! The command line (README "Configuration"): `serve`, `check-config`, `migrate`,
-//! `keys`, `mock-upstream`, `demo`.
+//! `keys`, `mock-upstream`, `demo`, `bench`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::config::{Config, ConfigError, KeyMode, Overrides};
+use crate::config::{Config, ConfigError, Durability, KeyMode, Overrides};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,6 +44,9 @@ pub enum Command {
     },
     /// Walk through what idemgate does against the mock API, then exit.
     Demo,
+    /// Drive a retry storm (K keys × R requests at concurrency C) through a
+    /// gateway and check that the API saw exactly K writes (README "Benchmarking").
+    Bench(Bench),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -242,6 +246,99 @@ impl ResolveOutcome {
         match self {
             ResolveOutcome::Completed => "completed",
             ResolveOutcome::NotAttempted => "not_attempted",
+        }
+    }
+}
+
+/// `idemgate bench …`: see [`crate::bench`]. Without `--target` it starts the
+/// mock API and a gateway of its own; the flags that shape that gateway
+/// (`--durability`, `--wait`) conflict with `--target`.
+#[derive(Debug, clap::Args)]
+pub struct Bench {
+    /// A running gateway to drive instead of one of its own, e.g.
+    /// http://127.0.0.1:8080/orders (default path /orders); repeatable: the
+    /// requests are spread round-robin.
+    #[arg(long, value_name = "URL")]
+    pub target: Vec<String>,
+    /// With --target: the upstream's write counter (the mock API's
+    /// `GET /_effects`, e.g. http://127.0.0.1:7000/_effects). Without it the
+    /// exactly-once check is skipped.
+    #[arg(long, value_name = "URL", requires = "target")]
+    pub upstream_effects: Option<String>,
+    /// Distinct idempotency keys.
+    #[arg(long, short = 'k', default_value_t = 1000, conflicts_with_all = ["requests", "duration", "populate"])]
+    pub keys: u64,
+    /// Requests per key: the first write and R-1 retries of it (1: first writes only).
+    #[arg(long, short = 'r', default_value_t = 3, conflicts_with = "populate")]
+    pub retries: u64,
+    /// Requests in flight at once (connections in the keep-alive pool).
+    #[arg(long, short = 'c', default_value_t = 64)]
+    pub concurrency: usize,
+    /// Run for this long (e.g. 10s), with new keys as needed, instead of K × R requests.
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with_all = ["requests", "populate"])]
+    pub duration: Option<Duration>,
+    /// Send this many requests (keys: N / R, rounded up) instead of K × R.
+    #[arg(long, short = 'n', conflicts_with = "populate")]
+    pub requests: Option<u64>,
+    /// The own gateway's store durability.
+    #[arg(long, value_enum, default_value = "full", conflicts_with = "target")]
+    pub durability: BenchDurability,
+    /// The size of each JSON request body in bytes.
+    #[arg(long, default_value_t = 100)]
+    pub body_bytes: usize,
+    /// The fraction (0 to 1) of retries sent with a changed payload, which
+    /// a gateway answers 422 `key-reused`.
+    #[arg(long, default_value_t = 0.0, conflicts_with = "populate")]
+    pub changed: f64,
+    /// The own gateway holds duplicates until the first attempt ends
+    /// (`in_progress = "wait"`) instead of answering 409 `request-in-progress`.
+    #[arg(long, conflicts_with = "target")]
+    pub wait: bool,
+    /// Send 3 keys in 10 to the mock's fault paths: the write is committed,
+    /// then the connection is dropped (`/drop`) or cut mid-body
+    /// (`/truncate`), or the answer comes 50 ms late (`/slow`).
+    #[arg(long, conflicts_with = "populate")]
+    pub faults: bool,
+    /// Run the same load against this URL too (a pass-through proxy, or
+    /// `mock` for the own mock API directly) and print the ratios.
+    #[arg(long, value_name = "URL|mock")]
+    pub compare: Option<String>,
+    /// Store N completed operations as fast as possible (first writes only)
+    /// and print the rate, the store's size and the gateway's resident memory.
+    #[arg(long, value_name = "N")]
+    pub populate: Option<u64>,
+    /// With --target --populate: the gateway's process id, for its resident memory.
+    #[arg(long, requires_all = ["target", "populate"])]
+    pub gateway_pid: Option<u32>,
+    /// With --target --populate: the gateway's SQLite file, for its size.
+    #[arg(long, requires_all = ["target", "populate"])]
+    pub store_file: Option<PathBuf>,
+    /// Print the report as one JSON object (no progress line).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--durability`: the store's `durability` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchDurability {
+    Full,
+    Normal,
+}
+
+impl BenchDurability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BenchDurability::Full => "full",
+            BenchDurability::Normal => "normal",
+        }
+    }
+}
+
+impl From<BenchDurability> for Durability {
+    fn from(durability: BenchDurability) -> Durability {
+        match durability {
+            BenchDurability::Full => Durability::Full,
+            BenchDurability::Normal => Durability::Normal,
         }
     }
 }

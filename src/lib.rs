@@ -15,7 +15,8 @@
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
-//!   [`demo`]: the newcomer's tour against it.
+//!   [`demo`]: the newcomer's tour against it; [`bench`]: a retry-storm
+//!   load generator that checks the API saw one write per key.
 //!
 //! # Life of a write request
 //! path (normalized) → route → key and scope → body (bounded) → fingerprint
@@ -35,6 +36,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod bench;
 pub mod body;
 pub mod canonical_json;
 pub mod cli;

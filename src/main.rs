@@ -82,14 +82,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo => {
-            // Quiet logs: the tour's own lines are the output.
-            let filter =
-                EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("error"));
-            tracing_subscriber::fmt()
-                .with_env_filter(filter)
-                .with_writer(std::io::stderr)
-                .init();
+            init_quiet_logging();
             idemgate::demo::run(std::io::stdout()).await?;
+            Ok(())
+        }
+        Command::Bench(bench) => {
+            init_quiet_logging();
+            let report = idemgate::bench::run(&bench, std::io::stdout()).await?;
+            std::io::stdout().flush()?;
+            // The own gateway is shut down by now; exit 1 is the verdict.
+            if report.exactly_once == Some(false) {
+                std::process::exit(1);
+            }
             Ok(())
         }
         Command::Migrate { store } => {
@@ -125,6 +129,16 @@ fn init_logging(format: LogFormat) -> WorkerGuard {
         LogFormat::Json => builder.json().init(),
     }
     guard
+}
+
+/// Errors only: the command's own lines are the output, and a log line
+/// per request would also slow the in-process gateway down.
+fn init_quiet_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("error"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// SIGINT or SIGTERM.

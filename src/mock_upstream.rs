@@ -17,9 +17,12 @@
 //! The behaviour is chosen by the end of the path (`/orders/drop` drops too),
 //! so one mock can stand behind several routes.
 //!
-//! `GET /_effects` answers `{"writes": n}`; `GET /_effects/{key}` answers
-//! 200 with the effect committed under that `Idempotency-Key`, 404 when none
-//! was. Other GETs answer 200 `{"ok": true}`.
+//! `GET /_effects` answers `{"writes": n, "keys": m}`, m the distinct
+//! `Idempotency-Key`s writes were committed under: `writes == keys` means
+//! every write carried a key and no key was written twice (`idemgate bench`
+//! checks it). `GET /_effects/{key}` answers 200 with the effect committed
+//! under that `Idempotency-Key`, 404 when none was. Other GETs answer 200
+//! `{"ok": true}`.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -196,7 +199,10 @@ fn read(effects: &Mutex<Effects>, path: &str) -> Response<ProxyBody> {
         return json_response(StatusCode::INTERNAL_SERVER_ERROR, json!({}));
     };
     match path.strip_prefix("/_effects") {
-        Some("") => json_response(StatusCode::OK, json!({ "writes": effects.writes })),
+        Some("") => json_response(
+            StatusCode::OK,
+            json!({ "writes": effects.writes, "keys": effects.by_key.len() }),
+        ),
         Some(rest) => match effects.by_key.get(rest.trim_start_matches('/')) {
             Some(id) => json_response(StatusCode::OK, json!({ "id": id })),
             None => json_response(StatusCode::NOT_FOUND, json!({ "error": "no such effect" })),
