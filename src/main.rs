@@ -114,11 +114,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// Logs to stderr through a writer thread of its own, so a slow reader of
 /// stderr never stalls a request: past 128k lines waiting, lines are
-/// dropped rather than requests delayed. Keep the guard until exit: it
-/// flushes what is queued.
+/// dropped rather than requests delayed. The thread flushes after each
+/// burst it drains, so a buffered stderr costs one write per burst, not
+/// one per line. Keep the guard until exit: it flushes what is queued.
 fn init_logging(format: LogFormat) -> WorkerGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
+    let (writer, guard) =
+        tracing_appender::non_blocking(std::io::BufWriter::new(std::io::stderr()));
     // Colours only for a person at a terminal, never into log files.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -141,8 +141,8 @@ impl Drop for InFlightGuard {
 
 /// The key of an operation's identity in the in-flight map and the replay
 /// cache.
-pub fn identity(new: &NewOperation) -> String {
-    format!("{}\0{}\0{}", new.route, new.scope, new.key)
+pub fn identity(route: &str, scope: &str, key: &str) -> String {
+    format!("{route}\0{scope}\0{key}")
 }
 
 impl InFlight {

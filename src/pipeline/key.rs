@@ -11,7 +11,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
 use crate::canonical_json::{self, NotExact};
-use crate::pipeline::fingerprint::Fingerprint;
+use crate::pipeline::fingerprint::{Fingerprint, digest_hex};
 
 /// URL-component encoding: everything but the RFC 3986 unreserved
 /// characters, so a key (or any text) is one path segment or query value —
@@ -96,7 +96,7 @@ impl IdempotencyKey {
     }
 
     fn derived(hasher: Sha256) -> Self {
-        IdempotencyKey(format!("derived-{}", hex::encode(hasher.finalize())))
+        IdempotencyKey(format!("derived-{}", digest_hex(hasher)))
     }
 
     /// Validates an unquoted key.
@@ -182,7 +182,7 @@ impl Scope {
                 hasher.update(value.as_bytes());
             }
         }
-        Some(Scope(hex::encode(hasher.finalize())))
+        Some(Scope(digest_hex(hasher)))
     }
 
     pub fn as_str(&self) -> &str {

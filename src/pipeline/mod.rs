@@ -234,71 +234,99 @@ impl Proxy {
             None => (made_key(route, &scope, &fingerprint, &body)?, true),
         };
         // An identical request is the same derived operation only within the window.
+        let now = self.clock.now_millis();
         let fresh_after =
             (announced && route.key == KeyMode::Derive && route.derive_from.is_empty())
-                .then(|| self.clock.now_millis() - clock::millis(route.derive_window));
-        let new = NewOperation {
-            route: route.name.clone(),
-            scope: scope.as_str().to_string(),
-            key: key.as_str().to_string(),
-            fingerprint,
-            request: RequestSummary {
-                method: parts.method.to_string(),
-                path: path_and_query.to_string(),
-                content_type: parts
-                    .headers
-                    .get(CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string),
-                body_size: body.len() as u64,
-                body_sha256: hex::encode(Sha256::digest(&body)),
-                body: route.store_request_body.then(|| body.to_vec()),
-            },
-            fresh_after,
+                .then(|| now - clock::millis(route.derive_window));
+        // Completed operations the store may have deleted (retention) or
+        // superseded (derive window) are never answered from the cache.
+        let valid_after =
+            (now - clock::millis(self.retention)).max(fresh_after.unwrap_or(i64::MIN));
+        let identity = claim::identity(&route.name, scope.as_str(), key.as_str());
+        // Most retries are replays: answered here, without a task or a
+        // store call (the claim phase asks the cache again, for waiters).
+        let cached = self.replays.answer(&identity, &fingerprint, valid_after);
+        let mut response = match cached {
+            Some(answer) => answer.unwrap_or_else(ProxyError::into_response),
+            None => {
+                let new = NewOperation {
+                    route: route.name.clone(),
+                    scope: scope.as_str().to_string(),
+                    key: key.as_str().to_string(),
+                    fingerprint,
+                    request: RequestSummary {
+                        method: parts.method.to_string(),
+                        path: path_and_query.to_string(),
+                        content_type: parts
+                            .headers
+                            .get(CONTENT_TYPE)
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_string),
+                        body_size: body.len() as u64,
+                        body_sha256: fingerprint::digest_hex(Sha256::new_with_prefix(&body)),
+                        body: route.store_request_body.then(|| body.to_vec()),
+                    },
+                    fresh_after,
+                };
+                let write = Write {
+                    key: key.clone(),
+                    new,
+                    identity,
+                    valid_after,
+                    parts,
+                    body,
+                    peer,
+                };
+                self.spawn_write(active, write).await
+            }
         };
-        // From the claim on, the write runs in a task of its own: a client
-        // that hangs up can no longer cancel it between the claim's commit
-        // and the attempt, which would leave the operation in_progress.
-        let (reply_tx, reply_rx) = oneshot::channel();
-        let this = self.clone();
-        let (active, written_key) = (active.clone(), key.clone());
-        self.tasks.spawn(async move {
-            let reply = this
-                .write(&active, &written_key, new, &parts, body, peer)
-                .await;
-            drop(reply_tx.send(reply));
-        });
-        let mut response = reply_rx
-            .await
-            .unwrap_or_else(|_| {
-                Err(ProxyError::Internal {
-                    reason: "the write task ended without a reply".into(),
-                })
-            })
-            .unwrap_or_else(ProxyError::into_response);
         if announced && let Ok(value) = HeaderValue::from_str(key.as_str()) {
             response.headers_mut().insert(IDEMPOTENCY_KEY, value);
         }
         Ok(response)
     }
 
+    /// Runs a write in a task of its own from the claim on: a client that
+    /// hangs up can no longer cancel it between the claim's commit and the
+    /// attempt, which would leave the operation in_progress.
+    async fn spawn_write(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        write: Write,
+    ) -> Response<ProxyBody> {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let (this, active) = (self.clone(), active.clone());
+        self.tasks.spawn(async move {
+            let reply = this.write(&active, write).await;
+            drop(reply_tx.send(reply));
+        });
+        reply_rx
+            .await
+            .unwrap_or_else(|_| {
+                Err(ProxyError::Internal {
+                    reason: "the write task ended without a reply".into(),
+                })
+            })
+            .unwrap_or_else(ProxyError::into_response)
+    }
+
     /// Phases 5–7: claim, then forward and record (or answer from the store).
     async fn write(
         &self,
         active: &Arc<ActiveRoute>,
-        key: &IdempotencyKey,
-        new: NewOperation,
-        parts: &request::Parts,
-        body: Bytes,
-        peer: SocketAddr,
+        write: Write,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let route = &active.route;
+        let Write {
+            key,
+            new,
+            identity,
+            valid_after,
+            parts,
+            body,
+            peer,
+        } = write;
         let credentials = || reconcile::credentials(&parts.headers, route);
-        // Completed operations the store may have deleted (retention) or
-        // superseded (derive window) are never answered from the cache.
-        let valid_after = (self.clock.now_millis() - clock::millis(self.retention))
-            .max(new.fresh_after.unwrap_or(i64::MIN));
-        let identity = claim::identity(&new);
         let claimed = claim::claim(
             self.store.as_ref(),
             &self.in_flight,
@@ -346,7 +374,7 @@ impl Proxy {
             reconciler: self.reconciler.clone(),
             active: active.clone(),
             in_flight: Some(in_flight),
-            request: WriteRequest::new(route, parts, body, key.as_str(), peer.ip())?,
+            request: WriteRequest::new(route, &parts, body, key.as_str(), peer.ip())?,
             claim,
             key: key.as_str().to_string(),
             credentials: credentials(),
@@ -367,6 +395,20 @@ impl Proxy {
         response.extensions_mut().insert(operation_id);
         Ok(response)
     }
+}
+
+/// A write past its fingerprint, on its way to the claim: the operation it
+/// wants to become, its identity in the in-flight map and the replay cache,
+/// and the request to forward.
+struct Write {
+    key: IdempotencyKey,
+    new: NewOperation,
+    identity: String,
+    /// Cached completed operations updated before this (ms) are not answered.
+    valid_after: i64,
+    parts: request::Parts,
+    body: Bytes,
+    peer: SocketAddr,
 }
 
 /// Bodies larger than this are fingerprinted on the blocking pool: RFC 8785

@@ -113,23 +113,37 @@ pub struct ReplayCache {
     max_bytes: usize,
 }
 
+/// A cached replay, built once: status, headers (the replay marker
+/// included) and body, so answering it copies no bytes and parses no names.
 struct Cached {
     operation_id: String,
     fingerprint: Fingerprint,
-    response: StoredResponse,
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: bytes::Bytes,
     updated_at: i64,
 }
 
 impl Cached {
     fn size(&self, identity: &str) -> usize {
         identity.len()
-            + self.response.body.as_ref().map_or(0, Vec::len)
+            + self.body.len()
             + self
-                .response
                 .headers
                 .iter()
-                .map(|(n, v)| n.len() + v.len())
+                .map(|(n, v)| n.as_str().len() + v.len())
                 .sum::<usize>()
+    }
+
+    fn respond(&self) -> Response<ProxyBody> {
+        let mut response = Response::new(full(self.body.clone()));
+        *response.status_mut() = self.status;
+        *response.headers_mut() = self.headers.clone();
+        response.extensions_mut().insert(Outcome::replayed);
+        response
+            .extensions_mut()
+            .insert(OperationId(self.operation_id.clone()));
+        response
     }
 }
 
@@ -182,10 +196,13 @@ impl ReplayCache {
         if response.body.is_none() {
             return self.forget(identity);
         }
+        let (head, _) = respond(response).into_parts();
         let cached = Arc::new(Cached {
             operation_id: operation_id.to_string(),
             fingerprint: fingerprint.clone(),
-            response: response.clone(),
+            status: head.status,
+            headers: head.headers,
+            body: bytes::Bytes::from(response.body.clone().unwrap_or_default()),
             updated_at,
         });
         let size = cached.size(identity);
@@ -231,11 +248,7 @@ impl ReplayCache {
         if cached.fingerprint != *fingerprint {
             return Some(Err(ProxyError::KeyReused { operation }));
         }
-        let mut response = respond(&cached.response);
-        response
-            .extensions_mut()
-            .insert(OperationId(cached.operation_id.clone()));
-        Some(Ok(response))
+        Some(Ok(cached.respond()))
     }
 }
 
