@@ -360,7 +360,10 @@ mod tests {
         let probe = ReplayCache::default();
         probe.mirror("k0", &operation(State::Completed, Some(&body)));
         let one = probe.bytes.load(Ordering::SeqCst);
-        assert!(one > ENTRY_OVERHEAD + 100, "an entry counts more than its body");
+        assert!(
+            one > ENTRY_OVERHEAD + 100,
+            "an entry counts more than its body"
+        );
         let capacity = 3 * one + one / 2;
         let cache = ReplayCache::with_capacity(capacity);
         for i in 0..5 {
