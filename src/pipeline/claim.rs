@@ -118,6 +118,11 @@ impl InFlightGuard {
     /// Frees the identity, handing the released attempt's answer to the
     /// duplicates waiting on it.
     pub fn release(self, operation_id: &str, answer: Released) {
+        // Out of the map first: a request that comes after this is the
+        // client's next retry, not a waiter, and claims the next attempt.
+        self.in_flight
+            .entries
+            .remove_if(&self.identity, |_, e| Arc::ptr_eq(e, &self.entry));
         let released = Arc::new((operation_id.to_string(), answer));
         self.entry.phase.send_replace(Phase::Released(released));
     }
@@ -219,7 +224,9 @@ pub async fn claim(
         .map(|seen| seen.map(|p| p.clone()));
         let operation_id = match claimed {
             Ok(Ok(Phase::InFlight(id))) => id,
-            Ok(Ok(Phase::Released(released))) => return answer_released(&released),
+            Ok(Ok(Phase::Released(released))) => {
+                return answer_released(&entry, new, &released);
+            }
             Ok(_) => continue,
             Err(_) => {
                 return Err(ProxyError::StoreUnavailable {
@@ -246,15 +253,30 @@ pub async fn claim(
             .map(|seen| seen.map(|p| p.clone()));
         entry.waiters.fetch_sub(1, Ordering::SeqCst);
         match settled {
-            Ok(Ok(Phase::Released(released))) => return answer_released(&released),
+            Ok(Ok(Phase::Released(released))) => {
+                return answer_released(&entry, new, &released);
+            }
             Ok(_) => {}
             Err(_) => return Err(ProxyError::InProgress { operation }),
         }
     }
 }
 
-/// A duplicate of an attempt that ended `not_attempted` gets its answer.
-fn answer_released((operation_id, answer): &(String, Released)) -> Result<Claimed, ProxyError> {
+/// A duplicate of an attempt that ended `not_attempted` gets its answer;
+/// another payload under the key is a reused key, as always.
+fn answer_released(
+    entry: &Entry,
+    new: &NewOperation,
+    (operation_id, answer): &(String, Released),
+) -> Result<Claimed, ProxyError> {
+    if entry.fingerprint != new.fingerprint {
+        return Err(ProxyError::KeyReused {
+            operation: OperationRef {
+                id: operation_id.clone(),
+                state: State::NotAttempted,
+            },
+        });
+    }
     answer.answer(operation_id).map(Claimed::Answer)
 }
 

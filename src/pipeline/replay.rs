@@ -278,6 +278,7 @@ mod tests {
             fingerprint: Fingerprint::from_stored("f".into()),
             state,
             attempt: 1,
+            owner: None,
             evidence: "response".into(),
             response: Some(StoredResponse {
                 status: 201,

@@ -58,6 +58,8 @@ pub struct Operation {
     pub fingerprint: Fingerprint,
     pub state: State,
     pub attempt: u32,
+    /// The instance id of the process that claimed the latest attempt.
+    pub owner: Option<String>,
     /// What proves the state: `response`, `gateway-restarted`, `connect-failed`, …
     pub evidence: String,
     pub response: Option<StoredResponse>,
@@ -105,21 +107,24 @@ pub fn timeline(operation: &Operation, stored: Vec<StoredEvent>) -> Vec<StoredEv
     let mut events = Vec::with_capacity(stored.len() + 3);
     let claimed_first = |e: &StoredEvent| e.kind == "claimed" && e.detail["attempt"] == 1;
     if !stored.iter().any(claimed_first) {
+        // The row's owner claimed the latest attempt: the first one's only
+        // while there has been no other.
+        let detail = match (&operation.owner, operation.attempt) {
+            (Some(owner), 1) => serde_json::json!({ "attempt": 1, "owner": owner }),
+            _ => serde_json::json!({ "attempt": 1 }),
+        };
         events.push(StoredEvent {
             at: operation.created_at,
             kind: "claimed".into(),
-            detail: serde_json::json!({ "attempt": 1 }),
+            detail,
         });
     }
-    let last_claim = stored
+    // In stored order, not by time: two events may share a millisecond.
+    let since_last_claim = stored
         .iter()
-        .filter(|e| e.kind == "claimed")
-        .map(|e| e.at)
-        .max()
-        .unwrap_or(operation.created_at);
-    let responded = stored
-        .iter()
-        .any(|e| e.kind == "response" && e.at >= last_claim);
+        .rposition(|e| e.kind == "claimed")
+        .map_or(&stored[..], |last| &stored[last..]);
+    let responded = since_last_claim.iter().any(|e| e.kind == "response");
     events.extend(stored);
     if let (State::Completed, "response", false, Some(response)) = (
         operation.state,
@@ -466,6 +471,7 @@ mod tests {
             fingerprint: Fingerprint::from_stored("f".into()),
             state: State::Completed,
             attempt: 1,
+            owner: Some("gw-1".into()),
             evidence: "response".into(),
             response: Some(StoredResponse {
                 status: 201,
@@ -505,7 +511,10 @@ mod tests {
             kinds(&events),
             [(10, "claimed"), (20, "sent"), (20, "response")]
         );
-        assert_eq!(events[0].detail["attempt"], 1);
+        assert_eq!(
+            events[0].detail,
+            serde_json::json!({"attempt": 1, "owner": "gw-1"})
+        );
         assert_eq!(
             events[1].detail,
             serde_json::json!({"tries": 1, "bytes": 7})

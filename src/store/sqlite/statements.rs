@@ -17,7 +17,7 @@ use crate::store::{
 
 /// The columns [`operation_from_row`] reads.
 const OPERATION_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at,
-    fingerprint, evidence, response_status, response_headers, response_body, request_method,
+    owner, fingerprint, evidence, response_status, response_headers, response_body, request_method,
     request_path, request_content_type, request_body_size, request_body_sha256, request_body,
     superseded_at";
 
@@ -470,6 +470,7 @@ fn operation_from_row(row: &Row) -> rusqlite::Result<Result<Operation, StoreErro
     let superseded_at: Option<i64> = row.get("superseded_at")?;
     let fingerprint: String = row.get("fingerprint")?;
     let evidence: String = row.get("evidence")?;
+    let owner: Option<String> = row.get("owner")?;
     let request = RequestSummary {
         method: row.get("request_method")?,
         path: row.get("request_path")?,
@@ -497,6 +498,7 @@ fn operation_from_row(row: &Row) -> rusqlite::Result<Result<Operation, StoreErro
             fingerprint: Fingerprint::from_stored(fingerprint),
             state: summary.state,
             attempt: summary.attempt,
+            owner,
             evidence,
             response,
             request,

@@ -62,7 +62,10 @@ where
         let Some(statements) = self.statements.take() else {
             return false;
         };
-        let result = statements(conn);
+        // A panic fails this call alone (its savepoint is rolled back);
+        // the thread, and every other caller, goes on.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| statements(conn)))
+            .unwrap_or_else(|_| Err(StoreError::Failed("a store call panicked".into())));
         let ok = result.is_ok();
         self.result = Some(result);
         ok
@@ -169,6 +172,12 @@ fn write_batches(conn: &Connection, mut receiver: mpsc::Receiver<Message>) {
             }
         }
         let failed = commit(conn, &mut batch).err().map(|e| e.to_string());
+        if let Some(error) = &failed {
+            // Every caller hears 503. A COMMIT that failed in its fsync may
+            // still be in the WAL: such a claim comes back `in_progress` at
+            // the next start and is held as `unknown`, never sent twice.
+            tracing::error!(%error, calls = batch.len(), "a store batch did not commit");
+        }
         for job in batch.drain(..) {
             job.reply(failed.as_deref());
         }
@@ -260,6 +269,33 @@ mod tests {
         assert!(answered(b).is_err());
         assert!(answered(c).is_ok());
         assert_eq!(rows(&conn), [1, 3], "the failed job left nothing behind");
+    }
+
+    #[test]
+    fn a_panicking_job_fails_alone() {
+        let conn = table();
+        let later = Instant::now() + QUEUE_TIMEOUT;
+        let (first, a) = inserts(&[1], later);
+        let (reply, b) = oneshot::channel::<Result<(), StoreError>>();
+        let panicking = Task {
+            deadline: later,
+            statements: Some(|conn: &Connection| -> Result<(), StoreError> {
+                conn.execute("INSERT INTO t (x) VALUES (2)", [])?;
+                panic!("a bug in a store call");
+            }),
+            result: None,
+            reply,
+        };
+        let (third, c) = inserts(&[3], later);
+        let mut batch: Vec<Box<dyn Work>> = vec![first, Box::new(panicking), third];
+        commit(&conn, &mut batch).unwrap();
+        for job in batch {
+            job.reply(None);
+        }
+        assert!(answered(a).is_ok());
+        assert!(matches!(answered(b), Err(StoreError::Failed(_))));
+        assert!(answered(c).is_ok());
+        assert_eq!(rows(&conn), [1, 3]);
     }
 
     #[test]
