@@ -28,6 +28,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Map, Value, json};
 
+use crate::admin::auth::{UnusableToken, token_fault};
 use crate::cli::{Keys, KeysCommand, KeysList, KeysResolve};
 use crate::pipeline::key::url_component;
 
@@ -49,6 +50,8 @@ pub enum KeysError {
     TokenUnset { variable: String },
     #[error("the admin token in {variable} cannot be sent in an HTTP header")]
     TokenInvalid { variable: String },
+    #[error(transparent)]
+    TokenUnusable(UnusableToken),
     #[error("--admin {url}: {reason}")]
     AdminUrl { url: String, reason: String },
     #[error("--header `{header}`: expected `name: value`")]
@@ -113,12 +116,21 @@ pub async fn run(keys: &Keys) -> Result<String, KeysError> {
 }
 
 fn token_from_env(variable: &str) -> Result<String, KeysError> {
-    std::env::var(variable)
+    let token = std::env::var(variable)
         .ok()
         .filter(|token| !token.is_empty())
         .ok_or_else(|| KeysError::TokenUnset {
             variable: variable.to_string(),
-        })
+        })?;
+    // The gateway refuses to start with such a token: say so here too,
+    // rather than send one that can never match.
+    match token_fault(&token) {
+        None => Ok(token),
+        Some(fault) => Err(KeysError::TokenUnusable(UnusableToken {
+            variable: variable.to_string(),
+            fault,
+        })),
+    }
 }
 
 /// `--admin`, checked and without a trailing `/`; a path is kept, for an

@@ -374,6 +374,21 @@ async fn errors_are_one_line_on_stderr_with_a_non_zero_exit() {
         "{unset}"
     );
 
+    // A token the gateway itself would refuse is never sent (the gateway
+    // would only answer 401): the CLI says what is wrong with it.
+    for padded in [format!("{}\n", served.token), format!(" {}", served.token)] {
+        let refused = served
+            .fails(served.keys_with_token(&["list"], Some(&padded)))
+            .await;
+        assert!(
+            refused.starts_with("error: ")
+                && refused.contains(&served.variable)
+                && refused.contains("whitespace"),
+            "{refused}"
+        );
+        assert!(!refused.contains(&served.token), "{refused}");
+    }
+
     // Nobody listening.
     let closed = closed_port().await;
     let mut cmd = binary();

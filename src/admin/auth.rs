@@ -66,6 +66,26 @@ pub enum TokenFault {
     NotPrintable,
 }
 
+/// What would keep a non-empty `token` from ever matching an
+/// `Authorization` header, if anything: the gateway refuses to start with
+/// such a token, and `idemgate keys` refuses to send it.
+pub fn token_fault(token: &str) -> Option<TokenFault> {
+    // Whitespace first: a trailing newline (a token file written with
+    // `echo`) is the likely mistake, and the message should say so.
+    if token.trim().is_empty() {
+        Some(TokenFault::Blank)
+    } else if token.trim() != token {
+        Some(TokenFault::SurroundingWhitespace)
+    } else if !token
+        .bytes()
+        .all(|b| (0x20..=0x7e).contains(&b) || b == b'\t')
+    {
+        Some(TokenFault::NotPrintable)
+    } else {
+        None
+    }
+}
+
 impl AdminToken {
     /// Reads the token from the environment variable `variable`; unset or
     /// empty means no token.
@@ -83,26 +103,16 @@ impl AdminToken {
     /// A token given directly, in place of `variable`'s value (which the
     /// error names); empty means no token.
     pub fn new(token: String, variable: &str) -> Result<Self, UnusableToken> {
-        // Whitespace first: a trailing newline (a token file written with
-        // `echo`) is the likely mistake, and the message should say so.
-        let fault = if token.is_empty() {
+        if token.is_empty() {
             return Ok(AdminToken(None));
-        } else if token.trim().is_empty() {
-            TokenFault::Blank
-        } else if token.trim() != token {
-            TokenFault::SurroundingWhitespace
-        } else if !token
-            .bytes()
-            .all(|b| (0x20..=0x7e).contains(&b) || b == b'\t')
-        {
-            TokenFault::NotPrintable
-        } else {
-            return Ok(AdminToken(Some(token.into_bytes())));
-        };
-        Err(UnusableToken {
-            variable: variable.to_string(),
-            fault,
-        })
+        }
+        match token_fault(&token) {
+            None => Ok(AdminToken(Some(token.into_bytes()))),
+            Some(fault) => Err(UnusableToken {
+                variable: variable.to_string(),
+                fault,
+            }),
+        }
     }
 
     /// Refuses an admin listener off loopback without a token.
