@@ -178,8 +178,9 @@ impl InFlight {
     }
 }
 
-/// Claims `new`, or answers it from the replay cache (completed operations
-/// updated after `valid_after`), the in-flight map or the store; on a
+/// Claims `new` (whose caller found no answer in the replay cache), or
+/// answers it from the in-flight map, the store, or — after a wait — the
+/// replay cache (completed operations updated after `valid_after`); on a
 /// `wait` route a duplicate of an attempt in flight waits up to
 /// `wait_timeout`. On a `paused` route nothing is claimed.
 #[allow(clippy::too_many_arguments)] // the phase's inputs, each distinct
@@ -195,10 +196,14 @@ pub async fn claim(
 ) -> Result<Claimed, ProxyError> {
     let deadline = Instant::now() + route.wait_timeout;
     let waits = route.in_progress == InProgressMode::Wait;
+    // The caller asked the cache just before; a request that waited asks
+    // it again each time it wakes, since what it waited on may be replayed.
+    let mut woke = false;
     loop {
-        if let Some(answer) = cache.answer(identity, &new.fingerprint, valid_after) {
+        if woke && let Some(answer) = cache.answer(identity, &new.fingerprint, valid_after) {
             return answer.map(Claimed::Answer);
         }
+        woke = true;
         let entry = match in_flight.enter(identity, new) {
             Ok(guard) => {
                 match claim_in_store(store, cache, route, new, identity, paused, guard).await? {
