@@ -231,12 +231,7 @@ async fn waiters_of_an_unreachable_attempt_get_its_answer_and_send_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_racing_the_follow_up_probe_answers_from_the_settled_operation() {
-    let upstream = FakeUpstream::start().await;
-    let route = format!(
-        "[routes.reconcile]\nurl = \"{}/lookup?ms=300&key={{key}}\"\nfound_status = 200\nfound_json_pointer = \"/id\"\ntimeout = \"2s\"",
-        upstream.url()
-    );
-    let gw = spawn_gateway_on(upstream, Setup::route(&route).admin()).await;
+    let gw = spawn_probing("/lookup?ms=300&key={key}", "found_json_pointer = \"/id\"").await;
     let lost = write(gw.addr(), "/drop", Some("race-1"), ORDER).await;
     lost.assert_operation_problem(502, "outcome-unknown", "unknown");
 

@@ -333,12 +333,7 @@ async fn retried_workflow_replays_step_1_and_reattempts_only_step_2() {
 
 /// A gateway whose route probes `GET /lookup?key={key}` on its upstream.
 async fn with_lookup_probe() -> TestGateway {
-    let upstream = FakeUpstream::start().await;
-    let route = format!(
-        "[routes.reconcile]\nurl = \"{}/lookup?key={{key}}\"\nfound_status = 200\nfound_json_pointer = \"/id\"\ntimeout = \"2s\"",
-        upstream.url()
-    );
-    spawn_gateway_on(upstream, Setup::route(&route).admin()).await
+    spawn_probing("/lookup?key={key}", "found_json_pointer = \"/id\"").await
 }
 
 fn probes(gw: &TestGateway) -> Vec<Recorded> {

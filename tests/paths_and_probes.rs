@@ -165,12 +165,7 @@ async fn repeated_forwarded_for_lines_are_one_list() {
 /// A gateway whose route probes `GET /tasks/{key}` on its upstream, which
 /// answers `/tasks/.` and `/tasks/..` for the collection.
 async fn with_path_probe() -> TestGateway {
-    let upstream = FakeUpstream::start().await;
-    let route = format!(
-        "[routes.reconcile]\nurl = \"{}/tasks/{{key}}\"\nfound_status = 200\ntimeout = \"2s\"",
-        upstream.url()
-    );
-    spawn_gateway_on(upstream, Setup::route(&route).admin()).await
+    spawn_probing("/tasks/{key}", "").await
 }
 
 fn probes(gw: &TestGateway) -> Vec<String> {

@@ -29,6 +29,19 @@ pub async fn spawn_gateway_with(setup: Setup) -> TestGateway {
     spawn_gateway_on(FakeUpstream::start().await, setup).await
 }
 
+/// A gateway (with the admin API) whose route probes `GET <upstream><probe>`
+/// after a lost response, `probe` a path and query with `{key}` in it;
+/// `matching` adds lines to the `[routes.reconcile]` table (e.g. a
+/// `found_json_pointer`).
+pub async fn spawn_probing(probe: &str, matching: &str) -> TestGateway {
+    let upstream = FakeUpstream::start().await;
+    let route = format!(
+        "[routes.reconcile]\nurl = \"{}{probe}\"\nfound_status = 200\ntimeout = \"2s\"\n{matching}",
+        upstream.url()
+    );
+    spawn_gateway_on(upstream, Setup::route(&route).admin()).await
+}
+
 /// A gateway made as `setup` says, in front of `upstream` (unless
 /// `setup.upstream_url` points elsewhere).
 pub async fn spawn_gateway_on(upstream: FakeUpstream, setup: Setup) -> TestGateway {
