@@ -23,7 +23,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, OperationId};
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::claim::InFlightGuard;
 use crate::pipeline::fingerprint::Fingerprint;
@@ -83,7 +83,14 @@ impl Attempt {
         // outlives the stored operation.
         let recorded_at = self.clock.now_millis();
         // The client may have hung up; the outcome is recorded regardless.
-        let deliver = |response| drop(reply.send(response));
+        let operation_id = OperationId(self.claim.operation_id.clone());
+        let deliver = |response: Reply| {
+            let response = response.map(|mut response| {
+                response.extensions_mut().insert(operation_id);
+                response
+            });
+            drop(reply.send(response));
+        };
         let recorded = match self.store.record(&self.claim, &settlement, &events).await {
             Ok(recorded) => {
                 if recorded == Recorded::Stale {

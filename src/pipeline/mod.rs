@@ -288,7 +288,9 @@ impl Proxy {
 
     /// Runs a write in a task of its own from the claim on: a client that
     /// hangs up can no longer cancel it between the claim's commit and the
-    /// attempt, which would leave the operation in_progress.
+    /// attempt, which would leave the operation in_progress. The same task
+    /// runs the attempt, which answers as soon as the outcome is recorded
+    /// and goes on with what a lost response needs.
     async fn spawn_write(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
@@ -297,8 +299,11 @@ impl Proxy {
         let (reply_tx, reply_rx) = oneshot::channel();
         let (this, active) = (self.clone(), active.clone());
         self.tasks.spawn(async move {
-            let reply = this.write(&active, write).await;
-            drop(reply_tx.send(reply));
+            match this.claim_write(&active, write).await {
+                Ok(Next::Send(attempt)) => attempt.run(reply_tx).await,
+                Ok(Next::Answer(response)) => drop(reply_tx.send(Ok(response))),
+                Err(error) => drop(reply_tx.send(Err(error))),
+            }
         });
         reply_rx
             .await
@@ -310,12 +315,13 @@ impl Proxy {
             .unwrap_or_else(ProxyError::into_response)
     }
 
-    /// Phases 5–7: claim, then forward and record (or answer from the store).
-    async fn write(
+    /// Phase 5: the claim decides whether the write is sent (the attempt
+    /// that forwards and records it) or answered from the store.
+    async fn claim_write(
         &self,
         active: &Arc<ActiveRoute>,
         write: Write,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<Next, ProxyError> {
         let route = &active.route;
         let Write {
             key,
@@ -340,9 +346,9 @@ impl Proxy {
         .await?;
         let (claim, in_flight) = match claimed {
             Claimed::Send(claim, guard) => (claim, guard),
-            Claimed::Answer(response) => return Ok(response),
+            Claimed::Answer(response) => return Ok(Next::Answer(response)),
             Claimed::Held(operation) if route.reconcile.is_none() => {
-                return replay::answer_existing(&operation, &new.fingerprint);
+                return replay::answer_existing(&operation, &new.fingerprint).map(Next::Answer);
             }
             Claimed::Held(operation) => {
                 self.reconciler
@@ -366,10 +372,11 @@ impl Proxy {
                 return replay::answer_existing(
                     current.as_ref().unwrap_or(&operation),
                     &new.fingerprint,
-                );
+                )
+                .map(Next::Answer);
             }
         };
-        let attempt = Attempt {
+        Ok(Next::Send(Box::new(Attempt {
             store: self.store.clone(),
             reconciler: self.reconciler.clone(),
             active: active.clone(),
@@ -385,16 +392,17 @@ impl Proxy {
             clock: self.clock.clone(),
             stopping: self.stopping.clone(),
             give_up: self.give_up.clone(),
-        };
-        let operation_id = OperationId(attempt.claim.operation_id.clone());
-        let (reply_tx, reply_rx) = oneshot::channel();
-        self.tasks.spawn(attempt.run(reply_tx));
-        let mut response = reply_rx.await.map_err(|_| ProxyError::Internal {
-            reason: "the forward task ended without a reply".into(),
-        })??;
-        response.extensions_mut().insert(operation_id);
-        Ok(response)
+        })))
     }
+}
+
+/// What the claim phase decided for a write.
+enum Next {
+    /// Claimed: the attempt to run (boxed: it is large, and moved into
+    /// the task's future).
+    Send(Box<Attempt>),
+    /// The answer from the store, the replay cache or a released attempt.
+    Answer(Response<ProxyBody>),
 }
 
 /// A write past its fingerprint, on its way to the claim: the operation it
