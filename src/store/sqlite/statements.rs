@@ -1,6 +1,6 @@
 //! The SQL of the SQLite store, one function per store call, each run by
-//! the writer thread inside its batch's transaction (and its own
-//! savepoint). Statements are prepared once per connection
+//! the writer thread inside its batch's transaction (and, when the batch
+//! is run again after a failure, its own savepoint). Statements are prepared once per connection
 //! (`prepare_cached`) and reused by every batch.
 //!
 //! Every state change is a compare-and-set on (id, state, attempt, owner):
