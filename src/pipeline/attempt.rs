@@ -26,7 +26,7 @@ use crate::clock::Clock;
 use crate::metrics::{Metrics, OperationId};
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::claim::InFlightGuard;
-use crate::pipeline::fingerprint::Fingerprint;
+use crate::pipeline::fingerprint::{ExactDigest, Fingerprint};
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
 use crate::pipeline::record::{self, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::replay::ReplayCache;
@@ -51,6 +51,8 @@ pub struct Attempt {
     pub replays: Arc<ReplayCache>,
     pub identity: String,
     pub fingerprint: Fingerprint,
+    /// The request exactly as sent, for the replay cache's fast path.
+    pub exact: ExactDigest,
     pub clock: Arc<dyn Clock>,
     /// Cancelled when shutdown starts: stop probing and listening late.
     pub stopping: CancellationToken,
@@ -139,7 +141,7 @@ impl Attempt {
             self.replays.insert(
                 &self.identity,
                 &self.claim.operation_id,
-                &self.fingerprint,
+                (&self.fingerprint, Some(self.exact)),
                 response,
                 recorded_at,
             );

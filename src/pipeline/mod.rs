@@ -53,7 +53,7 @@ use crate::reconcile::{self, Reconciler};
 use crate::store::{NewOperation, RequestSummary, Store, StoreError};
 use attempt::Attempt;
 use claim::{Claimed, InFlight};
-use fingerprint::{Fingerprint, FingerprintInput};
+use fingerprint::{ExactDigest, Fingerprint, FingerprintInput};
 use forward::{UpstreamClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
 use replay::ReplayCache;
@@ -228,23 +228,33 @@ impl Proxy {
         let (parts, body) = request.into_parts();
         let body = read_body(&parts, body, route).await?;
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let fingerprint = fingerprint_of(route, &parts, &body).await?;
+        let now = self.clock.now_millis();
+        let retained_after = now - clock::millis(self.retention);
+        let exact = digest_of(route, &parts, &body, ExactDigest::compute).await?;
+        // Most retries are replays sent byte for byte: answered here, from
+        // the cache, before their JSON is parsed for the fingerprint.
+        if let Some(key) = &sent_key {
+            let identity = claim::identity(&route.name, scope.as_str(), key.as_str());
+            if let Some(replay) = self.replays.answer_exact(&identity, &exact, retained_after) {
+                return Ok(replay);
+            }
+        }
+        let fingerprint = digest_of(route, &parts, &body, Fingerprint::compute).await?;
         let (key, announced) = match sent_key {
             Some(key) => (key, false),
             None => (made_key(route, &scope, &fingerprint, &body)?, true),
         };
         // An identical request is the same derived operation only within the window.
-        let now = self.clock.now_millis();
         let fresh_after =
             (announced && route.key == KeyMode::Derive && route.derive_from.is_empty())
                 .then(|| now - clock::millis(route.derive_window));
         // Completed operations the store may have deleted (retention) or
         // superseded (derive window) are never answered from the cache.
-        let valid_after =
-            (now - clock::millis(self.retention)).max(fresh_after.unwrap_or(i64::MIN));
+        let valid_after = retained_after.max(fresh_after.unwrap_or(i64::MIN));
         let identity = claim::identity(&route.name, scope.as_str(), key.as_str());
-        // Most retries are replays: answered here, without a task or a
-        // store call (the claim phase asks the cache again, for waiters).
+        // Other replays (the same payload spelled otherwise, or cached from
+        // the store) are answered here too, without a task or a store call
+        // (the claim phase asks the cache again, for waiters).
         let cached = self.replays.answer(&identity, &fingerprint, valid_after);
         let mut response = match cached {
             Some(answer) => answer.unwrap_or_else(ProxyError::into_response),
@@ -271,6 +281,7 @@ impl Proxy {
                 let write = Write {
                     key: key.clone(),
                     new,
+                    exact,
                     identity,
                     valid_after,
                     parts,
@@ -326,6 +337,7 @@ impl Proxy {
         let Write {
             key,
             new,
+            exact,
             identity,
             valid_after,
             parts,
@@ -389,6 +401,7 @@ impl Proxy {
             replays: self.replays.clone(),
             identity,
             fingerprint: new.fingerprint.clone(),
+            exact,
             clock: self.clock.clone(),
             stopping: self.stopping.clone(),
             give_up: self.give_up.clone(),
@@ -411,6 +424,8 @@ enum Next {
 struct Write {
     key: IdempotencyKey,
     new: NewOperation,
+    /// The request exactly as sent, kept with its response for replays.
+    exact: ExactDigest,
     identity: String,
     /// Cached completed operations updated before this (ms) are not answered.
     valid_after: i64,
@@ -419,29 +434,37 @@ struct Write {
     peer: SocketAddr,
 }
 
-/// Bodies larger than this are fingerprinted on the blocking pool: RFC 8785
-/// over a large JSON body takes milliseconds (about 1 ms per 64 KiB), which
-/// must not stall the other requests on an async worker.
+/// Bodies larger than this are digested on the blocking pool: hashing and
+/// RFC 8785 over a large body take milliseconds (about 1 ms per 64 KiB of
+/// JSON), which must not stall the other requests on an async worker.
 const INLINE_FINGERPRINT_BYTES: usize = 64 * 1024;
 
-/// The request's fingerprint, computed where its size says.
-async fn fingerprint_of(
+/// What the fingerprint (and the exact digest) is computed over.
+fn fingerprint_input<'a>(
+    route: &'a Route,
+    parts: &'a request::Parts,
+    body: &'a [u8],
+) -> FingerprintInput<'a> {
+    FingerprintInput {
+        method: &parts.method,
+        path_and_query: parts.uri.path_and_query().map_or("/", |pq| pq.as_str()),
+        headers: &parts.headers,
+        fingerprint_headers: &route.fingerprint_headers,
+        ignore_fields: &route.ignore_fields,
+        body,
+    }
+}
+
+/// `digest` of the request ([`Fingerprint::compute`] or
+/// [`ExactDigest::compute`]), computed where the body's size says.
+async fn digest_of<T: Send + 'static>(
     route: &Arc<Route>,
     parts: &request::Parts,
     body: &Bytes,
-) -> Result<Fingerprint, ProxyError> {
-    let compute = |route: &Route, parts: &request::Parts, body: &[u8]| {
-        Fingerprint::compute(&FingerprintInput {
-            method: &parts.method,
-            path_and_query: parts.uri.path_and_query().map_or("/", |pq| pq.as_str()),
-            headers: &parts.headers,
-            fingerprint_headers: &route.fingerprint_headers,
-            ignore_fields: &route.ignore_fields,
-            body,
-        })
-    };
+    digest: fn(&FingerprintInput<'_>) -> T,
+) -> Result<T, ProxyError> {
     if body.len() <= INLINE_FINGERPRINT_BYTES {
-        return Ok(compute(route, parts, body));
+        return Ok(digest(&fingerprint_input(route, parts, body)));
     }
     let (route, body) = (route.clone(), body.clone());
     let mut head = Request::new(());
@@ -449,7 +472,7 @@ async fn fingerprint_of(
     *head.uri_mut() = parts.uri.clone();
     *head.headers_mut() = parts.headers.clone();
     let (head, ()) = head.into_parts();
-    tokio::task::spawn_blocking(move || compute(&route, &head, &body))
+    tokio::task::spawn_blocking(move || digest(&fingerprint_input(&route, &head, &body)))
         .await
         .map_err(|e| ProxyError::Internal {
             reason: format!("fingerprinting failed: {e}"),
