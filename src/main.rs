@@ -19,7 +19,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("idemgate: cannot start the runtime: {error}");
@@ -113,6 +113,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The async runtime: one worker thread per CPU but one, at least one.
+/// The store's writer thread (SQLite's page work, a third of a first
+/// write's CPU) and the log thread run beside the workers; with a worker
+/// on every CPU they preempt each other. Measured on 2 CPUs under wrk: one
+/// worker did ~8 % more first writes than two, and as many replays.
+/// `TOKIO_WORKER_THREADS` overrides, as tokio documents.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        builder.worker_threads(cpus.saturating_sub(1).max(1));
+    }
+    builder.enable_all().build()
 }
 
 /// Logs to stderr through [`LogSink`]: a request's line is a copy into
