@@ -282,6 +282,10 @@ async fn accept_loop<F, S>(
     http.timer(TokioTimer::new())
         .header_read_timeout(server.header_read_timeout)
         .max_buf_size(server.max_header_bytes)
+        // A client may shut down its write side once its request is sent
+        // (tools and shell pipes do): an EOF on read is no reason to drop
+        // the answer, least of all for a write already forwarded.
+        .half_close(true)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
     loop {

@@ -69,8 +69,8 @@ pub enum AdminError {
     BadRequest(String),
     #[error("{0}")]
     InvalidResolution(String),
-    #[error("{method} is not allowed here")]
-    MethodNotAllowed { method: Method },
+    #[error("{method} is not allowed here; this path accepts {allow}")]
+    MethodNotAllowed { method: Method, allow: Method },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -115,11 +115,20 @@ impl AdminError {
 
     fn into_response(self) -> Response<ProxyBody> {
         let mut response = self.problem().into_response();
-        if matches!(self, AdminError::Unauthorized) {
-            response.headers_mut().insert(
-                http::header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer"),
-            );
+        match &self {
+            AdminError::Unauthorized => {
+                response.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer"),
+                );
+            }
+            // RFC 9110: a 405 lists the methods the path does accept.
+            AdminError::MethodNotAllowed { allow, .. } => {
+                if let Ok(value) = HeaderValue::from_str(allow.as_str()) {
+                    response.headers_mut().insert(http::header::ALLOW, value);
+                }
+            }
+            _ => {}
         }
         response
     }
@@ -132,12 +141,54 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<P
         .unwrap_or_else(AdminError::into_response)
 }
 
+/// An admin path, recognised apart from its method so that a wrong method
+/// is answered with the one the path accepts (`Allow`).
+enum Endpoint<'a> {
+    Healthz,
+    Readyz,
+    Metrics,
+    ListKeys,
+    ShowKey(&'a str),
+    Resolve(&'a str),
+    Stats,
+    /// A route's name and `pause` or `resume`.
+    Pause(&'a str, &'a str),
+    OpenApi,
+}
+
+impl<'a> Endpoint<'a> {
+    /// The endpoint that decoded `segments` name, if any.
+    fn parse(segments: &[&'a str]) -> Option<Self> {
+        Some(match segments {
+            ["healthz"] => Endpoint::Healthz,
+            ["readyz"] => Endpoint::Readyz,
+            ["metrics"] => Endpoint::Metrics,
+            ["admin", "keys"] => Endpoint::ListKeys,
+            ["admin", "keys", id] => Endpoint::ShowKey(id),
+            ["admin", "keys", id, "resolve"] => Endpoint::Resolve(id),
+            ["admin", "stats"] => Endpoint::Stats,
+            ["admin", "routes", name, action @ ("pause" | "resume")] => {
+                Endpoint::Pause(name, action)
+            }
+            ["admin", "openapi.json"] => Endpoint::OpenApi,
+            _ => return None,
+        })
+    }
+
+    /// The one method this endpoint accepts.
+    fn method(&self) -> Method {
+        match self {
+            Endpoint::Resolve(_) | Endpoint::Pause(..) => Method::POST,
+            _ => Method::GET,
+        }
+    }
+}
+
 async fn route(
     admin: &Admin,
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, AdminError> {
     let path = request.uri().path().to_string();
-    let method = request.method().clone();
     // Segments are matched decoded: `idemgate keys` (and any client)
     // percent-encodes an id as one URL component, `.` as `%2E` included. A
     // segment that is not UTF-8 once decoded names nothing that exists.
@@ -147,25 +198,25 @@ async fn route(
         .map(|segment| percent_decode_str(segment).decode_utf8_lossy())
         .collect();
     let segments: Vec<&str> = decoded.iter().map(AsRef::as_ref).collect();
-    let get = |found: Result<Response<ProxyBody>, AdminError>| {
-        if method == Method::GET {
-            found
-        } else {
-            Err(AdminError::MethodNotAllowed {
-                method: method.clone(),
-            })
-        }
-    };
-    match segments.as_slice() {
-        ["healthz"] => get(Ok(json_response(
-            StatusCode::OK,
-            &json!({ "status": "ok" }),
-        ))),
-        ["readyz"] if method == Method::GET => {
+    // Probes and metrics are open; anything under `/admin/` needs the
+    // token, even to learn that a path does not exist.
+    if segments.first() == Some(&"admin") {
+        admin.token.check(request.headers())?;
+    }
+    let endpoint = Endpoint::parse(&segments).ok_or_else(|| AdminError::NoRoute(path.clone()))?;
+    if *request.method() != endpoint.method() {
+        return Err(AdminError::MethodNotAllowed {
+            method: request.method().clone(),
+            allow: endpoint.method(),
+        });
+    }
+    match endpoint {
+        Endpoint::Healthz => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
+        Endpoint::Readyz => {
             admin.store.ping().await?;
             Ok(json_response(StatusCode::OK, &json!({ "status": "ready" })))
         }
-        ["metrics"] if method == Method::GET => {
+        Endpoint::Metrics => {
             let stats = admin.store.stats().await?;
             let text = admin.metrics.render(&stats, admin.clock.now_millis());
             let mut response = Response::new(full(text));
@@ -175,33 +226,18 @@ async fn route(
             );
             Ok(response)
         }
-        ["readyz" | "metrics"] => Err(AdminError::MethodNotAllowed { method }),
-        ["admin", rest @ ..] => {
-            admin.token.check(request.headers())?;
-            match (method.clone(), rest) {
-                (Method::GET, ["keys"]) => keys::list(admin, request.uri().query()).await,
-                (Method::GET, ["keys", id]) => keys::show(admin, id).await,
-                (Method::POST, ["keys", id, "resolve"]) => {
-                    let body = read_body(request.into_body()).await?;
-                    keys::resolve(admin, id, &body).await
-                }
-                (Method::GET, ["stats"]) => stats(admin).await,
-                (Method::POST, ["routes", name, action @ ("pause" | "resume")]) => {
-                    let body = read_body(request.into_body()).await?;
-                    pause(admin, name, action, &body).await
-                }
-                (Method::GET, ["openapi.json"]) => Ok(openapi()),
-                (
-                    _,
-                    ["keys"] | ["keys", _] | ["keys", _, "resolve"] | ["stats"] | ["openapi.json"],
-                )
-                | (_, ["routes", _, "pause" | "resume"]) => {
-                    Err(AdminError::MethodNotAllowed { method })
-                }
-                _ => Err(AdminError::NoRoute(path)),
-            }
+        Endpoint::ListKeys => keys::list(admin, request.uri().query()).await,
+        Endpoint::ShowKey(id) => keys::show(admin, id).await,
+        Endpoint::Resolve(id) => {
+            let body = read_body(request.into_body()).await?;
+            keys::resolve(admin, id, &body).await
         }
-        _ => Err(AdminError::NoRoute(path)),
+        Endpoint::Stats => stats(admin).await,
+        Endpoint::Pause(name, action) => {
+            let body = read_body(request.into_body()).await?;
+            pause(admin, name, action, &body).await
+        }
+        Endpoint::OpenApi => Ok(openapi()),
     }
 }
 
@@ -333,6 +369,7 @@ mod tests {
             (
                 AdminError::MethodNotAllowed {
                     method: Method::PUT,
+                    allow: Method::GET,
                 },
                 405,
                 "method-not-allowed",
