@@ -54,6 +54,13 @@ pub struct ServerConfig {
     /// hyper's read buffer bound; larger request heads get 431.
     pub max_header_bytes: usize,
     pub shutdown_grace: Duration,
+    /// Open connections on the proxy listener; more are answered 503
+    /// `overloaded` and closed at once, so a flood of idle or slow
+    /// connections cannot take every file descriptor and task.
+    pub max_connections: usize,
+    /// The same bound for the admin listener, kept apart so that a flood
+    /// on one listener never locks operators out of the other.
+    pub admin_max_connections: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -280,6 +287,8 @@ struct RawServer {
     header_read_timeout: Option<String>,
     max_header_bytes: Option<String>,
     shutdown_grace: Option<String>,
+    max_connections: Option<usize>,
+    admin_max_connections: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -442,6 +451,18 @@ impl Validator<'_> {
             .ok_or_else(|| self.invalid(field, "must be greater than zero"))
     }
 
+    fn count(
+        &self,
+        field: &str,
+        value: Option<usize>,
+        default: usize,
+    ) -> Result<usize, ConfigError> {
+        match value.unwrap_or(default) {
+            0 => Err(self.invalid(field, "must be greater than zero")),
+            n => Ok(n),
+        }
+    }
+
     fn addr(
         &self,
         field: &str,
@@ -547,6 +568,12 @@ impl Validator<'_> {
                 "server.shutdown_grace",
                 raw.shutdown_grace.as_deref(),
                 "30s",
+            )?,
+            max_connections: self.count("server.max_connections", raw.max_connections, 4096)?,
+            admin_max_connections: self.count(
+                "server.admin_max_connections",
+                raw.admin_max_connections,
+                64,
             )?,
         })
     }
@@ -858,6 +885,8 @@ mod tests {
         assert_eq!(config.server.admin_listen.to_string(), "127.0.0.1:9090");
         assert_eq!(config.store.url, StoreUrl::Sqlite("idemgate.db".into()));
         assert_eq!(config.store.durability, Durability::Full);
+        assert_eq!(config.server.max_connections, 4096);
+        assert_eq!(config.server.admin_max_connections, 64);
         let route = &config.routes[0];
         assert_eq!(route.methods, vec![Method::POST, Method::PATCH]);
         assert_eq!(route.key, KeyMode::Require);
@@ -909,6 +938,8 @@ mod tests {
         assert!(err.contains("JSON pointer"), "{err}");
         let err = error_of("[server]\nlisten = \"localhost\"\n");
         assert!(err.contains("server.listen"), "{err}");
+        let err = error_of(&format!("[server]\nmax_connections = 0\n{MINIMAL}"));
+        assert!(err.contains("server.max_connections"), "{err}");
     }
 
     #[test]

@@ -92,6 +92,8 @@ pub enum ProxyError {
     UpstreamTimeout,
     #[error("the upstream exchange failed: {reason}")]
     UpstreamFailed { reason: String },
+    #[error("the gateway is at its limit of {what}; nothing was sent, retry shortly")]
+    Overloaded { what: &'static str },
     #[error("the request could not be handled: {reason}")]
     Internal { reason: String },
 }
@@ -259,6 +261,12 @@ impl ProxyError {
                 "Upstream failed",
                 None,
             ),
+            Overloaded { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "Overloaded",
+                None,
+            ),
             Internal { .. } => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -267,7 +275,7 @@ impl ProxyError {
             ),
         };
         let retry_after = match self {
-            InProgress { .. } => Some(1),
+            InProgress { .. } | Overloaded { .. } => Some(1),
             StoreUnavailable { .. } | StoreUnavailableAfterSend { .. } => Some(2),
             _ => None,
         };
@@ -306,6 +314,7 @@ impl ProxyError {
             | BodyTimeout { .. }
             | RoutePaused { .. }
             | StoreUnavailable { .. }
+            | Overloaded { .. }
             | Internal { .. } => Outcome::rejected,
         }
     }
@@ -501,6 +510,14 @@ mod tests {
             502,
             "upstream-failed",
         );
+        let overloaded = check(
+            ProxyError::Overloaded {
+                what: "open connections",
+            },
+            503,
+            "overloaded",
+        );
+        assert_eq!(overloaded.retry_after, Some(1));
         check(ProxyError::Internal { reason: "x".into() }, 500, "internal");
     }
 

@@ -6,17 +6,24 @@
 //! `shutdown_grace`, then close the store, which releases it for the next
 //! process. Whatever could not be recorded is still `in_progress` in the
 //! store and becomes `unknown` at the next start.
+//!
+//! Each listener holds at most its configured number of connections
+//! (`max_connections`, `admin_max_connections`, counted apart); a
+//! connection over the cap is answered 503 `overloaded` and closed without
+//! a byte read, which costs the gateway nothing it could run out of.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -27,6 +34,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ServerConfig, StoreUrl};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
+use crate::problem::ProxyError;
 use crate::retention;
 use crate::store::{SqliteStore, Store, StoreError};
 
@@ -161,6 +169,19 @@ impl Gateway {
         }
         let paused = store.paused_routes().await?;
         let metrics = Arc::new(Metrics::default());
+        let overloaded = overloaded_answer();
+        let proxy_cap = ConnectionCap {
+            listener: "proxy",
+            open: Arc::new(Semaphore::new(server.max_connections)),
+            metrics: metrics.clone(),
+            answer: overloaded.clone(),
+        };
+        let admin_cap = ConnectionCap {
+            listener: "admin",
+            open: Arc::new(Semaphore::new(server.admin_max_connections)),
+            metrics: metrics.clone(),
+            answer: overloaded,
+        };
         let proxy = Arc::new(Proxy::new(
             &config,
             store.clone(),
@@ -205,12 +226,14 @@ impl Gateway {
             tokio::spawn(accept_loop(
                 proxy_listener,
                 server.clone(),
+                proxy_cap,
                 proxy_service,
                 stop_accepting.clone(),
             )),
             tokio::spawn(accept_loop(
                 admin_listener,
                 server.clone(),
+                admin_cap,
                 admin_service,
                 stop_accepting.clone(),
             )),
@@ -261,11 +284,52 @@ impl Gateway {
     }
 }
 
+/// A listener's bound on open connections.
+struct ConnectionCap {
+    /// `proxy` or `admin`, for the metric.
+    listener: &'static str,
+    /// One permit per open connection, held by its task.
+    open: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+    /// What a connection over the cap gets ([`overloaded_answer`]).
+    answer: Bytes,
+}
+
+/// The whole answer to a connection over its listener's cap: 503
+/// `overloaded`, written as the connection is accepted, without reading
+/// the request, and the connection closed. It costs no task and no buffer,
+/// so a flood of connections cannot grow the gateway's memory; nothing
+/// was read, so nothing was sent and a retry is safe.
+fn overloaded_answer() -> Bytes {
+    let problem = ProxyError::Overloaded {
+        what: "open connections",
+    }
+    .problem();
+    let body = serde_json::to_vec(&problem).unwrap_or_default();
+    let response = problem.into_response();
+    let mut head = format!("HTTP/1.1 {}\r\n", response.status());
+    for (name, value) in response.headers() {
+        head.push_str(&format!(
+            "{name}: {}\r\n",
+            String::from_utf8_lossy(value.as_bytes())
+        ));
+    }
+    head.push_str(&format!(
+        "connection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    ));
+    let mut answer = head.into_bytes();
+    answer.extend_from_slice(&body);
+    Bytes::from(answer)
+}
+
 /// Accepts connections until shutdown, then waits up to `shutdown_grace` for
-/// the open ones to finish their requests.
+/// the open ones to finish their requests. At most `cap` connections are
+/// open at once; more are refused ([`overloaded_answer`]).
 async fn accept_loop<F, S>(
     listener: TcpListener,
     server: ServerConfig,
+    cap: ConnectionCap,
     service: F,
     stop: CancellationToken,
 ) where
@@ -301,12 +365,21 @@ async fn accept_loop<F, S>(
                 }
             },
         };
+        let Ok(permit) = cap.open.clone().try_acquire_owned() else {
+            // A fresh socket's send buffer is empty: the answer fits whole,
+            // and dropping the stream closes it after the bytes.
+            let _ = stream.try_write(&cap.answer);
+            cap.metrics.refused_connection(cap.listener);
+            tracing::debug!(%peer, listener = cap.listener, "connection refused: listener at its cap");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service(peer)));
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
+            drop(permit);
         });
     }
     drop(listener);

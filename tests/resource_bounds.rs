@@ -1,0 +1,130 @@
+//! Resource bounds: what one client (or a flood of them) can make the
+//! gateway hold is bounded, the bound answers with a clear problem, and
+//! the gateway keeps serving everyone else meanwhile:
+//!
+//! - open connections per listener (`server.max_connections`,
+//!   `server.admin_max_connections`): more are answered 503 `overloaded`
+//!   and closed, the connections already open are still served, and the
+//!   other listener is untouched.
+//!
+//! Slow heads and slow bodies are bounded too (`tests/limits.rs`).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::StatusCode;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+const ORDER: &str = r#"{"sku":"apple"}"#;
+
+/// `n` connections to `addr`, opened and left idle (a keep-alive client
+/// between its requests).
+async fn hold_connections(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        held.push(TcpStream::connect(addr).await.expect("connect"));
+    }
+    held
+}
+
+/// A new connection to `addr` is answered 503 `overloaded` and closed.
+async fn assert_refused(addr: SocketAddr) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let resp = tokio::time::timeout(WAIT, read_response(&mut stream))
+        .await
+        .expect("an answer within the bound")
+        .expect("a 503, not a bare close");
+    assert_eq!(resp.status, 503, "head: {}", resp.head);
+    assert!(
+        resp.head.contains("application/problem+json"),
+        "{}",
+        resp.head
+    );
+    assert!(resp.head.contains("retry-after: 1"), "{}", resp.head);
+    assert!(
+        String::from_utf8_lossy(&resp.body).contains("urn:idemgate:problem:overloaded"),
+        "{}",
+        String::from_utf8_lossy(&resp.body)
+    );
+}
+
+/// Writes one request on a connection already open and reads its answer.
+async fn write_on(stream: &mut TcpStream, key: &str) -> RawResponse {
+    let mut request = raw_post_head(
+        "/orders",
+        &[
+            "content-type: application/json",
+            &format!("idempotency-key: {key}"),
+            &format!("authorization: {ALICE}"),
+            &format!("content-length: {}", ORDER.len()),
+        ],
+    )
+    .into_bytes();
+    request.extend_from_slice(ORDER.as_bytes());
+    stream.write_all(&request).await.expect("write");
+    tokio::time::timeout(WAIT, read_response(stream))
+        .await
+        .expect("an answer within the bound")
+        .expect("an answer")
+}
+
+/// Polls `addr` with a plain GET until one is served (a slot came free).
+async fn served_again(addr: SocketAddr, path: &str) {
+    for _ in 0..100 {
+        let attempt = try_send(addr, "GET", path, &[], Bytes::new(), WAIT).await;
+        if attempt.is_ok_and(|resp| resp.status == StatusCode::OK) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{addr}{path} never served again after a connection closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_connections_beyond_the_cap_are_refused_while_others_are_served() {
+    let setup = Setup::route("").server("max_connections = 3").admin();
+    let gw = spawn_gateway_with(setup).await;
+    let mut held = hold_connections(gw.addr(), 3).await;
+
+    assert_refused(gw.addr()).await;
+    assert_refused(gw.addr()).await;
+
+    // The clients already connected are served, and so is the admin listener.
+    let resp = write_on(&mut held[0], "capped-1").await;
+    assert_eq!(resp.status, 201, "head: {}", resp.head);
+    assert_eq!(gw.upstream.writes(), 1);
+    let health = send(gw.admin_addr(), "GET", "/healthz", &[], Bytes::new()).await;
+    assert_eq!(health.status, StatusCode::OK);
+    let metrics = scrape_metrics(gw.admin_addr()).await;
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"idemgate_refused_connections_total{listener="proxy"}"#
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+
+    // A connection that closes frees its slot.
+    drop(held.pop());
+    served_again(gw.addr(), "/alive").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_connections_beyond_the_cap_leave_the_proxy_serving() {
+    let setup = Setup::route("").server("admin_max_connections = 2");
+    let gw = spawn_gateway_with(setup).await;
+    let mut held = hold_connections(gw.admin_addr(), 2).await;
+
+    assert_refused(gw.admin_addr()).await;
+
+    let resp = write(gw.addr(), "/orders", Some("beside-admin-1"), ORDER).await;
+    assert_fresh_created(&resp);
+    drop(held.pop());
+    served_again(gw.admin_addr(), "/healthz").await;
+}
