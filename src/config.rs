@@ -61,6 +61,9 @@ pub struct ServerConfig {
     /// The same bound for the admin listener, kept apart so that a flood
     /// on one listener never locks operators out of the other.
     pub admin_max_connections: usize,
+    /// What the request bodies of all writes being read or held may take
+    /// together; a write that would need more is 503 `overloaded`.
+    pub buffered_body_budget: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -289,6 +292,7 @@ struct RawServer {
     shutdown_grace: Option<String>,
     max_connections: Option<usize>,
     admin_max_connections: Option<usize>,
+    buffered_body_budget: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -574,6 +578,11 @@ impl Validator<'_> {
                 "server.admin_max_connections",
                 raw.admin_max_connections,
                 64,
+            )?,
+            buffered_body_budget: self.size(
+                "server.buffered_body_budget",
+                raw.buffered_body_budget.as_deref(),
+                "256MiB",
             )?,
         })
     }
@@ -887,6 +896,7 @@ mod tests {
         assert_eq!(config.store.durability, Durability::Full);
         assert_eq!(config.server.max_connections, 4096);
         assert_eq!(config.server.admin_max_connections, 64);
+        assert_eq!(config.server.buffered_body_budget, 256 * 1024 * 1024);
         let route = &config.routes[0];
         assert_eq!(route.methods, vec![Method::POST, Method::PATCH]);
         assert_eq!(route.key, KeyMode::Require);

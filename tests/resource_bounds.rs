@@ -5,7 +5,12 @@
 //! - open connections per listener (`server.max_connections`,
 //!   `server.admin_max_connections`): more are answered 503 `overloaded`
 //!   and closed, the connections already open are still served, and the
-//!   other listener is untouched.
+//!   other listener is untouched;
+//! - request bodies held in memory, all writes together
+//!   (`server.buffered_body_budget`): a write that would overdraw it is 503
+//!   `overloaded` (a declared one before `100 Continue`), nothing is sent,
+//!   small writes still pass, and the budget comes back once a body's
+//!   write is answered.
 //!
 //! Slow heads and slow bodies are bounded too (`tests/limits.rs`).
 
@@ -127,4 +132,97 @@ async fn admin_connections_beyond_the_cap_leave_the_proxy_serving() {
     assert_fresh_created(&resp);
     drop(held.pop());
     served_again(gw.admin_addr(), "/healthz").await;
+}
+
+/// Opens a write that declares `length` bytes and expects `100 Continue`;
+/// returns once the gateway asked for the body (its bytes are reserved),
+/// without sending it.
+async fn declared_and_stalled(addr: SocketAddr, key: &str, length: usize) -> TcpStream {
+    let head = raw_post_head(
+        "/orders",
+        &[
+            "content-type: application/octet-stream",
+            &format!("idempotency-key: {key}"),
+            &format!("authorization: {ALICE}"),
+            "expect: 100-continue",
+            &format!("content-length: {length}"),
+        ],
+    );
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("write head");
+    let mut seen = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while find(&seen, b"\r\n\r\n").is_none() {
+        let n = tokio::time::timeout(WAIT, tokio::io::AsyncReadExt::read(&mut stream, &mut chunk))
+            .await
+            .expect("100 Continue within the bound")
+            .expect("read");
+        assert!(n > 0, "closed before 100 Continue");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    assert!(
+        seen.starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_beyond_the_shared_budget_are_refused_while_others_pass() {
+    let setup = Setup::route(r#"max_body = "1MiB""#).server(r#"buffered_body_budget = "64KiB""#);
+    let gw = spawn_gateway_with(setup).await;
+    let big = 60 * 1024;
+    let mut stalled = declared_and_stalled(gw.addr(), "budget-big", big).await;
+
+    // A declared body that does not fit is refused before it is read.
+    let head = raw_post_head(
+        "/orders",
+        &[
+            "content-type: application/octet-stream",
+            "idempotency-key: budget-declared",
+            &format!("authorization: {ALICE}"),
+            "expect: 100-continue",
+            "content-length: 10240",
+        ],
+    );
+    let refused = raw_exchange(gw.addr(), head.as_bytes())
+        .await
+        .expect("an answer");
+    assert_eq!(refused.status, 503, "head: {}", refused.head);
+    assert!(refused.interim.is_empty(), "asked for the body first");
+    assert!(String::from_utf8_lossy(&refused.body).contains("urn:idemgate:problem:overloaded"));
+    // So is a chunked one, once it outgrows what is left.
+    let mut chunked_request = raw_post_head(
+        "/orders",
+        &[
+            "content-type: application/octet-stream",
+            "idempotency-key: budget-chunked",
+            &format!("authorization: {ALICE}"),
+            "transfer-encoding: chunked",
+        ],
+    )
+    .into_bytes();
+    chunked_request.extend(chunked(&vec![b'c'; 8 * 1024]));
+    let refused = raw_exchange(gw.addr(), &chunked_request)
+        .await
+        .expect("an answer");
+    assert_eq!(refused.status, 503, "head: {}", refused.head);
+    assert!(String::from_utf8_lossy(&refused.body).contains("urn:idemgate:problem:overloaded"));
+    // A small write fits in what is left.
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("budget-small"), ORDER).await);
+    assert_eq!(gw.upstream.writes(), 1, "nothing refused was sent");
+
+    // The stalled body arrives; once its write is answered the budget is back.
+    stalled.write_all(&vec![b'b'; big]).await.expect("body");
+    let resp = tokio::time::timeout(WAIT, read_response(&mut stalled))
+        .await
+        .expect("an answer within the bound")
+        .expect("an answer");
+    assert_eq!(resp.status, 201, "head: {}", resp.head);
+    let retried = raw_exchange(gw.addr(), &chunked_request)
+        .await
+        .expect("an answer");
+    assert_eq!(retried.status, 201, "head: {}", retried.head);
+    assert_eq!(gw.upstream.writes(), 3);
 }

@@ -8,7 +8,8 @@
 //!    route does not intercept is streamed through ([`forward::pass_through`]),
 //!    unchanged but for its normalized path and hop-by-hop headers.
 //! 2. [`key`]: the `Idempotency-Key` (or an assigned one) and the scope.
-//! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`).
+//! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`)
+//!    and by the bodies' shared [`budget`] (503 `overloaded`).
 //! 4. [`fingerprint`]: what makes a retry "the same request".
 //! 5. [`claim`]: one store transaction decides: send, replay, or refuse.
 //! 6. [`forward`] + [`record`]: in a task of their own, so a client that hangs
@@ -19,6 +20,7 @@
 //! ([`crate::problem`]).
 
 pub mod attempt;
+pub mod budget;
 pub mod claim;
 pub mod fingerprint;
 pub mod forward;
@@ -34,7 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, request};
 use http_body_util::{BodyExt, Limited};
@@ -44,7 +46,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::body::ProxyBody;
+use crate::body::{BoxError, ProxyBody};
 use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, Route};
 use crate::metrics::{Metrics, OperationId, Outcome};
@@ -52,6 +54,7 @@ use crate::problem::ProxyError;
 use crate::reconcile::{self, Reconciler};
 use crate::store::{NewOperation, RequestSummary, Store, StoreError};
 use attempt::Attempt;
+use budget::{BodyBudget, BudgetSpent, Reservation};
 use claim::{Claimed, InFlight};
 use fingerprint::{Fingerprint, FingerprintInput};
 use forward::{UpstreamClient, WriteRequest};
@@ -85,6 +88,8 @@ pub struct Proxy {
     give_up: CancellationToken,
     /// hyper bounds its read buffer only roughly; this is the exact bound.
     max_header_bytes: usize,
+    /// What all write bodies in memory may take together.
+    body_budget: BodyBudget,
 }
 
 impl Proxy {
@@ -122,6 +127,7 @@ impl Proxy {
             tasks: TaskTracker::new(),
             give_up,
             max_header_bytes: config.server.max_header_bytes,
+            body_budget: BodyBudget::new(config.server.buffered_body_budget),
         })
     }
 
@@ -226,7 +232,8 @@ impl Proxy {
             }
         })?;
         let (parts, body) = request.into_parts();
-        let body = read_body(&parts, body, route).await?;
+        // Held until the write has its answer: the body is in memory till then.
+        let (body, _reservation) = read_body(&parts, body, route, &self.body_budget).await?;
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let fingerprint = fingerprint_of(route, &parts, &body).await?;
         let (key, announced) = match sent_key {
@@ -480,15 +487,18 @@ fn head_size<B>(request: &Request<B>) -> usize {
     line + headers + 2
 }
 
-/// Reads a write's body whole, refusing more than the route's `max_body`
-/// and a client that takes longer than its `upstream_timeout` to send it. A
-/// declared Content-Length over the limit is refused before the body is
-/// polled, so hyper never sends `100 Continue` for it.
+/// Reads a write's body whole, refusing more than the route's `max_body`,
+/// more than is left of the shared [`BodyBudget`] (503 `overloaded`), and
+/// a client that takes longer than its `upstream_timeout` to send it. A
+/// declared Content-Length over either is refused before the body is
+/// polled, so hyper never sends `100 Continue` for it. The reservation
+/// comes back with the body: hold it while the body is.
 async fn read_body(
     parts: &request::Parts,
     body: Incoming,
     route: &Route,
-) -> Result<Bytes, ProxyError> {
+    budget: &BodyBudget,
+) -> Result<(Bytes, Reservation), ProxyError> {
     let limit = route.max_body;
     let declared = parts
         .headers
@@ -498,17 +508,38 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    let collected =
-        tokio::time::timeout(route.upstream_timeout, Limited::new(body, limit).collect())
-            .await
-            .map_err(|_| ProxyError::BodyTimeout {
-                after: route.upstream_timeout,
-            })?;
-    match collected {
-        Ok(collected) => Ok(collected.to_bytes()),
+    let overloaded = |_| ProxyError::Overloaded {
+        what: "buffered request bodies",
+    };
+    let mut reservation = budget.reservation();
+    // Within `limit`, so it fits a usize.
+    reservation
+        .grow_to(declared.unwrap_or(0) as usize)
+        .map_err(overloaded)?;
+    let read = async {
+        let mut body = Limited::new(body, limit);
+        let mut buffer = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                reservation
+                    .grow_to(buffer.len() + data.len())
+                    .map_err(|spent| Box::new(spent) as BoxError)?;
+                buffer.extend_from_slice(&data);
+            }
+        }
+        Ok::<_, BoxError>(buffer.freeze())
+    };
+    let read = tokio::time::timeout(route.upstream_timeout, read)
+        .await
+        .map_err(|_| ProxyError::BodyTimeout {
+            after: route.upstream_timeout,
+        })?;
+    match read {
+        Ok(bytes) => Ok((bytes, reservation)),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => {
             Err(ProxyError::BodyTooLarge { limit })
         }
+        Err(error) if error.is::<BudgetSpent>() => Err(overloaded(BudgetSpent)),
         Err(error) => Err(ProxyError::BodyRead {
             reason: error.to_string(),
         }),
