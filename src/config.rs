@@ -242,6 +242,9 @@ pub struct Route {
     pub forward_key_header: Option<HeaderName>,
     pub in_progress: InProgressMode,
     pub wait_timeout: Duration,
+    /// `wait` mode: duplicates waiting on one operation at once; more get
+    /// 409 `request-in-progress` at once.
+    pub max_waiters: usize,
     /// After `upstream_timeout`, how long the exchange is kept open for a
     /// late response that settles an `unknown` operation.
     pub late_window: Duration,
@@ -323,6 +326,7 @@ struct RawRoute {
     forward_key_header: Option<String>,
     in_progress: Option<String>,
     wait_timeout: Option<String>,
+    max_waiters: Option<usize>,
     connect_timeout: Option<String>,
     upstream_timeout: Option<String>,
     late_window: Option<String>,
@@ -757,6 +761,7 @@ impl Validator<'_> {
                 raw.wait_timeout.as_deref(),
                 "10s",
             )?,
+            max_waiters: self.count(&field("max_waiters"), raw.max_waiters, 256)?,
             connect_timeout: self.duration(
                 &field("connect_timeout"),
                 raw.connect_timeout.as_deref(),
@@ -1002,6 +1007,7 @@ mod tests {
         assert_eq!(route.in_progress, InProgressMode::Wait);
         assert_eq!(route.derive_window, Duration::from_secs(600));
         assert_eq!(route.wait_timeout, Duration::from_secs(10));
+        assert_eq!(route.max_waiters, 256);
     }
 
     #[test]

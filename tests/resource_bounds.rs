@@ -10,7 +10,10 @@
 //!   (`server.buffered_body_budget`): a write that would overdraw it is 503
 //!   `overloaded` (a declared one before `100 Continue`), nothing is sent,
 //!   small writes still pass, and the budget comes back once a body's
-//!   write is answered.
+//!   write is answered;
+//! - duplicates waiting on one operation (`routes[].max_waiters`, `wait`
+//!   mode): more are answered 409 `request-in-progress` at once, those
+//!   within the cap get the replay, and other keys are served meanwhile.
 //!
 //! Slow heads and slow bodies are bounded too (`tests/limits.rs`).
 
@@ -225,4 +228,36 @@ async fn bodies_beyond_the_shared_budget_are_refused_while_others_pass() {
         .expect("an answer");
     assert_eq!(retried.status, 201, "head: {}", retried.head);
     assert_eq!(gw.upstream.writes(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_beyond_the_cap_are_answered_at_once_while_others_are_served() {
+    let route = "in_progress = \"wait\"\nmax_waiters = 2\nwait_timeout = \"10s\"";
+    let gw = spawn_gateway(route).await;
+    let addr = gw.addr();
+    let first =
+        tokio::spawn(async move { write(addr, "/slow?ms=1500", Some("waited-1"), ORDER).await });
+    gw.upstream.wait_for_writes(1).await;
+    let started = std::time::Instant::now();
+    let duplicates = tokio::spawn(async move {
+        concurrent_writes(addr, 6, "/slow?ms=1500", "waited-1", ORDER).await
+    });
+
+    // Another key is served while the duplicates wait.
+    let other = write(gw.addr(), "/orders", Some("beside-waiters-1"), ORDER).await;
+    assert_fresh_created(&other);
+
+    let first = first.await.expect("client task");
+    assert_fresh_created(&first);
+    // In completion order: the refused ones did not wait for the write.
+    let duplicates = duplicates.await.expect("client task");
+    let (refused, replays) = duplicates.split_at(4);
+    for resp in refused {
+        resp.assert_operation_problem(409, "request-in-progress", "in_progress");
+    }
+    for replay in replays {
+        assert_replay_of(replay, &first);
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(gw.upstream.writes(), 2, "one write per key");
 }

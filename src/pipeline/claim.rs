@@ -42,10 +42,6 @@ use crate::pipeline::replay::{self, ReplayCache};
 use crate::problem::{OperationRef, ProxyError};
 use crate::store::{Claim, ClaimResult, NewOperation, Operation, State, Store, StoreError};
 
-/// Waiters per operation beyond this are refused at once (409), so a retry
-/// storm cannot pile up unbounded tasks behind one slow request.
-pub const MAX_WAITERS: usize = 256;
-
 /// How often a waiter looks again at an operation in progress that is not
 /// in this process's map (another gateway's).
 const POLL: Duration = Duration::from_millis(25);
@@ -249,7 +245,9 @@ pub async fn claim(
         if !waits {
             return Err(ProxyError::InProgress { operation });
         }
-        if entry.waiters.fetch_add(1, Ordering::SeqCst) >= MAX_WAITERS {
+        // The route's `max_waiters`: more are refused at once (409), so a
+        // retry storm cannot pile up unbounded tasks behind one slow request.
+        if entry.waiters.fetch_add(1, Ordering::SeqCst) >= route.max_waiters {
             entry.waiters.fetch_sub(1, Ordering::SeqCst);
             return Err(ProxyError::InProgress { operation });
         }
