@@ -177,6 +177,14 @@ struct RawReconcile {
     timeout: Option<String>,
 }
 
+/// A route's quota per scope: at most `operations` writes sent upstream
+/// per `window` for each scope.
+#[derive(Debug, Clone)]
+pub struct Quota {
+    pub operations: u32,
+    pub window: Duration,
+}
+
 /// The origin a route forwards to: scheme and authority only.
 #[derive(Debug, Clone)]
 pub struct Upstream {
@@ -245,6 +253,8 @@ pub struct Route {
     /// `wait` mode: duplicates waiting on one operation at once; more get
     /// 409 `request-in-progress` at once.
     pub max_waiters: usize,
+    /// Writes sent per scope and window; `None`: no quota.
+    pub quota: Option<Quota>,
     /// After `upstream_timeout`, how long the exchange is kept open for a
     /// late response that settles an `unknown` operation.
     pub late_window: Duration,
@@ -327,6 +337,8 @@ struct RawRoute {
     in_progress: Option<String>,
     wait_timeout: Option<String>,
     max_waiters: Option<usize>,
+    quota_operations: Option<u32>,
+    quota_window: Option<String>,
     connect_timeout: Option<String>,
     upstream_timeout: Option<String>,
     late_window: Option<String>,
@@ -762,6 +774,7 @@ impl Validator<'_> {
                 "10s",
             )?,
             max_waiters: self.count(&field("max_waiters"), raw.max_waiters, 256)?,
+            quota: self.quota(&field, raw.quota_operations, raw.quota_window.as_deref())?,
             connect_timeout: self.duration(
                 &field("connect_timeout"),
                 raw.connect_timeout.as_deref(),
@@ -783,6 +796,29 @@ impl Validator<'_> {
             )?,
             store_request_body: raw.store_request_body.unwrap_or(false),
         })
+    }
+
+    fn quota(
+        &self,
+        field: &dyn Fn(&str) -> String,
+        operations: Option<u32>,
+        window: Option<&str>,
+    ) -> Result<Option<Quota>, ConfigError> {
+        match (operations, window) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(self.invalid(
+                field("quota_window"),
+                "only with quota_operations (writes sent per scope and window)",
+            )),
+            (Some(0), _) => Err(self.invalid(
+                field("quota_operations"),
+                "must be greater than zero; leave it out for no quota",
+            )),
+            (Some(operations), window) => Ok(Some(Quota {
+                operations,
+                window: self.duration(&field("quota_window"), window, "1m")?,
+            })),
+        }
     }
 
     fn reconcile(
@@ -1008,6 +1044,18 @@ mod tests {
         assert_eq!(route.derive_window, Duration::from_secs(600));
         assert_eq!(route.wait_timeout, Duration::from_secs(10));
         assert_eq!(route.max_waiters, 256);
+        assert!(route.quota.is_none());
+        let text = format!("{MINIMAL}quota_operations = 100\n");
+        let quota = Config::from_toml_str(&text, "t").unwrap().routes[0]
+            .quota
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (quota.operations, quota.window),
+            (100, Duration::from_secs(60))
+        );
+        assert!(error_of(&format!("{MINIMAL}quota_window = \"1h\"\n")).contains("only with"));
+        assert!(error_of(&format!("{MINIMAL}quota_operations = 0\n")).contains("greater"));
     }
 
     #[test]

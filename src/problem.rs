@@ -92,6 +92,16 @@ pub enum ProxyError {
     UpstreamTimeout,
     #[error("the upstream exchange failed: {reason}")]
     UpstreamFailed { reason: String },
+    #[error(
+        "this scope has had {operations} writes sent on route `{route}` in {}; nothing was sent, retry after the window ends",
+        humantime::format_duration(*window)
+    )]
+    QuotaExceeded {
+        route: String,
+        operations: u32,
+        window: std::time::Duration,
+        retry_after: u32,
+    },
     #[error("the gateway is at its limit of {what}; nothing was sent, retry shortly")]
     Overloaded { what: &'static str },
     #[error("the request could not be handled: {reason}")]
@@ -261,6 +271,12 @@ impl ProxyError {
                 "Upstream failed",
                 None,
             ),
+            QuotaExceeded { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota-exceeded",
+                "Quota exceeded",
+                None,
+            ),
             Overloaded { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded",
@@ -276,6 +292,7 @@ impl ProxyError {
         };
         let retry_after = match self {
             InProgress { .. } | Overloaded { .. } => Some(1),
+            QuotaExceeded { retry_after, .. } => Some(*retry_after),
             StoreUnavailable { .. } | StoreUnavailableAfterSend { .. } => Some(2),
             _ => None,
         };
@@ -315,6 +332,7 @@ impl ProxyError {
             | RoutePaused { .. }
             | StoreUnavailable { .. }
             | Overloaded { .. }
+            | QuotaExceeded { .. }
             | Internal { .. } => Outcome::rejected,
         }
     }
@@ -518,6 +536,17 @@ mod tests {
             "overloaded",
         );
         assert_eq!(overloaded.retry_after, Some(1));
+        let quota = check(
+            ProxyError::QuotaExceeded {
+                route: "api".into(),
+                operations: 10,
+                window: std::time::Duration::from_secs(60),
+                retry_after: 42,
+            },
+            429,
+            "quota-exceeded",
+        );
+        assert_eq!(quota.retry_after, Some(42));
         check(ProxyError::Internal { reason: "x".into() }, 500, "internal");
     }
 

@@ -13,7 +13,11 @@
 //!   write is answered;
 //! - duplicates waiting on one operation (`routes[].max_waiters`, `wait`
 //!   mode): more are answered 409 `request-in-progress` at once, those
-//!   within the cap get the replay, and other keys are served meanwhile.
+//!   within the cap get the replay, and other keys are served meanwhile;
+//! - writes sent per scope and window (`routes[].quota_operations`,
+//!   `quota_window`): beyond it a new write gets 429 `quota-exceeded` with
+//!   `Retry-After` and nothing is sent, existing operations still answer
+//!   for themselves, other scopes are served, and the next window opens.
 //!
 //! Slow heads and slow bodies are bounded too (`tests/limits.rs`).
 
@@ -260,4 +264,38 @@ async fn waiters_beyond_the_cap_are_answered_at_once_while_others_are_served() {
     }
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
     assert_eq!(gw.upstream.writes(), 2, "one write per key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_over_its_quota_gets_429_while_other_scopes_are_served() {
+    let clock = idemgate::clock::ManualClock::new();
+    let route = "quota_operations = 3\nquota_window = \"1m\"";
+    let gw = spawn_gateway_with(Setup::route(route).clock(clock.clone())).await;
+    // Three attempts sent: a lost one, two created.
+    let lost = write(gw.addr(), "/drop", Some("quota-lost"), ORDER).await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    let first = write(gw.addr(), "/orders", Some("quota-1"), ORDER).await;
+    assert_fresh_created(&first);
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("quota-2"), ORDER).await);
+    clock.advance(Duration::from_secs(20));
+
+    let over = write(gw.addr(), "/orders", Some("quota-3"), ORDER).await;
+    over.assert_problem(429, "quota-exceeded");
+    assert_eq!(over.header("retry-after"), Some("40"));
+    // What exists answers for itself, and is not counted.
+    assert_replay_of(
+        &write(gw.addr(), "/orders", Some("quota-1"), ORDER).await,
+        &first,
+    );
+    assert_held_unknown(&write(gw.addr(), "/drop", Some("quota-lost"), ORDER).await);
+    write(gw.addr(), "/orders", Some("quota-1"), r#"{"sku":"pear"}"#)
+        .await
+        .assert_problem(422, "key-reused");
+    // Another credential is another scope.
+    assert_fresh_created(&write_as(gw.addr(), "/orders", Some("quota-3"), Some(BOB), ORDER).await);
+    assert_eq!(gw.upstream.writes(), 4, "nothing over the quota was sent");
+
+    clock.advance(Duration::from_secs(41));
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("quota-3"), ORDER).await);
+    assert_eq!(gw.upstream.writes(), 5);
 }

@@ -11,7 +11,8 @@
 //! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`)
 //!    and by the bodies' shared [`budget`] (503 `overloaded`).
 //! 4. [`fingerprint`]: what makes a retry "the same request".
-//! 5. [`claim`]: one store transaction decides: send, replay, or refuse.
+//! 5. [`claim`]: one store transaction decides: send, replay, or refuse; a
+//!    paused route or a scope over its [`quota`] only looks up what exists.
 //! 6. [`forward`] + [`record`]: in a task of their own, so a client that hangs
 //!    up never cancels the upstream call nor leaves the operation `in_progress`.
 //! 7. [`replay`]: what a key that already has an operation gets.
@@ -26,6 +27,7 @@ pub mod fingerprint;
 pub mod forward;
 pub mod key;
 pub mod path;
+pub mod quota;
 pub mod record;
 pub mod replay;
 pub mod route;
@@ -55,10 +57,11 @@ use crate::reconcile::{self, Reconciler};
 use crate::store::{NewOperation, RequestSummary, Store, StoreError};
 use attempt::Attempt;
 use budget::{BodyBudget, BudgetSpent, Reservation};
-use claim::{Claimed, InFlight};
+use claim::{Claimed, Hold, InFlight};
 use fingerprint::{Fingerprint, FingerprintInput};
 use forward::{UpstreamClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
+use quota::Quotas;
 use replay::ReplayCache;
 
 /// A configured route with its pooled upstream client.
@@ -90,6 +93,8 @@ pub struct Proxy {
     max_header_bytes: usize,
     /// What all write bodies in memory may take together.
     body_budget: BodyBudget,
+    /// Writes sent per scope, for routes with a quota.
+    quotas: Quotas,
 }
 
 impl Proxy {
@@ -128,6 +133,7 @@ impl Proxy {
             give_up,
             max_header_bytes: config.server.max_header_bytes,
             body_budget: BodyBudget::new(config.server.buffered_body_budget),
+            quotas: Quotas::default(),
         })
     }
 
@@ -334,6 +340,15 @@ impl Proxy {
             peer,
         } = write;
         let credentials = || reconcile::credentials(&parts.headers, route);
+        let hold = if active.paused.load(Ordering::SeqCst) {
+            Some(Hold::Paused)
+        } else {
+            let now = self.clock.now_millis();
+            self.quotas
+                .check(route, &new.scope, now)
+                .err()
+                .map(Hold::OverQuota)
+        };
         let claimed = claim::claim(
             self.store.as_ref(),
             &self.in_flight,
@@ -342,9 +357,13 @@ impl Proxy {
             &new,
             &identity,
             valid_after,
-            active.paused.load(Ordering::SeqCst),
+            hold,
         )
         .await?;
+        if matches!(claimed, Claimed::Send(..)) {
+            self.quotas
+                .count(route, &new.scope, self.clock.now_millis());
+        }
         let (claim, in_flight) = match claimed {
             Claimed::Send(claim, guard) => (claim, guard),
             Claimed::Answer(response) => return Ok(response),
