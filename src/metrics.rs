@@ -106,7 +106,7 @@ impl Default for Metrics {
         let refused_connections = Family::<ListenerLabels, Counter>::default();
         registry.register(
             "refused_connections",
-            "Connections answered 503 overloaded because their listener was at its cap",
+            "Connections refused (503 overloaded, or closed) because their listener was at its cap",
             refused_connections.clone(),
         );
         let operations = Family::<StateLabels, Gauge>::default();

@@ -9,20 +9,19 @@
 //!
 //! Each listener holds at most its configured number of connections
 //! (`max_connections`, `admin_max_connections`, counted apart); a
-//! connection over the cap is answered 503 `overloaded` and closed without
-//! a byte read, which costs the gateway nothing it could run out of.
+//! connection over the cap has its request answered 503 `overloaded` and
+//! is closed, and those refusals are bounded in number and time too.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
@@ -169,19 +168,8 @@ impl Gateway {
         }
         let paused = store.paused_routes().await?;
         let metrics = Arc::new(Metrics::default());
-        let overloaded = overloaded_answer();
-        let proxy_cap = ConnectionCap {
-            listener: "proxy",
-            open: Arc::new(Semaphore::new(server.max_connections)),
-            metrics: metrics.clone(),
-            answer: overloaded.clone(),
-        };
-        let admin_cap = ConnectionCap {
-            listener: "admin",
-            open: Arc::new(Semaphore::new(server.admin_max_connections)),
-            metrics: metrics.clone(),
-            answer: overloaded,
-        };
+        let proxy_cap = ConnectionCap::new("proxy", server.max_connections, &metrics);
+        let admin_cap = ConnectionCap::new("admin", server.admin_max_connections, &metrics);
         let proxy = Arc::new(Proxy::new(
             &config,
             store.clone(),
@@ -284,48 +272,69 @@ impl Gateway {
     }
 }
 
+/// Connections over a listener's cap that are being answered 503, at most:
+/// each holds a read buffer for one request head, and for at most
+/// [`REFUSAL_TIME`]. Past this a connection is closed as it is accepted.
+const REFUSING: usize = 64;
+
+/// The longest a connection over the cap is kept to read its request head
+/// and be answered.
+const REFUSAL_TIME: Duration = Duration::from_secs(2);
+
 /// A listener's bound on open connections.
 struct ConnectionCap {
     /// `proxy` or `admin`, for the metric.
     listener: &'static str,
     /// One permit per open connection, held by its task.
     open: Arc<Semaphore>,
+    /// One permit per connection being refused ([`REFUSING`]).
+    refusing: Arc<Semaphore>,
     metrics: Arc<Metrics>,
-    /// What a connection over the cap gets ([`overloaded_answer`]).
-    answer: Bytes,
 }
 
-/// The whole answer to a connection over its listener's cap: 503
-/// `overloaded`, written as the connection is accepted, without reading
-/// the request, and the connection closed. It costs no task and no buffer,
-/// so a flood of connections cannot grow the gateway's memory; nothing
-/// was read, so nothing was sent and a retry is safe.
-fn overloaded_answer() -> Bytes {
-    let problem = ProxyError::Overloaded {
-        what: "open connections",
+impl ConnectionCap {
+    fn new(listener: &'static str, max: usize, metrics: &Arc<Metrics>) -> Self {
+        ConnectionCap {
+            listener,
+            open: Arc::new(Semaphore::new(max)),
+            refusing: Arc::new(Semaphore::new(REFUSING)),
+            metrics: metrics.clone(),
+        }
     }
-    .problem();
-    let body = serde_json::to_vec(&problem).unwrap_or_default();
-    let response = problem.into_response();
-    let mut head = format!("HTTP/1.1 {}\r\n", response.status());
-    for (name, value) in response.headers() {
-        head.push_str(&format!(
-            "{name}: {}\r\n",
-            String::from_utf8_lossy(value.as_bytes())
-        ));
+
+    /// Answers a connection over the cap: its first request gets 503
+    /// `overloaded` (an HTTP client sees an answer, not a broken
+    /// connection) and the connection is closed. Refusals are bounded in
+    /// number and time themselves; past [`REFUSING`] the connection is
+    /// closed at once. Either way nothing is sent, so a retry is safe.
+    fn refuse(&self, stream: TcpStream, server: &ServerConfig) {
+        self.metrics.refused_connection(self.listener);
+        let Ok(permit) = self.refusing.clone().try_acquire_owned() else {
+            return;
+        };
+        let mut http = http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(REFUSAL_TIME)
+            .max_buf_size(server.max_header_bytes)
+            .half_close(true)
+            .keep_alive(false);
+        let refusal = service_fn(|_request| async {
+            let overloaded = ProxyError::Overloaded {
+                what: "open connections",
+            };
+            Ok::<_, Infallible>(overloaded.into_response())
+        });
+        let connection = http.serve_connection(TokioIo::new(stream), refusal);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(REFUSAL_TIME, connection).await;
+            drop(permit);
+        });
     }
-    head.push_str(&format!(
-        "connection: close\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    ));
-    let mut answer = head.into_bytes();
-    answer.extend_from_slice(&body);
-    Bytes::from(answer)
 }
 
 /// Accepts connections until shutdown, then waits up to `shutdown_grace` for
 /// the open ones to finish their requests. At most `cap` connections are
-/// open at once; more are refused ([`overloaded_answer`]).
+/// open at once; more are refused ([`ConnectionCap::refuse`]).
 async fn accept_loop<F, S>(
     listener: TcpListener,
     server: ServerConfig,
@@ -366,11 +375,8 @@ async fn accept_loop<F, S>(
             },
         };
         let Ok(permit) = cap.open.clone().try_acquire_owned() else {
-            // A fresh socket's send buffer is empty: the answer fits whole,
-            // and dropping the stream closes it after the bytes.
-            let _ = stream.try_write(&cap.answer);
-            cap.metrics.refused_connection(cap.listener);
             tracing::debug!(%peer, listener = cap.listener, "connection refused: listener at its cap");
+            cap.refuse(stream, &server);
             continue;
         };
         let _ = stream.set_nodelay(true);

@@ -44,12 +44,11 @@ async fn hold_connections(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
     held
 }
 
-/// A new connection to `addr` is answered 503 `overloaded` and closed.
+/// A new connection to `addr` has its request answered 503 `overloaded`,
+/// to a raw client and to an HTTP client library alike.
 async fn assert_refused(addr: SocketAddr) {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    let resp = tokio::time::timeout(WAIT, read_response(&mut stream))
+    let resp = raw_exchange(addr, b"GET /healthz HTTP/1.1\r\nhost: a\r\n\r\n")
         .await
-        .expect("an answer within the bound")
         .expect("a 503, not a bare close");
     assert_eq!(resp.status, 503, "head: {}", resp.head);
     assert!(
@@ -63,6 +62,8 @@ async fn assert_refused(addr: SocketAddr) {
         "{}",
         String::from_utf8_lossy(&resp.body)
     );
+    let resp = send(addr, "GET", "/healthz", &[], Bytes::new()).await;
+    resp.assert_problem(503, "overloaded");
 }
 
 /// Writes one request on a connection already open and reads its answer.
@@ -118,13 +119,37 @@ async fn proxy_connections_beyond_the_cap_are_refused_while_others_are_served() 
             &metrics,
             r#"idemgate_refused_connections_total{listener="proxy"}"#
         ),
-        Some(2.0),
+        Some(4.0),
         "{metrics}"
     );
 
     // A connection that closes frees its slot.
     drop(held.pop());
     served_again(gw.addr(), "/alive").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_over_the_cap_is_closed_at_once_once_refusals_are_busy() {
+    let setup = Setup::route("").server("max_connections = 1");
+    let gw = spawn_gateway_with(setup).await;
+    let mut held = hold_connections(gw.addr(), 1).await;
+    // Silent connections over the cap: each takes a refusal slot until
+    // its head is late (64 slots, 2 s each).
+    let _silent = hold_connections(gw.addr(), 64).await;
+
+    let mut flooded = TcpStream::connect(gw.addr()).await.expect("connect");
+    let started = std::time::Instant::now();
+    let read = tokio::time::timeout(WAIT, read_response(&mut flooded))
+        .await
+        .expect("closed within the bound");
+    assert!(read.is_none(), "closed without an answer: {read:?}");
+    assert!(started.elapsed() < Duration::from_secs(1), "closed at once");
+
+    // The connection inside the cap is served meanwhile; once the silent
+    // ones time out, refusals answer again.
+    assert_eq!(write_on(&mut held[0], "flooded-1").await.status, 201);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_refused(gw.addr()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
