@@ -3,14 +3,15 @@
 //! the gateway keeps serving everyone else meanwhile:
 //!
 //! - open connections per listener (`server.max_connections`,
-//!   `server.admin_max_connections`): more are answered 503 `overloaded`
-//!   and closed, the connections already open are still served, and the
-//!   other listener is untouched;
+//!   `server.admin_max_connections`): the request of one more is answered
+//!   503 `overloaded` and it is closed, the connections already open are
+//!   still served, and the other listener is untouched; the refusals are
+//!   bounded too (a flood past them is closed at once);
 //! - request bodies held in memory, all writes together
 //!   (`server.buffered_body_budget`): a write that would overdraw it is 503
 //!   `overloaded` (a declared one before `100 Continue`), nothing is sent,
 //!   small writes still pass, and the budget comes back once a body's
-//!   write is answered;
+//!   attempt is over;
 //! - duplicates waiting on one operation (`routes[].max_waiters`, `wait`
 //!   mode): more are answered 409 `request-in-progress` at once, those
 //!   within the cap get the replay, and other keys are served meanwhile;
@@ -252,9 +253,20 @@ async fn bodies_beyond_the_shared_budget_are_refused_while_others_pass() {
         .expect("an answer within the bound")
         .expect("an answer");
     assert_eq!(resp.status, 201, "head: {}", resp.head);
-    let retried = raw_exchange(gw.addr(), &chunked_request)
-        .await
-        .expect("an answer");
+    // The attempt lets go of the body just after the answer: a moment later
+    // the refused chunked write fits.
+    let mut retried = None;
+    for _ in 0..50 {
+        let resp = raw_exchange(gw.addr(), &chunked_request)
+            .await
+            .expect("an answer");
+        if resp.status != 503 {
+            retried = Some(resp);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let retried = retried.expect("the budget came back");
     assert_eq!(retried.status, 201, "head: {}", retried.head);
     assert_eq!(gw.upstream.writes(), 3);
 }
@@ -323,4 +335,43 @@ async fn a_scope_over_its_quota_gets_429_while_other_scopes_are_served() {
     clock.advance(Duration::from_secs(41));
     assert_fresh_created(&write(gw.addr(), "/orders", Some("quota-3"), ORDER).await);
     assert_eq!(gw.upstream.writes(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_counts_against_the_budget_while_its_attempt_holds_it() {
+    let route = "max_body = \"1MiB\"\nupstream_timeout = \"300ms\"\nlate_window = \"1500ms\"";
+    let setup = Setup::route(route).server(r#"buffered_body_budget = "64KiB""#);
+    let gw = spawn_gateway_with(setup).await;
+    let big = vec![b'b'; 60 * 1024];
+    let lost = send(
+        gw.addr(),
+        "POST",
+        "/hold",
+        &[
+            ("content-type", "application/octet-stream"),
+            ("idempotency-key", "budget-held"),
+            ("authorization", ALICE),
+        ],
+        big,
+    )
+    .await;
+    lost.assert_operation_problem(504, "outcome-unknown", "unknown");
+
+    // The client has its answer, but the attempt still listens for a late
+    // response with the body in hand: its bytes are still reserved.
+    let body = "x".repeat(10 * 1024);
+    let refused = write(gw.addr(), "/orders", Some("budget-after-held"), &body).await;
+    refused.assert_problem(503, "overloaded");
+    assert_eq!(gw.upstream.writes(), 1);
+
+    let mut passed = None;
+    for _ in 0..100 {
+        let resp = write(gw.addr(), "/orders", Some("budget-after-held"), &body).await;
+        if resp.status != StatusCode::SERVICE_UNAVAILABLE {
+            passed = Some(resp);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_fresh_created(&passed.expect("the budget came back after the late window"));
 }

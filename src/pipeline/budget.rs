@@ -5,8 +5,9 @@
 //! large writes at once would grow memory without bound. Every byte of a
 //! body being read is reserved here first (the whole declared
 //! Content-Length at once, before `100 Continue`; a chunked body as its
-//! chunks arrive), and the reservation is returned when the write has its
-//! answer. A write that would overdraw `server.buffered_body_budget` is
+//! chunks arrive), and the reservation is returned when the last holder of
+//! the body lets go of it (the attempt, which may outlive the client's
+//! answer, or the request when nothing is sent). A write that would overdraw `server.buffered_body_budget` is
 //! refused with 503 `overloaded` and nothing is sent; the others go on.
 
 use std::sync::Arc;

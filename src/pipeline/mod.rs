@@ -238,8 +238,8 @@ impl Proxy {
             }
         })?;
         let (parts, body) = request.into_parts();
-        // Held until the write has its answer: the body is in memory till then.
-        let (body, _reservation) = read_body(&parts, body, route, &self.body_budget).await?;
+        // Goes with the body to the attempt, which may hold it longest.
+        let (body, reservation) = read_body(&parts, body, route, &self.body_budget).await?;
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let fingerprint = fingerprint_of(route, &parts, &body).await?;
         let (key, announced) = match sent_key {
@@ -287,7 +287,7 @@ impl Proxy {
                     identity,
                     valid_after,
                     parts,
-                    body,
+                    body: (body, reservation),
                     peer,
                 };
                 self.spawn_write(active, write).await
@@ -433,7 +433,8 @@ struct Write {
     /// Cached completed operations updated before this (ms) are not answered.
     valid_after: i64,
     parts: request::Parts,
-    body: Bytes,
+    /// The body, and its bytes in the shared budget.
+    body: (Bytes, Reservation),
     peer: SocketAddr,
 }
 
@@ -511,7 +512,7 @@ fn head_size<B>(request: &Request<B>) -> usize {
 /// a client that takes longer than its `upstream_timeout` to send it. A
 /// declared Content-Length over either is refused before the body is
 /// polled, so hyper never sends `100 Continue` for it. The reservation
-/// comes back with the body: hold it while the body is.
+/// comes back with the body: it is held as long as the body is.
 async fn read_body(
     parts: &request::Parts,
     body: Incoming,
