@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, request};
 use http_body_util::{BodyExt, Limited};
@@ -538,16 +538,21 @@ async fn read_body(
         .map_err(overloaded)?;
     let read = async {
         let mut body = Limited::new(body, limit);
-        let mut buffer = BytesMut::new();
+        let (mut chunks, mut size) = (Vec::new(), 0);
         while let Some(frame) = body.frame().await {
             if let Ok(data) = frame?.into_data() {
+                size += data.len();
                 reservation
-                    .grow_to(buffer.len() + data.len())
+                    .grow_to(size)
                     .map_err(|spent| Box::new(spent) as BoxError)?;
-                buffer.extend_from_slice(&data);
+                chunks.push(data);
             }
         }
-        Ok::<_, BoxError>(buffer.freeze())
+        // A body that came in one chunk (most do) is not copied.
+        Ok::<_, BoxError>(match chunks.as_slice() {
+            [one] => one.clone(),
+            all => Bytes::from(all.concat()),
+        })
     };
     let read = tokio::time::timeout(route.upstream_timeout, read)
         .await
