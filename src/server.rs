@@ -185,6 +185,7 @@ impl Gateway {
             metrics,
             clock: clock.clone(),
             token,
+            body_timeout: server.header_read_timeout,
         });
         let proxy_service = {
             let proxy = proxy.clone();

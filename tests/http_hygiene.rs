@@ -3,7 +3,11 @@
 //! - a client that shuts down its write side right after a complete
 //!   request still reads the answer, and the write is sent exactly once;
 //! - every 405 on the admin listener names the methods its path accepts
-//!   in `Allow` (RFC 9110 §15.5.6).
+//!   in `Allow` (RFC 9110 §15.5.6);
+//! - admin request bodies are bounded like the proxy's: a declared length
+//!   over the limit is 413 before `100 Continue`, and a body that never
+//!   finishes is 408 after `header_read_timeout`, the listener serving
+//!   others meanwhile.
 
 mod common;
 
@@ -82,4 +86,61 @@ async fn every_admin_405_names_the_allowed_methods() {
         resp.assert_problem(405, "method-not-allowed");
         assert_eq!(resp.header("allow"), Some(allowed), "{refused} {path}");
     }
+}
+
+/// A raw admin POST head to `path` with the admin token and `extra` lines.
+fn admin_post_head(gw: &TestGateway, path: &str, extra: &[&str]) -> String {
+    let authorization = format!("authorization: Bearer {}", gw.admin_token());
+    let mut lines = vec![authorization.as_str(), "content-type: application/json"];
+    lines.extend_from_slice(extra);
+    raw_post_head(path, &lines)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_admin_body_is_refused_before_100_continue() {
+    let gw = spawn_gateway_with(Setup::route("").admin()).await;
+    let head = admin_post_head(
+        &gw,
+        "/admin/routes/api/pause",
+        &["expect: 100-continue", "content-length: 100000000"],
+    );
+
+    let resp = raw_exchange(gw.admin_addr(), head.as_bytes())
+        .await
+        .expect("an answer");
+
+    assert_eq!(resp.status, 413, "head: {}", resp.head);
+    assert!(
+        resp.interim.is_empty(),
+        "asked for the body: {:?}",
+        resp.interim
+    );
+    assert!(String::from_utf8_lossy(&resp.body).contains("urn:idemgate:problem:body-too-large"));
+    let stats = gw.admin("GET", "/admin/stats", "").await;
+    assert_eq!(stats.json()["paused_routes"], serde_json::json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_body_that_never_finishes_is_408() {
+    let setup = Setup::route("")
+        .server(r#"header_read_timeout = "500ms""#)
+        .admin();
+    let gw = spawn_gateway_with(setup).await;
+    let mut request =
+        admin_post_head(&gw, "/admin/routes/api/pause", &["content-length: 100"]).into_bytes();
+    request.extend_from_slice(br#"{"reason":"#);
+    let started = std::time::Instant::now();
+    let stalled = tokio::spawn({
+        let addr = gw.admin_addr();
+        async move { raw_exchange(addr, &request).await }
+    });
+
+    assert_still_serving(&gw).await;
+    let resp = stalled
+        .await
+        .expect("client task")
+        .expect("an answer instead of waiting forever");
+    assert_eq!(resp.status, 408, "head: {}", resp.head);
+    assert!(String::from_utf8_lossy(&resp.body).contains("urn:idemgate:problem:body-timeout"));
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
 }

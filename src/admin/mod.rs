@@ -23,6 +23,7 @@ pub mod auth;
 mod keys;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
@@ -32,7 +33,7 @@ use hyper::body::Incoming;
 use percent_encoding::percent_decode_str;
 use serde_json::{Value, json};
 
-use crate::body::{ProxyBody, full};
+use crate::body::{ProxyBody, declared_length, full};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
@@ -40,7 +41,8 @@ use crate::problem::Problem;
 use crate::store::{State, Store, StoreError};
 
 /// Admin request bodies (a resolution with the response to replay) are
-/// bounded like a stored response plus room for the envelope.
+/// bounded like a stored response plus room for the envelope; a declared
+/// length over it is refused before `100 Continue`.
 const MAX_ADMIN_BODY: usize = 4 * 1024 * 1024;
 
 /// What the admin handlers share.
@@ -50,6 +52,9 @@ pub struct Admin {
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
     pub token: auth::AdminToken,
+    /// How long a client may take to send a request body: the listener's
+    /// `header_read_timeout`, since admin bodies are small.
+    pub body_timeout: Duration,
 }
 
 /// Why an admin request failed.
@@ -69,6 +74,10 @@ pub enum AdminError {
     BadRequest(String),
     #[error("{0}")]
     InvalidResolution(String),
+    #[error("the request body is larger than {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("the request body did not arrive within {}", humantime::format_duration(*after))]
+    BodyTimeout { after: Duration },
     #[error("{method} is not allowed here; this path accepts {allow}")]
     MethodNotAllowed { method: Method, allow: Method },
     #[error(transparent)]
@@ -98,6 +107,16 @@ impl AdminError {
                 StatusCode::BAD_REQUEST,
                 "invalid-resolution",
                 "Invalid resolution",
+            ),
+            AdminError::BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+            ),
+            AdminError::BodyTimeout { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "body-timeout",
+                "Request body too slow",
             ),
             AdminError::MethodNotAllowed { .. } => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -229,24 +248,38 @@ async fn route(
         Endpoint::ListKeys => keys::list(admin, request.uri().query()).await,
         Endpoint::ShowKey(id) => keys::show(admin, id).await,
         Endpoint::Resolve(id) => {
-            let body = read_body(request.into_body()).await?;
+            let body = read_body(request, admin.body_timeout).await?;
             keys::resolve(admin, id, &body).await
         }
         Endpoint::Stats => stats(admin).await,
         Endpoint::Pause(name, action) => {
-            let body = read_body(request.into_body()).await?;
+            let body = read_body(request, admin.body_timeout).await?;
             pause(admin, name, action, &body).await
         }
         Endpoint::OpenApi => Ok(openapi()),
     }
 }
 
-async fn read_body(body: Incoming) -> Result<Bytes, AdminError> {
-    Limited::new(body, MAX_ADMIN_BODY)
-        .collect()
-        .await
-        .map(|collected| collected.to_bytes())
-        .map_err(|e| AdminError::BadRequest(format!("the request body could not be read: {e}")))
+/// A request's body, whole: at most [`MAX_ADMIN_BODY`] (a declared length
+/// over it is refused unread) and within `timeout`.
+async fn read_body(request: Request<Incoming>, timeout: Duration) -> Result<Bytes, AdminError> {
+    let limit = MAX_ADMIN_BODY;
+    if declared_length(request.headers()).is_some_and(|n| n > limit as u64) {
+        return Err(AdminError::BodyTooLarge { limit });
+    }
+    let collected =
+        tokio::time::timeout(timeout, Limited::new(request.into_body(), limit).collect())
+            .await
+            .map_err(|_| AdminError::BodyTimeout { after: timeout })?;
+    match collected {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(AdminError::BodyTooLarge { limit })
+        }
+        Err(error) => Err(AdminError::BadRequest(format!(
+            "the request body could not be read: {error}"
+        ))),
+    }
 }
 
 pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<ProxyBody> {
@@ -361,6 +394,14 @@ mod tests {
                 "not-resolvable",
             ),
             (AdminError::BadRequest("x".into()), 400, "invalid-request"),
+            (AdminError::BodyTooLarge { limit: 1 }, 413, "body-too-large"),
+            (
+                AdminError::BodyTimeout {
+                    after: Duration::from_secs(1),
+                },
+                408,
+                "body-timeout",
+            ),
             (
                 AdminError::InvalidResolution("x".into()),
                 400,

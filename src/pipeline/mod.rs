@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, request};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -48,7 +48,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::body::{BoxError, ProxyBody};
+use crate::body::{BoxError, ProxyBody, declared_length};
 use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, Route};
 use crate::metrics::{Metrics, OperationId, Outcome};
@@ -520,11 +520,7 @@ async fn read_body(
     budget: &BodyBudget,
 ) -> Result<(Bytes, Reservation), ProxyError> {
     let limit = route.max_body;
-    let declared = parts
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(&parts.headers);
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
