@@ -3,7 +3,7 @@
 //! - a client that shuts down its write side right after a complete
 //!   request still reads the answer, and the write is sent exactly once;
 //! - every 405 on the admin listener names the methods its path accepts
-//!   in `Allow` (RFC 9110 §15.5.6);
+//!   in `Allow` (RFC 9110 §15.5.6), and reads answer HEAD like GET;
 //! - admin request bodies are bounded like the proxy's: a declared length
 //!   over the limit is 413 before `100 Continue`, and a body that never
 //!   finishes is 408 after `header_read_timeout`, the listener serving
@@ -56,16 +56,16 @@ async fn a_half_closed_admin_request_still_gets_the_answer() {
 
 /// The methods each admin path accepts, and one it does not.
 const ADMIN_PATHS: [(&str, &str, &str); 10] = [
-    ("/healthz", "GET", "POST"),
-    ("/readyz", "GET", "POST"),
-    ("/metrics", "GET", "DELETE"),
-    ("/admin/keys", "GET", "POST"),
-    ("/admin/keys/some-id", "GET", "PUT"),
+    ("/healthz", "GET, HEAD", "POST"),
+    ("/readyz", "GET, HEAD", "POST"),
+    ("/metrics", "GET, HEAD", "DELETE"),
+    ("/admin/keys", "GET, HEAD", "POST"),
+    ("/admin/keys/some-id", "GET, HEAD", "PUT"),
     ("/admin/keys/some-id/resolve", "POST", "GET"),
-    ("/admin/stats", "GET", "PATCH"),
-    ("/admin/routes/api/pause", "POST", "GET"),
+    ("/admin/stats", "GET, HEAD", "PATCH"),
+    ("/admin/routes/api/pause", "POST", "HEAD"),
     ("/admin/routes/api/resume", "POST", "DELETE"),
-    ("/admin/openapi.json", "GET", "POST"),
+    ("/admin/openapi.json", "GET, HEAD", "POST"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,9 +83,23 @@ async fn every_admin_405_names_the_allowed_methods() {
             "{refused} {path}: {:?}",
             resp.body
         );
-        resp.assert_problem(405, "method-not-allowed");
+        if refused != "HEAD" {
+            resp.assert_problem(405, "method-not-allowed");
+        }
         assert_eq!(resp.header("allow"), Some(allowed), "{refused} {path}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_reads_answer_head_like_get_without_a_body() {
+    let gw = spawn_gateway_with(Setup::route("").admin()).await;
+    let get = gw.admin("GET", "/admin/stats", "").await;
+    let head = gw.admin("HEAD", "/admin/stats", "").await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert!(head.body.is_empty());
+    assert_eq!(head.header("content-type"), get.header("content-type"));
+    let health = send(gw.admin_addr(), "HEAD", "/healthz", &[], Bytes::new()).await;
+    assert_eq!(health.status, StatusCode::OK);
 }
 
 /// A raw admin POST head to `path` with the admin token and `extra` lines.

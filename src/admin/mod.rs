@@ -79,7 +79,7 @@ pub enum AdminError {
     #[error("the request body did not arrive within {}", humantime::format_duration(*after))]
     BodyTimeout { after: Duration },
     #[error("{method} is not allowed here; this path accepts {allow}")]
-    MethodNotAllowed { method: Method, allow: Method },
+    MethodNotAllowed { method: Method, allow: &'static str },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -143,9 +143,9 @@ impl AdminError {
             }
             // RFC 9110: a 405 lists the methods the path does accept.
             AdminError::MethodNotAllowed { allow, .. } => {
-                if let Ok(value) = HeaderValue::from_str(allow.as_str()) {
-                    response.headers_mut().insert(http::header::ALLOW, value);
-                }
+                response
+                    .headers_mut()
+                    .insert(http::header::ALLOW, HeaderValue::from_static(allow));
             }
             _ => {}
         }
@@ -194,11 +194,22 @@ impl<'a> Endpoint<'a> {
         })
     }
 
-    /// The one method this endpoint accepts.
-    fn method(&self) -> Method {
-        match self {
-            Endpoint::Resolve(_) | Endpoint::Pause(..) => Method::POST,
-            _ => Method::GET,
+    /// Whether this endpoint changes something (POST); the others read
+    /// (GET, and HEAD alike: hyper sends no body for it).
+    fn writes(&self) -> bool {
+        matches!(self, Endpoint::Resolve(_) | Endpoint::Pause(..))
+    }
+
+    /// The methods this endpoint accepts, as `Allow` lists them.
+    fn allow(&self) -> &'static str {
+        if self.writes() { "POST" } else { "GET, HEAD" }
+    }
+
+    fn allows(&self, method: &Method) -> bool {
+        if self.writes() {
+            method == Method::POST
+        } else {
+            method == Method::GET || method == Method::HEAD
         }
     }
 }
@@ -223,10 +234,10 @@ async fn route(
         admin.token.check(request.headers())?;
     }
     let endpoint = Endpoint::parse(&segments).ok_or_else(|| AdminError::NoRoute(path.clone()))?;
-    if *request.method() != endpoint.method() {
+    if !endpoint.allows(request.method()) {
         return Err(AdminError::MethodNotAllowed {
             method: request.method().clone(),
-            allow: endpoint.method(),
+            allow: endpoint.allow(),
         });
     }
     match endpoint {
@@ -410,7 +421,7 @@ mod tests {
             (
                 AdminError::MethodNotAllowed {
                     method: Method::PUT,
-                    allow: Method::GET,
+                    allow: "GET, HEAD",
                 },
                 405,
                 "method-not-allowed",
