@@ -18,6 +18,7 @@ use crate::body::{ProxyBody, full};
 use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::key::KeyError;
 use crate::pipeline::path::PathError;
+use crate::pipeline::quota::QuotaSpent;
 use crate::store::{Operation, State, StoreError};
 
 /// The operation a problem is about.
@@ -93,14 +94,14 @@ pub enum ProxyError {
     #[error("the upstream exchange failed: {reason}")]
     UpstreamFailed { reason: String },
     #[error(
-        "this scope has had {operations} writes sent on route `{route}` in {}; nothing was sent, retry after the window ends",
-        humantime::format_duration(*window)
+        "this scope has had {} writes sent on route `{route}` within {}; nothing was sent, retry after the window ends",
+        spent.operations,
+        humantime::format_duration(spent.window)
     )]
     QuotaExceeded {
         route: String,
-        operations: u32,
-        window: std::time::Duration,
-        retry_after: u32,
+        spent: QuotaSpent,
+        operation: Option<OperationRef>,
     },
     #[error("the gateway is at its limit of {what}; nothing was sent, retry shortly")]
     Overloaded { what: &'static str },
@@ -271,11 +272,11 @@ impl ProxyError {
                 "Upstream failed",
                 None,
             ),
-            QuotaExceeded { .. } => (
+            QuotaExceeded { operation, .. } => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "quota-exceeded",
                 "Quota exceeded",
-                None,
+                operation.as_ref(),
             ),
             Overloaded { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -292,7 +293,7 @@ impl ProxyError {
         };
         let retry_after = match self {
             InProgress { .. } | Overloaded { .. } => Some(1),
-            QuotaExceeded { retry_after, .. } => Some(*retry_after),
+            QuotaExceeded { spent, .. } => Some(spent.retry_after),
             StoreUnavailable { .. } | StoreUnavailableAfterSend { .. } => Some(2),
             _ => None,
         };
@@ -539,9 +540,12 @@ mod tests {
         let quota = check(
             ProxyError::QuotaExceeded {
                 route: "api".into(),
-                operations: 10,
-                window: std::time::Duration::from_secs(60),
-                retry_after: 42,
+                spent: QuotaSpent {
+                    operations: 10,
+                    window: std::time::Duration::from_secs(60),
+                    retry_after: 42,
+                },
+                operation: None,
             },
             429,
             "quota-exceeded",

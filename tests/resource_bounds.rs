@@ -308,17 +308,21 @@ async fn a_scope_over_its_quota_gets_429_while_other_scopes_are_served() {
     let clock = idemgate::clock::ManualClock::new();
     let route = "quota_operations = 3\nquota_window = \"1m\"";
     let gw = spawn_gateway_with(Setup::route(route).clock(clock.clone())).await;
-    // Three attempts sent: a lost one, two created.
+    // Three attempts sent: a lost one, a created one, one the upstream refused.
     let lost = write(gw.addr(), "/drop", Some("quota-lost"), ORDER).await;
     lost.assert_operation_problem(502, "outcome-unknown", "unknown");
     let first = write(gw.addr(), "/orders", Some("quota-1"), ORDER).await;
     assert_fresh_created(&first);
-    assert_fresh_created(&write(gw.addr(), "/orders", Some("quota-2"), ORDER).await);
+    let refused = write(gw.addr(), "/status/503", Some("quota-refused"), ORDER).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
     clock.advance(Duration::from_secs(20));
 
     let over = write(gw.addr(), "/orders", Some("quota-3"), ORDER).await;
     over.assert_problem(429, "quota-exceeded");
     assert_eq!(over.header("retry-after"), Some("40"));
+    // The refused one's next attempt would be sent: it waits too.
+    let next = write(gw.addr(), "/status/503", Some("quota-refused"), ORDER).await;
+    next.assert_operation_problem(429, "quota-exceeded", "not_attempted");
     // What exists answers for itself, and is not counted.
     assert_replay_of(
         &write(gw.addr(), "/orders", Some("quota-1"), ORDER).await,
@@ -330,11 +334,12 @@ async fn a_scope_over_its_quota_gets_429_while_other_scopes_are_served() {
         .assert_problem(422, "key-reused");
     // Another credential is another scope.
     assert_fresh_created(&write_as(gw.addr(), "/orders", Some("quota-3"), Some(BOB), ORDER).await);
-    assert_eq!(gw.upstream.writes(), 4, "nothing over the quota was sent");
+    assert_eq!(gw.upstream.writes(), 3, "nothing over the quota was sent");
+    assert_eq!(gw.upstream.write_requests().len(), 4);
 
     clock.advance(Duration::from_secs(41));
     assert_fresh_created(&write(gw.addr(), "/orders", Some("quota-3"), ORDER).await);
-    assert_eq!(gw.upstream.writes(), 5);
+    assert_eq!(gw.upstream.writes(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

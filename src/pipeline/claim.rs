@@ -71,15 +71,11 @@ impl Hold {
                 reason: "paused until an operator resumes it".into(),
                 operation,
             },
-            Hold::OverQuota(spent) => {
-                let quota = route.quota.as_ref();
-                ProxyError::QuotaExceeded {
-                    route: route.name.clone(),
-                    operations: quota.map_or(0, |q| q.operations),
-                    window: quota.map_or(Duration::ZERO, |q| q.window),
-                    retry_after: spent.retry_after,
-                }
-            }
+            Hold::OverQuota(spent) => ProxyError::QuotaExceeded {
+                route: route.name.clone(),
+                spent,
+                operation,
+            },
         }
     }
 }

@@ -16,8 +16,10 @@
 //! count after it, so writes of one scope claimed at the same instant may
 //! pass the quota by as many as were claimed together.
 
-use dashmap::DashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dashmap::DashMap;
 
 use crate::clock;
 use crate::config::{Quota, Route};
@@ -50,9 +52,12 @@ struct Window {
     sent: u32,
 }
 
-/// The scope has used its quota: seconds until its window ends.
+/// The scope has used its quota (`operations` per `window`): seconds
+/// until its window ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaSpent {
+    pub operations: u32,
+    pub window: Duration,
     pub retry_after: u32,
 }
 
@@ -71,6 +76,8 @@ impl Quotas {
         }
         let seconds = (ends - now + 999) / 1000;
         Err(QuotaSpent {
+            operations: quota.operations,
+            window: quota.window,
             retry_after: u32::try_from(seconds).unwrap_or(u32::MAX).max(1),
         })
     }
@@ -138,7 +145,11 @@ mod tests {
         }
         assert_eq!(
             quotas.check(&route, "alice", 2_500),
-            Err(QuotaSpent { retry_after: 8 })
+            Err(QuotaSpent {
+                operations: 2,
+                window: Duration::from_secs(10),
+                retry_after: 8
+            })
         );
         assert_eq!(quotas.check(&route, "bob", 2_500), Ok(()), "per scope");
         assert_eq!(
