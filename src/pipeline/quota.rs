@@ -22,7 +22,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use crate::clock;
-use crate::config::{Quota, Route};
+use crate::config::Route;
 
 /// Quotas below this many tracked scopes are never pruned.
 const PRUNE_FLOOR: usize = 1024;
@@ -46,8 +46,8 @@ impl Default for Quotas {
 
 #[derive(Debug, Clone, Copy)]
 struct Window {
-    /// When it started (ms, the gateway's clock).
-    started: i64,
+    /// When it ends (ms, the gateway's clock).
+    ends: i64,
     /// Attempts sent in it.
     sent: u32,
 }
@@ -70,11 +70,10 @@ impl Quotas {
         let Some(window) = self.windows.get(&key(route, scope)).map(|w| *w) else {
             return Ok(());
         };
-        let ends = window.started + clock::millis(quota.window);
-        if now >= ends || window.sent < quota.operations {
+        if now >= window.ends || window.sent < quota.operations {
             return Ok(());
         }
-        let seconds = (ends - now + 999) / 1000;
+        let seconds = (window.ends - now + 999) / 1000;
         Err(QuotaSpent {
             operations: quota.operations,
             window: quota.window,
@@ -87,33 +86,29 @@ impl Quotas {
         let Some(quota) = &route.quota else {
             return;
         };
+        let fresh = Window {
+            ends: now + clock::millis(quota.window),
+            sent: 0,
+        };
         {
-            let mut window = self.windows.entry(key(route, scope)).or_insert(Window {
-                started: now,
-                sent: 0,
-            });
-            if now >= window.started + clock::millis(quota.window) {
-                *window = Window {
-                    started: now,
-                    sent: 0,
-                };
+            // The map guard ends here, before `prune` walks the map.
+            let mut window = self.windows.entry(key(route, scope)).or_insert(fresh);
+            if now >= window.ends {
+                *window = fresh;
             }
             window.sent = window.sent.saturating_add(1);
         }
-        self.prune(quota, now);
+        self.prune(now);
     }
 
     /// Drops windows that ended, once the map has grown past its mark, so
     /// scopes that stopped writing do not stay in memory.
-    fn prune(&self, quota: &Quota, now: i64) {
+    fn prune(&self, now: i64) {
         let len = self.windows.len();
         if len <= self.prune_at.load(Ordering::Relaxed) {
             return;
         }
-        // Windows of other routes are dropped by this route's window
-        // length too: at worst one is dropped early, never kept forever.
-        let window = clock::millis(quota.window);
-        self.windows.retain(|_, w| now < w.started + window);
+        self.windows.retain(|_, w| now < w.ends);
         let kept = self.windows.len();
         self.prune_at
             .store(PRUNE_FLOOR.max(kept * 2), Ordering::Relaxed);
