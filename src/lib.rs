@@ -12,6 +12,7 @@
 //! - [`problem`]: every error idemgate answers itself, as RFC 9457 problem+json.
 //! - [`admin`]: the operators' listener; [`metrics`]: Prometheus counters.
 //! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal.
+//! - [`log_sink`]: log lines batched in memory, written by a thread of their own.
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
@@ -44,6 +45,7 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod keys_cli;
+pub mod log_sink;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod pipeline;

@@ -8,11 +8,14 @@ use clap::Parser;
 use idemgate::cli::{Cli, Command, LogFormat};
 use idemgate::clock::SystemClock;
 use idemgate::config::{Config, Durability, StoreUrl};
+use idemgate::log_sink::{FlushGuard, LogSink};
 use idemgate::mock_upstream::MockUpstream;
 use idemgate::server::Gateway;
 use idemgate::store::{SqliteStore, Store};
-use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::EnvFilter;
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -35,7 +38,7 @@ fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(serve) => {
-            let _log = init_logging(serve.log_format);
+            let _log = init_logging(serve.log_format)?;
             let config = serve.config()?;
             let store = config.store.url.to_string();
             let gateway = Gateway::start(config)
@@ -73,7 +76,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         },
         Command::MockUpstream { listen } => {
-            let _log = init_logging(LogFormat::Text);
+            let _log = init_logging(LogFormat::Text)?;
             let mock = MockUpstream::start(listen).await?;
             println!("listening mock={}", mock.addr());
             std::io::stdout().flush()?;
@@ -97,7 +100,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Migrate { store } => {
-            let _log = init_logging(LogFormat::Text);
+            let _log = init_logging(LogFormat::Text)?;
             let url =
                 StoreUrl::parse(&store).map_err(|reason| anyhow::anyhow!("--store: {reason}"))?;
             let StoreUrl::Sqlite(path) = &url;
@@ -112,25 +115,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Logs to stderr through a writer thread of its own, so a slow reader of
-/// stderr never stalls a request: past 128k lines waiting, lines are
-/// dropped rather than requests delayed. The thread flushes after each
-/// burst it drains, so a buffered stderr costs one write per burst, not
-/// one per line. Keep the guard until exit: it flushes what is queued.
-fn init_logging(format: LogFormat) -> WorkerGuard {
+/// Logs to stderr through [`LogSink`]: a request's line is a copy into
+/// memory, written out in batches by a thread of its own, so a slow reader
+/// of stderr never stalls a request (past a bound, lines are dropped and
+/// counted instead). Keep the guard until exit: it writes what is waiting.
+fn init_logging(format: LogFormat) -> anyhow::Result<FlushGuard> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let (writer, guard) =
-        tracing_appender::non_blocking(std::io::BufWriter::new(std::io::stderr()));
+    let (sink, guard) =
+        LogSink::start(std::io::stderr()).context("cannot start the log writer thread")?;
     // Colours only for a person at a terminal, never into log files.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(writer);
+        .with_writer(sink);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
-    guard
+    Ok(guard)
 }
 
 /// Errors only: the command's own lines are the output, and a log line

@@ -76,3 +76,39 @@ async fn derive_from_a_twenty_digit_id_keeps_ids_apart() {
     assert_replay_of(again, first);
     assert_eq!(gw.upstream.writes(), 2);
 }
+
+/// A retry sent byte for byte is answered from the replay cache before its
+/// JSON is parsed. The same bytes under another `Content-Type` are another
+/// request (hashed raw, not as JSON): 422, never the JSON request's replay,
+/// even on a route whose fingerprint headers leave `Content-Type` out;
+/// another spelling of the same JSON is still its replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_bytes_under_another_media_type_are_another_request() {
+    let gw = spawn_gateway("fingerprint_headers = []").await;
+    let body = r#"{"account":"acc-1","amount":5}"#;
+    let as_media_type = |media_type: &'static str, body: &'static str| {
+        let addr = gw.addr();
+        async move {
+            let headers = [
+                ("content-type", media_type),
+                ("idempotency-key", "k-1"),
+                ("authorization", ALICE),
+            ];
+            send(addr, "POST", "/accounts", &headers, body).await
+        }
+    };
+
+    let created = as_media_type("application/json", body).await;
+    assert_fresh_created(&created);
+    assert_replay_of(&as_media_type("application/json", body).await, &created);
+    as_media_type("text/plain", body)
+        .await
+        .assert_operation_problem(422, "key-reused", "completed");
+    let respelled = r#"{ "amount": 5, "account": "acc-1" }"#;
+    assert_replay_of(
+        &as_media_type("application/json", respelled).await,
+        &created,
+    );
+
+    assert_eq!(gw.upstream.requests().len(), 1);
+}

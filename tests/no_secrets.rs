@@ -114,6 +114,8 @@ async fn credentials_never_reach_the_store_files_or_the_logs() {
             .env("RUST_LOG", "trace");
         let mut gateway = BinaryGateway::spawn(cmd, &log).await;
         traffic(gateway.proxy, gateway.admin, format).await;
+        // Log lines wait in memory up to a flush tick: let them all out.
+        tokio::time::sleep(idemgate::log_sink::FLUSH_EVERY * 6).await;
         // As a crash leaves them: the WAL not checkpointed into the database.
         gateway.kill();
         logs.push((

@@ -23,10 +23,10 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, OperationId};
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::claim::InFlightGuard;
-use crate::pipeline::fingerprint::Fingerprint;
+use crate::pipeline::fingerprint::{ExactDigest, Fingerprint};
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
 use crate::pipeline::record::{self, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::replay::ReplayCache;
@@ -51,6 +51,8 @@ pub struct Attempt {
     pub replays: Arc<ReplayCache>,
     pub identity: String,
     pub fingerprint: Fingerprint,
+    /// The request exactly as sent, for the replay cache's fast path.
+    pub exact: ExactDigest,
     pub clock: Arc<dyn Clock>,
     /// Cancelled when shutdown starts: stop probing and listening late.
     pub stopping: CancellationToken,
@@ -83,7 +85,14 @@ impl Attempt {
         // outlives the stored operation.
         let recorded_at = self.clock.now_millis();
         // The client may have hung up; the outcome is recorded regardless.
-        let deliver = |response| drop(reply.send(response));
+        let operation_id = OperationId(self.claim.operation_id.clone());
+        let deliver = |response: Reply| {
+            let response = response.map(|mut response| {
+                response.extensions_mut().insert(operation_id);
+                response
+            });
+            drop(reply.send(response));
+        };
         let recorded = match self.store.record(&self.claim, &settlement, &events).await {
             Ok(recorded) => {
                 if recorded == Recorded::Stale {
@@ -132,7 +141,7 @@ impl Attempt {
             self.replays.insert(
                 &self.identity,
                 &self.claim.operation_id,
-                &self.fingerprint,
+                (&self.fingerprint, Some(self.exact)),
                 response,
                 recorded_at,
             );

@@ -33,29 +33,15 @@ pub struct FingerprintInput<'a> {
 impl Fingerprint {
     pub fn compute(input: &FingerprintInput<'_>) -> Self {
         let mut hasher = Sha256::new();
-        let mut part = |bytes: &[u8]| {
-            hasher.update((bytes.len() as u64).to_be_bytes());
-            hasher.update(bytes);
-        };
-        part(b"idemgate-fingerprint-v1");
-        part(input.method.as_str().as_bytes());
-        part(input.path_and_query.as_bytes());
-        for name in input.fingerprint_headers {
-            part(name.as_str().as_bytes());
-            let values: Vec<_> = input.headers.get_all(name).iter().collect();
-            part(&(values.len() as u64).to_be_bytes());
-            for value in values {
-                part(value.as_bytes());
-            }
-        }
+        hash_request_head(&mut hasher, b"idemgate-fingerprint-v1", input);
         match canonical_body(input) {
             Some(canonical) => {
-                part(b"json");
-                part(&canonical);
+                part(&mut hasher, b"json");
+                part(&mut hasher, &canonical);
             }
             None => {
-                part(b"raw");
-                part(input.body);
+                part(&mut hasher, b"raw");
+                part(&mut hasher, input.body);
             }
         }
         Fingerprint(digest_hex(hasher))
@@ -68,6 +54,53 @@ impl Fingerprint {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// A request exactly as sent: a SHA-256 over every input of its
+/// fingerprint, the body as sent and the `Content-Type` that decides
+/// whether it is read as JSON. On one route (one `ignore_fields`), two
+/// requests with the same exact digest have the same fingerprint, so a
+/// retry sent byte for byte is recognised as the same request without
+/// parsing its JSON: the replay fast path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExactDigest([u8; 32]);
+
+impl ExactDigest {
+    pub fn compute(input: &FingerprintInput<'_>) -> Self {
+        let mut hasher = Sha256::new();
+        hash_request_head(&mut hasher, b"idemgate-exact-v1", input);
+        hash_values(&mut hasher, input.headers, &CONTENT_TYPE);
+        part(&mut hasher, input.body);
+        ExactDigest(hasher.finalize().into())
+    }
+}
+
+/// One length-prefixed part, so no two different requests run together
+/// into the same bytes.
+fn part(hasher: &mut Sha256, bytes: &[u8]) {
+    hasher.update((bytes.len() as u64).to_be_bytes());
+    hasher.update(bytes);
+}
+
+/// A domain tag, the method, the path and query, and each of the route's
+/// fingerprint headers with all its values.
+fn hash_request_head(hasher: &mut Sha256, tag: &[u8], input: &FingerprintInput<'_>) {
+    part(hasher, tag);
+    part(hasher, input.method.as_str().as_bytes());
+    part(hasher, input.path_and_query.as_bytes());
+    for name in input.fingerprint_headers {
+        hash_values(hasher, input.headers, name);
+    }
+}
+
+/// A header's name, how many values it has, and each value.
+fn hash_values(hasher: &mut Sha256, headers: &HeaderMap, name: &HeaderName) {
+    part(hasher, name.as_str().as_bytes());
+    let values = headers.get_all(name);
+    part(hasher, &(values.iter().count() as u64).to_be_bytes());
+    for value in values {
+        part(hasher, value.as_bytes());
     }
 }
 
@@ -300,6 +333,33 @@ mod tests {
             canonical.as_str(),
             "f8bf799f45becd53f8537155d4e9d725e8225d7861707c62d459daa4475712ca"
         );
+    }
+
+    fn exact(content_type: Option<&str>, body: &str) -> ExactDigest {
+        let mut headers = HeaderMap::new();
+        if let Some(ct) = content_type {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
+        }
+        ExactDigest::compute(&FingerprintInput {
+            method: &Method::POST,
+            path_and_query: "/t",
+            headers: &headers,
+            fingerprint_headers: &[],
+            ignore_fields: &[],
+            body: body.as_bytes(),
+        })
+    }
+
+    #[test]
+    fn the_exact_digest_is_the_request_as_sent() {
+        let body = r#"{"a":1,"b":2}"#;
+        assert_eq!(exact(JSON, body), exact(JSON, body));
+        // The same payload spelled otherwise is one fingerprint but not one
+        // exact digest: the replay cache then asks the fingerprint.
+        assert_ne!(exact(JSON, body), exact(JSON, r#"{"b":2,"a":1}"#));
+        // The media type decides how the body is fingerprinted, so it counts.
+        assert_ne!(exact(JSON, body), exact(Some("text/plain"), body));
+        assert_ne!(exact(JSON, body), exact(None, body));
     }
 
     /// A JSON value as the property test knows it: numbers as exact

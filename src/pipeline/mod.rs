@@ -58,7 +58,7 @@ use crate::store::{NewOperation, RequestSummary, Store, StoreError};
 use attempt::Attempt;
 use budget::{BodyBudget, BudgetSpent, Reservation};
 use claim::{Claimed, Hold, InFlight};
-use fingerprint::{Fingerprint, FingerprintInput};
+use fingerprint::{ExactDigest, Fingerprint, FingerprintInput};
 use forward::{UpstreamClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
 use quota::Quotas;
@@ -241,23 +241,33 @@ impl Proxy {
         // Goes with the body to the attempt, which may hold it longest.
         let (body, reservation) = read_body(&parts, body, route, &self.body_budget).await?;
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let fingerprint = fingerprint_of(route, &parts, &body).await?;
+        let now = self.clock.now_millis();
+        let retained_after = now - clock::millis(self.retention);
+        let exact = digest_of(route, &parts, &body, ExactDigest::compute).await?;
+        // Most retries are replays sent byte for byte: answered here, from
+        // the cache, before their JSON is parsed for the fingerprint.
+        if let Some(key) = &sent_key {
+            let identity = claim::identity(&route.name, scope.as_str(), key.as_str());
+            if let Some(replay) = self.replays.answer_exact(&identity, &exact, retained_after) {
+                return Ok(replay);
+            }
+        }
+        let fingerprint = digest_of(route, &parts, &body, Fingerprint::compute).await?;
         let (key, announced) = match sent_key {
             Some(key) => (key, false),
             None => (made_key(route, &scope, &fingerprint, &body)?, true),
         };
         // An identical request is the same derived operation only within the window.
-        let now = self.clock.now_millis();
         let fresh_after =
             (announced && route.key == KeyMode::Derive && route.derive_from.is_empty())
                 .then(|| now - clock::millis(route.derive_window));
         // Completed operations the store may have deleted (retention) or
         // superseded (derive window) are never answered from the cache.
-        let valid_after =
-            (now - clock::millis(self.retention)).max(fresh_after.unwrap_or(i64::MIN));
+        let valid_after = retained_after.max(fresh_after.unwrap_or(i64::MIN));
         let identity = claim::identity(&route.name, scope.as_str(), key.as_str());
-        // Most retries are replays: answered here, without a task or a
-        // store call (the claim phase asks the cache again, for waiters).
+        // Other replays (the same payload spelled otherwise, or cached from
+        // the store) are answered here too, without a task or a store call
+        // (the claim phase asks the cache again, for waiters).
         let cached = self.replays.answer(&identity, &fingerprint, valid_after);
         let mut response = match cached {
             Some(answer) => answer.unwrap_or_else(ProxyError::into_response),
@@ -284,6 +294,7 @@ impl Proxy {
                 let write = Write {
                     key: key.clone(),
                     new,
+                    exact,
                     identity,
                     valid_after,
                     parts,
@@ -301,7 +312,9 @@ impl Proxy {
 
     /// Runs a write in a task of its own from the claim on: a client that
     /// hangs up can no longer cancel it between the claim's commit and the
-    /// attempt, which would leave the operation in_progress.
+    /// attempt, which would leave the operation in_progress. The same task
+    /// runs the attempt, which answers as soon as the outcome is recorded
+    /// and goes on with what a lost response needs.
     async fn spawn_write(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
@@ -310,8 +323,11 @@ impl Proxy {
         let (reply_tx, reply_rx) = oneshot::channel();
         let (this, active) = (self.clone(), active.clone());
         self.tasks.spawn(async move {
-            let reply = this.write(&active, write).await;
-            drop(reply_tx.send(reply));
+            match this.claim_write(&active, write).await {
+                Ok(Next::Send(attempt)) => attempt.run(reply_tx).await,
+                Ok(Next::Answer(response)) => drop(reply_tx.send(Ok(response))),
+                Err(error) => drop(reply_tx.send(Err(error))),
+            }
         });
         reply_rx
             .await
@@ -323,16 +339,18 @@ impl Proxy {
             .unwrap_or_else(ProxyError::into_response)
     }
 
-    /// Phases 5–7: claim, then forward and record (or answer from the store).
-    async fn write(
+    /// Phase 5: the claim decides whether the write is sent (the attempt
+    /// that forwards and records it) or answered from the store.
+    async fn claim_write(
         &self,
         active: &Arc<ActiveRoute>,
         write: Write,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+    ) -> Result<Next, ProxyError> {
         let route = &active.route;
         let Write {
             key,
             new,
+            exact,
             identity,
             valid_after,
             parts,
@@ -366,9 +384,9 @@ impl Proxy {
         }
         let (claim, in_flight) = match claimed {
             Claimed::Send(claim, guard) => (claim, guard),
-            Claimed::Answer(response) => return Ok(response),
+            Claimed::Answer(response) => return Ok(Next::Answer(response)),
             Claimed::Held(operation) if route.reconcile.is_none() => {
-                return replay::answer_existing(&operation, &new.fingerprint);
+                return replay::answer_existing(&operation, &new.fingerprint).map(Next::Answer);
             }
             Claimed::Held(operation) => {
                 self.reconciler
@@ -392,10 +410,11 @@ impl Proxy {
                 return replay::answer_existing(
                     current.as_ref().unwrap_or(&operation),
                     &new.fingerprint,
-                );
+                )
+                .map(Next::Answer);
             }
         };
-        let attempt = Attempt {
+        Ok(Next::Send(Box::new(Attempt {
             store: self.store.clone(),
             reconciler: self.reconciler.clone(),
             active: active.clone(),
@@ -408,19 +427,21 @@ impl Proxy {
             replays: self.replays.clone(),
             identity,
             fingerprint: new.fingerprint.clone(),
+            exact,
             clock: self.clock.clone(),
             stopping: self.stopping.clone(),
             give_up: self.give_up.clone(),
-        };
-        let operation_id = OperationId(attempt.claim.operation_id.clone());
-        let (reply_tx, reply_rx) = oneshot::channel();
-        self.tasks.spawn(attempt.run(reply_tx));
-        let mut response = reply_rx.await.map_err(|_| ProxyError::Internal {
-            reason: "the forward task ended without a reply".into(),
-        })??;
-        response.extensions_mut().insert(operation_id);
-        Ok(response)
+        })))
     }
+}
+
+/// What the claim phase decided for a write.
+enum Next {
+    /// Claimed: the attempt to run (boxed: it is large, and moved into
+    /// the task's future).
+    Send(Box<Attempt>),
+    /// The answer from the store, the replay cache or a released attempt.
+    Answer(Response<ProxyBody>),
 }
 
 /// A write past its fingerprint, on its way to the claim: the operation it
@@ -429,6 +450,8 @@ impl Proxy {
 struct Write {
     key: IdempotencyKey,
     new: NewOperation,
+    /// The request exactly as sent, kept with its response for replays.
+    exact: ExactDigest,
     identity: String,
     /// Cached completed operations updated before this (ms) are not answered.
     valid_after: i64,
@@ -438,29 +461,37 @@ struct Write {
     peer: SocketAddr,
 }
 
-/// Bodies larger than this are fingerprinted on the blocking pool: RFC 8785
-/// over a large JSON body takes milliseconds (about 1 ms per 64 KiB), which
-/// must not stall the other requests on an async worker.
+/// Bodies larger than this are digested on the blocking pool: hashing and
+/// RFC 8785 over a large body take milliseconds (about 1 ms per 64 KiB of
+/// JSON), which must not stall the other requests on an async worker.
 const INLINE_FINGERPRINT_BYTES: usize = 64 * 1024;
 
-/// The request's fingerprint, computed where its size says.
-async fn fingerprint_of(
+/// What the fingerprint (and the exact digest) is computed over.
+fn fingerprint_input<'a>(
+    route: &'a Route,
+    parts: &'a request::Parts,
+    body: &'a [u8],
+) -> FingerprintInput<'a> {
+    FingerprintInput {
+        method: &parts.method,
+        path_and_query: parts.uri.path_and_query().map_or("/", |pq| pq.as_str()),
+        headers: &parts.headers,
+        fingerprint_headers: &route.fingerprint_headers,
+        ignore_fields: &route.ignore_fields,
+        body,
+    }
+}
+
+/// `digest` of the request ([`Fingerprint::compute`] or
+/// [`ExactDigest::compute`]), computed where the body's size says.
+async fn digest_of<T: Send + 'static>(
     route: &Arc<Route>,
     parts: &request::Parts,
     body: &Bytes,
-) -> Result<Fingerprint, ProxyError> {
-    let compute = |route: &Route, parts: &request::Parts, body: &[u8]| {
-        Fingerprint::compute(&FingerprintInput {
-            method: &parts.method,
-            path_and_query: parts.uri.path_and_query().map_or("/", |pq| pq.as_str()),
-            headers: &parts.headers,
-            fingerprint_headers: &route.fingerprint_headers,
-            ignore_fields: &route.ignore_fields,
-            body,
-        })
-    };
+    digest: fn(&FingerprintInput<'_>) -> T,
+) -> Result<T, ProxyError> {
     if body.len() <= INLINE_FINGERPRINT_BYTES {
-        return Ok(compute(route, parts, body));
+        return Ok(digest(&fingerprint_input(route, parts, body)));
     }
     let (route, body) = (route.clone(), body.clone());
     let mut head = Request::new(());
@@ -468,7 +499,7 @@ async fn fingerprint_of(
     *head.uri_mut() = parts.uri.clone();
     *head.headers_mut() = parts.headers.clone();
     let (head, ()) = head.into_parts();
-    tokio::task::spawn_blocking(move || compute(&route, &head, &body))
+    tokio::task::spawn_blocking(move || digest(&fingerprint_input(&route, &head, &body)))
         .await
         .map_err(|e| ProxyError::Internal {
             reason: format!("fingerprinting failed: {e}"),

@@ -15,7 +15,7 @@ use http::{Response, StatusCode};
 
 use crate::body::{ProxyBody, full};
 use crate::metrics::{OperationId, Outcome};
-use crate::pipeline::fingerprint::Fingerprint;
+use crate::pipeline::fingerprint::{ExactDigest, Fingerprint};
 use crate::problem::{OperationRef, ProxyError};
 use crate::store::{Operation, State, StoredResponse};
 
@@ -128,6 +128,9 @@ pub struct ReplayCache {
 struct Cached {
     operation_id: String,
     fingerprint: Fingerprint,
+    /// The request that made the operation, exactly as sent, when known (not
+    /// for an entry mirrored from the store).
+    exact: Option<ExactDigest>,
     status: StatusCode,
     headers: http::HeaderMap,
     body: bytes::Bytes,
@@ -183,7 +186,7 @@ impl ReplayCache {
             (State::Completed, Some(response)) => self.insert(
                 identity,
                 &operation.id,
-                &operation.fingerprint,
+                (&operation.fingerprint, None),
                 response,
                 operation.updated_at,
             ),
@@ -196,13 +199,15 @@ impl ReplayCache {
         self.entries.remove(identity);
     }
 
-    /// Keeps a response just recorded as `completed`. `updated_at` must not
-    /// be later than the store's own, so the cache never outlives it.
+    /// Keeps a response just recorded as `completed`, with the fingerprint
+    /// of the request that made it (and that request's exact digest, when
+    /// known). `updated_at` must not be later than the store's own, so the
+    /// cache never outlives it.
     pub fn insert(
         &self,
         identity: &str,
         operation_id: &str,
-        fingerprint: &Fingerprint,
+        (fingerprint, exact): (&Fingerprint, Option<ExactDigest>),
         response: &StoredResponse,
         updated_at: i64,
     ) {
@@ -213,6 +218,7 @@ impl ReplayCache {
         let cached = Arc::new(Cached {
             operation_id: operation_id.to_string(),
             fingerprint: fingerprint.clone(),
+            exact,
             status: head.status,
             headers: head.headers,
             body: bytes::Bytes::from(response.body.clone().unwrap_or_default()),
@@ -239,6 +245,23 @@ impl ReplayCache {
             self.entries
                 .remove_if(&oldest, |_, current| Arc::ptr_eq(current, &entry));
         }
+    }
+
+    /// The replay for `identity` if a completed operation updated after
+    /// `valid_after` (ms, the store's clock) is cached and was made by a
+    /// request with this exact digest: a retry sent byte for byte is
+    /// answered before its fingerprint is computed. `None` says nothing
+    /// (another spelling of the same payload, a changed one, no entry):
+    /// ask [`answer`](Self::answer) with the fingerprint.
+    pub fn answer_exact(
+        &self,
+        identity: &str,
+        exact: &ExactDigest,
+        valid_after: i64,
+    ) -> Option<Response<ProxyBody>> {
+        let cached = self.entries.get(identity).map(|c| c.clone())?;
+        (cached.updated_at >= valid_after && cached.exact.as_ref() == Some(exact))
+            .then(|| cached.respond())
     }
 
     /// The answer for `identity` if a completed operation updated after

@@ -7,9 +7,13 @@
 //!   transaction that holds it committed (one fsync per batch with
 //!   `durability = "full"`), so no claim sends a byte upstream, and no
 //!   client hears an outcome, before it is on disk;
-//! - a job whose statements fail rolls back to its own savepoint and fails
-//!   alone; a batch that cannot begin or commit fails every job in it, and
-//!   none of their writes happened;
+//! - a job whose statements fail fails alone: the batch runs once without
+//!   savepoints (the common case, and the cheap one: a savepoint copies
+//!   every page its job touches to a sub-journal), and if any job failed it
+//!   is rolled back whole and run again with a savepoint per job, so the
+//!   failed job's writes are undone and the others' kept; a batch that
+//!   cannot begin or commit fails every job in it, and none of their writes
+//!   happened;
 //! - a job whose deadline passed while it queued is refused unrun: a caller
 //!   told "busy" never has its claim committed behind its back;
 //! - jobs run in the order they were queued, so one request's calls (a
@@ -36,7 +40,8 @@ pub const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 /// One request's statements and where their result goes.
 trait Work: Send {
     fn deadline(&self) -> Instant;
-    /// Runs the statements; `false` when they failed (the caller rolls back).
+    /// Runs the statements, keeping their result (a second run replaces
+    /// the first's); `false` when they failed.
     fn run(&mut self, conn: &Connection) -> bool;
     /// Sends the result, or `failed` when the batch did not commit.
     fn reply(self: Box<Self>, failed: Option<&str>);
@@ -44,7 +49,8 @@ trait Work: Send {
 
 struct Task<T, F> {
     deadline: Instant,
-    statements: Option<F>,
+    /// `Fn`: a batch rolled back for another job's failure runs it again.
+    statements: F,
     result: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
 }
@@ -52,18 +58,16 @@ struct Task<T, F> {
 impl<T, F> Work for Task<T, F>
 where
     T: Send,
-    F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
+    F: Fn(&Connection) -> Result<T, StoreError> + Send,
 {
     fn deadline(&self) -> Instant {
         self.deadline
     }
 
     fn run(&mut self, conn: &Connection) -> bool {
-        let Some(statements) = self.statements.take() else {
-            return false;
-        };
-        // A panic fails this call alone (its savepoint is rolled back);
-        // the thread, and every other caller, goes on.
+        let statements = &self.statements;
+        // A panic fails this call alone (its writes are rolled back); the
+        // thread, and every other caller, goes on.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| statements(conn)))
             .unwrap_or_else(|_| Err(StoreError::Failed("a store call panicked".into())));
         let ok = result.is_ok();
@@ -115,13 +119,13 @@ impl Writer {
     pub async fn run<T, F>(&self, statements: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let deadline = Instant::now() + QUEUE_TIMEOUT;
         let (reply, answer) = oneshot::channel();
         let task = Task {
             deadline,
-            statements: Some(statements),
+            statements,
             result: None,
             reply,
         };
@@ -184,27 +188,52 @@ fn write_batches(conn: &Connection, mut receiver: mpsc::Receiver<Message>) {
     }
 }
 
-/// Runs `batch` in one transaction, each job inside its own savepoint.
+/// Runs `batch` in one transaction: first without savepoints; if a job
+/// failed, the transaction is rolled back and run again with each job in
+/// a savepoint of its own, so that job fails alone.
 fn commit(conn: &Connection, batch: &mut [Box<dyn Work>]) -> Result<(), rusqlite::Error> {
-    let mut run = || -> Result<(), rusqlite::Error> {
-        conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        let now = Instant::now();
-        for job in batch.iter_mut().filter(|job| job.deadline() >= now) {
-            conn.prepare_cached("SAVEPOINT job")?.execute([])?;
-            if !job.run(conn) {
-                conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
-            }
-            conn.prepare_cached("RELEASE job")?.execute([])?;
+    // One instant for both runs: they run the same jobs.
+    let now = Instant::now();
+    let result = run_once(conn, batch, now, false).and_then(|all_ran| {
+        if all_ran {
+            return Ok(());
         }
-        conn.prepare_cached("COMMIT")?.execute([])?;
-        Ok(())
-    };
-    let result = run();
+        conn.prepare_cached("ROLLBACK")?.execute([])?;
+        run_once(conn, batch, now, true).map(drop)
+    });
     if result.is_err() && !conn.is_autocommit() {
         // Nothing of this batch happened; the connection is clean for the next.
         let _ = conn.execute_batch("ROLLBACK");
     }
     result
+}
+
+/// One transaction over the jobs whose deadline has not passed at `now`,
+/// each in its own savepoint when `isolated`. Commits unless a job failed
+/// without a savepoint to undo it alone: then the transaction is left open
+/// for the caller to roll back, and the answer is `false`.
+fn run_once(
+    conn: &Connection,
+    batch: &mut [Box<dyn Work>],
+    now: Instant,
+    isolated: bool,
+) -> Result<bool, rusqlite::Error> {
+    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    for job in batch.iter_mut().filter(|job| job.deadline() >= now) {
+        if !isolated {
+            if !job.run(conn) {
+                return Ok(false);
+            }
+            continue;
+        }
+        conn.prepare_cached("SAVEPOINT job")?.execute([])?;
+        if !job.run(conn) {
+            conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
+        }
+        conn.prepare_cached("RELEASE job")?.execute([])?;
+    }
+    conn.prepare_cached("COMMIT")?.execute([])?;
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -227,12 +256,12 @@ mod tests {
         let (reply, answer) = oneshot::channel();
         let task = Task {
             deadline,
-            statements: Some(move |conn: &Connection| {
-                for x in xs {
+            statements: move |conn: &Connection| {
+                for &x in &xs {
                     conn.execute("INSERT INTO t (x) VALUES (?1)", [x])?;
                 }
                 Ok(())
-            }),
+            },
             result: None,
             reply,
         };
@@ -279,10 +308,10 @@ mod tests {
         let (reply, b) = oneshot::channel::<Result<(), StoreError>>();
         let panicking = Task {
             deadline: later,
-            statements: Some(|conn: &Connection| -> Result<(), StoreError> {
+            statements: |conn: &Connection| -> Result<(), StoreError> {
                 conn.execute("INSERT INTO t (x) VALUES (2)", [])?;
                 panic!("a bug in a store call");
-            }),
+            },
             result: None,
             reply,
         };
