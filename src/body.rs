@@ -11,6 +11,16 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A request or response body idemgate sends.
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
 
+/// The body length a request's head declares (`Content-Length`), if any:
+/// what lets a limit answer before the body is polled, and so before
+/// hyper sends `100 Continue`.
+pub fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
 /// A body of bytes held in memory (hyper sends it with a Content-Length).
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into())

@@ -54,6 +54,16 @@ pub struct ServerConfig {
     /// hyper's read buffer bound; larger request heads get 431.
     pub max_header_bytes: usize,
     pub shutdown_grace: Duration,
+    /// Open connections on the proxy listener; more are answered 503
+    /// `overloaded` and closed at once, so a flood of idle or slow
+    /// connections cannot take every file descriptor and task.
+    pub max_connections: usize,
+    /// The same bound for the admin listener, kept apart so that a flood
+    /// on one listener never locks operators out of the other.
+    pub admin_max_connections: usize,
+    /// What the request bodies of all writes being read or held may take
+    /// together; a write that would need more is 503 `overloaded`.
+    pub buffered_body_budget: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -167,6 +177,14 @@ struct RawReconcile {
     timeout: Option<String>,
 }
 
+/// A route's quota per scope: at most `operations` writes sent upstream
+/// per `window` for each scope.
+#[derive(Debug, Clone)]
+pub struct Quota {
+    pub operations: u32,
+    pub window: Duration,
+}
+
 /// The origin a route forwards to: scheme and authority only.
 #[derive(Debug, Clone)]
 pub struct Upstream {
@@ -232,6 +250,11 @@ pub struct Route {
     pub forward_key_header: Option<HeaderName>,
     pub in_progress: InProgressMode,
     pub wait_timeout: Duration,
+    /// `wait` mode: duplicates waiting on one operation at once; more get
+    /// 409 `request-in-progress` at once.
+    pub max_waiters: usize,
+    /// Writes sent per scope and window; `None`: no quota.
+    pub quota: Option<Quota>,
     /// After `upstream_timeout`, how long the exchange is kept open for a
     /// late response that settles an `unknown` operation.
     pub late_window: Duration,
@@ -280,6 +303,9 @@ struct RawServer {
     header_read_timeout: Option<String>,
     max_header_bytes: Option<String>,
     shutdown_grace: Option<String>,
+    max_connections: Option<usize>,
+    admin_max_connections: Option<usize>,
+    buffered_body_budget: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -310,6 +336,9 @@ struct RawRoute {
     forward_key_header: Option<String>,
     in_progress: Option<String>,
     wait_timeout: Option<String>,
+    max_waiters: Option<usize>,
+    quota_operations: Option<u32>,
+    quota_window: Option<String>,
     connect_timeout: Option<String>,
     upstream_timeout: Option<String>,
     late_window: Option<String>,
@@ -442,6 +471,18 @@ impl Validator<'_> {
             .ok_or_else(|| self.invalid(field, "must be greater than zero"))
     }
 
+    fn count(
+        &self,
+        field: &str,
+        value: Option<usize>,
+        default: usize,
+    ) -> Result<usize, ConfigError> {
+        match value.unwrap_or(default) {
+            0 => Err(self.invalid(field, "must be greater than zero")),
+            n => Ok(n),
+        }
+    }
+
     fn addr(
         &self,
         field: &str,
@@ -547,6 +588,17 @@ impl Validator<'_> {
                 "server.shutdown_grace",
                 raw.shutdown_grace.as_deref(),
                 "30s",
+            )?,
+            max_connections: self.count("server.max_connections", raw.max_connections, 4096)?,
+            admin_max_connections: self.count(
+                "server.admin_max_connections",
+                raw.admin_max_connections,
+                64,
+            )?,
+            buffered_body_budget: self.size(
+                "server.buffered_body_budget",
+                raw.buffered_body_budget.as_deref(),
+                "256MiB",
             )?,
         })
     }
@@ -721,6 +773,8 @@ impl Validator<'_> {
                 raw.wait_timeout.as_deref(),
                 "10s",
             )?,
+            max_waiters: self.count(&field("max_waiters"), raw.max_waiters, 256)?,
+            quota: self.quota(&field, raw.quota_operations, raw.quota_window.as_deref())?,
             connect_timeout: self.duration(
                 &field("connect_timeout"),
                 raw.connect_timeout.as_deref(),
@@ -742,6 +796,29 @@ impl Validator<'_> {
             )?,
             store_request_body: raw.store_request_body.unwrap_or(false),
         })
+    }
+
+    fn quota(
+        &self,
+        field: &dyn Fn(&str) -> String,
+        operations: Option<u32>,
+        window: Option<&str>,
+    ) -> Result<Option<Quota>, ConfigError> {
+        match (operations, window) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(self.invalid(
+                field("quota_window"),
+                "only with quota_operations (writes sent per scope and window)",
+            )),
+            (Some(0), _) => Err(self.invalid(
+                field("quota_operations"),
+                "must be greater than zero; leave it out for no quota",
+            )),
+            (Some(operations), window) => Ok(Some(Quota {
+                operations,
+                window: self.duration(&field("quota_window"), window, "1m")?,
+            })),
+        }
     }
 
     fn reconcile(
@@ -858,6 +935,9 @@ mod tests {
         assert_eq!(config.server.admin_listen.to_string(), "127.0.0.1:9090");
         assert_eq!(config.store.url, StoreUrl::Sqlite("idemgate.db".into()));
         assert_eq!(config.store.durability, Durability::Full);
+        assert_eq!(config.server.max_connections, 4096);
+        assert_eq!(config.server.admin_max_connections, 64);
+        assert_eq!(config.server.buffered_body_budget, 256 * 1024 * 1024);
         let route = &config.routes[0];
         assert_eq!(route.methods, vec![Method::POST, Method::PATCH]);
         assert_eq!(route.key, KeyMode::Require);
@@ -909,6 +989,8 @@ mod tests {
         assert!(err.contains("JSON pointer"), "{err}");
         let err = error_of("[server]\nlisten = \"localhost\"\n");
         assert!(err.contains("server.listen"), "{err}");
+        let err = error_of(&format!("[server]\nmax_connections = 0\n{MINIMAL}"));
+        assert!(err.contains("server.max_connections"), "{err}");
     }
 
     #[test]
@@ -961,6 +1043,19 @@ mod tests {
         assert_eq!(route.in_progress, InProgressMode::Wait);
         assert_eq!(route.derive_window, Duration::from_secs(600));
         assert_eq!(route.wait_timeout, Duration::from_secs(10));
+        assert_eq!(route.max_waiters, 256);
+        assert!(route.quota.is_none());
+        let text = format!("{MINIMAL}quota_operations = 100\n");
+        let quota = Config::from_toml_str(&text, "t").unwrap().routes[0]
+            .quota
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (quota.operations, quota.window),
+            (100, Duration::from_secs(60))
+        );
+        assert!(error_of(&format!("{MINIMAL}quota_window = \"1h\"\n")).contains("only with"));
+        assert!(error_of(&format!("{MINIMAL}quota_operations = 0\n")).contains("greater"));
     }
 
     #[test]

@@ -58,6 +58,11 @@ struct RouteLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct StateLabels {
     route: String,
     state: String,
@@ -68,6 +73,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     upstream_seconds: Family<RouteLabels, Histogram>,
     late_responses: Family<RouteLabels, Counter>,
+    refused_connections: Family<ListenerLabels, Counter>,
     operations: Family<StateLabels, Gauge>,
     oldest_unknown_seconds: Gauge<f64, AtomicU64>,
 }
@@ -97,6 +103,12 @@ impl Default for Metrics {
             "Responses that arrived after their operation had left in_progress",
             late_responses.clone(),
         );
+        let refused_connections = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "refused_connections",
+            "Connections refused (503 overloaded, or closed) because their listener was at its cap",
+            refused_connections.clone(),
+        );
         let operations = Family::<StateLabels, Gauge>::default();
         registry.register(
             "operations",
@@ -114,6 +126,7 @@ impl Default for Metrics {
             requests,
             upstream_seconds,
             late_responses,
+            refused_connections,
             operations,
             oldest_unknown_seconds,
         }
@@ -143,6 +156,13 @@ impl Metrics {
             .get_or_create(&RouteLabels {
                 route: route.to_string(),
             })
+            .inc();
+    }
+
+    /// A connection refused on `listener` (`proxy` or `admin`) at its cap.
+    pub fn refused_connection(&self, listener: &'static str) {
+        self.refused_connections
+            .get_or_create(&ListenerLabels { listener })
             .inc();
     }
 
@@ -183,6 +203,7 @@ mod tests {
         metrics.request("api", Outcome::replayed);
         metrics.upstream_duration("api", 0.02);
         metrics.late_response("api");
+        metrics.refused_connection("admin");
         let stats = Stats {
             counts: vec![("api".into(), State::Unknown, 3)],
             oldest_unknown_created_at: Some(1_000),
@@ -195,6 +216,7 @@ mod tests {
         assert!(text.contains(r#"idemgate_requests_total{route="api",outcome="replayed"} 1"#));
         assert!(text.contains(r#"idemgate_upstream_duration_seconds_count{route="api"} 1"#));
         assert!(text.contains(r#"idemgate_late_responses_total{route="api"} 1"#));
+        assert!(text.contains(r#"idemgate_refused_connections_total{listener="admin"} 1"#));
         assert!(text.contains(r#"idemgate_operations{route="api",state="unknown"} 3"#));
         assert!(text.contains("idemgate_oldest_unknown_age_seconds 10.0"));
         for line in text

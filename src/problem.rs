@@ -18,6 +18,7 @@ use crate::body::{ProxyBody, full};
 use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::key::KeyError;
 use crate::pipeline::path::PathError;
+use crate::pipeline::quota::QuotaSpent;
 use crate::store::{Operation, State, StoreError};
 
 /// The operation a problem is about.
@@ -92,6 +93,18 @@ pub enum ProxyError {
     UpstreamTimeout,
     #[error("the upstream exchange failed: {reason}")]
     UpstreamFailed { reason: String },
+    #[error(
+        "this scope has had {} writes sent on route `{route}` within {}; nothing was sent, retry after the window ends",
+        spent.operations,
+        humantime::format_duration(spent.window)
+    )]
+    QuotaExceeded {
+        route: String,
+        spent: QuotaSpent,
+        operation: Option<OperationRef>,
+    },
+    #[error("the gateway is at its limit of {what}; nothing was sent, retry shortly")]
+    Overloaded { what: &'static str },
     #[error("the request could not be handled: {reason}")]
     Internal { reason: String },
 }
@@ -259,6 +272,18 @@ impl ProxyError {
                 "Upstream failed",
                 None,
             ),
+            QuotaExceeded { operation, .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota-exceeded",
+                "Quota exceeded",
+                operation.as_ref(),
+            ),
+            Overloaded { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "Overloaded",
+                None,
+            ),
             Internal { .. } => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -267,7 +292,8 @@ impl ProxyError {
             ),
         };
         let retry_after = match self {
-            InProgress { .. } => Some(1),
+            InProgress { .. } | Overloaded { .. } => Some(1),
+            QuotaExceeded { spent, .. } => Some(spent.retry_after),
             StoreUnavailable { .. } | StoreUnavailableAfterSend { .. } => Some(2),
             _ => None,
         };
@@ -306,6 +332,8 @@ impl ProxyError {
             | BodyTimeout { .. }
             | RoutePaused { .. }
             | StoreUnavailable { .. }
+            | Overloaded { .. }
+            | QuotaExceeded { .. }
             | Internal { .. } => Outcome::rejected,
         }
     }
@@ -501,6 +529,28 @@ mod tests {
             502,
             "upstream-failed",
         );
+        let overloaded = check(
+            ProxyError::Overloaded {
+                what: "open connections",
+            },
+            503,
+            "overloaded",
+        );
+        assert_eq!(overloaded.retry_after, Some(1));
+        let quota = check(
+            ProxyError::QuotaExceeded {
+                route: "api".into(),
+                spent: QuotaSpent {
+                    operations: 10,
+                    window: std::time::Duration::from_secs(60),
+                    retry_after: 42,
+                },
+                operation: None,
+            },
+            429,
+            "quota-exceeded",
+        );
+        assert_eq!(quota.retry_after, Some(42));
         check(ProxyError::Internal { reason: "x".into() }, 500, "internal");
     }
 

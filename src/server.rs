@@ -6,6 +6,11 @@
 //! `shutdown_grace`, then close the store, which releases it for the next
 //! process. Whatever could not be recorded is still `in_progress` in the
 //! store and becomes `unknown` at the next start.
+//!
+//! Each listener holds at most its configured number of connections
+//! (`max_connections`, `admin_max_connections`, counted apart); a
+//! connection over the cap has its request answered 503 `overloaded` and
+//! is closed, and those refusals are bounded in number and time too.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -16,7 +21,8 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -27,6 +33,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ServerConfig, StoreUrl};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
+use crate::problem::ProxyError;
 use crate::retention;
 use crate::store::{SqliteStore, Store, StoreError};
 
@@ -161,6 +168,8 @@ impl Gateway {
         }
         let paused = store.paused_routes().await?;
         let metrics = Arc::new(Metrics::default());
+        let proxy_cap = ConnectionCap::new("proxy", server.max_connections, &metrics);
+        let admin_cap = ConnectionCap::new("admin", server.admin_max_connections, &metrics);
         let proxy = Arc::new(Proxy::new(
             &config,
             store.clone(),
@@ -176,6 +185,7 @@ impl Gateway {
             metrics,
             clock: clock.clone(),
             token,
+            body_timeout: server.header_read_timeout,
         });
         let proxy_service = {
             let proxy = proxy.clone();
@@ -205,12 +215,14 @@ impl Gateway {
             tokio::spawn(accept_loop(
                 proxy_listener,
                 server.clone(),
+                proxy_cap,
                 proxy_service,
                 stop_accepting.clone(),
             )),
             tokio::spawn(accept_loop(
                 admin_listener,
                 server.clone(),
+                admin_cap,
                 admin_service,
                 stop_accepting.clone(),
             )),
@@ -261,11 +273,73 @@ impl Gateway {
     }
 }
 
+/// Connections over a listener's cap that are being answered 503, at most:
+/// each holds a read buffer for one request head, and for at most
+/// [`REFUSAL_TIME`]. Past this a connection is closed as it is accepted.
+const REFUSING: usize = 64;
+
+/// The longest a connection over the cap is kept to read its request head
+/// and be answered.
+const REFUSAL_TIME: Duration = Duration::from_secs(2);
+
+/// A listener's bound on open connections.
+struct ConnectionCap {
+    /// `proxy` or `admin`, for the metric.
+    listener: &'static str,
+    /// One permit per open connection, held by its task.
+    open: Arc<Semaphore>,
+    /// One permit per connection being refused ([`REFUSING`]).
+    refusing: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+}
+
+impl ConnectionCap {
+    fn new(listener: &'static str, max: usize, metrics: &Arc<Metrics>) -> Self {
+        ConnectionCap {
+            listener,
+            open: Arc::new(Semaphore::new(max)),
+            refusing: Arc::new(Semaphore::new(REFUSING)),
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// Answers a connection over the cap: its first request gets 503
+    /// `overloaded` (an HTTP client sees an answer, not a broken
+    /// connection) and the connection is closed. Refusals are bounded in
+    /// number and time themselves; past [`REFUSING`] the connection is
+    /// closed at once. Either way nothing is sent, so a retry is safe.
+    fn refuse(&self, stream: TcpStream, server: &ServerConfig) {
+        self.metrics.refused_connection(self.listener);
+        let Ok(permit) = self.refusing.clone().try_acquire_owned() else {
+            return;
+        };
+        let mut http = http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(REFUSAL_TIME)
+            .max_buf_size(server.max_header_bytes)
+            .half_close(true)
+            .keep_alive(false);
+        let refusal = service_fn(|_request| async {
+            let overloaded = ProxyError::Overloaded {
+                what: "open connections",
+            };
+            Ok::<_, Infallible>(overloaded.into_response())
+        });
+        let connection = http.serve_connection(TokioIo::new(stream), refusal);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(REFUSAL_TIME, connection).await;
+            drop(permit);
+        });
+    }
+}
+
 /// Accepts connections until shutdown, then waits up to `shutdown_grace` for
-/// the open ones to finish their requests.
+/// the open ones to finish their requests. At most `cap` connections are
+/// open at once; more are refused ([`ConnectionCap::refuse`]).
 async fn accept_loop<F, S>(
     listener: TcpListener,
     server: ServerConfig,
+    cap: ConnectionCap,
     service: F,
     stop: CancellationToken,
 ) where
@@ -282,6 +356,10 @@ async fn accept_loop<F, S>(
     http.timer(TokioTimer::new())
         .header_read_timeout(server.header_read_timeout)
         .max_buf_size(server.max_header_bytes)
+        // A client may shut down its write side once its request is sent
+        // (tools and shell pipes do): an EOF on read is no reason to drop
+        // the answer, least of all for a write already forwarded.
+        .half_close(true)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
     loop {
@@ -297,12 +375,18 @@ async fn accept_loop<F, S>(
                 }
             },
         };
+        let Ok(permit) = cap.open.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, listener = cap.listener, "connection refused: listener at its cap");
+            cap.refuse(stream, &server);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service(peer)));
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
+            drop(permit);
         });
     }
     drop(listener);

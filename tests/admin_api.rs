@@ -506,6 +506,49 @@ async fn resolved_completed_without_a_response_replays_who_resolved_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_status_may_be_any_integral_number_but_not_a_fraction() {
+    let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
+    let id = unknown_operation(&gw, &admin, "res-float").await;
+    // JSON Schema's `integer` is any number with a zero fraction; OpenAPI
+    // clients (and fuzzers) send 276.0.
+    let with_status = |status: &str| {
+        format!(
+            r#"{{"outcome":"completed","operator":"ann","response":{{"status":{status},"body":"ok"}}}}"#
+        )
+    };
+    let refused = admin
+        .post(&format!("/admin/keys/{id}/resolve"), &with_status("276.5"))
+        .await;
+    let problem = refused.assert_problem(400, "invalid-resolution");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("276.5") && d.contains("whole number")),
+        "{problem}"
+    );
+    assert_eq!(
+        admin.show(&id).await["state"],
+        "unknown",
+        "nothing resolved"
+    );
+
+    let resolved = admin
+        .post(&format!("/admin/keys/{id}/resolve"), &with_status("276.0"))
+        .await;
+    assert_eq!(
+        resolved.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&resolved.body)
+    );
+    assert_eq!(resolved.json()["response"]["status"], 276);
+    let retry = write(gw.addr(), "/hold", Some("res-float"), ORDER).await;
+    assert!(retry.is_replay(), "{retry:?}");
+    assert_eq!(retry.status, 276);
+    assert_eq!(&retry.body[..], b"ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settled_and_missing_operations_are_not_resolvable() {
     let (gw, admin) = gateway("").await;
     assert_fresh_created(&write(gw.addr(), "/orders", Some("set-1"), ORDER).await);

@@ -1,8 +1,10 @@
 //! Every answer comes from the operation the store holds now for the
 //! write's identity: never from a superseded one (derive window), a stale
 //! cache entry, a snapshot taken before a probe settled it, or a pause
-//! latch that a resume already cleared; and duplicates that waited on an
-//! attempt the upstream refused get that refusal instead of each sending.
+//! latch that a resume already cleared (a paused route answers `unknown`
+//! and `in_progress` operations with their own state); and duplicates that
+//! waited on an attempt the upstream refused get that refusal instead of
+//! each sending.
 
 mod common;
 
@@ -153,6 +155,49 @@ async fn a_paused_route_answers_held_operations_for_themselves() {
     changed.assert_operation_problem(422, "key-reused", "unknown");
     let new = write(gw.addr(), "/drop", Some("held-2"), ORDER).await;
     new.assert_problem(503, "route-paused");
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+/// A write in flight on `gw` (the upstream holds it 800 ms), the route
+/// paused meanwhile; returns the first client's task.
+async fn in_flight_then_paused(
+    gw: &TestGateway,
+    key: &'static str,
+) -> tokio::task::JoinHandle<Response> {
+    let addr = gw.addr();
+    let first = tokio::spawn(async move { write(addr, "/slow?ms=800", Some(key), ORDER).await });
+    gw.upstream.wait_for_writes(1).await;
+    let paused = gw.admin("POST", "/admin/routes/api/pause", "").await;
+    assert_eq!(paused.status, StatusCode::OK);
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_route_answers_an_operation_in_flight_for_itself() {
+    let gw = spawn_gateway_with(Setup::route("").admin()).await;
+    let first = in_flight_then_paused(&gw, "flying-1").await;
+
+    let retry = write(gw.addr(), "/slow?ms=800", Some("flying-1"), ORDER).await;
+    retry.assert_operation_problem(409, "request-in-progress", "in_progress");
+    let new = write(gw.addr(), "/slow?ms=800", Some("flying-2"), ORDER).await;
+    new.assert_problem(503, "route-paused");
+
+    let first = first.await.expect("client task");
+    assert_fresh_created(&first);
+    let after = write(gw.addr(), "/slow?ms=800", Some("flying-1"), ORDER).await;
+    assert_replay_of(&after, &first);
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_wait_route_lets_a_duplicate_wait_for_the_write_in_flight() {
+    let gw = spawn_gateway_with(Setup::route(r#"in_progress = "wait""#).admin()).await;
+    let first = in_flight_then_paused(&gw, "flying-3").await;
+
+    let waited = write(gw.addr(), "/slow?ms=800", Some("flying-3"), ORDER).await;
+    let first = first.await.expect("client task");
+    assert_fresh_created(&first);
+    assert_replay_of(&waited, &first);
     assert_eq!(gw.upstream.writes(), 1);
 }
 

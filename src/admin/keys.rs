@@ -190,10 +190,29 @@ struct Resolution {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ResolutionResponse {
+    #[serde(deserialize_with = "integral_status")]
     status: u16,
     #[serde(default)]
     headers: HashMap<String, HeaderValues>,
     body: Option<Value>,
+}
+
+/// A status as JSON Schema's `integer` reads it: any number whose fraction
+/// is zero (`276` or `276.0`), so clients that send every number as a float
+/// are understood; `276.5` is refused by name.
+fn integral_status<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u16, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    let whole = number.as_u64().or_else(|| {
+        number
+            .as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= f64::from(u16::MAX))
+            .map(|f| f as u64)
+    });
+    whole.and_then(|n| u16::try_from(n).ok()).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "`status` must be a whole number from 200 to 599, not {number}"
+        ))
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -368,6 +387,28 @@ mod tests {
                 .headers
                 .contains(&("content-type".into(), b"application/json".to_vec()))
         );
+    }
+
+    #[test]
+    fn integral_statuses_are_read_whatever_their_spelling() {
+        for spelling in ["276", "276.0", "2.76e2"] {
+            let text = format!(
+                r#"{{"outcome":"completed","operator":"ann","response":{{"status":{spelling}}}}}"#
+            );
+            let Decision::Completed { response } = resolution(&text).unwrap() else {
+                panic!("not completed");
+            };
+            assert_eq!(response.status, 276, "{spelling}");
+        }
+        for spelling in ["276.5", "-201", "65536", "1e10", "\"201\""] {
+            let text = format!(
+                r#"{{"outcome":"completed","operator":"ann","response":{{"status":{spelling}}}}}"#
+            );
+            assert!(
+                serde_json::from_str::<Resolution>(&text).is_err(),
+                "{spelling}"
+            );
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod auth;
 mod keys;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
@@ -32,7 +33,7 @@ use hyper::body::Incoming;
 use percent_encoding::percent_decode_str;
 use serde_json::{Value, json};
 
-use crate::body::{ProxyBody, full};
+use crate::body::{ProxyBody, declared_length, full};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
@@ -40,7 +41,8 @@ use crate::problem::Problem;
 use crate::store::{State, Store, StoreError};
 
 /// Admin request bodies (a resolution with the response to replay) are
-/// bounded like a stored response plus room for the envelope.
+/// bounded like a stored response plus room for the envelope; a declared
+/// length over it is refused before `100 Continue`.
 const MAX_ADMIN_BODY: usize = 4 * 1024 * 1024;
 
 /// What the admin handlers share.
@@ -50,6 +52,9 @@ pub struct Admin {
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
     pub token: auth::AdminToken,
+    /// How long a client may take to send a request body: the listener's
+    /// `header_read_timeout`, since admin bodies are small.
+    pub body_timeout: Duration,
 }
 
 /// Why an admin request failed.
@@ -69,8 +74,12 @@ pub enum AdminError {
     BadRequest(String),
     #[error("{0}")]
     InvalidResolution(String),
-    #[error("{method} is not allowed here")]
-    MethodNotAllowed { method: Method },
+    #[error("the request body is larger than {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("the request body did not arrive within {}", humantime::format_duration(*after))]
+    BodyTimeout { after: Duration },
+    #[error("{method} is not allowed here; this path accepts {allow}")]
+    MethodNotAllowed { method: Method, allow: &'static str },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -99,6 +108,16 @@ impl AdminError {
                 "invalid-resolution",
                 "Invalid resolution",
             ),
+            AdminError::BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+            ),
+            AdminError::BodyTimeout { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "body-timeout",
+                "Request body too slow",
+            ),
             AdminError::MethodNotAllowed { .. } => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
@@ -115,11 +134,20 @@ impl AdminError {
 
     fn into_response(self) -> Response<ProxyBody> {
         let mut response = self.problem().into_response();
-        if matches!(self, AdminError::Unauthorized) {
-            response.headers_mut().insert(
-                http::header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer"),
-            );
+        match &self {
+            AdminError::Unauthorized => {
+                response.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer"),
+                );
+            }
+            // RFC 9110: a 405 lists the methods the path does accept.
+            AdminError::MethodNotAllowed { allow, .. } => {
+                response
+                    .headers_mut()
+                    .insert(http::header::ALLOW, HeaderValue::from_static(allow));
+            }
+            _ => {}
         }
         response
     }
@@ -132,12 +160,65 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<P
         .unwrap_or_else(AdminError::into_response)
 }
 
+/// An admin path, recognised apart from its method so that a wrong method
+/// is answered with the one the path accepts (`Allow`).
+enum Endpoint<'a> {
+    Healthz,
+    Readyz,
+    Metrics,
+    ListKeys,
+    ShowKey(&'a str),
+    Resolve(&'a str),
+    Stats,
+    /// A route's name and `pause` or `resume`.
+    Pause(&'a str, &'a str),
+    OpenApi,
+}
+
+impl<'a> Endpoint<'a> {
+    /// The endpoint that decoded `segments` name, if any.
+    fn parse(segments: &[&'a str]) -> Option<Self> {
+        Some(match segments {
+            ["healthz"] => Endpoint::Healthz,
+            ["readyz"] => Endpoint::Readyz,
+            ["metrics"] => Endpoint::Metrics,
+            ["admin", "keys"] => Endpoint::ListKeys,
+            ["admin", "keys", id] => Endpoint::ShowKey(id),
+            ["admin", "keys", id, "resolve"] => Endpoint::Resolve(id),
+            ["admin", "stats"] => Endpoint::Stats,
+            ["admin", "routes", name, action @ ("pause" | "resume")] => {
+                Endpoint::Pause(name, action)
+            }
+            ["admin", "openapi.json"] => Endpoint::OpenApi,
+            _ => return None,
+        })
+    }
+
+    /// Whether this endpoint changes something (POST); the others read
+    /// (GET, and HEAD alike: hyper sends no body for it).
+    fn writes(&self) -> bool {
+        matches!(self, Endpoint::Resolve(_) | Endpoint::Pause(..))
+    }
+
+    /// The methods this endpoint accepts, as `Allow` lists them.
+    fn allow(&self) -> &'static str {
+        if self.writes() { "POST" } else { "GET, HEAD" }
+    }
+
+    fn allows(&self, method: &Method) -> bool {
+        if self.writes() {
+            method == Method::POST
+        } else {
+            method == Method::GET || method == Method::HEAD
+        }
+    }
+}
+
 async fn route(
     admin: &Admin,
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, AdminError> {
     let path = request.uri().path().to_string();
-    let method = request.method().clone();
     // Segments are matched decoded: `idemgate keys` (and any client)
     // percent-encodes an id as one URL component, `.` as `%2E` included. A
     // segment that is not UTF-8 once decoded names nothing that exists.
@@ -147,25 +228,25 @@ async fn route(
         .map(|segment| percent_decode_str(segment).decode_utf8_lossy())
         .collect();
     let segments: Vec<&str> = decoded.iter().map(AsRef::as_ref).collect();
-    let get = |found: Result<Response<ProxyBody>, AdminError>| {
-        if method == Method::GET {
-            found
-        } else {
-            Err(AdminError::MethodNotAllowed {
-                method: method.clone(),
-            })
-        }
-    };
-    match segments.as_slice() {
-        ["healthz"] => get(Ok(json_response(
-            StatusCode::OK,
-            &json!({ "status": "ok" }),
-        ))),
-        ["readyz"] if method == Method::GET => {
+    // Probes and metrics are open; anything under `/admin/` needs the
+    // token, even to learn that a path does not exist.
+    if segments.first() == Some(&"admin") {
+        admin.token.check(request.headers())?;
+    }
+    let endpoint = Endpoint::parse(&segments).ok_or_else(|| AdminError::NoRoute(path.clone()))?;
+    if !endpoint.allows(request.method()) {
+        return Err(AdminError::MethodNotAllowed {
+            method: request.method().clone(),
+            allow: endpoint.allow(),
+        });
+    }
+    match endpoint {
+        Endpoint::Healthz => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
+        Endpoint::Readyz => {
             admin.store.ping().await?;
             Ok(json_response(StatusCode::OK, &json!({ "status": "ready" })))
         }
-        ["metrics"] if method == Method::GET => {
+        Endpoint::Metrics => {
             let stats = admin.store.stats().await?;
             let text = admin.metrics.render(&stats, admin.clock.now_millis());
             let mut response = Response::new(full(text));
@@ -175,42 +256,41 @@ async fn route(
             );
             Ok(response)
         }
-        ["readyz" | "metrics"] => Err(AdminError::MethodNotAllowed { method }),
-        ["admin", rest @ ..] => {
-            admin.token.check(request.headers())?;
-            match (method.clone(), rest) {
-                (Method::GET, ["keys"]) => keys::list(admin, request.uri().query()).await,
-                (Method::GET, ["keys", id]) => keys::show(admin, id).await,
-                (Method::POST, ["keys", id, "resolve"]) => {
-                    let body = read_body(request.into_body()).await?;
-                    keys::resolve(admin, id, &body).await
-                }
-                (Method::GET, ["stats"]) => stats(admin).await,
-                (Method::POST, ["routes", name, action @ ("pause" | "resume")]) => {
-                    let body = read_body(request.into_body()).await?;
-                    pause(admin, name, action, &body).await
-                }
-                (Method::GET, ["openapi.json"]) => Ok(openapi()),
-                (
-                    _,
-                    ["keys"] | ["keys", _] | ["keys", _, "resolve"] | ["stats"] | ["openapi.json"],
-                )
-                | (_, ["routes", _, "pause" | "resume"]) => {
-                    Err(AdminError::MethodNotAllowed { method })
-                }
-                _ => Err(AdminError::NoRoute(path)),
-            }
+        Endpoint::ListKeys => keys::list(admin, request.uri().query()).await,
+        Endpoint::ShowKey(id) => keys::show(admin, id).await,
+        Endpoint::Resolve(id) => {
+            let body = read_body(request, admin.body_timeout).await?;
+            keys::resolve(admin, id, &body).await
         }
-        _ => Err(AdminError::NoRoute(path)),
+        Endpoint::Stats => stats(admin).await,
+        Endpoint::Pause(name, action) => {
+            let body = read_body(request, admin.body_timeout).await?;
+            pause(admin, name, action, &body).await
+        }
+        Endpoint::OpenApi => Ok(openapi()),
     }
 }
 
-async fn read_body(body: Incoming) -> Result<Bytes, AdminError> {
-    Limited::new(body, MAX_ADMIN_BODY)
-        .collect()
-        .await
-        .map(|collected| collected.to_bytes())
-        .map_err(|e| AdminError::BadRequest(format!("the request body could not be read: {e}")))
+/// A request's body, whole: at most [`MAX_ADMIN_BODY`] (a declared length
+/// over it is refused unread) and within `timeout`.
+async fn read_body(request: Request<Incoming>, timeout: Duration) -> Result<Bytes, AdminError> {
+    let limit = MAX_ADMIN_BODY;
+    if declared_length(request.headers()).is_some_and(|n| n > limit as u64) {
+        return Err(AdminError::BodyTooLarge { limit });
+    }
+    let collected =
+        tokio::time::timeout(timeout, Limited::new(request.into_body(), limit).collect())
+            .await
+            .map_err(|_| AdminError::BodyTimeout { after: timeout })?;
+    match collected {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(AdminError::BodyTooLarge { limit })
+        }
+        Err(error) => Err(AdminError::BadRequest(format!(
+            "the request body could not be read: {error}"
+        ))),
+    }
 }
 
 pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<ProxyBody> {
@@ -325,6 +405,14 @@ mod tests {
                 "not-resolvable",
             ),
             (AdminError::BadRequest("x".into()), 400, "invalid-request"),
+            (AdminError::BodyTooLarge { limit: 1 }, 413, "body-too-large"),
+            (
+                AdminError::BodyTimeout {
+                    after: Duration::from_secs(1),
+                },
+                408,
+                "body-timeout",
+            ),
             (
                 AdminError::InvalidResolution("x".into()),
                 400,
@@ -333,6 +421,7 @@ mod tests {
             (
                 AdminError::MethodNotAllowed {
                     method: Method::PUT,
+                    allow: "GET, HEAD",
                 },
                 405,
                 "method-not-allowed",

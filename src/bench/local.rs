@@ -123,6 +123,9 @@ fn config(store: &Path, mock: SocketAddr, setup: Setup) -> Result<Config, Config
         store_url: Some(format!("sqlite://{}", store.display())),
     })?;
     config.store.durability = setup.durability.into();
+    // The load generator's connections are all one client's: the own
+    // gateway never refuses them, whatever the concurrency asked for.
+    config.server.max_connections = config.server.max_connections.max(super::MAX_CONCURRENCY);
     for route in &mut config.routes {
         route.in_progress = match setup.wait {
             true => InProgressMode::Wait,
@@ -154,6 +157,7 @@ mod tests {
             let mock = SocketAddr::from(([127, 0, 0, 1], 7000));
             let config = config(Path::new("/tmp/x.db"), mock, setup).expect("valid");
             assert!(config.server.listen.ip().is_loopback());
+            assert!(config.server.max_connections >= crate::bench::MAX_CONCURRENCY);
             assert_eq!(config.store.durability, durability.into());
             let route = &config.routes[0];
             assert_eq!(route.pause_after_unknown, 0);

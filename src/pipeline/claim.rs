@@ -20,9 +20,10 @@
 //!   identity ([`NewOperation::outdates`] decides what "now" excludes): the
 //!   replay cache mirrors what the store said under the identity's guard,
 //!   and a claim that starts an attempt forgets it first;
-//! - a paused route asks the store what it holds without claiming: an
-//!   existing operation answers for itself, and only a write that would be
-//!   sent gets 503 `route-paused`;
+//! - a [`Hold`] (a paused route, a scope over its quota) asks the store what
+//!   it holds without claiming: an existing operation answers for itself,
+//!   and only a write that would be sent is refused (503 `route-paused`,
+//!   429 `quota-exceeded`);
 //! - no map guard is held across an `.await`.
 
 use std::sync::Arc;
@@ -37,14 +38,11 @@ use tokio::time::{Instant, timeout_at};
 use crate::body::ProxyBody;
 use crate::config::{InProgressMode, Route};
 use crate::pipeline::fingerprint::Fingerprint;
+use crate::pipeline::quota::QuotaSpent;
 use crate::pipeline::record::Released;
 use crate::pipeline::replay::{self, ReplayCache};
 use crate::problem::{OperationRef, ProxyError};
 use crate::store::{Claim, ClaimResult, NewOperation, Operation, State, Store, StoreError};
-
-/// Waiters per operation beyond this are refused at once (409), so a retry
-/// storm cannot pile up unbounded tasks behind one slow request.
-pub const MAX_WAITERS: usize = 256;
 
 /// How often a waiter looks again at an operation in progress that is not
 /// in this process's map (another gateway's).
@@ -53,6 +51,34 @@ const POLL: Duration = Duration::from_millis(25);
 /// The longest a duplicate waits for the store's answer to the request
 /// claiming its identity; the store's own acquire timeout is 5 s.
 const CLAIM_WAIT: Duration = Duration::from_secs(10);
+
+/// Why no write may be sent now, though existing operations still answer
+/// for themselves.
+#[derive(Debug, Clone, Copy)]
+pub enum Hold {
+    /// The route is paused (by an operator, or its `unknown` latch).
+    Paused,
+    /// The scope has used its quota for this window.
+    OverQuota(QuotaSpent),
+}
+
+impl Hold {
+    /// The answer to a write this hold keeps from being sent.
+    fn refusal(self, route: &Route, operation: Option<OperationRef>) -> ProxyError {
+        match self {
+            Hold::Paused => ProxyError::RoutePaused {
+                route: route.name.clone(),
+                reason: "paused until an operator resumes it".into(),
+                operation,
+            },
+            Hold::OverQuota(spent) => ProxyError::QuotaExceeded {
+                route: route.name.clone(),
+                spent,
+                operation,
+            },
+        }
+    }
+}
 
 /// What the claim decided.
 pub enum Claimed {
@@ -182,7 +208,7 @@ impl InFlight {
 /// answers it from the in-flight map, the store, or — after a wait — the
 /// replay cache (completed operations updated after `valid_after`); on a
 /// `wait` route a duplicate of an attempt in flight waits up to
-/// `wait_timeout`. On a `paused` route nothing is claimed.
+/// `wait_timeout`. Under a [`Hold`] nothing is claimed.
 #[allow(clippy::too_many_arguments)] // the phase's inputs, each distinct
 pub async fn claim(
     store: &dyn Store,
@@ -192,7 +218,7 @@ pub async fn claim(
     new: &NewOperation,
     identity: &str,
     valid_after: i64,
-    paused: bool,
+    hold: Option<Hold>,
 ) -> Result<Claimed, ProxyError> {
     let deadline = Instant::now() + route.wait_timeout;
     let waits = route.in_progress == InProgressMode::Wait;
@@ -206,7 +232,7 @@ pub async fn claim(
         woke = true;
         let entry = match in_flight.enter(identity, new) {
             Ok(guard) => {
-                match claim_in_store(store, cache, route, new, identity, paused, guard).await? {
+                match claim_in_store(store, cache, route, new, identity, hold, guard).await? {
                     Stored::Decided(claimed) => return Ok(claimed),
                     Stored::Elsewhere(operation) => {
                         let now = Instant::now();
@@ -249,7 +275,9 @@ pub async fn claim(
         if !waits {
             return Err(ProxyError::InProgress { operation });
         }
-        if entry.waiters.fetch_add(1, Ordering::SeqCst) >= MAX_WAITERS {
+        // The route's `max_waiters`: more are refused at once (409), so a
+        // retry storm cannot pile up unbounded tasks behind one slow request.
+        if entry.waiters.fetch_add(1, Ordering::SeqCst) >= route.max_waiters {
             entry.waiters.fetch_sub(1, Ordering::SeqCst);
             return Err(ProxyError::InProgress { operation });
         }
@@ -299,25 +327,20 @@ async fn claim_in_store(
     route: &Route,
     new: &NewOperation,
     identity: &str,
-    paused: bool,
+    hold: Option<Hold>,
     guard: InFlightGuard,
 ) -> Result<Stored, ProxyError> {
     let unavailable = |source| ProxyError::StoreUnavailable { source };
-    let found = if paused {
-        match store.current(new).await.map_err(unavailable)? {
+    let found = match hold {
+        Some(hold) => match store.current(new).await.map_err(unavailable)? {
             Some(operation) if !would_send(&operation, new) => {
                 ClaimResult::Existing(Box::new(operation))
             }
             operation => {
-                return Err(ProxyError::RoutePaused {
-                    route: route.name.clone(),
-                    reason: "paused until an operator resumes it".into(),
-                    operation: operation.as_ref().map(OperationRef::from),
-                });
+                return Err(hold.refusal(route, operation.as_ref().map(OperationRef::from)));
             }
-        }
-    } else {
-        store.claim(new).await.map_err(unavailable)?
+        },
+        None => store.claim(new).await.map_err(unavailable)?,
     };
     let operation = match found {
         ClaimResult::Claimed(claim) => {

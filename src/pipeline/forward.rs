@@ -29,6 +29,7 @@ use tokio::time::{Instant, timeout_at};
 use crate::body::{ProxyBody, full, stream};
 use crate::config::Route;
 use crate::metrics::Outcome;
+use crate::pipeline::budget::Reservation;
 use crate::problem::ProxyError;
 
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
@@ -181,6 +182,9 @@ pub async fn pass_through(
 pub struct WriteRequest {
     head: request::Parts,
     body: Bytes,
+    /// The body's bytes in the shared budget, returned with the request:
+    /// the attempt may hold it after the client has its answer.
+    _budget: Reservation,
 }
 
 impl WriteRequest {
@@ -189,7 +193,7 @@ impl WriteRequest {
     pub fn new(
         route: &Route,
         parts: &request::Parts,
-        body: Bytes,
+        (body, budget): (Bytes, Reservation),
         key: &str,
         peer: IpAddr,
     ) -> Result<Self, ProxyError> {
@@ -208,7 +212,11 @@ impl WriteRequest {
         }
         head.headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-        Ok(WriteRequest { head, body })
+        Ok(WriteRequest {
+            head,
+            body,
+            _budget: budget,
+        })
     }
 
     pub fn body_len(&self) -> usize {

@@ -8,9 +8,11 @@
 //!    route does not intercept is streamed through ([`forward::pass_through`]),
 //!    unchanged but for its normalized path and hop-by-hop headers.
 //! 2. [`key`]: the `Idempotency-Key` (or an assigned one) and the scope.
-//! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`).
+//! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`)
+//!    and by the bodies' shared [`budget`] (503 `overloaded`).
 //! 4. [`fingerprint`]: what makes a retry "the same request".
-//! 5. [`claim`]: one store transaction decides: send, replay, or refuse.
+//! 5. [`claim`]: one store transaction decides: send, replay, or refuse; a
+//!    paused route or a scope over its [`quota`] only looks up what exists.
 //! 6. [`forward`] + [`record`]: in a task of their own, so a client that hangs
 //!    up never cancels the upstream call nor leaves the operation `in_progress`.
 //! 7. [`replay`]: what a key that already has an operation gets.
@@ -19,11 +21,13 @@
 //! ([`crate::problem`]).
 
 pub mod attempt;
+pub mod budget;
 pub mod claim;
 pub mod fingerprint;
 pub mod forward;
 pub mod key;
 pub mod path;
+pub mod quota;
 pub mod record;
 pub mod replay;
 pub mod route;
@@ -35,7 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Request, Response, request};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -44,7 +48,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::body::ProxyBody;
+use crate::body::{BoxError, ProxyBody, declared_length};
 use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, Route};
 use crate::metrics::{Metrics, OperationId, Outcome};
@@ -52,10 +56,12 @@ use crate::problem::ProxyError;
 use crate::reconcile::{self, Reconciler};
 use crate::store::{NewOperation, RequestSummary, Store, StoreError};
 use attempt::Attempt;
-use claim::{Claimed, InFlight};
+use budget::{BodyBudget, BudgetSpent, Reservation};
+use claim::{Claimed, Hold, InFlight};
 use fingerprint::{ExactDigest, Fingerprint, FingerprintInput};
 use forward::{UpstreamClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
+use quota::Quotas;
 use replay::ReplayCache;
 
 /// A configured route with its pooled upstream client.
@@ -85,6 +91,10 @@ pub struct Proxy {
     give_up: CancellationToken,
     /// hyper bounds its read buffer only roughly; this is the exact bound.
     max_header_bytes: usize,
+    /// What all write bodies in memory may take together.
+    body_budget: BodyBudget,
+    /// Writes sent per scope, for routes with a quota.
+    quotas: Quotas,
 }
 
 impl Proxy {
@@ -122,6 +132,8 @@ impl Proxy {
             tasks: TaskTracker::new(),
             give_up,
             max_header_bytes: config.server.max_header_bytes,
+            body_budget: BodyBudget::new(config.server.buffered_body_budget),
+            quotas: Quotas::default(),
         })
     }
 
@@ -226,7 +238,8 @@ impl Proxy {
             }
         })?;
         let (parts, body) = request.into_parts();
-        let body = read_body(&parts, body, route).await?;
+        // Goes with the body to the attempt, which may hold it longest.
+        let (body, reservation) = read_body(&parts, body, route, &self.body_budget).await?;
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let now = self.clock.now_millis();
         let retained_after = now - clock::millis(self.retention);
@@ -285,7 +298,7 @@ impl Proxy {
                     identity,
                     valid_after,
                     parts,
-                    body,
+                    body: (body, reservation),
                     peer,
                 };
                 self.spawn_write(active, write).await
@@ -345,6 +358,15 @@ impl Proxy {
             peer,
         } = write;
         let credentials = || reconcile::credentials(&parts.headers, route);
+        let hold = if active.paused.load(Ordering::SeqCst) {
+            Some(Hold::Paused)
+        } else {
+            let now = self.clock.now_millis();
+            self.quotas
+                .check(route, &new.scope, now)
+                .err()
+                .map(Hold::OverQuota)
+        };
         let claimed = claim::claim(
             self.store.as_ref(),
             &self.in_flight,
@@ -353,9 +375,13 @@ impl Proxy {
             &new,
             &identity,
             valid_after,
-            active.paused.load(Ordering::SeqCst),
+            hold,
         )
         .await?;
+        if matches!(claimed, Claimed::Send(..)) {
+            self.quotas
+                .count(route, &new.scope, self.clock.now_millis());
+        }
         let (claim, in_flight) = match claimed {
             Claimed::Send(claim, guard) => (claim, guard),
             Claimed::Answer(response) => return Ok(Next::Answer(response)),
@@ -430,7 +456,8 @@ struct Write {
     /// Cached completed operations updated before this (ms) are not answered.
     valid_after: i64,
     parts: request::Parts,
-    body: Bytes,
+    /// The body, and its bytes in the shared budget.
+    body: (Bytes, Reservation),
     peer: SocketAddr,
 }
 
@@ -511,35 +538,60 @@ fn head_size<B>(request: &Request<B>) -> usize {
     line + headers + 2
 }
 
-/// Reads a write's body whole, refusing more than the route's `max_body`
-/// and a client that takes longer than its `upstream_timeout` to send it. A
-/// declared Content-Length over the limit is refused before the body is
-/// polled, so hyper never sends `100 Continue` for it.
+/// Reads a write's body whole, refusing more than the route's `max_body`,
+/// more than is left of the shared [`BodyBudget`] (503 `overloaded`), and
+/// a client that takes longer than its `upstream_timeout` to send it. A
+/// declared Content-Length over either is refused before the body is
+/// polled, so hyper never sends `100 Continue` for it. The reservation
+/// comes back with the body: it is held as long as the body is.
 async fn read_body(
     parts: &request::Parts,
     body: Incoming,
     route: &Route,
-) -> Result<Bytes, ProxyError> {
+    budget: &BodyBudget,
+) -> Result<(Bytes, Reservation), ProxyError> {
     let limit = route.max_body;
-    let declared = parts
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(&parts.headers);
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    let collected =
-        tokio::time::timeout(route.upstream_timeout, Limited::new(body, limit).collect())
-            .await
-            .map_err(|_| ProxyError::BodyTimeout {
-                after: route.upstream_timeout,
-            })?;
-    match collected {
-        Ok(collected) => Ok(collected.to_bytes()),
+    let overloaded = |_| ProxyError::Overloaded {
+        what: "buffered request bodies",
+    };
+    let mut reservation = budget.reservation();
+    // Within `limit`, so it fits a usize.
+    reservation
+        .grow_to(declared.unwrap_or(0) as usize)
+        .map_err(overloaded)?;
+    let read = async {
+        let mut body = Limited::new(body, limit);
+        let (mut chunks, mut size) = (Vec::new(), 0);
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                size += data.len();
+                reservation
+                    .grow_to(size)
+                    .map_err(|spent| Box::new(spent) as BoxError)?;
+                chunks.push(data);
+            }
+        }
+        // A body that came in one chunk (most do) is not copied.
+        Ok::<_, BoxError>(match chunks.as_slice() {
+            [one] => one.clone(),
+            all => Bytes::from(all.concat()),
+        })
+    };
+    let read = tokio::time::timeout(route.upstream_timeout, read)
+        .await
+        .map_err(|_| ProxyError::BodyTimeout {
+            after: route.upstream_timeout,
+        })?;
+    match read {
+        Ok(bytes) => Ok((bytes, reservation)),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => {
             Err(ProxyError::BodyTooLarge { limit })
         }
+        Err(error) if error.is::<BudgetSpent>() => Err(overloaded(BudgetSpent)),
         Err(error) => Err(ProxyError::BodyRead {
             reason: error.to_string(),
         }),

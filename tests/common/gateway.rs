@@ -124,6 +124,13 @@ impl TestGateway {
             .expect("second gateway start timed out")
     }
 
+    /// This gateway's admin token (see [`Setup::admin`]), for raw calls.
+    pub fn admin_token(&self) -> &str {
+        self.admin_token
+            .as_deref()
+            .expect("admin_token() needs a gateway set up with Setup::admin()")
+    }
+
     /// One admin API call with this gateway's token (see [`Setup::admin`]).
     pub async fn admin(&self, method: &str, path: &str, body: &str) -> Response {
         let token = self

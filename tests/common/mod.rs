@@ -42,7 +42,8 @@
 //!   the real `idemgate mock-upstream`.
 //! - [`send`] / [`write`]: one request through a fresh hyper client;
 //!   [`try_send`] when the peer may break or stay silent.
-//! - [`raw_exchange`]: raw TCP, for malformed or hand-framed requests.
+//! - [`raw_exchange`]: raw TCP, for malformed or hand-framed requests;
+//!   [`half_closed_exchange`] shuts the write side once the request is sent.
 //! - [`run_to_exit_within`]: a process (the CLI, a client script) run to
 //!   its end, killed past a bound.
 //! - [`scrape_metrics`] / [`metric`]: the admin listener's counters.

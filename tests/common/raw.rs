@@ -28,6 +28,20 @@ pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Option<RawRespons
         .expect("raw exchange timed out")
 }
 
+/// Like [`raw_exchange`], but shuts down the write side once `request` is
+/// written, as a client with nothing more to say may (tools, shell pipes).
+pub async fn half_closed_exchange(addr: SocketAddr, request: &[u8]) -> Option<RawResponse> {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let exchange = async {
+        stream.write_all(request).await.expect("write");
+        stream.shutdown().await.expect("shutdown write side");
+        read_response(&mut stream).await
+    };
+    tokio::time::timeout(WAIT, exchange)
+        .await
+        .expect("half-closed exchange timed out")
+}
+
 /// Reads one final response from `stream` (skipping 1xx).
 pub async fn read_response(stream: &mut TcpStream) -> Option<RawResponse> {
     let mut buf = Vec::new();
