@@ -133,6 +133,12 @@ impl TestGateway {
         admin_call(self.admin_addr(), method, path, Some(token), body).await
     }
 
+    /// `POST /admin/keys/{id}/resolve` with `resolution`.
+    pub async fn resolve(&self, id: &str, resolution: &Value) -> Response {
+        let path = format!("/admin/keys/{id}/resolve");
+        self.admin("POST", &path, &resolution.to_string()).await
+    }
+
     /// The newest operation with `key`, as `GET /admin/keys/{id}` shows it:
     /// `state`, `attempts`, `evidence`, `events` (`kind`, `detail`), …
     pub async fn operation(&self, key: &str) -> Value {

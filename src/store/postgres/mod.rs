@@ -333,8 +333,8 @@ impl Store for PostgresStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        if !self.lease.usable() {
+        let runs = statements::lease_runs(&self.pool, &self.owner).await?;
+        if !runs || !self.lease.usable() {
             return Err(StoreError::Busy(
                 "this replica could not renew its lease in the store".into(),
             ));

@@ -480,6 +480,16 @@ pub async fn renew_lease(pool: &PgPool, replica: &str, lease_ms: i64) -> Result<
     Ok(())
 }
 
+/// Whether `replica`'s lease runs now, by the database's clock.
+pub async fn lease_runs(pool: &PgPool, replica: &str) -> Result<bool, StoreError> {
+    let runs: Option<bool> =
+        sqlx::query_scalar("SELECT lease_until > clock_timestamp() FROM replicas WHERE id = $1")
+            .bind(replica)
+            .fetch_optional(pool)
+            .await?;
+    Ok(runs == Some(true))
+}
+
 /// Ends `replica`'s lease, and forgets replicas whose lease ran out long
 /// ago and that own nothing in flight.
 pub async fn end_lease(pool: &PgPool, replica: &str) -> Result<(), StoreError> {
