@@ -9,6 +9,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 use http::StatusCode;
 
@@ -198,4 +200,34 @@ async fn a_replica_that_cannot_reach_the_store_refuses_writes() {
     .unwrap();
     assert_fresh_created(&write(gw.addr(), "/orders", Some("k-1"), ORDER).await);
     gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_never_replays_what_a_peer_superseded() {
+    let Some(schema) = PgSchema::create().await else {
+        return;
+    };
+    let route = "key = \"derive\"\nderive_window = \"1s\"";
+    let mut a = gateway(&schema, route).await;
+    let mut b = replica_of(&a, &schema, route).await;
+    let first = write(a.addr(), "/orders", None, ORDER).await;
+    assert_eq!(assert_fresh_created(&first), 1);
+    let key = first
+        .header("idempotency-key")
+        .expect("derived key")
+        .to_string();
+    assert_replay_of(&write(a.addr(), "/orders", None, ORDER).await, &first);
+
+    // After the window the same request is a new operation, made on B.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let second = write(b.addr(), "/orders", None, ORDER).await;
+    assert_eq!(assert_fresh_created(&second), 2);
+    // A answers the key with the operation the store holds now.
+    assert_replay_of(
+        &write(a.addr(), "/orders", Some(&key), ORDER).await,
+        &second,
+    );
+    assert_eq!(a.upstream.writes(), 2);
+    a.shutdown().await;
+    b.shutdown().await;
 }

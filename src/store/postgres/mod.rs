@@ -210,6 +210,14 @@ async fn renew(pool: PgPool, owner: Arc<str>, lease: Arc<Lease>, stop: Cancellat
     }
 }
 
+/// A store dropped without [`Store::close`] stops renewing: to its peers
+/// this replica is as good as dead once the lease runs out.
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        self.renewal.cancel();
+    }
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
