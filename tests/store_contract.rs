@@ -110,6 +110,7 @@ contract!(
     not_attempted_gives_its_next_attempt_to_the_same_payload,
     the_derive_window_supersedes_what_it_outdates,
     racing_claims_have_one_winner,
+    concurrent_writes_each_get_their_own_answer,
     operators_resolve_only_held_operations,
     late_evidence_settles_only_unknown,
     pauses_and_the_latch,
@@ -403,6 +404,58 @@ async fn racing_claims_have_one_winner(bench: Bench) {
     if let Some(peer) = peer {
         peer.close().await;
     }
+}
+
+/// Many requests at once share the backend's batches (group commit); each
+/// still gets its own claim and its own record.
+async fn concurrent_writes_each_get_their_own_answer(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let mut writes = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let store = store.clone();
+        writes.spawn(async move {
+            let key = format!("k-{i}");
+            let claim = claimed(store.as_ref(), &new_op(&key, "fp")).await;
+            let settlement = if i % 3 == 0 {
+                Settlement::Unknown {
+                    evidence: "timeout".into(),
+                }
+            } else {
+                completed(&key)
+            };
+            let recorded = store.record(&claim, &settlement, &first_try()).await;
+            assert_eq!(recorded.unwrap(), Recorded::Applied);
+            // A stale record in the same storm changes nothing.
+            let stale = store
+                .record(&claim, &completed("stale"), &first_try())
+                .await;
+            assert_eq!(stale.unwrap(), Recorded::Stale);
+            (i, key, claim)
+        });
+    }
+    let mut ids = std::collections::HashSet::new();
+    while let Some(done) = writes.join_next().await {
+        let (i, key, claim) = done.unwrap();
+        assert!(
+            ids.insert(claim.operation_id.clone()),
+            "one operation per key"
+        );
+        let (op, events) = store.get(&claim.operation_id).await.unwrap().unwrap();
+        assert_eq!(op.key, key);
+        if i % 3 == 0 {
+            assert_eq!(op.state, State::Unknown);
+            assert_eq!(
+                kinds(&events),
+                ["claimed", "sent", "response", "sent", "response"]
+            );
+        } else {
+            assert_eq!(op.response, Some(response(201, &key)));
+            // The row proves the first try, but the stale record's events
+            // are kept, and they stand for it in the timeline.
+            assert_eq!(kinds(&events), ["claimed", "sent", "response"]);
+        }
+    }
+    store.close().await;
 }
 
 fn list_all() -> ListFilter {

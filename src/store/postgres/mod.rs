@@ -25,12 +25,15 @@
 //!   fallback poll anyway for a missed one, and the wait is bounded by
 //!   `wait_timeout`, so the poll is the whole mechanism;
 //! - retention sweeps take a transaction-scoped advisory lock, so one
-//!   replica sweeps at a time.
+//!   replica sweeps at a time;
+//! - the claims and records of the requests waiting at a moment go as one
+//!   statement each ([`batch`]): group commit, one round trip per batch.
 //!
 //! Migrations (`migrations/postgres`, embedded) run at open and by
 //! `idemgate migrate`; sqlx's migrator holds a session advisory lock
 //! while it runs, so replicas starting together apply them once.
 
+mod batch;
 mod statements;
 
 use std::str::FromStr;
@@ -48,18 +51,23 @@ use super::{
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
-use statements::Owners;
+use batch::{Batcher, QUEUE_TIMEOUT};
+use statements::{ClaimCall, Owners, RecordCall};
 
 /// Connections per replica: enough for the requests' statements to
 /// overlap, few enough that many replicas fit under `max_connections`.
 const POOL: u32 = 16;
 
 /// How long a call waits for a free connection before the store counts as
-/// unavailable (503).
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+/// unavailable (503): as long as a call may wait for its batch.
+const ACQUIRE_TIMEOUT: Duration = QUEUE_TIMEOUT;
 
 pub struct PostgresStore {
     pool: PgPool,
+    /// The requests' claims, one statement per batch ([`batch`]).
+    claims: Batcher<ClaimCall, ClaimResult>,
+    /// The requests' records, likewise.
+    records: Batcher<RecordCall, Recorded>,
     /// This replica's instance id, written as `owner` on every claim.
     owner: Arc<str>,
     lease: Arc<Lease>,
@@ -162,8 +170,24 @@ impl PostgresStore {
             lease.clone(),
             renewal.clone(),
         ));
+        let claims = Batcher::start({
+            let (pool, owner) = (pool.clone(), owner.clone());
+            move |calls: Vec<ClaimCall>| {
+                let (pool, owner) = (pool.clone(), owner.clone());
+                async move { statements::claim(&pool, &owner, &calls).await }
+            }
+        });
+        let records = Batcher::start({
+            let (pool, owner) = (pool.clone(), owner.clone());
+            move |calls: Vec<RecordCall>| {
+                let (pool, owner) = (pool.clone(), owner.clone());
+                async move { statements::record(&pool, &owner, &calls).await }
+            }
+        });
         Ok(PostgresStore {
             pool,
+            claims,
+            records,
             owner,
             lease,
             clock,
@@ -226,7 +250,12 @@ impl Store for PostgresStore {
                 "this replica could not renew its lease in the store".into(),
             ));
         }
-        statements::claim(&self.pool, &self.owner, self.clock.now_millis(), new).await
+        let now = self.clock.now_millis();
+        let call = ClaimCall {
+            now,
+            new: new.clone(),
+        };
+        self.claims.call(call).await
     }
 
     async fn record(
@@ -235,8 +264,13 @@ impl Store for PostgresStore {
         settlement: &Settlement,
         events: &[Event],
     ) -> Result<Recorded, StoreError> {
-        let now = self.clock.now_millis();
-        statements::record(&self.pool, &self.owner, now, claim, settlement, events).await
+        let call = RecordCall {
+            now: self.clock.now_millis(),
+            claim: claim.clone(),
+            settlement: settlement.clone(),
+            events: events.to_vec(),
+        };
+        self.records.call(call).await
     }
 
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {

@@ -21,43 +21,94 @@ use crate::store::{
 const OWNER_ALIVE: &str = "EXISTS (SELECT 1 FROM replicas r
     WHERE r.id = operations.owner AND r.lease_until > clock_timestamp())";
 
-/// Claims `new` for `owner` (the `idemgate_claim` function of the
-/// migrations: one statement, atomic on the unique identity).
+/// A claim waiting for its batch: the write, and when it came (the
+/// gateway's clock).
+pub struct ClaimCall {
+    pub now: i64,
+    pub new: NewOperation,
+}
+
+/// Claims each of `calls` for `owner` in one statement, through the
+/// `idemgate_claim` function of the migrations (atomic on the unique
+/// identity), one row per call. The rows go in (route, scope, key) order,
+/// so replicas whose batches overlap take their row locks in one order and
+/// never deadlock; the results come back in the calls' order.
 pub async fn claim(
     pool: &PgPool,
     owner: &str,
-    now: i64,
-    new: &NewOperation,
-) -> Result<ClaimResult, StoreError> {
-    let request = &new.request;
-    let row = sqlx::query(
-        "SELECT * FROM idemgate_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+    calls: &[ClaimCall],
+) -> Result<Vec<ClaimResult>, StoreError> {
+    let mut order: Vec<usize> = (0..calls.len()).collect();
+    order.sort_by_key(|&i| {
+        let new = &calls[i].new;
+        (&new.route, &new.scope, &new.key)
+    });
+    let column = |f: &dyn Fn(&ClaimCall) -> String| -> Vec<String> {
+        order.iter().map(|&i| f(&calls[i])).collect()
+    };
+    let ords: Vec<i32> = order.iter().map(|&i| int(i)).collect();
+    let nows: Vec<i64> = order.iter().map(|&i| calls[i].now).collect();
+    let fresh_after: Vec<Option<i64>> = order.iter().map(|&i| calls[i].new.fresh_after).collect();
+    let content_types: Vec<Option<String>> = order
+        .iter()
+        .map(|&i| calls[i].new.request.content_type.clone())
+        .collect();
+    let body_sizes: Vec<i64> = order
+        .iter()
+        .map(|&i| i64::try_from(calls[i].new.request.body_size).unwrap_or(i64::MAX))
+        .collect();
+    let bodies: Vec<Option<Vec<u8>>> = order
+        .iter()
+        .map(|&i| calls[i].new.request.body.clone())
+        .collect();
+    let rows = sqlx::query(
+        "SELECT n.ord, c.*
+         FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[],
+                     $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::bigint[],
+                     $14::text[], $15::bytea[])
+              AS n(ord, now, fresh_after, new_id, route, scope, idem_key, fingerprint, method,
+                   path, content_type, body_size, body_sha256, body)
+         CROSS JOIN LATERAL idemgate_claim($1, n.now, n.fresh_after, n.new_id, n.route, n.scope,
+              n.idem_key, n.fingerprint, n.method, n.path, n.content_type, n.body_size,
+              n.body_sha256, n.body) AS c",
     )
     .bind(owner)
-    .bind(now)
-    .bind(new.fresh_after)
-    .bind(uuid::Uuid::now_v7().to_string())
-    .bind(&new.route)
-    .bind(&new.scope)
-    .bind(&new.key)
-    .bind(new.fingerprint.as_str())
-    .bind(&request.method)
-    .bind(&request.path)
-    .bind(&request.content_type)
-    .bind(i64::try_from(request.body_size).unwrap_or(i64::MAX))
-    .bind(&request.body_sha256)
-    .bind(&request.body)
-    .fetch_one(pool)
+    .bind(&ords)
+    .bind(&nows)
+    .bind(&fresh_after)
+    .bind(column(&|_| uuid::Uuid::now_v7().to_string()))
+    .bind(column(&|c| c.new.route.clone()))
+    .bind(column(&|c| c.new.scope.clone()))
+    .bind(column(&|c| c.new.key.clone()))
+    .bind(column(&|c| c.new.fingerprint.as_str().to_string()))
+    .bind(column(&|c| c.new.request.method.clone()))
+    .bind(column(&|c| c.new.request.path.clone()))
+    .bind(&content_types)
+    .bind(&body_sizes)
+    .bind(column(&|c| c.new.request.body_sha256.clone()))
+    .bind(&bodies)
+    .fetch_all(pool)
     .await?;
-    let operation = operation_from_row(&row)?;
-    Ok(if row.try_get::<bool, _>("claimed")? {
-        ClaimResult::Claimed(Claim {
-            operation_id: operation.id,
-            attempt: operation.attempt,
-        })
-    } else {
-        ClaimResult::Existing(Box::new(operation))
-    })
+    let mut results: Vec<Option<ClaimResult>> = calls.iter().map(|_| None).collect();
+    for row in &rows {
+        let ord: i32 = row.try_get("ord")?;
+        let operation = operation_from_row(row)?;
+        let result = if row.try_get::<bool, _>("claimed")? {
+            ClaimResult::Claimed(Claim {
+                operation_id: operation.id,
+                attempt: operation.attempt,
+            })
+        } else {
+            ClaimResult::Existing(Box::new(operation))
+        };
+        if let Some(slot) = usize::try_from(ord).ok().and_then(|i| results.get_mut(i)) {
+            *slot = Some(result);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.ok_or_else(|| StoreError::Failed("a claim of the batch went unanswered".into())))
+        .collect()
 }
 
 /// The stored operation for `new`'s identity that is not superseded.
@@ -74,64 +125,131 @@ pub async fn find(pool: &PgPool, new: &NewOperation) -> Result<Option<Operation>
     row.as_ref().map(operation_from_row).transpose()
 }
 
-/// An attempt number as the INTEGER column holds it.
-fn int(attempt: u32) -> i32 {
-    i32::try_from(attempt).unwrap_or(i32::MAX)
+/// An attempt number or a batch position as an INTEGER column holds it.
+fn int(n: impl TryInto<i32>) -> i32 {
+    n.try_into().unwrap_or(i32::MAX)
 }
 
-/// Events as two parallel arrays, for `unnest`.
-fn event_arrays(events: &[Event]) -> (Vec<&str>, Vec<String>) {
-    events
-        .iter()
-        .map(|e| (e.kind, e.detail.to_string()))
-        .unzip()
+/// A record waiting for its batch.
+pub struct RecordCall {
+    pub now: i64,
+    pub claim: Claim,
+    pub settlement: Settlement,
+    pub events: Vec<Event>,
 }
 
-/// Settles a claimed attempt with its events, as one compare-and-set.
+/// Settles each of `calls` with its events, each as one compare-and-set
+/// on (id, state, attempt, owner), all in one statement (ordered by id,
+/// for one lock order across replicas); whether each applied, in the
+/// calls' order. A stale record keeps its evidence as events; an applied
+/// plain response is proven by the row itself.
 pub async fn record(
     pool: &PgPool,
     owner: &str,
-    now: i64,
-    claim: &Claim,
-    settlement: &Settlement,
-    events: &[Event],
-) -> Result<Recorded, StoreError> {
-    let response = settlement.response();
-    let (kinds, details) = event_arrays(events);
-    // A stale record keeps its evidence as events; an applied plain
-    // response is proven by the row itself.
-    let updated: i64 = sqlx::query_scalar(
-        "WITH updated AS (
-            UPDATE operations SET state = $1, evidence = $2, response_status = $3,
-                response_headers = $4, response_body = $5, updated_at = $6
-            WHERE id = $7 AND state = 'in_progress' AND attempt = $8 AND owner = $9
-            RETURNING id
+    calls: &[RecordCall],
+) -> Result<Vec<Recorded>, StoreError> {
+    let mut order: Vec<usize> = (0..calls.len()).collect();
+    order.sort_by_key(|&i| &calls[i].claim.operation_id);
+    let ordered = || order.iter().map(|&i| (i, &calls[i]));
+    let response = |c: &RecordCall| c.settlement.response().cloned();
+    let (mut event_ords, mut kinds, mut details) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, call) in ordered() {
+        for event in &call.events {
+            event_ords.push(int(i));
+            kinds.push(event.kind);
+            details.push(event.detail.to_string());
+        }
+    }
+    let rows = sqlx::query(
+        "WITH input AS (
+            SELECT * FROM unnest($2::int[], $3::text[], $4::int[], $5::text[], $6::text[],
+                                 $7::int[], $8::text[], $9::bytea[], $10::bigint[], $11::bool[])
+                AS i(ord, id, attempt, state, evidence, status, headers, body, now, implied)
+         ), updated AS (
+            UPDATE operations o SET state = i.state, evidence = i.evidence,
+                response_status = i.status, response_headers = i.headers,
+                response_body = i.body, updated_at = i.now
+            FROM input i
+            WHERE o.id = i.id AND o.state = 'in_progress' AND o.attempt = i.attempt
+              AND o.owner = $1
+            RETURNING i.ord
          ), kept AS (
             INSERT INTO events (operation_id, at, kind, detail)
-            SELECT $7, $6, kind, detail FROM unnest($10::text[], $11::text[]) AS e(kind, detail)
-            WHERE NOT $12 OR NOT EXISTS (SELECT 1 FROM updated)
+            SELECT i.id, i.now, e.kind, e.detail
+            FROM unnest($12::int[], $13::text[], $14::text[]) WITH ORDINALITY
+                AS e(ord, kind, detail, seq)
+            JOIN input i ON i.ord = e.ord
+            WHERE NOT i.implied OR i.ord NOT IN (SELECT ord FROM updated)
+            ORDER BY e.seq
          )
-         SELECT count(*) FROM updated",
+         SELECT i.ord, i.ord IN (SELECT ord FROM updated) AS applied FROM input i",
     )
-    .bind(settlement.state().as_str())
-    .bind(settlement.evidence())
-    .bind(response.map(|r| i32::from(r.status)))
-    .bind(response.map(|r| encode_headers(&r.headers)))
-    .bind(response.and_then(|r| r.body.as_deref()))
-    .bind(now)
-    .bind(&claim.operation_id)
-    .bind(int(claim.attempt))
     .bind(owner)
+    .bind(ordered().map(|(i, _)| int(i)).collect::<Vec<_>>())
+    .bind(
+        ordered()
+            .map(|(_, c)| c.claim.operation_id.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| int(c.claim.attempt))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| c.settlement.state().as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| c.settlement.evidence().to_string())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| response(c).map(|r| i32::from(r.status)))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| response(c).map(|r| encode_headers(&r.headers)))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| response(c).and_then(|r| r.body))
+            .collect::<Vec<_>>(),
+    )
+    .bind(ordered().map(|(_, c)| c.now).collect::<Vec<_>>())
+    .bind(
+        ordered()
+            .map(|(_, c)| is_implied_by_record(&c.settlement, &c.events))
+            .collect::<Vec<_>>(),
+    )
+    .bind(&event_ords)
     .bind(&kinds)
     .bind(&details)
-    .bind(is_implied_by_record(settlement, events))
-    .fetch_one(pool)
+    .fetch_all(pool)
     .await?;
-    Ok(if updated == 1 {
-        Recorded::Applied
-    } else {
-        Recorded::Stale
-    })
+    let mut results = vec![None; calls.len()];
+    for row in &rows {
+        let ord: i32 = row.try_get("ord")?;
+        let applied: bool = row.try_get("applied")?;
+        if let Some(slot) = usize::try_from(ord).ok().and_then(|i| results.get_mut(i)) {
+            *slot = Some(if applied {
+                Recorded::Applied
+            } else {
+                Recorded::Stale
+            });
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| {
+            r.ok_or_else(|| StoreError::Failed("a record of the batch went unanswered".into()))
+        })
+        .collect()
 }
 
 /// Whose `in_progress` operations [`mark_in_progress_unknown`] takes.
