@@ -7,7 +7,8 @@
 //!   attempt and replays it;
 //! - a replica SIGKILLed mid-request: once its lease runs out the other
 //!   reports the operation `unknown` (`replica-lost`) and never re-sends
-//!   it; restarted with the same config, the replica rejoins.
+//!   it; restarted with the same config, the replica rejoins;
+//! - `idemgate migrate` run by several at once prepares the schema once.
 
 mod common;
 
@@ -199,4 +200,32 @@ async fn a_killed_replicas_request_is_unknown_and_the_replica_rejoins() {
     let ready = send(a.admin, "GET", "/readyz", &[], bytes::Bytes::new()).await;
     assert_eq!(ready.status, StatusCode::OK);
     assert_eq!(upstream.writes(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_run_by_several_at_once_prepares_the_schema_once() {
+    let Some(schema) = PgSchema::create().await else {
+        return;
+    };
+    let mut runs = JoinSet::new();
+    for _ in 0..3 {
+        let mut cmd = binary();
+        cmd.args(["migrate", "--store", &schema.url]);
+        runs.spawn(run_to_exit(cmd));
+    }
+    for (status, stdout, stderr) in runs.join_all().await {
+        assert!(status.success(), "{stderr}");
+        assert!(stdout.starts_with("migrated postgres://"), "{stdout}");
+    }
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_url())
+        .await
+        .expect("connect");
+    let applied: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {}._sqlx_migrations WHERE success",
+        schema.name
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .expect("migrations table");
+    assert_eq!(applied, 1);
 }
