@@ -127,6 +127,17 @@ async fn replicas_answer_each_others_keys() {
         &write(b.addr(), "/orders", Some("k-1"), ORDER).await,
         &first,
     );
+    // A client asks either replica what became of its operation.
+    let status = send(
+        b.addr(),
+        "GET",
+        "/.idemgate/operations/k-1",
+        &[("authorization", ALICE)],
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(status.status, StatusCode::OK, "{:?}", status.body);
+    assert_eq!(status.json()["state"], "completed");
     let reused = write(b.addr(), "/orders", Some("k-1"), r#"{"order":"x"}"#).await;
     reused.assert_operation_problem(422, "key-reused", "completed");
 
