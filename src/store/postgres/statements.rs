@@ -285,7 +285,7 @@ pub async fn mark_in_progress_unknown(
             UPDATE operations SET state = 'unknown', evidence = $1, updated_at = $2
             WHERE state = 'in_progress' AND {whose}
             RETURNING id, owner, route
-         ), events AS (
+         ), kept AS (
             INSERT INTO events (operation_id, at, kind, detail)
             SELECT id, $2, 'owner-lost', json_build_object('reason', $1::text, 'owner', owner)::text
             FROM marked
