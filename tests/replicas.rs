@@ -8,12 +8,14 @@
 //! - a replica SIGKILLed mid-request: once its lease runs out the other
 //!   reports the operation `unknown` (`replica-lost`) and never re-sends
 //!   it; restarted with the same config, the replica rejoins;
+//! - retention sweeps wait for the replica that holds the sweep lock;
 //! - `idemgate migrate` run by several at once prepares the schema once.
 
 mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
@@ -22,16 +24,18 @@ use tokio::task::JoinSet;
 const BODY: &str = r#"{"order":"o-1","amount":250}"#;
 const ADMIN_TOKEN: &str = "replicas-test-admin-token";
 
-/// Two replicas' config: the shared schema, a short lease, `route` lines.
+/// Two replicas' config: the shared schema, a short lease and `store`
+/// lines, `route` lines.
 fn replica_config(
     dir: &Path,
     schema: &PgSchema,
     upstream: &FakeUpstream,
     route: &str,
+    store: &str,
 ) -> std::path::PathBuf {
     let setup = Setup::route(route)
         .postgres(schema)
-        .store("lease = \"1s\"")
+        .store(&format!("lease = \"1s\"\n{store}"))
         .server("admin_token_env = \"IDEMGATE_REPLICAS_TEST_TOKEN\"");
     let toml = gateway_toml_with(&dir.join("unused.db"), &upstream.url(), &setup);
     write_config(dir, "replica.toml", &toml)
@@ -54,16 +58,21 @@ struct Replicas {
     config: std::path::PathBuf,
     dir: tempfile::TempDir,
     // Last: dropped after the processes are killed.
-    _schema: PgSchema,
+    schema: PgSchema,
 }
 
 impl Replicas {
     /// `None` (said why) without PostgreSQL outside CI.
     async fn start(route: &str) -> Option<Replicas> {
+        Replicas::start_with(route, "").await
+    }
+
+    /// Like [`Replicas::start`], with `store` lines.
+    async fn start_with(route: &str, store: &str) -> Option<Replicas> {
         let schema = PgSchema::create().await?;
         let upstream = FakeUpstream::start().await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = replica_config(dir.path(), &schema, &upstream, route);
+        let config = replica_config(dir.path(), &schema, &upstream, route, store);
         let a = start_replica(&config, &dir.path().join("a.log")).await;
         let b = start_replica(&config, &dir.path().join("b.log")).await;
         Some(Replicas {
@@ -72,7 +81,7 @@ impl Replicas {
             upstream,
             config,
             dir,
-            _schema: schema,
+            schema,
         })
     }
 }
@@ -228,4 +237,56 @@ async fn migrate_run_by_several_at_once_prepares_the_schema_once() {
     .await
     .expect("migrations table");
     assert_eq!(applied, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sweep_only_while_no_one_else_does() {
+    let Some(replicas) = Replicas::start_with("", "retention = \"1s\"").await else {
+        return;
+    };
+    // Held here as a sweeping replica holds it.
+    let mut sweeping = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_url())
+        .await
+        .expect("connect");
+    let lock = "SELECT pg_advisory_lock(hashtext($1 || ':idemgate-sweep'))";
+    sqlx::query(lock)
+        .bind(&replicas.schema.name)
+        .execute(&mut sweeping)
+        .await
+        .expect("sweep lock");
+    for i in 0..10 {
+        let proxy = if i % 2 == 0 {
+            replicas.a.proxy
+        } else {
+            replicas.b.proxy
+        };
+        assert_fresh_created(&write(proxy, "/orders", Some(&format!("old-{i}")), BODY).await);
+    }
+    let count = format!("SELECT count(*) FROM {}.operations", replicas.schema.name);
+    // Expired after 1 s; both replicas look every second, and wait.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kept: i64 = sqlx::query_scalar(&count)
+        .fetch_one(&mut sweeping)
+        .await
+        .unwrap();
+    assert_eq!(kept, 10, "no replica swept while another held the lock");
+
+    let unlock = "SELECT pg_advisory_unlock(hashtext($1 || ':idemgate-sweep'))";
+    sqlx::query(unlock)
+        .bind(&replicas.schema.name)
+        .execute(&mut sweeping)
+        .await
+        .expect("unlock");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let left: i64 = sqlx::query_scalar(&count)
+            .fetch_one(&mut sweeping)
+            .await
+            .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{left} never swept");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -580,7 +580,7 @@ pub async fn sweep(pool: &PgPool, cutoff: i64, limit: u32) -> Result<u64, StoreE
 }
 
 /// Taken by the replica that sweeps, until its transaction ends.
-pub const SWEEP_LOCK: &str =
+const SWEEP_LOCK: &str =
     "SELECT pg_try_advisory_xact_lock(hashtext(current_schema() || ':idemgate-sweep'))";
 
 /// Registers `replica`, or renews its lease: `lease` from now in the
