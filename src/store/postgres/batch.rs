@@ -11,6 +11,11 @@
 //!   writes happened;
 //! - a call that waited in the queue past [`QUEUE_TIMEOUT`] is refused
 //!   unrun, so a caller told "busy" never has its claim committed later;
+//! - a batch the database does not answer within [`BATCH_TIMEOUT`] fails
+//!   its calls (503) instead of holding every later one behind it (a
+//!   network partition). Such a batch may still commit on the server, as
+//!   any statement whose answer is lost: a claim of it then reads
+//!   `in_progress` until this replica stops or its lease runs out;
 //! - one batch at a time per kind, in the order the calls were queued.
 
 use std::future::Future;
@@ -29,6 +34,9 @@ const QUEUE: usize = 4096;
 /// How long a call may wait for its batch before it is refused unrun.
 pub const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a batch may wait for the database's answer.
+pub const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
+
 type Reply<R> = oneshot::Sender<Result<R, StoreError>>;
 
 /// The queue of one kind of call, and the task that sends its batches.
@@ -38,14 +46,14 @@ pub struct Batcher<J, R> {
 
 impl<J: Send + 'static, R: Send + 'static> Batcher<J, R> {
     /// Starts the task that runs each batch through `run`, which returns
-    /// one result per call, in the order given.
-    pub fn start<F, Fut>(run: F) -> Self
+    /// one result per call, in the order given, within `timeout`.
+    pub fn start<F, Fut>(timeout: Duration, run: F) -> Self
     where
         F: Fn(Vec<J>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Vec<R>, StoreError>> + Send + 'static,
     {
         let (queue, receiver) = mpsc::channel(QUEUE);
-        tokio::spawn(send_batches(receiver, run));
+        tokio::spawn(send_batches(receiver, timeout, run));
         Batcher { queue }
     }
 
@@ -68,8 +76,11 @@ impl<J: Send + 'static, R: Send + 'static> Batcher<J, R> {
 
 /// The task: take whatever is queued, send it as one batch, answer
 /// everyone in it, repeat; ends when every [`Batcher`] handle is gone.
-async fn send_batches<J, R, F, Fut>(mut receiver: mpsc::Receiver<(Instant, J, Reply<R>)>, run: F)
-where
+async fn send_batches<J, R, F, Fut>(
+    mut receiver: mpsc::Receiver<(Instant, J, Reply<R>)>,
+    timeout: Duration,
+    run: F,
+) where
     F: Fn(Vec<J>) -> Fut,
     Fut: Future<Output = Result<Vec<R>, StoreError>>,
 {
@@ -93,7 +104,13 @@ where
             continue;
         }
         let calls = jobs.len();
-        match run(jobs).await {
+        let answered = tokio::time::timeout(timeout, run(jobs)).await;
+        match answered.unwrap_or_else(|_| {
+            Err(StoreError::Busy(format!(
+                "the database did not answer within {}",
+                humantime::format_duration(timeout)
+            )))
+        }) {
             Ok(results) if results.len() == calls => {
                 for (reply, result) in replies.into_iter().zip(results) {
                     drop(reply.send(Ok(result)));
@@ -128,7 +145,7 @@ mod tests {
     async fn concurrent_calls_share_batches_and_each_gets_its_own_result() {
         let batches = Arc::new(AtomicUsize::new(0));
         let counted = batches.clone();
-        let batcher = Arc::new(Batcher::start(move |jobs: Vec<u32>| {
+        let batcher = Arc::new(Batcher::start(BATCH_TIMEOUT, move |jobs: Vec<u32>| {
             let counted = counted.clone();
             async move {
                 counted.fetch_add(1, Ordering::SeqCst);
@@ -150,7 +167,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_batch_fails_every_call_in_it() {
-        let batcher = Arc::new(Batcher::start(|_: Vec<u32>| async {
+        let batcher = Arc::new(Batcher::start(BATCH_TIMEOUT, |_: Vec<u32>| async {
             Err::<Vec<u32>, _>(StoreError::Busy("down".into()))
         }));
         let (a, b) = tokio::join!(batcher.call(1), batcher.call(2));
@@ -160,7 +177,26 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_that_answers_wrongly_fails_its_calls() {
-        let batcher = Batcher::start(|_: Vec<u32>| async { Ok(Vec::<u32>::new()) });
+        let batcher = Batcher::start(BATCH_TIMEOUT, |_: Vec<u32>| async { Ok(Vec::<u32>::new()) });
         assert!(matches!(batcher.call(1).await, Err(StoreError::Failed(_))));
+    }
+
+    #[tokio::test]
+    async fn a_batch_the_database_never_answers_fails_and_the_next_one_runs() {
+        let hung = Arc::new(AtomicUsize::new(0));
+        let batcher = Batcher::start(Duration::from_millis(50), move |jobs: Vec<u32>| {
+            let first = hung.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                if first {
+                    std::future::pending::<()>().await;
+                }
+                Ok(jobs)
+            }
+        });
+        let failed = batcher.call(1).await;
+        assert!(
+            matches!(failed, Err(StoreError::Failed(reason)) if reason.contains("did not answer"))
+        );
+        assert_eq!(batcher.call(2).await.unwrap(), 2);
     }
 }

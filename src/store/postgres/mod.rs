@@ -51,7 +51,7 @@ use super::{
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
-use batch::{Batcher, QUEUE_TIMEOUT};
+use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use statements::{ClaimCall, Owners, RecordCall};
 
 /// Connections per replica: enough for the requests' statements to
@@ -170,14 +170,14 @@ impl PostgresStore {
             lease.clone(),
             renewal.clone(),
         ));
-        let claims = Batcher::start({
+        let claims = Batcher::start(BATCH_TIMEOUT, {
             let (pool, owner) = (pool.clone(), owner.clone());
             move |calls: Vec<ClaimCall>| {
                 let (pool, owner) = (pool.clone(), owner.clone());
                 async move { statements::claim(&pool, &owner, &calls).await }
             }
         });
-        let records = Batcher::start({
+        let records = Batcher::start(BATCH_TIMEOUT, {
             let (pool, owner) = (pool.clone(), owner.clone());
             move |calls: Vec<RecordCall>| {
                 let (pool, owner) = (pool.clone(), owner.clone());
