@@ -73,16 +73,23 @@ pub struct StoreConfig {
     /// `completed` and `not_attempted` operations are deleted this long after
     /// their last update; `unknown` ones never expire on their own.
     pub retention: Duration,
+    /// PostgreSQL: how long a replica that stopped renewing still counts as
+    /// alive (the database's clock); its operations in flight become
+    /// `unknown` after that.
+    pub lease: Duration,
 }
 
 /// Where operations are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreUrl {
     Sqlite(PathBuf),
+    /// `postgres://…` or `postgresql://…`, as given (sqlx reads its options).
+    Postgres(String),
 }
 
 impl StoreUrl {
-    /// Parses `sqlite://PATH` (or `sqlite:PATH`); `sqlite:///abs/path.db` is absolute.
+    /// Parses `sqlite://PATH` (or `sqlite:PATH`), where `sqlite:///abs/path.db`
+    /// is absolute, or a `postgres://` URL.
     pub fn parse(url: &str) -> Result<Self, String> {
         let path = url
             .strip_prefix("sqlite://")
@@ -97,9 +104,9 @@ impl StoreUrl {
             ),
             Some(p) => Ok(StoreUrl::Sqlite(PathBuf::from(p))),
             None if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                Err("the PostgreSQL store is not built yet; use sqlite://FILE".into())
+                Ok(StoreUrl::Postgres(url.to_string()))
             }
-            None => Err("expected sqlite://FILE".into()),
+            None => Err("expected sqlite://FILE or postgres://…".into()),
         }
     }
 }
@@ -108,7 +115,23 @@ impl std::fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreUrl::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
+            StoreUrl::Postgres(url) => f.write_str(&redact_url(url)),
         }
+    }
+}
+
+/// `url` with its password (if any) replaced by `***`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
     }
 }
 
@@ -605,9 +628,18 @@ impl Validator<'_> {
 
     fn store(&self, raw: RawStore) -> Result<StoreConfig, ConfigError> {
         self.not_built("store.encryption_key_env", &raw.encryption_key_env)?;
-        self.not_built("store.lease", &raw.lease)?;
         let url = StoreUrl::parse(raw.url.as_deref().unwrap_or("sqlite://idemgate.db"))
             .map_err(|reason| self.invalid("store.url", reason))?;
+        if matches!(url, StoreUrl::Sqlite(_)) && raw.lease.is_some() {
+            return Err(self.invalid(
+                "store.lease",
+                "only a postgres:// store is shared by replicas that hold leases; remove the field",
+            ));
+        }
+        let lease = self.duration("store.lease", raw.lease.as_deref(), "10s")?;
+        if lease < Duration::from_secs(1) {
+            return Err(self.invalid("store.lease", "must be at least 1s"));
+        }
         let durability = match raw.durability.as_deref().unwrap_or("full") {
             "full" => Durability::Full,
             "normal" => Durability::Normal,
@@ -622,6 +654,7 @@ impl Validator<'_> {
             url,
             durability,
             retention: self.duration("store.retention", raw.retention.as_deref(), "24h")?,
+            lease,
         })
     }
 
@@ -1014,10 +1047,6 @@ mod tests {
         let err = error_of(&format!("{MINIMAL}upstream_ca = \"ca.pem\"\n"));
         assert!(err.contains("not built yet"), "{err}");
         assert!(
-            error_of(&format!("[store]\nurl = \"postgres://x/y\"\n{MINIMAL}"))
-                .contains("not built yet")
-        );
-        assert!(
             error_of(&format!("[server]\ntls_cert = \"c.pem\"\n{MINIMAL}"))
                 .contains("not built yet")
         );
@@ -1137,6 +1166,38 @@ mod tests {
         assert!(StoreUrl::parse("sqlite://").is_err());
         assert!(StoreUrl::parse("sqlite::memory:").is_err());
         assert!(StoreUrl::parse("mysql://x").is_err());
+        assert_eq!(
+            StoreUrl::parse("postgresql://db/x"),
+            Ok(StoreUrl::Postgres("postgresql://db/x".into()))
+        );
+    }
+
+    #[test]
+    fn postgres_stores_take_a_lease_and_hide_passwords() {
+        let config = Config::from_toml_str(
+            &format!("[store]\nurl = \"postgres://gw:s3cret@db:5432/x?sslmode=require\"\nlease = \"4s\"\n{MINIMAL}"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(config.store.lease, Duration::from_secs(4));
+        assert_eq!(
+            config.store.url.to_string(),
+            "postgres://gw:***@db:5432/x?sslmode=require"
+        );
+        let default = Config::from_toml_str(
+            &format!("[store]\nurl = \"postgres://db/x\"\n{MINIMAL}"),
+            "t",
+        );
+        assert_eq!(default.unwrap().store.lease, Duration::from_secs(10));
+        assert_eq!(redact_url("postgres://gw@db/x"), "postgres://gw@db/x");
+        let short = format!("[store]\nurl = \"postgres://db/x\"\nlease = \"500ms\"\n{MINIMAL}");
+        assert!(error_of(&short).contains("at least 1s"));
+        let sqlite = format!("[store]\nlease = \"10s\"\n{MINIMAL}");
+        assert!(
+            error_of(&sqlite).contains("only a postgres"),
+            "{}",
+            error_of(&sqlite)
+        );
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
 //! - [`server`]: listeners, accept loops, graceful shutdown.
 //! - [`pipeline`]: the life of a request, one module per phase.
-//! - [`store`]: the only truth about operations (SQLite); all SQL lives there.
+//! - [`store`]: the only truth about operations (SQLite, or PostgreSQL shared
+//!   by several replicas); all SQL lives there.
+//! - [`replicas`]: dead owners' operations, and keeping up with peer replicas.
 //! - [`retention`]: the background sweep of expired operations.
 //! - [`reconcile`]: probes that may prove an `unknown` operation happened.
 //! - [`clock`]: the time the store keeps (a manual one for tests).
@@ -51,6 +53,7 @@ pub mod mock_upstream;
 pub mod pipeline;
 pub mod problem;
 pub mod reconcile;
+pub mod replicas;
 pub mod retention;
 pub mod server;
 pub mod store;

@@ -11,7 +11,7 @@ use idemgate::config::{Config, Durability, StoreUrl};
 use idemgate::log_sink::{FlushGuard, LogSink};
 use idemgate::mock_upstream::MockUpstream;
 use idemgate::server::Gateway;
-use idemgate::store::{SqliteStore, Store};
+use idemgate::store::{PostgresStore, SqliteStore, Store};
 use tracing_subscriber::EnvFilter;
 
 #[global_allocator]
@@ -103,12 +103,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let _log = init_logging(LogFormat::Text)?;
             let url =
                 StoreUrl::parse(&store).map_err(|reason| anyhow::anyhow!("--store: {reason}"))?;
-            let StoreUrl::Sqlite(path) = &url;
-            let owner = format!("migrate-{}", uuid::Uuid::now_v7());
-            SqliteStore::open(path, Durability::Full, owner, Arc::new(SystemClock))
-                .await?
-                .close()
-                .await;
+            match &url {
+                StoreUrl::Sqlite(path) => {
+                    let owner = format!("migrate-{}", uuid::Uuid::now_v7());
+                    SqliteStore::open(path, Durability::Full, owner, Arc::new(SystemClock))
+                        .await?
+                        .close()
+                        .await;
+                }
+                StoreUrl::Postgres(postgres) => PostgresStore::migrate(postgres).await?,
+            }
             println!("migrated {url}");
             Ok(())
         }

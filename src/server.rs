@@ -34,8 +34,8 @@ use crate::config::{Config, ServerConfig, StoreUrl};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
 use crate::problem::ProxyError;
-use crate::retention;
-use crate::store::{SqliteStore, Store, StoreError};
+use crate::store::{PostgresStore, SqliteStore, Store, StoreError};
+use crate::{replicas, retention};
 
 /// Why the gateway did not start.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +107,16 @@ impl Gateway {
             StoreUrl::Sqlite(path) => Arc::new(
                 SqliteStore::open(path, config.store.durability, owner, clock.clone()).await?,
             ),
+            StoreUrl::Postgres(url) => Arc::new(
+                PostgresStore::open(
+                    url,
+                    config.store.durability,
+                    config.store.lease,
+                    owner,
+                    clock.clone(),
+                )
+                .await?,
+            ),
         };
         match Self::serve(config, store.clone(), options).await {
             Ok(gateway) => Ok(gateway),
@@ -156,16 +166,7 @@ impl Gateway {
         let give_up = CancellationToken::new();
         // The latch trips on transitions to `unknown`, and the recovery is
         // one; a restart that marks nothing leaves an operator's resume alone.
-        let recovered = store.recover().await?;
-        for route in config.routes.iter().filter(|r| r.pause_after_unknown > 0) {
-            if recovered.contains(&route.name)
-                && store
-                    .trip_pause_latch(&route.name, route.pause_after_unknown)
-                    .await?
-            {
-                tracing::warn!(route = %route.name, "route paused at startup: too many operations unknown");
-            }
-        }
+        replicas::recover(store.as_ref(), &config.routes).await?;
         let paused = store.paused_routes().await?;
         let metrics = Arc::new(Metrics::default());
         let proxy_cap = ConnectionCap::new("proxy", server.max_connections, &metrics);
@@ -211,6 +212,15 @@ impl Gateway {
             config.store.retention,
             stop_accepting.clone(),
         ));
+        let watch = tokio::spawn({
+            let (store, proxy, routes) = (store.clone(), proxy.clone(), config.routes.clone());
+            let stop = stop_accepting.clone();
+            async move {
+                if store.shared() {
+                    replicas::watch(store, proxy, routes, stop).await;
+                }
+            }
+        });
         let loops = [
             tokio::spawn(accept_loop(
                 proxy_listener,
@@ -233,7 +243,7 @@ impl Gateway {
                 shutdown.cancelled().await;
                 let deadline = Instant::now() + server.shutdown_grace;
                 stop_accepting.cancel();
-                for task in loops.into_iter().chain([sweep]) {
+                for task in loops.into_iter().chain([sweep, watch]) {
                     let _ = task.await;
                 }
                 // Connections are drained; forward tasks get the rest of the grace to record.

@@ -1,7 +1,8 @@
 //! `idemgate bench`, the real binary: a small run against its own gateway
 //! prints the documented JSON and the exactly-once verdict (exit 0), in
 //! reject and wait mode and with faults; `--target` drives a running
-//! gateway and reads the mock's counter through `--upstream-effects`;
+//! gateway and reads the mock's counter through `--upstream-effects`, and
+//! several `--target`s (replicas on one PostgreSQL store) round robin;
 //! `--populate` reports the store's size and resident memory; a target that
 //! writes every retry (the mock itself) fails the verdict with exit 1.
 //!
@@ -141,6 +142,54 @@ async fn a_target_gateway_is_checked_through_the_mocks_counter() {
     assert_eq!(code, 0, "{report}");
     assert!(report["exactly_once"].is_null(), "{report}");
     assert!(report["upstream_writes"].is_null(), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_are_loaded_round_robin_and_checked_once() {
+    let Some(schema) = PgSchema::create().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mock = BinaryMock::start(&dir.path().join("mock.log")).await;
+    let mut replicas = Vec::new();
+    for name in ["a", "b"] {
+        let mut serve = binary();
+        serve
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .args(["--upstream", &format!("http://{}", mock.addr)])
+            .args(["--store", &schema.url]);
+        let log = dir.path().join(format!("{name}.log"));
+        replicas.push(BinaryGateway::spawn(serve, &log).await);
+    }
+    let targets: Vec<String> = replicas
+        .iter()
+        .map(|r| format!("http://{}/orders", r.proxy))
+        .collect();
+    let effects = format!("http://{}/_effects", mock.addr);
+    let args = [
+        "--target",
+        &targets[0],
+        "--target",
+        &targets[1],
+        "--upstream-effects",
+        &effects,
+    ];
+    let (code, report) = bench(&[&SMALL[..], &args].concat()).await;
+    assert_eq!(code, 0, "{report}");
+    assert_shape(&report);
+    assert_eq!(report["exactly_once"], true, "{report}");
+    assert_eq!(report["upstream_writes"], 20, "{report}");
+    assert_eq!(report["targets"], serde_json::json!(targets), "{report}");
+    for replica in &replicas {
+        let metrics = scrape_metrics(replica.admin).await;
+        let requests: f64 = metrics
+            .lines()
+            .filter(|l| l.starts_with("idemgate_requests_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert!(requests >= 20.0, "each replica took its share:\n{metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

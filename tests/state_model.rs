@@ -1,11 +1,11 @@
 //! Model-based test: random sequences of keyless and keyed writes, window
 //! expiries, lost responses, refusals, pauses, resumes, the pause latch,
 //! operator resolutions and restarts, run against the real gateway (SQLite
-//! file, manual clock, fake upstream) and against a reference model of the
-//! states table. Every answer, and the number of writes that reached the
-//! upstream, must be what the model says — so a rule that answers from
-//! anything but the operation the store holds now is caught by
-//! construction.
+//! file, or a PostgreSQL schema; manual clock, fake upstream) and against a
+//! reference model of the states table. Every answer, and the number of
+//! writes that reached the upstream, must be what the model says — so a
+//! rule that answers from anything but the operation the store holds now
+//! is caught by construction.
 //!
 //! Seeded: a failure prints its seed and the steps that led to it; rerun
 //! one seed with `IDEMGATE_MODEL_SEED=<n>`.
@@ -206,13 +206,19 @@ fn random_action(rng: &mut fastrand::Rng, model: &Model, keys: &HashMap<usize, S
     }
 }
 
-async fn run_sequence(seed: u64) {
+/// One seeded sequence, on a SQLite file or (`postgres`) in a PostgreSQL
+/// schema of its own.
+async fn run_sequence(seed: u64, postgres: Option<&PgSchema>) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let clock = ManualClock::new();
     let route = format!(
         "key = \"derive\"\nderive_window = \"{WINDOW_MS}ms\"\npause_after_unknown = {LATCH}"
     );
-    let mut gw = spawn_gateway_with(Setup::route(&route).clock(clock.clone()).admin()).await;
+    let mut setup = Setup::route(&route).clock(clock.clone()).admin();
+    if let Some(schema) = postgres {
+        setup = setup.postgres(schema);
+    }
+    let mut gw = spawn_gateway_with(setup).await;
     let start = clock.now_millis();
     let mut model = Model::default();
     let mut keys: HashMap<usize, String> = HashMap::new();
@@ -343,14 +349,32 @@ async fn run_sequence(seed: u64) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_answer_matches_the_states_model() {
-    let seeds: Vec<u64> = match std::env::var("IDEMGATE_MODEL_SEED") {
+/// The seeds to run: `IDEMGATE_MODEL_SEED`, or `1..=SEEDS`.
+fn seeds() -> Vec<u64> {
+    match std::env::var("IDEMGATE_MODEL_SEED") {
         Ok(seed) => vec![seed.parse().expect("IDEMGATE_MODEL_SEED is a number")],
         Err(_) => (1..=SEEDS).collect(),
-    };
-    for seed in seeds {
-        tokio::time::timeout(Duration::from_secs(60), run_sequence(seed))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_matches_the_states_model() {
+    for seed in seeds() {
+        tokio::time::timeout(Duration::from_secs(60), run_sequence(seed, None))
+            .await
+            .unwrap_or_else(|_| panic!("seed {seed} took longer than 60 s"));
+    }
+}
+
+/// The same sequences on the PostgreSQL store (no replay cache, the
+/// claim function, leases), a schema per seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_matches_the_states_model_on_postgres() {
+    for seed in seeds() {
+        let Some(schema) = PgSchema::create().await else {
+            return;
+        };
+        tokio::time::timeout(Duration::from_secs(60), run_sequence(seed, Some(&schema)))
             .await
             .unwrap_or_else(|_| panic!("seed {seed} took longer than 60 s"));
     }

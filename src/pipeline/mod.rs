@@ -119,6 +119,7 @@ impl Proxy {
                 }))
             })
             .collect::<Result<_, rustls::Error>>()?;
+        let shared = store.shared();
         Ok(Proxy {
             routes,
             store,
@@ -127,7 +128,14 @@ impl Proxy {
             clock,
             stopping,
             in_flight: Arc::default(),
-            replays: Arc::default(),
+            // Replicas sharing a store: a peer may change what a cached
+            // replay mirrors (a newer operation of its identity), so
+            // every answer is read from the store.
+            replays: Arc::new(if shared {
+                ReplayCache::with_capacity(0)
+            } else {
+                ReplayCache::default()
+            }),
             retention: config.store.retention,
             tasks: TaskTracker::new(),
             give_up,
@@ -146,6 +154,15 @@ impl Proxy {
         self.store.set_paused(name, reason).await?;
         active.paused.store(reason.is_some(), Ordering::SeqCst);
         Ok(true)
+    }
+
+    /// Follows the routes the store holds paused (set through a peer
+    /// replica, or its latch).
+    pub fn follow_pauses(&self, paused: &[String]) {
+        for active in &self.routes {
+            let now = paused.contains(&active.route.name);
+            active.paused.store(now, Ordering::SeqCst);
+        }
     }
 
     /// The forward tasks, for shutdown to wait on.

@@ -7,11 +7,13 @@
 //! (with its `sent` and `response` events). All SQL lives in this module's
 //! backends.
 
+mod postgres;
 mod sqlite;
 
 use async_trait::async_trait;
 
 use crate::pipeline::fingerprint::Fingerprint;
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 /// Where an operation stands, and so what a request with its key gets.
@@ -174,6 +176,16 @@ pub enum Decision {
     NotAttempted,
 }
 
+impl Decision {
+    /// The state it settles the operation in, and the response to replay.
+    fn outcome(&self) -> (State, Option<&StoredResponse>) {
+        match self {
+            Decision::Completed { response } => (State::Completed, Some(response)),
+            Decision::NotAttempted => (State::NotAttempted, None),
+        }
+    }
+}
+
 /// What [`Store::resolve`] did.
 #[derive(Debug)]
 pub enum Resolved {
@@ -279,6 +291,14 @@ impl Settlement {
         }
     }
 
+    /// The upstream's response, when it settles the attempt.
+    fn response(&self) -> Option<&StoredResponse> {
+        match self {
+            Settlement::Completed { response } => Some(response),
+            _ => None,
+        }
+    }
+
     fn evidence(&self) -> &str {
         match self {
             Settlement::Completed { .. } => "response",
@@ -346,12 +366,25 @@ pub trait Store: Send + Sync {
     /// would supersede it.
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError>;
 
-    /// Marks every `in_progress` operation `unknown` (`gateway-restarted`):
-    /// run once at start, before the first request is served, by the only
-    /// process that holds the store, so their owners are dead. They may
-    /// have reached the upstream, so they are held, never re-sent. Returns
-    /// the routes of the operations it marked, for their pause latches.
+    /// Marks the `in_progress` operations whose owners are dead `unknown`:
+    /// they may have reached the upstream, so they are held, never
+    /// re-sent. Run at start, before the first request is served. SQLite:
+    /// this process alone holds the store, so every one found is a dead
+    /// owner's (`gateway-restarted`); call it only then. A [`shared`]
+    /// store: the owners whose lease ran out (`replica-lost`), at any time.
+    /// Returns the routes of the operations it marked, for their pause
+    /// latches.
+    ///
+    /// [`shared`]: Store::shared
     async fn recover(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Whether other gateway processes (replicas) share this store: then
+    /// each replica calls [`Store::recover`] periodically, re-reads the
+    /// paused routes, and caches nothing the store holds, since a peer
+    /// may change it.
+    fn shared(&self) -> bool {
+        false
+    }
 
     /// Appends an event to an operation's timeline.
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError>;
@@ -417,6 +450,15 @@ pub trait Store: Send + Sync {
     /// another process.
     async fn close(&self);
 }
+
+/// The columns each backend's `operation_from_row` reads.
+const OPERATION_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at,
+    owner, fingerprint, evidence, response_status, response_headers, response_body, request_method,
+    request_path, request_content_type, request_body_size, request_body_sha256, request_body,
+    superseded_at";
+
+/// The columns each backend's `summary_from_row` reads.
+const SUMMARY_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at";
 
 /// Headers as JSON `[[name, value]]`, each value byte kept as one char
 /// U+0000–U+00FF (Latin-1), so values that are not UTF-8 survive unchanged.

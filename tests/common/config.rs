@@ -26,7 +26,7 @@ admin_listen = "127.0.0.1:0"
 {server_extra}
 
 [store]
-url = "sqlite://{store}"
+url = "{store_url}"
 durability = "normal"
 {store_extra}
 
@@ -36,7 +36,10 @@ path_prefix = "{path_prefix}"
 upstream = "{upstream_url}"
 {route_extra}
 "#,
-        store = store.display(),
+        store_url = setup
+            .store_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", store.display())),
         path_prefix = setup.path_prefix,
         server_extra = setup.server,
         store_extra = setup.store,
@@ -57,6 +60,8 @@ pub struct Setup {
     pub route: String,
     /// TOML lines for `[store]`.
     pub store: String,
+    /// The store's URL; a SQLite file in the test's directory when `None`.
+    pub store_url: Option<String>,
     /// TOML lines for `[server]`.
     pub server: String,
     /// The route's upstream; the fake upstream's URL when `None`.
@@ -74,6 +79,7 @@ impl Setup {
             path_prefix: "/".into(),
             route: route_extra.into(),
             store: String::new(),
+            store_url: None,
             server: String::new(),
             upstream_url: None,
             clock: None,
@@ -88,6 +94,12 @@ impl Setup {
 
     pub fn store(mut self, lines: &str) -> Setup {
         self.store = lines.into();
+        self
+    }
+
+    /// The shared store in `schema` instead of a SQLite file.
+    pub fn postgres(mut self, schema: &PgSchema) -> Setup {
+        self.store_url = Some(schema.url.clone());
         self
     }
 

@@ -140,6 +140,12 @@ impl TestGateway {
         admin_call(self.admin_addr(), method, path, Some(token), body).await
     }
 
+    /// `POST /admin/keys/{id}/resolve` with `resolution`.
+    pub async fn resolve(&self, id: &str, resolution: &Value) -> Response {
+        let path = format!("/admin/keys/{id}/resolve");
+        self.admin("POST", &path, &resolution.to_string()).await
+    }
+
     /// The newest operation with `key`, as `GET /admin/keys/{id}` shows it:
     /// `state`, `attempts`, `evidence`, `events` (`kind`, `detail`), …
     pub async fn operation(&self, key: &str) -> Value {
@@ -147,24 +153,29 @@ impl TestGateway {
             .admin_token
             .as_deref()
             .expect("operation() needs a gateway set up with Setup::admin()");
-        let admin = self.admin_addr();
-        let list = admin_call(
-            admin,
-            "GET",
-            &format!("/admin/keys?key={key}"),
-            Some(token),
-            "",
-        )
-        .await;
-        assert_eq!(list.status, StatusCode::OK, "admin list: {:?}", list.body);
-        let id = list.json()["items"][0]["id"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no operation with key {key}"))
-            .to_owned();
-        let shown = admin_call(admin, "GET", &format!("/admin/keys/{id}"), Some(token), "").await;
-        assert_eq!(shown.status, StatusCode::OK, "admin show: {:?}", shown.body);
-        shown.json()
+        operation_at(self.admin_addr(), token, key).await
     }
+}
+
+/// The newest operation with `key`, as the admin API at `admin` shows it
+/// to `token`.
+pub async fn operation_at(admin: SocketAddr, token: &str, key: &str) -> Value {
+    let list = admin_call(
+        admin,
+        "GET",
+        &format!("/admin/keys?key={key}"),
+        Some(token),
+        "",
+    )
+    .await;
+    assert_eq!(list.status, StatusCode::OK, "admin list: {:?}", list.body);
+    let id = list.json()["items"][0]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no operation with key {key}"))
+        .to_owned();
+    let shown = admin_call(admin, "GET", &format!("/admin/keys/{id}"), Some(token), "").await;
+    assert_eq!(shown.status, StatusCode::OK, "admin show: {:?}", shown.body);
+    shown.json()
 }
 
 /// The `detail` of each event of `kind` in an operation's timeline.

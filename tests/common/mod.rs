@@ -38,6 +38,8 @@
 //!   `101` that no request asked for).
 //! - [`TestGateway`]: an in-process gateway on a per-test SQLite file;
 //!   [`Setup`] adds config lines, another upstream URL or a manual clock.
+//! - [`PgSchema`]: a PostgreSQL schema of its own per test, for the
+//!   shared store; [`Setup::postgres`] puts a gateway on it.
 //! - [`BinaryGateway`]: the real `idemgate serve` process; [`BinaryMock`]:
 //!   the real `idemgate mock-upstream`.
 //! - [`send`] / [`write`]: one request through a fresh hyper client;
@@ -93,6 +95,7 @@ mod binary;
 mod client;
 mod config;
 mod gateway;
+mod postgres;
 mod raw;
 mod upstream;
 
@@ -107,6 +110,8 @@ pub use client::*;
 pub use config::*;
 #[allow(unused_imports)]
 pub use gateway::*;
+#[allow(unused_imports)]
+pub use postgres::*;
 #[allow(unused_imports)]
 pub use raw::*;
 #[allow(unused_imports)]

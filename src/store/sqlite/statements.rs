@@ -10,19 +10,11 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::pipeline::fingerprint::Fingerprint;
 use crate::store::{
-    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded,
-    RequestSummary, Resolved, Settlement, State, Stats, StoreError, StoredEvent, StoredResponse,
-    Summary, decode_headers, encode_headers, is_implied_by_record, timeline,
+    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
+    Recorded, RequestSummary, Resolved, SUMMARY_COLUMNS, Settlement, State, Stats, StoreError,
+    StoredEvent, StoredResponse, Summary, decode_headers, encode_headers, is_implied_by_record,
+    timeline,
 };
-
-/// The columns [`operation_from_row`] reads.
-const OPERATION_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at,
-    owner, fingerprint, evidence, response_status, response_headers, response_body, request_method,
-    request_path, request_content_type, request_body_size, request_body_sha256, request_body,
-    superseded_at";
-
-/// The columns [`summary_from_row`] reads.
-const SUMMARY_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at";
 
 /// A new operation, claimed for its first attempt, unless an operation
 /// that is not superseded holds its identity. Every first write runs it.
@@ -152,10 +144,7 @@ pub fn record(
     settlement: &Settlement,
     events: &[Event],
 ) -> Result<Recorded, StoreError> {
-    let response = match settlement {
-        Settlement::Completed { response } => Some(response),
-        _ => None,
-    };
+    let response = settlement.response();
     let updated = conn.prepare_cached(RECORD)?.execute(params![
         settlement.state().as_str(),
         settlement.evidence(),
@@ -390,10 +379,7 @@ pub fn resolve(
     decision: &Decision,
     event: &Event,
 ) -> Result<Resolved, StoreError> {
-    let (state, response) = match decision {
-        Decision::Completed { response } => (State::Completed, Some(response)),
-        Decision::NotAttempted => (State::NotAttempted, None),
-    };
+    let (state, response) = decision.outcome();
     let updated = conn
         .prepare_cached(
             "UPDATE operations SET state = ?1, evidence = 'operator', response_status = ?2,

@@ -1,0 +1,63 @@
+//! Dead owners and peers: what a gateway does about operations whose
+//! owner died, and, on a store shared by replicas (PostgreSQL), how it
+//! keeps up with what its peers change.
+//!
+//! - At start, [`recover`] marks what dead owners left `in_progress`
+//!   `unknown` and checks the pause latches of the routes it touched, no
+//!   others, so a restart never undoes an operator's resume.
+//! - On a shared store, [`watch`] repeats that every [`WATCH_EVERY`] (a
+//!   peer whose lease runs out is dead, whenever that happens; the store
+//!   marks each of its operations once, whichever replica gets there
+//!   first) and re-reads the paused routes, so a pause or a latch set
+//!   through one replica holds on every replica within that period.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Route;
+use crate::pipeline::Proxy;
+use crate::store::{Store, StoreError};
+
+/// How often a replica looks for lost peers and re-reads the pauses.
+pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Marks dead owners' operations `unknown` and trips the latches of the
+/// routes they were on.
+pub async fn recover(store: &dyn Store, routes: &[Route]) -> Result<(), StoreError> {
+    let touched = store.recover().await?;
+    for route in routes.iter().filter(|r| r.pause_after_unknown > 0) {
+        if touched.contains(&route.name)
+            && store
+                .trip_pause_latch(&route.name, route.pause_after_unknown)
+                .await?
+        {
+            tracing::warn!(route = %route.name, "route paused: too many operations unknown");
+        }
+    }
+    Ok(())
+}
+
+/// On a shared store, until `stop`: [`recover`], then follow the stored
+/// pauses, every [`WATCH_EVERY`].
+pub async fn watch(
+    store: Arc<dyn Store>,
+    proxy: Arc<Proxy>,
+    routes: Vec<Route>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+        if let Err(error) = recover(store.as_ref(), &routes).await {
+            tracing::warn!(%error, "cannot look for lost replicas; trying again");
+        }
+        match store.paused_routes().await {
+            Ok(paused) => proxy.follow_pauses(&paused),
+            Err(error) => tracing::warn!(%error, "cannot read the paused routes; trying again"),
+        }
+    }
+}

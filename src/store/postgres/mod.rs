@@ -1,0 +1,406 @@
+//! The PostgreSQL backend: one store shared by several gateway replicas
+//! behind a load balancer (ARCHITECTURE.md §4).
+//!
+//! Invariants:
+//! - the claim is one statement (`idemgate_claim`, in the migrations) on
+//!   the unique (route, scope, key) among operations not superseded: two
+//!   replicas racing for an identity meet in the index, and the loser reads
+//!   the winner's row; every state change is a compare-and-set on (id,
+//!   state, attempt, owner), one statement each;
+//! - each replica holds a lease in the `replicas` table, renewed every
+//!   third of `store.lease` and measured by the database's clock. An owner
+//!   whose lease ran out is dead: a live replica marks its `in_progress`
+//!   operations `unknown` (`replica-lost`), each once (the update is the
+//!   compare-and-set), and never touches a live peer's;
+//! - a replica that could not renew stops claiming (503) at four fifths of
+//!   its lease, counted on its own monotonic clock from *before* the last
+//!   renewal was sent, so it stops before the database can see its lease
+//!   expire; the claim statement also refuses an owner whose lease ran out
+//!   by the database's clock. An attempt already in flight when its lease
+//!   runs out may be marked lost by a peer: its record then loses its
+//!   compare-and-set and the operation stays `unknown`, never sent again;
+//! - a duplicate waiting (wait mode) for another replica's attempt polls
+//!   the store (the claim phase's bounded poll) instead of LISTEN/NOTIFY:
+//!   a notification would need a dedicated connection per replica and a
+//!   fallback poll anyway for a missed one, and the wait is bounded by
+//!   `wait_timeout`, so the poll is the whole mechanism;
+//! - retention sweeps take a transaction-scoped advisory lock, so one
+//!   replica sweeps at a time;
+//! - the claims and records of the requests waiting at a moment go as one
+//!   statement each ([`batch`]): group commit, one round trip per batch.
+//!
+//! Migrations (`migrations/postgres`, embedded) run at open and by
+//! `idemgate migrate`; sqlx's migrator holds a session advisory lock
+//! while it runs, so replicas starting together apply them once.
+
+mod batch;
+mod statements;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded, Resolved,
+    Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
+};
+use crate::clock::{self, Clock};
+use crate::config::Durability;
+use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
+use statements::{ClaimCall, Owners, RecordCall};
+
+/// Connections per replica: enough for the requests' statements to
+/// overlap, few enough that many replicas fit under `max_connections`.
+const POOL: u32 = 16;
+
+/// How long a call waits for a free connection before the store counts as
+/// unavailable (503): as long as a call may wait for its batch.
+const ACQUIRE_TIMEOUT: Duration = QUEUE_TIMEOUT;
+
+pub struct PostgresStore {
+    pool: PgPool,
+    /// The requests' claims, one statement per batch ([`batch`]).
+    claims: Batcher<ClaimCall, ClaimResult>,
+    /// The requests' records, likewise.
+    records: Batcher<RecordCall, Recorded>,
+    /// This replica's instance id, written as `owner` on every claim.
+    owner: Arc<str>,
+    lease: Arc<Lease>,
+    clock: Arc<dyn Clock>,
+    /// Stops the lease renewal at close.
+    renewal: CancellationToken,
+}
+
+/// This replica's lease as this process sees it, on its monotonic clock.
+struct Lease {
+    length: Duration,
+    base: Instant,
+    /// Claims are allowed until `base` + this many ms.
+    usable_until: AtomicU64,
+}
+
+impl Lease {
+    /// A renewal sent at `sent` succeeded: the database's lease ends no
+    /// earlier than `sent + length`; claims stop at four fifths of that.
+    fn renewed(&self, sent: Instant) {
+        let usable = sent + self.length * 4 / 5;
+        let ms = u64::try_from(usable.duration_since(self.base).as_millis()).unwrap_or(u64::MAX);
+        self.usable_until.fetch_max(ms, Ordering::SeqCst);
+    }
+
+    fn usable(&self) -> bool {
+        let now = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        now < self.usable_until.load(Ordering::SeqCst)
+    }
+}
+
+/// The options `url` names, with the durability asked for.
+fn options(url: &str, durability: Durability) -> Result<PgConnectOptions, StoreError> {
+    let options = PgConnectOptions::from_str(url).map_err(|e| StoreError::Open {
+        store: crate::config::redact_url(url),
+        reason: e.to_string(),
+    })?;
+    Ok(match durability {
+        Durability::Full => options,
+        // A commit is acknowledged before it is flushed on the server.
+        Durability::Normal => options.options([("synchronous_commit", "off")]),
+    })
+}
+
+async fn run_migrations(pool: &PgPool, url: &str) -> Result<(), StoreError> {
+    sqlx::migrate!("migrations/postgres")
+        .run(pool)
+        .await
+        .map_err(|e| StoreError::Open {
+            store: crate::config::redact_url(url),
+            reason: format!("migration failed: {e}"),
+        })
+}
+
+impl PostgresStore {
+    /// Applies the migrations to the database `url` names.
+    pub async fn migrate(url: &str) -> Result<(), StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options(url, Durability::Full)?)
+            .await?;
+        let migrated = run_migrations(&pool, url).await;
+        pool.close().await;
+        migrated
+    }
+
+    /// Connects, migrates, registers this replica (`owner`) with a lease of
+    /// `lease` and keeps renewing it until [`Store::close`].
+    pub async fn open(
+        url: &str,
+        durability: Durability,
+        lease: Duration,
+        owner: String,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(POOL)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options(url, durability)?)
+            .await
+            .map_err(|e| StoreError::Open {
+                store: crate::config::redact_url(url),
+                reason: e.to_string(),
+            })?;
+        run_migrations(&pool, url).await?;
+        let lease = Arc::new(Lease {
+            length: lease,
+            base: Instant::now(),
+            usable_until: AtomicU64::new(0),
+        });
+        let sent = Instant::now();
+        statements::renew_lease(&pool, &owner, clock::millis(lease.length)).await?;
+        lease.renewed(sent);
+        let owner: Arc<str> = owner.into();
+        let renewal = CancellationToken::new();
+        tokio::spawn(renew(
+            pool.clone(),
+            owner.clone(),
+            lease.clone(),
+            renewal.clone(),
+        ));
+        let claims = Batcher::start(BATCH_TIMEOUT, {
+            let (pool, owner) = (pool.clone(), owner.clone());
+            move |calls: Vec<ClaimCall>| {
+                let (pool, owner) = (pool.clone(), owner.clone());
+                async move { statements::claim(&pool, &owner, &calls).await }
+            }
+        });
+        let records = Batcher::start(BATCH_TIMEOUT, {
+            let (pool, owner) = (pool.clone(), owner.clone());
+            move |calls: Vec<RecordCall>| {
+                let (pool, owner) = (pool.clone(), owner.clone());
+                async move { statements::record(&pool, &owner, &calls).await }
+            }
+        });
+        Ok(PostgresStore {
+            pool,
+            claims,
+            records,
+            owner,
+            lease,
+            clock,
+            renewal,
+        })
+    }
+}
+
+/// Renews the lease every third of its length until `stop`. A renewal
+/// that fails or hangs is retried at the next tick; meanwhile claims stop
+/// once the last good one is too old ([`Lease::usable`]).
+async fn renew(pool: PgPool, owner: Arc<str>, lease: Arc<Lease>, stop: CancellationToken) {
+    let every = lease.length / 3;
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let sent = Instant::now();
+        let renewed = tokio::time::timeout(
+            every,
+            statements::renew_lease(&pool, &owner, clock::millis(lease.length)),
+        )
+        .await;
+        match renewed {
+            Ok(Ok(())) => {
+                lease.renewed(sent);
+                if std::mem::take(&mut failing) {
+                    tracing::info!("replica lease renewed again; claiming resumes");
+                }
+            }
+            Ok(Err(error)) => {
+                failing = true;
+                tracing::error!(%error, "cannot renew this replica's lease; writes get 503 once it runs low");
+            }
+            Err(_) => {
+                failing = true;
+                tracing::error!(
+                    "renewing this replica's lease timed out; writes get 503 once it runs low"
+                );
+            }
+        }
+    }
+}
+
+/// A store dropped without [`Store::close`] stops renewing: to its peers
+/// this replica is as good as dead once the lease runs out.
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        self.renewal.cancel();
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
+        if !self.lease.usable() {
+            return Err(StoreError::Busy(
+                "this replica could not renew its lease in the store".into(),
+            ));
+        }
+        let now = self.clock.now_millis();
+        let call = ClaimCall {
+            now,
+            new: new.clone(),
+        };
+        self.claims.call(call).await
+    }
+
+    async fn record(
+        &self,
+        claim: &Claim,
+        settlement: &Settlement,
+        events: &[Event],
+    ) -> Result<Recorded, StoreError> {
+        let call = RecordCall {
+            now: self.clock.now_millis(),
+            claim: claim.clone(),
+            settlement: settlement.clone(),
+            events: events.to_vec(),
+        };
+        self.records.call(call).await
+    }
+
+    async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
+        Ok(statements::find(&self.pool, new)
+            .await?
+            .filter(|op| !new.outdates(op)))
+    }
+
+    /// Marks the `in_progress` operations of replicas whose lease ran out
+    /// (by the database's clock); safe at any time, and run periodically
+    /// by every replica, since a peer may die at any moment.
+    async fn recover(&self) -> Result<Vec<String>, StoreError> {
+        let lost = Owners::Lost { by: &self.owner };
+        let now = self.clock.now_millis();
+        let routes =
+            statements::mark_in_progress_unknown(&self.pool, now, "replica-lost", lost).await?;
+        if !routes.is_empty() {
+            tracing::warn!(
+                count = routes.len(),
+                "operations left in flight by a lost replica are now unknown"
+            );
+        }
+        Ok(routes)
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError> {
+        let now = self.clock.now_millis();
+        statements::insert_event(&self.pool, operation_id, now, event).await
+    }
+
+    async fn settle_held(
+        &self,
+        operation_id: &str,
+        attempt: Option<u32>,
+        response: &StoredResponse,
+        evidence: &str,
+        event: &Event,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now_millis();
+        statements::settle_held(
+            &self.pool,
+            now,
+            operation_id,
+            attempt,
+            response,
+            evidence,
+            event,
+        )
+        .await
+    }
+
+    async fn trip_pause_latch(&self, route: &str, threshold: u32) -> Result<bool, StoreError> {
+        let now = self.clock.now_millis();
+        statements::trip_pause_latch(&self.pool, now, route, threshold).await
+    }
+
+    async fn paused_routes(&self) -> Result<Vec<String>, StoreError> {
+        statements::paused_routes(&self.pool).await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
+        statements::list(&self.pool, filter).await
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
+        statements::get(&self.pool, id).await
+    }
+
+    async fn find_newest(
+        &self,
+        scopes: &[(String, String)],
+        key: &str,
+    ) -> Result<Option<Summary>, StoreError> {
+        statements::find_newest(&self.pool, scopes, key).await
+    }
+
+    async fn resolve(
+        &self,
+        id: &str,
+        decision: &Decision,
+        event: &Event,
+    ) -> Result<Resolved, StoreError> {
+        let now = self.clock.now_millis();
+        statements::resolve(&self.pool, now, id, decision, event).await
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        statements::stats(&self.pool).await
+    }
+
+    async fn set_paused(&self, route: &str, reason: Option<&str>) -> Result<(), StoreError> {
+        let now = self.clock.now_millis();
+        statements::set_paused(&self.pool, now, route, reason).await
+    }
+
+    async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
+        statements::sweep(&self.pool, cutoff, limit).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let runs = statements::lease_runs(&self.pool, &self.owner).await?;
+        if !runs || !self.lease.usable() {
+            return Err(StoreError::Busy(
+                "this replica could not renew its lease in the store".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.renewal.cancel();
+        let now = self.clock.now_millis();
+        let this = Owners::This(&self.owner);
+        match statements::mark_in_progress_unknown(&self.pool, now, "gateway-stopped", this).await {
+            Ok(routes) if routes.is_empty() => {}
+            Ok(routes) => tracing::warn!(
+                count = routes.len(),
+                "operations still in flight at shutdown are now unknown"
+            ),
+            Err(error) => {
+                tracing::error!(%error, "cannot settle in-flight operations; they become unknown once this replica's lease runs out")
+            }
+        }
+        if let Err(error) = statements::end_lease(&self.pool, &self.owner).await {
+            tracing::warn!(%error, "cannot end this replica's lease; it runs out on its own");
+        }
+        self.pool.close().await;
+    }
+}

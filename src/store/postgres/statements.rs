@@ -1,0 +1,679 @@
+//! The SQL of the PostgreSQL store, one function per store call. Queries
+//! are checked at run time (no database at build time); sqlx prepares each
+//! once per connection and reuses it.
+//!
+//! Every state change is a compare-and-set on (id, state, attempt, owner),
+//! written as one statement (data-modifying CTEs), so it needs no
+//! transaction of its own and costs one round trip.
+
+use sqlx::Row;
+use sqlx::postgres::{PgPool, PgRow};
+
+use crate::pipeline::fingerprint::Fingerprint;
+use crate::store::{
+    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
+    Recorded, RequestSummary, Resolved, SUMMARY_COLUMNS, Settlement, State, Stats, StoreError,
+    StoredEvent, StoredResponse, Summary, decode_headers, encode_headers, is_implied_by_record,
+    timeline,
+};
+
+/// An owner is alive while its lease, in the database's clock, runs.
+const OWNER_ALIVE: &str = "EXISTS (SELECT 1 FROM replicas r
+    WHERE r.id = operations.owner AND r.lease_until > clock_timestamp())";
+
+/// A claim waiting for its batch: the write, and when it came (the
+/// gateway's clock).
+pub struct ClaimCall {
+    pub now: i64,
+    pub new: NewOperation,
+}
+
+/// Claims each of `calls` for `owner` in one statement, through the
+/// `idemgate_claim` function of the migrations (atomic on the unique
+/// identity), one row per call. The rows go in (route, scope, key) order,
+/// so replicas whose batches overlap take their row locks in one order and
+/// never deadlock; the results come back in the calls' order.
+pub async fn claim(
+    pool: &PgPool,
+    owner: &str,
+    calls: &[ClaimCall],
+) -> Result<Vec<ClaimResult>, StoreError> {
+    let mut order: Vec<usize> = (0..calls.len()).collect();
+    order.sort_by_key(|&i| {
+        let new = &calls[i].new;
+        (&new.route, &new.scope, &new.key)
+    });
+    let column = |f: &dyn Fn(&ClaimCall) -> String| -> Vec<String> {
+        order.iter().map(|&i| f(&calls[i])).collect()
+    };
+    let ords: Vec<i32> = order.iter().map(|&i| int(i)).collect();
+    let nows: Vec<i64> = order.iter().map(|&i| calls[i].now).collect();
+    let fresh_after: Vec<Option<i64>> = order.iter().map(|&i| calls[i].new.fresh_after).collect();
+    let content_types: Vec<Option<String>> = order
+        .iter()
+        .map(|&i| calls[i].new.request.content_type.clone())
+        .collect();
+    let body_sizes: Vec<i64> = order
+        .iter()
+        .map(|&i| i64::try_from(calls[i].new.request.body_size).unwrap_or(i64::MAX))
+        .collect();
+    let bodies: Vec<Option<Vec<u8>>> = order
+        .iter()
+        .map(|&i| calls[i].new.request.body.clone())
+        .collect();
+    let rows = sqlx::query(
+        "SELECT n.ord, c.*
+         FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[],
+                     $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::bigint[],
+                     $14::text[], $15::bytea[])
+              AS n(ord, now, fresh_after, new_id, route, scope, idem_key, fingerprint, method,
+                   path, content_type, body_size, body_sha256, body)
+         CROSS JOIN LATERAL idemgate_claim($1, n.now, n.fresh_after, n.new_id, n.route, n.scope,
+              n.idem_key, n.fingerprint, n.method, n.path, n.content_type, n.body_size,
+              n.body_sha256, n.body) AS c",
+    )
+    .bind(owner)
+    .bind(&ords)
+    .bind(&nows)
+    .bind(&fresh_after)
+    .bind(column(&|_| uuid::Uuid::now_v7().to_string()))
+    .bind(column(&|c| c.new.route.clone()))
+    .bind(column(&|c| c.new.scope.clone()))
+    .bind(column(&|c| c.new.key.clone()))
+    .bind(column(&|c| c.new.fingerprint.as_str().to_string()))
+    .bind(column(&|c| c.new.request.method.clone()))
+    .bind(column(&|c| c.new.request.path.clone()))
+    .bind(&content_types)
+    .bind(&body_sizes)
+    .bind(column(&|c| c.new.request.body_sha256.clone()))
+    .bind(&bodies)
+    .fetch_all(pool)
+    .await?;
+    let mut results: Vec<Option<ClaimResult>> = calls.iter().map(|_| None).collect();
+    for row in &rows {
+        let ord: i32 = row.try_get("ord")?;
+        let operation = operation_from_row(row)?;
+        let result = if row.try_get::<bool, _>("claimed")? {
+            ClaimResult::Claimed(Claim {
+                operation_id: operation.id,
+                attempt: operation.attempt,
+            })
+        } else {
+            ClaimResult::Existing(Box::new(operation))
+        };
+        if let Some(slot) = usize::try_from(ord).ok().and_then(|i| results.get_mut(i)) {
+            *slot = Some(result);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.ok_or_else(|| StoreError::Failed("a claim of the batch went unanswered".into())))
+        .collect()
+}
+
+/// The stored operation for `new`'s identity that is not superseded.
+pub async fn find(pool: &PgPool, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {OPERATION_COLUMNS} FROM operations
+         WHERE route = $1 AND scope = $2 AND idem_key = $3 AND superseded_at IS NULL"
+    ))
+    .bind(&new.route)
+    .bind(&new.scope)
+    .bind(&new.key)
+    .fetch_optional(pool)
+    .await?;
+    row.as_ref().map(operation_from_row).transpose()
+}
+
+/// An attempt number or a batch position as an INTEGER column holds it.
+fn int(n: impl TryInto<i32>) -> i32 {
+    n.try_into().unwrap_or(i32::MAX)
+}
+
+/// A record waiting for its batch.
+pub struct RecordCall {
+    pub now: i64,
+    pub claim: Claim,
+    pub settlement: Settlement,
+    pub events: Vec<Event>,
+}
+
+/// Settles each of `calls` with its events, each as one compare-and-set
+/// on (id, state, attempt, owner), all in one statement (ordered by id,
+/// for one lock order across replicas); whether each applied, in the
+/// calls' order. A stale record keeps its evidence as events; an applied
+/// plain response is proven by the row itself.
+pub async fn record(
+    pool: &PgPool,
+    owner: &str,
+    calls: &[RecordCall],
+) -> Result<Vec<Recorded>, StoreError> {
+    let mut order: Vec<usize> = (0..calls.len()).collect();
+    order.sort_by_key(|&i| &calls[i].claim.operation_id);
+    let ordered = || order.iter().map(|&i| (i, &calls[i]));
+    let response = |c: &RecordCall| c.settlement.response().cloned();
+    let (mut event_ords, mut kinds, mut details) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, call) in ordered() {
+        for event in &call.events {
+            event_ords.push(int(i));
+            kinds.push(event.kind);
+            details.push(event.detail.to_string());
+        }
+    }
+    let rows = sqlx::query(
+        "WITH input AS (
+            SELECT * FROM unnest($2::int[], $3::text[], $4::int[], $5::text[], $6::text[],
+                                 $7::int[], $8::text[], $9::bytea[], $10::bigint[], $11::bool[])
+                AS i(ord, id, attempt, state, evidence, status, headers, body, now, implied)
+         ), updated AS (
+            UPDATE operations o SET state = i.state, evidence = i.evidence,
+                response_status = i.status, response_headers = i.headers,
+                response_body = i.body, updated_at = i.now
+            FROM input i
+            WHERE o.id = i.id AND o.state = 'in_progress' AND o.attempt = i.attempt
+              AND o.owner = $1
+            RETURNING i.ord
+         ), kept AS (
+            INSERT INTO events (operation_id, at, kind, detail)
+            SELECT i.id, i.now, e.kind, e.detail
+            FROM unnest($12::int[], $13::text[], $14::text[]) WITH ORDINALITY
+                AS e(ord, kind, detail, seq)
+            JOIN input i ON i.ord = e.ord
+            WHERE NOT i.implied OR i.ord NOT IN (SELECT ord FROM updated)
+            ORDER BY e.seq
+         )
+         SELECT i.ord, i.ord IN (SELECT ord FROM updated) AS applied FROM input i",
+    )
+    .bind(owner)
+    .bind(ordered().map(|(i, _)| int(i)).collect::<Vec<_>>())
+    .bind(
+        ordered()
+            .map(|(_, c)| c.claim.operation_id.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| int(c.claim.attempt))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| c.settlement.state().as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| c.settlement.evidence().to_string())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| response(c).map(|r| i32::from(r.status)))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| response(c).map(|r| encode_headers(&r.headers)))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        ordered()
+            .map(|(_, c)| response(c).and_then(|r| r.body))
+            .collect::<Vec<_>>(),
+    )
+    .bind(ordered().map(|(_, c)| c.now).collect::<Vec<_>>())
+    .bind(
+        ordered()
+            .map(|(_, c)| is_implied_by_record(&c.settlement, &c.events))
+            .collect::<Vec<_>>(),
+    )
+    .bind(&event_ords)
+    .bind(&kinds)
+    .bind(&details)
+    .fetch_all(pool)
+    .await?;
+    let mut results = vec![None; calls.len()];
+    for row in &rows {
+        let ord: i32 = row.try_get("ord")?;
+        let applied: bool = row.try_get("applied")?;
+        if let Some(slot) = usize::try_from(ord).ok().and_then(|i| results.get_mut(i)) {
+            *slot = Some(if applied {
+                Recorded::Applied
+            } else {
+                Recorded::Stale
+            });
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| {
+            r.ok_or_else(|| StoreError::Failed("a record of the batch went unanswered".into()))
+        })
+        .collect()
+}
+
+/// Whose `in_progress` operations [`mark_in_progress_unknown`] takes.
+pub enum Owners<'a> {
+    /// This replica's own, at shutdown.
+    This(&'a str),
+    /// Every owner without a running lease, by a replica whose own lease runs.
+    Lost { by: &'a str },
+}
+
+/// `in_progress` → `unknown` with `evidence`, each operation once (the
+/// update is the compare-and-set); the routes of the operations marked,
+/// one entry per operation.
+pub async fn mark_in_progress_unknown(
+    pool: &PgPool,
+    now: i64,
+    evidence: &str,
+    owners: Owners<'_>,
+) -> Result<Vec<String>, StoreError> {
+    let (whose, replica) = match owners {
+        Owners::This(owner) => ("owner = $3".to_string(), owner),
+        Owners::Lost { by } => (
+            format!(
+                "owner IS DISTINCT FROM $3 AND NOT {OWNER_ALIVE}
+                 AND EXISTS (SELECT 1 FROM replicas r
+                    WHERE r.id = $3 AND r.lease_until > clock_timestamp())"
+            ),
+            by,
+        ),
+    };
+    let routes = sqlx::query_scalar(&format!(
+        "WITH marked AS (
+            UPDATE operations SET state = 'unknown', evidence = $1, updated_at = $2
+            WHERE state = 'in_progress' AND {whose}
+            RETURNING id, owner, route
+         ), kept AS (
+            INSERT INTO events (operation_id, at, kind, detail)
+            SELECT id, $2, 'owner-lost', json_build_object('reason', $1::text, 'owner', owner)::text
+            FROM marked
+         )
+         SELECT route FROM marked"
+    ))
+    .bind(evidence)
+    .bind(now)
+    .bind(replica)
+    .fetch_all(pool)
+    .await?;
+    Ok(routes)
+}
+
+pub async fn insert_event(
+    pool: &PgPool,
+    operation_id: &str,
+    at: i64,
+    event: &Event,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO events (operation_id, at, kind, detail) VALUES ($1, $2, $3, $4)")
+        .bind(operation_id)
+        .bind(at)
+        .bind(event.kind)
+        .bind(event.detail.to_string())
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// `unknown` → `completed` with evidence that came after the fact; the
+/// event is kept either way.
+pub async fn settle_held(
+    pool: &PgPool,
+    now: i64,
+    operation_id: &str,
+    attempt: Option<u32>,
+    response: &StoredResponse,
+    evidence: &str,
+    event: &Event,
+) -> Result<bool, StoreError> {
+    let updated: i64 = sqlx::query_scalar(
+        "WITH updated AS (
+            UPDATE operations SET state = 'completed', evidence = $1, response_status = $2,
+                response_headers = $3, response_body = $4, updated_at = $5
+            WHERE id = $6 AND state = 'unknown' AND ($7::integer IS NULL OR attempt = $7)
+            RETURNING id
+         ), kept AS (
+            INSERT INTO events (operation_id, at, kind, detail) VALUES ($6, $5, $8, $9)
+         )
+         SELECT count(*) FROM updated",
+    )
+    .bind(evidence)
+    .bind(i32::from(response.status))
+    .bind(encode_headers(&response.headers))
+    .bind(response.body.as_deref())
+    .bind(now)
+    .bind(operation_id)
+    .bind(attempt.map(int))
+    .bind(event.kind)
+    .bind(event.detail.to_string())
+    .fetch_one(pool)
+    .await?;
+    Ok(updated == 1)
+}
+
+/// Pauses `route` if at least `threshold` of its operations are `unknown`;
+/// whether it is paused afterwards.
+pub async fn trip_pause_latch(
+    pool: &PgPool,
+    now: i64,
+    route: &str,
+    threshold: u32,
+) -> Result<bool, StoreError> {
+    sqlx::query(
+        "INSERT INTO route_pauses (route, reason, updated_at)
+         SELECT $1, 'pause_after_unknown: ' || $2 || ' operations unknown', $3
+         WHERE (SELECT count(*) FROM operations WHERE route = $1 AND state = 'unknown') >= $2
+         ON CONFLICT (route) DO NOTHING",
+    )
+    .bind(route)
+    .bind(i64::from(threshold))
+    .bind(now)
+    .execute(pool)
+    .await?;
+    let paused: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM route_pauses WHERE route = $1)")
+            .bind(route)
+            .fetch_one(pool)
+            .await?;
+    Ok(paused)
+}
+
+pub async fn paused_routes(pool: &PgPool) -> Result<Vec<String>, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT route FROM route_pauses ORDER BY route")
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+pub async fn set_paused(
+    pool: &PgPool,
+    now: i64,
+    route: &str,
+    reason: Option<&str>,
+) -> Result<(), StoreError> {
+    let query = match reason {
+        Some(reason) => sqlx::query(
+            "INSERT INTO route_pauses (route, reason, updated_at) VALUES ($1, $2, $3)
+             ON CONFLICT (route) DO UPDATE SET reason = excluded.reason,
+                updated_at = excluded.updated_at",
+        )
+        .bind(route)
+        .bind(reason)
+        .bind(now),
+        None => sqlx::query("DELETE FROM route_pauses WHERE route = $1").bind(route),
+    };
+    query.execute(pool).await?;
+    Ok(())
+}
+
+pub async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {SUMMARY_COLUMNS} FROM operations
+         WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR route = $2)
+           AND ($3::text IS NULL OR idem_key = $3) AND ($4::text IS NULL OR id < $4)
+         ORDER BY id DESC LIMIT $5"
+    ))
+    .bind(filter.state.map(State::as_str))
+    .bind(&filter.route)
+    .bind(&filter.key)
+    .bind(&filter.before)
+    .bind(i64::from(filter.limit))
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(summary_from_row).collect()
+}
+
+pub async fn get(
+    pool: &PgPool,
+    id: &str,
+) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {OPERATION_COLUMNS} FROM operations WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    let Some(operation) = row.as_ref().map(operation_from_row).transpose()? else {
+        return Ok(None);
+    };
+    let events =
+        sqlx::query("SELECT at, kind, detail FROM events WHERE operation_id = $1 ORDER BY id")
+            .bind(id)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|row| {
+                let detail: String = row.try_get("detail")?;
+                Ok(StoredEvent {
+                    at: row.try_get("at")?,
+                    kind: row.try_get("kind")?,
+                    detail: serde_json::from_str(&detail).unwrap_or(serde_json::Value::Null),
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+    let events = timeline(&operation, events);
+    Ok(Some((operation, events)))
+}
+
+/// The newest operation with `key` under any of the (route, scope) pairs.
+pub async fn find_newest(
+    pool: &PgPool,
+    scopes: &[(String, String)],
+    key: &str,
+) -> Result<Option<Summary>, StoreError> {
+    let (routes, scopes): (Vec<&str>, Vec<&str>) = scopes
+        .iter()
+        .map(|(route, scope)| (route.as_str(), scope.as_str()))
+        .unzip();
+    let row = sqlx::query(&format!(
+        "SELECT {SUMMARY_COLUMNS} FROM operations
+         WHERE (route, scope) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+           AND idem_key = $3
+         ORDER BY id DESC LIMIT 1"
+    ))
+    .bind(&routes)
+    .bind(&scopes)
+    .bind(key)
+    .fetch_optional(pool)
+    .await?;
+    row.as_ref().map(summary_from_row).transpose()
+}
+
+/// An operator's decision, allowed from `unknown` or from `in_progress`
+/// whose owner's lease has run out.
+pub async fn resolve(
+    pool: &PgPool,
+    now: i64,
+    id: &str,
+    decision: &Decision,
+    event: &Event,
+) -> Result<Resolved, StoreError> {
+    let (state, response) = decision.outcome();
+    let updated: i64 = sqlx::query_scalar(&format!(
+        "WITH updated AS (
+            UPDATE operations SET state = $1, evidence = 'operator', response_status = $2,
+                response_headers = $3, response_body = $4, updated_at = $5
+            WHERE id = $6 AND (state = 'unknown' OR (state = 'in_progress' AND NOT {OWNER_ALIVE}))
+            RETURNING id
+         ), kept AS (
+            INSERT INTO events (operation_id, at, kind, detail)
+            SELECT id, $5, $7, $8 FROM updated
+         )
+         SELECT count(*) FROM updated"
+    ))
+    .bind(state.as_str())
+    .bind(response.map(|r| i32::from(r.status)))
+    .bind(response.map(|r| encode_headers(&r.headers)))
+    .bind(response.and_then(|r| r.body.as_deref()))
+    .bind(now)
+    .bind(id)
+    .bind(event.kind)
+    .bind(event.detail.to_string())
+    .fetch_one(pool)
+    .await?;
+    if updated == 1 {
+        return Ok(Resolved::Done);
+    }
+    let state: Option<String> = sqlx::query_scalar("SELECT state FROM operations WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(match state {
+        None => Resolved::NotFound,
+        Some(state) => Resolved::NotResolvable(State::parse(&state)?),
+    })
+}
+
+pub async fn stats(pool: &PgPool) -> Result<Stats, StoreError> {
+    let counts = sqlx::query(
+        "SELECT route, state, count(*) AS n FROM operations GROUP BY route, state
+         ORDER BY route, state",
+    )
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(|row| {
+        let state: String = row.try_get("state")?;
+        let n: i64 = row.try_get("n")?;
+        Ok((
+            row.try_get("route")?,
+            State::parse(&state)?,
+            u64::try_from(n).unwrap_or(0),
+        ))
+    })
+    .collect::<Result<_, StoreError>>()?;
+    let oldest_unknown_created_at =
+        sqlx::query_scalar("SELECT min(created_at) FROM operations WHERE state = 'unknown'")
+            .fetch_one(pool)
+            .await?;
+    Ok(Stats {
+        counts,
+        oldest_unknown_created_at,
+    })
+}
+
+/// Deletes up to `limit` settled operations last updated before `cutoff`,
+/// unless another replica is sweeping: one sweeper at a time, by a
+/// transaction-scoped advisory lock named after this store's schema (so
+/// stores in other schemas of the database do not wait on each other).
+pub async fn sweep(pool: &PgPool, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
+    let mut tx = pool.begin().await?;
+    let ours: bool = sqlx::query_scalar(SWEEP_LOCK).fetch_one(&mut *tx).await?;
+    if !ours {
+        return Ok(0);
+    }
+    let deleted = sqlx::query(
+        "DELETE FROM operations WHERE id IN (
+            SELECT id FROM operations
+            WHERE state IN ('completed', 'not_attempted') AND updated_at < $1
+            LIMIT $2)",
+    )
+    .bind(cutoff)
+    .bind(i64::from(limit))
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(deleted)
+}
+
+/// Taken by the replica that sweeps, until its transaction ends.
+const SWEEP_LOCK: &str =
+    "SELECT pg_try_advisory_xact_lock(hashtext(current_schema() || ':idemgate-sweep'))";
+
+/// Registers `replica`, or renews its lease: `lease` from now in the
+/// database's clock.
+pub async fn renew_lease(pool: &PgPool, replica: &str, lease_ms: i64) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO replicas (id, lease_until)
+         VALUES ($1, clock_timestamp() + $2 * interval '1 millisecond')
+         ON CONFLICT (id) DO UPDATE SET lease_until = excluded.lease_until",
+    )
+    .bind(replica)
+    .bind(lease_ms)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Whether `replica`'s lease runs now, by the database's clock.
+pub async fn lease_runs(pool: &PgPool, replica: &str) -> Result<bool, StoreError> {
+    let runs: Option<bool> =
+        sqlx::query_scalar("SELECT lease_until > clock_timestamp() FROM replicas WHERE id = $1")
+            .bind(replica)
+            .fetch_optional(pool)
+            .await?;
+    Ok(runs == Some(true))
+}
+
+/// Ends `replica`'s lease, and forgets replicas whose lease ran out long
+/// ago and that own nothing in flight.
+pub async fn end_lease(pool: &PgPool, replica: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "DELETE FROM replicas r WHERE r.id = $1
+            OR (r.lease_until < clock_timestamp() - interval '1 day'
+                AND NOT EXISTS (SELECT 1 FROM operations o
+                    WHERE o.state = 'in_progress' AND o.owner = r.id))",
+    )
+    .bind(replica)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// A row of [`OPERATION_COLUMNS`].
+fn operation_from_row(row: &PgRow) -> Result<Operation, StoreError> {
+    let summary = summary_from_row(row)?;
+    let status: Option<i32> = row.try_get("response_status")?;
+    let headers: Option<String> = row.try_get("response_headers")?;
+    let body_size: i64 = row.try_get("request_body_size")?;
+    let superseded_at: Option<i64> = row.try_get("superseded_at")?;
+    let response = match status {
+        Some(status) => Some(StoredResponse {
+            status: u16::try_from(status)
+                .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+            headers: decode_headers(headers.as_deref().unwrap_or("[]"))?,
+            body: row.try_get("response_body")?,
+        }),
+        None => None,
+    };
+    Ok(Operation {
+        id: summary.id,
+        route: summary.route,
+        key: summary.key,
+        fingerprint: Fingerprint::from_stored(row.try_get("fingerprint")?),
+        state: summary.state,
+        attempt: summary.attempt,
+        owner: row.try_get("owner")?,
+        evidence: row.try_get("evidence")?,
+        response,
+        request: RequestSummary {
+            method: row.try_get("request_method")?,
+            path: row.try_get("request_path")?,
+            content_type: row.try_get("request_content_type")?,
+            body_size: u64::try_from(body_size).unwrap_or(0),
+            body_sha256: row.try_get("request_body_sha256")?,
+            body: row.try_get("request_body")?,
+        },
+        superseded: superseded_at.is_some(),
+        created_at: summary.created_at,
+        updated_at: summary.updated_at,
+    })
+}
+
+fn summary_from_row(row: &PgRow) -> Result<Summary, StoreError> {
+    let attempt: i32 = row.try_get("attempt")?;
+    let state: String = row.try_get("state")?;
+    Ok(Summary {
+        id: row.try_get("id")?,
+        route: row.try_get("route")?,
+        key: row.try_get("idem_key")?,
+        state: State::parse(&state)?,
+        attempt: u32::try_from(attempt)
+            .map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}

@@ -1,0 +1,77 @@
+//! PostgreSQL for tests: [`PgSchema`], a schema of its own per test on the
+//! server at 127.0.0.1:5432 (trust auth, user `postgres`, database `test`;
+//! `IDEMGATE_TEST_POSTGRES` names another), dropped when the test ends, so
+//! runs and tests never see each other's operations. Without a server a
+//! test skips with a printed reason, except under CI (`CI` set), where
+//! it fails.
+
+use super::*;
+use sqlx::Connection;
+
+/// The server and database tests create their schemas in.
+pub fn postgres_url() -> String {
+    std::env::var("IDEMGATE_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A schema created for one test; the store URL points into it.
+pub struct PgSchema {
+    pub name: String,
+    /// The store URL: the test database with this schema first on the search path.
+    pub url: String,
+}
+
+impl PgSchema {
+    /// A fresh schema, or `None` (after saying why) when no PostgreSQL
+    /// answers and this is not CI.
+    pub async fn create() -> Option<PgSchema> {
+        let server = postgres_url();
+        let connected = tokio::time::timeout(WAIT, sqlx::PgConnection::connect(&server)).await;
+        let mut conn = match connected {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(error)) => return skip(&server, &error.to_string()),
+            Err(_) => return skip(&server, "no answer"),
+        };
+        let name = format!("idemgate_t_{}", uuid::Uuid::now_v7().simple());
+        sqlx::query(&format!("CREATE SCHEMA {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create a test schema");
+        let _ = conn.close().await;
+        let url = format!("{server}?options[search_path]={name}");
+        Some(PgSchema { name, url })
+    }
+}
+
+fn skip(server: &str, reason: &str) -> Option<PgSchema> {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "PostgreSQL at {server} is required under CI: {reason}"
+    );
+    eprintln!("skipped: no PostgreSQL at {server} ({reason}); set IDEMGATE_TEST_POSTGRES");
+    None
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        // Drop may run inside or outside a runtime: a thread of its own.
+        let (server, name) = (postgres_url(), self.name.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let mut conn = sqlx::PgConnection::connect(&server).await?;
+                sqlx::query(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                    .execute(&mut conn)
+                    .await?;
+                conn.close().await
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop test schema {}", self.name);
+        }
+    }
+}

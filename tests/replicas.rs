@@ -1,0 +1,292 @@
+//! Replicas as real processes: two `idemgate serve` binaries on one
+//! PostgreSQL schema ([`PgSchema`]) in front of one fake upstream.
+//!
+//! - 32 concurrent duplicates of each of 200 keys, split across both
+//!   replicas: exactly one upstream write per key;
+//! - wait mode across replicas: a duplicate on one waits for the other's
+//!   attempt and replays it;
+//! - a replica SIGKILLed mid-request: once its lease runs out the other
+//!   reports the operation `unknown` (`replica-lost`) and never re-sends
+//!   it; restarted with the same config, the replica rejoins;
+//! - retention sweeps wait for the replica that holds the sweep lock;
+//! - `idemgate migrate` run by several at once prepares the schema once.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use http::StatusCode;
+use tokio::task::JoinSet;
+
+const BODY: &str = r#"{"order":"o-1","amount":250}"#;
+const ADMIN_TOKEN: &str = "replicas-test-admin-token";
+
+/// Two replicas' config: the shared schema, a short lease and `store`
+/// lines, `route` lines.
+fn replica_config(
+    dir: &Path,
+    schema: &PgSchema,
+    upstream: &FakeUpstream,
+    route: &str,
+    store: &str,
+) -> std::path::PathBuf {
+    let setup = Setup::route(route)
+        .postgres(schema)
+        .store(&format!("lease = \"1s\"\n{store}"))
+        .server("admin_token_env = \"IDEMGATE_REPLICAS_TEST_TOKEN\"");
+    let toml = gateway_toml_with(&dir.join("unused.db"), &upstream.url(), &setup);
+    write_config(dir, "replica.toml", &toml)
+}
+
+async fn start_replica(config: &Path, log: &Path) -> BinaryGateway {
+    let mut cmd = binary();
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env("IDEMGATE_REPLICAS_TEST_TOKEN", ADMIN_TOKEN);
+    BinaryGateway::spawn(cmd, log).await
+}
+
+/// Two replicas on a schema of their own, and what they share.
+struct Replicas {
+    a: BinaryGateway,
+    b: BinaryGateway,
+    upstream: FakeUpstream,
+    config: std::path::PathBuf,
+    dir: tempfile::TempDir,
+    // Last: dropped after the processes are killed.
+    schema: PgSchema,
+}
+
+impl Replicas {
+    /// `None` (said why) without PostgreSQL outside CI.
+    async fn start(route: &str) -> Option<Replicas> {
+        Replicas::start_with(route, "").await
+    }
+
+    /// Like [`Replicas::start`], with `store` lines.
+    async fn start_with(route: &str, store: &str) -> Option<Replicas> {
+        let schema = PgSchema::create().await?;
+        let upstream = FakeUpstream::start().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = replica_config(dir.path(), &schema, &upstream, route, store);
+        let a = start_replica(&config, &dir.path().join("a.log")).await;
+        let b = start_replica(&config, &dir.path().join("b.log")).await;
+        Some(Replicas {
+            a,
+            b,
+            upstream,
+            config,
+            dir,
+            schema,
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_across_replicas_reach_the_upstream_once_per_key() {
+    let Some(replicas) = Replicas::start("").await else {
+        return;
+    };
+    let (upstream, a, b) = (&replicas.upstream, replicas.a, replicas.b);
+
+    const KEYS: usize = 200;
+    const DUPLICATES: usize = 32;
+    // Eight keys at a time: 256 requests in flight, every key's 32 at once.
+    let mut fresh: HashMap<String, usize> = HashMap::new();
+    for wave in 0..KEYS / 8 {
+        let mut requests = JoinSet::new();
+        for k in 0..8 {
+            let key = format!("key-{}", wave * 8 + k);
+            for d in 0..DUPLICATES {
+                let addr = if d % 2 == 0 { a.proxy } else { b.proxy };
+                let key = key.clone();
+                requests.spawn(async move {
+                    let resp = write(addr, "/orders?ms=20", Some(&key), BODY).await;
+                    (key, resp)
+                });
+            }
+        }
+        while let Some(done) = requests.join_next().await {
+            let (key, resp) = done.expect("request task");
+            match resp.status.as_u16() {
+                201 if !resp.is_replay() => *fresh.entry(key).or_default() += 1,
+                201 => {}
+                409 => {
+                    resp.assert_operation_problem(409, "request-in-progress", "in_progress");
+                }
+                other => panic!("{key}: {other} {:?}", resp.body),
+            }
+        }
+    }
+    assert_eq!(fresh.len(), KEYS, "every key had its fresh answer");
+    assert!(fresh.values().all(|n| *n == 1), "one fresh answer per key");
+    let mut writes: HashMap<String, usize> = HashMap::new();
+    for request in upstream.write_requests() {
+        let key = request
+            .header("idempotency-key")
+            .expect("key forwarded")
+            .to_string();
+        *writes.entry(key).or_default() += 1;
+    }
+    assert_eq!(writes.len(), KEYS);
+    assert!(
+        writes.values().all(|n| *n == 1),
+        "exactly one upstream write per key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_waits_for_the_other_replicas_attempt() {
+    let Some(replicas) = Replicas::start("in_progress = \"wait\"").await else {
+        return;
+    };
+    let (upstream, a, b) = (&replicas.upstream, replicas.a, replicas.b);
+
+    let proxy = a.proxy;
+    let original =
+        tokio::spawn(async move { write(proxy, "/slow?ms=800", Some("w-1"), BODY).await });
+    upstream.wait_for_writes(1).await;
+    let mut waiting = JoinSet::new();
+    for _ in 0..4 {
+        let proxy = b.proxy;
+        waiting.spawn(async move { write(proxy, "/slow?ms=800", Some("w-1"), BODY).await });
+    }
+    let original = original.await.unwrap();
+    assert_fresh_created(&original);
+    for waited in waiting.join_all().await {
+        assert_replay_of(&waited, &original);
+    }
+    assert_eq!(upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replicas_request_is_unknown_and_the_replica_rejoins() {
+    let Some(replicas) = Replicas::start("").await else {
+        return;
+    };
+    let (upstream, mut a, b) = (&replicas.upstream, replicas.a, replicas.b);
+    let done = write(a.proxy, "/orders", Some("done-1"), BODY).await;
+    assert_fresh_created(&done);
+
+    // The upstream commits and holds the request; A dies with it in flight.
+    let proxy = a.proxy;
+    let in_flight = tokio::spawn(async move { write(proxy, "/hold", Some("held-1"), BODY).await });
+    upstream.wait_for_writes(2).await;
+    a.kill();
+    in_flight.abort();
+
+    // B: in progress while A's lease may still run, then unknown.
+    let held = write_until(b.proxy, "/hold", "held-1", BODY, WAIT, |r| {
+        r.status == StatusCode::CONFLICT && r.json()["state"] == "unknown"
+    })
+    .await;
+    held.assert_operation_problem(409, "outcome-unknown", "unknown");
+    let op = operation_at(b.admin, ADMIN_TOKEN, "held-1").await;
+    assert_eq!(op["state"], "unknown");
+    assert_eq!(op["evidence"], "replica-lost");
+    assert_eq!(events_of(&op, "owner-lost").len(), 1, "{op}");
+    assert_held_unknown(&write(b.proxy, "/hold", Some("held-1"), BODY).await);
+    assert_eq!(upstream.writes(), 2, "never re-sent");
+
+    // Restarted with the same config, A rejoins and shares everything.
+    let log = replicas.dir.path().join("a-again.log");
+    let a = start_replica(&replicas.config, &log).await;
+    assert_replay_of(
+        &write(a.proxy, "/orders", Some("done-1"), BODY).await,
+        &done,
+    );
+    assert_held_unknown(&write(a.proxy, "/hold", Some("held-1"), BODY).await);
+    let fresh = write(a.proxy, "/orders", Some("after-1"), BODY).await;
+    assert_fresh_created(&fresh);
+    assert_replay_of(
+        &write(b.proxy, "/orders", Some("after-1"), BODY).await,
+        &fresh,
+    );
+    let ready = send(a.admin, "GET", "/readyz", &[], bytes::Bytes::new()).await;
+    assert_eq!(ready.status, StatusCode::OK);
+    assert_eq!(upstream.writes(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_run_by_several_at_once_prepares_the_schema_once() {
+    let Some(schema) = PgSchema::create().await else {
+        return;
+    };
+    let mut runs = JoinSet::new();
+    for _ in 0..3 {
+        let mut cmd = binary();
+        cmd.args(["migrate", "--store", &schema.url]);
+        runs.spawn(run_to_exit(cmd));
+    }
+    for (status, stdout, stderr) in runs.join_all().await {
+        assert!(status.success(), "{stderr}");
+        assert!(stdout.starts_with("migrated postgres://"), "{stdout}");
+    }
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_url())
+        .await
+        .expect("connect");
+    let applied: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {}._sqlx_migrations WHERE success",
+        schema.name
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .expect("migrations table");
+    assert_eq!(applied, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sweep_only_while_no_one_else_does() {
+    let Some(replicas) = Replicas::start_with("", "retention = \"1s\"").await else {
+        return;
+    };
+    // Held here as a sweeping replica holds it.
+    let mut sweeping = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_url())
+        .await
+        .expect("connect");
+    let lock = "SELECT pg_advisory_lock(hashtext($1 || ':idemgate-sweep'))";
+    sqlx::query(lock)
+        .bind(&replicas.schema.name)
+        .execute(&mut sweeping)
+        .await
+        .expect("sweep lock");
+    for i in 0..10 {
+        let proxy = if i % 2 == 0 {
+            replicas.a.proxy
+        } else {
+            replicas.b.proxy
+        };
+        assert_fresh_created(&write(proxy, "/orders", Some(&format!("old-{i}")), BODY).await);
+    }
+    let count = format!("SELECT count(*) FROM {}.operations", replicas.schema.name);
+    // Expired after 1 s; both replicas look every second, and wait.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kept: i64 = sqlx::query_scalar(&count)
+        .fetch_one(&mut sweeping)
+        .await
+        .unwrap();
+    assert_eq!(kept, 10, "no replica swept while another held the lock");
+
+    let unlock = "SELECT pg_advisory_unlock(hashtext($1 || ':idemgate-sweep'))";
+    sqlx::query(unlock)
+        .bind(&replicas.schema.name)
+        .execute(&mut sweeping)
+        .await
+        .expect("unlock");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let left: i64 = sqlx::query_scalar(&count)
+            .fetch_one(&mut sweeping)
+            .await
+            .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{left} never swept");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

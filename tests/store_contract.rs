@@ -1,0 +1,714 @@
+//! The store contract, one suite for both backends: every test function
+//! below runs against SQLite (a temporary file) and PostgreSQL (a schema
+//! of its own, [`PgSchema`]) through the `Store` trait alone.
+//!
+//! - a claim is atomic on (route, scope, key): one winner among racing
+//!   claims, the others see the winner's operation;
+//! - record, settle, resolve are compare-and-sets: a stale writer changes
+//!   nothing and says so;
+//! - `not_attempted` gives its next attempt to the same payload only; the
+//!   derive window supersedes what it outdates;
+//! - pauses, the latch, listing, counts, retention and shutdown behave the
+//!   same on both.
+//!
+//! Backend-specific promises (SQLite's lock file, PostgreSQL's leases)
+//! have tests of their own.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use idemgate::clock::{Clock, ManualClock};
+use idemgate::config::Durability;
+use idemgate::pipeline::fingerprint::Fingerprint;
+use idemgate::store::{
+    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, PostgresStore, Recorded,
+    RequestSummary, Resolved, Settlement, SqliteStore, State, Store, StoredResponse,
+};
+use tempfile::TempDir;
+
+/// Which backend a contract test runs on.
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Where a backend keeps its data for one test, removed at its end.
+enum Place {
+    Sqlite(TempDir),
+    Postgres(PgSchema),
+}
+
+/// A test's store place, its clock, and a way to open stores on it.
+struct Bench {
+    place: Place,
+    clock: Arc<ManualClock>,
+}
+
+impl Bench {
+    /// `None` when the backend is not available here (printed).
+    async fn new(backend: Backend) -> Option<Bench> {
+        let place = match backend {
+            Backend::Sqlite => Place::Sqlite(tempfile::tempdir().expect("tempdir")),
+            Backend::Postgres => Place::Postgres(PgSchema::create().await?),
+        };
+        Some(Bench {
+            place,
+            clock: ManualClock::new(),
+        })
+    }
+
+    /// A store on this place, for the process `owner`.
+    async fn open(&self, owner: &str) -> Arc<dyn Store> {
+        let clock: Arc<dyn Clock> = self.clock.clone();
+        let owner = owner.to_string();
+        match &self.place {
+            Place::Sqlite(dir) => Arc::new(
+                SqliteStore::open(&dir.path().join("s.db"), Durability::Normal, owner, clock)
+                    .await
+                    .expect("open sqlite"),
+            ),
+            Place::Postgres(schema) => Arc::new(
+                PostgresStore::open(
+                    &schema.url,
+                    Durability::Normal,
+                    Duration::from_secs(10),
+                    owner,
+                    clock,
+                )
+                .await
+                .expect("open postgres"),
+            ),
+        }
+    }
+}
+
+/// Runs each named contract test on both backends, as `NAME::sqlite` and
+/// `NAME::postgres`.
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::run(super::Backend::Sqlite, super::$name).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::run(super::Backend::Postgres, super::$name).await;
+            }
+        }
+    )*};
+}
+
+contract!(
+    a_claim_is_won_once_and_then_answered,
+    records_are_compare_and_sets,
+    not_attempted_gives_its_next_attempt_to_the_same_payload,
+    the_derive_window_supersedes_what_it_outdates,
+    racing_claims_have_one_winner,
+    concurrent_writes_each_get_their_own_answer,
+    operators_resolve_only_held_operations,
+    late_evidence_settles_only_unknown,
+    pauses_and_the_latch,
+    listing_and_counting,
+    retention_keeps_unknown_operations,
+    shutdown_holds_what_was_in_flight,
+);
+
+async fn run<F, Fut>(backend: Backend, test: F)
+where
+    F: FnOnce(Bench) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(bench) = Bench::new(backend).await else {
+        return;
+    };
+    tokio::time::timeout(Duration::from_secs(60), test(bench))
+        .await
+        .unwrap_or_else(|_| panic!("{backend:?}: the test took over 60 s"));
+}
+
+fn new_op(key: &str, fingerprint: &str) -> NewOperation {
+    NewOperation {
+        route: "api".into(),
+        scope: "scope-a".into(),
+        key: key.into(),
+        fingerprint: Fingerprint::from_stored(fingerprint.into()),
+        request: RequestSummary {
+            method: "POST".into(),
+            path: "/orders".into(),
+            content_type: Some("application/json".into()),
+            body_size: 7,
+            body_sha256: "00".into(),
+            body: None,
+        },
+        fresh_after: None,
+    }
+}
+
+fn response(status: u16, body: &str) -> StoredResponse {
+    StoredResponse {
+        status,
+        headers: vec![
+            ("x-tag".into(), b"a".to_vec()),
+            ("x-tag".into(), vec![b'b', 0xe9]),
+        ],
+        body: Some(body.as_bytes().to_vec()),
+    }
+}
+
+fn completed(body: &str) -> Settlement {
+    Settlement::Completed {
+        response: response(201, body),
+    }
+}
+
+/// The events of a plain first try, which the row itself proves.
+fn first_try() -> Vec<Event> {
+    vec![
+        Event {
+            kind: "sent",
+            detail: serde_json::json!({ "tries": 1, "bytes": 7 }),
+        },
+        Event {
+            kind: "response",
+            detail: serde_json::json!({ "status": 201 }),
+        },
+    ]
+}
+
+async fn claimed(store: &dyn Store, new: &NewOperation) -> Claim {
+    match store.claim(new).await.expect("claim") {
+        ClaimResult::Claimed(claim) => claim,
+        ClaimResult::Existing(op) => panic!("expected a claim, found {:?}", op.state),
+    }
+}
+
+async fn existing(store: &dyn Store, new: &NewOperation) -> idemgate::store::Operation {
+    match store.claim(new).await.expect("claim") {
+        ClaimResult::Existing(op) => *op,
+        ClaimResult::Claimed(claim) => panic!("expected an existing operation, claimed {claim:?}"),
+    }
+}
+
+/// A claimed operation recorded `unknown`.
+async fn held(store: &dyn Store, key: &str) -> Claim {
+    let claim = claimed(store, &new_op(key, "fp")).await;
+    let lost = Settlement::Unknown {
+        evidence: "timeout".into(),
+    };
+    assert_eq!(
+        store.record(&claim, &lost, &[]).await.unwrap(),
+        Recorded::Applied
+    );
+    claim
+}
+
+fn kinds(events: &[idemgate::store::StoredEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.kind.as_str()).collect()
+}
+
+// ------------------------------------------------------------------ tests
+
+async fn a_claim_is_won_once_and_then_answered(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let mut new = new_op("k1", "fp");
+    // Kept when the route stores request bodies, bytes exactly.
+    new.request.body = Some(vec![b'{', 0, 0xff, b'}']);
+    let claim = claimed(store.as_ref(), &new).await;
+    assert_eq!(claim.attempt, 1);
+
+    let busy = existing(store.as_ref(), &new).await;
+    assert_eq!(
+        (busy.id.as_str(), busy.state),
+        (claim.operation_id.as_str(), State::InProgress)
+    );
+    assert_eq!(busy.owner.as_deref(), Some("gw-1"));
+
+    let recorded = store
+        .record(&claim, &completed("{\"id\":1}"), &first_try())
+        .await;
+    assert_eq!(recorded.unwrap(), Recorded::Applied);
+    let done = existing(store.as_ref(), &new).await;
+    assert_eq!(done.state, State::Completed);
+    assert_eq!(done.evidence, "response");
+    assert_eq!(
+        done.response,
+        Some(response(201, "{\"id\":1}")),
+        "bytes kept exactly"
+    );
+    assert_eq!(
+        done.request.content_type.as_deref(),
+        Some("application/json")
+    );
+
+    // Another scope or route is another operation.
+    let mut other_scope = new_op("k1", "fp");
+    other_scope.scope = "scope-b".into();
+    claimed(store.as_ref(), &other_scope).await;
+
+    let (op, events) = store.get(&claim.operation_id).await.unwrap().unwrap();
+    assert_eq!(op.state, State::Completed);
+    assert_eq!(kinds(&events), ["claimed", "sent", "response"]);
+    assert!(store.get("no-such-id").await.unwrap().is_none());
+    let current = store.current(&new).await.unwrap().expect("current");
+    assert_eq!(current.id, claim.operation_id);
+    store.ping().await.unwrap();
+    store.close().await;
+}
+
+async fn records_are_compare_and_sets(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let claim = claimed(store.as_ref(), &new_op("k1", "fp")).await;
+    let wrong_attempt = Claim {
+        operation_id: claim.operation_id.clone(),
+        attempt: 2,
+    };
+    let stale = store
+        .record(&wrong_attempt, &completed("x"), &first_try())
+        .await;
+    assert_eq!(stale.unwrap(), Recorded::Stale);
+
+    // Another owner's record changes nothing either.
+    let peer = bench.open_peer().await;
+    if let Some(peer) = &peer {
+        let foreign = peer.record(&claim, &completed("x"), &first_try()).await;
+        assert_eq!(foreign.unwrap(), Recorded::Stale);
+    }
+
+    let lost = Settlement::Unknown {
+        evidence: "timeout".into(),
+    };
+    let first = store.record(&claim, &lost, &[]).await;
+    assert_eq!(first.unwrap(), Recorded::Applied);
+    let again = store.record(&claim, &completed("late"), &first_try()).await;
+    assert_eq!(again.unwrap(), Recorded::Stale);
+
+    let (op, events) = store.get(&claim.operation_id).await.unwrap().unwrap();
+    assert_eq!(
+        (op.state, op.evidence.as_str()),
+        (State::Unknown, "timeout")
+    );
+    assert!(op.response.is_none());
+    // A stale record keeps its evidence as events.
+    let stored = kinds(&events);
+    assert!(
+        stored.iter().filter(|k| **k == "sent").count() >= 2,
+        "{stored:?}"
+    );
+    store.close().await;
+    if let Some(peer) = peer {
+        peer.close().await;
+    }
+}
+
+impl Bench {
+    /// A second process on the same store, where the backend allows one
+    /// (PostgreSQL replicas); SQLite holds one process at a time.
+    async fn open_peer(&self) -> Option<Arc<dyn Store>> {
+        match self.place {
+            Place::Sqlite(_) => None,
+            Place::Postgres(_) => Some(self.open("gw-2").await),
+        }
+    }
+}
+
+async fn not_attempted_gives_its_next_attempt_to_the_same_payload(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let new = new_op("k1", "fp");
+    let claim = claimed(store.as_ref(), &new).await;
+    let refused = Settlement::NotAttempted {
+        evidence: "connect-failed".into(),
+    };
+    assert_eq!(
+        store.record(&claim, &refused, &[]).await.unwrap(),
+        Recorded::Applied
+    );
+
+    let other_payload = existing(store.as_ref(), &new_op("k1", "other")).await;
+    assert_eq!(other_payload.state, State::NotAttempted);
+
+    let next = claimed(store.as_ref(), &new).await;
+    assert_eq!(next.operation_id, claim.operation_id);
+    assert_eq!(next.attempt, 2);
+    // The first attempt's record is stale now.
+    let late = store.record(&claim, &completed("x"), &first_try()).await;
+    assert_eq!(late.unwrap(), Recorded::Stale);
+    let recorded = store.record(&next, &completed("y"), &first_try()).await;
+    assert_eq!(recorded.unwrap(), Recorded::Applied);
+
+    let (op, events) = store.get(&next.operation_id).await.unwrap().unwrap();
+    assert_eq!((op.state, op.attempt), (State::Completed, 2));
+    let claims: Vec<_> = events.iter().filter(|e| e.kind == "claimed").collect();
+    assert_eq!(claims.len(), 2, "{:?}", kinds(&events));
+    assert_eq!(claims[1].detail["attempt"], 2);
+    assert_eq!(claims[1].detail["owner"], "gw-1");
+    store.close().await;
+}
+
+async fn the_derive_window_supersedes_what_it_outdates(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let mut new = new_op("derived", "fp");
+    let first = claimed(store.as_ref(), &new).await;
+    let recorded = store.record(&first, &completed("1"), &first_try()).await;
+    assert_eq!(recorded.unwrap(), Recorded::Applied);
+    let done_at = bench.clock.now_millis();
+
+    // Within the window: the same operation.
+    new.fresh_after = Some(done_at - 1);
+    assert_eq!(existing(store.as_ref(), &new).await.id, first.operation_id);
+    assert!(store.current(&new).await.unwrap().is_some());
+
+    // After it: outdated, and the claim starts a new operation.
+    bench.clock.advance(Duration::from_secs(60));
+    new.fresh_after = Some(done_at + 1);
+    assert!(store.current(&new).await.unwrap().is_none());
+    let second = claimed(store.as_ref(), &new).await;
+    assert_ne!(second.operation_id, first.operation_id);
+    assert_eq!(second.attempt, 1);
+
+    let (old, events) = store.get(&first.operation_id).await.unwrap().unwrap();
+    assert!(old.superseded);
+    assert!(kinds(&events).contains(&"superseded"));
+    // An in-progress operation is never outdated.
+    assert_eq!(existing(store.as_ref(), &new).await.id, second.operation_id);
+    store.close().await;
+}
+
+async fn racing_claims_have_one_winner(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let peer = bench.open_peer().await;
+    let mut claims = tokio::task::JoinSet::new();
+    for i in 0..32 {
+        let store = match (&peer, i % 2) {
+            (Some(peer), 1) => peer.clone(),
+            _ => store.clone(),
+        };
+        claims.spawn(async move { store.claim(&new_op("race", "fp")).await });
+    }
+    let (mut won, mut lost) = (Vec::new(), Vec::new());
+    while let Some(result) = claims.join_next().await {
+        match result.unwrap().expect("claim") {
+            ClaimResult::Claimed(claim) => won.push(claim),
+            ClaimResult::Existing(op) => lost.push(op),
+        }
+    }
+    assert_eq!(won.len(), 1, "exactly one winner");
+    assert_eq!(lost.len(), 31);
+    assert!(lost.iter().all(|op| op.id == won[0].operation_id));
+    let count = store.list(&list_all()).await.unwrap().len();
+    assert_eq!(count, 1);
+    store.close().await;
+    if let Some(peer) = peer {
+        peer.close().await;
+    }
+}
+
+/// Many requests at once share the backend's batches (group commit); each
+/// still gets its own claim and its own record.
+async fn concurrent_writes_each_get_their_own_answer(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let mut writes = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let store = store.clone();
+        writes.spawn(async move {
+            let key = format!("k-{i}");
+            let claim = claimed(store.as_ref(), &new_op(&key, "fp")).await;
+            let settlement = if i % 3 == 0 {
+                Settlement::Unknown {
+                    evidence: "timeout".into(),
+                }
+            } else {
+                completed(&key)
+            };
+            let recorded = store.record(&claim, &settlement, &first_try()).await;
+            assert_eq!(recorded.unwrap(), Recorded::Applied);
+            // A stale record in the same storm changes nothing.
+            let stale = store
+                .record(&claim, &completed("stale"), &first_try())
+                .await;
+            assert_eq!(stale.unwrap(), Recorded::Stale);
+            (i, key, claim)
+        });
+    }
+    let mut ids = std::collections::HashSet::new();
+    while let Some(done) = writes.join_next().await {
+        let (i, key, claim) = done.unwrap();
+        assert!(
+            ids.insert(claim.operation_id.clone()),
+            "one operation per key"
+        );
+        let (op, events) = store.get(&claim.operation_id).await.unwrap().unwrap();
+        assert_eq!(op.key, key);
+        if i % 3 == 0 {
+            assert_eq!(op.state, State::Unknown);
+            assert_eq!(
+                kinds(&events),
+                ["claimed", "sent", "response", "sent", "response"]
+            );
+        } else {
+            assert_eq!(op.response, Some(response(201, &key)));
+            // The row proves the first try, but the stale record's events
+            // are kept, and they stand for it in the timeline.
+            assert_eq!(kinds(&events), ["claimed", "sent", "response"]);
+        }
+    }
+    store.close().await;
+}
+
+fn list_all() -> ListFilter {
+    ListFilter {
+        limit: 1000,
+        ..ListFilter::default()
+    }
+}
+
+fn operator_event() -> Event {
+    Event {
+        kind: "resolved",
+        detail: serde_json::json!({ "by": "operator" }),
+    }
+}
+
+async fn operators_resolve_only_held_operations(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let claim = held(store.as_ref(), "held").await;
+    let decision = Decision::Completed {
+        response: response(200, "{\"ref\":\"r-1\"}"),
+    };
+    let id = &claim.operation_id;
+    let done = store.resolve(id, &decision, &operator_event()).await;
+    assert!(matches!(done.unwrap(), Resolved::Done));
+    let again = store
+        .resolve(id, &Decision::NotAttempted, &operator_event())
+        .await;
+    assert!(matches!(
+        again.unwrap(),
+        Resolved::NotResolvable(State::Completed)
+    ));
+    let (op, events) = store.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (op.state, op.evidence.as_str()),
+        (State::Completed, "operator")
+    );
+    assert!(kinds(&events).contains(&"resolved"));
+
+    // In progress with a live owner (this one): not the operator's to settle.
+    let live = claimed(store.as_ref(), &new_op("live", "fp")).await;
+    let refused = store
+        .resolve(
+            &live.operation_id,
+            &Decision::NotAttempted,
+            &operator_event(),
+        )
+        .await;
+    assert!(matches!(
+        refused.unwrap(),
+        Resolved::NotResolvable(State::InProgress)
+    ));
+    let missing = store
+        .resolve("nope", &Decision::NotAttempted, &operator_event())
+        .await;
+    assert!(matches!(missing.unwrap(), Resolved::NotFound));
+
+    // Released by the operator: the next claim is its next attempt.
+    let other = held(store.as_ref(), "released").await;
+    let released = store
+        .resolve(
+            &other.operation_id,
+            &Decision::NotAttempted,
+            &operator_event(),
+        )
+        .await;
+    assert!(matches!(released.unwrap(), Resolved::Done));
+    let next = claimed(store.as_ref(), &new_op("released", "fp")).await;
+    assert_eq!(next.attempt, 2);
+    store.close().await;
+}
+
+async fn late_evidence_settles_only_unknown(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let claim = held(store.as_ref(), "late").await;
+    let event = Event {
+        kind: "late-response",
+        detail: serde_json::json!({ "status": 201 }),
+    };
+    let id = &claim.operation_id;
+    let wrong = store
+        .settle_held(id, Some(2), &response(201, "x"), "late-response", &event)
+        .await;
+    assert!(
+        !wrong.unwrap(),
+        "another attempt's response settles nothing"
+    );
+    let settled = store
+        .settle_held(id, Some(1), &response(201, "x"), "late-response", &event)
+        .await;
+    assert!(settled.unwrap());
+    let twice = store
+        .settle_held(id, None, &response(201, "y"), "reconcile", &event)
+        .await;
+    assert!(!twice.unwrap());
+    let (op, events) = store.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (op.state, op.evidence.as_str()),
+        (State::Completed, "late-response")
+    );
+    assert_eq!(op.response, Some(response(201, "x")));
+    assert_eq!(
+        kinds(&events)
+            .iter()
+            .filter(|k| **k == "late-response")
+            .count(),
+        3,
+        "kept either way"
+    );
+    store.add_event(id, &event).await.unwrap();
+    assert_eq!(
+        store.get(id).await.unwrap().unwrap().1.len(),
+        events.len() + 1
+    );
+    store.close().await;
+}
+
+async fn pauses_and_the_latch(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    assert!(store.paused_routes().await.unwrap().is_empty());
+    store.set_paused("api", Some("maintenance")).await.unwrap();
+    store.set_paused("other", Some("x")).await.unwrap();
+    assert_eq!(store.paused_routes().await.unwrap(), ["api", "other"]);
+    store.set_paused("api", None).await.unwrap();
+    assert_eq!(store.paused_routes().await.unwrap(), ["other"]);
+
+    held(store.as_ref(), "u1").await;
+    assert!(!store.trip_pause_latch("api", 2).await.unwrap());
+    held(store.as_ref(), "u2").await;
+    assert!(store.trip_pause_latch("api", 2).await.unwrap());
+    assert_eq!(store.paused_routes().await.unwrap(), ["api", "other"]);
+    store.close().await;
+}
+
+async fn listing_and_counting(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let first = held(store.as_ref(), "a").await;
+    bench.clock.advance(Duration::from_millis(5));
+    let second = claimed(store.as_ref(), &new_op("b", "fp")).await;
+    let page = store.list(&list_all()).await.unwrap();
+    let ids: Vec<_> = page.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [second.operation_id.as_str(), first.operation_id.as_str()],
+        "newest first"
+    );
+
+    let unknown = ListFilter {
+        state: Some(State::Unknown),
+        ..list_all()
+    };
+    let found = store.list(&unknown).await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].key, "a");
+    let after = ListFilter {
+        before: Some(second.operation_id.clone()),
+        limit: 1,
+        ..ListFilter::default()
+    };
+    assert_eq!(store.list(&after).await.unwrap()[0].id, first.operation_id);
+    let by_key = ListFilter {
+        key: Some("b".into()),
+        route: Some("api".into()),
+        ..list_all()
+    };
+    assert_eq!(store.list(&by_key).await.unwrap().len(), 1);
+
+    let scopes = vec![
+        ("api".to_string(), "scope-x".to_string()),
+        ("api".to_string(), "scope-a".to_string()),
+    ];
+    let newest = store
+        .find_newest(&scopes, "a")
+        .await
+        .unwrap()
+        .expect("found");
+    assert_eq!(newest.id, first.operation_id);
+    assert!(
+        store
+            .find_newest(&scopes[..1], "a")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let stats = store.stats().await.unwrap();
+    let mut counts = stats.counts.clone();
+    counts.sort_by_key(|(_, state, _)| state.as_str());
+    assert_eq!(
+        counts,
+        [
+            ("api".to_string(), State::InProgress, 1),
+            ("api".to_string(), State::Unknown, 1)
+        ]
+    );
+    let (held_op, _) = store.get(&first.operation_id).await.unwrap().unwrap();
+    assert_eq!(stats.oldest_unknown_created_at, Some(held_op.created_at));
+    store.close().await;
+}
+
+async fn retention_keeps_unknown_operations(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    for i in 0..5 {
+        let claim = claimed(store.as_ref(), &new_op(&format!("done-{i}"), "fp")).await;
+        store
+            .record(&claim, &completed("x"), &first_try())
+            .await
+            .unwrap();
+    }
+    let unknown = held(store.as_ref(), "held").await;
+    bench.clock.advance(Duration::from_secs(10));
+    let cutoff = bench.clock.now_millis();
+    let fresh = claimed(store.as_ref(), &new_op("fresh", "fp")).await;
+    store
+        .record(&fresh, &completed("x"), &first_try())
+        .await
+        .unwrap();
+
+    assert_eq!(
+        store.sweep(cutoff, 3).await.unwrap(),
+        3,
+        "bounded by the limit"
+    );
+    assert_eq!(store.sweep(cutoff, 3).await.unwrap(), 2);
+    assert_eq!(store.sweep(cutoff, 3).await.unwrap(), 0);
+    let left: Vec<_> = store.list(&list_all()).await.unwrap();
+    let keys: Vec<_> = left.iter().map(|s| s.key.as_str()).collect();
+    assert_eq!(keys, ["fresh", "held"]);
+    assert!(store.get(&unknown.operation_id).await.unwrap().is_some());
+    store.close().await;
+}
+
+async fn shutdown_holds_what_was_in_flight(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let claim = claimed(store.as_ref(), &new_op("flying", "fp")).await;
+    store.close().await;
+
+    let next = bench.open("gw-2").await;
+    next.recover().await.unwrap();
+    let (op, events) = next.get(&claim.operation_id).await.unwrap().unwrap();
+    assert_eq!(
+        (op.state, op.evidence.as_str()),
+        (State::Unknown, "gateway-stopped")
+    );
+    let lost: Vec<_> = events.iter().filter(|e| e.kind == "owner-lost").collect();
+    assert_eq!(lost.len(), 1);
+    assert_eq!(lost[0].detail["owner"], "gw-1");
+    // Held: never claimed again, nor marked twice.
+    assert_eq!(
+        existing(next.as_ref(), &new_op("flying", "fp")).await.state,
+        State::Unknown
+    );
+    next.close().await;
+}
