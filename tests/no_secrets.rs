@@ -90,21 +90,30 @@ async fn traffic(proxy: std::net::SocketAddr, admin: std::net::SocketAddr, round
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn credentials_never_reach_the_store_files_or_the_logs() {
+/// Runs the real binary on `setup`'s store (a SQLite file in `dir` unless
+/// it names PostgreSQL) once per log format, drives [`traffic`] through
+/// it, kills it as a crash would, and returns what it logged, each log by
+/// name. Checks that the credential did reach the upstream and a probe ran.
+async fn serve_traffic(dir: &Path, setup: Setup) -> Vec<(String, Vec<u8>)> {
     let upstream = FakeUpstream::start().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = dir.path().join("idemgate.db");
+    let store = dir.join("idemgate.db");
     let probe = format!(
         "[routes.reconcile]\nurl = \"{}/lookup?key={{key}}\"\ntimeout = \"2s\"\n",
         upstream.url()
     );
-    let toml = gateway_toml_with(&store, &upstream.url(), &Setup::route(&probe));
-    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let toml = gateway_toml_with(
+        &store,
+        &upstream.url(),
+        &Setup {
+            route: probe,
+            ..setup
+        },
+    );
+    let config = write_config(dir, "idemgate.toml", &toml);
 
     let mut logs = Vec::new();
     for format in ["text", "json"] {
-        let log = dir.path().join(format!("serve-{format}.log"));
+        let log = dir.join(format!("serve-{format}.log"));
         let mut cmd = binary();
         cmd.arg("serve")
             .arg("--config")
@@ -134,38 +143,91 @@ async fn credentials_never_reach_the_store_files_or_the_logs() {
         sent.iter().any(|r| r.uri.starts_with("/lookup")),
         "a probe ran"
     );
-    let mut searched = files_starting_with(dir.path(), "idemgate.db");
-    assert!(
-        searched.iter().any(|(name, _)| name.ends_with("-wal")),
-        "{:?}",
-        searched.iter().map(|(n, _)| n).collect::<Vec<_>>()
-    );
     assert!(
         logs.iter().all(|(_, text)| text.len() > 1000),
         "the logs are not empty"
-    );
-    // The search would see them: what is stored and logged in clear is found.
-    let stored = |needle: &str| {
-        searched
-            .iter()
-            .any(|(_, b)| find(b, needle.as_bytes()).is_some())
-    };
-    assert!(
-        stored("secret-text") && stored("secret-json"),
-        "keys are stored"
     );
     let logged = |needle: &str| {
         logs.iter()
             .all(|(_, b)| find(b, needle.as_bytes()).is_some())
     };
     assert!(logged("/orders"), "paths are logged");
-    searched.extend(logs);
-    for (name, bytes) in &searched {
+    logs
+}
+
+/// Neither token appears in any of `searched`; the keys do (so the search
+/// sees what is stored in clear).
+fn assert_no_secrets(searched: &[(String, Vec<u8>)], stored: &[(String, Vec<u8>)]) {
+    let in_store = |needle: &str| {
+        stored
+            .iter()
+            .any(|(_, b)| find(b, needle.as_bytes()).is_some())
+    };
+    assert!(
+        in_store("secret-text") && in_store("secret-json"),
+        "keys are stored"
+    );
+    for (name, bytes) in searched.iter().chain(stored) {
         for secret in [CLIENT_TOKEN, ADMIN_TOKEN] {
             assert!(
                 find(bytes, secret.as_bytes()).is_none(),
                 "{secret} found in {name}"
             );
+            assert!(
+                find(bytes, hex::encode(secret).as_bytes()).is_none(),
+                "{secret} found hex-encoded in {name}"
+            );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_never_reach_the_store_files_or_the_logs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = serve_traffic(dir.path(), Setup::route("")).await;
+    let stored = files_starting_with(dir.path(), "idemgate.db");
+    assert!(
+        stored.iter().any(|(name, _)| name.ends_with("-wal")),
+        "{:?}",
+        stored.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    assert_no_secrets(&logs, &stored);
+}
+
+/// The same on a PostgreSQL store: every row of every table in the test's
+/// schema, as text (a `bytea` column reads as hex, so the hex of each
+/// token is searched too), and what the gateway logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_never_reach_the_postgres_store_or_the_logs() {
+    let Some(schema) = PgSchema::create().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = serve_traffic(dir.path(), Setup::route("").postgres(&schema)).await;
+
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&postgres_url())
+        .await
+        .expect("connect");
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1",
+    )
+    .bind(&schema.name)
+    .fetch_all(&mut conn)
+    .await
+    .expect("tables");
+    assert!(tables.iter().any(|t| t == "operations"), "{tables:?}");
+    let mut stored = Vec::new();
+    for table in tables {
+        let rows: Option<String> = sqlx::query_scalar(&format!(
+            "SELECT string_agg(t::text, E'\\n') FROM {}.{table} t",
+            schema.name
+        ))
+        .fetch_one(&mut conn)
+        .await
+        .expect("rows");
+        stored.push((table, rows.unwrap_or_default().into_bytes()));
+    }
+    let _ = conn.close().await;
+    assert_no_secrets(&logs, &stored);
 }
