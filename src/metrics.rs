@@ -41,6 +41,11 @@ pub enum Outcome {
     lookup,
 }
 
+/// Marks a response that says the store failed (503 `store-unavailable`),
+/// for the store-errors counter.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreFailure;
+
 /// The operation a response is about, carried as a response extension for
 /// the request log.
 #[derive(Debug, Clone)]
@@ -74,6 +79,8 @@ pub struct Metrics {
     upstream_seconds: Family<RouteLabels, Histogram>,
     late_responses: Family<RouteLabels, Counter>,
     refused_connections: Family<ListenerLabels, Counter>,
+    store_errors: Family<RouteLabels, Counter>,
+    route_paused: Family<RouteLabels, Gauge>,
     operations: Family<StateLabels, Gauge>,
     oldest_unknown_seconds: Gauge<f64, AtomicU64>,
 }
@@ -109,6 +116,18 @@ impl Default for Metrics {
             "Connections refused (503 overloaded, or closed) because their listener was at its cap",
             refused_connections.clone(),
         );
+        let store_errors = Family::<RouteLabels, Counter>::default();
+        registry.register(
+            "store_errors",
+            "Requests answered 503 store-unavailable: the store failed or did not answer in time",
+            store_errors.clone(),
+        );
+        let route_paused = Family::<RouteLabels, Gauge>::default();
+        registry.register(
+            "route_paused",
+            "1 for each route the store holds paused (by an operator or the pause latch)",
+            route_paused.clone(),
+        );
         let operations = Family::<StateLabels, Gauge>::default();
         registry.register(
             "operations",
@@ -127,6 +146,8 @@ impl Default for Metrics {
             upstream_seconds,
             late_responses,
             refused_connections,
+            store_errors,
+            route_paused,
             operations,
             oldest_unknown_seconds,
         }
@@ -134,6 +155,27 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Creates at zero every series whose labels are known at start (each
+    /// route's, each listener's), so they are exported — and `rate()` over
+    /// them works — before their first event.
+    pub fn start_at_zero<'a>(&self, routes: impl IntoIterator<Item = &'a str>) {
+        for route in routes {
+            let labels = RouteLabels {
+                route: route.to_string(),
+            };
+            // Creating the child is the point; its guard is dropped at once.
+            drop(self.upstream_seconds.get_or_create(&labels));
+            drop(self.late_responses.get_or_create(&labels));
+            drop(self.store_errors.get_or_create(&labels));
+        }
+        for listener in ["proxy", "admin"] {
+            drop(
+                self.refused_connections
+                    .get_or_create(&ListenerLabels { listener }),
+            );
+        }
+    }
+
     pub fn request(&self, route: &str, outcome: Outcome) {
         self.requests
             .get_or_create(&RequestLabels {
@@ -166,9 +208,27 @@ impl Metrics {
             .inc();
     }
 
-    /// The Prometheus text exposition, with the operation gauges set from
-    /// `stats` (read from the store at scrape time) as of `now` (ms).
-    pub fn render(&self, stats: &Stats, now: i64) -> String {
+    /// A request on `route` answered 503 `store-unavailable`.
+    pub fn store_error(&self, route: &str) {
+        self.store_errors
+            .get_or_create(&RouteLabels {
+                route: route.to_string(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition, with the operation and pause gauges
+    /// set from `stats` and `paused` (read from the store at scrape time)
+    /// as of `now` (ms).
+    pub fn render(&self, stats: &Stats, paused: &[String], now: i64) -> String {
+        self.route_paused.clear();
+        for route in paused {
+            self.route_paused
+                .get_or_create(&RouteLabels {
+                    route: route.clone(),
+                })
+                .set(1);
+        }
         self.operations.clear();
         for (route, state, count) in &stats.counts {
             self.operations
@@ -204,11 +264,12 @@ mod tests {
         metrics.upstream_duration("api", 0.02);
         metrics.late_response("api");
         metrics.refused_connection("admin");
+        metrics.store_error("api");
         let stats = Stats {
             counts: vec![("api".into(), State::Unknown, 3)],
             oldest_unknown_created_at: Some(1_000),
         };
-        let text = metrics.render(&stats, 11_000);
+        let text = metrics.render(&stats, &["api".into()], 11_000);
         assert!(
             text.contains(r#"idemgate_requests_total{route="api",outcome="forwarded"} 2"#),
             "{text}"
@@ -218,6 +279,8 @@ mod tests {
         assert!(text.contains(r#"idemgate_late_responses_total{route="api"} 1"#));
         assert!(text.contains(r#"idemgate_refused_connections_total{listener="admin"} 1"#));
         assert!(text.contains(r#"idemgate_operations{route="api",state="unknown"} 3"#));
+        assert!(text.contains(r#"idemgate_store_errors_total{route="api"} 1"#));
+        assert!(text.contains(r#"idemgate_route_paused{route="api"} 1"#));
         assert!(text.contains("idemgate_oldest_unknown_age_seconds 10.0"));
         for line in text
             .lines()

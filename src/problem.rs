@@ -15,7 +15,7 @@ use http::{Response, StatusCode};
 use serde::Serialize;
 
 use crate::body::{ProxyBody, full};
-use crate::metrics::{OperationId, Outcome};
+use crate::metrics::{OperationId, Outcome, StoreFailure};
 use crate::pipeline::key::KeyError;
 use crate::pipeline::path::PathError;
 use crate::pipeline::quota::QuotaSpent;
@@ -342,10 +342,17 @@ impl ProxyError {
     /// as extensions for the request log.
     pub fn into_response(self) -> Response<ProxyBody> {
         let outcome = self.outcome();
+        let store_failed = matches!(
+            self,
+            ProxyError::StoreUnavailable { .. } | ProxyError::StoreUnavailableAfterSend { .. }
+        );
         let problem = self.problem();
         let operation = problem.operation_id.clone();
         let mut response = problem.into_response();
         response.extensions_mut().insert(outcome);
+        if store_failed {
+            response.extensions_mut().insert(StoreFailure);
+        }
         if let Some(id) = operation {
             response.extensions_mut().insert(OperationId(id));
         }

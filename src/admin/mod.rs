@@ -248,7 +248,10 @@ async fn route(
         }
         Endpoint::Metrics => {
             let stats = admin.store.stats().await?;
-            let text = admin.metrics.render(&stats, admin.clock.now_millis());
+            let paused = admin.store.paused_routes().await?;
+            let text = admin
+                .metrics
+                .render(&stats, &paused, admin.clock.now_millis());
             let mut response = Response::new(full(text));
             response.headers_mut().insert(
                 CONTENT_TYPE,

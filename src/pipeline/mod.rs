@@ -51,7 +51,7 @@ use tokio_util::task::TaskTracker;
 use crate::body::{BoxError, ProxyBody, declared_length};
 use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, Route};
-use crate::metrics::{Metrics, OperationId, Outcome};
+use crate::metrics::{Metrics, OperationId, Outcome, StoreFailure};
 use crate::problem::ProxyError;
 use crate::reconcile::{self, Reconciler};
 use crate::store::{NewOperation, RequestSummary, Store, StoreError};
@@ -210,6 +210,9 @@ impl Proxy {
             .unwrap_or(Outcome::rejected);
         let route = active.as_ref().map_or("", |a| a.route.name.as_str());
         self.metrics.request(route, outcome);
+        if response.extensions().get::<StoreFailure>().is_some() {
+            self.metrics.store_error(route);
+        }
         let operation_id = response
             .extensions()
             .get::<OperationId>()
