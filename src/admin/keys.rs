@@ -177,9 +177,45 @@ fn next_action(op: &Operation) -> String {
     }
 }
 
+/// An operator's resolution, read from the body of
+/// `POST /admin/keys/{id}/resolve` and checked: what the store is asked to
+/// settle the operation as, and the event recorded with it.
+#[derive(Debug)]
+pub struct Resolution {
+    pub decision: Decision,
+    pub event: Event,
+    operator: String,
+    outcome: String,
+}
+
+impl Resolution {
+    /// Reads and checks a resolution body; a refusal says why (400).
+    pub fn read(body: &[u8]) -> Result<Resolution, AdminError> {
+        let body: ResolutionBody = serde_json::from_slice(body).map_err(|e| {
+            AdminError::InvalidResolution(format!("the body is not a resolution: {e}"))
+        })?;
+        let decision = decision(&body)?;
+        let event = Event {
+            kind: "resolved",
+            detail: json!({
+                "outcome": body.outcome,
+                "operator": body.operator,
+                "note": body.note,
+                "reference": body.reference,
+            }),
+        };
+        Ok(Resolution {
+            decision,
+            event,
+            operator: body.operator,
+            outcome: body.outcome,
+        })
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Resolution {
+struct ResolutionBody {
     outcome: String,
     operator: String,
     note: Option<String>,
@@ -228,19 +264,12 @@ pub async fn resolve(
     id: &str,
     body: &[u8],
 ) -> Result<Response<ProxyBody>, AdminError> {
-    let resolution: Resolution = serde_json::from_slice(body)
-        .map_err(|e| AdminError::InvalidResolution(format!("the body is not a resolution: {e}")))?;
-    let decision = decision(&resolution)?;
-    let event = Event {
-        kind: "resolved",
-        detail: json!({
-            "outcome": resolution.outcome,
-            "operator": resolution.operator,
-            "note": resolution.note,
-            "reference": resolution.reference,
-        }),
-    };
-    match admin.store.resolve(id, &decision, &event).await? {
+    let resolution = Resolution::read(body)?;
+    match admin
+        .store
+        .resolve(id, &resolution.decision, &resolution.event)
+        .await?
+    {
         Resolved::Done => {
             tracing::info!(operation_id = %id, operator = %resolution.operator, outcome = %resolution.outcome, "resolved by an operator");
             show(admin, id).await
@@ -253,7 +282,7 @@ pub async fn resolve(
     }
 }
 
-fn decision(resolution: &Resolution) -> Result<Decision, AdminError> {
+fn decision(resolution: &ResolutionBody) -> Result<Decision, AdminError> {
     let invalid = |reason: &str| AdminError::InvalidResolution(reason.to_string());
     let operator = resolution.operator.trim();
     if operator.is_empty() || operator.len() > 200 {
@@ -353,7 +382,7 @@ mod tests {
     use super::*;
 
     fn resolution(text: &str) -> Result<Decision, AdminError> {
-        decision(&serde_json::from_str::<Resolution>(text).unwrap())
+        Resolution::read(text.as_bytes()).map(|r| r.decision)
     }
 
     #[test]
@@ -404,10 +433,7 @@ mod tests {
             let text = format!(
                 r#"{{"outcome":"completed","operator":"ann","response":{{"status":{spelling}}}}}"#
             );
-            assert!(
-                serde_json::from_str::<Resolution>(&text).is_err(),
-                "{spelling}"
-            );
+            assert!(Resolution::read(text.as_bytes()).is_err(), "{spelling}");
         }
     }
 

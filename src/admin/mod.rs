@@ -22,6 +22,8 @@
 pub mod auth;
 mod keys;
 
+pub use keys::Resolution;
+
 use std::sync::Arc;
 use std::time::Duration;
 
