@@ -2,8 +2,10 @@
 //! header or assigned per the route's key mode), and the scope it lives in.
 //!
 //! Invariants: a key is 1–255 characters 0x21–0x7E after unquoting (the IETF
-//! draft's sf-string, or a bare token as most SDKs send it); credentials only
-//! ever leave this module as a SHA-256 [`Scope`], never in clear.
+//! draft's sf-string, or a bare token as most SDKs send it), and never starts
+//! with `"`, so its bare form (what is forwarded upstream, what operators
+//! see) reads back as the same key; credentials only ever leave this module
+//! as a SHA-256 [`Scope`], never in clear.
 
 use http::HeaderMap;
 use http::header::HeaderName;
@@ -44,6 +46,10 @@ pub enum KeyError {
     BadCharacter,
     #[error("the quoted Idempotency-Key is not a valid sf-string")]
     BadQuoting,
+    #[error(
+        "the Idempotency-Key starts with a quote after unquoting; its bare form would read as a quoted key"
+    )]
+    LeadingQuote,
 }
 
 impl IdempotencyKey {
@@ -99,12 +105,15 @@ impl IdempotencyKey {
         IdempotencyKey(format!("derived-{}", digest_hex(hasher)))
     }
 
-    /// Validates an unquoted key.
+    /// Validates an unquoted key. One that starts with `"` (sent as the
+    /// sf-string `"\"abc"`) is refused: forwarded bare, `"abc"` would be read
+    /// upstream as the sf-string of another key, `abc`.
     pub fn new(bare: &str) -> Result<Self, KeyError> {
         match bare.len() {
             0 => Err(KeyError::Empty),
             256.. => Err(KeyError::TooLong),
             _ if !bare.bytes().all(|b| (0x21..=0x7e).contains(&b)) => Err(KeyError::BadCharacter),
+            _ if bare.starts_with('"') => Err(KeyError::LeadingQuote),
             _ => Ok(IdempotencyKey(bare.to_string())),
         }
     }
@@ -227,6 +236,9 @@ mod tests {
         assert_eq!(parse(&[b"\"abc"]), Err(KeyError::BadQuoting));
         assert_eq!(parse(&[b"\"a\"b\""]), Err(KeyError::BadQuoting));
         assert_eq!(parse(&[br#""a\b""#]), Err(KeyError::BadQuoting));
+        // No bare form: forwarded as `"b"`, the upstream would read `b`.
+        assert_eq!(parse(&[br#""\"b\"""#]), Err(KeyError::LeadingQuote));
+        assert_eq!(parse(&[br#""b\"""#]), Ok(key(r#"b""#)));
         assert_eq!(parse(&["k\u{e9}".as_bytes()]), Err(KeyError::BadCharacter));
         assert_eq!(parse(&[&[0x80]]), Err(KeyError::BadCharacter));
         let long = "k".repeat(256);
