@@ -514,7 +514,9 @@ fn write_string(s: &str, out: &mut Vec<u8>) {
     serde_json::to_writer(&mut *out, s).unwrap_or_default();
 }
 
-/// Removes the member or element `pointer` (RFC 6901) names, if it exists.
+/// Removes the member or element `pointer` (RFC 6901) names, if it exists:
+/// an element only by an index in RFC 6901's form, so `/01` or `/+1`, which
+/// name nothing, never remove element 1.
 pub fn remove_pointer(value: &mut Value, pointer: &str) {
     let Some((parent, last)) = pointer.rsplit_once('/') else {
         return;
@@ -525,7 +527,7 @@ pub fn remove_pointer(value: &mut Value, pointer: &str) {
             members.remove(&token);
         }
         Some(Value::Array(items)) => {
-            if let Ok(index) = token.parse::<usize>()
+            if let Some(index) = array_index(&token)
                 && index < items.len()
             {
                 items.remove(index);
@@ -609,6 +611,9 @@ mod tests {
         remove_pointer(&mut v, "/m~0n");
         remove_pointer(&mut v, "/missing/x");
         remove_pointer(&mut v, "/e/9");
+        // Not indices in RFC 6901's form: they name nothing.
+        remove_pointer(&mut v, "/e/01");
+        remove_pointer(&mut v, "/e/+1");
         assert_eq!(
             String::from_utf8(canonicalize(&v)).unwrap(),
             r#"{"a":{"d":2},"e":[1,3]}"#

@@ -31,3 +31,8 @@ fn replay(target: &str, check: fn(&[u8])) {
 fn key() {
     replay("key", checks::key);
 }
+
+#[test]
+fn canonical_json() {
+    replay("canonical_json", checks::canonical_json);
+}
