@@ -36,3 +36,8 @@ fn key() {
 fn canonical_json() {
     replay("canonical_json", checks::canonical_json);
 }
+
+#[test]
+fn resolution() {
+    replay("resolution", checks::resolution);
+}

@@ -7,8 +7,6 @@
 //! is one store transaction that a concurrent client retry cannot interleave
 //! with.
 
-use std::collections::HashMap;
-
 use http::header::{HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use serde::Deserialize;
@@ -228,9 +226,37 @@ struct ResolutionBody {
 struct ResolutionResponse {
     #[serde(deserialize_with = "integral_status")]
     status: u16,
-    #[serde(default)]
-    headers: HashMap<String, HeaderValues>,
+    /// In the order written: a stored response keeps its headers' order
+    /// (a map's order would differ from one reading of the body to the next).
+    #[serde(default, deserialize_with = "in_order")]
+    headers: Vec<(String, HeaderValues)>,
     body: Option<Value>,
+}
+
+/// A JSON object's members in the order they are written, repeats kept.
+fn in_order<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<(String, HeaderValues)>, D::Error> {
+    struct Members;
+    impl<'de> serde::de::Visitor<'de> for Members {
+        type Value = Vec<(String, HeaderValues)>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object of header names and values")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut members = Vec::new();
+            while let Some(member) = map.next_entry()? {
+                members.push(member);
+            }
+            Ok(members)
+        }
+    }
+    deserializer.deserialize_map(Members)
 }
 
 /// A status as JSON Schema's `integer` reads it: any number whose fraction
@@ -405,6 +431,13 @@ mod tests {
         };
         assert_eq!(response.body.as_deref(), Some(&b"plain"[..]));
         assert_eq!(response.headers.len(), 2);
+        // Headers keep the order the operator wrote them in.
+        let text = r#"{"outcome":"completed","operator":"ann","response":{"status":201,"headers":{"x-c":"1","X-B":"2","x-a":["3","4"],"x-b":"5"}}}"#;
+        let Decision::Completed { response } = resolution(text).unwrap() else {
+            panic!("not completed");
+        };
+        let names: Vec<_> = response.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["x-c", "x-b", "x-a", "x-a", "x-b"]);
         let text =
             r#"{"outcome":"completed","operator":"ann","response":{"status":201,"body":{"id":7}}}"#;
         let Decision::Completed { response } = resolution(text).unwrap() else {
