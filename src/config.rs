@@ -12,6 +12,7 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::{Method, Uri};
 use serde::Deserialize;
+use tokio::sync::Semaphore;
 
 /// Why a configuration was refused. Each variant names the source (file path or
 /// `<inline>`), so an operator knows what to edit.
@@ -441,6 +442,13 @@ impl Config {
     }
 }
 
+/// The longest duration a field takes. Every duration is a deadline
+/// somewhere (an `Instant`, or the store's milliseconds since 1970): one
+/// of 300 million years overflowed the store's clock (a quota window that
+/// ended before it began: no quota), one of 500 billion an `Instant` (a
+/// panic in the request that waited).
+const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
+
 struct Validator<'a> {
     source_name: &'a str,
 }
@@ -477,6 +485,9 @@ impl Validator<'_> {
         if parsed.is_zero() {
             return Err(self.invalid(field, "must be greater than zero"));
         }
+        if parsed > MAX_DURATION {
+            return Err(self.invalid(field, "must be at most 100y"));
+        }
         Ok(parsed)
     }
 
@@ -502,6 +513,21 @@ impl Validator<'_> {
     ) -> Result<usize, ConfigError> {
         match value.unwrap_or(default) {
             0 => Err(self.invalid(field, "must be greater than zero")),
+            n => Ok(n),
+        }
+    }
+
+    /// A listener's connection cap: a count a semaphore can hold.
+    fn connection_cap(
+        &self,
+        field: &str,
+        value: Option<usize>,
+        default: usize,
+    ) -> Result<usize, ConfigError> {
+        match self.count(field, value, default)? {
+            n if n > Semaphore::MAX_PERMITS => {
+                Err(self.invalid(field, format!("must be at most {}", Semaphore::MAX_PERMITS)))
+            }
             n => Ok(n),
         }
     }
@@ -612,8 +638,12 @@ impl Validator<'_> {
                 raw.shutdown_grace.as_deref(),
                 "30s",
             )?,
-            max_connections: self.count("server.max_connections", raw.max_connections, 4096)?,
-            admin_max_connections: self.count(
+            max_connections: self.connection_cap(
+                "server.max_connections",
+                raw.max_connections,
+                4096,
+            )?,
+            admin_max_connections: self.connection_cap(
                 "server.admin_max_connections",
                 raw.admin_max_connections,
                 64,
@@ -1024,6 +1054,30 @@ mod tests {
         assert!(err.contains("server.listen"), "{err}");
         let err = error_of(&format!("[server]\nmax_connections = 0\n{MINIMAL}"));
         assert!(err.contains("server.max_connections"), "{err}");
+    }
+
+    #[test]
+    fn values_the_gateway_cannot_run_on_are_refused() {
+        // A quota window past the store's clock, a wait past an `Instant`.
+        let err = error_of(&format!(
+            "{MINIMAL}quota_operations = 1\nquota_window = \"300000000y\"\n"
+        ));
+        assert!(
+            err.contains("routes[0].quota_window") && err.contains("at most 100y"),
+            "{err}"
+        );
+        let err = error_of(&format!("{MINIMAL}wait_timeout = \"500000000000y\"\n"));
+        assert!(err.contains("routes[0].wait_timeout"), "{err}");
+        let config = Config::from_toml_str(
+            &format!("[store]\nretention = \"100y\"\n{MINIMAL}"),
+            "test.toml",
+        );
+        assert!(config.is_ok());
+        // More connections than a semaphore holds.
+        let err = error_of(&format!(
+            "[server]\nadmin_max_connections = 9223372036854775807\n{MINIMAL}"
+        ));
+        assert!(err.contains("server.admin_max_connections"), "{err}");
     }
 
     #[test]

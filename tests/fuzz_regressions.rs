@@ -6,7 +6,6 @@
 use std::path::Path;
 
 #[path = "../fuzz/checks.rs"]
-#[allow(dead_code)] // Until every target has a kept input.
 mod checks;
 
 /// Runs every kept input of `target` through `check`; each file is named
@@ -40,4 +39,9 @@ fn canonical_json() {
 #[test]
 fn resolution() {
     replay("resolution", checks::resolution);
+}
+
+#[test]
+fn config() {
+    replay("config", checks::config);
 }
