@@ -201,10 +201,12 @@ struct RawReconcile {
 }
 
 /// A route's quota per scope: at most `operations` writes sent upstream
-/// per `window` for each scope.
+/// and at most `stored_bytes` added to the store per `window` for each
+/// scope (at least one of the two is set).
 #[derive(Debug, Clone)]
 pub struct Quota {
-    pub operations: u32,
+    pub operations: Option<u32>,
+    pub stored_bytes: Option<u64>,
     pub window: Duration,
 }
 
@@ -361,6 +363,7 @@ struct RawRoute {
     wait_timeout: Option<String>,
     max_waiters: Option<usize>,
     quota_operations: Option<u32>,
+    quota_stored_bytes: Option<String>,
     quota_window: Option<String>,
     connect_timeout: Option<String>,
     upstream_timeout: Option<String>,
@@ -807,7 +810,12 @@ impl Validator<'_> {
                 "10s",
             )?,
             max_waiters: self.count(&field("max_waiters"), raw.max_waiters, 256)?,
-            quota: self.quota(&field, raw.quota_operations, raw.quota_window.as_deref())?,
+            quota: self.quota(
+                &field,
+                raw.quota_operations,
+                raw.quota_stored_bytes.as_deref(),
+                raw.quota_window.as_deref(),
+            )?,
             connect_timeout: self.duration(
                 &field("connect_timeout"),
                 raw.connect_timeout.as_deref(),
@@ -835,23 +843,33 @@ impl Validator<'_> {
         &self,
         field: &dyn Fn(&str) -> String,
         operations: Option<u32>,
+        stored_bytes: Option<&str>,
         window: Option<&str>,
     ) -> Result<Option<Quota>, ConfigError> {
-        match (operations, window) {
-            (None, None) => Ok(None),
-            (None, Some(_)) => Err(self.invalid(
-                field("quota_window"),
-                "only with quota_operations (writes sent per scope and window)",
-            )),
-            (Some(0), _) => Err(self.invalid(
+        if operations == Some(0) {
+            return Err(self.invalid(
                 field("quota_operations"),
                 "must be greater than zero; leave it out for no quota",
-            )),
-            (Some(operations), window) => Ok(Some(Quota {
-                operations,
-                window: self.duration(&field("quota_window"), window, "1m")?,
-            })),
+            ));
         }
+        let stored_bytes = match stored_bytes {
+            Some(text) => Some(self.size(&field("quota_stored_bytes"), Some(text), "")? as u64),
+            None => None,
+        };
+        if operations.is_none() && stored_bytes.is_none() {
+            return match window {
+                None => Ok(None),
+                Some(_) => Err(self.invalid(
+                    field("quota_window"),
+                    "only with quota_operations or quota_stored_bytes (per scope and window)",
+                )),
+            };
+        }
+        Ok(Some(Quota {
+            operations,
+            stored_bytes,
+            window: self.duration(&field("quota_window"), window, "1m")?,
+        }))
     }
 
     fn reconcile(
@@ -1080,11 +1098,24 @@ mod tests {
             .clone()
             .unwrap();
         assert_eq!(
-            (quota.operations, quota.window),
-            (100, Duration::from_secs(60))
+            (quota.operations, quota.stored_bytes, quota.window),
+            (Some(100), None, Duration::from_secs(60))
+        );
+        let text = format!("{MINIMAL}quota_stored_bytes = \"5MiB\"\nquota_window = \"1h\"\n");
+        let quota = Config::from_toml_str(&text, "t").unwrap().routes[0]
+            .quota
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (quota.operations, quota.stored_bytes, quota.window),
+            (None, Some(5 << 20), Duration::from_secs(3600))
         );
         assert!(error_of(&format!("{MINIMAL}quota_window = \"1h\"\n")).contains("only with"));
         assert!(error_of(&format!("{MINIMAL}quota_operations = 0\n")).contains("greater"));
+        assert!(error_of(&format!("{MINIMAL}quota_stored_bytes = \"0B\"\n")).contains("greater"));
+        assert!(
+            error_of(&format!("{MINIMAL}quota_stored_bytes = \"lots\"\n")).contains("not a size")
+        );
     }
 
     #[test]

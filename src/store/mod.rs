@@ -214,6 +214,18 @@ pub struct StoredResponse {
     pub body: Option<Vec<u8>>,
 }
 
+impl StoredResponse {
+    /// The bytes it keeps in the store: header names and values and the body.
+    pub fn stored_bytes(&self) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + value.len())
+            .sum();
+        headers + self.body.as_ref().map_or(0, Vec::len)
+    }
+}
+
 /// What is kept about the request: never credentials, the body only when the
 /// route asks for it.
 #[derive(Debug, Clone)]
