@@ -168,7 +168,7 @@ impl Gateway {
         // one; a restart that marks nothing leaves an operator's resume alone.
         replicas::recover(store.as_ref(), &config.routes).await?;
         let paused = store.paused_routes().await?;
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Metrics::new(store.batches()));
         metrics.start_at_zero(config.routes.iter().map(|route| route.name.as_str()));
         let proxy_cap = ConnectionCap::new("proxy", server.max_connections, &metrics);
         let admin_cap = ConnectionCap::new("admin", server.admin_max_connections, &metrics);

@@ -99,6 +99,10 @@ async fn rules_and_dashboard_query_only_exported_metrics() {
     assert_eq!(scraped.status, StatusCode::OK);
     let exported = exported_series(&String::from_utf8_lossy(&scraped.body));
     assert!(exported.contains("idemgate_route_paused"), "{exported:?}");
+    assert!(
+        exported.contains("idemgate_store_commit_duration_seconds_bucket"),
+        "{exported:?}"
+    );
 
     let dashboard = std::fs::read_to_string(Path::new(CONTRIB).join("grafana-dashboard.json"))
         .expect("dashboard");

@@ -457,6 +457,16 @@ async fn concurrent_writes_each_get_their_own_answer(bench: Bench) {
             assert_eq!(kinds(&events), ["claimed", "sent", "response"]);
         }
     }
+    // Every claim and record went through a group commit, and the store
+    // counted each in its batch metrics.
+    let metrics = idemgate::metrics::Metrics::new(store.batches());
+    let text = metrics.render(&Default::default(), &[], 0);
+    let batched: f64 = text
+        .lines()
+        .filter(|line| line.starts_with("idemgate_store_batch_calls_sum"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(batched >= 600.0, "200 claims and 400 records: {text}");
     store.close().await;
 }
 

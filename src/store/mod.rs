@@ -12,6 +12,7 @@ mod sqlite;
 
 use async_trait::async_trait;
 
+use crate::metrics::StoreBatches;
 use crate::pipeline::fingerprint::Fingerprint;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
@@ -397,6 +398,9 @@ pub trait Store: Send + Sync {
     fn shared(&self) -> bool {
         false
     }
+
+    /// Its group commits' sizes and times, for the gateway's metrics.
+    fn batches(&self) -> &StoreBatches;
 
     /// Appends an event to an operation's timeline.
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError>;

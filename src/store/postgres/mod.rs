@@ -51,6 +51,7 @@ use super::{
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
+use crate::metrics::StoreBatches;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use statements::{ClaimCall, Owners, RecordCall};
 
@@ -68,6 +69,8 @@ pub struct PostgresStore {
     claims: Batcher<ClaimCall, ClaimResult>,
     /// The requests' records, likewise.
     records: Batcher<RecordCall, Recorded>,
+    /// Both batchers' sizes and commit times.
+    batches: StoreBatches,
     /// This replica's instance id, written as `owner` on every claim.
     owner: Arc<str>,
     lease: Arc<Lease>,
@@ -170,14 +173,15 @@ impl PostgresStore {
             lease.clone(),
             renewal.clone(),
         ));
-        let claims = Batcher::start(BATCH_TIMEOUT, {
+        let batches = StoreBatches::new(&["claim", "record"]);
+        let claims = Batcher::start(BATCH_TIMEOUT, ("claim", batches.clone()), {
             let (pool, owner) = (pool.clone(), owner.clone());
             move |calls: Vec<ClaimCall>| {
                 let (pool, owner) = (pool.clone(), owner.clone());
                 async move { statements::claim(&pool, &owner, &calls).await }
             }
         });
-        let records = Batcher::start(BATCH_TIMEOUT, {
+        let records = Batcher::start(BATCH_TIMEOUT, ("record", batches.clone()), {
             let (pool, owner) = (pool.clone(), owner.clone());
             move |calls: Vec<RecordCall>| {
                 let (pool, owner) = (pool.clone(), owner.clone());
@@ -188,6 +192,7 @@ impl PostgresStore {
             pool,
             claims,
             records,
+            batches,
             owner,
             lease,
             clock,
@@ -298,6 +303,10 @@ impl Store for PostgresStore {
 
     fn shared(&self) -> bool {
         true
+    }
+
+    fn batches(&self) -> &StoreBatches {
+        &self.batches
     }
 
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError> {

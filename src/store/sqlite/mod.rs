@@ -39,8 +39,12 @@ use crate::clock::Clock;
 use crate::config::Durability;
 use writer::{QUEUE_TIMEOUT, Writer};
 
+use crate::metrics::StoreBatches;
+
 pub struct SqliteStore {
     writer: Writer,
+    /// The writer's batch sizes and commit times.
+    batches: StoreBatches,
     /// This process's instance id, written as `owner` on every claim.
     owner: Arc<str>,
     /// The held lock file; `None` once closed. std Mutex: never held across `.await`.
@@ -84,8 +88,10 @@ impl SqliteStore {
             .await
             .map_err(|e| open_error(e.to_string()))?;
         let conn = connect(path, durability).map_err(|e| open_error(e.to_string()))?;
+        let batches = StoreBatches::new(&[writer::BATCH]);
         Ok(SqliteStore {
-            writer: Writer::start(conn)?,
+            writer: Writer::start(conn, batches.clone())?,
+            batches,
             owner: owner.into(),
             lock: Mutex::new(Some(lock)),
             clock,
@@ -139,6 +145,10 @@ fn lock_file(path: &Path, store_name: &str) -> Result<File, StoreError> {
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn batches(&self) -> &StoreBatches {
+        &self.batches
+    }
+
     async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
         let (owner, now, new) = (self.owner.clone(), self.clock.now_millis(), new.clone());
         self.writer
