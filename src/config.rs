@@ -41,6 +41,49 @@ pub struct Config {
     pub server: ServerConfig,
     pub store: StoreConfig,
     pub routes: Vec<Route>,
+    /// `[[alerts]]`: webhooks told about held work.
+    pub alerts: Vec<AlertConfig>,
+}
+
+/// One validated `[[alerts]]` entry: a webhook and what it is told.
+#[derive(Debug, Clone)]
+pub struct AlertConfig {
+    /// http or https; POSTed to as given.
+    pub url: Uri,
+    /// The environment variable holding the signing secret, if any.
+    pub secret_env: Option<String>,
+    pub events: Vec<AlertEvent>,
+    /// `unknown-aged`: an operation `unknown` for this long.
+    pub aged_after: Duration,
+    /// A delivery still failing this long after its event is dropped.
+    pub give_up_after: Duration,
+}
+
+/// What an alert reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlertEvent {
+    /// An operation became `unknown`.
+    OperationUnknown,
+    /// A route was paused (by an operator or its latch).
+    RoutePaused,
+    /// An operation has been `unknown` for `aged_after`.
+    UnknownAged,
+}
+
+impl AlertEvent {
+    pub const ALL: [AlertEvent; 3] = [
+        AlertEvent::OperationUnknown,
+        AlertEvent::RoutePaused,
+        AlertEvent::UnknownAged,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertEvent::OperationUnknown => "operation-unknown",
+            AlertEvent::RoutePaused => "route-paused",
+            AlertEvent::UnknownAged => "unknown-aged",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -315,6 +358,18 @@ struct RawConfig {
     store: RawStore,
     #[serde(default)]
     routes: Vec<RawRoute>,
+    #[serde(default)]
+    alerts: Vec<RawAlert>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAlert {
+    url: Option<String>,
+    secret_env: Option<String>,
+    events: Option<Vec<String>>,
+    aged_after: Option<String>,
+    give_up_after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -566,10 +621,66 @@ impl Validator<'_> {
             }
             routes.push(route);
         }
+        let alerts = raw
+            .alerts
+            .into_iter()
+            .enumerate()
+            .map(|(i, alert)| self.alert(i, alert))
+            .collect::<Result<_, _>>()?;
         Ok(Config {
             server,
             store,
             routes,
+            alerts,
+        })
+    }
+
+    fn alert(&self, i: usize, raw: RawAlert) -> Result<AlertConfig, ConfigError> {
+        let field = |name: &str| format!("alerts[{i}].{name}");
+        let text = raw
+            .url
+            .ok_or_else(|| self.invalid(field("url"), "is required"))?;
+        Upstream::parse_any(&text).map_err(|reason| self.invalid(field("url"), reason))?;
+        let url: Uri = text
+            .parse()
+            .map_err(|e| self.invalid(field("url"), format!("not a URL: {e}")))?;
+        if let Some(variable) = &raw.secret_env
+            && (variable.is_empty() || variable.contains(['=', '\0']))
+        {
+            return Err(self.invalid(field("secret_env"), "must name an environment variable"));
+        }
+        let events = match raw.events {
+            None => AlertEvent::ALL.to_vec(),
+            Some(names) if names.is_empty() => {
+                return Err(self.invalid(field("events"), "name at least one event"));
+            }
+            Some(names) => names
+                .iter()
+                .map(|name| {
+                    AlertEvent::ALL
+                        .into_iter()
+                        .find(|event| event.as_str() == name)
+                        .ok_or_else(|| {
+                            self.invalid(
+                                field("events"),
+                                format!(
+                                    "`{name}`: expected operation-unknown, route-paused or unknown-aged"
+                                ),
+                            )
+                        })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        Ok(AlertConfig {
+            url,
+            secret_env: raw.secret_env,
+            events,
+            aged_after: self.duration(&field("aged_after"), raw.aged_after.as_deref(), "1h")?,
+            give_up_after: self.duration(
+                &field("give_up_after"),
+                raw.give_up_after.as_deref(),
+                "24h",
+            )?,
         })
     }
 
@@ -1058,6 +1169,30 @@ mod tests {
         let twice = format!("{MINIMAL}{MINIMAL}");
         assert!(error_of(&twice).contains("used twice"));
         assert!(error_of("[server]\n").contains("at least one"));
+    }
+
+    #[test]
+    fn alerts_are_validated_with_their_defaults() {
+        let alert = |lines: &str| format!("{MINIMAL}[[alerts]]\n{lines}\n");
+        let config = Config::from_toml_str(&alert("url = \"https://h.example/x\""), "t").unwrap();
+        let endpoint = &config.alerts[0];
+        assert_eq!(endpoint.events, AlertEvent::ALL);
+        assert_eq!(endpoint.aged_after, Duration::from_secs(3600));
+        assert_eq!(endpoint.give_up_after, Duration::from_secs(86_400));
+        assert!(endpoint.secret_env.is_none());
+        assert!(error_of(&alert("events = [\"route-paused\"]")).contains("alerts[0].url"));
+        assert!(error_of(&alert("url = \"ftp://h/x\"")).contains("not http or https"));
+        assert!(
+            error_of(&alert("url = \"https://h/x\"\nevents = [\"deleted\"]"))
+                .contains("`deleted`: expected operation-unknown")
+        );
+        assert!(error_of(&alert("url = \"https://h/x\"\nevents = []")).contains("at least one"));
+        assert!(error_of(&alert("url = \"https://h/x\"\naged_after = \"0s\"")).contains("greater"));
+        assert!(
+            error_of(&alert("url = \"https://h/x\"\nsecret_env = \"\""))
+                .contains("environment variable")
+        );
+        assert!(error_of(&alert("url = \"https://h/x\"\nretries = 3")).contains("unknown field"));
     }
 
     #[test]

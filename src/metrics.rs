@@ -75,6 +75,11 @@ struct StateLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DeliveryLabels {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BatchLabels {
     batch: &'static str,
 }
@@ -126,6 +131,7 @@ pub struct Metrics {
     late_responses: Family<RouteLabels, Counter>,
     refused_connections: Family<ListenerLabels, Counter>,
     store_errors: Family<RouteLabels, Counter>,
+    alert_deliveries: Family<DeliveryLabels, Counter>,
     route_paused: Family<RouteLabels, Gauge>,
     operations: Family<StateLabels, Gauge>,
     oldest_unknown_seconds: Gauge<f64, AtomicU64>,
@@ -179,6 +185,12 @@ impl Metrics {
             "Requests answered 503 store-unavailable: the store failed or did not answer in time",
             store_errors.clone(),
         );
+        let alert_deliveries = Family::<DeliveryLabels, Counter>::default();
+        registry.register(
+            "alert_deliveries",
+            "Alert webhook deliveries by outcome: delivered, failed (due again later), gave_up",
+            alert_deliveries.clone(),
+        );
         let route_paused = Family::<RouteLabels, Gauge>::default();
         registry.register(
             "route_paused",
@@ -204,6 +216,7 @@ impl Metrics {
             late_responses,
             refused_connections,
             store_errors,
+            alert_deliveries,
             route_paused,
             operations,
             oldest_unknown_seconds,
@@ -222,6 +235,12 @@ impl Metrics {
             drop(self.upstream_seconds.get_or_create(&labels));
             drop(self.late_responses.get_or_create(&labels));
             drop(self.store_errors.get_or_create(&labels));
+        }
+        for outcome in ["delivered", "failed", "gave_up"] {
+            drop(
+                self.alert_deliveries
+                    .get_or_create(&DeliveryLabels { outcome }),
+            );
         }
         for listener in ["proxy", "admin"] {
             drop(
@@ -264,6 +283,14 @@ impl Metrics {
     }
 
     /// A request on `route` answered 503 `store-unavailable`.
+    /// One alert delivery attempt ended so (`delivered`, `failed`,
+    /// `gave_up`).
+    pub fn alert_delivery(&self, outcome: &'static str) {
+        self.alert_deliveries
+            .get_or_create(&DeliveryLabels { outcome })
+            .inc();
+    }
+
     pub fn store_error(&self, route: &str) {
         self.store_errors
             .get_or_create(&RouteLabels {

@@ -7,6 +7,7 @@
 //! (with its `sent` and `response` events). All SQL lives in this module's
 //! backends.
 
+mod outbox;
 mod postgres;
 mod sqlite;
 
@@ -14,6 +15,7 @@ use async_trait::async_trait;
 
 use crate::metrics::StoreBatches;
 use crate::pipeline::fingerprint::Fingerprint;
+pub use outbox::{Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -457,6 +459,21 @@ pub trait Store: Send + Sync {
     /// Deletes up to `limit` `completed` and `not_attempted` operations last
     /// updated before `cutoff` (ms), with their events; `unknown` ones stay.
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError>;
+
+    /// Alerts, in one transaction: adds `unknown-aged` alerts for the
+    /// operations `unknown` longer than a subscription's threshold (each
+    /// once), fans the alerts not yet fanned out to the endpoints that
+    /// subscribe to them, drops old finished ones, and takes up to `limit`
+    /// deliveries due, leasing them.
+    async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError>;
+
+    /// Settles a delivery taken by [`Store::take_alerts`].
+    async fn settle_alert(
+        &self,
+        delivery: &AlertDelivery,
+        outcome: &AlertOutcome,
+        now: i64,
+    ) -> Result<(), StoreError>;
 
     /// Whether the store answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;

@@ -34,6 +34,7 @@
 //! while it runs, so replicas starting together apply them once.
 
 mod batch;
+mod outbox;
 mod statements;
 
 use std::str::FromStr;
@@ -46,8 +47,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded, Resolved,
-    Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
+    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
+    NewOperation, Operation, Recorded, Resolved, Settlement, Stats, Store, StoreError, StoredEvent,
+    StoredResponse, Summary,
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
@@ -381,6 +383,19 @@ impl Store for PostgresStore {
 
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
         statements::sweep(&self.pool, cutoff, limit).await
+    }
+
+    async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError> {
+        outbox::take_alerts(&self.pool, poll).await
+    }
+
+    async fn settle_alert(
+        &self,
+        delivery: &AlertDelivery,
+        outcome: &AlertOutcome,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        outbox::settle_alert(&self.pool, delivery, outcome, now).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

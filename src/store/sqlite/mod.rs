@@ -19,6 +19,7 @@
 //! two values in a CHECK (SQLite builds a temporary index for one on every
 //! write).
 
+mod outbox;
 mod statements;
 mod writer;
 
@@ -32,8 +33,9 @@ use sqlx::ConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
 use super::{
-    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded, Resolved,
-    Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
+    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
+    NewOperation, Operation, Recorded, Resolved, Settlement, Stats, Store, StoreError, StoredEvent,
+    StoredResponse, Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
@@ -292,6 +294,25 @@ impl Store for SqliteStore {
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
         self.writer
             .run(move |conn| statements::sweep(conn, cutoff, limit))
+            .await
+    }
+
+    async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError> {
+        let poll = poll.clone();
+        self.writer
+            .run(move |conn| outbox::take_alerts(conn, &poll))
+            .await
+    }
+
+    async fn settle_alert(
+        &self,
+        delivery: &AlertDelivery,
+        outcome: &AlertOutcome,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let (delivery, outcome) = (delivery.clone(), outcome.clone());
+        self.writer
+            .run(move |conn| outbox::settle_alert(conn, &delivery, &outcome, now))
             .await
     }
 
