@@ -549,6 +549,34 @@ async fn a_resolution_status_may_be_any_integral_number_but_not_a_fraction() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolution_lengths_count_characters_not_bytes() {
+    let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
+    let id = unknown_operation(&gw, &admin, "res-chars").await;
+    let path = format!("/admin/keys/{id}/resolve");
+    // JSON Schema's maxLength counts characters: 200 of them are a valid
+    // operator, whatever their UTF-8 length; 201 are not.
+    let too_long = json!({"outcome": "completed", "operator": "é".repeat(201)});
+    admin
+        .post(&path, &too_long.to_string())
+        .await
+        .assert_problem(400, "invalid-resolution");
+    let at_the_limits = json!({
+        "outcome": "completed",
+        "operator": "é".repeat(200),
+        "note": "ü".repeat(4000),
+        "reference": "ß".repeat(400),
+    });
+    let resolved = admin.post(&path, &at_the_limits.to_string()).await;
+    assert_eq!(
+        resolved.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&resolved.body)
+    );
+    assert_eq!(resolved.json()["state"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settled_and_missing_operations_are_not_resolvable() {
     let (gw, admin) = gateway("").await;
     assert_fresh_created(&write(gw.addr(), "/orders", Some("set-1"), ORDER).await);

@@ -255,13 +255,17 @@ pub async fn resolve(
 
 fn decision(resolution: &Resolution) -> Result<Decision, AdminError> {
     let invalid = |reason: &str| AdminError::InvalidResolution(reason.to_string());
-    let operator = resolution.operator.trim();
-    if operator.is_empty() || operator.len() > 200 {
-        return Err(invalid("`operator` names who decided: 1 to 200 characters"));
+    // Lengths in characters, as the OpenAPI document's maxLength counts
+    // them, not in UTF-8 bytes.
+    let longer =
+        |text: &Option<String>, max: usize| text.as_ref().is_some_and(|t| t.chars().count() > max);
+    let operator = &resolution.operator;
+    if operator.trim().is_empty() || operator.chars().count() > 200 {
+        return Err(invalid(
+            "`operator` names who decided: 1 to 200 characters, not all white space",
+        ));
     }
-    if resolution.note.as_ref().is_some_and(|n| n.len() > 4000)
-        || resolution.reference.as_ref().is_some_and(|r| r.len() > 400)
-    {
+    if longer(&resolution.note, 4000) || longer(&resolution.reference, 400) {
         return Err(invalid(
             "`note` is at most 4000 characters, `reference` at most 400",
         ));
