@@ -577,6 +577,22 @@ async fn resolution_lengths_count_characters_not_bytes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_in_an_array_is_refused() {
+    let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
+    let id = unknown_operation(&gw, &admin, "res-array").await;
+    // The members in order, without their names, are not a resolution,
+    // nor a response.
+    for body in [
+        r#"["not_attempted", "ann", null, null, null]"#,
+        r#"{"outcome": "completed", "operator": "ann", "response": [201, {}, "ok"]}"#,
+    ] {
+        let refused = admin.post(&format!("/admin/keys/{id}/resolve"), body).await;
+        refused.assert_problem(400, "invalid-resolution");
+        assert_eq!(admin.show(&id).await["state"], "unknown", "{body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settled_and_missing_operations_are_not_resolvable() {
     let (gw, admin) = gateway("").await;
     assert_fresh_created(&write(gw.addr(), "/orders", Some("set-1"), ORDER).await);
@@ -888,6 +904,37 @@ async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() 
         admin.get_json("/admin/stats").await["paused_routes"],
         json!([])
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_body_other_than_a_reason_is_refused() {
+    let (_gw, admin) = gateway("").await;
+    // A misspelt member or a reason that is not text would otherwise be
+    // dropped without a word, and the route paused for no stated reason.
+    for body in [
+        r#"{"": []}"#,
+        r#"{"reson": "typo"}"#,
+        r#"{"reason": 5}"#,
+        r#"["maintenance"]"#,
+        r#""maintenance""#,
+    ] {
+        let refused = admin.post("/admin/routes/api/pause", body).await;
+        refused.assert_problem(400, "invalid-request");
+        assert_eq!(
+            admin.get_json("/admin/stats").await["paused_routes"],
+            json!([]),
+            "{body} paused the route"
+        );
+    }
+    for (body, reason) in [
+        (r#"{"reason": null}"#, "paused by an operator"),
+        (r#"{}"#, "paused by an operator"),
+        (r#"{"reason": "maintenance"}"#, "maintenance"),
+    ] {
+        let paused = admin.post("/admin/routes/api/pause", body).await;
+        assert_eq!(paused.status, 200, "{body}");
+        assert_eq!(paused.json()["reason"], reason, "{body}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

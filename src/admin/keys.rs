@@ -184,7 +184,19 @@ struct Resolution {
     operator: String,
     note: Option<String>,
     reference: Option<String>,
+    #[serde(default, deserialize_with = "object_or_null")]
     response: Option<ResolutionResponse>,
+}
+
+/// The `response` of a resolution: an object or `null`, never the
+/// members in order as an array (see [`super::json_object`]).
+fn object_or_null<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<ResolutionResponse>, D::Error> {
+    Option::<serde_json::Map<String, Value>>::deserialize(deserializer)?
+        .map(|members| serde_json::from_value(Value::Object(members)))
+        .transpose()
+        .map_err(serde::de::Error::custom)
 }
 
 #[derive(Debug, Deserialize)]
@@ -228,7 +240,7 @@ pub async fn resolve(
     id: &str,
     body: &[u8],
 ) -> Result<Response<ProxyBody>, AdminError> {
-    let resolution: Resolution = serde_json::from_slice(body)
+    let resolution: Resolution = super::json_object(body)
         .map_err(|e| AdminError::InvalidResolution(format!("the body is not a resolution: {e}")))?;
     let decision = decision(&resolution)?;
     let event = Event {
