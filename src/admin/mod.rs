@@ -478,4 +478,40 @@ mod tests {
             assert!(paths.contains_key(path), "{path}");
         }
     }
+
+    #[test]
+    fn every_link_in_the_openapi_document_names_an_operation_and_its_parameters() {
+        let doc: Value = serde_json::from_str(OPENAPI).unwrap();
+        let operations: Vec<&Value> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .values()
+            .flat_map(|item| item.as_object().unwrap().values())
+            .collect();
+        let by_id = |id: &str| {
+            operations
+                .iter()
+                .find(|op| op["operationId"] == id)
+                .unwrap_or_else(|| panic!("no operation {id}"))
+        };
+        let mut links = 0;
+        for operation in &operations {
+            for response in operation["responses"].as_object().unwrap().values() {
+                let Some(named) = response.get("links").and_then(Value::as_object) else {
+                    continue;
+                };
+                for (name, link) in named {
+                    let target = by_id(link["operationId"].as_str().unwrap());
+                    for parameter in link["parameters"].as_object().unwrap().keys() {
+                        let declared = target["parameters"]
+                            .as_array()
+                            .is_some_and(|ps| ps.iter().any(|p| p["name"] == parameter.as_str()));
+                        assert!(declared, "link {name}: no parameter {parameter}");
+                    }
+                    links += 1;
+                }
+            }
+        }
+        assert!(links >= 4, "only {links} links");
+    }
 }
