@@ -549,6 +549,50 @@ async fn a_resolution_status_may_be_any_integral_number_but_not_a_fraction() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolution_lengths_count_characters_not_bytes() {
+    let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
+    let id = unknown_operation(&gw, &admin, "res-chars").await;
+    let path = format!("/admin/keys/{id}/resolve");
+    // JSON Schema's maxLength counts characters: 200 of them are a valid
+    // operator, whatever their UTF-8 length; 201 are not.
+    let too_long = json!({"outcome": "completed", "operator": "é".repeat(201)});
+    admin
+        .post(&path, &too_long.to_string())
+        .await
+        .assert_problem(400, "invalid-resolution");
+    let at_the_limits = json!({
+        "outcome": "completed",
+        "operator": "é".repeat(200),
+        "note": "ü".repeat(4000),
+        "reference": "ß".repeat(400),
+    });
+    let resolved = admin.post(&path, &at_the_limits.to_string()).await;
+    assert_eq!(
+        resolved.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&resolved.body)
+    );
+    assert_eq!(resolved.json()["state"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_in_an_array_is_refused() {
+    let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
+    let id = unknown_operation(&gw, &admin, "res-array").await;
+    // The members in order, without their names, are not a resolution,
+    // nor a response.
+    for body in [
+        r#"["not_attempted", "ann", null, null, null]"#,
+        r#"{"outcome": "completed", "operator": "ann", "response": [201, {}, "ok"]}"#,
+    ] {
+        let refused = admin.post(&format!("/admin/keys/{id}/resolve"), body).await;
+        refused.assert_problem(400, "invalid-resolution");
+        assert_eq!(admin.show(&id).await["state"], "unknown", "{body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settled_and_missing_operations_are_not_resolvable() {
     let (gw, admin) = gateway("").await;
     assert_fresh_created(&write(gw.addr(), "/orders", Some("set-1"), ORDER).await);
@@ -860,6 +904,37 @@ async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() 
         admin.get_json("/admin/stats").await["paused_routes"],
         json!([])
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_body_other_than_a_reason_is_refused() {
+    let (_gw, admin) = gateway("").await;
+    // A misspelt member or a reason that is not text would otherwise be
+    // dropped without a word, and the route paused for no stated reason.
+    for body in [
+        r#"{"": []}"#,
+        r#"{"reson": "typo"}"#,
+        r#"{"reason": 5}"#,
+        r#"["maintenance"]"#,
+        r#""maintenance""#,
+    ] {
+        let refused = admin.post("/admin/routes/api/pause", body).await;
+        refused.assert_problem(400, "invalid-request");
+        assert_eq!(
+            admin.get_json("/admin/stats").await["paused_routes"],
+            json!([]),
+            "{body} paused the route"
+        );
+    }
+    for (body, reason) in [
+        (r#"{"reason": null}"#, "paused by an operator"),
+        (r#"{}"#, "paused by an operator"),
+        (r#"{"reason": "maintenance"}"#, "maintenance"),
+    ] {
+        let paused = admin.post("/admin/routes/api/pause", body).await;
+        assert_eq!(paused.status, 200, "{body}");
+        assert_eq!(paused.json()["reason"], reason, "{body}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

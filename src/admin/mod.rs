@@ -305,6 +305,16 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<ProxyB
     response
 }
 
+/// A request body that must be a JSON object, as `T`. serde's derived
+/// structs also read their members in order from an array
+/// (`["completed", "ann"]`), which no client means.
+pub(crate) fn json_object<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<T, serde_json::Error> {
+    let members: serde_json::Map<String, Value> = serde_json::from_slice(body)?;
+    serde_json::from_value(Value::Object(members))
+}
+
 /// `GET /admin/stats`.
 async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
     let stats = admin.store.stats().await?;
@@ -346,6 +356,15 @@ async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
     ))
 }
 
+/// What a pause or resume may carry besides nothing. Anything else is
+/// refused: a misspelt member would otherwise pause a route for no stated
+/// reason without a word.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    reason: Option<String>,
+}
+
 /// `POST /admin/routes/{name}/pause|resume`, with an optional
 /// `{"reason": "…"}` for a pause.
 async fn pause(
@@ -357,12 +376,9 @@ async fn pause(
     let reason = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        let value: Value = serde_json::from_slice(body)
-            .map_err(|e| AdminError::BadRequest(format!("the body is not JSON: {e}")))?;
-        value
-            .get("reason")
-            .and_then(Value::as_str)
-            .map(str::to_string)
+        json_object::<PauseBody>(body)
+            .map_err(|e| AdminError::BadRequest(format!("the body is not {{\"reason\": …}}: {e}")))?
+            .reason
     };
     let reason =
         (action == "pause").then(|| reason.unwrap_or_else(|| "paused by an operator".into()));
@@ -461,5 +477,41 @@ mod tests {
         ] {
             assert!(paths.contains_key(path), "{path}");
         }
+    }
+
+    #[test]
+    fn every_link_in_the_openapi_document_names_an_operation_and_its_parameters() {
+        let doc: Value = serde_json::from_str(OPENAPI).unwrap();
+        let operations: Vec<&Value> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .values()
+            .flat_map(|item| item.as_object().unwrap().values())
+            .collect();
+        let by_id = |id: &str| {
+            operations
+                .iter()
+                .find(|op| op["operationId"] == id)
+                .unwrap_or_else(|| panic!("no operation {id}"))
+        };
+        let mut links = 0;
+        for operation in &operations {
+            for response in operation["responses"].as_object().unwrap().values() {
+                let Some(named) = response.get("links").and_then(Value::as_object) else {
+                    continue;
+                };
+                for (name, link) in named {
+                    let target = by_id(link["operationId"].as_str().unwrap());
+                    for parameter in link["parameters"].as_object().unwrap().keys() {
+                        let declared = target["parameters"]
+                            .as_array()
+                            .is_some_and(|ps| ps.iter().any(|p| p["name"] == parameter.as_str()));
+                        assert!(declared, "link {name}: no parameter {parameter}");
+                    }
+                    links += 1;
+                }
+            }
+        }
+        assert!(links >= 4, "only {links} links");
     }
 }
