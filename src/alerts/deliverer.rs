@@ -11,6 +11,7 @@
 //! arrive at least once.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
@@ -33,6 +34,9 @@ const BATCH: u32 = 32;
 /// Retry backoff: full jitter over `BASE * 2^attempts`, capped.
 const BACKOFF_BASE: Duration = Duration::from_secs(1);
 const BACKOFF_CAP: Duration = Duration::from_secs(600);
+/// How often operations are checked against `unknown-aged` thresholds: a
+/// pass over every `unknown` operation, so rarer than the polls.
+const AGING: Duration = Duration::from_secs(30);
 /// Finished alerts are kept this long past the longest `give_up_after`.
 const KEEP: Duration = Duration::from_secs(3600);
 
@@ -44,6 +48,8 @@ pub struct Deliverer {
     metrics: Arc<Metrics>,
     /// The console's base URL, for the alerts' links.
     console: String,
+    /// When the last aging pass ran (ms, the gateway's clock).
+    aged_at: std::sync::atomic::AtomicI64,
 }
 
 impl Deliverer {
@@ -62,6 +68,7 @@ impl Deliverer {
             clock,
             metrics,
             console,
+            aged_at: std::sync::atomic::AtomicI64::new(i64::MIN),
         }
     }
 
@@ -95,12 +102,18 @@ impl Deliverer {
             .max()
             .unwrap_or_default()
             + KEEP;
+        let aged_at = self.aged_at.load(Ordering::Relaxed);
+        let aging = now.saturating_sub(aged_at) >= clock::millis(AGING);
+        if aging {
+            self.aged_at.store(now, Ordering::Relaxed);
+        }
         let poll = AlertPoll {
             subscriptions: self
                 .endpoints
                 .iter()
                 .flat_map(Endpoint::subscriptions)
                 .collect(),
+            aging,
             now,
             lease_until: now + clock::millis(LEASE),
             limit: BATCH,

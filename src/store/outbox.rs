@@ -72,6 +72,9 @@ impl AlertOutcome {
 #[derive(Debug, Clone)]
 pub struct AlertPoll {
     pub subscriptions: Vec<AlertSubscription>,
+    /// Whether to look for operations newly past an `unknown-aged`
+    /// threshold (a pass over the `unknown` ones, so not on every poll).
+    pub aging: bool,
     /// ms: now, for aging and what is due.
     pub now: i64,
     /// Taken deliveries are not due again before this (ms), unless settled.

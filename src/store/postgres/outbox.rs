@@ -22,7 +22,7 @@ pub async fn take_alerts(
     let mut thresholds: Vec<i64> = poll
         .subscriptions
         .iter()
-        .filter(|s| s.event == "unknown-aged")
+        .filter(|s| poll.aging && s.event == "unknown-aged")
         .map(|s| s.aged_after)
         .collect();
     thresholds.sort_unstable();

@@ -16,7 +16,7 @@ pub fn take_alerts(conn: &Connection, poll: &AlertPoll) -> Result<Vec<AlertDeliv
     let mut thresholds: Vec<i64> = poll
         .subscriptions
         .iter()
-        .filter(|s| s.event == "unknown-aged")
+        .filter(|s| poll.aging && s.event == "unknown-aged")
         .map(|s| s.aged_after)
         .collect();
     thresholds.sort_unstable();
