@@ -4,7 +4,9 @@
 //!
 //! Invariants: the comparison takes the same time wherever the first wrong
 //! byte is (`subtle`); with no token configured (the variable unset or
-//! empty) every `/admin/*` call is 401; a configured token is one some
+//! empty) every `/admin/*` call is 401 `admin-token-unset`, which names the
+//! variable to set (never a value: there is none) so an operator at the
+//! console learns what is missing; a configured token is one some
 //! `Authorization` header can carry, so it can match — idemgate refuses to
 //! start with one that has surrounding whitespace, is blank, or holds a
 //! character outside printable ASCII ([`UnusableToken`]), rather than trim
@@ -20,8 +22,9 @@ use subtle::ConstantTimeEq;
 
 use super::AdminError;
 
-/// The configured token, if any. Never logged or shown.
-pub struct AdminToken(Option<Vec<u8>>);
+/// The configured token, if any, and the variable it is read from. Never
+/// logged or shown.
+pub struct AdminToken(Option<Vec<u8>>, String);
 
 impl std::fmt::Debug for AdminToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,7 +95,7 @@ impl AdminToken {
     pub fn from_env(variable: &str) -> Result<Self, UnusableToken> {
         match std::env::var(variable) {
             Ok(token) => Self::new(token, variable),
-            Err(std::env::VarError::NotPresent) => Ok(AdminToken(None)),
+            Err(std::env::VarError::NotPresent) => Ok(AdminToken(None, variable.to_string())),
             Err(std::env::VarError::NotUnicode(_)) => Err(UnusableToken {
                 variable: variable.to_string(),
                 fault: TokenFault::NotPrintable,
@@ -104,10 +107,10 @@ impl AdminToken {
     /// error names); empty means no token.
     pub fn new(token: String, variable: &str) -> Result<Self, UnusableToken> {
         if token.is_empty() {
-            return Ok(AdminToken(None));
+            return Ok(AdminToken(None, variable.to_string()));
         }
         match token_fault(&token) {
-            None => Ok(AdminToken(Some(token.into_bytes()))),
+            None => Ok(AdminToken(Some(token.into_bytes()), variable.to_string())),
             Some(fault) => Err(UnusableToken {
                 variable: variable.to_string(),
                 fault,
@@ -133,7 +136,9 @@ impl AdminToken {
     /// Accepts exactly `Authorization: Bearer <token>`.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), AdminError> {
         let Some(expected) = &self.0 else {
-            return Err(AdminError::Unauthorized);
+            return Err(AdminError::TokenUnset {
+                variable: self.1.clone(),
+            });
         };
         // The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
         let presented = headers
@@ -164,7 +169,7 @@ mod tests {
 
     #[test]
     fn only_the_exact_bearer_token_passes() {
-        let token = AdminToken(Some(b"s3cret".to_vec()));
+        let token = AdminToken(Some(b"s3cret".to_vec()), "V".into());
         assert!(token.check(&with("Bearer s3cret")).is_ok());
         assert!(token.check(&with("Bearer s3cre")).is_err());
         assert!(token.check(&with("Bearer s3cret2")).is_err());
@@ -173,7 +178,10 @@ mod tests {
         assert!(token.check(&with("Bearers3cret")).is_err());
         assert!(token.check(&with("Basic s3cret")).is_err());
         assert!(token.check(&HeaderMap::new()).is_err());
-        assert!(AdminToken(None).check(&with("Bearer ")).is_err());
+        assert!(matches!(
+            AdminToken(None, "V".into()).check(&with("Bearer ")),
+            Err(AdminError::TokenUnset { variable }) if variable == "V"
+        ));
         assert_eq!(format!("{token:?}"), "AdminToken(set)");
     }
 
@@ -181,7 +189,7 @@ mod tests {
     fn an_exposed_listener_needs_a_token() {
         let exposed: SocketAddr = "0.0.0.0:9090".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:9090".parse().unwrap();
-        let err = AdminToken(None)
+        let err = AdminToken(None, "V".into())
             .check_exposure(exposed, "IDEMGATE_ADMIN_TOKEN")
             .unwrap_err();
         let text = err.to_string();
@@ -189,9 +197,13 @@ mod tests {
             text.contains("admin_listen") && text.contains("IDEMGATE_ADMIN_TOKEN"),
             "{text}"
         );
-        assert!(AdminToken(None).check_exposure(local, "X").is_ok());
         assert!(
-            AdminToken(Some(b"t".to_vec()))
+            AdminToken(None, "V".into())
+                .check_exposure(local, "X")
+                .is_ok()
+        );
+        assert!(
+            AdminToken(Some(b"t".to_vec()), "V".into())
                 .check_exposure(exposed, "X")
                 .is_ok()
         );

@@ -62,6 +62,10 @@ pub struct Admin {
 pub enum AdminError {
     #[error("a valid `Authorization: Bearer <token>` is required")]
     Unauthorized,
+    #[error(
+        "no admin token is configured: set the environment variable {variable} (named by `server.admin_token_env`) to a secret and restart idemgate"
+    )]
+    TokenUnset { variable: String },
     #[error("no such {0}")]
     NotFound(&'static str),
     #[error("no route named `{0}`")]
@@ -89,6 +93,11 @@ impl AdminError {
     pub fn problem(&self) -> Problem {
         let (status, name, title) = match self {
             AdminError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            AdminError::TokenUnset { .. } => (
+                StatusCode::UNAUTHORIZED,
+                "admin-token-unset",
+                "No admin token configured",
+            ),
             AdminError::NotFound(_) => (
                 StatusCode::NOT_FOUND,
                 "unknown-operation",
@@ -135,7 +144,7 @@ impl AdminError {
     fn into_response(self) -> Response<ProxyBody> {
         let mut response = self.problem().into_response();
         match &self {
-            AdminError::Unauthorized => {
+            AdminError::Unauthorized | AdminError::TokenUnset { .. } => {
                 response.headers_mut().insert(
                     http::header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer"),
@@ -334,7 +343,22 @@ async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
     let oldest = stats
         .oldest_unknown_created_at
         .map(|created| (now - created).max(0) as f64 / 1000.0);
-    let paused = admin.store.paused_routes().await?;
+    let pauses = admin.store.pauses().await?;
+    let paused: Vec<&str> = pauses.iter().map(|p| p.route.as_str()).collect();
+    let routes: Vec<Value> = admin
+        .proxy
+        .routes()
+        .map(|route| {
+            let pause = pauses.iter().find(|p| p.route == route.name);
+            json!({
+                "name": route.name,
+                "path_prefix": route.path_prefix,
+                "paused": pause.is_some(),
+                "reason": pause.map(|p| &p.reason),
+                "paused_by": pause.map(|p| if p.by_latch() { "latch" } else { "operator" }),
+            })
+        })
+        .collect();
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -342,6 +366,7 @@ async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
             "by_route": by_route,
             "oldest_unknown_age_seconds": oldest,
             "paused_routes": paused,
+            "routes": routes,
         }),
     ))
 }
@@ -397,6 +422,13 @@ mod tests {
     fn each_admin_error_maps_to_its_status_and_name() {
         let cases = [
             (AdminError::Unauthorized, 401, "unauthorized"),
+            (
+                AdminError::TokenUnset {
+                    variable: "V".into(),
+                },
+                401,
+                "admin-token-unset",
+            ),
             (AdminError::NotFound("operation"), 404, "unknown-operation"),
             (AdminError::NoRoute("x".into()), 404, "no-route"),
             (

@@ -33,7 +33,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
 use super::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded, Resolved,
-    Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
+    RoutePause, Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
@@ -237,6 +237,10 @@ impl Store for SqliteStore {
 
     async fn paused_routes(&self) -> Result<Vec<String>, StoreError> {
         self.writer.run(statements::paused_routes).await
+    }
+
+    async fn pauses(&self) -> Result<Vec<RoutePause>, StoreError> {
+        self.writer.run(statements::pauses).await
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
