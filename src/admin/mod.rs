@@ -2,6 +2,8 @@
 //! operators' tools never share a port with automations.
 //!
 //! Routes (JSON unless said otherwise):
+//! - `GET /`, `GET /console.css`, `GET /console.js` — the operator console
+//!   ([`console`]): static files, no token; the page calls the routes below.
 //! - `GET /healthz` — 200 while the process serves; no token, no payload data.
 //! - `GET /readyz` — 200 when the store answers, 503 `store-unavailable`; no token.
 //! - `GET /metrics` — Prometheus text, every metric `idemgate_*`; no token.
@@ -20,6 +22,7 @@
 //! credentials: scopes are hashes and are not shown at all.
 
 pub mod auth;
+mod console;
 mod keys;
 
 use std::sync::Arc;
@@ -172,6 +175,7 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<P
 /// An admin path, recognised apart from its method so that a wrong method
 /// is answered with the one the path accepts (`Allow`).
 enum Endpoint<'a> {
+    Console(&'static console::Asset),
     Healthz,
     Readyz,
     Metrics,
@@ -187,6 +191,11 @@ enum Endpoint<'a> {
 impl<'a> Endpoint<'a> {
     /// The endpoint that decoded `segments` name, if any.
     fn parse(segments: &[&'a str]) -> Option<Self> {
+        if let [name] = segments
+            && let Some(asset) = console::asset(name)
+        {
+            return Some(Endpoint::Console(asset));
+        }
         Some(match segments {
             ["healthz"] => Endpoint::Healthz,
             ["readyz"] => Endpoint::Readyz,
@@ -250,6 +259,7 @@ async fn route(
         });
     }
     match endpoint {
+        Endpoint::Console(asset) => Ok(console::response(asset)),
         Endpoint::Healthz => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
         Endpoint::Readyz => {
             admin.store.ping().await?;
