@@ -390,6 +390,96 @@ async fn an_operator_settles_a_lost_write_and_the_retry_gets_the_replay() {
     client.close().await.expect("close");
 }
 
+/// The keys of the rows the list shows now.
+async fn listed_keys(client: &Client) -> Vec<String> {
+    let keys = js(
+        client,
+        "return [...document.querySelectorAll('#operations tbody a.key')].map((a) => a.textContent);",
+    )
+    .await;
+    serde_json::from_value(keys).expect("keys")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_work_pages_oldest_first_and_other_states_page_by_cursor() {
+    let Some(driver) = driver() else { return };
+    let (gw, url) = console_gateway().await;
+    for n in 0..23 {
+        lose(&gw, &format!("held-{n:02}")).await;
+    }
+    for n in 0..21 {
+        let done = write(gw.addr(), "/orders", Some(&format!("done-{n:02}")), ORDER).await;
+        assert_eq!(done.status, 201);
+    }
+
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(
+        &client,
+        "#list-summary",
+        "23 held operations, oldest first; showing 1–20",
+    )
+    .await;
+    let first: Vec<String> = (0..20).map(|n| format!("held-{n:02}")).collect();
+    assert_eq!(listed_keys(&client).await, first);
+    click(&client, "#page-next").await;
+    wait_text(&client, "#list-summary", "showing 21–23").await;
+    assert_eq!(
+        listed_keys(&client).await,
+        ["held-20", "held-21", "held-22"]
+    );
+    let next = client.find(Locator::Id("page-next")).await.expect("next");
+    assert_eq!(
+        next.prop("disabled").await.expect("disabled").as_deref(),
+        Some("true")
+    );
+
+    // Another state: the API's order (newest first), page by page through
+    // its cursor, and back.
+    client
+        .find(Locator::Id("filter-state"))
+        .await
+        .expect("state")
+        .select_by_value("completed")
+        .await
+        .expect("select");
+    click(&client, "#filter-form button[type=submit]").await;
+    wait_text(
+        &client,
+        "#list-summary",
+        "Newest first; page 1, 20 operations",
+    )
+    .await;
+    assert_eq!(
+        listed_keys(&client).await.first().map(String::as_str),
+        Some("done-20")
+    );
+    click(&client, "#page-next").await;
+    wait_text(&client, "#list-summary", "page 2, 1 operation.").await;
+    assert_eq!(listed_keys(&client).await, ["done-00"]);
+    click(&client, "#page-previous").await;
+    wait_text(&client, "#list-summary", "page 1, 20 operations").await;
+
+    // Filters by route and key.
+    client
+        .find(Locator::Id("filter-state"))
+        .await
+        .expect("state")
+        .select_by_value("unknown")
+        .await
+        .expect("select");
+    type_into(&client, "#filter-route", "api").await;
+    type_into(&client, "#filter-key", "held-07").await;
+    click(&client, "#filter-form button[type=submit]").await;
+    wait_text(&client, "#list-summary", "1 held operation,").await;
+    assert_eq!(listed_keys(&client).await, ["held-07"]);
+    type_into(&client, "#filter-route", "elsewhere").await;
+    click(&client, "#filter-form button[type=submit]").await;
+    wait_text(&client, "#list-summary", "No held operations").await;
+    client.close().await.expect("close");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_pauses_and_resumes_a_route_and_counts_refresh() {
     let Some(driver) = driver() else { return };

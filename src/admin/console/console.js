@@ -279,7 +279,8 @@
     } else {
       summary = shown.length === 0
         ? "No operations match."
-        : "Newest first; page " + (list.page + 1) + ", " + shown.length + " operations.";
+        : "Newest first; page " + (list.page + 1) + ", " + shown.length + " operation" +
+          (shown.length === 1 ? "" : "s") + ".";
     }
     $("list-summary").textContent = summary;
     $("page-previous").disabled = held() ? list.offset === 0 : list.page === 0;
