@@ -3,7 +3,7 @@
 //!
 //! Routes (JSON unless said otherwise):
 //! - `GET /`, `GET /console.css`, `GET /console.js` — the operator console
-//!   ([`console`]): static files, no token; the page calls the routes below.
+//!   (`console.rs`): static files, no token; the page calls the routes below.
 //! - `GET /healthz` — 200 while the process serves; no token, no payload data.
 //! - `GET /readyz` — 200 when the store answers, 503 `store-unavailable`; no token.
 //! - `GET /metrics` — Prometheus text, every metric `idemgate_*`; no token.
@@ -12,7 +12,8 @@
 //! - `GET /admin/keys/{id}` — one operation with evidence, next action,
 //!   request summary, response status and its event timeline.
 //! - `POST /admin/keys/{id}/resolve` — an operator settles a held operation.
-//! - `GET /admin/stats` — counts by state and route, oldest `unknown` age.
+//! - `GET /admin/stats` — counts by state and route, oldest `unknown` age,
+//!   every route with its pause (reason, by an operator or the latch).
 //! - `POST /admin/routes/{name}/pause`, `POST /admin/routes/{name}/resume`.
 //! - `GET /admin/openapi.json` — the OpenAPI 3.1 description of these routes.
 //!
