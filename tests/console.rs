@@ -14,6 +14,7 @@
 mod common;
 
 use std::net::TcpListener as StdListener;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,7 +26,9 @@ use serde_json::{Value, json};
 
 const ORDER: &str = r#"{"sku":"A-1","qty":2}"#;
 
-/// A running chromedriver, stopped when dropped.
+/// A running chromedriver, stopped when dropped with every browser it
+/// started: it leads a process group of its own, which they join, so a
+/// test that fails before closing its session leaves nothing running.
 struct Driver {
     child: Child,
     url: String,
@@ -33,7 +36,8 @@ struct Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.child.wait();
     }
 }
@@ -68,6 +72,7 @@ fn driver() -> Option<Driver> {
         .port();
     let child = Command::new("chromedriver")
         .arg(format!("--port={port}"))
+        .process_group(0)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -92,6 +97,7 @@ async fn browser(driver: &Driver, width: u32) -> Client {
         "--disable-gpu",
         "--disable-dev-shm-usage",
         "--disable-background-networking",
+        "--disable-crash-reporter",
         "--window-size=1280,900",
     ];
     // A window is at least 500 px wide: narrower pages are emulated, as a
