@@ -14,7 +14,8 @@
 //! - [`http_client`]: the client for the gateway's own calls (not proxied).
 //! - [`clock`]: the time the store keeps (a manual one for tests).
 //! - [`problem`]: every error idemgate answers itself, as RFC 9457 problem+json.
-//! - [`admin`]: the operators' listener; [`metrics`]: Prometheus counters.
+//! - [`admin`]: the operators' listener (the admin API and the operator
+//!   console at `/`); [`metrics`]: Prometheus counters.
 //! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal.
 //! - [`log_sink`]: log lines batched in memory, written by a thread of their own.
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.

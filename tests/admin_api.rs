@@ -230,7 +230,15 @@ async fn without_a_configured_token_every_admin_call_is_401() {
                 headers.push(("authorization", auth));
             }
             let resp = send(gw.admin_addr(), method, &path, &headers, body.clone()).await;
-            assert_unauthorized(&resp, &format!("{method} {path} with {authorization:?}"));
+            // Told apart from a wrong token, naming what to set (the
+            // console shows this).
+            resp.assert_problem(401, "admin-token-unset");
+            assert_eq!(resp.header("www-authenticate"), Some("Bearer"));
+            let detail = resp.json()["detail"].as_str().unwrap_or("").to_owned();
+            assert!(
+                detail.contains(&variable) && detail.contains("server.admin_token_env"),
+                "{method} {path}: {detail}"
+            );
         }
     }
     let health = send(gw.admin_addr(), "GET", "/healthz", &[], Bytes::new()).await;
@@ -886,9 +894,12 @@ async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() 
         &write(gw.addr(), "/orders", Some("p-done"), ORDER).await,
         &done,
     );
+    let stats = admin.get_json("/admin/stats").await;
+    assert_eq!(stats["paused_routes"], json!(["api"]));
     assert_eq!(
-        admin.get_json("/admin/stats").await["paused_routes"],
-        json!(["api"])
+        stats["routes"],
+        json!([{"name": "api", "path_prefix": "/", "paused": true,
+                "reason": "maintenance", "paused_by": "operator"}])
     );
     assert_eq!(gw.upstream.write_requests().len(), 1);
 
@@ -935,6 +946,27 @@ async fn a_pause_body_other_than_a_reason_is_refused() {
         assert_eq!(paused.status, 200, "{body}");
         assert_eq!(paused.json()["reason"], reason, "{body}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_say_which_routes_the_latch_paused() {
+    let (gw, admin) = gateway("pause_after_unknown = 1").await;
+    let route = |stats: &Value| stats["routes"][0].clone();
+    let before = admin.get_json("/admin/stats").await;
+    assert_eq!(
+        route(&before),
+        json!({"name": "api", "path_prefix": "/", "paused": false,
+               "reason": null, "paused_by": null})
+    );
+    let lost = write(gw.addr(), "/drop", Some("latch-1"), ORDER).await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    let after = admin.get_json("/admin/stats").await;
+    assert_eq!(route(&after)["paused"], true, "{after}");
+    assert_eq!(route(&after)["paused_by"], "latch", "{after}");
+    assert_eq!(
+        route(&after)["reason"],
+        "pause_after_unknown: 1 operations unknown"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -103,10 +103,7 @@ async fn an_unknown_operation_is_alerted_until_a_receiver_takes_it() {
     assert!(
         alert["console_url"]
             .as_str()
-            .is_some_and(|u| u.ends_with(&format!(
-                "#/operations/{}",
-                operation["id"].as_str().unwrap()
-            ))),
+            .is_some_and(|u| u.ends_with(&format!("#/op/{}", operation["id"].as_str().unwrap()))),
         "{alert}"
     );
     assert!(alert["at"].as_str().is_some_and(|at| at.ends_with('Z')));

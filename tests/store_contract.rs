@@ -599,6 +599,19 @@ async fn pauses_and_the_latch(bench: Bench) {
     held(store.as_ref(), "u2").await;
     assert!(store.trip_pause_latch("api", 2).await.unwrap());
     assert_eq!(store.paused_routes().await.unwrap(), ["api", "other"]);
+    // Who paused: the latch's reason says so; an operator's is kept as given.
+    let pauses = store.pauses().await.unwrap();
+    let by: Vec<_> = pauses
+        .iter()
+        .map(|p| (p.route.as_str(), p.reason.as_str(), p.by_latch()))
+        .collect();
+    assert_eq!(
+        by,
+        [
+            ("api", "pause_after_unknown: 2 operations unknown", true),
+            ("other", "x", false)
+        ]
+    );
     store.close().await;
 }
 

@@ -124,7 +124,7 @@ impl Endpoint {
 /// The JSON body of an alert. `console` is the operator console's base URL.
 pub fn payload(alert: &Alert, console: &str) -> Bytes {
     let console_url = match &alert.operation_id {
-        Some(id) => format!("{console}#/operations/{id}"),
+        Some(id) => format!("{console}#/op/{id}"),
         None => format!("{console}#/routes"),
     };
     Bytes::from(
@@ -317,7 +317,7 @@ mod tests {
         let body: serde_json::Value =
             serde_json::from_slice(&payload(&alert, "http://a/")).unwrap();
         assert_eq!(body["at"], "1970-01-01T00:00:00.000Z");
-        assert_eq!(body["console_url"], "http://a/#/operations/op-1");
+        assert_eq!(body["console_url"], "http://a/#/op/op-1");
         assert_eq!(body.as_object().unwrap().len(), 8);
     }
 }

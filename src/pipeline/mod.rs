@@ -156,6 +156,11 @@ impl Proxy {
         Ok(true)
     }
 
+    /// The configured routes, in the config file's order.
+    pub fn routes(&self) -> impl Iterator<Item = &Route> {
+        self.routes.iter().map(|active| active.route.as_ref())
+    }
+
     /// Follows the routes the store holds paused (set through a peer
     /// replica, or its latch).
     pub fn follow_pauses(&self, paused: &[String]) {

@@ -207,6 +207,22 @@ pub struct Stats {
     pub oldest_unknown_created_at: Option<i64>,
 }
 
+/// A paused route and the reason stored with its pause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutePause {
+    pub route: String,
+    pub reason: String,
+}
+
+impl RoutePause {
+    /// Whether the `pause_after_unknown` latch set this pause: the latch's
+    /// statement (`trip_pause_latch` in each backend) stores its reason
+    /// with this prefix; an operator's pause stores the reason given.
+    pub fn by_latch(&self) -> bool {
+        self.reason.starts_with("pause_after_unknown: ")
+    }
+}
+
 /// An upstream response as recorded: end-to-end headers with lower-case
 /// names, duplicates and order kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -426,6 +442,9 @@ pub trait Store: Send + Sync {
 
     /// The routes paused now.
     async fn paused_routes(&self) -> Result<Vec<String>, StoreError>;
+
+    /// The routes paused now with their stored reasons, by route name.
+    async fn pauses(&self) -> Result<Vec<RoutePause>, StoreError>;
 
     /// Operations matching `filter`, newest first.
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError>;

@@ -48,8 +48,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
-    NewOperation, Operation, Recorded, Resolved, Settlement, Stats, Store, StoreError, StoredEvent,
-    StoredResponse, Summary,
+    NewOperation, Operation, Recorded, Resolved, RoutePause, Settlement, Stats, Store, StoreError,
+    StoredEvent, StoredResponse, Summary,
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
@@ -344,6 +344,10 @@ impl Store for PostgresStore {
 
     async fn paused_routes(&self) -> Result<Vec<String>, StoreError> {
         statements::paused_routes(&self.pool).await
+    }
+
+    async fn pauses(&self) -> Result<Vec<RoutePause>, StoreError> {
+        statements::pauses(&self.pool).await
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {

@@ -34,8 +34,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
 use super::{
     AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
-    NewOperation, Operation, Recorded, Resolved, Settlement, Stats, Store, StoreError, StoredEvent,
-    StoredResponse, Summary,
+    NewOperation, Operation, Recorded, Resolved, RoutePause, Settlement, Stats, Store, StoreError,
+    StoredEvent, StoredResponse, Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
@@ -239,6 +239,10 @@ impl Store for SqliteStore {
 
     async fn paused_routes(&self) -> Result<Vec<String>, StoreError> {
         self.writer.run(statements::paused_routes).await
+    }
+
+    async fn pauses(&self) -> Result<Vec<RoutePause>, StoreError> {
+        self.writer.run(statements::pauses).await
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
