@@ -22,14 +22,14 @@ use bytes::Bytes;
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Map, Value, json};
 
 use crate::admin::auth::{UnusableToken, token_fault};
 use crate::cli::{Keys, KeysCommand, KeysList, KeysResolve};
+use crate::http_client;
 use crate::pipeline::key::url_component;
 
 /// One admin call, connect to last byte; the admin API answers from the
@@ -265,18 +265,10 @@ impl AdminApi {
                 }
             })?;
         authorization.set_sensitive(true);
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        let https = HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
         Ok(AdminApi {
             base,
             authorization,
-            client: Client::builder(TokioExecutor::new()).build(https),
+            client: http_client::webpki_client(CONNECT_TIMEOUT)?,
         })
     }
 

@@ -189,7 +189,7 @@ pub struct Resolution {
 impl Resolution {
     /// Reads and checks a resolution body; a refusal says why (400).
     pub fn read(body: &[u8]) -> Result<Resolution, AdminError> {
-        let body: ResolutionBody = serde_json::from_slice(body).map_err(|e| {
+        let body: ResolutionBody = super::json_object(body).map_err(|e| {
             AdminError::InvalidResolution(format!("the body is not a resolution: {e}"))
         })?;
         let decision = decision(&body)?;
@@ -218,7 +218,36 @@ struct ResolutionBody {
     operator: String,
     note: Option<String>,
     reference: Option<String>,
+    #[serde(default, deserialize_with = "object_or_null")]
     response: Option<ResolutionResponse>,
+}
+
+/// The `response` of a resolution: an object or `null`, never the
+/// members in order as an array (see [`super::json_object`]).
+fn object_or_null<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<ResolutionResponse>, D::Error> {
+    struct ObjectOrNull;
+    impl<'de> serde::de::Visitor<'de> for ObjectOrNull {
+        type Value = Option<ResolutionResponse>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object or null")
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            super::object(d).map(Some)
+        }
+    }
+    deserializer.deserialize_option(ObjectOrNull)
 }
 
 #[derive(Debug, Deserialize)]
@@ -310,13 +339,17 @@ pub async fn resolve(
 
 fn decision(resolution: &ResolutionBody) -> Result<Decision, AdminError> {
     let invalid = |reason: &str| AdminError::InvalidResolution(reason.to_string());
-    let operator = resolution.operator.trim();
-    if operator.is_empty() || operator.len() > 200 {
-        return Err(invalid("`operator` names who decided: 1 to 200 characters"));
+    // Lengths in characters, as the OpenAPI document's maxLength counts
+    // them, not in UTF-8 bytes.
+    let longer =
+        |text: &Option<String>, max: usize| text.as_ref().is_some_and(|t| t.chars().count() > max);
+    let operator = &resolution.operator;
+    if operator.trim().is_empty() || operator.chars().count() > 200 {
+        return Err(invalid(
+            "`operator` names who decided: 1 to 200 characters, not all white space",
+        ));
     }
-    if resolution.note.as_ref().is_some_and(|n| n.len() > 4000)
-        || resolution.reference.as_ref().is_some_and(|r| r.len() > 400)
-    {
+    if longer(&resolution.note, 4000) || longer(&resolution.reference, 400) {
         return Err(invalid(
             "`note` is at most 4000 characters, `reference` at most 400",
         ));

@@ -47,7 +47,8 @@
 //! - [`raw_exchange`]: raw TCP, for malformed or hand-framed requests;
 //!   [`half_closed_exchange`] shuts the write side once the request is sent.
 //! - [`run_to_exit_within`]: a process (the CLI, a client script) run to
-//!   its end, killed past a bound.
+//!   its end, killed past a bound; [`installed_or_skip`]: a tool installed
+//!   outside cargo is there, or its test skips (fails under CI).
 //! - [`scrape_metrics`] / [`metric`]: the admin listener's counters.
 //! - [`TestGateway::operation`]: an operation as the admin API shows it
 //!   (state, attempts, evidence, timeline), for gateways set up with
@@ -97,6 +98,7 @@ mod config;
 mod gateway;
 mod postgres;
 mod raw;
+mod tools;
 mod upstream;
 
 // Each test binary uses a different subset of the harness.
@@ -114,5 +116,7 @@ pub use gateway::*;
 pub use postgres::*;
 #[allow(unused_imports)]
 pub use raw::*;
+#[allow(unused_imports)]
+pub use tools::*;
 #[allow(unused_imports)]
 pub use upstream::*;
