@@ -504,6 +504,20 @@ mod tests {
     }
 
     #[test]
+    fn resolutions_are_objects_read_as_written() {
+        // Objects only, the body and its response: never members by position.
+        for text in [
+            r#"["completed", "ann"]"#,
+            r#"{"outcome":"completed","operator":"ann","response":[201]}"#,
+            r#"{"outcome":"completed","operator":"ann"} x"#,
+        ] {
+            assert!(Resolution::read(text.as_bytes()).is_err(), "{text}");
+        }
+        let text = r#" {"outcome":"not_attempted","operator":"ann","response":null} "#;
+        assert!(matches!(resolution(text), Ok(Decision::NotAttempted)));
+    }
+
+    #[test]
     fn bad_resolutions_are_refused() {
         for text in [
             r#"{"outcome":"maybe","operator":"ann"}"#,
