@@ -13,7 +13,8 @@
 //! - [`clock`]: the time the store keeps (a manual one for tests).
 //! - [`problem`]: every error idemgate answers itself, as RFC 9457 problem+json.
 //! - [`admin`]: the operators' listener; [`metrics`]: Prometheus counters.
-//! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal.
+//! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal;
+//!   [`rekey`]: `idemgate rekey`, stored payloads sealed again under the current key.
 //! - [`log_sink`]: log lines batched in memory, written by a thread of their own.
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
@@ -53,6 +54,7 @@ pub mod mock_upstream;
 pub mod pipeline;
 pub mod problem;
 pub mod reconcile;
+pub mod rekey;
 pub mod replicas;
 pub mod retention;
 pub mod server;

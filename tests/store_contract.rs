@@ -25,7 +25,7 @@ use idemgate::config::Durability;
 use idemgate::pipeline::fingerprint::Fingerprint;
 use idemgate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, PostgresStore, Recorded,
-    RequestSummary, Resolved, Settlement, SqliteStore, State, Store, StoredResponse,
+    RequestSummary, Resolved, Seal, Settlement, SqliteStore, State, Store, StoredResponse,
 };
 use tempfile::TempDir;
 
@@ -67,9 +67,15 @@ impl Bench {
         let owner = owner.to_string();
         match &self.place {
             Place::Sqlite(dir) => Arc::new(
-                SqliteStore::open(&dir.path().join("s.db"), Durability::Normal, owner, clock)
-                    .await
-                    .expect("open sqlite"),
+                SqliteStore::open(
+                    &dir.path().join("s.db"),
+                    Durability::Normal,
+                    owner,
+                    clock,
+                    Seal::plain(),
+                )
+                .await
+                .expect("open sqlite"),
             ),
             Place::Postgres(schema) => Arc::new(
                 PostgresStore::open(
@@ -78,6 +84,7 @@ impl Bench {
                     Duration::from_secs(10),
                     owner,
                     clock,
+                    Seal::plain(),
                 )
                 .await
                 .expect("open postgres"),

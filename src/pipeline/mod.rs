@@ -422,11 +422,7 @@ impl Proxy {
                 // Whatever settled it meanwhile (this probe, the one that
                 // was running, a late response, an operator), the answer
                 // comes from the operation the store holds now.
-                let current = self
-                    .store
-                    .current(&new)
-                    .await
-                    .map_err(|source| ProxyError::StoreUnavailable { source })?;
+                let current = self.store.current(&new).await.map_err(ProxyError::store)?;
                 return replay::answer_existing(
                     current.as_ref().unwrap_or(&operation),
                     &new.fingerprint,

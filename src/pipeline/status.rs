@@ -59,7 +59,7 @@ pub async fn lookup<B>(
     let found = store
         .find_newest(&scopes, key.as_str())
         .await
-        .map_err(|source| ProxyError::StoreUnavailable { source })?
+        .map_err(ProxyError::store)?
         .ok_or(ProxyError::UnknownOperation)?;
     let body = json!({
         "operation_id": found.id,

@@ -8,12 +8,18 @@
 //! backends.
 
 mod postgres;
+pub mod seal;
 mod sqlite;
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use crate::clock::Clock;
+use crate::config::{StoreConfig, StoreUrl};
 use crate::pipeline::fingerprint::Fingerprint;
 pub use postgres::PostgresStore;
+pub use seal::{Seal, SealError, StoreKey};
 pub use sqlite::SqliteStore;
 
 /// Where an operation stands, and so what a request with its key gets.
@@ -315,6 +321,17 @@ pub struct Event {
     pub detail: serde_json::Value,
 }
 
+/// What one [`Store::rekey`] batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RekeyBatch {
+    /// The last operation id looked at; `None` when none was left.
+    pub last: Option<String>,
+    /// Operations looked at.
+    pub operations: u64,
+    /// Operations whose payloads were sealed again.
+    pub resealed: u64,
+}
+
 /// Whether [`Store::record`] won its compare-and-set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recorded {
@@ -341,6 +358,18 @@ pub enum StoreError {
     Closed,
     #[error("the store holds a value it cannot read: {0}")]
     Corrupt(String),
+    #[error(transparent)]
+    Seal(#[from] SealError),
+}
+
+impl StoreError {
+    /// Whether the store answered but holds a value that must not be
+    /// used: a sealed payload that does not open (a request gets 500
+    /// `store-unreadable`, never the bytes), as opposed to a store that
+    /// did not answer (503, worth a retry).
+    pub fn is_unreadable(&self) -> bool {
+        matches!(self, StoreError::Seal(SealError::Unreadable { .. }))
+    }
 }
 
 /// The operations store. Implementations commit durably before returning.
@@ -442,6 +471,15 @@ pub trait Store: Send + Sync {
     /// updated before `cutoff` (ms), with their events; `unknown` ones stay.
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError>;
 
+    /// `idemgate rekey`: seals again, under the current key, the payloads
+    /// of up to `limit` operations after `after` (by id; `""` from the
+    /// start) that are plain or sealed under another key.
+    async fn rekey(&self, after: &str, limit: u32) -> Result<RekeyBatch, StoreError>;
+
+    /// After a whole [`Store::rekey`] pass: the canary is sealed under the
+    /// current key, so only that key is needed from now on.
+    async fn finish_rekey(&self) -> Result<(), StoreError>;
+
     /// Whether the store answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 
@@ -449,6 +487,23 @@ pub trait Store: Send + Sync {
     /// (`gateway-stopped`), closes connections and releases the store for
     /// another process.
     async fn close(&self);
+}
+
+/// Opens the store `config` names as `owner`, with `seal`'s keys.
+pub async fn open(
+    config: &StoreConfig,
+    owner: String,
+    clock: Arc<dyn Clock>,
+    seal: Seal,
+) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(match &config.url {
+        StoreUrl::Sqlite(path) => {
+            Arc::new(SqliteStore::open(path, config.durability, owner, clock, seal).await?)
+        }
+        StoreUrl::Postgres(url) => Arc::new(
+            PostgresStore::open(url, config.durability, config.lease, owner, clock, seal).await?,
+        ),
+    })
 }
 
 /// The columns each backend's `operation_from_row` reads.

@@ -70,6 +70,8 @@ pub struct Setup {
     pub clock: Option<Arc<dyn Clock>>,
     /// The admin token, handed over through `StartOptions`; none when `None`.
     pub admin_token: Option<String>,
+    /// Environment variables (store keys) handed over through `StartOptions`.
+    pub env: HashMap<String, String>,
 }
 
 impl Setup {
@@ -84,6 +86,7 @@ impl Setup {
             upstream_url: None,
             clock: None,
             admin_token: None,
+            env: HashMap::new(),
         }
     }
 
@@ -115,6 +118,12 @@ impl Setup {
 
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Setup {
         self.clock = Some(clock);
+        self
+    }
+
+    /// The variable `name` set to `value` for the gateway (not the process).
+    pub fn env(mut self, name: &str, value: &str) -> Setup {
+        self.env.insert(name.into(), value.into());
         self
     }
 

@@ -43,6 +43,37 @@ impl PgSchema {
     }
 }
 
+impl PgSchema {
+    /// Every row of every table in this schema as text, by table (a
+    /// `bytea` column reads as hex): what a copy of the store holds.
+    pub async fn dump(&self) -> Vec<(String, Vec<u8>)> {
+        let mut conn = sqlx::PgConnection::connect(&postgres_url())
+            .await
+            .expect("connect");
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1",
+        )
+        .bind(&self.name)
+        .fetch_all(&mut conn)
+        .await
+        .expect("tables");
+        assert!(tables.iter().any(|t| t == "operations"), "{tables:?}");
+        let mut stored = Vec::new();
+        for table in tables {
+            let rows: Option<String> = sqlx::query_scalar(&format!(
+                "SELECT string_agg(t::text, E'\\n') FROM {}.{table} t",
+                self.name
+            ))
+            .fetch_one(&mut conn)
+            .await
+            .expect("rows");
+            stored.push((table, rows.unwrap_or_default().into_bytes()));
+        }
+        let _ = conn.close().await;
+        stored
+    }
+}
+
 fn skip(server: &str, reason: &str) -> Option<PgSchema> {
     assert!(
         std::env::var_os("CI").is_none(),

@@ -45,9 +45,10 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
+use super::seal::{CANARY_ROW, Canary, Seal};
 use super::{
-    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded, Resolved,
-    Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
+    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded, RekeyBatch,
+    Resolved, Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
@@ -64,8 +65,9 @@ const ACQUIRE_TIMEOUT: Duration = QUEUE_TIMEOUT;
 
 pub struct PostgresStore {
     pool: PgPool,
-    /// The requests' claims, one statement per batch ([`batch`]).
-    claims: Batcher<ClaimCall, ClaimResult>,
+    /// The requests' claims, one statement per batch ([`batch`]); a
+    /// claim whose operation does not open fails alone.
+    claims: Batcher<ClaimCall, Result<ClaimResult, StoreError>>,
     /// The requests' records, likewise.
     records: Batcher<RecordCall, Recorded>,
     /// This replica's instance id, written as `owner` on every claim.
@@ -74,6 +76,8 @@ pub struct PostgresStore {
     clock: Arc<dyn Clock>,
     /// Stops the lease renewal at close.
     renewal: CancellationToken,
+    /// Seals payloads on the way in, opens them on the way out.
+    seal: Seal,
 }
 
 /// This replica's lease as this process sees it, on its monotonic clock.
@@ -135,14 +139,16 @@ impl PostgresStore {
         migrated
     }
 
-    /// Connects, migrates, registers this replica (`owner`) with a lease of
-    /// `lease` and keeps renewing it until [`Store::close`].
+    /// Connects, migrates, checks that `seal`'s keys fit the store,
+    /// registers this replica (`owner`) with a lease of `lease` and keeps
+    /// renewing it until [`Store::close`].
     pub async fn open(
         url: &str,
         durability: Durability,
         lease: Duration,
         owner: String,
         clock: Arc<dyn Clock>,
+        seal: Seal,
     ) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(POOL)
@@ -154,6 +160,10 @@ impl PostgresStore {
                 reason: e.to_string(),
             })?;
         run_migrations(&pool, url).await?;
+        if let Err(error) = check_keys(&pool, &seal).await {
+            pool.close().await;
+            return Err(error);
+        }
         let lease = Arc::new(Lease {
             length: lease,
             base: Instant::now(),
@@ -171,17 +181,17 @@ impl PostgresStore {
             renewal.clone(),
         ));
         let claims = Batcher::start(BATCH_TIMEOUT, {
-            let (pool, owner) = (pool.clone(), owner.clone());
+            let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
             move |calls: Vec<ClaimCall>| {
-                let (pool, owner) = (pool.clone(), owner.clone());
-                async move { statements::claim(&pool, &owner, &calls).await }
+                let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
+                async move { statements::claim(&pool, &seal, &owner, &calls).await }
             }
         });
         let records = Batcher::start(BATCH_TIMEOUT, {
-            let (pool, owner) = (pool.clone(), owner.clone());
+            let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
             move |calls: Vec<RecordCall>| {
-                let (pool, owner) = (pool.clone(), owner.clone());
-                async move { statements::record(&pool, &owner, &calls).await }
+                let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
+                async move { statements::record(&pool, &seal, &owner, &calls).await }
             }
         });
         Ok(PostgresStore {
@@ -192,8 +202,24 @@ impl PostgresStore {
             lease,
             clock,
             renewal,
+            seal,
         })
     }
+}
+
+/// Refuses keys that do not fit the store's canary; marks a store sealed
+/// from now on with one (the first of replicas starting together wins,
+/// and the others are checked against its canary).
+async fn check_keys(pool: &PgPool, seal: &Seal) -> Result<(), StoreError> {
+    let stored = statements::meta(pool, CANARY_ROW).await?;
+    if seal.check_canary(stored.as_deref())? == Canary::Missing
+        && let Some(canary) = seal.canary()
+    {
+        statements::set_meta(pool, CANARY_ROW, &canary, false).await?;
+        let stored = statements::meta(pool, CANARY_ROW).await?;
+        seal.check_canary(stored.as_deref())?;
+    }
+    Ok(())
 }
 
 /// Renews the lease every third of its length until `stop`. A renewal
@@ -255,7 +281,7 @@ impl Store for PostgresStore {
             now,
             new: new.clone(),
         };
-        self.claims.call(call).await
+        self.claims.call(call).await?
     }
 
     async fn record(
@@ -274,7 +300,7 @@ impl Store for PostgresStore {
     }
 
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
-        Ok(statements::find(&self.pool, new)
+        Ok(statements::find(&self.pool, &self.seal, new)
             .await?
             .filter(|op| !new.outdates(op)))
     }
@@ -316,6 +342,7 @@ impl Store for PostgresStore {
         let now = self.clock.now_millis();
         statements::settle_held(
             &self.pool,
+            &self.seal,
             now,
             operation_id,
             attempt,
@@ -340,7 +367,7 @@ impl Store for PostgresStore {
     }
 
     async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
-        statements::get(&self.pool, id).await
+        statements::get(&self.pool, &self.seal, id).await
     }
 
     async fn find_newest(
@@ -358,7 +385,7 @@ impl Store for PostgresStore {
         event: &Event,
     ) -> Result<Resolved, StoreError> {
         let now = self.clock.now_millis();
-        statements::resolve(&self.pool, now, id, decision, event).await
+        statements::resolve(&self.pool, &self.seal, now, id, decision, event).await
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
@@ -372,6 +399,17 @@ impl Store for PostgresStore {
 
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
         statements::sweep(&self.pool, cutoff, limit).await
+    }
+
+    async fn rekey(&self, after: &str, limit: u32) -> Result<RekeyBatch, StoreError> {
+        statements::rekey(&self.pool, &self.seal, after, limit).await
+    }
+
+    async fn finish_rekey(&self) -> Result<(), StoreError> {
+        match self.seal.canary() {
+            Some(canary) => statements::set_meta(&self.pool, CANARY_ROW, &canary, true).await,
+            None => Ok(()),
+        }
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
