@@ -83,6 +83,12 @@ pub struct StoreConfig {
     /// The variable holding the key payloads were sealed with before a
     /// rotation: read only, until `idemgate rekey` has sealed them again.
     pub previous_key_env: Option<String>,
+    /// The variable holding the scope key (32 bytes, base64); before
+    /// `scope_key_file`.
+    pub scope_key_env: Option<String>,
+    /// The file holding the scope key; SQLite's default is
+    /// `<store file>.scope-key`, created at first start.
+    pub scope_key_file: Option<PathBuf>,
 }
 
 /// Where operations are kept.
@@ -345,6 +351,8 @@ struct RawStore {
     retention: Option<String>,
     encryption_key_env: Option<String>,
     previous_key_env: Option<String>,
+    scope_key_env: Option<String>,
+    scope_key_file: Option<String>,
     lease: Option<String>,
 }
 
@@ -649,6 +657,16 @@ impl Validator<'_> {
                 "only with store.encryption_key_env, the key that seals from now on",
             ));
         }
+        let scope_key_env = variable("store.scope_key_env", raw.scope_key_env)?;
+        if scope_key_env.is_some() && raw.scope_key_file.is_some() {
+            return Err(self.invalid(
+                "store.scope_key_file",
+                "give store.scope_key_env or store.scope_key_file, not both",
+            ));
+        }
+        if raw.scope_key_file.as_deref() == Some("") {
+            return Err(self.invalid("store.scope_key_file", "names no file"));
+        }
         if previous_key_env.is_some() && previous_key_env == encryption_key_env {
             return Err(self.invalid(
                 "store.previous_key_env",
@@ -684,6 +702,8 @@ impl Validator<'_> {
             lease,
             encryption_key_env,
             previous_key_env,
+            scope_key_env,
+            scope_key_file: raw.scope_key_file.map(PathBuf::from),
         })
     }
 

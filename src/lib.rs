@@ -11,6 +11,7 @@
 //! - [`retention`]: the background sweep of expired operations.
 //! - [`reconcile`]: probes that may prove an `unknown` operation happened.
 //! - [`clock`]: the time the store keeps (a manual one for tests).
+//! - [`scope_key`]: the secret scopes are keyed with before they are stored.
 //! - [`problem`]: every error idemgate answers itself, as RFC 9457 problem+json.
 //! - [`admin`]: the operators' listener; [`metrics`]: Prometheus counters.
 //! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal;
@@ -57,5 +58,6 @@ pub mod reconcile;
 pub mod rekey;
 pub mod replicas;
 pub mod retention;
+pub mod scope_key;
 pub mod server;
 pub mod store;

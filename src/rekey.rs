@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use crate::clock::SystemClock;
 use crate::config::Config;
-use crate::store::{self, Seal, SealError, StoreError};
+use crate::scope_key::{ScopeKey, ScopeKeyError};
+use crate::store::{self, Seal, SealError, StoreError, StoreKeys};
 
 /// Operations read and sealed again per store call.
 const BATCH: u32 = 500;
@@ -24,6 +25,8 @@ pub enum RekeyError {
     NoKey,
     #[error(transparent)]
     Keys(#[from] SealError),
+    #[error(transparent)]
+    ScopeKey(#[from] ScopeKeyError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -47,8 +50,12 @@ pub async fn run(
     if !seal.is_sealing() {
         return Err(RekeyError::NoKey);
     }
+    let keys = StoreKeys {
+        seal,
+        scope: ScopeKey::load(&config.store, lookup)?,
+    };
     let owner = format!("rekey-{}", uuid::Uuid::now_v7());
-    let store = store::open(&config.store, owner, Arc::new(SystemClock), seal).await?;
+    let store = store::open(&config.store, owner, Arc::new(SystemClock), keys).await?;
     let result = pass(store.as_ref()).await;
     store.close().await;
     result

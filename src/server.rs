@@ -35,7 +35,8 @@ use crate::config::{Config, ServerConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
 use crate::problem::ProxyError;
-use crate::store::{Seal, SealError, Store, StoreError};
+use crate::scope_key::{ScopeKey, ScopeKeyError};
+use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
 use crate::{replicas, retention};
 
 /// Why the gateway did not start.
@@ -45,6 +46,8 @@ pub enum StartError {
     Store(#[from] StoreError),
     #[error(transparent)]
     StoreKeys(#[from] SealError),
+    #[error(transparent)]
+    ScopeKey(#[from] ScopeKeyError),
     #[error("cannot listen on {addr} ({field}): {error}")]
     Bind {
         field: &'static str,
@@ -120,10 +123,15 @@ impl Gateway {
     /// [`Gateway::start`] with [`StartOptions`].
     pub async fn start_with(config: Config, options: StartOptions) -> Result<Gateway, StartError> {
         let clock = options.clock.clone();
-        let seal = Seal::from_config(&config.store, &|name| options.var(name))?;
+        let lookup = |name: &str| options.var(name);
+        let keys = StoreKeys {
+            seal: Seal::from_config(&config.store, &lookup)?,
+            scope: ScopeKey::load(&config.store, &lookup)?,
+        };
         let owner = uuid::Uuid::now_v7().to_string();
-        let store = crate::store::open(&config.store, owner, clock.clone(), seal).await?;
-        match Self::serve(config, store.clone(), options).await {
+        let scope_key = keys.scope.clone();
+        let store = crate::store::open(&config.store, owner, clock.clone(), keys).await?;
+        match Self::serve(config, store.clone(), scope_key, options).await {
             Ok(gateway) => Ok(gateway),
             Err(error) => {
                 store.close().await;
@@ -135,6 +143,7 @@ impl Gateway {
     async fn serve(
         config: Config,
         store: Arc<dyn Store>,
+        scope_key: ScopeKey,
         options: StartOptions,
     ) -> Result<Gateway, StartError> {
         let clock = options.clock;
@@ -180,6 +189,7 @@ impl Gateway {
         let proxy = Arc::new(Proxy::new(
             &config,
             store.clone(),
+            scope_key,
             clock.clone(),
             &paused,
             metrics.clone(),

@@ -20,7 +20,7 @@ use idemgate::config::Durability;
 use idemgate::pipeline::fingerprint::Fingerprint;
 use idemgate::store::{
     ClaimResult, Decision, Event, NewOperation, PostgresStore, Recorded, RequestSummary, Resolved,
-    Seal, Settlement, State, Store, StoreError,
+    Settlement, State, Store, StoreError,
 };
 use sqlx::Connection;
 
@@ -38,7 +38,7 @@ async fn replica_at(url: String, owner: String) -> PostgresStore {
         LEASE,
         owner.clone(),
         clock,
-        Seal::plain(),
+        test_store_keys(),
     )
     .await
     .unwrap_or_else(|e| panic!("open {owner}: {e}"))

@@ -25,7 +25,7 @@ use idemgate::config::Durability;
 use idemgate::pipeline::fingerprint::Fingerprint;
 use idemgate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, PostgresStore, Recorded,
-    RequestSummary, Resolved, Seal, Settlement, SqliteStore, State, Store, StoredResponse,
+    RequestSummary, Resolved, Settlement, SqliteStore, State, Store, StoredResponse,
 };
 use tempfile::TempDir;
 
@@ -72,7 +72,7 @@ impl Bench {
                     Durability::Normal,
                     owner,
                     clock,
-                    Seal::plain(),
+                    test_store_keys(),
                 )
                 .await
                 .expect("open sqlite"),
@@ -84,7 +84,7 @@ impl Bench {
                     Duration::from_secs(10),
                     owner,
                     clock,
-                    Seal::plain(),
+                    test_store_keys(),
                 )
                 .await
                 .expect("open postgres"),

@@ -18,6 +18,7 @@ use async_trait::async_trait;
 use crate::clock::Clock;
 use crate::config::{StoreConfig, StoreUrl};
 use crate::pipeline::fingerprint::Fingerprint;
+use crate::scope_key::{ScopeKey, ScopeKeyError};
 pub use postgres::PostgresStore;
 pub use seal::{Seal, SealError, StoreKey};
 pub use sqlite::SqliteStore;
@@ -360,6 +361,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error(transparent)]
     Seal(#[from] SealError),
+    #[error(transparent)]
+    ScopeKey(#[from] ScopeKeyError),
 }
 
 impl StoreError {
@@ -489,19 +492,30 @@ pub trait Store: Send + Sync {
     async fn close(&self);
 }
 
-/// Opens the store `config` names as `owner`, with `seal`'s keys.
+/// The secrets a store is opened with, kept outside it.
+#[derive(Clone)]
+pub struct StoreKeys {
+    /// Seals payloads (or passes them through, without a key).
+    pub seal: Seal,
+    /// What scopes are keyed with; at open, a store written before keying
+    /// has its scopes keyed in place, once, and a store keyed with
+    /// another key refuses to open.
+    pub scope: ScopeKey,
+}
+
+/// Opens the store `config` names as `owner`, with `keys`.
 pub async fn open(
     config: &StoreConfig,
     owner: String,
     clock: Arc<dyn Clock>,
-    seal: Seal,
+    keys: StoreKeys,
 ) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match &config.url {
         StoreUrl::Sqlite(path) => {
-            Arc::new(SqliteStore::open(path, config.durability, owner, clock, seal).await?)
+            Arc::new(SqliteStore::open(path, config.durability, owner, clock, keys).await?)
         }
         StoreUrl::Postgres(url) => Arc::new(
-            PostgresStore::open(url, config.durability, config.lease, owner, clock, seal).await?,
+            PostgresStore::open(url, config.durability, config.lease, owner, clock, keys).await?,
         ),
     })
 }

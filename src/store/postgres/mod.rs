@@ -48,10 +48,12 @@ use tokio_util::sync::CancellationToken;
 use super::seal::{CANARY_ROW, Canary, Seal};
 use super::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded, RekeyBatch,
-    Resolved, Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
+    Resolved, Settlement, Stats, Store, StoreError, StoreKeys, StoredEvent, StoredResponse,
+    Summary,
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
+use crate::scope_key::ScopeKey;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use statements::{ClaimCall, Owners, RecordCall};
 
@@ -139,7 +141,8 @@ impl PostgresStore {
         migrated
     }
 
-    /// Connects, migrates, checks that `seal`'s keys fit the store,
+    /// Connects, migrates, checks that `keys` fit the store (keying its
+    /// scopes if it was written before),
     /// registers this replica (`owner`) with a lease of `lease` and keeps
     /// renewing it until [`Store::close`].
     pub async fn open(
@@ -148,8 +151,9 @@ impl PostgresStore {
         lease: Duration,
         owner: String,
         clock: Arc<dyn Clock>,
-        seal: Seal,
+        keys: StoreKeys,
     ) -> Result<Self, StoreError> {
+        let seal = keys.seal;
         let pool = PgPoolOptions::new()
             .max_connections(POOL)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -160,7 +164,7 @@ impl PostgresStore {
                 reason: e.to_string(),
             })?;
         run_migrations(&pool, url).await?;
-        if let Err(error) = check_keys(&pool, &seal).await {
+        if let Err(error) = check_keys(&pool, &seal, &keys.scope).await {
             pool.close().await;
             return Err(error);
         }
@@ -207,10 +211,14 @@ impl PostgresStore {
     }
 }
 
-/// Refuses keys that do not fit the store's canary; marks a store sealed
+/// Refuses keys that do not fit the store's canaries; marks a store sealed
 /// from now on with one (the first of replicas starting together wins,
-/// and the others are checked against its canary).
-async fn check_keys(pool: &PgPool, seal: &Seal) -> Result<(), StoreError> {
+/// and the others are checked against its canary); keys the scopes of a
+/// store written before scopes were keyed.
+async fn check_keys(pool: &PgPool, seal: &Seal, scope: &ScopeKey) -> Result<(), StoreError> {
+    if let Some(keyed) = statements::key_scopes(pool, scope).await? {
+        tracing::info!(operations = keyed, "scopes are keyed from now on");
+    }
     let stored = statements::meta(pool, CANARY_ROW).await?;
     if seal.check_canary(stored.as_deref())? == Canary::Missing
         && let Some(canary) = seal.canary()

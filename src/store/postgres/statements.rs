@@ -12,6 +12,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
 use crate::pipeline::fingerprint::Fingerprint;
+use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Field, Payloads, Seal};
 use crate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
@@ -688,6 +689,53 @@ pub async fn set_meta(
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// Keys the scopes of a store written before scopes were keyed, and
+/// keeps `key`'s canary, in one transaction under an advisory lock (so
+/// replicas starting together key them once): the number of operations
+/// keyed then, `None` when the store was keyed already with `key`; an
+/// error for another key.
+pub async fn key_scopes(pool: &PgPool, key: &ScopeKey) -> Result<Option<u64>, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':idemgate-scope-key'))",
+    )
+    .execute(&mut *tx)
+    .await?;
+    let canary: Option<String> = sqlx::query_scalar("SELECT value FROM store_meta WHERE name = $1")
+        .bind(scope_key::CANARY_ROW)
+        .fetch_optional(&mut *tx)
+        .await?;
+    match canary {
+        Some(canary) if canary == key.canary() => return Ok(None),
+        Some(_) => return Err(key.wrong().into()),
+        None => {}
+    }
+    let rows = sqlx::query("SELECT id, scope FROM operations")
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut scopes = Vec::with_capacity(rows.len());
+    for row in &rows {
+        ids.push(row.try_get::<String, _>("id")?);
+        scopes.push(key.keyed(&row.try_get::<String, _>("scope")?));
+    }
+    sqlx::query(
+        "UPDATE operations o SET scope = n.scope
+         FROM unnest($1::text[], $2::text[]) AS n(id, scope) WHERE o.id = n.id",
+    )
+    .bind(&ids)
+    .bind(&scopes)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("INSERT INTO store_meta (name, value) VALUES ($1, $2)")
+        .bind(scope_key::CANARY_ROW)
+        .bind(key.canary())
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Some(ids.len() as u64))
 }
 
 /// Seals again, under the current key, the payloads of up to `limit`

@@ -34,10 +34,12 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use super::seal::{CANARY_ROW, Canary, Seal};
 use super::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded, RekeyBatch,
-    Resolved, Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
+    Resolved, Settlement, Stats, Store, StoreError, StoreKeys, StoredEvent, StoredResponse,
+    Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
+use crate::scope_key::ScopeKey;
 use writer::{QUEUE_TIMEOUT, Writer};
 
 pub struct SqliteStore {
@@ -61,14 +63,15 @@ impl SqliteStore {
     }
 
     /// Locks, opens (creating it if needed) and migrates the store, checks
-    /// that `seal`'s keys fit it, and starts its writer; what a dead owner
-    /// left `in_progress` waits for [`Store::recover`].
+    /// that `keys` fit it (keying its scopes if it was written before),
+    /// and starts its writer; what a dead owner left `in_progress` waits
+    /// for [`Store::recover`].
     pub async fn open(
         path: &Path,
         durability: Durability,
         owner: String,
         clock: Arc<dyn Clock>,
-        seal: Seal,
+        keys: StoreKeys,
     ) -> Result<Self, StoreError> {
         let store_name = format!("sqlite://{}", path.display());
         let lock = lock_file(path, &store_name)?;
@@ -83,20 +86,22 @@ impl SqliteStore {
             owner: owner.into(),
             lock: Mutex::new(Some(lock)),
             clock,
-            seal,
+            seal: keys.seal,
         };
-        if let Err(error) = store.check_keys().await {
+        if let Err(error) = store.check_keys(keys.scope).await {
             store.writer.stop().await;
             return Err(error);
         }
         Ok(store)
     }
 
-    /// Refuses keys that do not fit the store's canary; marks a store
-    /// sealed from now on with one.
-    async fn check_keys(&self) -> Result<(), StoreError> {
+    /// Refuses keys that do not fit the store's canaries; marks a store
+    /// sealed from now on with one; keys the scopes of a store written
+    /// before scopes were keyed. One transaction.
+    async fn check_keys(&self, scope: ScopeKey) -> Result<(), StoreError> {
         let seal = self.seal.clone();
-        self.writer
+        let keyed = self
+            .writer
             .run(move |conn| {
                 let stored = statements::meta(conn, CANARY_ROW)?;
                 if seal.check_canary(stored.as_deref())? == Canary::Missing
@@ -104,9 +109,13 @@ impl SqliteStore {
                 {
                     statements::set_meta(conn, CANARY_ROW, &canary)?;
                 }
-                Ok(())
+                statements::key_scopes(conn, &scope)
             })
-            .await
+            .await?;
+        if let Some(keyed) = keyed {
+            tracing::info!(operations = keyed, "scopes are keyed from now on");
+        }
+        Ok(())
     }
 }
 

@@ -9,6 +9,7 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::pipeline::fingerprint::Fingerprint;
+use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Field, Payloads, Seal};
 use crate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
@@ -479,6 +480,27 @@ pub fn set_meta(conn: &Connection, name: &str, value: &str) -> Result<(), StoreE
     )?
     .execute(params![name, value])?;
     Ok(())
+}
+
+/// Keys the scopes of a store written before scopes were keyed, and
+/// keeps `key`'s canary: the number of operations keyed then, `None` when
+/// the store was keyed already with `key`; an error for another key.
+pub fn key_scopes(conn: &Connection, key: &ScopeKey) -> Result<Option<u64>, StoreError> {
+    match meta(conn, scope_key::CANARY_ROW)? {
+        Some(canary) if canary == key.canary() => return Ok(None),
+        Some(_) => return Err(key.wrong().into()),
+        None => {}
+    }
+    let scopes: Vec<(String, String)> = conn
+        .prepare_cached("SELECT id, scope FROM operations")?
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let mut update = conn.prepare_cached("UPDATE operations SET scope = ?1 WHERE id = ?2")?;
+    for (id, scope) in &scopes {
+        update.execute(params![key.keyed(scope), id])?;
+    }
+    set_meta(conn, scope_key::CANARY_ROW, &key.canary())?;
+    Ok(Some(scopes.len() as u64))
 }
 
 /// Seals again, under the current key, the payloads of up to `limit`
