@@ -502,6 +502,8 @@ mod tests {
             .unwrap()
             .into_owned();
         assert!(!stored.windows(6).any(|w| w == b"marker"));
+        // The overhead SECURITY.md states: marker, key id, nonce, tag.
+        assert_eq!(stored.len(), b"marker".len() + 44);
         let open = |op, field, value: &[u8]| seal.open_body(op, field, Some(value.to_vec()));
         assert_eq!(
             open("op1", Field::ResponseBody, &stored).unwrap().unwrap(),
