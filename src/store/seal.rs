@@ -29,7 +29,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use sha2::{Digest, Sha256};
 
-use super::{StoreError, decode_headers, encode_headers};
+use super::{StoreError, StoredResponse, decode_headers, encode_headers};
 use crate::config::StoreConfig;
 
 /// The first bytes of every sealed value (format version 1). A NUL first,
@@ -194,6 +194,15 @@ pub struct Payloads {
     pub response_body: Option<Vec<u8>>,
 }
 
+/// A response's headers and body as the store writes them (sealed when
+/// keys are set), made before a store call is queued so that SQLite's
+/// single writer thread does not spend the sealing.
+#[derive(Debug, Clone)]
+pub struct StoredForm {
+    pub headers: String,
+    pub body: Option<Vec<u8>>,
+}
+
 /// The name of the canary's row in the store's meta table.
 pub const CANARY_ROW: &str = "seal-canary";
 
@@ -292,6 +301,16 @@ impl Seal {
                 Ok(Some(open(keys, operation, field, &value)?))
             }
             (stored, _) => Ok(stored),
+        }
+    }
+
+    /// `response` of `operation` as the store writes it.
+    pub fn stored_form(&self, operation: &str, response: &StoredResponse) -> StoredForm {
+        StoredForm {
+            headers: self.headers(operation, &response.headers),
+            body: self
+                .body(operation, Field::ResponseBody, response.body.as_deref())
+                .map(Cow::into_owned),
         }
     }
 

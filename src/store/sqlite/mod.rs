@@ -208,11 +208,14 @@ impl Store for SqliteStore {
         events: &[Event],
     ) -> Result<Recorded, StoreError> {
         let (owner, now) = (self.owner.clone(), self.clock.now_millis());
+        // Sealed here, on the request's task: the writer thread is shared.
+        let stored = (settlement.response())
+            .map(|response| self.seal.stored_form(&claim.operation_id, response));
         let (claim, settlement, events) = (claim.clone(), settlement.clone(), events.to_vec());
-        let seal = self.seal.clone();
         self.writer
             .run(move |conn| {
-                statements::record(conn, &seal, &owner, now, &claim, &settlement, &events)
+                let stored = stored.as_ref();
+                statements::record(conn, &owner, now, &claim, &settlement, stored, &events)
             })
             .await
     }

@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{self, ScopeKey};
-use crate::store::seal::{Field, Payloads, Seal};
+use crate::store::seal::{Field, Payloads, Seal, StoredForm};
 use crate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
     Recorded, RekeyBatch, RequestSummary, Resolved, SUMMARY_COLUMNS, Settlement, State, Stats,
@@ -145,23 +145,23 @@ fn insert(
 }
 
 /// Settles a claimed attempt with its events, as one compare-and-set.
+/// `stored` is the settlement's response as it is written
+/// ([`Seal::stored_form`], made before the call was queued).
 pub fn record(
     conn: &Connection,
-    seal: &Seal,
     owner: &str,
     now: i64,
     claim: &Claim,
     settlement: &Settlement,
+    stored: Option<&StoredForm>,
     events: &[Event],
 ) -> Result<Recorded, StoreError> {
-    let response = settlement.response();
-    let id = &claim.operation_id;
     let updated = conn.prepare_cached(RECORD)?.execute(params![
         settlement.state().as_str(),
         settlement.evidence(),
-        response.map(|r| i64::from(r.status)),
-        response.map(|r| seal.headers(id, &r.headers)),
-        response.and_then(|r| seal.body(id, Field::ResponseBody, r.body.as_deref())),
+        settlement.response().map(|r| i64::from(r.status)),
+        stored.map(|s| s.headers.as_str()),
+        stored.and_then(|s| s.body.as_deref()),
         now,
         claim.operation_id,
         claim.attempt,
