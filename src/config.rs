@@ -120,6 +120,18 @@ pub struct StoreConfig {
     /// alive (the database's clock); its operations in flight become
     /// `unknown` after that.
     pub lease: Duration,
+    /// The environment variable holding the key (32 bytes, base64) that
+    /// seals stored payloads; `None`: stored in clear.
+    pub encryption_key_env: Option<String>,
+    /// The variable holding the key payloads were sealed with before a
+    /// rotation: read only, until `idemgate rekey` has sealed them again.
+    pub previous_key_env: Option<String>,
+    /// The variable holding the scope key (32 bytes, base64); before
+    /// `scope_key_file`.
+    pub scope_key_env: Option<String>,
+    /// The file holding the scope key; SQLite's default is
+    /// `<store file>.scope-key`, created at first start.
+    pub scope_key_file: Option<PathBuf>,
 }
 
 /// Where operations are kept.
@@ -395,6 +407,9 @@ struct RawStore {
     durability: Option<String>,
     retention: Option<String>,
     encryption_key_env: Option<String>,
+    previous_key_env: Option<String>,
+    scope_key_env: Option<String>,
+    scope_key_file: Option<String>,
     lease: Option<String>,
 }
 
@@ -741,7 +756,37 @@ impl Validator<'_> {
     }
 
     fn store(&self, raw: RawStore) -> Result<StoreConfig, ConfigError> {
-        self.not_built("store.encryption_key_env", &raw.encryption_key_env)?;
+        let variable = |field: &str, name: Option<String>| match name {
+            Some(name) if name.is_empty() || name.contains(['=', '\0']) => Err(self.invalid(
+                field,
+                "must name an environment variable (not empty, no `=`)",
+            )),
+            name => Ok(name),
+        };
+        let encryption_key_env = variable("store.encryption_key_env", raw.encryption_key_env)?;
+        let previous_key_env = variable("store.previous_key_env", raw.previous_key_env)?;
+        if previous_key_env.is_some() && encryption_key_env.is_none() {
+            return Err(self.invalid(
+                "store.previous_key_env",
+                "only with store.encryption_key_env, the key that seals from now on",
+            ));
+        }
+        let scope_key_env = variable("store.scope_key_env", raw.scope_key_env)?;
+        if scope_key_env.is_some() && raw.scope_key_file.is_some() {
+            return Err(self.invalid(
+                "store.scope_key_file",
+                "give store.scope_key_env or store.scope_key_file, not both",
+            ));
+        }
+        if raw.scope_key_file.as_deref() == Some("") {
+            return Err(self.invalid("store.scope_key_file", "names no file"));
+        }
+        if previous_key_env.is_some() && previous_key_env == encryption_key_env {
+            return Err(self.invalid(
+                "store.previous_key_env",
+                "names the same variable as store.encryption_key_env",
+            ));
+        }
         let url = StoreUrl::parse(raw.url.as_deref().unwrap_or("sqlite://idemgate.db"))
             .map_err(|reason| self.invalid("store.url", reason))?;
         if matches!(url, StoreUrl::Sqlite(_)) && raw.lease.is_some() {
@@ -769,6 +814,10 @@ impl Validator<'_> {
             durability,
             retention: self.duration("store.retention", raw.retention.as_deref(), "24h")?,
             lease,
+            encryption_key_env,
+            previous_key_env,
+            scope_key_env,
+            scope_key_file: raw.scope_key_file.map(PathBuf::from),
         })
     }
 
@@ -1193,6 +1242,23 @@ mod tests {
                 .contains("environment variable")
         );
         assert!(error_of(&alert("url = \"https://h/x\"\nretries = 3")).contains("unknown field"));
+    }
+
+    #[test]
+    fn store_keys_are_named_by_variables() {
+        let with = |lines: &str| format!("[store]\n{lines}{MINIMAL}");
+        let store = Config::from_toml_str(
+            &with("encryption_key_env = \"K1\"\nprevious_key_env = \"K0\"\n"),
+            "t",
+        )
+        .unwrap()
+        .store;
+        assert_eq!(store.encryption_key_env.as_deref(), Some("K1"));
+        assert_eq!(store.previous_key_env.as_deref(), Some("K0"));
+        assert!(error_of(&with("previous_key_env = \"K0\"\n")).contains("only with"));
+        assert!(error_of(&with("encryption_key_env = \"\"\n")).contains("environment variable"));
+        let same = with("encryption_key_env = \"K\"\nprevious_key_env = \"K\"\n");
+        assert!(error_of(&same).contains("same variable"));
     }
 
     #[test]

@@ -1,17 +1,15 @@
 //! The `idemgate` binary: parse the command line, set up logging, run.
 
 use std::io::{IsTerminal, Write};
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
 use idemgate::cli::{AlertsCommand, Cli, Command, LogFormat};
-use idemgate::clock::SystemClock;
-use idemgate::config::{Config, Durability, StoreUrl};
+use idemgate::config::{Config, StoreUrl};
 use idemgate::log_sink::{FlushGuard, LogSink};
 use idemgate::mock_upstream::MockUpstream;
 use idemgate::server::Gateway;
-use idemgate::store::{PostgresStore, SqliteStore, Store};
+use idemgate::store::{PostgresStore, SqliteStore};
 use tracing_subscriber::EnvFilter;
 
 #[global_allocator]
@@ -111,18 +109,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Rekey { config } => {
+            let _log = init_logging(LogFormat::Text)?;
+            let config = Config::load(&config)?;
+            let store = config.store.url.to_string();
+            let done = idemgate::rekey::run(&config, &|name| std::env::var(name).ok())
+                .await
+                .with_context(|| format!("cannot rekey the store {store}"))?;
+            println!(
+                "rekeyed {store}: {} operations, {} sealed again under the current key",
+                done.operations, done.resealed
+            );
+            Ok(())
+        }
         Command::Migrate { store } => {
             let _log = init_logging(LogFormat::Text)?;
             let url =
                 StoreUrl::parse(&store).map_err(|reason| anyhow::anyhow!("--store: {reason}"))?;
             match &url {
-                StoreUrl::Sqlite(path) => {
-                    let owner = format!("migrate-{}", uuid::Uuid::now_v7());
-                    SqliteStore::open(path, Durability::Full, owner, Arc::new(SystemClock))
-                        .await?
-                        .close()
-                        .await;
-                }
+                StoreUrl::Sqlite(path) => SqliteStore::migrate(path).await?,
                 StoreUrl::Postgres(postgres) => PostgresStore::migrate(postgres).await?,
             }
             println!("migrated {url}");

@@ -12,6 +12,7 @@
 //! connection over the cap has its request answered 503 `overloaded` and
 //! is closed, and those refusals are bounded in number and time too.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,11 +33,12 @@ use crate::admin::auth::{AdminToken, ExposedAdmin, UnusableToken};
 use crate::alerts::deliverer::Deliverer;
 use crate::alerts::{self, AlertError, Endpoint, Poster};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{Config, ServerConfig, StoreUrl};
+use crate::config::{Config, ServerConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
 use crate::problem::ProxyError;
-use crate::store::{PostgresStore, SqliteStore, Store, StoreError};
+use crate::scope_key::{ScopeKey, ScopeKeyError};
+use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
 use crate::{replicas, retention};
 
 /// Why the gateway did not start.
@@ -44,6 +46,10 @@ use crate::{replicas, retention};
 pub enum StartError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    StoreKeys(#[from] SealError),
+    #[error(transparent)]
+    ScopeKey(#[from] ScopeKeyError),
     #[error("cannot listen on {addr} ({field}): {error}")]
     Bind {
         field: &'static str,
@@ -74,6 +80,20 @@ pub struct StartOptions {
     pub clock: Arc<dyn Clock>,
     /// The admin token itself, instead of reading `admin_token_env`.
     pub admin_token: Option<String>,
+    /// Variables read before the process environment for the store's
+    /// keys (the environment is global to a process; tests run many
+    /// gateways in one).
+    pub env: HashMap<String, String>,
+}
+
+impl StartOptions {
+    /// The value of the environment variable `name`, [`StartOptions::env`] first.
+    pub fn var(&self, name: &str) -> Option<String> {
+        self.env
+            .get(name)
+            .cloned()
+            .or_else(|| std::env::var(name).ok())
+    }
 }
 
 impl Default for StartOptions {
@@ -81,6 +101,7 @@ impl Default for StartOptions {
         StartOptions {
             clock: Arc::new(SystemClock),
             admin_token: None,
+            env: HashMap::new(),
         }
     }
 }
@@ -106,23 +127,15 @@ impl Gateway {
     /// [`Gateway::start`] with [`StartOptions`].
     pub async fn start_with(config: Config, options: StartOptions) -> Result<Gateway, StartError> {
         let clock = options.clock.clone();
-        let owner = uuid::Uuid::now_v7().to_string();
-        let store: Arc<dyn Store> = match &config.store.url {
-            StoreUrl::Sqlite(path) => Arc::new(
-                SqliteStore::open(path, config.store.durability, owner, clock.clone()).await?,
-            ),
-            StoreUrl::Postgres(url) => Arc::new(
-                PostgresStore::open(
-                    url,
-                    config.store.durability,
-                    config.store.lease,
-                    owner,
-                    clock.clone(),
-                )
-                .await?,
-            ),
+        let lookup = |name: &str| options.var(name);
+        let keys = StoreKeys {
+            seal: Seal::from_config(&config.store, &lookup)?,
+            scope: ScopeKey::load(&config.store, &lookup)?,
         };
-        match Self::serve(config, store.clone(), options).await {
+        let owner = uuid::Uuid::now_v7().to_string();
+        let scope_key = keys.scope.clone();
+        let store = crate::store::open(&config.store, owner, clock.clone(), keys).await?;
+        match Self::serve(config, store.clone(), scope_key, options).await {
             Ok(gateway) => Ok(gateway),
             Err(error) => {
                 store.close().await;
@@ -134,6 +147,7 @@ impl Gateway {
     async fn serve(
         config: Config,
         store: Arc<dyn Store>,
+        scope_key: ScopeKey,
         options: StartOptions,
     ) -> Result<Gateway, StartError> {
         let clock = options.clock;
@@ -181,6 +195,7 @@ impl Gateway {
         let proxy = Arc::new(Proxy::new(
             &config,
             store.clone(),
+            scope_key,
             clock.clone(),
             &paused,
             metrics.clone(),

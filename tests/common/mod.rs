@@ -6,7 +6,7 @@
 //!   have performed. Paths choose the behaviour:
 //!   - default: commit, wait `?ms=N` if given, answer 201 `{"id": n,
 //!     "received": <body>}` with two `x-upstream-tag` headers (to check
-//!     header order and duplicates);
+//!     header order and duplicates), and a request's `x-echo` back as `x-echo-tag`;
 //!   - `/slow?ms=N`: commit, sleep N ms, then answer like the default;
 //!   - `/big?bytes=N`: commit, answer 200 with an N-byte body ([`big_body`]);
 //!   - `/hold`: commit, then never answer (until the upstream is dropped);

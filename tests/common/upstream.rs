@@ -322,7 +322,13 @@ async fn handle(
                 return Ok(status_response(code));
             }
             tokio::time::sleep(delay).await;
-            Ok(json_response(StatusCode::CREATED, id, received))
+            let mut response = json_response(StatusCode::CREATED, id, received);
+            // A request's `x-echo` comes back as `x-echo-tag` (a stored
+            // response header whose value the test chose).
+            if let Some(value) = parts.headers.get("x-echo") {
+                response.headers_mut().insert("x-echo-tag", value.clone());
+            }
+            Ok(response)
         }
     }
 }
