@@ -4,6 +4,8 @@
 //! # Layout
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
 //! - [`server`]: listeners, accept loops, graceful shutdown.
+//! - [`tls`]: certificates from PEM files: the listeners' (swapped on
+//!   SIGHUP) and what upstream connections trust and present.
 //! - [`pipeline`]: the life of a request, one module per phase.
 //! - [`store`]: the only truth about operations (SQLite, or PostgreSQL shared
 //!   by several replicas); all SQL lives there.
@@ -57,3 +59,4 @@ pub mod replicas;
 pub mod retention;
 pub mod server;
 pub mod store;
+pub mod tls;

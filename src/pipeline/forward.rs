@@ -31,6 +31,7 @@ use crate::config::Route;
 use crate::metrics::Outcome;
 use crate::pipeline::budget::Reservation;
 use crate::problem::ProxyError;
+use crate::tls::TlsError;
 
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
@@ -40,15 +41,17 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(2);
 
-/// A pooled HTTP/1.1 client for one route: plain http or https via rustls with
-/// the webpki roots.
-pub fn client(route: &Route) -> Result<UpstreamClient, rustls::Error> {
+/// A pooled HTTP/1.1 client for one route: plain http, or https via rustls
+/// trusting the webpki roots and the route's `upstream_ca`, presenting its
+/// client certificate if it has one. A TLS handshake runs inside the
+/// connector, so its failure is a connect error: the request was not written.
+pub fn client(route: &Route) -> Result<UpstreamClient, TlsError> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(route.connect_timeout));
     let https = HttpsConnectorBuilder::new()
-        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
+        .with_tls_config(route.upstream_tls.client_config()?)
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
@@ -113,7 +116,11 @@ fn upstream_head(
     if let Some(value) = forwarded_for(&headers, peer) {
         headers.insert(X_FORWARDED_FOR, value);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    let proto = match parts.extensions.get::<ViaTls>() {
+        Some(ViaTls) => "https",
+        None => "http",
+    };
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
     let mut builder = Request::builder()
         .method(parts.method.clone())
         .uri(uri)
@@ -123,6 +130,10 @@ fn upstream_head(
     }
     Ok(builder)
 }
+
+/// Marks a request that came in on a TLS listener (`X-Forwarded-Proto: https`).
+#[derive(Debug, Clone, Copy)]
+pub struct ViaTls;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 

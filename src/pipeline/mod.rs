@@ -55,6 +55,7 @@ use crate::metrics::{Metrics, OperationId, Outcome, StoreFailure};
 use crate::problem::ProxyError;
 use crate::reconcile::{self, Reconciler};
 use crate::store::{NewOperation, RequestSummary, Store, StoreError};
+use crate::tls::TlsError;
 use attempt::Attempt;
 use budget::{BodyBudget, BudgetSpent, Reservation};
 use claim::{Claimed, Hold, InFlight};
@@ -107,7 +108,7 @@ impl Proxy {
         metrics: Arc<Metrics>,
         stopping: CancellationToken,
         give_up: CancellationToken,
-    ) -> Result<Self, rustls::Error> {
+    ) -> Result<Self, TlsError> {
         let routes = config
             .routes
             .iter()
@@ -118,7 +119,7 @@ impl Proxy {
                     paused: AtomicBool::new(paused.contains(&route.name)),
                 }))
             })
-            .collect::<Result<_, rustls::Error>>()?;
+            .collect::<Result<_, TlsError>>()?;
         let shared = store.shared();
         Ok(Proxy {
             routes,
