@@ -5,8 +5,9 @@
 //! - hop-by-hop headers never cross idemgate in either direction; `Host` is
 //!   the upstream's; `X-Forwarded-For`/`-Proto` say who asked;
 //! - a write is re-sent by idemgate only when the client proves that no byte
-//!   of it was written (a connect failure): [`Exchange::NotSent`]. Every other
-//!   failure may have reached the upstream and is [`Exchange::Lost`];
+//!   of it reached the upstream (a connect failure, a TLS handshake either
+//!   side refused): [`Exchange::NotSent`]. Every other failure may have
+//!   reached the upstream and is [`Exchange::Lost`];
 //! - a response is [`Exchange::Complete`] only when its whole body arrived.
 
 use std::future::Future;
@@ -169,7 +170,7 @@ pub async fn pass_through(
     let sent = tokio::time::timeout(route.upstream_timeout, client.request(upstream)).await;
     let response = match sent {
         Err(_) => return Err(ProxyError::UpstreamTimeout),
-        Ok(Err(e)) if e.is_connect() => {
+        Ok(Err(e)) if not_written(&e) => {
             return Err(ProxyError::UpstreamUnreachable {
                 operation: None,
                 reason: error_chain(&e),
@@ -335,11 +336,11 @@ pub async fn send_write(
                 )
             }
             Ok(Ok(response)) => read_response(response, route, Some(deadline)).await,
-            Ok(Err(e)) if e.is_connect() && tries <= route.connect_retries => {
+            Ok(Err(e)) if not_written(&e) && tries <= route.connect_retries => {
                 tokio::time::sleep(backoff(tries - 1)).await;
                 continue;
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Ok(Err(e)) if not_written(&e) => {
                 let reason = error_chain(&e);
                 (
                     Exchange::NotSent {
@@ -357,6 +358,50 @@ pub async fn send_write(
             late,
         };
     }
+}
+
+/// Whether a failed exchange proves that the request reached no upstream:
+/// a connect failure (refused, DNS, `connect_timeout`, or a TLS handshake
+/// that idemgate itself broke off: an untrusted or mismatched certificate),
+/// or a handshake the upstream refused. In TLS 1.3 a server checks the
+/// client's certificate after the client's side of the handshake is done,
+/// so its refusal (a handshake alert: `certificate_required`,
+/// `bad_certificate`, `unknown_ca`, …) arrives while the response is
+/// awaited; a server that refused the handshake never reads what follows
+/// it, so the request reached no HTTP server. Any other failure may have.
+fn not_written(error: &hyper_util::client::legacy::Error) -> bool {
+    error.is_connect() || handshake_refused(error)
+}
+
+/// A handshake alert from the upstream anywhere in `error`'s causes
+/// (rustls's error travels inside an `io::Error`).
+fn handshake_refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    use rustls::AlertDescription as Alert;
+    std::iter::successors(Some(error), |e| e.source())
+        .take(16)
+        .filter_map(|e| {
+            e.downcast_ref::<rustls::Error>().or_else(|| {
+                e.downcast_ref::<std::io::Error>()?
+                    .get_ref()?
+                    .downcast_ref::<rustls::Error>()
+            })
+        })
+        .any(|tls| {
+            matches!(
+                tls,
+                rustls::Error::AlertReceived(
+                    Alert::HandshakeFailure
+                        | Alert::BadCertificate
+                        | Alert::UnsupportedCertificate
+                        | Alert::CertificateRevoked
+                        | Alert::CertificateExpired
+                        | Alert::CertificateUnknown
+                        | Alert::UnknownCA
+                        | Alert::AccessDenied
+                        | Alert::CertificateRequired
+                )
+            )
+        })
 }
 
 fn lost(cause: LostCause, reason: String) -> Exchange {
