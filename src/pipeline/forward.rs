@@ -584,6 +584,27 @@ mod tests {
     }
 
     #[test]
+    fn only_a_handshake_alert_proves_the_request_unread() {
+        use rustls::AlertDescription as Alert;
+        use std::io::{Error, ErrorKind};
+        // As rustls reports it through tokio-rustls: inside an io::Error.
+        let alert = |a| Error::new(ErrorKind::InvalidData, rustls::Error::AlertReceived(a));
+        assert!(handshake_refused(&alert(Alert::CertificateRequired)));
+        assert!(handshake_refused(&alert(Alert::UnknownCA)));
+        assert!(handshake_refused(&rustls::Error::AlertReceived(
+            Alert::BadCertificate
+        )));
+        // Alerts that may come after the request was read, and plain resets.
+        assert!(!handshake_refused(&alert(Alert::InternalError)));
+        assert!(!handshake_refused(&alert(Alert::DecodeError)));
+        assert!(!handshake_refused(&Error::from(ErrorKind::ConnectionReset)));
+        assert!(!handshake_refused(&Error::new(
+            ErrorKind::InvalidData,
+            rustls::Error::DecryptError
+        )));
+    }
+
+    #[test]
     fn forwarded_for_appends_the_peer_to_every_line_combined() {
         let peer = IpAddr::from([192, 0, 2, 9]);
         let mut headers = HeaderMap::new();
