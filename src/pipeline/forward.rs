@@ -369,8 +369,27 @@ pub async fn send_write(
 /// `bad_certificate`, `unknown_ca`, …) arrives while the response is
 /// awaited; a server that refused the handshake never reads what follows
 /// it, so the request reached no HTTP server. Any other failure may have.
+///
+/// A refusal can also close the new connection before the request is
+/// handed to it (hyper reads the alert first); the client then hands the
+/// request back unsent ([`handed_back`]), which proves as much.
 fn not_written(error: &hyper_util::client::legacy::Error) -> bool {
-    error.is_connect() || handshake_refused(error)
+    error.is_connect() || handshake_refused(error) || handed_back(error)
+}
+
+/// Whether hyper-util gave the request back unsent: its `Canceled` kind,
+/// which it uses only for a request it never handed to a connection (one
+/// that closed before it was ready, or a pooled one that closed first). The
+/// kind is private; its `Display` names it, and the cause is hyper's own
+/// "canceled" error. Should either change, this answers false: `unknown`,
+/// the safe side.
+fn handed_back(error: &hyper_util::client::legacy::Error) -> bool {
+    use std::error::Error as _;
+    error.to_string() == "client error (Canceled)"
+        && error
+            .source()
+            .and_then(|cause| cause.downcast_ref::<hyper::Error>())
+            .is_some_and(hyper::Error::is_canceled)
 }
 
 /// A handshake alert from the upstream anywhere in `error`'s causes
