@@ -21,7 +21,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Request, Response, request};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -31,10 +31,11 @@ use crate::body::{ProxyBody, full, stream};
 use crate::config::Route;
 use crate::metrics::Outcome;
 use crate::pipeline::budget::Reservation;
+use crate::pipeline::connector::UpstreamConnector;
 use crate::problem::ProxyError;
 use crate::tls::TlsError;
 
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+pub type UpstreamClient = Client<UpstreamConnector, ProxyBody>;
 
 /// Idle pooled connections are closed after this; upstreams commonly close at 60s+.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -58,7 +59,7 @@ pub fn client(route: &Route) -> Result<UpstreamClient, TlsError> {
         .wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .build(https))
+        .build(UpstreamConnector(https)))
 }
 
 /// Removes hop-by-hop headers: the fixed RFC 9110 set and any the
@@ -369,27 +370,10 @@ pub async fn send_write(
 /// `bad_certificate`, `unknown_ca`, …) arrives while the response is
 /// awaited; a server that refused the handshake never reads what follows
 /// it, so the request reached no HTTP server. Any other failure may have.
-///
-/// A refusal can also close the new connection before the request is
-/// handed to it (hyper reads the alert first); the client then hands the
-/// request back unsent ([`handed_back`]), which proves as much.
+/// ([`connector`](super::connector) makes sure the refusal reaches the
+/// request itself.)
 fn not_written(error: &hyper_util::client::legacy::Error) -> bool {
-    error.is_connect() || handshake_refused(error) || handed_back(error)
-}
-
-/// Whether hyper-util gave the request back unsent: its `Canceled` kind,
-/// which it uses only for a request it never handed to a connection (one
-/// that closed before it was ready, or a pooled one that closed first). The
-/// kind is private; its `Display` names it, and the cause is hyper's own
-/// "canceled" error. Should either change, this answers false: `unknown`,
-/// the safe side.
-fn handed_back(error: &hyper_util::client::legacy::Error) -> bool {
-    use std::error::Error as _;
-    error.to_string() == "client error (Canceled)"
-        && error
-            .source()
-            .and_then(|cause| cause.downcast_ref::<hyper::Error>())
-            .is_some_and(hyper::Error::is_canceled)
+    error.is_connect() || handshake_refused(error)
 }
 
 /// A handshake alert from the upstream anywhere in `error`'s causes

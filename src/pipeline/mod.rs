@@ -14,7 +14,8 @@
 //! 5. [`claim`]: one store transaction decides: send, replay, or refuse; a
 //!    paused route or a scope over its [`quota`] only looks up what exists.
 //! 6. [`forward`] + [`record`]: in a task of their own, so a client that hangs
-//!    up never cancels the upstream call nor leaves the operation `in_progress`.
+//!    up never cancels the upstream call nor leaves the operation `in_progress`;
+//!    upstream connections are made by [`connector`].
 //! 7. [`replay`]: what a key that already has an operation gets.
 //!
 //! Errors from any phase are [`ProxyError`]s, rendered in one place
@@ -23,6 +24,7 @@
 pub mod attempt;
 pub mod budget;
 pub mod claim;
+pub mod connector;
 pub mod fingerprint;
 pub mod forward;
 pub mod key;
