@@ -47,6 +47,22 @@ pub enum Command {
     /// Drive a retry storm (K keys × R requests at concurrency C) through a
     /// gateway and check that the API saw exactly K writes (README "Benchmarking").
     Bench(Bench),
+    /// Alert webhooks (README "Alerts").
+    Alerts {
+        #[command(subcommand)]
+        command: AlertsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AlertsCommand {
+    /// POST a sample alert to each `[[alerts]]` endpoint of a config and
+    /// print what each answered (exit 1 if one did not take it).
+    Test {
+        /// The TOML config file.
+        #[arg(long)]
+        config: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -43,6 +43,49 @@ pub struct Config {
     pub server: ServerConfig,
     pub store: StoreConfig,
     pub routes: Vec<Route>,
+    /// `[[alerts]]`: webhooks told about held work.
+    pub alerts: Vec<AlertConfig>,
+}
+
+/// One validated `[[alerts]]` entry: a webhook and what it is told.
+#[derive(Debug, Clone)]
+pub struct AlertConfig {
+    /// http or https; POSTed to as given.
+    pub url: Uri,
+    /// The environment variable holding the signing secret, if any.
+    pub secret_env: Option<String>,
+    pub events: Vec<AlertEvent>,
+    /// `unknown-aged`: an operation `unknown` for this long.
+    pub aged_after: Duration,
+    /// A delivery still failing this long after its event is dropped.
+    pub give_up_after: Duration,
+}
+
+/// What an alert reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlertEvent {
+    /// An operation became `unknown`.
+    OperationUnknown,
+    /// A route was paused (by an operator or its latch).
+    RoutePaused,
+    /// An operation has been `unknown` for `aged_after`.
+    UnknownAged,
+}
+
+impl AlertEvent {
+    pub const ALL: [AlertEvent; 3] = [
+        AlertEvent::OperationUnknown,
+        AlertEvent::RoutePaused,
+        AlertEvent::UnknownAged,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertEvent::OperationUnknown => "operation-unknown",
+            AlertEvent::RoutePaused => "route-paused",
+            AlertEvent::UnknownAged => "unknown-aged",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -207,10 +250,12 @@ struct RawReconcile {
 }
 
 /// A route's quota per scope: at most `operations` writes sent upstream
-/// per `window` for each scope.
+/// and at most `stored_bytes` added to the store per `window` for each
+/// scope (at least one of the two is set).
 #[derive(Debug, Clone)]
 pub struct Quota {
-    pub operations: u32,
+    pub operations: Option<u32>,
+    pub stored_bytes: Option<u64>,
     pub window: Duration,
 }
 
@@ -321,6 +366,18 @@ struct RawConfig {
     store: RawStore,
     #[serde(default)]
     routes: Vec<RawRoute>,
+    #[serde(default)]
+    alerts: Vec<RawAlert>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAlert {
+    url: Option<String>,
+    secret_env: Option<String>,
+    events: Option<Vec<String>>,
+    aged_after: Option<String>,
+    give_up_after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -373,6 +430,7 @@ struct RawRoute {
     wait_timeout: Option<String>,
     max_waiters: Option<usize>,
     quota_operations: Option<u32>,
+    quota_stored_bytes: Option<String>,
     quota_window: Option<String>,
     connect_timeout: Option<String>,
     upstream_timeout: Option<String>,
@@ -618,10 +676,66 @@ impl Validator<'_> {
             }
             routes.push(route);
         }
+        let alerts = raw
+            .alerts
+            .into_iter()
+            .enumerate()
+            .map(|(i, alert)| self.alert(i, alert))
+            .collect::<Result<_, _>>()?;
         Ok(Config {
             server,
             store,
             routes,
+            alerts,
+        })
+    }
+
+    fn alert(&self, i: usize, raw: RawAlert) -> Result<AlertConfig, ConfigError> {
+        let field = |name: &str| format!("alerts[{i}].{name}");
+        let text = raw
+            .url
+            .ok_or_else(|| self.invalid(field("url"), "is required"))?;
+        Upstream::parse_any(&text).map_err(|reason| self.invalid(field("url"), reason))?;
+        let url: Uri = text
+            .parse()
+            .map_err(|e| self.invalid(field("url"), format!("not a URL: {e}")))?;
+        if let Some(variable) = &raw.secret_env
+            && (variable.is_empty() || variable.contains(['=', '\0']))
+        {
+            return Err(self.invalid(field("secret_env"), "must name an environment variable"));
+        }
+        let events = match raw.events {
+            None => AlertEvent::ALL.to_vec(),
+            Some(names) if names.is_empty() => {
+                return Err(self.invalid(field("events"), "name at least one event"));
+            }
+            Some(names) => names
+                .iter()
+                .map(|name| {
+                    AlertEvent::ALL
+                        .into_iter()
+                        .find(|event| event.as_str() == name)
+                        .ok_or_else(|| {
+                            self.invalid(
+                                field("events"),
+                                format!(
+                                    "`{name}`: expected operation-unknown, route-paused or unknown-aged"
+                                ),
+                            )
+                        })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        Ok(AlertConfig {
+            url,
+            secret_env: raw.secret_env,
+            events,
+            aged_after: self.duration(&field("aged_after"), raw.aged_after.as_deref(), "1h")?,
+            give_up_after: self.duration(
+                &field("give_up_after"),
+                raw.give_up_after.as_deref(),
+                "24h",
+            )?,
         })
     }
 
@@ -879,7 +993,12 @@ impl Validator<'_> {
                 "10s",
             )?,
             max_waiters: self.count(&field("max_waiters"), raw.max_waiters, 256)?,
-            quota: self.quota(&field, raw.quota_operations, raw.quota_window.as_deref())?,
+            quota: self.quota(
+                &field,
+                raw.quota_operations,
+                raw.quota_stored_bytes.as_deref(),
+                raw.quota_window.as_deref(),
+            )?,
             connect_timeout: self.duration(
                 &field("connect_timeout"),
                 raw.connect_timeout.as_deref(),
@@ -938,23 +1057,33 @@ impl Validator<'_> {
         &self,
         field: &dyn Fn(&str) -> String,
         operations: Option<u32>,
+        stored_bytes: Option<&str>,
         window: Option<&str>,
     ) -> Result<Option<Quota>, ConfigError> {
-        match (operations, window) {
-            (None, None) => Ok(None),
-            (None, Some(_)) => Err(self.invalid(
-                field("quota_window"),
-                "only with quota_operations (writes sent per scope and window)",
-            )),
-            (Some(0), _) => Err(self.invalid(
+        if operations == Some(0) {
+            return Err(self.invalid(
                 field("quota_operations"),
                 "must be greater than zero; leave it out for no quota",
-            )),
-            (Some(operations), window) => Ok(Some(Quota {
-                operations,
-                window: self.duration(&field("quota_window"), window, "1m")?,
-            })),
+            ));
         }
+        let stored_bytes = match stored_bytes {
+            Some(text) => Some(self.size(&field("quota_stored_bytes"), Some(text), "")? as u64),
+            None => None,
+        };
+        if operations.is_none() && stored_bytes.is_none() {
+            return match window {
+                None => Ok(None),
+                Some(_) => Err(self.invalid(
+                    field("quota_window"),
+                    "only with quota_operations or quota_stored_bytes (per scope and window)",
+                )),
+            };
+        }
+        Ok(Some(Quota {
+            operations,
+            stored_bytes,
+            window: self.duration(&field("quota_window"), window, "1m")?,
+        }))
     }
 
     fn reconcile(
@@ -1146,6 +1275,30 @@ mod tests {
     }
 
     #[test]
+    fn alerts_are_validated_with_their_defaults() {
+        let alert = |lines: &str| format!("{MINIMAL}[[alerts]]\n{lines}\n");
+        let config = Config::from_toml_str(&alert("url = \"https://h.example/x\""), "t").unwrap();
+        let endpoint = &config.alerts[0];
+        assert_eq!(endpoint.events, AlertEvent::ALL);
+        assert_eq!(endpoint.aged_after, Duration::from_secs(3600));
+        assert_eq!(endpoint.give_up_after, Duration::from_secs(86_400));
+        assert!(endpoint.secret_env.is_none());
+        assert!(error_of(&alert("events = [\"route-paused\"]")).contains("alerts[0].url"));
+        assert!(error_of(&alert("url = \"ftp://h/x\"")).contains("not http or https"));
+        assert!(
+            error_of(&alert("url = \"https://h/x\"\nevents = [\"deleted\"]"))
+                .contains("`deleted`: expected operation-unknown")
+        );
+        assert!(error_of(&alert("url = \"https://h/x\"\nevents = []")).contains("at least one"));
+        assert!(error_of(&alert("url = \"https://h/x\"\naged_after = \"0s\"")).contains("greater"));
+        assert!(
+            error_of(&alert("url = \"https://h/x\"\nsecret_env = \"\""))
+                .contains("environment variable")
+        );
+        assert!(error_of(&alert("url = \"https://h/x\"\nretries = 3")).contains("unknown field"));
+    }
+
+    #[test]
     fn tls_files_come_in_pairs_and_only_for_https() {
         let err = error_of(&format!("[server]\ntls_cert = \"c.pem\"\n{MINIMAL}"));
         assert!(
@@ -1200,11 +1353,24 @@ mod tests {
             .clone()
             .unwrap();
         assert_eq!(
-            (quota.operations, quota.window),
-            (100, Duration::from_secs(60))
+            (quota.operations, quota.stored_bytes, quota.window),
+            (Some(100), None, Duration::from_secs(60))
+        );
+        let text = format!("{MINIMAL}quota_stored_bytes = \"5MiB\"\nquota_window = \"1h\"\n");
+        let quota = Config::from_toml_str(&text, "t").unwrap().routes[0]
+            .quota
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (quota.operations, quota.stored_bytes, quota.window),
+            (None, Some(5 << 20), Duration::from_secs(3600))
         );
         assert!(error_of(&format!("{MINIMAL}quota_window = \"1h\"\n")).contains("only with"));
         assert!(error_of(&format!("{MINIMAL}quota_operations = 0\n")).contains("greater"));
+        assert!(error_of(&format!("{MINIMAL}quota_stored_bytes = \"0B\"\n")).contains("greater"));
+        assert!(
+            error_of(&format!("{MINIMAL}quota_stored_bytes = \"lots\"\n")).contains("not a size")
+        );
     }
 
     #[test]

@@ -23,14 +23,14 @@ use bytes::Bytes;
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Map, Value, json};
 
 use crate::admin::auth::{UnusableToken, token_fault};
 use crate::cli::{Keys, KeysCommand, KeysList, KeysResolve};
+use crate::http_client;
 use crate::pipeline::key::url_component;
 use crate::tls::{ClientTls, TlsError};
 
@@ -272,18 +272,13 @@ impl AdminApi {
                 }
             })?;
         authorization.set_sensitive(true);
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        let https = HttpsConnectorBuilder::new()
-            .with_tls_config(ClientTls { ca, identity: None }.client_config()?)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
         Ok(AdminApi {
             base,
             authorization,
-            client: Client::builder(TokioExecutor::new()).build(https),
+            client: http_client::client_with(
+                CONNECT_TIMEOUT,
+                ClientTls { ca, identity: None }.client_config()?,
+            ),
         })
     }
 

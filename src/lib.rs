@@ -12,9 +12,12 @@
 //! - [`replicas`]: dead owners' operations, and keeping up with peer replicas.
 //! - [`retention`]: the background sweep of expired operations.
 //! - [`reconcile`]: probes that may prove an `unknown` operation happened.
+//! - [`alerts`]: webhooks told about held work, from the store's outbox.
+//! - [`http_client`]: the client for the gateway's own calls (not proxied).
 //! - [`clock`]: the time the store keeps (a manual one for tests).
 //! - [`problem`]: every error idemgate answers itself, as RFC 9457 problem+json.
-//! - [`admin`]: the operators' listener; [`metrics`]: Prometheus counters.
+//! - [`admin`]: the operators' listener (the admin API and the operator
+//!   console at `/`); [`metrics`]: Prometheus counters.
 //! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal.
 //! - [`log_sink`]: log lines batched in memory, written by a thread of their own.
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
@@ -41,6 +44,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod alerts;
 pub mod bench;
 pub mod body;
 pub mod canonical_json;
@@ -48,6 +52,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod http_client;
 pub mod keys_cli;
 pub mod log_sink;
 pub mod metrics;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use idemgate::cli::{Cli, Command, LogFormat};
+use idemgate::cli::{AlertsCommand, Cli, Command, LogFormat};
 use idemgate::clock::SystemClock;
 use idemgate::config::{Config, Durability, StoreUrl};
 use idemgate::log_sink::{FlushGuard, LogSink};
@@ -109,6 +109,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             std::io::stdout().flush()?;
             // The own gateway is shut down by now; exit 1 is the verdict.
             if report.exactly_once == Some(false) {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Alerts {
+            command: AlertsCommand::Test { config },
+        } => {
+            let config = Config::load(&config)?;
+            let (report, all_delivered) = idemgate::alerts::test_endpoints(&config).await?;
+            print!("{report}");
+            std::io::stdout().flush()?;
+            if !all_delivered {
                 std::process::exit(1);
             }
             Ok(())

@@ -14,6 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use crate::store::Stats;
 
@@ -73,6 +74,56 @@ struct StateLabels {
     state: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DeliveryLabels {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BatchLabels {
+    batch: &'static str,
+}
+
+/// The store's group commits, observed where they happen (the SQLite
+/// writer thread, the PostgreSQL batchers) and exported with the gateway's
+/// metrics: how many calls share one commit, and how long it takes. Clones
+/// share their counts, so the store keeps one and the registry another.
+#[derive(Clone)]
+pub struct StoreBatches {
+    calls: Family<BatchLabels, Histogram>,
+    seconds: Family<BatchLabels, Histogram>,
+}
+
+impl StoreBatches {
+    /// Batches of the kinds `batches` name (`write`; `claim`, `record`),
+    /// each exported from the start.
+    pub fn new(batches: &[&'static str]) -> Self {
+        let calls = Family::<BatchLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0])
+        });
+        let seconds = Family::<BatchLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+            ])
+        });
+        for &batch in batches {
+            drop(calls.get_or_create(&BatchLabels { batch }));
+            drop(seconds.get_or_create(&BatchLabels { batch }));
+        }
+        StoreBatches { calls, seconds }
+    }
+
+    /// One batch of `calls` calls of kind `batch`, committed (or failed)
+    /// after `took`.
+    pub fn observe(&self, batch: &'static str, calls: usize, took: Duration) {
+        let labels = BatchLabels { batch };
+        self.calls.get_or_create(&labels).observe(calls as f64);
+        self.seconds
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -80,14 +131,26 @@ pub struct Metrics {
     late_responses: Family<RouteLabels, Counter>,
     refused_connections: Family<ListenerLabels, Counter>,
     store_errors: Family<RouteLabels, Counter>,
+    alert_deliveries: Family<DeliveryLabels, Counter>,
     route_paused: Family<RouteLabels, Gauge>,
     operations: Family<StateLabels, Gauge>,
     oldest_unknown_seconds: Gauge<f64, AtomicU64>,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
+impl Metrics {
+    /// The gateway's metrics, with its store's `batches`.
+    pub fn new(batches: &StoreBatches) -> Self {
         let mut registry = Registry::with_prefix("idemgate");
+        registry.register(
+            "store_batch_calls",
+            "Calls (claims, records, other writes) committed together in one store batch",
+            batches.calls.clone(),
+        );
+        registry.register(
+            "store_commit_duration_seconds",
+            "Time to run and commit one store batch, fsync included",
+            batches.seconds.clone(),
+        );
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "requests",
@@ -122,6 +185,12 @@ impl Default for Metrics {
             "Requests answered 503 store-unavailable: the store failed or did not answer in time",
             store_errors.clone(),
         );
+        let alert_deliveries = Family::<DeliveryLabels, Counter>::default();
+        registry.register(
+            "alert_deliveries",
+            "Alert webhook deliveries by outcome: delivered, failed (due again later), gave_up",
+            alert_deliveries.clone(),
+        );
         let route_paused = Family::<RouteLabels, Gauge>::default();
         registry.register(
             "route_paused",
@@ -147,14 +216,13 @@ impl Default for Metrics {
             late_responses,
             refused_connections,
             store_errors,
+            alert_deliveries,
             route_paused,
             operations,
             oldest_unknown_seconds,
         }
     }
-}
 
-impl Metrics {
     /// Creates at zero every series whose labels are known at start (each
     /// route's, each listener's), so they are exported — and `rate()` over
     /// them works — before their first event.
@@ -167,6 +235,12 @@ impl Metrics {
             drop(self.upstream_seconds.get_or_create(&labels));
             drop(self.late_responses.get_or_create(&labels));
             drop(self.store_errors.get_or_create(&labels));
+        }
+        for outcome in ["delivered", "failed", "gave_up"] {
+            drop(
+                self.alert_deliveries
+                    .get_or_create(&DeliveryLabels { outcome }),
+            );
         }
         for listener in ["proxy", "admin"] {
             drop(
@@ -209,6 +283,14 @@ impl Metrics {
     }
 
     /// A request on `route` answered 503 `store-unavailable`.
+    /// One alert delivery attempt ended so (`delivered`, `failed`,
+    /// `gave_up`).
+    pub fn alert_delivery(&self, outcome: &'static str) {
+        self.alert_deliveries
+            .get_or_create(&DeliveryLabels { outcome })
+            .inc();
+    }
+
     pub fn store_error(&self, route: &str) {
         self.store_errors
             .get_or_create(&RouteLabels {
@@ -257,7 +339,9 @@ mod tests {
 
     #[test]
     fn renders_counters_and_gauges() {
-        let metrics = Metrics::default();
+        let batches = StoreBatches::new(&["write"]);
+        let metrics = Metrics::new(&batches);
+        batches.observe("write", 3, Duration::from_micros(700));
         metrics.request("api", Outcome::forwarded);
         metrics.request("api", Outcome::forwarded);
         metrics.request("api", Outcome::replayed);
@@ -282,6 +366,13 @@ mod tests {
         assert!(text.contains(r#"idemgate_store_errors_total{route="api"} 1"#));
         assert!(text.contains(r#"idemgate_route_paused{route="api"} 1"#));
         assert!(text.contains("idemgate_oldest_unknown_age_seconds 10.0"));
+        assert!(text.contains(r#"idemgate_store_batch_calls_sum{batch="write"} 3.0"#));
+        assert!(
+            text.contains(
+                r#"idemgate_store_commit_duration_seconds_bucket{le="0.001",batch="write"} 1"#
+            ),
+            "{text}"
+        );
         for line in text
             .lines()
             .filter(|l| !l.starts_with('#') && !l.is_empty())

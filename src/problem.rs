@@ -94,8 +94,8 @@ pub enum ProxyError {
     #[error("the upstream exchange failed: {reason}")]
     UpstreamFailed { reason: String },
     #[error(
-        "this scope has had {} writes sent on route `{route}` within {}; nothing was sent, retry after the window ends",
-        spent.operations,
+        "this scope has {} on route `{route}` within {}; nothing was sent, retry after the window ends",
+        spent.used,
         humantime::format_duration(spent.window)
     )]
     QuotaExceeded {
@@ -400,6 +400,7 @@ impl Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::quota::Used;
 
     fn op(state: State) -> OperationRef {
         OperationRef {
@@ -548,7 +549,7 @@ mod tests {
             ProxyError::QuotaExceeded {
                 route: "api".into(),
                 spent: QuotaSpent {
-                    operations: 10,
+                    used: Used::Operations(10),
                     window: std::time::Duration::from_secs(60),
                     retry_after: 42,
                 },

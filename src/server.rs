@@ -36,6 +36,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::Admin;
 use crate::admin::auth::{AdminToken, ExposedAdmin, UnusableToken};
+use crate::alerts::deliverer::Deliverer;
+use crate::alerts::{self, AlertError, Endpoint, Poster};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ServerConfig, StoreUrl};
 use crate::metrics::Metrics;
@@ -63,6 +65,8 @@ pub enum StartError {
     UnusableAdminToken(#[from] UnusableToken),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error(transparent)]
+    Alerts(#[from] AlertError),
 }
 
 /// A running gateway.
@@ -158,6 +162,8 @@ impl Gateway {
         };
         let proxy_tls = load("proxy", &server.tls)?;
         let admin_tls = load("admin", &server.admin_tls)?;
+        let alert_endpoints = Endpoint::all(&config.alerts)?;
+        let poster = Poster::new()?;
         let bind = |field, addr| async move {
             TcpListener::bind(addr)
                 .await
@@ -187,7 +193,7 @@ impl Gateway {
         // one; a restart that marks nothing leaves an operator's resume alone.
         replicas::recover(store.as_ref(), &config.routes).await?;
         let paused = store.paused_routes().await?;
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Metrics::new(store.batches()));
         metrics.start_at_zero(config.routes.iter().map(|route| route.name.as_str()));
         let proxy_cap = ConnectionCap::new("proxy", server.max_connections, &metrics);
         let admin_cap = ConnectionCap::new("admin", server.admin_max_connections, &metrics);
@@ -203,7 +209,7 @@ impl Gateway {
         let admin = Arc::new(Admin {
             store: store.clone(),
             proxy: proxy.clone(),
-            metrics,
+            metrics: metrics.clone(),
             clock: clock.clone(),
             token,
             body_timeout: server.header_read_timeout,
@@ -232,10 +238,21 @@ impl Gateway {
         let stop_accepting = CancellationToken::new();
         let sweep = tokio::spawn(retention::run(
             store.clone(),
-            clock,
+            clock.clone(),
             config.store.retention,
             stop_accepting.clone(),
         ));
+        let alerts = tokio::spawn(
+            Arc::new(Deliverer::new(
+                store.clone(),
+                alert_endpoints,
+                poster,
+                clock,
+                metrics.clone(),
+                alerts::console_base(admin_addr),
+            ))
+            .run(stop_accepting.clone()),
+        );
         let watch = tokio::spawn({
             let (store, proxy, routes) = (store.clone(), proxy.clone(), config.routes.clone());
             let stop = stop_accepting.clone();
@@ -269,7 +286,7 @@ impl Gateway {
                 shutdown.cancelled().await;
                 let deadline = Instant::now() + server.shutdown_grace;
                 stop_accepting.cancel();
-                for task in loops.into_iter().chain([sweep, watch]) {
+                for task in loops.into_iter().chain([sweep, watch, alerts]) {
                     let _ = task.await;
                 }
                 // Connections are drained; forward tasks get the rest of the grace to record.

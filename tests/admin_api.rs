@@ -230,7 +230,15 @@ async fn without_a_configured_token_every_admin_call_is_401() {
                 headers.push(("authorization", auth));
             }
             let resp = send(gw.admin_addr(), method, &path, &headers, body.clone()).await;
-            assert_unauthorized(&resp, &format!("{method} {path} with {authorization:?}"));
+            // Told apart from a wrong token, naming what to set (the
+            // console shows this).
+            resp.assert_problem(401, "admin-token-unset");
+            assert_eq!(resp.header("www-authenticate"), Some("Bearer"));
+            let detail = resp.json()["detail"].as_str().unwrap_or("").to_owned();
+            assert!(
+                detail.contains(&variable) && detail.contains("server.admin_token_env"),
+                "{method} {path}: {detail}"
+            );
         }
     }
     let health = send(gw.admin_addr(), "GET", "/healthz", &[], Bytes::new()).await;
@@ -549,6 +557,50 @@ async fn a_resolution_status_may_be_any_integral_number_but_not_a_fraction() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolution_lengths_count_characters_not_bytes() {
+    let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
+    let id = unknown_operation(&gw, &admin, "res-chars").await;
+    let path = format!("/admin/keys/{id}/resolve");
+    // JSON Schema's maxLength counts characters: 200 of them are a valid
+    // operator, whatever their UTF-8 length; 201 are not.
+    let too_long = json!({"outcome": "completed", "operator": "é".repeat(201)});
+    admin
+        .post(&path, &too_long.to_string())
+        .await
+        .assert_problem(400, "invalid-resolution");
+    let at_the_limits = json!({
+        "outcome": "completed",
+        "operator": "é".repeat(200),
+        "note": "ü".repeat(4000),
+        "reference": "ß".repeat(400),
+    });
+    let resolved = admin.post(&path, &at_the_limits.to_string()).await;
+    assert_eq!(
+        resolved.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&resolved.body)
+    );
+    assert_eq!(resolved.json()["state"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_in_an_array_is_refused() {
+    let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
+    let id = unknown_operation(&gw, &admin, "res-array").await;
+    // The members in order, without their names, are not a resolution,
+    // nor a response.
+    for body in [
+        r#"["not_attempted", "ann", null, null, null]"#,
+        r#"{"outcome": "completed", "operator": "ann", "response": [201, {}, "ok"]}"#,
+    ] {
+        let refused = admin.post(&format!("/admin/keys/{id}/resolve"), body).await;
+        refused.assert_problem(400, "invalid-resolution");
+        assert_eq!(admin.show(&id).await["state"], "unknown", "{body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settled_and_missing_operations_are_not_resolvable() {
     let (gw, admin) = gateway("").await;
     assert_fresh_created(&write(gw.addr(), "/orders", Some("set-1"), ORDER).await);
@@ -842,9 +894,12 @@ async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() 
         &write(gw.addr(), "/orders", Some("p-done"), ORDER).await,
         &done,
     );
+    let stats = admin.get_json("/admin/stats").await;
+    assert_eq!(stats["paused_routes"], json!(["api"]));
     assert_eq!(
-        admin.get_json("/admin/stats").await["paused_routes"],
-        json!(["api"])
+        stats["routes"],
+        json!([{"name": "api", "path_prefix": "/", "paused": true,
+                "reason": "maintenance", "paused_by": "operator"}])
     );
     assert_eq!(gw.upstream.write_requests().len(), 1);
 
@@ -859,6 +914,58 @@ async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() 
     assert_eq!(
         admin.get_json("/admin/stats").await["paused_routes"],
         json!([])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_body_other_than_a_reason_is_refused() {
+    let (_gw, admin) = gateway("").await;
+    // A misspelt member or a reason that is not text would otherwise be
+    // dropped without a word, and the route paused for no stated reason.
+    for body in [
+        r#"{"": []}"#,
+        r#"{"reson": "typo"}"#,
+        r#"{"reason": 5}"#,
+        r#"["maintenance"]"#,
+        r#""maintenance""#,
+    ] {
+        let refused = admin.post("/admin/routes/api/pause", body).await;
+        refused.assert_problem(400, "invalid-request");
+        assert_eq!(
+            admin.get_json("/admin/stats").await["paused_routes"],
+            json!([]),
+            "{body} paused the route"
+        );
+    }
+    for (body, reason) in [
+        (r#"{"reason": null}"#, "paused by an operator"),
+        (r#"{}"#, "paused by an operator"),
+        (r#"{"reason": "maintenance"}"#, "maintenance"),
+    ] {
+        let paused = admin.post("/admin/routes/api/pause", body).await;
+        assert_eq!(paused.status, 200, "{body}");
+        assert_eq!(paused.json()["reason"], reason, "{body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_say_which_routes_the_latch_paused() {
+    let (gw, admin) = gateway("pause_after_unknown = 1").await;
+    let route = |stats: &Value| stats["routes"][0].clone();
+    let before = admin.get_json("/admin/stats").await;
+    assert_eq!(
+        route(&before),
+        json!({"name": "api", "path_prefix": "/", "paused": false,
+               "reason": null, "paused_by": null})
+    );
+    let lost = write(gw.addr(), "/drop", Some("latch-1"), ORDER).await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    let after = admin.get_json("/admin/stats").await;
+    assert_eq!(route(&after)["paused"], true, "{after}");
+    assert_eq!(route(&after)["paused_by"], "latch", "{after}");
+    assert_eq!(
+        route(&after)["reason"],
+        "pause_after_unknown: 1 operations unknown"
     );
 }
 

@@ -60,7 +60,7 @@ fn the_alerting_rules_pass_promtool() {
     let promtool = Command::new("promtool").arg("--version").output();
     if promtool.is_err() {
         assert!(
-            std::env::var_os("CI").is_none_or(|v| v.is_empty()),
+            !under_ci(),
             "promtool is required under CI (Debian package prometheus)"
         );
         eprintln!("skipped: promtool not found (Debian package prometheus)");
@@ -99,6 +99,10 @@ async fn rules_and_dashboard_query_only_exported_metrics() {
     assert_eq!(scraped.status, StatusCode::OK);
     let exported = exported_series(&String::from_utf8_lossy(&scraped.body));
     assert!(exported.contains("idemgate_route_paused"), "{exported:?}");
+    assert!(
+        exported.contains("idemgate_store_commit_duration_seconds_bucket"),
+        "{exported:?}"
+    );
 
     let dashboard = std::fs::read_to_string(Path::new(CONTRIB).join("grafana-dashboard.json"))
         .expect("dashboard");

@@ -61,15 +61,7 @@ async fn run_client(script: &str, args: &[&str]) -> Option<Value> {
                        in tests/clients";
         (venv_python.clone(), venv_python, install)
     };
-    if !installed.exists() {
-        let reason = format!(
-            "{} is missing; install it with {install} (.ci/run does)",
-            installed.display()
-        );
-        if std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
-            panic!("{reason}");
-        }
-        eprintln!("skipping {script}: {reason}");
+    if !installed_or_skip(&installed, script, install) {
         return None;
     }
     let mut cmd = Command::new(program);

@@ -18,7 +18,10 @@
 //! - writes sent per scope and window (`routes[].quota_operations`,
 //!   `quota_window`): beyond it a new write gets 429 `quota-exceeded` with
 //!   `Retry-After` and nothing is sent, existing operations still answer
-//!   for themselves, other scopes are served, and the next window opens.
+//!   for themselves, other scopes are served, and the next window opens;
+//! - bytes stored per scope and window (`routes[].quota_stored_bytes`):
+//!   the write whose response crosses it is kept whole, the next new write
+//!   gets 429 `quota-exceeded`, and the store holds no more than that.
 //!
 //! Slow heads and slow bodies are bounded too (`tests/limits.rs`).
 
@@ -340,6 +343,35 @@ async fn a_scope_over_its_quota_gets_429_while_other_scopes_are_served() {
     clock.advance(Duration::from_secs(41));
     assert_fresh_created(&write(gw.addr(), "/orders", Some("quota-3"), ORDER).await);
     assert_eq!(gw.upstream.writes(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_that_stored_its_bytes_gets_429_until_the_window_ends() {
+    let clock = idemgate::clock::ManualClock::new();
+    let route = "quota_stored_bytes = \"16KiB\"\nquota_window = \"1m\"";
+    let gw = spawn_gateway_with(Setup::route(route).clock(clock.clone())).await;
+    // 10 KiB stored, then 10 more: the crossing response is kept whole.
+    let first = write(gw.addr(), "/big?bytes=10240", Some("bytes-1"), ORDER).await;
+    assert_eq!(first.status, StatusCode::OK);
+    let crossing = write(gw.addr(), "/big?bytes=10240", Some("bytes-2"), ORDER).await;
+    assert_eq!(crossing.status, StatusCode::OK);
+    assert_eq!(crossing.body.len(), 10240);
+    assert_replay_of(
+        &write(gw.addr(), "/big?bytes=10240", Some("bytes-2"), ORDER).await,
+        &crossing,
+    );
+    clock.advance(Duration::from_secs(15));
+
+    let over = write(gw.addr(), "/orders", Some("bytes-3"), ORDER).await;
+    let problem = over.assert_problem(429, "quota-exceeded");
+    assert_eq!(over.header("retry-after"), Some("45"));
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("stored its quota of 16.0 KiB"), "{detail}");
+    assert_fresh_created(&write_as(gw.addr(), "/orders", Some("bytes-3"), Some(BOB), ORDER).await);
+    assert_eq!(gw.upstream.writes(), 3, "nothing over the quota was sent");
+
+    clock.advance(Duration::from_secs(46));
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("bytes-3"), ORDER).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -457,6 +457,16 @@ async fn concurrent_writes_each_get_their_own_answer(bench: Bench) {
             assert_eq!(kinds(&events), ["claimed", "sent", "response"]);
         }
     }
+    // Every claim and record went through a group commit, and the store
+    // counted each in its batch metrics.
+    let metrics = idemgate::metrics::Metrics::new(store.batches());
+    let text = metrics.render(&Default::default(), &[], 0);
+    let batched: f64 = text
+        .lines()
+        .filter(|line| line.starts_with("idemgate_store_batch_calls_sum"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(batched >= 600.0, "200 claims and 400 records: {text}");
     store.close().await;
 }
 
@@ -589,6 +599,19 @@ async fn pauses_and_the_latch(bench: Bench) {
     held(store.as_ref(), "u2").await;
     assert!(store.trip_pause_latch("api", 2).await.unwrap());
     assert_eq!(store.paused_routes().await.unwrap(), ["api", "other"]);
+    // Who paused: the latch's reason says so; an operator's is kept as given.
+    let pauses = store.pauses().await.unwrap();
+    let by: Vec<_> = pauses
+        .iter()
+        .map(|p| (p.route.as_str(), p.reason.as_str(), p.by_latch()))
+        .collect();
+    assert_eq!(
+        by,
+        [
+            ("api", "pause_after_unknown: 2 operations unknown", true),
+            ("other", "x", false)
+        ]
+    );
     store.close().await;
 }
 

@@ -4,7 +4,9 @@
 //!
 //! Invariants: the comparison takes the same time wherever the first wrong
 //! byte is (`subtle`); with no token configured (the variable unset or
-//! empty) every `/admin/*` call is 401; a configured token is one some
+//! empty) every `/admin/*` call is 401 `admin-token-unset`, which names the
+//! variable to set (never a value: there is none) so an operator at the
+//! console learns what is missing; a configured token is one some
 //! `Authorization` header can carry, so it can match — idemgate refuses to
 //! start with one that has surrounding whitespace, is blank, or holds a
 //! character outside printable ASCII ([`UnusableToken`]), rather than trim
@@ -21,11 +23,15 @@ use subtle::ConstantTimeEq;
 use super::AdminError;
 
 /// The configured token, if any. Never logged or shown.
-pub struct AdminToken(Option<Vec<u8>>);
+pub struct AdminToken {
+    token: Option<Vec<u8>>,
+    /// The variable the token is read from, named when there is none.
+    variable: String,
+}
 
 impl std::fmt::Debug for AdminToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
+        f.write_str(if self.token.is_some() {
             "AdminToken(set)"
         } else {
             "AdminToken(unset)"
@@ -87,12 +93,26 @@ pub fn token_fault(token: &str) -> Option<TokenFault> {
 }
 
 impl AdminToken {
+    fn set(token: Vec<u8>, variable: &str) -> Self {
+        AdminToken {
+            token: Some(token),
+            variable: variable.to_string(),
+        }
+    }
+
+    fn unset(variable: &str) -> Self {
+        AdminToken {
+            token: None,
+            variable: variable.to_string(),
+        }
+    }
+
     /// Reads the token from the environment variable `variable`; unset or
     /// empty means no token.
     pub fn from_env(variable: &str) -> Result<Self, UnusableToken> {
         match std::env::var(variable) {
             Ok(token) => Self::new(token, variable),
-            Err(std::env::VarError::NotPresent) => Ok(AdminToken(None)),
+            Err(std::env::VarError::NotPresent) => Ok(AdminToken::unset(variable)),
             Err(std::env::VarError::NotUnicode(_)) => Err(UnusableToken {
                 variable: variable.to_string(),
                 fault: TokenFault::NotPrintable,
@@ -104,10 +124,10 @@ impl AdminToken {
     /// error names); empty means no token.
     pub fn new(token: String, variable: &str) -> Result<Self, UnusableToken> {
         if token.is_empty() {
-            return Ok(AdminToken(None));
+            return Ok(AdminToken::unset(variable));
         }
         match token_fault(&token) {
-            None => Ok(AdminToken(Some(token.into_bytes()))),
+            None => Ok(AdminToken::set(token.into_bytes(), variable)),
             Some(fault) => Err(UnusableToken {
                 variable: variable.to_string(),
                 fault,
@@ -121,7 +141,7 @@ impl AdminToken {
         admin_listen: SocketAddr,
         variable: &str,
     ) -> Result<(), ExposedAdmin> {
-        if self.0.is_none() && !admin_listen.ip().is_loopback() {
+        if self.token.is_none() && !admin_listen.ip().is_loopback() {
             return Err(ExposedAdmin {
                 admin_listen,
                 variable: variable.to_string(),
@@ -132,8 +152,10 @@ impl AdminToken {
 
     /// Accepts exactly `Authorization: Bearer <token>`.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), AdminError> {
-        let Some(expected) = &self.0 else {
-            return Err(AdminError::Unauthorized);
+        let Some(expected) = &self.token else {
+            return Err(AdminError::TokenUnset {
+                variable: self.variable.clone(),
+            });
         };
         // The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
         let presented = headers
@@ -164,7 +186,7 @@ mod tests {
 
     #[test]
     fn only_the_exact_bearer_token_passes() {
-        let token = AdminToken(Some(b"s3cret".to_vec()));
+        let token = AdminToken::set(b"s3cret".to_vec(), "V");
         assert!(token.check(&with("Bearer s3cret")).is_ok());
         assert!(token.check(&with("Bearer s3cre")).is_err());
         assert!(token.check(&with("Bearer s3cret2")).is_err());
@@ -173,7 +195,10 @@ mod tests {
         assert!(token.check(&with("Bearers3cret")).is_err());
         assert!(token.check(&with("Basic s3cret")).is_err());
         assert!(token.check(&HeaderMap::new()).is_err());
-        assert!(AdminToken(None).check(&with("Bearer ")).is_err());
+        assert!(matches!(
+            AdminToken::unset("V").check(&with("Bearer ")),
+            Err(AdminError::TokenUnset { variable }) if variable == "V"
+        ));
         assert_eq!(format!("{token:?}"), "AdminToken(set)");
     }
 
@@ -181,7 +206,7 @@ mod tests {
     fn an_exposed_listener_needs_a_token() {
         let exposed: SocketAddr = "0.0.0.0:9090".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:9090".parse().unwrap();
-        let err = AdminToken(None)
+        let err = AdminToken::unset("V")
             .check_exposure(exposed, "IDEMGATE_ADMIN_TOKEN")
             .unwrap_err();
         let text = err.to_string();
@@ -189,9 +214,9 @@ mod tests {
             text.contains("admin_listen") && text.contains("IDEMGATE_ADMIN_TOKEN"),
             "{text}"
         );
-        assert!(AdminToken(None).check_exposure(local, "X").is_ok());
+        assert!(AdminToken::unset("V").check_exposure(local, "X").is_ok());
         assert!(
-            AdminToken(Some(b"t".to_vec()))
+            AdminToken::set(b"t".to_vec(), "V")
                 .check_exposure(exposed, "X")
                 .is_ok()
         );

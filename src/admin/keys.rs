@@ -184,7 +184,19 @@ struct Resolution {
     operator: String,
     note: Option<String>,
     reference: Option<String>,
+    #[serde(default, deserialize_with = "object_or_null")]
     response: Option<ResolutionResponse>,
+}
+
+/// The `response` of a resolution: an object or `null`, never the
+/// members in order as an array (see [`super::json_object`]).
+fn object_or_null<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<ResolutionResponse>, D::Error> {
+    Option::<serde_json::Map<String, Value>>::deserialize(deserializer)?
+        .map(|members| serde_json::from_value(Value::Object(members)))
+        .transpose()
+        .map_err(serde::de::Error::custom)
 }
 
 #[derive(Debug, Deserialize)]
@@ -228,7 +240,7 @@ pub async fn resolve(
     id: &str,
     body: &[u8],
 ) -> Result<Response<ProxyBody>, AdminError> {
-    let resolution: Resolution = serde_json::from_slice(body)
+    let resolution: Resolution = super::json_object(body)
         .map_err(|e| AdminError::InvalidResolution(format!("the body is not a resolution: {e}")))?;
     let decision = decision(&resolution)?;
     let event = Event {
@@ -255,13 +267,17 @@ pub async fn resolve(
 
 fn decision(resolution: &Resolution) -> Result<Decision, AdminError> {
     let invalid = |reason: &str| AdminError::InvalidResolution(reason.to_string());
-    let operator = resolution.operator.trim();
-    if operator.is_empty() || operator.len() > 200 {
-        return Err(invalid("`operator` names who decided: 1 to 200 characters"));
+    // Lengths in characters, as the OpenAPI document's maxLength counts
+    // them, not in UTF-8 bytes.
+    let longer =
+        |text: &Option<String>, max: usize| text.as_ref().is_some_and(|t| t.chars().count() > max);
+    let operator = &resolution.operator;
+    if operator.trim().is_empty() || operator.chars().count() > 200 {
+        return Err(invalid(
+            "`operator` names who decided: 1 to 200 characters, not all white space",
+        ));
     }
-    if resolution.note.as_ref().is_some_and(|n| n.len() > 4000)
-        || resolution.reference.as_ref().is_some_and(|r| r.len() > 400)
-    {
+    if longer(&resolution.note, 4000) || longer(&resolution.reference, 400) {
         return Err(invalid(
             "`note` is at most 4000 characters, `reference` at most 400",
         ));

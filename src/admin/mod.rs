@@ -2,6 +2,8 @@
 //! operators' tools never share a port with automations.
 //!
 //! Routes (JSON unless said otherwise):
+//! - `GET /`, `GET /console.css`, `GET /console.js` — the operator console
+//!   (`console.rs`): static files, no token; the page calls the routes below.
 //! - `GET /healthz` — 200 while the process serves; no token, no payload data.
 //! - `GET /readyz` — 200 when the store answers, 503 `store-unavailable`; no token.
 //! - `GET /metrics` — Prometheus text, every metric `idemgate_*`; no token.
@@ -10,7 +12,8 @@
 //! - `GET /admin/keys/{id}` — one operation with evidence, next action,
 //!   request summary, response status and its event timeline.
 //! - `POST /admin/keys/{id}/resolve` — an operator settles a held operation.
-//! - `GET /admin/stats` — counts by state and route, oldest `unknown` age.
+//! - `GET /admin/stats` — counts by state and route, oldest `unknown` age,
+//!   every route with its pause (reason, by an operator or the latch).
 //! - `POST /admin/routes/{name}/pause`, `POST /admin/routes/{name}/resume`.
 //! - `GET /admin/openapi.json` — the OpenAPI 3.1 description of these routes.
 //!
@@ -20,6 +23,7 @@
 //! credentials: scopes are hashes and are not shown at all.
 
 pub mod auth;
+mod console;
 mod keys;
 
 use std::sync::Arc;
@@ -62,6 +66,10 @@ pub struct Admin {
 pub enum AdminError {
     #[error("a valid `Authorization: Bearer <token>` is required")]
     Unauthorized,
+    #[error(
+        "no admin token is configured: set the environment variable {variable} (named by `server.admin_token_env`) to a secret and restart idemgate"
+    )]
+    TokenUnset { variable: String },
     #[error("no such {0}")]
     NotFound(&'static str),
     #[error("no route named `{0}`")]
@@ -89,6 +97,11 @@ impl AdminError {
     pub fn problem(&self) -> Problem {
         let (status, name, title) = match self {
             AdminError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            AdminError::TokenUnset { .. } => (
+                StatusCode::UNAUTHORIZED,
+                "admin-token-unset",
+                "No admin token configured",
+            ),
             AdminError::NotFound(_) => (
                 StatusCode::NOT_FOUND,
                 "unknown-operation",
@@ -135,7 +148,7 @@ impl AdminError {
     fn into_response(self) -> Response<ProxyBody> {
         let mut response = self.problem().into_response();
         match &self {
-            AdminError::Unauthorized => {
+            AdminError::Unauthorized | AdminError::TokenUnset { .. } => {
                 response.headers_mut().insert(
                     http::header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer"),
@@ -163,6 +176,7 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<P
 /// An admin path, recognised apart from its method so that a wrong method
 /// is answered with the one the path accepts (`Allow`).
 enum Endpoint<'a> {
+    Console(&'static console::Asset),
     Healthz,
     Readyz,
     Metrics,
@@ -178,6 +192,11 @@ enum Endpoint<'a> {
 impl<'a> Endpoint<'a> {
     /// The endpoint that decoded `segments` name, if any.
     fn parse(segments: &[&'a str]) -> Option<Self> {
+        if let [name] = segments
+            && let Some(asset) = console::asset(name)
+        {
+            return Some(Endpoint::Console(asset));
+        }
         Some(match segments {
             ["healthz"] => Endpoint::Healthz,
             ["readyz"] => Endpoint::Readyz,
@@ -241,6 +260,7 @@ async fn route(
         });
     }
     match endpoint {
+        Endpoint::Console(asset) => Ok(console::response(asset)),
         Endpoint::Healthz => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
         Endpoint::Readyz => {
             admin.store.ping().await?;
@@ -305,6 +325,16 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<ProxyB
     response
 }
 
+/// A request body that must be a JSON object, as `T`. serde's derived
+/// structs also read their members in order from an array
+/// (`["completed", "ann"]`), which no client means.
+pub(crate) fn json_object<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<T, serde_json::Error> {
+    let members: serde_json::Map<String, Value> = serde_json::from_slice(body)?;
+    serde_json::from_value(Value::Object(members))
+}
+
 /// `GET /admin/stats`.
 async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
     let stats = admin.store.stats().await?;
@@ -334,7 +364,22 @@ async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
     let oldest = stats
         .oldest_unknown_created_at
         .map(|created| (now - created).max(0) as f64 / 1000.0);
-    let paused = admin.store.paused_routes().await?;
+    let pauses = admin.store.pauses().await?;
+    let paused: Vec<&str> = pauses.iter().map(|p| p.route.as_str()).collect();
+    let routes: Vec<Value> = admin
+        .proxy
+        .routes()
+        .map(|route| {
+            let pause = pauses.iter().find(|p| p.route == route.name);
+            json!({
+                "name": route.name,
+                "path_prefix": route.path_prefix,
+                "paused": pause.is_some(),
+                "reason": pause.map(|p| &p.reason),
+                "paused_by": pause.map(|p| if p.by_latch() { "latch" } else { "operator" }),
+            })
+        })
+        .collect();
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -342,8 +387,18 @@ async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
             "by_route": by_route,
             "oldest_unknown_age_seconds": oldest,
             "paused_routes": paused,
+            "routes": routes,
         }),
     ))
+}
+
+/// What a pause or resume may carry besides nothing. Anything else is
+/// refused: a misspelt member would otherwise pause a route for no stated
+/// reason without a word.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    reason: Option<String>,
 }
 
 /// `POST /admin/routes/{name}/pause|resume`, with an optional
@@ -357,12 +412,9 @@ async fn pause(
     let reason = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        let value: Value = serde_json::from_slice(body)
-            .map_err(|e| AdminError::BadRequest(format!("the body is not JSON: {e}")))?;
-        value
-            .get("reason")
-            .and_then(Value::as_str)
-            .map(str::to_string)
+        json_object::<PauseBody>(body)
+            .map_err(|e| AdminError::BadRequest(format!("the body is not {{\"reason\": …}}: {e}")))?
+            .reason
     };
     let reason =
         (action == "pause").then(|| reason.unwrap_or_else(|| "paused by an operator".into()));
@@ -397,6 +449,13 @@ mod tests {
     fn each_admin_error_maps_to_its_status_and_name() {
         let cases = [
             (AdminError::Unauthorized, 401, "unauthorized"),
+            (
+                AdminError::TokenUnset {
+                    variable: "V".into(),
+                },
+                401,
+                "admin-token-unset",
+            ),
             (AdminError::NotFound("operation"), 404, "unknown-operation"),
             (AdminError::NoRoute("x".into()), 404, "no-route"),
             (
@@ -461,5 +520,41 @@ mod tests {
         ] {
             assert!(paths.contains_key(path), "{path}");
         }
+    }
+
+    #[test]
+    fn every_link_in_the_openapi_document_names_an_operation_and_its_parameters() {
+        let doc: Value = serde_json::from_str(OPENAPI).unwrap();
+        let operations: Vec<&Value> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .values()
+            .flat_map(|item| item.as_object().unwrap().values())
+            .collect();
+        let by_id = |id: &str| {
+            operations
+                .iter()
+                .find(|op| op["operationId"] == id)
+                .unwrap_or_else(|| panic!("no operation {id}"))
+        };
+        let mut links = 0;
+        for operation in &operations {
+            for response in operation["responses"].as_object().unwrap().values() {
+                let Some(named) = response.get("links").and_then(Value::as_object) else {
+                    continue;
+                };
+                for (name, link) in named {
+                    let target = by_id(link["operationId"].as_str().unwrap());
+                    for parameter in link["parameters"].as_object().unwrap().keys() {
+                        let declared = target["parameters"]
+                            .as_array()
+                            .is_some_and(|ps| ps.iter().any(|p| p["name"] == parameter.as_str()));
+                        assert!(declared, "link {name}: no parameter {parameter}");
+                    }
+                    links += 1;
+                }
+            }
+        }
+        assert!(links >= 4, "only {links} links");
     }
 }

@@ -28,6 +28,7 @@ use crate::pipeline::ActiveRoute;
 use crate::pipeline::claim::InFlightGuard;
 use crate::pipeline::fingerprint::{ExactDigest, Fingerprint};
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
+use crate::pipeline::quota::StoredCharge;
 use crate::pipeline::record::{self, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::replay::ReplayCache;
 use crate::reconcile::Reconciler;
@@ -53,6 +54,9 @@ pub struct Attempt {
     pub fingerprint: Fingerprint,
     /// The request exactly as sent, for the replay cache's fast path.
     pub exact: ExactDigest,
+    /// Where the response it stores is counted, on a route with a byte
+    /// quota.
+    pub quota: Option<StoredCharge>,
     pub clock: Arc<dyn Clock>,
     /// Cancelled when shutdown starts: stop probing and listening late.
     pub stopping: CancellationToken,
@@ -138,6 +142,9 @@ impl Attempt {
     /// answer goes to its waiters, who send nothing.
     fn hand_over(&mut self, settlement: &Settlement, released: Option<Released>, recorded_at: i64) {
         if let Settlement::Completed { response } = settlement {
+            if let Some(quota) = &self.quota {
+                quota.count(&self.active.route, response, recorded_at);
+            }
             self.replays.insert(
                 &self.identity,
                 &self.claim.operation_id,
@@ -248,6 +255,9 @@ impl Attempt {
             .await
         {
             Ok(true) => {
+                if let Some(quota) = &self.quota {
+                    quota.count(&self.active.route, &response, self.clock.now_millis());
+                }
                 tracing::info!(operation_id = %self.claim.operation_id, "a late response settled an unknown operation")
             }
             Ok(false) => {

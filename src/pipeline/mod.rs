@@ -64,7 +64,7 @@ use claim::{Claimed, Hold, InFlight};
 use fingerprint::{ExactDigest, Fingerprint, FingerprintInput};
 use forward::{UpstreamClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
-use quota::Quotas;
+use quota::{Quotas, StoredCharge};
 use replay::ReplayCache;
 
 /// A configured route with its pooled upstream client.
@@ -96,8 +96,8 @@ pub struct Proxy {
     max_header_bytes: usize,
     /// What all write bodies in memory may take together.
     body_budget: BodyBudget,
-    /// Writes sent per scope, for routes with a quota.
-    quotas: Quotas,
+    /// Writes sent and bytes stored per scope, for routes with a quota.
+    quotas: Arc<Quotas>,
 }
 
 impl Proxy {
@@ -144,7 +144,7 @@ impl Proxy {
             give_up,
             max_header_bytes: config.server.max_header_bytes,
             body_budget: BodyBudget::new(config.server.buffered_body_budget),
-            quotas: Quotas::default(),
+            quotas: Arc::default(),
         })
     }
 
@@ -157,6 +157,11 @@ impl Proxy {
         self.store.set_paused(name, reason).await?;
         active.paused.store(reason.is_some(), Ordering::SeqCst);
         Ok(true)
+    }
+
+    /// The configured routes, in the config file's order.
+    pub fn routes(&self) -> impl Iterator<Item = &Route> {
+        self.routes.iter().map(|active| active.route.as_ref())
     }
 
     /// Follows the routes the store holds paused (set through a peer
@@ -402,8 +407,9 @@ impl Proxy {
         )
         .await?;
         if matches!(claimed, Claimed::Send(..)) {
+            let request_bytes = new.request.body.as_ref().map_or(0, Vec::len);
             self.quotas
-                .count(route, &new.scope, self.clock.now_millis());
+                .count(route, &new.scope, request_bytes, self.clock.now_millis());
         }
         let (claim, in_flight) = match claimed {
             Claimed::Send(claim, guard) => (claim, guard),
@@ -451,6 +457,7 @@ impl Proxy {
             identity,
             fingerprint: new.fingerprint.clone(),
             exact,
+            quota: StoredCharge::new(&self.quotas, route, &new.scope),
             clock: self.clock.clone(),
             stopping: self.stopping.clone(),
             give_up: self.give_up.clone(),

@@ -1,21 +1,30 @@
 //! Quotas per scope: a route may bound how many writes each scope (each
 //! credential) gets sent upstream per window (`quota_operations` per
-//! `quota_window`), so one runaway automation cannot spend the API's
+//! `quota_window`) and how many bytes it adds to the store per window
+//! (`quota_stored_bytes`), so one runaway automation cannot spend the API's
 //! capacity, or the store's, for everyone else.
 //!
-//! What counts is an attempt sent: a claim that starts one. Replays, held
-//! operations, 409s and refusals never count, and a scope over its quota
-//! still gets its existing operations answered for themselves (the claim
-//! phase looks them up without claiming, as on a paused route); only a
-//! write that would be sent gets 429 `quota-exceeded` with `Retry-After`
-//! (the end of the window).
+//! What counts as an operation is an attempt sent: a claim that starts one.
+//! What counts as stored bytes is what that attempt's operation keeps: its
+//! request body when the route stores it, counted at the claim, and its
+//! completed response (status line aside: headers and body), counted once
+//! recorded. Replays, held operations, 409s and refusals never count, and a
+//! scope over its quota still gets its existing operations answered for
+//! themselves (the claim phase looks them up without claiming, as on a
+//! paused route); only a write that would be sent gets 429 `quota-exceeded`
+//! with `Retry-After` (the end of the window).
 //!
 //! Windows are fixed, start at a scope's first counted write, and are
 //! measured on the gateway's clock; they are kept in memory, per process,
 //! and begin anew at a restart. The check happens before the claim and the
 //! count after it, so writes of one scope claimed at the same instant may
-//! pass the quota by as many as were claimed together.
+//! pass the quota by as many as were claimed together; and a response is
+//! only measured once it came back, so the write that crosses the byte
+//! quota is stored whole (refusing to store an answer already given would
+//! lose it) and the next one is refused.
 
+use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -23,6 +32,7 @@ use dashmap::DashMap;
 
 use crate::clock;
 use crate::config::Route;
+use crate::store::StoredResponse;
 
 /// Quotas below this many tracked scopes are never pruned.
 const PRUNE_FLOOR: usize = 1024;
@@ -50,15 +60,37 @@ struct Window {
     ends: i64,
     /// Attempts sent in it.
     sent: u32,
+    /// Bytes its operations added to the store.
+    stored: u64,
 }
 
-/// The scope has used its quota (`operations` per `window`): seconds
-/// until its window ends.
+/// The scope has used its quota (`used` per `window`): seconds until its
+/// window ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaSpent {
-    pub operations: u32,
+    pub used: Used,
     pub window: Duration,
     pub retry_after: u32,
+}
+
+/// Which of its quotas a scope has used up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Used {
+    /// `quota_operations` writes sent.
+    Operations(u32),
+    /// At least `quota_stored_bytes` bytes stored.
+    StoredBytes(u64),
+}
+
+impl fmt::Display for Used {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Used::Operations(n) => write!(f, "had {n} writes sent"),
+            Used::StoredBytes(n) => {
+                write!(f, "stored its quota of {}", bytesize::ByteSize(*n))
+            }
+        }
+    }
 }
 
 impl Quotas {
@@ -70,25 +102,41 @@ impl Quotas {
         let Some(window) = self.windows.get(&key(route, scope)).map(|w| *w) else {
             return Ok(());
         };
-        if now >= window.ends || window.sent < quota.operations {
+        if now >= window.ends {
             return Ok(());
         }
+        let used = match (quota.operations, quota.stored_bytes) {
+            (Some(limit), _) if window.sent >= limit => Used::Operations(limit),
+            (_, Some(limit)) if window.stored >= limit => Used::StoredBytes(limit),
+            _ => return Ok(()),
+        };
         let seconds = (window.ends - now + 999) / 1000;
         Err(QuotaSpent {
-            operations: quota.operations,
+            used,
             window: quota.window,
             retry_after: u32::try_from(seconds).unwrap_or(u32::MAX).max(1),
         })
     }
 
-    /// Counts an attempt sent for `scope` on `route` (`now` in ms).
-    pub fn count(&self, route: &Route, scope: &str, now: i64) {
+    /// Counts an attempt sent for `scope` on `route` that stored
+    /// `request_bytes` of its request (`now` in ms).
+    pub fn count(&self, route: &Route, scope: &str, request_bytes: usize, now: i64) {
+        self.add(route, scope, now, 1, request_bytes);
+    }
+
+    /// Counts the `bytes` an attempt's response added to the store.
+    pub fn count_stored(&self, route: &Route, scope: &str, bytes: usize, now: i64) {
+        self.add(route, scope, now, 0, bytes);
+    }
+
+    fn add(&self, route: &Route, scope: &str, now: i64, sent: u32, bytes: usize) {
         let Some(quota) = &route.quota else {
             return;
         };
         let fresh = Window {
             ends: now + clock::millis(quota.window),
             sent: 0,
+            stored: 0,
         };
         {
             // The map guard ends here, before `prune` walks the map.
@@ -96,7 +144,10 @@ impl Quotas {
             if now >= window.ends {
                 *window = fresh;
             }
-            window.sent = window.sent.saturating_add(1);
+            window.sent = window.sent.saturating_add(sent);
+            window.stored = window
+                .stored
+                .saturating_add(u64::try_from(bytes).unwrap_or(u64::MAX));
         }
         self.prune(now);
     }
@@ -112,6 +163,34 @@ impl Quotas {
         let kept = self.windows.len();
         self.prune_at
             .store(PRUNE_FLOOR.max(kept * 2), Ordering::Relaxed);
+    }
+}
+
+/// Where an attempt counts the response it stores: its scope's window, on a
+/// route with a byte quota.
+pub struct StoredCharge {
+    quotas: Arc<Quotas>,
+    scope: String,
+}
+
+impl StoredCharge {
+    /// The charge for an attempt of `scope` on `route`; `None` when the
+    /// route has no byte quota, so nothing is kept for nothing to count.
+    pub fn new(quotas: &Arc<Quotas>, route: &Route, scope: &str) -> Option<Self> {
+        route
+            .quota
+            .as_ref()
+            .and_then(|quota| quota.stored_bytes)
+            .map(|_| StoredCharge {
+                quotas: quotas.clone(),
+                scope: scope.to_string(),
+            })
+    }
+
+    /// Counts a response the store now keeps.
+    pub fn count(&self, route: &Route, response: &StoredResponse, now: i64) {
+        self.quotas
+            .count_stored(route, &self.scope, response.stored_bytes(), now);
     }
 }
 
@@ -136,12 +215,12 @@ mod tests {
         let quotas = Quotas::default();
         for now in [0, 1_000] {
             assert_eq!(quotas.check(&route, "alice", now), Ok(()));
-            quotas.count(&route, "alice", now);
+            quotas.count(&route, "alice", 0, now);
         }
         assert_eq!(
             quotas.check(&route, "alice", 2_500),
             Err(QuotaSpent {
-                operations: 2,
+                used: Used::Operations(2),
                 window: Duration::from_secs(10),
                 retry_after: 8
             })
@@ -152,9 +231,52 @@ mod tests {
             Ok(()),
             "a new window"
         );
-        quotas.count(&route, "alice", 10_000);
-        quotas.count(&route, "alice", 10_001);
+        quotas.count(&route, "alice", 0, 10_000);
+        quotas.count(&route, "alice", 0, 10_001);
         assert!(quotas.check(&route, "alice", 10_002).is_err());
+    }
+
+    #[test]
+    fn a_scope_gets_its_stored_bytes_per_window_and_the_crossing_write_is_kept() {
+        let route = route_with("quota_stored_bytes = \"1KiB\"\nquota_window = \"10s\"\n");
+        let quotas = Quotas::default();
+        quotas.count(&route, "alice", 300, 0);
+        quotas.count_stored(&route, "alice", 700, 10);
+        assert_eq!(quotas.check(&route, "alice", 20), Ok(()), "1000 < 1024");
+        quotas.count(&route, "alice", 0, 20);
+        quotas.count_stored(&route, "alice", 5_000, 30);
+        assert_eq!(
+            quotas.check(&route, "alice", 1_000),
+            Err(QuotaSpent {
+                used: Used::StoredBytes(1024),
+                window: Duration::from_secs(10),
+                retry_after: 9
+            })
+        );
+        assert_eq!(quotas.check(&route, "bob", 1_000), Ok(()), "per scope");
+        assert_eq!(
+            quotas.check(&route, "alice", 10_000),
+            Ok(()),
+            "a new window"
+        );
+    }
+
+    #[test]
+    fn both_quotas_bind_and_the_message_names_the_one_used() {
+        let route = route_with(
+            "quota_operations = 5\nquota_stored_bytes = \"100B\"\nquota_window = \"1m\"\n",
+        );
+        let quotas = Quotas::default();
+        quotas.count(&route, "alice", 0, 0);
+        quotas.count_stored(&route, "alice", 100, 0);
+        let spent = quotas.check(&route, "alice", 1).unwrap_err();
+        assert_eq!(spent.used, Used::StoredBytes(100));
+        assert_eq!(spent.used.to_string(), "stored its quota of 100 B");
+        for now in 0..5 {
+            quotas.count(&route, "bob", 0, now);
+        }
+        let spent = quotas.check(&route, "bob", 6).unwrap_err();
+        assert_eq!(spent.used.to_string(), "had 5 writes sent");
     }
 
     #[test]
@@ -162,7 +284,8 @@ mod tests {
         let route = route_with("");
         let quotas = Quotas::default();
         for now in 0..10 {
-            quotas.count(&route, "alice", now);
+            quotas.count(&route, "alice", 100, now);
+            quotas.count_stored(&route, "alice", 100, now);
             assert_eq!(quotas.check(&route, "alice", now), Ok(()));
         }
         assert!(quotas.windows.is_empty());
@@ -173,10 +296,10 @@ mod tests {
         let route = route_with("quota_operations = 1\nquota_window = \"1s\"\n");
         let quotas = Quotas::default();
         for scope in 0..PRUNE_FLOOR {
-            quotas.count(&route, &scope.to_string(), 0);
+            quotas.count(&route, &scope.to_string(), 0, 0);
         }
         assert_eq!(quotas.windows.len(), PRUNE_FLOOR, "not pruned yet");
-        quotas.count(&route, "late", 5_000);
+        quotas.count(&route, "late", 0, 5_000);
         assert_eq!(quotas.windows.len(), 1, "only the live window is kept");
     }
 }

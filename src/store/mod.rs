@@ -7,12 +7,15 @@
 //! (with its `sent` and `response` events). All SQL lives in this module's
 //! backends.
 
+mod outbox;
 mod postgres;
 mod sqlite;
 
 use async_trait::async_trait;
 
+use crate::metrics::StoreBatches;
 use crate::pipeline::fingerprint::Fingerprint;
+pub use outbox::{Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -204,6 +207,22 @@ pub struct Stats {
     pub oldest_unknown_created_at: Option<i64>,
 }
 
+/// A paused route and the reason stored with its pause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutePause {
+    pub route: String,
+    pub reason: String,
+}
+
+impl RoutePause {
+    /// Whether the `pause_after_unknown` latch set this pause: the latch's
+    /// statement (`trip_pause_latch` in each backend) stores its reason
+    /// with this prefix; an operator's pause stores the reason given.
+    pub fn by_latch(&self) -> bool {
+        self.reason.starts_with("pause_after_unknown: ")
+    }
+}
+
 /// An upstream response as recorded: end-to-end headers with lower-case
 /// names, duplicates and order kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,6 +231,18 @@ pub struct StoredResponse {
     pub headers: Vec<(String, Vec<u8>)>,
     /// `None` when the body was larger than `max_stored_response`.
     pub body: Option<Vec<u8>>,
+}
+
+impl StoredResponse {
+    /// The bytes it keeps in the store: header names and values and the body.
+    pub fn stored_bytes(&self) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + value.len())
+            .sum();
+        headers + self.body.as_ref().map_or(0, Vec::len)
+    }
 }
 
 /// What is kept about the request: never credentials, the body only when the
@@ -386,6 +417,9 @@ pub trait Store: Send + Sync {
         false
     }
 
+    /// Its group commits' sizes and times, for the gateway's metrics.
+    fn batches(&self) -> &StoreBatches;
+
     /// Appends an event to an operation's timeline.
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError>;
 
@@ -408,6 +442,9 @@ pub trait Store: Send + Sync {
 
     /// The routes paused now.
     async fn paused_routes(&self) -> Result<Vec<String>, StoreError>;
+
+    /// The routes paused now with their stored reasons, by route name.
+    async fn pauses(&self) -> Result<Vec<RoutePause>, StoreError>;
 
     /// Operations matching `filter`, newest first.
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError>;
@@ -441,6 +478,21 @@ pub trait Store: Send + Sync {
     /// Deletes up to `limit` `completed` and `not_attempted` operations last
     /// updated before `cutoff` (ms), with their events; `unknown` ones stay.
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError>;
+
+    /// Alerts, in one transaction: adds `unknown-aged` alerts for the
+    /// operations `unknown` longer than a subscription's threshold (each
+    /// once), fans the alerts not yet fanned out to the endpoints that
+    /// subscribe to them, drops old finished ones, and takes up to `limit`
+    /// deliveries due, leasing them.
+    async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError>;
+
+    /// Settles a delivery taken by [`Store::take_alerts`].
+    async fn settle_alert(
+        &self,
+        delivery: &AlertDelivery,
+        outcome: &AlertOutcome,
+        now: i64,
+    ) -> Result<(), StoreError>;
 
     /// Whether the store answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;

@@ -50,7 +50,8 @@
 //!   files); [`TlsClient`]: a kept-alive connection over TLS;
 //!   [`FakeUpstream::start_tls`] serves the fake upstream over TLS.
 //! - [`run_to_exit_within`]: a process (the CLI, a client script) run to
-//!   its end, killed past a bound.
+//!   its end, killed past a bound; [`installed_or_skip`]: a tool installed
+//!   outside cargo is there, or its test skips (fails under CI).
 //! - [`scrape_metrics`] / [`metric`]: the admin listener's counters.
 //! - [`TestGateway::operation`]: an operation as the admin API shows it
 //!   (state, attempts, evidence, timeline), for gateways set up with
@@ -101,6 +102,7 @@ mod gateway;
 mod postgres;
 mod raw;
 mod tls;
+mod tools;
 mod upstream;
 
 // Each test binary uses a different subset of the harness.
@@ -120,5 +122,7 @@ pub use postgres::*;
 pub use raw::*;
 #[allow(unused_imports)]
 pub use tls::*;
+#[allow(unused_imports)]
+pub use tools::*;
 #[allow(unused_imports)]
 pub use upstream::*;

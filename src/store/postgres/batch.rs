@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::metrics::StoreBatches;
 use crate::store::StoreError;
 
 /// The most calls one statement takes; more wait for the next one.
@@ -46,14 +47,15 @@ pub struct Batcher<J, R> {
 
 impl<J: Send + 'static, R: Send + 'static> Batcher<J, R> {
     /// Starts the task that runs each batch through `run`, which returns
-    /// one result per call, in the order given, within `timeout`.
-    pub fn start<F, Fut>(timeout: Duration, run: F) -> Self
+    /// one result per call, in the order given, within `timeout`, and
+    /// counts each in `observed` under its kind.
+    pub fn start<F, Fut>(timeout: Duration, observed: (&'static str, StoreBatches), run: F) -> Self
     where
         F: Fn(Vec<J>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Vec<R>, StoreError>> + Send + 'static,
     {
         let (queue, receiver) = mpsc::channel(QUEUE);
-        tokio::spawn(send_batches(receiver, timeout, run));
+        tokio::spawn(send_batches(receiver, timeout, observed, run));
         Batcher { queue }
     }
 
@@ -79,6 +81,7 @@ impl<J: Send + 'static, R: Send + 'static> Batcher<J, R> {
 async fn send_batches<J, R, F, Fut>(
     mut receiver: mpsc::Receiver<(Instant, J, Reply<R>)>,
     timeout: Duration,
+    (kind, batches): (&'static str, StoreBatches),
     run: F,
 ) where
     F: Fn(Vec<J>) -> Fut,
@@ -104,7 +107,9 @@ async fn send_batches<J, R, F, Fut>(
             continue;
         }
         let calls = jobs.len();
+        let started = Instant::now();
         let answered = tokio::time::timeout(timeout, run(jobs)).await;
+        batches.observe(kind, calls, started.elapsed());
         match answered.unwrap_or_else(|_| {
             Err(StoreError::Busy(format!(
                 "the database did not answer within {}",
@@ -141,18 +146,26 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    fn unobserved() -> (&'static str, StoreBatches) {
+        ("test", StoreBatches::new(&[]))
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_calls_share_batches_and_each_gets_its_own_result() {
         let batches = Arc::new(AtomicUsize::new(0));
         let counted = batches.clone();
-        let batcher = Arc::new(Batcher::start(BATCH_TIMEOUT, move |jobs: Vec<u32>| {
-            let counted = counted.clone();
-            async move {
-                counted.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                Ok(jobs.into_iter().map(|j| j * 2).collect())
-            }
-        }));
+        let batcher = Arc::new(Batcher::start(
+            BATCH_TIMEOUT,
+            unobserved(),
+            move |jobs: Vec<u32>| {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Ok(jobs.into_iter().map(|j| j * 2).collect())
+                }
+            },
+        ));
         let mut calls = tokio::task::JoinSet::new();
         for j in 0..200_u32 {
             let batcher = batcher.clone();
@@ -167,9 +180,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_batch_fails_every_call_in_it() {
-        let batcher = Arc::new(Batcher::start(BATCH_TIMEOUT, |_: Vec<u32>| async {
-            Err::<Vec<u32>, _>(StoreError::Busy("down".into()))
-        }));
+        let batcher = Arc::new(Batcher::start(
+            BATCH_TIMEOUT,
+            unobserved(),
+            |_: Vec<u32>| async { Err::<Vec<u32>, _>(StoreError::Busy("down".into())) },
+        ));
         let (a, b) = tokio::join!(batcher.call(1), batcher.call(2));
         assert!(matches!(a, Err(StoreError::Failed(reason)) if reason.contains("down")));
         assert!(matches!(b, Err(StoreError::Failed(_))));
@@ -177,22 +192,28 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_that_answers_wrongly_fails_its_calls() {
-        let batcher = Batcher::start(BATCH_TIMEOUT, |_: Vec<u32>| async { Ok(Vec::<u32>::new()) });
+        let batcher = Batcher::start(BATCH_TIMEOUT, unobserved(), |_: Vec<u32>| async {
+            Ok(Vec::<u32>::new())
+        });
         assert!(matches!(batcher.call(1).await, Err(StoreError::Failed(_))));
     }
 
     #[tokio::test]
     async fn a_batch_the_database_never_answers_fails_and_the_next_one_runs() {
         let hung = Arc::new(AtomicUsize::new(0));
-        let batcher = Batcher::start(Duration::from_millis(50), move |jobs: Vec<u32>| {
-            let first = hung.fetch_add(1, Ordering::SeqCst) == 0;
-            async move {
-                if first {
-                    std::future::pending::<()>().await;
+        let batcher = Batcher::start(
+            Duration::from_millis(50),
+            unobserved(),
+            move |jobs: Vec<u32>| {
+                let first = hung.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    if first {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok(jobs)
                 }
-                Ok(jobs)
-            }
-        });
+            },
+        );
         let failed = batcher.call(1).await;
         assert!(
             matches!(failed, Err(StoreError::Failed(reason)) if reason.contains("did not answer"))

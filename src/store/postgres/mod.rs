@@ -34,6 +34,7 @@
 //! while it runs, so replicas starting together apply them once.
 
 mod batch;
+mod outbox;
 mod statements;
 
 use std::str::FromStr;
@@ -46,11 +47,13 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded, Resolved,
-    Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
+    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
+    NewOperation, Operation, Recorded, Resolved, RoutePause, Settlement, Stats, Store, StoreError,
+    StoredEvent, StoredResponse, Summary,
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
+use crate::metrics::StoreBatches;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use statements::{ClaimCall, Owners, RecordCall};
 
@@ -68,6 +71,8 @@ pub struct PostgresStore {
     claims: Batcher<ClaimCall, ClaimResult>,
     /// The requests' records, likewise.
     records: Batcher<RecordCall, Recorded>,
+    /// Both batchers' sizes and commit times.
+    batches: StoreBatches,
     /// This replica's instance id, written as `owner` on every claim.
     owner: Arc<str>,
     lease: Arc<Lease>,
@@ -170,14 +175,15 @@ impl PostgresStore {
             lease.clone(),
             renewal.clone(),
         ));
-        let claims = Batcher::start(BATCH_TIMEOUT, {
+        let batches = StoreBatches::new(&["claim", "record"]);
+        let claims = Batcher::start(BATCH_TIMEOUT, ("claim", batches.clone()), {
             let (pool, owner) = (pool.clone(), owner.clone());
             move |calls: Vec<ClaimCall>| {
                 let (pool, owner) = (pool.clone(), owner.clone());
                 async move { statements::claim(&pool, &owner, &calls).await }
             }
         });
-        let records = Batcher::start(BATCH_TIMEOUT, {
+        let records = Batcher::start(BATCH_TIMEOUT, ("record", batches.clone()), {
             let (pool, owner) = (pool.clone(), owner.clone());
             move |calls: Vec<RecordCall>| {
                 let (pool, owner) = (pool.clone(), owner.clone());
@@ -188,6 +194,7 @@ impl PostgresStore {
             pool,
             claims,
             records,
+            batches,
             owner,
             lease,
             clock,
@@ -300,6 +307,10 @@ impl Store for PostgresStore {
         true
     }
 
+    fn batches(&self) -> &StoreBatches {
+        &self.batches
+    }
+
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError> {
         let now = self.clock.now_millis();
         statements::insert_event(&self.pool, operation_id, now, event).await
@@ -333,6 +344,10 @@ impl Store for PostgresStore {
 
     async fn paused_routes(&self) -> Result<Vec<String>, StoreError> {
         statements::paused_routes(&self.pool).await
+    }
+
+    async fn pauses(&self) -> Result<Vec<RoutePause>, StoreError> {
+        statements::pauses(&self.pool).await
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
@@ -372,6 +387,19 @@ impl Store for PostgresStore {
 
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
         statements::sweep(&self.pool, cutoff, limit).await
+    }
+
+    async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError> {
+        outbox::take_alerts(&self.pool, poll).await
+    }
+
+    async fn settle_alert(
+        &self,
+        delivery: &AlertDelivery,
+        outcome: &AlertOutcome,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        outbox::settle_alert(&self.pool, delivery, outcome, now).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -12,9 +12,9 @@ use sqlx::postgres::{PgPool, PgRow};
 use crate::pipeline::fingerprint::Fingerprint;
 use crate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
-    Recorded, RequestSummary, Resolved, SUMMARY_COLUMNS, Settlement, State, Stats, StoreError,
-    StoredEvent, StoredResponse, Summary, decode_headers, encode_headers, is_implied_by_record,
-    timeline,
+    Recorded, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State, Stats,
+    StoreError, StoredEvent, StoredResponse, Summary, decode_headers, encode_headers,
+    is_implied_by_record, timeline,
 };
 
 /// An owner is alive while its lease, in the database's clock, runs.
@@ -385,6 +385,17 @@ pub async fn paused_routes(pool: &PgPool) -> Result<Vec<String>, StoreError> {
             .fetch_all(pool)
             .await?,
     )
+}
+
+pub async fn pauses(pool: &PgPool) -> Result<Vec<RoutePause>, StoreError> {
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT route, reason FROM route_pauses ORDER BY route")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(route, reason)| RoutePause { route, reason })
+        .collect())
 }
 
 pub async fn set_paused(

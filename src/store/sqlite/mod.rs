@@ -19,6 +19,7 @@
 //! two values in a CHECK (SQLite builds a temporary index for one on every
 //! write).
 
+mod outbox;
 mod statements;
 mod writer;
 
@@ -32,15 +33,20 @@ use sqlx::ConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
 use super::{
-    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, Operation, Recorded, Resolved,
-    Settlement, Stats, Store, StoreError, StoredEvent, StoredResponse, Summary,
+    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
+    NewOperation, Operation, Recorded, Resolved, RoutePause, Settlement, Stats, Store, StoreError,
+    StoredEvent, StoredResponse, Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
 use writer::{QUEUE_TIMEOUT, Writer};
 
+use crate::metrics::StoreBatches;
+
 pub struct SqliteStore {
     writer: Writer,
+    /// The writer's batch sizes and commit times.
+    batches: StoreBatches,
     /// This process's instance id, written as `owner` on every claim.
     owner: Arc<str>,
     /// The held lock file; `None` once closed. std Mutex: never held across `.await`.
@@ -84,8 +90,10 @@ impl SqliteStore {
             .await
             .map_err(|e| open_error(e.to_string()))?;
         let conn = connect(path, durability).map_err(|e| open_error(e.to_string()))?;
+        let batches = StoreBatches::new(&[writer::BATCH]);
         Ok(SqliteStore {
-            writer: Writer::start(conn)?,
+            writer: Writer::start(conn, batches.clone())?,
+            batches,
             owner: owner.into(),
             lock: Mutex::new(Some(lock)),
             clock,
@@ -139,6 +147,10 @@ fn lock_file(path: &Path, store_name: &str) -> Result<File, StoreError> {
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn batches(&self) -> &StoreBatches {
+        &self.batches
+    }
+
     async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
         let (owner, now, new) = (self.owner.clone(), self.clock.now_millis(), new.clone());
         self.writer
@@ -229,6 +241,10 @@ impl Store for SqliteStore {
         self.writer.run(statements::paused_routes).await
     }
 
+    async fn pauses(&self) -> Result<Vec<RoutePause>, StoreError> {
+        self.writer.run(statements::pauses).await
+    }
+
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
         let filter = filter.clone();
         self.writer
@@ -282,6 +298,25 @@ impl Store for SqliteStore {
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
         self.writer
             .run(move |conn| statements::sweep(conn, cutoff, limit))
+            .await
+    }
+
+    async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError> {
+        let poll = poll.clone();
+        self.writer
+            .run(move |conn| outbox::take_alerts(conn, &poll))
+            .await
+    }
+
+    async fn settle_alert(
+        &self,
+        delivery: &AlertDelivery,
+        outcome: &AlertOutcome,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let (delivery, outcome) = (delivery.clone(), outcome.clone());
+        self.writer
+            .run(move |conn| outbox::settle_alert(conn, &delivery, &outcome, now))
             .await
     }
 

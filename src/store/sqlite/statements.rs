@@ -11,9 +11,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use crate::pipeline::fingerprint::Fingerprint;
 use crate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
-    Recorded, RequestSummary, Resolved, SUMMARY_COLUMNS, Settlement, State, Stats, StoreError,
-    StoredEvent, StoredResponse, Summary, decode_headers, encode_headers, is_implied_by_record,
-    timeline,
+    Recorded, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State, Stats,
+    StoreError, StoredEvent, StoredResponse, Summary, decode_headers, encode_headers,
+    is_implied_by_record, timeline,
 };
 
 /// A new operation, claimed for its first attempt, unless an operation
@@ -272,6 +272,18 @@ pub fn paused_routes(conn: &Connection) -> Result<Vec<String>, StoreError> {
     Ok(conn
         .prepare_cached("SELECT route FROM route_pauses ORDER BY route")?
         .query_map([], |row| row.get(0))?
+        .collect::<Result<_, _>>()?)
+}
+
+pub fn pauses(conn: &Connection) -> Result<Vec<RoutePause>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT route, reason FROM route_pauses ORDER BY route")?
+        .query_map([], |row| {
+            Ok(RoutePause {
+                route: row.get(0)?,
+                reason: row.get(1)?,
+            })
+        })?
         .collect::<Result<_, _>>()?)
 }
 

@@ -25,10 +25,13 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::metrics::StoreBatches;
 use crate::store::StoreError;
 
 /// The most jobs one transaction takes; more wait for the next one.
 const MAX_BATCH: usize = 256;
+/// The writer's batches in the store's metrics.
+pub const BATCH: &str = "write";
 
 /// Jobs queued beyond this make callers wait to queue (backpressure).
 const QUEUE: usize = 4096;
@@ -101,12 +104,13 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts the thread that owns `conn`.
-    pub fn start(conn: Connection) -> Result<Writer, StoreError> {
+    /// Starts the thread that owns `conn`; it counts its batches in
+    /// `batches` (as `write`).
+    pub fn start(conn: Connection, batches: StoreBatches) -> Result<Writer, StoreError> {
         let (queue, receiver) = mpsc::channel(QUEUE);
         let thread = std::thread::Builder::new()
             .name("idemgate-sqlite-writer".into())
-            .spawn(move || write_batches(&conn, receiver))
+            .spawn(move || write_batches(&conn, receiver, &batches))
             .map_err(|e| StoreError::Failed(format!("cannot start the writer thread: {e}")))?;
         Ok(Writer {
             queue,
@@ -157,7 +161,7 @@ impl Writer {
 
 /// The thread: take whatever is queued, commit it as one transaction,
 /// answer everyone in it, repeat.
-fn write_batches(conn: &Connection, mut receiver: mpsc::Receiver<Message>) {
+fn write_batches(conn: &Connection, mut receiver: mpsc::Receiver<Message>, batches: &StoreBatches) {
     let mut batch: Vec<Box<dyn Work>> = Vec::with_capacity(MAX_BATCH);
     let mut stopping = false;
     while !stopping {
@@ -175,7 +179,9 @@ fn write_batches(conn: &Connection, mut receiver: mpsc::Receiver<Message>) {
                 Err(_) => break,
             }
         }
+        let started = Instant::now();
         let failed = commit(conn, &mut batch).err().map(|e| e.to_string());
+        batches.observe(BATCH, batch.len(), started.elapsed());
         if let Some(error) = &failed {
             // Every caller hears 503. A COMMIT that failed in its fsync may
             // still be in the WAL: such a claim comes back `in_progress` at
@@ -373,7 +379,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_calls_are_each_answered_after_their_commit() {
-        let writer = Arc::new(Writer::start(table()).unwrap());
+        let writer = Arc::new(Writer::start(table(), StoreBatches::new(&[])).unwrap());
         let mut calls = tokio::task::JoinSet::new();
         for x in 0..200_i64 {
             let writer = writer.clone();

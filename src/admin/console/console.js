@@ -1,0 +1,657 @@
+// The idemgate operator console. Plain JavaScript, no dependencies: it calls
+// the admin API with the token the operator typed (kept in this tab's
+// session storage, sent as `Authorization: Bearer`, never a cookie) and
+// renders every value from the API as text (textContent, never markup):
+// keys, routes and evidence come from clients and upstreams.
+"use strict";
+
+(function () {
+  const TOKEN_KEY = "idemgate.admin_token";
+  const PAGE = 20;
+  // Held work is read whole (oldest first), in pages of the API's maximum.
+  const HELD_PAGE = 500;
+  const HELD_PAGES = 20;
+  const REFRESH_MS = 5000;
+  const STATES = ["in_progress", "unknown", "not_attempted", "completed"];
+
+  const $ = (id) => document.getElementById(id);
+  const views = ["sign-in", "list", "operation", "routes"];
+
+  // ---------------------------------------------------------------- DOM
+
+  // An element with attributes and children; strings become text nodes.
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (name === "text") node.textContent = value;
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children) {
+      if (child === undefined || child === null) continue;
+      node.append(typeof child === "string" ? document.createTextNode(child) : child);
+    }
+    return node;
+  }
+
+  function show(element, text) {
+    element.textContent = text;
+    element.hidden = !text;
+  }
+
+  function showView(name, focus) {
+    for (const view of views) $("view-" + view).hidden = view !== name;
+    $("nav").hidden = name === "sign-in";
+    for (const link of ["held", "routes"]) {
+      const current = (name === "list" || name === "operation") ? "held" : name;
+      if (link === current) $("nav-" + link).setAttribute("aria-current", "page");
+      else $("nav-" + link).removeAttribute("aria-current");
+    }
+    // Focus where the keyboard is needed next: the token field, or the
+    // view's heading so Tab continues from the top of what changed.
+    if (focus) {
+      const target = name === "sign-in" ? $("token") : $("view-" + name).querySelector("h1");
+      if (target) target.focus();
+    }
+  }
+
+  // `text` ending as a sentence does.
+  function sentence(text) {
+    return /[.!?]$/.test(text) ? text : text + ".";
+  }
+
+  function notice(text) {
+    show($("notice"), text);
+  }
+
+  // ---------------------------------------------------------------- API
+
+  class ApiError extends Error {
+    constructor(status, problem) {
+      super((problem && (problem.detail || problem.title)) || "HTTP " + status);
+      this.status = status;
+      this.problem = problem || {};
+    }
+    // The problem's short name: `urn:idemgate:problem:<name>`.
+    get kind() {
+      const type = String(this.problem.type || "");
+      return type.startsWith("urn:idemgate:problem:") ? type.slice(21) : "";
+    }
+  }
+
+  // One path segment, so `.` and `..` stay names and never dot-segments.
+  function segment(text) {
+    return encodeURIComponent(text).replace(/\./g, "%2E");
+  }
+
+  function token() {
+    return sessionStorage.getItem(TOKEN_KEY) || "";
+  }
+
+  async function api(method, path, body) {
+    const headers = { Accept: "application/json", Authorization: "Bearer " + token() };
+    const init = { method, headers, cache: "no-store", credentials: "omit" };
+    if (body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    let response;
+    try {
+      response = await fetch(path, init);
+    } catch (error) {
+      throw new ApiError(0, {
+        title: "No answer",
+        detail: "the admin listener did not answer (" + error.message + ")",
+      });
+    }
+    const text = await response.text();
+    let data = null;
+    try {
+      data = text ? JSON.parse(text) : null;
+    } catch (_) {
+      data = { detail: text };
+    }
+    if (!response.ok) {
+      const error = new ApiError(response.status, data);
+      // A refused token (or none configured) ends the session, whatever
+      // the call: the sign-in form says why.
+      if (response.status === 401) signedOut(error);
+      throw error;
+    }
+    return data;
+  }
+
+  // What a refused token means, in words.
+  function signInProblem(error) {
+    if (error.kind === "admin-token-unset") {
+      return "idemgate has no admin token configured, so nobody can sign in: " +
+        error.message + ". (The variable is the one named by server.admin_token_env; " +
+        "IDEMGATE_ADMIN_TOKEN by default.)";
+    }
+    if (error.status === 401) {
+      return "Wrong token: the gateway refused it. Check the value of its admin token variable.";
+    }
+    return "Could not sign in: " + error.message;
+  }
+
+  // ---------------------------------------------------------------- sign-in
+
+  function signedOut(error) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    stopRefresh();
+    showView("sign-in", true);
+    show($("sign-in-error"), error ? signInProblem(error) : "");
+    $("token").focus();
+  }
+
+  async function signIn(event) {
+    event.preventDefault();
+    const typed = $("token").value.trim();
+    if (!typed) {
+      show($("sign-in-error"), "Type the admin token first.");
+      return;
+    }
+    sessionStorage.setItem(TOKEN_KEY, typed);
+    try {
+      await api("GET", "/admin/stats");
+    } catch (error) {
+      // On a 401, api() has already signed out and said why.
+      sessionStorage.removeItem(TOKEN_KEY);
+      show($("sign-in-error"), signInProblem(error));
+      $("token").select();
+      return;
+    }
+    $("token").value = "";
+    show($("sign-in-error"), "");
+    notice("");
+    if (!location.hash || location.hash === "#/") location.hash = "#/held";
+    else route();
+  }
+
+  function signOut() {
+    sessionStorage.removeItem(TOKEN_KEY);
+    notice("Signed out: the token is gone from this tab.");
+    signedOut(null);
+  }
+
+  // ---------------------------------------------------------------- time
+
+  function age(iso) {
+    const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+    if (seconds < 60) return seconds + " s";
+    const minutes = Math.floor(seconds / 60);
+    if (minutes < 60) return minutes + " min";
+    const hours = Math.floor(minutes / 60);
+    if (hours < 48) return hours + " h " + (minutes % 60) + " min";
+    return Math.floor(hours / 24) + " days";
+  }
+
+  function when(iso) {
+    const date = new Date(iso);
+    return isNaN(date) ? String(iso) : date.toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+  }
+
+  // ---------------------------------------------------------------- list
+
+  // What the list shows now: filters, the rows read, and where we are.
+  const list = {
+    filter: { state: "unknown", route: "", key: "" },
+    // Held work: every row, oldest first, paged here.
+    rows: [],
+    offset: 0,
+    truncated: false,
+    // Other states: the API's pages, newest first; cursors of pages seen.
+    cursors: [null],
+    page: 0,
+    next: null,
+  };
+
+  function query(filter, limit, cursor) {
+    const params = new URLSearchParams();
+    if (filter.state) params.set("state", filter.state);
+    if (filter.route) params.set("route", filter.route);
+    if (filter.key) params.set("key", filter.key);
+    params.set("limit", String(limit));
+    if (cursor) params.set("cursor", cursor);
+    return "/admin/keys?" + params.toString();
+  }
+
+  function held() {
+    return list.filter.state === "unknown";
+  }
+
+  async function loadList() {
+    $("list-title").textContent = held() ? "Held work" : "Operations";
+    $("list-summary").textContent = "Loading…";
+    if (held()) {
+      // The API lists newest first: read every held operation (bounded)
+      // through its cursor and show the oldest first.
+      const rows = [];
+      let cursor = null;
+      let pages = 0;
+      do {
+        const page = await api("GET", query(list.filter, HELD_PAGE, cursor));
+        rows.push(...page.items);
+        cursor = page.next_cursor;
+        pages += 1;
+      } while (cursor && pages < HELD_PAGES);
+      list.truncated = Boolean(cursor);
+      list.rows = rows.reverse();
+      list.offset = 0;
+    } else {
+      list.cursors = [null];
+      list.page = 0;
+      await loadApiPage();
+      return;
+    }
+    await renderList();
+  }
+
+  async function loadApiPage() {
+    const page = await api("GET", query(list.filter, PAGE, list.cursors[list.page]));
+    list.rows = page.items;
+    list.offset = 0;
+    list.next = page.next_cursor;
+    await renderList();
+  }
+
+  async function renderList() {
+    const shown = held() ? list.rows.slice(list.offset, list.offset + PAGE) : list.rows;
+    // Evidence and next action are in each operation's detail.
+    const details = await Promise.all(
+      shown.map((row) => api("GET", "/admin/keys/" + segment(row.id)).catch(() => null)),
+    );
+    const body = $("operations").tBodies[0];
+    body.replaceChildren(
+      ...shown.map((row, i) => operationRow(row, details[i])),
+    );
+    let summary;
+    if (held()) {
+      const total = list.rows.length;
+      summary = total === 0
+        ? "No held operations: nothing is waiting for an operator."
+        : total + " held operation" + (total === 1 ? "" : "s") + ", oldest first; showing " +
+          (list.offset + 1) + "–" + (list.offset + shown.length) + ".";
+      if (list.truncated) {
+        summary += " Only the newest " + HELD_PAGE * HELD_PAGES +
+          " were read: filter by route or key to reach older ones.";
+      }
+    } else {
+      summary = shown.length === 0
+        ? "No operations match."
+        : "Newest first; page " + (list.page + 1) + ", " + shown.length + " operation" +
+          (shown.length === 1 ? "" : "s") + ".";
+    }
+    $("list-summary").textContent = summary;
+    $("page-previous").disabled = held() ? list.offset === 0 : list.page === 0;
+    $("page-next").disabled = held() ? list.offset + PAGE >= list.rows.length : !list.next;
+  }
+
+  function cell(label, ...children) {
+    return el("td", { "data-label": label }, ...children);
+  }
+
+  function operationRow(row, detail) {
+    const link = el("a", { href: "#/op/" + encodeURIComponent(row.id), class: "key" }, row.key);
+    return el(
+      "tr",
+      {},
+      cell("Key", link),
+      cell("Route", row.route),
+      cell("State", el("span", { class: "state state-" + row.state }, row.state)),
+      cell("Age", el("time", { datetime: row.created_at, title: when(row.created_at) }, age(row.created_at))),
+      cell("Evidence", detail ? detail.evidence : "(could not be read)"),
+      cell("Next action", el("span", { class: "next" }, detail ? detail.next_action : "")),
+    );
+  }
+
+  async function filterList(event) {
+    event.preventDefault();
+    list.filter = {
+      state: $("filter-state").value,
+      route: $("filter-route").value.trim(),
+      key: $("filter-key").value.trim(),
+    };
+    await guarded(loadList);
+  }
+
+  async function pageBy(step) {
+    if (held()) {
+      list.offset = Math.max(0, list.offset + step * PAGE);
+      await guarded(renderList);
+    } else {
+      if (step > 0) {
+        if (!list.next) return;
+        list.cursors[list.page + 1] = list.next;
+      }
+      list.page = Math.max(0, list.page + step);
+      await guarded(loadApiPage);
+    }
+  }
+
+  // ---------------------------------------------------------------- one operation
+
+  let current = null;
+
+  const EVENT_WORDS = {
+    claimed: "Claimed",
+    sent: "Sent upstream",
+    response: "Response recorded",
+    timeout: "Lost: no answer in time",
+    reset: "Lost: the connection broke",
+    truncated: "Lost: the response was cut short",
+    "gateway-restarted": "Lost: the gateway restarted",
+    probe: "Reconcile probe",
+    "late-response": "Late response",
+    resolved: "Resolved by an operator",
+    superseded: "Superseded",
+    "connect-failed": "Could not connect",
+    "route-paused": "Route paused",
+    "owner-lost": "Gateway lost",
+    "forward-task-died": "Forwarding task died",
+  };
+
+  function words(kind) {
+    return EVENT_WORDS[kind] || String(kind);
+  }
+
+  // An event's detail as `name: value` text.
+  function detailText(detail) {
+    if (detail === null || detail === undefined) return "";
+    if (typeof detail !== "object") return String(detail);
+    return Object.entries(detail)
+      .filter(([, value]) => value !== null && value !== undefined)
+      .map(([name, value]) => name + ": " + (typeof value === "object" ? JSON.stringify(value) : String(value)))
+      .join("; ");
+  }
+
+  function fact(name, value) {
+    return [el("dt", {}, name), el("dd", {}, value === null || value === undefined ? "—" : String(value))];
+  }
+
+  async function openOperation(id) {
+    showView("operation", false);
+    show($("settle-result"), "");
+    const op = await api("GET", "/admin/keys/" + segment(id));
+    current = op;
+    renderOperation(op);
+    $("operation-title").focus();
+  }
+
+  function renderOperation(op) {
+    // The whole key is in the facts; a long one is cut short here.
+    const key = op.key.length > 40 ? op.key.slice(0, 40) + "…" : op.key;
+    $("operation-title").textContent = "Operation " + key;
+    const request = op.request || {};
+    const response = op.response;
+    $("operation-facts").replaceChildren(
+      ...fact("State", op.state),
+      ...fact("Route", op.route),
+      ...fact("Idempotency key", op.key),
+      ...fact("Operation id", op.id),
+      ...fact("Attempts", op.attempts),
+      ...fact("Created", when(op.created_at) + " (" + age(op.created_at) + " ago)"),
+      ...fact("Updated", when(op.updated_at)),
+      ...fact("Evidence", op.evidence),
+      ...fact("Next action", op.next_action),
+      ...fact("Request", request.method + " " + request.path +
+        (request.content_type ? " (" + request.content_type + ")" : "") +
+        ", " + request.body_size + " bytes, sha256 " + request.body_sha256),
+      ...(request.body !== undefined ? fact("Request body", request.body) : []),
+      ...fact("Response status", response ? response.status +
+        (response.body_stored ? "" : " (body not stored)") : "none recorded"),
+    );
+    $("timeline").replaceChildren(
+      ...(op.events || []).map((event) =>
+        el(
+          "li",
+          {},
+          el("time", { datetime: event.at }, when(event.at)),
+          " ",
+          el("strong", {}, words(event.kind)),
+          event.detail && Object.keys(event.detail).length ? el("span", { class: "detail" }, " — " + detailText(event.detail)) : null,
+        ),
+      ),
+    );
+    // Held operations can be settled: `unknown`, or `in_progress` whose
+    // gateway died (the API decides; a refusal is shown as it comes).
+    $("settle").hidden = !(op.state === "unknown" || op.state === "in_progress");
+    syncOutcome();
+  }
+
+  function outcome() {
+    const checked = document.querySelector('input[name="outcome"]:checked');
+    return checked ? checked.value : "completed";
+  }
+
+  function syncOutcome() {
+    $("settle-response").hidden = outcome() !== "completed";
+  }
+
+  // The resolution the form describes, or an error message.
+  function resolution() {
+    const body = { outcome: outcome(), operator: $("settle-operator").value.trim() };
+    if (!body.operator) return "Type your name as the operator: the timeline records who settled it.";
+    const reference = $("settle-reference").value.trim();
+    const note = $("settle-note").value.trim();
+    if (reference) body.reference = reference;
+    if (note) body.note = note;
+    if (body.outcome === "completed") {
+      const status = $("settle-status").value.trim();
+      const text = $("settle-body").value;
+      if (status || text) {
+        const code = Number(status || "200");
+        if (!Number.isInteger(code) || code < 200 || code > 599) {
+          return "The response status is a whole number from 200 to 599.";
+        }
+        const response = { status: code };
+        if (text) {
+          try {
+            response.body = JSON.parse(text);
+          } catch (_) {
+            response.body = text;
+          }
+        }
+        body.response = response;
+      }
+    }
+    return body;
+  }
+
+  // What the client's next retry gets once `body` is stored, in words.
+  function consequence(op, body) {
+    const retry = "The client's next retry with key “" + op.key + "” on route “" + op.route + "”";
+    if (body.outcome === "not_attempted") {
+      return retry + " will be sent to the upstream again, as attempt " + (op.attempts + 1) +
+        ". Choose this only if the destination shows the operation did not happen.";
+    }
+    if (body.response) {
+      const kind = body.response.body === undefined ? "an empty body" :
+        typeof body.response.body === "string" ? "the body you typed, as text" : "the body you typed, as JSON";
+      return retry + " will get status " + body.response.status + " with " + kind +
+        ", replayed (Idempotent-Replayed: true); nothing is sent upstream.";
+    }
+    return retry + " will get status 200 with {\"resolved_by\": \"" + body.operator +
+      "\", \"reference\": " + (body.reference ? "\"" + body.reference + "\"" : "null") +
+      "}, replayed (Idempotent-Replayed: true); nothing is sent upstream.";
+  }
+
+  function confirm(text) {
+    const dialog = $("confirm");
+    $("confirm-text").textContent = text;
+    return new Promise((resolve) => {
+      const done = (answer) => {
+        $("confirm-ok").onclick = null;
+        $("confirm-cancel").onclick = null;
+        dialog.onclose = null;
+        if (dialog.open) dialog.close();
+        resolve(answer);
+      };
+      $("confirm-ok").onclick = () => done(true);
+      $("confirm-cancel").onclick = () => done(false);
+      // Escape closes the dialog: that is a cancel.
+      dialog.onclose = () => done(false);
+      dialog.showModal();
+      $("confirm-cancel").focus();
+    });
+  }
+
+  async function settle(event) {
+    event.preventDefault();
+    show($("settle-error"), "");
+    show($("settle-result"), "");
+    const op = current;
+    if (!op) return;
+    const body = resolution();
+    if (typeof body === "string") {
+      show($("settle-error"), body);
+      return;
+    }
+    if (!(await confirm(consequence(op, body)))) {
+      show($("settle-result"), "Not settled: cancelled.");
+      return;
+    }
+    try {
+      const settled = await api("POST", "/admin/keys/" + segment(op.id) + "/resolve", body);
+      current = settled;
+      renderOperation(settled);
+      show($("settle-result"), "Settled as " + body.outcome + ". " +
+        (body.outcome === "completed"
+          ? "The client's next retry gets the replay."
+          : "The client's next retry is sent upstream."));
+    } catch (error) {
+      if (error.status === 409) {
+        show($("settle-result"), "Not settled (409 Conflict): someone else settled it first — " +
+          "a client retry or another operator. " + sentence(error.message) +
+          " Below is the operation as it is now.");
+        await openAgain(op.id);
+      } else if (error.status !== 401) {
+        show($("settle-result"), "Not settled (" + (error.status || "no answer") + "): " + error.message);
+      }
+    }
+    $("settle-result").focus();
+  }
+
+  async function openAgain(id) {
+    try {
+      current = await api("GET", "/admin/keys/" + segment(id));
+      renderOperation(current);
+    } catch (_) {
+      // The message above already says what happened.
+    }
+  }
+
+  // ---------------------------------------------------------------- routes
+
+  let refreshTimer = null;
+
+  function stopRefresh() {
+    if (refreshTimer !== null) clearInterval(refreshTimer);
+    refreshTimer = null;
+  }
+
+  async function loadRoutes() {
+    const stats = await api("GET", "/admin/stats");
+    const routes = stats.routes || [];
+    const byRoute = stats.by_route || {};
+    $("routes").tBodies[0].replaceChildren(
+      ...routes.map((route) => {
+        const counts = byRoute[route.name] || {};
+        const why = route.paused
+          ? (route.paused_by === "latch" ? "pause latch: " : "operator: ") + (route.reason || "")
+          : "—";
+        return el(
+          "tr",
+          {},
+          cell("Route", el("strong", {}, route.name)),
+          cell("Path prefix", el("code", {}, route.path_prefix)),
+          cell("Pause", el("span", { class: route.paused ? "state state-paused" : "state" },
+            route.paused ? "Paused" : "Not paused")),
+          cell("Why", why),
+          ...STATES.map((state) => cell(state, String(counts[state] || 0))),
+        );
+      }),
+    );
+    const select = $("pause-route");
+    const chosen = select.value;
+    select.replaceChildren(...routes.map((route) =>
+      el("option", { value: route.name }, route.name + (route.paused ? " (paused)" : ""))));
+    if (routes.some((route) => route.name === chosen)) select.value = chosen;
+    const oldest = stats.oldest_unknown_age_seconds;
+    $("routes-summary").textContent =
+      (oldest === null || oldest === undefined
+        ? "No operation is unknown."
+        : "Oldest unknown operation: " + age(new Date(Date.now() - oldest * 1000).toISOString()) + " old.") +
+      " Counts refresh every " + REFRESH_MS / 1000 + " s; last read " +
+      new Date().toLocaleTimeString() + ".";
+  }
+
+  async function pauseOrResume(event) {
+    event.preventDefault();
+    const action = event.submitter ? event.submitter.value : "pause";
+    const name = $("pause-route").value;
+    if (!name) return;
+    const reason = $("pause-reason").value.trim();
+    const path = "/admin/routes/" + segment(name) + "/" + action;
+    try {
+      const result = await api("POST", path, action === "pause" && reason ? { reason } : undefined);
+      show($("pause-result"), result.paused
+        ? "Route " + result.route + " is paused: " + result.reason + ". New writes get 503 route-paused; stored responses are still replayed."
+        : "Route " + result.route + " is resumed: new writes are sent again.");
+      $("pause-reason").value = "";
+      await loadRoutes();
+    } catch (error) {
+      if (error.status !== 401) {
+        show($("pause-result"), "Not done (" + (error.status || "no answer") + "): " + error.message);
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- routing
+
+  // Runs `work`; an API failure other than a refused token is shown.
+  async function guarded(work) {
+    try {
+      await work();
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) return;
+      notice("Error: " + error.message);
+    }
+  }
+
+  async function route() {
+    stopRefresh();
+    notice("");
+    if (!token()) {
+      showView("sign-in", true);
+      return;
+    }
+    const hash = location.hash || "#/held";
+    if (hash.startsWith("#/op/")) {
+      await guarded(() => openOperation(decodeURIComponent(hash.slice(5))));
+    } else if (hash === "#/routes") {
+      showView("routes", true);
+      await guarded(loadRoutes);
+      refreshTimer = setInterval(() => guarded(loadRoutes), REFRESH_MS);
+    } else {
+      showView("list", true);
+      $("filter-state").value = list.filter.state;
+      await guarded(loadList);
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("sign-in-form").addEventListener("submit", signIn);
+    $("sign-out").addEventListener("click", signOut);
+    $("filter-form").addEventListener("submit", filterList);
+    $("page-previous").addEventListener("click", () => pageBy(-1));
+    $("page-next").addEventListener("click", () => pageBy(1));
+    $("settle-form").addEventListener("submit", settle);
+    for (const radio of document.querySelectorAll('input[name="outcome"]')) {
+      radio.addEventListener("change", syncOutcome);
+    }
+    $("pause-form").addEventListener("submit", pauseOrResume);
+    window.addEventListener("hashchange", route);
+    route();
+  });
+})();

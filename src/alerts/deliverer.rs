@@ -1,0 +1,217 @@
+//! The deliverer: one task per gateway that, every [`POLL`], asks the
+//! store for the deliveries due (the store also ages `unknown` operations
+//! and fans new alerts out to the endpoints, in the same transaction),
+//! POSTs them concurrently, and settles each: delivered; failed and due
+//! again after a full-jitter backoff; or given up once the alert is older
+//! than the endpoint's `give_up_after` (or the endpoint is gone).
+//!
+//! It never runs on a request's path: a slow or failing endpoint costs
+//! this task time, never a client. A delivery is leased while it is being
+//! posted, so after a crash it is due again once the lease ends: alerts
+//! arrive at least once.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::alerts::{Endpoint, Poster, payload};
+use crate::clock::{self, Clock};
+use crate::metrics::Metrics;
+use crate::store::{AlertDelivery, AlertOutcome, AlertPoll, Store};
+
+/// How often the outbox is polled while endpoints are configured.
+pub const POLL: Duration = Duration::from_millis(500);
+/// Without endpoints the outbox is only tidied, now and then.
+const IDLE_POLL: Duration = Duration::from_secs(60);
+/// A taken delivery is not taken again for this long unless settled: more
+/// than a post can take.
+const LEASE: Duration = Duration::from_secs(30);
+/// Deliveries taken per poll.
+const BATCH: u32 = 32;
+/// Retry backoff: full jitter over `BASE * 2^attempts`, capped.
+const BACKOFF_BASE: Duration = Duration::from_secs(1);
+const BACKOFF_CAP: Duration = Duration::from_secs(600);
+/// How often operations are checked against `unknown-aged` thresholds: a
+/// pass over every `unknown` operation, so rarer than the polls.
+const AGING: Duration = Duration::from_secs(30);
+/// Finished alerts are kept this long past the longest `give_up_after`.
+const KEEP: Duration = Duration::from_secs(3600);
+
+pub struct Deliverer {
+    store: Arc<dyn Store>,
+    endpoints: Vec<Endpoint>,
+    poster: Poster,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+    /// The console's base URL, for the alerts' links.
+    console: String,
+    /// When the last aging pass ran (ms, the gateway's clock).
+    aged_at: std::sync::atomic::AtomicI64,
+}
+
+impl Deliverer {
+    pub fn new(
+        store: Arc<dyn Store>,
+        endpoints: Vec<Endpoint>,
+        poster: Poster,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+        console: String,
+    ) -> Self {
+        Deliverer {
+            store,
+            endpoints,
+            poster,
+            clock,
+            metrics,
+            console,
+            aged_at: std::sync::atomic::AtomicI64::new(i64::MIN),
+        }
+    }
+
+    /// Polls until `stop`; deliveries in flight then are due again after
+    /// their lease.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let interval = if self.endpoints.is_empty() {
+            IDLE_POLL
+        } else {
+            POLL
+        };
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = self.clone().poll_once() => {}
+            }
+        }
+    }
+
+    /// One poll: take what is due, post it, settle it.
+    async fn poll_once(self: Arc<Self>) {
+        let now = self.clock.now_millis();
+        let keep = self
+            .endpoints
+            .iter()
+            .map(|e| e.config.give_up_after)
+            .max()
+            .unwrap_or_default()
+            + KEEP;
+        let aged_at = self.aged_at.load(Ordering::Relaxed);
+        let aging = now.saturating_sub(aged_at) >= clock::millis(AGING);
+        if aging {
+            self.aged_at.store(now, Ordering::Relaxed);
+        }
+        let poll = AlertPoll {
+            subscriptions: self
+                .endpoints
+                .iter()
+                .flat_map(Endpoint::subscriptions)
+                .collect(),
+            aging,
+            now,
+            lease_until: now + clock::millis(LEASE),
+            limit: BATCH,
+            forget_before: now - clock::millis(keep),
+        };
+        let due = match self.store.take_alerts(&poll).await {
+            Ok(due) => due,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the alert outbox; trying again later");
+                return;
+            }
+        };
+        let mut posts = JoinSet::new();
+        for delivery in due {
+            posts.spawn(self.clone().deliver(delivery));
+        }
+        while posts.join_next().await.is_some() {}
+    }
+
+    async fn deliver(self: Arc<Self>, delivery: AlertDelivery) {
+        let outcome = match self.endpoints.iter().find(|e| e.id == delivery.endpoint) {
+            None => AlertOutcome::GaveUp {
+                error: "the endpoint is no longer configured".into(),
+            },
+            Some(endpoint) => self.post(endpoint, &delivery).await,
+        };
+        let label = match &outcome {
+            AlertOutcome::Delivered => "delivered",
+            AlertOutcome::Retry { .. } => "failed",
+            AlertOutcome::GaveUp { .. } => "gave_up",
+        };
+        self.metrics.alert_delivery(label);
+        match &outcome {
+            AlertOutcome::Delivered => {}
+            AlertOutcome::Retry { error, .. } | AlertOutcome::GaveUp { error } => {
+                tracing::warn!(
+                    event = %delivery.alert.event,
+                    endpoint = %delivery.endpoint,
+                    attempts = delivery.attempts + 1,
+                    %error,
+                    gave_up = label == "gave_up",
+                    "an alert was not delivered"
+                );
+            }
+        }
+        let now = self.clock.now_millis();
+        if let Err(error) = self.store.settle_alert(&delivery, &outcome, now).await {
+            tracing::warn!(%error, "cannot record an alert delivery; it is due again after its lease");
+        }
+    }
+
+    async fn post(&self, endpoint: &Endpoint, delivery: &AlertDelivery) -> AlertOutcome {
+        let body = payload(&delivery.alert, &self.console);
+        let now = self.clock.now_millis();
+        let unix = u64::try_from(now / 1000).unwrap_or(0);
+        match self.poster.post(endpoint, body, unix).await {
+            Ok(_) => AlertOutcome::Delivered,
+            Err(error) => {
+                let now = self.clock.now_millis();
+                if now - delivery.alert.at >= clock::millis(endpoint.config.give_up_after) {
+                    AlertOutcome::GaveUp { error }
+                } else {
+                    AlertOutcome::Retry {
+                        next_at: now + clock::millis(backoff(delivery.attempts)),
+                        error,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Full jitter: a uniform wait in `[0, min(CAP, BASE * 2^attempts)]`.
+fn backoff(attempts: u32) -> Duration {
+    let ceiling = BACKOFF_BASE
+        .saturating_mul(2u32.saturating_pow(attempts.min(20)))
+        .min(BACKOFF_CAP);
+    ceiling.mul_f64(fastrand::f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_with_jitter_and_stays_under_its_cap() {
+        for attempts in [0, 1, 5, 30, u32::MAX] {
+            let ceiling = BACKOFF_BASE
+                .saturating_mul(2u32.saturating_pow(attempts.min(20)))
+                .min(BACKOFF_CAP);
+            for _ in 0..100 {
+                assert!(backoff(attempts) <= ceiling);
+            }
+        }
+        assert!(
+            (0..200)
+                .map(|_| backoff(30))
+                .any(|d| d > Duration::from_secs(60))
+        );
+    }
+}

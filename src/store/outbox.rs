@@ -1,0 +1,85 @@
+//! The alert outbox as the store hands it out (the tables and the triggers
+//! that fill them are in the migrations): an alert is a row the database
+//! wrote in the transaction of the state change it reports; a delivery is
+//! that alert for one endpoint, taken by one deliverer at a time under a
+//! lease, and settled once: delivered, due again later, or given up.
+
+/// An endpoint's interest in one kind of alert, as the store matches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertSubscription {
+    /// The endpoint's id (a hash of its URL: the store never holds URLs).
+    pub endpoint: String,
+    /// `operation-unknown`, `route-paused` or `unknown-aged`.
+    pub event: &'static str,
+    /// `unknown-aged`: after how long (ms); 0 for the others.
+    pub aged_after: i64,
+}
+
+/// What happened, as recorded when it happened: never payloads or
+/// credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alert {
+    pub event: String,
+    /// ms since the Unix epoch.
+    pub at: i64,
+    pub route: String,
+    pub operation_id: Option<String>,
+    pub key: Option<String>,
+    pub state: Option<String>,
+    /// The operation's evidence, or the pause's reason.
+    pub evidence: String,
+}
+
+/// One alert due at one endpoint, leased to the deliverer that took it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertDelivery {
+    pub alert_id: i64,
+    pub endpoint: String,
+    /// Tries before this one.
+    pub attempts: u32,
+    pub alert: Alert,
+}
+
+/// How a delivery attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AlertOutcome {
+    Delivered,
+    /// Failed; due again at `next_at` (ms).
+    Retry {
+        next_at: i64,
+        error: String,
+    },
+    /// Failed for good (too old, or its endpoint is gone).
+    GaveUp {
+        error: String,
+    },
+}
+
+impl AlertOutcome {
+    /// The delivery's `next_at`, `done_at`, `outcome` and `last_error` once
+    /// settled so at `now`.
+    pub fn columns(&self, now: i64) -> (i64, Option<i64>, Option<&'static str>, Option<&str>) {
+        match self {
+            AlertOutcome::Delivered => (now, Some(now), Some("delivered"), None),
+            AlertOutcome::Retry { next_at, error } => (*next_at, None, None, Some(error)),
+            AlertOutcome::GaveUp { error } => (now, Some(now), Some("gave-up"), Some(error)),
+        }
+    }
+}
+
+/// What [`Store::take_alerts`](super::Store::take_alerts) does in one
+/// transaction.
+#[derive(Debug, Clone)]
+pub struct AlertPoll {
+    pub subscriptions: Vec<AlertSubscription>,
+    /// Whether to look for operations newly past an `unknown-aged`
+    /// threshold (a pass over the `unknown` ones, so not on every poll).
+    pub aging: bool,
+    /// ms: now, for aging and what is due.
+    pub now: i64,
+    /// Taken deliveries are not due again before this (ms), unless settled.
+    pub lease_until: i64,
+    pub limit: u32,
+    /// Alerts older than this (ms), with every delivery done, are dropped.
+    pub forget_before: i64,
+}
