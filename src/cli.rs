@@ -162,6 +162,10 @@ pub struct Keys {
     /// in shell history and process listings.
     #[arg(long, global = true, default_value = "IDEMGATE_ADMIN_TOKEN")]
     pub token_env: String,
+    /// A PEM file of extra trust roots for an https admin listener whose
+    /// certificate a private CA signed (`server.admin_tls_cert`).
+    #[arg(long, global = true)]
+    pub ca: Option<std::path::PathBuf>,
     /// Print the API's JSON answer instead of the human-readable form.
     #[arg(long, global = true)]
     pub json: bool,

@@ -1,9 +1,9 @@
 //! Configuration: the TOML file as written (`Raw*` types, `deny_unknown_fields`)
 //! kept apart from the validated runtime [`Config`] the gateway runs on.
 //!
-//! Invariant: a `Config` value is always valid. Every unknown field, bad value,
-//! and field whose feature is not built yet is rejected here with the file, the
-//! field and the reason, never silently ignored (README "Configuration").
+//! Invariant: a `Config` value is always valid. Every unknown field and bad
+//! value is rejected here with the file, the field and the reason, never
+//! silently ignored (README "Configuration").
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,8 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::{Method, Uri};
 use serde::Deserialize;
+
+use crate::tls::{self, CertPair, ClientTls};
 
 /// Why a configuration was refused. Each variant names the source (file path or
 /// `<inline>`), so an operator knows what to edit.
@@ -92,6 +94,10 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     /// The environment variable holding the admin API's bearer token.
     pub admin_token_env: String,
+    /// The proxy listener's certificate and key: TLS when set.
+    pub tls: Option<CertPair>,
+    /// The admin listener's, set apart: operators may use another CA.
+    pub admin_tls: Option<CertPair>,
     /// Slow or silent clients are cut off after this long without a full head.
     pub header_read_timeout: Duration,
     /// hyper's read buffer bound; larger request heads get 431.
@@ -315,6 +321,8 @@ pub struct Route {
     pub name: String,
     pub path_prefix: String,
     pub upstream: Upstream,
+    /// Extra trust roots and a client certificate for an https upstream.
+    pub upstream_tls: ClientTls,
     pub methods: Vec<Method>,
     pub key: KeyMode,
     /// JSON pointers naming the business action (derive mode).
@@ -392,6 +400,8 @@ struct RawServer {
     admin_token_env: Option<String>,
     tls_cert: Option<String>,
     tls_key: Option<String>,
+    admin_tls_cert: Option<String>,
+    admin_tls_key: Option<String>,
     header_read_timeout: Option<String>,
     max_header_bytes: Option<String>,
     shutdown_grace: Option<String>,
@@ -420,6 +430,8 @@ struct RawRoute {
     path_prefix: Option<String>,
     upstream: Option<String>,
     upstream_ca: Option<String>,
+    upstream_client_cert: Option<String>,
+    upstream_client_key: Option<String>,
     methods: Option<Vec<String>>,
     key: Option<String>,
     derive_from: Option<Vec<String>>,
@@ -457,23 +469,30 @@ pub struct Overrides {
 }
 
 impl Config {
-    /// Reads and validates a config file.
+    /// Reads and validates a config file. Relative TLS file paths in it are
+    /// relative to its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let source_name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             source_name: source_name.clone(),
             error,
         })?;
-        Self::from_toml_str(&text, &source_name)
+        let base = path.parent().unwrap_or(Path::new(""));
+        Self::parse(&text, &source_name, base)
     }
 
     /// Parses and validates TOML text; `source_name` names it in errors.
+    /// Relative TLS file paths are relative to the working directory.
     pub fn from_toml_str(text: &str, source_name: &str) -> Result<Config, ConfigError> {
+        Self::parse(text, source_name, Path::new(""))
+    }
+
+    fn parse(text: &str, source_name: &str, base: &Path) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             source_name: source_name.to_string(),
             message: e.to_string().trim_end().to_string(),
         })?;
-        Validator { source_name }.config(raw)
+        Validator { source_name, base }.config(raw)
     }
 
     /// The no-file mode: one catch-all route to `upstream`.
@@ -489,6 +508,7 @@ impl Config {
         };
         let mut config = Validator {
             source_name: "--upstream",
+            base: Path::new(""),
         }
         .config(raw)?;
         config.routes[0].key = key;
@@ -516,6 +536,8 @@ impl Config {
 
 struct Validator<'a> {
     source_name: &'a str,
+    /// What relative file paths are relative to: the config file's directory.
+    base: &'a Path,
 }
 
 impl Validator<'_> {
@@ -527,11 +549,37 @@ impl Validator<'_> {
         }
     }
 
-    fn not_built<T>(&self, field: &str, value: &Option<T>) -> Result<(), ConfigError> {
-        match value {
-            Some(_) => Err(self.invalid(field, "this feature is not built yet; remove the field")),
-            None => Ok(()),
-        }
+    fn file(&self, path: &str) -> PathBuf {
+        self.base.join(path)
+    }
+
+    /// A certificate file and its key file, both or neither, checked to be
+    /// readable PEM that belong together.
+    fn cert_pair(
+        &self,
+        (cert_field, cert): (String, Option<String>),
+        (key_field, key): (String, Option<String>),
+    ) -> Result<Option<CertPair>, ConfigError> {
+        let pair = match (cert, key) {
+            (None, None) => return Ok(None),
+            (Some(cert), Some(key)) => CertPair {
+                cert: self.file(&cert),
+                key: self.file(&key),
+            },
+            (Some(_), None) => {
+                return Err(self.invalid(key_field, format!("is required with `{cert_field}`")));
+            }
+            (None, Some(_)) => {
+                return Err(self.invalid(cert_field, format!("is required with `{key_field}`")));
+            }
+        };
+        let chain = tls::certificates(&pair.cert)
+            .map_err(|error| self.invalid(&cert_field, error.to_string()))?;
+        let key = tls::private_key(&pair.key)
+            .map_err(|error| self.invalid(&key_field, error.to_string()))?;
+        tls::pair_up(chain, key, (&pair.cert, &pair.key))
+            .map_err(|error| self.invalid(key_field, error.to_string()))?;
+        Ok(Some(pair))
     }
 
     fn duration(
@@ -709,8 +757,14 @@ impl Validator<'_> {
                 "must name an environment variable",
             ));
         }
-        self.not_built("server.tls_cert", &raw.tls_cert)?;
-        self.not_built("server.tls_key", &raw.tls_key)?;
+        let tls = self.cert_pair(
+            ("server.tls_cert".into(), raw.tls_cert),
+            ("server.tls_key".into(), raw.tls_key),
+        )?;
+        let admin_tls = self.cert_pair(
+            ("server.admin_tls_cert".into(), raw.admin_tls_cert),
+            ("server.admin_tls_key".into(), raw.admin_tls_key),
+        )?;
         let max_header_bytes = self.size(
             "server.max_header_bytes",
             raw.max_header_bytes.as_deref(),
@@ -730,6 +784,8 @@ impl Validator<'_> {
                 "127.0.0.1:9090",
             )?,
             admin_token_env,
+            tls,
+            admin_tls,
             header_read_timeout: self.duration(
                 "server.header_read_timeout",
                 raw.header_read_timeout.as_deref(),
@@ -821,9 +877,8 @@ impl Validator<'_> {
         })
     }
 
-    fn route(&self, i: usize, raw: RawRoute) -> Result<Route, ConfigError> {
+    fn route(&self, i: usize, mut raw: RawRoute) -> Result<Route, ConfigError> {
         let field = |name: &str| format!("routes[{i}].{name}");
-        self.not_built(&field("upstream_ca"), &raw.upstream_ca)?;
 
         let name = raw
             .name
@@ -844,6 +899,15 @@ impl Validator<'_> {
             .ok_or_else(|| self.invalid(field("upstream"), "is required"))?;
         let upstream = Upstream::parse(&upstream_text)
             .map_err(|reason| self.invalid(field("upstream"), reason))?;
+        let upstream_tls = self.upstream_tls(
+            &field,
+            &upstream,
+            raw.upstream_ca.take(),
+            (
+                raw.upstream_client_cert.take(),
+                raw.upstream_client_key.take(),
+            ),
+        )?;
 
         let methods =
             raw.methods
@@ -943,6 +1007,7 @@ impl Validator<'_> {
             name,
             path_prefix,
             upstream,
+            upstream_tls,
             methods,
             key,
             scope_headers,
@@ -997,6 +1062,37 @@ impl Validator<'_> {
             )?,
             store_request_body: raw.store_request_body.unwrap_or(false),
         })
+    }
+
+    /// `upstream_ca` and the client certificate: https upstreams only; the
+    /// files are read now, as they will be at start.
+    fn upstream_tls(
+        &self,
+        field: &dyn Fn(&str) -> String,
+        upstream: &Upstream,
+        ca: Option<String>,
+        (cert, key): (Option<String>, Option<String>),
+    ) -> Result<ClientTls, ConfigError> {
+        if upstream.scheme != http::uri::Scheme::HTTPS {
+            let set = [
+                ("upstream_ca", &ca),
+                ("upstream_client_cert", &cert),
+                ("upstream_client_key", &key),
+            ];
+            if let Some((name, _)) = set.iter().find(|(_, value)| value.is_some()) {
+                return Err(self.invalid(field(name), "only for an https:// upstream"));
+            }
+        }
+        let ca = ca.map(|path| self.file(&path));
+        if let Some(ca) = &ca {
+            tls::roots(Some(ca))
+                .map_err(|error| self.invalid(field("upstream_ca"), error.to_string()))?;
+        }
+        let identity = self.cert_pair(
+            (field("upstream_client_cert"), cert),
+            (field("upstream_client_key"), key),
+        )?;
+        Ok(ClientTls { ca, identity })
     }
 
     fn quota(
@@ -1262,13 +1358,30 @@ mod tests {
     }
 
     #[test]
-    fn features_not_built_yet_are_rejected() {
-        let err = error_of(&format!("{MINIMAL}upstream_ca = \"ca.pem\"\n"));
-        assert!(err.contains("not built yet"), "{err}");
+    fn tls_files_come_in_pairs_and_only_for_https() {
+        let err = error_of(&format!("[server]\ntls_cert = \"c.pem\"\n{MINIMAL}"));
         assert!(
-            error_of(&format!("[server]\ntls_cert = \"c.pem\"\n{MINIMAL}"))
-                .contains("not built yet")
+            err.contains("`server.tls_key`: is required with `server.tls_cert`"),
+            "{err}"
         );
+        let err = error_of(&format!("[server]\nadmin_tls_key = \"k.pem\"\n{MINIMAL}"));
+        assert!(
+            err.contains("`server.admin_tls_cert`: is required"),
+            "{err}"
+        );
+        let err = error_of(&format!("{MINIMAL}upstream_ca = \"ca.pem\"\n"));
+        assert!(
+            err.contains("routes[0].upstream_ca") && err.contains("only for an https://"),
+            "{err}"
+        );
+        let https = "[[routes]]\nname = \"api\"\nupstream = \"https://127.0.0.1:9\"\n";
+        let err = error_of(&format!("{https}upstream_ca = \"/nonexistent/ca.pem\"\n"));
+        assert!(
+            err.contains("`routes[0].upstream_ca`: /nonexistent/ca.pem: cannot read"),
+            "{err}"
+        );
+        let err = error_of(&format!("{https}upstream_client_cert = \"c.pem\"\n"));
+        assert!(err.contains("routes[0].upstream_client_key"), "{err}");
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! # Layout
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
 //! - [`server`]: listeners, accept loops, graceful shutdown.
+//! - [`tls`]: certificates from PEM files: the listeners' (swapped on
+//!   SIGHUP) and what upstream connections trust and present.
 //! - [`pipeline`]: the life of a request, one module per phase.
 //! - [`store`]: the only truth about operations (SQLite, or PostgreSQL shared
 //!   by several replicas); all SQL lives there.
@@ -66,3 +68,4 @@ pub mod retention;
 pub mod scope_key;
 pub mod server;
 pub mod store;
+pub mod tls;

@@ -10,6 +10,7 @@ use idemgate::log_sink::{FlushGuard, LogSink};
 use idemgate::mock_upstream::MockUpstream;
 use idemgate::server::Gateway;
 use idemgate::store::{PostgresStore, SqliteStore};
+use tokio::signal::unix::{SignalKind, signal as unix_signal};
 use tracing_subscriber::EnvFilter;
 
 #[global_allocator]
@@ -38,6 +39,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(serve) => {
             let _log = init_logging(serve.log_format)?;
             let config = serve.config()?;
+            // Taken over before the start: from then on a SIGHUP reloads
+            // the TLS certificates instead of ending the process.
+            let mut hangup = unix_signal(SignalKind::hangup())?;
             let store = config.store.url.to_string();
             let gateway = Gateway::start(config)
                 .await
@@ -49,7 +53,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 gateway.admin_addr()
             );
             std::io::stdout().flush()?;
-            shutdown_signal().await?;
+            let shutdown = shutdown_signal();
+            tokio::pin!(shutdown);
+            loop {
+                tokio::select! {
+                    result = &mut shutdown => break result?,
+                    _ = hangup.recv() => {
+                        // Logged per listener; the old certificate stays on error.
+                        let _ = gateway.reload_tls();
+                    }
+                }
+            }
             tracing::info!("shutting down");
             gateway.shutdown().await;
             Ok(())
@@ -183,7 +197,7 @@ fn init_quiet_logging() {
 
 /// SIGINT or SIGTERM.
 async fn shutdown_signal() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut terminate = unix_signal(SignalKind::terminate())?;
     tokio::select! {
         result = tokio::signal::ctrl_c() => result?,
         _ = terminate.recv() => {}

@@ -11,6 +11,11 @@
 //! (`max_connections`, `admin_max_connections`, counted apart); a
 //! connection over the cap has its request answered 503 `overloaded` and
 //! is closed, and those refusals are bounded in number and time too.
+//!
+//! A listener with a certificate (`tls_cert`, `admin_tls_cert`) speaks TLS
+//! only: the handshake runs in the connection's task, holding its place
+//! under the cap, and must end within `header_read_timeout`, like a request
+//! head. [`Gateway::reload_tls`] swaps the certificates for new handshakes.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -26,6 +31,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Admin;
@@ -36,9 +43,11 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ServerConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
+use crate::pipeline::forward::ViaTls;
 use crate::problem::ProxyError;
 use crate::scope_key::{ScopeKey, ScopeKeyError};
 use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
+use crate::tls::{ServerTls, TlsError};
 use crate::{replicas, retention};
 
 /// Why the gateway did not start.
@@ -60,8 +69,8 @@ pub enum StartError {
     ExposedAdmin(#[from] ExposedAdmin),
     #[error(transparent)]
     UnusableAdminToken(#[from] UnusableToken),
-    #[error("cannot set up TLS for upstreams: {0}")]
-    Tls(#[from] rustls::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error(transparent)]
     Alerts(#[from] AlertError),
 }
@@ -72,6 +81,8 @@ pub struct Gateway {
     admin_addr: SocketAddr,
     shutdown: CancellationToken,
     serving: JoinHandle<()>,
+    /// The listeners that speak TLS, for [`Gateway::reload_tls`].
+    tls: Vec<Arc<ServerTls>>,
 }
 
 /// What an embedding program (the demo, tests) may set beyond the config.
@@ -157,6 +168,14 @@ impl Gateway {
             None => AdminToken::from_env(&server.admin_token_env),
         }?;
         token.check_exposure(server.admin_listen, &server.admin_token_env)?;
+        let load = |listener, files: &Option<_>| {
+            files
+                .as_ref()
+                .map(|files| ServerTls::load(listener, files).map(Arc::new))
+                .transpose()
+        };
+        let proxy_tls = load("proxy", &server.tls)?;
+        let admin_tls = load("admin", &server.admin_tls)?;
         let alert_endpoints = Endpoint::all(&config.alerts)?;
         let poster = Poster::new()?;
         let bind = |field, addr| async move {
@@ -212,10 +231,14 @@ impl Gateway {
         });
         let proxy_service = {
             let proxy = proxy.clone();
+            let via_tls = proxy_tls.is_some();
             move |peer: SocketAddr| {
                 let proxy = proxy.clone();
-                service_fn(move |request| {
+                service_fn(move |mut request: http::Request<_>| {
                     let proxy = proxy.clone();
+                    if via_tls {
+                        request.extensions_mut().insert(ViaTls);
+                    }
                     async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
                 })
             }
@@ -257,6 +280,7 @@ impl Gateway {
         let loops = [
             tokio::spawn(accept_loop(
                 proxy_listener,
+                proxy_tls.as_ref().map(|tls| tls.acceptor().clone()),
                 server.clone(),
                 proxy_cap,
                 proxy_service,
@@ -264,6 +288,7 @@ impl Gateway {
             )),
             tokio::spawn(accept_loop(
                 admin_listener,
+                admin_tls.as_ref().map(|tls| tls.acceptor().clone()),
                 server.clone(),
                 admin_cap,
                 admin_service,
@@ -288,13 +313,41 @@ impl Gateway {
                 store.close().await;
             }
         });
-        tracing::info!(%addr, %admin_addr, "listening");
+        tracing::info!(
+            %addr,
+            %admin_addr,
+            proxy_tls = proxy_tls.is_some(),
+            admin_tls = admin_tls.is_some(),
+            "listening"
+        );
         Ok(Gateway {
             addr,
             admin_addr,
             shutdown,
             serving,
+            tls: proxy_tls.into_iter().chain(admin_tls).collect(),
         })
+    }
+
+    /// Reads every TLS listener's certificate and key again (SIGHUP): new
+    /// handshakes get the new certificate, open connections keep theirs. A
+    /// listener whose files do not load keeps the certificate it has; each
+    /// outcome is logged, and the first failure returned.
+    pub fn reload_tls(&self) -> Result<(), TlsError> {
+        if self.tls.is_empty() {
+            tracing::info!("no TLS listener: nothing to reload");
+        }
+        let mut first_error = None;
+        for tls in &self.tls {
+            match tls.reload() {
+                Ok(()) => tracing::info!(listener = tls.listener(), "TLS certificate reloaded"),
+                Err(error) => {
+                    tracing::error!(listener = tls.listener(), %error, "TLS certificate not reloaded; the previous one stays in use");
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// The proxy listener's address.
@@ -351,7 +404,7 @@ impl ConnectionCap {
     /// connection) and the connection is closed. Refusals are bounded in
     /// number and time themselves; past [`REFUSING`] the connection is
     /// closed at once. Either way nothing is sent, so a retry is safe.
-    fn refuse(&self, stream: TcpStream, server: &ServerConfig) {
+    fn refuse(&self, stream: TcpStream, tls: Option<TlsAcceptor>, server: &ServerConfig) {
         self.metrics.refused_connection(self.listener);
         let Ok(permit) = self.refusing.clone().try_acquire_owned() else {
             return;
@@ -368,9 +421,13 @@ impl ConnectionCap {
             };
             Ok::<_, Infallible>(overloaded.into_response())
         });
-        let connection = http.serve_connection(TokioIo::new(stream), refusal);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(REFUSAL_TIME, connection).await;
+            let _ = tokio::time::timeout(REFUSAL_TIME, async {
+                if let Some(stream) = open(stream, tls.as_ref(), REFUSAL_TIME).await {
+                    let _ = http.serve_connection(TokioIo::new(stream), refusal).await;
+                }
+            })
+            .await;
             drop(permit);
         });
     }
@@ -381,6 +438,7 @@ impl ConnectionCap {
 /// open at once; more are refused ([`ConnectionCap::refuse`]).
 async fn accept_loop<F, S>(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     server: ServerConfig,
     cap: ConnectionCap,
     service: F,
@@ -420,14 +478,22 @@ async fn accept_loop<F, S>(
         };
         let Ok(permit) = cap.open.clone().try_acquire_owned() else {
             tracing::debug!(%peer, listener = cap.listener, "connection refused: listener at its cap");
-            cap.refuse(stream, &server);
+            cap.refuse(stream, tls.clone(), &server);
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service(peer)));
+        // Watched from before the handshake: shutdown waits for it (bounded
+        // by `header_read_timeout`), and a connection that completes it late
+        // is told to close at once.
+        let watcher = graceful.watcher();
+        let (http, service, tls) = (http.clone(), service(peer), tls.clone());
+        let handshake_within = server.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
+            if let Some(stream) = open(stream, tls.as_ref(), handshake_within).await {
+                let connection = http.serve_connection(TokioIo::new(stream), service);
+                if let Err(error) = watcher.watch(connection).await {
+                    tracing::debug!(%peer, %error, "connection ended with an error");
+                }
             }
             drop(permit);
         });
@@ -436,5 +502,29 @@ async fn accept_loop<F, S>(
     let deadline = Instant::now() + server.shutdown_grace;
     if timeout_at(deadline, graceful.shutdown()).await.is_err() {
         tracing::warn!("connections still open at the end of the grace period");
+    }
+}
+
+/// An accepted connection as HTTP reads it: plain TCP, or TLS over it.
+type Stream = Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>;
+
+/// The connection ready for HTTP: on a TLS listener, after a handshake that
+/// ended within `within` (a client that stalls it is cut off as one that
+/// stalls its request head is); `None` when it failed.
+async fn open(stream: TcpStream, tls: Option<&TlsAcceptor>, within: Duration) -> Option<Stream> {
+    let Some(acceptor) = tls else {
+        return Some(Either::Left(stream));
+    };
+    let peer = stream.peer_addr().ok();
+    match tokio::time::timeout(within, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Some(Either::Right(stream)),
+        Ok(Err(error)) => {
+            tracing::debug!(?peer, %error, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(?peer, "TLS handshake not done in time");
+            None
+        }
     }
 }

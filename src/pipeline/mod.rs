@@ -14,7 +14,8 @@
 //! 5. [`claim`]: one store transaction decides: send, replay, or refuse; a
 //!    paused route or a scope over its [`quota`] only looks up what exists.
 //! 6. [`forward`] + [`record`]: in a task of their own, so a client that hangs
-//!    up never cancels the upstream call nor leaves the operation `in_progress`.
+//!    up never cancels the upstream call nor leaves the operation `in_progress`;
+//!    upstream connections are made by [`connector`].
 //! 7. [`replay`]: what a key that already has an operation gets.
 //!
 //! Errors from any phase are [`ProxyError`]s, rendered in one place
@@ -23,6 +24,7 @@
 pub mod attempt;
 pub mod budget;
 pub mod claim;
+pub mod connector;
 pub mod fingerprint;
 pub mod forward;
 pub mod key;
@@ -56,6 +58,7 @@ use crate::problem::ProxyError;
 use crate::reconcile::{self, Reconciler};
 use crate::scope_key::ScopeKey;
 use crate::store::{NewOperation, RequestSummary, Store, StoreError};
+use crate::tls::TlsError;
 use attempt::Attempt;
 use budget::{BodyBudget, BudgetSpent, Reservation};
 use claim::{Claimed, Hold, InFlight};
@@ -113,7 +116,7 @@ impl Proxy {
         metrics: Arc<Metrics>,
         stopping: CancellationToken,
         give_up: CancellationToken,
-    ) -> Result<Self, rustls::Error> {
+    ) -> Result<Self, TlsError> {
         let routes = config
             .routes
             .iter()
@@ -124,7 +127,7 @@ impl Proxy {
                     paused: AtomicBool::new(paused.contains(&route.name)),
                 }))
             })
-            .collect::<Result<_, rustls::Error>>()?;
+            .collect::<Result<_, TlsError>>()?;
         let shared = store.shared();
         Ok(Proxy {
             routes,
