@@ -1,5 +1,6 @@
 //! Micro-benchmarks of the pure, per-request phases: key parsing, RFC 8785
-//! canonical JSON and the fingerprint. No I/O; see `gateway.rs` for the
+//! canonical JSON, the fingerprint, and sealing a stored response (a sealed
+//! store's extra work per record and per read from the store). No I/O; see `gateway.rs` for the
 //! end-to-end numbers these sit inside.
 //!
 //! `cargo bench --bench pipeline`
@@ -13,6 +14,8 @@ use http::{HeaderMap, HeaderValue, Method};
 use idemgate::canonical_json::canonicalize;
 use idemgate::pipeline::fingerprint::{Fingerprint, FingerprintInput};
 use idemgate::pipeline::key::IdempotencyKey;
+use idemgate::store::seal::Field;
+use idemgate::store::{Seal, StoreKey};
 use serde_json::{Value, json};
 
 /// A deterministic JSON document of at least `target` bytes when serialised:
@@ -125,12 +128,48 @@ fn fingerprint(c: &mut Criterion) {
     group.finish();
 }
 
+/// What a sealed store adds to a record (seal the headers and body) and
+/// to a read from the store (open them), for a 1 KiB and a 64 KiB body.
+fn sealing(c: &mut Criterion) {
+    let mut group = c.benchmark_group("seal");
+    let seal = Seal::with_keys(StoreKey::new(&[7; 32]), None, "BENCH_KEY");
+    let headers = vec![
+        ("content-type".to_string(), b"application/json".to_vec()),
+        ("x-request-id".to_string(), b"0192f0c4-5b1e-7d2a".to_vec()),
+        ("cache-control".to_string(), b"no-store".to_vec()),
+    ];
+    let id = "0192f0c4-5b1e-7d2a-8c3e-1f2a3b4c5d6e";
+    for (name, target) in [("1KiB", 1024), ("64KiB", 64 * 1024)] {
+        let body = serde_json::to_vec(&sample_json(target)).expect("serialise sample");
+        group.throughput(Throughput::Bytes(body.len() as u64));
+        group.bench_with_input(BenchmarkId::new("seal", name), &body, |b, body| {
+            b.iter(|| {
+                let headers = seal.headers(id, black_box(&headers));
+                let body = seal.body(id, Field::ResponseBody, Some(black_box(body)));
+                (headers, body.map(|b| b.len()))
+            })
+        });
+        let stored_headers = seal.headers(id, &headers);
+        let stored_body = seal
+            .body(id, Field::ResponseBody, Some(&body))
+            .map(|b| b.into_owned());
+        group.bench_with_input(BenchmarkId::new("open", name), &stored_body, |b, stored| {
+            b.iter(|| {
+                let headers = seal.open_headers(id, black_box(&stored_headers));
+                let body = seal.open_body(id, Field::ResponseBody, black_box(stored.clone()));
+                (headers.is_ok(), body.is_ok())
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .sample_size(50);
-    targets = key_parsing, canonical_json, fingerprint
+    targets = key_parsing, canonical_json, fingerprint, sealing
 }
 criterion_main!(benches);

@@ -16,6 +16,7 @@ use idemgate::clock::{self, Clock, SystemClock};
 use idemgate::config::Config;
 use idemgate::pipeline::fingerprint::{ExactDigest, Fingerprint, FingerprintInput};
 use idemgate::pipeline::key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope, url_component};
+use idemgate::scope_key::ScopeKey;
 use idemgate::store::Decision;
 
 /// `Idempotency-Key` parsing. Input: a header value's bytes.
@@ -231,7 +232,9 @@ fn derived_keys(a: &[u8], b: &[u8], pointer: &str, x: &Option<Value>, y: &Option
     if !pointer.starts_with('/') {
         return;
     }
-    let scope = Scope::from_headers(&HeaderMap::new(), &[], true).expect("anonymous scope");
+    let scope_key = ScopeKey::new(&[7; 32], "fuzz");
+    let scope =
+        Scope::from_headers(&HeaderMap::new(), &[], true, &scope_key).expect("anonymous scope");
     let pointers = [pointer.to_string()];
     let key_a = IdempotencyKey::derive_from_body(&scope, &pointers, a);
     let key_b = IdempotencyKey::derive_from_body(&scope, &pointers, b);

@@ -1,5 +1,5 @@
 //! The command line (README "Configuration"): `serve`, `check-config`, `migrate`,
-//! `keys`, `mock-upstream`, `demo`, `bench`.
+//! `rekey`, `keys`, `mock-upstream`, `demo`, `bench`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,6 +34,14 @@ pub enum Command {
         /// The store, e.g. sqlite://idemgate.db
         #[arg(long)]
         store: String,
+    },
+    /// Seal every stored payload again under store.encryption_key_env's key,
+    /// so store.previous_key_env can be dropped (README "Sealed store").
+    /// A SQLite store must not be in use by a gateway.
+    Rekey {
+        /// The gateway's TOML config file.
+        #[arg(long)]
+        config: PathBuf,
     },
     /// Find, read and settle operations through a running gateway's admin API.
     Keys(Keys),
@@ -154,6 +162,10 @@ pub struct Keys {
     /// in shell history and process listings.
     #[arg(long, global = true, default_value = "IDEMGATE_ADMIN_TOKEN")]
     pub token_env: String,
+    /// A PEM file of extra trust roots for an https admin listener whose
+    /// certificate a private CA signed (`server.admin_tls_cert`).
+    #[arg(long, global = true)]
+    pub ca: Option<std::path::PathBuf>,
     /// Print the API's JSON answer instead of the human-readable form.
     #[arg(long, global = true)]
     pub json: bool,
@@ -310,6 +322,10 @@ pub struct Bench {
     /// (`in_progress = "wait"`) instead of answering 409 `request-in-progress`.
     #[arg(long, conflicts_with = "target")]
     pub wait: bool,
+    /// The own gateway's store is sealed (`store.encryption_key_env`) with a
+    /// key made for the run: what sealing costs.
+    #[arg(long, conflicts_with = "target")]
+    pub sealed: bool,
     /// Send 3 keys in 10 to the mock's fault paths: the write is committed,
     /// then the connection is dropped (`/drop`) or cut mid-body
     /// (`/truncate`), or the answer comes 50 ms late (`/slow`).

@@ -1,9 +1,9 @@
 //! Configuration: the TOML file as written (`Raw*` types, `deny_unknown_fields`)
 //! kept apart from the validated runtime [`Config`] the gateway runs on.
 //!
-//! Invariant: a `Config` value is always valid. Every unknown field, bad value,
-//! and field whose feature is not built yet is rejected here with the file, the
-//! field and the reason, never silently ignored (README "Configuration").
+//! Invariant: a `Config` value is always valid. Every unknown field and bad
+//! value is rejected here with the file, the field and the reason, never
+//! silently ignored (README "Configuration").
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -13,6 +13,8 @@ use http::header::HeaderName;
 use http::{Method, Uri};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
+
+use crate::tls::{self, CertPair, ClientTls};
 
 /// Why a configuration was refused. Each variant names the source (file path or
 /// `<inline>`), so an operator knows what to edit.
@@ -93,6 +95,10 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     /// The environment variable holding the admin API's bearer token.
     pub admin_token_env: String,
+    /// The proxy listener's certificate and key: TLS when set.
+    pub tls: Option<CertPair>,
+    /// The admin listener's, set apart: operators may use another CA.
+    pub admin_tls: Option<CertPair>,
     /// Slow or silent clients are cut off after this long without a full head.
     pub header_read_timeout: Duration,
     /// hyper's read buffer bound; larger request heads get 431.
@@ -121,6 +127,18 @@ pub struct StoreConfig {
     /// alive (the database's clock); its operations in flight become
     /// `unknown` after that.
     pub lease: Duration,
+    /// The environment variable holding the key (32 bytes, base64) that
+    /// seals stored payloads; `None`: stored in clear.
+    pub encryption_key_env: Option<String>,
+    /// The variable holding the key payloads were sealed with before a
+    /// rotation: read only, until `idemgate rekey` has sealed them again.
+    pub previous_key_env: Option<String>,
+    /// The variable holding the scope key (32 bytes, base64); before
+    /// `scope_key_file`.
+    pub scope_key_env: Option<String>,
+    /// The file holding the scope key; SQLite's default is
+    /// `<store file>.scope-key`, created at first start.
+    pub scope_key_file: Option<PathBuf>,
 }
 
 /// Where operations are kept.
@@ -304,6 +322,8 @@ pub struct Route {
     pub name: String,
     pub path_prefix: String,
     pub upstream: Upstream,
+    /// Extra trust roots and a client certificate for an https upstream.
+    pub upstream_tls: ClientTls,
     pub methods: Vec<Method>,
     pub key: KeyMode,
     /// JSON pointers naming the business action (derive mode).
@@ -381,6 +401,8 @@ struct RawServer {
     admin_token_env: Option<String>,
     tls_cert: Option<String>,
     tls_key: Option<String>,
+    admin_tls_cert: Option<String>,
+    admin_tls_key: Option<String>,
     header_read_timeout: Option<String>,
     max_header_bytes: Option<String>,
     shutdown_grace: Option<String>,
@@ -396,6 +418,9 @@ struct RawStore {
     durability: Option<String>,
     retention: Option<String>,
     encryption_key_env: Option<String>,
+    previous_key_env: Option<String>,
+    scope_key_env: Option<String>,
+    scope_key_file: Option<String>,
     lease: Option<String>,
 }
 
@@ -406,6 +431,8 @@ struct RawRoute {
     path_prefix: Option<String>,
     upstream: Option<String>,
     upstream_ca: Option<String>,
+    upstream_client_cert: Option<String>,
+    upstream_client_key: Option<String>,
     methods: Option<Vec<String>>,
     key: Option<String>,
     derive_from: Option<Vec<String>>,
@@ -443,23 +470,30 @@ pub struct Overrides {
 }
 
 impl Config {
-    /// Reads and validates a config file.
+    /// Reads and validates a config file. Relative TLS file paths in it are
+    /// relative to its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let source_name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             source_name: source_name.clone(),
             error,
         })?;
-        Self::from_toml_str(&text, &source_name)
+        let base = path.parent().unwrap_or(Path::new(""));
+        Self::parse(&text, &source_name, base)
     }
 
     /// Parses and validates TOML text; `source_name` names it in errors.
+    /// Relative TLS file paths are relative to the working directory.
     pub fn from_toml_str(text: &str, source_name: &str) -> Result<Config, ConfigError> {
+        Self::parse(text, source_name, Path::new(""))
+    }
+
+    fn parse(text: &str, source_name: &str, base: &Path) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             source_name: source_name.to_string(),
             message: e.to_string().trim_end().to_string(),
         })?;
-        Validator { source_name }.config(raw)
+        Validator { source_name, base }.config(raw)
     }
 
     /// The no-file mode: one catch-all route to `upstream`.
@@ -475,6 +509,7 @@ impl Config {
         };
         let mut config = Validator {
             source_name: "--upstream",
+            base: Path::new(""),
         }
         .config(raw)?;
         config.routes[0].key = key;
@@ -509,6 +544,8 @@ const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
 
 struct Validator<'a> {
     source_name: &'a str,
+    /// What relative file paths are relative to: the config file's directory.
+    base: &'a Path,
 }
 
 impl Validator<'_> {
@@ -520,11 +557,37 @@ impl Validator<'_> {
         }
     }
 
-    fn not_built<T>(&self, field: &str, value: &Option<T>) -> Result<(), ConfigError> {
-        match value {
-            Some(_) => Err(self.invalid(field, "this feature is not built yet; remove the field")),
-            None => Ok(()),
-        }
+    fn file(&self, path: &str) -> PathBuf {
+        self.base.join(path)
+    }
+
+    /// A certificate file and its key file, both or neither, checked to be
+    /// readable PEM that belong together.
+    fn cert_pair(
+        &self,
+        (cert_field, cert): (String, Option<String>),
+        (key_field, key): (String, Option<String>),
+    ) -> Result<Option<CertPair>, ConfigError> {
+        let pair = match (cert, key) {
+            (None, None) => return Ok(None),
+            (Some(cert), Some(key)) => CertPair {
+                cert: self.file(&cert),
+                key: self.file(&key),
+            },
+            (Some(_), None) => {
+                return Err(self.invalid(key_field, format!("is required with `{cert_field}`")));
+            }
+            (None, Some(_)) => {
+                return Err(self.invalid(cert_field, format!("is required with `{key_field}`")));
+            }
+        };
+        let chain = tls::certificates(&pair.cert)
+            .map_err(|error| self.invalid(&cert_field, error.to_string()))?;
+        let key = tls::private_key(&pair.key)
+            .map_err(|error| self.invalid(&key_field, error.to_string()))?;
+        tls::pair_up(chain, key, (&pair.cert, &pair.key))
+            .map_err(|error| self.invalid(key_field, error.to_string()))?;
+        Ok(Some(pair))
     }
 
     fn duration(
@@ -720,8 +783,14 @@ impl Validator<'_> {
                 "must name an environment variable",
             ));
         }
-        self.not_built("server.tls_cert", &raw.tls_cert)?;
-        self.not_built("server.tls_key", &raw.tls_key)?;
+        let tls = self.cert_pair(
+            ("server.tls_cert".into(), raw.tls_cert),
+            ("server.tls_key".into(), raw.tls_key),
+        )?;
+        let admin_tls = self.cert_pair(
+            ("server.admin_tls_cert".into(), raw.admin_tls_cert),
+            ("server.admin_tls_key".into(), raw.admin_tls_key),
+        )?;
         let max_header_bytes = self.size(
             "server.max_header_bytes",
             raw.max_header_bytes.as_deref(),
@@ -741,6 +810,8 @@ impl Validator<'_> {
                 "127.0.0.1:9090",
             )?,
             admin_token_env,
+            tls,
+            admin_tls,
             header_read_timeout: self.duration(
                 "server.header_read_timeout",
                 raw.header_read_timeout.as_deref(),
@@ -771,7 +842,37 @@ impl Validator<'_> {
     }
 
     fn store(&self, raw: RawStore) -> Result<StoreConfig, ConfigError> {
-        self.not_built("store.encryption_key_env", &raw.encryption_key_env)?;
+        let variable = |field: &str, name: Option<String>| match name {
+            Some(name) if name.is_empty() || name.contains(['=', '\0']) => Err(self.invalid(
+                field,
+                "must name an environment variable (not empty, no `=`)",
+            )),
+            name => Ok(name),
+        };
+        let encryption_key_env = variable("store.encryption_key_env", raw.encryption_key_env)?;
+        let previous_key_env = variable("store.previous_key_env", raw.previous_key_env)?;
+        if previous_key_env.is_some() && encryption_key_env.is_none() {
+            return Err(self.invalid(
+                "store.previous_key_env",
+                "only with store.encryption_key_env, the key that seals from now on",
+            ));
+        }
+        let scope_key_env = variable("store.scope_key_env", raw.scope_key_env)?;
+        if scope_key_env.is_some() && raw.scope_key_file.is_some() {
+            return Err(self.invalid(
+                "store.scope_key_file",
+                "give store.scope_key_env or store.scope_key_file, not both",
+            ));
+        }
+        if raw.scope_key_file.as_deref() == Some("") {
+            return Err(self.invalid("store.scope_key_file", "names no file"));
+        }
+        if previous_key_env.is_some() && previous_key_env == encryption_key_env {
+            return Err(self.invalid(
+                "store.previous_key_env",
+                "names the same variable as store.encryption_key_env",
+            ));
+        }
         let url = StoreUrl::parse(raw.url.as_deref().unwrap_or("sqlite://idemgate.db"))
             .map_err(|reason| self.invalid("store.url", reason))?;
         if matches!(url, StoreUrl::Sqlite(_)) && raw.lease.is_some() {
@@ -799,12 +900,15 @@ impl Validator<'_> {
             durability,
             retention: self.duration("store.retention", raw.retention.as_deref(), "24h")?,
             lease,
+            encryption_key_env,
+            previous_key_env,
+            scope_key_env,
+            scope_key_file: raw.scope_key_file.map(PathBuf::from),
         })
     }
 
-    fn route(&self, i: usize, raw: RawRoute) -> Result<Route, ConfigError> {
+    fn route(&self, i: usize, mut raw: RawRoute) -> Result<Route, ConfigError> {
         let field = |name: &str| format!("routes[{i}].{name}");
-        self.not_built(&field("upstream_ca"), &raw.upstream_ca)?;
 
         let name = raw
             .name
@@ -825,6 +929,15 @@ impl Validator<'_> {
             .ok_or_else(|| self.invalid(field("upstream"), "is required"))?;
         let upstream = Upstream::parse(&upstream_text)
             .map_err(|reason| self.invalid(field("upstream"), reason))?;
+        let upstream_tls = self.upstream_tls(
+            &field,
+            &upstream,
+            raw.upstream_ca.take(),
+            (
+                raw.upstream_client_cert.take(),
+                raw.upstream_client_key.take(),
+            ),
+        )?;
 
         let methods =
             raw.methods
@@ -924,6 +1037,7 @@ impl Validator<'_> {
             name,
             path_prefix,
             upstream,
+            upstream_tls,
             methods,
             key,
             scope_headers,
@@ -978,6 +1092,37 @@ impl Validator<'_> {
             )?,
             store_request_body: raw.store_request_body.unwrap_or(false),
         })
+    }
+
+    /// `upstream_ca` and the client certificate: https upstreams only; the
+    /// files are read now, as they will be at start.
+    fn upstream_tls(
+        &self,
+        field: &dyn Fn(&str) -> String,
+        upstream: &Upstream,
+        ca: Option<String>,
+        (cert, key): (Option<String>, Option<String>),
+    ) -> Result<ClientTls, ConfigError> {
+        if upstream.scheme != http::uri::Scheme::HTTPS {
+            let set = [
+                ("upstream_ca", &ca),
+                ("upstream_client_cert", &cert),
+                ("upstream_client_key", &key),
+            ];
+            if let Some((name, _)) = set.iter().find(|(_, value)| value.is_some()) {
+                return Err(self.invalid(field(name), "only for an https:// upstream"));
+            }
+        }
+        let ca = ca.map(|path| self.file(&path));
+        if let Some(ca) = &ca {
+            tls::roots(Some(ca))
+                .map_err(|error| self.invalid(field("upstream_ca"), error.to_string()))?;
+        }
+        let identity = self.cert_pair(
+            (field("upstream_client_cert"), cert),
+            (field("upstream_client_key"), key),
+        )?;
+        Ok(ClientTls { ca, identity })
     }
 
     fn quota(
@@ -1250,13 +1395,47 @@ mod tests {
     }
 
     #[test]
-    fn features_not_built_yet_are_rejected() {
-        let err = error_of(&format!("{MINIMAL}upstream_ca = \"ca.pem\"\n"));
-        assert!(err.contains("not built yet"), "{err}");
+    fn store_keys_are_named_by_variables() {
+        let with = |lines: &str| format!("[store]\n{lines}{MINIMAL}");
+        let store = Config::from_toml_str(
+            &with("encryption_key_env = \"K1\"\nprevious_key_env = \"K0\"\n"),
+            "t",
+        )
+        .unwrap()
+        .store;
+        assert_eq!(store.encryption_key_env.as_deref(), Some("K1"));
+        assert_eq!(store.previous_key_env.as_deref(), Some("K0"));
+        assert!(error_of(&with("previous_key_env = \"K0\"\n")).contains("only with"));
+        assert!(error_of(&with("encryption_key_env = \"\"\n")).contains("environment variable"));
+        let same = with("encryption_key_env = \"K\"\nprevious_key_env = \"K\"\n");
+        assert!(error_of(&same).contains("same variable"));
+    }
+
+    #[test]
+    fn tls_files_come_in_pairs_and_only_for_https() {
+        let err = error_of(&format!("[server]\ntls_cert = \"c.pem\"\n{MINIMAL}"));
         assert!(
-            error_of(&format!("[server]\ntls_cert = \"c.pem\"\n{MINIMAL}"))
-                .contains("not built yet")
+            err.contains("`server.tls_key`: is required with `server.tls_cert`"),
+            "{err}"
         );
+        let err = error_of(&format!("[server]\nadmin_tls_key = \"k.pem\"\n{MINIMAL}"));
+        assert!(
+            err.contains("`server.admin_tls_cert`: is required"),
+            "{err}"
+        );
+        let err = error_of(&format!("{MINIMAL}upstream_ca = \"ca.pem\"\n"));
+        assert!(
+            err.contains("routes[0].upstream_ca") && err.contains("only for an https://"),
+            "{err}"
+        );
+        let https = "[[routes]]\nname = \"api\"\nupstream = \"https://127.0.0.1:9\"\n";
+        let err = error_of(&format!("{https}upstream_ca = \"/nonexistent/ca.pem\"\n"));
+        assert!(
+            err.contains("`routes[0].upstream_ca`: /nonexistent/ca.pem: cannot read"),
+            "{err}"
+        );
+        let err = error_of(&format!("{https}upstream_client_cert = \"c.pem\"\n"));
+        assert!(err.contains("routes[0].upstream_client_key"), "{err}");
     }
 
     #[test]

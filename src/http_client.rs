@@ -1,9 +1,11 @@
 //! The HTTP client for the gateway's own calls that are not proxied writes
 //! (the `keys` CLI's admin calls, alert webhooks): HTTP/1.1, plain http or
-//! https through rustls with the webpki roots, a bounded connect.
+//! https through rustls with the webpki roots (plus a private CA where the
+//! caller gives one), a bounded connect.
 
 use std::time::Duration;
 
+use hyper_rustls::builderstates::WantsSchemes;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -17,13 +19,38 @@ where
     B: http_body::Body + Send,
     B::Data: Send,
 {
+    let tls = HttpsConnectorBuilder::new()
+        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?;
+    Ok(finish(tls, connect_timeout))
+}
+
+/// Like [`webpki_client`], trusting what `tls` trusts (the `keys` CLI's
+/// `--ca` for an admin listener behind a private CA).
+pub fn client_with<B>(
+    connect_timeout: Duration,
+    tls: rustls::ClientConfig,
+) -> Client<HttpsConnector<HttpConnector>, B>
+where
+    B: http_body::Body + Send,
+    B::Data: Send,
+{
+    finish(
+        HttpsConnectorBuilder::new().with_tls_config(tls),
+        connect_timeout,
+    )
+}
+
+fn finish<B>(
+    tls: HttpsConnectorBuilder<WantsSchemes>,
+    connect_timeout: Duration,
+) -> Client<HttpsConnector<HttpConnector>, B>
+where
+    B: http_body::Body + Send,
+    B::Data: Send,
+{
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(Some(connect_timeout));
-    let https = HttpsConnectorBuilder::new()
-        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new()).build(https))
+    let https = tls.https_or_http().enable_http1().wrap_connector(http);
+    Client::builder(TokioExecutor::new()).build(https)
 }

@@ -16,6 +16,7 @@
 //! `<status> <name>: <detail>`.
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -31,6 +32,7 @@ use crate::admin::auth::{UnusableToken, token_fault};
 use crate::cli::{Keys, KeysCommand, KeysList, KeysResolve};
 use crate::http_client;
 use crate::pipeline::key::url_component;
+use crate::tls::{ClientTls, TlsError};
 
 /// One admin call, connect to last byte; the admin API answers from the
 /// store, so anything slower is a gateway in trouble, not a slow answer.
@@ -59,7 +61,7 @@ pub enum KeysError {
     #[error("--json-body is not JSON: {0}")]
     JsonBody(#[source] serde_json::Error),
     #[error("cannot set up TLS for the admin API: {0}")]
-    Tls(#[from] rustls::Error),
+    Tls(#[from] TlsError),
     #[error("cannot reach the admin API at {url}: {reason}")]
     Unreachable { url: String, reason: String },
     #[error("no answer from the admin API at {url} within {}s", REQUEST_TIMEOUT.as_secs())]
@@ -95,7 +97,7 @@ pub async fn run(keys: &Keys) -> Result<String, KeysError> {
     };
     let base = admin_base(&keys.admin)?;
     let token = token_from_env(&keys.token_env)?;
-    let api = AdminApi::new(base, &token, &keys.token_env)?;
+    let api = AdminApi::new(base, &token, &keys.token_env, keys.ca.clone())?;
     let (method, path, body) = call;
     let answer = api.call(method, &path, body.as_ref()).await?;
     if keys.json {
@@ -257,7 +259,12 @@ struct AdminApi {
 }
 
 impl AdminApi {
-    fn new(base: String, token: &str, variable: &str) -> Result<AdminApi, KeysError> {
+    fn new(
+        base: String,
+        token: &str,
+        variable: &str,
+        ca: Option<PathBuf>,
+    ) -> Result<AdminApi, KeysError> {
         let mut authorization =
             HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
                 KeysError::TokenInvalid {
@@ -268,7 +275,10 @@ impl AdminApi {
         Ok(AdminApi {
             base,
             authorization,
-            client: http_client::webpki_client(CONNECT_TIMEOUT)?,
+            client: http_client::client_with(
+                CONNECT_TIMEOUT,
+                ClientTls { ca, identity: None }.client_config()?,
+            ),
         })
     }
 

@@ -4,6 +4,8 @@
 //! # Layout
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
 //! - [`server`]: listeners, accept loops, graceful shutdown.
+//! - [`tls`]: certificates from PEM files: the listeners' (swapped on
+//!   SIGHUP) and what upstream connections trust and present.
 //! - [`pipeline`]: the life of a request, one module per phase.
 //! - [`store`]: the only truth about operations (SQLite, or PostgreSQL shared
 //!   by several replicas); all SQL lives there.
@@ -13,10 +15,12 @@
 //! - [`alerts`]: webhooks told about held work, from the store's outbox.
 //! - [`http_client`]: the client for the gateway's own calls (not proxied).
 //! - [`clock`]: the time the store keeps (a manual one for tests).
+//! - [`scope_key`]: the secret scopes are keyed with before they are stored.
 //! - [`problem`]: every error idemgate answers itself, as RFC 9457 problem+json.
 //! - [`admin`]: the operators' listener (the admin API and the operator
 //!   console at `/`); [`metrics`]: Prometheus counters.
-//! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal.
+//! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal;
+//!   [`rekey`]: `idemgate rekey`, stored payloads sealed again under the current key.
 //! - [`log_sink`]: log lines batched in memory, written by a thread of their own.
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
@@ -58,7 +62,10 @@ pub mod mock_upstream;
 pub mod pipeline;
 pub mod problem;
 pub mod reconcile;
+pub mod rekey;
 pub mod replicas;
 pub mod retention;
+pub mod scope_key;
 pub mod server;
 pub mod store;
+pub mod tls;

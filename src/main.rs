@@ -1,17 +1,16 @@
 //! The `idemgate` binary: parse the command line, set up logging, run.
 
 use std::io::{IsTerminal, Write};
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
 use idemgate::cli::{AlertsCommand, Cli, Command, LogFormat};
-use idemgate::clock::SystemClock;
-use idemgate::config::{Config, Durability, StoreUrl};
+use idemgate::config::{Config, StoreUrl};
 use idemgate::log_sink::{FlushGuard, LogSink};
 use idemgate::mock_upstream::MockUpstream;
 use idemgate::server::Gateway;
-use idemgate::store::{PostgresStore, SqliteStore, Store};
+use idemgate::store::{PostgresStore, SqliteStore};
+use tokio::signal::unix::{SignalKind, signal as unix_signal};
 use tracing_subscriber::EnvFilter;
 
 #[global_allocator]
@@ -40,6 +39,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(serve) => {
             let _log = init_logging(serve.log_format)?;
             let config = serve.config()?;
+            // Taken over before the start: from then on a SIGHUP reloads
+            // the TLS certificates instead of ending the process.
+            let mut hangup = unix_signal(SignalKind::hangup())?;
             let store = config.store.url.to_string();
             let gateway = Gateway::start(config)
                 .await
@@ -51,7 +53,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 gateway.admin_addr()
             );
             std::io::stdout().flush()?;
-            shutdown_signal().await?;
+            let shutdown = shutdown_signal();
+            tokio::pin!(shutdown);
+            loop {
+                tokio::select! {
+                    result = &mut shutdown => break result?,
+                    _ = hangup.recv() => {
+                        // Logged per listener; the old certificate stays on error.
+                        let _ = gateway.reload_tls();
+                    }
+                }
+            }
             tracing::info!("shutting down");
             gateway.shutdown().await;
             Ok(())
@@ -111,18 +123,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Rekey { config } => {
+            let _log = init_logging(LogFormat::Text)?;
+            let config = Config::load(&config)?;
+            let store = config.store.url.to_string();
+            let done = idemgate::rekey::run(&config, &|name| std::env::var(name).ok())
+                .await
+                .with_context(|| format!("cannot rekey the store {store}"))?;
+            println!(
+                "rekeyed {store}: {} operations, {} sealed again under the current key",
+                done.operations, done.resealed
+            );
+            Ok(())
+        }
         Command::Migrate { store } => {
             let _log = init_logging(LogFormat::Text)?;
             let url =
                 StoreUrl::parse(&store).map_err(|reason| anyhow::anyhow!("--store: {reason}"))?;
             match &url {
-                StoreUrl::Sqlite(path) => {
-                    let owner = format!("migrate-{}", uuid::Uuid::now_v7());
-                    SqliteStore::open(path, Durability::Full, owner, Arc::new(SystemClock))
-                        .await?
-                        .close()
-                        .await;
-                }
+                StoreUrl::Sqlite(path) => SqliteStore::migrate(path).await?,
                 StoreUrl::Postgres(postgres) => PostgresStore::migrate(postgres).await?,
             }
             println!("migrated {url}");
@@ -178,7 +197,7 @@ fn init_quiet_logging() {
 
 /// SIGINT or SIGTERM.
 async fn shutdown_signal() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut terminate = unix_signal(SignalKind::terminate())?;
     tokio::select! {
         result = tokio::signal::ctrl_c() => result?,
         _ = terminate.recv() => {}

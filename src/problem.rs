@@ -82,6 +82,8 @@ pub enum ProxyError {
     },
     #[error("the operation store is unavailable; nothing was sent upstream")]
     StoreUnavailable { source: StoreError },
+    #[error("{source}; nothing was sent upstream, and it is never replayed")]
+    StoreUnreadable { source: StoreError },
     #[error("the outcome was sent upstream but could not be recorded yet; do not assume it failed")]
     StoreUnavailableAfterSend { operation: OperationRef },
     #[error("the upstream could not be reached; nothing was sent ({reason})")]
@@ -248,6 +250,12 @@ impl ProxyError {
                 "Store unavailable",
                 None,
             ),
+            StoreUnreadable { .. } => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "store-unreadable",
+                "Stored operation unreadable",
+                None,
+            ),
             StoreUnavailableAfterSend { operation } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store-unavailable",
@@ -305,6 +313,17 @@ impl ProxyError {
         }
     }
 
+    /// A store call that failed: 500 `store-unreadable` when the store
+    /// holds a value that must not be used (a sealed payload that does not
+    /// open), else 503 `store-unavailable`.
+    pub fn store(source: StoreError) -> Self {
+        if source.is_unreadable() {
+            ProxyError::StoreUnreadable { source }
+        } else {
+            ProxyError::StoreUnavailable { source }
+        }
+    }
+
     /// How a request that ends in this error counts in metrics and logs.
     pub fn outcome(&self) -> Outcome {
         use ProxyError::*;
@@ -332,6 +351,7 @@ impl ProxyError {
             | BodyTimeout { .. }
             | RoutePaused { .. }
             | StoreUnavailable { .. }
+            | StoreUnreadable { .. }
             | Overloaded { .. }
             | QuotaExceeded { .. }
             | Internal { .. } => Outcome::rejected,
@@ -509,11 +529,13 @@ mod tests {
         };
         check(paused, 503, "route-paused");
         let store = StoreError::Corrupt("x".into());
-        check(
-            ProxyError::StoreUnavailable { source: store },
-            503,
-            "store-unavailable",
-        );
+        check(ProxyError::store(store), 503, "store-unavailable");
+        let unreadable = StoreError::Seal(crate::store::SealError::Unreadable {
+            operation: "op".into(),
+            field: "response_body",
+            reason: "altered".into(),
+        });
+        check(ProxyError::store(unreadable), 500, "store-unreadable");
         check(
             ProxyError::StoreUnavailableAfterSend {
                 operation: op(State::InProgress),

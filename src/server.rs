@@ -11,7 +11,13 @@
 //! (`max_connections`, `admin_max_connections`, counted apart); a
 //! connection over the cap has its request answered 503 `overloaded` and
 //! is closed, and those refusals are bounded in number and time too.
+//!
+//! A listener with a certificate (`tls_cert`, `admin_tls_cert`) speaks TLS
+//! only: the handshake runs in the connection's task, holding its place
+//! under the cap, and must end within `header_read_timeout`, like a request
+//! head. [`Gateway::reload_tls`] swaps the certificates for new handshakes.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,6 +31,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Admin;
@@ -32,11 +40,14 @@ use crate::admin::auth::{AdminToken, ExposedAdmin, UnusableToken};
 use crate::alerts::deliverer::Deliverer;
 use crate::alerts::{self, AlertError, Endpoint, Poster};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{Config, ServerConfig, StoreUrl};
+use crate::config::{Config, ServerConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
+use crate::pipeline::forward::ViaTls;
 use crate::problem::ProxyError;
-use crate::store::{PostgresStore, SqliteStore, Store, StoreError};
+use crate::scope_key::{ScopeKey, ScopeKeyError};
+use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
+use crate::tls::{ServerTls, TlsError};
 use crate::{replicas, retention};
 
 /// Why the gateway did not start.
@@ -44,6 +55,10 @@ use crate::{replicas, retention};
 pub enum StartError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    StoreKeys(#[from] SealError),
+    #[error(transparent)]
+    ScopeKey(#[from] ScopeKeyError),
     #[error("cannot listen on {addr} ({field}): {error}")]
     Bind {
         field: &'static str,
@@ -54,8 +69,8 @@ pub enum StartError {
     ExposedAdmin(#[from] ExposedAdmin),
     #[error(transparent)]
     UnusableAdminToken(#[from] UnusableToken),
-    #[error("cannot set up TLS for upstreams: {0}")]
-    Tls(#[from] rustls::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error(transparent)]
     Alerts(#[from] AlertError),
 }
@@ -66,6 +81,8 @@ pub struct Gateway {
     admin_addr: SocketAddr,
     shutdown: CancellationToken,
     serving: JoinHandle<()>,
+    /// The listeners that speak TLS, for [`Gateway::reload_tls`].
+    tls: Vec<Arc<ServerTls>>,
 }
 
 /// What an embedding program (the demo, tests) may set beyond the config.
@@ -74,6 +91,20 @@ pub struct StartOptions {
     pub clock: Arc<dyn Clock>,
     /// The admin token itself, instead of reading `admin_token_env`.
     pub admin_token: Option<String>,
+    /// Variables read before the process environment for the store's
+    /// keys (the environment is global to a process; tests run many
+    /// gateways in one).
+    pub env: HashMap<String, String>,
+}
+
+impl StartOptions {
+    /// The value of the environment variable `name`, [`StartOptions::env`] first.
+    pub fn var(&self, name: &str) -> Option<String> {
+        self.env
+            .get(name)
+            .cloned()
+            .or_else(|| std::env::var(name).ok())
+    }
 }
 
 impl Default for StartOptions {
@@ -81,6 +112,7 @@ impl Default for StartOptions {
         StartOptions {
             clock: Arc::new(SystemClock),
             admin_token: None,
+            env: HashMap::new(),
         }
     }
 }
@@ -106,23 +138,15 @@ impl Gateway {
     /// [`Gateway::start`] with [`StartOptions`].
     pub async fn start_with(config: Config, options: StartOptions) -> Result<Gateway, StartError> {
         let clock = options.clock.clone();
-        let owner = uuid::Uuid::now_v7().to_string();
-        let store: Arc<dyn Store> = match &config.store.url {
-            StoreUrl::Sqlite(path) => Arc::new(
-                SqliteStore::open(path, config.store.durability, owner, clock.clone()).await?,
-            ),
-            StoreUrl::Postgres(url) => Arc::new(
-                PostgresStore::open(
-                    url,
-                    config.store.durability,
-                    config.store.lease,
-                    owner,
-                    clock.clone(),
-                )
-                .await?,
-            ),
+        let lookup = |name: &str| options.var(name);
+        let keys = StoreKeys {
+            seal: Seal::from_config(&config.store, &lookup)?,
+            scope: ScopeKey::load(&config.store, &lookup)?,
         };
-        match Self::serve(config, store.clone(), options).await {
+        let owner = uuid::Uuid::now_v7().to_string();
+        let scope_key = keys.scope.clone();
+        let store = crate::store::open(&config.store, owner, clock.clone(), keys).await?;
+        match Self::serve(config, store.clone(), scope_key, options).await {
             Ok(gateway) => Ok(gateway),
             Err(error) => {
                 store.close().await;
@@ -134,6 +158,7 @@ impl Gateway {
     async fn serve(
         config: Config,
         store: Arc<dyn Store>,
+        scope_key: ScopeKey,
         options: StartOptions,
     ) -> Result<Gateway, StartError> {
         let clock = options.clock;
@@ -143,6 +168,14 @@ impl Gateway {
             None => AdminToken::from_env(&server.admin_token_env),
         }?;
         token.check_exposure(server.admin_listen, &server.admin_token_env)?;
+        let load = |listener, files: &Option<_>| {
+            files
+                .as_ref()
+                .map(|files| ServerTls::load(listener, files).map(Arc::new))
+                .transpose()
+        };
+        let proxy_tls = load("proxy", &server.tls)?;
+        let admin_tls = load("admin", &server.admin_tls)?;
         let alert_endpoints = Endpoint::all(&config.alerts)?;
         let poster = Poster::new()?;
         let bind = |field, addr| async move {
@@ -181,6 +214,7 @@ impl Gateway {
         let proxy = Arc::new(Proxy::new(
             &config,
             store.clone(),
+            scope_key,
             clock.clone(),
             &paused,
             metrics.clone(),
@@ -197,10 +231,14 @@ impl Gateway {
         });
         let proxy_service = {
             let proxy = proxy.clone();
+            let via_tls = proxy_tls.is_some();
             move |peer: SocketAddr| {
                 let proxy = proxy.clone();
-                service_fn(move |request| {
+                service_fn(move |mut request: http::Request<_>| {
                     let proxy = proxy.clone();
+                    if via_tls {
+                        request.extensions_mut().insert(ViaTls);
+                    }
                     async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
                 })
             }
@@ -242,6 +280,7 @@ impl Gateway {
         let loops = [
             tokio::spawn(accept_loop(
                 proxy_listener,
+                proxy_tls.as_ref().map(|tls| tls.acceptor().clone()),
                 server.clone(),
                 proxy_cap,
                 proxy_service,
@@ -249,6 +288,7 @@ impl Gateway {
             )),
             tokio::spawn(accept_loop(
                 admin_listener,
+                admin_tls.as_ref().map(|tls| tls.acceptor().clone()),
                 server.clone(),
                 admin_cap,
                 admin_service,
@@ -273,13 +313,41 @@ impl Gateway {
                 store.close().await;
             }
         });
-        tracing::info!(%addr, %admin_addr, "listening");
+        tracing::info!(
+            %addr,
+            %admin_addr,
+            proxy_tls = proxy_tls.is_some(),
+            admin_tls = admin_tls.is_some(),
+            "listening"
+        );
         Ok(Gateway {
             addr,
             admin_addr,
             shutdown,
             serving,
+            tls: proxy_tls.into_iter().chain(admin_tls).collect(),
         })
+    }
+
+    /// Reads every TLS listener's certificate and key again (SIGHUP): new
+    /// handshakes get the new certificate, open connections keep theirs. A
+    /// listener whose files do not load keeps the certificate it has; each
+    /// outcome is logged, and the first failure returned.
+    pub fn reload_tls(&self) -> Result<(), TlsError> {
+        if self.tls.is_empty() {
+            tracing::info!("no TLS listener: nothing to reload");
+        }
+        let mut first_error = None;
+        for tls in &self.tls {
+            match tls.reload() {
+                Ok(()) => tracing::info!(listener = tls.listener(), "TLS certificate reloaded"),
+                Err(error) => {
+                    tracing::error!(listener = tls.listener(), %error, "TLS certificate not reloaded; the previous one stays in use");
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// The proxy listener's address.
@@ -336,7 +404,7 @@ impl ConnectionCap {
     /// connection) and the connection is closed. Refusals are bounded in
     /// number and time themselves; past [`REFUSING`] the connection is
     /// closed at once. Either way nothing is sent, so a retry is safe.
-    fn refuse(&self, stream: TcpStream, server: &ServerConfig) {
+    fn refuse(&self, stream: TcpStream, tls: Option<TlsAcceptor>, server: &ServerConfig) {
         self.metrics.refused_connection(self.listener);
         let Ok(permit) = self.refusing.clone().try_acquire_owned() else {
             return;
@@ -353,9 +421,13 @@ impl ConnectionCap {
             };
             Ok::<_, Infallible>(overloaded.into_response())
         });
-        let connection = http.serve_connection(TokioIo::new(stream), refusal);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(REFUSAL_TIME, connection).await;
+            let _ = tokio::time::timeout(REFUSAL_TIME, async {
+                if let Some(stream) = open(stream, tls.as_ref(), REFUSAL_TIME).await {
+                    let _ = http.serve_connection(TokioIo::new(stream), refusal).await;
+                }
+            })
+            .await;
             drop(permit);
         });
     }
@@ -366,6 +438,7 @@ impl ConnectionCap {
 /// open at once; more are refused ([`ConnectionCap::refuse`]).
 async fn accept_loop<F, S>(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     server: ServerConfig,
     cap: ConnectionCap,
     service: F,
@@ -405,14 +478,22 @@ async fn accept_loop<F, S>(
         };
         let Ok(permit) = cap.open.clone().try_acquire_owned() else {
             tracing::debug!(%peer, listener = cap.listener, "connection refused: listener at its cap");
-            cap.refuse(stream, &server);
+            cap.refuse(stream, tls.clone(), &server);
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service(peer)));
+        // Watched from before the handshake: shutdown waits for it (bounded
+        // by `header_read_timeout`), and a connection that completes it late
+        // is told to close at once.
+        let watcher = graceful.watcher();
+        let (http, service, tls) = (http.clone(), service(peer), tls.clone());
+        let handshake_within = server.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
+            if let Some(stream) = open(stream, tls.as_ref(), handshake_within).await {
+                let connection = http.serve_connection(TokioIo::new(stream), service);
+                if let Err(error) = watcher.watch(connection).await {
+                    tracing::debug!(%peer, %error, "connection ended with an error");
+                }
             }
             drop(permit);
         });
@@ -421,5 +502,29 @@ async fn accept_loop<F, S>(
     let deadline = Instant::now() + server.shutdown_grace;
     if timeout_at(deadline, graceful.shutdown()).await.is_err() {
         tracing::warn!("connections still open at the end of the grace period");
+    }
+}
+
+/// An accepted connection as HTTP reads it: plain TCP, or TLS over it.
+type Stream = Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>;
+
+/// The connection ready for HTTP: on a TLS listener, after a handshake that
+/// ended within `within` (a client that stalls it is cut off as one that
+/// stalls its request head is); `None` when it failed.
+async fn open(stream: TcpStream, tls: Option<&TlsAcceptor>, within: Duration) -> Option<Stream> {
+    let Some(acceptor) = tls else {
+        return Some(Either::Left(stream));
+    };
+    let peer = stream.peer_addr().ok();
+    match tokio::time::timeout(within, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Some(Either::Right(stream)),
+        Ok(Err(error)) => {
+            tracing::debug!(?peer, %error, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(?peer, "TLS handshake not done in time");
+            None
+        }
     }
 }

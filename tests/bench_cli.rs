@@ -158,7 +158,8 @@ async fn two_replicas_are_loaded_round_robin_and_checked_once() {
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(["--admin-listen", "127.0.0.1:0"])
             .args(["--upstream", &format!("http://{}", mock.addr)])
-            .args(["--store", &schema.url]);
+            .args(["--store", &schema.url])
+            .env("IDEMGATE_SCOPE_KEY", &schema.scope_key);
         let log = dir.path().join(format!("{name}.log"));
         replicas.push(BinaryGateway::spawn(serve, &log).await);
     }

@@ -32,9 +32,16 @@ async fn replica(schema: &PgSchema, owner: &str) -> PostgresStore {
 
 async fn replica_at(url: String, owner: String) -> PostgresStore {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    PostgresStore::open(&url, Durability::Normal, LEASE, owner.clone(), clock)
-        .await
-        .unwrap_or_else(|e| panic!("open {owner}: {e}"))
+    PostgresStore::open(
+        &url,
+        Durability::Normal,
+        LEASE,
+        owner.clone(),
+        clock,
+        test_store_keys(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("open {owner}: {e}"))
 }
 
 fn new_op(key: &str) -> NewOperation {

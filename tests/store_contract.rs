@@ -67,9 +67,15 @@ impl Bench {
         let owner = owner.to_string();
         match &self.place {
             Place::Sqlite(dir) => Arc::new(
-                SqliteStore::open(&dir.path().join("s.db"), Durability::Normal, owner, clock)
-                    .await
-                    .expect("open sqlite"),
+                SqliteStore::open(
+                    &dir.path().join("s.db"),
+                    Durability::Normal,
+                    owner,
+                    clock,
+                    test_store_keys(),
+                )
+                .await
+                .expect("open sqlite"),
             ),
             Place::Postgres(schema) => Arc::new(
                 PostgresStore::open(
@@ -78,6 +84,7 @@ impl Bench {
                     Duration::from_secs(10),
                     owner,
                     clock,
+                    test_store_keys(),
                 )
                 .await
                 .expect("open postgres"),

@@ -138,6 +138,11 @@ impl AdminError {
                 "method-not-allowed",
                 "Method not allowed",
             ),
+            AdminError::Store(error) if error.is_unreadable() => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "store-unreadable",
+                "Stored operation unreadable",
+            ),
             AdminError::Store(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store-unavailable",
@@ -520,6 +525,15 @@ mod tests {
                 AdminError::Store(StoreError::Corrupt("x".into())),
                 503,
                 "store-unavailable",
+            ),
+            (
+                AdminError::Store(StoreError::Seal(crate::store::SealError::Unreadable {
+                    operation: "op".into(),
+                    field: "response_body",
+                    reason: "altered".into(),
+                })),
+                500,
+                "store-unreadable",
             ),
         ];
         for (error, status, name) in cases {

@@ -14,8 +14,13 @@ use crate::cli::BenchDurability;
 use crate::config::{Config, ConfigError, InProgressMode, KeyMode, Overrides};
 use crate::mock_upstream::MockUpstream;
 use crate::server::{Gateway, StartOptions};
+use crate::store::StoreKey;
 
 use super::BenchError;
+
+/// `--sealed`: the variable the own gateway reads its store key from,
+/// handed over in memory (never the process environment).
+const STORE_KEY_ENV: &str = "IDEMGATE_BENCH_STORE_KEY";
 
 /// How the own gateway is set up.
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +28,8 @@ pub struct Setup {
     pub durability: BenchDurability,
     /// `in_progress = "wait"` instead of `"reject"`.
     pub wait: bool,
+    /// The store sealed with a key made for the run.
+    pub sealed: bool,
     /// Forward the `Idempotency-Key` to the mock. Off for `--populate`: the
     /// mock keeps every key it sees in memory, which would swell the very
     /// resident memory that populating measures.
@@ -93,10 +100,15 @@ async fn start_in(
     let config = config(&store, mock.addr(), setup).map_err(|e| BenchError::Start(e.to_string()));
     // A token of its own: the admin listener is unused, and an
     // IDEMGATE_ADMIN_TOKEN in the environment must not decide whether it starts.
-    let options = StartOptions {
+    let mut options = StartOptions {
         admin_token: Some(uuid::Uuid::now_v7().simple().to_string()),
         ..StartOptions::default()
     };
+    if setup.sealed {
+        options
+            .env
+            .insert(STORE_KEY_ENV.into(), StoreKey::generate_base64());
+    }
     let started = match config {
         Ok(config) => Gateway::start_with(config, options)
             .await
@@ -123,6 +135,7 @@ fn config(store: &Path, mock: SocketAddr, setup: Setup) -> Result<Config, Config
         store_url: Some(format!("sqlite://{}", store.display())),
     })?;
     config.store.durability = setup.durability.into();
+    config.store.encryption_key_env = setup.sealed.then(|| STORE_KEY_ENV.into());
     // The load generator's connections are all one client's: the own
     // gateway never refuses them, whatever the concurrency asked for.
     config.server.max_connections = config.server.max_connections.max(super::MAX_CONCURRENCY);
@@ -145,13 +158,14 @@ mod tests {
 
     #[test]
     fn the_own_config_follows_the_setup() {
-        for (durability, wait, forward_key) in [
-            (BenchDurability::Full, false, true),
-            (BenchDurability::Normal, true, false),
+        for (durability, wait, sealed, forward_key) in [
+            (BenchDurability::Full, false, true, true),
+            (BenchDurability::Normal, true, false, false),
         ] {
             let setup = Setup {
                 durability,
                 wait,
+                sealed,
                 forward_key,
             };
             let mock = SocketAddr::from(([127, 0, 0, 1], 7000));
@@ -159,6 +173,7 @@ mod tests {
             assert!(config.server.listen.ip().is_loopback());
             assert!(config.server.max_connections >= crate::bench::MAX_CONCURRENCY);
             assert_eq!(config.store.durability, durability.into());
+            assert_eq!(config.store.encryption_key_env.is_some(), sealed);
             let route = &config.routes[0];
             assert_eq!(route.pause_after_unknown, 0);
             assert_eq!(route.in_progress == InProgressMode::Wait, wait);

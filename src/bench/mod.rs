@@ -74,6 +74,7 @@ pub async fn run(args: &Bench, out: impl Write) -> Result<Report, BenchError> {
         let local = Local::start(Setup {
             durability: args.durability,
             wait: args.wait,
+            sealed: args.sealed,
             forward_key: args.populate.is_none(),
         })
         .await?;
@@ -104,9 +105,10 @@ async fn against_local(
         plan,
         progress,
         driven: format!(
-            "an in-process gateway (durability {}, in_progress {}) in front of the mock API",
+            "an in-process gateway (durability {}, in_progress {}{}) in front of the mock API",
             args.durability.as_str(),
-            if args.wait { "wait" } else { "reject" }
+            if args.wait { "wait" } else { "reject" },
+            if args.sealed { ", sealed store" } else { "" }
         ),
         targets: vec![Target::parse(&local.target())?],
         effects_url: Some(local.effects_url()),

@@ -330,7 +330,7 @@ async fn claim_in_store(
     hold: Option<Hold>,
     guard: InFlightGuard,
 ) -> Result<Stored, ProxyError> {
-    let unavailable = |source| ProxyError::StoreUnavailable { source };
+    let unavailable = ProxyError::store;
     let found = match hold {
         Some(hold) => match store.current(new).await.map_err(unavailable)? {
             Some(operation) if !would_send(&operation, new) => {

@@ -718,8 +718,13 @@ mod tests {
     fn property_different_values_never_share_a_fingerprint() {
         let mut rng = fastrand::Rng::with_seed(7493);
         let pointers = ["/v".to_string()];
-        let scope =
-            crate::pipeline::key::Scope::from_headers(&HeaderMap::new(), &[], true).unwrap();
+        let scope = crate::pipeline::key::Scope::from_headers(
+            &HeaderMap::new(),
+            &[],
+            true,
+            &crate::scope_key::ScopeKey::new(&[0; 32], "test"),
+        )
+        .unwrap();
         let (mut merged, mut apart) = (0, 0);
         for _ in 0..3000 {
             let a = random_json(&mut rng, 3);

@@ -5,8 +5,9 @@
 //! - hop-by-hop headers never cross idemgate in either direction; `Host` is
 //!   the upstream's; `X-Forwarded-For`/`-Proto` say who asked;
 //! - a write is re-sent by idemgate only when the client proves that no byte
-//!   of it was written (a connect failure): [`Exchange::NotSent`]. Every other
-//!   failure may have reached the upstream and is [`Exchange::Lost`];
+//!   of it reached the upstream (a connect failure, a TLS handshake either
+//!   side refused): [`Exchange::NotSent`]. Every other failure may have
+//!   reached the upstream and is [`Exchange::Lost`];
 //! - a response is [`Exchange::Complete`] only when its whole body arrived.
 
 use std::future::Future;
@@ -20,7 +21,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Request, Response, request};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -30,9 +31,11 @@ use crate::body::{ProxyBody, full, stream};
 use crate::config::Route;
 use crate::metrics::Outcome;
 use crate::pipeline::budget::Reservation;
+use crate::pipeline::connector::UpstreamConnector;
 use crate::problem::ProxyError;
+use crate::tls::TlsError;
 
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+pub type UpstreamClient = Client<UpstreamConnector, ProxyBody>;
 
 /// Idle pooled connections are closed after this; upstreams commonly close at 60s+.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -40,21 +43,23 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(2);
 
-/// A pooled HTTP/1.1 client for one route: plain http or https via rustls with
-/// the webpki roots.
-pub fn client(route: &Route) -> Result<UpstreamClient, rustls::Error> {
+/// A pooled HTTP/1.1 client for one route: plain http, or https via rustls
+/// trusting the webpki roots and the route's `upstream_ca`, presenting its
+/// client certificate if it has one. A TLS handshake runs inside the
+/// connector, so its failure is a connect error: the request was not written.
+pub fn client(route: &Route) -> Result<UpstreamClient, TlsError> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(route.connect_timeout));
     let https = HttpsConnectorBuilder::new()
-        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
+        .with_tls_config(route.upstream_tls.client_config()?)
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .build(https))
+        .build(UpstreamConnector(https)))
 }
 
 /// Removes hop-by-hop headers: the fixed RFC 9110 set and any the
@@ -113,7 +118,11 @@ fn upstream_head(
     if let Some(value) = forwarded_for(&headers, peer) {
         headers.insert(X_FORWARDED_FOR, value);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    let proto = match parts.extensions.get::<ViaTls>() {
+        Some(ViaTls) => "https",
+        None => "http",
+    };
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
     let mut builder = Request::builder()
         .method(parts.method.clone())
         .uri(uri)
@@ -123,6 +132,10 @@ fn upstream_head(
     }
     Ok(builder)
 }
+
+/// Marks a request that came in on a TLS listener (`X-Forwarded-Proto: https`).
+#[derive(Debug, Clone, Copy)]
+pub struct ViaTls;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -158,7 +171,7 @@ pub async fn pass_through(
     let sent = tokio::time::timeout(route.upstream_timeout, client.request(upstream)).await;
     let response = match sent {
         Err(_) => return Err(ProxyError::UpstreamTimeout),
-        Ok(Err(e)) if e.is_connect() => {
+        Ok(Err(e)) if not_written(&e) => {
             return Err(ProxyError::UpstreamUnreachable {
                 operation: None,
                 reason: error_chain(&e),
@@ -324,11 +337,11 @@ pub async fn send_write(
                 )
             }
             Ok(Ok(response)) => read_response(response, route, Some(deadline)).await,
-            Ok(Err(e)) if e.is_connect() && tries <= route.connect_retries => {
+            Ok(Err(e)) if not_written(&e) && tries <= route.connect_retries => {
                 tokio::time::sleep(backoff(tries - 1)).await;
                 continue;
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Ok(Err(e)) if not_written(&e) => {
                 let reason = error_chain(&e);
                 (
                     Exchange::NotSent {
@@ -346,6 +359,52 @@ pub async fn send_write(
             late,
         };
     }
+}
+
+/// Whether a failed exchange proves that the request reached no upstream:
+/// a connect failure (refused, DNS, `connect_timeout`, or a TLS handshake
+/// that idemgate itself broke off: an untrusted or mismatched certificate),
+/// or a handshake the upstream refused. In TLS 1.3 a server checks the
+/// client's certificate after the client's side of the handshake is done,
+/// so its refusal (a handshake alert: `certificate_required`,
+/// `bad_certificate`, `unknown_ca`, …) arrives while the response is
+/// awaited; a server that refused the handshake never reads what follows
+/// it, so the request reached no HTTP server. Any other failure may have.
+/// ([`connector`](super::connector) makes sure the refusal reaches the
+/// request itself.)
+fn not_written(error: &hyper_util::client::legacy::Error) -> bool {
+    error.is_connect() || handshake_refused(error)
+}
+
+/// A handshake alert from the upstream anywhere in `error`'s causes
+/// (rustls's error travels inside an `io::Error`).
+fn handshake_refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    use rustls::AlertDescription as Alert;
+    std::iter::successors(Some(error), |e| e.source())
+        .take(16)
+        .filter_map(|e| {
+            e.downcast_ref::<rustls::Error>().or_else(|| {
+                e.downcast_ref::<std::io::Error>()?
+                    .get_ref()?
+                    .downcast_ref::<rustls::Error>()
+            })
+        })
+        .any(|tls| {
+            matches!(
+                tls,
+                rustls::Error::AlertReceived(
+                    Alert::HandshakeFailure
+                        | Alert::BadCertificate
+                        | Alert::UnsupportedCertificate
+                        | Alert::CertificateRevoked
+                        | Alert::CertificateExpired
+                        | Alert::CertificateUnknown
+                        | Alert::UnknownCA
+                        | Alert::AccessDenied
+                        | Alert::CertificateRequired
+                )
+            )
+        })
 }
 
 fn lost(cause: LostCause, reason: String) -> Exchange {
@@ -525,6 +584,27 @@ mod tests {
         // Full jitter: draws spread over the range instead of sticking to its top.
         let draws: Vec<Duration> = (0..200).map(|_| backoff(4)).collect();
         assert!(draws.iter().any(|d| *d < BACKOFF_CAP / 2));
+    }
+
+    #[test]
+    fn only_a_handshake_alert_proves_the_request_unread() {
+        use rustls::AlertDescription as Alert;
+        use std::io::{Error, ErrorKind};
+        // As rustls reports it through tokio-rustls: inside an io::Error.
+        let alert = |a| Error::new(ErrorKind::InvalidData, rustls::Error::AlertReceived(a));
+        assert!(handshake_refused(&alert(Alert::CertificateRequired)));
+        assert!(handshake_refused(&alert(Alert::UnknownCA)));
+        assert!(handshake_refused(&rustls::Error::AlertReceived(
+            Alert::BadCertificate
+        )));
+        // Alerts that may come after the request was read, and plain resets.
+        assert!(!handshake_refused(&alert(Alert::InternalError)));
+        assert!(!handshake_refused(&alert(Alert::DecodeError)));
+        assert!(!handshake_refused(&Error::from(ErrorKind::ConnectionReset)));
+        assert!(!handshake_refused(&Error::new(
+            ErrorKind::InvalidData,
+            rustls::Error::DecryptError
+        )));
     }
 
     #[test]

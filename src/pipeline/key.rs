@@ -5,7 +5,8 @@
 //! draft's sf-string, or a bare token as most SDKs send it), and never starts
 //! with `"`, so its bare form (what is forwarded upstream, what operators
 //! see) reads back as the same key; credentials only ever leave this module
-//! as a SHA-256 [`Scope`], never in clear.
+//! as a [`Scope`]: a SHA-256 digest, stored only keyed with the scope key
+//! (HMAC-SHA256, [`ScopeKey`]), never in clear.
 
 use http::HeaderMap;
 use http::header::HeaderName;
@@ -14,6 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::canonical_json::{self, NotExact};
 use crate::pipeline::fingerprint::{Fingerprint, digest_hex};
+use crate::scope_key::ScopeKey;
 
 /// URL-component encoding: everything but the RFC 3986 unreserved
 /// characters, so a key (or any text) is one path segment or query value —
@@ -75,7 +77,7 @@ impl IdempotencyKey {
         }
         let mut hasher = Sha256::new();
         hasher.update(b"idemgate-derive-v1:fields");
-        hasher.update(scope.0.as_bytes());
+        hasher.update(scope.digest.as_bytes());
         for pointer in pointers {
             let raw = canonical_json::raw_at(body, pointer)?;
             let field = match canonical_json::parse_exact(raw) {
@@ -96,7 +98,7 @@ impl IdempotencyKey {
     pub fn derive_from_fingerprint(scope: &Scope, fingerprint: &Fingerprint) -> Self {
         let mut hasher = Sha256::new();
         hasher.update(b"idemgate-derive-v1:fingerprint");
-        hasher.update(scope.0.as_bytes());
+        hasher.update(scope.digest.as_bytes());
         hasher.update(fingerprint.as_str().as_bytes());
         Self::derived(hasher)
     }
@@ -167,7 +169,14 @@ fn unquote(quoted: &str) -> Result<String, KeyError> {
 /// A SHA-256 over a route's scope header values: two clients with different
 /// credentials never share keys or see each other's stored responses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Scope(String);
+pub struct Scope {
+    /// The SHA-256 digest, in memory only. Derived keys hash it as they
+    /// always did, so keys derived before scopes were keyed still name
+    /// their operations (README "Keyed scope hashes").
+    digest: String,
+    /// The digest keyed with the scope key: what is stored and compared.
+    keyed: String,
+}
 
 impl Scope {
     /// The scope of a request, or `None` when it carries none of `names`.
@@ -176,6 +185,7 @@ impl Scope {
         headers: &HeaderMap,
         names: &[HeaderName],
         allow_anonymous: bool,
+        key: &ScopeKey,
     ) -> Option<Self> {
         let present = names.iter().any(|n| headers.contains_key(n));
         if !present && !allow_anonymous {
@@ -191,11 +201,16 @@ impl Scope {
                 hasher.update(value.as_bytes());
             }
         }
-        Some(Scope(digest_hex(hasher)))
+        let digest = digest_hex(hasher);
+        Some(Scope {
+            keyed: key.keyed(&digest),
+            digest,
+        })
     }
 
+    /// The scope as stored (keyed).
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.keyed
     }
 }
 
@@ -261,13 +276,17 @@ mod tests {
         assert_eq!(IdempotencyKey::new(a.as_str()), Ok(a));
     }
 
+    fn test_key() -> ScopeKey {
+        ScopeKey::new(&[9; 32], "test")
+    }
+
     fn scope(token: &str) -> Scope {
         let mut headers = HeaderMap::new();
         headers.insert(
             http::header::AUTHORIZATION,
             HeaderValue::from_str(token).unwrap(),
         );
-        Scope::from_headers(&headers, &[http::header::AUTHORIZATION], false).unwrap()
+        Scope::from_headers(&headers, &[http::header::AUTHORIZATION], false, &test_key()).unwrap()
     }
 
     #[test]
@@ -362,15 +381,23 @@ mod tests {
                 http::header::AUTHORIZATION,
                 HeaderValue::from_str(token).unwrap(),
             );
-            Scope::from_headers(&h, &names, false).unwrap()
+            Scope::from_headers(&h, &names, false, &test_key()).unwrap()
         };
         let a = with("Bearer secret-a");
         assert_eq!(a, with("Bearer secret-a"));
         assert_ne!(a, with("Bearer secret-b"));
         assert!(!a.as_str().contains("secret"));
         assert_eq!(a.as_str().len(), 64);
-        assert_eq!(Scope::from_headers(&HeaderMap::new(), &names, false), None);
-        assert!(Scope::from_headers(&HeaderMap::new(), &names, true).is_some());
-        assert!(Scope::from_headers(&HeaderMap::new(), &[], true).is_some());
+        // Stored keyed: neither the digest of earlier versions nor a plain
+        // hash of the credential.
+        assert_eq!(a.as_str(), test_key().keyed(&a.digest));
+        assert_ne!(a.as_str(), a.digest);
+        let empty = HeaderMap::new();
+        assert_eq!(
+            Scope::from_headers(&empty, &names, false, &test_key()),
+            None
+        );
+        assert!(Scope::from_headers(&empty, &names, true, &test_key()).is_some());
+        assert!(Scope::from_headers(&empty, &[], true, &test_key()).is_some());
     }
 }

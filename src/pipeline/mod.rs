@@ -14,7 +14,8 @@
 //! 5. [`claim`]: one store transaction decides: send, replay, or refuse; a
 //!    paused route or a scope over its [`quota`] only looks up what exists.
 //! 6. [`forward`] + [`record`]: in a task of their own, so a client that hangs
-//!    up never cancels the upstream call nor leaves the operation `in_progress`.
+//!    up never cancels the upstream call nor leaves the operation `in_progress`;
+//!    upstream connections are made by [`connector`].
 //! 7. [`replay`]: what a key that already has an operation gets.
 //!
 //! Errors from any phase are [`ProxyError`]s, rendered in one place
@@ -23,6 +24,7 @@
 pub mod attempt;
 pub mod budget;
 pub mod claim;
+pub mod connector;
 pub mod fingerprint;
 pub mod forward;
 pub mod key;
@@ -54,7 +56,9 @@ use crate::config::{Config, KeyMode, Route};
 use crate::metrics::{Metrics, OperationId, Outcome, StoreFailure};
 use crate::problem::ProxyError;
 use crate::reconcile::{self, Reconciler};
+use crate::scope_key::ScopeKey;
 use crate::store::{NewOperation, RequestSummary, Store, StoreError};
+use crate::tls::TlsError;
 use attempt::Attempt;
 use budget::{BodyBudget, BudgetSpent, Reservation};
 use claim::{Claimed, Hold, InFlight};
@@ -95,19 +99,24 @@ pub struct Proxy {
     body_budget: BodyBudget,
     /// Writes sent and bytes stored per scope, for routes with a quota.
     quotas: Arc<Quotas>,
+    /// What scopes are keyed with before they are stored or compared.
+    scope_key: ScopeKey,
 }
 
 impl Proxy {
-    /// The proxy for `config`; `paused` names the routes the store holds paused.
+    /// The proxy for `config`; `paused` names the routes the store holds
+    /// paused, `scope_key` the key its scopes are stored with.
+    #[allow(clippy::too_many_arguments)] // what the proxy is made of, each distinct
     pub fn new(
         config: &Config,
         store: Arc<dyn Store>,
+        scope_key: ScopeKey,
         clock: Arc<dyn Clock>,
         paused: &[String],
         metrics: Arc<Metrics>,
         stopping: CancellationToken,
         give_up: CancellationToken,
-    ) -> Result<Self, rustls::Error> {
+    ) -> Result<Self, TlsError> {
         let routes = config
             .routes
             .iter()
@@ -118,7 +127,7 @@ impl Proxy {
                     paused: AtomicBool::new(paused.contains(&route.name)),
                 }))
             })
-            .collect::<Result<_, rustls::Error>>()?;
+            .collect::<Result<_, TlsError>>()?;
         let shared = store.shared();
         Ok(Proxy {
             routes,
@@ -142,6 +151,7 @@ impl Proxy {
             max_header_bytes: config.server.max_header_bytes,
             body_budget: BodyBudget::new(config.server.buffered_body_budget),
             quotas: Arc::default(),
+            scope_key,
         })
     }
 
@@ -201,7 +211,7 @@ impl Proxy {
         } else if let Err(error) = normalized {
             Err(error.into())
         } else if reserved {
-            status::lookup(self.store.as_ref(), &self.routes, &request).await
+            status::lookup(self.store.as_ref(), &self.routes, &self.scope_key, &request).await
         } else if let Some(active) = &active {
             self.handle_route(active, request, peer).await
         } else {
@@ -255,6 +265,7 @@ impl Proxy {
             request.headers(),
             &route.scope_headers,
             route.allow_anonymous,
+            &self.scope_key,
         )
         .ok_or_else(|| {
             let names: Vec<&str> = route.scope_headers.iter().map(|h| h.as_str()).collect();
@@ -428,11 +439,7 @@ impl Proxy {
                 // Whatever settled it meanwhile (this probe, the one that
                 // was running, a late response, an operator), the answer
                 // comes from the operation the store holds now.
-                let current = self
-                    .store
-                    .current(&new)
-                    .await
-                    .map_err(|source| ProxyError::StoreUnavailable { source })?;
+                let current = self.store.current(&new).await.map_err(ProxyError::store)?;
                 return replay::answer_existing(
                     current.as_ref().unwrap_or(&operation),
                     &new.fingerprint,

@@ -20,6 +20,7 @@ use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::key::{IdempotencyKey, KeyError, Scope};
 use crate::problem::ProxyError;
+use crate::scope_key::ScopeKey;
 use crate::store::Store;
 
 /// The path prefix idemgate reserves for itself on the proxy listener.
@@ -29,6 +30,7 @@ pub const PREFIX: &str = "/.idemgate/";
 pub async fn lookup<B>(
     store: &dyn Store,
     routes: &[Arc<ActiveRoute>],
+    scope_key: &ScopeKey,
     request: &Request<B>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let path = request.uri().path();
@@ -52,6 +54,7 @@ pub async fn lookup<B>(
                 request.headers(),
                 &route.scope_headers,
                 route.allow_anonymous,
+                scope_key,
             )
             .map(|scope| (route.name.clone(), scope.as_str().to_string()))
         })
@@ -59,7 +62,7 @@ pub async fn lookup<B>(
     let found = store
         .find_newest(&scopes, key.as_str())
         .await
-        .map_err(|source| ProxyError::StoreUnavailable { source })?
+        .map_err(ProxyError::store)?
         .ok_or(ProxyError::UnknownOperation)?;
     let body = json!({
         "operation_id": found.id,

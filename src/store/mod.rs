@@ -9,14 +9,21 @@
 
 mod outbox;
 mod postgres;
+pub mod seal;
 mod sqlite;
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use crate::clock::Clock;
+use crate::config::{StoreConfig, StoreUrl};
 use crate::metrics::StoreBatches;
 use crate::pipeline::fingerprint::Fingerprint;
+use crate::scope_key::{ScopeKey, ScopeKeyError};
 pub use outbox::{Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription};
 pub use postgres::PostgresStore;
+pub use seal::{Seal, SealError, StoreKey};
 pub use sqlite::SqliteStore;
 
 /// Where an operation stands, and so what a request with its key gets.
@@ -346,6 +353,17 @@ pub struct Event {
     pub detail: serde_json::Value,
 }
 
+/// What one [`Store::rekey`] batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RekeyBatch {
+    /// The last operation id looked at; `None` when none was left.
+    pub last: Option<String>,
+    /// Operations looked at.
+    pub operations: u64,
+    /// Operations whose payloads were sealed again.
+    pub resealed: u64,
+}
+
 /// Whether [`Store::record`] won its compare-and-set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recorded {
@@ -372,6 +390,20 @@ pub enum StoreError {
     Closed,
     #[error("the store holds a value it cannot read: {0}")]
     Corrupt(String),
+    #[error(transparent)]
+    Seal(#[from] SealError),
+    #[error(transparent)]
+    ScopeKey(#[from] ScopeKeyError),
+}
+
+impl StoreError {
+    /// Whether the store answered but holds a value that must not be
+    /// used: a sealed payload that does not open (a request gets 500
+    /// `store-unreadable`, never the bytes), as opposed to a store that
+    /// did not answer (503, worth a retry).
+    pub fn is_unreadable(&self) -> bool {
+        matches!(self, StoreError::Seal(SealError::Unreadable { .. }))
+    }
 }
 
 /// The operations store. Implementations commit durably before returning.
@@ -494,6 +526,15 @@ pub trait Store: Send + Sync {
         now: i64,
     ) -> Result<(), StoreError>;
 
+    /// `idemgate rekey`: seals again, under the current key, the payloads
+    /// of up to `limit` operations after `after` (by id; `""` from the
+    /// start) that are plain or sealed under another key.
+    async fn rekey(&self, after: &str, limit: u32) -> Result<RekeyBatch, StoreError>;
+
+    /// After a whole [`Store::rekey`] pass: the canary is sealed under the
+    /// current key, so only that key is needed from now on.
+    async fn finish_rekey(&self) -> Result<(), StoreError>;
+
     /// Whether the store answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 
@@ -501,6 +542,34 @@ pub trait Store: Send + Sync {
     /// (`gateway-stopped`), closes connections and releases the store for
     /// another process.
     async fn close(&self);
+}
+
+/// The secrets a store is opened with, kept outside it.
+#[derive(Clone)]
+pub struct StoreKeys {
+    /// Seals payloads (or passes them through, without a key).
+    pub seal: Seal,
+    /// What scopes are keyed with; at open, a store written before keying
+    /// has its scopes keyed in place, once, and a store keyed with
+    /// another key refuses to open.
+    pub scope: ScopeKey,
+}
+
+/// Opens the store `config` names as `owner`, with `keys`.
+pub async fn open(
+    config: &StoreConfig,
+    owner: String,
+    clock: Arc<dyn Clock>,
+    keys: StoreKeys,
+) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(match &config.url {
+        StoreUrl::Sqlite(path) => {
+            Arc::new(SqliteStore::open(path, config.durability, owner, clock, keys).await?)
+        }
+        StoreUrl::Postgres(url) => Arc::new(
+            PostgresStore::open(url, config.durability, config.lease, owner, clock, keys).await?,
+        ),
+    })
 }
 
 /// The columns each backend's `operation_from_row` reads.

@@ -56,6 +56,17 @@ impl BinaryGateway {
     pub fn stderr(&self) -> String {
         read_to_string(&self.stderr_path)
     }
+
+    /// Sends the process signal `name` (`HUP`, `TERM`, …) with `kill -s`.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg("-s")
+            .arg(name)
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -s {name} failed");
+    }
 }
 
 impl Drop for BinaryGateway {

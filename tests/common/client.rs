@@ -118,33 +118,50 @@ pub async fn try_send(
     within: Duration,
 ) -> Result<Response, Exchange> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let mut req = Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"));
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    let req = req.body(Full::new(body.into())).expect("request");
+    let req =
+        build_request(method, &format!("http://{addr}{path}"), headers, body).expect("request");
     let exchange = async {
         let resp = client
             .request(req)
             .await
             .map_err(|e| Exchange::Failed(format!("{e:?}")))?;
-        let (parts, body) = resp.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map_err(|e| Exchange::Failed(format!("body: {e:?}")))?
-            .to_bytes();
-        Ok(Response {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        })
+        read_whole(resp).await
     };
     tokio::time::timeout(within, exchange)
         .await
         .unwrap_or(Err(Exchange::TimedOut))
+}
+
+/// A request to `uri` (absolute, or a path with a `host` header added).
+pub fn build_request(
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Result<Request<Full<Bytes>>, http::Error> {
+    let mut req = Request::builder().method(method).uri(uri);
+    if uri.starts_with('/') {
+        req = req.header("host", "idemgate.test");
+    }
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.body(Full::new(body.into()))
+}
+
+/// Reads a response's whole body.
+pub async fn read_whole(resp: http::Response<Incoming>) -> Result<Response, Exchange> {
+    let (parts, body) = resp.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map_err(|e| Exchange::Failed(format!("body: {e:?}")))?
+        .to_bytes();
+    Ok(Response {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    })
 }
 
 /// POST `body` (JSON) to `path` as [`ALICE`] with `key`, if any.

@@ -28,7 +28,7 @@ admin_listen = "127.0.0.1:0"
 [store]
 url = "{store_url}"
 durability = "normal"
-{store_extra}
+{scope_key}{store_extra}
 
 [[routes]]
 name = "api"
@@ -41,6 +41,11 @@ upstream = "{upstream_url}"
             .clone()
             .unwrap_or_else(|| format!("sqlite://{}", store.display())),
         path_prefix = setup.path_prefix,
+        scope_key = setup
+            .scope_key_file
+            .as_ref()
+            .map(|file| format!("scope_key_file = \"{}\"\n", file.display()))
+            .unwrap_or_default(),
         server_extra = setup.server,
         store_extra = setup.store,
         route_extra = setup.route,
@@ -62,6 +67,8 @@ pub struct Setup {
     pub store: String,
     /// The store's URL; a SQLite file in the test's directory when `None`.
     pub store_url: Option<String>,
+    /// `store.scope_key_file`: the schema's, on PostgreSQL.
+    pub scope_key_file: Option<PathBuf>,
     /// TOML lines for `[server]`.
     pub server: String,
     /// The route's upstream; the fake upstream's URL when `None`.
@@ -70,6 +77,8 @@ pub struct Setup {
     pub clock: Option<Arc<dyn Clock>>,
     /// The admin token, handed over through `StartOptions`; none when `None`.
     pub admin_token: Option<String>,
+    /// Environment variables (store keys) handed over through `StartOptions`.
+    pub env: HashMap<String, String>,
 }
 
 impl Setup {
@@ -80,10 +89,12 @@ impl Setup {
             route: route_extra.into(),
             store: String::new(),
             store_url: None,
+            scope_key_file: None,
             server: String::new(),
             upstream_url: None,
             clock: None,
             admin_token: None,
+            env: HashMap::new(),
         }
     }
 
@@ -100,6 +111,7 @@ impl Setup {
     /// The shared store in `schema` instead of a SQLite file.
     pub fn postgres(mut self, schema: &PgSchema) -> Setup {
         self.store_url = Some(schema.url.clone());
+        self.scope_key_file = Some(schema.scope_key_file.clone());
         self
     }
 
@@ -115,6 +127,12 @@ impl Setup {
 
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Setup {
         self.clock = Some(clock);
+        self
+    }
+
+    /// The variable `name` set to `value` for the gateway (not the process).
+    pub fn env(mut self, name: &str, value: &str) -> Setup {
+        self.env.insert(name.into(), value.into());
         self
     }
 

@@ -10,6 +10,9 @@ pub struct TestGateway {
     pub store_path: PathBuf,
     clock: Option<Arc<dyn Clock>>,
     admin_token: Option<String>,
+    /// What the gateway reads before its environment (store keys); a test
+    /// may change it (and `toml`) between a shutdown and a start.
+    pub env: HashMap<String, String>,
     // Last field: removed after the gateway above is dropped.
     pub dir: TempDir,
 }
@@ -49,27 +52,18 @@ pub async fn spawn_gateway_on(upstream: FakeUpstream, setup: Setup) -> TestGatew
     let store_path = dir.path().join("idemgate.db");
     let url = setup.upstream_url.clone().unwrap_or_else(|| upstream.url());
     let toml = gateway_toml_with(&store_path, &url, &setup);
-    let gateway = start(&toml, setup.clock.clone(), setup.admin_token.clone()).await;
-    TestGateway {
-        gateway: Some(gateway),
+    let mut gateway = TestGateway {
+        gateway: None,
         upstream,
         toml,
         store_path,
         clock: setup.clock,
         admin_token: setup.admin_token,
+        env: setup.env,
         dir,
-    }
-}
-
-async fn start(toml: &str, clock: Option<Arc<dyn Clock>>, admin_token: Option<String>) -> Gateway {
-    let options = idemgate::server::StartOptions {
-        clock: clock.unwrap_or_else(|| Arc::new(idemgate::clock::SystemClock)),
-        admin_token,
     };
-    tokio::time::timeout(WAIT, Gateway::start_with(parse_config(toml), options))
-        .await
-        .expect("gateway start timed out")
-        .unwrap_or_else(|e| panic!("gateway failed to start: {e}"))
+    gateway.start_again().await;
+    gateway
 }
 
 impl TestGateway {
@@ -114,7 +108,24 @@ impl TestGateway {
     /// [`TestGateway::shutdown`].
     pub async fn start_again(&mut self) {
         assert!(self.gateway.is_none(), "the gateway is still running");
-        self.gateway = Some(start(&self.toml, self.clock.clone(), self.admin_token.clone()).await);
+        let started = self.try_start().await;
+        self.gateway = Some(started.unwrap_or_else(|e| panic!("gateway failed to start: {e}")));
+    }
+
+    /// A `Gateway::start` on this gateway's store, config and environment,
+    /// after a [`TestGateway::shutdown`]; its error when it refuses.
+    pub async fn try_start(&self) -> Result<Gateway, idemgate::server::StartError> {
+        let options = idemgate::server::StartOptions {
+            clock: self
+                .clock
+                .clone()
+                .unwrap_or_else(|| Arc::new(idemgate::clock::SystemClock)),
+            admin_token: self.admin_token.clone(),
+            env: self.env.clone(),
+        };
+        tokio::time::timeout(WAIT, Gateway::start_with(parse_config(&self.toml), options))
+            .await
+            .expect("gateway start timed out")
     }
 
     /// A second `Gateway::start` on this gateway's config (same store).

@@ -6,7 +6,7 @@
 //!   have performed. Paths choose the behaviour:
 //!   - default: commit, wait `?ms=N` if given, answer 201 `{"id": n,
 //!     "received": <body>}` with two `x-upstream-tag` headers (to check
-//!     header order and duplicates);
+//!     header order and duplicates), and a request's `x-echo` back as `x-echo-tag`;
 //!   - `/slow?ms=N`: commit, sleep N ms, then answer like the default;
 //!   - `/big?bytes=N`: commit, answer 200 with an N-byte body ([`big_body`]);
 //!   - `/hold`: commit, then never answer (until the upstream is dropped);
@@ -46,6 +46,9 @@
 //!   [`try_send`] when the peer may break or stay silent.
 //! - [`raw_exchange`]: raw TCP, for malformed or hand-framed requests;
 //!   [`half_closed_exchange`] shuts the write side once the request is sent.
+//! - [`TestCa`]: a CA made at test time and the certificates it signs (PEM
+//!   files); [`TlsClient`]: a kept-alive connection over TLS;
+//!   [`FakeUpstream::start_tls`] serves the fake upstream over TLS.
 //! - [`run_to_exit_within`]: a process (the CLI, a client script) run to
 //!   its end, killed past a bound; [`installed_or_skip`]: a tool installed
 //!   outside cargo is there, or its test skips (fails under CI).
@@ -98,6 +101,7 @@ mod config;
 mod gateway;
 mod postgres;
 mod raw;
+mod tls;
 mod tools;
 mod upstream;
 
@@ -116,6 +120,8 @@ pub use gateway::*;
 pub use postgres::*;
 #[allow(unused_imports)]
 pub use raw::*;
+#[allow(unused_imports)]
+pub use tls::*;
 #[allow(unused_imports)]
 pub use tools::*;
 #[allow(unused_imports)]

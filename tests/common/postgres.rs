@@ -19,6 +19,10 @@ pub struct PgSchema {
     pub name: String,
     /// The store URL: the test database with this schema first on the search path.
     pub url: String,
+    /// The scope key its gateways share (base64), also in `scope_key_file`.
+    pub scope_key: String,
+    pub scope_key_file: PathBuf,
+    _key_dir: TempDir,
 }
 
 impl PgSchema {
@@ -39,7 +43,56 @@ impl PgSchema {
             .expect("create a test schema");
         let _ = conn.close().await;
         let url = format!("{server}?options[search_path]={name}");
-        Some(PgSchema { name, url })
+        let key_dir = tempfile::tempdir().expect("tempdir");
+        let scope_key = idemgate::store::StoreKey::generate_base64();
+        let scope_key_file = key_dir.path().join("scope-key");
+        std::fs::write(&scope_key_file, &scope_key).expect("scope key file");
+        Some(PgSchema {
+            name,
+            url,
+            scope_key,
+            scope_key_file,
+            _key_dir: key_dir,
+        })
+    }
+}
+
+/// Store keys for stores opened directly: no seal, a fixed scope key.
+pub fn test_store_keys() -> idemgate::store::StoreKeys {
+    idemgate::store::StoreKeys {
+        seal: idemgate::store::Seal::plain(),
+        scope: idemgate::scope_key::ScopeKey::new(&[5; 32], "the test scope key"),
+    }
+}
+
+impl PgSchema {
+    /// Every row of every table in this schema as text, by table (a
+    /// `bytea` column reads as hex): what a copy of the store holds.
+    pub async fn dump(&self) -> Vec<(String, Vec<u8>)> {
+        let mut conn = sqlx::PgConnection::connect(&postgres_url())
+            .await
+            .expect("connect");
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1",
+        )
+        .bind(&self.name)
+        .fetch_all(&mut conn)
+        .await
+        .expect("tables");
+        assert!(tables.iter().any(|t| t == "operations"), "{tables:?}");
+        let mut stored = Vec::new();
+        for table in tables {
+            let rows: Option<String> = sqlx::query_scalar(&format!(
+                "SELECT string_agg(t::text, E'\\n') FROM {}.{table} t",
+                self.name
+            ))
+            .fetch_one(&mut conn)
+            .await
+            .expect("rows");
+            stored.push((table, rows.unwrap_or_default().into_bytes()));
+        }
+        let _ = conn.close().await;
+        stored
     }
 }
 

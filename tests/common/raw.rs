@@ -93,6 +93,19 @@ pub async fn read_response(stream: &mut TcpStream) -> Option<RawResponse> {
     }
 }
 
+/// Every file in `dir` whose name starts with `prefix`, as bytes (a
+/// SQLite store's database, WAL, shared memory and lock files).
+pub fn files_starting_with(dir: &Path, prefix: &str) -> Vec<(String, Vec<u8>)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix) {
+            found.push((name, std::fs::read(entry.path()).expect("read file")));
+        }
+    }
+    found
+}
+
 pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }

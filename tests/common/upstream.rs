@@ -52,6 +52,8 @@ pub enum Scripted {
 /// A recording HTTP/1.1 upstream; stops serving when dropped.
 pub struct FakeUpstream {
     addr: SocketAddr,
+    /// Serving over TLS (`https://` URLs).
+    tls: bool,
     state: Arc<UpstreamState>,
     accept: tokio::task::JoinHandle<()>,
 }
@@ -63,7 +65,19 @@ impl FakeUpstream {
 
     /// Serves on `addr`: a port that was refused a moment ago comes alive.
     pub async fn start_on(addr: SocketAddr) -> FakeUpstream {
-        FakeUpstream::serve(addr, HashMap::new()).await
+        FakeUpstream::serve(addr, HashMap::new(), None).await
+    }
+
+    /// Like [`FakeUpstream::start`], over TLS as `config` says (a TLS
+    /// handshake that fails is a counted connection that sees no request).
+    pub async fn start_tls(config: Arc<rustls::ServerConfig>) -> FakeUpstream {
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        FakeUpstream::serve(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            HashMap::new(),
+            Some(acceptor),
+        )
+        .await
     }
 
     /// Like [`FakeUpstream::start`], with each `(path, behaves_as)` pair
@@ -74,12 +88,17 @@ impl FakeUpstream {
             .iter()
             .map(|(path, behaves_as)| (path.to_string(), behaves_as.to_string()))
             .collect();
-        FakeUpstream::serve(SocketAddr::from(([127, 0, 0, 1], 0)), aliases).await
+        FakeUpstream::serve(SocketAddr::from(([127, 0, 0, 1], 0)), aliases, None).await
     }
 
-    async fn serve(addr: SocketAddr, aliases: HashMap<String, String>) -> FakeUpstream {
+    async fn serve(
+        addr: SocketAddr,
+        aliases: HashMap<String, String>,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> FakeUpstream {
         let listener = TcpListener::bind(addr).await.expect("bind upstream");
         let addr = listener.local_addr().expect("upstream addr");
+        let serves_tls = tls.is_some();
         let state = Arc::new(UpstreamState {
             requests: Mutex::new(Vec::new()),
             received: watch::channel(0).0,
@@ -101,17 +120,27 @@ impl FakeUpstream {
                 };
                 accept_state.connections.fetch_add(1, Ordering::SeqCst);
                 let state = accept_state.clone();
+                let tls = tls.clone();
                 connections.spawn(async move {
                     let service = service_fn(move |req| handle(state.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match tls {
+                        None => {
+                            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                            }
+                        }
+                    }
                 });
                 while connections.try_join_next().is_some() {}
             }
         });
         FakeUpstream {
             addr,
+            tls: serves_tls,
             state,
             accept,
         }
@@ -122,7 +151,8 @@ impl FakeUpstream {
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// What writes to `/scripted` do from now on.
@@ -322,7 +352,13 @@ async fn handle(
                 return Ok(status_response(code));
             }
             tokio::time::sleep(delay).await;
-            Ok(json_response(StatusCode::CREATED, id, received))
+            let mut response = json_response(StatusCode::CREATED, id, received);
+            // A request's `x-echo` comes back as `x-echo-tag` (a stored
+            // response header whose value the test chose).
+            if let Some(value) = parts.headers.get("x-echo") {
+                response.headers_mut().insert("x-echo-tag", value.clone());
+            }
+            Ok(response)
         }
     }
 }

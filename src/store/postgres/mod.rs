@@ -46,14 +46,16 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
+use super::seal::{CANARY_ROW, Canary, Seal};
 use super::{
     AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
-    NewOperation, Operation, Recorded, Resolved, RoutePause, Settlement, Stats, Store, StoreError,
-    StoredEvent, StoredResponse, Summary,
+    NewOperation, Operation, Recorded, RekeyBatch, Resolved, RoutePause, Settlement, Stats, Store,
+    StoreError, StoreKeys, StoredEvent, StoredResponse, Summary,
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
 use crate::metrics::StoreBatches;
+use crate::scope_key::ScopeKey;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use statements::{ClaimCall, Owners, RecordCall};
 
@@ -67,8 +69,9 @@ const ACQUIRE_TIMEOUT: Duration = QUEUE_TIMEOUT;
 
 pub struct PostgresStore {
     pool: PgPool,
-    /// The requests' claims, one statement per batch ([`batch`]).
-    claims: Batcher<ClaimCall, ClaimResult>,
+    /// The requests' claims, one statement per batch ([`batch`]); a
+    /// claim whose operation does not open fails alone.
+    claims: Batcher<ClaimCall, Result<ClaimResult, StoreError>>,
     /// The requests' records, likewise.
     records: Batcher<RecordCall, Recorded>,
     /// Both batchers' sizes and commit times.
@@ -79,6 +82,8 @@ pub struct PostgresStore {
     clock: Arc<dyn Clock>,
     /// Stops the lease renewal at close.
     renewal: CancellationToken,
+    /// Seals payloads on the way in, opens them on the way out.
+    seal: Seal,
 }
 
 /// This replica's lease as this process sees it, on its monotonic clock.
@@ -140,15 +145,19 @@ impl PostgresStore {
         migrated
     }
 
-    /// Connects, migrates, registers this replica (`owner`) with a lease of
-    /// `lease` and keeps renewing it until [`Store::close`].
+    /// Connects, migrates, checks that `keys` fit the store (keying its
+    /// scopes if it was written before),
+    /// registers this replica (`owner`) with a lease of `lease` and keeps
+    /// renewing it until [`Store::close`].
     pub async fn open(
         url: &str,
         durability: Durability,
         lease: Duration,
         owner: String,
         clock: Arc<dyn Clock>,
+        keys: StoreKeys,
     ) -> Result<Self, StoreError> {
+        let seal = keys.seal;
         let pool = PgPoolOptions::new()
             .max_connections(POOL)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -159,6 +168,10 @@ impl PostgresStore {
                 reason: e.to_string(),
             })?;
         run_migrations(&pool, url).await?;
+        if let Err(error) = check_keys(&pool, &seal, &keys.scope).await {
+            pool.close().await;
+            return Err(error);
+        }
         let lease = Arc::new(Lease {
             length: lease,
             base: Instant::now(),
@@ -177,17 +190,17 @@ impl PostgresStore {
         ));
         let batches = StoreBatches::new(&["claim", "record"]);
         let claims = Batcher::start(BATCH_TIMEOUT, ("claim", batches.clone()), {
-            let (pool, owner) = (pool.clone(), owner.clone());
+            let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
             move |calls: Vec<ClaimCall>| {
-                let (pool, owner) = (pool.clone(), owner.clone());
-                async move { statements::claim(&pool, &owner, &calls).await }
+                let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
+                async move { statements::claim(&pool, &seal, &owner, &calls).await }
             }
         });
         let records = Batcher::start(BATCH_TIMEOUT, ("record", batches.clone()), {
-            let (pool, owner) = (pool.clone(), owner.clone());
+            let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
             move |calls: Vec<RecordCall>| {
-                let (pool, owner) = (pool.clone(), owner.clone());
-                async move { statements::record(&pool, &owner, &calls).await }
+                let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
+                async move { statements::record(&pool, &seal, &owner, &calls).await }
             }
         });
         Ok(PostgresStore {
@@ -199,8 +212,28 @@ impl PostgresStore {
             lease,
             clock,
             renewal,
+            seal,
         })
     }
+}
+
+/// Refuses keys that do not fit the store's canaries; marks a store sealed
+/// from now on with one (the first of replicas starting together wins,
+/// and the others are checked against its canary); keys the scopes of a
+/// store written before scopes were keyed.
+async fn check_keys(pool: &PgPool, seal: &Seal, scope: &ScopeKey) -> Result<(), StoreError> {
+    if let Some(keyed) = statements::key_scopes(pool, scope).await? {
+        tracing::info!(operations = keyed, "scopes are keyed from now on");
+    }
+    let stored = statements::meta(pool, CANARY_ROW).await?;
+    if seal.check_canary(stored.as_deref())? == Canary::Missing
+        && let Some(canary) = seal.canary()
+    {
+        statements::set_meta(pool, CANARY_ROW, &canary, false).await?;
+        let stored = statements::meta(pool, CANARY_ROW).await?;
+        seal.check_canary(stored.as_deref())?;
+    }
+    Ok(())
 }
 
 /// Renews the lease every third of its length until `stop`. A renewal
@@ -262,7 +295,7 @@ impl Store for PostgresStore {
             now,
             new: new.clone(),
         };
-        self.claims.call(call).await
+        self.claims.call(call).await?
     }
 
     async fn record(
@@ -281,7 +314,7 @@ impl Store for PostgresStore {
     }
 
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
-        Ok(statements::find(&self.pool, new)
+        Ok(statements::find(&self.pool, &self.seal, new)
             .await?
             .filter(|op| !new.outdates(op)))
     }
@@ -327,6 +360,7 @@ impl Store for PostgresStore {
         let now = self.clock.now_millis();
         statements::settle_held(
             &self.pool,
+            &self.seal,
             now,
             operation_id,
             attempt,
@@ -355,7 +389,7 @@ impl Store for PostgresStore {
     }
 
     async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
-        statements::get(&self.pool, id).await
+        statements::get(&self.pool, &self.seal, id).await
     }
 
     async fn find_newest(
@@ -373,7 +407,7 @@ impl Store for PostgresStore {
         event: &Event,
     ) -> Result<Resolved, StoreError> {
         let now = self.clock.now_millis();
-        statements::resolve(&self.pool, now, id, decision, event).await
+        statements::resolve(&self.pool, &self.seal, now, id, decision, event).await
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
@@ -400,6 +434,17 @@ impl Store for PostgresStore {
         now: i64,
     ) -> Result<(), StoreError> {
         outbox::settle_alert(&self.pool, delivery, outcome, now).await
+    }
+
+    async fn rekey(&self, after: &str, limit: u32) -> Result<RekeyBatch, StoreError> {
+        statements::rekey(&self.pool, &self.seal, after, limit).await
+    }
+
+    async fn finish_rekey(&self) -> Result<(), StoreError> {
+        match self.seal.canary() {
+            Some(canary) => statements::set_meta(&self.pool, CANARY_ROW, &canary, true).await,
+            None => Ok(()),
+        }
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

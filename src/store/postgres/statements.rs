@@ -6,15 +6,18 @@
 //! written as one statement (data-modifying CTEs), so it needs no
 //! transaction of its own and costs one round trip.
 
+use std::borrow::Cow;
+
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
 use crate::pipeline::fingerprint::Fingerprint;
+use crate::scope_key::{self, ScopeKey};
+use crate::store::seal::{Field, Payloads, Seal};
 use crate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
-    Recorded, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State, Stats,
-    StoreError, StoredEvent, StoredResponse, Summary, decode_headers, encode_headers,
-    is_implied_by_record, timeline,
+    Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State,
+    Stats, StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, timeline,
 };
 
 /// An owner is alive while its lease, in the database's clock, runs.
@@ -32,12 +35,14 @@ pub struct ClaimCall {
 /// `idemgate_claim` function of the migrations (atomic on the unique
 /// identity), one row per call. The rows go in (route, scope, key) order,
 /// so replicas whose batches overlap take their row locks in one order and
-/// never deadlock; the results come back in the calls' order.
+/// never deadlock; the results come back in the calls' order. An
+/// operation whose sealed payload does not open fails its own call only.
 pub async fn claim(
     pool: &PgPool,
+    seal: &Seal,
     owner: &str,
     calls: &[ClaimCall],
-) -> Result<Vec<ClaimResult>, StoreError> {
+) -> Result<Vec<Result<ClaimResult, StoreError>>, StoreError> {
     let mut order: Vec<usize> = (0..calls.len()).collect();
     order.sort_by_key(|&i| {
         let new = &calls[i].new;
@@ -57,9 +62,14 @@ pub async fn claim(
         .iter()
         .map(|&i| i64::try_from(calls[i].new.request.body_size).unwrap_or(i64::MAX))
         .collect();
+    let ids = column(&|_| uuid::Uuid::now_v7().to_string());
     let bodies: Vec<Option<Vec<u8>>> = order
         .iter()
-        .map(|&i| calls[i].new.request.body.clone())
+        .zip(&ids)
+        .map(|(&i, id)| {
+            let body = calls[i].new.request.body.as_deref();
+            seal.body(id, Field::RequestBody, body).map(Cow::into_owned)
+        })
         .collect();
     let rows = sqlx::query(
         "SELECT n.ord, c.*
@@ -76,7 +86,7 @@ pub async fn claim(
     .bind(&ords)
     .bind(&nows)
     .bind(&fresh_after)
-    .bind(column(&|_| uuid::Uuid::now_v7().to_string()))
+    .bind(&ids)
     .bind(column(&|c| c.new.route.clone()))
     .bind(column(&|c| c.new.scope.clone()))
     .bind(column(&|c| c.new.key.clone()))
@@ -89,18 +99,21 @@ pub async fn claim(
     .bind(&bodies)
     .fetch_all(pool)
     .await?;
-    let mut results: Vec<Option<ClaimResult>> = calls.iter().map(|_| None).collect();
+    let mut results: Vec<Option<Result<ClaimResult, StoreError>>> =
+        calls.iter().map(|_| None).collect();
     for row in &rows {
         let ord: i32 = row.try_get("ord")?;
-        let operation = operation_from_row(row)?;
-        let result = if row.try_get::<bool, _>("claimed")? {
-            ClaimResult::Claimed(Claim {
-                operation_id: operation.id,
-                attempt: operation.attempt,
-            })
-        } else {
-            ClaimResult::Existing(Box::new(operation))
-        };
+        let claimed: bool = row.try_get("claimed")?;
+        let result = operation_from_row(row, seal).map(|operation| {
+            if claimed {
+                ClaimResult::Claimed(Claim {
+                    operation_id: operation.id,
+                    attempt: operation.attempt,
+                })
+            } else {
+                ClaimResult::Existing(Box::new(operation))
+            }
+        });
         if let Some(slot) = usize::try_from(ord).ok().and_then(|i| results.get_mut(i)) {
             *slot = Some(result);
         }
@@ -112,7 +125,11 @@ pub async fn claim(
 }
 
 /// The stored operation for `new`'s identity that is not superseded.
-pub async fn find(pool: &PgPool, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
+pub async fn find(
+    pool: &PgPool,
+    seal: &Seal,
+    new: &NewOperation,
+) -> Result<Option<Operation>, StoreError> {
     let row = sqlx::query(&format!(
         "SELECT {OPERATION_COLUMNS} FROM operations
          WHERE route = $1 AND scope = $2 AND idem_key = $3 AND superseded_at IS NULL"
@@ -122,7 +139,9 @@ pub async fn find(pool: &PgPool, new: &NewOperation) -> Result<Option<Operation>
     .bind(&new.key)
     .fetch_optional(pool)
     .await?;
-    row.as_ref().map(operation_from_row).transpose()
+    row.as_ref()
+        .map(|row| operation_from_row(row, seal))
+        .transpose()
 }
 
 /// An attempt number or a batch position as an INTEGER column holds it.
@@ -145,6 +164,7 @@ pub struct RecordCall {
 /// plain response is proven by the row itself.
 pub async fn record(
     pool: &PgPool,
+    seal: &Seal,
     owner: &str,
     calls: &[RecordCall],
 ) -> Result<Vec<Recorded>, StoreError> {
@@ -213,12 +233,16 @@ pub async fn record(
     )
     .bind(
         ordered()
-            .map(|(_, c)| response(c).map(|r| encode_headers(&r.headers)))
+            .map(|(_, c)| response(c).map(|r| seal.headers(&c.claim.operation_id, &r.headers)))
             .collect::<Vec<_>>(),
     )
     .bind(
         ordered()
-            .map(|(_, c)| response(c).and_then(|r| r.body))
+            .map(|(_, c)| {
+                let body = response(c).and_then(|r| r.body);
+                seal.body(&c.claim.operation_id, Field::ResponseBody, body.as_deref())
+                    .map(Cow::into_owned)
+            })
             .collect::<Vec<_>>(),
     )
     .bind(ordered().map(|(_, c)| c.now).collect::<Vec<_>>())
@@ -318,8 +342,10 @@ pub async fn insert_event(
 
 /// `unknown` → `completed` with evidence that came after the fact; the
 /// event is kept either way.
+#[allow(clippy::too_many_arguments)] // the store call's inputs, and the seal
 pub async fn settle_held(
     pool: &PgPool,
+    seal: &Seal,
     now: i64,
     operation_id: &str,
     attempt: Option<u32>,
@@ -340,8 +366,11 @@ pub async fn settle_held(
     )
     .bind(evidence)
     .bind(i32::from(response.status))
-    .bind(encode_headers(&response.headers))
-    .bind(response.body.as_deref())
+    .bind(seal.headers(operation_id, &response.headers))
+    .bind(
+        seal.body(operation_id, Field::ResponseBody, response.body.as_deref())
+            .map(Cow::into_owned),
+    )
     .bind(now)
     .bind(operation_id)
     .bind(attempt.map(int))
@@ -438,6 +467,7 @@ pub async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Vec<Summary>, St
 
 pub async fn get(
     pool: &PgPool,
+    seal: &Seal,
     id: &str,
 ) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
     let row = sqlx::query(&format!(
@@ -446,7 +476,8 @@ pub async fn get(
     .bind(id)
     .fetch_optional(pool)
     .await?;
-    let Some(operation) = row.as_ref().map(operation_from_row).transpose()? else {
+    let found = row.as_ref().map(|row| operation_from_row(row, seal));
+    let Some(operation) = found.transpose()? else {
         return Ok(None);
     };
     let events =
@@ -496,6 +527,7 @@ pub async fn find_newest(
 /// whose owner's lease has run out.
 pub async fn resolve(
     pool: &PgPool,
+    seal: &Seal,
     now: i64,
     id: &str,
     decision: &Decision,
@@ -516,8 +548,11 @@ pub async fn resolve(
     ))
     .bind(state.as_str())
     .bind(response.map(|r| i32::from(r.status)))
-    .bind(response.map(|r| encode_headers(&r.headers)))
-    .bind(response.and_then(|r| r.body.as_deref()))
+    .bind(response.map(|r| seal.headers(id, &r.headers)))
+    .bind(response.and_then(|r| {
+        seal.body(id, Field::ResponseBody, r.body.as_deref())
+            .map(Cow::into_owned)
+    }))
     .bind(now)
     .bind(id)
     .bind(event.kind)
@@ -634,9 +669,142 @@ pub async fn end_lease(pool: &PgPool, replica: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// A row of [`OPERATION_COLUMNS`].
-fn operation_from_row(row: &PgRow) -> Result<Operation, StoreError> {
+/// The value of the store's meta row `name`.
+pub async fn meta(pool: &PgPool, name: &str) -> Result<Option<String>, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT value FROM store_meta WHERE name = $1")
+            .bind(name)
+            .fetch_optional(pool)
+            .await?,
+    )
+}
+
+/// Sets the meta row `name`; `replace = false` keeps a value a peer wrote
+/// first.
+pub async fn set_meta(
+    pool: &PgPool,
+    name: &str,
+    value: &str,
+    replace: bool,
+) -> Result<(), StoreError> {
+    let conflict = if replace {
+        "DO UPDATE SET value = excluded.value"
+    } else {
+        "DO NOTHING"
+    };
+    sqlx::query(&format!(
+        "INSERT INTO store_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) {conflict}"
+    ))
+    .bind(name)
+    .bind(value)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Keys the scopes of a store written before scopes were keyed, and
+/// keeps `key`'s canary, in one transaction under an advisory lock (so
+/// replicas starting together key them once): the number of operations
+/// keyed then, `None` when the store was keyed already with `key`; an
+/// error for another key.
+pub async fn key_scopes(pool: &PgPool, key: &ScopeKey) -> Result<Option<u64>, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':idemgate-scope-key'))",
+    )
+    .execute(&mut *tx)
+    .await?;
+    let canary: Option<String> = sqlx::query_scalar("SELECT value FROM store_meta WHERE name = $1")
+        .bind(scope_key::CANARY_ROW)
+        .fetch_optional(&mut *tx)
+        .await?;
+    match canary {
+        Some(canary) if canary == key.canary() => return Ok(None),
+        Some(_) => return Err(key.wrong().into()),
+        None => {}
+    }
+    let rows = sqlx::query("SELECT id, scope FROM operations")
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut scopes = Vec::with_capacity(rows.len());
+    for row in &rows {
+        ids.push(row.try_get::<String, _>("id")?);
+        scopes.push(key.keyed(&row.try_get::<String, _>("scope")?));
+    }
+    sqlx::query(
+        "UPDATE operations o SET scope = n.scope
+         FROM unnest($1::text[], $2::text[]) AS n(id, scope) WHERE o.id = n.id",
+    )
+    .bind(&ids)
+    .bind(&scopes)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("INSERT INTO store_meta (name, value) VALUES ($1, $2)")
+        .bind(scope_key::CANARY_ROW)
+        .bind(key.canary())
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Some(ids.len() as u64))
+}
+
+/// Seals again, under the current key, the payloads of up to `limit`
+/// operations after `after` (by id) that are plain or under another key;
+/// each update is a compare-and-set on the values it read, so a replica
+/// that wrote meanwhile (under the current key) keeps its values.
+pub async fn rekey(
+    pool: &PgPool,
+    seal: &Seal,
+    after: &str,
+    limit: u32,
+) -> Result<RekeyBatch, StoreError> {
+    let rows = sqlx::query(
+        "SELECT id, request_body, response_headers, response_body FROM operations
+         WHERE id > $1 ORDER BY id LIMIT $2",
+    )
+    .bind(after)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    let mut batch = RekeyBatch::default();
+    for row in &rows {
+        let id: String = row.try_get("id")?;
+        let stored = Payloads {
+            request_body: row.try_get("request_body")?,
+            response_headers: row.try_get("response_headers")?,
+            response_body: row.try_get("response_body")?,
+        };
+        if let Some(new) = seal.reseal(&id, &stored)? {
+            batch.resealed += sqlx::query(
+                "UPDATE operations SET request_body = $1, response_headers = $2,
+                    response_body = $3
+                 WHERE id = $4 AND request_body IS NOT DISTINCT FROM $5
+                   AND response_headers IS NOT DISTINCT FROM $6
+                   AND response_body IS NOT DISTINCT FROM $7",
+            )
+            .bind(&new.request_body)
+            .bind(&new.response_headers)
+            .bind(&new.response_body)
+            .bind(&id)
+            .bind(&stored.request_body)
+            .bind(&stored.response_headers)
+            .bind(&stored.response_body)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        }
+        batch.last = Some(id);
+        batch.operations += 1;
+    }
+    Ok(batch)
+}
+
+/// A row of [`OPERATION_COLUMNS`]. Sealed payloads are opened here: a
+/// value that does not open fails the row, never passes as bytes.
+fn operation_from_row(row: &PgRow, seal: &Seal) -> Result<Operation, StoreError> {
     let summary = summary_from_row(row)?;
+    let id = &summary.id;
     let status: Option<i32> = row.try_get("response_status")?;
     let headers: Option<String> = row.try_get("response_headers")?;
     let body_size: i64 = row.try_get("request_body_size")?;
@@ -645,11 +813,12 @@ fn operation_from_row(row: &PgRow) -> Result<Operation, StoreError> {
         Some(status) => Some(StoredResponse {
             status: u16::try_from(status)
                 .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-            headers: decode_headers(headers.as_deref().unwrap_or("[]"))?,
-            body: row.try_get("response_body")?,
+            headers: seal.open_headers(id, headers.as_deref().unwrap_or("[]"))?,
+            body: seal.open_body(id, Field::ResponseBody, row.try_get("response_body")?)?,
         }),
         None => None,
     };
+    let request_body = seal.open_body(id, Field::RequestBody, row.try_get("request_body")?)?;
     Ok(Operation {
         id: summary.id,
         route: summary.route,
@@ -666,7 +835,7 @@ fn operation_from_row(row: &PgRow) -> Result<Operation, StoreError> {
             content_type: row.try_get("request_content_type")?,
             body_size: u64::try_from(body_size).unwrap_or(0),
             body_sha256: row.try_get("request_body_sha256")?,
-            body: row.try_get("request_body")?,
+            body: request_body,
         },
         superseded: superseded_at.is_some(),
         created_at: summary.created_at,

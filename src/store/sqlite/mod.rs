@@ -32,13 +32,15 @@ use rusqlite::Connection;
 use sqlx::ConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
+use super::seal::{CANARY_ROW, Canary, Seal};
 use super::{
     AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
-    NewOperation, Operation, Recorded, Resolved, RoutePause, Settlement, Stats, Store, StoreError,
-    StoredEvent, StoredResponse, Summary,
+    NewOperation, Operation, Recorded, RekeyBatch, Resolved, RoutePause, Settlement, Stats, Store,
+    StoreError, StoreKeys, StoredEvent, StoredResponse, Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
+use crate::scope_key::ScopeKey;
 use writer::{QUEUE_TIMEOUT, Writer};
 
 use crate::metrics::StoreBatches;
@@ -52,17 +54,29 @@ pub struct SqliteStore {
     /// The held lock file; `None` once closed. std Mutex: never held across `.await`.
     lock: Mutex<Option<File>>,
     clock: Arc<dyn Clock>,
+    /// Seals payloads on the way in, opens them on the way out.
+    seal: Seal,
 }
 
 impl SqliteStore {
-    /// Locks, opens (creating it if needed) and migrates the store, and
-    /// starts its writer; what a dead owner left `in_progress` waits for
-    /// [`Store::recover`].
+    /// Applies the migrations to the store at `path` (created if missing),
+    /// under its lock: `idemgate migrate`, which needs no keys.
+    pub async fn migrate(path: &Path) -> Result<(), StoreError> {
+        let store_name = format!("sqlite://{}", path.display());
+        let _lock = lock_file(path, &store_name)?;
+        migrate_file(path, &store_name).await
+    }
+
+    /// Locks, opens (creating it if needed) and migrates the store, checks
+    /// that `keys` fit it (keying its scopes if it was written before),
+    /// and starts its writer; what a dead owner left `in_progress` waits
+    /// for [`Store::recover`].
     pub async fn open(
         path: &Path,
         durability: Durability,
         owner: String,
         clock: Arc<dyn Clock>,
+        keys: StoreKeys,
     ) -> Result<Self, StoreError> {
         let store_name = format!("sqlite://{}", path.display());
         let lock = lock_file(path, &store_name)?;
@@ -70,35 +84,74 @@ impl SqliteStore {
             store: store_name.clone(),
             reason,
         };
-        let mut migrations = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            // Off while migrating: a migration that rebuilds a table must not
-            // cascade into the rows that reference it. The writer's
-            // connection turns them on.
-            .foreign_keys(false)
-            .busy_timeout(QUEUE_TIMEOUT)
-            .connect()
-            .await
-            .map_err(|e| open_error(e.to_string()))?;
-        sqlx::migrate!("migrations/sqlite")
-            .run(&mut migrations)
-            .await
-            .map_err(|e| open_error(format!("migration failed: {e}")))?;
-        sqlx::Connection::close(migrations)
-            .await
-            .map_err(|e| open_error(e.to_string()))?;
+        migrate_file(path, &store_name).await?;
         let conn = connect(path, durability).map_err(|e| open_error(e.to_string()))?;
         let batches = StoreBatches::new(&[writer::BATCH]);
-        Ok(SqliteStore {
+        let store = SqliteStore {
             writer: Writer::start(conn, batches.clone())?,
             batches,
             owner: owner.into(),
             lock: Mutex::new(Some(lock)),
             clock,
-        })
+            seal: keys.seal,
+        };
+        if let Err(error) = store.check_keys(keys.scope).await {
+            store.writer.stop().await;
+            return Err(error);
+        }
+        Ok(store)
     }
+
+    /// Refuses keys that do not fit the store's canaries; marks a store
+    /// sealed from now on with one; keys the scopes of a store written
+    /// before scopes were keyed. One transaction.
+    async fn check_keys(&self, scope: ScopeKey) -> Result<(), StoreError> {
+        let seal = self.seal.clone();
+        let keyed = self
+            .writer
+            .run(move |conn| {
+                let stored = statements::meta(conn, CANARY_ROW)?;
+                if seal.check_canary(stored.as_deref())? == Canary::Missing
+                    && let Some(canary) = seal.canary()
+                {
+                    statements::set_meta(conn, CANARY_ROW, &canary)?;
+                }
+                statements::key_scopes(conn, &scope)
+            })
+            .await?;
+        if let Some(keyed) = keyed {
+            tracing::info!(operations = keyed, "scopes are keyed from now on");
+        }
+        Ok(())
+    }
+}
+
+/// Runs the migrations on a connection of their own, closed before the
+/// writer opens its connection.
+async fn migrate_file(path: &Path, store_name: &str) -> Result<(), StoreError> {
+    let open_error = |reason: String| StoreError::Open {
+        store: store_name.to_string(),
+        reason,
+    };
+    let mut migrations = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        // Off while migrating: a migration that rebuilds a table must not
+        // cascade into the rows that reference it. The writer's
+        // connection turns them on.
+        .foreign_keys(false)
+        .busy_timeout(QUEUE_TIMEOUT)
+        .connect()
+        .await
+        .map_err(|e| open_error(e.to_string()))?;
+    sqlx::migrate!("migrations/sqlite")
+        .run(&mut migrations)
+        .await
+        .map_err(|e| open_error(format!("migration failed: {e}")))?;
+    sqlx::Connection::close(migrations)
+        .await
+        .map_err(|e| open_error(e.to_string()))
 }
 
 /// The writer's connection: WAL, the durability asked for, temporary data
@@ -153,8 +206,9 @@ impl Store for SqliteStore {
 
     async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
         let (owner, now, new) = (self.owner.clone(), self.clock.now_millis(), new.clone());
+        let seal = self.seal.clone();
         self.writer
-            .run(move |conn| statements::claim(conn, &owner, now, &new))
+            .run(move |conn| statements::claim(conn, &seal, &owner, now, &new))
             .await
     }
 
@@ -165,9 +219,15 @@ impl Store for SqliteStore {
         events: &[Event],
     ) -> Result<Recorded, StoreError> {
         let (owner, now) = (self.owner.clone(), self.clock.now_millis());
+        // Sealed here, on the request's task: the writer thread is shared.
+        let stored = (settlement.response())
+            .map(|response| self.seal.stored_form(&claim.operation_id, response));
         let (claim, settlement, events) = (claim.clone(), settlement.clone(), events.to_vec());
         self.writer
-            .run(move |conn| statements::record(conn, &owner, now, &claim, &settlement, &events))
+            .run(move |conn| {
+                let stored = stored.as_ref();
+                statements::record(conn, &owner, now, &claim, &settlement, stored, &events)
+            })
             .await
     }
 
@@ -178,9 +238,11 @@ impl Store for SqliteStore {
     }
 
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
-        let new = new.clone();
+        let (new, seal) = (new.clone(), self.seal.clone());
         self.writer
-            .run(move |conn| Ok(statements::find(conn, &new)?.filter(|op| !new.outdates(op))))
+            .run(
+                move |conn| Ok(statements::find(conn, &seal, &new)?.filter(|op| !new.outdates(op))),
+            )
             .await
     }
 
@@ -223,9 +285,12 @@ impl Store for SqliteStore {
         let now = self.clock.now_millis();
         let (id, response) = (operation_id.to_string(), response.clone());
         let (evidence, event) = (evidence.to_string(), event.clone());
+        let seal = self.seal.clone();
         self.writer
             .run(move |conn| {
-                statements::settle_held(conn, now, &id, attempt, &response, &evidence, &event)
+                statements::settle_held(
+                    conn, &seal, now, &id, attempt, &response, &evidence, &event,
+                )
             })
             .await
     }
@@ -253,9 +318,9 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
-        let id = id.to_string();
+        let (id, seal) = (id.to_string(), self.seal.clone());
         self.writer
-            .run(move |conn| statements::get(conn, &id))
+            .run(move |conn| statements::get(conn, &seal, &id))
             .await
     }
 
@@ -278,8 +343,9 @@ impl Store for SqliteStore {
     ) -> Result<Resolved, StoreError> {
         let (owner, now) = (self.owner.clone(), self.clock.now_millis());
         let (id, decision, event) = (id.to_string(), decision.clone(), event.clone());
+        let seal = self.seal.clone();
         self.writer
-            .run(move |conn| statements::resolve(conn, &owner, now, &id, &decision, &event))
+            .run(move |conn| statements::resolve(conn, &seal, &owner, now, &id, &decision, &event))
             .await
     }
 
@@ -317,6 +383,22 @@ impl Store for SqliteStore {
         let (delivery, outcome) = (delivery.clone(), outcome.clone());
         self.writer
             .run(move |conn| outbox::settle_alert(conn, &delivery, &outcome, now))
+            .await
+    }
+
+    async fn rekey(&self, after: &str, limit: u32) -> Result<RekeyBatch, StoreError> {
+        let (after, seal) = (after.to_string(), self.seal.clone());
+        self.writer
+            .run(move |conn| statements::rekey(conn, &seal, &after, limit))
+            .await
+    }
+
+    async fn finish_rekey(&self) -> Result<(), StoreError> {
+        let Some(canary) = self.seal.canary() else {
+            return Ok(());
+        };
+        self.writer
+            .run(move |conn| statements::set_meta(conn, CANARY_ROW, &canary))
             .await
     }
 

@@ -9,11 +9,12 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::pipeline::fingerprint::Fingerprint;
+use crate::scope_key::{self, ScopeKey};
+use crate::store::seal::{Field, Payloads, Seal, StoredForm};
 use crate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
-    Recorded, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State, Stats,
-    StoreError, StoredEvent, StoredResponse, Summary, decode_headers, encode_headers,
-    is_implied_by_record, timeline,
+    Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State,
+    Stats, StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, timeline,
 };
 
 /// A new operation, claimed for its first attempt, unless an operation
@@ -38,16 +39,17 @@ const RECORD: &str = "UPDATE operations SET state = ?1, evidence = ?2, response_
 /// tried first and only a conflict looks the holder up.
 pub fn claim(
     conn: &Connection,
+    seal: &Seal,
     owner: &str,
     now: i64,
     new: &NewOperation,
 ) -> Result<ClaimResult, StoreError> {
     // The row's creation is the first attempt's claim (see `timeline`).
-    if let Some(claim) = insert(conn, owner, now, new)? {
+    if let Some(claim) = insert(conn, seal, owner, now, new)? {
         return Ok(ClaimResult::Claimed(claim));
     }
     let held = || StoreError::Failed("an identity is taken by no operation".into());
-    let operation = find(conn, new)?.ok_or_else(held)?;
+    let operation = find(conn, seal, new)?.ok_or_else(held)?;
     let claim = if new.outdates(&operation) {
         conn.prepare_cached("UPDATE operations SET superseded_at = ?1 WHERE id = ?2")?
             .execute(params![now, operation.id])?;
@@ -57,7 +59,7 @@ pub fn claim(
         };
         insert_event(conn, &operation.id, now, &event)?;
         return Ok(ClaimResult::Claimed(
-            insert(conn, owner, now, new)?.ok_or_else(held)?,
+            insert(conn, seal, owner, now, new)?.ok_or_else(held)?,
         ));
     } else if operation.state == State::NotAttempted && operation.fingerprint == new.fingerprint {
         let attempt = operation.attempt + 1;
@@ -93,13 +95,19 @@ pub fn claim(
 }
 
 /// The stored operation for `new`'s identity that is not superseded.
-pub fn find(conn: &Connection, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
+pub fn find(
+    conn: &Connection,
+    seal: &Seal,
+    new: &NewOperation,
+) -> Result<Option<Operation>, StoreError> {
     let mut statement = conn.prepare_cached(&format!(
         "SELECT {OPERATION_COLUMNS} FROM operations
          WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 AND superseded_at IS NULL"
     ))?;
     let found = statement
-        .query_row(params![new.route, new.scope, new.key], operation_from_row)
+        .query_row(params![new.route, new.scope, new.key], |row| {
+            operation_from_row(row, seal)
+        })
         .optional()?;
     found.transpose()
 }
@@ -108,6 +116,7 @@ pub fn find(conn: &Connection, new: &NewOperation) -> Result<Option<Operation>, 
 /// operation that is not superseded holds its identity (`None`).
 fn insert(
     conn: &Connection,
+    seal: &Seal,
     owner: &str,
     now: i64,
     new: &NewOperation,
@@ -126,7 +135,7 @@ fn insert(
         request.content_type,
         request.body_size as i64,
         request.body_sha256,
-        request.body,
+        seal.body(&id, Field::RequestBody, request.body.as_deref()),
         now,
     ])?;
     Ok((inserted == 1).then_some(Claim {
@@ -136,21 +145,23 @@ fn insert(
 }
 
 /// Settles a claimed attempt with its events, as one compare-and-set.
+/// `stored` is the settlement's response as it is written
+/// ([`Seal::stored_form`], made before the call was queued).
 pub fn record(
     conn: &Connection,
     owner: &str,
     now: i64,
     claim: &Claim,
     settlement: &Settlement,
+    stored: Option<&StoredForm>,
     events: &[Event],
 ) -> Result<Recorded, StoreError> {
-    let response = settlement.response();
     let updated = conn.prepare_cached(RECORD)?.execute(params![
         settlement.state().as_str(),
         settlement.evidence(),
-        response.map(|r| i64::from(r.status)),
-        response.map(|r| encode_headers(&r.headers)),
-        response.and_then(|r| r.body.as_deref()),
+        settlement.response().map(|r| i64::from(r.status)),
+        stored.map(|s| s.headers.as_str()),
+        stored.and_then(|s| s.body.as_deref()),
         now,
         claim.operation_id,
         claim.attempt,
@@ -218,8 +229,10 @@ pub fn insert_event(
 
 /// `unknown` → `completed` with evidence that came after the fact; the
 /// event is kept either way.
+#[allow(clippy::too_many_arguments)] // the store call's inputs, and the seal
 pub fn settle_held(
     conn: &Connection,
+    seal: &Seal,
     now: i64,
     operation_id: &str,
     attempt: Option<u32>,
@@ -236,8 +249,8 @@ pub fn settle_held(
         .execute(params![
             evidence,
             i64::from(response.status),
-            encode_headers(&response.headers),
-            response.body.as_deref(),
+            seal.headers(operation_id, &response.headers),
+            seal.body(operation_id, Field::ResponseBody, response.body.as_deref()),
             now,
             operation_id,
             attempt,
@@ -330,13 +343,14 @@ pub fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<Summary>, Stor
 
 pub fn get(
     conn: &Connection,
+    seal: &Seal,
     id: &str,
 ) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
     let found = conn
         .prepare_cached(&format!(
             "SELECT {OPERATION_COLUMNS} FROM operations WHERE id = ?1"
         ))?
-        .query_row(params![id], operation_from_row)
+        .query_row(params![id], |row| operation_from_row(row, seal))
         .optional()?;
     let Some(operation) = found.transpose()? else {
         return Ok(None);
@@ -385,6 +399,7 @@ pub fn find_newest(
 /// whose owner is not this process (so is dead: one process per store).
 pub fn resolve(
     conn: &Connection,
+    seal: &Seal,
     owner: &str,
     now: i64,
     id: &str,
@@ -402,8 +417,8 @@ pub fn resolve(
         .execute(params![
             state.as_str(),
             response.map(|r| i64::from(r.status)),
-            response.map(|r| encode_headers(&r.headers)),
-            response.and_then(|r| r.body.as_deref()),
+            response.map(|r| seal.headers(id, &r.headers)),
+            response.and_then(|r| seal.body(id, Field::ResponseBody, r.body.as_deref())),
             now,
             id,
             owner,
@@ -462,9 +477,102 @@ pub fn sweep(conn: &Connection, cutoff: i64, limit: u32) -> Result<u64, StoreErr
     Ok(deleted as u64)
 }
 
+/// The value of the store's meta row `name`.
+pub fn meta(conn: &Connection, name: &str) -> Result<Option<String>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT value FROM store_meta WHERE name = ?1")?
+        .query_row(params![name], |row| row.get(0))
+        .optional()?)
+}
+
+pub fn set_meta(conn: &Connection, name: &str, value: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO store_meta (name, value) VALUES (?1, ?2)
+         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+    )?
+    .execute(params![name, value])?;
+    Ok(())
+}
+
+/// Keys the scopes of a store written before scopes were keyed, and
+/// keeps `key`'s canary: the number of operations keyed then, `None` when
+/// the store was keyed already with `key`; an error for another key.
+pub fn key_scopes(conn: &Connection, key: &ScopeKey) -> Result<Option<u64>, StoreError> {
+    match meta(conn, scope_key::CANARY_ROW)? {
+        Some(canary) if canary == key.canary() => return Ok(None),
+        Some(_) => return Err(key.wrong().into()),
+        None => {}
+    }
+    let scopes: Vec<(String, String)> = conn
+        .prepare_cached("SELECT id, scope FROM operations")?
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let mut update = conn.prepare_cached("UPDATE operations SET scope = ?1 WHERE id = ?2")?;
+    for (id, scope) in &scopes {
+        update.execute(params![key.keyed(scope), id])?;
+    }
+    set_meta(conn, scope_key::CANARY_ROW, &key.canary())?;
+    Ok(Some(scopes.len() as u64))
+}
+
+/// Seals again, under the current key, the payloads of up to `limit`
+/// operations after `after` (by id) that are plain or under another key;
+/// each update is a compare-and-set on the values it read.
+pub fn rekey(
+    conn: &Connection,
+    seal: &Seal,
+    after: &str,
+    limit: u32,
+) -> Result<RekeyBatch, StoreError> {
+    let rows: Vec<(String, Payloads)> = conn
+        .prepare_cached(
+            "SELECT id, request_body, response_headers, response_body FROM operations
+             WHERE id > ?1 ORDER BY id LIMIT ?2",
+        )?
+        .query_map(params![after, limit], |row| {
+            Ok((
+                row.get(0)?,
+                Payloads {
+                    request_body: row.get(1)?,
+                    response_headers: row.get(2)?,
+                    response_body: row.get(3)?,
+                },
+            ))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut resealed = 0;
+    for (id, stored) in &rows {
+        let Some(new) = seal.reseal(id, stored)? else {
+            continue;
+        };
+        resealed += conn
+            .prepare_cached(
+                "UPDATE operations SET request_body = ?1, response_headers = ?2, response_body = ?3
+                 WHERE id = ?4 AND request_body IS ?5 AND response_headers IS ?6
+                   AND response_body IS ?7",
+            )?
+            .execute(params![
+                new.request_body,
+                new.response_headers,
+                new.response_body,
+                id,
+                stored.request_body,
+                stored.response_headers,
+                stored.response_body,
+            ])? as u64;
+    }
+    Ok(RekeyBatch {
+        last: rows.last().map(|(id, _)| id.clone()),
+        operations: rows.len() as u64,
+        resealed,
+    })
+}
+
 /// A row of [`OPERATION_COLUMNS`]; the outer `Result` is SQLite's, the
 /// inner one says whether the values make sense.
-fn operation_from_row(row: &Row) -> rusqlite::Result<Result<Operation, StoreError>> {
+/// Sealed payloads are opened here: a value that does not open fails the
+/// row, never passes as bytes.
+fn operation_from_row(row: &Row, seal: &Seal) -> rusqlite::Result<Result<Operation, StoreError>> {
     let status: Option<i64> = row.get("response_status")?;
     let headers: Option<String> = row.get("response_headers")?;
     let body: Option<Vec<u8>> = row.get("response_body")?;
@@ -484,14 +592,19 @@ fn operation_from_row(row: &Row) -> rusqlite::Result<Result<Operation, StoreErro
     let summary = summary_from_row(row)?;
     Ok((|| {
         let summary = summary?;
+        let id = &summary.id;
         let response = match status {
             Some(status) => Some(StoredResponse {
                 status: u16::try_from(status)
                     .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-                headers: decode_headers(headers.as_deref().unwrap_or("[]"))?,
-                body,
+                headers: seal.open_headers(id, headers.as_deref().unwrap_or("[]"))?,
+                body: seal.open_body(id, Field::ResponseBody, body)?,
             }),
             None => None,
+        };
+        let request = RequestSummary {
+            body: seal.open_body(id, Field::RequestBody, request.body)?,
+            ..request
         };
         Ok(Operation {
             id: summary.id,

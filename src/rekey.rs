@@ -1,0 +1,82 @@
+//! `idemgate rekey`: seals every stored payload again under the current
+//! key (README "Sealed store"), so that the previous key, or none for a
+//! store sealed after it was first used, is needed no more.
+//!
+//! Invariant: the canary moves to the current key only after a pass over
+//! every operation found nothing left under another key (or plain), so a
+//! store whose canary is under the current key holds no payload that needs
+//! another one. The pass goes in batches of [`BATCH`] operations in id
+//! order, each update a compare-and-set, so a replica writing meanwhile
+//! (under the current key) keeps its values.
+
+use std::sync::Arc;
+
+use crate::clock::SystemClock;
+use crate::config::Config;
+use crate::scope_key::{ScopeKey, ScopeKeyError};
+use crate::store::{self, Seal, SealError, StoreError, StoreKeys};
+
+/// Operations read and sealed again per store call.
+const BATCH: u32 = 500;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RekeyError {
+    #[error("store.encryption_key_env is not set: there is no key to seal under")]
+    NoKey,
+    #[error(transparent)]
+    Keys(#[from] SealError),
+    #[error(transparent)]
+    ScopeKey(#[from] ScopeKeyError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a rekey did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rekeyed {
+    /// Operations looked at.
+    pub operations: u64,
+    /// Operations whose payloads were sealed again.
+    pub resealed: u64,
+}
+
+/// Seals again every payload of the store `config` names under the key
+/// in `store.encryption_key_env`, reading keys through `lookup`.
+pub async fn run(
+    config: &Config,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Rekeyed, RekeyError> {
+    let seal = Seal::from_config(&config.store, lookup)?;
+    if !seal.is_sealing() {
+        return Err(RekeyError::NoKey);
+    }
+    let keys = StoreKeys {
+        seal,
+        scope: ScopeKey::load(&config.store, lookup)?,
+    };
+    let owner = format!("rekey-{}", uuid::Uuid::now_v7());
+    let store = store::open(&config.store, owner, Arc::new(SystemClock), keys).await?;
+    let result = pass(store.as_ref()).await;
+    store.close().await;
+    result
+}
+
+async fn pass(store: &dyn store::Store) -> Result<Rekeyed, RekeyError> {
+    let mut done = Rekeyed {
+        operations: 0,
+        resealed: 0,
+    };
+    let mut after = String::new();
+    // Ends: every batch moves `after` forward over a finite set of ids.
+    loop {
+        let batch = store.rekey(&after, BATCH).await?;
+        let Some(last) = batch.last else {
+            break;
+        };
+        done.operations += batch.operations;
+        done.resealed += batch.resealed;
+        after = last;
+    }
+    store.finish_rekey().await?;
+    Ok(done)
+}

@@ -1,0 +1,224 @@
+//! The scope key: scopes are stored as HMAC-SHA256 under a secret kept
+//! outside the database (README "Keyed scope hashes"), so a copy of the
+//! store does not let anyone confirm a guessed credential offline.
+//!
+//! Invariants:
+//! - a stored scope is `hex(HMAC-SHA256(key, "idemgate-scope-v2\0" ||
+//!   digest))`, where `digest` is the SHA-256 scope of earlier versions:
+//!   a store written before keying is rewritten in place, once, in one
+//!   transaction (the backends' `key_scopes`), and its operations keep
+//!   their identities;
+//! - the store keeps a canary ([`ScopeKey::canary`]): a store keyed with
+//!   another key refuses to start, instead of making every key a new
+//!   operation;
+//! - a key file this module creates is mode 0600 from its creation.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::config::{StoreConfig, StoreUrl};
+
+/// Why no scope key could be had, or why the one given does not fit.
+#[derive(Debug, thiserror::Error)]
+pub enum ScopeKeyError {
+    #[error(
+        "a postgres:// store is shared by replicas, which must hash scopes with one key: set {DEFAULT_POSTGRES_ENV} (32 bytes in base64, e.g. `head -c 32 /dev/urandom | base64`), or name another variable in store.scope_key_env or a file in store.scope_key_file; the same key on every replica"
+    )]
+    SharedStoreNeedsKey,
+    #[error(
+        "the environment variable {0} (store.scope_key_env) is not set; it must hold a 32-byte key in base64"
+    )]
+    MissingEnv(String),
+    #[error("{source_name} does not hold a 32-byte key in base64: {reason}")]
+    Malformed { source_name: String, reason: String },
+    #[error("the scope key file {path}: {error}")]
+    File { path: String, error: std::io::Error },
+    #[error(
+        "the store's scopes were hashed with another scope key than {source_name}: give the key this store was used with (operations would otherwise all be new, and sent again)"
+    )]
+    Wrong { source_name: String },
+}
+
+/// The key scopes are hashed with, and where it came from (for messages).
+#[derive(Clone)]
+pub struct ScopeKey {
+    mac: Hmac<Sha256>,
+    source_name: String,
+}
+
+impl std::fmt::Debug for ScopeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ScopeKey({})", self.source_name)
+    }
+}
+
+impl ScopeKey {
+    pub fn new(key: &[u8; 32], source_name: &str) -> Self {
+        ScopeKey {
+            mac: Hmac::new_from_slice(key).unwrap_or_else(|_| unreachable!("HMAC takes any key")),
+            source_name: source_name.to_string(),
+        }
+    }
+
+    /// The key `store` names: `scope_key_env`, else `scope_key_file`, else
+    /// for SQLite `<store file>.scope-key`, created with a new random key
+    /// and mode 0600 when missing, and for PostgreSQL (whose replicas must
+    /// share it) the variable [`DEFAULT_POSTGRES_ENV`].
+    pub fn load(
+        store: &StoreConfig,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ScopeKeyError> {
+        if let Some(env) = &store.scope_key_env {
+            let text = lookup(env).ok_or_else(|| ScopeKeyError::MissingEnv(env.clone()))?;
+            let source_name = format!("the variable {env} (store.scope_key_env)");
+            return Ok(Self::new(&decode(&text, &source_name)?, &source_name));
+        }
+        match (&store.scope_key_file, &store.url) {
+            (Some(path), StoreUrl::Postgres(_)) => read_file(path, false),
+            (Some(path), StoreUrl::Sqlite(_)) => read_file(path, true),
+            (None, StoreUrl::Sqlite(db)) => read_file(&default_file(db), true),
+            (None, StoreUrl::Postgres(_)) => {
+                let text =
+                    lookup(DEFAULT_POSTGRES_ENV).ok_or(ScopeKeyError::SharedStoreNeedsKey)?;
+                let source_name = format!("the variable {DEFAULT_POSTGRES_ENV}");
+                Ok(Self::new(&decode(&text, &source_name)?, &source_name))
+            }
+        }
+    }
+
+    /// The scope as stored: `digest` (the SHA-256 scope) keyed.
+    pub fn keyed(&self, digest: &str) -> String {
+        let mut mac = self.mac.clone();
+        mac.update(b"idemgate-scope-v2\0");
+        mac.update(digest.as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// What the store keeps to recognise this key: a MAC of a constant,
+    /// which tells nothing about the key.
+    pub fn canary(&self) -> String {
+        let mut mac = self.mac.clone();
+        mac.update(b"idemgate-scope-canary-v1");
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// The error for a store whose canary is not this key's.
+    pub fn wrong(&self) -> ScopeKeyError {
+        ScopeKeyError::Wrong {
+            source_name: self.source_name.clone(),
+        }
+    }
+}
+
+/// Where a PostgreSQL store's scope key is read when the config names none.
+pub const DEFAULT_POSTGRES_ENV: &str = "IDEMGATE_SCOPE_KEY";
+
+/// The meta row the scope key's canary is kept in.
+pub const CANARY_ROW: &str = "scope-canary";
+
+/// `<store file>.scope-key`, beside the database.
+pub fn default_file(db: &Path) -> PathBuf {
+    let mut path = PathBuf::from(db);
+    path.as_mut_os_string().push(".scope-key");
+    path
+}
+
+fn decode(text: &str, source_name: &str) -> Result<[u8; 32], ScopeKeyError> {
+    let malformed = |reason: String| ScopeKeyError::Malformed {
+        source_name: source_name.to_string(),
+        reason,
+    };
+    let bytes = STANDARD
+        .decode(text.trim())
+        .map_err(|e| malformed(format!("not base64 ({e})")))?;
+    bytes
+        .try_into()
+        .map_err(|b: Vec<u8>| malformed(format!("{} bytes", b.len())))
+}
+
+/// The key in the file at `path`; a new one, written with mode 0600,
+/// when the file does not exist and `create` allows it.
+fn read_file(path: &Path, create: bool) -> Result<ScopeKey, ScopeKeyError> {
+    let file_error = |error| ScopeKeyError::File {
+        path: path.display().to_string(),
+        error,
+    };
+    let created = create && create_file(path).map_err(file_error)?;
+    let text = std::fs::read_to_string(path).map_err(file_error)?;
+    let mode = std::fs::metadata(path)
+        .map_err(file_error)?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            path = %path.display(),
+            mode = format!("{:o}", mode & 0o777),
+            "the scope key file can be read by other users; chmod 600 it"
+        );
+    }
+    let source_name = format!(
+        "the file {}{}",
+        path.display(),
+        if created { " (created just now)" } else { "" }
+    );
+    Ok(ScopeKey::new(&decode(&text, &source_name)?, &source_name))
+}
+
+/// Writes a new random key to `path` unless it exists; whether it did.
+fn create_file(path: &Path) -> std::io::Result<bool> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
+    let mut file = match file {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(error) => return Err(error),
+    };
+    let key = crate::store::StoreKey::generate_base64();
+    file.write_all(format!("{key}\n").as_bytes())?;
+    file.sync_all()?;
+    tracing::info!(path = %path.display(), "created a new scope key file");
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyed_scopes_depend_on_the_key_and_hide_the_digest() {
+        let (a, b) = (ScopeKey::new(&[1; 32], "a"), ScopeKey::new(&[2; 32], "b"));
+        let digest = "ab".repeat(32);
+        assert_eq!(a.keyed(&digest), a.keyed(&digest));
+        assert_ne!(a.keyed(&digest), b.keyed(&digest));
+        assert_ne!(a.keyed(&digest), digest);
+        assert_eq!(a.keyed(&digest).len(), 64);
+        assert_ne!(a.canary(), b.canary());
+    }
+
+    #[test]
+    fn a_key_file_is_created_once_with_mode_0600() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db.scope-key");
+        let first = read_file(&path, true).unwrap();
+        assert!(first.source_name.contains("created just now"));
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let again = read_file(&path, true).unwrap();
+        assert_eq!(first.canary(), again.canary());
+        assert!(!again.source_name.contains("created"));
+        assert!(read_file(&dir.path().join("missing"), false).is_err());
+        std::fs::write(&path, "short").unwrap();
+        let short = read_file(&path, true).unwrap_err().to_string();
+        assert!(short.contains("32-byte"), "{short}");
+    }
+}
