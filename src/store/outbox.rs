@@ -55,6 +55,22 @@ pub enum AlertOutcome {
     },
 }
 
+impl AlertPoll {
+    /// The distinct `unknown-aged` thresholds (ms) to look for this poll:
+    /// none unless it is `aging`.
+    pub fn aged_thresholds(&self) -> Vec<i64> {
+        let mut thresholds: Vec<i64> = self
+            .subscriptions
+            .iter()
+            .filter(|s| self.aging && s.event == "unknown-aged")
+            .map(|s| s.aged_after)
+            .collect();
+        thresholds.sort_unstable();
+        thresholds.dedup();
+        thresholds
+    }
+}
+
 impl AlertOutcome {
     /// The delivery's `next_at`, `done_at`, `outcome` and `last_error` once
     /// settled so at `now`.

@@ -19,14 +19,7 @@ pub async fn take_alerts(
     poll: &AlertPoll,
 ) -> Result<Vec<AlertDelivery>, StoreError> {
     let mut tx = pool.begin().await?;
-    let mut thresholds: Vec<i64> = poll
-        .subscriptions
-        .iter()
-        .filter(|s| poll.aging && s.event == "unknown-aged")
-        .map(|s| s.aged_after)
-        .collect();
-    thresholds.sort_unstable();
-    thresholds.dedup();
+    let thresholds = poll.aged_thresholds();
     sqlx::query(
         "INSERT INTO alert_outbox
             (event, at, route, operation_id, idem_key, state, evidence, aged_after)

@@ -13,14 +13,7 @@ use crate::store::{Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscript
 const FORGET_PER_POLL: u32 = 500;
 
 pub fn take_alerts(conn: &Connection, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError> {
-    let mut thresholds: Vec<i64> = poll
-        .subscriptions
-        .iter()
-        .filter(|s| poll.aging && s.event == "unknown-aged")
-        .map(|s| s.aged_after)
-        .collect();
-    thresholds.sort_unstable();
-    thresholds.dedup();
+    let thresholds = poll.aged_thresholds();
     for aged_after in thresholds {
         conn.prepare_cached(
             "INSERT INTO alert_outbox
