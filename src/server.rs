@@ -264,7 +264,7 @@ impl Gateway {
                 poster,
                 clock,
                 metrics.clone(),
-                alerts::console_base(admin_addr),
+                alerts::console_base(&config.server, admin_addr),
             ))
             .run(stop_accepting.clone()),
         );

@@ -296,3 +296,26 @@ async fn alerts_test_says_what_each_endpoint_answered() {
     let sample = json_of(&receiver.write_requests()[0]);
     assert_eq!(sample["event"], "test");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_link_the_console_over_https_when_the_admin_listener_has_a_certificate() {
+    let receiver = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(dir.path(), "ca");
+    let admin = ca.server_cert(dir.path(), "admin");
+    let server = format!(
+        "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"\n",
+        admin.cert.display(),
+        admin.key.display()
+    );
+    let route = alerted("", &receiver, "events = [\"operation-unknown\"]");
+    let gw = spawn_gateway_with(Setup::route(&route).server(&server)).await;
+    write(gw.addr(), "/drop", Some("tls-alert"), "{}").await;
+    receiver.wait_for_writes(1).await;
+    let alert = json_of(&requests_reach(&receiver, 1).await[0]);
+    let link = alert["console_url"].as_str().unwrap_or_default();
+    assert!(
+        link.starts_with(&format!("https://{}/#/op/", gw.admin_addr())),
+        "{link}"
+    );
+}

@@ -27,7 +27,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::clock::{Clock, SystemClock, rfc3339};
-use crate::config::{AlertConfig, AlertEvent, Config};
+use crate::config::{AlertConfig, AlertEvent, Config, ServerConfig};
 use crate::http_client;
 use crate::store::{Alert, AlertSubscription};
 
@@ -221,7 +221,10 @@ pub async fn test_endpoints(config: &Config) -> Result<(String, bool), AlertErro
     }
     let poster = Poster::new()?;
     let now = SystemClock.now_millis();
-    let body = payload(&sample(now), &console_base(config.server.admin_listen));
+    let body = payload(
+        &sample(now),
+        &console_base(&config.server, config.server.admin_listen),
+    );
     let (mut report, mut all) = (String::new(), true);
     for endpoint in &endpoints {
         let unix = u64::try_from(now / 1000).unwrap_or(0);
@@ -251,9 +254,15 @@ fn sample(now: i64) -> Alert {
     }
 }
 
-/// The console's base URL, as alerts link to it: the admin listener.
-pub fn console_base(admin: std::net::SocketAddr) -> String {
-    format!("http://{admin}/")
+/// The console's base URL, as alerts link to it: the admin listener at
+/// `admin`, over https when `server` gives it a certificate.
+pub fn console_base(server: &ServerConfig, admin: std::net::SocketAddr) -> String {
+    let scheme = if server.admin_tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    format!("{scheme}://{admin}/")
 }
 
 #[cfg(test)]
