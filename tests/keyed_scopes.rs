@@ -116,10 +116,9 @@ async fn stored_scopes(gateway: &TestGateway, schema: Option<&PgSchema>) -> Vec<
     }
 }
 
-async fn stored_scopes_are_keyed(backend: Backend) {
-    let Some((mut gateway, schema)) = gateway(backend).await else {
-        return;
-    };
+/// A gateway on `backend` that created the operation `k1`, then stopped.
+async fn stopped_after_one_write(backend: Backend) -> Option<(TestGateway, Option<PgSchema>)> {
+    let (mut gateway, schema) = gateway(backend).await?;
     assert_eq!(
         write(gateway.addr(), "/orders", Some("k1"), ORDER)
             .await
@@ -127,6 +126,13 @@ async fn stored_scopes_are_keyed(backend: Backend) {
         StatusCode::CREATED
     );
     gateway.shutdown().await;
+    Some((gateway, schema))
+}
+
+async fn stored_scopes_are_keyed(backend: Backend) {
+    let Some((gateway, schema)) = stopped_after_one_write(backend).await else {
+        return;
+    };
     let key_file = scope_key_file(&gateway, schema.as_ref());
     let stored = stored_scopes(&gateway, schema.as_ref()).await;
     let unkeyed = unkeyed_scope(ALICE);
@@ -251,16 +257,9 @@ async fn operations_from_before_keying_still_answer_on_postgres() {
 }
 
 async fn another_key_is_refused(backend: Backend) {
-    let Some((mut gateway, schema)) = gateway(backend).await else {
+    let Some((mut gateway, schema)) = stopped_after_one_write(backend).await else {
         return;
     };
-    assert_eq!(
-        write(gateway.addr(), "/orders", Some("k1"), ORDER)
-            .await
-            .status,
-        StatusCode::CREATED
-    );
-    gateway.shutdown().await;
     let file = scope_key_file(&gateway, schema.as_ref());
     let original = std::fs::read(&file).expect("key file");
     std::fs::write(&file, idemgate::store::StoreKey::generate_base64()).expect("other key");
