@@ -86,6 +86,10 @@ pub enum ProxyError {
     StoreUnreadable { source: StoreError },
     #[error("the outcome was sent upstream but could not be recorded yet; do not assume it failed")]
     StoreUnavailableAfterSend { operation: OperationRef },
+    #[error(
+        "this gateway replica could not prove that it still holds its store lease, so nothing was sent upstream; retry through any replica once the store answers"
+    )]
+    LeaseLost { operation: OperationRef },
     #[error("the upstream could not be reached; nothing was sent ({reason})")]
     UpstreamUnreachable {
         operation: Option<OperationRef>,
@@ -262,6 +266,12 @@ impl ProxyError {
                 "Store unavailable",
                 Some(operation),
             ),
+            LeaseLost { operation } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "lease-lost",
+                "Gateway lease lost",
+                Some(operation),
+            ),
             UpstreamUnreachable { operation, .. } => (
                 StatusCode::BAD_GATEWAY,
                 "upstream-unreachable",
@@ -302,7 +312,9 @@ impl ProxyError {
         let retry_after = match self {
             InProgress { .. } | Overloaded { .. } => Some(1),
             QuotaExceeded { spent, .. } => Some(spent.retry_after),
-            StoreUnavailable { .. } | StoreUnavailableAfterSend { .. } => Some(2),
+            StoreUnavailable { .. } | StoreUnavailableAfterSend { .. } | LeaseLost { .. } => {
+                Some(2)
+            }
             _ => None,
         };
         Problem {
@@ -333,7 +345,8 @@ impl ProxyError {
             OutcomeUnknown { .. } | StoreUnavailableAfterSend { .. } => Outcome::unknown,
             UpstreamUnreachable {
                 operation: Some(_), ..
-            } => Outcome::released,
+            }
+            | LeaseLost { .. } => Outcome::released,
             UpstreamUnreachable {
                 operation: None, ..
             }
@@ -364,7 +377,9 @@ impl ProxyError {
         let outcome = self.outcome();
         let store_failed = matches!(
             self,
-            ProxyError::StoreUnavailable { .. } | ProxyError::StoreUnavailableAfterSend { .. }
+            ProxyError::StoreUnavailable { .. }
+                | ProxyError::StoreUnavailableAfterSend { .. }
+                | ProxyError::LeaseLost { .. }
         );
         let problem = self.problem();
         let operation = problem.operation_id.clone();
@@ -543,6 +558,15 @@ mod tests {
             503,
             "store-unavailable",
         );
+        let lease = check(
+            ProxyError::LeaseLost {
+                operation: op(State::InProgress),
+            },
+            503,
+            "lease-lost",
+        );
+        assert_eq!(lease.retry_after, Some(2));
+        assert_eq!(lease.operation_id.as_deref(), Some("op-1"));
         check(
             ProxyError::UpstreamUnreachable {
                 operation: None,

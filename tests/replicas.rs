@@ -8,6 +8,12 @@
 //! - a replica SIGKILLed mid-request: once its lease runs out the other
 //!   reports the operation `unknown` (`replica-lost`) and never re-sends
 //!   it; restarted with the same config, the replica rejoins;
+//! - a replica whose lease ran low while it retried a connect sends
+//!   nothing (503 `lease-lost`), even after its peer marked the operation
+//!   lost, an operator resolved it and the retry went through the peer;
+//! - a replica frozen (SIGSTOP) with a write upstream, marked lost by its
+//!   peer: its client hears what the store holds — the late response
+//!   settles the operation within `late_window`, else 409 `outcome-unknown`;
 //! - retention sweeps wait for the replica that holds the sweep lock;
 //! - `idemgate migrate` run by several at once prepares the schema once.
 
@@ -29,7 +35,7 @@ const ADMIN_TOKEN: &str = "replicas-test-admin-token";
 fn replica_config(
     dir: &Path,
     schema: &PgSchema,
-    upstream: &FakeUpstream,
+    upstream_url: &str,
     route: &str,
     store: &str,
 ) -> std::path::PathBuf {
@@ -37,7 +43,7 @@ fn replica_config(
         .postgres(schema)
         .store(&format!("lease = \"1s\"\n{store}"))
         .server("admin_token_env = \"IDEMGATE_REPLICAS_TEST_TOKEN\"");
-    let toml = gateway_toml_with(&dir.join("unused.db"), &upstream.url(), &setup);
+    let toml = gateway_toml_with(&dir.join("unused.db"), upstream_url, &setup);
     write_config(dir, "replica.toml", &toml)
 }
 
@@ -72,7 +78,7 @@ impl Replicas {
         let schema = PgSchema::create().await?;
         let upstream = FakeUpstream::start().await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = replica_config(dir.path(), &schema, &upstream, route, store);
+        let config = replica_config(dir.path(), &schema, &upstream.url(), route, store);
         let a = start_replica(&config, &dir.path().join("a.log")).await;
         let b = start_replica(&config, &dir.path().join("b.log")).await;
         Some(Replicas {
@@ -289,4 +295,190 @@ async fn replicas_sweep_only_while_no_one_else_does() {
         assert!(tokio::time::Instant::now() < deadline, "{left} never swept");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A connection to the test database, for what a test does to the store
+/// behind the replicas' backs.
+async fn database() -> sqlx::PgConnection {
+    use sqlx::Connection;
+    sqlx::PgConnection::connect(&postgres_url())
+        .await
+        .expect("connect to the test database")
+}
+
+/// Polls `key`'s operation through the admin API at `admin` (once there
+/// is one) until `done`.
+async fn operation_until(
+    admin: std::net::SocketAddr,
+    key: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let path = format!("/admin/keys?key={key}");
+        let listed = admin_call(admin, "GET", &path, Some(ADMIN_TOKEN), "").await;
+        if listed.status == StatusCode::OK && listed.json()["items"][0].is_object() {
+            let op = operation_at(admin, ADMIN_TOKEN, key).await;
+            if done(&op) {
+                return op;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{key} still {:?}",
+            listed.body
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_past_its_lease_sends_nothing() {
+    let Some(schema) = PgSchema::create().await else {
+        return;
+    };
+    // The upstream refuses connections at first: A keeps retrying.
+    let port = closed_port().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("http://{port}");
+    let config = replica_config(dir.path(), &schema, &url, "connect_retries = 10", "");
+    let a = start_replica(&config, &dir.path().join("a.log")).await;
+    let b = start_replica(&config, &dir.path().join("b.log")).await;
+
+    let proxy = a.proxy;
+    let first = tokio::spawn(async move { write(proxy, "/orders", Some("fenced-1"), BODY).await });
+    let claimed = operation_until(b.admin, "fenced-1", |op| op["state"] == "in_progress").await;
+    let id = claimed["id"].as_str().expect("id").to_string();
+
+    // A's database link stalls: its `replicas` row is held by another
+    // transaction, so it cannot renew, while everything else goes on.
+    let mut stall = database().await;
+    sqlx::query("BEGIN").execute(&mut stall).await.unwrap();
+    let owner: String = sqlx::query_scalar(&format!(
+        "SELECT owner FROM {}.operations WHERE id = $1",
+        schema.name
+    ))
+    .bind(&id)
+    .fetch_one(&mut stall)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {}.replicas WHERE id = $1 FOR UPDATE",
+        schema.name
+    ))
+    .bind(&owner)
+    .execute(&mut stall)
+    .await
+    .unwrap();
+
+    // Past A's lease: held (B marks it `replica-lost`) or settled by A
+    // itself as never sent; an operator who finds nothing at the
+    // destination resolves a held one `not_attempted`, as the README says.
+    let settled = operation_until(b.admin, "fenced-1", |op| op["state"] != "in_progress").await;
+    if settled["state"] == "unknown" {
+        assert_eq!(settled["evidence"], "replica-lost", "{settled}");
+        let resolved = admin_call(
+            b.admin,
+            "POST",
+            &format!("/admin/keys/{id}/resolve"),
+            Some(ADMIN_TOKEN),
+            r#"{"outcome": "not_attempted", "operator": "ann"}"#,
+        )
+        .await;
+        assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    } else {
+        assert_eq!(
+            (&settled["state"], &settled["evidence"]),
+            (&"not_attempted".into(), &"lease-lost".into()),
+            "{settled}"
+        );
+    }
+
+    // The upstream comes up; the client's retry goes through B and sends
+    // attempt 2, while A would still be retrying its connect.
+    let upstream = FakeUpstream::start_on(port).await;
+    let retried = write_until(b.proxy, "/orders", "fenced-1", BODY, WAIT, |r| {
+        r.status == StatusCode::CREATED
+    })
+    .await;
+    assert_fresh_created(&retried);
+
+    // A's own attempt ends without a byte sent: its client hears so.
+    let first = tokio::time::timeout(WAIT * 2, first)
+        .await
+        .expect("A's attempt ends")
+        .expect("request task");
+    first.assert_operation_problem(503, "lease-lost", "not_attempted");
+    assert_eq!(upstream.writes(), 1, "one write for one key");
+    sqlx::query("ROLLBACK").execute(&mut stall).await.unwrap();
+
+    // A renews again and serves; the key is a replay everywhere.
+    let again = write_until(a.proxy, "/orders", "fenced-1", BODY, WAIT, |r| {
+        r.status == StatusCode::CREATED
+    })
+    .await;
+    assert_replay_of(&again, &retried);
+    assert_eq!(upstream.writes(), 1);
+    drop((a, b));
+}
+
+/// A replica frozen (SIGSTOP) while `/slow` holds its write, until its
+/// peer marks the operation lost; then, `after` the mark, thawed.
+async fn freeze_a_replica_mid_write(route: &str, after: Duration) -> Option<(Response, Replicas)> {
+    let replicas = Replicas::start(route).await?;
+    let proxy = replicas.a.proxy;
+    let first =
+        tokio::spawn(async move { write(proxy, "/slow?ms=300", Some("frozen-1"), BODY).await });
+    replicas.upstream.wait_for_writes(1).await;
+    replicas.a.signal("STOP");
+    operation_until(replicas.b.admin, "frozen-1", |op| op["state"] == "unknown").await;
+    tokio::time::sleep(after).await;
+    replicas.a.signal("CONT");
+    let first = tokio::time::timeout(WAIT, first)
+        .await
+        .expect("A answers once thawed")
+        .expect("request task");
+    Some((first, replicas))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_replicas_late_response_settles_what_its_peer_held() {
+    let Some((first, replicas)) = freeze_a_replica_mid_write("", Duration::ZERO).await else {
+        return;
+    };
+    // What A's client got is what the store holds: completed by the late
+    // response, replayed through either replica.
+    assert_fresh_created(&first);
+    let op = operation_at(replicas.b.admin, ADMIN_TOKEN, "frozen-1").await;
+    assert_eq!(
+        (&op["state"], &op["evidence"]),
+        (&"completed".into(), &"late-response".into()),
+        "{op}"
+    );
+    for proxy in [replicas.a.proxy, replicas.b.proxy] {
+        assert_replay_of(
+            &write(proxy, "/slow?ms=300", Some("frozen-1"), BODY).await,
+            &first,
+        );
+    }
+    assert_eq!(replicas.upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_replicas_response_past_the_late_window_is_not_told() {
+    let late_window = Duration::from_secs(1);
+    let frozen =
+        freeze_a_replica_mid_write("late_window = \"1s\"", late_window + late_window / 2).await;
+    let Some((first, replicas)) = frozen else {
+        return;
+    };
+    // The store holds it unknown: so does what A's client hears.
+    first.assert_operation_problem(409, "outcome-unknown", "unknown");
+    let op = operation_at(replicas.b.admin, ADMIN_TOKEN, "frozen-1").await;
+    assert_eq!(op["state"], "unknown", "{op}");
+    let kept = events_of(&op, "outcome-not-recorded");
+    assert_eq!(kept.len(), 1, "{op}");
+    assert_eq!(kept[0]["status"], 201, "the operator sees what came back");
+    assert_held_unknown(&write(replicas.b.proxy, "/slow?ms=300", Some("frozen-1"), BODY).await);
+    assert_eq!(replicas.upstream.writes(), 1);
 }

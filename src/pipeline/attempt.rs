@@ -29,7 +29,7 @@ use crate::pipeline::claim::InFlightGuard;
 use crate::pipeline::fingerprint::{ExactDigest, Fingerprint};
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
 use crate::pipeline::quota::StoredCharge;
-use crate::pipeline::record::{self, Released, Reply, SettleGuard, Settled};
+use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::replay::ReplayCache;
 use crate::reconcile::Reconciler;
 use crate::store::{Claim, Event, Recorded, Settlement, Store, StoredResponse};
@@ -70,9 +70,11 @@ impl Attempt {
         let guard = SettleGuard::new(self.store.clone(), self.claim.clone());
         let route = &self.active.route;
         let started = Instant::now();
-        let sent = forward::send_write(&self.active.client, route, &self.request).await;
+        let fence = self.store.fence();
+        let sent = forward::send_write(&self.active.writes, route, &self.request, &fence).await;
         self.metrics
             .upstream_duration(&route.name, started.elapsed().as_secs_f64());
+        let fenced = matches!(sent.exchange, Exchange::Fenced { .. });
         let Settled {
             settlement,
             events,
@@ -97,43 +99,82 @@ impl Attempt {
             });
             drop(reply.send(response));
         };
-        let recorded = match self.store.record(&self.claim, &settlement, &events).await {
-            Ok(recorded) => {
-                if recorded == Recorded::Stale {
-                    tracing::warn!(operation_id = %self.claim.operation_id, "the operation changed while its attempt was in flight");
-                }
+        if fenced {
+            // Nothing was sent, whatever the store says later: the client
+            // hears so at once, and the record (`not_attempted`, a
+            // compare-and-set that loses to a peer's `replica-lost`) goes on
+            // while the store is slow, as the lease trouble suggests.
+            deliver(response);
+            drop(self.in_flight.take());
+            self.keep_recording(&settlement, &events).await;
+            guard.disarm();
+            return;
+        }
+        // Whether the store holds this attempt `unknown` once recorded, so
+        // that a probe or a late response may settle it.
+        let follow = match self.store.record(&self.claim, &settlement, &events).await {
+            Ok(Recorded::Applied) => {
                 // The latch trips before the client hears of the loss, so
                 // no write sent after that answer can slip past it.
-                if held && recorded == Recorded::Applied {
+                if held {
                     self.trip_pause_latch().await;
                 }
-                if recorded == Recorded::Applied {
-                    self.hand_over(&settlement, released, recorded_at);
-                }
+                self.hand_over(&settlement, released, recorded_at);
                 deliver(response);
-                Some(recorded)
+                held
+            }
+            Ok(Recorded::Stale) => {
+                tracing::warn!(operation_id = %self.claim.operation_id, "the operation changed while its attempt was in flight");
+                let after = record::after_stale(
+                    self.store.as_ref(),
+                    &self.claim,
+                    &settlement,
+                    &self.fingerprint,
+                    route.late_window,
+                    self.clock.now_millis(),
+                )
+                .await;
+                match after {
+                    AfterStale::SettledLate => {
+                        tracing::info!(operation_id = %self.claim.operation_id, "a response that came after a peer held the operation settled it");
+                        self.hand_over(&settlement, None, recorded_at);
+                        deliver(response);
+                        false
+                    }
+                    AfterStale::Stored { reply, held: still } => {
+                        deliver(reply);
+                        held && still
+                    }
+                }
             }
             Err(error) => {
                 tracing::error!(operation_id = %self.claim.operation_id, %error, "cannot record the outcome; retrying");
                 deliver(Err(record::unrecorded(&self.claim)));
-                let recorded = record::keep_recording(
-                    self.store.as_ref(),
-                    &self.claim,
-                    &settlement,
-                    &events,
-                    &self.give_up,
-                )
-                .await;
-                if held && recorded == Some(Recorded::Applied) {
+                let recorded = self.keep_recording(&settlement, &events).await;
+                let applied = recorded == Some(Recorded::Applied);
+                if held && applied {
                     self.trip_pause_latch().await;
                 }
-                recorded
+                held && applied
             }
         };
         guard.disarm();
-        if held && recorded == Some(Recorded::Applied) {
+        if follow {
             self.follow_up(sent.late).await;
         }
+    }
+
+    /// Records `settlement` in the background of a client already
+    /// answered ([`record::keep_recording`]).
+    async fn keep_recording(&self, settlement: &Settlement, events: &[Event]) -> Option<Recorded> {
+        record::keep_recording(
+            self.store.as_ref(),
+            &self.claim,
+            settlement,
+            events,
+            &self.give_up,
+        )
+        .await
     }
 
     /// What the duplicates of this attempt see once its outcome is
@@ -222,6 +263,16 @@ impl Attempt {
             Exchange::Classified { head, .. } | Exchange::Released { head, .. } => {
                 self.metrics.late_response(&self.active.route.name);
                 let detail = json!({ "status": head.status.as_u16(), "settles": false });
+                return self
+                    .add_event(&Event {
+                        kind: "late-response",
+                        detail,
+                    })
+                    .await;
+            }
+            Exchange::Fenced { .. } => {
+                let detail =
+                    json!({ "error": "not written: this gateway no longer held its lease" });
                 return self
                     .add_event(&Event {
                         kind: "late-response",

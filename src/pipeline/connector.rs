@@ -11,6 +11,11 @@
 //! `upstream_timeout`, which recorded it `unknown` (seen in stress runs of
 //! a few thousand refused handshakes). Reading after the first write
 //! instead, the failure reaches the request itself, with its cause.
+//!
+//! A connector for claimed writes also carries the store's [`Fence`]: a
+//! connection that came up after the fence stopped holding (a connect
+//! that took long while the replica's lease ran low) is dropped before
+//! anything is written to it, with [`FenceDown`] as the connect error.
 
 use std::future::Future;
 use std::io;
@@ -24,9 +29,21 @@ use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-/// [`HttpsConnector`] whose connections are [`WriteFirst`].
+use crate::store::Fence;
+
+/// [`HttpsConnector`] whose connections are [`WriteFirst`], checked
+/// against `fence` once up, if it has one.
 #[derive(Clone)]
-pub struct UpstreamConnector(pub HttpsConnector<HttpConnector>);
+pub struct UpstreamConnector {
+    pub https: HttpsConnector<HttpConnector>,
+    pub fence: Option<Fence>,
+}
+
+/// The connect error of a connection refused by the fence: nothing was
+/// written to it.
+#[derive(Debug, thiserror::Error)]
+#[error("this gateway can no longer prove its claim on the operation (its store lease ran low)")]
+pub struct FenceDown;
 
 type Inner = MaybeHttpsStream<TokioIo<TcpStream>>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -37,14 +54,19 @@ impl tower_service::Service<Uri> for UpstreamConnector {
     type Future = Pin<Box<dyn Future<Output = Result<WriteFirst, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.0.poll_ready(cx)
+        self.https.poll_ready(cx)
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let connecting = self.0.call(uri);
+        let connecting = self.https.call(uri);
+        let fence = self.fence.clone();
         Box::pin(async move {
+            let inner = connecting.await?;
+            if fence.is_some_and(|fence| !fence.holds()) {
+                return Err(FenceDown.into());
+            }
             Ok(WriteFirst {
-                inner: connecting.await?,
+                inner,
                 written: false,
                 reader: None,
             })

@@ -31,8 +31,9 @@ use crate::body::{ProxyBody, full, stream};
 use crate::config::Route;
 use crate::metrics::Outcome;
 use crate::pipeline::budget::Reservation;
-use crate::pipeline::connector::UpstreamConnector;
+use crate::pipeline::connector::{FenceDown, UpstreamConnector};
 use crate::problem::ProxyError;
+use crate::store::Fence;
 use crate::tls::TlsError;
 
 pub type UpstreamClient = Client<UpstreamConnector, ProxyBody>;
@@ -47,7 +48,9 @@ const BACKOFF_CAP: Duration = Duration::from_secs(2);
 /// trusting the webpki roots and the route's `upstream_ca`, presenting its
 /// client certificate if it has one. A TLS handshake runs inside the
 /// connector, so its failure is a connect error: the request was not written.
-pub fn client(route: &Route) -> Result<UpstreamClient, TlsError> {
+/// With a `fence` (the client of claimed writes), a connection that comes
+/// up after the fence stopped holding is dropped unwritten.
+pub fn client(route: &Route, fence: Option<Fence>) -> Result<UpstreamClient, TlsError> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -59,7 +62,7 @@ pub fn client(route: &Route) -> Result<UpstreamClient, TlsError> {
         .wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .build(UpstreamConnector(https)))
+        .build(UpstreamConnector { https, fence }))
 }
 
 /// Removes hop-by-hop headers: the fixed RFC 9110 set and any the
@@ -250,6 +253,9 @@ impl WriteRequest {
 pub enum Exchange {
     /// No byte was written after every connect retry.
     NotSent { attempts: u32, reason: String },
+    /// No byte was written: before try `attempts` the store's fence no
+    /// longer held, so this process may no longer own the operation.
+    Fenced { attempts: u32 },
     /// Written (or maybe written) but no complete response came back.
     Lost { cause: LostCause, reason: String },
     /// A response whose status is one of the route's `unknown_statuses`
@@ -310,16 +316,27 @@ pub struct Sent {
 }
 
 /// Sends a write and reads its response, retrying only connect failures.
+/// Before every try, and on every new connection before it is written
+/// (`client`'s connector), `fence` must hold, or nothing is written.
 /// On `upstream_timeout` the exchange is not dropped: [`Sent::late`] goes on
 /// listening, for the caller to bound by `late_window`.
 pub async fn send_write(
     client: &UpstreamClient,
     route: &Arc<Route>,
     request: &WriteRequest,
+    fence: &Fence,
 ) -> Sent {
     let mut tries = 0;
     loop {
         tries += 1;
+        let fenced = Sent {
+            exchange: Exchange::Fenced { attempts: tries },
+            tries,
+            late: None,
+        };
+        if !fence.holds() {
+            return fenced;
+        }
         let deadline = Instant::now() + route.upstream_timeout;
         let mut pending = Box::pin(client.request(request.build()));
         let (exchange, late) = match timeout_at(deadline, pending.as_mut()).await {
@@ -337,6 +354,7 @@ pub async fn send_write(
                 )
             }
             Ok(Ok(response)) => read_response(response, route, Some(deadline)).await,
+            Ok(Err(e)) if fenced_off(&e) => return fenced,
             Ok(Err(e)) if not_written(&e) && tries <= route.connect_retries => {
                 tokio::time::sleep(backoff(tries - 1)).await;
                 continue;
@@ -374,6 +392,16 @@ pub async fn send_write(
 /// request itself.)
 fn not_written(error: &hyper_util::client::legacy::Error) -> bool {
     error.is_connect() || handshake_refused(error)
+}
+
+/// Whether the connector dropped a new connection unwritten because the
+/// fence stopped holding while it connected.
+fn fenced_off(error: &hyper_util::client::legacy::Error) -> bool {
+    let causes: &(dyn std::error::Error + 'static) = error;
+    error.is_connect()
+        && std::iter::successors(Some(causes), |e| e.source())
+            .take(16)
+            .any(|e| e.is::<FenceDown>())
 }
 
 /// A handshake alert from the upstream anywhere in `error`'s causes

@@ -68,10 +68,15 @@ use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
 use quota::{Quotas, StoredCharge};
 use replay::ReplayCache;
 
-/// A configured route with its pooled upstream client.
+/// A configured route with its pooled upstream clients.
 pub struct ActiveRoute {
     route: Arc<Route>,
+    /// Pass-through requests and reconcile probes.
     client: UpstreamClient,
+    /// Claimed writes: its connections are checked against the store's
+    /// fence before anything is written to them. A pool of its own, so a
+    /// replica that lost its lease still passes reads through.
+    writes: UpstreamClient,
     /// Mirrors the stored pause; the store is the truth across restarts.
     paused: AtomicBool,
 }
@@ -123,7 +128,8 @@ impl Proxy {
             .map(|route| {
                 Ok(Arc::new(ActiveRoute {
                     route: Arc::new(route.clone()),
-                    client: forward::client(route)?,
+                    client: forward::client(route, None)?,
+                    writes: forward::client(route, Some(store.fence()))?,
                     paused: AtomicBool::new(paused.contains(&route.name)),
                 }))
             })

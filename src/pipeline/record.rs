@@ -4,6 +4,11 @@
 //! Invariants:
 //! - the outcome is durable before the client learns it, so a client that
 //!   retries after seeing a response always gets the same one replayed;
+//! - a client hears only what the store holds: when recording loses its
+//!   compare-and-set (a peer marked the attempt `replica-lost`, an
+//!   operator resolved it), [`after_stale`] reads the operation and either
+//!   settles it `completed` by the late-response rule or answers what a
+//!   retry would get — never the response the store refused;
 //! - an attempt is never left `in_progress` by a live process: if the store
 //!   refuses the record, the client gets 503 and recording is retried in the
 //!   background until it lands (or, at shutdown, left for the next start to
@@ -12,6 +17,9 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use crate::clock;
+use crate::pipeline::fingerprint::Fingerprint;
 
 use http::{Response, StatusCode};
 use serde_json::json;
@@ -22,7 +30,7 @@ use crate::metrics::Outcome;
 use crate::pipeline::forward::{Exchange, LostCause};
 use crate::pipeline::replay;
 use crate::problem::{OperationRef, ProxyError};
-use crate::store::{Claim, Event, Recorded, Settlement, State, Store, StoredResponse};
+use crate::store::{Claim, Event, Operation, Recorded, Settlement, State, Store, StoredResponse};
 
 /// Backoff between attempts to record an outcome the store refused.
 const RECORD_RETRY: Duration = Duration::from_millis(200);
@@ -76,7 +84,7 @@ impl Released {
 /// The settlement, its events, and the reply for an exchange that took
 /// `tries` connection attempts to send `bytes` of body.
 pub fn settle(claim: &Claim, exchange: Exchange, tries: u32, bytes: usize) -> Settled {
-    let written = !matches!(exchange, Exchange::NotSent { .. });
+    let written = !matches!(exchange, Exchange::NotSent { .. } | Exchange::Fenced { .. });
     let released = match &exchange {
         Exchange::NotSent { reason, .. } => Some(Released::Unreachable {
             reason: reason.clone(),
@@ -122,6 +130,18 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
         state,
     };
     match exchange {
+        Exchange::Fenced { attempts } => (
+            Settlement::NotAttempted {
+                evidence: "lease-lost".into(),
+            },
+            vec![Event {
+                kind: "lease-lost",
+                detail: json!({ "tries": attempts }),
+            }],
+            Err(ProxyError::LeaseLost {
+                operation: operation(State::NotAttempted),
+            }),
+        ),
         Exchange::NotSent { attempts, reason } => (
             Settlement::NotAttempted {
                 evidence: "connect-failed".into(),
@@ -238,6 +258,113 @@ pub fn unrecorded(claim: &Claim) -> ProxyError {
             id: claim.operation_id.clone(),
             state: State::InProgress,
         },
+    }
+}
+
+/// What the client of an attempt whose record lost its compare-and-set
+/// hears ([`after_stale`]).
+pub enum AfterStale {
+    /// A peer had marked the attempt `unknown` and its response arrived
+    /// within the route's `late_window`: the operation is now `completed`
+    /// with that response (evidence `late-response`), which the client
+    /// gets as a first answer.
+    SettledLate,
+    /// The store holds something else: `reply` is what a retry would get
+    /// from it; `held` says the store still holds this very attempt
+    /// `unknown`, so a probe or a late response may still settle it.
+    Stored { reply: Reply, held: bool },
+}
+
+/// The one rule for an attempt whose [`Store::record`] came back
+/// [`Recorded::Stale`] at `now` (ms, the store's clock): the client hears
+/// what the store holds. A completed response may still settle a peer's
+/// `unknown` mark of this attempt by the late-response rule; otherwise the
+/// outcome the store refused is kept in the timeline, as evidence for
+/// the operator, and the client gets the store's answer.
+pub async fn after_stale(
+    store: &dyn Store,
+    claim: &Claim,
+    settlement: &Settlement,
+    fingerprint: &Fingerprint,
+    late_window: Duration,
+    now: i64,
+) -> AfterStale {
+    let held_here = |op: &Operation| op.state == State::Unknown && op.attempt == claim.attempt;
+    let mut current = match read_operation(store, claim).await {
+        Ok(operation) => operation,
+        Err(reply) => return AfterStale::Stored { reply, held: false },
+    };
+    match settlement {
+        Settlement::Completed { response }
+            if held_here(&current)
+                && now.saturating_sub(current.updated_at) <= clock::millis(late_window) =>
+        {
+            let event = Event {
+                kind: "late-response",
+                detail: json!({
+                    "status": response.status,
+                    "attempt": claim.attempt,
+                    "held_as": current.evidence,
+                }),
+            };
+            let settled = store
+                .settle_held(
+                    &claim.operation_id,
+                    Some(claim.attempt),
+                    response,
+                    "late-response",
+                    &event,
+                )
+                .await;
+            match settled {
+                Ok(true) => return AfterStale::SettledLate,
+                // Settled otherwise meanwhile (a probe, an operator).
+                Ok(false) => match read_operation(store, claim).await {
+                    Ok(operation) => current = operation,
+                    Err(reply) => return AfterStale::Stored { reply, held: false },
+                },
+                Err(error) => {
+                    tracing::warn!(operation_id = %claim.operation_id, %error, "cannot settle a late response");
+                    return AfterStale::Stored {
+                        reply: Err(unrecorded(claim)),
+                        held: false,
+                    };
+                }
+            }
+        }
+        _ => {
+            let event = Event {
+                kind: "outcome-not-recorded",
+                detail: json!({
+                    "attempt": claim.attempt,
+                    "state": settlement.state().as_str(),
+                    "evidence": settlement.evidence(),
+                    "status": settlement.response().map(|r| r.status),
+                    "store_held": current.state.as_str(),
+                }),
+            };
+            if let Err(error) = store.add_event(&claim.operation_id, &event).await {
+                tracing::warn!(operation_id = %claim.operation_id, %error, "cannot record an event");
+            }
+        }
+    }
+    AfterStale::Stored {
+        reply: replay::answer_existing(&current, fingerprint),
+        held: held_here(&current),
+    }
+}
+
+/// The operation `claim` is an attempt of, as the store holds it now; a
+/// store that does not answer gets the client the answer for an outcome
+/// not recorded yet.
+async fn read_operation(store: &dyn Store, claim: &Claim) -> Result<Operation, Reply> {
+    match store.get(&claim.operation_id).await {
+        Ok(Some((operation, _))) => Ok(operation),
+        Ok(None) => Err(Err(unrecorded(claim))),
+        Err(error) => {
+            tracing::warn!(operation_id = %claim.operation_id, %error, "cannot read an operation whose record was refused");
+            Err(Err(unrecorded(claim)))
+        }
     }
 }
 

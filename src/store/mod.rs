@@ -7,6 +7,7 @@
 //! (with its `sent` and `response` events). All SQL lives in this module's
 //! backends.
 
+pub mod fence;
 mod outbox;
 mod postgres;
 pub mod seal;
@@ -21,6 +22,7 @@ use crate::config::{StoreConfig, StoreUrl};
 use crate::metrics::StoreBatches;
 use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{ScopeKey, ScopeKeyError};
+pub use fence::Fence;
 pub use outbox::{Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription};
 pub use postgres::PostgresStore;
 pub use seal::{Seal, SealError, StoreKey};
@@ -321,7 +323,7 @@ pub enum Settlement {
 }
 
 impl Settlement {
-    fn state(&self) -> State {
+    pub fn state(&self) -> State {
         match self {
             Settlement::Completed { .. } => State::Completed,
             Settlement::NotAttempted { .. } => State::NotAttempted,
@@ -330,14 +332,14 @@ impl Settlement {
     }
 
     /// The upstream's response, when it settles the attempt.
-    fn response(&self) -> Option<&StoredResponse> {
+    pub fn response(&self) -> Option<&StoredResponse> {
         match self {
             Settlement::Completed { response } => Some(response),
             _ => None,
         }
     }
 
-    fn evidence(&self) -> &str {
+    pub fn evidence(&self) -> &str {
         match self {
             Settlement::Completed { .. } => "response",
             Settlement::NotAttempted { evidence } | Settlement::Unknown { evidence } => evidence,
@@ -440,6 +442,11 @@ pub trait Store: Send + Sync {
     ///
     /// [`shared`]: Store::shared
     async fn recover(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Whether this process may still write the attempts it claimed
+    /// ([`fence`]): checked right before each is written, since a claim's
+    /// ownership can end while its attempt is on its way.
+    fn fence(&self) -> Fence;
 
     /// Whether other gateway processes (replicas) share this store: then
     /// each replica calls [`Store::recover`] periodically, re-reads the

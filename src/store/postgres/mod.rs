@@ -18,7 +18,9 @@
 //!   expire; the claim statement also refuses an owner whose lease ran out
 //!   by the database's clock. An attempt already in flight when its lease
 //!   runs out may be marked lost by a peer: its record then loses its
-//!   compare-and-set and the operation stays `unknown`, never sent again;
+//!   compare-and-set and its client hears what the store holds
+//!   (ARCHITECTURE.md §4); an attempt not yet written when the
+//!   lease runs low is never written ([`Fence`]);
 //! - a duplicate waiting (wait mode) for another replica's attempt polls
 //!   the store (the claim phase's bounded poll) instead of LISTEN/NOTIFY:
 //!   a notification would need a dedicated connection per replica and a
@@ -39,13 +41,13 @@ mod statements;
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
+use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, Seal};
 use super::{
     AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
@@ -78,35 +80,14 @@ pub struct PostgresStore {
     batches: StoreBatches,
     /// This replica's instance id, written as `owner` on every claim.
     owner: Arc<str>,
-    lease: Arc<Lease>,
+    /// The lease as this process sees it: claims and sends stop when it
+    /// no longer provably runs.
+    fence: Fence,
     clock: Arc<dyn Clock>,
     /// Stops the lease renewal at close.
     renewal: CancellationToken,
     /// Seals payloads on the way in, opens them on the way out.
     seal: Seal,
-}
-
-/// This replica's lease as this process sees it, on its monotonic clock.
-struct Lease {
-    length: Duration,
-    base: Instant,
-    /// Claims are allowed until `base` + this many ms.
-    usable_until: AtomicU64,
-}
-
-impl Lease {
-    /// A renewal sent at `sent` succeeded: the database's lease ends no
-    /// earlier than `sent + length`; claims stop at four fifths of that.
-    fn renewed(&self, sent: Instant) {
-        let usable = sent + self.length * 4 / 5;
-        let ms = u64::try_from(usable.duration_since(self.base).as_millis()).unwrap_or(u64::MAX);
-        self.usable_until.fetch_max(ms, Ordering::SeqCst);
-    }
-
-    fn usable(&self) -> bool {
-        let now = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
-        now < self.usable_until.load(Ordering::SeqCst)
-    }
 }
 
 /// The options `url` names, with the durability asked for.
@@ -172,20 +153,23 @@ impl PostgresStore {
             pool.close().await;
             return Err(error);
         }
-        let lease = Arc::new(Lease {
-            length: lease,
-            base: Instant::now(),
-            usable_until: AtomicU64::new(0),
-        });
+        let fence = Fence::leased(lease);
         let sent = Instant::now();
-        statements::renew_lease(&pool, &owner, clock::millis(lease.length)).await?;
-        lease.renewed(sent);
+        statements::renew_lease(&pool, &owner, clock::millis(lease)).await?;
+        fence.renewed(sent);
         let owner: Arc<str> = owner.into();
         let renewal = CancellationToken::new();
+        // A connection of its own: a renewal never queues for a connection
+        // behind the requests' statements, whose load must not cost the
+        // lease (and so every send, through the fence).
+        let lease_link = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(lease / 3)
+            .connect_lazy_with(options(url, Durability::Full)?);
         tokio::spawn(renew(
-            pool.clone(),
+            lease_link,
             owner.clone(),
-            lease.clone(),
+            (lease, fence.clone()),
             renewal.clone(),
         ));
         let batches = StoreBatches::new(&["claim", "record"]);
@@ -209,7 +193,7 @@ impl PostgresStore {
             records,
             batches,
             owner,
-            lease,
+            fence,
             clock,
             renewal,
             seal,
@@ -237,25 +221,31 @@ async fn check_keys(pool: &PgPool, seal: &Seal, scope: &ScopeKey) -> Result<(), 
 }
 
 /// Renews the lease every third of its length until `stop`. A renewal
-/// that fails or hangs is retried at the next tick; meanwhile claims stop
-/// once the last good one is too old ([`Lease::usable`]).
-async fn renew(pool: PgPool, owner: Arc<str>, lease: Arc<Lease>, stop: CancellationToken) {
-    let every = lease.length / 3;
+/// that fails or hangs is retried at the next tick; meanwhile claims and
+/// sends stop once the last good one is too old ([`Fence::holds`]).
+/// `pool` is the lease's own connection, closed when renewing stops.
+async fn renew(
+    pool: PgPool,
+    owner: Arc<str>,
+    (lease, fence): (Duration, Fence),
+    stop: CancellationToken,
+) {
+    let every = lease / 3;
     let mut failing = false;
     loop {
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => return pool.close().await,
             _ = tokio::time::sleep(every) => {}
         }
         let sent = Instant::now();
         let renewed = tokio::time::timeout(
             every,
-            statements::renew_lease(&pool, &owner, clock::millis(lease.length)),
+            statements::renew_lease(&pool, &owner, clock::millis(lease)),
         )
         .await;
         match renewed {
             Ok(Ok(())) => {
-                lease.renewed(sent);
+                fence.renewed(sent);
                 if std::mem::take(&mut failing) {
                     tracing::info!("replica lease renewed again; claiming resumes");
                 }
@@ -285,7 +275,7 @@ impl Drop for PostgresStore {
 #[async_trait]
 impl Store for PostgresStore {
     async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
-        if !self.lease.usable() {
+        if !self.fence.holds() {
             return Err(StoreError::Busy(
                 "this replica could not renew its lease in the store".into(),
             ));
@@ -334,6 +324,10 @@ impl Store for PostgresStore {
             );
         }
         Ok(routes)
+    }
+
+    fn fence(&self) -> Fence {
+        self.fence.clone()
     }
 
     fn shared(&self) -> bool {
@@ -449,7 +443,7 @@ impl Store for PostgresStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         let runs = statements::lease_runs(&self.pool, &self.owner).await?;
-        if !runs || !self.lease.usable() {
+        if !runs || !self.fence.holds() {
             return Err(StoreError::Busy(
                 "this replica could not renew its lease in the store".into(),
             ));
@@ -458,6 +452,7 @@ impl Store for PostgresStore {
     }
 
     async fn close(&self) {
+        self.fence.close();
         self.renewal.cancel();
         let now = self.clock.now_millis();
         let this = Owners::This(&self.owner);

@@ -32,6 +32,7 @@ use rusqlite::Connection;
 use sqlx::ConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
+use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, Seal};
 use super::{
     AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
@@ -56,6 +57,9 @@ pub struct SqliteStore {
     clock: Arc<dyn Clock>,
     /// Seals payloads on the way in, opens them on the way out.
     seal: Seal,
+    /// Holds from open to close: the file lock keeps every other process
+    /// from taking this one's attempts.
+    fence: Fence,
 }
 
 impl SqliteStore {
@@ -94,6 +98,7 @@ impl SqliteStore {
             lock: Mutex::new(Some(lock)),
             clock,
             seal: keys.seal,
+            fence: Fence::unshared(),
         };
         if let Err(error) = store.check_keys(keys.scope).await {
             store.writer.stop().await;
@@ -200,6 +205,10 @@ fn lock_file(path: &Path, store_name: &str) -> Result<File, StoreError> {
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn fence(&self) -> Fence {
+        self.fence.clone()
+    }
+
     fn batches(&self) -> &StoreBatches {
         &self.batches
     }
@@ -403,6 +412,7 @@ impl Store for SqliteStore {
     }
 
     async fn close(&self) {
+        self.fence.close();
         let (owner, now) = (self.owner.clone(), self.clock.now_millis());
         let marked = self
             .writer
