@@ -30,8 +30,15 @@ use tokio::task::JoinSet;
 const BODY: &str = r#"{"order":"o-1","amount":250}"#;
 const ADMIN_TOKEN: &str = "replicas-test-admin-token";
 
-/// Two replicas' config: the shared schema, a short lease and `store`
-/// lines, `route` lines.
+/// A lease short enough for a test to wait out, for the tests about lost
+/// replicas.
+const SHORT_LEASE: &str = "lease = \"1s\"";
+/// The default lease, for tests that lose no replica: a loaded machine
+/// never costs them a lease.
+const LEASE: &str = "";
+
+/// Two replicas' config: the shared schema, `store` lines (with the
+/// lease), `route` lines.
 fn replica_config(
     dir: &Path,
     schema: &PgSchema,
@@ -41,7 +48,7 @@ fn replica_config(
 ) -> std::path::PathBuf {
     let setup = Setup::route(route)
         .postgres(schema)
-        .store(&format!("lease = \"1s\"\n{store}"))
+        .store(store)
         .server("admin_token_env = \"IDEMGATE_REPLICAS_TEST_TOKEN\"");
     let toml = gateway_toml_with(&dir.join("unused.db"), upstream_url, &setup);
     write_config(dir, "replica.toml", &toml)
@@ -68,9 +75,10 @@ struct Replicas {
 }
 
 impl Replicas {
-    /// `None` (said why) without PostgreSQL outside CI.
+    /// `None` (said why) without PostgreSQL outside CI. With the
+    /// default lease; [`Replicas::start_with`] names one.
     async fn start(route: &str) -> Option<Replicas> {
-        Replicas::start_with(route, "").await
+        Replicas::start_with(route, LEASE).await
     }
 
     /// Like [`Replicas::start`], with `store` lines.
@@ -171,7 +179,7 @@ async fn a_duplicate_waits_for_the_other_replicas_attempt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replicas_request_is_unknown_and_the_replica_rejoins() {
-    let Some(replicas) = Replicas::start("").await else {
+    let Some(replicas) = Replicas::start_with("", SHORT_LEASE).await else {
         return;
     };
     let (upstream, mut a, b) = (&replicas.upstream, replicas.a, replicas.b);
@@ -341,7 +349,13 @@ async fn a_replica_past_its_lease_sends_nothing() {
     let port = closed_port().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("http://{port}");
-    let config = replica_config(dir.path(), &schema, &url, "connect_retries = 10", "");
+    let config = replica_config(
+        dir.path(),
+        &schema,
+        &url,
+        "connect_retries = 10",
+        SHORT_LEASE,
+    );
     let a = start_replica(&config, &dir.path().join("a.log")).await;
     let b = start_replica(&config, &dir.path().join("b.log")).await;
 
@@ -425,7 +439,7 @@ async fn a_replica_past_its_lease_sends_nothing() {
 /// A replica frozen (SIGSTOP) while `/slow` holds its write, until its
 /// peer marks the operation lost; then, `after` the mark, thawed.
 async fn freeze_a_replica_mid_write(route: &str, after: Duration) -> Option<(Response, Replicas)> {
-    let replicas = Replicas::start(route).await?;
+    let replicas = Replicas::start_with(route, SHORT_LEASE).await?;
     let proxy = replicas.a.proxy;
     let first =
         tokio::spawn(async move { write(proxy, "/slow?ms=300", Some("frozen-1"), BODY).await });

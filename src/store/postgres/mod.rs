@@ -164,7 +164,7 @@ impl PostgresStore {
         // lease (and so every send, through the fence).
         let lease_link = PgPoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(lease / 3)
+            .acquire_timeout(lease * 4 / 5)
             .connect_lazy_with(options(url, Durability::Full)?);
         tokio::spawn(renew(
             lease_link,
@@ -220,10 +220,12 @@ async fn check_keys(pool: &PgPool, seal: &Seal, scope: &ScopeKey) -> Result<(), 
     Ok(())
 }
 
-/// Renews the lease every third of its length until `stop`. A renewal
-/// that fails or hangs is retried at the next tick; meanwhile claims and
-/// sends stop once the last good one is too old ([`Fence::holds`]).
-/// `pool` is the lease's own connection, closed when renewing stops.
+/// Renews the lease every third of its length until `stop`: each renewal
+/// starts a third of a lease after the previous one started, however long
+/// that one took, and is given up once it could no longer extend the fence
+/// (four fifths of a lease after it started); meanwhile claims and sends
+/// stop once the last good one is too old ([`Fence::holds`]). `pool` is the
+/// lease's own connection, closed when renewing stops.
 async fn renew(
     pool: PgPool,
     owner: Arc<str>,
@@ -231,15 +233,17 @@ async fn renew(
     stop: CancellationToken,
 ) {
     let every = lease / 3;
+    let mut next = tokio::time::Instant::now() + every;
     let mut failing = false;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return pool.close().await,
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep_until(next) => {}
         }
         let sent = Instant::now();
+        next = tokio::time::Instant::now() + every;
         let renewed = tokio::time::timeout(
-            every,
+            lease * 4 / 5,
             statements::renew_lease(&pool, &owner, clock::millis(lease)),
         )
         .await;
