@@ -87,7 +87,7 @@ pub enum ProxyError {
     #[error("the outcome was sent upstream but could not be recorded yet; do not assume it failed")]
     StoreUnavailableAfterSend { operation: OperationRef },
     #[error(
-        "this gateway replica could not prove that it still holds its store lease, so nothing was sent upstream; retry through any replica once the store answers"
+        "this gateway could no longer prove that the operation is its own (its store lease ran low, or it is shutting down), so nothing was sent upstream; retry, through any replica, once the store answers"
     )]
     LeaseLost { operation: OperationRef },
     #[error("the upstream could not be reached; nothing was sent ({reason})")]

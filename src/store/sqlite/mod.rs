@@ -10,6 +10,10 @@
 //!   ([`writer`]), so transactions never race each other and a claim's
 //!   look-up and insert are atomic; it commits the calls of every request
 //!   waiting at a moment in one transaction (group commit);
+//! - reads apart: lookups, lists, stats and pauses run on read-only
+//!   connections ([`reader`]), each in one WAL snapshot, and never wait
+//!   in the writer's queue; readiness (`ping`) asks the writer, since
+//!   ready means a write can commit;
 //! - WAL journal; `durability = "full"` fsyncs every commit (so every
 //!   batch), `"normal"` survives a process crash but not a power loss.
 //!
@@ -20,6 +24,7 @@
 //! write).
 
 mod outbox;
+mod reader;
 mod statements;
 mod writer;
 
@@ -42,12 +47,15 @@ use super::{
 use crate::clock::Clock;
 use crate::config::Durability;
 use crate::scope_key::ScopeKey;
+use reader::Readers;
 use writer::{QUEUE_TIMEOUT, Writer};
 
 use crate::metrics::StoreBatches;
 
 pub struct SqliteStore {
     writer: Writer,
+    /// Reads that need not be atomic with a write ([`reader`]).
+    readers: Readers,
     /// The writer's batch sizes and commit times.
     batches: StoreBatches,
     /// This process's instance id, written as `owner` on every claim.
@@ -91,8 +99,17 @@ impl SqliteStore {
         migrate_file(path, &store_name).await?;
         let conn = connect(path, durability).map_err(|e| open_error(e.to_string()))?;
         let batches = StoreBatches::new(&[writer::BATCH]);
+        let writer = Writer::start(conn, batches.clone())?;
+        let readers = match Readers::open(path) {
+            Ok(readers) => readers,
+            Err(error) => {
+                writer.stop().await;
+                return Err(error);
+            }
+        };
         let store = SqliteStore {
-            writer: Writer::start(conn, batches.clone())?,
+            writer,
+            readers,
             batches,
             owner: owner.into(),
             lock: Mutex::new(Some(lock)),
@@ -240,6 +257,7 @@ impl Store for SqliteStore {
             .await
     }
 
+    /// On the writer: ready means a write can commit.
     async fn ping(&self) -> Result<(), StoreError> {
         self.writer
             .run(|conn| Ok(conn.prepare_cached("SELECT 1")?.query_row([], |_| Ok(()))?))
@@ -248,7 +266,7 @@ impl Store for SqliteStore {
 
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
         let (new, seal) = (new.clone(), self.seal.clone());
-        self.writer
+        self.readers
             .run(
                 move |conn| Ok(statements::find(conn, &seal, &new)?.filter(|op| !new.outdates(op))),
             )
@@ -312,23 +330,23 @@ impl Store for SqliteStore {
     }
 
     async fn paused_routes(&self) -> Result<Vec<String>, StoreError> {
-        self.writer.run(statements::paused_routes).await
+        self.readers.run(statements::paused_routes).await
     }
 
     async fn pauses(&self) -> Result<Vec<RoutePause>, StoreError> {
-        self.writer.run(statements::pauses).await
+        self.readers.run(statements::pauses).await
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
         let filter = filter.clone();
-        self.writer
+        self.readers
             .run(move |conn| statements::list(conn, &filter))
             .await
     }
 
     async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
         let (id, seal) = (id.to_string(), self.seal.clone());
-        self.writer
+        self.readers
             .run(move |conn| statements::get(conn, &seal, &id))
             .await
     }
@@ -339,7 +357,7 @@ impl Store for SqliteStore {
         key: &str,
     ) -> Result<Option<Summary>, StoreError> {
         let (scopes, key) = (scopes.to_vec(), key.to_string());
-        self.writer
+        self.readers
             .run(move |conn| statements::find_newest(conn, &scopes, &key))
             .await
     }
@@ -359,7 +377,7 @@ impl Store for SqliteStore {
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
-        self.writer.run(statements::stats).await
+        self.readers.run(statements::stats).await
     }
 
     async fn set_paused(&self, route: &str, reason: Option<&str>) -> Result<(), StoreError> {
