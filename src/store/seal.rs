@@ -121,7 +121,16 @@ struct Slot<'a> {
     response: Option<(u16, bool)>,
 }
 
-impl Slot<'_> {
+impl<'a> Slot<'a> {
+    fn request_body(operation: &'a str, identity: &'a Identity) -> Self {
+        Slot {
+            operation,
+            identity,
+            field: Field::RequestBody,
+            response: None,
+        }
+    }
+
     /// The associated data of format `version`.
     fn associated_data(&self, version: Version) -> Vec<u8> {
         let mut aad = Vec::with_capacity(96);
@@ -376,13 +385,7 @@ impl Seal {
         identity: &Identity,
         value: Option<&'a [u8]>,
     ) -> Option<Cow<'a, [u8]>> {
-        let slot = Slot {
-            operation,
-            identity,
-            field: Field::RequestBody,
-            response: None,
-        };
-        self.body(&slot, value)
+        self.body(&Slot::request_body(operation, identity), value)
     }
 
     fn body<'a>(&self, slot: &Slot, value: Option<&'a [u8]>) -> Option<Cow<'a, [u8]>> {
@@ -426,13 +429,7 @@ impl Seal {
         identity: &Identity,
         stored: Option<Vec<u8>>,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        let slot = Slot {
-            operation,
-            identity,
-            field: Field::RequestBody,
-            response: None,
-        };
-        self.open_body(&slot, stored)
+        self.open_body(&Slot::request_body(operation, identity), stored)
     }
 
     /// The stored response of `operation` — its status, headers (`None`:
