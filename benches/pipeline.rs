@@ -14,8 +14,8 @@ use http::{HeaderMap, HeaderValue, Method};
 use idemgate::canonical_json::canonicalize;
 use idemgate::pipeline::fingerprint::{Fingerprint, FingerprintInput};
 use idemgate::pipeline::key::IdempotencyKey;
-use idemgate::store::seal::Field;
-use idemgate::store::{Seal, StoreKey};
+use idemgate::store::seal::Identity;
+use idemgate::store::{Seal, StoreKey, StoredResponse};
 use serde_json::{Value, json};
 
 /// A deterministic JSON document of at least `target` bytes when serialised:
@@ -139,25 +139,24 @@ fn sealing(c: &mut Criterion) {
         ("cache-control".to_string(), b"no-store".to_vec()),
     ];
     let id = "0192f0c4-5b1e-7d2a-8c3e-1f2a3b4c5d6e";
+    let identity = Identity::of("api", "scope", "key-1", "fingerprint");
     for (name, target) in [("1KiB", 1024), ("64KiB", 64 * 1024)] {
         let body = serde_json::to_vec(&sample_json(target)).expect("serialise sample");
         group.throughput(Throughput::Bytes(body.len() as u64));
-        group.bench_with_input(BenchmarkId::new("seal", name), &body, |b, body| {
-            b.iter(|| {
-                let headers = seal.headers(id, black_box(&headers));
-                let body = seal.body(id, Field::ResponseBody, Some(black_box(body)));
-                (headers, body.map(|b| b.len()))
-            })
+        let response = StoredResponse {
+            status: 201,
+            headers: headers.clone(),
+            body: Some(body),
+        };
+        group.bench_with_input(BenchmarkId::new("seal", name), &response, |b, response| {
+            b.iter(|| seal.stored_form(id, &identity, black_box(response)))
         });
-        let stored_headers = seal.headers(id, &headers);
-        let stored_body = seal
-            .body(id, Field::ResponseBody, Some(&body))
-            .map(|b| b.into_owned());
-        group.bench_with_input(BenchmarkId::new("open", name), &stored_body, |b, stored| {
+        let stored = seal.stored_form(id, &identity, &response);
+        group.bench_with_input(BenchmarkId::new("open", name), &stored, |b, stored| {
             b.iter(|| {
-                let headers = seal.open_headers(id, black_box(&stored_headers));
-                let body = seal.open_body(id, Field::ResponseBody, black_box(stored.clone()));
-                (headers.is_ok(), body.is_ok())
+                let body = black_box(stored.body.clone());
+                seal.open_response(id, &identity, 201, Some(&stored.headers), body)
+                    .is_ok()
             })
         });
     }

@@ -1,11 +1,14 @@
 //! `idemgate rekey`: seals every stored payload again under the current
-//! key (README "Sealed store"), so that the previous key, or none for a
-//! store sealed after it was first used, is needed no more.
+//! key, in the current format (README "Sealed store"), so that the
+//! previous key, or none for a store sealed after it was first used, is
+//! needed no more, and the store becomes sealed-only.
 //!
-//! Invariant: the canary moves to the current key only after a pass over
-//! every operation found nothing left under another key (or plain), so a
-//! store whose canary is under the current key holds no payload that needs
-//! another one. The pass goes in batches of [`BATCH`] operations in id
+//! Invariant: the canary moves to the current key, and the store is
+//! marked sealed-only, only after a pass over every operation found
+//! nothing left under another key, in format 1, or plain, so such a store
+//! holds no payload that needs another key or is read in clear. In a
+//! store that is sealed-only already, a value in clear is refused, not
+//! sealed (it was planted). The pass goes in batches of [`BATCH`] operations in id
 //! order, each update a compare-and-set, so a replica writing meanwhile
 //! (under the current key) keeps its values.
 

@@ -32,6 +32,12 @@ async fn sealed_gateway(backend: Backend, key: &str) -> Option<(TestGateway, Opt
         .store(&format!("encryption_key_env = \"{KEY_ENV}\"\n"))
         .env(KEY_ENV, key)
         .admin();
+    gateway_on(backend, setup).await
+}
+
+/// A gateway set up by `setup` on `backend`; `None` when PostgreSQL is
+/// not available here.
+async fn gateway_on(backend: Backend, setup: Setup) -> Option<(TestGateway, Option<PgSchema>)> {
     Some(match backend {
         Backend::Sqlite => (spawn_gateway_with(setup).await, None),
         Backend::Postgres => {
@@ -242,38 +248,25 @@ async fn tamper(gateway: &TestGateway, schema: Option<&PgSchema>, key: &str) {
     match schema {
         None => {
             let conn = rusqlite::Connection::open(&gateway.store_path).expect("open");
-            let body: Vec<u8> = conn
+            let mut body: Vec<u8> = conn
                 .query_row(
                     "SELECT response_body FROM operations WHERE idem_key = ?1",
                     [key],
                     |row| row.get(0),
                 )
                 .expect("stored body");
-            let mut altered = body;
-            *altered.last_mut().expect("not empty") ^= 1;
-            conn.execute(
-                "UPDATE operations SET response_body = ?1 WHERE idem_key = ?2",
-                rusqlite::params![altered, key],
-            )
-            .expect("tamper");
+            *body.last_mut().expect("not empty") ^= 1;
+            let sql = format!("UPDATE operations SET response_body = $1 WHERE idem_key = '{key}'");
+            alter(gateway, schema, &sql, Some(&body)).await;
         }
-        Some(schema) => {
-            use sqlx::Connection;
-            let mut conn = sqlx::PgConnection::connect(&schema.url)
-                .await
-                .expect("connect");
-            let altered = sqlx::query(
+        Some(_) => {
+            let sql = format!(
                 "UPDATE operations SET response_body = set_byte(response_body,
                     length(response_body) - 1,
                     get_byte(response_body, length(response_body) - 1) # 1)
-                 WHERE idem_key = $1",
-            )
-            .bind(key)
-            .execute(&mut conn)
-            .await
-            .expect("tamper");
-            assert_eq!(altered.rows_affected(), 1);
-            let _ = conn.close().await;
+                 WHERE idem_key = '{key}'"
+            );
+            alter(gateway, schema, &sql, None).await;
         }
     }
 }
@@ -291,8 +284,7 @@ async fn tampering(backend: Backend) {
     gateway.shutdown().await;
     tamper(&gateway, schema.as_ref(), "k-tampered").await;
     gateway.start_again().await;
-    let retry = write_marked(&gateway, "k-tampered", &marker).await;
-    let problem = retry.assert_problem(500, "store-unreadable");
+    let problem = assert_forgery_refused(&gateway, "k-tampered", &marker, 1).await;
     assert!(
         problem["detail"]
             .as_str()
@@ -300,15 +292,6 @@ async fn tampering(backend: Backend) {
             .contains("response_body"),
         "{problem}"
     );
-    let shown = gateway
-        .admin("GET", "/admin/keys?key=k-tampered", "")
-        .await
-        .json();
-    let id = shown["items"][0]["id"].as_str().expect("listed").to_owned();
-    gateway
-        .admin("GET", &format!("/admin/keys/{id}"), "")
-        .await
-        .assert_problem(500, "store-unreadable");
     // Other operations are served as usual, and nothing was sent again.
     assert_eq!(
         write_marked(&gateway, "k-other", &marker).await.status,
@@ -328,10 +311,13 @@ async fn a_tampered_value_is_an_error_on_postgres() {
 }
 
 /// A store used before a key was configured: its operations still
-/// replay, new ones are sealed, and `rekey` seals the old ones.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_store_takes_a_key() {
-    let mut gateway = spawn_gateway_with(Setup::route("store_request_body = true\n")).await;
+/// replay, new ones are sealed, and `rekey` seals the old ones; from then
+/// on the store is sealed-only, and a value planted in clear is refused.
+async fn plain_store_takes_a_key(backend: Backend) {
+    let setup = Setup::route("store_request_body = true\n").admin();
+    let Some((mut gateway, schema)) = gateway_on(backend, setup).await else {
+        return;
+    };
     let marker = marker();
     assert_eq!(
         write_marked(&gateway, "k-plain", &marker).await.status,
@@ -360,7 +346,165 @@ async fn a_plain_store_takes_a_key() {
     assert_eq!((again.operations, again.resealed), (1, 0));
     gateway.start_again().await;
     assert_marked(&write_marked(&gateway, "k-plain", &marker).await, &marker);
+    gateway.shutdown().await;
+    plant_cleartext(&gateway, schema.as_ref(), "k-plain").await;
+    gateway.start_again().await;
+    assert_forgery_refused(&gateway, "k-plain", &marker, 1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_store_takes_a_key() {
+    plain_store_takes_a_key(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_postgres_store_takes_a_key() {
+    plain_store_takes_a_key(Backend::Postgres).await;
+}
+
+/// The forged response a writer of the database plants.
+const FORGED: &str = r#"{"id":666,"status":"refunded","forged":true}"#;
+
+/// Runs `sql` (with `$1` bound to `blob` when given), which changes one
+/// row, on the stopped gateway's store, as someone who can write the
+/// database would.
+async fn alter(gateway: &TestGateway, schema: Option<&PgSchema>, sql: &str, blob: Option<&[u8]>) {
+    match schema {
+        None => {
+            let conn = rusqlite::Connection::open(&gateway.store_path).expect("open");
+            // SQLite numbers `$1` as the first parameter, like PostgreSQL.
+            let changed = conn
+                .execute(sql, rusqlite::params_from_iter(blob))
+                .expect(sql);
+            assert_eq!(changed, 1, "{sql}");
+        }
+        Some(schema) => {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(&schema.url)
+                .await
+                .expect("connect");
+            let mut query = sqlx::query(sql);
+            if let Some(blob) = blob {
+                query = query.bind(blob);
+            }
+            let changed = query.execute(&mut conn).await.expect(sql);
+            assert_eq!(changed.rows_affected(), 1, "{sql}");
+            let _ = conn.close().await;
+        }
+    }
+}
+
+/// Replaces the sealed response of the operation with `key` by
+/// [`FORGED`] in clear, headers and body.
+async fn plant_cleartext(gateway: &TestGateway, schema: Option<&PgSchema>, key: &str) {
+    let sql = format!(
+        r#"UPDATE operations SET response_body = $1,
+            response_headers = '[["content-type","application/json"]]'
+         WHERE idem_key = '{key}'"#
+    );
+    alter(gateway, schema, &sql, Some(FORGED.as_bytes())).await;
+}
+
+/// A retry of `key` gets 500 `store-unreadable` (its problem returned),
+/// and so does an operator who shows it; nothing more was sent than the
+/// `writes` before.
+async fn assert_forgery_refused(
+    gateway: &TestGateway,
+    key: &str,
+    marker: &str,
+    writes: usize,
+) -> serde_json::Value {
+    let retry = write_marked(gateway, key, marker).await;
+    assert!(!retry.is_replay(), "{retry:?}");
+    let problem = retry.assert_problem(500, "store-unreadable");
+    let shown = gateway
+        .admin("GET", &format!("/admin/keys?key={key}"), "")
+        .await
+        .json();
+    let id = shown["items"][0]["id"].as_str().expect("listed").to_owned();
+    gateway
+        .admin("GET", &format!("/admin/keys/{id}"), "")
+        .await
+        .assert_problem(500, "store-unreadable");
+    assert_eq!(gateway.upstream.writes(), writes);
+    problem
+}
+
+/// What a writer of a sealed store's database does to the stored
+/// operations while the gateway is stopped.
+#[derive(Clone, Copy, Debug)]
+enum Forgery {
+    /// A sealed response replaced by one in clear.
+    Cleartext,
+    /// `response_status` changed in clear (201 to 200).
+    Status,
+    /// Two operations' sealed values, with their operation ids, swapped
+    /// between the rows of two keys: each key's row holds the other's.
+    BetweenRows,
+    /// The sealed request body put in the response body's place.
+    BetweenFields,
+}
+
+async fn forgery_is_refused(backend: Backend, forgery: Forgery) {
+    let key = StoreKey::generate_base64();
+    let Some((mut gateway, schema)) = sealed_gateway(backend, &key).await else {
+        return;
+    };
+    let marker = marker();
+    // One request body for both keys: the same fingerprint, so only the
+    // seal tells the rows apart once they are swapped.
+    for key in ["k-a", "k-b"] {
+        let first = write_marked(&gateway, key, &marker).await;
+        assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    }
+    gateway.shutdown().await;
+    let schema = schema.as_ref();
+    match forgery {
+        Forgery::Cleartext => plant_cleartext(&gateway, schema, "k-a").await,
+        Forgery::Status => {
+            let sql = "UPDATE operations SET response_status = 200 WHERE idem_key = 'k-a'";
+            alter(&gateway, schema, sql, None).await;
+        }
+        Forgery::BetweenRows => {
+            for (from, to) in [("k-a", "k-swap"), ("k-b", "k-a"), ("k-swap", "k-b")] {
+                let sql =
+                    format!("UPDATE operations SET idem_key = '{to}' WHERE idem_key = '{from}'");
+                alter(&gateway, schema, &sql, None).await;
+            }
+        }
+        Forgery::BetweenFields => {
+            let sql = "UPDATE operations SET response_body = request_body WHERE idem_key = 'k-a'";
+            alter(&gateway, schema, sql, None).await;
+        }
+    }
+    gateway.start_again().await;
+    assert_forgery_refused(&gateway, "k-a", &marker, 2).await;
+}
+
+macro_rules! forgeries {
+    ($($name:ident: $forgery:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                forgery_is_refused(Backend::Sqlite, Forgery::$forgery).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                forgery_is_refused(Backend::Postgres, Forgery::$forgery).await;
+            }
+        }
+    )*};
+}
+
+forgeries!(
+    a_value_planted_in_clear_is_refused: Cleartext,
+    a_status_changed_in_clear_is_refused: Status,
+    sealed_values_swapped_between_rows_are_refused: BetweenRows,
+    a_sealed_value_moved_between_fields_is_refused: BetweenFields,
+);
 
 /// The real binary: a key variable unset, not base64, or not 32 bytes
 /// refuses to start, naming the variable and the field; `idemgate rekey`

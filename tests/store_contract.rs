@@ -272,8 +272,8 @@ async fn records_are_compare_and_sets(bench: Bench) {
     let store = bench.open("gw-1").await;
     let claim = claimed(store.as_ref(), &new_op("k1", "fp")).await;
     let wrong_attempt = Claim {
-        operation_id: claim.operation_id.clone(),
         attempt: 2,
+        ..claim.clone()
     };
     let stale = store
         .record(&wrong_attempt, &completed("x"), &first_try())

@@ -280,6 +280,17 @@ pub struct NewOperation {
 }
 
 impl NewOperation {
+    /// What the sealed values of the operation stored for this write are
+    /// bound to.
+    pub fn identity(&self) -> seal::Identity {
+        seal::Identity::of(
+            &self.route,
+            &self.scope,
+            &self.key,
+            self.fingerprint.as_str(),
+        )
+    }
+
     /// Whether `operation`, stored under this write's identity, is no longer
     /// the current one for it: a settled operation last updated before the
     /// derive window (`fresh_after`) gives way to a new one; `unknown` and
@@ -303,6 +314,9 @@ impl NewOperation {
 pub struct Claim {
     pub operation_id: String,
     pub attempt: u32,
+    /// What the operation's sealed values are bound to, known from the
+    /// claim so that a record seals without reading the row.
+    pub identity: seal::Identity,
 }
 
 /// What [`Store::claim`] found.

@@ -7,15 +7,22 @@
 //! Invariants:
 //! - with a key, every payload written is sealed: [`MAGIC`], the key's id,
 //!   a fresh random 96-bit nonce, then the ciphertext and its tag. The
-//!   associated data names the operation and the field, so a sealed value
-//!   copied to another operation, or a header blob put where a body goes,
-//!   does not open;
+//!   associated data names the field, the operation's id and its
+//!   [`Identity`] (route, scope, key, fingerprint: what a replay finds and
+//!   checks it by), and for a response's headers and body the status (and
+//!   for the headers whether a body is stored), so a sealed value copied
+//!   to another operation or field, a row given another identity, or a
+//!   status changed in clear, does not open;
 //! - a value that does not open is an error ([`SealError::Unreadable`]),
 //!   never handed out as bytes: a tampered or foreign value is reported,
 //!   not replayed;
-//! - values written before a key was configured stay readable as they
-//!   are (they do not start with [`MAGIC`]) until `idemgate rekey` seals
-//!   them;
+//! - legacy values — written before a key was configured (they do not
+//!   start with a seal marker), or sealed in format version 1 (whose
+//!   associated data bound only the operation id and the field) — stay
+//!   readable until `idemgate rekey` seals them again; a store created
+//!   sealed, or whose rekey finished, is *sealed-only*
+//!   ([`SEALED_ONLY_ROW`], [`Seal::sealed_only`]) and refuses them, so
+//!   someone who can write the database cannot plant a value in clear;
 //! - the store keeps a sealed canary ([`Seal::canary`]): at open, a key
 //!   that does not fit the store, or no key for a sealed store, refuses to
 //!   start ([`Seal::check_canary`]) instead of failing on every operation.
@@ -32,17 +39,22 @@ use sha2::{Digest, Sha256};
 use super::{StoreError, StoredResponse, decode_headers, encode_headers};
 use crate::config::StoreConfig;
 
-/// The first bytes of every sealed value (format version 1). A NUL first,
-/// so no JSON or text body written before sealing looks like one.
-const MAGIC: &[u8; 8] = b"\0igseal1";
+/// The first bytes of every value sealed now (format version 2). A NUL
+/// first, so no JSON or text body written before sealing looks like one.
+const MAGIC: &[u8; 8] = b"\0igseal2";
+
+/// The marker of format version 1, opened (not written) until a rekey.
+const MAGIC_V1: &[u8; 8] = b"\0igseal1";
 
 /// Sealed response headers are text (the column holds JSON when plain):
 /// this prefix, then the sealed value in base64. JSON never starts so.
-const TEXT_PREFIX: &str = "igseal1:";
+const TEXT_PREFIX: &str = "igseal2:";
+const TEXT_PREFIX_V1: &str = "igseal1:";
 
 const KEY_ID_LEN: usize = 8;
 const NONCE_LEN: usize = 12;
 const HEADER_LEN: usize = MAGIC.len() + KEY_ID_LEN + NONCE_LEN;
+const _: () = assert!(MAGIC.len() == MAGIC_V1.len());
 
 /// What the canary holds, sealed under the operation id [`CANARY_ID`].
 const CANARY_PLAIN: &[u8] = b"idemgate store canary";
@@ -75,6 +87,87 @@ impl Field {
             Field::ResponseBody => "response_body",
         }
     }
+}
+
+/// What a replay finds an operation by and checks a request against —
+/// route, scope, key, fingerprint — as a digest: part of the associated
+/// data of the operation's sealed values, so a sealed row given another
+/// row's identity does not open. None of them changes once the operation
+/// is stored (scopes are keyed, once, before a sealed store is written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity([u8; 32]);
+
+impl Identity {
+    pub fn of(route: &str, scope: &str, key: &str, fingerprint: &str) -> Self {
+        let mut digest = Sha256::new().chain_update(b"idemgate-seal-identity-v2");
+        // Length-prefixed: no two tuples digest alike.
+        for part in [route, scope, key, fingerprint] {
+            digest = digest
+                .chain_update((part.len() as u64).to_be_bytes())
+                .chain_update(part);
+        }
+        Identity(digest.finalize().into())
+    }
+}
+
+/// Where a value is stored: its operation and field, and for a response's
+/// headers and body what else the response says — all bound into the
+/// associated data.
+struct Slot<'a> {
+    operation: &'a str,
+    identity: &'a Identity,
+    field: Field,
+    /// The response's status, and whether its body is stored.
+    response: Option<(u16, bool)>,
+}
+
+impl<'a> Slot<'a> {
+    fn request_body(operation: &'a str, identity: &'a Identity) -> Self {
+        Slot {
+            operation,
+            identity,
+            field: Field::RequestBody,
+            response: None,
+        }
+    }
+
+    /// The associated data of format `version`.
+    fn associated_data(&self, version: Version) -> Vec<u8> {
+        let mut aad = Vec::with_capacity(96);
+        match version {
+            Version::V1 => aad.extend_from_slice(b"idemgate-seal-v1\0"),
+            Version::V2 => aad.extend_from_slice(b"idemgate-seal-v2\0"),
+        }
+        aad.extend_from_slice(self.field.name().as_bytes());
+        aad.push(0);
+        aad.extend_from_slice(self.operation.as_bytes());
+        if version == Version::V2 {
+            aad.push(0);
+            aad.extend_from_slice(&self.identity.0);
+            if let Some((status, body_stored)) = self.response {
+                aad.extend_from_slice(&status.to_be_bytes());
+                // The headers say whether a body goes with them: a body
+                // set to NULL makes them not open.
+                if self.field == Field::ResponseHeaders {
+                    aad.push(u8::from(body_stored));
+                }
+            }
+        }
+        aad
+    }
+
+    fn unreadable(&self, reason: &str) -> StoreError {
+        unreadable(self.operation, self.field, reason)
+    }
+}
+
+/// A seal format: what its marker is and what its associated data binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    /// The operation id and the field only: opened until a rekey.
+    V1,
+    /// Also the identity and the response's status.
+    V2,
 }
 
 /// Why a key was refused, or why a sealed value or store cannot be read.
@@ -184,11 +277,16 @@ struct Keys {
 #[derive(Clone, Default)]
 pub struct Seal {
     keys: Option<Arc<Keys>>,
+    /// Set at open when the store is sealed-only ([`SEALED_ONLY_ROW`]):
+    /// legacy values (plain or version 1) are refused, not read.
+    sealed_only: bool,
 }
 
-/// The payload columns of one stored operation, as stored.
+/// The payload columns of one stored operation, as stored, and the status
+/// its response values are bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Payloads {
+    pub response_status: Option<u16>,
     pub request_body: Option<Vec<u8>>,
     pub response_headers: Option<String>,
     pub response_body: Option<Vec<u8>>,
@@ -205,6 +303,12 @@ pub struct StoredForm {
 
 /// The name of the canary's row in the store's meta table.
 pub const CANARY_ROW: &str = "seal-canary";
+
+/// The meta row that makes a store sealed-only: written when a store is
+/// first sealed holding no operation, and when a rekey finishes. Its
+/// value names the one format the store holds.
+pub const SEALED_ONLY_ROW: &str = "sealed-only";
+pub const SEALED_ONLY_VALUE: &str = "igseal2";
 
 /// What [`Seal::check_canary`] found.
 #[derive(Debug, PartialEq, Eq)]
@@ -229,6 +333,7 @@ impl Seal {
                 previous,
                 env: env.to_string(),
             })),
+            sealed_only: false,
         }
     }
 
@@ -253,110 +358,178 @@ impl Seal {
         Ok(Seal::with_keys(current, previous, env))
     }
 
+    /// This seal for a store whose meta row [`SEALED_ONLY_ROW`] is
+    /// `stored`: sealed-only when it is there and keys are set (a sealed
+    /// store without a key does not open).
+    pub fn sealed_only(self, stored: Option<&str>) -> Self {
+        Seal {
+            sealed_only: stored.is_some() && self.keys.is_some(),
+            ..self
+        }
+    }
+
+    /// Whether legacy values are refused.
+    pub fn is_sealed_only(&self) -> bool {
+        self.sealed_only
+    }
+
     /// Whether payloads are sealed (a key is configured).
     pub fn is_sealing(&self) -> bool {
         self.keys.is_some()
     }
 
-    /// `value` of `operation`'s `field` as it is to be stored.
-    pub fn body<'a>(
+    /// The request body of `operation` as it is to be stored.
+    pub fn request_body<'a>(
         &self,
         operation: &str,
-        field: Field,
+        identity: &Identity,
         value: Option<&'a [u8]>,
     ) -> Option<Cow<'a, [u8]>> {
+        self.body(&Slot::request_body(operation, identity), value)
+    }
+
+    fn body<'a>(&self, slot: &Slot, value: Option<&'a [u8]>) -> Option<Cow<'a, [u8]>> {
         let value = value?;
         Some(match &self.keys {
-            Some(keys) => Cow::Owned(seal(&keys.current, operation, field, value)),
+            Some(keys) => Cow::Owned(seal(&keys.current, slot, value)),
             None => Cow::Borrowed(value),
         })
     }
 
-    /// Response headers of `operation` as they are to be stored.
-    pub fn headers(&self, operation: &str, headers: &[(String, Vec<u8>)]) -> String {
+    fn headers(&self, slot: &Slot, headers: &[(String, Vec<u8>)]) -> String {
         let json = encode_headers(headers);
         match &self.keys {
             Some(keys) => {
-                let sealed = seal(
-                    &keys.current,
-                    operation,
-                    Field::ResponseHeaders,
-                    json.as_bytes(),
-                );
+                let sealed = seal(&keys.current, slot, json.as_bytes());
                 format!("{TEXT_PREFIX}{}", STANDARD.encode(sealed))
             }
             None => json,
         }
     }
 
-    /// A stored `field` of `operation` as it was written.
-    pub fn open_body(
+    /// `response` of `operation` as the store writes it.
+    pub fn stored_form(
         &self,
         operation: &str,
-        field: Field,
+        identity: &Identity,
+        response: &StoredResponse,
+    ) -> StoredForm {
+        let body = response.body.as_deref();
+        let [headers, body_slot] = response_slots(operation, identity, response.status, body);
+        StoredForm {
+            headers: self.headers(&headers, &response.headers),
+            body: self.body(&body_slot, body).map(Cow::into_owned),
+        }
+    }
+
+    /// The stored request body of `operation` as it was written.
+    pub fn open_request_body(
+        &self,
+        operation: &str,
+        identity: &Identity,
         stored: Option<Vec<u8>>,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        match (stored, &self.keys) {
-            (Some(value), Some(keys)) if value.starts_with(MAGIC) => {
-                Ok(Some(open(keys, operation, field, &value)?))
-            }
-            (stored, _) => Ok(stored),
-        }
+        self.open_body(&Slot::request_body(operation, identity), stored)
     }
 
-    /// `response` of `operation` as the store writes it.
-    pub fn stored_form(&self, operation: &str, response: &StoredResponse) -> StoredForm {
-        StoredForm {
-            headers: self.headers(operation, &response.headers),
-            body: self
-                .body(operation, Field::ResponseBody, response.body.as_deref())
-                .map(Cow::into_owned),
-        }
-    }
-
-    /// Stored response headers of `operation` as they were written.
-    pub fn open_headers(
+    /// The stored response of `operation` — its status, headers (`None`:
+    /// a NULL column) and body — as it was written.
+    pub fn open_response(
         &self,
         operation: &str,
+        identity: &Identity,
+        status: u16,
+        headers: Option<&str>,
+        body: Option<Vec<u8>>,
+    ) -> Result<StoredResponse, StoreError> {
+        let [headers_slot, body_slot] =
+            response_slots(operation, identity, status, body.as_deref());
+        Ok(StoredResponse {
+            status,
+            headers: self.open_headers(&headers_slot, headers.unwrap_or("[]"))?,
+            body: self.open_body(&body_slot, body)?,
+        })
+    }
+
+    fn open_body(
+        &self,
+        slot: &Slot,
+        stored: Option<Vec<u8>>,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(value) = stored else {
+            return Ok(None);
+        };
+        match &self.keys {
+            Some(keys) if version_of(&value).is_some() => Ok(Some(self.open(keys, slot, &value)?)),
+            _ => self.legacy(slot).map(|()| Some(value)),
+        }
+    }
+
+    fn open_headers(
+        &self,
+        slot: &Slot,
         stored: &str,
     ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let Some(text) = stored.strip_prefix(TEXT_PREFIX) else {
+        let Some(text) = strip_text_prefix(stored) else {
+            self.legacy(slot)?;
             return decode_headers(stored);
         };
-        let field = Field::ResponseHeaders;
         let keys = self
             .keys
             .as_ref()
-            .ok_or_else(|| unreadable(operation, field, "no key"))?;
+            .ok_or_else(|| slot.unreadable("no key"))?;
         let sealed = STANDARD
             .decode(text)
-            .map_err(|_| unreadable(operation, field, "not base64"))?;
-        let json = open(keys, operation, field, &sealed)?;
-        let json = String::from_utf8(json).map_err(|_| unreadable(operation, field, "not text"))?;
+            .map_err(|_| slot.unreadable("not base64"))?;
+        let json = self.open(keys, slot, &sealed)?;
+        let json = String::from_utf8(json).map_err(|_| slot.unreadable("not text"))?;
         decode_headers(&json)
     }
 
+    /// A value in clear is read as it is, unless the store is sealed-only.
+    fn legacy(&self, slot: &Slot) -> Result<(), StoreError> {
+        if self.sealed_only {
+            return Err(slot.unreadable(
+                "it is not sealed, and this store holds sealed values only (planted in clear?)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn open(&self, keys: &Keys, slot: &Slot, sealed: &[u8]) -> Result<Vec<u8>, StoreError> {
+        if self.sealed_only && version_of(sealed) == Some(Version::V1) {
+            return Err(slot.unreadable(
+                "it is sealed in format version 1, and this store holds version 2 only",
+            ));
+        }
+        open(keys, slot, sealed)
+    }
+
     /// Whether a stored value must be sealed again under the current key
-    /// (`idemgate rekey`): it is plain, or sealed under another key.
+    /// (`idemgate rekey`): it is plain, in format version 1, or sealed
+    /// under another key.
     pub fn is_stale(&self, stored: &[u8]) -> bool {
         let Some(keys) = &self.keys else {
             return false;
         };
-        let stored = match stored.strip_prefix(TEXT_PREFIX.as_bytes()) {
+        let text = std::str::from_utf8(stored).ok().and_then(strip_text_prefix);
+        let stored = match text {
             Some(text) => match STANDARD.decode(text) {
                 Ok(bytes) => Cow::Owned(bytes),
                 Err(_) => return true,
             },
             None => Cow::Borrowed(stored),
         };
-        key_id_of(&stored) != Some(keys.current.id)
+        !(version_of(&stored) == Some(Version::V2) && key_id_of(&stored) == Some(keys.current.id))
     }
 
-    /// `stored` (of `operation`) sealed again under the current key, or
-    /// `None` when every value in it already is (`idemgate rekey`).
+    /// `stored` (of `operation`) sealed again under the current key, in
+    /// the current format, or `None` when every value in it already is
+    /// (`idemgate rekey`).
     pub fn reseal(
         &self,
         operation: &str,
+        identity: &Identity,
         stored: &Payloads,
     ) -> Result<Option<Payloads>, StoreError> {
         let stale = |value: Option<&[u8]>| value.is_some_and(|v| self.is_stale(v));
@@ -366,27 +539,35 @@ impl Seal {
         {
             return Ok(None);
         }
-        let reseal_body = |field, value: &Option<Vec<u8>>| -> Result<_, StoreError> {
-            let plain = self.open_body(operation, field, value.clone())?;
-            Ok(self
-                .body(operation, field, plain.as_deref())
-                .map(Cow::into_owned))
-        };
-        let response_headers = match &stored.response_headers {
-            Some(text) => Some(self.headers(operation, &self.open_headers(operation, text)?)),
+        let request_body =
+            self.open_request_body(operation, identity, stored.request_body.clone())?;
+        let response = match stored.response_status {
+            Some(status) => Some(self.open_response(
+                operation,
+                identity,
+                status,
+                stored.response_headers.as_deref(),
+                stored.response_body.clone(),
+            )?),
             None => None,
         };
+        let form = response
+            .as_ref()
+            .map(|response| self.stored_form(operation, identity, response));
         Ok(Some(Payloads {
-            request_body: reseal_body(Field::RequestBody, &stored.request_body)?,
-            response_headers,
-            response_body: reseal_body(Field::ResponseBody, &stored.response_body)?,
+            response_status: stored.response_status,
+            request_body: self
+                .request_body(operation, identity, request_body.as_deref())
+                .map(Cow::into_owned),
+            response_headers: form.as_ref().map(|form| form.headers.clone()),
+            response_body: form.and_then(|form| form.body),
         }))
     }
 
     /// The canary to store: [`CANARY_PLAIN`] sealed under the current key.
     pub fn canary(&self) -> Option<String> {
         let keys = self.keys.as_ref()?;
-        let sealed = seal(&keys.current, CANARY_ID, Field::ResponseBody, CANARY_PLAIN);
+        let sealed = seal(&keys.current, &canary_slot(), CANARY_PLAIN);
         Some(STANDARD.encode(sealed))
     }
 
@@ -418,14 +599,17 @@ impl Seal {
                 },
             });
         }
-        match open(keys, CANARY_ID, Field::ResponseBody, &sealed) {
+        // A version 1 canary (a store sealed before version 2) still
+        // tells the key: it names no operation.
+        match open(keys, &canary_slot(), &sealed) {
             Ok(plain) if plain == CANARY_PLAIN => Ok(Canary::Fits),
             _ => Err(SealError::CanaryAltered(stored_id)),
         }
     }
 
-    /// Whether the canary is sealed under the current key (else a rekey
-    /// has not finished since the last rotation).
+    /// Whether the canary is sealed under the current key, in the current
+    /// format (else a rekey has not finished since the last rotation or
+    /// upgrade).
     pub fn canary_is_current(&self, stored: &str) -> bool {
         !self.is_stale(&STANDARD.decode(stored).unwrap_or_default())
     }
@@ -439,19 +623,52 @@ impl Keys {
     }
 }
 
-fn associated_data(operation: &str, field: Field) -> Vec<u8> {
-    [
-        b"idemgate-seal-v1\0".as_slice(),
-        field.name().as_bytes(),
-        b"\0",
-        operation.as_bytes(),
-    ]
-    .concat()
+/// The slots of a response's headers and body.
+fn response_slots<'a>(
+    operation: &'a str,
+    identity: &'a Identity,
+    status: u16,
+    body: Option<&[u8]>,
+) -> [Slot<'a>; 2] {
+    let response = Some((status, body.is_some()));
+    [Field::ResponseHeaders, Field::ResponseBody].map(|field| Slot {
+        operation,
+        identity,
+        field,
+        response,
+    })
 }
 
-fn seal(key: &StoreKey, operation: &str, field: Field, plain: &[u8]) -> Vec<u8> {
+/// The canary's slot: an operation id no operation has (ids are UUIDs).
+fn canary_slot() -> Slot<'static> {
+    static NOBODY: Identity = Identity([0; 32]);
+    Slot {
+        operation: CANARY_ID,
+        identity: &NOBODY,
+        field: Field::ResponseBody,
+        response: None,
+    }
+}
+
+fn strip_text_prefix(stored: &str) -> Option<&str> {
+    stored
+        .strip_prefix(TEXT_PREFIX)
+        .or_else(|| stored.strip_prefix(TEXT_PREFIX_V1))
+}
+
+fn version_of(sealed: &[u8]) -> Option<Version> {
+    if sealed.starts_with(MAGIC) {
+        Some(Version::V2)
+    } else if sealed.starts_with(MAGIC_V1) {
+        Some(Version::V1)
+    } else {
+        None
+    }
+}
+
+fn seal(key: &StoreKey, slot: &Slot, plain: &[u8]) -> Vec<u8> {
     let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
-    let aad = associated_data(operation, field);
+    let aad = slot.associated_data(Version::V2);
     let payload = Payload {
         msg: plain,
         aad: &aad,
@@ -468,20 +685,21 @@ fn seal(key: &StoreKey, operation: &str, field: Field, plain: &[u8]) -> Vec<u8> 
 }
 
 fn key_id_of(sealed: &[u8]) -> Option<KeyId> {
-    let rest = sealed.strip_prefix(MAGIC)?;
-    let id = rest.get(..KEY_ID_LEN)?;
+    version_of(sealed)?;
+    let id = sealed.get(MAGIC.len()..MAGIC.len() + KEY_ID_LEN)?;
     Some(KeyId(id.try_into().ok()?))
 }
 
-fn open(keys: &Keys, operation: &str, field: Field, sealed: &[u8]) -> Result<Vec<u8>, StoreError> {
-    let id = key_id_of(sealed).ok_or_else(|| unreadable(operation, field, "truncated"))?;
+fn open(keys: &Keys, slot: &Slot, sealed: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let version = version_of(sealed).ok_or_else(|| slot.unreadable("not sealed"))?;
+    let id = key_id_of(sealed).ok_or_else(|| slot.unreadable("truncated"))?;
     let key = keys
         .key(id)
-        .ok_or_else(|| unreadable(operation, field, &format!("sealed under unknown key {id}")))?;
+        .ok_or_else(|| slot.unreadable(&format!("sealed under unknown key {id}")))?;
     let nonce = sealed
         .get(MAGIC.len() + KEY_ID_LEN..HEADER_LEN)
-        .ok_or_else(|| unreadable(operation, field, "truncated"))?;
-    let aad = associated_data(operation, field);
+        .ok_or_else(|| slot.unreadable("truncated"))?;
+    let aad = slot.associated_data(version);
     let payload = Payload {
         msg: &sealed[HEADER_LEN..],
         aad: &aad,
@@ -489,10 +707,8 @@ fn open(keys: &Keys, operation: &str, field: Field, sealed: &[u8]) -> Result<Vec
     key.cipher
         .decrypt(Nonce::from_slice(nonce), payload)
         .map_err(|_| {
-            unreadable(
-                operation,
-                field,
-                "it does not open (altered, or moved from another operation)",
+            slot.unreadable(
+                "it does not open (altered, moved from another operation or field, or its status or identity changed)",
             )
         })
 }
@@ -513,75 +729,212 @@ mod tests {
         Seal::with_keys(StoreKey::new(&[byte; 32]), None, "K")
     }
 
+    fn id(key: &str) -> Identity {
+        Identity::of("api", "scope", key, "fp")
+    }
+
+    fn response(status: u16, body: &[u8]) -> StoredResponse {
+        StoredResponse {
+            status,
+            headers: vec![("x-secret".to_string(), b"marker".to_vec())],
+            body: Some(body.to_vec()),
+        }
+    }
+
+    /// `form` opened as operation `op` with `identity` and `status`.
+    fn open_form(
+        seal: &Seal,
+        op: &str,
+        identity: &Identity,
+        status: u16,
+        form: &StoredForm,
+    ) -> Result<StoredResponse, StoreError> {
+        seal.open_response(op, identity, status, Some(&form.headers), form.body.clone())
+    }
+
     #[test]
-    fn values_round_trip_and_bind_to_their_operation_and_field() {
+    fn values_round_trip_and_bind_to_their_operation_field_identity_and_status() {
         let seal = sealed_with(1);
         let stored = seal
-            .body("op1", Field::ResponseBody, Some(b"marker"))
+            .request_body("op1", &id("k"), Some(b"marker"))
             .unwrap()
             .into_owned();
         assert!(!stored.windows(6).any(|w| w == b"marker"));
         // The overhead SECURITY.md states: marker, key id, nonce, tag.
         assert_eq!(stored.len(), b"marker".len() + 44);
-        let open = |op, field, value: &[u8]| seal.open_body(op, field, Some(value.to_vec()));
-        assert_eq!(
-            open("op1", Field::ResponseBody, &stored).unwrap().unwrap(),
-            b"marker"
-        );
-        assert!(open("op2", Field::ResponseBody, &stored).is_err());
-        assert!(open("op1", Field::RequestBody, &stored).is_err());
+        let open = |op, identity, value: &[u8]| {
+            seal.open_request_body(op, &identity, Some(value.to_vec()))
+        };
+        assert_eq!(open("op1", id("k"), &stored).unwrap().unwrap(), b"marker");
+        assert!(open("op2", id("k"), &stored).is_err());
+        assert!(open("op1", id("other"), &stored).is_err());
         let mut flipped = stored.clone();
         *flipped.last_mut().unwrap() ^= 1;
-        assert!(open("op1", Field::ResponseBody, &flipped).is_err());
+        assert!(open("op1", id("k"), &flipped).is_err());
         // A value written before sealing is read as it is.
-        assert_eq!(
-            open("op1", Field::ResponseBody, b"{}").unwrap().unwrap(),
-            b"{}"
-        );
+        assert_eq!(open("op1", id("k"), b"{}").unwrap().unwrap(), b"{}");
         // Two seals of one value differ (fresh nonces).
-        let again = seal
-            .body("op1", Field::ResponseBody, Some(b"marker"))
-            .unwrap();
+        let again = seal.request_body("op1", &id("k"), Some(b"marker")).unwrap();
         assert_ne!(again.as_ref(), stored.as_slice());
+
+        let form = seal.stored_form("op1", &id("k"), &response(201, b"body"));
+        assert!(form.headers.starts_with(TEXT_PREFIX) && !form.headers.contains("marker"));
+        assert_eq!(
+            open_form(&seal, "op1", &id("k"), 201, &form).unwrap(),
+            response(201, b"body")
+        );
+        // Another status, operation or identity: neither part opens.
+        assert!(open_form(&seal, "op1", &id("k"), 200, &form).is_err());
+        assert!(open_form(&seal, "op2", &id("k"), 201, &form).is_err());
+        assert!(open_form(&seal, "op1", &id("other"), 201, &form).is_err());
+        // A body moved to the request body's field, or taken away.
+        assert!(open("op1", id("k"), form.body.as_deref().unwrap()).is_err());
+        let no_body = seal.open_response("op1", &id("k"), 201, Some(&form.headers), None);
+        assert!(no_body.is_err());
+        // Headers from a response without a body do not open with one.
+        let bodiless = StoredResponse {
+            body: None,
+            ..response(201, b"")
+        };
+        let bodiless = seal.stored_form("op1", &id("k"), &bodiless);
+        assert!(bodiless.body.is_none());
+        let with_body = StoredForm {
+            body: form.body.clone(),
+            ..bodiless
+        };
+        assert!(open_form(&seal, "op1", &id("k"), 201, &with_body).is_err());
     }
 
     #[test]
-    fn headers_round_trip_sealed_and_plain() {
-        let headers = vec![("x-secret".to_string(), b"marker".to_vec())];
+    fn plain_headers_open_unless_the_store_is_sealed_only() {
         let seal = sealed_with(1);
-        let stored = seal.headers("op1", &headers);
-        assert!(stored.starts_with(TEXT_PREFIX) && !stored.contains("marker"));
-        assert_eq!(seal.open_headers("op1", &stored).unwrap(), headers);
-        assert!(seal.open_headers("op2", &stored).is_err());
-        let plain = Seal::plain().headers("op1", &headers);
-        assert_eq!(seal.open_headers("op1", &plain).unwrap(), headers);
-        assert!(Seal::plain().open_headers("op1", &stored).is_err());
+        let plain = Seal::plain().stored_form("op1", &id("k"), &response(201, b"{}"));
+        assert_eq!(
+            open_form(&seal, "op1", &id("k"), 201, &plain).unwrap(),
+            response(201, b"{}")
+        );
+        let sealed = seal.stored_form("op1", &id("k"), &response(201, b"{}"));
+        assert!(open_form(&Seal::plain(), "op1", &id("k"), 201, &sealed).is_err());
+
+        let only = sealed_with(1).sealed_only(Some(SEALED_ONLY_VALUE));
+        assert!(only.is_sealed_only());
+        assert!(open_form(&only, "op1", &id("k"), 201, &plain).is_err());
+        assert_eq!(
+            open_form(&only, "op1", &id("k"), 201, &sealed).unwrap(),
+            response(201, b"{}")
+        );
+        // Not sealed-only without the row, nor without a key.
+        assert!(!sealed_with(1).sealed_only(None).is_sealed_only());
+        assert!(
+            !Seal::plain()
+                .sealed_only(Some(SEALED_ONLY_VALUE))
+                .is_sealed_only()
+        );
+    }
+
+    /// A value as version 1 sealed it: its marker, and associated data
+    /// naming only the field and the operation.
+    fn seal_v1(key: &StoreKey, op: &str, field: Field, plain: &[u8]) -> Vec<u8> {
+        let slot = Slot {
+            operation: op,
+            identity: &id("unused"),
+            field,
+            response: None,
+        };
+        let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
+        let aad = slot.associated_data(Version::V1);
+        let payload = Payload {
+            msg: plain,
+            aad: &aad,
+        };
+        let ciphertext = key.cipher.encrypt(&nonce, payload).unwrap();
+        [MAGIC_V1.as_slice(), &key.id.0, &nonce, &ciphertext].concat()
+    }
+
+    #[test]
+    fn version_1_values_open_until_rekey_seals_them_again() {
+        let key = StoreKey::new(&[1; 32]);
+        let body = seal_v1(&key, "op1", Field::ResponseBody, b"body");
+        let headers = seal_v1(&key, "op1", Field::ResponseHeaders, b"[]");
+        let headers = format!("{TEXT_PREFIX_V1}{}", STANDARD.encode(headers));
+        let seal = sealed_with(1);
+        let opened = seal
+            .open_response("op1", &id("k"), 201, Some(&headers), Some(body.clone()))
+            .unwrap();
+        assert_eq!(
+            (opened.status, opened.body.as_deref()),
+            (201, Some(&b"body"[..]))
+        );
+        assert!(seal.is_stale(&body) && seal.is_stale(headers.as_bytes()));
+        let only = sealed_with(1).sealed_only(Some(SEALED_ONLY_VALUE));
+        assert!(
+            only.open_response("op1", &id("k"), 201, Some(&headers), Some(body.clone()))
+                .is_err()
+        );
+        // rekey: sealed again in version 2, bound to identity and status.
+        let stored = Payloads {
+            response_status: Some(201),
+            request_body: None,
+            response_headers: Some(headers),
+            response_body: Some(body),
+        };
+        let new = seal.reseal("op1", &id("k"), &stored).unwrap().unwrap();
+        let headers = new.response_headers.unwrap();
+        let body = new.response_body.unwrap();
+        assert!(!seal.is_stale(&body) && !seal.is_stale(headers.as_bytes()));
+        let reopened = only
+            .open_response("op1", &id("k"), 201, Some(&headers), Some(body.clone()))
+            .unwrap();
+        assert_eq!(reopened, opened);
+        assert!(
+            only.open_response("op1", &id("k"), 200, Some(&headers), Some(body))
+                .is_err()
+        );
+        // A version 1 canary still tells the key, and is stale.
+        let canary = STANDARD.encode(seal_v1(&key, CANARY_ID, Field::ResponseBody, CANARY_PLAIN));
+        assert_eq!(seal.check_canary(Some(&canary)).unwrap(), Canary::Fits);
+        assert!(!seal.canary_is_current(&canary));
+    }
+
+    #[test]
+    fn a_sealed_only_store_does_not_reseal_what_is_in_clear() {
+        let only = sealed_with(1).sealed_only(Some(SEALED_ONLY_VALUE));
+        let planted = Payloads {
+            response_status: Some(201),
+            request_body: None,
+            response_headers: Some("[]".into()),
+            response_body: Some(b"forged".to_vec()),
+        };
+        assert!(only.reseal("op1", &id("k"), &planted).is_err());
     }
 
     #[test]
     fn a_previous_key_opens_and_rekey_finds_what_it_sealed() {
         let old = sealed_with(1);
         let stored = old
-            .body("op", Field::RequestBody, Some(b"x"))
+            .request_body("op", &id("k"), Some(b"x"))
             .unwrap()
             .into_owned();
         let rotated = Seal::with_keys(StoreKey::new(&[2; 32]), Some(StoreKey::new(&[1; 32])), "K");
         assert_eq!(
             rotated
-                .open_body("op", Field::RequestBody, Some(stored.clone()))
+                .open_request_body("op", &id("k"), Some(stored.clone()))
                 .unwrap()
                 .unwrap(),
             b"x"
         );
         assert!(rotated.is_stale(&stored) && rotated.is_stale(b"plain"));
-        let resealed = rotated.body("op", Field::RequestBody, Some(b"x")).unwrap();
+        let resealed = rotated.request_body("op", &id("k"), Some(b"x")).unwrap();
         assert!(!rotated.is_stale(&resealed));
-        let headers = rotated.headers("op", &[]);
+        let headers = rotated
+            .stored_form("op", &id("k"), &response(201, b""))
+            .headers;
         assert!(!rotated.is_stale(headers.as_bytes()));
-        assert!(rotated.is_stale(old.headers("op", &[]).as_bytes()));
+        let old_headers = old.stored_form("op", &id("k"), &response(201, b"")).headers;
+        assert!(rotated.is_stale(old_headers.as_bytes()));
         assert!(
             sealed_with(2)
-                .open_body("op", Field::RequestBody, Some(stored))
+                .open_request_body("op", &id("k"), Some(stored))
                 .is_err()
         );
     }

@@ -48,7 +48,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::fence::Fence;
-use super::seal::{CANARY_ROW, Canary, Seal};
+use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
     AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
     NewOperation, Operation, Recorded, RekeyBatch, Resolved, RoutePause, Settlement, Stats, Store,
@@ -138,7 +138,6 @@ impl PostgresStore {
         clock: Arc<dyn Clock>,
         keys: StoreKeys,
     ) -> Result<Self, StoreError> {
-        let seal = keys.seal;
         let pool = PgPoolOptions::new()
             .max_connections(POOL)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -149,10 +148,13 @@ impl PostgresStore {
                 reason: e.to_string(),
             })?;
         run_migrations(&pool, url).await?;
-        if let Err(error) = check_keys(&pool, &seal, &keys.scope).await {
-            pool.close().await;
-            return Err(error);
-        }
+        let seal = match check_keys(&pool, keys.seal, &keys.scope).await {
+            Ok(seal) => seal,
+            Err(error) => {
+                pool.close().await;
+                return Err(error);
+            }
+        };
         let fence = Fence::leased(lease);
         let sent = Instant::now();
         statements::renew_lease(&pool, &owner, clock::millis(lease)).await?;
@@ -203,9 +205,12 @@ impl PostgresStore {
 
 /// Refuses keys that do not fit the store's canaries; marks a store sealed
 /// from now on with one (the first of replicas starting together wins,
-/// and the others are checked against its canary); keys the scopes of a
-/// store written before scopes were keyed.
-async fn check_keys(pool: &PgPool, seal: &Seal, scope: &ScopeKey) -> Result<(), StoreError> {
+/// and the others are checked against its canary), and sealed-only when
+/// it holds no operation yet; keys the scopes of a store written before
+/// scopes were keyed. The seal to use: sealed-only as the store says,
+/// read once here (a rekey that finishes meanwhile takes effect at each
+/// replica's next start).
+async fn check_keys(pool: &PgPool, seal: Seal, scope: &ScopeKey) -> Result<Seal, StoreError> {
     if let Some(keyed) = statements::key_scopes(pool, scope).await? {
         tracing::info!(operations = keyed, "scopes are keyed from now on");
     }
@@ -216,8 +221,12 @@ async fn check_keys(pool: &PgPool, seal: &Seal, scope: &ScopeKey) -> Result<(), 
         statements::set_meta(pool, CANARY_ROW, &canary, false).await?;
         let stored = statements::meta(pool, CANARY_ROW).await?;
         seal.check_canary(stored.as_deref())?;
+        if !statements::holds_operations(pool).await? {
+            statements::set_meta(pool, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, false).await?;
+        }
     }
-    Ok(())
+    let sealed_only = statements::meta(pool, SEALED_ONLY_ROW).await?;
+    Ok(seal.sealed_only(sealed_only.as_deref()))
 }
 
 /// Renews the lease every third of its length until `stop`: each renewal
@@ -439,10 +448,13 @@ impl Store for PostgresStore {
     }
 
     async fn finish_rekey(&self) -> Result<(), StoreError> {
-        match self.seal.canary() {
-            Some(canary) => statements::set_meta(&self.pool, CANARY_ROW, &canary, true).await,
-            None => Ok(()),
-        }
+        let Some(canary) = self.seal.canary() else {
+            return Ok(());
+        };
+        // The pass found nothing in clear or in format 1: the store is
+        // sealed-only from now on.
+        statements::set_meta(&self.pool, CANARY_ROW, &canary, true).await?;
+        statements::set_meta(&self.pool, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, true).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

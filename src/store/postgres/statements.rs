@@ -13,7 +13,7 @@ use sqlx::postgres::{PgPool, PgRow};
 
 use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{self, ScopeKey};
-use crate::store::seal::{Field, Payloads, Seal};
+use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
     Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State,
@@ -67,8 +67,9 @@ pub async fn claim(
         .iter()
         .zip(&ids)
         .map(|(&i, id)| {
-            let body = calls[i].new.request.body.as_deref();
-            seal.body(id, Field::RequestBody, body).map(Cow::into_owned)
+            let new = &calls[i].new;
+            (seal.request_body(id, &new.identity(), new.request.body.as_deref()))
+                .map(Cow::into_owned)
         })
         .collect();
     let rows = sqlx::query(
@@ -104,19 +105,23 @@ pub async fn claim(
     for row in &rows {
         let ord: i32 = row.try_get("ord")?;
         let claimed: bool = row.try_get("claimed")?;
-        let result = operation_from_row(row, seal).map(|operation| {
+        let Some(i) = usize::try_from(ord).ok().filter(|&i| i < calls.len()) else {
+            continue;
+        };
+        // The row holds the call's identity: the claim selects by it.
+        let new = &calls[i].new;
+        let result = operation_from_row(row, seal, &new.scope).map(|operation| {
             if claimed {
                 ClaimResult::Claimed(Claim {
                     operation_id: operation.id,
                     attempt: operation.attempt,
+                    identity: new.identity(),
                 })
             } else {
                 ClaimResult::Existing(Box::new(operation))
             }
         });
-        if let Some(slot) = usize::try_from(ord).ok().and_then(|i| results.get_mut(i)) {
-            *slot = Some(result);
-        }
+        results[i] = Some(result);
     }
     results
         .into_iter()
@@ -140,7 +145,7 @@ pub async fn find(
     .fetch_optional(pool)
     .await?;
     row.as_ref()
-        .map(|row| operation_from_row(row, seal))
+        .map(|row| operation_from_row(row, seal, &new.scope))
         .transpose()
 }
 
@@ -172,6 +177,13 @@ pub async fn record(
     order.sort_by_key(|&i| &calls[i].claim.operation_id);
     let ordered = || order.iter().map(|&i| (i, &calls[i]));
     let response = |c: &RecordCall| c.settlement.response().cloned();
+    let forms: Vec<Option<StoredForm>> = ordered()
+        .map(|(_, c)| {
+            let claim = &c.claim;
+            (c.settlement.response())
+                .map(|r| seal.stored_form(&claim.operation_id, &claim.identity, r))
+        })
+        .collect();
     let (mut event_ords, mut kinds, mut details) = (Vec::new(), Vec::new(), Vec::new());
     for (i, call) in ordered() {
         for event in &call.events {
@@ -232,17 +244,13 @@ pub async fn record(
             .collect::<Vec<_>>(),
     )
     .bind(
-        ordered()
-            .map(|(_, c)| response(c).map(|r| seal.headers(&c.claim.operation_id, &r.headers)))
+        (forms.iter())
+            .map(|f| f.as_ref().map(|f| f.headers.clone()))
             .collect::<Vec<_>>(),
     )
     .bind(
-        ordered()
-            .map(|(_, c)| {
-                let body = response(c).and_then(|r| r.body);
-                seal.body(&c.claim.operation_id, Field::ResponseBody, body.as_deref())
-                    .map(Cow::into_owned)
-            })
+        (forms.iter())
+            .map(|f| f.as_ref().and_then(|f| f.body.clone()))
             .collect::<Vec<_>>(),
     )
     .bind(ordered().map(|(_, c)| c.now).collect::<Vec<_>>())
@@ -341,7 +349,7 @@ pub async fn insert_event(
 }
 
 /// `unknown` → `completed` with evidence that came after the fact; the
-/// event is kept either way.
+/// event is kept either way (when the operation exists).
 #[allow(clippy::too_many_arguments)] // the store call's inputs, and the seal
 pub async fn settle_held(
     pool: &PgPool,
@@ -353,6 +361,10 @@ pub async fn settle_held(
     evidence: &str,
     event: &Event,
 ) -> Result<bool, StoreError> {
+    let Some(identity) = identity(pool, operation_id).await? else {
+        return Ok(false);
+    };
+    let stored = seal.stored_form(operation_id, &identity, response);
     let updated: i64 = sqlx::query_scalar(
         "WITH updated AS (
             UPDATE operations SET state = 'completed', evidence = $1, response_status = $2,
@@ -366,11 +378,8 @@ pub async fn settle_held(
     )
     .bind(evidence)
     .bind(i32::from(response.status))
-    .bind(seal.headers(operation_id, &response.headers))
-    .bind(
-        seal.body(operation_id, Field::ResponseBody, response.body.as_deref())
-            .map(Cow::into_owned),
-    )
+    .bind(stored.headers)
+    .bind(stored.body)
     .bind(now)
     .bind(operation_id)
     .bind(attempt.map(int))
@@ -471,12 +480,15 @@ pub async fn get(
     id: &str,
 ) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
     let row = sqlx::query(&format!(
-        "SELECT {OPERATION_COLUMNS} FROM operations WHERE id = $1"
+        "SELECT {OPERATION_COLUMNS}, scope FROM operations WHERE id = $1"
     ))
     .bind(id)
     .fetch_optional(pool)
     .await?;
-    let found = row.as_ref().map(|row| operation_from_row(row, seal));
+    let found = row.as_ref().map(|row| {
+        let scope: String = row.try_get("scope")?;
+        operation_from_row(row, seal, &scope)
+    });
     let Some(operation) = found.transpose()? else {
         return Ok(None);
     };
@@ -534,6 +546,10 @@ pub async fn resolve(
     event: &Event,
 ) -> Result<Resolved, StoreError> {
     let (state, response) = decision.outcome();
+    let Some(identity) = identity(pool, id).await? else {
+        return Ok(Resolved::NotFound);
+    };
+    let stored = response.map(|r| seal.stored_form(id, &identity, r));
     let updated: i64 = sqlx::query_scalar(&format!(
         "WITH updated AS (
             UPDATE operations SET state = $1, evidence = 'operator', response_status = $2,
@@ -548,11 +564,8 @@ pub async fn resolve(
     ))
     .bind(state.as_str())
     .bind(response.map(|r| i32::from(r.status)))
-    .bind(response.map(|r| seal.headers(id, &r.headers)))
-    .bind(response.and_then(|r| {
-        seal.body(id, Field::ResponseBody, r.body.as_deref())
-            .map(Cow::into_owned)
-    }))
+    .bind(stored.as_ref().map(|s| s.headers.clone()))
+    .bind(stored.and_then(|s| s.body))
     .bind(now)
     .bind(id)
     .bind(event.kind)
@@ -679,6 +692,15 @@ pub async fn meta(pool: &PgPool, name: &str) -> Result<Option<String>, StoreErro
     )
 }
 
+/// Whether the store holds any operation.
+pub async fn holds_operations(pool: &PgPool) -> Result<bool, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM operations)")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 /// Sets the meta row `name`; `replace = false` keeps a value a peer wrote
 /// first.
 pub async fn set_meta(
@@ -760,8 +782,9 @@ pub async fn rekey(
     limit: u32,
 ) -> Result<RekeyBatch, StoreError> {
     let rows = sqlx::query(
-        "SELECT id, request_body, response_headers, response_body FROM operations
-         WHERE id > $1 ORDER BY id LIMIT $2",
+        "SELECT id, route, scope, idem_key, fingerprint, response_status, request_body,
+            response_headers, response_body
+         FROM operations WHERE id > $1 ORDER BY id LIMIT $2",
     )
     .bind(after)
     .bind(i64::from(limit))
@@ -770,12 +793,14 @@ pub async fn rekey(
     let mut batch = RekeyBatch::default();
     for row in &rows {
         let id: String = row.try_get("id")?;
+        let status: Option<i32> = row.try_get("response_status")?;
         let stored = Payloads {
+            response_status: status.map(status_of).transpose()?,
             request_body: row.try_get("request_body")?,
             response_headers: row.try_get("response_headers")?,
             response_body: row.try_get("response_body")?,
         };
-        if let Some(new) = seal.reseal(&id, &stored)? {
+        if let Some(new) = seal.reseal(&id, &identity_from_row(row)?, &stored)? {
             batch.resealed += sqlx::query(
                 "UPDATE operations SET request_body = $1, response_headers = $2,
                     response_body = $3
@@ -802,28 +827,32 @@ pub async fn rekey(
 
 /// A row of [`OPERATION_COLUMNS`]. Sealed payloads are opened here: a
 /// value that does not open fails the row, never passes as bytes.
-fn operation_from_row(row: &PgRow, seal: &Seal) -> Result<Operation, StoreError> {
+/// `scope` is the row's (the claim's rows do not carry it).
+fn operation_from_row(row: &PgRow, seal: &Seal, scope: &str) -> Result<Operation, StoreError> {
     let summary = summary_from_row(row)?;
     let id = &summary.id;
+    let fingerprint: String = row.try_get("fingerprint")?;
+    let identity = Identity::of(&summary.route, scope, &summary.key, &fingerprint);
     let status: Option<i32> = row.try_get("response_status")?;
     let headers: Option<String> = row.try_get("response_headers")?;
     let body_size: i64 = row.try_get("request_body_size")?;
     let superseded_at: Option<i64> = row.try_get("superseded_at")?;
     let response = match status {
-        Some(status) => Some(StoredResponse {
-            status: u16::try_from(status)
-                .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-            headers: seal.open_headers(id, headers.as_deref().unwrap_or("[]"))?,
-            body: seal.open_body(id, Field::ResponseBody, row.try_get("response_body")?)?,
-        }),
+        Some(status) => Some(seal.open_response(
+            id,
+            &identity,
+            status_of(status)?,
+            headers.as_deref(),
+            row.try_get("response_body")?,
+        )?),
         None => None,
     };
-    let request_body = seal.open_body(id, Field::RequestBody, row.try_get("request_body")?)?;
+    let request_body = seal.open_request_body(id, &identity, row.try_get("request_body")?)?;
     Ok(Operation {
         id: summary.id,
         route: summary.route,
         key: summary.key,
-        fingerprint: Fingerprint::from_stored(row.try_get("fingerprint")?),
+        fingerprint: Fingerprint::from_stored(fingerprint),
         state: summary.state,
         attempt: summary.attempt,
         owner: row.try_get("owner")?,
@@ -841,6 +870,32 @@ fn operation_from_row(row: &PgRow, seal: &Seal) -> Result<Operation, StoreError>
         created_at: summary.created_at,
         updated_at: summary.updated_at,
     })
+}
+
+/// A stored `response_status`.
+fn status_of(status: i32) -> Result<u16, StoreError> {
+    u16::try_from(status).map_err(|_| StoreError::Corrupt(format!("status {status}")))
+}
+
+/// The identity the sealed values of operation `id` are bound to; `None`
+/// when there is no such operation.
+async fn identity(pool: &PgPool, id: &str) -> Result<Option<Identity>, StoreError> {
+    let row =
+        sqlx::query("SELECT route, scope, idem_key, fingerprint FROM operations WHERE id = $1")
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+    row.as_ref().map(identity_from_row).transpose()
+}
+
+fn identity_from_row(row: &PgRow) -> Result<Identity, StoreError> {
+    let text = |column: &str| row.try_get::<String, _>(column);
+    Ok(Identity::of(
+        &text("route")?,
+        &text("scope")?,
+        &text("idem_key")?,
+        &text("fingerprint")?,
+    ))
 }
 
 fn summary_from_row(row: &PgRow) -> Result<Summary, StoreError> {

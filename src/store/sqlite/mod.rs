@@ -38,7 +38,7 @@ use sqlx::ConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
 use super::fence::Fence;
-use super::seal::{CANARY_ROW, Canary, Seal};
+use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
     AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
     NewOperation, Operation, Recorded, RekeyBatch, Resolved, RoutePause, Settlement, Stats, Store,
@@ -107,7 +107,7 @@ impl SqliteStore {
                 return Err(error);
             }
         };
-        let store = SqliteStore {
+        let mut store = SqliteStore {
             writer,
             readers,
             batches,
@@ -125,11 +125,12 @@ impl SqliteStore {
     }
 
     /// Refuses keys that do not fit the store's canaries; marks a store
-    /// sealed from now on with one; keys the scopes of a store written
-    /// before scopes were keyed. One transaction.
-    async fn check_keys(&self, scope: ScopeKey) -> Result<(), StoreError> {
+    /// sealed from now on with one, and sealed-only when it holds no
+    /// operation yet (nothing in clear to keep reading); keys the scopes of
+    /// a store written before scopes were keyed. One transaction.
+    async fn check_keys(&mut self, scope: ScopeKey) -> Result<(), StoreError> {
         let seal = self.seal.clone();
-        let keyed = self
+        let (keyed, sealed_only) = self
             .writer
             .run(move |conn| {
                 let stored = statements::meta(conn, CANARY_ROW)?;
@@ -137,10 +138,15 @@ impl SqliteStore {
                     && let Some(canary) = seal.canary()
                 {
                     statements::set_meta(conn, CANARY_ROW, &canary)?;
+                    if !statements::holds_operations(conn)? {
+                        statements::set_meta(conn, SEALED_ONLY_ROW, SEALED_ONLY_VALUE)?;
+                    }
                 }
-                statements::key_scopes(conn, &scope)
+                let keyed = statements::key_scopes(conn, &scope)?;
+                Ok((keyed, statements::meta(conn, SEALED_ONLY_ROW)?))
             })
             .await?;
+        self.seal = self.seal.clone().sealed_only(sealed_only.as_deref());
         if let Some(keyed) = keyed {
             tracing::info!(operations = keyed, "scopes are keyed from now on");
         }
@@ -246,8 +252,9 @@ impl Store for SqliteStore {
     ) -> Result<Recorded, StoreError> {
         let (owner, now) = (self.owner.clone(), self.clock.now_millis());
         // Sealed here, on the request's task: the writer thread is shared.
-        let stored = (settlement.response())
-            .map(|response| self.seal.stored_form(&claim.operation_id, response));
+        let stored = (settlement.response()).map(|response| {
+            (self.seal).stored_form(&claim.operation_id, &claim.identity, response)
+        });
         let (claim, settlement, events) = (claim.clone(), settlement.clone(), events.to_vec());
         self.writer
             .run(move |conn| {
@@ -424,8 +431,13 @@ impl Store for SqliteStore {
         let Some(canary) = self.seal.canary() else {
             return Ok(());
         };
+        // The pass found nothing in clear or in format 1: the store is
+        // sealed-only from now on.
         self.writer
-            .run(move |conn| statements::set_meta(conn, CANARY_ROW, &canary))
+            .run(move |conn| {
+                statements::set_meta(conn, CANARY_ROW, &canary)?;
+                statements::set_meta(conn, SEALED_ONLY_ROW, SEALED_ONLY_VALUE)
+            })
             .await
     }
 

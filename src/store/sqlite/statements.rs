@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{self, ScopeKey};
-use crate::store::seal::{Field, Payloads, Seal, StoredForm};
+use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
     Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
     Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State,
@@ -82,6 +82,7 @@ pub fn claim(
         Claim {
             operation_id: operation.id,
             attempt,
+            identity: new.identity(),
         }
     } else {
         return Ok(ClaimResult::Existing(Box::new(operation)));
@@ -106,7 +107,7 @@ pub fn find(
     ))?;
     let found = statement
         .query_row(params![new.route, new.scope, new.key], |row| {
-            operation_from_row(row, seal)
+            operation_from_row(row, seal, &new.scope)
         })
         .optional()?;
     found.transpose()
@@ -122,6 +123,7 @@ fn insert(
     new: &NewOperation,
 ) -> Result<Option<Claim>, StoreError> {
     let id = uuid::Uuid::now_v7().to_string();
+    let identity = new.identity();
     let request = &new.request;
     let inserted = conn.prepare_cached(INSERT_CLAIMED)?.execute(params![
         id,
@@ -135,12 +137,13 @@ fn insert(
         request.content_type,
         request.body_size as i64,
         request.body_sha256,
-        seal.body(&id, Field::RequestBody, request.body.as_deref()),
+        seal.request_body(&id, &identity, request.body.as_deref()),
         now,
     ])?;
     Ok((inserted == 1).then_some(Claim {
         operation_id: id,
         attempt: 1,
+        identity,
     }))
 }
 
@@ -228,7 +231,7 @@ pub fn insert_event(
 }
 
 /// `unknown` → `completed` with evidence that came after the fact; the
-/// event is kept either way.
+/// event is kept either way (when the operation exists).
 #[allow(clippy::too_many_arguments)] // the store call's inputs, and the seal
 pub fn settle_held(
     conn: &Connection,
@@ -240,6 +243,10 @@ pub fn settle_held(
     evidence: &str,
     event: &Event,
 ) -> Result<bool, StoreError> {
+    let Some(identity) = identity(conn, operation_id)? else {
+        return Ok(false);
+    };
+    let stored = seal.stored_form(operation_id, &identity, response);
     let updated = conn
         .prepare_cached(
             "UPDATE operations SET state = 'completed', evidence = ?1, response_status = ?2,
@@ -249,8 +256,8 @@ pub fn settle_held(
         .execute(params![
             evidence,
             i64::from(response.status),
-            seal.headers(operation_id, &response.headers),
-            seal.body(operation_id, Field::ResponseBody, response.body.as_deref()),
+            stored.headers,
+            stored.body,
             now,
             operation_id,
             attempt,
@@ -348,9 +355,11 @@ pub fn get(
 ) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
     let found = conn
         .prepare_cached(&format!(
-            "SELECT {OPERATION_COLUMNS} FROM operations WHERE id = ?1"
+            "SELECT {OPERATION_COLUMNS}, scope FROM operations WHERE id = ?1"
         ))?
-        .query_row(params![id], |row| operation_from_row(row, seal))
+        .query_row(params![id], |row| {
+            operation_from_row(row, seal, &row.get::<_, String>("scope")?)
+        })
         .optional()?;
     let Some(operation) = found.transpose()? else {
         return Ok(None);
@@ -407,6 +416,10 @@ pub fn resolve(
     event: &Event,
 ) -> Result<Resolved, StoreError> {
     let (state, response) = decision.outcome();
+    let Some(identity) = identity(conn, id)? else {
+        return Ok(Resolved::NotFound);
+    };
+    let stored = response.map(|r| seal.stored_form(id, &identity, r));
     let updated = conn
         .prepare_cached(
             "UPDATE operations SET state = ?1, evidence = 'operator', response_status = ?2,
@@ -417,8 +430,8 @@ pub fn resolve(
         .execute(params![
             state.as_str(),
             response.map(|r| i64::from(r.status)),
-            response.map(|r| seal.headers(id, &r.headers)),
-            response.and_then(|r| seal.body(id, Field::ResponseBody, r.body.as_deref())),
+            stored.as_ref().map(|s| s.headers.as_str()),
+            stored.as_ref().and_then(|s| s.body.as_deref()),
             now,
             id,
             owner,
@@ -485,6 +498,13 @@ pub fn meta(conn: &Connection, name: &str) -> Result<Option<String>, StoreError>
         .optional()?)
 }
 
+/// Whether the store holds any operation.
+pub fn holds_operations(conn: &Connection) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM operations)")?
+        .query_row([], |row| row.get(0))?)
+}
+
 pub fn set_meta(conn: &Connection, name: &str, value: &str) -> Result<(), StoreError> {
     conn.prepare_cached(
         "INSERT INTO store_meta (name, value) VALUES (?1, ?2)
@@ -524,25 +544,33 @@ pub fn rekey(
     after: &str,
     limit: u32,
 ) -> Result<RekeyBatch, StoreError> {
-    let rows: Vec<(String, Payloads)> = conn
+    let rows: Vec<(String, Identity, Option<i64>, Payloads)> = conn
         .prepare_cached(
-            "SELECT id, request_body, response_headers, response_body FROM operations
-             WHERE id > ?1 ORDER BY id LIMIT ?2",
+            "SELECT id, route, scope, idem_key, fingerprint, response_status, request_body,
+                response_headers, response_body
+             FROM operations WHERE id > ?1 ORDER BY id LIMIT ?2",
         )?
         .query_map(params![after, limit], |row| {
             Ok((
-                row.get(0)?,
+                row.get("id")?,
+                identity_from_row(row)?,
+                row.get("response_status")?,
                 Payloads {
-                    request_body: row.get(1)?,
-                    response_headers: row.get(2)?,
-                    response_body: row.get(3)?,
+                    response_status: None,
+                    request_body: row.get("request_body")?,
+                    response_headers: row.get("response_headers")?,
+                    response_body: row.get("response_body")?,
                 },
             ))
         })?
         .collect::<Result<_, _>>()?;
     let mut resealed = 0;
-    for (id, stored) in &rows {
-        let Some(new) = seal.reseal(id, stored)? else {
+    for (id, identity, status, stored) in &rows {
+        let stored = &Payloads {
+            response_status: status.map(status_of).transpose()?,
+            ..stored.clone()
+        };
+        let Some(new) = seal.reseal(id, identity, stored)? else {
             continue;
         };
         resealed += conn
@@ -562,7 +590,7 @@ pub fn rekey(
             ])? as u64;
     }
     Ok(RekeyBatch {
-        last: rows.last().map(|(id, _)| id.clone()),
+        last: rows.last().map(|(id, ..)| id.clone()),
         operations: rows.len() as u64,
         resealed,
     })
@@ -572,7 +600,13 @@ pub fn rekey(
 /// inner one says whether the values make sense.
 /// Sealed payloads are opened here: a value that does not open fails the
 /// row, never passes as bytes.
-fn operation_from_row(row: &Row, seal: &Seal) -> rusqlite::Result<Result<Operation, StoreError>> {
+///
+/// `scope` is the row's: the claim's and `find`'s queries select by it.
+fn operation_from_row(
+    row: &Row,
+    seal: &Seal,
+    scope: &str,
+) -> rusqlite::Result<Result<Operation, StoreError>> {
     let status: Option<i64> = row.get("response_status")?;
     let headers: Option<String> = row.get("response_headers")?;
     let body: Option<Vec<u8>> = row.get("response_body")?;
@@ -593,17 +627,19 @@ fn operation_from_row(row: &Row, seal: &Seal) -> rusqlite::Result<Result<Operati
     Ok((|| {
         let summary = summary?;
         let id = &summary.id;
+        let identity = Identity::of(&summary.route, scope, &summary.key, &fingerprint);
         let response = match status {
-            Some(status) => Some(StoredResponse {
-                status: u16::try_from(status)
-                    .map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-                headers: seal.open_headers(id, headers.as_deref().unwrap_or("[]"))?,
-                body: seal.open_body(id, Field::ResponseBody, body)?,
-            }),
+            Some(status) => Some(seal.open_response(
+                id,
+                &identity,
+                status_of(status)?,
+                headers.as_deref(),
+                body,
+            )?),
             None => None,
         };
         let request = RequestSummary {
-            body: seal.open_body(id, Field::RequestBody, request.body)?,
+            body: seal.open_request_body(id, &identity, request.body)?,
             ..request
         };
         Ok(Operation {
@@ -622,6 +658,30 @@ fn operation_from_row(row: &Row, seal: &Seal) -> rusqlite::Result<Result<Operati
             updated_at: summary.updated_at,
         })
     })())
+}
+
+/// A stored `response_status`.
+fn status_of(status: i64) -> Result<u16, StoreError> {
+    u16::try_from(status).map_err(|_| StoreError::Corrupt(format!("status {status}")))
+}
+
+/// The identity the sealed values of operation `id` are bound to; `None`
+/// when there is no such operation.
+fn identity(conn: &Connection, id: &str) -> Result<Option<Identity>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT route, scope, idem_key, fingerprint FROM operations WHERE id = ?1")?
+        .query_row(params![id], identity_from_row)
+        .optional()?)
+}
+
+fn identity_from_row(row: &Row) -> rusqlite::Result<Identity> {
+    let text = |column: &str| row.get::<_, String>(column);
+    Ok(Identity::of(
+        &text("route")?,
+        &text("scope")?,
+        &text("idem_key")?,
+        &text("fingerprint")?,
+    ))
 }
 
 fn summary_from_row(row: &Row) -> rusqlite::Result<Result<Summary, StoreError>> {
