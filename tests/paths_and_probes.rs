@@ -5,6 +5,12 @@
 //!   protected `/api` route, one operation, and the upstream receives
 //!   `/api/echo`; `/api/../v1/x` is `/v1/x`; a path that cannot be
 //!   normalized is 400 `invalid-path` and nothing is sent;
+//! - empty segments merge: `/o//prot/create`, `//o/prot/create` and
+//!   `/o///prot/create` are `/o/prot/create`, one operation on its route,
+//!   and the upstream receives `/o/prot/create`;
+//! - a `;` parameter or an encoded `%2F`/`%3B` that another upstream's
+//!   reading would move onto another route is 400 `invalid-path`; where
+//!   every reading keeps the route, the path is forwarded as sent;
 //! - a reconcile probe never asks about the collection an upstream that
 //!   resolves dot-segments would answer for: the keys `.` and `..` are
 //!   never put in a probe's path (the operation stays held), and a key with
@@ -130,6 +136,95 @@ async fn a_path_that_cannot_be_normalized_is_refused() {
         .expect("a response");
     assert_eq!(raw.status, 400, "asterisk-form: {}", raw.head);
     assert!(gw.upstream.requests().is_empty(), "nothing sent");
+}
+
+/// Route `api` at `/o/prot/` (keys required) beside `open` at `/o/`, a
+/// plain proxy (`key = "off"`), both to one fake upstream: the setup the
+/// empty-segment bypass was reported on.
+async fn protected_prefix_inside_an_open_one() -> TestGateway {
+    let upstream = FakeUpstream::start().await;
+    let open = format!(
+        "key = \"require\"\n[[routes]]\nname = \"open\"\npath_prefix = \"/o/\"\n\
+         upstream = \"{}\"\nkey = \"off\"\n",
+        upstream.url()
+    );
+    spawn_gateway_on(upstream, Setup::route(&open).at("/o/prot/")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_segments_merge_so_a_write_keeps_its_route() {
+    let gw = protected_prefix_inside_an_open_one().await;
+    let spellings = [
+        "/o/prot/create",
+        "/o//prot/create",
+        "//o/prot/create",
+        "/o///prot/create",
+    ];
+
+    let first = write(gw.addr(), spellings[0], Some("slashes-1"), BODY).await;
+    assert_fresh_created(&first);
+    for path in spellings.iter().chain(&spellings).skip(1) {
+        let retry = write(gw.addr(), path, Some("slashes-1"), BODY).await;
+        assert_replay_of(&retry, &first);
+    }
+
+    assert_eq!(gw.upstream.writes(), 1, "eight requests, one write");
+    let sent = gw.upstream.write_requests();
+    assert_eq!(sent[0].uri, "/o/prot/create");
+    // The protected route's rules hold whatever the spelling.
+    for path in ["//o/prot/create", "/o//prot//create//?a=b"] {
+        write(gw.addr(), path, None, BODY)
+            .await
+            .assert_problem(400, "missing-key");
+    }
+    // Proxied requests are forwarded merged too.
+    let read = send(gw.addr(), "GET", "/o//x//y/?q=a//b", &[], Bytes::new()).await;
+    assert_eq!(read.status, StatusCode::OK);
+    let last = gw.upstream.requests().last().expect("a GET").uri.clone();
+    assert_eq!(last, "/o/x/y/?q=a//b", "the query is kept as sent");
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_an_upstream_could_route_elsewhere_is_refused() {
+    let gw = protected_prefix_inside_an_open_one().await;
+    // Literally these are the open route's; a servlet container strips the
+    // `;` parameter, nginx decodes `%2F` (and `%3B`) before it routes: the
+    // protected route's write to them.
+    let ambiguous = [
+        "/o/prot;x/create",
+        "/o/prot;/create",
+        "/o;v=1/prot/create",
+        "/o/x/..;/prot/create",
+        "/o%2Fprot/create",
+        "/o/x%2F..%2Fprot/create",
+        "/o/prot%3Bx/create",
+    ];
+    for path in ambiguous {
+        let resp = write(gw.addr(), path, None, BODY).await;
+        let problem = resp.assert_problem(400, "invalid-path");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("/o/prot/")),
+            "{path}: {problem}"
+        );
+    }
+    assert!(gw.upstream.requests().is_empty(), "nothing sent");
+
+    // Where every reading keeps the route, the path is forwarded as sent:
+    // `;` and `%2F` are data to the upstreams that do not strip or decode.
+    let kept = [
+        ("/o/prot/create;v=1", Some("kept-1")),
+        ("/o/prot/a%2Fb", Some("kept-2")),
+        ("/o/x;y/z", None),
+        ("/o/a%2fb", None),
+    ];
+    for (n, (path, key)) in kept.iter().enumerate() {
+        assert_fresh_created(&write(gw.addr(), path, *key, BODY).await);
+        let sent = gw.upstream.write_requests();
+        assert_eq!(sent[n].uri, path.replace("%2f", "%2F"), "{path}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
