@@ -10,7 +10,8 @@
 //!    (the retry is forwarded once), 409 for settled and live operations,
 //!    and a resolution racing client retries never lets two through;
 //! 4. pause and resume (stored across a restart), stats, pagination;
-//! 5. `GET /.idemgate/operations/{key}` is scoped to the caller;
+//! 5. `GET /.idemgate/operations/{key}` is scoped to the caller, and `HEAD`
+//!    answers as `GET` without the body;
 //! 6. `/metrics` counters, and every route of the OpenAPI document answers a
 //!    status the document lists.
 //!
@@ -1121,6 +1122,40 @@ async fn clients_look_up_only_their_own_operations() {
         1,
         "lookups never reach the upstream"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_answers_head_as_get_without_a_body() {
+    let (gw, _admin) = gateway("").await;
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("head-1"), ORDER).await);
+    let get = lookup(&gw, "head-1", ALICE).await;
+    assert_eq!(get.status, 200);
+
+    let head = |key: &'static str, authorization: &'static str| {
+        let path = format!("/.idemgate/operations/{key}");
+        let addr = gw.addr();
+        async move {
+            let headers = [("authorization", authorization)];
+            send(addr, "HEAD", &path, &headers, Bytes::new()).await
+        }
+    };
+    let found = head("head-1", ALICE).await;
+    assert_eq!(found.status, 200, "{:?}", found.headers);
+    assert!(found.body.is_empty());
+    assert_eq!(found.header("content-type"), get.header("content-type"));
+    assert_eq!(
+        found.header("content-length"),
+        Some(get.body.len().to_string().as_str())
+    );
+    // Another scope's key: 404 as for GET, no body either.
+    let other = head("head-1", BOB).await;
+    assert_eq!(other.status, 404);
+    assert!(other.body.is_empty());
+    assert_eq!(
+        other.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(gw.upstream.requests().len(), 1, "lookups stay in idemgate");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
