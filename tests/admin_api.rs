@@ -10,7 +10,8 @@
 //!    (the retry is forwarded once), 409 for settled and live operations,
 //!    and a resolution racing client retries never lets two through;
 //! 4. pause and resume (stored across a restart), stats, pagination;
-//! 5. `GET /.idemgate/operations/{key}` is scoped to the caller;
+//! 5. `GET /.idemgate/operations/{key}` is scoped to the caller, and `HEAD`
+//!    answers as `GET` without the body;
 //! 6. `/metrics` counters, and every route of the OpenAPI document answers a
 //!    status the document lists.
 //!
@@ -207,6 +208,18 @@ async fn every_admin_route_needs_the_exact_bearer_token() {
             "{method} {path}: {}",
             String::from_utf8_lossy(&resp.body)
         );
+    }
+    // Two `Authorization` lines are ambiguous, whichever comes first.
+    let right = format!("Bearer {token}");
+    for pair in [
+        [right.as_str(), "Bearer wrong"],
+        ["Bearer wrong", right.as_str()],
+        [right.as_str(), right.as_str()],
+    ] {
+        let headers = [("authorization", pair[0]), ("authorization", pair[1])];
+        let resp = send(admin.addr, "GET", "/admin/stats", &headers, Bytes::new()).await;
+        let problem = resp.assert_problem(400, "ambiguous-credentials");
+        assert!(!problem.to_string().contains(&token), "{problem}");
     }
     // The unauthenticated routes need no token.
     for path in ["/healthz", "/readyz", "/metrics"] {
@@ -1053,6 +1066,49 @@ async fn pages_walk_every_operation_once_newest_first() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_the_api_never_gave_is_refused() {
+    let (gw, admin) = gateway("").await;
+    for key in ["cur-1", "cur-2"] {
+        assert_fresh_created(&write(gw.addr(), "/orders", Some(key), ORDER).await);
+    }
+    let first = admin.get_json("/admin/keys?limit=1").await;
+    let next = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+
+    // Other UUID forms name the same id but are not the form it is given in.
+    let braced = format!("%7B{next}%7D");
+    let bare: String = next.chars().filter(|c| *c != '-').collect();
+    for cursor in [
+        "garbage",
+        "",
+        "1",
+        "%27%20OR%201%3D1",
+        &next[..next.len() - 1],
+        &braced,
+        &bare,
+    ] {
+        let path = format!("/admin/keys?cursor={cursor}");
+        let resp = admin_call(admin.addr, "GET", &path, Some(&admin.token), "").await;
+        resp.assert_problem_mentioning(400, "invalid-cursor", "next_cursor");
+    }
+    // The cursor given back, in either case, pages on.
+    for cursor in [next.clone(), next.to_ascii_uppercase()] {
+        let page = admin
+            .get_json(&format!("/admin/keys?cursor={cursor}"))
+            .await;
+        let keys: Vec<&str> = page["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|i| i["key"].as_str().expect("key"))
+            .collect();
+        assert_eq!(keys, ["cur-1"], "{cursor}: {page}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_request_body_is_shown_only_when_the_route_stores_it() {
     let (gw, admin) = gateway("store_request_body = true").await;
     assert_fresh_created(&write(gw.addr(), "/orders", Some("body-1"), ORDER).await);
@@ -1121,6 +1177,40 @@ async fn clients_look_up_only_their_own_operations() {
         1,
         "lookups never reach the upstream"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_answers_head_as_get_without_a_body() {
+    let (gw, _admin) = gateway("").await;
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("head-1"), ORDER).await);
+    let get = lookup(&gw, "head-1", ALICE).await;
+    assert_eq!(get.status, 200);
+
+    let head = |key: &'static str, authorization: &'static str| {
+        let path = format!("/.idemgate/operations/{key}");
+        let addr = gw.addr();
+        async move {
+            let headers = [("authorization", authorization)];
+            send(addr, "HEAD", &path, &headers, Bytes::new()).await
+        }
+    };
+    let found = head("head-1", ALICE).await;
+    assert_eq!(found.status, 200, "{:?}", found.headers);
+    assert!(found.body.is_empty());
+    assert_eq!(found.header("content-type"), get.header("content-type"));
+    assert_eq!(
+        found.header("content-length"),
+        Some(get.body.len().to_string().as_str())
+    );
+    // Another scope's key: 404 as for GET, no body either.
+    let other = head("head-1", BOB).await;
+    assert_eq!(other.status, 404);
+    assert!(other.body.is_empty());
+    assert_eq!(
+        other.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(gw.upstream.requests().len(), 1, "lookups stay in idemgate");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1321,6 +1411,11 @@ async fn every_route_in_the_openapi_document_answers_a_status_it_lists() {
                 );
             } else {
                 assert_unauthorized(&anonymous, &format!("{method} {path}"));
+                let right = format!("Bearer {}", admin.token);
+                let twice = [("authorization", right.as_str()); 2];
+                let ambiguous = send(admin.addr, &method, &path, &twice, body.clone()).await;
+                ambiguous.assert_problem(400, "ambiguous-credentials");
+                assert_documented(&doc, operation, &method, &path, &ambiguous);
             }
             assert_documented(&doc, operation, &method, &path, &anonymous);
 
@@ -1352,10 +1447,14 @@ async fn every_route_in_the_openapi_document_answers_a_status_it_lists() {
                 assert_documented(&doc, operation, &method, &missing, &resp);
             }
             if template == "/admin/keys" {
-                let bad = "/admin/keys?limit=0";
-                let resp = admin_call(admin.addr, &method, bad, Some(&admin.token), "").await;
-                resp.assert_problem(400, "invalid-request");
-                assert_documented(&doc, operation, &method, bad, &resp);
+                for (bad, name) in [
+                    ("/admin/keys?limit=0", "invalid-request"),
+                    ("/admin/keys?cursor=garbage", "invalid-cursor"),
+                ] {
+                    let resp = admin_call(admin.addr, &method, bad, Some(&admin.token), "").await;
+                    resp.assert_problem(400, name);
+                    assert_documented(&doc, operation, &method, bad, &resp);
+                }
             }
         }
     }

@@ -5,6 +5,12 @@
 //!   protected `/api` route, one operation, and the upstream receives
 //!   `/api/echo`; `/api/../v1/x` is `/v1/x`; a path that cannot be
 //!   normalized is 400 `invalid-path` and nothing is sent;
+//! - empty segments merge: `/o//prot/create`, `//o/prot/create` and
+//!   `/o///prot/create` are `/o/prot/create`, one operation on its route,
+//!   and the upstream receives `/o/prot/create`;
+//! - a `;` parameter or an encoded `%2F`/`%3B` that another upstream's
+//!   reading would move onto another route is 400 `invalid-path`; where
+//!   every reading keeps the route, the path is forwarded as sent;
 //! - a reconcile probe never asks about the collection an upstream that
 //!   resolves dot-segments would answer for: the keys `.` and `..` are
 //!   never put in a probe's path (the operation stays held), and a key with
@@ -28,15 +34,22 @@ use serde_json::json;
 
 const BODY: &str = r#"{"title":"t"}"#;
 
-/// Route `api` at `/api` (keys required) beside a catch-all `all` that is a
+/// Route `api` at `/api` (keys required) beside a catch-all that is a
 /// plain proxy (`key = "off"`), both to one fake upstream.
 async fn protected_api_beside_a_catch_all() -> TestGateway {
+    protected_beside_open("/api", "/").await
+}
+
+/// Route `api` at `protected` (keys required) beside `open` at `open_at`,
+/// a plain proxy (`key = "off"`), both to one fake upstream.
+async fn protected_beside_open(protected: &str, open_at: &str) -> TestGateway {
     let upstream = FakeUpstream::start().await;
-    let all = format!(
-        "[[routes]]\nname = \"all\"\npath_prefix = \"/\"\nupstream = \"{}\"\nkey = \"off\"\n",
+    let open = format!(
+        "key = \"require\"\n[[routes]]\nname = \"open\"\npath_prefix = \"{open_at}\"\n\
+         upstream = \"{}\"\nkey = \"off\"\n",
         upstream.url()
     );
-    spawn_gateway_on(upstream, Setup::route(&all).at("/api")).await
+    spawn_gateway_on(upstream, Setup::route(&open).at(protected)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,6 +143,83 @@ async fn a_path_that_cannot_be_normalized_is_refused() {
         .expect("a response");
     assert_eq!(raw.status, 400, "asterisk-form: {}", raw.head);
     assert!(gw.upstream.requests().is_empty(), "nothing sent");
+}
+
+/// A protected `/o/prot/` inside an open `/o/`: the setup the empty-segment
+/// bypass was reported on.
+async fn protected_prefix_inside_an_open_one() -> TestGateway {
+    protected_beside_open("/o/prot/", "/o/").await
+}
+
+/// One write to `/o/prot/create`, as the bypass report spelled it.
+const SLASHED: [&str; 4] = [
+    "/o/prot/create",
+    "/o//prot/create",
+    "//o/prot/create",
+    "/o///prot/create",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_segments_merge_so_a_write_keeps_its_route() {
+    let gw = protected_prefix_inside_an_open_one().await;
+
+    let first = write(gw.addr(), SLASHED[0], Some("slashes-1"), BODY).await;
+    assert_fresh_created(&first);
+    for path in SLASHED.iter().chain(&SLASHED).skip(1) {
+        let retry = write(gw.addr(), path, Some("slashes-1"), BODY).await;
+        assert_replay_of(&retry, &first);
+    }
+
+    assert_eq!(gw.upstream.writes(), 1, "eight requests, one write");
+    let sent = gw.upstream.write_requests();
+    assert_eq!(sent[0].uri, "/o/prot/create");
+    // The protected route's rules hold whatever the spelling.
+    for path in ["//o/prot/create", "/o//prot//create//?a=b"] {
+        write(gw.addr(), path, None, BODY)
+            .await
+            .assert_problem(400, "missing-key");
+    }
+    // Proxied requests are forwarded merged too.
+    let read = send(gw.addr(), "GET", "/o//x//y/?q=a//b", &[], Bytes::new()).await;
+    assert_eq!(read.status, StatusCode::OK);
+    let last = gw.upstream.requests().last().expect("a GET").uri.clone();
+    assert_eq!(last, "/o/x/y/?q=a//b", "the query is kept as sent");
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_an_upstream_could_route_elsewhere_is_refused() {
+    let gw = protected_prefix_inside_an_open_one().await;
+    // Literally these are the open route's; a servlet container strips the
+    // `;` parameter, nginx decodes `%2F` (and `%3B`) before it routes: the
+    // protected route's write to them.
+    for path in [
+        "/o/prot;x/create",
+        "/o/prot;/create",
+        "/o;v=1/prot/create",
+        "/o/x/..;/prot/create",
+        "/o%2Fprot/create",
+        "/o/x%2F..%2Fprot/create",
+        "/o/prot%3Bx/create",
+    ] {
+        let resp = write(gw.addr(), path, None, BODY).await;
+        resp.assert_problem_mentioning(400, "invalid-path", "/o/prot/");
+    }
+    assert!(gw.upstream.requests().is_empty(), "nothing sent");
+
+    // Where every reading keeps the route, the path is forwarded as sent:
+    // `;` and `%2F` are data to the upstreams that do not strip or decode.
+    let kept = [
+        ("/o/prot/create;v=1", Some("kept-1")),
+        ("/o/prot/a%2Fb", Some("kept-2")),
+        ("/o/x;y/z", None),
+        ("/o/a%2fb", None),
+    ];
+    for (n, (path, key)) in kept.iter().enumerate() {
+        assert_fresh_created(&write(gw.addr(), path, *key, BODY).await);
+        let sent = gw.upstream.write_requests();
+        assert_eq!(sent[n].uri, path.replace("%2f", "%2F"), "{path}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,9 @@
 //! by `admin_token_env`.
 //!
 //! Invariants: the comparison takes the same time wherever the first wrong
-//! byte is (`subtle`); with no token configured (the variable unset or
+//! byte is (`subtle`); a request with more than one `Authorization` line is
+//! refused (400 `ambiguous-credentials`) whatever the lines hold, never
+//! judged by one of them; with no token configured (the variable unset or
 //! empty) every `/admin/*` call is 401 `admin-token-unset`, which names the
 //! variable to set (never a value: there is none) so an operator at the
 //! console learns what is missing; a configured token is one some
@@ -150,13 +152,19 @@ impl AdminToken {
         Ok(())
     }
 
-    /// Accepts exactly `Authorization: Bearer <token>`.
+    /// Accepts exactly one `Authorization: Bearer <token>`.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), AdminError> {
         let Some(expected) = &self.token else {
             return Err(AdminError::TokenUnset {
                 variable: self.variable.clone(),
             });
         };
+        // Refused before any comparison, so that which line holds the token
+        // (the right one first, or second) changes nothing in the answer.
+        let count = headers.get_all(AUTHORIZATION).iter().count();
+        if count > 1 {
+            return Err(AdminError::AmbiguousCredentials { count });
+        }
         // The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
         let presented = headers
             .get(AUTHORIZATION)
@@ -200,6 +208,28 @@ mod tests {
             Err(AdminError::TokenUnset { variable }) if variable == "V"
         ));
         assert_eq!(format!("{token:?}"), "AdminToken(set)");
+    }
+
+    #[test]
+    fn two_authorization_lines_are_refused_whatever_they_hold() {
+        let token = AdminToken::set(b"s3cret".to_vec(), "V");
+        for pair in [
+            ["Bearer s3cret", "Bearer wrong"],
+            ["Bearer wrong", "Bearer s3cret"],
+            ["Bearer s3cret", "Bearer s3cret"],
+        ] {
+            let mut headers = HeaderMap::new();
+            for line in pair {
+                headers.append(AUTHORIZATION, HeaderValue::from_static(line));
+            }
+            assert!(
+                matches!(
+                    token.check(&headers),
+                    Err(AdminError::AmbiguousCredentials { count: 2 })
+                ),
+                "{pair:?}"
+            );
+        }
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub async fn list(admin: &Admin, query: Option<&str>) -> Result<Response<ProxyBo
             }
             "route" => filter.route = Some(value),
             "key" => filter.key = Some(value),
-            "cursor" => filter.before = Some(value),
+            "cursor" => filter.before = Some(cursor(&value)?),
             "limit" => {
                 filter.limit = value
                     .parse()
@@ -67,6 +67,19 @@ pub async fn list(admin: &Admin, query: Option<&str>) -> Result<Response<ProxyBo
         StatusCode::OK,
         &json!({ "items": items, "next_cursor": next_cursor }),
     ))
+}
+
+/// The operation id a `next_cursor` names, in the form ids are stored in.
+/// Anything else would page from an arbitrary point of the id order (or
+/// past every id: an empty page) and look like a true answer. Only the
+/// hyphenated form (36 characters, either case) is one: the braced, URN and
+/// bare-hex forms `uuid` also parses are not the OpenAPI `format: uuid`.
+fn cursor(value: &str) -> Result<String, AdminError> {
+    uuid::Uuid::try_parse(value)
+        .ok()
+        .filter(|_| value.len() == 36)
+        .map(|id| id.hyphenated().to_string())
+        .ok_or(AdminError::InvalidCursor)
 }
 
 /// `a=1&b=x%20y` as decoded pairs.

@@ -80,6 +80,18 @@ pub enum AdminError {
         "operation {id} is {state} and cannot be resolved: only unknown operations, or in-progress ones whose gateway died, can be"
     )]
     NotResolvable { id: String, state: &'static str },
+    /// RFC 6750 §3.1: a request that "uses more than one method for
+    /// including an access token" is malformed (400 `invalid_request`), not
+    /// unauthenticated; and which line a proxy in front would pick is
+    /// anyone's guess, so none is picked.
+    #[error(
+        "the request has {count} `Authorization` headers: send exactly one, `Authorization: Bearer <token>`"
+    )]
+    AmbiguousCredentials { count: usize },
+    #[error(
+        "`cursor` must be a `next_cursor` this API returned (an operation id), passed back unchanged"
+    )]
+    InvalidCursor,
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -112,6 +124,14 @@ impl AdminError {
             AdminError::NoRoute(_) => (StatusCode::NOT_FOUND, "no-route", "No route"),
             AdminError::NotResolvable { .. } => {
                 (StatusCode::CONFLICT, "not-resolvable", "Not resolvable")
+            }
+            AdminError::AmbiguousCredentials { .. } => (
+                StatusCode::BAD_REQUEST,
+                "ambiguous-credentials",
+                "Ambiguous credentials",
+            ),
+            AdminError::InvalidCursor => {
+                (StatusCode::BAD_REQUEST, "invalid-cursor", "Invalid cursor")
             }
             AdminError::BadRequest(_) => (
                 StatusCode::BAD_REQUEST,
@@ -159,6 +179,12 @@ impl AdminError {
                 response.headers_mut().insert(
                     http::header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer"),
+                );
+            }
+            AdminError::AmbiguousCredentials { .. } => {
+                response.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer error=\"invalid_request\""),
                 );
             }
             // RFC 9110: a 405 lists the methods the path does accept.
@@ -500,6 +526,12 @@ mod tests {
                 "not-resolvable",
             ),
             (AdminError::BadRequest("x".into()), 400, "invalid-request"),
+            (
+                AdminError::AmbiguousCredentials { count: 2 },
+                400,
+                "ambiguous-credentials",
+            ),
+            (AdminError::InvalidCursor, 400, "invalid-cursor"),
             (AdminError::BodyTooLarge { limit: 1 }, 413, "body-too-large"),
             (
                 AdminError::BodyTimeout {

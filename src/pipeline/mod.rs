@@ -4,9 +4,11 @@
 //!    in place, so everything after it — the reserved `/.idemgate/` prefix
 //!    ([`status`]), routing, the fingerprint and the upstream's request line —
 //!    sees one spelling; a path that has none → 400 `invalid-path`.
-//! 1. [`route`]: longest `path_prefix`; none → 404 `no-route`. A method the
-//!    route does not intercept is streamed through ([`forward::pass_through`]),
-//!    unchanged but for its normalized path and hop-by-hop headers.
+//! 1. [`route`]: longest `path_prefix`; none → 404 `no-route`; a path that
+//!    another upstream's reading (`;` stripped, `%2F` decoded) puts on another
+//!    route → 400 `invalid-path`. A method the route does not intercept is
+//!    streamed through ([`forward::pass_through`]), unchanged but for its
+//!    normalized path and hop-by-hop headers.
 //! 2. [`key`]: the `Idempotency-Key` (or an assigned one) and the scope.
 //! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`)
 //!    and by the bodies' shared [`budget`] (503 `overloaded`).
@@ -207,14 +209,19 @@ impl Proxy {
         let normalized = path::normalize(request.uri_mut());
         let path = request.uri().path().to_string();
         let reserved = normalized.is_ok() && path.starts_with(status::PREFIX);
-        let active = (normalized.is_ok() && !reserved)
-            .then(|| route::select(&self.routes, &path, |active| &active.route).cloned())
-            .flatten();
+        let routed = normalized.and_then(|()| {
+            if reserved {
+                return Ok(None);
+            }
+            route::select_unambiguous(&self.routes, &path, |active| &active.route)
+                .map(Option::<&Arc<ActiveRoute>>::cloned)
+        });
+        let active = routed.as_ref().ok().cloned().flatten();
         let answered = if head_bytes > self.max_header_bytes {
             Err(ProxyError::HeadersTooLarge {
                 limit: self.max_header_bytes,
             })
-        } else if let Err(error) = normalized {
+        } else if let Err(error) = routed {
             Err(error.into())
         } else if reserved {
             status::lookup(self.store.as_ref(), &self.routes, &self.scope_key, &request).await

@@ -6,22 +6,35 @@
 //! rewrites the request's URI in place; every later phase — the reserved
 //! `/.idemgate/` prefix, route selection, the fingerprint, the stored request
 //! summary and the upstream's request line — reads that one normalized path.
-//! Without it `/./api/echo`, `/%61pi/echo` or `/x/../api/echo` would slip
-//! past a route at `/api` to a less protective one, while the upstream
-//! (resolving them) performed the same write.
+//! Without it `/./api/echo`, `/%61pi/echo`, `/x/../api/echo` or `//api/echo`
+//! would slip past a route at `/api` to a less protective one, while the
+//! upstream (resolving them) performed the same write.
 //!
 //! The normal form, in this order:
 //! 1. percent-encoded unreserved characters (`A–Z a–z 0–9 - . _ ~`) are
 //!    decoded (`%61` → `a`, `%2E` → `.`); every other percent-encoding is
 //!    kept, with upper-case hex digits (`%2f` → `%2F`): a reserved character
 //!    stays data, `%2F` is never a `/`;
-//! 2. dot-segments are removed (§5.2.4) — after step 1, so `%2E%2E` is a
-//!    `..` too, as it is to an upstream that decodes before it resolves.
+//! 2. empty segments are merged (`//` → `/`), as nginx's `merge_slashes` and
+//!    most frameworks do before they route: an upstream that merges would
+//!    perform `/o//prot/x` as `/o/prot/x`, so idemgate must route it there;
+//!    and the upstream then receives the merged path, so one that does not
+//!    merge never sees a second spelling either;
+//! 3. dot-segments are removed (§5.2.4) — after steps 1 and 2, so `%2E%2E` is
+//!    a `..` too and `/a//..` is `/`, as to an upstream that decodes and
+//!    merges before it resolves.
 //!
 //! The query is kept as sent. A path that cannot be normalized — one that
 //! does not start with `/` (`*`, an authority) or has a `%` not followed by
 //! two hex digits — is refused ([`PathError`], 400 `invalid-path`).
-
+//!
+//! Two spellings have no one reading, so no normal form can settle them: a
+//! `;` parameter in a segment (`/api;x/tasks` is `/api/tasks` to a servlet
+//! container, `/api;x/tasks` to nginx) and an encoded `%2F` or `%3B` (a `/`
+//! or `;` to an upstream that decodes before it routes, data to one that
+//! does not). They are kept as sent, and [`readings`] lists what other
+//! upstreams make of them, so that route selection can refuse a path whose
+//! route those readings would change (`route::select_unambiguous`).
 use std::borrow::Cow;
 
 use http::Uri;
@@ -36,6 +49,12 @@ pub enum PathError {
     BadPercentEncoding { at: usize },
     #[error("the normalized request path is not a valid request target")]
     Unrepresentable,
+    /// An upstream that strips `;` parameters or decodes `%2F`/`%3B` before
+    /// it routes would take the path for `reading`, on another route.
+    #[error(
+        "the request path belongs to another route when read as an upstream may read it ({reading}: `;` parameters stripped, or `%2F` and `%3B` decoded); send that path instead"
+    )]
+    AnotherRouteWhenRead { reading: String },
 }
 
 /// Rewrites `uri`'s path into normal form, keeping its query (and scheme and
@@ -61,11 +80,66 @@ pub fn normal_form(path: &str) -> Result<Cow<'_, str>, PathError> {
         return Err(PathError::NotAbsolute);
     }
     let decoded = normalize_percent_encodings(path)?;
-    let has_dot_segment = decoded.split('/').any(|s| s == "." || s == "..");
+    let merged = match merge_empty_segments(&decoded) {
+        Some(merged) => Cow::Owned(merged),
+        None => decoded,
+    };
+    let has_dot_segment = merged.split('/').any(|s| s == "." || s == "..");
     if !has_dot_segment {
-        return Ok(decoded);
+        return Ok(merged);
     }
-    Ok(Cow::Owned(remove_dot_segments(&decoded)))
+    Ok(Cow::Owned(remove_dot_segments(&merged)))
+}
+
+/// The normal forms other upstreams give the normal-form `path`, where they
+/// differ from it: with `%2F` and `%3B` decoded (an upstream that decodes
+/// before it routes), with every segment's `;` parameters stripped (a
+/// servlet container), and both (the first in front of the second).
+/// Empty for a path with neither spelling, as most are.
+pub fn readings(path: &str) -> Vec<String> {
+    let encoded = path.contains("%2F") || path.contains("%3B");
+    let parameters = path.contains(';');
+    if !encoded && !parameters {
+        return Vec::new();
+    }
+    let decoded = encoded.then(|| path.replace("%2F", "/").replace("%3B", ";"));
+    let mut read: Vec<String> = decoded.iter().cloned().collect();
+    read.extend(
+        [Some(path), decoded.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter(|p| p.contains(';'))
+            .map(strip_parameters),
+    );
+    // A reading is already percent-normal; only merging and dot-segments
+    // can still change it, and they cannot fail on a path that starts `/`.
+    read.into_iter()
+        .filter_map(|p| normal_form(&p).ok().map(Cow::into_owned))
+        .filter(|p| p != path)
+        .collect()
+}
+
+/// `path` with each segment cut at its first `;`, as a servlet container
+/// does before it routes (`/a;x/b;y=1` → `/a/b`).
+fn strip_parameters(path: &str) -> String {
+    path.split('/')
+        .map(|segment| segment.split_once(';').map_or(segment, |(kept, _)| kept))
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Step 2: runs of `/` as one; `None` when there are none.
+fn merge_empty_segments(path: &str) -> Option<String> {
+    if !path.contains("//") {
+        return None;
+    }
+    let mut out = String::with_capacity(path.len());
+    for c in path.chars() {
+        if !(c == '/' && out.ends_with('/')) {
+            out.push(c);
+        }
+    }
+    Some(out)
 }
 
 /// Step 1: unreserved characters decoded, other encodings upper-cased.
@@ -114,9 +188,9 @@ fn normalize_percent_encodings(path: &str) -> Result<Cow<'_, str>, PathError> {
     })
 }
 
-/// Step 2, RFC 3986 §5.2.4 for an absolute path: `.` segments vanish, `..`
+/// Step 3, RFC 3986 §5.2.4 for an absolute path: `.` segments vanish, `..`
 /// removes the segment before it (never above the root), and a path that
-/// ended in a dot-segment still ends in `/`. Empty segments are kept.
+/// ended in a dot-segment still ends in `/`.
 fn remove_dot_segments(path: &str) -> String {
     let mut kept: Vec<&str> = Vec::new();
     let segments: Vec<&str> = path[1..].split('/').collect();
@@ -181,8 +255,12 @@ mod tests {
             // §5.2.4's own example
             ("/a/b/c/./../../g", "/a/g"),
         ];
-        for (merged, expected) in examples {
-            assert_eq!(normal(merged), expected, "{merged}");
+        assert_normal_forms(&examples);
+    }
+
+    fn assert_normal_forms(examples: &[(&str, &str)]) {
+        for (path, expected) in examples {
+            assert_eq!(normal(path), *expected, "{path}");
         }
     }
 
@@ -191,10 +269,39 @@ mod tests {
         assert_eq!(normal("/"), "/");
         assert_eq!(normal("/."), "/");
         assert_eq!(normal("/.."), "/");
-        assert_eq!(normal("/a//b"), "/a//b");
-        assert_eq!(normal("/a//.."), "/a/");
+        assert_eq!(normal("/a//.."), "/");
+        assert_eq!(normal("/a/b//"), "/a/b/");
         assert_eq!(normal("/api/../v1/x"), "/v1/x");
         assert_eq!(normal("/x/../api/echo"), "/api/echo");
+    }
+
+    #[test]
+    fn empty_segments_merge_before_dot_segments_are_removed() {
+        // The last: encoded slashes are data, never merged.
+        assert_normal_forms(&[
+            ("//", "/"),
+            ("/a//b", "/a/b"),
+            ("//o/prot/create", "/o/prot/create"),
+            ("/o///prot/create", "/o/prot/create"),
+            ("/o/.//prot", "/o/prot"),
+            ("/o/%2E%2E//prot", "/prot"),
+            ("/a%2F%2Fb", "/a%2F%2Fb"),
+        ]);
+    }
+
+    #[test]
+    fn readings_list_what_stripping_and_decoding_upstreams_route_on() {
+        let read = |path: &str| readings(path);
+        assert!(read("/api/tasks").is_empty());
+        assert_eq!(read("/api;x/tasks"), ["/api/tasks"]);
+        assert_eq!(read("/api/..;/admin"), ["/admin"]);
+        assert_eq!(read("/api/;x/tasks"), ["/api/tasks"]);
+        assert_eq!(read("/o%2Fprot/x"), ["/o/prot/x"]);
+        assert_eq!(read("/a/x%2F..%2Fb"), ["/a/b"]);
+        assert_eq!(read("/a%3Bx/b"), ["/a;x/b", "/a/b"]);
+        assert_eq!(read("/a;p%2Fq/b"), ["/a;p/q/b", "/a/b", "/a/q/b"]);
+        // A reading that is the path itself is no other reading.
+        assert!(read("/a%2F").iter().all(|p| p != "/a%2F"));
     }
 
     #[test]
@@ -212,7 +319,7 @@ mod tests {
 
     #[test]
     fn a_path_in_normal_form_is_borrowed() {
-        for path in ["/", "/api/echo", "/a/.b/c..", "/a%2Fb"] {
+        for path in ["/", "/api/echo", "/a/.b/c..", "/a%2Fb", "/a;b/c"] {
             assert!(matches!(normal_form(path), Ok(Cow::Borrowed(_))), "{path}");
         }
     }

@@ -1,5 +1,6 @@
 //! Clients asking what became of their own operation:
-//! `GET /.idemgate/operations/{key}` on the proxy listener, `{key}`
+//! `GET /.idemgate/operations/{key}` on the proxy listener (and `HEAD`, the
+//! same answer without its body: hyper sends none for a HEAD), `{key}`
 //! percent-encoded in either form the `Idempotency-Key` header accepts
 //! (bare, or the sf-string `"…"`).
 //!
@@ -37,7 +38,7 @@ pub async fn lookup<B>(
     let key = path
         .strip_prefix(PREFIX)
         .and_then(|rest| rest.strip_prefix("operations/"))
-        .filter(|_| request.method() == Method::GET)
+        .filter(|_| matches!(*request.method(), Method::GET | Method::HEAD))
         .ok_or_else(|| ProxyError::NoRoute {
             path: path.to_string(),
         })?;

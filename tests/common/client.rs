@@ -69,6 +69,16 @@ impl Response {
         body
     }
 
+    /// Like [`Response::assert_problem`], and its `detail` mentions `part`.
+    pub fn assert_problem_mentioning(&self, status: u16, name: &str, part: &str) -> Value {
+        let problem = self.assert_problem(status, name);
+        assert!(
+            problem["detail"].as_str().is_some_and(|d| d.contains(part)),
+            "detail lacks {part:?}: {problem}"
+        );
+        problem
+    }
+
     /// Like [`Response::assert_problem`] for a problem about an operation:
     /// also checks `operation_id` and that `state` is `state`.
     pub fn assert_operation_problem(&self, status: u16, name: &str, state: &str) -> Value {
