@@ -6,12 +6,20 @@
 //! promtool comes from Debian's `prometheus` package, which `.ci/run`
 //! installs; without it the promtool test says why on stderr and skips —
 //! except under CI (`CI` set), where it fails.
+//!
+//! `/metrics` never fails as a whole (README "Monitoring"): while the store
+//! refuses or stalls — SQLite's write lock held by another connection, a
+//! PostgreSQL schema gone or a table locked — a scrape still answers 200
+//! within a bound with every process counter and `idemgate_store_up 0`,
+//! and without the gauges read from the store; once the store is back,
+//! `idemgate_store_up 1` and the gauges return.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
@@ -129,4 +137,228 @@ async fn rules_and_dashboard_query_only_exported_metrics() {
             "{file} queries {missing:?}, not exported"
         );
     }
+}
+
+/// How long a scrape may take while the store stalls: the gateway's own
+/// bound on its store read plus room for a loaded test machine, and well
+/// under the store's 5 s busy timeout, which an answer that waited for the
+/// store would take.
+const SCRAPE_BOUND: Duration =
+    idemgate::metrics::STORE_READ_BOUND.saturating_add(Duration::from_secs(2));
+
+/// The gauges a scrape reads from the store.
+const STORE_GAUGES: [&str; 3] = [
+    "idemgate_operations",
+    "idemgate_oldest_unknown_age_seconds",
+    "idemgate_route_paused",
+];
+
+/// `GET /metrics`, which must answer 200 within [`SCRAPE_BOUND`].
+async fn scrape_within_bound(admin: std::net::SocketAddr) -> String {
+    let started = std::time::Instant::now();
+    let scraped = try_send(
+        admin,
+        "GET",
+        "/metrics",
+        &[],
+        bytes::Bytes::new(),
+        SCRAPE_BOUND,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("GET /metrics within {SCRAPE_BOUND:?}: {e:?}"));
+    assert_eq!(
+        scraped.status,
+        StatusCode::OK,
+        "GET /metrics after {:?}: {:?}",
+        started.elapsed(),
+        scraped.body
+    );
+    String::from_utf8(scraped.body.to_vec()).expect("metrics are utf-8")
+}
+
+/// Scrapes until `ready` holds for one (each scrape within its bound),
+/// for at most [`WAIT`]; that scrape's text.
+async fn scrape_until(admin: std::net::SocketAddr, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let text = scrape_within_bound(admin).await;
+        if ready(&text) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no scrape as expected within {WAIT:?}: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A scrape taken during an outage: the process counters, store down, and
+/// nothing read from the store.
+fn assert_scraped_without_store(text: &str) {
+    assert_eq!(metric(text, "idemgate_store_up"), Some(0.0), "{text}");
+    assert_eq!(
+        metric(
+            text,
+            r#"idemgate_requests_total{route="api",outcome="forwarded"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        metric(text, r#"idemgate_store_errors_total{route="api"}"#).is_some(),
+        "{text}"
+    );
+    assert!(text.contains("idemgate_store_batch_calls_count"), "{text}");
+    let exported = exported_series(text);
+    for gauge in STORE_GAUGES {
+        assert!(
+            !exported.contains(gauge),
+            "{gauge} while the store is down: {text}"
+        );
+    }
+}
+
+/// A scrape with the store answering: store up, its gauges back.
+fn assert_scraped_with_store(text: &str) {
+    assert_eq!(metric(text, "idemgate_store_up"), Some(1.0), "{text}");
+    assert_eq!(
+        metric(
+            text,
+            r#"idemgate_operations{route="api",state="completed"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        metric(text, "idemgate_oldest_unknown_age_seconds").is_some(),
+        "{text}"
+    );
+}
+
+/// A gateway set up as `setup` says, with the admin API, that forwarded
+/// one write and was scraped once with its store answering.
+async fn gateway_with_one_write(setup: Setup) -> TestGateway {
+    let gw = spawn_gateway_with(setup.admin()).await;
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("w-1"), "{}").await);
+    assert_scraped_with_store(&scrape_within_bound(gw.admin_addr()).await);
+    gw
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_while_sqlite_is_locked() {
+    let gw = gateway_with_one_write(Setup::route("")).await;
+    // Every store call, reads included, runs in the writer's transaction,
+    // which cannot begin while another connection holds the write lock.
+    let url = format!("sqlite://{}", gw.store_path.display());
+    let mut lock = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
+        .await
+        .expect("second connection");
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut lock)
+        .await
+        .expect("write lock");
+
+    assert_scraped_without_store(&scrape_within_bound(gw.admin_addr()).await);
+    write(gw.addr(), "/orders", Some("w-2"), "{}")
+        .await
+        .assert_problem(503, "store-unavailable");
+    // The one counter an outage moves is exported while it lasts.
+    let text = scrape_within_bound(gw.admin_addr()).await;
+    assert_scraped_without_store(&text);
+    assert_eq!(
+        metric(&text, r#"idemgate_store_errors_total{route="api"}"#),
+        Some(1.0),
+        "{text}"
+    );
+
+    sqlx::query("ROLLBACK")
+        .execute(&mut lock)
+        .await
+        .expect("release");
+    let text = scrape_until(gw.admin_addr(), |text| {
+        metric(text, "idemgate_store_up") == Some(1.0)
+    })
+    .await;
+    assert_scraped_with_store(&text);
+}
+
+/// An admin connection to the PostgreSQL server the tests use.
+async fn postgres_connection() -> sqlx::PgConnection {
+    <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_url())
+        .await
+        .expect("connect to PostgreSQL")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_while_postgres_refuses() {
+    let Some(schema) = PgSchema::create().await else {
+        return;
+    };
+    let mut gw = gateway_with_one_write(Setup::route("").postgres(&schema)).await;
+    // The schema's tables go away under the gateway: every statement fails.
+    let mut conn = postgres_connection().await;
+    let rename = |from: String, to: String| format!("ALTER SCHEMA {from} RENAME TO {to}");
+    let gone = format!("{}_gone", schema.name);
+    sqlx::query(&rename(schema.name.clone(), gone.clone()))
+        .execute(&mut conn)
+        .await
+        .expect("rename the schema away");
+    write(gw.addr(), "/orders", Some("w-2"), "{}")
+        .await
+        .assert_problem(503, "store-unavailable");
+    let text = scrape_within_bound(gw.admin_addr()).await;
+    assert_scraped_without_store(&text);
+    assert_eq!(
+        metric(&text, r#"idemgate_store_errors_total{route="api"}"#),
+        Some(1.0),
+        "{text}"
+    );
+
+    sqlx::query(&rename(gone, schema.name.clone()))
+        .execute(&mut conn)
+        .await
+        .expect("rename the schema back");
+    let text = scrape_until(gw.admin_addr(), |text| {
+        metric(text, "idemgate_store_up") == Some(1.0)
+    })
+    .await;
+    assert_scraped_with_store(&text);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_while_postgres_stalls() {
+    let Some(schema) = PgSchema::create().await else {
+        return;
+    };
+    let mut gw = gateway_with_one_write(Setup::route("").postgres(&schema)).await;
+    // Another session holds the operations table: every read of it waits.
+    let mut conn = postgres_connection().await;
+    sqlx::query("BEGIN")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    sqlx::query(&format!(
+        "LOCK TABLE {}.operations IN ACCESS EXCLUSIVE MODE",
+        schema.name
+    ))
+    .execute(&mut conn)
+    .await
+    .expect("lock the operations table");
+    assert_scraped_without_store(&scrape_within_bound(gw.admin_addr()).await);
+    // A scrape while the first one's read still waits does not queue
+    // another behind it, and answers as fast.
+    assert_scraped_without_store(&scrape_within_bound(gw.admin_addr()).await);
+
+    sqlx::query("ROLLBACK")
+        .execute(&mut conn)
+        .await
+        .expect("release the lock");
+    let text = scrape_until(gw.admin_addr(), |text| {
+        metric(text, "idemgate_store_up") == Some(1.0)
+    })
+    .await;
+    assert_scraped_with_store(&text);
+    gw.shutdown().await;
 }
