@@ -7,12 +7,12 @@
 //! installs; without it the promtool test says why on stderr and skips —
 //! except under CI (`CI` set), where it fails.
 //!
-//! `/metrics` never fails as a whole (README "Monitoring"): while the store
-//! refuses or stalls — SQLite's write lock held by another connection, a
-//! PostgreSQL schema gone or a table locked — a scrape still answers 200
-//! within a bound with every process counter and `idemgate_store_up 0`,
-//! and without the gauges read from the store; once the store is back,
-//! `idemgate_store_up 1` and the gauges return.
+//! `/metrics` never fails as a whole (README "The admin API, the CLI and
+//! monitoring"): while the store refuses or stalls — SQLite's write lock
+//! held by another connection, a PostgreSQL schema gone or a table locked —
+//! a scrape still answers 200 within a bound with every process counter and
+//! `idemgate_store_up 0`, and without the gauges read from the store; once
+//! the store is back, `idemgate_store_up 1` and the gauges return.
 
 mod common;
 
@@ -193,18 +193,17 @@ async fn scrape_until(admin: std::net::SocketAddr, ready: impl Fn(&str) -> bool)
     }
 }
 
+/// `series` (exactly as exposed) has `value` in a scrape's `text`.
+fn assert_series(text: &str, series: &str, value: f64) {
+    assert_eq!(metric(text, series), Some(value), "{series} in: {text}");
+}
+
 /// A scrape taken during an outage: the process counters, store down, and
 /// nothing read from the store.
 fn assert_scraped_without_store(text: &str) {
-    assert_eq!(metric(text, "idemgate_store_up"), Some(0.0), "{text}");
-    assert_eq!(
-        metric(
-            text,
-            r#"idemgate_requests_total{route="api",outcome="forwarded"}"#
-        ),
-        Some(1.0),
-        "{text}"
-    );
+    assert_series(text, "idemgate_store_up", 0.0);
+    let forwarded = r#"idemgate_requests_total{route="api",outcome="forwarded"}"#;
+    assert_series(text, forwarded, 1.0);
     assert!(
         metric(text, r#"idemgate_store_errors_total{route="api"}"#).is_some(),
         "{text}"
@@ -221,15 +220,9 @@ fn assert_scraped_without_store(text: &str) {
 
 /// A scrape with the store answering: store up, its gauges back.
 fn assert_scraped_with_store(text: &str) {
-    assert_eq!(metric(text, "idemgate_store_up"), Some(1.0), "{text}");
-    assert_eq!(
-        metric(
-            text,
-            r#"idemgate_operations{route="api",state="completed"}"#
-        ),
-        Some(1.0),
-        "{text}"
-    );
+    assert_series(text, "idemgate_store_up", 1.0);
+    let completed = r#"idemgate_operations{route="api",state="completed"}"#;
+    assert_series(text, completed, 1.0);
     assert!(
         metric(text, "idemgate_oldest_unknown_age_seconds").is_some(),
         "{text}"
@@ -245,37 +238,28 @@ async fn gateway_with_one_write(setup: Setup) -> TestGateway {
     gw
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_answer_while_sqlite_is_locked() {
-    let gw = gateway_with_one_write(Setup::route("")).await;
-    // Every store call, reads included, runs in the writer's transaction,
-    // which cannot begin while another connection holds the write lock.
-    let url = format!("sqlite://{}", gw.store_path.display());
-    let mut lock = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
-        .await
-        .expect("second connection");
-    sqlx::query("BEGIN EXCLUSIVE")
-        .execute(&mut lock)
-        .await
-        .expect("write lock");
+/// A schema of its own and a gateway on it as [`gateway_with_one_write`]
+/// makes one; `None` when the test skips (no PostgreSQL, not CI).
+async fn postgres_gateway_with_one_write() -> Option<(PgSchema, TestGateway)> {
+    let schema = PgSchema::create().await?;
+    let gw = gateway_with_one_write(Setup::route("").postgres(&schema)).await;
+    Some((schema, gw))
+}
 
-    assert_scraped_without_store(&scrape_within_bound(gw.admin_addr()).await);
+/// A write refused during an outage is counted, and the count scraped
+/// while the outage lasts: the series `IdemgateStoreErrors` alerts on.
+async fn assert_store_errors_scraped(gw: &TestGateway) {
     write(gw.addr(), "/orders", Some("w-2"), "{}")
         .await
         .assert_problem(503, "store-unavailable");
-    // The one counter an outage moves is exported while it lasts.
     let text = scrape_within_bound(gw.admin_addr()).await;
     assert_scraped_without_store(&text);
-    assert_eq!(
-        metric(&text, r#"idemgate_store_errors_total{route="api"}"#),
-        Some(1.0),
-        "{text}"
-    );
+    assert_series(&text, r#"idemgate_store_errors_total{route="api"}"#, 1.0);
+}
 
-    sqlx::query("ROLLBACK")
-        .execute(&mut lock)
-        .await
-        .expect("release");
+/// After an outage: a scrape reads the store again (within [`WAIT`]), its
+/// gauges back.
+async fn assert_scraped_again_with_store(gw: &TestGateway) {
     let text = scrape_until(gw.admin_addr(), |text| {
         metric(text, "idemgate_store_up") == Some(1.0)
     })
@@ -283,58 +267,46 @@ async fn metrics_answer_while_sqlite_is_locked() {
     assert_scraped_with_store(&text);
 }
 
-/// An admin connection to the PostgreSQL server the tests use.
-async fn postgres_connection() -> sqlx::PgConnection {
-    <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_url())
-        .await
-        .expect("connect to PostgreSQL")
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_while_sqlite_is_locked() {
+    let gw = gateway_with_one_write(Setup::route("")).await;
+    let lock = WriteLock::take(&gw).await;
+    assert_scraped_without_store(&scrape_within_bound(gw.admin_addr()).await);
+    assert_store_errors_scraped(&gw).await;
+    lock.release().await;
+    assert_scraped_again_with_store(&gw).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_answer_while_postgres_refuses() {
-    let Some(schema) = PgSchema::create().await else {
+    let Some((schema, mut gw)) = postgres_gateway_with_one_write().await else {
         return;
     };
-    let mut gw = gateway_with_one_write(Setup::route("").postgres(&schema)).await;
     // The schema's tables go away under the gateway: every statement fails.
-    let mut conn = postgres_connection().await;
+    let mut conn = admin_connection().await;
     let rename = |from: String, to: String| format!("ALTER SCHEMA {from} RENAME TO {to}");
     let gone = format!("{}_gone", schema.name);
     sqlx::query(&rename(schema.name.clone(), gone.clone()))
         .execute(&mut conn)
         .await
         .expect("rename the schema away");
-    write(gw.addr(), "/orders", Some("w-2"), "{}")
-        .await
-        .assert_problem(503, "store-unavailable");
-    let text = scrape_within_bound(gw.admin_addr()).await;
-    assert_scraped_without_store(&text);
-    assert_eq!(
-        metric(&text, r#"idemgate_store_errors_total{route="api"}"#),
-        Some(1.0),
-        "{text}"
-    );
+    assert_store_errors_scraped(&gw).await;
 
     sqlx::query(&rename(gone, schema.name.clone()))
         .execute(&mut conn)
         .await
         .expect("rename the schema back");
-    let text = scrape_until(gw.admin_addr(), |text| {
-        metric(text, "idemgate_store_up") == Some(1.0)
-    })
-    .await;
-    assert_scraped_with_store(&text);
+    assert_scraped_again_with_store(&gw).await;
     gw.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_answer_while_postgres_stalls() {
-    let Some(schema) = PgSchema::create().await else {
+    let Some((schema, mut gw)) = postgres_gateway_with_one_write().await else {
         return;
     };
-    let mut gw = gateway_with_one_write(Setup::route("").postgres(&schema)).await;
     // Another session holds the operations table: every read of it waits.
-    let mut conn = postgres_connection().await;
+    let mut conn = admin_connection().await;
     sqlx::query("BEGIN")
         .execute(&mut conn)
         .await
@@ -355,10 +327,6 @@ async fn metrics_answer_while_postgres_stalls() {
         .execute(&mut conn)
         .await
         .expect("release the lock");
-    let text = scrape_until(gw.admin_addr(), |text| {
-        metric(text, "idemgate_store_up") == Some(1.0)
-    })
-    .await;
-    assert_scraped_with_store(&text);
+    assert_scraped_again_with_store(&gw).await;
     gw.shutdown().await;
 }
