@@ -30,8 +30,9 @@ use crate::store::{Stats, Store, StoreError};
 
 /// How long a scrape waits for the store's gauges before it answers
 /// without them (`idemgate_store_up 0`). A healthy store answers these two
-/// reads in milliseconds, counting the table included; one second leaves a
-/// loaded store room without being mistaken for an outage, and keeps the
+/// reads (a count over the operations table, the paused routes) in
+/// milliseconds; one second leaves a loaded store room without being
+/// mistaken for an outage, and keeps the
 /// scrape far inside Prometheus's default 10 s `scrape_timeout`, so the
 /// counters arrive while the store stalls.
 pub const STORE_READ_BOUND: Duration = Duration::from_secs(1);
