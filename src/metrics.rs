@@ -6,6 +6,15 @@
 //! operation gauges are read from the store at scrape time, since the store
 //! is the only truth about operations. No label carries payload data: route
 //! names, outcomes and states only.
+//!
+//! Invariant: a scrape never fails as a whole. The process's own series
+//! (kept in memory) are always exported; the gauges read from the store
+//! are exported only when the store answered within [`STORE_READ_BOUND`],
+//! and `idemgate_store_up` (1 or 0) says which. A store outage is when
+//! operators need the counters most (`idemgate_store_errors_total`), so a
+//! scrape must not share the store's fate. At most one store read is in
+//! flight per gateway: a scrape that finds the last one still waiting on a
+//! stalled store reports the store down at once instead of queuing another.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -13,10 +22,41 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use crate::store::Stats;
+use crate::store::{Stats, Store, StoreError};
+
+/// How long a scrape waits for the store's gauges before it answers
+/// without them (`idemgate_store_up 0`). A healthy store answers these two
+/// reads (a count over the operations table, the paused routes) in
+/// milliseconds; one second leaves a loaded store room without being
+/// mistaken for an outage, and keeps the
+/// scrape far inside Prometheus's default 10 s `scrape_timeout`, so the
+/// counters arrive while the store stalls.
+pub const STORE_READ_BOUND: Duration = Duration::from_secs(1);
+
+/// What a scrape reads from the store: operation counts and paused routes.
+#[derive(Debug, Clone, Default)]
+pub struct StoreGauges {
+    pub stats: Stats,
+    pub paused: Vec<String>,
+}
+
+/// Why a scrape exports no store gauges.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreUnread {
+    #[error(transparent)]
+    Failed(#[from] StoreError),
+    #[error(
+        "the store did not answer within {}",
+        humantime::format_duration(STORE_READ_BOUND)
+    )]
+    Late,
+    #[error("the previous scrape's store read is still waiting for the store")]
+    StillWaiting,
+}
 
 /// How an intercepted request ended, for metrics and the request log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
@@ -132,9 +172,10 @@ pub struct Metrics {
     refused_connections: Family<ListenerLabels, Counter>,
     store_errors: Family<RouteLabels, Counter>,
     alert_deliveries: Family<DeliveryLabels, Counter>,
-    route_paused: Family<RouteLabels, Gauge>,
-    operations: Family<StateLabels, Gauge>,
-    oldest_unknown_seconds: Gauge<f64, AtomicU64>,
+    /// Held by the one store read in flight, until the store answers (even
+    /// past [`STORE_READ_BOUND`]); tokio's Mutex for `try_lock_owned`, which
+    /// moves the guard into the read's task.
+    store_read: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Metrics {
@@ -191,24 +232,6 @@ impl Metrics {
             "Alert webhook deliveries by outcome: delivered, failed (due again later), gave_up",
             alert_deliveries.clone(),
         );
-        let route_paused = Family::<RouteLabels, Gauge>::default();
-        registry.register(
-            "route_paused",
-            "1 for each route the store holds paused (by an operator or the pause latch)",
-            route_paused.clone(),
-        );
-        let operations = Family::<StateLabels, Gauge>::default();
-        registry.register(
-            "operations",
-            "Stored operations by route and state",
-            operations.clone(),
-        );
-        let oldest_unknown_seconds = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "oldest_unknown_age_seconds",
-            "Age of the oldest operation whose outcome is unknown (0 when none)",
-            oldest_unknown_seconds.clone(),
-        );
         Metrics {
             registry,
             requests,
@@ -217,9 +240,7 @@ impl Metrics {
             refused_connections,
             store_errors,
             alert_deliveries,
-            route_paused,
-            operations,
-            oldest_unknown_seconds,
+            store_read: Arc::default(),
         }
     }
 
@@ -299,37 +320,103 @@ impl Metrics {
             .inc();
     }
 
-    /// The Prometheus text exposition, with the operation and pause gauges
-    /// set from `stats` and `paused` (read from the store at scrape time)
-    /// as of `now` (ms).
-    pub fn render(&self, stats: &Stats, paused: &[String], now: i64) -> String {
-        self.route_paused.clear();
-        for route in paused {
-            self.route_paused
-                .get_or_create(&RouteLabels {
-                    route: route.clone(),
-                })
-                .set(1);
+    /// Reads the store's gauges for a scrape, within [`STORE_READ_BOUND`].
+    pub async fn read_store(&self, store: &Arc<dyn Store>) -> Result<StoreGauges, StoreUnread> {
+        let slot = Arc::clone(&self.store_read)
+            .try_lock_owned()
+            .map_err(|_| StoreUnread::StillWaiting)?;
+        let store = Arc::clone(store);
+        // A task of its own, not awaited in place: a read cut off by the
+        // bound runs on to its end instead of being dropped mid-statement
+        // (which would leave a pooled PostgreSQL connection to be drained
+        // and a job in the SQLite writer's queue), holding the slot so no
+        // second read piles up behind it.
+        let read = tokio::spawn(async move {
+            let _slot = slot;
+            let (stats, paused) = tokio::try_join!(store.stats(), store.paused_routes())?;
+            Ok::<_, StoreError>(StoreGauges { stats, paused })
+        });
+        match tokio::time::timeout(STORE_READ_BOUND, read).await {
+            Err(_) => Err(StoreUnread::Late),
+            Ok(Err(ended)) => Err(StoreError::Failed(format!("the read ended: {ended}")).into()),
+            Ok(Ok(read)) => Ok(read?),
         }
-        self.operations.clear();
-        for (route, state, count) in &stats.counts {
-            self.operations
-                .get_or_create(&StateLabels {
-                    route: route.clone(),
-                    state: state.as_str().to_string(),
-                })
-                .set(i64::try_from(*count).unwrap_or(i64::MAX));
-        }
-        let age = stats
-            .oldest_unknown_created_at
-            .map_or(0.0, |created| (now - created).max(0) as f64 / 1000.0);
-        self.oldest_unknown_seconds.set(age);
+    }
+
+    /// The Prometheus text exposition as of `now` (ms): every process
+    /// series, `idemgate_store_up`, and the operation and pause gauges when
+    /// `store` holds what was read from the store.
+    pub fn render(&self, store: Option<&StoreGauges>, now: i64) -> String {
         let mut text = String::new();
-        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+        let encoded = prometheus_client::encoding::text::encode_registry(&mut text, &self.registry)
+            .and_then(|()| {
+                prometheus_client::encoding::text::encode_registry(
+                    &mut text,
+                    &store_registry(store, now),
+                )
+            })
+            .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut text));
+        if encoded.is_err() {
             text.clear();
         }
         text
     }
+}
+
+/// The series of one scrape read from the store, in a registry of their
+/// own made per scrape: a gauge that was not read is absent rather than
+/// stale, and concurrent scrapes never share them.
+fn store_registry(store: Option<&StoreGauges>, now: i64) -> Registry {
+    let mut registry = Registry::with_prefix("idemgate");
+    let up = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+    up.set(i64::from(store.is_some()));
+    registry.register(
+        "store_up",
+        "1 when this scrape read the store's gauges (operations, oldest unknown age, paused routes) within its bound, 0 when the store failed or did not answer and they are left out",
+        up,
+    );
+    let Some(StoreGauges { stats, paused }) = store else {
+        return registry;
+    };
+    let route_paused = Family::<RouteLabels, Gauge>::default();
+    for route in paused {
+        route_paused
+            .get_or_create(&RouteLabels {
+                route: route.clone(),
+            })
+            .set(1);
+    }
+    registry.register(
+        "route_paused",
+        "1 for each route the store holds paused (by an operator or the pause latch)",
+        route_paused,
+    );
+    let operations = Family::<StateLabels, Gauge>::default();
+    for (route, state, count) in &stats.counts {
+        operations
+            .get_or_create(&StateLabels {
+                route: route.clone(),
+                state: state.as_str().to_string(),
+            })
+            .set(i64::try_from(*count).unwrap_or(i64::MAX));
+    }
+    registry.register(
+        "operations",
+        "Stored operations by route and state",
+        operations,
+    );
+    let oldest_unknown_seconds = Gauge::<f64, AtomicU64>::default();
+    oldest_unknown_seconds.set(
+        stats
+            .oldest_unknown_created_at
+            .map_or(0.0, |created| (now - created).max(0) as f64 / 1000.0),
+    );
+    registry.register(
+        "oldest_unknown_age_seconds",
+        "Age of the oldest operation whose outcome is unknown (0 when none)",
+        oldest_unknown_seconds,
+    );
+    registry
 }
 
 #[cfg(test)]
@@ -349,11 +436,14 @@ mod tests {
         metrics.late_response("api");
         metrics.refused_connection("admin");
         metrics.store_error("api");
-        let stats = Stats {
-            counts: vec![("api".into(), State::Unknown, 3)],
-            oldest_unknown_created_at: Some(1_000),
+        let read = StoreGauges {
+            stats: Stats {
+                counts: vec![("api".into(), State::Unknown, 3)],
+                oldest_unknown_created_at: Some(1_000),
+            },
+            paused: vec!["api".into()],
         };
-        let text = metrics.render(&stats, &["api".into()], 11_000);
+        let text = metrics.render(Some(&read), 11_000);
         assert!(
             text.contains(r#"idemgate_requests_total{route="api",outcome="forwarded"} 2"#),
             "{text}"
@@ -366,6 +456,8 @@ mod tests {
         assert!(text.contains(r#"idemgate_store_errors_total{route="api"} 1"#));
         assert!(text.contains(r#"idemgate_route_paused{route="api"} 1"#));
         assert!(text.contains("idemgate_oldest_unknown_age_seconds 10.0"));
+        assert!(text.contains("idemgate_store_up 1\n"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(text.contains(r#"idemgate_store_batch_calls_sum{batch="write"} 3.0"#));
         assert!(
             text.contains(
@@ -379,5 +471,23 @@ mod tests {
         {
             assert!(line.starts_with("idemgate_"), "{line}");
         }
+    }
+
+    #[test]
+    fn renders_counters_without_the_store() {
+        let metrics = Metrics::new(&StoreBatches::new(&["write"]));
+        metrics.start_at_zero(["api"]);
+        metrics.store_error("api");
+        let text = metrics.render(None, 11_000);
+        assert!(
+            text.contains(r#"idemgate_store_errors_total{route="api"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains("idemgate_store_up 0\n"), "{text}");
+        for absent in ["operations", "route_paused", "oldest_unknown_age_seconds"] {
+            assert!(!text.contains(&format!("idemgate_{absent}")), "{text}");
+        }
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

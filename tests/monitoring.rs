@@ -6,12 +6,20 @@
 //! promtool comes from Debian's `prometheus` package, which `.ci/run`
 //! installs; without it the promtool test says why on stderr and skips —
 //! except under CI (`CI` set), where it fails.
+//!
+//! `/metrics` never fails as a whole (README "The admin API, the CLI and
+//! monitoring"): while the store refuses or stalls — SQLite's write lock
+//! held by another connection, a PostgreSQL schema gone or a table locked —
+//! a scrape still answers 200 within a bound with every process counter and
+//! `idemgate_store_up 0`, and without the gauges read from the store; once
+//! the store is back, `idemgate_store_up 1` and the gauges return.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
@@ -129,4 +137,196 @@ async fn rules_and_dashboard_query_only_exported_metrics() {
             "{file} queries {missing:?}, not exported"
         );
     }
+}
+
+/// How long a scrape may take while the store stalls: the gateway's own
+/// bound on its store read plus room for a loaded test machine, and well
+/// under the store's 5 s busy timeout, which an answer that waited for the
+/// store would take.
+const SCRAPE_BOUND: Duration =
+    idemgate::metrics::STORE_READ_BOUND.saturating_add(Duration::from_secs(2));
+
+/// The gauges a scrape reads from the store.
+const STORE_GAUGES: [&str; 3] = [
+    "idemgate_operations",
+    "idemgate_oldest_unknown_age_seconds",
+    "idemgate_route_paused",
+];
+
+/// `GET /metrics`, which must answer 200 within [`SCRAPE_BOUND`].
+async fn scrape_within_bound(admin: std::net::SocketAddr) -> String {
+    let started = std::time::Instant::now();
+    let scraped = try_send(
+        admin,
+        "GET",
+        "/metrics",
+        &[],
+        bytes::Bytes::new(),
+        SCRAPE_BOUND,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("GET /metrics within {SCRAPE_BOUND:?}: {e:?}"));
+    assert_eq!(
+        scraped.status,
+        StatusCode::OK,
+        "GET /metrics after {:?}: {:?}",
+        started.elapsed(),
+        scraped.body
+    );
+    String::from_utf8(scraped.body.to_vec()).expect("metrics are utf-8")
+}
+
+/// Scrapes until `ready` holds for one (each scrape within its bound),
+/// for at most [`WAIT`]; that scrape's text.
+async fn scrape_until(admin: std::net::SocketAddr, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let text = scrape_within_bound(admin).await;
+        if ready(&text) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no scrape as expected within {WAIT:?}: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `series` (exactly as exposed) has `value` in a scrape's `text`.
+fn assert_series(text: &str, series: &str, value: f64) {
+    assert_eq!(metric(text, series), Some(value), "{series} in: {text}");
+}
+
+/// A scrape taken during an outage: the process counters, store down, and
+/// nothing read from the store.
+fn assert_scraped_without_store(text: &str) {
+    assert_series(text, "idemgate_store_up", 0.0);
+    let forwarded = r#"idemgate_requests_total{route="api",outcome="forwarded"}"#;
+    assert_series(text, forwarded, 1.0);
+    assert!(
+        metric(text, r#"idemgate_store_errors_total{route="api"}"#).is_some(),
+        "{text}"
+    );
+    assert!(text.contains("idemgate_store_batch_calls_count"), "{text}");
+    let exported = exported_series(text);
+    for gauge in STORE_GAUGES {
+        assert!(
+            !exported.contains(gauge),
+            "{gauge} while the store is down: {text}"
+        );
+    }
+}
+
+/// A scrape with the store answering: store up, its gauges back.
+fn assert_scraped_with_store(text: &str) {
+    assert_series(text, "idemgate_store_up", 1.0);
+    let completed = r#"idemgate_operations{route="api",state="completed"}"#;
+    assert_series(text, completed, 1.0);
+    assert!(
+        metric(text, "idemgate_oldest_unknown_age_seconds").is_some(),
+        "{text}"
+    );
+}
+
+/// A gateway set up as `setup` says, with the admin API, that forwarded
+/// one write and was scraped once with its store answering.
+async fn gateway_with_one_write(setup: Setup) -> TestGateway {
+    let gw = spawn_gateway_with(setup.admin()).await;
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("w-1"), "{}").await);
+    assert_scraped_with_store(&scrape_within_bound(gw.admin_addr()).await);
+    gw
+}
+
+/// A schema of its own and a gateway on it as [`gateway_with_one_write`]
+/// makes one; `None` when the test skips (no PostgreSQL, not CI).
+async fn postgres_gateway_with_one_write() -> Option<(PgSchema, TestGateway)> {
+    let schema = PgSchema::create().await?;
+    let gw = gateway_with_one_write(Setup::route("").postgres(&schema)).await;
+    Some((schema, gw))
+}
+
+/// A write refused during an outage is counted, and the count scraped
+/// while the outage lasts: the series `IdemgateStoreErrors` alerts on.
+async fn assert_store_errors_scraped(gw: &TestGateway) {
+    write(gw.addr(), "/orders", Some("w-2"), "{}")
+        .await
+        .assert_problem(503, "store-unavailable");
+    let text = scrape_within_bound(gw.admin_addr()).await;
+    assert_scraped_without_store(&text);
+    assert_series(&text, r#"idemgate_store_errors_total{route="api"}"#, 1.0);
+}
+
+/// After an outage: a scrape reads the store again (within [`WAIT`]), its
+/// gauges back.
+async fn assert_scraped_again_with_store(gw: &TestGateway) {
+    let text = scrape_until(gw.admin_addr(), |text| {
+        metric(text, "idemgate_store_up") == Some(1.0)
+    })
+    .await;
+    assert_scraped_with_store(&text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_while_sqlite_is_locked() {
+    let gw = gateway_with_one_write(Setup::route("")).await;
+    let lock = WriteLock::take(&gw).await;
+    assert_scraped_without_store(&scrape_within_bound(gw.admin_addr()).await);
+    assert_store_errors_scraped(&gw).await;
+    lock.release().await;
+    assert_scraped_again_with_store(&gw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_while_postgres_refuses() {
+    let Some((schema, mut gw)) = postgres_gateway_with_one_write().await else {
+        return;
+    };
+    // The schema's tables go away under the gateway: every statement fails.
+    let mut conn = admin_connection().await;
+    let rename = |from: String, to: String| format!("ALTER SCHEMA {from} RENAME TO {to}");
+    let gone = format!("{}_gone", schema.name);
+    sqlx::query(&rename(schema.name.clone(), gone.clone()))
+        .execute(&mut conn)
+        .await
+        .expect("rename the schema away");
+    assert_store_errors_scraped(&gw).await;
+
+    sqlx::query(&rename(gone, schema.name.clone()))
+        .execute(&mut conn)
+        .await
+        .expect("rename the schema back");
+    assert_scraped_again_with_store(&gw).await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_answer_while_postgres_stalls() {
+    let Some((schema, mut gw)) = postgres_gateway_with_one_write().await else {
+        return;
+    };
+    // Another session holds the operations table: every read of it waits.
+    let mut conn = admin_connection().await;
+    sqlx::query("BEGIN")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    sqlx::query(&format!(
+        "LOCK TABLE {}.operations IN ACCESS EXCLUSIVE MODE",
+        schema.name
+    ))
+    .execute(&mut conn)
+    .await
+    .expect("lock the operations table");
+    assert_scraped_without_store(&scrape_within_bound(gw.admin_addr()).await);
+    // A scrape while the first one's read still waits does not queue
+    // another behind it, and answers as fast.
+    assert_scraped_without_store(&scrape_within_bound(gw.admin_addr()).await);
+
+    sqlx::query("ROLLBACK")
+        .execute(&mut conn)
+        .await
+        .expect("release the lock");
+    assert_scraped_again_with_store(&gw).await;
+    gw.shutdown().await;
 }

@@ -22,7 +22,6 @@ use idemgate::store::{
     ClaimResult, Decision, Event, NewOperation, PostgresStore, Recorded, RequestSummary, Resolved,
     Settlement, State, Store, StoreError,
 };
-use sqlx::Connection;
 
 const LEASE: Duration = Duration::from_secs(2);
 
@@ -74,12 +73,6 @@ fn operator() -> Event {
         kind: "resolved",
         detail: serde_json::json!({ "operator": "ann" }),
     }
-}
-
-async fn admin_connection() -> sqlx::PgConnection {
-    sqlx::PgConnection::connect(&postgres_url())
-        .await
-        .expect("connect")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,34 +12,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use sqlx::Connection;
 
 const TASK: &str = r#"{"task":"file the report"}"#;
-
-/// A second connection to the gateway's SQLite file holding the write lock
-/// until it is released.
-struct WriteLock(sqlx::SqliteConnection);
-
-impl WriteLock {
-    async fn take(gw: &TestGateway) -> Self {
-        let url = format!("sqlite://{}", gw.store_path.display());
-        let mut conn = sqlx::SqliteConnection::connect(&url)
-            .await
-            .expect("second connection");
-        sqlx::query("BEGIN EXCLUSIVE")
-            .execute(&mut conn)
-            .await
-            .expect("write lock");
-        WriteLock(conn)
-    }
-
-    async fn release(mut self) {
-        sqlx::query("ROLLBACK")
-            .execute(&mut self.0)
-            .await
-            .expect("release");
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_cannot_claim_sends_nothing() {

@@ -6,7 +6,9 @@
 //!   (`console.rs`): static files, no token; the page calls the routes below.
 //! - `GET /healthz` — 200 while the process serves; no token, no payload data.
 //! - `GET /readyz` — 200 when the store answers, 503 `store-unavailable`; no token.
-//! - `GET /metrics` — Prometheus text, every metric `idemgate_*`; no token.
+//! - `GET /metrics` — Prometheus text, every metric `idemgate_*`; no token;
+//!   always 200: without the store, its gauges are left out and
+//!   `idemgate_store_up` is 0.
 //! - `GET /admin/keys?state=&route=&key=&limit=&cursor=` — operation
 //!   summaries, newest first, `{"items": […], "next_cursor": …}`.
 //! - `GET /admin/keys/{id}` — one operation with evidence, next action,
@@ -300,11 +302,14 @@ async fn route(
             Ok(json_response(StatusCode::OK, &json!({ "status": "ready" })))
         }
         Endpoint::Metrics => {
-            let stats = admin.store.stats().await?;
-            let paused = admin.store.paused_routes().await?;
+            // Never a 503: without the store the counters still go out.
+            let read = admin.metrics.read_store(&admin.store).await;
+            if let Err(why) = &read {
+                tracing::warn!(error = %why, "/metrics: the store's gauges are left out");
+            }
             let text = admin
                 .metrics
-                .render(&stats, &paused, admin.clock.now_millis());
+                .render(read.as_ref().ok(), admin.clock.now_millis());
             let mut response = Response::new(full(text));
             response.headers_mut().insert(
                 CONTENT_TYPE,

@@ -199,3 +199,29 @@ pub fn events_of(operation: &Value, kind: &str) -> Vec<Value> {
         .map(|e| e["detail"].clone())
         .collect()
 }
+
+/// A second connection to the gateway's SQLite file holding the write lock
+/// until it is released: the store's writer cannot begin a transaction, so
+/// every store call (reads too) waits out its 5 s busy timeout.
+pub struct WriteLock(sqlx::SqliteConnection);
+
+impl WriteLock {
+    pub async fn take(gw: &TestGateway) -> Self {
+        let url = format!("sqlite://{}", gw.store_path.display());
+        let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
+            .await
+            .expect("second connection");
+        sqlx::query("BEGIN EXCLUSIVE")
+            .execute(&mut conn)
+            .await
+            .expect("write lock");
+        WriteLock(conn)
+    }
+
+    pub async fn release(mut self) {
+        sqlx::query("ROLLBACK")
+            .execute(&mut self.0)
+            .await
+            .expect("release");
+    }
+}

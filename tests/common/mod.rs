@@ -37,9 +37,11 @@
 //!   one on purpose (close at once, reset after reading the request, or a
 //!   `101` that no request asked for).
 //! - [`TestGateway`]: an in-process gateway on a per-test SQLite file;
-//!   [`Setup`] adds config lines, another upstream URL or a manual clock.
+//!   [`Setup`] adds config lines, another upstream URL or a manual clock;
+//!   [`WriteLock`] holds its store's write lock from a second connection.
 //! - [`PgSchema`]: a PostgreSQL schema of its own per test, for the
-//!   shared store; [`Setup::postgres`] puts a gateway on it.
+//!   shared store; [`Setup::postgres`] puts a gateway on it;
+//!   [`admin_connection`] is a test's own connection beside the gateway's.
 //! - [`BinaryGateway`]: the real `idemgate serve` process; [`BinaryMock`]:
 //!   the real `idemgate mock-upstream`.
 //! - [`send`] / [`write`]: one request through a fresh hyper client;

@@ -57,6 +57,14 @@ impl PgSchema {
     }
 }
 
+/// A connection of the test's own to the server, beside any gateway's: to
+/// cut, lock or read a schema under it.
+pub async fn admin_connection() -> sqlx::PgConnection {
+    sqlx::PgConnection::connect(&postgres_url())
+        .await
+        .expect("connect to PostgreSQL")
+}
+
 /// Store keys for stores opened directly: no seal, a fixed scope key.
 pub fn test_store_keys() -> idemgate::store::StoreKeys {
     idemgate::store::StoreKeys {
@@ -69,9 +77,7 @@ impl PgSchema {
     /// Every row of every table in this schema as text, by table (a
     /// `bytea` column reads as hex): what a copy of the store holds.
     pub async fn dump(&self) -> Vec<(String, Vec<u8>)> {
-        let mut conn = sqlx::PgConnection::connect(&postgres_url())
-            .await
-            .expect("connect");
+        let mut conn = admin_connection().await;
         let tables: Vec<String> = sqlx::query_scalar(
             "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1",
         )
