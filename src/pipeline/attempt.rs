@@ -32,7 +32,7 @@ use crate::pipeline::quota::StoredCharge;
 use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::replay::ReplayCache;
 use crate::reconcile::Reconciler;
-use crate::store::{Claim, Event, Recorded, Settlement, Store, StoredResponse};
+use crate::store::{Claim, Event, Permit, Recorded, Settlement, Store, StoredResponse};
 
 /// Everything one attempt needs, owned, for its task.
 pub struct Attempt {
@@ -40,6 +40,9 @@ pub struct Attempt {
     pub reconciler: Arc<Reconciler>,
     pub active: Arc<ActiveRoute>,
     pub claim: Claim,
+    /// The store's fence as it was before the claim: nothing is sent once
+    /// it stops holding, nor after it lapsed, even if it holds again.
+    pub permit: Permit,
     pub key: String,
     /// The triggering request's credential headers, for a reconcile probe;
     /// in memory only.
@@ -70,8 +73,8 @@ impl Attempt {
         let guard = SettleGuard::new(self.store.clone(), self.claim.clone());
         let route = &self.active.route;
         let started = Instant::now();
-        let fence = self.store.fence();
-        let sent = forward::send_write(&self.active.writes, route, &self.request, &fence).await;
+        let sent =
+            forward::send_write(&self.active.writes, route, &self.request, &self.permit).await;
         self.metrics
             .upstream_duration(&route.name, started.elapsed().as_secs_f64());
         let fenced = matches!(sent.exchange, Exchange::Fenced { .. });

@@ -13,9 +13,10 @@
 //! instead, the failure reaches the request itself, with its cause.
 //!
 //! A connector for claimed writes also carries the store's [`Fence`]: a
-//! connection that came up after the fence stopped holding (a connect
-//! that took long while the replica's lease ran low) is dropped before
-//! anything is written to it, with [`FenceDown`] as the connect error.
+//! connection that came up after the fence stopped holding, or after it
+//! lapsed while connecting (a connect that took long while the replica's
+//! lease ran low), is dropped before anything is written to it, with
+//! [`FenceDown`] as the connect error.
 
 use std::future::Future;
 use std::io;
@@ -59,10 +60,10 @@ impl tower_service::Service<Uri> for UpstreamConnector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let connecting = self.https.call(uri);
-        let fence = self.fence.clone();
+        let permit = self.fence.as_ref().map(Fence::permit);
         Box::pin(async move {
             let inner = connecting.await?;
-            if fence.is_some_and(|fence| !fence.holds()) {
+            if permit.is_some_and(|permit| !permit.holds()) {
                 return Err(FenceDown.into());
             }
             Ok(WriteFirst {

@@ -33,7 +33,7 @@ use crate::metrics::Outcome;
 use crate::pipeline::budget::Reservation;
 use crate::pipeline::connector::{FenceDown, UpstreamConnector};
 use crate::problem::ProxyError;
-use crate::store::Fence;
+use crate::store::{Fence, Permit};
 use crate::tls::TlsError;
 
 pub type UpstreamClient = Client<UpstreamConnector, ProxyBody>;
@@ -316,15 +316,16 @@ pub struct Sent {
 }
 
 /// Sends a write and reads its response, retrying only connect failures.
-/// Before every try, and on every new connection before it is written
-/// (`client`'s connector), `fence` must hold, or nothing is written.
+/// Before every try `permit` must hold (the fence, unlapsed since the
+/// claim), and every new connection must have come up with the fence
+/// holding (`client`'s connector), or nothing is written.
 /// On `upstream_timeout` the exchange is not dropped: [`Sent::late`] goes on
 /// listening, for the caller to bound by `late_window`.
 pub async fn send_write(
     client: &UpstreamClient,
     route: &Arc<Route>,
     request: &WriteRequest,
-    fence: &Fence,
+    permit: &Permit,
 ) -> Sent {
     let mut tries = 0;
     loop {
@@ -334,7 +335,7 @@ pub async fn send_write(
             tries,
             late: None,
         };
-        if !fence.holds() {
+        if !permit.holds() {
             return fenced;
         }
         let deadline = Instant::now() + route.upstream_timeout;

@@ -416,6 +416,9 @@ impl Proxy {
                 .err()
                 .map(Hold::OverQuota)
         };
+        // Taken before the claim is sent: a lease that lapses from here on
+        // voids it, even once renewed (a peer may have taken over).
+        let permit = self.store.fence().permit();
         let claimed = claim::claim(
             self.store.as_ref(),
             &self.in_flight,
@@ -467,6 +470,7 @@ impl Proxy {
             in_flight: Some(in_flight),
             request: WriteRequest::new(route, &parts, body, key.as_str(), peer.ip())?,
             claim,
+            permit,
             key: key.as_str().to_string(),
             credentials: credentials(),
             metrics: self.metrics.clone(),

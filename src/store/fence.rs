@@ -26,6 +26,13 @@
 //! SQLite needs no lease: the store's file lock is held for the life of
 //! the process, so no other process can take over an attempt while its
 //! owner lives; only the close applies there.
+//!
+//! Holding *now* is not enough: a lease that lapsed and was renewed while
+//! an attempt slept between two connect tries would hold again, though a
+//! peer may have marked the attempt lost meanwhile. So an attempt checks a
+//! [`Permit`] taken before its claim: it holds only while the fence holds
+//! and has not lapsed since. A lapse is noticed when the next renewal is
+//! confirmed after the fence's deadline, and counted.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,6 +57,22 @@ struct Lease {
     /// The fence holds until `base` + this many ms; 0 until the first
     /// confirmed renewal.
     holds_until: AtomicU64,
+    /// Renewals confirmed after the fence had stopped holding.
+    lapses: AtomicU64,
+}
+
+/// The fence as it was when a claim was made: see the module doc.
+#[derive(Clone, Debug)]
+pub struct Permit {
+    fence: Fence,
+    lapses: u64,
+}
+
+impl Permit {
+    /// Whether the fence holds and has not lapsed since this was taken.
+    pub fn holds(&self) -> bool {
+        self.fence.holds() && self.fence.lapses() == self.lapses
+    }
 }
 
 impl Fence {
@@ -69,6 +92,7 @@ impl Fence {
                 length,
                 base: Instant::now(),
                 holds_until: AtomicU64::new(0),
+                lapses: AtomicU64::new(0),
             }),
             closed: AtomicBool::new(false),
         }))
@@ -76,13 +100,33 @@ impl Fence {
 
     /// A renewal sent at `sent` was confirmed: the database's lease ends no
     /// earlier than `sent + length`, the fence at four fifths of that.
+    /// Renewals are confirmed one at a time (one task renews), so the check
+    /// for a lapse and the extension do not race.
     pub fn renewed(&self, sent: Instant) {
         if let Some(lease) = &self.0.lease {
+            if lease.ms(Instant::now()) >= lease.holds_until.load(Ordering::SeqCst) {
+                lease.lapses.fetch_add(1, Ordering::SeqCst);
+            }
             let until = sent + lease.length * 4 / 5;
             lease
                 .holds_until
                 .fetch_max(lease.ms(until), Ordering::SeqCst);
         }
+    }
+
+    /// The fence now, for a claim about to be made.
+    pub fn permit(&self) -> Permit {
+        Permit {
+            fence: self.clone(),
+            lapses: self.lapses(),
+        }
+    }
+
+    fn lapses(&self) -> u64 {
+        self.0
+            .lease
+            .as_ref()
+            .map_or(0, |lease| lease.lapses.load(Ordering::SeqCst))
     }
 
     /// Whether this process may write a claimed attempt now; also whether
@@ -142,11 +186,9 @@ mod tests {
         let fence = Fence::leased(Duration::from_millis(1000));
         let long_ago = Instant::now()
             .checked_sub(Duration::from_millis(900))
-            .unwrap_or_else(Instant::now);
+            .expect("the machine has been up for a second");
         fence.renewed(long_ago);
-        if long_ago + Duration::from_millis(800) <= Instant::now() {
-            assert!(!fence.holds(), "past four fifths of the lease");
-        }
+        assert!(!fence.holds(), "past four fifths of the lease");
         fence.renewed(Instant::now());
         assert!(fence.holds());
         fence.renewed(long_ago);
@@ -156,5 +198,35 @@ mod tests {
         );
         fence.close();
         assert!(!fence.holds());
+    }
+
+    #[test]
+    fn a_permit_does_not_survive_a_lapse_that_a_renewal_ended() {
+        let fence = Fence::leased(Duration::from_millis(1000));
+        fence.renewed(Instant::now());
+        let permit = fence.permit();
+        assert!(permit.holds());
+        // Renewed while it still held: the permit goes on.
+        fence.renewed(Instant::now());
+        assert!(permit.holds());
+        // A renewal confirmed only after the deadline passed: the fence
+        // holds again, a permit taken before the lapse does not.
+        let lapsed = Fence::leased(Duration::from_millis(1000));
+        let before = lapsed.permit();
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_millis(900))
+            .expect("the machine has been up for a second");
+        lapsed.renewed(long_ago);
+        let stale = lapsed.permit();
+        lapsed.renewed(Instant::now());
+        assert!(lapsed.holds());
+        assert!(!before.holds() && !stale.holds());
+        assert!(lapsed.permit().holds());
+        // A store that holds its file lock never lapses, until it closes.
+        let unshared = Fence::unshared();
+        let permit = unshared.permit();
+        assert!(permit.holds());
+        unshared.close();
+        assert!(!permit.holds());
     }
 }

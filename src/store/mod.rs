@@ -22,7 +22,7 @@ use crate::config::{StoreConfig, StoreUrl};
 use crate::metrics::StoreBatches;
 use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{ScopeKey, ScopeKeyError};
-pub use fence::Fence;
+pub use fence::{Fence, Permit};
 pub use outbox::{Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription};
 pub use postgres::PostgresStore;
 pub use seal::{Seal, SealError, StoreKey};
