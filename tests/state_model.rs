@@ -286,7 +286,7 @@ fn random_action(
             if room.stalls == 0 {
                 return Action::Advance(STEPS_MS[0]);
             }
-            let held = rng.usize(0..=2);
+            let held = rng.usize(1..=2);
             Action::Stall {
                 via: via(rng),
                 held,
