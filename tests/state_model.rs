@@ -560,20 +560,13 @@ impl Run {
         .await;
 
         // The replica's lease cannot renew while the test holds its row.
-        let mut stall = sqlx::PgConnection::connect(&postgres_url())
-            .await
-            .expect("connect");
-        sqlx::query("BEGIN")
+        let mut stall = database().await;
+        let lock =
+            format!("BEGIN; SELECT 1 FROM {schema}.replicas WHERE id = '{owner}' FOR UPDATE");
+        sqlx::raw_sql(&lock)
             .execute(&mut stall)
             .await
-            .expect("begin");
-        sqlx::query(&format!(
-            "SELECT 1 FROM {schema}.replicas WHERE id = $1 FOR UPDATE"
-        ))
-        .bind(&owner)
-        .execute(&mut stall)
-        .await
-        .expect("lock the replica's row");
+            .expect("lock the replica's row");
 
         // Once its lease runs out by the database's clock, a peer marks
         // what it held lost; the fenced write may have settled itself
@@ -734,46 +727,47 @@ async fn database() -> sqlx::PgConnection {
         .expect("connect to the test database")
 }
 
+/// One value `sql` reads (on a connection of its own), `$1` bound to
+/// `owner` when it has one.
+async fn read_one<T>(sql: &str, owner: Option<&str>) -> T
+where
+    T: Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    let mut db = database().await;
+    let query = sqlx::query_scalar(sql);
+    let query = match owner {
+        Some(owner) => query.bind(owner.to_owned()),
+        None => query,
+    };
+    let value = query
+        .fetch_one(&mut db)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let _ = db.close().await;
+    value
+}
+
 /// How many operations `owner` holds `in_progress`.
 async fn in_progress_of(schema: &str, owner: &str) -> usize {
-    let mut db = database().await;
-    let count: i64 = sqlx::query_scalar(&format!(
+    let sql = format!(
         "SELECT count(*) FROM {schema}.operations WHERE owner = $1 AND state = 'in_progress'"
-    ))
-    .bind(owner)
-    .fetch_one(&mut db)
-    .await
-    .expect("count in_progress");
-    let _ = db.close().await;
+    );
+    let count: i64 = read_one(&sql, Some(owner)).await;
     usize::try_from(count).expect("a count")
 }
 
 /// Whether `owner`'s lease runs, by the database's clock.
 async fn lease_runs(schema: &str, owner: &str) -> bool {
-    let mut db = database().await;
-    let runs = sqlx::query_scalar(&format!(
-        "SELECT lease_until > clock_timestamp() FROM {schema}.replicas WHERE id = $1"
-    ))
-    .bind(owner)
-    .fetch_one(&mut db)
-    .await
-    .expect("the replica's lease");
-    let _ = db.close().await;
-    runs
+    let sql =
+        format!("SELECT lease_until > clock_timestamp() FROM {schema}.replicas WHERE id = $1");
+    read_one(&sql, Some(owner)).await
 }
 
 /// The replica that registered last (owner ids are UUIDv7: they sort by
 /// start time).
 async fn newest_replica(schema: &str) -> String {
-    let mut db = database().await;
-    let id = sqlx::query_scalar(&format!(
-        "SELECT id FROM {schema}.replicas ORDER BY id DESC LIMIT 1"
-    ))
-    .fetch_one(&mut db)
-    .await
-    .expect("a replica");
-    let _ = db.close().await;
-    id
+    let sql = format!("SELECT id FROM {schema}.replicas ORDER BY id DESC LIMIT 1");
+    read_one(&sql, None).await
 }
 
 /// Where a sequence runs.
@@ -896,21 +890,24 @@ async fn every_answer_matches_the_states_model() {
     }
 }
 
+/// Each seed of `count` in a PostgreSQL schema of its own, at the place
+/// `place` makes of it.
+async fn each_seed_in_a_schema(count: u64, place: fn(&PgSchema) -> Place<'_>) {
+    for seed in seeds(count) {
+        let Some(schema) = PgSchema::create().await else {
+            return;
+        };
+        tokio::time::timeout(Duration::from_secs(60), run_sequence(seed, place(&schema)))
+            .await
+            .unwrap_or_else(|_| panic!("seed {seed} took longer than 60 s"));
+    }
+}
+
 /// The same sequences on the PostgreSQL store (no replay cache, the
 /// claim function, leases), a schema per seed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_answer_matches_the_states_model_on_postgres() {
-    for seed in seeds(SEEDS) {
-        let Some(schema) = PgSchema::create().await else {
-            return;
-        };
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            run_sequence(seed, Place::Postgres(&schema)),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("seed {seed} took longer than 60 s"));
-    }
+    each_seed_in_a_schema(SEEDS, |schema| Place::Postgres(schema)).await;
 }
 
 /// Two replicas on one schema, with lease stalls, fenced and late
@@ -918,15 +915,5 @@ async fn every_answer_matches_the_states_model_on_postgres() {
 /// marked lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_answer_matches_the_states_model_across_replicas() {
-    for seed in seeds(REPLICA_SEEDS) {
-        let Some(schema) = PgSchema::create().await else {
-            return;
-        };
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            run_sequence(seed, Place::Replicas(&schema)),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("seed {seed} took longer than 60 s"));
-    }
+    each_seed_in_a_schema(REPLICA_SEEDS, |schema| Place::Replicas(schema)).await;
 }
