@@ -20,7 +20,8 @@
 //!     answer like the default.
 //!
 //!   - `/scripted`: what [`FakeUpstream::script`] says now (commit and
-//!     answer, commit and drop, or refuse with a status), so identical
+//!     answer, commit and drop, commit and hold the answer until the test lets
+//!     it go, or refuse with a status), so identical
 //!     requests can meet different fates.
 //!
 //!   GET and HEAD are recorded and answered 200 but never counted as writes,

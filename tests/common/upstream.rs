@@ -33,6 +33,9 @@ struct UpstreamState {
     refused_once: Mutex<HashSet<String>>,
     /// What a write to `/scripted` does now ([`FakeUpstream::script`]).
     scripted: Mutex<Scripted>,
+    /// One permit per held answer let go ([`Scripted::Hold`]); fair, so
+    /// the first held is the first let go.
+    held: tokio::sync::Semaphore,
     /// Paths that behave as another path ([`FakeUpstream::start_aliased`]).
     aliases: HashMap<String, String>,
 }
@@ -47,6 +50,11 @@ pub enum Scripted {
     Drop,
     /// Answer this status without committing (a refusal).
     Refuse(u16),
+    /// Commit, then hold the answer until the test lets it go
+    /// ([`FakeUpstream::release_one`], first held first), then answer
+    /// like the default path: a response that comes as late as the test
+    /// wants.
+    Hold,
 }
 
 /// A recording HTTP/1.1 upstream; stops serving when dropped.
@@ -107,6 +115,7 @@ impl FakeUpstream {
             by_key: Mutex::new(HashMap::new()),
             refused_once: Mutex::new(HashSet::new()),
             scripted: Mutex::new(Scripted::Create),
+            held: tokio::sync::Semaphore::new(0),
             aliases,
         });
         let accept_state = state.clone();
@@ -158,6 +167,11 @@ impl FakeUpstream {
     /// What writes to `/scripted` do from now on.
     pub fn script(&self, scripted: Scripted) {
         *self.state.scripted.lock().expect("scripted lock") = scripted;
+    }
+
+    /// Lets the first answer still held ([`Scripted::Hold`]) go.
+    pub fn release_one(&self) {
+        self.state.held.add_permits(1);
     }
 
     /// Committed writes so far.
@@ -336,6 +350,15 @@ async fn handle(
         "/hold" => std::future::pending().await,
         "/drop" => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Drop => Err("dropped after commit".into()),
+        "/scripted" if scripted == Scripted::Hold => {
+            state
+                .held
+                .acquire()
+                .await
+                .expect("held semaphore open")
+                .forget();
+            Ok(json_response(StatusCode::CREATED, id, received))
+        }
         "/truncate" => {
             let mut resp = hyper::Response::new(BoxBody::new(idemgate::body::CutShort::new(
                 Bytes::from_static(b"{\"id\":"),
