@@ -771,9 +771,11 @@ async fn access_paths_are_served_by_their_indexes(bench: Bench) {
         let lines: Vec<&str> = plan.lines().collect();
         let served = lines.iter().enumerate().any(|(i, line)| {
             line.contains(path.index)
-                && path
-                    .bound
-                    .is_none_or(|bound| lines[i..(i + 2).min(lines.len())].iter().any(|l| l.contains(bound)))
+                && path.bound.is_none_or(|bound| {
+                    lines[i..(i + 2).min(lines.len())]
+                        .iter()
+                        .any(|l| l.contains(bound))
+                })
         });
         if full_scan || !served {
             wrong.push(format!(

@@ -260,7 +260,10 @@ impl ListFilter {
                 [("first page", filter), ("next page", next)]
             })
             .map(|(page, filter)| {
-                let filter = ListFilter { limit: 50, ..filter };
+                let filter = ListFilter {
+                    limit: 50,
+                    ..filter
+                };
                 (format!("list {:?}, {page}", filter.path()), filter)
             })
             .collect()

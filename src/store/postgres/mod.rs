@@ -61,7 +61,6 @@ use crate::scope_key::ScopeKey;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use statements::{ClaimCall, Owners, RecordCall};
 
-
 /// The statements `tests/store_contract.rs` explains ([`AccessPath`]).
 pub(super) fn access_paths() -> Vec<super::AccessPath> {
     let mut paths = statements::access_paths();

@@ -9,15 +9,11 @@
 
 use sqlx::{PgPool, Row};
 
-use crate::store::{AccessPath, Param, Alert, AlertDelivery, AlertOutcome, AlertPoll, StoreError};
+use crate::store::outbox::{AGED_PER_PASS, aged_access_paths};
+use crate::store::{AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, StoreError};
 
 /// Finished alerts dropped per poll, so one poll stays short.
 const FORGET_PER_POLL: i64 = 500;
-
-/// Operations an aging pass reports per threshold, at most: a backlog
-/// (the first pass over a store full of held work, or a new threshold) is
-/// reported over the passes that follow, and each stays short.
-const AGED_PER_PASS: i64 = 1000;
 
 /// The `unknown` operations of the next aging window, in
 /// `operations_state_updated`: after the cursor ($1 updated_at, $2 id) and
@@ -108,24 +104,7 @@ async fn add_aged(
 
 /// The aging pass's reads of `operations` ([`AccessPath`]).
 pub fn access_paths() -> Vec<AccessPath> {
-    let window = [Param::Int(0), Param::text(""), Param::Int(1_000)];
-    let end = [Param::Int(AGED_PER_PASS - 1)];
-    let insert = [
-        Param::Int(500),
-        Param::text("k"),
-        Param::Int(2_000),
-        Param::Int(600_000),
-    ];
-    [("aged, end of pass", AGED_END, &end[..]), ("aged, insert", AGED_INSERT, &insert[..])]
-        .into_iter()
-        .map(|(name, sql, rest)| AccessPath {
-            name: name.into(),
-            sql: sql.into(),
-            index: "operations_state_updated",
-            bound: Some("updated_at >= "),
-            params: window.iter().chain(rest).cloned().collect(),
-        })
-        .collect()
+    aged_access_paths(AGED_END, AGED_INSERT, "updated_at >= ")
 }
 
 pub async fn take_alerts(

@@ -15,9 +15,10 @@ use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    AccessPath, ListPath, Param, SWEEP_LIMIT, Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
-    Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State,
-    Stats, StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, timeline,
+    AccessPath, Claim, ClaimResult, Decision, Event, ListFilter, ListPath, NewOperation,
+    OPERATION_COLUMNS, Operation, Param, Recorded, RekeyBatch, RequestSummary, Resolved,
+    RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Settlement, State, Stats, StoreError, StoredEvent,
+    StoredResponse, Summary, is_implied_by_record, timeline,
 };
 
 /// An owner is alive while its lease, in the database's clock, runs.
@@ -482,7 +483,10 @@ fn list_statement(filter: &ListFilter) -> (String, Vec<Param>) {
         ListPath::State => vec![format!("state = {}", param(state.into()))],
         ListPath::RouteState => {
             let route = param(route.into());
-            vec![format!("route = {route} AND state = {}", param(state.into()))]
+            vec![format!(
+                "route = {route} AND state = {}",
+                param(state.into())
+            )]
         }
         // One range per state, merged in id order.
         ListPath::Route => {
@@ -517,7 +521,10 @@ fn list_statement(filter: &ListFilter) -> (String, Vec<Param>) {
         // joins them.
         ranges => {
             let ranges: Vec<String> = ranges.iter().map(|r| format!("({})", newest(r))).collect();
-            format!("{} ORDER BY id DESC LIMIT {limit}", ranges.join(" UNION ALL "))
+            format!(
+                "{} ORDER BY id DESC LIMIT {limit}",
+                ranges.join(" UNION ALL ")
+            )
         }
     };
     (sql, params)
@@ -550,9 +557,9 @@ pub async fn get(
     id: &str,
 ) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
     let row = sqlx::query(&get_sql())
-    .bind(id)
-    .fetch_optional(pool)
-    .await?;
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
     let found = row.as_ref().map(|row| {
         let scope: String = row.try_get("scope")?;
         operation_from_row(row, seal, &scope)

@@ -40,9 +40,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
-    AccessPath,    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
-    NewOperation, Operation, Recorded, RekeyBatch, Resolved, RoutePause, Settlement, Stats, Store,
-    StoreError, StoreKeys, StoredEvent, StoredResponse, Summary,
+    AccessPath, AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event,
+    ListFilter, NewOperation, Operation, Recorded, RekeyBatch, Resolved, RoutePause, Settlement,
+    Stats, Store, StoreError, StoreKeys, StoredEvent, StoredResponse, Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;

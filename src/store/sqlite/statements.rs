@@ -12,9 +12,10 @@ use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    AccessPath, ListPath, Param, SWEEP_LIMIT, Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
-    Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State,
-    Stats, StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, timeline,
+    AccessPath, Claim, ClaimResult, Decision, Event, ListFilter, ListPath, NewOperation,
+    OPERATION_COLUMNS, Operation, Param, Recorded, RekeyBatch, RequestSummary, Resolved,
+    RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Settlement, State, Stats, StoreError, StoredEvent,
+    StoredResponse, Summary, is_implied_by_record, timeline,
 };
 
 /// A new operation, claimed for its first attempt, unless an operation
