@@ -2,8 +2,10 @@
 //! operations `retention` after their last update. `unknown` operations never
 //! expire on their own: they wait for an operator.
 //!
-//! The sweep deletes in bounded batches and pauses between them, so it takes
-//! the store's single writer only briefly and never stalls requests.
+//! The sweep deletes in bounded batches ([`BATCH`], within the store's
+//! [`SWEEP_LIMIT`]: one transaction, on SQLite one writer job, each) and
+//! pauses between them, so the writer's other jobs run between two batches
+//! and a sweep never stalls requests (ARCHITECTURE.md §4, "Access paths").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,10 +13,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{self, Clock};
-use crate::store::Store;
+use crate::store::{SWEEP_LIMIT, Store};
 
 /// Operations deleted per transaction.
 pub const BATCH: u32 = 500;
+const _: () = assert!(BATCH <= SWEEP_LIMIT);
 /// The pause between two batches of one sweep, for requests to get the writer.
 const BETWEEN_BATCHES: Duration = Duration::from_millis(20);
 

@@ -34,8 +34,10 @@ const BATCH: u32 = 32;
 /// Retry backoff: full jitter over `BASE * 2^attempts`, capped.
 const BACKOFF_BASE: Duration = Duration::from_secs(1);
 const BACKOFF_CAP: Duration = Duration::from_secs(600);
-/// How often operations are checked against `unknown-aged` thresholds: a
-/// pass over every `unknown` operation, so rarer than the polls.
+/// How often operations are checked against `unknown-aged` thresholds:
+/// rarer than the polls, since an alert a few seconds late is as good.
+/// Each pass reads only what crossed a threshold since the last
+/// (ARCHITECTURE.md §7).
 const AGING: Duration = Duration::from_secs(30);
 /// Finished alerts are kept this long past the longest `give_up_after`.
 const KEEP: Duration = Duration::from_secs(3600);

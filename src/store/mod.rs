@@ -43,6 +43,14 @@ pub enum State {
 }
 
 impl State {
+    /// Every state, in the order of the states table.
+    pub const ALL: [State; 4] = [
+        State::InProgress,
+        State::Completed,
+        State::Unknown,
+        State::NotAttempted,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             State::InProgress => "in_progress",
@@ -177,6 +185,142 @@ pub struct ListFilter {
     /// Only operations older than this id (the previous page's last).
     pub before: Option<String>,
     pub limit: u32,
+}
+
+/// The most operations one [`Store::sweep`] deletes: a transaction that
+/// takes the writer (and, on PostgreSQL, row locks) for a few
+/// milliseconds, however much has expired.
+pub const SWEEP_LIMIT: u32 = 1000;
+
+/// The access paths of [`Store::list`]: one statement each, so that each
+/// is served by its own index instead of one statement with optional
+/// filters that none serves (ARCHITECTURE.md §4, "Access paths"). Each
+/// pages by `id < cursor ORDER BY id DESC LIMIT n` inside its index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListPath {
+    /// No filter: the primary key.
+    All,
+    /// `state`: `operations_state_id`.
+    State,
+    /// `route` and `state`: `operations_route_state_id`.
+    RouteState,
+    /// `route` alone: `operations_route_state_id` once per state, merged.
+    Route,
+    /// `key`, with or without the others: `operations_key_id`. A key names
+    /// few operations (one per route and scope, and what they superseded),
+    /// so `state` and `route` only filter those.
+    Key,
+}
+
+impl ListFilter {
+    /// The access path that serves this filter.
+    pub fn path(&self) -> ListPath {
+        match (&self.key, &self.route, &self.state) {
+            (Some(_), _, _) => ListPath::Key,
+            (None, Some(_), Some(_)) => ListPath::RouteState,
+            (None, Some(_), None) => ListPath::Route,
+            (None, None, Some(_)) => ListPath::State,
+            (None, None, None) => ListPath::All,
+        }
+    }
+
+    /// One filter per access path, first page and next, named so: what
+    /// the backends' [`AccessPath`] lists explain.
+    fn samples() -> Vec<(String, ListFilter)> {
+        let filters = [
+            ListFilter::default(),
+            ListFilter {
+                state: Some(State::Unknown),
+                ..ListFilter::default()
+            },
+            ListFilter {
+                state: Some(State::Completed),
+                route: Some("api".into()),
+                ..ListFilter::default()
+            },
+            ListFilter {
+                route: Some("api".into()),
+                ..ListFilter::default()
+            },
+            ListFilter {
+                key: Some("k".into()),
+                route: Some("api".into()),
+                state: Some(State::Unknown),
+                ..ListFilter::default()
+            },
+        ];
+        let cursor = "01900000-0000-7000-8000-000000000000";
+        filters
+            .into_iter()
+            .flat_map(|filter| {
+                let next = ListFilter {
+                    before: Some(cursor.into()),
+                    ..filter.clone()
+                };
+                [("first page", filter), ("next page", next)]
+            })
+            .map(|(page, filter)| {
+                let filter = ListFilter {
+                    limit: 50,
+                    ..filter
+                };
+                (format!("list {:?}, {page}", filter.path()), filter)
+            })
+            .collect()
+    }
+}
+
+/// A statement the store runs on `operations`, with sample parameters:
+/// what `tests/store_contract.rs` explains, on each backend, to show that
+/// an index serves it. The statements are the store's own, never copies.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct AccessPath {
+    pub name: String,
+    pub sql: String,
+    /// The index its plan must read `operations` through.
+    pub index: &'static str,
+    /// What the index's condition must bound, as the plan writes it: a
+    /// range that ends early, not a walk of every entry under a prefix.
+    pub bound: Option<&'static str>,
+    /// In placeholder order (`?1`, `$1`, …).
+    pub params: Vec<Param>,
+}
+
+/// A parameter value: of an [`AccessPath`], and of SQLite's list.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub enum Param {
+    Null,
+    Int(i64),
+    Text(String),
+    Texts(Vec<String>),
+}
+
+impl Param {
+    pub fn text(text: &str) -> Param {
+        Param::Text(text.to_string())
+    }
+}
+
+impl From<Option<&str>> for Param {
+    fn from(text: Option<&str>) -> Self {
+        text.map_or(Param::Null, |text| Param::Text(text.to_string()))
+    }
+}
+
+/// The SQLite store's statements of the admin API, the console, the
+/// alerts and retention ([`AccessPath`]).
+#[doc(hidden)]
+pub fn sqlite_access_paths() -> Vec<AccessPath> {
+    sqlite::access_paths()
+}
+
+/// The PostgreSQL store's statements of the admin API, the console, the
+/// alerts and retention ([`AccessPath`]).
+#[doc(hidden)]
+pub fn postgres_access_paths() -> Vec<AccessPath> {
+    postgres::access_paths()
 }
 
 /// An operator's decision about a held operation.
@@ -528,8 +672,10 @@ pub trait Store: Send + Sync {
     /// Pauses `route` with `reason`, or resumes it (`None`), durably.
     async fn set_paused(&self, route: &str, reason: Option<&str>) -> Result<(), StoreError>;
 
-    /// Deletes up to `limit` `completed` and `not_attempted` operations last
-    /// updated before `cutoff` (ms), with their events; `unknown` ones stay.
+    /// Deletes up to `limit` (at most [`SWEEP_LIMIT`]) `completed` and
+    /// `not_attempted` operations last updated before `cutoff` (ms), with
+    /// their events; `unknown` ones stay. One transaction: on SQLite one
+    /// writer job, so the writer's other jobs run between two calls.
     async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError>;
 
     /// Alerts, in one transaction: adds `unknown-aged` alerts for the

@@ -4,6 +4,41 @@
 //! that alert for one endpoint, taken by one deliverer at a time under a
 //! lease, and settled once: delivered, due again later, or given up.
 
+use super::{AccessPath, Param};
+
+/// Operations an aging pass reports per threshold, at most: a backlog
+/// (the first pass over a store full of held work, or a new threshold) is
+/// reported over the passes that follow, and each stays short.
+pub(crate) const AGED_PER_PASS: i64 = 1000;
+
+/// A backend's aging statements as [`AccessPath`]s: `end` finds a pass's
+/// last operation, `insert` adds its alerts; both read the window through
+/// `operations_state_updated`, bounded by `updated_at` as the plan writes
+/// it (`bound`). The parameters are the backends' own order.
+pub(crate) fn aged_access_paths(end: &str, insert: &str, bound: &'static str) -> Vec<AccessPath> {
+    let window = [Param::Int(0), Param::text(""), Param::Int(1_000)];
+    let after_end = [Param::Int(AGED_PER_PASS - 1)];
+    let after_insert = [
+        Param::Int(500),
+        Param::text("k"),
+        Param::Int(2_000),
+        Param::Int(600_000),
+    ];
+    [
+        ("aged, end of pass", end, &after_end[..]),
+        ("aged, insert", insert, &after_insert[..]),
+    ]
+    .into_iter()
+    .map(|(name, sql, rest)| AccessPath {
+        name: name.into(),
+        sql: sql.into(),
+        index: "operations_state_updated",
+        bound: Some(bound),
+        params: window.iter().chain(rest).cloned().collect(),
+    })
+    .collect()
+}
+
 /// An endpoint's interest in one kind of alert, as the store matches it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AlertSubscription {
@@ -89,7 +124,8 @@ impl AlertOutcome {
 pub struct AlertPoll {
     pub subscriptions: Vec<AlertSubscription>,
     /// Whether to look for operations newly past an `unknown-aged`
-    /// threshold (a pass over the `unknown` ones, so not on every poll).
+    /// threshold (those that crossed it since the last pass, at most a
+    /// thousand per threshold).
     pub aging: bool,
     /// ms: now, for aging and what is due.
     pub now: i64,

@@ -61,6 +61,13 @@ use crate::scope_key::ScopeKey;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use statements::{ClaimCall, Owners, RecordCall};
 
+/// The statements `tests/store_contract.rs` explains ([`AccessPath`]).
+pub(super) fn access_paths() -> Vec<super::AccessPath> {
+    let mut paths = statements::access_paths();
+    paths.extend(outbox::access_paths());
+    paths
+}
+
 /// Connections per replica: enough for the requests' statements to
 /// overlap, few enough that many replicas fit under `max_connections`.
 const POOL: u32 = 16;

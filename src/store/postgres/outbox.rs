@@ -9,29 +9,112 @@
 
 use sqlx::{PgPool, Row};
 
-use crate::store::{Alert, AlertDelivery, AlertOutcome, AlertPoll, StoreError};
+use crate::store::outbox::{AGED_PER_PASS, aged_access_paths};
+use crate::store::{AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, StoreError};
 
 /// Finished alerts dropped per poll, so one poll stays short.
 const FORGET_PER_POLL: i64 = 500;
+
+/// The `unknown` operations of the next aging window, in
+/// `operations_state_updated`: after the cursor ($1 updated_at, $2 id) and
+/// `unknown` since $3 at the latest. An operation's `updated_at` is when
+/// it became `unknown`, since nothing else changes it while it is.
+macro_rules! aged_window {
+    () => {
+        "FROM operations
+         WHERE state = 'unknown' AND updated_at >= $1 AND (updated_at, id) > ($1, $2::text)
+           AND updated_at <= $3"
+    };
+}
+
+/// Where a threshold's ($1) scan stands.
+const AGED_CURSOR: &str = "SELECT updated_at, id FROM alert_aged_scans WHERE aged_after = $1";
+
+/// The last operation of the next pass (the $4th after the first), if the
+/// window holds more than a pass.
+const AGED_END: &str = concat!(
+    "SELECT updated_at, id ",
+    aged_window!(),
+    " ORDER BY updated_at, id LIMIT 1 OFFSET $4"
+);
+
+/// An `unknown-aged` alert at $6 for threshold $7 for each operation of the
+/// window up to the pass's end ($4 updated_at, $5 id); once per operation
+/// and threshold (`alert_outbox_aged`).
+const AGED_INSERT: &str = concat!(
+    "INSERT INTO alert_outbox (event, at, route, operation_id, idem_key, state, evidence,
+        aged_after)
+     SELECT 'unknown-aged', $6, route, id, idem_key, state, evidence, $7 ",
+    aged_window!(),
+    " AND (updated_at, id) <= ($4, $5::text) ORDER BY updated_at ON CONFLICT DO NOTHING"
+);
+
+/// Moves threshold $1's cursor to ($2, $3), never back: replicas may pass
+/// over one window at once (each alert is still added once).
+const AGED_ADVANCE: &str = "INSERT INTO alert_aged_scans AS s (aged_after, updated_at, id)
+     VALUES ($1, $2, $3)
+     ON CONFLICT (aged_after) DO UPDATE SET updated_at = excluded.updated_at, id = excluded.id
+     WHERE (excluded.updated_at, excluded.id) > (s.updated_at, s.id)";
+
+/// One aging pass for threshold `aged_after`: the operations that became
+/// `unknown` at `now - aged_after` at the latest and after the threshold's
+/// cursor, up to [`AGED_PER_PASS`] of them, each reported once; then the
+/// cursor moves past them. A pass reads only what crossed the threshold
+/// since the last (and a backlog a pass at a time), never every `unknown`
+/// operation. Replicas' clocks must agree to well within `aged_after`.
+async fn add_aged(
+    tx: &mut sqlx::PgConnection,
+    now: i64,
+    aged_after: i64,
+) -> Result<(), StoreError> {
+    let latest = now - aged_after;
+    let (from, from_id): (i64, String) = sqlx::query_as(AGED_CURSOR)
+        .bind(aged_after)
+        .fetch_optional(&mut *tx)
+        .await?
+        .unwrap_or((i64::MIN, String::new()));
+    // `(latest + 1, "")` is past every operation at `latest`: every id is
+    // longer than "".
+    let (to, to_id): (i64, String) = sqlx::query_as(AGED_END)
+        .bind(from)
+        .bind(&from_id)
+        .bind(latest)
+        .bind(AGED_PER_PASS - 1)
+        .fetch_optional(&mut *tx)
+        .await?
+        .unwrap_or((latest + 1, String::new()));
+    sqlx::query(AGED_INSERT)
+        .bind(from)
+        .bind(&from_id)
+        .bind(latest)
+        .bind(to)
+        .bind(&to_id)
+        .bind(now)
+        .bind(aged_after)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(AGED_ADVANCE)
+        .bind(aged_after)
+        .bind(to)
+        .bind(&to_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// The aging pass's reads of `operations` ([`AccessPath`]).
+pub fn access_paths() -> Vec<AccessPath> {
+    aged_access_paths(AGED_END, AGED_INSERT, "updated_at >= ")
+}
 
 pub async fn take_alerts(
     pool: &PgPool,
     poll: &AlertPoll,
 ) -> Result<Vec<AlertDelivery>, StoreError> {
     let mut tx = pool.begin().await?;
-    let thresholds = poll.aged_thresholds();
-    sqlx::query(
-        "INSERT INTO alert_outbox
-            (event, at, route, operation_id, idem_key, state, evidence, aged_after)
-         SELECT 'unknown-aged', $1, o.route, o.id, o.idem_key, o.state, o.evidence, t.aged_after
-         FROM unnest($2::bigint[]) AS t(aged_after)
-         JOIN operations o ON o.state = 'unknown' AND o.created_at <= $1 - t.aged_after
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(poll.now)
-    .bind(&thresholds)
-    .execute(&mut *tx)
-    .await?;
+    for aged_after in poll.aged_thresholds() {
+        add_aged(&mut tx, poll.now, aged_after).await?;
+    }
     let subscriptions = &poll.subscriptions;
     sqlx::query(
         "WITH fresh AS (

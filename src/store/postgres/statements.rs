@@ -15,9 +15,10 @@ use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
-    Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State,
-    Stats, StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, timeline,
+    AccessPath, Claim, ClaimResult, Decision, Event, ListFilter, ListPath, NewOperation,
+    OPERATION_COLUMNS, Operation, Param, Recorded, RekeyBatch, RequestSummary, Resolved,
+    RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Settlement, State, Stats, StoreError, StoredEvent,
+    StoredResponse, Summary, is_implied_by_record, timeline,
 };
 
 /// An owner is alive while its lease, in the database's clock, runs.
@@ -457,21 +458,97 @@ pub async fn set_paused(
     Ok(())
 }
 
+/// The operations `filter` selects, newest first, by its access path's
+/// own statement ([`list_statement`]).
 pub async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
-    let rows = sqlx::query(&format!(
-        "SELECT {SUMMARY_COLUMNS} FROM operations
-         WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR route = $2)
-           AND ($3::text IS NULL OR idem_key = $3) AND ($4::text IS NULL OR id < $4)
-         ORDER BY id DESC LIMIT $5"
-    ))
-    .bind(filter.state.map(State::as_str))
-    .bind(&filter.route)
-    .bind(&filter.key)
-    .bind(&filter.before)
-    .bind(i64::from(filter.limit))
-    .fetch_all(pool)
-    .await?;
+    let (sql, params) = list_statement(filter);
+    let rows = bound(sqlx::query(&sql), &params).fetch_all(pool).await?;
     rows.iter().map(summary_from_row).collect()
+}
+
+/// The statement of `filter`'s access path ([`ListPath`]) and its
+/// parameters: each a range of one index read backwards from the cursor,
+/// so a page costs its rows however many operations are stored.
+fn list_statement(filter: &ListFilter) -> (String, Vec<Param>) {
+    let mut params = Vec::new();
+    // Only the parameters a statement names: PostgreSQL types each one.
+    let mut param = |value: Param| {
+        params.push(value);
+        format!("${}", params.len())
+    };
+    let state = filter.state.map(State::as_str);
+    let (route, key) = (filter.route.as_deref(), filter.key.as_deref());
+    let ranges = match filter.path() {
+        ListPath::All => vec!["true".to_string()],
+        ListPath::State => vec![format!("state = {}", param(state.into()))],
+        ListPath::RouteState => {
+            let route = param(route.into());
+            vec![format!(
+                "route = {route} AND state = {}",
+                param(state.into())
+            )]
+        }
+        // One range per state, merged in id order.
+        ListPath::Route => {
+            let route = param(route.into());
+            State::ALL
+                .iter()
+                .map(|s| format!("route = {route} AND state = '{}'", s.as_str()))
+                .collect()
+        }
+        ListPath::Key => {
+            let (key, state, route) = (param(key.into()), param(state.into()), param(route.into()));
+            vec![format!(
+                "idem_key = {key} AND ({state}::text IS NULL OR state = {state})
+                   AND ({route}::text IS NULL OR route = {route})"
+            )]
+        }
+    };
+    let page = match &filter.before {
+        Some(before) => format!(" AND id < {}", param(Param::text(before))),
+        None => String::new(),
+    };
+    let limit = param(Param::Int(i64::from(filter.limit)));
+    let newest = |range: &String| {
+        format!(
+            "SELECT {SUMMARY_COLUMNS} FROM operations WHERE {range}{page}
+             ORDER BY id DESC LIMIT {limit}"
+        )
+    };
+    let sql = match &ranges[..] {
+        [range] => newest(range),
+        // Each range ends at the limit on its own, however the planner
+        // joins them.
+        ranges => {
+            let ranges: Vec<String> = ranges.iter().map(|r| format!("({})", newest(r))).collect();
+            format!(
+                "{} ORDER BY id DESC LIMIT {limit}",
+                ranges.join(" UNION ALL ")
+            )
+        }
+    };
+    (sql, params)
+}
+
+/// `query` with `params` bound in order.
+fn bound<'q>(
+    mut query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    params: &'q [Param],
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    for param in params {
+        query = match param {
+            Param::Null => query.bind(None::<&str>),
+            Param::Int(n) => query.bind(*n),
+            Param::Text(text) => query.bind(text.as_str()),
+            Param::Texts(texts) => query.bind(texts),
+        };
+    }
+    query
+}
+
+/// [`get`]'s operation: $1 its id.
+fn get_sql() -> String {
+    format!("SELECT {OPERATION_COLUMNS}, scope FROM operations WHERE id = $1")
 }
 
 pub async fn get(
@@ -479,12 +556,10 @@ pub async fn get(
     seal: &Seal,
     id: &str,
 ) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {OPERATION_COLUMNS}, scope FROM operations WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(pool)
-    .await?;
+    let row = sqlx::query(&get_sql())
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
     let found = row.as_ref().map(|row| {
         let scope: String = row.try_get("scope")?;
         operation_from_row(row, seal, &scope)
@@ -511,7 +586,10 @@ pub async fn get(
     Ok(Some((operation, events)))
 }
 
-/// The newest operation with `key` under any of the (route, scope) pairs.
+/// The newest operation with `key` under any of the (route, scope) pairs:
+/// the newest current one (by the identity index), since each took its
+/// identity after every one it superseded; only under pairs without one,
+/// the newest superseded one (by `operations_key_id`).
 pub async fn find_newest(
     pool: &PgPool,
     scopes: &[(String, String)],
@@ -521,18 +599,41 @@ pub async fn find_newest(
         .iter()
         .map(|(route, scope)| (route.as_str(), scope.as_str()))
         .unzip();
-    let row = sqlx::query(&format!(
-        "SELECT {SUMMARY_COLUMNS} FROM operations
-         WHERE (route, scope) IN (SELECT * FROM unnest($1::text[], $2::text[]))
-           AND idem_key = $3
-         ORDER BY id DESC LIMIT 1"
-    ))
-    .bind(&routes)
-    .bind(&scopes)
-    .bind(key)
-    .fetch_optional(pool)
-    .await?;
+    let row = sqlx::query(&find_newest_sql())
+        .bind(&routes)
+        .bind(&scopes)
+        .bind(key)
+        .fetch_optional(pool)
+        .await?;
     row.as_ref().map(summary_from_row).transpose()
+}
+
+/// [`find_newest`]'s statement: the pairs ($1 routes, $2 scopes) of $3 key.
+fn find_newest_sql() -> String {
+    format!(
+        "WITH pairs AS (SELECT * FROM unnest($1::text[], $2::text[]) AS p(route, scope)),
+         current AS (
+            SELECT o.* FROM pairs p CROSS JOIN LATERAL (
+                SELECT * FROM operations o
+                WHERE o.route = p.route AND o.scope = p.scope AND o.idem_key = $3
+                  AND o.superseded_at IS NULL
+                LIMIT 1 -- one at most (the identity is unique): looked up per pair
+            ) o
+         )
+         SELECT {SUMMARY_COLUMNS} FROM (
+            SELECT * FROM current
+            UNION ALL
+            SELECT o.* FROM pairs p CROSS JOIN LATERAL (
+                SELECT * FROM operations o
+                WHERE o.route = p.route AND o.scope = p.scope AND o.idem_key = $3
+                  AND o.superseded_at IS NOT NULL
+                ORDER BY o.id DESC LIMIT 1
+            ) o
+            WHERE NOT EXISTS (SELECT 1 FROM current c
+                              WHERE c.route = p.route AND c.scope = p.scope)
+         ) found
+         ORDER BY id DESC LIMIT 1"
+    )
 }
 
 /// An operator's decision, allowed from `unknown` or from `in_progress`
@@ -617,25 +718,90 @@ pub async fn stats(pool: &PgPool) -> Result<Stats, StoreError> {
 /// unless another replica is sweeping: one sweeper at a time, by a
 /// transaction-scoped advisory lock named after this store's schema (so
 /// stores in other schemas of the database do not wait on each other).
+/// Deletes up to `limit` (at most [`SWEEP_LIMIT`]) settled operations
+/// last updated before `cutoff`, found by `operations_state_updated`; one
+/// replica at a time.
 pub async fn sweep(pool: &PgPool, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
     let mut tx = pool.begin().await?;
     let ours: bool = sqlx::query_scalar(SWEEP_LOCK).fetch_one(&mut *tx).await?;
     if !ours {
         return Ok(0);
     }
-    let deleted = sqlx::query(
-        "DELETE FROM operations WHERE id IN (
-            SELECT id FROM operations
-            WHERE state IN ('completed', 'not_attempted') AND updated_at < $1
-            LIMIT $2)",
-    )
-    .bind(cutoff)
-    .bind(i64::from(limit))
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
+    let deleted = sqlx::query(SWEEP)
+        .bind(cutoff)
+        .bind(i64::from(limit.min(SWEEP_LIMIT)))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
     tx.commit().await?;
     Ok(deleted)
+}
+
+/// [`sweep`]'s statement: $1 the cutoff, $2 the limit.
+const SWEEP: &str = "DELETE FROM operations WHERE id IN (
+        SELECT id FROM operations
+        WHERE state IN ('completed', 'not_attempted') AND updated_at < $1
+        LIMIT $2)";
+
+/// The statements of the admin API, the console and retention, with
+/// sample parameters ([`AccessPath`]); the alerts' are the outbox's.
+pub fn access_paths() -> Vec<AccessPath> {
+    let mut paths: Vec<AccessPath> = ListFilter::samples()
+        .into_iter()
+        .map(|(name, filter)| {
+            let (sql, params) = list_statement(&filter);
+            AccessPath {
+                name,
+                sql,
+                index: list_index(filter.path()),
+                bound: filter.before.is_some().then_some("id < "),
+                params,
+            }
+        })
+        .collect();
+    let texts = |text: &str| Param::Texts(vec![text.to_string()]);
+    let pairs = vec![texts("api"), texts("scope"), Param::text("k")];
+    paths.extend([
+        AccessPath {
+            name: "get".into(),
+            sql: get_sql(),
+            index: "operations_pkey",
+            bound: None,
+            params: vec![Param::text("01900000-0000-7000-8000-000000000000")],
+        },
+        AccessPath {
+            name: "find_newest, current".into(),
+            sql: find_newest_sql(),
+            index: "operations_identity",
+            bound: None,
+            params: pairs.clone(),
+        },
+        AccessPath {
+            name: "find_newest, superseded".into(),
+            sql: find_newest_sql(),
+            index: "operations_key_id",
+            bound: None,
+            params: pairs,
+        },
+        AccessPath {
+            name: "sweep".into(),
+            sql: SWEEP.into(),
+            index: "operations_state_updated",
+            bound: Some("updated_at < "),
+            params: vec![Param::Int(1_000), Param::Int(i64::from(SWEEP_LIMIT))],
+        },
+    ]);
+    paths
+}
+
+/// The index that serves `path` in PostgreSQL's names.
+fn list_index(path: ListPath) -> &'static str {
+    match path {
+        ListPath::All => "operations_pkey",
+        ListPath::State => "operations_state_id",
+        ListPath::RouteState | ListPath::Route => "operations_route_state_id",
+        ListPath::Key => "operations_key_id",
+    }
 }
 
 /// Taken by the replica that sweeps, until its transaction ends.

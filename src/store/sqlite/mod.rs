@@ -40,9 +40,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
-    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
-    NewOperation, Operation, Recorded, RekeyBatch, Resolved, RoutePause, Settlement, Stats, Store,
-    StoreError, StoreKeys, StoredEvent, StoredResponse, Summary,
+    AccessPath, AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event,
+    ListFilter, NewOperation, Operation, Recorded, RekeyBatch, Resolved, RoutePause, Settlement,
+    Stats, Store, StoreError, StoreKeys, StoredEvent, StoredResponse, Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
@@ -152,6 +152,13 @@ impl SqliteStore {
         }
         Ok(())
     }
+}
+
+/// The statements `tests/store_contract.rs` explains ([`AccessPath`]).
+pub(super) fn access_paths() -> Vec<AccessPath> {
+    let mut paths = statements::access_paths();
+    paths.extend(outbox::access_paths());
+    paths
 }
 
 /// Runs the migrations on a connection of their own, closed before the

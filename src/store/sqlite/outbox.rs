@@ -7,22 +7,58 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::store::{Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription, StoreError};
+use crate::store::outbox::{AGED_PER_PASS, aged_access_paths};
+use crate::store::{
+    AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription, StoreError,
+};
 
 /// Finished alerts dropped per poll, so one poll stays short.
 const FORGET_PER_POLL: u32 = 500;
 
+/// The `unknown` operations of the next aging window, in
+/// `operations_state_updated`: after the cursor (?1 updated_at, ?2 id) and
+/// `unknown` since ?3 at the latest. An operation's `updated_at` is when
+/// it became `unknown`, since nothing else changes it while it is.
+macro_rules! aged_window {
+    () => {
+        "FROM operations
+         WHERE state = 'unknown' AND updated_at >= ?1 AND (updated_at, id) > (?1, ?2)
+           AND updated_at <= ?3"
+    };
+}
+
+/// Where a threshold's (?1) scan stands.
+const AGED_CURSOR: &str = "SELECT updated_at, id FROM alert_aged_scans WHERE aged_after = ?1";
+
+/// The last operation of the next pass (the ?4th after the first), if the
+/// window holds more than a pass.
+const AGED_END: &str = concat!(
+    "SELECT updated_at, id ",
+    aged_window!(),
+    " ORDER BY updated_at, id LIMIT 1 OFFSET ?4"
+);
+
+/// An `unknown-aged` alert at ?6 for threshold ?7 for each operation of the
+/// window up to the pass's end (?4 updated_at, ?5 id); once per operation
+/// and threshold (`alert_outbox_aged`).
+const AGED_INSERT: &str = concat!(
+    "INSERT INTO alert_outbox (event, at, route, operation_id, idem_key, state, evidence,
+        aged_after)
+     SELECT 'unknown-aged', ?6, route, id, idem_key, state, evidence, ?7 ",
+    aged_window!(),
+    " AND (updated_at, id) <= (?4, ?5) ON CONFLICT DO NOTHING"
+);
+
+/// Moves threshold ?1's cursor to (?2, ?3), never back.
+const AGED_ADVANCE: &str = "INSERT INTO alert_aged_scans (aged_after, updated_at, id)
+     VALUES (?1, ?2, ?3)
+     ON CONFLICT (aged_after) DO UPDATE SET updated_at = excluded.updated_at, id = excluded.id
+     WHERE (excluded.updated_at, excluded.id)
+         > (alert_aged_scans.updated_at, alert_aged_scans.id)";
+
 pub fn take_alerts(conn: &Connection, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError> {
-    let thresholds = poll.aged_thresholds();
-    for aged_after in thresholds {
-        conn.prepare_cached(
-            "INSERT INTO alert_outbox
-                (event, at, route, operation_id, idem_key, state, evidence, aged_after)
-             SELECT 'unknown-aged', ?1, route, id, idem_key, state, evidence, ?2
-             FROM operations WHERE state = 'unknown' AND created_at <= ?1 - ?2
-             ON CONFLICT DO NOTHING",
-        )?
-        .execute(params![poll.now, aged_after])?;
+    for aged_after in poll.aged_thresholds() {
+        add_aged(conn, poll.now, aged_after)?;
     }
     conn.prepare_cached(
         "INSERT INTO alert_deliveries (alert_id, endpoint, next_at)
@@ -71,6 +107,39 @@ pub fn take_alerts(conn: &Connection, poll: &AlertPoll) -> Result<Vec<AlertDeliv
         }
     }
     Ok(deliveries)
+}
+
+/// One aging pass for threshold `aged_after`: the operations that became
+/// `unknown` at `now - aged_after` at the latest and after the threshold's
+/// cursor, up to [`AGED_PER_PASS`] of them, each reported once; then the
+/// cursor moves past them. A pass reads only what crossed the threshold
+/// since the last (and a backlog a pass at a time), never every `unknown`
+/// operation.
+fn add_aged(conn: &Connection, now: i64, aged_after: i64) -> Result<(), StoreError> {
+    let latest = now - aged_after;
+    let pair = |row: &rusqlite::Row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?));
+    let (from, from_id) = conn
+        .prepare_cached(AGED_CURSOR)?
+        .query_row(params![aged_after], pair)
+        .optional()?
+        .unwrap_or((i64::MIN, String::new()));
+    // `(latest + 1, "")` is past every operation at `latest`: every id is
+    // longer than "".
+    let (to, to_id) = conn
+        .prepare_cached(AGED_END)?
+        .query_row(params![from, from_id, latest, AGED_PER_PASS - 1], pair)
+        .optional()?
+        .unwrap_or((latest + 1, String::new()));
+    conn.prepare_cached(AGED_INSERT)?
+        .execute(params![from, from_id, latest, to, to_id, now, aged_after])?;
+    conn.prepare_cached(AGED_ADVANCE)?
+        .execute(params![aged_after, to, to_id])?;
+    Ok(())
+}
+
+/// The aging pass's reads of `operations` ([`AccessPath`]).
+pub fn access_paths() -> Vec<AccessPath> {
+    aged_access_paths(AGED_END, AGED_INSERT, "updated_at>")
 }
 
 fn alert(conn: &Connection, id: i64) -> Result<Option<Alert>, StoreError> {

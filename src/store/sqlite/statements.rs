@@ -12,9 +12,10 @@ use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
-    Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State,
-    Stats, StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, timeline,
+    AccessPath, Claim, ClaimResult, Decision, Event, ListFilter, ListPath, NewOperation,
+    OPERATION_COLUMNS, Operation, Param, Recorded, RekeyBatch, RequestSummary, Resolved,
+    RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Settlement, State, Stats, StoreError, StoredEvent,
+    StoredResponse, Summary, is_implied_by_record, timeline,
 };
 
 /// A new operation, claimed for its first attempt, unless an operation
@@ -328,24 +329,83 @@ pub fn set_paused(
     Ok(())
 }
 
+/// The operations `filter` selects, newest first, by its access path's
+/// own statement ([`list_sql`]).
 pub fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
-    let mut statement = conn.prepare_cached(&format!(
-        "SELECT {SUMMARY_COLUMNS} FROM operations
-         WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR route = ?2)
-           AND (?3 IS NULL OR idem_key = ?3) AND (?4 IS NULL OR id < ?4)
-         ORDER BY id DESC LIMIT ?5"
-    ))?;
-    let rows = statement.query_map(
-        params![
-            filter.state.map(State::as_str),
-            filter.route,
-            filter.key,
-            filter.before,
-            filter.limit,
-        ],
-        summary_from_row,
-    )?;
+    let mut statement = conn.prepare_cached(&list_sql(filter))?;
+    let rows = statement.query_map(list_params(filter), summary_from_row)?;
     rows.map(|row| row?).collect()
+}
+
+/// The statement of `filter`'s access path ([`ListPath`]), each a range of
+/// one index read backwards from the cursor, so a page costs its rows
+/// however many operations are stored. Every statement takes the same
+/// parameters ([`list_params`]), using those it needs: ?1 state, ?2 route,
+/// ?3 key, ?4 the cursor (a next page only), ?5 the limit.
+fn list_sql(filter: &ListFilter) -> String {
+    let page = if filter.before.is_some() {
+        " AND id < ?4"
+    } else {
+        ""
+    };
+    let newest = |range: &str| {
+        format!(
+            "SELECT {SUMMARY_COLUMNS} FROM operations WHERE {range}{page}
+             ORDER BY id DESC LIMIT ?5"
+        )
+    };
+    match filter.path() {
+        ListPath::All => newest("true"),
+        ListPath::State => newest("state = ?1"),
+        ListPath::RouteState => newest("route = ?2 AND state = ?1"),
+        // One range per state, each ending at the limit on its own,
+        // merged in id order.
+        ListPath::Route => {
+            let ranges: Vec<String> = State::ALL
+                .iter()
+                .map(|state| {
+                    let range = format!("route = ?2 AND state = '{}'", state.as_str());
+                    format!("SELECT * FROM ({})", newest(&range))
+                })
+                .collect();
+            format!("{} ORDER BY id DESC LIMIT ?5", ranges.join(" UNION ALL "))
+        }
+        ListPath::Key => {
+            newest("idem_key = ?3 AND (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR route = ?2)")
+        }
+    }
+}
+
+/// [`list_sql`]'s parameters.
+fn list_params(filter: &ListFilter) -> [Param; 5] {
+    [
+        filter.state.map(State::as_str).into(),
+        filter.route.as_deref().into(),
+        filter.key.as_deref().into(),
+        filter.before.as_deref().into(),
+        Param::Int(i64::from(filter.limit)),
+    ]
+}
+
+impl rusqlite::ToSql for Param {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, Value, ValueRef};
+        Ok(match self {
+            Param::Null => ToSqlOutput::Borrowed(ValueRef::Null),
+            Param::Int(n) => ToSqlOutput::Owned(Value::Integer(*n)),
+            Param::Text(text) => ToSqlOutput::Borrowed(ValueRef::Text(text.as_bytes())),
+            Param::Texts(_) => {
+                return Err(rusqlite::Error::ToSqlConversionFailure(
+                    "SQLite takes no arrays".into(),
+                ));
+            }
+        })
+    }
+}
+
+/// [`get`]'s operation: ?1 its id.
+fn get_sql() -> String {
+    format!("SELECT {OPERATION_COLUMNS}, scope FROM operations WHERE id = ?1")
 }
 
 pub fn get(
@@ -354,9 +414,7 @@ pub fn get(
     id: &str,
 ) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
     let found = conn
-        .prepare_cached(&format!(
-            "SELECT {OPERATION_COLUMNS}, scope FROM operations WHERE id = ?1"
-        ))?
+        .prepare_cached(&get_sql())?
         .query_row(params![id], |row| {
             operation_from_row(row, seal, &row.get::<_, String>("scope")?)
         })
@@ -379,29 +437,45 @@ pub fn get(
     Ok(Some((operation, events)))
 }
 
-/// The newest operation with `key` under any of the (route, scope) pairs.
+/// The newest operation with `key` under any of the (route, scope) pairs:
+/// under each pair, the current one (by the identity index) when there
+/// is one, since it took the identity after every one it superseded;
+/// otherwise the newest superseded one (by `operations_key_id`).
 pub fn find_newest(
     conn: &Connection,
     scopes: &[(String, String)],
     key: &str,
 ) -> Result<Option<Summary>, StoreError> {
-    let mut statement = conn.prepare_cached(&format!(
-        "SELECT {SUMMARY_COLUMNS} FROM operations
-         WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 ORDER BY id DESC LIMIT 1"
-    ))?;
+    let mut current = conn.prepare_cached(&find_newest_sql(false))?;
+    let mut superseded = conn.prepare_cached(&find_newest_sql(true))?;
     let mut newest: Option<Summary> = None;
     for (route, scope) in scopes {
-        let found = statement
-            .query_row(params![route, scope, key], summary_from_row)
-            .optional()?
-            .transpose()?;
-        if let Some(found) = found
+        let pair = params![route, scope, key];
+        let found = match current.query_row(pair, summary_from_row).optional()? {
+            None => superseded.query_row(pair, summary_from_row).optional()?,
+            found => found,
+        };
+        if let Some(found) = found.transpose()?
             && newest.as_ref().is_none_or(|n| found.id > n.id)
         {
             newest = Some(found);
         }
     }
     Ok(newest)
+}
+
+/// [`find_newest`]'s look-up under one (?1 route, ?2 scope) pair of ?3
+/// key: the current operation, or the newest `superseded` one.
+fn find_newest_sql(superseded: bool) -> String {
+    let which = if superseded {
+        "superseded_at IS NOT NULL ORDER BY id DESC LIMIT 1"
+    } else {
+        "superseded_at IS NULL"
+    };
+    format!(
+        "SELECT {SUMMARY_COLUMNS} FROM operations
+         WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 AND {which}"
+    )
 }
 
 /// An operator's decision, allowed from `unknown` or from `in_progress`
@@ -477,17 +551,76 @@ pub fn stats(conn: &Connection) -> Result<Stats, StoreError> {
     })
 }
 
-/// Deletes up to `limit` settled operations last updated before `cutoff`.
+/// Deletes up to `limit` (at most [`SWEEP_LIMIT`]) settled operations
+/// last updated before `cutoff`, found by `operations_state_updated`.
 pub fn sweep(conn: &Connection, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
     let deleted = conn
-        .prepare_cached(
-            "DELETE FROM operations WHERE id IN (
-                SELECT id FROM operations
-                WHERE state IN ('completed', 'not_attempted') AND updated_at < ?1
-                LIMIT ?2)",
-        )?
-        .execute(params![cutoff, limit])?;
+        .prepare_cached(SWEEP)?
+        .execute(params![cutoff, limit.min(SWEEP_LIMIT)])?;
     Ok(deleted as u64)
+}
+
+/// [`sweep`]'s statement: ?1 the cutoff, ?2 the limit.
+const SWEEP: &str = "DELETE FROM operations WHERE id IN (
+        SELECT id FROM operations
+        WHERE state IN ('completed', 'not_attempted') AND updated_at < ?1
+        LIMIT ?2)";
+
+/// The statements of the admin API, the console and retention, with
+/// sample parameters ([`AccessPath`]); the alerts' are the outbox's.
+pub fn access_paths() -> Vec<AccessPath> {
+    let pair = || vec![Param::text("api"), Param::text("scope"), Param::text("k")];
+    let mut paths: Vec<AccessPath> = ListFilter::samples()
+        .into_iter()
+        .map(|(name, filter)| AccessPath {
+            name,
+            sql: list_sql(&filter),
+            index: list_index(filter.path()),
+            bound: filter.before.is_some().then_some("id<"),
+            params: list_params(&filter).into(),
+        })
+        .collect();
+    paths.extend([
+        AccessPath {
+            name: "get".into(),
+            sql: get_sql(),
+            index: "sqlite_autoindex_operations_1",
+            bound: None,
+            params: vec![Param::text("01900000-0000-7000-8000-000000000000")],
+        },
+        AccessPath {
+            name: "find_newest, current".into(),
+            sql: find_newest_sql(false),
+            index: "operations_identity",
+            bound: None,
+            params: pair(),
+        },
+        AccessPath {
+            name: "find_newest, superseded".into(),
+            sql: find_newest_sql(true),
+            index: "operations_key_id",
+            bound: None,
+            params: pair(),
+        },
+        AccessPath {
+            name: "sweep".into(),
+            sql: SWEEP.into(),
+            index: "operations_state_updated",
+            bound: Some("updated_at<"),
+            params: vec![Param::Int(1_000), Param::Int(i64::from(SWEEP_LIMIT))],
+        },
+    ]);
+    paths
+}
+
+/// The index that serves `path` in SQLite's names.
+fn list_index(path: ListPath) -> &'static str {
+    match path {
+        ListPath::All => "sqlite_autoindex_operations_1",
+        ListPath::State => "operations_state_id",
+        ListPath::RouteState | ListPath::Route => "operations_route_state_id",
+        ListPath::Key => "operations_key_id",
+    }
 }
 
 /// The value of the store's meta row `name`.
