@@ -12,9 +12,10 @@ use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
+    COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
     Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State,
-    Stats, StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, timeline,
+    Stats, StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, operation_count,
+    timeline,
 };
 
 /// A new operation, claimed for its first attempt, unless an operation
@@ -450,11 +451,13 @@ pub fn resolve(
     })
 }
 
+/// Counts from `operation_counts`, which the triggers of migration 0005
+/// keep in every write's transaction; the oldest `unknown` operation from
+/// the `(state, updated_at)` index. Neither reads more as the table grows.
 pub fn stats(conn: &Connection) -> Result<Stats, StoreError> {
     let counts = conn
         .prepare_cached(
-            "SELECT route, state, count(*) FROM operations GROUP BY route, state
-             ORDER BY route, state",
+            "SELECT route, state, n FROM operation_counts WHERE n <> 0 ORDER BY route, state",
         )?
         .query_map([], |row| {
             Ok((
@@ -465,16 +468,37 @@ pub fn stats(conn: &Connection) -> Result<Stats, StoreError> {
         })?
         .map(|row| {
             let (route, state, n) = row?;
-            Ok((route, State::parse(&state)?, u64::try_from(n).unwrap_or(0)))
+            Ok((route, State::parse(&state)?, operation_count(n)?))
         })
         .collect::<Result<_, StoreError>>()?;
-    let oldest_unknown_created_at = conn
-        .prepare_cached("SELECT min(created_at) FROM operations WHERE state = 'unknown'")?
+    let oldest_unknown_since = conn
+        .prepare_cached(OLDEST_UNKNOWN)?
         .query_row([], |row| row.get(0))?;
     Ok(Stats {
         counts,
-        oldest_unknown_created_at,
+        oldest_unknown_since,
     })
+}
+
+/// Served by `operations_state_updated` alone (see the test below).
+const OLDEST_UNKNOWN: &str = "SELECT min(updated_at) FROM operations WHERE state = 'unknown'";
+
+/// Recounts `operation_counts` from the table, unless [`COUNTS_ROW`]
+/// says they are exact: whether it recounted. Run by the writer at open,
+/// so nothing writes between the count and the mark.
+pub fn recount_if_untrusted(conn: &Connection) -> Result<bool, StoreError> {
+    if meta(conn, COUNTS_ROW)?.as_deref() == Some(COUNTS_EXACT) {
+        return Ok(false);
+    }
+    conn.prepare_cached("DELETE FROM operation_counts")?
+        .execute([])?;
+    conn.prepare_cached(
+        "INSERT INTO operation_counts (route, state, n)
+         SELECT route, state, count(*) FROM operations GROUP BY route, state",
+    )?
+    .execute([])?;
+    set_meta(conn, COUNTS_ROW, COUNTS_EXACT)?;
+    Ok(true)
 }
 
 /// Deletes up to `limit` settled operations last updated before `cutoff`.
