@@ -757,7 +757,10 @@ impl Bench {
             Place::Postgres(schema) => {
                 let mut conn = admin_connection().await;
                 let search_path = format!("SET search_path TO {}", schema.name);
-                sqlx::raw_sql(&search_path).execute(&mut conn).await.unwrap();
+                sqlx::raw_sql(&search_path)
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
                 sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
             }
         }
@@ -828,7 +831,9 @@ async fn kept_counts_are_what_counting_the_table_says(bench: Bench) {
     };
     let recorded = store.record(&stale, &completed("x"), &first_try()).await;
     assert_eq!(recorded.unwrap(), Recorded::Stale);
-    bench.assert_counts_exact(store.as_ref(), "claims and records").await;
+    bench
+        .assert_counts_exact(store.as_ref(), "claims and records")
+        .await;
 
     // not_attempted → in_progress: the next attempt.
     assert_eq!(claimed(store.as_ref(), &on("api", "k1")).await.attempt, 2);
@@ -845,32 +850,45 @@ async fn kept_counts_are_what_counting_the_table_says(bench: Bench) {
         .settle_held(&ids[5], None, &response(201, "x"), "late", &late)
         .await;
     assert!(settled.unwrap());
-    bench.assert_counts_exact(store.as_ref(), "resolutions").await;
+    bench
+        .assert_counts_exact(store.as_ref(), "resolutions")
+        .await;
 
     // The derive window supersedes k0 on api: the old one stays counted.
     bench.clock.advance(Duration::from_secs(1));
     let mut derived = on("api", "k0");
     derived.fresh_after = Some(bench.clock.now_millis());
     claimed(store.as_ref(), &derived).await;
-    bench.assert_counts_exact(store.as_ref(), "a supersede").await;
+    bench
+        .assert_counts_exact(store.as_ref(), "a supersede")
+        .await;
 
     // What was in flight at close is recovered as unknown.
     store.close().await;
     let store = bench.open("gw-2").await;
     store.recover().await.unwrap();
-    bench.assert_counts_exact(store.as_ref(), "a recovery").await;
+    bench
+        .assert_counts_exact(store.as_ref(), "a recovery")
+        .await;
 
     // Retention deletes settled operations; a rekey rewrites payloads.
     bench.clock.advance(Duration::from_secs(10));
     let swept = store.sweep(bench.clock.now_millis(), 5).await.unwrap();
     assert_eq!(swept, 5);
     store.rekey("", 100).await.unwrap();
-    bench.assert_counts_exact(store.as_ref(), "a sweep and a rekey").await;
+    bench
+        .assert_counts_exact(store.as_ref(), "a sweep and a rekey")
+        .await;
     while store.sweep(bench.clock.now_millis(), 100).await.unwrap() > 0 {}
     // Only unknown operations are left, and no zero is reported.
     let left = store.stats().await.unwrap().counts;
-    assert!(left.iter().all(|(_, state, _)| *state == State::Unknown), "{left:?}");
-    bench.assert_counts_exact(store.as_ref(), "sweeping all").await;
+    assert!(
+        left.iter().all(|(_, state, _)| *state == State::Unknown),
+        "{left:?}"
+    );
+    bench
+        .assert_counts_exact(store.as_ref(), "sweeping all")
+        .await;
     store.close().await;
 }
 
@@ -890,7 +908,9 @@ async fn counts_not_known_exact_are_recounted_at_open(bench: Bench) {
     let store = bench.open("gw-1").await;
     let drifted = store.stats().await.unwrap().counts;
     assert!(
-        drifted.iter().any(|(_, state, _)| *state == State::InProgress),
+        drifted
+            .iter()
+            .any(|(_, state, _)| *state == State::InProgress),
         "{drifted:?}"
     );
     store.close().await;

@@ -12,10 +12,10 @@ use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
-    Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State,
-    Stats, StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, operation_count,
-    timeline,
+    COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, Event, ListFilter, NewOperation,
+    OPERATION_COLUMNS, Operation, Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause,
+    SUMMARY_COLUMNS, Settlement, State, Stats, StoreError, StoredEvent, StoredResponse, Summary,
+    is_implied_by_record, operation_count, timeline,
 };
 
 /// A new operation, claimed for its first attempt, unless an operation
