@@ -4,7 +4,8 @@
 //!
 //! Counters and the latency histogram move on the request path; the
 //! operation gauges are read from the store at scrape time, since the store
-//! is the only truth about operations. No label carries payload data: route
+//! is the only truth about operations: from counts it keeps with every
+//! write, so a scrape costs the same at any table size. No label carries payload data: route
 //! names, outcomes and states only.
 //!
 //! Invariant: a scrape never fails as a whole. The process's own series
@@ -408,12 +409,12 @@ fn store_registry(store: Option<&StoreGauges>, now: i64) -> Registry {
     let oldest_unknown_seconds = Gauge::<f64, AtomicU64>::default();
     oldest_unknown_seconds.set(
         stats
-            .oldest_unknown_created_at
-            .map_or(0.0, |created| (now - created).max(0) as f64 / 1000.0),
+            .oldest_unknown_since
+            .map_or(0.0, |since| (now - since).max(0) as f64 / 1000.0),
     );
     registry.register(
         "oldest_unknown_age_seconds",
-        "Age of the oldest operation whose outcome is unknown (0 when none)",
+        "How long the longest-held operation whose outcome is unknown has been unknown (0 when none)",
         oldest_unknown_seconds,
     );
     registry
@@ -439,7 +440,7 @@ mod tests {
         let read = StoreGauges {
             stats: Stats {
                 counts: vec![("api".into(), State::Unknown, 3)],
-                oldest_unknown_created_at: Some(1_000),
+                oldest_unknown_since: Some(1_000),
             },
             paused: vec!["api".into()],
         };

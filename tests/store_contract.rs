@@ -9,7 +9,8 @@
 //! - `not_attempted` gives its next attempt to the same payload only; the
 //!   derive window supersedes what it outdates;
 //! - pauses, the latch, listing, counts, retention and shutdown behave the
-//!   same on both;
+//!   same on both; the counts the store keeps with its writes are what
+//!   counting the table says, after any sequence of writes;
 //! - every statement of the admin API, the console, the alerts and
 //!   retention reads `operations` through the index meant for it, never a
 //!   full scan, as the backend's own planner says.
@@ -128,6 +129,8 @@ contract!(
     retention_keeps_unknown_operations,
     shutdown_holds_what_was_in_flight,
     access_paths_are_served_by_their_indexes,
+    kept_counts_are_what_counting_the_table_says,
+    counts_not_known_exact_are_recounted_at_open,
 );
 
 async fn run<F, Fut>(backend: Backend, test: F)
@@ -688,7 +691,7 @@ async fn listing_and_counting(bench: Bench) {
         ]
     );
     let (held_op, _) = store.get(&first.operation_id).await.unwrap().unwrap();
-    assert_eq!(stats.oldest_unknown_created_at, Some(held_op.created_at));
+    assert_eq!(stats.oldest_unknown_since, Some(held_op.updated_at));
     store.close().await;
 }
 
@@ -853,4 +856,186 @@ async fn postgres_plans(url: &str) -> Vec<(idemgate::store::AccessPath, String)>
         plans.push((path, plan.join("\n")));
     }
     plans
+}
+
+impl Bench {
+    /// Runs `sql` on a connection of the test's own, beside the store's.
+    async fn side_execute(&self, sql: &str) {
+        match &self.place {
+            Place::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("s.db")).unwrap();
+                conn.execute_batch(sql).unwrap();
+            }
+            Place::Postgres(schema) => {
+                let mut conn = admin_connection().await;
+                let search_path = format!("SET search_path TO {}", schema.name);
+                sqlx::raw_sql(&search_path)
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+                sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+            }
+        }
+    }
+
+    /// Operations by (route, state), counted on a connection of the
+    /// test's own: what the kept counts must say.
+    async fn count_table(&self) -> Vec<(String, State, u64)> {
+        const COUNT: &str = "SELECT route, state, count(*) FROM operations
+                             GROUP BY route, state ORDER BY route, state";
+        let rows: Vec<(String, String, i64)> = match &self.place {
+            Place::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("s.db")).unwrap();
+                let mut count = conn.prepare(COUNT).unwrap();
+                count
+                    .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap()
+            }
+            Place::Postgres(schema) => {
+                let mut conn = admin_connection().await;
+                let count = COUNT.replace("operations", &format!("{}.operations", schema.name));
+                sqlx::query_as(&count).fetch_all(&mut conn).await.unwrap()
+            }
+        };
+        rows.into_iter()
+            .map(|(route, state, n)| (route, State::parse(&state).unwrap(), n as u64))
+            .collect()
+    }
+
+    /// The store's stats count what the table holds.
+    async fn assert_counts_exact(&self, store: &dyn Store, after: &str) {
+        let kept = store.stats().await.unwrap().counts;
+        assert_eq!(kept, self.count_table().await, "after {after}");
+    }
+}
+
+async fn kept_counts_are_what_counting_the_table_says(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let on = |route: &str, key: &str| NewOperation {
+        route: route.into(),
+        ..new_op(key, "fp")
+    };
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        for route in ["api", "billing"] {
+            let claim = claimed(store.as_ref(), &on(route, &format!("k{i}"))).await;
+            let settlement = match i % 3 {
+                0 => completed("x"),
+                1 => Settlement::NotAttempted {
+                    evidence: "connect-failed".into(),
+                },
+                _ => Settlement::Unknown {
+                    evidence: "timeout".into(),
+                },
+            };
+            let recorded = store.record(&claim, &settlement, &first_try()).await;
+            assert_eq!(recorded.unwrap(), Recorded::Applied);
+            ids.push(claim.operation_id);
+        }
+    }
+    // A stale record changes no count.
+    let stale = Claim {
+        attempt: 9,
+        operation_id: ids[0].clone(),
+        identity: claimed(store.as_ref(), &on("api", "stale")).await.identity,
+    };
+    let recorded = store.record(&stale, &completed("x"), &first_try()).await;
+    assert_eq!(recorded.unwrap(), Recorded::Stale);
+    bench
+        .assert_counts_exact(store.as_ref(), "claims and records")
+        .await;
+
+    // not_attempted → in_progress: the next attempt.
+    assert_eq!(claimed(store.as_ref(), &on("api", "k1")).await.attempt, 2);
+    // unknown → not_attempted by an operator, → completed by late evidence.
+    let resolved = store
+        .resolve(&ids[4], &Decision::NotAttempted, &operator_event())
+        .await;
+    assert!(matches!(resolved.unwrap(), Resolved::Done));
+    let late = Event {
+        kind: "late-response",
+        detail: serde_json::json!({ "status": 201 }),
+    };
+    let settled = store
+        .settle_held(&ids[5], None, &response(201, "x"), "late", &late)
+        .await;
+    assert!(settled.unwrap());
+    bench
+        .assert_counts_exact(store.as_ref(), "resolutions")
+        .await;
+
+    // The derive window supersedes k0 on api: the old one stays counted.
+    bench.clock.advance(Duration::from_secs(1));
+    let mut derived = on("api", "k0");
+    derived.fresh_after = Some(bench.clock.now_millis());
+    claimed(store.as_ref(), &derived).await;
+    bench
+        .assert_counts_exact(store.as_ref(), "a supersede")
+        .await;
+
+    // What was in flight at close is recovered as unknown.
+    store.close().await;
+    let store = bench.open("gw-2").await;
+    store.recover().await.unwrap();
+    bench
+        .assert_counts_exact(store.as_ref(), "a recovery")
+        .await;
+
+    // Retention deletes settled operations; a rekey rewrites payloads.
+    bench.clock.advance(Duration::from_secs(10));
+    let swept = store.sweep(bench.clock.now_millis(), 5).await.unwrap();
+    assert_eq!(swept, 5);
+    store.rekey("", 100).await.unwrap();
+    bench
+        .assert_counts_exact(store.as_ref(), "a sweep and a rekey")
+        .await;
+    while store.sweep(bench.clock.now_millis(), 100).await.unwrap() > 0 {}
+    // Only unknown operations are left, and no zero is reported.
+    let left = store.stats().await.unwrap().counts;
+    assert!(
+        left.iter().all(|(_, state, _)| *state == State::Unknown),
+        "{left:?}"
+    );
+    bench
+        .assert_counts_exact(store.as_ref(), "sweeping all")
+        .await;
+    store.close().await;
+}
+
+async fn counts_not_known_exact_are_recounted_at_open(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    for i in 0..3 {
+        held(store.as_ref(), &format!("held-{i}")).await;
+    }
+    store.close().await;
+
+    // Drifted counts, but marked exact, are reported as they are
+    // (trusted: nothing counts the table at open) …
+    // Every in_progress count row (0 after the records) drifts to 5 or more.
+    bench
+        .side_execute("UPDATE operation_counts SET n = n + 5 WHERE state = 'in_progress'")
+        .await;
+    let store = bench.open("gw-1").await;
+    let drifted = store.stats().await.unwrap().counts;
+    assert!(
+        drifted
+            .iter()
+            .any(|(_, state, _)| *state == State::InProgress),
+        "{drifted:?}"
+    );
+    store.close().await;
+
+    // … and recounted at the next open once the mark is gone.
+    bench
+        .side_execute("DELETE FROM store_meta WHERE name = 'operation-counts'")
+        .await;
+    let store = bench.open("gw-1").await;
+    bench.assert_counts_exact(store.as_ref(), "a recount").await;
+    assert_eq!(
+        store.stats().await.unwrap().counts,
+        [("api".to_string(), State::Unknown, 3)]
+    );
+    store.close().await;
 }

@@ -426,8 +426,8 @@ async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
     }
     let now = admin.clock.now_millis();
     let oldest = stats
-        .oldest_unknown_created_at
-        .map(|created| (now - created).max(0) as f64 / 1000.0);
+        .oldest_unknown_since
+        .map(|since| (now - since).max(0) as f64 / 1000.0);
     let pauses = admin.store.pauses().await?;
     let paused: Vec<&str> = pauses.iter().map(|p| p.route.as_str()).collect();
     let routes: Vec<Value> = admin

@@ -351,13 +351,34 @@ pub enum Resolved {
     NotResolvable(State),
 }
 
-/// Counts for operators.
+/// Counts for operators, read from counters the store keeps with every
+/// write (ARCHITECTURE.md §4, "Counts"): no read of them counts the table.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
-    /// (route, state, count)
+    /// (route, state, count), superseded operations included; only
+    /// nonzero counts.
     pub counts: Vec<(String, State, u64)>,
-    /// Creation time (ms) of the oldest `unknown` operation.
-    pub oldest_unknown_created_at: Option<i64>,
+    /// When (ms) the longest-held `unknown` operation became unknown: its
+    /// last update, since an `unknown` operation is updated only to leave
+    /// that state.
+    pub oldest_unknown_since: Option<i64>,
+}
+
+/// The store-meta row that says the kept counts are exact (the value
+/// [`COUNTS_EXACT`]). The migration that adds the counts writes it; one
+/// that changes `operations` around the counting triggers deletes it, and
+/// the next open recounts.
+const COUNTS_ROW: &str = "operation-counts";
+const COUNTS_EXACT: &str = "exact";
+
+/// A kept count as stats report it. Below zero, the counts drifted from
+/// the table: said loudly, with the remedy, rather than reported as 0.
+fn operation_count(n: i64) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| {
+        StoreError::Corrupt(format!(
+            "operation count {n}: delete the store_meta row `{COUNTS_ROW}` to recount at the next open"
+        ))
+    })
 }
 
 /// A paused route and the reason stored with its pause.

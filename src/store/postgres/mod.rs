@@ -162,6 +162,14 @@ impl PostgresStore {
                 return Err(error);
             }
         };
+        match statements::recount_if_untrusted(&pool).await {
+            Ok(true) => tracing::warn!("operation counts were not known to be exact: recounted"),
+            Ok(false) => {}
+            Err(error) => {
+                pool.close().await;
+                return Err(error);
+            }
+        }
         let fence = Fence::leased(lease);
         let sent = Instant::now();
         statements::renew_lease(&pool, &owner, clock::millis(lease)).await?;

@@ -15,10 +15,11 @@ use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    AccessPath, Claim, ClaimResult, Decision, Event, ListFilter, ListPath, NewOperation,
-    OPERATION_COLUMNS, Operation, Param, Recorded, RekeyBatch, RequestSummary, Resolved,
-    RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Settlement, State, Stats, StoreError, StoredEvent,
-    StoredResponse, Summary, is_implied_by_record, timeline,
+    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, Event, ListFilter,
+    ListPath, NewOperation, OPERATION_COLUMNS, Operation, Param, Recorded, RekeyBatch,
+    RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Settlement, State, Stats,
+    StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, operation_count,
+    timeline,
 };
 
 /// An owner is alive while its lease, in the database's clock, runs.
@@ -686,32 +687,98 @@ pub async fn resolve(
     })
 }
 
+/// Counts from `operation_counts`, which the triggers of migration 0005
+/// keep in every write's transaction, one row per writing backend (its
+/// comment says why); the oldest `unknown` operation from the `(state,
+/// updated_at)` index. Neither reads more as the table grows.
+///
+/// First folds the backends' rows into slot 0, skipping those a running
+/// transaction holds, so the rows summed stay about one per (route, state)
+/// and backend that wrote since the last read. The fold never waits on a
+/// writer; folds racing on other replicas take the slot-0 rows in one
+/// order, so they only queue behind each other.
 pub async fn stats(pool: &PgPool) -> Result<Stats, StoreError> {
+    sqlx::query(
+        "WITH folded AS (
+            DELETE FROM operation_counts c
+            WHERE (c.route, c.state, c.slot) IN (
+                SELECT route, state, slot FROM operation_counts WHERE slot <> 0
+                FOR UPDATE SKIP LOCKED)
+            RETURNING c.route, c.state, c.n
+         )
+         INSERT INTO operation_counts AS c (route, state, slot, n)
+         SELECT route, state, 0, sum(n) FROM folded GROUP BY route, state ORDER BY route, state
+         ON CONFLICT (route, state, slot) DO UPDATE SET n = c.n + excluded.n",
+    )
+    .execute(pool)
+    .await?;
     let counts = sqlx::query(
-        "SELECT route, state, count(*) AS n FROM operations GROUP BY route, state
-         ORDER BY route, state",
+        "SELECT route, state, sum(n)::bigint AS n FROM operation_counts GROUP BY route, state
+         HAVING sum(n) <> 0 ORDER BY route, state",
     )
     .fetch_all(pool)
     .await?
     .iter()
     .map(|row| {
         let state: String = row.try_get("state")?;
-        let n: i64 = row.try_get("n")?;
         Ok((
             row.try_get("route")?,
             State::parse(&state)?,
-            u64::try_from(n).unwrap_or(0),
+            operation_count(row.try_get("n")?)?,
         ))
     })
     .collect::<Result<_, StoreError>>()?;
-    let oldest_unknown_created_at =
-        sqlx::query_scalar("SELECT min(created_at) FROM operations WHERE state = 'unknown'")
+    let oldest_unknown_since =
+        sqlx::query_scalar("SELECT min(updated_at) FROM operations WHERE state = 'unknown'")
             .fetch_one(pool)
             .await?;
     Ok(Stats {
         counts,
-        oldest_unknown_created_at,
+        oldest_unknown_since,
     })
+}
+
+/// Recounts `operation_counts` from the table, unless [`COUNTS_ROW`]
+/// says they are exact: whether it recounted. The table lock stops every
+/// replica's counting triggers, and so their writes, until the recount
+/// commits (it waits for the writes begun before it), so no write falls
+/// between the count and the mark; replicas opening together recount
+/// once.
+pub async fn recount_if_untrusted(pool: &PgPool) -> Result<bool, StoreError> {
+    if meta(pool, COUNTS_ROW).await?.as_deref() == Some(COUNTS_EXACT) {
+        return Ok(false);
+    }
+    let mut tx = pool.begin().await?;
+    sqlx::query("LOCK TABLE operation_counts IN EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await?;
+    let trusted: Option<String> =
+        sqlx::query_scalar("SELECT value FROM store_meta WHERE name = $1")
+            .bind(COUNTS_ROW)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if trusted.as_deref() == Some(COUNTS_EXACT) {
+        return Ok(false);
+    }
+    sqlx::query("DELETE FROM operation_counts")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO operation_counts (route, state, slot, n)
+         SELECT route, state, 0, count(*) FROM operations GROUP BY route, state",
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO store_meta (name, value) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+    )
+    .bind(COUNTS_ROW)
+    .bind(COUNTS_EXACT)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// Deletes up to `limit` settled operations last updated before `cutoff`,

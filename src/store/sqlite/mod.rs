@@ -121,6 +121,14 @@ impl SqliteStore {
             store.writer.stop().await;
             return Err(error);
         }
+        match store.writer.run(statements::recount_if_untrusted).await {
+            Ok(true) => tracing::warn!("operation counts were not known to be exact: recounted"),
+            Ok(false) => {}
+            Err(error) => {
+                store.writer.stop().await;
+                return Err(error);
+            }
+        }
         Ok(store)
     }
 

@@ -12,10 +12,11 @@ use crate::pipeline::fingerprint::Fingerprint;
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    AccessPath, Claim, ClaimResult, Decision, Event, ListFilter, ListPath, NewOperation,
-    OPERATION_COLUMNS, Operation, Param, Recorded, RekeyBatch, RequestSummary, Resolved,
-    RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Settlement, State, Stats, StoreError, StoredEvent,
-    StoredResponse, Summary, is_implied_by_record, timeline,
+    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, Event, ListFilter,
+    ListPath, NewOperation, OPERATION_COLUMNS, Operation, Param, Recorded, RekeyBatch,
+    RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Settlement, State, Stats,
+    StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, operation_count,
+    timeline,
 };
 
 /// A new operation, claimed for its first attempt, unless an operation
@@ -524,11 +525,13 @@ pub fn resolve(
     })
 }
 
+/// Counts from `operation_counts`, which the triggers of migration 0005
+/// keep in every write's transaction; the oldest `unknown` operation from
+/// the `(state, updated_at)` index. Neither reads more as the table grows.
 pub fn stats(conn: &Connection) -> Result<Stats, StoreError> {
     let counts = conn
         .prepare_cached(
-            "SELECT route, state, count(*) FROM operations GROUP BY route, state
-             ORDER BY route, state",
+            "SELECT route, state, n FROM operation_counts WHERE n <> 0 ORDER BY route, state",
         )?
         .query_map([], |row| {
             Ok((
@@ -539,16 +542,37 @@ pub fn stats(conn: &Connection) -> Result<Stats, StoreError> {
         })?
         .map(|row| {
             let (route, state, n) = row?;
-            Ok((route, State::parse(&state)?, u64::try_from(n).unwrap_or(0)))
+            Ok((route, State::parse(&state)?, operation_count(n)?))
         })
         .collect::<Result<_, StoreError>>()?;
-    let oldest_unknown_created_at = conn
-        .prepare_cached("SELECT min(created_at) FROM operations WHERE state = 'unknown'")?
+    let oldest_unknown_since = conn
+        .prepare_cached(OLDEST_UNKNOWN)?
         .query_row([], |row| row.get(0))?;
     Ok(Stats {
         counts,
-        oldest_unknown_created_at,
+        oldest_unknown_since,
     })
+}
+
+/// Served by `operations_state_updated` alone (see the test below).
+const OLDEST_UNKNOWN: &str = "SELECT min(updated_at) FROM operations WHERE state = 'unknown'";
+
+/// Recounts `operation_counts` from the table, unless [`COUNTS_ROW`]
+/// says they are exact: whether it recounted. Run by the writer at open,
+/// so nothing writes between the count and the mark.
+pub fn recount_if_untrusted(conn: &Connection) -> Result<bool, StoreError> {
+    if meta(conn, COUNTS_ROW)?.as_deref() == Some(COUNTS_EXACT) {
+        return Ok(false);
+    }
+    conn.prepare_cached("DELETE FROM operation_counts")?
+        .execute([])?;
+    conn.prepare_cached(
+        "INSERT INTO operation_counts (route, state, n)
+         SELECT route, state, count(*) FROM operations GROUP BY route, state",
+    )?
+    .execute([])?;
+    set_meta(conn, COUNTS_ROW, COUNTS_EXACT)?;
+    Ok(true)
 }
 
 /// Deletes up to `limit` (at most [`SWEEP_LIMIT`]) settled operations
@@ -841,21 +865,88 @@ fn summary_from_row(row: &Row) -> rusqlite::Result<Result<Summary, StoreError>> 
 mod tests {
     use rusqlite::Connection;
 
+    /// Migrations 0001 to 0004: the schema before the kept counts.
+    fn before_counts() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        for sql in [
+            include_str!("../../../migrations/sqlite/0001_operations.sql"),
+            include_str!("../../../migrations/sqlite/0002_state_check_without_in_list.sql"),
+            include_str!("../../../migrations/sqlite/0003_store_meta.sql"),
+            include_str!("../../../migrations/sqlite/0004_alert_outbox.sql"),
+        ] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn
+    }
+
+    const COUNTS_MIGRATION: &str =
+        include_str!("../../../migrations/sqlite/0005_operation_counts.sql");
+
+    /// Migration 0005 counts the operations stored before it once, and
+    /// marks the counts exact.
+    #[test]
+    fn the_counts_migration_counts_what_is_stored() {
+        let conn = before_counts();
+        for (id, route, state) in [
+            ("1", "api", "completed"),
+            ("2", "api", "completed"),
+            ("3", "api", "unknown"),
+            ("4", "billing", "completed"),
+        ] {
+            conn.execute(
+                "INSERT INTO operations (id, route, scope, idem_key, fingerprint, state, attempt,
+                    evidence, request_method, request_path, request_body_size,
+                    request_body_sha256, created_at, updated_at)
+                 VALUES (?1, ?2, 's', ?1, 'f', ?3, 1, 'e', 'POST', '/', 0, '', 1, 1)",
+                rusqlite::params![id, route, state],
+            )
+            .unwrap();
+        }
+        conn.execute_batch(COUNTS_MIGRATION).unwrap();
+        let stats = super::stats(&conn).unwrap();
+        let counts: Vec<_> = stats
+            .counts
+            .iter()
+            .map(|(route, state, n)| (route.as_str(), state.as_str(), *n))
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                ("api", "completed", 2),
+                ("api", "unknown", 1),
+                ("billing", "completed", 1)
+            ]
+        );
+        assert!(!super::recount_if_untrusted(&conn).unwrap(), "marked exact");
+    }
+
+    /// The oldest unknown operation is read from `operations_state_updated`
+    /// alone, never from the table's rows.
+    #[test]
+    fn the_oldest_unknown_is_read_from_the_state_index() {
+        let conn = before_counts();
+        conn.execute_batch(COUNTS_MIGRATION).unwrap();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", super::OLDEST_UNKNOWN))
+            .unwrap()
+            .query_map([], |row| row.get(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            plan,
+            ["SEARCH operations USING COVERING INDEX operations_state_updated (state=?)"]
+        );
+    }
+
     /// The statements every first write runs, on the schema the migrations
     /// make, build no temporary b-tree: SQLite would build one per row for
     /// an IN list of more than two values in a CHECK, which once cost a
     /// third of the writer's work.
     #[test]
     fn hot_statements_build_no_temporary_index() {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(include_str!(
-            "../../../migrations/sqlite/0001_operations.sql"
-        ))
-        .unwrap();
-        conn.execute_batch(include_str!(
-            "../../../migrations/sqlite/0002_state_check_without_in_list.sql"
-        ))
-        .unwrap();
+        let conn = before_counts();
+        conn.execute_batch(COUNTS_MIGRATION).unwrap();
         for sql in [super::INSERT_CLAIMED, super::RECORD] {
             let mut explain = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
             let unbound = vec![rusqlite::types::Null; explain.parameter_count()];
