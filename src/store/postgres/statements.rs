@@ -11,13 +11,14 @@ use std::borrow::Cow;
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
-use crate::pipeline::fingerprint::Fingerprint;
+use crate::operation::Fingerprint;
+use crate::operation::{Event, Operation, RequestSummary, Settlement, State, StoredResponse};
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, OPERATION_COLUMNS, Operation,
-    Recorded, RekeyBatch, RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, Settlement, State,
-    Stats, StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, timeline,
+    Claim, ClaimResult, Decision, ListFilter, NewOperation, OPERATION_COLUMNS, Recorded,
+    RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS, Stats, StoreError, StoredEvent, Summary,
+    is_implied_by_record, timeline,
 };
 
 /// An owner is alive while its lease, in the database's clock, runs.
