@@ -12,8 +12,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method};
 use idemgate::canonical_json::canonicalize;
-use idemgate::operation::Fingerprint;
-use idemgate::operation::StoredResponse;
+use idemgate::operation::{Fingerprint, StoredResponse};
 use idemgate::pipeline::fingerprint::FingerprintInput;
 use idemgate::pipeline::key::IdempotencyKey;
 use idemgate::store::seal::Identity;

@@ -1,6 +1,6 @@
 //! The floor plan has no loops: no two top-level modules of the crate
 //! (`src/X.rs` or `src/X/`) reach each other through `crate::X` paths, so
-//! each can be changed alone (ARCHITECTURE.md §1). A path counts wherever
+//! each can be changed alone (ARCHITECTURE.md §1, "The floor plan"). A path counts wherever
 //! it is written — a `use`, an expression, a doc link — except in a unit
 //! test module (`#[cfg(test)] mod tests { … }`, to the end of its file),
 //! which may reach anywhere.
@@ -106,10 +106,10 @@ fn unit_tests_start(text: &str) -> Option<usize> {
     while let Some(at) = text[from..].find("#[cfg(test)]") {
         let start = from + at;
         let rest = text[start + "#[cfg(test)]".len()..].trim_start();
-        if let Some(rest) = rest.strip_prefix("mod tests") {
-            if rest.trim_start().starts_with('{') {
-                return Some(start);
-            }
+        if let Some(rest) = rest.strip_prefix("mod tests")
+            && rest.trim_start().starts_with('{')
+        {
+            return Some(start);
         }
         from = start + 1;
     }

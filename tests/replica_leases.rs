@@ -17,8 +17,7 @@ use std::time::Duration;
 use common::*;
 use idemgate::clock::{Clock, SystemClock};
 use idemgate::config::Durability;
-use idemgate::operation::Fingerprint;
-use idemgate::operation::{Event, RequestSummary, Settlement, State};
+use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State};
 use idemgate::store::{
     ClaimResult, Decision, NewOperation, PostgresStore, Recorded, Resolved, Store, StoreError,
 };

@@ -22,8 +22,7 @@ use std::time::Duration;
 use common::*;
 use idemgate::clock::{Clock, ManualClock};
 use idemgate::config::Durability;
-use idemgate::operation::Fingerprint;
-use idemgate::operation::{Event, RequestSummary, Settlement, State, StoredResponse};
+use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State, StoredResponse};
 use idemgate::store::{
     Claim, ClaimResult, Decision, ListFilter, NewOperation, PostgresStore, Recorded, Resolved,
     SqliteStore, Store,

@@ -11,8 +11,9 @@ use std::borrow::Cow;
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
-use crate::operation::Fingerprint;
-use crate::operation::{Event, Operation, RequestSummary, Settlement, State, StoredResponse};
+use crate::operation::{
+    Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse,
+};
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{

@@ -8,8 +8,9 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::operation::Fingerprint;
-use crate::operation::{Event, Operation, RequestSummary, Settlement, State, StoredResponse};
+use crate::operation::{
+    Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse,
+};
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
