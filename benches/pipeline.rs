@@ -12,10 +12,11 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method};
 use idemgate::canonical_json::canonicalize;
-use idemgate::pipeline::fingerprint::{Fingerprint, FingerprintInput};
+use idemgate::operation::{Fingerprint, StoredResponse};
+use idemgate::pipeline::fingerprint::FingerprintInput;
 use idemgate::pipeline::key::IdempotencyKey;
 use idemgate::store::seal::Identity;
-use idemgate::store::{Seal, StoreKey, StoredResponse};
+use idemgate::store::{Seal, StoreKey};
 use serde_json::{Value, json};
 
 /// A deterministic JSON document of at least `target` bytes when serialised:

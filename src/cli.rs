@@ -1,5 +1,9 @@
 //! The command line (README "Configuration"): `serve`, `check-config`, `migrate`,
 //! `rekey`, `keys`, `mock-upstream`, `demo`, `bench`.
+//!
+//! Invariant: this module holds the arguments only. The modules that run a
+//! command (`keys_cli`, `bench`, …) import its arguments from here, and
+//! nothing here names them, so each command changes without this file.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -150,8 +154,7 @@ impl Serve {
     }
 }
 
-/// `idemgate keys …`: the admin API from a terminal; see
-/// [`crate::keys_cli`].
+/// `idemgate keys …`: the admin API from a terminal, run by `keys_cli`.
 #[derive(Debug, clap::Args)]
 pub struct Keys {
     /// The admin API's base URL (the gateway's `admin_listen`).
@@ -278,7 +281,7 @@ impl ResolveOutcome {
     }
 }
 
-/// `idemgate bench …`: see [`crate::bench`]. Without `--target` it starts the
+/// `idemgate bench …`, run by `bench`. Without `--target` it starts the
 /// mock API and a gateway of its own; the flags that shape that gateway
 /// (`--durability`, `--wait`) conflict with `--target`.
 #[derive(Debug, clap::Args)]

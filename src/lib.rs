@@ -6,17 +6,21 @@
 //! - [`server`]: listeners, accept loops, graceful shutdown.
 //! - [`tls`]: certificates from PEM files: the listeners' (swapped on
 //!   SIGHUP) and what upstream connections trust and present.
-//! - [`pipeline`]: the life of a request, one module per phase.
+//! - [`pipeline`]: the life of a request, one module per phase (the
+//!   `unknown` operation's reconcile probes among them), and its error.
+//! - [`operation`]: the operation model (fingerprint, state, settlement,
+//!   events), below both the pipeline and the store.
 //! - [`store`]: the only truth about operations (SQLite, or PostgreSQL shared
-//!   by several replicas); all SQL lives there.
+//!   by several replicas); all SQL lives there. It imports neither the
+//!   pipeline nor the metrics exporter: [`metrics`] reads its counters.
 //! - [`replicas`]: dead owners' operations, and keeping up with peer replicas.
 //! - [`retention`]: the background sweep of expired operations.
-//! - [`reconcile`]: probes that may prove an `unknown` operation happened.
 //! - [`alerts`]: webhooks told about held work, from the store's outbox.
 //! - [`http_client`]: the client for the gateway's own calls (not proxied).
 //! - [`clock`]: the time the store keeps (a manual one for tests).
 //! - [`scope_key`]: the secret scopes are keyed with before they are stored.
-//! - [`problem`]: every error idemgate answers itself, as RFC 9457 problem+json.
+//! - [`problem`]: the RFC 9457 problem+json body of every error idemgate
+//!   answers itself, on both listeners.
 //! - [`admin`]: the operators' listener (the admin API and the operator
 //!   console at `/`); [`metrics`]: Prometheus counters.
 //! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal;
@@ -42,7 +46,8 @@
 //! | `not_attempted` | forwarded as a fresh attempt |
 //!
 //! A key reused with a different fingerprint is 422 `key-reused` in any state.
-//! The whole story, module by module, is in ARCHITECTURE.md.
+//! The whole story, module by module, is in ARCHITECTURE.md. No two of
+//! these modules import each other (tests/layout.rs checks it).
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -59,9 +64,9 @@ pub mod keys_cli;
 pub mod log_sink;
 pub mod metrics;
 pub mod mock_upstream;
+pub mod operation;
 pub mod pipeline;
 pub mod problem;
-pub mod reconcile;
 pub mod rekey;
 pub mod replicas;
 pub mod retention;

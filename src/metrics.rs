@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use crate::store::{Stats, Store, StoreError};
+use crate::store::{Stats, Store, StoreBatches, StoreError};
 
 /// How long a scrape waits for the store's gauges before it answers
 /// without them (`idemgate_store_up 0`). A healthy store answers these two
@@ -120,51 +120,6 @@ struct DeliveryLabels {
     outcome: &'static str,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct BatchLabels {
-    batch: &'static str,
-}
-
-/// The store's group commits, observed where they happen (the SQLite
-/// writer thread, the PostgreSQL batchers) and exported with the gateway's
-/// metrics: how many calls share one commit, and how long it takes. Clones
-/// share their counts, so the store keeps one and the registry another.
-#[derive(Clone)]
-pub struct StoreBatches {
-    calls: Family<BatchLabels, Histogram>,
-    seconds: Family<BatchLabels, Histogram>,
-}
-
-impl StoreBatches {
-    /// Batches of the kinds `batches` name (`write`; `claim`, `record`),
-    /// each exported from the start.
-    pub fn new(batches: &[&'static str]) -> Self {
-        let calls = Family::<BatchLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0])
-        });
-        let seconds = Family::<BatchLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new([
-                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-            ])
-        });
-        for &batch in batches {
-            drop(calls.get_or_create(&BatchLabels { batch }));
-            drop(seconds.get_or_create(&BatchLabels { batch }));
-        }
-        StoreBatches { calls, seconds }
-    }
-
-    /// One batch of `calls` calls of kind `batch`, committed (or failed)
-    /// after `took`.
-    pub fn observe(&self, batch: &'static str, calls: usize, took: Duration) {
-        let labels = BatchLabels { batch };
-        self.calls.get_or_create(&labels).observe(calls as f64);
-        self.seconds
-            .get_or_create(&labels)
-            .observe(took.as_secs_f64());
-    }
-}
-
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -186,12 +141,12 @@ impl Metrics {
         registry.register(
             "store_batch_calls",
             "Calls (claims, records, other writes) committed together in one store batch",
-            batches.calls.clone(),
+            batches.calls().clone(),
         );
         registry.register(
             "store_commit_duration_seconds",
             "Time to run and commit one store batch, fsync included",
-            batches.seconds.clone(),
+            batches.seconds().clone(),
         );
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -423,7 +378,7 @@ fn store_registry(store: Option<&StoreGauges>, now: i64) -> Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::State;
+    use crate::operation::State;
 
     #[test]
     fn renders_counters_and_gauges() {

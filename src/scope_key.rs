@@ -11,13 +11,17 @@
 //! - the store keeps a canary ([`ScopeKey::canary`]): a store keyed with
 //!   another key refuses to start, instead of making every key a new
 //!   operation;
-//! - a key file this module creates is mode 0600 from its creation.
+//! - a key file this module creates is mode 0600 from its creation, and
+//!   holds 32 bytes from the OS's generator: this module makes its own keys,
+//!   so the store that uses them is above it, never beside it.
 
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use aes_gcm::aead::OsRng;
+use aes_gcm::aead::rand_core::RngCore;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
@@ -183,8 +187,9 @@ fn create_file(path: &Path) -> std::io::Result<bool> {
         Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
         Err(error) => return Err(error),
     };
-    let key = crate::store::StoreKey::generate_base64();
-    file.write_all(format!("{key}\n").as_bytes())?;
+    let mut key = [0; 32];
+    OsRng.fill_bytes(&mut key);
+    file.write_all(format!("{}\n", STANDARD.encode(key)).as_bytes())?;
     file.sync_all()?;
     tracing::info!(path = %path.display(), "created a new scope key file");
     Ok(true)

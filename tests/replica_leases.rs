@@ -17,10 +17,9 @@ use std::time::Duration;
 use common::*;
 use idemgate::clock::{Clock, SystemClock};
 use idemgate::config::Durability;
-use idemgate::pipeline::fingerprint::Fingerprint;
+use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State};
 use idemgate::store::{
-    ClaimResult, Decision, Event, NewOperation, PostgresStore, Recorded, RequestSummary, Resolved,
-    Settlement, State, Store, StoreError,
+    ClaimResult, Decision, NewOperation, PostgresStore, Recorded, Resolved, Store, StoreError,
 };
 
 const LEASE: Duration = Duration::from_secs(2);

@@ -26,10 +26,10 @@ use std::time::Duration;
 use common::*;
 use idemgate::clock::{Clock, ManualClock};
 use idemgate::config::Durability;
-use idemgate::pipeline::fingerprint::Fingerprint;
+use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State, StoredResponse};
 use idemgate::store::{
-    Claim, ClaimResult, Decision, Event, ListFilter, NewOperation, PostgresStore, Recorded,
-    RequestSummary, Resolved, Settlement, SqliteStore, State, Store, StoredResponse,
+    Claim, ClaimResult, Decision, ListFilter, NewOperation, PostgresStore, Recorded, Resolved,
+    SqliteStore, Store,
 };
 use tempfile::TempDir;
 
@@ -202,7 +202,7 @@ async fn claimed(store: &dyn Store, new: &NewOperation) -> Claim {
     }
 }
 
-async fn existing(store: &dyn Store, new: &NewOperation) -> idemgate::store::Operation {
+async fn existing(store: &dyn Store, new: &NewOperation) -> idemgate::operation::Operation {
     match store.claim(new).await.expect("claim") {
         ClaimResult::Existing(op) => *op,
         ClaimResult::Claimed(claim) => panic!("expected an existing operation, claimed {claim:?}"),

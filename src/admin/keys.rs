@@ -15,9 +15,8 @@ use serde_json::{Value, json};
 use super::{Admin, AdminError, json_response};
 use crate::body::ProxyBody;
 use crate::clock::rfc3339;
-use crate::store::{
-    Decision, Event, ListFilter, Operation, Resolved, State, StoredEvent, StoredResponse, Summary,
-};
+use crate::operation::{Event, Operation, State, StoredResponse};
+use crate::store::{Decision, ListFilter, Resolved, StoredEvent, Summary};
 
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 500;

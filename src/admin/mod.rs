@@ -44,9 +44,10 @@ use serde_json::{Value, json};
 use crate::body::{ProxyBody, declared_length, full};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
+use crate::operation::State;
 use crate::pipeline::Proxy;
 use crate::problem::Problem;
-use crate::store::{State, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Admin request bodies (a resolution with the response to replay) are
 /// bounded like a stored response plus room for the envelope; a declared

@@ -24,15 +24,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::metrics::{Metrics, OperationId};
+use crate::operation::{Event, Fingerprint, Settlement, StoredResponse};
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::claim::InFlightGuard;
-use crate::pipeline::fingerprint::{ExactDigest, Fingerprint};
+use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
 use crate::pipeline::quota::StoredCharge;
+use crate::pipeline::reconcile::Reconciler;
 use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::replay::ReplayCache;
-use crate::reconcile::Reconciler;
-use crate::store::{Claim, Event, Permit, Recorded, Settlement, Store, StoredResponse};
+use crate::store::{Claim, Permit, Recorded, Store};
 
 /// Everything one attempt needs, owned, for its task.
 pub struct Attempt {

@@ -37,12 +37,12 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::body::ProxyBody;
 use crate::config::{InProgressMode, Route};
-use crate::pipeline::fingerprint::Fingerprint;
+use crate::operation::{Fingerprint, Operation, State};
+use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::quota::QuotaSpent;
 use crate::pipeline::record::Released;
 use crate::pipeline::replay::{self, ReplayCache};
-use crate::problem::{OperationRef, ProxyError};
-use crate::store::{Claim, ClaimResult, NewOperation, Operation, State, Store, StoreError};
+use crate::store::{Claim, ClaimResult, NewOperation, Store, StoreError};
 
 /// How often a waiter looks again at an operation in progress that is not
 /// in this process's map (another gateway's).

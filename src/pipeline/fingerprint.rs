@@ -15,10 +15,7 @@ use http::{HeaderMap, Method};
 use sha2::{Digest, Sha256};
 
 use crate::canonical_json;
-
-/// A request's fingerprint, hex-encoded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fingerprint(String);
+use crate::operation::Fingerprint;
 
 /// What the fingerprint is computed over.
 pub struct FingerprintInput<'a> {
@@ -30,6 +27,8 @@ pub struct FingerprintInput<'a> {
     pub body: &'a [u8],
 }
 
+// The type is the operation model's (`operation`), below the store that
+// keeps it; computing one is this phase's.
 impl Fingerprint {
     pub fn compute(input: &FingerprintInput<'_>) -> Self {
         let mut hasher = Sha256::new();
@@ -44,16 +43,7 @@ impl Fingerprint {
                 part(&mut hasher, input.body);
             }
         }
-        Fingerprint(digest_hex(hasher))
-    }
-
-    /// A fingerprint read back from the store.
-    pub fn from_stored(hex: String) -> Self {
-        Fingerprint(hex)
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
+        Fingerprint::from_stored(digest_hex(hasher))
     }
 }
 

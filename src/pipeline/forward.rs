@@ -32,7 +32,7 @@ use crate::config::Route;
 use crate::metrics::Outcome;
 use crate::pipeline::budget::Reservation;
 use crate::pipeline::connector::{FenceDown, UpstreamConnector};
-use crate::problem::ProxyError;
+use crate::pipeline::error::ProxyError;
 use crate::store::{Fence, Permit};
 use crate::tls::TlsError;
 

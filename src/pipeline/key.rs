@@ -14,7 +14,8 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
 use crate::canonical_json::{self, NotExact};
-use crate::pipeline::fingerprint::{Fingerprint, digest_hex};
+use crate::operation::Fingerprint;
+use crate::pipeline::fingerprint::digest_hex;
 use crate::scope_key::ScopeKey;
 
 /// URL-component encoding: everything but the RFC 3986 unreserved

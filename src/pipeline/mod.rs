@@ -17,21 +17,25 @@
 //!    paused route or a scope over its [`quota`] only looks up what exists.
 //! 6. [`forward`] + [`record`]: in a task of their own, so a client that hangs
 //!    up never cancels the upstream call nor leaves the operation `in_progress`;
-//!    upstream connections are made by [`connector`].
-//! 7. [`replay`]: what a key that already has an operation gets.
+//!    upstream connections are made by [`connector`]; after a lost response
+//!    ([`attempt`]) a route's [`reconcile`] probe may prove it happened.
+//! 7. [`replay`]: what a key that already has an operation gets; an `unknown`
+//!    one on a route with a probe is probed again first ([`reconcile`]).
 //!
-//! Errors from any phase are [`ProxyError`]s, rendered in one place
-//! ([`crate::problem`]).
+//! Errors from any phase are [`ProxyError`]s ([`error`]), mapped to a problem
+//! in one place and rendered as an RFC 9457 body ([`crate::problem`]).
 
 pub mod attempt;
 pub mod budget;
 pub mod claim;
 pub mod connector;
+pub mod error;
 pub mod fingerprint;
 pub mod forward;
 pub mod key;
 pub mod path;
 pub mod quota;
+pub mod reconcile;
 pub mod record;
 pub mod replay;
 pub mod route;
@@ -56,18 +60,19 @@ use crate::body::{BoxError, ProxyBody, declared_length};
 use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, Route};
 use crate::metrics::{Metrics, OperationId, Outcome, StoreFailure};
-use crate::problem::ProxyError;
-use crate::reconcile::{self, Reconciler};
+use crate::operation::{Fingerprint, RequestSummary};
 use crate::scope_key::ScopeKey;
-use crate::store::{NewOperation, RequestSummary, Store, StoreError};
+use crate::store::{NewOperation, Store, StoreError};
 use crate::tls::TlsError;
 use attempt::Attempt;
 use budget::{BodyBudget, BudgetSpent, Reservation};
 use claim::{Claimed, Hold, InFlight};
-use fingerprint::{ExactDigest, Fingerprint, FingerprintInput};
+use error::ProxyError;
+use fingerprint::{ExactDigest, FingerprintInput};
 use forward::{UpstreamClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
 use quota::{Quotas, StoredCharge};
+use reconcile::Reconciler;
 use replay::ReplayCache;
 
 /// A configured route with its pooled upstream clients.

@@ -32,7 +32,7 @@ use dashmap::DashMap;
 
 use crate::clock;
 use crate::config::Route;
-use crate::store::StoredResponse;
+use crate::operation::StoredResponse;
 
 /// Quotas below this many tracked scopes are never pruned.
 const PRUNE_FLOOR: usize = 1024;

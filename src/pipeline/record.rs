@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock;
-use crate::pipeline::fingerprint::Fingerprint;
+use crate::operation::{Event, Fingerprint, Operation, Settlement, State, StoredResponse};
 
 use http::{Response, StatusCode};
 use serde_json::json;
@@ -27,10 +27,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::body::{Prefixed, ProxyBody, full, stream};
 use crate::metrics::Outcome;
+use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::forward::{Exchange, LostCause};
 use crate::pipeline::replay;
-use crate::problem::{OperationRef, ProxyError};
-use crate::store::{Claim, Event, Operation, Recorded, Settlement, State, Store, StoredResponse};
+use crate::store::{Claim, Recorded, Store};
 
 /// Backoff between attempts to record an outcome the store refused.
 const RECORD_RETRY: Duration = Duration::from_millis(200);

@@ -15,9 +15,9 @@ use http::{Response, StatusCode};
 
 use crate::body::{ProxyBody, full};
 use crate::metrics::{OperationId, Outcome};
-use crate::pipeline::fingerprint::{ExactDigest, Fingerprint};
-use crate::problem::{OperationRef, ProxyError};
-use crate::store::{Operation, State, StoredResponse};
+use crate::operation::{Fingerprint, Operation, State, StoredResponse};
+use crate::pipeline::error::{OperationRef, ProxyError};
+use crate::pipeline::fingerprint::ExactDigest;
 
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -312,7 +312,7 @@ mod tests {
                 ],
                 body: body.map(<[u8]>::to_vec),
             }),
-            request: crate::store::RequestSummary {
+            request: crate::operation::RequestSummary {
                 method: "POST".into(),
                 path: "/".into(),
                 content_type: None,

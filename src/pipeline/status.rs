@@ -19,8 +19,8 @@ use crate::body::{ProxyBody, full};
 use crate::clock::rfc3339;
 use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::ActiveRoute;
+use crate::pipeline::error::ProxyError;
 use crate::pipeline::key::{IdempotencyKey, KeyError, Scope};
-use crate::problem::ProxyError;
 use crate::scope_key::ScopeKey;
 use crate::store::Store;
 

@@ -7,6 +7,7 @@
 //! (with its `sent` and `response` events). All SQL lives in this module's
 //! backends.
 
+mod batches;
 pub mod fence;
 mod outbox;
 mod postgres;
@@ -19,78 +20,16 @@ use async_trait::async_trait;
 
 use crate::clock::Clock;
 use crate::config::{StoreConfig, StoreUrl};
-use crate::metrics::StoreBatches;
-use crate::pipeline::fingerprint::Fingerprint;
+use crate::operation::{
+    Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse, UnknownState,
+};
 use crate::scope_key::{ScopeKey, ScopeKeyError};
+pub use batches::{BatchLabels, StoreBatches};
 pub use fence::{Fence, Permit};
 pub use outbox::{Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription};
 pub use postgres::PostgresStore;
 pub use seal::{Seal, SealError, StoreKey};
 pub use sqlite::SqliteStore;
-
-/// Where an operation stands, and so what a request with its key gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    /// Claimed durably by a live owner; the request is being sent.
-    InProgress,
-    /// A full upstream response (or other evidence) is held and replayed.
-    Completed,
-    /// The request was or may have been written but no full response came
-    /// back: held, never re-sent automatically.
-    Unknown,
-    /// Proof that nothing reached the upstream: the next request is a fresh attempt.
-    NotAttempted,
-}
-
-impl State {
-    /// Every state, in the order of the states table.
-    pub const ALL: [State; 4] = [
-        State::InProgress,
-        State::Completed,
-        State::Unknown,
-        State::NotAttempted,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::InProgress => "in_progress",
-            State::Completed => "completed",
-            State::Unknown => "unknown",
-            State::NotAttempted => "not_attempted",
-        }
-    }
-
-    pub fn parse(text: &str) -> Result<Self, StoreError> {
-        match text {
-            "in_progress" => Ok(State::InProgress),
-            "completed" => Ok(State::Completed),
-            "unknown" => Ok(State::Unknown),
-            "not_attempted" => Ok(State::NotAttempted),
-            other => Err(StoreError::Corrupt(format!("unknown state `{other}`"))),
-        }
-    }
-}
-
-/// A stored operation, as a request or an operator sees it.
-#[derive(Debug, Clone)]
-pub struct Operation {
-    pub id: String,
-    pub route: String,
-    pub key: String,
-    pub fingerprint: Fingerprint,
-    pub state: State,
-    pub attempt: u32,
-    /// The instance id of the process that claimed the latest attempt.
-    pub owner: Option<String>,
-    /// What proves the state: `response`, `gateway-restarted`, `connect-failed`, …
-    pub evidence: String,
-    pub response: Option<StoredResponse>,
-    pub request: RequestSummary,
-    /// Derive mode: a newer operation took the key after `derive_window`.
-    pub superseded: bool,
-    pub created_at: i64,
-    pub updated_at: i64,
-}
 
 /// An operation as listed for operators and clients: no payloads.
 #[derive(Debug, Clone)]
@@ -397,40 +336,6 @@ impl RoutePause {
     }
 }
 
-/// An upstream response as recorded: end-to-end headers with lower-case
-/// names, duplicates and order kept.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredResponse {
-    pub status: u16,
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// `None` when the body was larger than `max_stored_response`.
-    pub body: Option<Vec<u8>>,
-}
-
-impl StoredResponse {
-    /// The bytes it keeps in the store: header names and values and the body.
-    pub fn stored_bytes(&self) -> usize {
-        let headers: usize = self
-            .headers
-            .iter()
-            .map(|(name, value)| name.len() + value.len())
-            .sum();
-        headers + self.body.as_ref().map_or(0, Vec::len)
-    }
-}
-
-/// What is kept about the request: never credentials, the body only when the
-/// route asks for it.
-#[derive(Debug, Clone)]
-pub struct RequestSummary {
-    pub method: String,
-    pub path: String,
-    pub content_type: Option<String>,
-    pub body_size: u64,
-    pub body_sha256: String,
-    pub body: Option<Vec<u8>>,
-}
-
 /// A write that wants to become an operation.
 #[derive(Debug, Clone)]
 pub struct NewOperation {
@@ -493,47 +398,6 @@ pub enum ClaimResult {
     Existing(Box<Operation>),
 }
 
-/// How an attempt ended.
-#[derive(Debug, Clone)]
-pub enum Settlement {
-    Completed { response: StoredResponse },
-    NotAttempted { evidence: String },
-    Unknown { evidence: String },
-}
-
-impl Settlement {
-    pub fn state(&self) -> State {
-        match self {
-            Settlement::Completed { .. } => State::Completed,
-            Settlement::NotAttempted { .. } => State::NotAttempted,
-            Settlement::Unknown { .. } => State::Unknown,
-        }
-    }
-
-    /// The upstream's response, when it settles the attempt.
-    pub fn response(&self) -> Option<&StoredResponse> {
-        match self {
-            Settlement::Completed { response } => Some(response),
-            _ => None,
-        }
-    }
-
-    pub fn evidence(&self) -> &str {
-        match self {
-            Settlement::Completed { .. } => "response",
-            Settlement::NotAttempted { evidence } | Settlement::Unknown { evidence } => evidence,
-        }
-    }
-}
-
-/// One entry of an operation's timeline: short evidence, never credentials
-/// or payloads.
-#[derive(Debug, Clone)]
-pub struct Event {
-    pub kind: &'static str,
-    pub detail: serde_json::Value,
-}
-
 /// What one [`Store::rekey`] batch did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RekeyBatch {
@@ -575,6 +439,12 @@ pub enum StoreError {
     Seal(#[from] SealError),
     #[error(transparent)]
     ScopeKey(#[from] ScopeKeyError),
+}
+
+impl From<UnknownState> for StoreError {
+    fn from(unknown: UnknownState) -> Self {
+        StoreError::Corrupt(unknown.to_string())
+    }
 }
 
 impl StoreError {
@@ -925,18 +795,5 @@ mod tests {
             evidence: "timeout".into(),
         };
         assert!(!is_implied_by_record(&held, &[sent(1), answer]));
-    }
-
-    #[test]
-    fn states_round_trip() {
-        for state in [
-            State::InProgress,
-            State::Completed,
-            State::Unknown,
-            State::NotAttempted,
-        ] {
-            assert_eq!(State::parse(state.as_str()).unwrap(), state);
-        }
-        assert!(State::parse("maybe").is_err());
     }
 }

@@ -36,8 +36,9 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use sha2::{Digest, Sha256};
 
-use super::{StoreError, StoredResponse, decode_headers, encode_headers};
+use super::{StoreError, decode_headers, encode_headers};
 use crate::config::StoreConfig;
+use crate::operation::StoredResponse;
 
 /// The first bytes of every value sealed now (format version 2). A NUL
 /// first, so no JSON or text body written before sealing looks like one.

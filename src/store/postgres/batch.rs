@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::metrics::StoreBatches;
+use crate::store::StoreBatches;
 use crate::store::StoreError;
 
 /// The most calls one statement takes; more wait for the next one.

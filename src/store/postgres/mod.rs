@@ -50,14 +50,15 @@ use tokio_util::sync::CancellationToken;
 use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
-    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event, ListFilter,
-    NewOperation, Operation, Recorded, RekeyBatch, Resolved, RoutePause, Settlement, Stats, Store,
-    StoreError, StoreKeys, StoredEvent, StoredResponse, Summary,
+    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, ListFilter, NewOperation,
+    Recorded, RekeyBatch, Resolved, RoutePause, Stats, Store, StoreError, StoreKeys, StoredEvent,
+    Summary,
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
-use crate::metrics::StoreBatches;
+use crate::operation::{Event, Operation, Settlement, StoredResponse};
 use crate::scope_key::ScopeKey;
+use crate::store::StoreBatches;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use statements::{ClaimCall, Owners, RecordCall};
 

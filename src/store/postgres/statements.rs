@@ -11,15 +11,16 @@ use std::borrow::Cow;
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
-use crate::pipeline::fingerprint::Fingerprint;
+use crate::operation::{
+    Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse,
+};
 use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, Event, ListFilter,
-    ListPath, NewOperation, OPERATION_COLUMNS, Operation, Param, Recorded, RekeyBatch,
-    RequestSummary, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Settlement, State, Stats,
-    StoreError, StoredEvent, StoredResponse, Summary, is_implied_by_record, operation_count,
-    timeline,
+    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, ListFilter, ListPath,
+    NewOperation, OPERATION_COLUMNS, Param, Recorded, RekeyBatch, Resolved, RoutePause,
+    SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, is_implied_by_record,
+    operation_count, timeline,
 };
 
 /// An owner is alive while its lease, in the database's clock, runs.

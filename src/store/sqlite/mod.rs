@@ -40,17 +40,18 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
-    AccessPath, AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, Event,
-    ListFilter, NewOperation, Operation, Recorded, RekeyBatch, Resolved, RoutePause, Settlement,
-    Stats, Store, StoreError, StoreKeys, StoredEvent, StoredResponse, Summary,
+    AccessPath, AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, ListFilter,
+    NewOperation, Recorded, RekeyBatch, Resolved, RoutePause, Stats, Store, StoreError, StoreKeys,
+    StoredEvent, Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
+use crate::operation::{Event, Operation, Settlement, StoredResponse};
 use crate::scope_key::ScopeKey;
 use reader::Readers;
 use writer::{QUEUE_TIMEOUT, Writer};
 
-use crate::metrics::StoreBatches;
+use crate::store::StoreBatches;
 
 pub struct SqliteStore {
     writer: Writer,

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::metrics::StoreBatches;
+use crate::store::StoreBatches;
 use crate::store::StoreError;
 
 /// The most jobs one transaction takes; more wait for the next one.

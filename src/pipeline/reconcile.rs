@@ -26,9 +26,10 @@ use tokio::sync::watch;
 
 use crate::body::full;
 use crate::config::{Reconcile, Route};
+use crate::operation::{Event, StoredResponse};
 use crate::pipeline::forward::{UpstreamClient, strip_hop_by_hop};
 use crate::pipeline::key::url_component;
-use crate::store::{Event, Store, StoredResponse};
+use crate::store::Store;
 
 /// What a probe found.
 pub enum ProbeResult {
