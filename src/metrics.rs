@@ -27,7 +27,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use crate::store::{Stats, Store, StoreBatches, StoreError};
+use crate::store::Operators;
+use crate::store::{Stats, StoreBatches, StoreError};
 
 /// How long a scrape waits for the store's gauges before it answers
 /// without them (`idemgate_store_up 0`). A healthy store answers these two
@@ -277,11 +278,10 @@ impl Metrics {
     }
 
     /// Reads the store's gauges for a scrape, within [`STORE_READ_BOUND`].
-    pub async fn read_store(&self, store: &Arc<dyn Store>) -> Result<StoreGauges, StoreUnread> {
+    pub async fn read_store(&self, store: Arc<dyn Operators>) -> Result<StoreGauges, StoreUnread> {
         let slot = Arc::clone(&self.store_read)
             .try_lock_owned()
             .map_err(|_| StoreUnread::StillWaiting)?;
-        let store = Arc::clone(store);
         // A task of its own, not awaited in place: a read cut off by the
         // bound runs on to its end instead of being dropped mid-statement
         // (which would leave a pooled PostgreSQL connection to be drained

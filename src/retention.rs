@@ -13,7 +13,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{self, Clock};
-use crate::store::{SWEEP_LIMIT, Store};
+use crate::store::Maintenance;
+use crate::store::SWEEP_LIMIT;
 
 /// Operations deleted per transaction.
 pub const BATCH: u32 = 500;
@@ -28,7 +29,7 @@ pub fn interval(retention: Duration) -> Duration {
 
 /// Sweeps every [`interval`] until `stop`.
 pub async fn run(
-    store: Arc<dyn Store>,
+    store: Arc<dyn Maintenance>,
     clock: Arc<dyn Clock>,
     retention: Duration,
     stop: CancellationToken,

@@ -19,7 +19,8 @@ use idemgate::clock::{Clock, SystemClock};
 use idemgate::config::Durability;
 use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State};
 use idemgate::store::{
-    ClaimResult, Decision, NewOperation, PostgresStore, Recorded, Resolved, Store, StoreError,
+    ClaimResult, Decision, Maintenance, NewOperation, Operators, PostgresStore, Recorded,
+    RequestPath, Resolved, Store, StoreError,
 };
 
 const LEASE: Duration = Duration::from_secs(2);

@@ -304,7 +304,7 @@ async fn route(
         }
         Endpoint::Metrics => {
             // Never a 503: without the store the counters still go out.
-            let read = admin.metrics.read_store(&admin.store).await;
+            let read = admin.metrics.read_store(admin.store.clone()).await;
             if let Err(why) = &read {
                 tracing::warn!(error = %why, "/metrics: the store's gauges are left out");
             }

@@ -20,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 use crate::alerts::{Endpoint, Poster, payload};
 use crate::clock::{self, Clock};
 use crate::metrics::Metrics;
-use crate::store::{AlertDelivery, AlertOutcome, AlertPoll, Store};
+use crate::store::Outbox;
+use crate::store::{AlertDelivery, AlertOutcome, AlertPoll};
 
 /// How often the outbox is polled while endpoints are configured.
 pub const POLL: Duration = Duration::from_millis(500);
@@ -43,7 +44,7 @@ const AGING: Duration = Duration::from_secs(30);
 const KEEP: Duration = Duration::from_secs(3600);
 
 pub struct Deliverer {
-    store: Arc<dyn Store>,
+    store: Arc<dyn Outbox>,
     endpoints: Vec<Endpoint>,
     poster: Poster,
     clock: Arc<dyn Clock>,
@@ -56,7 +57,7 @@ pub struct Deliverer {
 
 impl Deliverer {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn Outbox>,
         endpoints: Vec<Endpoint>,
         poster: Poster,
         clock: Arc<dyn Clock>,

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use crate::clock;
 use crate::operation::{Event, Fingerprint, Operation, Settlement, State, StoredResponse};
+use crate::store::{Operators, RequestPath};
 
 use http::{Response, StatusCode};
 use serde_json::json;
@@ -357,7 +358,7 @@ pub async fn after_stale(
 /// The operation `claim` is an attempt of, as the store holds it now; a
 /// store that does not answer gets the client the answer for an outcome
 /// not recorded yet.
-async fn read_operation(store: &dyn Store, claim: &Claim) -> Result<Operation, Reply> {
+async fn read_operation(store: &dyn Operators, claim: &Claim) -> Result<Operation, Reply> {
     match store.get(&claim.operation_id).await {
         Ok(Some((operation, _))) => Ok(operation),
         Ok(None) => Err(Err(unrecorded(claim))),
@@ -372,7 +373,7 @@ async fn read_operation(store: &dyn Store, claim: &Claim) -> Result<Operation, R
 /// lands or `give_up` (the end of the shutdown grace): never leaves an
 /// operation `in_progress` while this process lives.
 pub async fn keep_recording(
-    store: &dyn Store,
+    store: &dyn RequestPath,
     claim: &Claim,
     settlement: &Settlement,
     events: &[Event],

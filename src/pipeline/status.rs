@@ -22,14 +22,14 @@ use crate::pipeline::ActiveRoute;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::key::{IdempotencyKey, KeyError, Scope};
 use crate::scope_key::ScopeKey;
-use crate::store::Store;
+use crate::store::Operators;
 
 /// The path prefix idemgate reserves for itself on the proxy listener.
 pub const PREFIX: &str = "/.idemgate/";
 
 /// Answers a request under [`PREFIX`].
 pub async fn lookup<B>(
-    store: &dyn Store,
+    store: &dyn Operators,
     routes: &[Arc<ActiveRoute>],
     scope_key: &ScopeKey,
     request: &Request<B>,

@@ -457,9 +457,18 @@ impl StoreError {
     }
 }
 
-/// The operations store. Implementations commit durably before returning.
+/// The operations store, as every caller together sees it; each part is
+/// the interface of one kind of caller, so a signature says who may call
+/// what. Implementations commit durably before returning.
+pub trait Store: RequestPath + Operators + Outbox + Maintenance {}
+
+impl<T: RequestPath + Operators + Outbox + Maintenance> Store for T {}
+
+/// What the request path calls, in the order of a write's life: the claim,
+/// the record of its outcome, the answer from what is held now, and the
+/// evidence that settles a held operation.
 #[async_trait]
-pub trait Store: Send + Sync {
+pub trait RequestPath: Send + Sync {
     /// Looks up `(route, scope, key)` and, in the same transaction, claims it
     /// for this process when it is new or `not_attempted`.
     async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError>;
@@ -480,18 +489,6 @@ pub trait Store: Send + Sync {
     /// would supersede it.
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError>;
 
-    /// Marks the `in_progress` operations whose owners are dead `unknown`:
-    /// they may have reached the upstream, so they are held, never
-    /// re-sent. Run at start, before the first request is served. SQLite:
-    /// this process alone holds the store, so every one found is a dead
-    /// owner's (`gateway-restarted`); call it only then. A [`shared`]
-    /// store: the owners whose lease ran out (`replica-lost`), at any time.
-    /// Returns the routes of the operations it marked, for their pause
-    /// latches.
-    ///
-    /// [`shared`]: Store::shared
-    async fn recover(&self) -> Result<Vec<String>, StoreError>;
-
     /// Whether this process may still write the attempts it claimed
     /// ([`fence`]): checked right before each is written, since a claim's
     /// ownership can end while its attempt is on its way.
@@ -504,9 +501,6 @@ pub trait Store: Send + Sync {
     fn shared(&self) -> bool {
         false
     }
-
-    /// Its group commits' sizes and times, for the gateway's metrics.
-    fn batches(&self) -> &StoreBatches;
 
     /// Appends an event to an operation's timeline.
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError>;
@@ -527,7 +521,13 @@ pub trait Store: Send + Sync {
     /// Pauses `route` if at least `threshold` of its operations are
     /// `unknown`; `true` when the route is paused afterwards.
     async fn trip_pause_latch(&self, route: &str, threshold: u32) -> Result<bool, StoreError>;
+}
 
+/// What operators (the admin API, the console, `idemgate keys`) and the
+/// metrics read and decide: lists, one operation, resolutions, pauses,
+/// counts.
+#[async_trait]
+pub trait Operators: Send + Sync {
     /// The routes paused now.
     async fn paused_routes(&self) -> Result<Vec<String>, StoreError>;
 
@@ -562,13 +562,11 @@ pub trait Store: Send + Sync {
 
     /// Pauses `route` with `reason`, or resumes it (`None`), durably.
     async fn set_paused(&self, route: &str, reason: Option<&str>) -> Result<(), StoreError>;
+}
 
-    /// Deletes up to `limit` (at most [`SWEEP_LIMIT`]) `completed` and
-    /// `not_attempted` operations last updated before `cutoff` (ms), with
-    /// their events; `unknown` ones stay. One transaction: on SQLite one
-    /// writer job, so the writer's other jobs run between two calls.
-    async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError>;
-
+/// The alert outbox: what the deliverer takes and settles.
+#[async_trait]
+pub trait Outbox: Send + Sync {
     /// Alerts, in one transaction: adds `unknown-aged` alerts for the
     /// operations `unknown` longer than a subscription's threshold (each
     /// once), fans the alerts not yet fanned out to the endpoints that
@@ -583,6 +581,32 @@ pub trait Store: Send + Sync {
         outcome: &AlertOutcome,
         now: i64,
     ) -> Result<(), StoreError>;
+}
+
+/// What the gateway's own housekeeping calls: recovery at start and from
+/// peers, retention, rekeying, readiness, batch figures and the close.
+#[async_trait]
+pub trait Maintenance: Send + Sync {
+    /// Marks the `in_progress` operations whose owners are dead `unknown`:
+    /// they may have reached the upstream, so they are held, never
+    /// re-sent. Run at start, before the first request is served. SQLite:
+    /// this process alone holds the store, so every one found is a dead
+    /// owner's (`gateway-restarted`); call it only then. A [`shared`]
+    /// store: the owners whose lease ran out (`replica-lost`), at any time.
+    /// Returns the routes of the operations it marked, for their pause
+    /// latches.
+    ///
+    /// [`shared`]: Store::shared
+    async fn recover(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Its group commits' sizes and times, for the gateway's metrics.
+    fn batches(&self) -> &StoreBatches;
+
+    /// Deletes up to `limit` (at most [`SWEEP_LIMIT`]) `completed` and
+    /// `not_attempted` operations last updated before `cutoff` (ms), with
+    /// their events; `unknown` ones stay. One transaction: on SQLite one
+    /// writer job, so the writer's other jobs run between two calls.
+    async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError>;
 
     /// `idemgate rekey`: seals again, under the current key, the payloads
     /// of up to `limit` operations after `after` (by id; `""` from the

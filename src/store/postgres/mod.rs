@@ -50,9 +50,9 @@ use tokio_util::sync::CancellationToken;
 use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
-    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, ListFilter, NewOperation,
-    Recorded, RekeyBatch, Resolved, RoutePause, Stats, Store, StoreError, StoreKeys, StoredEvent,
-    Summary,
+    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, ListFilter, Maintenance,
+    NewOperation, Operators, Outbox, Recorded, RekeyBatch, RequestPath, Resolved, RoutePause,
+    Stats, StoreError, StoreKeys, StoredEvent, Summary,
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
@@ -302,7 +302,7 @@ impl Drop for PostgresStore {
 }
 
 #[async_trait]
-impl Store for PostgresStore {
+impl RequestPath for PostgresStore {
     async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
         if !self.fence.holds() {
             return Err(StoreError::Busy(
@@ -338,33 +338,12 @@ impl Store for PostgresStore {
             .filter(|op| !new.outdates(op)))
     }
 
-    /// Marks the `in_progress` operations of replicas whose lease ran out
-    /// (by the database's clock); safe at any time, and run periodically
-    /// by every replica, since a peer may die at any moment.
-    async fn recover(&self) -> Result<Vec<String>, StoreError> {
-        let lost = Owners::Lost { by: &self.owner };
-        let now = self.clock.now_millis();
-        let routes =
-            statements::mark_in_progress_unknown(&self.pool, now, "replica-lost", lost).await?;
-        if !routes.is_empty() {
-            tracing::warn!(
-                count = routes.len(),
-                "operations left in flight by a lost replica are now unknown"
-            );
-        }
-        Ok(routes)
-    }
-
     fn fence(&self) -> Fence {
         self.fence.clone()
     }
 
     fn shared(&self) -> bool {
         true
-    }
-
-    fn batches(&self) -> &StoreBatches {
-        &self.batches
     }
 
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError> {
@@ -398,7 +377,10 @@ impl Store for PostgresStore {
         let now = self.clock.now_millis();
         statements::trip_pause_latch(&self.pool, now, route, threshold).await
     }
+}
 
+#[async_trait]
+impl Operators for PostgresStore {
     async fn paused_routes(&self) -> Result<Vec<String>, StoreError> {
         statements::paused_routes(&self.pool).await
     }
@@ -441,11 +423,10 @@ impl Store for PostgresStore {
         let now = self.clock.now_millis();
         statements::set_paused(&self.pool, now, route, reason).await
     }
+}
 
-    async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
-        statements::sweep(&self.pool, cutoff, limit).await
-    }
-
+#[async_trait]
+impl Outbox for PostgresStore {
     async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError> {
         outbox::take_alerts(&self.pool, poll).await
     }
@@ -457,6 +438,34 @@ impl Store for PostgresStore {
         now: i64,
     ) -> Result<(), StoreError> {
         outbox::settle_alert(&self.pool, delivery, outcome, now).await
+    }
+}
+
+#[async_trait]
+impl Maintenance for PostgresStore {
+    /// Marks the `in_progress` operations of replicas whose lease ran out
+    /// (by the database's clock); safe at any time, and run periodically
+    /// by every replica, since a peer may die at any moment.
+    async fn recover(&self) -> Result<Vec<String>, StoreError> {
+        let lost = Owners::Lost { by: &self.owner };
+        let now = self.clock.now_millis();
+        let routes =
+            statements::mark_in_progress_unknown(&self.pool, now, "replica-lost", lost).await?;
+        if !routes.is_empty() {
+            tracing::warn!(
+                count = routes.len(),
+                "operations left in flight by a lost replica are now unknown"
+            );
+        }
+        Ok(routes)
+    }
+
+    fn batches(&self) -> &StoreBatches {
+        &self.batches
+    }
+
+    async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
+        statements::sweep(&self.pool, cutoff, limit).await
     }
 
     async fn rekey(&self, after: &str, limit: u32) -> Result<RekeyBatch, StoreError> {

@@ -41,8 +41,8 @@ use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
     AccessPath, AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, ListFilter,
-    NewOperation, Recorded, RekeyBatch, Resolved, RoutePause, Stats, Store, StoreError, StoreKeys,
-    StoredEvent, Summary,
+    Maintenance, NewOperation, Operators, Outbox, Recorded, RekeyBatch, RequestPath, Resolved,
+    RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
@@ -243,13 +243,9 @@ fn lock_file(path: &Path, store_name: &str) -> Result<File, StoreError> {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl RequestPath for SqliteStore {
     fn fence(&self) -> Fence {
         self.fence.clone()
-    }
-
-    fn batches(&self) -> &StoreBatches {
-        &self.batches
     }
 
     async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
@@ -280,13 +276,6 @@ impl Store for SqliteStore {
             .await
     }
 
-    /// On the writer: ready means a write can commit.
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.writer
-            .run(|conn| Ok(conn.prepare_cached("SELECT 1")?.query_row([], |_| Ok(()))?))
-            .await
-    }
-
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
         let (new, seal) = (new.clone(), self.seal.clone());
         self.readers
@@ -294,23 +283,6 @@ impl Store for SqliteStore {
                 move |conn| Ok(statements::find(conn, &seal, &new)?.filter(|op| !new.outdates(op))),
             )
             .await
-    }
-
-    async fn recover(&self) -> Result<Vec<String>, StoreError> {
-        let now = self.clock.now_millis();
-        let routes = self
-            .writer
-            .run(move |conn| {
-                statements::mark_in_progress_unknown(conn, now, "gateway-restarted", None)
-            })
-            .await?;
-        if !routes.is_empty() {
-            tracing::warn!(
-                count = routes.len(),
-                "operations left in flight by a previous process are now unknown"
-            );
-        }
-        Ok(routes)
     }
 
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError> {
@@ -351,7 +323,10 @@ impl Store for SqliteStore {
             .run(move |conn| statements::trip_pause_latch(conn, now, &route, threshold))
             .await
     }
+}
 
+#[async_trait]
+impl Operators for SqliteStore {
     async fn paused_routes(&self) -> Result<Vec<String>, StoreError> {
         self.readers.run(statements::paused_routes).await
     }
@@ -410,13 +385,10 @@ impl Store for SqliteStore {
             .run(move |conn| statements::set_paused(conn, now, &route, reason.as_deref()))
             .await
     }
+}
 
-    async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
-        self.writer
-            .run(move |conn| statements::sweep(conn, cutoff, limit))
-            .await
-    }
-
+#[async_trait]
+impl Outbox for SqliteStore {
     async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError> {
         let poll = poll.clone();
         self.writer
@@ -433,6 +405,43 @@ impl Store for SqliteStore {
         let (delivery, outcome) = (delivery.clone(), outcome.clone());
         self.writer
             .run(move |conn| outbox::settle_alert(conn, &delivery, &outcome, now))
+            .await
+    }
+}
+
+#[async_trait]
+impl Maintenance for SqliteStore {
+    fn batches(&self) -> &StoreBatches {
+        &self.batches
+    }
+
+    /// On the writer: ready means a write can commit.
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.writer
+            .run(|conn| Ok(conn.prepare_cached("SELECT 1")?.query_row([], |_| Ok(()))?))
+            .await
+    }
+
+    async fn recover(&self) -> Result<Vec<String>, StoreError> {
+        let now = self.clock.now_millis();
+        let routes = self
+            .writer
+            .run(move |conn| {
+                statements::mark_in_progress_unknown(conn, now, "gateway-restarted", None)
+            })
+            .await?;
+        if !routes.is_empty() {
+            tracing::warn!(
+                count = routes.len(),
+                "operations left in flight by a previous process are now unknown"
+            );
+        }
+        Ok(routes)
+    }
+
+    async fn sweep(&self, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
+        self.writer
+            .run(move |conn| statements::sweep(conn, cutoff, limit))
             .await
     }
 
