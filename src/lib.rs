@@ -25,7 +25,8 @@
 //!   console at `/`); [`metrics`]: Prometheus counters.
 //! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal;
 //!   [`rekey`]: `idemgate rekey`, stored payloads sealed again under the current key.
-//! - [`log_sink`]: log lines batched in memory, written by a thread of their own.
+//! - [`log_sink`]: log lines batched in memory, written by a thread of their own;
+//!   [`log_format`]: the text line, written without per-field formatting.
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
@@ -61,6 +62,7 @@ pub mod config;
 pub mod demo;
 pub mod http_client;
 pub mod keys_cli;
+pub mod log_format;
 pub mod log_sink;
 pub mod metrics;
 pub mod mock_upstream;

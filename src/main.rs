@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Parser;
 use idemgate::cli::{AlertsCommand, Cli, Command, LogFormat};
 use idemgate::config::{Config, StoreUrl};
+use idemgate::log_format::TextLine;
 use idemgate::log_sink::{FlushGuard, LogSink};
 use idemgate::mock_upstream::MockUpstream;
 use idemgate::server::Gateway;
@@ -179,7 +180,7 @@ fn init_logging(format: LogFormat) -> anyhow::Result<FlushGuard> {
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(sink);
     match format {
-        LogFormat::Text => builder.init(),
+        LogFormat::Text => builder.event_format(TextLine::default()).init(),
         LogFormat::Json => builder.json().init(),
     }
     Ok(guard)
