@@ -44,7 +44,7 @@ use crate::config::{Config, ServerConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
 use crate::pipeline::error::ProxyError;
-use crate::pipeline::forward::ViaTls;
+use crate::pipeline::forward::{Peer, ViaTls};
 use crate::scope_key::{ScopeKey, ScopeKeyError};
 use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
 use crate::tls::{ServerTls, TlsError};
@@ -234,8 +234,9 @@ impl Gateway {
             let via_tls = proxy_tls.is_some();
             move |peer: SocketAddr| {
                 let proxy = proxy.clone();
+                let peer = Peer::new(peer);
                 service_fn(move |mut request: http::Request<_>| {
-                    let proxy = proxy.clone();
+                    let (proxy, peer) = (proxy.clone(), peer.clone());
                     if via_tls {
                         request.extensions_mut().insert(ViaTls);
                     }

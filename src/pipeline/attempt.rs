@@ -210,7 +210,7 @@ impl Attempt {
         let route = &self.active.route;
         let probe = self.reconciler.reconcile(
             self.store.as_ref(),
-            &self.active.client,
+            &self.active.probes,
             route,
             &self.claim.operation_id,
             &self.key,
