@@ -3,7 +3,8 @@
 //!
 //! # Layout
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
-//! - [`server`]: listeners, accept loops, graceful shutdown.
+//! - [`server`]: listeners, accept loops, graceful shutdown; [`workers`]: the
+//!   threads (a runtime each) proxy connections are spread over.
 //! - [`tls`]: certificates from PEM files: the listeners' (swapped on
 //!   SIGHUP) and what upstream connections trust and present.
 //! - [`pipeline`]: the life of a request, one module per phase (the
@@ -76,3 +77,4 @@ pub mod scope_key;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod workers;

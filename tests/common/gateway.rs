@@ -122,6 +122,7 @@ impl TestGateway {
                 .unwrap_or_else(|| Arc::new(idemgate::clock::SystemClock)),
             admin_token: self.admin_token.clone(),
             env: self.env.clone(),
+            ..Default::default()
         };
         tokio::time::timeout(WAIT, Gateway::start_with(parse_config(&self.toml), options))
             .await
