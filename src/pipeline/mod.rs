@@ -386,9 +386,11 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         let (reply_tx, reply_rx) = oneshot::channel();
         let (this, active) = (self.clone(), active.clone());
+        // Each phase's future boxed: inline, the task's future was ~18 KiB,
+        // copied whole into the task as it was spawned.
         self.tasks.spawn(async move {
-            match this.claim_write(&active, write).await {
-                Ok(Next::Send(attempt)) => attempt.run(reply_tx).await,
+            match Box::pin(this.claim_write(&active, write)).await {
+                Ok(Next::Send(attempt)) => Box::pin(attempt.run(reply_tx)).await,
                 Ok(Next::Answer(response)) => drop(reply_tx.send(Ok(response))),
                 Err(error) => drop(reply_tx.send(Err(error))),
             }
@@ -457,16 +459,16 @@ impl Proxy {
                 return replay::answer_existing(&operation, &new.fingerprint).map(Next::Answer);
             }
             Claimed::Held(operation) => {
-                self.reconciler
-                    .reconcile(
-                        self.store.as_ref(),
-                        &active.probes,
-                        route,
-                        &operation.id,
-                        key.as_str(),
-                        &credentials,
-                    )
-                    .await;
+                // Boxed: rare, and its future would make every claim's as large.
+                Box::pin(self.reconciler.reconcile(
+                    self.store.as_ref(),
+                    &active.probes,
+                    route,
+                    &operation.id,
+                    key.as_str(),
+                    &credentials,
+                ))
+                .await;
                 // Whatever settled it meanwhile (this probe, the one that
                 // was running, a late response, an operator), the answer
                 // comes from the operation the store holds now.
