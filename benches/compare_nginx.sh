@@ -195,8 +195,9 @@ pids+=($!)
     2>"$dir/nginx/logs/stderr.log" &
 nginx_pid=$!
 pids+=($nginx_pid)
-wait_port "$upstream_port"
-wait_port "$nginx_port"
+# A machine that sat idle may take a while to start them (seen: > 10 s).
+wait_port "$upstream_port" 60 && wait_port "$nginx_port" 60 ||
+    { cat "$dir"/upstream/logs/*.log "$dir"/nginx/logs/*.log >&2; exit 1; }
 
 # The gateway's config for durability $1: `/orders` requires a key, `/plain`
 # is `key = "off"` (forwarding only).
