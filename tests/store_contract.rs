@@ -149,15 +149,15 @@ where
 fn new_op(key: &str, fingerprint: &str) -> NewOperation {
     NewOperation {
         route: "api".into(),
-        scope: "scope-a".into(),
+        scope: digest("scope-a"),
         key: key.into(),
-        fingerprint: Fingerprint::from_stored(fingerprint.into()),
+        fingerprint: Fingerprint::from_stored(digest(fingerprint)),
         request: RequestSummary {
             method: "POST".into(),
             path: "/orders".into(),
             content_type: Some("application/json".into()),
             body_size: 7,
-            body_sha256: "00".into(),
+            body_sha256: digest("{\"a\":1}"),
             body: None,
         },
         fresh_after: None,
@@ -262,7 +262,7 @@ async fn a_claim_is_won_once_and_then_answered(bench: Bench) {
 
     // Another scope or route is another operation.
     let mut other_scope = new_op("k1", "fp");
-    other_scope.scope = "scope-b".into();
+    other_scope.scope = digest("scope-b");
     claimed(store.as_ref(), &other_scope).await;
 
     let (op, events) = store.get(&claim.operation_id).await.unwrap().unwrap();
@@ -663,8 +663,8 @@ async fn listing_and_counting(bench: Bench) {
     assert_eq!(store.list(&by_key).await.unwrap().len(), 1);
 
     let scopes = vec![
-        ("api".to_string(), "scope-x".to_string()),
-        ("api".to_string(), "scope-a".to_string()),
+        ("api".to_string(), digest("scope-x")),
+        ("api".to_string(), digest("scope-a")),
     ];
     let newest = store
         .find_newest(&scopes, "a")

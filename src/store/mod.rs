@@ -340,6 +340,9 @@ impl RoutePause {
 #[derive(Debug, Clone)]
 pub struct NewOperation {
     pub route: String,
+    /// The scope's digest, as lower-case hex (`pipeline::key`). It, the
+    /// fingerprint and the body's SHA-256 are SHA-256 digests, and a store
+    /// may keep them as their 32 bytes: anything else is refused.
     pub scope: String,
     pub key: String,
     pub fingerprint: Fingerprint,
