@@ -1,7 +1,7 @@
 //! One claimed attempt, run in a task of its own so that a client that hangs
 //! up never cancels the upstream call nor leaves the operation `in_progress`
 //! (ARCHITECTURE.md §1): forward, record, answer — and when the outcome is
-//! lost, what comes after (README "After a lost response"):
+//! lost, what comes after (docs/requests.md, "After a lost response"):
 //!
 //! 1. the route's pause latch is checked (`pause_after_unknown`), before the
 //!    client is answered;

@@ -1,4 +1,4 @@
-//! Reconcile probes (README "After a lost response"): a read-only GET to the route's own
+//! Reconcile probes (docs/requests.md, "After a lost response"): a read-only GET to the route's own
 //! upstream that may prove an `unknown` operation happened.
 //!
 //! Invariants:
