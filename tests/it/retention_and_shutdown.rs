@@ -1,0 +1,160 @@
+//! What time and shutdown do to operations:
+//!
+//! - retention: the sweep deletes a `completed` operation once the store's
+//!   clock is `retention` past its last update (its key then starts a new
+//!   operation), but never an `unknown` one;
+//! - graceful shutdown: listeners close at once, a request in flight still
+//!   gets its response, and it is replayed after a restart; one still in
+//!   flight when `shutdown_grace` runs out is `unknown` after the restart.
+
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use idemgate::clock::ManualClock;
+
+const ORDER: &str = r#"{"sku":"apple","qty":3}"#;
+/// `retention = "100s"` sweeps every second.
+const RETENTION: Duration = Duration::from_secs(100);
+
+async fn with_retention(route_extra: &str) -> (TestGateway, std::sync::Arc<ManualClock>) {
+    let clock = ManualClock::new();
+    let setup = Setup::route(route_extra)
+        .store("retention = \"100s\"")
+        .clock(clock.clone())
+        .admin();
+    (spawn_gateway_with(setup).await, clock)
+}
+
+/// Retries `key` until it is forwarded anew (the sweep deleted its
+/// operation) and returns that fresh answer; panics after a few sweeps.
+async fn retry_until_swept(gw: &TestGateway, key: &str) -> Response {
+    let fresh = write_until(
+        gw.addr(),
+        "/orders",
+        key,
+        ORDER,
+        Duration::from_secs(5),
+        |r| !r.is_replay(),
+    )
+    .await;
+    assert_fresh_created(&fresh);
+    fresh
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_operation_expires_after_retention_by_the_store_clock() {
+    let (gw, clock) = with_retention("").await;
+    let first = write(gw.addr(), "/orders", Some("ret-1"), ORDER).await;
+    assert_eq!(assert_fresh_created(&first), 1);
+
+    // Sweeps run (every second) while the store's clock is just short of
+    // the retention.
+    clock.advance(RETENTION - Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let kept = write(gw.addr(), "/orders", Some("ret-1"), ORDER).await;
+    assert_replay_of(&kept, &first);
+
+    clock.advance(Duration::from_secs(2));
+    let fresh = retry_until_swept(&gw, "ret-1").await;
+
+    assert_eq!(fresh.json()["id"], 2, "forwarded anew");
+    assert_eq!(gw.upstream.writes(), 2);
+    let retry = write(gw.addr(), "/orders", Some("ret-1"), ORDER).await;
+    assert_replay_of(&retry, &fresh);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_operation_is_never_swept() {
+    let (gw, clock) = with_retention("upstream_timeout = \"300ms\"").await;
+    let held = write(gw.addr(), "/hold", Some("ret-held"), ORDER).await;
+    held.assert_operation_problem(504, "outcome-unknown", "unknown");
+    let control = write(gw.addr(), "/orders", Some("ret-control"), ORDER).await;
+    assert_fresh_created(&control);
+
+    clock.advance(RETENTION + Duration::from_secs(1));
+    // The completed control operation going proves a sweep ran past the cutoff.
+    retry_until_swept(&gw, "ret-control").await;
+
+    let retry = write(gw.addr(), "/hold", Some("ret-held"), ORDER).await;
+    assert_held_unknown(&retry);
+    assert_eq!(gw.operation("ret-held").await["state"], "unknown");
+    assert_eq!(
+        gw.upstream
+            .write_requests()
+            .iter()
+            .filter(|r| r.uri == "/hold")
+            .count(),
+        1,
+        "the unknown write was never re-sent"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_the_request_in_flight_finish_and_it_is_replayed_after_restart() {
+    let mut gw = spawn_gateway("").await;
+    let addr = gw.addr();
+    let in_flight =
+        tokio::spawn(async move { write(addr, "/slow?ms=1000", Some("sd-1"), ORDER).await });
+    gw.upstream.wait_for_writes(1).await;
+
+    let started = Instant::now();
+    let shutdown = gw.begin_shutdown();
+    // New connections are refused while the old one drains (bounded: ~2 s).
+    let mut refused = false;
+    for _ in 0..40 {
+        if tokio::net::TcpStream::connect(addr).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        refused,
+        "the proxy still accepts connections during shutdown"
+    );
+    assert!(
+        !in_flight.is_finished(),
+        "the request ended before the upstream answered"
+    );
+    shutdown.await.expect("shutdown task");
+    let took = started.elapsed();
+
+    let original = tokio::time::timeout(Duration::from_secs(2), in_flight)
+        .await
+        .expect("the request in flight got no answer")
+        .expect("client task");
+    assert_fresh_created(&original);
+    assert!(
+        took >= Duration::from_millis(500),
+        "shutdown returned after {took:?}, before the upstream answered"
+    );
+
+    gw.start_again().await;
+    let retry = write(gw.addr(), "/slow?ms=1000", Some("sd-1"), ORDER).await;
+    assert_replay_of(&retry, &original);
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_still_in_flight_after_the_grace_is_unknown_after_restart() {
+    let setup = Setup::route("upstream_timeout = \"10s\"").server("shutdown_grace = \"300ms\"");
+    let mut gw = spawn_gateway_with(setup).await;
+    let addr = gw.addr();
+    let in_flight = tokio::spawn(async move { write(addr, "/hold", Some("sd-2"), ORDER).await });
+    gw.upstream.wait_for_writes(1).await;
+
+    let started = Instant::now();
+    gw.shutdown().await;
+    let took = started.elapsed();
+    in_flight.abort();
+
+    assert!(
+        took < Duration::from_secs(5),
+        "shutdown took {took:?} with a grace of 300ms"
+    );
+    gw.start_again().await;
+    let retry = write(gw.addr(), "/hold", Some("sd-2"), ORDER).await;
+    assert_held_unknown(&retry);
+    assert_eq!(gw.upstream.writes(), 1, "never re-sent");
+    assert_eq!(gw.upstream.write_requests().len(), 1);
+}
