@@ -35,7 +35,7 @@ struct Driver {
 impl Drop for Driver {
     fn drop(&mut self) {
         let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = child_status(Command::new("kill").args(["-KILL", "--", &group]));
         let _ = self.child.wait();
     }
 }
@@ -48,12 +48,13 @@ fn in_ci() -> bool {
 /// chromium or chromedriver is missing.
 fn driver() -> Option<Driver> {
     for tool in ["chromium", "chromedriver"] {
-        let found = Command::new(tool)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
+        let found = child_status(
+            Command::new(tool)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .is_ok_and(|s| s.success());
         if !found {
             let why = format!(
                 "{tool} is not installed (Debian packages chromium, chromium-driver; .ci/run installs them)"
@@ -68,13 +69,14 @@ fn driver() -> Option<Driver> {
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let child = Command::new("chromedriver")
-        .arg(format!("--port={port}"))
-        .process_group(0)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start chromedriver");
+    let child = spawn_child(
+        Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .expect("start chromedriver");
     let driver = Driver {
         child,
         url: format!("http://127.0.0.1:{port}"),

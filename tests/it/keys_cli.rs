@@ -4,8 +4,7 @@
 //! gets the stored response; API errors are `error: <status> <name>:
 //! <detail>` on stderr with a non-zero exit; `--json` prints JSON.
 //!
-//! The admin token reaches both processes through `Command::env` only; no
-//! in-process gateway runs in this test binary (see `tests/process.rs`).
+//! The admin token reaches both processes through `Command::env` only.
 
 use std::process::Command;
 

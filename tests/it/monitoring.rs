@@ -63,7 +63,7 @@ fn exported_series(exposition: &str) -> BTreeSet<String> {
 
 #[test]
 fn the_alerting_rules_pass_promtool() {
-    let promtool = Command::new("promtool").arg("--version").output();
+    let promtool = child_output(Command::new("promtool").arg("--version"));
     if promtool.is_err() {
         assert!(
             !under_ci(),
@@ -76,10 +76,7 @@ fn the_alerting_rules_pass_promtool() {
         ["check", "rules", "prometheus-rules.yml"],
         ["test", "rules", "prometheus-rules.test.yml"],
     ] {
-        let out = Command::new("promtool")
-            .args(args)
-            .current_dir(CONTRIB)
-            .output()
+        let out = child_output(Command::new("promtool").args(args).current_dir(CONTRIB))
             .expect("promtool runs");
         assert!(
             out.status.success(),

@@ -18,10 +18,6 @@
 //!   keys`) reads `%2E` in a path as the same `.`;
 //! - repeated `X-Forwarded-For` lines reach the upstream as one list with
 //!   the peer appended.
-//!
-//! The `keys` test spawns the real binary beside in-process gateways; no
-//! gateway here restarts on its store, so the store lock a child may
-//! inherit between fork and exec never matters (see `tests/restart.rs`).
 
 use std::time::Duration;
 

@@ -2,8 +2,6 @@
 //! exits non-zero naming the store, an operation in flight when the process
 //! is SIGKILLed is `unknown` afterwards (409 `outcome-unknown`, never
 //! re-sent), and a completed one is still replayed.
-//!
-//! No in-process gateway runs in this test binary (see `tests/restart.rs`).
 
 use crate::common::*;
 

@@ -1,11 +1,10 @@
 //! What survives a restart, in process: completed operations are replayed
 //! after a graceful shutdown and a new start on the same store, and one store
 //! serves one gateway at a time, until that gateway shuts down.
-//!
-//! The tests that run the real binary live in `tests/process.rs`, not here:
-//! a child spawned by a concurrent test inherits the store's lock fd between
-//! fork and exec, so a restart in this process could briefly find the store
-//! still locked.
+//! The real binary's restarts are in [`process`](super::process). A child
+//! spawned by a concurrent test holds the store's lock between fork and
+//! exec; the harness keeps restarts clear of that
+//! ([`children`](crate::common::children)).
 
 use crate::common::*;
 

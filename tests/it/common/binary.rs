@@ -59,12 +59,13 @@ impl BinaryGateway {
 
     /// Sends the process signal `name` (`HUP`, `TERM`, …) with `kill -s`.
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg("-s")
-            .arg(name)
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill");
+        let status = child_status(
+            Command::new("kill")
+                .arg("-s")
+                .arg(name)
+                .arg(self.child.id().to_string()),
+        )
+        .expect("run kill");
         assert!(status.success(), "kill -s {name} failed");
     }
 }
@@ -82,12 +83,12 @@ async fn spawn_until_first_line(
     stderr_path: &Path,
 ) -> (Child, std::io::BufReader<std::process::ChildStdout>, String) {
     let stderr = std::fs::File::create(stderr_path).expect("stderr file");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .expect("spawn idemgate");
+    let mut child = spawn_child(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr),
+    )
+    .expect("spawn idemgate");
     let stdout = child.stdout.take().expect("stdout piped");
     let read = tokio::task::spawn_blocking(move || {
         let mut reader = std::io::BufReader::new(stdout);
@@ -184,12 +185,12 @@ pub async fn run_to_exit_within(
     within: Duration,
 ) -> (std::process::ExitStatus, String, String) {
     let program = cmd.get_program().to_string_lossy().into_owned();
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
+    let child = spawn_child(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
     let pid = child.id();
     let output = tokio::task::spawn_blocking(move || child.wait_with_output());
     match tokio::time::timeout(within, output).await {
@@ -203,7 +204,7 @@ pub async fn run_to_exit_within(
         }
         Err(_) => {
             // The child moved into the blocking task; kill it by its own pid.
-            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            let _ = child_status(Command::new("kill").arg("-9").arg(pid.to_string()));
             panic!("{program} (pid {pid}) still running after {within:?}");
         }
     }

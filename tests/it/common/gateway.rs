@@ -115,6 +115,8 @@ impl TestGateway {
     /// A `Gateway::start` on this gateway's store, config and environment,
     /// after a [`TestGateway::shutdown`]; its error when it refuses.
     pub async fn try_start(&self) -> Result<Gateway, idemgate::server::StartError> {
+        // No child forked before the last shutdown still holds the store's lock.
+        forks_done();
         let options = idemgate::server::StartOptions {
             clock: self
                 .clock

@@ -55,6 +55,9 @@
 //! - [`run_to_exit_within`]: a process (the CLI, a client script) run to
 //!   its end, killed past a bound; [`installed_or_skip`]: a tool installed
 //!   outside cargo is there, or its test skips (fails under CI).
+//! - [`spawn_child`] (and [`child_status`], [`child_output`]): the only
+//!   way to start a child process, so that no child holds a store's lock
+//!   while an in-process gateway opens that store again ([`children`]).
 //! - [`scrape_metrics`] / [`metric`]: the admin listener's counters.
 //! - [`TestGateway::operation`]: an operation as the admin API shows it
 //!   (state, attempts, evidence, timeline), for gateways set up with
@@ -99,6 +102,7 @@ pub const BOB: &str = "Bearer bob-token";
 
 mod admin;
 mod binary;
+mod children;
 mod client;
 mod config;
 mod gateway;
@@ -113,6 +117,8 @@ mod upstream;
 pub use admin::*;
 #[allow(unused_imports)]
 pub use binary::*;
+#[allow(unused_imports)]
+pub use children::*;
 #[allow(unused_imports)]
 pub use client::*;
 #[allow(unused_imports)]
