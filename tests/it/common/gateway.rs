@@ -13,8 +13,9 @@ pub struct TestGateway {
     /// What the gateway reads before its environment (store keys); a test
     /// may change it (and `toml`) between a shutdown and a start.
     pub env: HashMap<String, String>,
-    // Last field: removed after the gateway above is dropped.
-    pub dir: TempDir,
+    /// Holds the store's directory, removed after the gateway above is
+    /// dropped (the last field).
+    _dir: TempDir,
 }
 
 /// A gateway with one catch-all route; `route_extra` adds route fields.
@@ -60,7 +61,7 @@ pub async fn spawn_gateway_on(upstream: FakeUpstream, setup: Setup) -> TestGatew
         clock: setup.clock,
         admin_token: setup.admin_token,
         env: setup.env,
-        dir,
+        _dir: dir,
     };
     gateway.start_again().await;
     gateway

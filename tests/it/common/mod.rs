@@ -64,7 +64,6 @@
 //!   [`Setup::admin`].
 //!
 //! No fixed ports; every wait is bounded by [`WAIT`].
-#![allow(dead_code)] // each test binary uses a different subset
 
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
@@ -112,26 +111,14 @@ mod tls;
 mod tools;
 mod upstream;
 
-// Each test binary uses a different subset of the harness.
-#[allow(unused_imports)]
 pub use admin::*;
-#[allow(unused_imports)]
 pub use binary::*;
-#[allow(unused_imports)]
 pub use children::*;
-#[allow(unused_imports)]
 pub use client::*;
-#[allow(unused_imports)]
 pub use config::*;
-#[allow(unused_imports)]
 pub use gateway::*;
-#[allow(unused_imports)]
 pub use postgres::*;
-#[allow(unused_imports)]
 pub use raw::*;
-#[allow(unused_imports)]
 pub use tls::*;
-#[allow(unused_imports)]
 pub use tools::*;
-#[allow(unused_imports)]
 pub use upstream::*;
