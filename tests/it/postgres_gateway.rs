@@ -5,7 +5,7 @@
 //! answering each other's keys. Each test has a schema of its own
 //! ([`PgSchema`]); without PostgreSQL they skip locally and fail under CI.
 //! The multi-process scenarios (a replica killed, a restart) are in
-//! `tests/replicas.rs`.
+//! `tests/it/replicas.rs`.
 
 use std::time::Duration;
 

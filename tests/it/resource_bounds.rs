@@ -23,7 +23,7 @@
 //!   the write whose response crosses it is kept whole, the next new write
 //!   gets 429 `quota-exceeded`, and the store holds no more than that.
 //!
-//! Slow heads and slow bodies are bounded too (`tests/limits.rs`).
+//! Slow heads and slow bodies are bounded too (`tests/it/limits.rs`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
