@@ -188,10 +188,9 @@ async fn an_operation_unknown_past_aged_after_is_alerted_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn alerts_are_delivered_from_a_postgresql_store() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
+    let schema = PgSchema::create().await;
     let receiver = FakeUpstream::start().await;
     receiver.script(Scripted::Refuse(500));
     let route = alerted("pause_after_unknown = 1", &receiver, "");

@@ -184,10 +184,9 @@ async fn credentials_never_reach_the_store_files_or_the_logs() {
 /// schema, as text (a `bytea` column reads as hex, so the hex of each
 /// token is searched too), and what the gateway logged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn credentials_never_reach_the_postgres_store_or_the_logs() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
+    let schema = PgSchema::create().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let logs = serve_traffic(dir.path(), Setup::route("").postgres(&schema)).await;
 

@@ -3,7 +3,7 @@
 //! progress, wait mode, a lost response, an operator's resolution) through
 //! the real gateway, and then two gateways on one schema — replicas —
 //! answering each other's keys. Each test has a schema of its own
-//! ([`PgSchema`]); without PostgreSQL they skip locally and fail under CI.
+//! ([`PgSchema`]); they are `#[ignore]`d, and `.ci/run` runs them.
 //! The multi-process scenarios (a replica killed, a restart) are in
 //! `tests/it/replicas.rs`.
 
@@ -29,10 +29,9 @@ async fn replica_of(first: &TestGateway, schema: &PgSchema, route: &str) -> Test
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn first_write_replay_and_reused_key() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
+    let schema = PgSchema::create().await;
     let mut gw = gateway(&schema, "").await;
     let first = write(gw.addr(), "/orders", Some("k-1"), ORDER).await;
     assert_fresh_created(&first);
@@ -61,10 +60,9 @@ async fn first_write_replay_and_reused_key() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn a_duplicate_in_progress_is_409_or_waits() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
+    let schema = PgSchema::create().await;
     let mut gw = gateway(&schema, "").await;
     let slow = tokio::spawn({
         let addr = gw.addr();
@@ -84,10 +82,9 @@ async fn a_duplicate_in_progress_is_409_or_waits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn a_lost_response_is_held_until_an_operator_resolves_it() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
+    let schema = PgSchema::create().await;
     let mut gw = gateway(&schema, "").await;
     let lost = write(gw.addr(), "/drop", Some("k-lost"), ORDER).await;
     lost.assert_operation_problem(502, "outcome-unknown", "unknown");
@@ -111,10 +108,9 @@ async fn a_lost_response_is_held_until_an_operator_resolves_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn replicas_answer_each_others_keys() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
+    let schema = PgSchema::create().await;
     let route = "in_progress = \"wait\"";
     let mut a = gateway(&schema, route).await;
     let mut b = replica_of(&a, &schema, route).await;
@@ -179,10 +175,9 @@ async fn replicas_answer_each_others_keys() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn a_replica_that_cannot_reach_the_store_refuses_writes() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
+    let schema = PgSchema::create().await;
     let mut gw = gateway(&schema, "").await;
     // The schema's tables go away under the gateway: every statement fails.
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_url())
@@ -212,10 +207,9 @@ async fn a_replica_that_cannot_reach_the_store_refuses_writes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn a_replica_never_replays_what_a_peer_superseded() {
-    let Some(schema) = PgSchema::create().await else {
-        return;
-    };
+    let schema = PgSchema::create().await;
     let route = "key = \"derive\"\nderive_window = \"1s\"";
     let mut a = gateway(&schema, route).await;
     let mut b = replica_of(&a, &schema, route).await;

@@ -16,9 +16,9 @@
 //!
 //! The client scripts and their pinned versions live in `tests/clients/`
 //! (`package-lock.json`, `requirements.txt`); `.ci/run` installs them into
-//! `tests/clients/node_modules` and `tests/clients/.venv`. Where those are
-//! missing a test says why on stderr and skips — except under CI (`CI`
-//! set), where it fails.
+//! `tests/clients/node_modules` and `tests/clients/.venv`. The tests are
+//! `#[ignore]`d; `.ci/run` runs them (`--include-ignored`), and a missing
+//! install fails them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,9 +42,8 @@ fn clients_dir() -> PathBuf {
 }
 
 /// Runs `tests/clients/<script>` with `args` and returns the JSON report
-/// it prints; `None` (after saying why) when its packages are missing
-/// outside CI.
-async fn run_client(script: &str, args: &[&str]) -> Option<Value> {
+/// it prints.
+async fn run_client(script: &str, args: &[&str]) -> Value {
     let dir = clients_dir();
     let venv_python = dir.join(".venv/bin/python");
     let (installed, program, install) = if script.ends_with(".js") {
@@ -59,9 +58,7 @@ async fn run_client(script: &str, args: &[&str]) -> Option<Value> {
                        in tests/clients";
         (venv_python.clone(), venv_python, install)
     };
-    if !installed_or_skip(&installed, script, install) {
-        return None;
-    }
+    require_installed(&installed, install);
     let mut cmd = Command::new(program);
     cmd.current_dir(&dir).arg(dir.join(script)).args(args);
     let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
@@ -71,16 +68,15 @@ async fn run_client(script: &str, args: &[&str]) -> Option<Value> {
     );
     let report = stdout.lines().last().unwrap_or_default();
     eprintln!("{script} reported: {report}");
-    Some(serde_json::from_str(report).unwrap_or_else(|e| {
+    serde_json::from_str(report).unwrap_or_else(|e| {
         panic!("{script} printed no JSON report ({e}); stdout:\n{stdout}\nstderr:\n{stderr}")
-    }))
+    })
 }
 
 /// Runs a Stripe SDK's `script`, creating one customer through a new
 /// gateway whose upstream commits `/v1/customers` and answers 201 — or,
 /// with `lose_response`, commits it and closes the connection unanswered.
-/// `None` when the SDK is not installed (outside CI).
-async fn create_customer(script: &str, lose_response: bool) -> Option<(TestGateway, Value)> {
+async fn create_customer(script: &str, lose_response: bool) -> (TestGateway, Value) {
     let aliases: &[(&str, &str)] = if lose_response {
         &[(CUSTOMERS, "/drop")]
     } else {
@@ -88,8 +84,8 @@ async fn create_customer(script: &str, lose_response: bool) -> Option<(TestGatew
     };
     let upstream = FakeUpstream::start_aliased(aliases).await;
     let gw = spawn_gateway_on(upstream, Setup::route("").admin()).await;
-    let report = run_client(script, &[&format!("http://{}", gw.addr())]).await?;
-    Some((gw, report))
+    let report = run_client(script, &[&format!("http://{}", gw.addr())]).await;
+    (gw, report)
 }
 
 /// After a lost response: exactly one write reached the upstream, its
@@ -133,10 +129,9 @@ async fn assert_created(gw: &TestGateway, report: &Value) {
 // ------------------------------------------------------------- stripe-node
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
 async fn stripe_node_raises_when_the_outcome_is_unknown() {
-    let Some((gw, report)) = create_customer("stripe_node.js", true).await else {
-        return;
-    };
+    let (gw, report) = create_customer("stripe_node.js", true).await;
     assert_raised_outcome_unknown(&report);
     assert_eq!(report["class"], "StripeAPIError", "{report}");
     assert_eq!(report["attempts"], 3, "1 + maxNetworkRetries: {report}");
@@ -144,10 +139,9 @@ async fn stripe_node_raises_when_the_outcome_is_unknown() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
 async fn stripe_node_resolves_a_created_customer() {
-    let Some((gw, report)) = create_customer("stripe_node.js", false).await else {
-        return;
-    };
+    let (gw, report) = create_customer("stripe_node.js", false).await;
     assert_created(&gw, &report).await;
     assert_eq!(report["attempts"], 1, "{report}");
 }
@@ -155,32 +149,29 @@ async fn stripe_node_resolves_a_created_customer() {
 // ----------------------------------------------------------- stripe-python
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
 async fn stripe_python_raises_when_the_outcome_is_unknown() {
-    let Some((gw, report)) = create_customer("stripe_python.py", true).await else {
-        return;
-    };
+    let (gw, report) = create_customer("stripe_python.py", true).await;
     assert_raised_outcome_unknown(&report);
     assert_eq!(report["class"], "APIError", "{report}");
     assert_one_write_held(&gw, 3.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
 async fn stripe_python_resolves_a_created_customer() {
-    let Some((gw, report)) = create_customer("stripe_python.py", false).await else {
-        return;
-    };
+    let (gw, report) = create_customer("stripe_python.py", false).await;
     assert_created(&gw, &report).await;
 }
 
 // ------------------------------------------------- requests + urllib3 Retry
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
 async fn requests_retry_ends_on_the_held_409_with_a_parseable_error() {
     let gw = spawn_gateway_with(Setup::route("").admin()).await;
     let url = format!("http://{}/drop", gw.addr());
-    let Some(report) = run_client("requests_retry.py", &[&url, "requests-lost-1"]).await else {
-        return;
-    };
+    let report = run_client("requests_retry.py", &[&url, "requests-lost-1"]).await;
     assert_eq!(report["outcome"], "response", "{report}");
     assert_eq!(report["status"], 409, "{report}");
     assert_eq!(

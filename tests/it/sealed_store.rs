@@ -24,8 +24,8 @@ enum Backend {
 }
 
 /// A gateway (with the admin API) whose store is sealed under `key`, on
-/// `backend`; `None` when PostgreSQL is not available here.
-async fn sealed_gateway(backend: Backend, key: &str) -> Option<(TestGateway, Option<PgSchema>)> {
+/// `backend`.
+async fn sealed_gateway(backend: Backend, key: &str) -> (TestGateway, Option<PgSchema>) {
     let setup = Setup::route("store_request_body = true\n")
         .store(&format!("encryption_key_env = \"{KEY_ENV}\"\n"))
         .env(KEY_ENV, key)
@@ -33,17 +33,16 @@ async fn sealed_gateway(backend: Backend, key: &str) -> Option<(TestGateway, Opt
     gateway_on(backend, setup).await
 }
 
-/// A gateway set up by `setup` on `backend`; `None` when PostgreSQL is
-/// not available here.
-async fn gateway_on(backend: Backend, setup: Setup) -> Option<(TestGateway, Option<PgSchema>)> {
-    Some(match backend {
+/// A gateway set up by `setup` on `backend`.
+async fn gateway_on(backend: Backend, setup: Setup) -> (TestGateway, Option<PgSchema>) {
+    match backend {
         Backend::Sqlite => (spawn_gateway_with(setup).await, None),
         Backend::Postgres => {
-            let schema = PgSchema::create().await?;
+            let schema = PgSchema::create().await;
             let gateway = spawn_gateway_with(setup.postgres(&schema)).await;
             (gateway, Some(schema))
         }
-    })
+    }
 }
 
 fn marker() -> String {
@@ -101,9 +100,7 @@ fn assert_nowhere(stored: &[(String, Vec<u8>)], marker: &str) {
 
 async fn marker_never_stored(backend: Backend) {
     let key = StoreKey::generate_base64();
-    let Some((mut gateway, schema)) = sealed_gateway(backend, &key).await else {
-        return;
-    };
+    let (mut gateway, schema) = sealed_gateway(backend, &key).await;
     let marker = marker();
     let first = write_marked(&gateway, "k-marked", &marker).await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -152,6 +149,7 @@ async fn sealed_payloads_never_reach_the_sqlite_files() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn sealed_payloads_never_reach_postgres() {
     marker_never_stored(Backend::Postgres).await;
 }
@@ -161,9 +159,7 @@ async fn sealed_payloads_never_reach_postgres() {
 /// one, after which the old key is needed no more.
 async fn rotation(backend: Backend) {
     let (old, new) = (StoreKey::generate_base64(), StoreKey::generate_base64());
-    let Some((mut gateway, _schema)) = sealed_gateway(backend, &old).await else {
-        return;
-    };
+    let (mut gateway, _schema) = sealed_gateway(backend, &old).await;
     let marker = marker();
     assert_eq!(
         write_marked(&gateway, "k-old", &marker).await.status,
@@ -236,6 +232,7 @@ async fn keys_rotate_on_sqlite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn keys_rotate_on_postgres() {
     rotation(Backend::Postgres).await;
 }
@@ -271,9 +268,7 @@ async fn tamper(gateway: &TestGateway, schema: Option<&PgSchema>, key: &str) {
 
 async fn tampering(backend: Backend) {
     let key = StoreKey::generate_base64();
-    let Some((mut gateway, schema)) = sealed_gateway(backend, &key).await else {
-        return;
-    };
+    let (mut gateway, schema) = sealed_gateway(backend, &key).await;
     let marker = marker();
     assert_eq!(
         write_marked(&gateway, "k-tampered", &marker).await.status,
@@ -304,6 +299,7 @@ async fn a_tampered_value_is_an_error_on_sqlite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn a_tampered_value_is_an_error_on_postgres() {
     tampering(Backend::Postgres).await;
 }
@@ -313,9 +309,7 @@ async fn a_tampered_value_is_an_error_on_postgres() {
 /// on the store is sealed-only, and a value planted in clear is refused.
 async fn plain_store_takes_a_key(backend: Backend) {
     let setup = Setup::route("store_request_body = true\n").admin();
-    let Some((mut gateway, schema)) = gateway_on(backend, setup).await else {
-        return;
-    };
+    let (mut gateway, schema) = gateway_on(backend, setup).await;
     let marker = marker();
     assert_eq!(
         write_marked(&gateway, "k-plain", &marker).await.status,
@@ -356,6 +350,7 @@ async fn a_plain_store_takes_a_key() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn a_plain_postgres_store_takes_a_key() {
     plain_store_takes_a_key(Backend::Postgres).await;
 }
@@ -445,9 +440,7 @@ enum Forgery {
 
 async fn forgery_is_refused(backend: Backend, forgery: Forgery) {
     let key = StoreKey::generate_base64();
-    let Some((mut gateway, schema)) = sealed_gateway(backend, &key).await else {
-        return;
-    };
+    let (mut gateway, schema) = sealed_gateway(backend, &key).await;
     let marker = marker();
     // One request body for both keys: the same fingerprint, so only the
     // seal tells the rows apart once they are swapped.
@@ -490,6 +483,7 @@ macro_rules! forgeries {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
             async fn postgres() {
                 forgery_is_refused(Backend::Postgres, Forgery::$forgery).await;
             }

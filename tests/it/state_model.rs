@@ -892,9 +892,7 @@ async fn every_answer_matches_the_states_model() {
 /// `place` makes of it.
 async fn each_seed_in_a_schema(count: u64, place: fn(&PgSchema) -> Place<'_>) {
     for seed in seeds(count) {
-        let Some(schema) = PgSchema::create().await else {
-            return;
-        };
+        let schema = PgSchema::create().await;
         tokio::time::timeout(Duration::from_secs(60), run_sequence(seed, place(&schema)))
             .await
             .unwrap_or_else(|_| panic!("seed {seed} took longer than 60 s"));
@@ -904,6 +902,7 @@ async fn each_seed_in_a_schema(count: u64, place: fn(&PgSchema) -> Place<'_>) {
 /// The same sequences on the PostgreSQL store (no replay cache, the
 /// claim function, leases), a schema per seed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn every_answer_matches_the_states_model_on_postgres() {
     each_seed_in_a_schema(SEEDS, |schema| Place::Postgres(schema)).await;
 }
@@ -912,6 +911,7 @@ async fn every_answer_matches_the_states_model_on_postgres() {
 /// writes, lost compare-and-sets and operators resolving what peers
 /// marked lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn every_answer_matches_the_states_model_across_replicas() {
     each_seed_in_a_schema(REPLICA_SEEDS, |schema| Place::Replicas(schema)).await;
 }

@@ -53,8 +53,8 @@
 //!   files); [`TlsClient`]: a kept-alive connection over TLS;
 //!   [`FakeUpstream::start_tls`] serves the fake upstream over TLS.
 //! - [`run_to_exit_within`]: a process (the CLI, a client script) run to
-//!   its end, killed past a bound; [`installed_or_skip`]: a tool installed
-//!   outside cargo is there, or its test skips (fails under CI).
+//!   its end, killed past a bound; [`require_installed`]: a tool installed
+//!   outside cargo is there, or its (`#[ignore]`d) test fails saying so.
 //! - [`spawn_child`] (and [`child_status`], [`child_output`]): the only
 //!   way to start a child process, so that no child holds a store's lock
 //!   while an in-process gateway opens that store again ([`children`]).

@@ -1,9 +1,10 @@
 //! PostgreSQL for tests: [`PgSchema`], a schema of its own per test on the
 //! server at 127.0.0.1:5432 (trust auth, user `postgres`, database `test`;
 //! `IDEMGATE_TEST_POSTGRES` names another), dropped when the test ends, so
-//! runs and tests never see each other's operations. Without a server a
-//! test skips with a printed reason, except under CI (`CI` set), where
-//! it fails.
+//! runs and tests never see each other's operations. The tests that need
+//! it are `#[ignore]`d (`cargo test` says so); `cargo test --
+//! --include-ignored`, as `.ci/run` runs, runs them and fails them without
+//! a server.
 
 use super::*;
 use sqlx::Connection;
@@ -26,15 +27,14 @@ pub struct PgSchema {
 }
 
 impl PgSchema {
-    /// A fresh schema, or `None` (after saying why) when no PostgreSQL
-    /// answers and this is not CI.
-    pub async fn create() -> Option<PgSchema> {
+    /// A fresh schema; panics, saying why, when no PostgreSQL answers.
+    pub async fn create() -> PgSchema {
         let server = postgres_url();
         let connected = tokio::time::timeout(WAIT, sqlx::PgConnection::connect(&server)).await;
         let mut conn = match connected {
             Ok(Ok(conn)) => conn,
-            Ok(Err(error)) => return skip(&server, &error.to_string()),
-            Err(_) => return skip(&server, "no answer"),
+            Ok(Err(error)) => unavailable(&server, &error.to_string()),
+            Err(_) => unavailable(&server, "no answer"),
         };
         let name = format!("idemgate_t_{}", uuid::Uuid::now_v7().simple());
         sqlx::query(&format!("CREATE SCHEMA {name}"))
@@ -47,13 +47,13 @@ impl PgSchema {
         let scope_key = idemgate::store::StoreKey::generate_base64();
         let scope_key_file = key_dir.path().join("scope-key");
         std::fs::write(&scope_key_file, &scope_key).expect("scope key file");
-        Some(PgSchema {
+        PgSchema {
             name,
             url,
             scope_key,
             scope_key_file,
             _key_dir: key_dir,
-        })
+        }
     }
 }
 
@@ -102,13 +102,11 @@ impl PgSchema {
     }
 }
 
-fn skip(server: &str, reason: &str) -> Option<PgSchema> {
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "PostgreSQL at {server} is required under CI: {reason}"
-    );
-    eprintln!("skipped: no PostgreSQL at {server} ({reason}); set IDEMGATE_TEST_POSTGRES");
-    None
+fn unavailable(server: &str, reason: &str) -> ! {
+    panic!(
+        "this test needs PostgreSQL at {server} ({reason}): .ci/run starts it, \
+         IDEMGATE_TEST_POSTGRES names another"
+    )
 }
 
 impl Drop for PgSchema {
