@@ -57,6 +57,16 @@ impl BinaryGateway {
         read_to_string(&self.stderr_path)
     }
 
+    /// Its stderr once it contains `needle` (bounded by [`WAIT`]).
+    pub async fn wait_for_log(&self, needle: &str) -> String {
+        within_wait(|| async {
+            let logged = self.stderr();
+            logged.contains(needle).then_some(logged)
+        })
+        .await
+        .unwrap_or_else(|| panic!("{needle:?} never logged:\n{}", self.stderr()))
+    }
+
     /// Sends the process signal `name` (`HUP`, `TERM`, …) with `kill -s`.
     pub fn signal(&self, name: &str) {
         let status = child_status(

@@ -79,7 +79,18 @@ pub struct Setup {
     pub admin_token: Option<String>,
     /// Environment variables (store keys) handed over through `StartOptions`.
     pub env: HashMap<String, String>,
+    /// How often the background tasks run; a deployment's pace unless
+    /// [`Setup::quick`].
+    pub pace: Pace,
 }
+
+/// The background tasks' pace for tests that wait on them: a sweep, a look
+/// at the peers and an alert poll every 50 ms.
+pub const QUICK: Pace = Pace {
+    sweep: Some(Duration::from_millis(50)),
+    watch: Duration::from_millis(50),
+    alert_poll: Duration::from_millis(50),
+};
 
 impl Setup {
     /// A catch-all route with `route_extra` lines.
@@ -95,6 +106,7 @@ impl Setup {
             clock: None,
             admin_token: None,
             env: HashMap::new(),
+            pace: Pace::default(),
         }
     }
 
@@ -133,6 +145,13 @@ impl Setup {
     /// The variable `name` set to `value` for the gateway (not the process).
     pub fn env(mut self, name: &str, value: &str) -> Setup {
         self.env.insert(name.into(), value.into());
+        self
+    }
+
+    /// Background tasks at the [`QUICK`] pace, for tests that wait for
+    /// their passes ([`next_full_pass`]).
+    pub fn quick(mut self) -> Setup {
+        self.pace = QUICK;
         self
     }
 

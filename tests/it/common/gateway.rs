@@ -10,6 +10,7 @@ pub struct TestGateway {
     pub store_path: PathBuf,
     clock: Option<Arc<dyn Clock>>,
     admin_token: Option<String>,
+    pace: Pace,
     /// What the gateway reads before its environment (store keys); a test
     /// may change it (and `toml`) between a shutdown and a start.
     pub env: HashMap<String, String>,
@@ -60,6 +61,7 @@ pub async fn spawn_gateway_on(upstream: FakeUpstream, setup: Setup) -> TestGatew
         store_path,
         clock: setup.clock,
         admin_token: setup.admin_token,
+        pace: setup.pace,
         env: setup.env,
         _dir: dir,
     };
@@ -125,6 +127,7 @@ impl TestGateway {
                 .unwrap_or_else(|| Arc::new(idemgate::clock::SystemClock)),
             admin_token: self.admin_token.clone(),
             env: self.env.clone(),
+            pace: self.pace,
         };
         tokio::time::timeout(WAIT, Gateway::start_with(parse_config(&self.toml), options))
             .await

@@ -63,7 +63,14 @@
 //!   (state, attempts, evidence, timeline), for gateways set up with
 //!   [`Setup::admin`].
 //!
-//! No fixed ports; every wait is bounded by [`WAIT`].
+//! - [`eventually`]: a probe asked until it gives a value;
+//!   [`next_full_pass`]: a whole pass of a background task (retention,
+//!   alerts, replicas) after now, for gateways set up with
+//!   [`Setup::quick`] (or patient tests: the passes are counted at any
+//!   pace).
+//!
+//! No fixed ports, no fixed sleeps: every wait is for an event, bounded by
+//! [`WAIT`].
 
 use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
@@ -84,7 +91,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use idemgate::clock::Clock;
 use idemgate::config::Config;
-use idemgate::server::Gateway;
+use idemgate::server::{Gateway, Pace};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -110,6 +117,7 @@ mod raw;
 mod tls;
 mod tools;
 mod upstream;
+mod wait;
 
 pub use admin::*;
 pub use binary::*;
@@ -122,3 +130,4 @@ pub use raw::*;
 pub use tls::*;
 pub use tools::*;
 pub use upstream::*;
+pub use wait::*;

@@ -27,6 +27,8 @@ struct UpstreamState {
     received: watch::Sender<usize>,
     writes: watch::Sender<usize>,
     connections: AtomicUsize,
+    /// How many accepted connections have ended, to wait on.
+    closed: watch::Sender<usize>,
     /// Upstream id of the write committed under each `Idempotency-Key`.
     by_key: Mutex<HashMap<String, usize>>,
     /// Keys that already got their one refusal on `/once/{code}`.
@@ -112,6 +114,7 @@ impl FakeUpstream {
             received: watch::channel(0).0,
             writes: watch::channel(0).0,
             connections: AtomicUsize::new(0),
+            closed: watch::channel(0).0,
             by_key: Mutex::new(HashMap::new()),
             refused_once: Mutex::new(HashSet::new()),
             scripted: Mutex::new(Scripted::Create),
@@ -131,6 +134,7 @@ impl FakeUpstream {
                 let state = accept_state.clone();
                 let tls = tls.clone();
                 connections.spawn(async move {
+                    let closed = state.closed.clone();
                     let service = service_fn(move |req| handle(state.clone(), req));
                     let http = hyper::server::conn::http1::Builder::new();
                     match tls {
@@ -143,6 +147,7 @@ impl FakeUpstream {
                             }
                         }
                     }
+                    closed.send_modify(|n| *n += 1);
                 });
                 while connections.try_join_next().is_some() {}
             }
@@ -204,6 +209,22 @@ impl FakeUpstream {
             .await
             .unwrap_or_else(|_| panic!("upstream saw {} writes, expected {n}", self.writes()))
             .expect("writes channel open");
+    }
+
+    /// Waits until at least `n` of the connections it accepted have ended
+    /// (closed by either side; a connection the peer closes ends even
+    /// while its request is being handled); panics after [`WAIT`].
+    pub async fn wait_for_closed_connections(&self, n: usize) {
+        let mut rx = self.state.closed.subscribe();
+        tokio::time::timeout(WAIT, rx.wait_for(|c| *c >= n))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} of the upstream's connections ended, expected {n}",
+                    *self.state.closed.borrow()
+                )
+            })
+            .expect("closed channel open");
     }
 
     /// Waits until at least `n` requests (of any kind) arrived; panics after [`WAIT`].
