@@ -688,18 +688,14 @@ async fn a_late_response_after_a_resolution_is_an_event_and_counted() {
     });
     assert_eq!(admin.resolve(&id, &resolution).await.status, 200);
 
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let op = loop {
+    let op = eventually("a late response event", || async {
         let op = admin.show(&id).await;
-        if kinds(&op).iter().any(|k| k.starts_with("late")) {
-            break op;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no late response event: {op}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
+        kinds(&op)
+            .iter()
+            .any(|k| k.starts_with("late"))
+            .then_some(op)
+    })
+    .await;
     // The operator's decision stands.
     assert_eq!(op["state"], "completed", "{op}");
     assert_eq!(op["evidence"], "operator", "{op}");

@@ -19,26 +19,16 @@ use std::time::Duration;
 use crate::common::*;
 use hmac::{Hmac, Mac};
 use http::StatusCode;
+use idemgate::alerts::deliverer::AGING;
 use sha2::Sha256;
 
 /// A request body with a marker no alert may carry.
 const SECRET_BODY: &str = r#"{"card":"4242-marker-never-in-alerts"}"#;
 
-/// Waits (bounded) until `receiver` has recorded `n` requests.
+/// Every request `receiver` recorded, once there are `n` (bounded).
 async fn requests_reach(receiver: &FakeUpstream, n: usize) -> Vec<Recorded> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let requests = receiver.requests();
-        if requests.len() >= n {
-            return requests;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} of {n} alert requests arrived",
-            requests.len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    receiver.wait_for_requests(n).await;
+    receiver.requests()
 }
 
 /// The route lines for an alert endpoint at `receiver`'s `/scripted`.
@@ -67,7 +57,7 @@ async fn an_unknown_operation_is_alerted_until_a_receiver_takes_it() {
     let receiver = FakeUpstream::start().await;
     receiver.script(Scripted::Refuse(503));
     let route = alerted("", &receiver, "events = [\"operation-unknown\"]");
-    let gw = spawn_gateway_with(Setup::route(&route).admin()).await;
+    let gw = spawn_gateway_with(Setup::route(&route).quick().admin()).await;
 
     let lost = write(gw.addr(), "/drop", Some("alert-1"), SECRET_BODY).await;
     lost.assert_operation_problem(502, "outcome-unknown", "unknown");
@@ -106,8 +96,9 @@ async fn an_unknown_operation_is_alerted_until_a_receiver_takes_it() {
     );
     assert!(alert["at"].as_str().is_some_and(|at| at.ends_with('Z')));
 
-    // Delivered is final: no more requests, and the metrics say so.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Delivered is final: no more requests once a whole poll ran after
+    // it, and the metrics say so.
+    next_full_pass(gw.admin_addr(), "alerts").await;
     assert_eq!(
         receiver.requests().len(),
         3,
@@ -122,7 +113,7 @@ async fn an_unknown_operation_is_alerted_until_a_receiver_takes_it() {
     );
     // A completed write is no alert.
     assert_fresh_created(&write(gw.addr(), "/orders", Some("alert-2"), "{}").await);
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    next_full_pass(gw.admin_addr(), "alerts").await;
     assert_eq!(receiver.requests().len(), 3);
 }
 
@@ -130,7 +121,7 @@ async fn an_unknown_operation_is_alerted_until_a_receiver_takes_it() {
 async fn a_paused_route_is_one_alert_with_its_reason() {
     let receiver = FakeUpstream::start().await;
     let route = alerted("", &receiver, "events = [\"route-paused\"]");
-    let gw = spawn_gateway_with(Setup::route(&route).admin()).await;
+    let gw = spawn_gateway_with(Setup::route(&route).quick().admin()).await;
     write(gw.addr(), "/drop", Some("paused-1"), "{}").await;
     let paused = gw
         .admin(
@@ -156,7 +147,7 @@ async fn a_paused_route_is_one_alert_with_its_reason() {
             .as_str()
             .is_some_and(|u| u.ends_with("#/routes"))
     );
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    next_full_pass(gw.admin_addr(), "alerts").await;
     assert_eq!(
         receiver.requests().len(),
         1,
@@ -173,9 +164,11 @@ async fn an_operation_unknown_past_aged_after_is_alerted_once() {
         &receiver,
         "events = [\"unknown-aged\"]\naged_after = \"10m\"",
     );
-    let gw = spawn_gateway_with(Setup::route(&route).clock(clock.clone())).await;
+    let gw = spawn_gateway_with(Setup::route(&route).clock(clock.clone()).quick()).await;
     write(gw.addr(), "/drop", Some("aged-1"), "{}").await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Time for another aging pass, but not for aged_after: the pass runs.
+    clock.advance(AGING + Duration::from_secs(1));
+    next_full_pass(gw.admin_addr(), "alerts").await;
     assert!(receiver.requests().is_empty(), "not aged yet");
     clock.advance(Duration::from_secs(601));
     receiver.wait_for_writes(1).await;
@@ -183,7 +176,7 @@ async fn an_operation_unknown_past_aged_after_is_alerted_once() {
     assert_eq!(alert["event"], "unknown-aged");
     assert_eq!(alert["key"], "aged-1");
     clock.advance(Duration::from_secs(3600));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    next_full_pass(gw.admin_addr(), "alerts").await;
     assert_eq!(receiver.requests().len(), 1, "reported once");
 }
 
@@ -194,7 +187,7 @@ async fn alerts_are_delivered_from_a_postgresql_store() {
     let receiver = FakeUpstream::start().await;
     receiver.script(Scripted::Refuse(500));
     let route = alerted("pause_after_unknown = 1", &receiver, "");
-    let gw = spawn_gateway_with(Setup::route(&route).postgres(&schema)).await;
+    let gw = spawn_gateway_with(Setup::route(&route).postgres(&schema).quick()).await;
     write(gw.addr(), "/drop", Some("pg-alert"), SECRET_BODY).await;
     requests_reach(&receiver, 2).await;
     receiver.script(Scripted::Create);
@@ -236,6 +229,10 @@ async fn a_gateway_killed_before_delivery_delivers_after_restart_signed() {
     let mut first = start("first.log").await;
     write(first.proxy, "/drop", Some("killed-1"), "{}").await;
     requests_reach(&receiver, 1).await;
+    // The refused delivery is settled (due again after a backoff) by the
+    // end of the poll that posted it; killed before that, it would stay
+    // leased for longer than this test waits.
+    next_full_pass(first.admin, "alerts").await;
     first.kill();
     receiver.script(Scripted::Create);
     let _second = start("second.log").await;

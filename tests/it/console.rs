@@ -116,7 +116,12 @@ async fn browser(driver: &Driver, width: u32) -> Client {
 
 /// A gateway with an admin token, and the console's URL.
 async fn console_gateway() -> (TestGateway, String) {
-    let gw = spawn_gateway_with(Setup::route("").admin()).await;
+    console_gateway_with(Setup::route("")).await
+}
+
+/// Like [`console_gateway`], made as `setup` says.
+async fn console_gateway_with(setup: Setup) -> (TestGateway, String) {
+    let gw = spawn_gateway_with(setup.admin()).await;
     let url = format!("http://{}/", gw.admin_addr());
     (gw, url)
 }
@@ -247,10 +252,11 @@ async fn assert_no_overflow(client: &Client, width: u64, what: &str) {
 #[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
 async fn an_operator_settles_a_lost_write_and_the_retry_gets_the_replay() {
     let driver = driver();
-    let (gw, url) = console_gateway().await;
+    let clock = idemgate::clock::ManualClock::new();
+    let (gw, url) = console_gateway_with(Setup::route("").clock(clock.clone())).await;
     // Two lost writes (the older first) and one that completed.
     lose(&gw, "order-older").await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock.advance(Duration::from_millis(20));
     let raced = lose(&gw, "order-newer").await;
     let done = write(gw.addr(), "/orders", Some("order-done"), ORDER).await;
     assert_eq!(done.status, 201);

@@ -200,26 +200,26 @@ async fn waiting_duplicates_get_the_first_ones_response() {
 async fn waiter_gets_409_when_wait_timeout_runs_out() {
     let gw = spawn_gateway("in_progress = \"wait\"\nwait_timeout = \"300ms\"").await;
     let addr = gw.addr();
-    let first =
-        tokio::spawn(async move { write(addr, "/slow?ms=1500", Some("wait-2"), ORDER).await });
+    // The first write's answer is held until the waiter has its own.
+    gw.upstream.script(Scripted::Hold);
+    let first = tokio::spawn(async move { write(addr, "/scripted", Some("wait-2"), ORDER).await });
     gw.upstream.wait_for_requests(1).await;
 
     let started = Instant::now();
-    let waiter = write(gw.addr(), "/slow?ms=1500", Some("wait-2"), ORDER).await;
+    let waiter = write(gw.addr(), "/scripted", Some("wait-2"), ORDER).await;
     let waited = started.elapsed();
 
+    // Refused while the first write is still held: at its wait_timeout.
     waiter.assert_operation_problem(409, "request-in-progress", "in_progress");
     assert!(
         waited >= Duration::from_millis(250),
         "the duplicate was refused after {waited:?}: it did not wait"
     );
-    assert!(
-        waited < Duration::from_millis(1400),
-        "the duplicate waited {waited:?}, past its wait_timeout"
-    );
+    assert!(!first.is_finished(), "the first write was answered");
+    gw.upstream.release_one();
     let original = first.await.expect("client task");
     assert_fresh_created(&original);
-    let retry = write(gw.addr(), "/slow?ms=1500", Some("wait-2"), ORDER).await;
+    let retry = write(gw.addr(), "/scripted", Some("wait-2"), ORDER).await;
     assert_replay_of(&retry, &original);
     assert_eq!(gw.upstream.writes(), 1);
 }
@@ -261,20 +261,20 @@ async fn released_first_attempt_answers_its_waiters_with_the_same_429() {
 async fn duplicate_in_reject_mode_is_refused_at_once() {
     let gw = spawn_gateway("").await;
     let addr = gw.addr();
-    let first =
-        tokio::spawn(async move { write(addr, "/slow?ms=1500", Some("rej-1"), ORDER).await });
+    // The first write's answer is held until the duplicate has its own.
+    gw.upstream.script(Scripted::Hold);
+    let first = tokio::spawn(async move { write(addr, "/scripted", Some("rej-1"), ORDER).await });
     gw.upstream.wait_for_requests(1).await;
 
-    let started = Instant::now();
-    let duplicate = write(gw.addr(), "/slow?ms=1500", Some("rej-1"), ORDER).await;
+    let duplicate = write(gw.addr(), "/scripted", Some("rej-1"), ORDER).await;
 
     duplicate.assert_operation_problem(409, "request-in-progress", "in_progress");
     assert!(duplicate.header("retry-after").is_some(), "Retry-After");
     assert!(
-        started.elapsed() < Duration::from_millis(1000),
-        "reject mode answered after {:?}",
-        started.elapsed()
+        !first.is_finished(),
+        "reject mode answered only once the first write was"
     );
+    gw.upstream.release_one();
     let original = first.await.expect("client task");
     assert_fresh_created(&original);
     assert_eq!(gw.upstream.writes(), 1, "never a second write");

@@ -109,8 +109,11 @@ async fn serve_traffic(dir: &Path, setup: Setup) -> Vec<(String, Vec<u8>)> {
             .env("RUST_LOG", "trace");
         let mut gateway = BinaryGateway::spawn(cmd, &log).await;
         traffic(gateway.proxy, gateway.admin, format).await;
-        // Log lines wait in memory up to a flush tick: let them all out.
-        tokio::time::sleep(idemgate::log_sink::FLUSH_EVERY * 6).await;
+        // Log lines wait in memory up to a flush tick, and go out in order:
+        // once a last request's line is out, so is every line before it.
+        let last = format!("/flushed-{format}");
+        send(gateway.proxy, "GET", &last, &[], Bytes::new()).await;
+        gateway.wait_for_log(&last).await;
         // As a crash leaves them: the WAL not checkpointed into the database.
         gateway.kill();
         logs.push((

@@ -140,8 +140,19 @@ async fn refused_connect_is_retried_by_the_gateway_until_the_upstream_is_up() {
     let addr = gw.addr();
     let client = tokio::spawn(async move { write(addr, "/orders", Some("conn-1"), BODY).await });
 
-    // Refused until now; the gateway's backoff (full jitter, 100 ms doubling,
-    // 8 retries) outlasts this by far.
+    // Claimed; its first connect follows and is refused. A refused connect
+    // leaves nothing the test can observe (no metric or event counts a try
+    // before the last), so this is the one wait on the clock left: a
+    // moment after the claim for that first try; the gateway's backoff
+    // (full jitter, 100 ms doubling, 8 retries) outlasts it by far.
+    eventually("the write's claim", || async {
+        let listed = gw.admin("GET", "/admin/keys?key=conn-1", "").await;
+        listed.json()["items"][0]["state"]
+            .as_str()
+            .is_some_and(|state| state == "in_progress")
+            .then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let upstream = FakeUpstream::start_on(port).await;
     let first = client.await.expect("client task");
@@ -444,7 +455,9 @@ async fn response_after_the_late_window_does_not_settle() {
 
     let timed_out = write(gw.addr(), "/slow?ms=1200", Some("late-2"), BODY).await;
     timed_out.assert_operation_problem(504, "outcome-unknown", "unknown");
-    tokio::time::sleep(Duration::from_millis(1500)).await; // the upstream answered by now
+    // The gateway lets go of the exchange when the late window ends: the
+    // connection ends, and with it any way for the answer to arrive.
+    gw.upstream.wait_for_closed_connections(1).await;
 
     assert_held_unknown(&write(gw.addr(), "/slow?ms=1200", Some("late-2"), BODY).await);
     assert_eq!(gw.upstream.writes(), 1);

@@ -14,18 +14,20 @@ use http::StatusCode;
 
 const ORDER: &str = r#"{"order":"o-1","amount":250}"#;
 
-/// A gateway with the admin API on `schema`, `route` lines added.
+/// A gateway with the admin API on `schema`, `route` lines added, its
+/// background tasks at the [`QUICK`] pace.
 async fn gateway(schema: &PgSchema, route: &str) -> TestGateway {
-    spawn_gateway_with(Setup::route(route).postgres(schema).admin()).await
+    spawn_gateway_with(setup(schema, route)).await
 }
 
-/// A second gateway on the same schema and upstream as `first`: a replica.
-async fn replica_of(first: &TestGateway, schema: &PgSchema, route: &str) -> TestGateway {
-    let setup = Setup::route(route)
-        .postgres(schema)
-        .admin()
-        .upstream_url(first.upstream.url());
-    spawn_gateway_with(setup).await
+fn setup(schema: &PgSchema, route: &str) -> Setup {
+    Setup::route(route).postgres(schema).quick().admin()
+}
+
+/// A second gateway as `setup` says, on the same upstream as `first`: a
+/// replica.
+async fn replica_of(first: &TestGateway, setup: Setup) -> TestGateway {
+    spawn_gateway_with(setup.upstream_url(first.upstream.url())).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,7 +115,7 @@ async fn replicas_answer_each_others_keys() {
     let schema = PgSchema::create().await;
     let route = "in_progress = \"wait\"";
     let mut a = gateway(&schema, route).await;
-    let mut b = replica_of(&a, &schema, route).await;
+    let mut b = replica_of(&a, setup(&schema, route)).await;
 
     let first = write(a.addr(), "/orders", Some("k-1"), ORDER).await;
     assert_fresh_created(&first);
@@ -147,7 +149,7 @@ async fn replicas_answer_each_others_keys() {
     assert_replay_of(&waited, &original);
     assert_eq!(a.upstream.writes(), 2);
 
-    // A pause set through A holds on B within the watch period.
+    // A pause set through A holds on B from its next look at the store.
     let paused = a
         .admin(
             "POST",
@@ -156,7 +158,7 @@ async fn replicas_answer_each_others_keys() {
         )
         .await;
     assert_eq!(paused.status, StatusCode::OK, "{:?}", paused.body);
-    tokio::time::sleep(idemgate::replicas::WATCH_EVERY * 5 / 2).await;
+    next_full_pass(b.admin_addr(), "replicas").await;
     let refused = write(b.addr(), "/orders", Some("k-3"), ORDER).await;
     refused.assert_problem(503, "route-paused");
     // An operation that exists still answers for itself.
@@ -167,7 +169,7 @@ async fn replicas_answer_each_others_keys() {
     );
     let resumed = b.admin("POST", "/admin/routes/api/resume", "").await;
     assert_eq!(resumed.status, StatusCode::OK);
-    tokio::time::sleep(idemgate::replicas::WATCH_EVERY * 5 / 2).await;
+    next_full_pass(a.admin_addr(), "replicas").await;
     assert_fresh_created(&write(a.addr(), "/orders", Some("k-3"), ORDER).await);
     assert_eq!(a.upstream.writes(), 3);
     a.shutdown().await;
@@ -211,8 +213,10 @@ async fn a_replica_that_cannot_reach_the_store_refuses_writes() {
 async fn a_replica_never_replays_what_a_peer_superseded() {
     let schema = PgSchema::create().await;
     let route = "key = \"derive\"\nderive_window = \"1s\"";
-    let mut a = gateway(&schema, route).await;
-    let mut b = replica_of(&a, &schema, route).await;
+    // One clock for both replicas, moved by the test.
+    let clock = idemgate::clock::ManualClock::new();
+    let mut a = spawn_gateway_with(setup(&schema, route).clock(clock.clone())).await;
+    let mut b = replica_of(&a, setup(&schema, route).clock(clock.clone())).await;
     let first = write(a.addr(), "/orders", None, ORDER).await;
     assert_eq!(assert_fresh_created(&first), 1);
     let key = first
@@ -222,7 +226,7 @@ async fn a_replica_never_replays_what_a_peer_superseded() {
     assert_replay_of(&write(a.addr(), "/orders", None, ORDER).await, &first);
 
     // After the window the same request is a new operation, made on B.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    clock.advance(Duration::from_millis(1200));
     let second = write(b.addr(), "/orders", None, ORDER).await;
     assert_eq!(assert_fresh_created(&second), 2);
     // A answers the key with the operation the store holds now.

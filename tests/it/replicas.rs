@@ -269,8 +269,20 @@ async fn replicas_sweep_only_while_no_one_else_does() {
         assert_fresh_created(&write(proxy, "/orders", Some(&format!("old-{i}")), BODY).await);
     }
     let count = format!("SELECT count(*) FROM {}.operations", replicas.schema.name);
-    // Expired after 1 s; both replicas look every second, and wait.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // All expired once their clock is 1 s past the newest; then a whole
+    // sweep of each replica, which finds the lock held and waits.
+    let newest: i64 = sqlx::query_scalar(&format!(
+        "SELECT max(updated_at) FROM {}.operations",
+        replicas.schema.name
+    ))
+    .fetch_one(&mut sweeping)
+    .await
+    .unwrap();
+    system_clock_past(newest + 1000).await;
+    tokio::join!(
+        next_full_pass(replicas.a.admin, "retention"),
+        next_full_pass(replicas.b.admin, "retention"),
+    );
     let kept: i64 = sqlx::query_scalar(&count)
         .fetch_one(&mut sweeping)
         .await
@@ -283,18 +295,15 @@ async fn replicas_sweep_only_while_no_one_else_does() {
         .execute(&mut sweeping)
         .await
         .expect("unlock");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    let sweeping = tokio::sync::Mutex::new(sweeping);
+    eventually("the expired operations to be swept", || async {
         let left: i64 = sqlx::query_scalar(&count)
-            .fetch_one(&mut sweeping)
+            .fetch_one(&mut *sweeping.lock().await)
             .await
             .unwrap();
-        if left == 0 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{left} never swept");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (left == 0).then_some(())
+    })
+    .await;
 }
 
 /// A connection to the test database, for what a test does to the store
@@ -428,7 +437,8 @@ async fn a_replica_past_its_lease_sends_nothing() {
 }
 
 /// A replica frozen (SIGSTOP) while `/slow` holds its write, until its
-/// peer marks the operation lost; then, `after` the mark, thawed.
+/// peer marks the operation lost; then, once the clock is `after` past the
+/// mark, thawed.
 async fn freeze_a_replica_mid_write(route: &str, after: Duration) -> (Response, Replicas) {
     let replicas = Replicas::start_with(route, SHORT_LEASE).await;
     let proxy = replicas.a.proxy;
@@ -437,7 +447,14 @@ async fn freeze_a_replica_mid_write(route: &str, after: Duration) -> (Response, 
     replicas.upstream.wait_for_writes(1).await;
     replicas.a.signal("STOP");
     operation_until(replicas.b.admin, "frozen-1", |op| op["state"] == "unknown").await;
-    tokio::time::sleep(after).await;
+    let marked: i64 = sqlx::query_scalar(&format!(
+        "SELECT updated_at FROM {}.operations WHERE idem_key = 'frozen-1'",
+        replicas.schema.name
+    ))
+    .fetch_one(&mut database().await)
+    .await
+    .expect("the marked operation");
+    system_clock_past(marked + idemgate::clock::millis(after)).await;
     replicas.a.signal("CONT");
     let first = tokio::time::timeout(WAIT, first)
         .await
@@ -472,8 +489,7 @@ async fn a_frozen_replicas_late_response_settles_what_its_peer_held() {
 #[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn a_frozen_replicas_response_past_the_late_window_is_not_told() {
     let late_window = Duration::from_secs(1);
-    let frozen =
-        freeze_a_replica_mid_write("late_window = \"1s\"", late_window + late_window / 2).await;
+    let frozen = freeze_a_replica_mid_write("late_window = \"1s\"", late_window).await;
     let (first, replicas) = frozen;
     // The store holds it unknown: so does what A's client hears.
     first.assert_operation_problem(409, "outcome-unknown", "unknown");

@@ -552,8 +552,8 @@ impl Run {
             answers.push((identity, answer));
         }
         let claimed = held + usize::from(fenced.is_some());
-        poll_until("the stalled replica's claims", || async {
-            in_progress_of(&schema, &owner).await == claimed
+        eventually("the stalled replica's claims", || async {
+            (in_progress_of(&schema, &owner).await == claimed).then_some(())
         })
         .await;
 
@@ -570,9 +570,10 @@ impl Run {
         // what it held lost; the fenced write may have settled itself
         // `not_attempted` first.
         let peer_store = self.replicas.as_ref().expect("replicas").peer.clone();
-        poll_until("the peer marking the stalled replica lost", || async {
+        eventually("the peer marking the stalled replica lost", || async {
             peer_store.recover().await.expect("recover");
-            !lease_runs(&schema, &owner).await && in_progress_of(&schema, &owner).await == 0
+            (!lease_runs(&schema, &owner).await && in_progress_of(&schema, &owner).await == 0)
+                .then_some(())
         })
         .await;
         for (identity, _) in &answers {
@@ -614,9 +615,9 @@ impl Run {
             .expect("rollback");
         // The replica renews on its schedule and serves again.
         let admin = self.gws[via].admin_addr();
-        poll_until("the stalled replica ready again", || async {
+        eventually("the stalled replica ready again", || async {
             let ready = send(admin, "GET", "/readyz", &[], bytes::Bytes::new()).await;
-            ready.status == StatusCode::OK
+            (ready.status == StatusCode::OK).then_some(())
         })
         .await;
         Ok(())
@@ -700,22 +701,6 @@ impl Run {
             }
         }
         Ok(())
-    }
-}
-
-/// Polls `done` until it holds, every 20 ms, for at most [`WAIT`].
-async fn poll_until<F, Fut>(what: &str, mut done: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !done().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "waited too long for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -7,7 +7,6 @@
 use crate::common::*;
 use bytes::Bytes;
 use http::StatusCode;
-use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
 const ORDER: &str = r#"{"sku":"apple","qty":3,"tags":["red","fresh"]}"#;
@@ -213,18 +212,14 @@ async fn client_hanging_up_leaves_operation_settled() {
     gw.upstream.wait_for_writes(1).await;
     drop(stream); // hang up while the upstream is still working
 
-    // Retry until the operation leaves in_progress (bounded: ~10 s).
-    let mut retry = None;
-    for _ in 0..100 {
+    // Retry until the operation leaves in_progress.
+    let retry = eventually("the operation to leave in_progress", || async {
         let resp = write(gw.addr(), "/slow?ms=500", Some("hangup-1"), ORDER).await;
-        if resp.status == StatusCode::CONFLICT && resp.json()["state"] == "in_progress" {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        }
-        retry = Some(resp);
-        break;
-    }
-    let retry = retry.expect("operation still in_progress 10 s after the upstream answered");
+        let in_progress =
+            resp.status == StatusCode::CONFLICT && resp.json()["state"] == "in_progress";
+        (!in_progress).then_some(resp)
+    })
+    .await;
 
     assert_eq!(
         retry.status,
