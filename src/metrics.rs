@@ -88,12 +88,12 @@ pub enum Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
 #[allow(non_camel_case_types)] // label values are written as they appear
 pub enum Task {
-    /// The sweep that deletes expired operations ([`crate::retention`]).
+    /// The sweep that deletes expired operations.
     retention,
     /// The alert deliverer's poll of the outbox.
     alerts,
     /// A replica's look for lost peers and at the pauses, on a shared
-    /// store ([`crate::replicas`]).
+    /// store.
     replicas,
 }
 

@@ -476,6 +476,12 @@ async fn a_frozen_replicas_late_response_settles_what_its_peer_held() {
         (&"completed".into(), &"late-response".into()),
         "{op}"
     );
+    // A serves again once it has renewed the lease it lost while frozen.
+    eventually("the thawed replica ready again", || async {
+        let ready = send(replicas.a.admin, "GET", "/readyz", &[], bytes::Bytes::new()).await;
+        (ready.status == StatusCode::OK).then_some(())
+    })
+    .await;
     for proxy in [replicas.a.proxy, replicas.b.proxy] {
         assert_replay_of(
             &write(proxy, "/slow?ms=300", Some("frozen-1"), BODY).await,

@@ -169,7 +169,7 @@ impl FakeUpstream {
         format!("{scheme}://{}", self.addr)
     }
 
-    /// What writes to `/scripted` do from now on.
+    /// What writes to `/scripted` recorded from now on do.
     pub fn script(&self, scripted: Scripted) {
         *self.state.scripted.lock().expect("scripted lock") = scripted;
     }
@@ -295,6 +295,9 @@ async fn handle(
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    // A write's fate is the script's when it is recorded: a test that saw
+    // it arrive may change the script for the next ones.
+    let scripted = *state.scripted.lock().expect("scripted lock");
     {
         let mut requests = state.requests.lock().expect("requests lock");
         requests.push(Recorded {
@@ -325,7 +328,6 @@ async fn handle(
     if let Some(code) = path.strip_prefix("/status/") {
         return Ok(status_response(code));
     }
-    let scripted = *state.scripted.lock().expect("scripted lock");
     if let ("/scripted", Scripted::Refuse(code)) = (path, scripted) {
         return Ok(status_response(&code.to_string()));
     }
