@@ -204,41 +204,19 @@ impl FakeUpstream {
 
     /// Waits until at least `n` writes were committed; panics after [`WAIT`].
     pub async fn wait_for_writes(&self, n: usize) {
-        let mut rx = self.state.writes.subscribe();
-        tokio::time::timeout(WAIT, rx.wait_for(|w| *w >= n))
-            .await
-            .unwrap_or_else(|_| panic!("upstream saw {} writes, expected {n}", self.writes()))
-            .expect("writes channel open");
+        count_reaches(&self.state.writes, n, "writes committed").await;
     }
 
     /// Waits until at least `n` of the connections it accepted have ended
     /// (closed by either side; a connection the peer closes ends even
     /// while its request is being handled); panics after [`WAIT`].
     pub async fn wait_for_closed_connections(&self, n: usize) {
-        let mut rx = self.state.closed.subscribe();
-        tokio::time::timeout(WAIT, rx.wait_for(|c| *c >= n))
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "{} of the upstream's connections ended, expected {n}",
-                    *self.state.closed.borrow()
-                )
-            })
-            .expect("closed channel open");
+        count_reaches(&self.state.closed, n, "connections ended").await;
     }
 
     /// Waits until at least `n` requests (of any kind) arrived; panics after [`WAIT`].
     pub async fn wait_for_requests(&self, n: usize) {
-        let mut rx = self.state.received.subscribe();
-        tokio::time::timeout(WAIT, rx.wait_for(|r| *r >= n))
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "upstream received {} requests, expected {n}",
-                    self.requests().len()
-                )
-            })
-            .expect("received channel open");
+        count_reaches(&self.state.received, n, "requests received").await;
     }
 }
 
@@ -246,6 +224,18 @@ impl Drop for FakeUpstream {
     fn drop(&mut self) {
         self.accept.abort();
     }
+}
+
+/// Waits until `count` is at least `n`; panics after [`WAIT`], saying how
+/// many `what` there were.
+async fn count_reaches(count: &watch::Sender<usize>, n: usize, what: &str) {
+    let mut rx = count.subscribe();
+    let reached = tokio::time::timeout(WAIT, rx.wait_for(|c| *c >= n)).await;
+    assert!(
+        reached.is_ok(),
+        "the upstream saw {} {what}, expected {n}",
+        *count.borrow()
+    );
 }
 
 fn is_read(method: &Method) -> bool {
