@@ -3,7 +3,7 @@
 //!
 //! Invariant: a `Config` value is always valid. Every unknown field and bad
 //! value is rejected here with the file, the field and the reason, never
-//! silently ignored (README "Configuration").
+//! silently ignored (docs/configuration.md, "Every key").
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -239,7 +239,7 @@ impl std::str::FromStr for KeyMode {
     }
 }
 
-/// A route's reconcile probe (README "After a lost response"): a read-only GET to the route's
+/// A route's reconcile probe (docs/requests.md, "After a lost response"): a read-only GET to the route's
 /// own upstream that may prove an `unknown` operation happened.
 #[derive(Debug, Clone)]
 pub struct Reconcile {

@@ -1,4 +1,4 @@
-//! `idemgate keys list|show|resolve` (README "Operating idemgate"): the admin API from a
+//! `idemgate keys list|show|resolve` (docs/operating.md, "Held work from the command line and the API"): the admin API from a
 //! terminal, so an operator can find an `unknown` operation, read its
 //! timeline and settle it without hand-writing HTTP requests.
 //!

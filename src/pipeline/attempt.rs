@@ -1,7 +1,7 @@
 //! One claimed attempt, run in a task of its own so that a client that hangs
 //! up never cancels the upstream call nor leaves the operation `in_progress`
 //! (ARCHITECTURE.md §1): forward, record, answer — and when the outcome is
-//! lost, what comes after (README "After a lost response"):
+//! lost, what comes after (docs/requests.md, "After a lost response"):
 //!
 //! 1. the route's pause latch is checked (`pause_after_unknown`), before the
 //!    client is answered;
@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::metrics::{Metrics, OperationId};
-use crate::operation::{Event, Fingerprint, Settlement, StoredResponse};
+use crate::operation::{Event, Fingerprint, Settlement};
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::claim::InFlightGuard;
 use crate::pipeline::fingerprint::ExactDigest;
@@ -256,14 +256,11 @@ impl Attempt {
 
     /// A response that came after the operation was held.
     async fn record_late(&self, exchange: Exchange) {
-        let stored = |head: &http::response::Parts, body: Option<Vec<u8>>| StoredResponse {
-            status: head.status.as_u16(),
-            headers: record::stored_headers(&head.headers),
-            body,
-        };
         let response = match exchange {
-            Exchange::Complete { head, body } => stored(&head, Some(body.to_vec())),
-            Exchange::Oversized { head, .. } => stored(&head, None),
+            Exchange::Complete { head, body } => {
+                record::stored_response(&head, Some(body.to_vec()))
+            }
+            Exchange::Oversized { head, .. } => record::stored_response(&head, None),
             Exchange::Classified { head, .. } | Exchange::Released { head, .. } => {
                 self.metrics.late_response(&self.active.route.name);
                 let detail = json!({ "status": head.status.as_u16(), "settles": false });

@@ -90,11 +90,10 @@ pub fn settle(claim: &Claim, exchange: Exchange, tries: u32, bytes: usize) -> Se
         Exchange::NotSent { reason, .. } => Some(Released::Unreachable {
             reason: reason.clone(),
         }),
-        Exchange::Released { head, body } => Some(Released::Refused(StoredResponse {
-            status: head.status.as_u16(),
-            headers: stored_headers(&head.headers),
-            body: Some(body.to_vec()),
-        })),
+        Exchange::Released { head, body } => Some(Released::Refused(stored_response(
+            head,
+            Some(body.to_vec()),
+        ))),
         _ => None,
     };
     let (settlement, mut events, reply) = classify(claim, exchange);
@@ -200,11 +199,7 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
             )
         }
         Exchange::Complete { head, body } => {
-            let stored = StoredResponse {
-                status: head.status.as_u16(),
-                headers: stored_headers(&head.headers),
-                body: Some(body.to_vec()),
-            };
+            let stored = stored_response(&head, Some(body.to_vec()));
             let events = vec![Event {
                 kind: "response",
                 detail: json!({ "status": stored.status, "bytes": body.len() }),
@@ -216,11 +211,7 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
             )
         }
         Exchange::Oversized { head, prefix, rest } => {
-            let stored = StoredResponse {
-                status: head.status.as_u16(),
-                headers: stored_headers(&head.headers),
-                body: None,
-            };
+            let stored = stored_response(&head, None);
             let events = vec![Event {
                 kind: "response",
                 detail: json!({ "status": stored.status, "body_stored": false }),
@@ -242,13 +233,24 @@ fn response_event(status: u16) -> Event {
     }
 }
 
-/// Response headers as stored: end-to-end ones (the caller stripped the
-/// hop-by-hop ones), lower-case names, order and duplicates kept.
-pub fn stored_headers(headers: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
-    headers
+/// A response as stored, from its head and, when it was small enough to
+/// keep, its body: end-to-end headers (the caller stripped the hop-by-hop
+/// ones), lower-case names, order and duplicates kept. A kept body's
+/// `Content-Length` is not stored: the body's own length says it, and a
+/// replay has hyper write it anew ([`crate::pipeline::replay::rebuild`]).
+/// Without a body it is kept, as what the operator learns of its size.
+pub fn stored_response(head: &http::response::Parts, body: Option<Vec<u8>>) -> StoredResponse {
+    let headers = head
+        .headers
         .iter()
+        .filter(|(name, _)| body.is_none() || *name != http::header::CONTENT_LENGTH)
         .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
-        .collect()
+        .collect();
+    StoredResponse {
+        status: head.status.as_u16(),
+        headers,
+        body,
+    }
 }
 
 /// What the client gets when the outcome was sent but could not be recorded
@@ -431,5 +433,45 @@ impl Drop for SettleGuard {
                 tracing::error!(operation_id = %claim.operation_id, %error, "cannot mark an abandoned attempt unknown");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stored_response;
+
+    fn head(headers: &[(&str, &str)]) -> http::response::Parts {
+        let mut response = http::Response::builder().status(201);
+        for (name, value) in headers {
+            response = response.header(*name, *value);
+        }
+        response.body(()).unwrap().into_parts().0
+    }
+
+    /// A kept body's `Content-Length` is its own length: not stored twice.
+    /// Every other header is kept, in order, duplicates and all.
+    #[test]
+    fn a_kept_body_stores_no_content_length() {
+        let head = head(&[("x-a", "1"), ("content-length", "2"), ("x-a", "2")]);
+        let stored = stored_response(&head, Some(b"{}".to_vec()));
+        assert_eq!(stored.status, 201);
+        assert_eq!(
+            stored.headers,
+            [("x-a".into(), b"1".to_vec()), ("x-a".into(), b"2".to_vec())]
+        );
+        assert_eq!(stored.body.as_deref(), Some(&b"{}"[..]));
+    }
+
+    /// A body too large to keep leaves its `Content-Length` as the one
+    /// record of its size.
+    #[test]
+    fn a_body_not_kept_keeps_its_content_length() {
+        let head = head(&[("content-length", "9000000")]);
+        let stored = stored_response(&head, None);
+        assert_eq!(
+            stored.headers,
+            [("content-length".into(), b"9000000".to_vec())]
+        );
+        assert_eq!(stored.body, None);
     }
 }

@@ -1,10 +1,13 @@
-//! The store: the only truth about operations (README "What a request gets").
+//! The store: the only truth about operations (README "The states";
+//! ARCHITECTURE.md §4).
 //!
 //! Store methods work on whole operations and return after a durable commit.
 //! Every state change is a compare-and-set on (id, state, attempt, owner), so a
-//! stale writer loses instead of overwriting. The happy path costs two
-//! commits: [`Store::claim`] (with its `claimed` event) and [`Store::record`]
-//! (with its `sent` and `response` events). All SQL lives in this module's
+//! stale writer loses instead of overwriting. The happy path costs two store
+//! calls, each in a group commit: [`Store::claim`] inserts the row and
+//! [`Store::record`] updates it, and neither stores an event row: the row
+//! proves the first claim and a plain response, and [`timeline`] puts those
+//! events back when an operator looks. All SQL lives in this module's
 //! backends.
 
 mod batches;
@@ -340,6 +343,9 @@ impl RoutePause {
 #[derive(Debug, Clone)]
 pub struct NewOperation {
     pub route: String,
+    /// The scope's digest, as lower-case hex (`pipeline::key`). It, the
+    /// fingerprint and the body's SHA-256 are SHA-256 digests, and a store
+    /// may keep them as their 32 bytes: anything else is refused.
     pub scope: String,
     pub key: String,
     pub fingerprint: Fingerprint,

@@ -1,7 +1,7 @@
 //! The sealed store: what operations keep of payloads — response headers
 //! and bodies, and request bodies where a route stores them — sealed with
-//! AES-256-GCM under a key kept outside the database (README "Sealed
-//! store"). Both backends call this module on the way in and out; the SQL
+//! AES-256-GCM under a key kept outside the database (docs/deploying.md,
+//! "Sealed store"). Both backends call this module on the way in and out; the SQL
 //! never sees a key.
 //!
 //! Invariants:

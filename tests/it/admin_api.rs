@@ -1,4 +1,4 @@
-//! The admin API and the client status lookup (README "Operating idemgate",
+//! The admin API and the client status lookup (docs/operating.md; docs/requests.md,
 //! "After a lost response"), against in-process gateways:
 //!
 //! 1. every `/admin/*` route is 401 problem+json without the exact bearer

@@ -92,7 +92,10 @@ async fn stored_scopes(gateway: &TestGateway, schema: Option<&PgSchema>) -> Vec<
     match schema {
         None => {
             let conn = rusqlite::Connection::open(&gateway.store_path).expect("open");
-            let mut statement = conn.prepare("SELECT scope FROM operations").unwrap();
+            // Kept as bytes (migration 0007); the hex the gateway computes.
+            let mut statement = conn
+                .prepare("SELECT lower(hex(scope)) FROM operations")
+                .unwrap();
             statement
                 .query_map([], |row| row.get(0))
                 .unwrap()
@@ -179,13 +182,12 @@ async fn old_operations_survive_keying(backend: Backend) {
     gateway.shutdown().await;
 
     let schema = schema.as_ref();
-    execute(
-        &gateway,
-        schema,
-        "UPDATE operations SET scope = $1",
-        &unkeyed_scope(ALICE),
-    )
-    .await;
+    // SQLite keeps the digest as its bytes (migration 0007).
+    let set_scope = match schema {
+        None => "UPDATE operations SET scope = unhex($1)",
+        Some(_) => "UPDATE operations SET scope = $1",
+    };
+    execute(&gateway, schema, set_scope, &unkeyed_scope(ALICE)).await;
     execute(
         &gateway,
         schema,

@@ -7,8 +7,8 @@
 //! installs; the promtool test is `#[ignore]`d, like the PostgreSQL ones,
 //! and `.ci/run` runs them (`--include-ignored`).
 //!
-//! `/metrics` never fails as a whole (README "The admin API, the CLI and
-//! monitoring"): while the store refuses or stalls — SQLite's write lock
+//! `/metrics` never fails as a whole (docs/operating.md, "Watching: stats
+//! and metrics"): while the store refuses or stalls — SQLite's write lock
 //! held by another connection, a PostgreSQL schema gone or a table locked —
 //! a scrape still answers 200 within a bound with every process counter and
 //! `idemgate_store_up 0`, and without the gauges read from the store; once

@@ -44,15 +44,15 @@ async fn replica_at(url: String, owner: String) -> PostgresStore {
 fn new_op(key: &str) -> NewOperation {
     NewOperation {
         route: "api".into(),
-        scope: "s".into(),
+        scope: digest("s"),
         key: key.into(),
-        fingerprint: Fingerprint::from_stored("fp".into()),
+        fingerprint: Fingerprint::from_stored(digest("fp")),
         request: RequestSummary {
             method: "POST".into(),
             path: "/".into(),
             content_type: None,
             body_size: 0,
-            body_sha256: "00".into(),
+            body_sha256: digest(""),
             body: None,
         },
         fresh_after: None,

@@ -387,7 +387,7 @@ async fn a_replica_past_its_lease_sends_nothing() {
 
     // Past A's lease: held (B marks it `replica-lost`) or settled by A
     // itself as never sent; an operator who finds nothing at the
-    // destination resolves a held one `not_attempted`, as the README says.
+    // destination resolves a held one `not_attempted`, as docs/replicas.md says.
     let settled = operation_until(b.admin, "fenced-1", |op| op["state"] != "in_progress").await;
     if settled["state"] == "unknown" {
         assert_eq!(settled["evidence"], "replica-lost", "{settled}");

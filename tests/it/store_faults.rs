@@ -1,4 +1,4 @@
-//! The store failing (README "What each failure becomes"): another SQLite connection holds the
+//! The store failing (docs/requests.md, "What each failure becomes"): another SQLite connection holds the
 //! write lock past the store's 5 s busy timeout.
 //! - Before sending: 503 `store-unavailable`, nothing reaches the upstream,
 //!   and once the store is back the same key is forwarded exactly once.

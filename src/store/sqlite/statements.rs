@@ -15,10 +15,24 @@ use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
     AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, ListFilter, ListPath,
-    NewOperation, OPERATION_COLUMNS, Param, Recorded, RekeyBatch, Resolved, RoutePause,
-    SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, is_implied_by_record,
-    operation_count, timeline,
+    NewOperation, Param, Recorded, RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT,
+    Stats, StoreError, StoredEvent, Summary, is_implied_by_record, operation_count, timeline,
 };
+
+/// The columns [`operation_from_row`] reads. The digests are stored as
+/// their bytes (migration 0007) and read back as the lower-case hex the
+/// rest of the gateway compares and binds (`unhex(?)` binds them).
+const OPERATION_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at,
+    owner, lower(hex(fingerprint)) AS fingerprint, evidence, response_status, response_headers,
+    response_body, request_method, request_path, request_content_type, request_body_size,
+    lower(hex(request_body_sha256)) AS request_body_sha256, request_body, superseded_at";
+
+/// A row's scope digest, as hex.
+const SCOPE: &str = "lower(hex(scope)) AS scope";
+
+/// The columns [`identity_from_row`] reads.
+const IDENTITY_COLUMNS: &str =
+    "route, lower(hex(scope)) AS scope, idem_key, lower(hex(fingerprint)) AS fingerprint";
 
 /// A new operation, claimed for its first attempt, unless an operation
 /// that is not superseded holds its identity. Every first write runs it.
@@ -26,8 +40,8 @@ const INSERT_CLAIMED: &str =
     "INSERT INTO operations (id, route, scope, idem_key, fingerprint, state, attempt, owner,
             evidence, request_method, request_path, request_content_type, request_body_size,
             request_body_sha256, request_body, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, 'in_progress', 1, ?6, 'claimed', ?7, ?8, ?9, ?10, ?11, ?12,
-            ?13, ?13)
+         VALUES (?1, ?2, unhex(?3), ?4, unhex(?5), 'in_progress', 1, ?6, 'claimed', ?7, ?8, ?9,
+            ?10, unhex(?11), ?12, ?13, ?13)
          ON CONFLICT (route, scope, idem_key) WHERE superseded_at IS NULL DO NOTHING";
 
 /// A claimed attempt's outcome, as a compare-and-set. Every write that was
@@ -106,7 +120,7 @@ pub fn find(
 ) -> Result<Option<Operation>, StoreError> {
     let mut statement = conn.prepare_cached(&format!(
         "SELECT {OPERATION_COLUMNS} FROM operations
-         WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 AND superseded_at IS NULL"
+         WHERE route = ?1 AND scope = unhex(?2) AND idem_key = ?3 AND superseded_at IS NULL"
     ))?;
     let found = statement
         .query_row(params![new.route, new.scope, new.key], |row| {
@@ -407,7 +421,7 @@ impl rusqlite::ToSql for Param {
 
 /// [`get`]'s operation: ?1 its id.
 fn get_sql() -> String {
-    format!("SELECT {OPERATION_COLUMNS}, scope FROM operations WHERE id = ?1")
+    format!("SELECT {OPERATION_COLUMNS}, {SCOPE} FROM operations WHERE id = ?1")
 }
 
 pub fn get(
@@ -476,7 +490,7 @@ fn find_newest_sql(superseded: bool) -> String {
     };
     format!(
         "SELECT {SUMMARY_COLUMNS} FROM operations
-         WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 AND {which}"
+         WHERE route = ?1 AND scope = unhex(?2) AND idem_key = ?3 AND {which}"
     )
 }
 
@@ -682,10 +696,11 @@ pub fn key_scopes(conn: &Connection, key: &ScopeKey) -> Result<Option<u64>, Stor
         None => {}
     }
     let scopes: Vec<(String, String)> = conn
-        .prepare_cached("SELECT id, scope FROM operations")?
+        .prepare_cached(&format!("SELECT id, {SCOPE} FROM operations"))?
         .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
         .collect::<Result<_, _>>()?;
-    let mut update = conn.prepare_cached("UPDATE operations SET scope = ?1 WHERE id = ?2")?;
+    let mut update =
+        conn.prepare_cached("UPDATE operations SET scope = unhex(?1) WHERE id = ?2")?;
     for (id, scope) in &scopes {
         update.execute(params![key.keyed(scope), id])?;
     }
@@ -703,11 +718,11 @@ pub fn rekey(
     limit: u32,
 ) -> Result<RekeyBatch, StoreError> {
     let rows: Vec<(String, Identity, Option<i64>, Payloads)> = conn
-        .prepare_cached(
-            "SELECT id, route, scope, idem_key, fingerprint, response_status, request_body,
-                response_headers, response_body
-             FROM operations WHERE id > ?1 ORDER BY id LIMIT ?2",
-        )?
+        .prepare_cached(&format!(
+            "SELECT id, {IDENTITY_COLUMNS}, response_status, request_body, response_headers,
+                response_body
+             FROM operations WHERE id > ?1 ORDER BY id LIMIT ?2"
+        ))?
         .query_map(params![after, limit], |row| {
             Ok((
                 row.get("id")?,
@@ -827,7 +842,9 @@ fn status_of(status: i64) -> Result<u16, StoreError> {
 /// when there is no such operation.
 fn identity(conn: &Connection, id: &str) -> Result<Option<Identity>, StoreError> {
     Ok(conn
-        .prepare_cached("SELECT route, scope, idem_key, fingerprint FROM operations WHERE id = ?1")?
+        .prepare_cached(&format!(
+            "SELECT {IDENTITY_COLUMNS} FROM operations WHERE id = ?1"
+        ))?
         .query_row(params![id], identity_from_row)
         .optional()?)
 }
@@ -883,6 +900,78 @@ mod tests {
     const COUNTS_MIGRATION: &str =
         include_str!("../../../migrations/sqlite/0005_operation_counts.sql");
 
+    const DIGESTS_MIGRATION: &str =
+        include_str!("../../../migrations/sqlite/0007_digests_as_bytes.sql");
+
+    /// Every migration: the schema a store has.
+    fn migrated() -> Connection {
+        let conn = before_counts();
+        for sql in [
+            COUNTS_MIGRATION,
+            include_str!("../../../migrations/sqlite/0006_access_paths.sql"),
+            DIGESTS_MIGRATION,
+        ] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn
+    }
+
+    /// Inserts an operation as the schema before 0007 kept it: digests as
+    /// hex text.
+    fn insert_hex(conn: &Connection, id: &str, scope: &str, fingerprint: &str) {
+        conn.execute(
+            "INSERT INTO operations (id, route, scope, idem_key, fingerprint, state, attempt,
+                evidence, request_method, request_path, request_body_size,
+                request_body_sha256, created_at, updated_at)
+             VALUES (?1, 'api', ?2, ?1, ?3, 'completed', 1, 'e', 'POST', '/', 0, ?3, 1, 1)",
+            rusqlite::params![id, scope, fingerprint],
+        )
+        .unwrap();
+    }
+
+    /// Migration 0007 keeps each digest as the bytes its hex spelled, so
+    /// the store's `lower(hex(...))` reads back exactly what was written.
+    #[test]
+    fn the_digests_migration_keeps_each_digest_as_its_bytes() {
+        let conn = before_counts();
+        conn.execute_batch(COUNTS_MIGRATION).unwrap();
+        let (scope, fingerprint) = ("ab".repeat(32), "0f".repeat(32));
+        insert_hex(&conn, "1", &scope, &fingerprint);
+        conn.execute_batch(DIGESTS_MIGRATION).unwrap();
+        let (bytes, read): (Vec<u8>, String) = conn
+            .query_row(
+                &format!("SELECT scope, {} FROM operations", super::SCOPE),
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(bytes, [0xab; 32]);
+        assert_eq!(read, scope);
+        let identity: (String, String) = conn
+            .query_row(
+                &format!("SELECT {} FROM operations", super::IDENTITY_COLUMNS),
+                [],
+                |row| Ok((row.get("scope")?, row.get("fingerprint")?)),
+            )
+            .unwrap();
+        assert_eq!(identity, (scope, fingerprint));
+        let stats = super::stats(&conn).unwrap();
+        assert_eq!(stats.counts.len(), 1, "the counts stay exact");
+    }
+
+    /// A digest that is not hex fails the migration rather than becoming
+    /// a digest its operation no longer matches.
+    #[test]
+    fn the_digests_migration_refuses_what_is_not_hex() {
+        let conn = before_counts();
+        conn.execute_batch(COUNTS_MIGRATION).unwrap();
+        insert_hex(&conn, "1", "not hex", &"0f".repeat(32));
+        let error = conn
+            .execute_batch(&format!("BEGIN; {DIGESTS_MIGRATION} COMMIT;"))
+            .unwrap_err();
+        assert!(error.to_string().contains("NOT NULL"), "{error}");
+    }
+
     /// Migration 0005 counts the operations stored before it once, and
     /// marks the counts exact.
     #[test]
@@ -925,8 +1014,7 @@ mod tests {
     /// alone, never from the table's rows.
     #[test]
     fn the_oldest_unknown_is_read_from_the_state_index() {
-        let conn = before_counts();
-        conn.execute_batch(COUNTS_MIGRATION).unwrap();
+        let conn = migrated();
         let plan: Vec<String> = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {}", super::OLDEST_UNKNOWN))
             .unwrap()
@@ -946,8 +1034,7 @@ mod tests {
     /// third of the writer's work.
     #[test]
     fn hot_statements_build_no_temporary_index() {
-        let conn = before_counts();
-        conn.execute_batch(COUNTS_MIGRATION).unwrap();
+        let conn = migrated();
         for sql in [super::INSERT_CLAIMED, super::RECORD] {
             let mut explain = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
             let unbound = vec![rusqlite::types::Null; explain.parameter_count()];

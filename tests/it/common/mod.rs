@@ -99,6 +99,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+/// The lower-case hex SHA-256 of `text`: a scope, fingerprint or body
+/// digest as the gateway computes them, for tests that call a store.
+pub fn digest(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text))
+}
+
 /// Upper bound for any single wait in these tests.
 pub const WAIT: Duration = Duration::from_secs(15);
 
