@@ -22,7 +22,7 @@ use crate::clock;
 use crate::operation::{Event, Fingerprint, Operation, Settlement, State, StoredResponse};
 use crate::store::{Operators, RequestPath};
 
-use http::{Response, StatusCode};
+use http::Response;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +31,7 @@ use crate::metrics::Outcome;
 use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::forward::{Exchange, LostCause};
 use crate::pipeline::replay;
+use crate::problem::UnknownSince;
 use crate::store::{Claim, Recorded, Store};
 
 /// Backoff between attempts to record an outcome the store refused.
@@ -156,9 +157,9 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
             }),
         ),
         Exchange::Lost { cause, reason } => {
-            let status = match cause {
-                LostCause::Timeout => StatusCode::GATEWAY_TIMEOUT,
-                LostCause::Broken => StatusCode::BAD_GATEWAY,
+            let since = match cause {
+                LostCause::Timeout => UnknownSince::Timeout,
+                LostCause::Broken => UnknownSince::Broken,
             };
             let detail = format!(
                 "the request was sent but no complete response came back ({reason}); it may have happened, so retries are held until it is reconciled"
@@ -173,7 +174,7 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
                 }],
                 Err(ProxyError::OutcomeUnknown {
                     operation: operation(State::Unknown),
-                    status,
+                    since,
                     detail,
                 }),
             )
