@@ -400,7 +400,7 @@ async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
                 "path_prefix": route.path_prefix,
                 "paused": pause.is_some(),
                 "reason": pause.map(|p| &p.reason),
-                "paused_by": pause.map(|p| if p.by_latch() { "latch" } else { "operator" }),
+                "paused_by": pause.map(|p| p.by.as_str()),
             })
         })
         .collect();

@@ -323,19 +323,40 @@ fn operation_count(n: i64) -> Result<u64, StoreError> {
     })
 }
 
-/// A paused route and the reason stored with its pause.
+/// A paused route, the reason stored with its pause, and who paused it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutePause {
     pub route: String,
     pub reason: String,
+    pub by: PausedBy,
 }
 
-impl RoutePause {
-    /// Whether the `pause_after_unknown` latch set this pause: the latch's
-    /// statement (`trip_pause_latch` in each backend) stores its reason
-    /// with this prefix; an operator's pause stores the reason given.
-    pub fn by_latch(&self) -> bool {
-        self.reason.starts_with("pause_after_unknown: ")
+/// Who paused a route, stored as its own column (`paused_by`): never read
+/// from the reason, which is an operator's free text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PausedBy {
+    /// `POST /admin/routes/{name}/pause` (the last pause wins: an
+    /// operator's pause of a route the latch paused is the operator's).
+    Operator,
+    /// The route's `pause_after_unknown` latch (`trip_pause_latch`).
+    Latch,
+}
+
+impl PausedBy {
+    /// As stored, and as the admin API's `paused_by` says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PausedBy::Operator => "operator",
+            PausedBy::Latch => "latch",
+        }
+    }
+
+    pub fn parse(stored: &str) -> Result<Self, StoreError> {
+        match stored {
+            "operator" => Ok(PausedBy::Operator),
+            "latch" => Ok(PausedBy::Latch),
+            other => Err(StoreError::Corrupt(format!("route paused by `{other}`"))),
+        }
     }
 }
 
