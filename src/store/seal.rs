@@ -821,7 +821,11 @@ mod tests {
         );
         // Not sealed-only without the row, nor without a key.
         assert!(!sealed_with(1).sealed_only(None).sealed_only);
-        assert!(!Seal::plain().sealed_only(Some(SEALED_ONLY_VALUE)).sealed_only);
+        assert!(
+            !Seal::plain()
+                .sealed_only(Some(SEALED_ONLY_VALUE))
+                .sealed_only
+        );
     }
 
     /// A value as version 1 sealed it: its marker, and associated data
