@@ -98,6 +98,34 @@ pub struct StartOptions {
     /// keys (the environment is global to a process; tests run many
     /// gateways in one).
     pub env: HashMap<String, String>,
+    /// How often the background tasks run.
+    pub pace: Pace,
+}
+
+/// How often the background tasks run: the defaults suit a deployment;
+/// tests shorten them instead of waiting for the wall clock. Each task
+/// counts its passes (`idemgate_background_passes_total{task}`).
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Between two retention sweeps; `None`: [`retention::interval`] of
+    /// `store.retention`.
+    pub sweep: Option<Duration>,
+    /// Between two looks at the peers and the pauses, on a shared store
+    /// ([`replicas::WATCH_EVERY`]).
+    pub watch: Duration,
+    /// Between two polls of the alert outbox while endpoints are
+    /// configured ([`alerts::deliverer::POLL`]).
+    pub alert_poll: Duration,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Pace {
+            sweep: None,
+            watch: replicas::WATCH_EVERY,
+            alert_poll: alerts::deliverer::POLL,
+        }
+    }
 }
 
 impl StartOptions {
@@ -116,6 +144,7 @@ impl Default for StartOptions {
             clock: Arc::new(SystemClock),
             admin_token: None,
             env: HashMap::new(),
+            pace: Pace::default(),
         }
     }
 }
@@ -156,7 +185,7 @@ impl Gateway {
         scope_key: ScopeKey,
         options: StartOptions,
     ) -> Result<Gateway, StartError> {
-        let clock = options.clock;
+        let (clock, pace) = (options.clock, options.pace);
         let server = config.server.clone();
         let token = match options.admin_token {
             Some(token) => AdminToken::new(token, &server.admin_token_env),
@@ -244,6 +273,9 @@ impl Gateway {
             store.clone(),
             clock.clone(),
             config.store.retention,
+            pace.sweep
+                .unwrap_or_else(|| retention::interval(config.store.retention)),
+            metrics.clone(),
             stop_accepting.clone(),
         ));
         let alerts = tokio::spawn(
@@ -255,14 +287,14 @@ impl Gateway {
                 metrics.clone(),
                 alerts::console_base(&config.server, admin_addr),
             ))
-            .run(stop_accepting.clone()),
+            .run(pace.alert_poll, stop_accepting.clone()),
         );
         let watch = tokio::spawn({
             let (store, proxy, routes) = (store.clone(), proxy.clone(), config.routes.clone());
-            let stop = stop_accepting.clone();
+            let (metrics, stop) = (metrics.clone(), stop_accepting.clone());
             async move {
                 if store.shared() {
-                    replicas::watch(store, proxy, routes, stop).await;
+                    replicas::watch(store, proxy, routes, pace.watch, metrics, stop).await;
                 }
             }
         });

@@ -213,7 +213,7 @@ impl ListFilter {
 }
 
 /// A statement the store runs on `operations`, with sample parameters:
-/// what `tests/store_contract.rs` explains, on each backend, to show that
+/// what `tests/it/store_contract.rs` explains, on each backend, to show that
 /// an index serves it. The statements are the store's own, never copies.
 #[doc(hidden)]
 #[derive(Debug, Clone)]

@@ -603,7 +603,7 @@ pub async fn get(
 /// The newest operation with `key` under any of the (route, scope) pairs:
 /// the newest current one (by the identity index), since each took its
 /// identity after every one it superseded; only under pairs without one,
-/// the newest superseded one (by `operations_key_id`).
+/// the newest superseded one (by `operations_superseded`, migration 0009).
 pub async fn find_newest(
     pool: &PgPool,
     scopes: &[(String, String)],
@@ -859,7 +859,7 @@ pub fn access_paths() -> Vec<AccessPath> {
         AccessPath {
             name: "find_newest, superseded".into(),
             sql: find_newest_sql(),
-            index: "operations_key_id",
+            index: "operations_superseded",
             bound: None,
             params: pairs,
         },
