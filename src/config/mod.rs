@@ -1,8 +1,8 @@
 //! Configuration: the TOML file → the validated [`Config`] the gateway
 //! runs on, in three rooms along its seams:
 //!
-//! - [`file`]: the file as written (`Raw*` types, `deny_unknown_fields`);
-//! - [`validate`]: the one check, filling what is left out from
+//! - `file`: the file as written (`Raw*` types, `deny_unknown_fields`);
+//! - `validate`: the one check, filling what is left out from
 //!   [`defaults`] (each default written once, as the file spells it);
 //! - [`runtime`]: the validated types the rest of the gateway reads.
 //!

@@ -1,7 +1,7 @@
 //! The validated configuration the gateway runs on: what each part of
 //! the gateway reads, with the reason for a field written on it.
 //!
-//! Invariant: every value here went through [`super::validate`], the only
+//! Invariant: every value here went through `config::validate`, the only
 //! code that builds these from the file (the no-file mode included). TLS
 //! files are named here, not read: they are read at start
 //! (`tls::read`), and by `idemgate check-config` the same way.
