@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::config::{Config, ConfigError, Durability, KeyMode, Overrides};
+use crate::config::{Config, ConfigError, Durability, KeyMode, Overrides, defaults};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -163,7 +163,7 @@ pub struct Keys {
     /// The environment variable holding the admin token (the gateway's
     /// `admin_token_env`). The token is never taken as a flag: flags end up
     /// in shell history and process listings.
-    #[arg(long, global = true, default_value = "IDEMGATE_ADMIN_TOKEN")]
+    #[arg(long, global = true, default_value = defaults::server::ADMIN_TOKEN_ENV)]
     pub token_env: String,
     /// A PEM file of extra trust roots for an https admin listener whose
     /// certificate a private CA signed (`server.admin_tls_cert`).

@@ -30,9 +30,10 @@ use serde_json::{Map, Value, json};
 
 use crate::admin::auth::{UnusableToken, token_fault};
 use crate::cli::{Keys, KeysCommand, KeysList, KeysResolve};
+use crate::config::ClientTls;
 use crate::http_client;
 use crate::pipeline::key::url_component;
-use crate::tls::{ClientTls, TlsError};
+use crate::tls::TlsError;
 
 /// One admin call, connect to last byte; the admin API answers from the
 /// store, so anything slower is a gateway in trouble, not a slow answer.

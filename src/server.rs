@@ -1,6 +1,7 @@
 //! Listeners, the accept loops and graceful shutdown.
 //!
-//! [`Gateway::start`] opens the store (taking its lock), binds the proxy and
+//! [`Gateway::start`] reads the TLS files the configuration names
+//! ([`tls::read`]), opens the store (taking its lock), binds the proxy and
 //! admin listeners and serves until [`Gateway::shutdown`]: stop accepting,
 //! let connections finish and forward tasks record their outcomes within
 //! `shutdown_grace`, then close the store, which releases it for the next
@@ -47,8 +48,8 @@ use crate::pipeline::error::ProxyError;
 use crate::pipeline::forward::ViaTls;
 use crate::scope_key::{ScopeKey, ScopeKeyError};
 use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
-use crate::tls::{ServerTls, TlsError};
-use crate::{replicas, retention};
+use crate::tls::{FieldError, ServerTls, TlsError};
+use crate::{replicas, retention, tls};
 
 /// Why the gateway did not start.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,8 @@ pub enum StartError {
     UnusableAdminToken(#[from] UnusableToken),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error(transparent)]
+    TlsFile(#[from] FieldError),
     #[error(transparent)]
     Alerts(#[from] AlertError),
 }
@@ -152,20 +155,11 @@ impl Gateway {
         Self::start_with(config, StartOptions::default()).await
     }
 
-    /// [`Gateway::start`] with the clock the store and the windows read.
-    pub async fn start_with_clock(
-        config: Config,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Gateway, StartError> {
-        let options = StartOptions {
-            clock,
-            ..StartOptions::default()
-        };
-        Self::start_with(config, options).await
-    }
-
     /// [`Gateway::start`] with [`StartOptions`].
     pub async fn start_with(config: Config, options: StartOptions) -> Result<Gateway, StartError> {
+        // First: a file that cannot be used is refused before anything is
+        // created or locked.
+        let listeners = tls::read(&config)?;
         let clock = options.clock.clone();
         let lookup = |name: &str| options.var(name);
         let keys = StoreKeys {
@@ -175,7 +169,7 @@ impl Gateway {
         let owner = uuid::Uuid::now_v7().to_string();
         let scope_key = keys.scope.clone();
         let store = crate::store::open(&config.store, owner, clock.clone(), keys).await?;
-        match Self::serve(config, store.clone(), scope_key, options).await {
+        match Self::serve(config, listeners, store.clone(), scope_key, options).await {
             Ok(gateway) => Ok(gateway),
             Err(error) => {
                 store.close().await;
@@ -186,6 +180,7 @@ impl Gateway {
 
     async fn serve(
         config: Config,
+        listeners: tls::Listeners,
         store: Arc<dyn Store>,
         scope_key: ScopeKey,
         options: StartOptions,
@@ -197,14 +192,8 @@ impl Gateway {
             None => AdminToken::from_env(&server.admin_token_env),
         }?;
         token.check_exposure(server.admin_listen, &server.admin_token_env)?;
-        let load = |listener, files: &Option<_>| {
-            files
-                .as_ref()
-                .map(|files| ServerTls::load(listener, files).map(Arc::new))
-                .transpose()
-        };
-        let proxy_tls = load("proxy", &server.tls)?;
-        let admin_tls = load("admin", &server.admin_tls)?;
+        let proxy_tls = listeners.proxy.map(Arc::new);
+        let admin_tls = listeners.admin.map(Arc::new);
         let alert_endpoints = Endpoint::all(&config.alerts)?;
         let poster = Poster::new()?;
         let bind = |field, addr| async move {

@@ -25,6 +25,7 @@ mod monitoring;
 mod no_secrets;
 mod outcome_unknown;
 mod paths_and_probes;
+mod pause_kind_upgrade;
 mod postgres_gateway;
 mod process;
 mod real_clients;

@@ -26,8 +26,8 @@ use idemgate::clock::{Clock, ManualClock};
 use idemgate::config::Durability;
 use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State, StoredResponse};
 use idemgate::store::{
-    Claim, ClaimResult, Decision, ListFilter, NewOperation, PostgresStore, Recorded, Resolved,
-    SqliteStore, Store,
+    Claim, ClaimResult, Decision, ListFilter, NewOperation, PausedBy, PostgresStore, Recorded,
+    Resolved, SqliteStore, Store,
 };
 use tempfile::TempDir;
 
@@ -611,17 +611,31 @@ async fn pauses_and_the_latch(bench: Bench) {
     held(store.as_ref(), "u2").await;
     assert!(store.trip_pause_latch("api", 2).await.unwrap());
     assert_eq!(store.paused_routes().await.unwrap(), ["api", "other"]);
-    // Who paused: the latch's reason says so; an operator's is kept as given.
+    // Who paused is stored with the pause; an operator's reason is kept as
+    // given, even one that reads like the latch's.
+    store
+        .set_paused("third", Some("pause_after_unknown: 9 operations unknown"))
+        .await
+        .unwrap();
     let pauses = store.pauses().await.unwrap();
     let by: Vec<_> = pauses
         .iter()
-        .map(|p| (p.route.as_str(), p.reason.as_str(), p.by_latch()))
+        .map(|p| (p.route.as_str(), p.reason.as_str(), p.by))
         .collect();
     assert_eq!(
         by,
         [
-            ("api", "pause_after_unknown: 2 operations unknown", true),
-            ("other", "x", false)
+            (
+                "api",
+                "pause_after_unknown: 2 operations unknown",
+                PausedBy::Latch
+            ),
+            ("other", "x", PausedBy::Operator),
+            (
+                "third",
+                "pause_after_unknown: 9 operations unknown",
+                PausedBy::Operator
+            ),
         ]
     );
     store.close().await;

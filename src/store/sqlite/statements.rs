@@ -5,6 +5,12 @@
 //!
 //! Every state change is a compare-and-set on (id, state, attempt, owner):
 //! a stale writer changes no row and learns it from the row count.
+//!
+//! Longer than the house's ~800 lines on purpose: it is all of this
+//! backend's SQL in one room, one function per store call, so the dialect
+//! is read (and compared with `postgres/statements.rs`, the same calls in
+//! the other dialect) in one place; splitting it by caller would scatter
+//! the statements that must change together when the schema does.
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -15,8 +21,9 @@ use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
     AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, ListFilter, ListPath,
-    NewOperation, Param, Recorded, RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT,
-    Stats, StoreError, StoredEvent, Summary, is_implied_by_record, operation_count, timeline,
+    NewOperation, Param, PausedBy, Recorded, RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS,
+    SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, is_implied_by_record, operation_count,
+    timeline,
 };
 
 /// The columns [`operation_from_row`] reads. The digests are stored as
@@ -292,8 +299,8 @@ pub fn trip_pause_latch(
     threshold: u32,
 ) -> Result<bool, StoreError> {
     conn.prepare_cached(
-        "INSERT INTO route_pauses (route, reason, updated_at)
-         SELECT ?1, 'pause_after_unknown: ' || ?2 || ' operations unknown', ?3
+        "INSERT INTO route_pauses (route, reason, paused_by, updated_at)
+         SELECT ?1, 'pause_after_unknown: ' || ?2 || ' operations unknown', 'latch', ?3
          WHERE (SELECT count(*) FROM operations WHERE route = ?1 AND state = 'unknown') >= ?2
          ON CONFLICT (route) DO NOTHING",
     )?
@@ -313,15 +320,19 @@ pub fn paused_routes(conn: &Connection) -> Result<Vec<String>, StoreError> {
 }
 
 pub fn pauses(conn: &Connection) -> Result<Vec<RoutePause>, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT route, reason FROM route_pauses ORDER BY route")?
+    conn.prepare_cached("SELECT route, reason, paused_by FROM route_pauses ORDER BY route")?
         .query_map([], |row| {
-            Ok(RoutePause {
-                route: row.get(0)?,
-                reason: row.get(1)?,
-            })
+            Ok((row.get(0)?, row.get(1)?, row.get::<_, String>(2)?))
         })?
-        .collect::<Result<_, _>>()?)
+        .map(|row| {
+            let (route, reason, by) = row?;
+            Ok(RoutePause {
+                route,
+                reason,
+                by: PausedBy::parse(&by)?,
+            })
+        })
+        .collect()
 }
 
 pub fn set_paused(
@@ -333,9 +344,10 @@ pub fn set_paused(
     match reason {
         Some(reason) => conn
             .prepare_cached(
-                "INSERT INTO route_pauses (route, reason, updated_at) VALUES (?1, ?2, ?3)
+                "INSERT INTO route_pauses (route, reason, paused_by, updated_at)
+                 VALUES (?1, ?2, 'operator', ?3)
                  ON CONFLICT (route) DO UPDATE SET reason = excluded.reason,
-                    updated_at = excluded.updated_at",
+                    paused_by = excluded.paused_by, updated_at = excluded.updated_at",
             )?
             .execute(params![route, reason, now])?,
         None => conn
@@ -903,8 +915,11 @@ mod tests {
     const DIGESTS_MIGRATION: &str =
         include_str!("../../../migrations/sqlite/0007_digests_as_bytes.sql");
 
-    /// Every migration: the schema a store has.
-    fn migrated() -> Connection {
+    const PAUSE_KIND_MIGRATION: &str =
+        include_str!("../../../migrations/sqlite/0008_pause_kind.sql");
+
+    /// Migrations 0001 to 0007: the schema before the pause kind.
+    fn before_pause_kind() -> Connection {
         let conn = before_counts();
         for sql in [
             COUNTS_MIGRATION,
@@ -914,6 +929,64 @@ mod tests {
             conn.execute_batch(sql).unwrap();
         }
         conn
+    }
+
+    /// Every migration: the schema a store has.
+    fn migrated() -> Connection {
+        let conn = before_pause_kind();
+        conn.execute_batch(PAUSE_KIND_MIGRATION).unwrap();
+        conn
+    }
+
+    /// Migration 0008 keeps who paused each route stored before it, when
+    /// only the latch's reason prefix told: afterwards the column says it,
+    /// and an operator's reason that merely looks like the latch's is an
+    /// operator's pause (the prefix rule called it the latch's).
+    #[test]
+    fn the_pause_kind_migration_keeps_who_paused() {
+        use super::{PausedBy, RoutePause, pauses, set_paused, trip_pause_latch};
+        let conn = before_pause_kind();
+        conn.execute_batch(
+            "INSERT INTO route_pauses (route, reason, updated_at) VALUES
+                ('api', 'pause_after_unknown: 3 operations unknown', 1),
+                ('ops', 'maintenance', 2);",
+        )
+        .unwrap();
+        conn.execute_batch(PAUSE_KIND_MIGRATION).unwrap();
+        let pause = |route: &str, reason: &str, by| RoutePause {
+            route: route.into(),
+            reason: reason.into(),
+            by,
+        };
+        assert_eq!(
+            pauses(&conn).unwrap(),
+            [
+                pause(
+                    "api",
+                    "pause_after_unknown: 3 operations unknown",
+                    PausedBy::Latch
+                ),
+                pause("ops", "maintenance", PausedBy::Operator),
+            ]
+        );
+        // An operator's pause over the latch's is the operator's; one whose
+        // reason copies the latch's words is still the operator's.
+        set_paused(&conn, 3, "api", Some("looked at it")).unwrap();
+        set_paused(
+            &conn,
+            4,
+            "ops",
+            Some("pause_after_unknown: 9 operations unknown"),
+        )
+        .unwrap();
+        let by: Vec<_> = pauses(&conn).unwrap().iter().map(|p| p.by).collect();
+        assert_eq!(by, [PausedBy::Operator, PausedBy::Operator]);
+        // The latch does not take over a pause already there.
+        assert!(trip_pause_latch(&conn, 5, "api", 0).unwrap());
+        assert_eq!(pauses(&conn).unwrap()[0].by, PausedBy::Operator);
+        set_paused(&conn, 6, "api", None).unwrap();
+        assert!(trip_pause_latch(&conn, 7, "api", 0).unwrap());
+        assert_eq!(pauses(&conn).unwrap()[0].by, PausedBy::Latch);
     }
 
     /// Inserts an operation as the schema before 0007 kept it: digests as
