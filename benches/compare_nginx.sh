@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
 # idemgate side by side with nginx as a plain pass-through proxy, measured as
 # a new user would: wrk (2 threads, 64 connections) against each, in front of
-# the same upstream, in one run.
+# the same upstream, in one run; and what one request costs each of them,
+# physically: CPU time, context switches and system calls per request, and
+# (CALLGRIND=1) instructions per request.
 #
 #   benches/compare_nginx.sh              # 10 s per measured run, ~1.5 min in all
 #   DURATION=30s benches/compare_nginx.sh
 #   IDEMGATE=path/to/idemgate benches/compare_nginx.sh   # skip the release build
+#   DURABILITIES="full normal" benches/compare_nginx.sh  # also durability "normal"
+#   TOKIO_WORKER_THREADS=2 benches/compare_nginx.sh      # the gateway's async workers
+#   STRACE=1 benches/compare_nginx.sh     # + system calls by name (strace -c, short runs)
+#   CALLGRIND=1 benches/compare_nginx.sh  # + instructions per request (valgrind, ~3 min)
 #
-# The upstream is nginx itself, answering every request 201 with a small JSON
-# body: the fastest upstream at hand, so neither proxy waits on it and both
-# pay the same for it, and it is the upstream the project's first figures were
-# measured against. (The idemgate mock API would count writes, but it is an
-# in-process Rust server whose per-key map grows with every new key: it would
-# tax both sides and skew the first-write runs. Exactly-once is what
-# `idemgate bench` checks; this script measures speed.)
+# The upstream is an nginx of its own, answering every request 201 with a
+# small JSON body: the fastest upstream at hand, so neither proxy waits on it
+# and both pay the same for it. It runs apart from the nginx that proxies, so
+# that the proxy's counters hold the proxy's work alone. (The idemgate mock
+# API would count writes, but it is an in-process Rust server whose per-key
+# map grows with every new key: it would tax both sides and skew the
+# first-write runs. Exactly-once is what `idemgate bench` checks; this script
+# measures speed.)
 #
-# Loads, each run against nginx pass-through, idemgate durability "full" and
-# idemgate durability "normal" (idemgate with its default config otherwise,
-# info logs to a file, as `serve` runs out of the box):
+# Loads, each run against nginx pass-through and idemgate (durability "full"
+# by default; its default config otherwise, info logs to a file, as `serve`
+# runs out of the box):
+#   - forwarding: a route with `key = "off"`, the proxy alone (no store);
 #   - first writes: every request has a new Idempotency-Key;
 #   - replays: the keys cycle over a fixed set of 64, all created during a
 #     warm-up, so the measured requests are replays (through nginx they are
@@ -25,12 +33,38 @@
 # Every run is preceded by a 2 s warm-up on the same load (connections,
 # caches) whose figures are discarded.
 #
-# Installs nginx and wrk from Debian's packages if missing. Everything listens
-# on 127.0.0.1 on free ports; every process started here is stopped on exit,
-# and the temporary directory (configs, stores, logs) removed.
+# Per-request costs, over each measured run, divided by the requests wrk
+# completed in it:
+#   - proxy CPU µs: the proxy's processes' CPU time (user + system): perf
+#     stat's task-clock where perf works, else /proc/PID/stat;
+#   - ctx sw: the proxy's context switches (perf's software counter; else
+#     the voluntary + nonvoluntary counts of /proc/PID/task/*/status);
+#   - syscalls: system calls the proxy entered (perf's raw_syscalls
+#     tracepoint; "-" without perf);
+#   - machine CPU µs: the whole machine's busy time (/proc/stat), wrk and the
+#     upstream included, which is what the rate is bounded by.
+# The counters run during the measured run itself; perf's tracepoint costs
+# both proxies the same few hundred nanoseconds per system call.
+#
+# CALLGRIND=1 then runs each proxy under valgrind's callgrind: started with
+# instrumentation off, warmed up, counters zeroed, instrumentation on for a
+# run of CALLGRIND_DURATION (8 connections: valgrind runs one thread at a
+# time), off again, dumped; instructions counted divided by the requests
+# wrk completed in that window. For idemgate the writer thread's share (the
+# SQLite store's work) is given apart. Instruction counts repeat to within
+# a percent or two from run to run where rates move by ±10 %, so they are
+# the guide for changes; valgrind hides the CPU's SHA instructions and runs
+# one thread at a time (bigger store batches than natively).
+#
+# Installs nginx and wrk (and valgrind for CALLGRIND, strace for STRACE)
+# from Debian's packages if missing. Everything listens on 127.0.0.1 on free
+# ports; every process started here is stopped on exit, and the temporary
+# directory (configs, stores, logs) removed.
 set -euo pipefail
 
 DURATION=${DURATION:-10s}
+CALLGRIND_DURATION=${CALLGRIND_DURATION:-10s}
+DURABILITIES=${DURABILITIES:-full}
 THREADS=2
 CONNECTIONS=64
 REPLAY_KEYS=64
@@ -41,6 +75,8 @@ need_packages() {
     local missing=()
     command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
     command -v wrk >/dev/null || missing+=(wrk)
+    [ "${CALLGRIND:-0}" = 1 ] && ! command -v valgrind >/dev/null && missing+=(valgrind)
+    [ "${STRACE:-0}" = 1 ] && ! command -v strace >/dev/null && missing+=(strace)
     [ ${#missing[@]} -eq 0 ] && return
     echo "installing ${missing[*]} (apt-get)" >&2
     local sudo=
@@ -50,6 +86,14 @@ need_packages() {
 }
 need_packages
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+# perf counts system calls and task time only where the kernel lets it.
+use_perf=0
+if command -v perf >/dev/null &&
+    perf stat -x, -e raw_syscalls:sys_enter,context-switches,task-clock true 2>&1 >/dev/null |
+    grep -q ',raw_syscalls:sys_enter'; then
+    use_perf=1
+fi
 
 if [ -z "${IDEMGATE:-}" ]; then
     echo "building idemgate (release)" >&2
@@ -85,43 +129,52 @@ free_port() {
     return 1
 }
 
-# Waits up to 10 s for something to accept on 127.0.0.1:$1.
+# Waits up to $2 seconds (10 by default) for something to accept on 127.0.0.1:$1.
 wait_port() {
-    for _ in $(seq 100); do
+    for _ in $(seq $((${2:-10} * 10))); do
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
         sleep 0.1
     done
-    echo "nothing listens on 127.0.0.1:$1 after 10 s" >&2
+    echo "nothing listens on 127.0.0.1:$1 after ${2:-10} s" >&2
     return 1
+}
+
+# Writes an nginx config $1 for prefix $2: `worker_processes` $3, the
+# server block $4.
+nginx_config() {
+    local file=$1 prefix=$2 workers=$3 server=$4
+    mkdir -p "$prefix/logs"
+    cat >"$file" <<EOF
+worker_processes $workers;
+pid $prefix/nginx.pid;
+error_log $prefix/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $prefix/body;
+    proxy_temp_path $prefix/proxy;
+    fastcgi_temp_path $prefix/fastcgi;
+    uwsgi_temp_path $prefix/uwsgi;
+    scgi_temp_path $prefix/scgi;
+    keepalive_requests 1000000;
+$server
+}
+EOF
 }
 
 upstream_port=$(free_port)
 nginx_port=$(free_port)
-mkdir -p "$dir/nginx/logs"
-cat >"$dir/nginx/nginx.conf" <<EOF
-worker_processes 2;
-pid $dir/nginx/nginx.pid;
-error_log $dir/nginx/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $dir/nginx/body;
-    proxy_temp_path $dir/nginx/proxy;
-    fastcgi_temp_path $dir/nginx/fastcgi;
-    uwsgi_temp_path $dir/nginx/uwsgi;
-    scgi_temp_path $dir/nginx/scgi;
-    keepalive_requests 1000000;
-    # The upstream: every request is a created resource.
-    server {
+# The upstream: every request is a created resource.
+upstream_server="    server {
         listen 127.0.0.1:$upstream_port;
         location / {
             default_type application/json;
-            return 201 '{"id":1,"status":"created"}';
+            return 201 '{\"id\":1,\"status\":\"created\"}';
         }
-    }
-    # The pass-through proxy, with keep-alive connections to the upstream
-    # (as idemgate pools its own).
-    upstream api {
+    }"
+# The pass-through proxy, with keep-alive connections to the upstream (as
+# idemgate pools its own).
+proxy_server="    upstream api {
         server 127.0.0.1:$upstream_port;
         keepalive 128;
     }
@@ -130,20 +183,24 @@ http {
         location / {
             proxy_pass http://api;
             proxy_http_version 1.1;
-            proxy_set_header Connection "";
+            proxy_set_header Connection \"\";
         }
-    }
-}
-EOF
-"$NGINX" -p "$dir/nginx" -c "$dir/nginx/nginx.conf" -g 'daemon off;' \
-    2>"$dir/nginx/logs/stderr.log" &
+    }"
+nginx_config "$dir/upstream.conf" "$dir/upstream" 2 "$upstream_server"
+nginx_config "$dir/nginx.conf" "$dir/nginx" 2 "$proxy_server"
+"$NGINX" -p "$dir/upstream" -c "$dir/upstream.conf" -g 'daemon off;' \
+    2>"$dir/upstream/logs/stderr.log" &
 pids+=($!)
+"$NGINX" -p "$dir/nginx" -c "$dir/nginx.conf" -g 'daemon off;' \
+    2>"$dir/nginx/logs/stderr.log" &
+nginx_pid=$!
+pids+=($nginx_pid)
 wait_port "$upstream_port"
 wait_port "$nginx_port"
 
-# Starts `idemgate serve` with durability $1 and sets $started to its proxy
-# address (not printed: a $(…) subshell would lose the pid to clean up).
-start_idemgate() {
+# The gateway's config for durability $1: `/orders` requires a key, `/plain`
+# is `key = "off"` (forwarding only).
+idemgate_config() {
     local durability=$1
     cat >"$dir/idemgate-$durability.toml" <<EOF
 [server]
@@ -153,36 +210,51 @@ admin_listen = "127.0.0.1:0"
 url = "sqlite://$dir/idemgate-$durability.db"
 durability = "$durability"
 [[routes]]
+name = "plain"
+path_prefix = "/plain"
+upstream = "http://127.0.0.1:$upstream_port"
+key = "off"
+[[routes]]
 name = "orders"
 path_prefix = "/"
 upstream = "http://127.0.0.1:$upstream_port"
 EOF
-    "$IDEMGATE" serve --config "$dir/idemgate-$durability.toml" \
-        >"$dir/idemgate-$durability.out" 2>"$dir/idemgate-$durability.log" &
-    pids+=($!)
+}
+
+# Starts `$@ serve` (idemgate, or valgrind running it) with durability
+# $durability within $within seconds, and sets $started to its proxy address
+# and $started_pid to its pid (not printed: a $(…) subshell would lose the
+# pid to clean up).
+start_idemgate() {
+    local name=$1 within=$2
+    shift 2
+    idemgate_config "$durability"
+    rm -f "$dir/idemgate-$durability.db"*
+    "$@" serve --config "$dir/idemgate-$durability.toml" \
+        >"$dir/$name.out" 2>"$dir/$name.log" &
+    started_pid=$!
+    pids+=($started_pid)
     started=
-    for _ in $(seq 100); do
-        started=$(sed -n 's/^listening proxy=\([^ ]*\) .*/\1/p' "$dir/idemgate-$durability.out")
+    for _ in $(seq $((within * 10))); do
+        started=$(sed -n 's/^listening proxy=\([^ ]*\) .*/\1/p' "$dir/$name.out")
         [ -n "$started" ] && return
         sleep 0.1
     done
-    echo "idemgate ($durability) did not start within 10 s:" >&2
-    cat "$dir/idemgate-$durability.log" >&2
+    echo "idemgate ($name) did not start within $within s:" >&2
+    cat "$dir/$name.log" >&2
     return 1
 }
-start_idemgate full
-idemgate_full=$started
-start_idemgate normal
-idemgate_normal=$started
 
-# The wrk script: first writes (a new key per request) or replays (the keys
-# cycle over REPLAY_KEYS). Keys carry a per-run prefix, so no run replays
-# another's keys.
+# The wrk script: forwarding (a new key per request, on the `key = "off"`
+# route), first writes (a new key per request) or replays (the keys cycle
+# over REPLAY_KEYS). Keys carry a per-run prefix, so no run replays another's
+# keys.
 cat >"$dir/load.lua" <<'EOF'
 local mode = os.getenv("MODE")
 local prefix = os.getenv("PREFIX")
 local replay_keys = tonumber(os.getenv("REPLAY_KEYS"))
 local body = '{"amount":1000,"currency":"eur","description":"bench order","customer":"cus_42"}'
+local path = mode == "off" and "/plain/orders" or "/orders"
 local threads = 0
 local counter = 0
 -- `id` is a global each thread gets from setup().
@@ -200,7 +272,7 @@ request = function()
     else
         key = prefix .. "-" .. id .. "-" .. counter
     end
-    return wrk.format("POST", "/orders", {
+    return wrk.format("POST", path, {
         ["Authorization"] = "Bearer bench",
         ["Idempotency-Key"] = key,
         ["Content-Type"] = "application/json",
@@ -211,59 +283,218 @@ done = function(summary, latency, requests)
     local non2xx = summary.errors.status
     local errors = summary.errors.connect + summary.errors.read + summary.errors.write
         + summary.errors.timeout
-    io.write(string.format("RESULT %.1f %.3f %.3f %d %d\n",
+    io.write(string.format("RESULT %.1f %.3f %.3f %d %d %d\n",
         summary.requests / (summary.duration / 1e6),
-        latency:percentile(50) / 1000, latency:percentile(99) / 1000, non2xx, errors))
+        latency:percentile(50) / 1000, latency:percentile(99) / 1000, non2xx, errors,
+        summary.requests))
 end
 EOF
 
-# Runs wrk with load $1 against $2 (host:port) for $3; prints
-# "rps p50_ms p99_ms non2xx errors".
+# Runs wrk with load $1 against $2 (host:port) for $3 with key prefix $4 and
+# $5 connections; prints "rps p50_ms p99_ms non2xx errors requests".
 wrk_run() {
-    local mode=$1 addr=$2 duration=$3 prefix=$4
+    local mode=$1 addr=$2 duration=$3 prefix=$4 connections=${5:-$CONNECTIONS}
     MODE=$mode PREFIX=$prefix REPLAY_KEYS=$REPLAY_KEYS \
-        timeout 120 wrk -t "$THREADS" -c "$CONNECTIONS" -d "$duration" \
-        -s "$dir/load.lua" "http://$addr/orders" | sed -n 's/^RESULT //p'
+        timeout 300 wrk -t "$THREADS" -c "$connections" -d "$duration" \
+        -s "$dir/load.lua" "http://$addr/" | sed -n 's/^RESULT //p'
 }
 
-# One measured run after a warm-up: replays warm up on the same keys (so
-# they exist before the measured run), first writes on other keys (so none
-# of the warm-up's, possibly still in flight, is met again).
-measure() {
-    local mode=$1 addr=$2 prefix
+# The warm-up before a measured run: replays warm up on the run's own keys
+# (so they exist before it), the other loads on other keys (so none of the
+# warm-up's, possibly still in flight, is met again). Sets $prefix.
+warm_up() {
+    local mode=$1 addr=$2 connections=${3:-$CONNECTIONS}
     prefix="$mode-$(date +%s%N)"
     case $mode in
-        first) wrk_run "$mode" "$addr" 2s "$prefix-warm-up" >/dev/null ;;
-        replay) wrk_run "$mode" "$addr" 2s "$prefix" >/dev/null ;;
+        replay) wrk_run "$mode" "$addr" 2s "$prefix" "$connections" >/dev/null ;;
+        *) wrk_run "$mode" "$addr" 2s "$prefix-warm-up" "$connections" >/dev/null ;;
     esac
-    wrk_run "$mode" "$addr" "$DURATION" "$prefix"
+}
+
+# The processes of a proxy whose main process is $1: itself and its children
+# (nginx's workers).
+proc_set() {
+    echo "$1" $(cat "/proc/$1/task/"*/children 2>/dev/null)
+}
+
+# /proc counters of the processes $@: "cpu_ticks ctx_switches".
+proc_counters() {
+    local ticks=0 switches=0 pid
+    for pid in "$@"; do
+        # utime and stime: fields 14 and 15, counted after the command's ")".
+        ticks=$((ticks + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }')))
+        switches=$((switches + $(cat "/proc/$pid/task/"*/status |
+            awk '/ctxt_switches/ { n += $2 } END { print n + 0 }')))
+    done
+    echo "$ticks $switches"
+}
+
+# The whole machine's busy clock ticks so far (all CPUs, idle and iowait left out).
+machine_ticks() {
+    awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
+}
+
+# One measured run of load $1 against $2 with the processes $3 (a list)
+# counted; prints "rps p50 p99 non2xx errors cpu_us switches syscalls machine_us".
+measure() {
+    local mode=$1 addr=$2 counted=$3 hz
+    hz=$(getconf CLK_TCK)
+    warm_up "$mode" "$addr"
+    local perf_pid= before machine_before result after machine_after
+    if [ "$use_perf" = 1 ]; then
+        perf stat -x, -e task-clock,context-switches,raw_syscalls:sys_enter \
+            -p "${counted// /,}" -o "$dir/perf.csv" 2>/dev/null &
+        perf_pid=$!
+        sleep 0.3
+    fi
+    # shellcheck disable=SC2086 # a list of pids
+    before=$(proc_counters $counted)
+    machine_before=$(machine_ticks)
+    result=$(wrk_run "$mode" "$addr" "$DURATION" "$prefix")
+    machine_after=$(machine_ticks)
+    # shellcheck disable=SC2086
+    after=$(proc_counters $counted)
+    local cpu_ms switches syscalls=
+    read -r ticks_before switches_before <<<"$before"
+    read -r ticks_after switches_after <<<"$after"
+    cpu_ms=$(((ticks_after - ticks_before) * 1000 / hz))
+    switches=$((switches_after - switches_before))
+    if [ -n "$perf_pid" ]; then
+        kill -INT "$perf_pid"
+        wait "$perf_pid" || true
+        cpu_ms=$(awk -F, '$3 ~ /^task-clock/ { printf "%d", $1 }' "$dir/perf.csv")
+        switches=$(awk -F, '$3 == "context-switches" { print $1 }' "$dir/perf.csv")
+        syscalls=$(awk -F, '$3 == "raw_syscalls:sys_enter" { print $1 }' "$dir/perf.csv")
+    fi
+    read -r rps p50 p99 non2xx errors requests <<<"$result"
+    awk -v rps="$rps" -v p50="$p50" -v p99="$p99" -v non2xx="$non2xx" -v errors="$errors" \
+        -v n="$requests" -v cpu_ms="$cpu_ms" -v sw="$switches" -v sc="$syscalls" \
+        -v machine=$((machine_after - machine_before)) -v hz="$hz" 'BEGIN {
+            n = n > 0 ? n : 1
+            printf "%s %s %s %s %s %.1f %.2f %s %.1f\n", rps, p50, p99, non2xx, errors,
+                cpu_ms * 1000 / n, sw / n, sc == "" ? "-" : sprintf("%.2f", sc / n),
+                machine * 1e6 / hz / n
+        }'
 }
 
 load_average=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "compare_nginx: wrk $THREADS threads, $CONNECTIONS connections, $DURATION per run"
 echo "  $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)), load average before: $load_average"
-echo "  idemgate $("$IDEMGATE" --version | cut -d' ' -f2) at $(cd "$repo" && git describe --always --dirty 2>/dev/null || echo '?'), $("$NGINX" -v 2>&1 | cut -d' ' -f3)"
-printf '\n%-22s %10s %9s %9s %8s %7s %10s\n' "load / proxy" "req/s" "p50 ms" "p99 ms" "non-2xx" "errors" "vs nginx"
-for mode in first replay; do
+echo "  idemgate $("$IDEMGATE" --version | cut -d' ' -f2) at $(cd "$repo" && git describe --always --dirty 2>/dev/null || echo '?'), TOKIO_WORKER_THREADS=${TOKIO_WORKER_THREADS:-default}, $("$NGINX" -v 2>&1 | cut -d' ' -f3)"
+[ "$use_perf" = 1 ] || echo "  (perf stat unavailable: CPU and switches from /proc, no system call counts)"
+
+gateways=()
+for durability in $DURABILITIES; do
+    start_idemgate "idemgate-$durability" 10 "$IDEMGATE"
+    gateways+=("idemgate $durability=$started=$started_pid")
+done
+
+printf '\n%-22s %8s %7s %7s %7s %6s %8s  %8s %6s %8s %8s\n' "load / proxy" "req/s" "p50 ms" \
+    "p99 ms" "non-2xx" "errors" "vs nginx" "CPU µs" "ctx sw" "syscalls" "machine"
+for mode in off first replay; do
     case $mode in
+        off) echo "forwarding (key = \"off\", a new key per request)" ;;
         first) echo "first writes (a new key per request)" ;;
         replay) echo "replays ($REPLAY_KEYS keys, created in the warm-up)" ;;
     esac
     nginx_rps=
-    for proxy in "nginx pass-through" "idemgate full" "idemgate normal"; do
-        case $proxy in
-            "nginx pass-through") addr=127.0.0.1:$nginx_port ;;
-            "idemgate full") addr=$idemgate_full ;;
-            "idemgate normal") addr=$idemgate_normal ;;
-        esac
-        read -r rps p50 p99 non2xx errors <<<"$(measure "$mode" "$addr")"
+    for target in "nginx pass-through=127.0.0.1:$nginx_port=$nginx_pid" "${gateways[@]}"; do
+        IFS== read -r proxy addr pid <<<"$target"
+        read -r rps p50 p99 non2xx errors cpu switches syscalls machine \
+            <<<"$(measure "$mode" "$addr" "$(proc_set "$pid")")"
         if [ -z "$nginx_rps" ]; then
             nginx_rps=$rps
             ratio=1
         else
             ratio=$(awk -v a="$rps" -v b="$nginx_rps" 'BEGIN { printf "%.3f", a / b }')
         fi
-        printf '  %-20s %10.0f %9.2f %9.2f %8d %7d %9s×\n' "$proxy" "$rps" "$p50" "$p99" "$non2xx" "$errors" "$ratio"
+        printf '  %-20s %8.0f %7.2f %7.2f %7d %6d %7s×  %8s %6s %8s %8s\n' "$proxy" "$rps" "$p50" \
+            "$p99" "$non2xx" "$errors" "$ratio" "$cpu" "$switches" "$syscalls" "$machine"
     done
 done
+echo "  (per request: the proxy's CPU µs, context switches and system calls; the machine's CPU µs)"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# System calls by name, per request: strace -c on a short run of each load
+# (strace slows the proxy down several times; the counts per request hold).
+if [ "${STRACE:-0}" = 1 ]; then
+    echo
+    echo "system calls per request by name (strace -c -f, 3 s per load, 16 connections)"
+    for mode in off first replay; do
+        for target in "nginx pass-through=127.0.0.1:$nginx_port=$nginx_pid" "${gateways[@]}"; do
+            IFS== read -r proxy addr pid <<<"$target"
+            warm_up "$mode" "$addr" 16
+            traced=()
+            for p in $(proc_set "$pid"); do traced+=(-p "$p"); done
+            strace -c -f -o "$dir/strace.txt" "${traced[@]}" 2>/dev/null &
+            strace_pid=$!
+            sleep 0.5
+            read -r _ _ _ _ _ requests <<<"$(wrk_run "$mode" "$addr" 3s "$prefix" 16)"
+            kill -INT "$strace_pid"
+            wait "$strace_pid" || true
+            printf '  %-7s %-20s' "$mode" "$proxy"
+            awk -v n="$requests" '$NF ~ /^[a-z_0-9]+$/ && $4 ~ /^[0-9]+$/ && $NF != "total" {
+                    calls[$NF] = $4
+                }
+                END {
+                    for (name in calls) if (calls[name] / n >= 0.01) printf " %s %.2f", name, calls[name] / n
+                    print ""
+                }' "$dir/strace.txt"
+        done
+    done
+fi
+
+# Instructions per request under callgrind, for each load: counters zeroed
+# after the warm-up, instrumentation on for the measured run only.
+callgrind_window() {
+    local pid=$1 mode=$2 addr=$3 out=$4 result requests
+    warm_up "$mode" "$addr" 8
+    callgrind_control -z "$pid" >/dev/null 2>&1
+    callgrind_control -i on "$pid" >/dev/null 2>&1
+    result=$(wrk_run "$mode" "$addr" "$CALLGRIND_DURATION" "$prefix" 8)
+    sleep 1
+    callgrind_control -i off "$pid" >/dev/null 2>&1
+    callgrind_control -d "$mode" "$pid" >/dev/null 2>&1
+    read -r _ _ _ _ _ requests <<<"$result"
+    # The newest dump is this window's.
+    local dump
+    dump=$(ls -t "$out".* | head -1)
+    callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null |
+        awk -v n="$requests" -v mode="$mode" '
+            /PROGRAM TOTALS/ { gsub(",", "", $1); total = $1 }
+            /write_batches/ && writer == "" { gsub(",", "", $1); writer = $1 }
+            /log_sink::write_out/ && logs == "" { gsub(",", "", $1); logs = $1 }
+            END {
+                printf "  %-7s %8d requests  %9.0f instructions per request", mode, n, total / n
+                if (writer != "") printf "  (writer thread %.0f, log thread %.0f, the rest %.0f)",
+                    writer / n, logs / n, (total - writer - logs) / n
+                print ""
+            }'
+}
+
+if [ "${CALLGRIND:-0}" = 1 ]; then
+    echo
+    echo "instructions per request under callgrind ($CALLGRIND_DURATION per load, 8 connections)"
+    valgrind=(valgrind --tool=callgrind --instr-atstart=no --dump-instr=no)
+    echo " nginx pass-through (one worker)"
+    nginx_config "$dir/nginx-vg.conf" "$dir/nginx-vg" 1 "${proxy_server/$nginx_port/$(free_port)}"
+    sed -i '1i master_process off;' "$dir/nginx-vg.conf"
+    vg_port=$(sed -n 's/^ *listen 127.0.0.1:\([0-9]*\);/\1/p' "$dir/nginx-vg.conf")
+    "${valgrind[@]}" --callgrind-out-file="$dir/nginx.cg" \
+        "$NGINX" -p "$dir/nginx-vg" -c "$dir/nginx-vg.conf" -g 'daemon off;' \
+        2>"$dir/nginx-vg/logs/stderr.log" &
+    vg_pid=$!
+    pids+=($vg_pid)
+    wait_port "$vg_port" 60
+    callgrind_window "$vg_pid" off "127.0.0.1:$vg_port" "$dir/nginx.cg"
+    kill "$vg_pid"
+    for durability in $DURABILITIES; do
+        echo " idemgate $durability"
+        start_idemgate "idemgate-vg-$durability" 120 \
+            "${valgrind[@]}" --callgrind-out-file="$dir/idemgate-$durability.cg" "$IDEMGATE"
+        for mode in off first replay; do
+            callgrind_window "$started_pid" "$mode" "$started" "$dir/idemgate-$durability.cg"
+        done
+        kill "$started_pid"
+    done
+fi

@@ -3,7 +3,8 @@
 //!
 //! # Layout
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
-//! - [`server`]: listeners, accept loops, graceful shutdown.
+//! - [`server`]: listeners, accept loops, graceful shutdown; [`workers`]: the
+//!   threads (a runtime each) proxy connections are spread over.
 //! - [`tls`]: certificates from PEM files: the listeners' (swapped on
 //!   SIGHUP) and what upstream connections trust and present.
 //! - [`pipeline`]: the life of a request, one module per phase (the
@@ -25,7 +26,8 @@
 //!   console at `/`); [`metrics`]: Prometheus counters.
 //! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal;
 //!   [`rekey`]: `idemgate rekey`, stored payloads sealed again under the current key.
-//! - [`log_sink`]: log lines batched in memory, written by a thread of their own.
+//! - [`log_sink`]: log lines batched in memory, written by a thread of their own;
+//!   [`log_format`]: the text line, written without per-field formatting.
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
@@ -61,6 +63,7 @@ pub mod config;
 pub mod demo;
 pub mod http_client;
 pub mod keys_cli;
+pub mod log_format;
 pub mod log_sink;
 pub mod metrics;
 pub mod mock_upstream;
@@ -74,3 +77,4 @@ pub mod scope_key;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod workers;

@@ -6,10 +6,12 @@ use anyhow::Context;
 use clap::Parser;
 use idemgate::cli::{AlertsCommand, Cli, Command, LogFormat};
 use idemgate::config::{Config, StoreUrl};
+use idemgate::log_format::TextLine;
 use idemgate::log_sink::{FlushGuard, LogSink};
 use idemgate::mock_upstream::MockUpstream;
-use idemgate::server::Gateway;
+use idemgate::server::{Gateway, StartOptions};
 use idemgate::store::{PostgresStore, SqliteStore};
+use idemgate::workers::Workers;
 use tokio::signal::unix::{SignalKind, signal as unix_signal};
 use tracing_subscriber::EnvFilter;
 
@@ -18,7 +20,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let runtime = match runtime() {
+    let serving = matches!(cli.command, Command::Serve(_));
+    let runtime = match runtime(serving) {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("idemgate: cannot start the runtime: {error}");
@@ -43,7 +46,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // the TLS certificates instead of ending the process.
             let mut hangup = unix_signal(SignalKind::hangup())?;
             let store = config.store.url.to_string();
-            let gateway = Gateway::start(config)
+            // This thread's runtime is the first worker; the others get
+            // threads of their own.
+            let threads = worker_threads();
+            let workers = Workers::start(threads - 1).context("cannot start the worker threads")?;
+            let options = StartOptions {
+                workers: match threads {
+                    1 => Vec::new(),
+                    _ => std::iter::once(tokio::runtime::Handle::current())
+                        .chain(workers.handles().iter().cloned())
+                        .collect(),
+                },
+                ..StartOptions::default()
+            };
+            let gateway = Gateway::start_with(config, options)
                 .await
                 .with_context(|| format!("cannot start (store {store})"))?;
             // One line on stdout that scripts and tests can wait for.
@@ -66,6 +82,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             tracing::info!("shutting down");
             gateway.shutdown().await;
+            drop(workers);
             Ok(())
         }
         Command::CheckConfig { file } => {
@@ -152,19 +169,35 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The async runtime: one worker thread per CPU but one, at least one.
-/// The store's writer thread (SQLite's page work, a third of a first
-/// write's CPU) and the log thread run beside the workers; with a worker
-/// on every CPU they preempt each other. Measured on 2 CPUs under wrk: one
-/// worker did ~8 % more first writes than two, and as many replays.
+/// The async runtime. `serve`: a single-threaded one on this thread, the
+/// first of [`worker_threads`] (`idemgate::workers`: each proxy connection
+/// lives on one thread). Other commands (the in-process `bench` and
+/// `demo`): tokio's work-stealing one, one worker thread per CPU but one,
+/// at least one, as the store's writer thread runs beside the workers.
 /// `TOKIO_WORKER_THREADS` overrides, as tokio documents.
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+fn runtime(serving: bool) -> std::io::Result<tokio::runtime::Runtime> {
+    if serving {
+        return tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         builder.worker_threads(cpus.saturating_sub(1).max(1));
     }
     builder.enable_all().build()
+}
+
+/// The threads serving proxy connections: `TOKIO_WORKER_THREADS` if set
+/// (at least one), else one per CPU. Measured on 2 CPUs under wrk
+/// (`benches/README.md`): WORKER_MEASUREMENT.
+fn worker_threads() -> usize {
+    let set = std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok());
+    set.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
 }
 
 /// Logs to stderr through [`LogSink`]: a request's line is a copy into
@@ -181,7 +214,7 @@ fn init_logging(format: LogFormat) -> anyhow::Result<FlushGuard> {
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(sink);
     match format {
-        LogFormat::Text => builder.init(),
+        LogFormat::Text => builder.event_format(TextLine::default()).init(),
         LogFormat::Json => builder.json().init(),
     }
     Ok(guard)

@@ -29,6 +29,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
@@ -45,7 +46,7 @@ use crate::config::{Config, ServerConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
 use crate::pipeline::error::ProxyError;
-use crate::pipeline::forward::ViaTls;
+use crate::pipeline::forward::{Peer, ViaTls};
 use crate::scope_key::{ScopeKey, ScopeKeyError};
 use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
 use crate::tls::{FieldError, ServerTls, TlsError};
@@ -100,6 +101,10 @@ pub struct StartOptions {
     pub env: HashMap<String, String>,
     /// How often the background tasks run.
     pub pace: Pace,
+    /// The runtimes the proxy listener's connections are spread over, one
+    /// after another (each connection stays on its runtime); none: the
+    /// runtime the gateway was started on ([`crate::workers`]).
+    pub workers: Vec<Handle>,
 }
 
 /// How often the background tasks run: the defaults suit a deployment;
@@ -145,6 +150,7 @@ impl Default for StartOptions {
             admin_token: None,
             env: HashMap::new(),
             pace: Pace::default(),
+            workers: Vec::new(),
         }
     }
 }
@@ -186,6 +192,7 @@ impl Gateway {
         options: StartOptions,
     ) -> Result<Gateway, StartError> {
         let (clock, pace) = (options.clock, options.pace);
+        let workers = options.workers;
         let server = config.server.clone();
         let token = match options.admin_token {
             Some(token) => AdminToken::new(token, &server.admin_token_env),
@@ -252,8 +259,9 @@ impl Gateway {
             let via_tls = proxy_tls.is_some();
             move |peer: SocketAddr| {
                 let proxy = proxy.clone();
+                let peer = Peer::new(peer);
                 service_fn(move |mut request: http::Request<_>| {
-                    let proxy = proxy.clone();
+                    let (proxy, peer) = (proxy.clone(), peer.clone());
                     if via_tls {
                         request.extensions_mut().insert(ViaTls);
                     }
@@ -305,6 +313,7 @@ impl Gateway {
                 server.clone(),
                 proxy_cap,
                 proxy_service,
+                Spread::over(workers),
                 stop_accepting.clone(),
             )),
             tokio::spawn(accept_loop(
@@ -313,6 +322,7 @@ impl Gateway {
                 server.clone(),
                 admin_cap,
                 admin_service,
+                Spread::over(Vec::new()),
                 stop_accepting.clone(),
             )),
         ];
@@ -454,6 +464,46 @@ impl ConnectionCap {
     }
 }
 
+/// Where accepted connections are served: on the accept loop's runtime,
+/// or on the next of the workers' runtimes in turn.
+struct Spread {
+    workers: Vec<Handle>,
+    next: usize,
+}
+
+impl Spread {
+    fn over(workers: Vec<Handle>) -> Spread {
+        Spread { workers, next: 0 }
+    }
+
+    /// Runs `serve` for the connection `stream` where it goes; `serve`
+    /// gets the stream registered with that runtime's I/O driver.
+    fn serve<F, Fut>(&mut self, stream: TcpStream, serve: F)
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        if self.workers.is_empty() {
+            tokio::spawn(serve(stream));
+            return;
+        }
+        let worker = &self.workers[self.next % self.workers.len()];
+        self.next = self.next.wrapping_add(1);
+        // Out of this runtime's driver, into the worker's, on the worker.
+        match stream.into_std() {
+            Ok(stream) => {
+                worker.spawn(async move {
+                    match TcpStream::from_std(stream) {
+                        Ok(stream) => serve(stream).await,
+                        Err(error) => tracing::warn!(%error, "cannot hand a connection over"),
+                    }
+                });
+            }
+            Err(error) => tracing::warn!(%error, "cannot hand a connection over"),
+        }
+    }
+}
+
 /// Accepts connections until shutdown, then waits up to `shutdown_grace` for
 /// the open ones to finish their requests. At most `cap` connections are
 /// open at once; more are refused ([`ConnectionCap::refuse`]).
@@ -463,6 +513,7 @@ async fn accept_loop<F, S>(
     server: ServerConfig,
     cap: ConnectionCap,
     service: F,
+    mut spread: Spread,
     stop: CancellationToken,
 ) where
     F: Fn(SocketAddr) -> S + Send + 'static,
@@ -509,7 +560,7 @@ async fn accept_loop<F, S>(
         let watcher = graceful.watcher();
         let (http, service, tls) = (http.clone(), service(peer), tls.clone());
         let handshake_within = server.header_read_timeout;
-        tokio::spawn(async move {
+        spread.serve(stream, move |stream| async move {
             if let Some(stream) = open(stream, tls.as_ref(), handshake_within).await {
                 let connection = http.serve_connection(TokioIo::new(stream), service);
                 if let Err(error) = watcher.watch(connection).await {

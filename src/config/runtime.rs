@@ -243,6 +243,10 @@ pub struct Quota {
 pub struct Upstream {
     pub scheme: http::uri::Scheme,
     pub authority: http::uri::Authority,
+    /// `scheme://authority/`, what the route's connections connect to.
+    pub origin: Uri,
+    /// The `Host` header the upstream gets.
+    pub host: http::HeaderValue,
 }
 
 impl Upstream {
@@ -269,7 +273,20 @@ impl Upstream {
         if authority.as_str().contains('@') {
             return Err("credentials in the upstream URL are not allowed".into());
         }
-        Ok(Upstream { scheme, authority })
+        let origin = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| format!("not a URL: {e}"))?;
+        let host = http::HeaderValue::from_str(authority.as_str())
+            .map_err(|e| format!("the host is not a header value: {e}"))?;
+        Ok(Upstream {
+            scheme,
+            authority,
+            origin,
+            host,
+        })
     }
 
     /// The upstream URI for a request's path and query.

@@ -74,8 +74,15 @@ impl Attempt {
         let guard = SettleGuard::new(self.store.clone(), self.claim.clone());
         let route = &self.active.route;
         let started = Instant::now();
-        let sent =
-            forward::send_write(&self.active.writes, route, &self.request, &self.permit).await;
+        // Boxed: the exchange's futures are kilobytes, and would make the
+        // whole attempt's future as large.
+        let sent = Box::pin(forward::send_write(
+            &self.active.writes,
+            route,
+            &self.request,
+            &self.permit,
+        ))
+        .await;
         self.metrics
             .upstream_duration(&route.name, started.elapsed().as_secs_f64());
         let fenced = matches!(sent.exchange, Exchange::Fenced { .. });
@@ -110,7 +117,7 @@ impl Attempt {
             // while the store is slow, as the lease trouble suggests.
             deliver(response);
             drop(self.in_flight.take());
-            self.keep_recording(&settlement, &events).await;
+            Box::pin(self.keep_recording(&settlement, &events)).await;
             guard.disarm();
             return;
         }
@@ -121,7 +128,7 @@ impl Attempt {
                 // The latch trips before the client hears of the loss, so
                 // no write sent after that answer can slip past it.
                 if held {
-                    self.trip_pause_latch().await;
+                    Box::pin(self.trip_pause_latch()).await;
                 }
                 self.hand_over(&settlement, released, recorded_at);
                 deliver(response);
@@ -129,14 +136,14 @@ impl Attempt {
             }
             Ok(Recorded::Stale) => {
                 tracing::warn!(operation_id = %self.claim.operation_id, "the operation changed while its attempt was in flight");
-                let after = record::after_stale(
+                let after = Box::pin(record::after_stale(
                     self.store.as_ref(),
                     &self.claim,
                     &settlement,
                     &self.fingerprint,
                     route.late_window,
                     self.clock.now_millis(),
-                )
+                ))
                 .await;
                 match after {
                     AfterStale::SettledLate => {
@@ -154,17 +161,19 @@ impl Attempt {
             Err(error) => {
                 tracing::error!(operation_id = %self.claim.operation_id, %error, "cannot record the outcome; retrying");
                 deliver(Err(record::unrecorded(&self.claim)));
-                let recorded = self.keep_recording(&settlement, &events).await;
+                let recorded = Box::pin(self.keep_recording(&settlement, &events)).await;
                 let applied = recorded == Some(Recorded::Applied);
                 if held && applied {
-                    self.trip_pause_latch().await;
+                    Box::pin(self.trip_pause_latch()).await;
                 }
                 held && applied
             }
         };
         guard.disarm();
+        // The paths after a loss are boxed (rare, and their futures large):
+        // inline, every attempt's future would be their size.
         if follow {
-            self.follow_up(sent.late).await;
+            Box::pin(self.follow_up(sent.late)).await;
         }
     }
 
@@ -210,7 +219,7 @@ impl Attempt {
         let route = &self.active.route;
         let probe = self.reconciler.reconcile(
             self.store.as_ref(),
-            &self.active.client,
+            &self.active.probes,
             route,
             &self.claim.operation_id,
             &self.key,

@@ -1,5 +1,6 @@
-//! The `forward` phase: the pooled upstream client, the rewriting of a request
-//! for the upstream, and the classification of how an exchange ended.
+//! The `forward` phase: the rewriting of a request for the upstream, the
+//! exchange on the route's connections ([`pool`](super::pool)), and the
+//! classification of how an exchange ended.
 //!
 //! Invariants:
 //! - hop-by-hop headers never cross idemgate in either direction; `Host` is
@@ -11,14 +12,15 @@
 //! - a response is [`Exchange::Complete`] only when its whole body arrived.
 
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Request, Response, request};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, Request, Response, Uri, request};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnectorBuilder;
@@ -33,24 +35,24 @@ use crate::metrics::Outcome;
 use crate::pipeline::budget::Reservation;
 use crate::pipeline::connector::{FenceDown, UpstreamConnector};
 use crate::pipeline::error::ProxyError;
+use crate::pipeline::pool::{self, Pool, PooledBody, SendError};
 use crate::store::{Fence, Permit};
 use crate::tls::TlsError;
 
-pub type UpstreamClient = Client<UpstreamConnector, ProxyBody>;
+/// The client of reconcile probes, whose URLs may name any host.
+pub type ProbeClient = Client<UpstreamConnector, ProxyBody>;
 
-/// Idle pooled connections are closed after this; upstreams commonly close at 60s+.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connect-retry backoff: full jitter over `BASE * 2^n`, capped.
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(2);
 
-/// A pooled HTTP/1.1 client for one route: plain http, or https via rustls
-/// trusting the webpki roots and the route's `upstream_ca`, presenting its
-/// client certificate if it has one. A TLS handshake runs inside the
-/// connector, so its failure is a connect error: the request was not written.
-/// With a `fence` (the client of claimed writes), a connection that comes
-/// up after the fence stopped holding is dropped unwritten.
-pub fn client(route: &Route, fence: Option<Fence>) -> Result<UpstreamClient, TlsError> {
+/// The connector for a route: plain http, or https via rustls trusting the
+/// webpki roots and the route's `upstream_ca`, presenting its client
+/// certificate if it has one. A TLS handshake runs inside the connector, so
+/// its failure is a connect error: the request was not written. With a
+/// `fence` (claimed writes), a connection that comes up after the fence
+/// stopped holding is dropped unwritten.
+fn connector(route: &Route, fence: Option<Fence>) -> Result<UpstreamConnector, TlsError> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -60,80 +62,118 @@ pub fn client(route: &Route, fence: Option<Fence>) -> Result<UpstreamClient, Tls
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
+    Ok(UpstreamConnector { https, fence })
+}
+
+/// The connections to the route's upstream (pass-through requests, or
+/// with the store's `fence`, claimed writes).
+pub fn pool(route: &Route, fence: Option<Fence>) -> Result<Arc<Pool>, TlsError> {
+    Ok(Pool::new(
+        connector(route, fence)?,
+        route.upstream.origin.clone(),
+    ))
+}
+
+/// A pooled HTTP/1.1 client with the route's TLS configuration, for its
+/// reconcile probes.
+pub fn probe_client(route: &Route) -> Result<ProbeClient, TlsError> {
     Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .build(UpstreamConnector { https, fence }))
+        .pool_idle_timeout(pool::IDLE_TIMEOUT)
+        .build(connector(route, None)?))
+}
+
+/// The hop-by-hop headers of RFC 9110 §7.6.1 (and the pre-standard
+/// `Keep-Alive` and `Proxy-Connection`).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::PROXY_AUTHENTICATE
+        || name == header::PROXY_AUTHORIZATION
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
 }
 
 /// Removes hop-by-hop headers: the fixed RFC 9110 set and any the
-/// `Connection` header names.
+/// `Connection` header names. One pass over the names finds them; a head
+/// with none (most requests) is not changed.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+    let mut doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| is_hop_by_hop(name))
+        .cloned()
         .collect();
-    for name in named {
-        headers.remove(name);
+    if doomed.contains(&header::CONNECTION) {
+        let named = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok());
+        let present: Vec<HeaderName> = named
+            .filter(|name| headers.contains_key(name) && !is_hop_by_hop(name))
+            .collect();
+        doomed.extend(present);
     }
-    for name in [
-        header::CONNECTION,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
+    for name in doomed {
         headers.remove(name);
     }
 }
 
-/// The head of the request as the upstream gets it, for writes and
-/// pass-through alike. Its path is the request's as `Proxy::handle` left it:
-/// normalized ([`crate::pipeline::path`]), so the upstream performs the
-/// write on the path that was routed and fingerprinted.
-fn upstream_head(
-    route: &Route,
-    parts: &request::Parts,
-    peer: IpAddr,
-) -> Result<request::Builder, ProxyError> {
-    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let uri = route
-        .upstream
-        .uri_for(path_and_query)
-        .map_err(|e| ProxyError::UpstreamFailed {
-            reason: format!("cannot build the upstream URL: {e}"),
-        })?;
-    let mut headers = parts.headers.clone();
-    strip_hop_by_hop(&mut headers);
-    headers.remove(header::EXPECT);
-    let host = HeaderValue::from_str(route.upstream.authority.as_str()).map_err(|e| {
-        ProxyError::UpstreamFailed {
-            reason: format!("bad upstream host: {e}"),
-        }
-    })?;
-    headers.insert(header::HOST, host);
-    if let Some(value) = forwarded_for(&headers, peer) {
-        headers.insert(X_FORWARDED_FOR, value);
+/// The client end of a connection, with its `X-Forwarded-For` entry
+/// written once for all the connection's requests.
+#[derive(Clone)]
+pub struct Peer {
+    addr: SocketAddr,
+    entry: HeaderValue,
+}
+
+impl Peer {
+    pub fn new(addr: SocketAddr) -> Peer {
+        let entry = HeaderValue::from_maybe_shared(Bytes::from(addr.ip().to_string()))
+            .unwrap_or(HeaderValue::from_static("unknown"));
+        Peer { addr, entry }
     }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn ip(&self) -> IpAddr {
+        self.addr.ip()
+    }
+}
+
+/// Rewrites a request head, in place, as the upstream gets it, for writes
+/// and pass-through alike. Its path is the request's as `Proxy::handle`
+/// left it: normalized ([`crate::pipeline::path`]), so the upstream
+/// performs the write on the path that was routed and fingerprinted; the
+/// request line is in origin form (the connection is the upstream's).
+fn upstream_head(route: &Route, parts: &mut request::Parts, peer: &Peer) {
+    if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        parts.uri = Uri::from(path_and_query);
+    }
+    let headers = &mut parts.headers;
+    strip_hop_by_hop(headers);
+    headers.remove(header::EXPECT);
+    headers.insert(header::HOST, route.upstream.host.clone());
+    let forwarded = forwarded_for(headers, peer);
+    headers.insert(X_FORWARDED_FOR, forwarded);
     let proto = match parts.extensions.get::<ViaTls>() {
         Some(ViaTls) => "https",
         None => "http",
     };
     headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
-    let mut builder = Request::builder()
-        .method(parts.method.clone())
-        .uri(uri)
-        .version(http::Version::HTTP_11);
-    if let Some(h) = builder.headers_mut() {
-        *h = headers;
-    }
-    Ok(builder)
+    // What hyper put there for idemgate is not the upstream's business.
+    parts.extensions.clear();
+    parts.version = http::Version::HTTP_11;
 }
 
 /// Marks a request that came in on a TLS listener (`X-Forwarded-Proto: https`).
@@ -142,10 +182,10 @@ pub struct ViaTls;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-/// `X-Forwarded-For` with `peer` appended. Repeated field lines are one
+/// `X-Forwarded-For` with the peer appended. Repeated field lines are one
 /// comma-separated list (RFC 9110 §5.3), so the peer goes after all of them
 /// combined, in order; empty lines add nothing.
-fn forwarded_for(headers: &HeaderMap, peer: IpAddr) -> Option<HeaderValue> {
+fn forwarded_for(headers: &HeaderMap, peer: &Peer) -> HeaderValue {
     let mut list = Vec::new();
     for value in headers.get_all(X_FORWARDED_FOR) {
         if !value.as_bytes().trim_ascii().is_empty() {
@@ -153,25 +193,25 @@ fn forwarded_for(headers: &HeaderMap, peer: IpAddr) -> Option<HeaderValue> {
             list.extend_from_slice(b", ");
         }
     }
-    list.extend_from_slice(peer.to_string().as_bytes());
-    HeaderValue::from_bytes(&list).ok()
+    if list.is_empty() {
+        return peer.entry.clone();
+    }
+    list.extend_from_slice(peer.entry.as_bytes());
+    HeaderValue::from_maybe_shared(Bytes::from(list)).unwrap_or_else(|_| peer.entry.clone())
 }
 
 /// Streams a request the gateway does not intercept to the upstream and its
 /// response back, unchanged but for hop-by-hop headers.
 pub async fn pass_through(
-    client: &UpstreamClient,
+    pool: &Arc<Pool>,
     route: &Route,
     request: Request<Incoming>,
-    peer: IpAddr,
+    peer: &Peer,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let (parts, body) = request.into_parts();
-    let upstream = upstream_head(route, &parts, peer)?
-        .body(stream(body))
-        .map_err(|e| ProxyError::UpstreamFailed {
-            reason: e.to_string(),
-        })?;
-    let sent = tokio::time::timeout(route.upstream_timeout, client.request(upstream)).await;
+    let (mut parts, body) = request.into_parts();
+    upstream_head(route, &mut parts, peer);
+    let upstream = Request::from_parts(parts, stream(body));
+    let sent = tokio::time::timeout(route.upstream_timeout, pool.send(upstream)).await;
     let response = match sent {
         Err(_) => return Err(ProxyError::UpstreamTimeout),
         Ok(Err(e)) if not_written(&e) => {
@@ -208,17 +248,12 @@ impl WriteRequest {
     /// body sent with a Content-Length.
     pub fn new(
         route: &Route,
-        parts: &request::Parts,
+        mut head: request::Parts,
         (body, budget): (Bytes, Reservation),
         key: &str,
-        peer: IpAddr,
+        peer: &Peer,
     ) -> Result<Self, ProxyError> {
-        let (mut head, ()) = upstream_head(route, parts, peer)?
-            .body(())
-            .map_err(|e| ProxyError::UpstreamFailed {
-                reason: e.to_string(),
-            })?
-            .into_parts();
+        upstream_head(route, &mut head, peer);
         head.headers.remove(crate::pipeline::key::IDEMPOTENCY_KEY);
         if let Some(name) = &route.forward_key_header {
             let value = HeaderValue::from_str(key).map_err(|e| ProxyError::Internal {
@@ -262,7 +297,7 @@ pub enum Exchange {
     /// (502, 504): the write may have happened; passed through as it streams.
     Classified {
         head: http::response::Parts,
-        body: Incoming,
+        body: PooledBody,
     },
     /// A response whose status is one of the route's `release_statuses`
     /// (429, 503): the upstream refused the write. Its body is read whole
@@ -283,7 +318,7 @@ pub enum Exchange {
     Oversized {
         head: http::response::Parts,
         prefix: Bytes,
-        rest: Incoming,
+        rest: PooledBody,
     },
 }
 
@@ -318,11 +353,11 @@ pub struct Sent {
 /// Sends a write and reads its response, retrying only connect failures.
 /// Before every try `permit` must hold (the fence, unlapsed since the
 /// claim), and every new connection must have come up with the fence
-/// holding (`client`'s connector), or nothing is written.
+/// holding (`pool`'s connector), or nothing is written.
 /// On `upstream_timeout` the exchange is not dropped: [`Sent::late`] goes on
 /// listening, for the caller to bound by `late_window`.
 pub async fn send_write(
-    client: &UpstreamClient,
+    pool: &Arc<Pool>,
     route: &Arc<Route>,
     request: &WriteRequest,
     permit: &Permit,
@@ -339,7 +374,8 @@ pub async fn send_write(
             return fenced;
         }
         let deadline = Instant::now() + route.upstream_timeout;
-        let mut pending = Box::pin(client.request(request.build()));
+        let (pool, upstream) = (pool.clone(), request.build());
+        let mut pending = Box::pin(async move { pool.send(upstream).await });
         let (exchange, late) = match timeout_at(deadline, pending.as_mut()).await {
             Err(_) => {
                 let route = route.clone();
@@ -391,15 +427,15 @@ pub async fn send_write(
 /// it, so the request reached no HTTP server. Any other failure may have.
 /// ([`connector`](super::connector) makes sure the refusal reaches the
 /// request itself.)
-fn not_written(error: &hyper_util::client::legacy::Error) -> bool {
-    error.is_connect() || handshake_refused(error)
+fn not_written(error: &SendError) -> bool {
+    matches!(error, SendError::Connect(_)) || handshake_refused(error)
 }
 
 /// Whether the connector dropped a new connection unwritten because the
 /// fence stopped holding while it connected.
-fn fenced_off(error: &hyper_util::client::legacy::Error) -> bool {
+fn fenced_off(error: &SendError) -> bool {
     let causes: &(dyn std::error::Error + 'static) = error;
-    error.is_connect()
+    matches!(error, SendError::Connect(_))
         && std::iter::successors(Some(causes), |e| e.source())
             .take(16)
             .any(|e| e.is::<FenceDown>())
@@ -443,7 +479,7 @@ fn lost(cause: LostCause, reason: String) -> Exchange {
 /// Reads a response head's body as far as the route needs, by `deadline` if
 /// any. A body that times out comes back as `Lost` with its continuation.
 async fn read_response(
-    response: Response<Incoming>,
+    response: Response<PooledBody>,
     route: &Arc<Route>,
     deadline: Option<Instant>,
 ) -> (Exchange, Option<Late>) {
@@ -493,7 +529,7 @@ async fn read_response(
 /// larger, cut or late: the status and headers are what say "back off".
 async fn read_released(
     head: &mut http::response::Parts,
-    body: Incoming,
+    body: PooledBody,
     route: &Route,
     deadline: Option<Instant>,
 ) -> Bytes {
@@ -516,7 +552,7 @@ async fn read_released(
 fn read_body(
     head: http::response::Parts,
     mut buffer: BytesMut,
-    mut body: Incoming,
+    mut body: PooledBody,
     route: &Arc<Route>,
     deadline: Option<Instant>,
 ) -> Pin<Box<dyn Future<Output = (Exchange, Option<Late>)> + Send + '_>> {
@@ -638,19 +674,19 @@ mod tests {
 
     #[test]
     fn forwarded_for_appends_the_peer_to_every_line_combined() {
-        let peer = IpAddr::from([192, 0, 2, 9]);
+        let peer = Peer::new(SocketAddr::from(([192, 0, 2, 9], 40000)));
         let mut headers = HeaderMap::new();
-        assert_eq!(forwarded_for(&headers, peer).unwrap(), "192.0.2.9");
+        assert_eq!(forwarded_for(&headers, &peer), "192.0.2.9");
         for line in ["10.0.0.1", " ", "10.0.0.2, 10.0.0.3 "] {
             headers.append(X_FORWARDED_FOR, HeaderValue::from_static(line));
         }
         assert_eq!(
-            forwarded_for(&headers, peer).unwrap(),
+            forwarded_for(&headers, &peer),
             "10.0.0.1, 10.0.0.2, 10.0.0.3, 192.0.2.9"
         );
-        let v6 = IpAddr::from([0, 0, 0, 0, 0, 0, 0, 1]);
+        let v6 = Peer::new(SocketAddr::from(([0, 0, 0, 0, 0, 0, 0, 1], 40000)));
         assert_eq!(
-            forwarded_for(&headers, v6).unwrap(),
+            forwarded_for(&headers, &v6),
             "10.0.0.1, 10.0.0.2, 10.0.0.3, ::1"
         );
     }
@@ -674,8 +710,19 @@ mod tests {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        headers.append(header::CONNECTION, HeaderValue::from_static(" X-Other-Hop"));
+        headers.insert("x-other-hop", HeaderValue::from_static("2"));
+        headers.append(header::TE, HeaderValue::from_static("gzip"));
         strip_hop_by_hop(&mut headers);
-        assert_eq!(headers.len(), 1);
+        assert_eq!(headers.len(), 1, "{headers:?}");
         assert!(headers.contains_key(header::CONTENT_TYPE));
+
+        let mut end_to_end = HeaderMap::new();
+        end_to_end.insert(header::HOST, HeaderValue::from_static("a"));
+        end_to_end.append("x-tag", HeaderValue::from_static("1"));
+        end_to_end.append("x-tag", HeaderValue::from_static("2"));
+        let before = end_to_end.clone();
+        strip_hop_by_hop(&mut end_to_end);
+        assert_eq!(end_to_end, before);
     }
 }

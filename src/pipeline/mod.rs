@@ -17,7 +17,8 @@
 //!    paused route or a scope over its [`quota`] only looks up what exists.
 //! 6. [`forward`] + [`record`]: in a task of their own, so a client that hangs
 //!    up never cancels the upstream call nor leaves the operation `in_progress`;
-//!    upstream connections are made by [`connector`]; after a lost response
+//!    upstream connections are made by [`connector`] and driven, from
+//!    [`pool`], by the request that uses them; after a lost response
 //!    ([`attempt`]) a route's [`reconcile`] probe may prove it happened.
 //! 7. [`replay`]: what a key that already has an operation gets; an `unknown`
 //!    one on a route with a probe is probed again first ([`reconcile`]).
@@ -34,6 +35,7 @@ pub mod fingerprint;
 pub mod forward;
 pub mod key;
 pub mod path;
+pub mod pool;
 pub mod quota;
 pub mod reconcile;
 pub mod record;
@@ -41,7 +43,6 @@ pub mod replay;
 pub mod route;
 pub mod status;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -69,21 +70,24 @@ use budget::{BodyBudget, BudgetSpent, Reservation};
 use claim::{Claimed, Hold, InFlight};
 use error::ProxyError;
 use fingerprint::{ExactDigest, FingerprintInput};
-use forward::{UpstreamClient, WriteRequest};
+use forward::{Peer, ProbeClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
+use pool::Pool;
 use quota::{Quotas, StoredCharge};
 use reconcile::Reconciler;
 use replay::ReplayCache;
 
-/// A configured route with its pooled upstream clients.
+/// A configured route with its upstream connections.
 pub struct ActiveRoute {
     route: Arc<Route>,
-    /// Pass-through requests and reconcile probes.
-    client: UpstreamClient,
+    /// Pass-through requests.
+    client: Arc<Pool>,
     /// Claimed writes: its connections are checked against the store's
     /// fence before anything is written to them. A pool of its own, so a
     /// replica that lost its lease still passes reads through.
-    writes: UpstreamClient,
+    writes: Arc<Pool>,
+    /// Reconcile probes.
+    probes: ProbeClient,
     /// Mirrors the stored pause; the store is the truth across restarts.
     paused: AtomicBool,
 }
@@ -135,8 +139,9 @@ impl Proxy {
             .map(|route| {
                 Ok(Arc::new(ActiveRoute {
                     route: Arc::new(route.clone()),
-                    client: forward::client(route, None)?,
-                    writes: forward::client(route, Some(store.fence()))?,
+                    client: forward::pool(route, None)?,
+                    writes: forward::pool(route, Some(store.fence()))?,
+                    probes: forward::probe_client(route)?,
                     paused: AtomicBool::new(paused.contains(&route.name)),
                 }))
             })
@@ -204,7 +209,7 @@ impl Proxy {
     pub async fn handle(
         self: Arc<Self>,
         mut request: Request<Incoming>,
-        peer: SocketAddr,
+        peer: Peer,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let method = request.method().clone();
@@ -231,7 +236,15 @@ impl Proxy {
         } else if reserved {
             status::lookup(self.store.as_ref(), &self.routes, &self.scope_key, &request).await
         } else if let Some(active) = &active {
-            self.handle_route(active, request, peer).await
+            // Each path's future boxed: held inline, every request's future
+            // would be as large as the largest path's (kilobytes), and
+            // copied whole wherever it moves.
+            if active.route.intercepts(request.method()) {
+                Box::pin(self.handle_write(active, request, peer)).await
+            } else {
+                let pass = forward::pass_through(&active.client, &active.route, request, &peer);
+                Box::pin(pass).await
+            }
         } else {
             Err(ProxyError::NoRoute { path: path.clone() })
         };
@@ -263,18 +276,15 @@ impl Proxy {
         response
     }
 
-    /// Phases 2–4 for a routed request: key and scope, body, fingerprint;
-    /// then the write. Methods the route does not intercept stream through.
-    async fn handle_route(
+    /// Phases 2–4 for a write the route intercepts: key and scope, body,
+    /// fingerprint; then the write.
+    async fn handle_write(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
         request: Request<Incoming>,
-        peer: SocketAddr,
+        peer: Peer,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let route = &active.route;
-        if !route.intercepts(request.method()) {
-            return forward::pass_through(&active.client, route, request, peer.ip()).await;
-        }
         let sent_key = IdempotencyKey::from_headers(request.headers())?;
         if sent_key.is_none() && route.key == KeyMode::Require {
             return Err(ProxyError::MissingKey);
@@ -376,9 +386,11 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         let (reply_tx, reply_rx) = oneshot::channel();
         let (this, active) = (self.clone(), active.clone());
+        // Each phase's future boxed: inline, the task's future was ~18 KiB,
+        // copied whole into the task as it was spawned.
         self.tasks.spawn(async move {
-            match this.claim_write(&active, write).await {
-                Ok(Next::Send(attempt)) => attempt.run(reply_tx).await,
+            match Box::pin(this.claim_write(&active, write)).await {
+                Ok(Next::Send(attempt)) => Box::pin(attempt.run(reply_tx)).await,
                 Ok(Next::Answer(response)) => drop(reply_tx.send(Ok(response))),
                 Err(error) => drop(reply_tx.send(Err(error))),
             }
@@ -411,7 +423,7 @@ impl Proxy {
             body,
             peer,
         } = write;
-        let credentials = || reconcile::credentials(&parts.headers, route);
+        let credentials = reconcile::credentials(&parts.headers, route);
         let hold = if active.paused.load(Ordering::SeqCst) {
             Some(Hold::Paused)
         } else {
@@ -447,16 +459,16 @@ impl Proxy {
                 return replay::answer_existing(&operation, &new.fingerprint).map(Next::Answer);
             }
             Claimed::Held(operation) => {
-                self.reconciler
-                    .reconcile(
-                        self.store.as_ref(),
-                        &active.client,
-                        route,
-                        &operation.id,
-                        key.as_str(),
-                        &credentials(),
-                    )
-                    .await;
+                // Boxed: rare, and its future would make every claim's as large.
+                Box::pin(self.reconciler.reconcile(
+                    self.store.as_ref(),
+                    &active.probes,
+                    route,
+                    &operation.id,
+                    key.as_str(),
+                    &credentials,
+                ))
+                .await;
                 // Whatever settled it meanwhile (this probe, the one that
                 // was running, a late response, an operator), the answer
                 // comes from the operation the store holds now.
@@ -473,11 +485,11 @@ impl Proxy {
             reconciler: self.reconciler.clone(),
             active: active.clone(),
             in_flight: Some(in_flight),
-            request: WriteRequest::new(route, &parts, body, key.as_str(), peer.ip())?,
+            request: WriteRequest::new(route, parts, body, key.as_str(), &peer)?,
             claim,
             permit,
             key: key.as_str().to_string(),
-            credentials: credentials(),
+            credentials,
             metrics: self.metrics.clone(),
             replays: self.replays.clone(),
             identity,
@@ -514,7 +526,7 @@ struct Write {
     parts: request::Parts,
     /// The body, and its bytes in the shared budget.
     body: (Bytes, Reservation),
-    peer: SocketAddr,
+    peer: Peer,
 }
 
 /// Bodies larger than this are digested on the blocking pool: hashing and
@@ -582,16 +594,23 @@ fn made_key(
 
 /// The size of a request head as sent: request line and header lines.
 fn head_size<B>(request: &Request<B>) -> usize {
-    let line = request.method().as_str().len()
-        + request.uri().to_string().len()
-        + " HTTP/1.1\r\n".len()
-        + 1;
+    let line =
+        request.method().as_str().len() + target_len(request.uri()) + " HTTP/1.1\r\n".len() + 1;
     let headers: usize = request
         .headers()
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
         .sum();
     line + headers + 2
+}
+
+/// The length of the request target as `Uri`'s `Display` writes it,
+/// without writing it.
+fn target_len(uri: &http::Uri) -> usize {
+    uri.scheme_str().map_or(0, |s| s.len() + "://".len())
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.path().len()
+        + uri.query().map_or(0, |q| "?".len() + q.len())
 }
 
 /// Reads a write's body whole, refusing more than the route's `max_body`,
@@ -651,5 +670,27 @@ async fn read_body(
         Err(error) => Err(ProxyError::BodyRead {
             reason: error.to_string(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_target_length_is_that_of_the_written_target() {
+        for target in [
+            "/",
+            "/a/b?c=d",
+            "/a?",
+            "*",
+            "http://h",
+            "http://h:8080/p?q",
+            "https://user@h/",
+            "h:443",
+        ] {
+            let uri: http::Uri = target.parse().unwrap();
+            assert_eq!(target_len(&uri), uri.to_string().len(), "{target}");
+        }
     }
 }

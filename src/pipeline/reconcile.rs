@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use crate::body::full;
 use crate::config::{Reconcile, Route};
 use crate::operation::{Event, StoredResponse};
-use crate::pipeline::forward::{UpstreamClient, strip_hop_by_hop};
+use crate::pipeline::forward::{ProbeClient, strip_hop_by_hop};
 use crate::pipeline::key::url_component;
 use crate::store::Store;
 
@@ -110,7 +110,7 @@ impl Reconciler {
     pub async fn reconcile(
         &self,
         store: &dyn Store,
-        client: &UpstreamClient,
+        client: &ProbeClient,
         route: &Route,
         operation_id: &str,
         key: &str,
@@ -180,7 +180,7 @@ impl Reconciler {
 }
 
 async fn fetch(
-    client: &UpstreamClient,
+    client: &ProbeClient,
     route: &Route,
     reconcile: &Reconcile,
     url: &str,
@@ -246,6 +246,10 @@ async fn fetch(
 /// route's scope headers.
 pub fn credentials(headers: &HeaderMap, route: &Route) -> HeaderMap {
     let mut kept = HeaderMap::new();
+    if route.reconcile.is_none() {
+        // No probe will ever present them.
+        return kept;
+    }
     let mut names: Vec<&HeaderName> = std::iter::once(&AUTHORIZATION)
         .chain(&route.scope_headers)
         .collect();

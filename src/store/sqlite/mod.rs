@@ -23,6 +23,7 @@
 //! two values in a CHECK (SQLite builds a temporary index for one on every
 //! write).
 
+mod inbox;
 mod outbox;
 mod reader;
 mod statements;

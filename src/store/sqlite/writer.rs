@@ -17,14 +17,19 @@
 //! - a job whose deadline passed while it queued is refused unrun: a caller
 //!   told "busy" never has its claim committed behind its back;
 //! - jobs run in the order they were queued, so one request's calls (a
-//!   claim, then its record) keep their order.
+//!   claim, then its record) keep their order;
+//! - a batch's answers go to the inbox of each caller's thread, one
+//!   wake-up per inbox per batch ([`super::inbox`]).
 
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::inbox::{Answer, Answers, Inbox, Inboxes};
 use crate::store::StoreBatches;
 use crate::store::StoreError;
 
@@ -41,13 +46,15 @@ const QUEUE: usize = 4096;
 pub const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One request's statements and where their result goes.
-trait Work: Send {
+trait Work: Answer {
     fn deadline(&self) -> Instant;
     /// Runs the statements, keeping their result (a second run replaces
     /// the first's); `false` when they failed.
     fn run(&mut self, conn: &Connection) -> bool;
-    /// Sends the result, or `failed` when the batch did not commit.
-    fn reply(self: Box<Self>, failed: Option<&str>);
+    /// Settles the result: `failed` when the batch did not commit.
+    fn settle(&mut self, failed: Option<&str>);
+    /// Where the caller waits for it.
+    fn inbox(&self) -> &Arc<Inbox>;
 }
 
 struct Task<T, F> {
@@ -56,6 +63,7 @@ struct Task<T, F> {
     statements: F,
     result: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
+    inbox: Arc<Inbox>,
 }
 
 impl<T, F> Work for Task<T, F>
@@ -78,16 +86,27 @@ where
         ok
     }
 
-    fn reply(self: Box<Self>, failed: Option<&str>) {
-        let result = match (failed, self.result) {
+    fn settle(&mut self, failed: Option<&str>) {
+        self.result = Some(match (failed, self.result.take()) {
             (Some(reason), _) => Err(StoreError::Failed(reason.to_string())),
             (None, Some(result)) => result,
             (None, None) => Err(StoreError::Busy(format!(
                 "the writer did not reach this request within {}",
                 humantime::format_duration(QUEUE_TIMEOUT)
             ))),
-        };
-        drop(self.reply.send(result));
+        });
+    }
+
+    fn inbox(&self) -> &Arc<Inbox> {
+        &self.inbox
+    }
+}
+
+impl<T: Send, F: Send> Answer for Task<T, F> {
+    fn deliver(self: Box<Self>) {
+        if let Some(result) = self.result {
+            drop(self.reply.send(result));
+        }
     }
 }
 
@@ -101,6 +120,8 @@ enum Message {
 pub struct Writer {
     queue: mpsc::Sender<Message>,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Where the callers of each thread get their answers.
+    inboxes: Arc<Inboxes>,
 }
 
 impl Writer {
@@ -115,6 +136,7 @@ impl Writer {
         Ok(Writer {
             queue,
             thread: std::sync::Mutex::new(Some(thread)),
+            inboxes: Arc::default(),
         })
     }
 
@@ -132,6 +154,7 @@ impl Writer {
             statements,
             result: None,
             reply,
+            inbox: self.inboxes.here(),
         };
         let queued =
             tokio::time::timeout(QUEUE_TIMEOUT, self.queue.send(Message::Job(Box::new(task))));
@@ -156,6 +179,15 @@ impl Writer {
                 tracing::error!("the SQLite writer thread ended abnormally");
             }
         }
+        self.inboxes.close();
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // The thread ends once the queue's last sender is gone; what it
+        // hands over after this is dropped with the inboxes.
+        self.inboxes.close();
     }
 }
 
@@ -188,9 +220,24 @@ fn write_batches(conn: &Connection, mut receiver: mpsc::Receiver<Message>, batch
             // the next start and is held as `unknown`, never sent twice.
             tracing::error!(%error, calls = batch.len(), "a store batch did not commit");
         }
-        for job in batch.drain(..) {
-            job.reply(failed.as_deref());
+        answer(&mut batch, failed.as_deref());
+    }
+}
+
+/// Settles every job of `batch` and hands the answers to their callers'
+/// inboxes, each inbox once.
+fn answer(batch: &mut Vec<Box<dyn Work>>, failed: Option<&str>) {
+    let mut by_inbox: Vec<(Arc<Inbox>, Answers)> = Vec::new();
+    for mut job in batch.drain(..) {
+        job.settle(failed);
+        let inbox = job.inbox().clone();
+        match by_inbox.iter_mut().find(|(i, _)| Arc::ptr_eq(i, &inbox)) {
+            Some((_, answers)) => answers.push(job),
+            None => by_inbox.push((inbox, vec![job])),
         }
+    }
+    for (inbox, answers) in by_inbox {
+        inbox.hand(answers);
     }
 }
 
@@ -270,6 +317,7 @@ mod tests {
             },
             result: None,
             reply,
+            inbox: Inbox::unattended(),
         };
         (Box::new(task), answer)
     }
@@ -297,8 +345,9 @@ mod tests {
         let (third, c) = inserts(&[3], later);
         let mut batch = vec![first, second, third];
         commit(&conn, &mut batch).unwrap();
-        for job in batch {
-            job.reply(None);
+        for mut job in batch {
+            job.settle(None);
+            job.deliver();
         }
         assert!(answered(a).is_ok());
         assert!(answered(b).is_err());
@@ -320,12 +369,14 @@ mod tests {
             },
             result: None,
             reply,
+            inbox: Inbox::unattended(),
         };
         let (third, c) = inserts(&[3], later);
         let mut batch: Vec<Box<dyn Work>> = vec![first, Box::new(panicking), third];
         commit(&conn, &mut batch).unwrap();
-        for job in batch {
-            job.reply(None);
+        for mut job in batch {
+            job.settle(None);
+            job.deliver();
         }
         assert!(answered(a).is_ok());
         assert!(matches!(answered(b), Err(StoreError::Failed(_))));
@@ -340,8 +391,9 @@ mod tests {
         let (timely, b) = inserts(&[2], Instant::now() + QUEUE_TIMEOUT);
         let mut batch = vec![late, timely];
         commit(&conn, &mut batch).unwrap();
-        for job in batch {
-            job.reply(None);
+        for mut job in batch {
+            job.settle(None);
+            job.deliver();
         }
         assert!(matches!(answered(a), Err(StoreError::Busy(_))));
         assert!(answered(b).is_ok());
@@ -364,8 +416,9 @@ mod tests {
         let (second, b) = inserts(&[2], later);
         let mut batch = vec![first, second];
         let failed = commit(&conn, &mut batch).unwrap_err().to_string();
-        for job in batch {
-            job.reply(Some(&failed));
+        for mut job in batch {
+            job.settle(Some(&failed));
+            job.deliver();
         }
         assert!(matches!(answered(a), Err(StoreError::Failed(_))));
         assert!(matches!(answered(b), Err(StoreError::Failed(_))));

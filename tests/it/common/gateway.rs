@@ -128,6 +128,7 @@ impl TestGateway {
             admin_token: self.admin_token.clone(),
             env: self.env.clone(),
             pace: self.pace,
+            ..Default::default()
         };
         tokio::time::timeout(WAIT, Gateway::start_with(parse_config(&self.toml), options))
             .await

@@ -1,0 +1,583 @@
+//! The connections to one route's upstream: HTTP/1.1 over hyper's
+//! `client::conn`, each driven by the task of the request that uses it,
+//! and kept while idle for the thread that made it.
+//!
+//! hyper-util's pooled client runs every connection as a task of its own
+//! and hands it each request through a channel, so a request and its
+//! response cross between two tasks, and with a runtime per thread a
+//! connection made on one thread served requests from another, every socket
+//! event a wake-up across threads. Here the request's own task polls the
+//! connection: while it waits for the response head ([`Pool::send`]) and
+//! while the response body is read ([`PooledBody`]). Once the body has
+//! ended the connection goes back to the idle list of the thread it was
+//! used on, ready for that thread's next request.
+//!
+//! Invariants:
+//! - an error tells whether the request may have been written:
+//!   [`SendError::Connect`] only when no byte of it was — no connection
+//!   came up (refused, DNS, `connect_timeout`, a TLS handshake broken off,
+//!   the fence), or a new connection closed before hyper took the request
+//!   (hyper hands an untaken request back);
+//! - the pool sends a request again only when hyper handed it back untaken
+//!   from an idle connection that closed meanwhile (the keep-alive race),
+//!   and then on another connection;
+//! - an idle connection is used again only on the thread it went idle on
+//!   (its socket is registered with that thread's I/O driver when each
+//!   thread runs a runtime of its own), after [`IDLE_TIMEOUT`] it is
+//!   closed, and at most [`MAX_IDLE`] wait per thread;
+//! - a response body dropped before its end closes its connection: a
+//!   connection is only reused from a known state.
+
+use std::collections::HashMap;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::task::{Context, Poll};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use tokio::time::Instant;
+use tower_service::Service;
+
+use crate::body::{BoxError, ProxyBody};
+use crate::pipeline::connector::{UpstreamConnector, WriteFirst};
+
+/// Idle connections are closed after this; upstreams commonly close at 60 s+.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most idle connections kept per thread; more are closed as they go idle.
+pub const MAX_IDLE: usize = 256;
+
+/// Idle connections that closed meanwhile tried before a new connection
+/// is made, at most: each hands its request back untaken.
+const STALE_TRIES: usize = 8;
+
+/// Why a request got no response head.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// Nothing of the request was written: no connection came up, or a new
+    /// one closed before hyper took the request.
+    #[error("cannot connect to the upstream")]
+    Connect(#[source] BoxError),
+    /// The exchange failed after hyper took the request: it may have been
+    /// written.
+    #[error(transparent)]
+    Exchange(#[from] hyper::Error),
+}
+
+/// The connections to one upstream origin.
+pub struct Pool {
+    connector: UpstreamConnector,
+    /// The upstream's origin, what the connector connects to.
+    origin: Uri,
+    /// Idle connections by the thread they went idle on, newest last.
+    /// std Mutex: never held across `.await`.
+    idle: Mutex<HashMap<ThreadId, Vec<Idle>>>,
+}
+
+struct Idle {
+    conn: Box<Conn>,
+    since: Instant,
+}
+
+/// One upstream connection: hyper's handle to send on and the connection
+/// itself, which whoever uses it polls. Boxed where it is kept: its I/O
+/// state is kilobytes (TLS included), and a request's future holding it
+/// inline would be copied whole wherever the future moves.
+struct Conn {
+    sender: SendRequest<ProxyBody>,
+    /// `None` once it has completed (closed or failed): dropped then, so
+    /// that a request queued on it comes back (hyper hands an untaken one
+    /// back, and fails one it took) instead of waiting on a connection
+    /// nobody polls.
+    connection: Option<Connection<WriteFirst, ProxyBody>>,
+}
+
+impl Conn {
+    /// Lets hyper read and write what it can on this connection.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        let Some(connection) = &mut self.connection else {
+            return;
+        };
+        if let Poll::Ready(result) = Pin::new(connection).poll(cx) {
+            self.connection = None;
+            if let Err(error) = result {
+                tracing::debug!(%error, "upstream connection ended with an error");
+            }
+        }
+    }
+
+    fn reusable(&self) -> bool {
+        self.connection.is_some() && !self.sender.is_closed()
+    }
+}
+
+thread_local! {
+    /// `thread::current().id()` without cloning the current thread's handle.
+    static THREAD: ThreadId = std::thread::current().id();
+}
+
+impl Pool {
+    /// A pool of connections to `origin` made by `connector`; idle ones are
+    /// closed in the background after [`IDLE_TIMEOUT`] (when made inside a
+    /// runtime).
+    pub fn new(connector: UpstreamConnector, origin: Uri) -> Arc<Pool> {
+        let pool = Arc::new(Pool {
+            connector,
+            origin,
+            idle: Mutex::default(),
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(close_expired(Arc::downgrade(&pool)));
+        }
+        pool
+    }
+
+    /// Sends `request` (its URI in origin form) on an idle connection of
+    /// this thread, or a new one, and returns the response head; the body
+    /// drives the connection on and returns it to the pool at its end.
+    pub async fn send(
+        self: &Arc<Self>,
+        mut request: Request<ProxyBody>,
+    ) -> Result<Response<PooledBody>, SendError> {
+        let mut stale = 0;
+        loop {
+            let idle = if stale < STALE_TRIES {
+                self.take_idle()
+            } else {
+                None
+            };
+            let reused = idle.is_some();
+            let mut conn = match idle {
+                Some(conn) => conn,
+                // Boxed: the connect's futures hold the new socket inline.
+                None => Box::pin(self.connect()).await?,
+            };
+            if reused {
+                // An upstream that closed it meanwhile shows now.
+                poll_fn(|cx| {
+                    conn.drive(cx);
+                    Poll::Ready(())
+                })
+                .await;
+                if !conn.reusable() {
+                    stale += 1;
+                    continue;
+                }
+            }
+            let mut response = std::pin::pin!(conn.sender.try_send_request(request));
+            let sent = poll_fn(|cx| {
+                conn.drive(cx);
+                response.as_mut().poll(cx)
+            })
+            .await;
+            match sent {
+                Ok(response) => {
+                    let pool = Arc::downgrade(self);
+                    return Ok(response.map(|body| PooledBody {
+                        body,
+                        conn: Some(conn),
+                        pool,
+                    }));
+                }
+                Err(mut error) => match error.take_message() {
+                    Some(untaken) if reused => {
+                        stale += 1;
+                        request = untaken;
+                    }
+                    Some(_) => {
+                        return Err(SendError::Connect(
+                            "the new connection closed before the request was sent".into(),
+                        ));
+                    }
+                    None => return Err(SendError::Exchange(error.into_error())),
+                },
+            }
+        }
+    }
+
+    /// A new connection, through the connector (TCP, TLS, the fence).
+    async fn connect(&self) -> Result<Box<Conn>, SendError> {
+        let mut connector = self.connector.clone();
+        poll_fn(|cx| connector.poll_ready(cx))
+            .await
+            .map_err(SendError::Connect)?;
+        let io = connector
+            .call(self.origin.clone())
+            .await
+            .map_err(SendError::Connect)?;
+        let (sender, connection) = http1::Builder::new()
+            .handshake(io)
+            .await
+            .map_err(|error| SendError::Connect(error.into()))?;
+        Ok(Box::new(Conn {
+            sender,
+            connection: Some(connection),
+        }))
+    }
+
+    fn idle(&self) -> MutexGuard<'_, HashMap<ThreadId, Vec<Idle>>> {
+        // A panic while holding it left at worst a list short of a connection.
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This thread's newest idle connection that is not past its time.
+    fn take_idle(&self) -> Option<Box<Conn>> {
+        let thread = THREAD.with(|id| *id);
+        let mut expired = Vec::new();
+        let taken = {
+            let mut idle = self.idle();
+            let list = idle.get_mut(&thread)?;
+            let mut taken = None;
+            while let Some(Idle { conn, since }) = list.pop() {
+                if since.elapsed() < IDLE_TIMEOUT {
+                    taken = Some(conn);
+                    break;
+                }
+                // Newest last: the rest are older still.
+                expired = std::mem::take(list);
+                expired.push(Idle { conn, since });
+            }
+            taken
+        };
+        drop(expired);
+        taken
+    }
+
+    /// Keeps a connection whose exchange ended cleanly for this thread.
+    fn put(&self, conn: Box<Conn>) {
+        if !conn.reusable() {
+            return;
+        }
+        let thread = THREAD.with(|id| *id);
+        let mut idle = self.idle();
+        let list = idle.entry(thread).or_default();
+        if list.len() < MAX_IDLE {
+            list.push(Idle {
+                conn,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Closes every idle connection past [`IDLE_TIMEOUT`].
+    fn close_expired(&self) {
+        let mut expired = Vec::new();
+        {
+            let mut idle = self.idle();
+            for list in idle.values_mut() {
+                let keep = list
+                    .iter()
+                    .position(|idle| idle.since.elapsed() < IDLE_TIMEOUT)
+                    .unwrap_or(list.len());
+                expired.extend(list.drain(..keep));
+            }
+            idle.retain(|_, list| !list.is_empty());
+        }
+        drop(expired);
+    }
+}
+
+/// Closes idle connections past their time every half [`IDLE_TIMEOUT`],
+/// for as long as the pool exists.
+async fn close_expired(pool: Weak<Pool>) {
+    loop {
+        tokio::time::sleep(IDLE_TIMEOUT / 2).await;
+        match pool.upgrade() {
+            Some(pool) => pool.close_expired(),
+            None => return,
+        }
+    }
+}
+
+/// A response body from the upstream that drives its connection while it
+/// is read, and returns the connection to its pool once it has ended.
+pub struct PooledBody {
+    body: Incoming,
+    /// `None` once returned (or closed).
+    conn: Option<Box<Conn>>,
+    pool: Weak<Pool>,
+}
+
+impl PooledBody {
+    /// The connection goes back to the pool if the body has `ended`, and
+    /// is closed otherwise.
+    fn release(&mut self, ended: bool) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        if ended && let Some(pool) = self.pool.upgrade() {
+            pool.put(conn);
+        }
+    }
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if let Some(conn) = &mut this.conn {
+            conn.drive(cx);
+        }
+        let frame = Pin::new(&mut this.body).poll_frame(cx);
+        // A reader that trusts `is_end_stream` does not poll for the end.
+        if matches!(frame, Poll::Ready(None)) || this.body.is_end_stream() {
+            this.release(true);
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        // A body with nothing to read (no content, or a reader that saw
+        // `is_end_stream`) is done without a poll.
+        let ended = self.body.is_end_stream();
+        self.release(ended);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use hyper_rustls::HttpsConnectorBuilder;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::{mpsc, oneshot};
+
+    use crate::body::full;
+
+    /// How the test upstream treats a connection after each response.
+    #[derive(Clone, Copy)]
+    enum After {
+        KeepOpen,
+        /// Closes it when the test says so (`Upstream::close`), as an
+        /// upstream's idle timeout does.
+        CloseWhenTold,
+    }
+
+    /// A raw HTTP/1.1 upstream on 127.0.0.1: answers every request (a head
+    /// without a body) with `body`, counting connections.
+    struct Upstream {
+        origin: Uri,
+        connections: Arc<AtomicUsize>,
+        /// Connections answered and waiting to be closed (`CloseWhenTold`).
+        answered: mpsc::UnboundedReceiver<oneshot::Sender<oneshot::Sender<()>>>,
+    }
+
+    impl Upstream {
+        /// Closes the connection that answered last, once it has.
+        async fn close(&mut self) {
+            let close = tokio::time::timeout(Duration::from_secs(5), self.answered.recv())
+                .await
+                .expect("a connection answered")
+                .expect("the upstream runs");
+            let (closed_tx, closed) = oneshot::channel();
+            let _ = close.send(closed_tx);
+            let _ = tokio::time::timeout(Duration::from_secs(5), closed).await;
+        }
+    }
+
+    async fn upstream(after: After, body: &'static [u8], chunked: bool) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin = format!("http://{}/", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (answered_tx, answered) = mpsc::unbounded_channel();
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let answered_tx = answered_tx.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let Ok(n) = socket.read(&mut buf).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        head.extend_from_slice(&buf[..n]);
+                        while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                            head.drain(..end + 4);
+                            let response = if chunked {
+                                let mut r =
+                                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                                        .to_vec();
+                                r.extend(format!("{:x}\r\n", body.len()).bytes());
+                                r.extend_from_slice(body);
+                                r.extend_from_slice(b"\r\n0\r\n\r\n");
+                                r
+                            } else {
+                                let mut r = format!(
+                                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+                                    body.len()
+                                )
+                                .into_bytes();
+                                r.extend_from_slice(body);
+                                r
+                            };
+                            if socket.write_all(&response).await.is_err() {
+                                return;
+                            }
+                            if let After::CloseWhenTold = after {
+                                let (close, told) = oneshot::channel::<oneshot::Sender<()>>();
+                                let _ = answered_tx.send(close);
+                                if let Ok(closed) = told.await {
+                                    drop(socket);
+                                    let _ = closed.send(());
+                                }
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Upstream {
+            origin,
+            connections,
+            answered,
+        }
+    }
+
+    fn pool(origin: &Uri) -> Arc<Pool> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let https = HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Pool::new(UpstreamConnector { https, fence: None }, origin.clone())
+    }
+
+    fn get() -> Request<ProxyBody> {
+        Request::get("/x")
+            .header("host", "upstream")
+            .body(full(""))
+            .unwrap()
+    }
+
+    async fn read_all(pool: &Arc<Pool>) -> Bytes {
+        let response = tokio::time::timeout(Duration::from_secs(5), pool.send(get()))
+            .await
+            .expect("answered in time")
+            .expect("sent");
+        response.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_used_again_once_its_body_has_ended() {
+        for chunked in [false, true] {
+            let upstream = upstream(After::KeepOpen, b"{\"id\":1}", chunked).await;
+            let pool = pool(&upstream.origin);
+            for _ in 0..5 {
+                assert_eq!(read_all(&pool).await, "{\"id\":1}".as_bytes());
+            }
+            assert_eq!(
+                upstream.connections.load(Ordering::SeqCst),
+                1,
+                "chunked: {chunked}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_without_content_goes_back_without_a_poll() {
+        let upstream = upstream(After::KeepOpen, b"", false).await;
+        let pool = pool(&upstream.origin);
+        for _ in 0..3 {
+            let response = pool.send(get()).await.unwrap();
+            assert!(response.body().is_end_stream());
+            drop(response);
+        }
+        assert_eq!(upstream.connections.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_before_its_end_closes_its_connection() {
+        let upstream = upstream(After::KeepOpen, &[b'x'; 64 * 1024], false).await;
+        let pool = pool(&upstream.origin);
+        let mut body = pool.send(get()).await.unwrap().into_body();
+        let first = body.frame().await.unwrap().unwrap();
+        assert!(first.data_ref().is_some_and(|d| d.len() < 64 * 1024));
+        drop(body);
+        assert_eq!(read_all(&pool).await.len(), 64 * 1024);
+        assert_eq!(upstream.connections.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_upstream_closed_is_not_written_to() {
+        let mut upstream = upstream(After::CloseWhenTold, b"ok", false).await;
+        let pool = pool(&upstream.origin);
+        for round in 1..=3 {
+            assert_eq!(read_all(&pool).await, "ok".as_bytes());
+            // Idle in the pool by now; then the upstream closes it.
+            upstream.close().await;
+            assert_eq!(upstream.connections.load(Ordering::SeqCst), round);
+        }
+    }
+
+    #[test]
+    fn idle_connections_stay_with_the_thread_they_were_used_on() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let upstream = runtime.block_on(upstream(After::KeepOpen, b"ok", false));
+        let pool = runtime.block_on(async { pool(&upstream.origin) });
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let pool = pool.clone();
+                    scope.spawn(move || {
+                        let own = tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .unwrap();
+                        own.block_on(async {
+                            for _ in 0..4 {
+                                read_all(&pool).await;
+                            }
+                        });
+                    })
+                })
+                .collect();
+            // The upstream runs on the first runtime, until both are done.
+            runtime.block_on(async {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !threads.iter().all(|t| t.is_finished()) && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+        });
+        assert_eq!(upstream.connections.load(Ordering::SeqCst), 2);
+        assert_eq!(pool.idle().len(), 2, "one idle list per thread");
+    }
+}
