@@ -46,12 +46,12 @@ async fn second_gateway_on_same_store_is_refused_in_process() {
     third.shutdown().await;
 }
 
-/// A store written before the state CHECK was rebuilt (migration 0002)
-/// keeps every operation and every event through the rebuild: the
-/// completed write is replayed, the held one is still held with its whole
-/// timeline, and nothing more reaches the upstream.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operations_and_events_survive_the_state_check_rebuild() {
+/// A store as an earlier release left it (`as_before` puts it back, the
+/// gateway stopped) keeps every operation and every event through the
+/// migrations at the next start: the completed write is replayed, the held
+/// one is still held with its whole timeline (a sealed value would not
+/// open if its identity changed), and nothing more reaches the upstream.
+async fn operations_survive_the_upgrade(as_before: impl FnOnce(&std::path::Path)) -> TestGateway {
     let mut gw = spawn_gateway_with(Setup::route("").admin()).await;
     let first = write(gw.addr(), "/invoices", Some("inv-7"), BODY).await;
     assert_fresh_created(&first);
@@ -61,8 +61,7 @@ async fn operations_and_events_survive_the_state_check_rebuild() {
     assert!(held["events"].as_array().unwrap().len() >= 2, "{held}");
     gw.shutdown().await;
 
-    digests_as_before_0007(&gw.store_path);
-    schema_as_before_0002(&gw.store_path);
+    as_before(&gw.store_path);
     gw.start_again().await;
 
     assert_replay_of(
@@ -76,6 +75,43 @@ async fn operations_and_events_survive_the_state_check_rebuild() {
         "the same operation, events and all"
     );
     assert_eq!(gw.upstream.write_requests().len(), 2, "nothing re-sent");
+    gw
+}
+
+/// The rebuild of the state CHECK (migration 0002).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_and_events_survive_the_state_check_rebuild() {
+    operations_survive_the_upgrade(|store| {
+        digests_as_before_0007(store);
+        schema_as_before_0002(store);
+    })
+    .await;
+}
+
+/// The digests kept as bytes (migration 0007): hex text before, 32 bytes
+/// after, the identity found by them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_survive_the_digests_becoming_bytes() {
+    let gw = operations_survive_the_upgrade(|store| {
+        digests_as_before_0007(store);
+        let conn = rusqlite::Connection::open(store).unwrap();
+        let fingerprint: String = conn
+            .query_row("SELECT fingerprint FROM operations LIMIT 1", [], |row| {
+                row.get(0)
+            })
+            .unwrap();
+        assert_eq!(fingerprint.len(), 64, "hex, as before 0007: {fingerprint}");
+    })
+    .await;
+    let conn = rusqlite::Connection::open(&gw.store_path).unwrap();
+    let lengths: Vec<(i64, i64, i64)> = conn
+        .prepare("SELECT length(scope), length(fingerprint), length(request_body_sha256) FROM operations")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(lengths, [(32, 32, 32), (32, 32, 32)], "bytes again");
 }
 
 /// Puts the `operations` table back as migration 0001 made it (the CHECK
@@ -109,50 +145,6 @@ const COLUMNS: &str = "id, route, scope, idem_key, fingerprint, state, attempt, 
     request_method, request_path, request_content_type, request_body_size, request_body_sha256,
     request_body, response_status, response_headers, response_body, created_at, updated_at,
     superseded_at";
-
-/// A store written before its digests were kept as bytes (migration 0007)
-/// is migrated on start: the completed write is replayed (its identity is
-/// found by the digests), the held one is still held with its timeline
-/// (a sealed value would not open if its identity changed), and nothing
-/// more reaches the upstream.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operations_survive_the_digests_becoming_bytes() {
-    let mut gw = spawn_gateway_with(Setup::route("").admin()).await;
-    let first = write(gw.addr(), "/invoices", Some("inv-7"), BODY).await;
-    assert_fresh_created(&first);
-    write(gw.addr(), "/status/502", Some("lost-1"), BODY).await;
-    let held = gw.operation("lost-1").await;
-    assert_eq!(held["state"], "unknown");
-    gw.shutdown().await;
-
-    digests_as_before_0007(&gw.store_path);
-    let conn = rusqlite::Connection::open(&gw.store_path).unwrap();
-    let fingerprint: String = conn
-        .query_row("SELECT fingerprint FROM operations LIMIT 1", [], |row| {
-            row.get(0)
-        })
-        .unwrap();
-    assert_eq!(fingerprint.len(), 64, "hex, as before 0007: {fingerprint}");
-    drop(conn);
-    gw.start_again().await;
-
-    assert_replay_of(
-        &write(gw.addr(), "/invoices", Some("inv-7"), BODY).await,
-        &first,
-    );
-    assert_held_unknown(&write(gw.addr(), "/status/502", Some("lost-1"), BODY).await);
-    assert_eq!(gw.operation("lost-1").await, held);
-    assert_eq!(gw.upstream.write_requests().len(), 2, "nothing re-sent");
-    let conn = rusqlite::Connection::open(&gw.store_path).unwrap();
-    let lengths: Vec<(i64, i64, i64)> = conn
-        .prepare("SELECT length(scope), length(fingerprint), length(request_body_sha256) FROM operations")
-        .unwrap()
-        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    assert_eq!(lengths, [(32, 32, 32), (32, 32, 32)], "bytes again");
-}
 
 /// Puts the digests back as hex text, as the release before migration
 /// 0007 kept them, and forgets that 0007 ran.
