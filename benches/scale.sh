@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# The store at scale (issue 17): a SQLite store holding N completed
-# operations, served by a running `idemgate serve` with its admin listener
-# and token, measured in one run against the same gateway on an empty store.
+# The store at scale: a store holding N completed operations, served by a
+# running `idemgate serve` with its admin listener and token, measured in
+# one run against the same gateway on an empty store.
 #
-#   benches/scale.sh                      # N=5,000,000: ~10-20 min of populating here
+#   benches/scale.sh                      # SQLite, N=5,000,000: ~15-25 min of populating here
 #   N=1000000 benches/scale.sh
 #   N=1000000 DURATION=20 IDEMGATE=target/release/idemgate benches/scale.sh
+#   BACKEND=postgres N=1000000 benches/scale.sh
+#
+# BACKEND=postgres puts each gateway's store in a schema of its own on the
+# server at PGURL (default postgres://postgres@127.0.0.1:5432/test, trust
+# auth), created for the run and dropped after it (KEEP=1 keeps them).
 #
 # Steps, all on 127.0.0.1 (free ports, port 0 for the gateways):
 #   1. `idemgate mock-upstream`, and two gateways in front of it (durability
 #      "full", the defaults otherwise, info logs to a file): "big" and
-#      "empty", each with its own SQLite store and an admin token;
+#      "empty", each with its own store (a SQLite file, or a PostgreSQL
+#      schema) and an admin token;
 #   2. one write with a known key (the probe key) into "big", then
 #      `idemgate bench --target … --populate N` through it: N completed
 #      operations, written through the gateway as a client would;
@@ -22,8 +28,9 @@
 #      `GET /admin/keys?state=unknown&limit=50`, the probe key's status
 #      `GET /.idemgate/operations/{key}` on the proxy listener with the
 #      scope header, and `GET /admin/stats` (p50/p99 over PROBES calls);
-#   5. "big"'s resident memory (VmRSS, VmHWM) and store bytes (.db + -wal),
-#      per million operations.
+#   5. "big"'s resident memory (VmRSS, VmHWM; the gateway's own, not the
+#      PostgreSQL server's) and store bytes (.db + -wal, or the schema's
+#      relations with their indexes), per million operations.
 # Then one table, with the issue's targets beside the figures.
 #
 # Every wait is bounded, every loop counted; every process started here is
@@ -40,6 +47,7 @@ if [ -z "${IDEMGATE:-}" ]; then
 fi
 export IDEMGATE REPO="$repo"
 exec python3 - "$@" <<'PYTHON'
+import base64
 import http.client
 import json
 import math
@@ -64,6 +72,13 @@ PROBES = int(os.environ.get("PROBES", "50"))
 AUTH = "Bearer idemgate-bench"  # what `idemgate bench` sends: one scope
 TOKEN = secrets.token_hex(24)
 PROBE_KEY = "scale-probe-" + secrets.token_hex(6)
+BACKEND = os.environ.get("BACKEND", "sqlite")
+if BACKEND not in ("sqlite", "postgres"):
+    raise SystemExit(f"BACKEND={BACKEND}: sqlite or postgres")
+PGURL = os.environ.get("PGURL", "postgres://postgres@127.0.0.1:5432/test")
+SCOPE_KEY = base64.b64encode(os.urandom(32)).decode()  # the PostgreSQL stores'
+RUN = secrets.token_hex(4)
+schemas = []
 
 work = tempfile.mkdtemp(prefix="idemgate-scale.")
 procs = []
@@ -79,6 +94,9 @@ def cleanup():
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(timeout=5)
+    if not os.environ.get("KEEP"):
+        for schema in schemas:
+            psql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     if os.environ.get("KEEP"):
         print(f"kept {work}", file=sys.stderr)
     else:
@@ -91,6 +109,15 @@ def on_signal(signum, _frame):
 
 signal.signal(signal.SIGTERM, on_signal)
 signal.signal(signal.SIGINT, on_signal)
+
+
+def psql(sql):
+    """One statement on PGURL's database: its first value, as text."""
+    r = subprocess.run(["psql", PGURL, "-v", "ON_ERROR_STOP=1", "-Atqc", sql],
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"psql: {sql}: {r.stderr.strip()}")
+    return r.stdout.strip()
 
 
 def free_port():
@@ -111,7 +138,14 @@ def wait_port(port, seconds=10):
 
 
 def start_gateway(name, upstream_port):
-    db = os.path.join(work, f"{name}.db")
+    if BACKEND == "sqlite":
+        db = os.path.join(work, f"{name}.db")
+        store = f'url = "sqlite://{db}"'
+    else:
+        db = f"idemgate_scale_{RUN}_{name}"
+        psql(f"CREATE SCHEMA {db}")
+        schemas.append(db)
+        store = f'url = "{PGURL}?options[search_path]={db}"\nscope_key_env = "SCALE_SCOPE_KEY"'
     config = os.path.join(work, f"{name}.toml")
     with open(config, "w") as f:
         f.write(f"""[server]
@@ -119,7 +153,7 @@ listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
 admin_token_env = "SCALE_ADMIN_TOKEN"
 [store]
-url = "sqlite://{db}"
+{store}
 durability = "full"
 [[routes]]
 name = "orders"
@@ -128,7 +162,7 @@ upstream = "http://127.0.0.1:{upstream_port}"
 """)
     out = open(os.path.join(work, f"{name}.out"), "w+")
     log = open(os.path.join(work, f"{name}.log"), "w")
-    env = dict(os.environ, SCALE_ADMIN_TOKEN=TOKEN)
+    env = dict(os.environ, SCALE_ADMIN_TOKEN=TOKEN, SCALE_SCOPE_KEY=SCOPE_KEY)
     p = subprocess.Popen([BIN, "serve", "--config", config], stdout=out, stderr=log, env=env)
     procs.append(p)
     for _ in range(200):
@@ -231,6 +265,10 @@ def rss(pid):
 
 
 def store_bytes(db):
+    if BACKEND == "postgres":  # the schema's tables with their indexes and TOAST
+        return int(psql(f"""SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)
+                            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                            WHERE n.nspname = '{db}' AND c.relkind = 'r'"""))
     total = 0
     for path in (db, db + "-wal"):
         if os.path.exists(path):
@@ -274,8 +312,9 @@ def main():
 
     print(f"scale: populating {N:,} operations through {big['proxy']} ...", file=sys.stderr, flush=True)
     t0 = time.monotonic()
+    store_file = ["--store-file", big["db"]] if BACKEND == "sqlite" else []
     pop = bench(["--target", f"http://{big['proxy']}/orders", "--populate", str(N),
-                 "--gateway-pid", str(big["pid"]), "--store-file", big["db"]],
+                 "--gateway-pid", str(big["pid"])] + store_file,
                 seconds_bound=max(600, N // 500))
     populated = pop["populate"]
     print(f"scale: populated in {time.monotonic() - t0:.0f} s, {populated['rate_per_second']:.0f}/s",
@@ -310,7 +349,8 @@ def main():
                                 capture_output=True, text=True, timeout=10).stdout.strip() or "?"
     except Exception:
         commit = "?"
-    print(f"scale: SQLite (durability full), N = {N:,}, {DURATION} s per run, {CONCURRENCY} connections, {PROBES} probes")
+    backend = "SQLite" if BACKEND == "sqlite" else "PostgreSQL"
+    print(f"scale: {backend} (durability full), N = {N:,}, {DURATION} s per run, {CONCURRENCY} connections, {PROBES} probes")
     print(f"  {started}, {os.cpu_count()} CPUs, load average before: {' '.join(load_before)}, after: {' '.join(load_after)}")
     print(f"  idemgate {version} at {commit}")
     print()

@@ -1,7 +1,7 @@
 //! The properties the fuzz targets check, one function per target, each
 //! taking the raw input. A broken property panics. The same functions run
 //! the kept crash inputs under `cargo test` on stable
-//! (`tests/fuzz_regressions.rs`), so a fixed bug stays fixed; this file
+//! (`tests/it/fuzz_regressions.rs`), so a fixed bug stays fixed; this file
 //! depends on nothing but idemgate and the crates it already uses.
 
 use std::time::{Duration, Instant};

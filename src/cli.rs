@@ -1,4 +1,4 @@
-//! The command line (README "Configuration"): `serve`, `check-config`, `migrate`,
+//! The command line (docs/operating.md, "The command line"): `serve`, `check-config`, `migrate`,
 //! `rekey`, `keys`, `mock-upstream`, `demo`, `bench`.
 //!
 //! Invariant: this module holds the arguments only. The modules that run a
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::config::{Config, ConfigError, Durability, KeyMode, Overrides};
+use crate::config::{Config, ConfigError, Durability, KeyMode, Overrides, defaults};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -40,7 +40,7 @@ pub enum Command {
         store: String,
     },
     /// Seal every stored payload again under store.encryption_key_env's key,
-    /// so store.previous_key_env can be dropped (README "Sealed store").
+    /// so store.previous_key_env can be dropped (docs/deploying.md, "Sealed store").
     /// A SQLite store must not be in use by a gateway.
     Rekey {
         /// The gateway's TOML config file.
@@ -57,9 +57,9 @@ pub enum Command {
     /// Walk through what idemgate does against the mock API, then exit.
     Demo,
     /// Drive a retry storm (K keys × R requests at concurrency C) through a
-    /// gateway and check that the API saw exactly K writes (README "Benchmarking").
+    /// gateway and check that the API saw exactly K writes (docs/performance.md, "Benchmarking").
     Bench(Bench),
-    /// Alert webhooks (README "Alerts").
+    /// Alert webhooks (docs/operating.md, "Alerts").
     Alerts {
         #[command(subcommand)]
         command: AlertsCommand,
@@ -85,7 +85,7 @@ pub enum LogFormat {
 
 #[derive(Debug, clap::Args)]
 pub struct Serve {
-    /// The TOML config file (README "Configuration"). Without it: one catch-all route to --upstream.
+    /// The TOML config file (docs/configuration.md, "Every key"). Without it: one catch-all route to --upstream.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Proxy listener, overriding [server].listen.
@@ -101,7 +101,7 @@ pub struct Serve {
     #[arg(long)]
     pub upstream: Option<String>,
     /// How writes without an Idempotency-Key are handled, without a config file:
-    /// require, assign or off.
+    /// require, derive, assign or off.
     #[arg(long)]
     pub key_mode: Option<String>,
     #[arg(long, value_enum, default_value = "text")]
@@ -163,7 +163,7 @@ pub struct Keys {
     /// The environment variable holding the admin token (the gateway's
     /// `admin_token_env`). The token is never taken as a flag: flags end up
     /// in shell history and process listings.
-    #[arg(long, global = true, default_value = "IDEMGATE_ADMIN_TOKEN")]
+    #[arg(long, global = true, default_value = defaults::server::ADMIN_TOKEN_ENV)]
     pub token_env: String,
     /// A PEM file of extra trust roots for an https admin listener whose
     /// certificate a private CA signed (`server.admin_tls_cert`).

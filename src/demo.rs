@@ -75,6 +75,11 @@ const TOKEN: &str = "Bearer demo-token";
 
 impl<W: Write> Tour<W> {
     /// A write (or any request) from the automation, through the gateway.
+    /// A keyed POST of `body` to `path`.
+    async fn post(&mut self, path: &str, key: &str, body: &str) -> Result<Answer, DemoError> {
+        self.send(Method::POST, path, Some(key), body).await
+    }
+
     async fn send(
         &mut self,
         method: Method,
@@ -249,24 +254,14 @@ async fn steps<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
 
     t.say("1. A first write: POST /tasks with Idempotency-Key: demo-1")?;
     let first = t
-        .send(
-            Method::POST,
-            "/tasks",
-            Some("demo-1"),
-            r#"{"title":"write the report"}"#,
-        )
+        .post("/tasks", "demo-1", r#"{"title":"write the report"}"#)
         .await?;
     let ok = first.status == StatusCode::CREATED;
     t.show(1, &first.summary(), ok, "201", 1)?;
 
     t.say("\n2. Its response was lost, so the client retries the same request")?;
     let again = t
-        .send(
-            Method::POST,
-            "/tasks",
-            Some("demo-1"),
-            r#"{ "title": "write the report" }"#,
-        )
+        .post("/tasks", "demo-1", r#"{ "title": "write the report" }"#)
         .await?;
     let ok = again.replayed && again.body == first.body && again.status == first.status;
     let got = format!(
@@ -279,12 +274,7 @@ async fn steps<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
 
     t.say("\n3. The same key with a changed payload (a bug in the client)")?;
     let changed = t
-        .send(
-            Method::POST,
-            "/tasks",
-            Some("demo-1"),
-            r#"{"title":"something else"}"#,
-        )
+        .post("/tasks", "demo-1", r#"{"title":"something else"}"#)
         .await?;
     let ok = changed.status == StatusCode::UNPROCESSABLE_ENTITY;
     t.show(3, &changed.summary(), ok, "422 key-reused", 1)?;
@@ -340,22 +330,8 @@ async fn steps<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
     t.show(5, &got, ok, "201, then the same 201 replayed", 3)?;
 
     t.say("\n6. A lost response: the API commits the write, then drops the connection\n   (POST /drop, key demo-3)")?;
-    let lost = t
-        .send(
-            Method::POST,
-            "/drop",
-            Some("demo-3"),
-            r#"{"title":"maybe"}"#,
-        )
-        .await?;
-    let retry = t
-        .send(
-            Method::POST,
-            "/drop",
-            Some("demo-3"),
-            r#"{"title":"maybe"}"#,
-        )
-        .await?;
+    let lost = t.post("/drop", "demo-3", r#"{"title":"maybe"}"#).await?;
+    let retry = t.post("/drop", "demo-3", r#"{"title":"maybe"}"#).await?;
     let got = format!("{}, retry {}", lost.summary(), retry.summary());
     let ok = lost.status == StatusCode::BAD_GATEWAY && retry.status == StatusCode::CONFLICT;
     t.show(
@@ -379,14 +355,7 @@ async fn steps<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
 /// Step 7: a lost response settled by the route's reconcile probe.
 async fn reconciled<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
     t.say("\n7. Another lost response, on /orders, whose route has a reconcile probe\n   (GET /_effects/{key} on the API): POST /orders/drop, key demo-4")?;
-    let lost = t
-        .send(
-            Method::POST,
-            "/orders/drop",
-            Some("demo-4"),
-            r#"{"sku":"A-1"}"#,
-        )
-        .await?;
+    let lost = t.post("/orders/drop", "demo-4", r#"{"sku":"A-1"}"#).await?;
     t.say(&format!("   → {}", lost.summary()))?;
     // The probe runs right away; the client can ask how its operation stands.
     let mut state = String::new();
@@ -406,14 +375,7 @@ async fn reconciled<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
     t.say(&format!(
         "   GET /.idemgate/operations/demo-4 → state {state}"
     ))?;
-    let retry = t
-        .send(
-            Method::POST,
-            "/orders/drop",
-            Some("demo-4"),
-            r#"{"sku":"A-1"}"#,
-        )
-        .await?;
+    let retry = t.post("/orders/drop", "demo-4", r#"{"sku":"A-1"}"#).await?;
     let got = format!(
         "retry {} (Idempotent-Replayed: {})",
         retry.summary(),
@@ -453,14 +415,7 @@ async fn resolved_by_an_operator<W: Write>(t: &mut Tour<W>) -> Result<(), DemoEr
         "   POST /admin/keys/{id}/resolve {resolution} → {}",
         resolved.status.as_u16()
     ))?;
-    let retry = t
-        .send(
-            Method::POST,
-            "/drop",
-            Some("demo-3"),
-            r#"{"title":"maybe"}"#,
-        )
-        .await?;
+    let retry = t.post("/drop", "demo-3", r#"{"title":"maybe"}"#).await?;
     let got = format!(
         "retry {} (Idempotent-Replayed: {})",
         retry.summary(),

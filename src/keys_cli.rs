@@ -1,4 +1,4 @@
-//! `idemgate keys list|show|resolve` (README "Operating idemgate"): the admin API from a
+//! `idemgate keys list|show|resolve` (docs/operating.md, "Held work from the command line and the API"): the admin API from a
 //! terminal, so an operator can find an `unknown` operation, read its
 //! timeline and settle it without hand-writing HTTP requests.
 //!
@@ -30,9 +30,10 @@ use serde_json::{Map, Value, json};
 
 use crate::admin::auth::{UnusableToken, token_fault};
 use crate::cli::{Keys, KeysCommand, KeysList, KeysResolve};
+use crate::config::ClientTls;
 use crate::http_client;
 use crate::pipeline::key::url_component;
-use crate::tls::{ClientTls, TlsError};
+use crate::tls::TlsError;
 
 /// One admin call, connect to last byte; the admin API answers from the
 /// store, so anything slower is a gateway in trouble, not a slow answer.

@@ -49,7 +49,7 @@
 //!
 //! A key reused with a different fingerprint is 422 `key-reused` in any state.
 //! The whole story, module by module, is in ARCHITECTURE.md. No two of
-//! these modules import each other (tests/layout.rs checks it).
+//! these modules import each other (tests/it/layout.rs checks it).
 #![forbid(unsafe_code)]
 
 pub mod admin;

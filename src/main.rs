@@ -61,7 +61,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let gateway = Gateway::start_with(config, options)
                 .await
-                .with_context(|| format!("cannot start with store {store}"))?;
+                .with_context(|| format!("cannot start (store {store})"))?;
             // One line on stdout that scripts and tests can wait for.
             println!(
                 "listening proxy={} admin={}",
@@ -86,7 +86,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::CheckConfig { file } => {
-            Config::load(&file)?;
+            let config = Config::load(&file)?;
+            // As `serve` reads them at start, named by their fields.
+            idemgate::tls::read(&config).with_context(|| file.display().to_string())?;
             println!("ok");
             Ok(())
         }

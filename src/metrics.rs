@@ -84,6 +84,19 @@ pub enum Outcome {
     lookup,
 }
 
+/// A background task of the gateway, for the count of its passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)] // label values are written as they appear
+pub enum Task {
+    /// The sweep that deletes expired operations.
+    retention,
+    /// The alert deliverer's poll of the outbox.
+    alerts,
+    /// A replica's look for lost peers and at the pauses, on a shared
+    /// store.
+    replicas,
+}
+
 /// Marks a response that says the store failed (503 `store-unavailable`),
 /// for the store-errors counter.
 #[derive(Debug, Clone, Copy)]
@@ -121,6 +134,11 @@ struct DeliveryLabels {
     outcome: &'static str,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TaskLabels {
+    task: Task,
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
@@ -129,6 +147,7 @@ pub struct Metrics {
     refused_connections: Family<ListenerLabels, Counter>,
     store_errors: Family<RouteLabels, Counter>,
     alert_deliveries: Family<DeliveryLabels, Counter>,
+    background_passes: Family<TaskLabels, Counter>,
     /// Held by the one store read in flight, until the store answers (even
     /// past [`STORE_READ_BOUND`]); tokio's Mutex for `try_lock_owned`, which
     /// moves the guard into the read's task.
@@ -189,6 +208,12 @@ impl Metrics {
             "Alert webhook deliveries by outcome: delivered, failed (due again later), gave_up",
             alert_deliveries.clone(),
         );
+        let background_passes = Family::<TaskLabels, Counter>::default();
+        registry.register(
+            "background_passes",
+            "Passes of the background tasks that ran to their end without a store error, by task: retention (the sweep), alerts (a poll of the outbox), replicas (a look for lost peers and at the pauses, on a shared store)",
+            background_passes.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -197,6 +222,7 @@ impl Metrics {
             refused_connections,
             store_errors,
             alert_deliveries,
+            background_passes,
             store_read: Arc::default(),
         }
     }
@@ -225,6 +251,9 @@ impl Metrics {
                 self.refused_connections
                     .get_or_create(&ListenerLabels { listener }),
             );
+        }
+        for task in [Task::retention, Task::alerts, Task::replicas] {
+            drop(self.background_passes.get_or_create(&TaskLabels { task }));
         }
     }
 
@@ -266,6 +295,13 @@ impl Metrics {
     pub fn alert_delivery(&self, outcome: &'static str) {
         self.alert_deliveries
             .get_or_create(&DeliveryLabels { outcome })
+            .inc();
+    }
+
+    /// A pass of `task` ran to its end without a store error.
+    pub fn background_pass(&self, task: Task) {
+        self.background_passes
+            .get_or_create(&TaskLabels { task })
             .inc();
     }
 
@@ -392,6 +428,8 @@ mod tests {
         metrics.late_response("api");
         metrics.refused_connection("admin");
         metrics.store_error("api");
+        metrics.start_at_zero(["api"]);
+        metrics.background_pass(Task::alerts);
         let read = StoreGauges {
             stats: Stats {
                 counts: vec![("api".into(), State::Unknown, 3)],
@@ -410,6 +448,8 @@ mod tests {
         assert!(text.contains(r#"idemgate_refused_connections_total{listener="admin"} 1"#));
         assert!(text.contains(r#"idemgate_operations{route="api",state="unknown"} 3"#));
         assert!(text.contains(r#"idemgate_store_errors_total{route="api"} 1"#));
+        assert!(text.contains(r#"idemgate_background_passes_total{task="alerts"} 1"#));
+        assert!(text.contains(r#"idemgate_background_passes_total{task="retention"} 0"#));
         assert!(text.contains(r#"idemgate_route_paused{route="api"} 1"#));
         assert!(text.contains("idemgate_oldest_unknown_age_seconds 10.0"));
         assert!(text.contains("idemgate_store_up 1\n"), "{text}");

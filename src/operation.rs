@@ -127,6 +127,7 @@ pub struct RequestSummary {
     pub path: String,
     pub content_type: Option<String>,
     pub body_size: u64,
+    /// Lower-case hex.
     pub body_sha256: String,
     pub body: Option<Vec<u8>>,
 }

@@ -1,19 +1,179 @@
-//! The RFC 9457 problem body (`application/problem+json`, `type` =
-//! `urn:idemgate:problem:<name>`) that every answer idemgate gives itself is
-//! rendered as, on both listeners: the proxy's errors
-//! (`pipeline::error::ProxyError`) and the admin API's.
+//! Every answer idemgate gives itself, on both listeners, as an RFC 9457
+//! problem body (`application/problem+json`, `type` =
+//! `urn:idemgate:problem:<name>`): the proxy's errors
+//! (`pipeline::error::ProxyError`) and the admin API's (`admin::AdminError`).
 //!
-//! Invariant: every body is built by [`Problem::new`] and so carries the
-//! `error` extension member ([`ErrorEnvelope`]) with the same name and
-//! detail; which problem an error is gets decided by its own layer's one
-//! mapping, never here. This module knows bodies, not errors, so it imports
-//! neither the pipeline nor the admin API that render through it.
+//! Invariants:
+//! - Which status, name and title a problem has follows from its
+//!   [`ProblemKind`] alone, through exhaustive matches here
+//!   ([`ProblemKind::status`], [`ProblemKind::name`]), unit tested per kind. Each listener's error
+//!   type only says which kind it is ([`ProblemKind::of_store`] is the one
+//!   500/503 split of a failed store call, for both).
+//! - Every body is built by [`Problem::new`] and so carries the `error`
+//!   extension member ([`ErrorEnvelope`]) with the same name and detail.
+//!
+//! This module knows kinds and bodies, not the errors behind them, so it
+//! imports neither the pipeline nor the admin API that render through it.
 
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use serde::Serialize;
 
 use crate::body::{ProxyBody, full};
+use crate::store::StoreError;
+
+/// Every problem idemgate answers, on either listener; one name each
+/// (`urn:idemgate:problem:<name>`), the same on both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemKind {
+    // Refused before anything was claimed: the request itself is wrong.
+    NoRoute,
+    InvalidPath,
+    HeadersTooLarge,
+    UnknownOperation,
+    MissingKey,
+    InvalidKey,
+    MissingScope,
+    BodyTooLarge,
+    BodyTimeout,
+    InvalidBody,
+    // About the operation a key already has.
+    KeyReused,
+    RequestInProgress,
+    OutcomeUnknown(UnknownSince),
+    ResponseNotStored,
+    RoutePaused,
+    QuotaExceeded,
+    // The gateway or what it depends on.
+    StoreUnavailable,
+    StoreUnreadable,
+    LeaseLost,
+    UpstreamUnreachable,
+    UpstreamTimeout,
+    UpstreamFailed,
+    Overloaded,
+    Internal,
+    // The admin API's own.
+    Unauthorized,
+    AdminTokenUnset,
+    NotResolvable,
+    AmbiguousCredentials,
+    InvalidCursor,
+    InvalidRequest,
+    InvalidResolution,
+    MethodNotAllowed,
+}
+
+/// Why an operation's outcome is unknown, which picks the status of its
+/// `outcome-unknown` answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownSince {
+    /// It was already unknown when this request came: 409, a conflict
+    /// like the other held keys.
+    Earlier,
+    /// This very attempt's response did not come in time: 504.
+    Timeout,
+    /// This very attempt's connection broke before a whole response: 502.
+    Broken,
+}
+
+impl ProblemKind {
+    /// The status: one exhaustive match, grouped by status so that what
+    /// shares one reads together (the 500/503 split among them).
+    pub fn status(self) -> StatusCode {
+        use ProblemKind::*;
+        match self {
+            InvalidPath | MissingKey | InvalidKey | MissingScope | InvalidBody => {
+                StatusCode::BAD_REQUEST
+            }
+            AmbiguousCredentials | InvalidCursor | InvalidRequest | InvalidResolution => {
+                StatusCode::BAD_REQUEST
+            }
+            Unauthorized | AdminTokenUnset => StatusCode::UNAUTHORIZED,
+            NoRoute | UnknownOperation => StatusCode::NOT_FOUND,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            RequestInProgress | ResponseNotStored | NotResolvable => StatusCode::CONFLICT,
+            OutcomeUnknown(UnknownSince::Earlier) => StatusCode::CONFLICT,
+            BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            // The gateway's own failures: 500 when retrying cannot help...
+            StoreUnreadable | Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            // ...502/504 about the upstream, 503 when a retry soon may pass.
+            UpstreamUnreachable | UpstreamFailed => StatusCode::BAD_GATEWAY,
+            OutcomeUnknown(UnknownSince::Broken) => StatusCode::BAD_GATEWAY,
+            UpstreamTimeout | OutcomeUnknown(UnknownSince::Timeout) => StatusCode::GATEWAY_TIMEOUT,
+            StoreUnavailable | LeaseLost | RoutePaused | Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        }
+    }
+
+    /// The problem name (as in `urn:idemgate:problem:<name>`) and title:
+    /// one exhaustive match.
+    fn name_and_title(self) -> (&'static str, &'static str) {
+        use ProblemKind::*;
+        match self {
+            NoRoute => ("no-route", "No route"),
+            InvalidPath => ("invalid-path", "Invalid request path"),
+            HeadersTooLarge => ("headers-too-large", "Request head too large"),
+            UnknownOperation => ("unknown-operation", "Unknown operation"),
+            MissingKey => ("missing-key", "Idempotency-Key required"),
+            InvalidKey => ("invalid-key", "Invalid Idempotency-Key"),
+            MissingScope => ("missing-scope", "Scope headers required"),
+            BodyTooLarge => ("body-too-large", "Request body too large"),
+            BodyTimeout => ("body-timeout", "Request body too slow"),
+            InvalidBody => ("invalid-body", "Request body unreadable"),
+            KeyReused => (
+                "key-reused",
+                "Idempotency-Key reused with a different request",
+            ),
+            RequestInProgress => ("request-in-progress", "Request in progress"),
+            OutcomeUnknown(_) => ("outcome-unknown", "Outcome unknown"),
+            ResponseNotStored => ("response-not-stored", "Response not stored"),
+            RoutePaused => ("route-paused", "Route paused"),
+            QuotaExceeded => ("quota-exceeded", "Quota exceeded"),
+            StoreUnavailable => ("store-unavailable", "Store unavailable"),
+            StoreUnreadable => ("store-unreadable", "Stored operation unreadable"),
+            LeaseLost => ("lease-lost", "Gateway lease lost"),
+            UpstreamUnreachable => ("upstream-unreachable", "Upstream unreachable"),
+            UpstreamTimeout => ("upstream-timeout", "Upstream timeout"),
+            UpstreamFailed => ("upstream-failed", "Upstream failed"),
+            Overloaded => ("overloaded", "Overloaded"),
+            Internal => ("internal", "Internal error"),
+            Unauthorized => ("unauthorized", "Unauthorized"),
+            AdminTokenUnset => ("admin-token-unset", "No admin token configured"),
+            NotResolvable => ("not-resolvable", "Not resolvable"),
+            AmbiguousCredentials => ("ambiguous-credentials", "Ambiguous credentials"),
+            InvalidCursor => ("invalid-cursor", "Invalid cursor"),
+            InvalidRequest => ("invalid-request", "Invalid request"),
+            InvalidResolution => ("invalid-resolution", "Invalid resolution"),
+            MethodNotAllowed => ("method-not-allowed", "Method not allowed"),
+        }
+    }
+
+    /// The problem name, as in `urn:idemgate:problem:<name>`.
+    pub fn name(self) -> &'static str {
+        self.name_and_title().0
+    }
+
+    pub fn title(self) -> &'static str {
+        self.name_and_title().1
+    }
+
+    /// A store call that failed: 500 `store-unreadable` when the store
+    /// answered but holds a value that must not be used (a sealed payload
+    /// that does not open), else 503 `store-unavailable`, worth a retry.
+    pub fn of_store(error: &StoreError) -> Self {
+        if error.is_unreadable() {
+            ProblemKind::StoreUnreadable
+        } else {
+            ProblemKind::StoreUnavailable
+        }
+    }
+}
 
 /// An RFC 9457 problem body.
 #[derive(Debug, Serialize)]
@@ -59,12 +219,14 @@ impl ErrorEnvelope {
 
 impl Problem {
     /// A problem that is not about an operation; the one constructor, so
-    /// the `type`, `detail` and `error` members always agree.
-    pub fn new(status: StatusCode, name: &str, title: &'static str, detail: String) -> Self {
+    /// the `type`, `title`, `status`, `detail` and `error` members always
+    /// agree with `kind`.
+    pub fn new(kind: ProblemKind, detail: String) -> Self {
+        let name = kind.name();
         Problem {
             problem_type: format!("urn:idemgate:problem:{name}"),
-            title,
-            status: status.as_u16(),
+            title: kind.title(),
+            status: kind.status().as_u16(),
             error: ErrorEnvelope {
                 error_type: ErrorEnvelope::TYPE,
                 code: name.to_string(),
@@ -97,13 +259,131 @@ impl Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
+
+    use ProblemKind::*;
+
+    /// Every kind and what it must answer, written out apart from the
+    /// mapping (each [`UnknownSince`] once).
+    const CASES: [(ProblemKind, u16, &str); 34] = [
+        (NoRoute, 404, "no-route"),
+        (InvalidPath, 400, "invalid-path"),
+        (HeadersTooLarge, 431, "headers-too-large"),
+        (UnknownOperation, 404, "unknown-operation"),
+        (MissingKey, 400, "missing-key"),
+        (InvalidKey, 400, "invalid-key"),
+        (MissingScope, 400, "missing-scope"),
+        (BodyTooLarge, 413, "body-too-large"),
+        (BodyTimeout, 408, "body-timeout"),
+        (InvalidBody, 400, "invalid-body"),
+        (KeyReused, 422, "key-reused"),
+        (RequestInProgress, 409, "request-in-progress"),
+        (
+            OutcomeUnknown(UnknownSince::Earlier),
+            409,
+            "outcome-unknown",
+        ),
+        (
+            OutcomeUnknown(UnknownSince::Timeout),
+            504,
+            "outcome-unknown",
+        ),
+        (OutcomeUnknown(UnknownSince::Broken), 502, "outcome-unknown"),
+        (ResponseNotStored, 409, "response-not-stored"),
+        (RoutePaused, 503, "route-paused"),
+        (QuotaExceeded, 429, "quota-exceeded"),
+        (StoreUnavailable, 503, "store-unavailable"),
+        (StoreUnreadable, 500, "store-unreadable"),
+        (LeaseLost, 503, "lease-lost"),
+        (UpstreamUnreachable, 502, "upstream-unreachable"),
+        (UpstreamTimeout, 504, "upstream-timeout"),
+        (UpstreamFailed, 502, "upstream-failed"),
+        (Overloaded, 503, "overloaded"),
+        (Internal, 500, "internal"),
+        (Unauthorized, 401, "unauthorized"),
+        (AdminTokenUnset, 401, "admin-token-unset"),
+        (NotResolvable, 409, "not-resolvable"),
+        (AmbiguousCredentials, 400, "ambiguous-credentials"),
+        (InvalidCursor, 400, "invalid-cursor"),
+        (InvalidRequest, 400, "invalid-request"),
+        (InvalidResolution, 400, "invalid-resolution"),
+        (MethodNotAllowed, 405, "method-not-allowed"),
+    ];
+
+    #[tokio::test]
+    async fn each_kind_answers_its_status_and_type_as_problem_json() {
+        for (kind, status, name) in CASES {
+            assert_eq!(kind.status().as_u16(), status, "{kind:?}");
+            assert_eq!(kind.name(), name, "{kind:?}");
+            assert!(!kind.title().is_empty(), "{kind:?}");
+            let response = Problem::new(kind, "why".into()).into_response();
+            assert_eq!(response.status().as_u16(), status, "{kind:?}");
+            assert_eq!(
+                response.headers()[CONTENT_TYPE],
+                "application/problem+json",
+                "{kind:?}"
+            );
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                json,
+                serde_json::json!({
+                    "type": format!("urn:idemgate:problem:{name}"),
+                    "title": kind.title(),
+                    "status": status,
+                    "detail": "why",
+                    "error": {"type": "idempotency_error", "code": name, "message": "why"},
+                }),
+                "{kind:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_outcome_unknown_shares_its_name_and_every_kind_is_listed_once() {
+        for (i, (a, ..)) in CASES.iter().enumerate() {
+            for (b, ..) in &CASES[i + 1..] {
+                assert_ne!(a, b, "listed twice");
+                let both_unknown = matches!((a, b), (OutcomeUnknown(_), OutcomeUnknown(_)));
+                assert_eq!(a.name() == b.name(), both_unknown, "{a:?} {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_store_failure_is_503_unless_the_store_holds_what_must_not_be_used() {
+        let down = StoreError::Busy("x".into());
+        assert_eq!(ProblemKind::of_store(&down), ProblemKind::StoreUnavailable);
+        let corrupt = StoreError::Corrupt("x".into());
+        assert_eq!(
+            ProblemKind::of_store(&corrupt),
+            ProblemKind::StoreUnavailable
+        );
+        let unreadable = StoreError::Seal(crate::store::SealError::Unreadable {
+            operation: "op".into(),
+            field: "response_body",
+            reason: "altered".into(),
+        });
+        assert_eq!(
+            ProblemKind::of_store(&unreadable),
+            ProblemKind::StoreUnreadable
+        );
+    }
+
+    #[test]
+    fn a_retry_after_is_a_header_not_a_member() {
+        let problem = Problem {
+            retry_after: Some(7),
+            ..Problem::new(ProblemKind::Overloaded, "busy".into())
+        };
+        let response = problem.into_response();
+        assert_eq!(response.headers()[RETRY_AFTER], "7");
+    }
 
     #[test]
     fn every_body_keeps_rfc_9457_and_adds_the_error_member() {
         let problem = Problem::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "Unauthorized",
+            ProblemKind::Unauthorized,
             "a bearer token is required".into(),
         );
         assert_eq!(

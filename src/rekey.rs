@@ -1,5 +1,5 @@
 //! `idemgate rekey`: seals every stored payload again under the current
-//! key, in the current format (README "Sealed store"), so that the
+//! key, in the current format (docs/deploying.md, "Sealed store"), so that the
 //! previous key, or none for a store sealed after it was first used, is
 //! needed no more, and the store becomes sealed-only.
 //!

@@ -9,7 +9,10 @@
 //!   peer whose lease runs out is dead, whenever that happens; the store
 //!   marks each of its operations once, whichever replica gets there
 //!   first) and re-reads the paused routes, so a pause or a latch set
-//!   through one replica holds on every replica within that period.
+//!   through one replica holds on every replica within that period. Its
+//!   caller may name another period (tests do); each look that ends
+//!   without a store error is counted
+//!   (`idemgate_background_passes_total{task="replicas"}`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +20,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Route;
+use crate::metrics::{Metrics, Task};
 use crate::pipeline::Proxy;
 use crate::store::{Store, StoreError};
 
@@ -40,24 +44,33 @@ pub async fn recover(store: &dyn Store, routes: &[Route]) -> Result<(), StoreErr
 }
 
 /// On a shared store, until `stop`: [`recover`], then follow the stored
-/// pauses, every [`WATCH_EVERY`].
+/// pauses, every `every` ([`WATCH_EVERY`] unless a test says otherwise).
 pub async fn watch(
     store: Arc<dyn Store>,
     proxy: Arc<Proxy>,
     routes: Vec<Route>,
+    every: Duration,
+    metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(WATCH_EVERY) => {}
+            _ = tokio::time::sleep(every) => {}
         }
-        if let Err(error) = recover(store.as_ref(), &routes).await {
+        let recovered = recover(store.as_ref(), &routes).await;
+        if let Err(error) = &recovered {
             tracing::warn!(%error, "cannot look for lost replicas; trying again");
         }
-        match store.paused_routes().await {
-            Ok(paused) => proxy.follow_pauses(&paused),
-            Err(error) => tracing::warn!(%error, "cannot read the paused routes; trying again"),
+        let followed = store
+            .paused_routes()
+            .await
+            .map(|paused| proxy.follow_pauses(&paused));
+        if let Err(error) = &followed {
+            tracing::warn!(%error, "cannot read the paused routes; trying again");
+        }
+        if recovered.is_ok() && followed.is_ok() {
+            metrics.background_pass(Task::replicas);
         }
     }
 }

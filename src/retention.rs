@@ -6,6 +6,12 @@
 //! [`SWEEP_LIMIT`]: one transaction, on SQLite one writer job, each) and
 //! pauses between them, so the writer's other jobs run between two batches
 //! and a sweep never stalls requests (ARCHITECTURE.md §4, "Access paths").
+//!
+//! It sweeps every [`interval`] of the retention unless its caller names
+//! another period (tests do, instead of waiting for the wall clock); each
+//! sweep that ends without a store error is counted
+//! (`idemgate_background_passes_total{task="retention"}`), so a test can
+//! tell that one ran before asserting that something was kept.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +19,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{self, Clock};
+use crate::metrics::{Metrics, Task};
 use crate::store::Maintenance;
 use crate::store::SWEEP_LIMIT;
 
@@ -27,17 +34,20 @@ pub fn interval(retention: Duration) -> Duration {
     (retention / 100).clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 
-/// Sweeps every [`interval`] until `stop`.
+/// Sweeps every `every` until `stop`, deleting what `clock` says is
+/// `retention` old.
 pub async fn run(
     store: Arc<dyn Maintenance>,
     clock: Arc<dyn Clock>,
     retention: Duration,
+    every: Duration,
+    metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval(retention)) => {}
+            _ = tokio::time::sleep(every) => {}
         }
         let cutoff = clock.now_millis() - clock::millis(retention);
         let mut deleted = 0;
@@ -46,6 +56,7 @@ pub async fn run(
                 Ok(count) => {
                     deleted += count;
                     if count < u64::from(BATCH) {
+                        metrics.background_pass(Task::retention);
                         break;
                     }
                 }

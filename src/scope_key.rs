@@ -1,5 +1,5 @@
 //! The scope key: scopes are stored as HMAC-SHA256 under a secret kept
-//! outside the database (README "Keyed scope hashes"), so a copy of the
+//! outside the database (docs/deploying.md, "Keyed scope hashes"), so a copy of the
 //! store does not let anyone confirm a guessed credential offline.
 //!
 //! Invariants:

@@ -1,6 +1,7 @@
 //! Listeners, the accept loops and graceful shutdown.
 //!
-//! [`Gateway::start`] opens the store (taking its lock), binds the proxy and
+//! [`Gateway::start`] reads the TLS files the configuration names
+//! ([`tls::read`]), opens the store (taking its lock), binds the proxy and
 //! admin listeners and serves until [`Gateway::shutdown`]: stop accepting,
 //! let connections finish and forward tasks record their outcomes within
 //! `shutdown_grace`, then close the store, which releases it for the next
@@ -48,8 +49,8 @@ use crate::pipeline::error::ProxyError;
 use crate::pipeline::forward::{Peer, ViaTls};
 use crate::scope_key::{ScopeKey, ScopeKeyError};
 use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
-use crate::tls::{ServerTls, TlsError};
-use crate::{replicas, retention};
+use crate::tls::{FieldError, ServerTls, TlsError};
+use crate::{replicas, retention, tls};
 
 /// Why the gateway did not start.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +73,8 @@ pub enum StartError {
     UnusableAdminToken(#[from] UnusableToken),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error(transparent)]
+    TlsFile(#[from] FieldError),
     #[error(transparent)]
     Alerts(#[from] AlertError),
 }
@@ -96,10 +99,38 @@ pub struct StartOptions {
     /// keys (the environment is global to a process; tests run many
     /// gateways in one).
     pub env: HashMap<String, String>,
+    /// How often the background tasks run.
+    pub pace: Pace,
     /// The runtimes the proxy listener's connections are spread over, one
     /// after another (each connection stays on its runtime); none: the
     /// runtime the gateway was started on ([`crate::workers`]).
     pub workers: Vec<Handle>,
+}
+
+/// How often the background tasks run: the defaults suit a deployment;
+/// tests shorten them instead of waiting for the wall clock. Each task
+/// counts its passes (`idemgate_background_passes_total{task}`).
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Between two retention sweeps; `None`: [`retention::interval`] of
+    /// `store.retention`.
+    pub sweep: Option<Duration>,
+    /// Between two looks at the peers and the pauses, on a shared store
+    /// ([`replicas::WATCH_EVERY`]).
+    pub watch: Duration,
+    /// Between two polls of the alert outbox while endpoints are
+    /// configured ([`alerts::deliverer::POLL`]).
+    pub alert_poll: Duration,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Pace {
+            sweep: None,
+            watch: replicas::WATCH_EVERY,
+            alert_poll: alerts::deliverer::POLL,
+        }
+    }
 }
 
 impl StartOptions {
@@ -118,6 +149,7 @@ impl Default for StartOptions {
             clock: Arc::new(SystemClock),
             admin_token: None,
             env: HashMap::new(),
+            pace: Pace::default(),
             workers: Vec::new(),
         }
     }
@@ -129,20 +161,11 @@ impl Gateway {
         Self::start_with(config, StartOptions::default()).await
     }
 
-    /// [`Gateway::start`] with the clock the store and the windows read.
-    pub async fn start_with_clock(
-        config: Config,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Gateway, StartError> {
-        let options = StartOptions {
-            clock,
-            ..StartOptions::default()
-        };
-        Self::start_with(config, options).await
-    }
-
     /// [`Gateway::start`] with [`StartOptions`].
     pub async fn start_with(config: Config, options: StartOptions) -> Result<Gateway, StartError> {
+        // First: a file that cannot be used is refused before anything is
+        // created or locked.
+        let listeners = tls::read(&config)?;
         let clock = options.clock.clone();
         let lookup = |name: &str| options.var(name);
         let keys = StoreKeys {
@@ -152,7 +175,7 @@ impl Gateway {
         let owner = uuid::Uuid::now_v7().to_string();
         let scope_key = keys.scope.clone();
         let store = crate::store::open(&config.store, owner, clock.clone(), keys).await?;
-        match Self::serve(config, store.clone(), scope_key, options).await {
+        match Self::serve(config, listeners, store.clone(), scope_key, options).await {
             Ok(gateway) => Ok(gateway),
             Err(error) => {
                 store.close().await;
@@ -163,11 +186,12 @@ impl Gateway {
 
     async fn serve(
         config: Config,
+        listeners: tls::Listeners,
         store: Arc<dyn Store>,
         scope_key: ScopeKey,
         options: StartOptions,
     ) -> Result<Gateway, StartError> {
-        let clock = options.clock;
+        let (clock, pace) = (options.clock, options.pace);
         let workers = options.workers;
         let server = config.server.clone();
         let token = match options.admin_token {
@@ -175,14 +199,8 @@ impl Gateway {
             None => AdminToken::from_env(&server.admin_token_env),
         }?;
         token.check_exposure(server.admin_listen, &server.admin_token_env)?;
-        let load = |listener, files: &Option<_>| {
-            files
-                .as_ref()
-                .map(|files| ServerTls::load(listener, files).map(Arc::new))
-                .transpose()
-        };
-        let proxy_tls = load("proxy", &server.tls)?;
-        let admin_tls = load("admin", &server.admin_tls)?;
+        let proxy_tls = listeners.proxy.map(Arc::new);
+        let admin_tls = listeners.admin.map(Arc::new);
         let alert_endpoints = Endpoint::all(&config.alerts)?;
         let poster = Poster::new()?;
         let bind = |field, addr| async move {
@@ -263,6 +281,9 @@ impl Gateway {
             store.clone(),
             clock.clone(),
             config.store.retention,
+            pace.sweep
+                .unwrap_or_else(|| retention::interval(config.store.retention)),
+            metrics.clone(),
             stop_accepting.clone(),
         ));
         let alerts = tokio::spawn(
@@ -274,14 +295,14 @@ impl Gateway {
                 metrics.clone(),
                 alerts::console_base(&config.server, admin_addr),
             ))
-            .run(stop_accepting.clone()),
+            .run(pace.alert_poll, stop_accepting.clone()),
         );
         let watch = tokio::spawn({
             let (store, proxy, routes) = (store.clone(), proxy.clone(), config.routes.clone());
-            let stop = stop_accepting.clone();
+            let (metrics, stop) = (metrics.clone(), stop_accepting.clone());
             async move {
                 if store.shared() {
-                    replicas::watch(store, proxy, routes, stop).await;
+                    replicas::watch(store, proxy, routes, pace.watch, metrics, stop).await;
                 }
             }
         });

@@ -2,6 +2,11 @@
 //! configurations with a certificate that can be swapped while they run, and
 //! the upstream client configurations.
 //!
+//! The configuration only names these files ([`crate::config`]); they are
+//! read here, at start ([`read`], before the store is opened) and by
+//! `idemgate check-config` through the same call, so a file that cannot be
+//! used is refused the same way by both, naming the field that names it.
+//!
 //! Invariants:
 //! - a certificate a listener presents was read whole and matches its key; a
 //!   reload that fails (a missing, garbled or mismatched file) keeps the one
@@ -20,6 +25,8 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{ClientConfig, RootCertStore};
 use tokio_rustls::TlsAcceptor;
+
+use crate::config::{CertPair, ClientTls, Config};
 
 /// Why TLS material could not be used; names the file.
 #[derive(Debug, thiserror::Error)]
@@ -49,16 +56,88 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+fn read_file(path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|error| TlsError::Read {
         path: path.to_path_buf(),
         error,
     })
 }
 
+/// A TLS file the configuration names that cannot be used, with the
+/// field that names it.
+#[derive(Debug, thiserror::Error)]
+#[error("field `{field}`: {error}")]
+pub struct FieldError {
+    pub field: String,
+    pub error: TlsError,
+}
+
+/// The listeners' TLS, read whole at start.
+pub struct Listeners {
+    pub proxy: Option<ServerTls>,
+    pub admin: Option<ServerTls>,
+}
+
+/// Reads every TLS file `config` names and checks it as it will be used:
+/// each listener's certificate and key (which must belong together), each
+/// route's `upstream_ca` and client certificate. The routes' client
+/// configurations are built again from the same files by their clients
+/// (`pipeline::forward::client`), moments later in the same start.
+pub fn read(config: &Config) -> Result<Listeners, FieldError> {
+    let listener = |name, files: &Option<CertPair>, fields: (&str, &str)| {
+        files
+            .as_ref()
+            .map(|files| {
+                let certified = read_pair(files, (fields.0.into(), fields.1.into()))?;
+                ServerTls::new(name, files, certified).map_err(|error| FieldError {
+                    field: fields.0.into(),
+                    error,
+                })
+            })
+            .transpose()
+    };
+    let server = &config.server;
+    let proxy = listener("proxy", &server.tls, ("server.tls_cert", "server.tls_key"))?;
+    let admin = listener(
+        "admin",
+        &server.admin_tls,
+        ("server.admin_tls_cert", "server.admin_tls_key"),
+    )?;
+    for (i, route) in config.routes.iter().enumerate() {
+        let field = |name: &str| format!("routes[{i}].{name}");
+        if let Some(ca) = &route.upstream_tls.ca {
+            roots(Some(ca)).map_err(|error| FieldError {
+                field: field("upstream_ca"),
+                error,
+            })?;
+        }
+        if let Some(identity) = &route.upstream_tls.identity {
+            let fields = (field("upstream_client_cert"), field("upstream_client_key"));
+            read_pair(identity, fields)?;
+        }
+    }
+    Ok(Listeners { proxy, admin })
+}
+
+/// A certificate chain and its key, read and checked to belong together;
+/// an error names the certificate's field or the key's (a mismatch is the
+/// key's).
+fn read_pair(
+    files: &CertPair,
+    (cert_field, key_field): (String, String),
+) -> Result<CertifiedKey, FieldError> {
+    let named = |field: &String| {
+        let field = field.clone();
+        move |error| FieldError { field, error }
+    };
+    let chain = certificates(&files.cert).map_err(named(&cert_field))?;
+    let key = private_key(&files.key).map_err(named(&key_field))?;
+    pair_up(chain, key, (&files.cert, &files.key)).map_err(named(&key_field))
+}
+
 /// Every `CERTIFICATE` block of a PEM file, in order; at least one.
-pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let text = read(path)?;
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let text = read_file(path)?;
     let certificates = CertificateDer::pem_slice_iter(&text)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError::invalid(path, format!("not a PEM certificate file: {e}")))?;
@@ -72,8 +151,8 @@ pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsErro
 }
 
 /// The first private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
-pub fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let text = read(path)?;
+fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let text = read_file(path)?;
     PrivateKeyDer::from_pem_slice(&text).map_err(|e| match e {
         pem::Error::NoItemsFound => TlsError::invalid(
             path,
@@ -85,13 +164,13 @@ pub fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 
 /// A certificate chain (leaf first) and the key it certifies, checked to
 /// belong together.
-pub fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
+fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     pair_up(certificates(cert)?, private_key(key)?, (cert, key))
 }
 
 /// A chain read from `cert` and a key read from `key`, checked to belong
 /// together (an error names the key file).
-pub fn pair_up(
+fn pair_up(
     chain: Vec<CertificateDer<'static>>,
     private: PrivateKeyDer<'static>,
     (cert, key): (&Path, &Path),
@@ -108,7 +187,7 @@ pub fn pair_up(
 }
 
 /// The public roots, plus every certificate of `ca` if given.
-pub fn roots(ca: Option<&Path>) -> Result<RootCertStore, TlsError> {
+fn roots(ca: Option<&Path>) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
@@ -120,22 +199,6 @@ pub fn roots(ca: Option<&Path>) -> Result<RootCertStore, TlsError> {
         }
     }
     Ok(roots)
-}
-
-/// What an upstream connection trusts and presents.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClientTls {
-    /// Extra trust roots (PEM), beside the public ones.
-    pub ca: Option<PathBuf>,
-    /// The client certificate and key (PEM) for upstreams that ask (mTLS).
-    pub identity: Option<CertPair>,
-}
-
-/// A certificate chain file and its key file, both PEM.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertPair {
-    pub cert: PathBuf,
-    pub key: PathBuf,
 }
 
 impl ClientTls {
@@ -163,13 +226,15 @@ pub struct ServerTls {
 }
 
 impl ServerTls {
-    /// Reads the certificate and key and builds the listener's configuration:
-    /// HTTP/1.1 only (ALPN), TLS 1.2 and 1.3, no client certificates.
-    pub fn load(listener: &'static str, files: &CertPair) -> Result<Self, TlsError> {
-        let current = Arc::new(CurrentCertificate(RwLock::new(Arc::new(certified_key(
-            &files.cert,
-            &files.key,
-        )?))));
+    /// The listener's configuration around the certificate read from
+    /// `files` (which it reloads from): HTTP/1.1 only (ALPN), TLS 1.2 and
+    /// 1.3, no client certificates.
+    fn new(
+        listener: &'static str,
+        files: &CertPair,
+        certified: CertifiedKey,
+    ) -> Result<Self, TlsError> {
+        let current = Arc::new(CurrentCertificate(RwLock::new(Arc::new(certified))));
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
@@ -217,5 +282,78 @@ impl ResolvesServerCert for CurrentCertificate {
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        Config::from_toml_str(text, "t.toml").unwrap()
+    }
+
+    fn error_of(config: &Config) -> String {
+        match read(config) {
+            Ok(_) => panic!("read unusable TLS files"),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_is_named_by_the_field_naming_it() {
+        let https = "[[routes]]\nname = \"api\"\nupstream = \"https://127.0.0.1:9\"\n";
+        let cases = [
+            (
+                format!("{https}upstream_ca = \"/none/ca.pem\"\n"),
+                "routes[0].upstream_ca",
+                "/none/ca.pem",
+            ),
+            (
+                format!(
+                    "{https}upstream_client_cert = \"/none/c.pem\"\nupstream_client_key = \"k\"\n"
+                ),
+                "routes[0].upstream_client_cert",
+                "/none/c.pem",
+            ),
+            (
+                format!(
+                    "[server]\nadmin_tls_cert = \"/none/a.pem\"\nadmin_tls_key = \"k\"\n{https}"
+                ),
+                "server.admin_tls_cert",
+                "/none/a.pem",
+            ),
+        ];
+        for (text, field, file) in cases {
+            let err = error_of(&config(&text));
+            let named = format!("field `{field}`: {file}: cannot read");
+            assert!(err.starts_with(&named), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_key_file_that_holds_no_key_is_named_by_the_key_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("cert.pem");
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(&cert, certified.cert.pem()).unwrap();
+        let text = format!(
+            "[server]\ntls_cert = \"{0}\"\ntls_key = \"{0}\"\n[[routes]]\nname = \"a\"\nupstream = \"http://127.0.0.1:9\"\n",
+            cert.display()
+        );
+        let err = error_of(&config(&text));
+        assert!(
+            err.starts_with("field `server.tls_key`: ") && err.contains("no PEM private key"),
+            "{err}"
+        );
+        let key = dir.path().join("key.pem");
+        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        let good = text.replacen(
+            &format!("tls_key = \"{}\"", cert.display()),
+            &format!("tls_key = \"{}\"", key.display()),
+            1,
+        );
+        let listeners = read(&config(&good)).unwrap();
+        assert!(listeners.proxy.is_some() && listeners.admin.is_none());
     }
 }

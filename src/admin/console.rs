@@ -3,7 +3,7 @@
 //!
 //! Invariants: the assets hold no data, so they need no token; everything
 //! the page shows it reads from the token-guarded admin API itself, with
-//! the token the operator typed (README "The operator console"). Every
+//! the token the operator typed (docs/operating.md, "The operator console"). Every
 //! asset is answered with a Content-Security-Policy that lets the page load
 //! only these same-origin files and call only this listener (no inline
 //! script or style, no other origin, no framing, no form submission), with

@@ -165,7 +165,8 @@ pub fn detail(op: &Operation, events: &[StoredEvent]) -> Value {
     value
 }
 
-/// What an operator should do next, per state (README "What a request gets", in words).
+/// What an operator should do next, per state (the states table, README
+/// "The states", in words).
 fn next_action(op: &Operation) -> String {
     match op.state {
         State::InProgress => format!(

@@ -46,7 +46,7 @@ use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::operation::State;
 use crate::pipeline::Proxy;
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemKind};
 use crate::store::{Store, StoreError};
 
 /// Admin request bodies (a resolution with the response to replay) are
@@ -110,69 +110,28 @@ pub enum AdminError {
 }
 
 impl AdminError {
-    /// The one mapping from admin error to status and problem name.
+    /// Which problem this error is ([`ProblemKind`] gives its status,
+    /// name and title, the same as the proxy's for the same kind).
+    pub fn kind(&self) -> ProblemKind {
+        match self {
+            AdminError::Unauthorized => ProblemKind::Unauthorized,
+            AdminError::TokenUnset { .. } => ProblemKind::AdminTokenUnset,
+            AdminError::NotFound(_) => ProblemKind::UnknownOperation,
+            AdminError::NoRoute(_) => ProblemKind::NoRoute,
+            AdminError::NotResolvable { .. } => ProblemKind::NotResolvable,
+            AdminError::AmbiguousCredentials { .. } => ProblemKind::AmbiguousCredentials,
+            AdminError::InvalidCursor => ProblemKind::InvalidCursor,
+            AdminError::BadRequest(_) => ProblemKind::InvalidRequest,
+            AdminError::InvalidResolution(_) => ProblemKind::InvalidResolution,
+            AdminError::BodyTooLarge { .. } => ProblemKind::BodyTooLarge,
+            AdminError::BodyTimeout { .. } => ProblemKind::BodyTimeout,
+            AdminError::MethodNotAllowed { .. } => ProblemKind::MethodNotAllowed,
+            AdminError::Store(error) => ProblemKind::of_store(error),
+        }
+    }
+
     pub fn problem(&self) -> Problem {
-        let (status, name, title) = match self {
-            AdminError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
-            AdminError::TokenUnset { .. } => (
-                StatusCode::UNAUTHORIZED,
-                "admin-token-unset",
-                "No admin token configured",
-            ),
-            AdminError::NotFound(_) => (
-                StatusCode::NOT_FOUND,
-                "unknown-operation",
-                "Unknown operation",
-            ),
-            AdminError::NoRoute(_) => (StatusCode::NOT_FOUND, "no-route", "No route"),
-            AdminError::NotResolvable { .. } => {
-                (StatusCode::CONFLICT, "not-resolvable", "Not resolvable")
-            }
-            AdminError::AmbiguousCredentials { .. } => (
-                StatusCode::BAD_REQUEST,
-                "ambiguous-credentials",
-                "Ambiguous credentials",
-            ),
-            AdminError::InvalidCursor => {
-                (StatusCode::BAD_REQUEST, "invalid-cursor", "Invalid cursor")
-            }
-            AdminError::BadRequest(_) => (
-                StatusCode::BAD_REQUEST,
-                "invalid-request",
-                "Invalid request",
-            ),
-            AdminError::InvalidResolution(_) => (
-                StatusCode::BAD_REQUEST,
-                "invalid-resolution",
-                "Invalid resolution",
-            ),
-            AdminError::BodyTooLarge { .. } => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body-too-large",
-                "Request body too large",
-            ),
-            AdminError::BodyTimeout { .. } => (
-                StatusCode::REQUEST_TIMEOUT,
-                "body-timeout",
-                "Request body too slow",
-            ),
-            AdminError::MethodNotAllowed { .. } => (
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method-not-allowed",
-                "Method not allowed",
-            ),
-            AdminError::Store(error) if error.is_unreadable() => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "store-unreadable",
-                "Stored operation unreadable",
-            ),
-            AdminError::Store(_) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "Store unavailable",
-            ),
-        };
-        Problem::new(status, name, title, self.to_string())
+        Problem::new(self.kind(), self.to_string())
     }
 
     fn into_response(self) -> Response<ProxyBody> {
@@ -441,7 +400,7 @@ async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
                 "path_prefix": route.path_prefix,
                 "paused": pause.is_some(),
                 "reason": pause.map(|p| &p.reason),
-                "paused_by": pause.map(|p| if p.by_latch() { "latch" } else { "operator" }),
+                "paused_by": pause.map(|p| p.by.as_str()),
             })
         })
         .collect();
@@ -578,7 +537,34 @@ mod tests {
             let problem = error.problem();
             assert_eq!(problem.status, status, "{name}");
             assert_eq!(problem.problem_type, format!("urn:idemgate:problem:{name}"));
+            assert_eq!(problem.detail, error.to_string(), "{name}");
+            assert_eq!(problem.error.code, name);
+            assert!(problem.operation_id.is_none() && problem.retry_after.is_none());
         }
+    }
+
+    #[test]
+    fn admin_errors_answer_problem_json_with_their_challenge_or_allow() {
+        let unauthorized = AdminError::Unauthorized.into_response();
+        assert_eq!(unauthorized.status(), 401);
+        assert_eq!(
+            unauthorized.headers()[CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert_eq!(
+            unauthorized.headers()[http::header::WWW_AUTHENTICATE],
+            "Bearer"
+        );
+        let wrong = AdminError::MethodNotAllowed {
+            method: Method::PUT,
+            allow: "POST",
+        }
+        .into_response();
+        assert_eq!(wrong.status(), 405);
+        assert_eq!(wrong.headers()[http::header::ALLOW], "POST");
+        let down = AdminError::Store(StoreError::Closed).into_response();
+        assert_eq!(down.status(), 503);
+        assert!(down.headers().get(http::header::RETRY_AFTER).is_none());
     }
 
     #[test]

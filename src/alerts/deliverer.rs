@@ -1,5 +1,6 @@
-//! The deliverer: one task per gateway that, every [`POLL`], asks the
-//! store for the deliveries due (the store also ages `unknown` operations
+//! The deliverer: one task per gateway that, every [`POLL`] (or the
+//! period its caller names: tests shorten it), asks the store for the
+//! deliveries due (the store also ages `unknown` operations
 //! and fans new alerts out to the endpoints, in the same transaction),
 //! POSTs them concurrently, and settles each: delivered; failed and due
 //! again after a full-jitter backoff; or given up once the alert is older
@@ -9,6 +10,10 @@
 //! this task time, never a client. A delivery is leased while it is being
 //! posted, so after a crash it is due again once the lease ends: alerts
 //! arrive at least once.
+//!
+//! Each poll whose read of the outbox succeeded is counted, once its posts
+//! are settled (`idemgate_background_passes_total{task="alerts"}`), so a
+//! test can tell that a poll ran before asserting that nothing was sent.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -19,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::alerts::{Endpoint, Poster, payload};
 use crate::clock::{self, Clock};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Task};
 use crate::store::Outbox;
 use crate::store::{AlertDelivery, AlertOutcome, AlertPoll};
 
@@ -39,7 +44,7 @@ const BACKOFF_CAP: Duration = Duration::from_secs(600);
 /// rarer than the polls, since an alert a few seconds late is as good.
 /// Each pass reads only what crossed a threshold since the last
 /// (ARCHITECTURE.md §7).
-const AGING: Duration = Duration::from_secs(30);
+pub const AGING: Duration = Duration::from_secs(30);
 /// Finished alerts are kept this long past the longest `give_up_after`.
 const KEEP: Duration = Duration::from_secs(3600);
 
@@ -75,13 +80,14 @@ impl Deliverer {
         }
     }
 
-    /// Polls until `stop`; deliveries in flight then are due again after
-    /// their lease.
-    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+    /// Polls every `every` ([`POLL`] unless a test says otherwise; rarely
+    /// without endpoints) until `stop`; deliveries in flight then are due
+    /// again after their lease.
+    pub async fn run(self: Arc<Self>, every: Duration, stop: CancellationToken) {
         let interval = if self.endpoints.is_empty() {
             IDLE_POLL
         } else {
-            POLL
+            every
         };
         loop {
             tokio::select! {
@@ -134,6 +140,7 @@ impl Deliverer {
             posts.spawn(self.clone().deliver(delivery));
         }
         while posts.join_next().await.is_some() {}
+        self.metrics.background_pass(Task::alerts);
     }
 
     async fn deliver(self: Arc<Self>, delivery: AlertDelivery) {

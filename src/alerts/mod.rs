@@ -1,4 +1,4 @@
-//! Alerts on held work (README "Alerts"): webhooks told, without anyone
+//! Alerts on held work (docs/operating.md, "Alerts"): webhooks told, without anyone
 //! polling, that an operation became `unknown`, that a route was paused,
 //! or that an operation has stayed `unknown` for `aged_after`.
 //!

@@ -1,5 +1,5 @@
 //! `idemgate bench`: a retry-storm load generator in the spirit of pgbench
-//! and redis-benchmark (README "Benchmarking"). K keys × R requests each
+//! and redis-benchmark (docs/performance.md, "Benchmarking"). K keys × R requests each
 //! (the first write and its retries) at concurrency C, against a gateway it
 //! starts itself in front of the mock API ([`local`]) or against
 //! `--target`s; then a report of throughput, latency percentiles, outcomes

@@ -1,7 +1,7 @@
 //! One claimed attempt, run in a task of its own so that a client that hangs
 //! up never cancels the upstream call nor leaves the operation `in_progress`
 //! (ARCHITECTURE.md §1): forward, record, answer — and when the outcome is
-//! lost, what comes after (README "After a lost response"):
+//! lost, what comes after (docs/requests.md, "After a lost response"):
 //!
 //! 1. the route's pause latch is checked (`pause_after_unknown`), before the
 //!    client is answered;
@@ -265,42 +265,17 @@ impl Attempt {
 
     /// A response that came after the operation was held.
     async fn record_late(&self, exchange: Exchange) {
-        let stored = |head: &http::response::Parts, body: Option<Vec<u8>>| StoredResponse {
-            status: head.status.as_u16(),
-            headers: record::stored_headers(&head.headers),
-            body,
-        };
-        let response = match exchange {
-            Exchange::Complete { head, body } => stored(&head, Some(body.to_vec())),
-            Exchange::Oversized { head, .. } => stored(&head, None),
-            Exchange::Classified { head, .. } | Exchange::Released { head, .. } => {
-                self.metrics.late_response(&self.active.route.name);
-                let detail = json!({ "status": head.status.as_u16(), "settles": false });
-                return self
-                    .add_event(&Event {
-                        kind: "late-response",
-                        detail,
-                    })
-                    .await;
-            }
-            Exchange::Fenced { .. } => {
-                let detail =
-                    json!({ "error": "not written: this gateway no longer held its lease" });
-                return self
-                    .add_event(&Event {
-                        kind: "late-response",
-                        detail,
-                    })
-                    .await;
-            }
-            Exchange::Lost { reason, .. } | Exchange::NotSent { reason, .. } => {
-                let detail = json!({ "error": reason });
-                return self
-                    .add_event(&Event {
-                        kind: "late-response",
-                        detail,
-                    })
-                    .await;
+        let response = match late_arrival(exchange) {
+            LateArrival::Settles(response) => response,
+            LateArrival::Evidence { detail, counted } => {
+                if counted {
+                    self.metrics.late_response(&self.active.route.name);
+                }
+                let event = Event {
+                    kind: "late-response",
+                    detail,
+                };
+                return self.add_event(&event).await;
             }
         };
         let event = Event {
@@ -338,5 +313,109 @@ impl Attempt {
         if let Err(error) = self.store.add_event(&self.claim.operation_id, event).await {
             tracing::warn!(operation_id = %self.claim.operation_id, %error, "cannot record an event");
         }
+    }
+}
+
+/// What an exchange that ended after its operation was held can do.
+#[derive(Debug)]
+enum LateArrival {
+    /// A whole response (its body kept, or too large to keep): it settles
+    /// the operation `completed` if the store still holds this attempt
+    /// `unknown`.
+    Settles(StoredResponse),
+    /// Kept in the timeline only; `counted`: a response did come (a
+    /// `late_response` in the metrics), if not one that settles.
+    Evidence {
+        detail: serde_json::Value,
+        counted: bool,
+    },
+}
+
+/// The one rule for a late exchange: only a response of the kind that
+/// would have completed the attempt settles it; a status that releases or
+/// holds a write proves nothing about the held one.
+fn late_arrival(exchange: Exchange) -> LateArrival {
+    match exchange {
+        Exchange::Complete { head, body } => {
+            LateArrival::Settles(record::stored_response(&head, Some(body.to_vec())))
+        }
+        Exchange::Oversized { head, .. } => {
+            LateArrival::Settles(record::stored_response(&head, None))
+        }
+        Exchange::Classified { head, .. } | Exchange::Released { head, .. } => {
+            LateArrival::Evidence {
+                detail: json!({ "status": head.status.as_u16(), "settles": false }),
+                counted: true,
+            }
+        }
+        Exchange::Fenced { .. } => LateArrival::Evidence {
+            detail: json!({ "error": "not written: this gateway no longer held its lease" }),
+            counted: false,
+        },
+        Exchange::Lost { reason, .. } | Exchange::NotSent { reason, .. } => LateArrival::Evidence {
+            detail: json!({ "error": reason }),
+            counted: false,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::forward::LostCause;
+    use bytes::Bytes;
+
+    fn head(status: u16) -> http::response::Parts {
+        let response = http::Response::builder().status(status).header("x-a", "1");
+        response.body(()).unwrap().into_parts().0
+    }
+
+    fn evidence(exchange: Exchange) -> (serde_json::Value, bool) {
+        match late_arrival(exchange) {
+            LateArrival::Evidence { detail, counted } => (detail, counted),
+            settles => panic!("{settles:?} settles"),
+        }
+    }
+
+    #[test]
+    fn a_late_whole_response_settles_with_what_it_said() {
+        let late = Exchange::Complete {
+            head: head(201),
+            body: Bytes::from_static(b"{}"),
+        };
+        let LateArrival::Settles(response) = late_arrival(late) else {
+            panic!("a whole response does not settle");
+        };
+        assert_eq!(response.status, 201);
+        assert_eq!(response.headers, [("x-a".into(), b"1".to_vec())]);
+        assert_eq!(response.body.as_deref(), Some(&b"{}"[..]));
+    }
+
+    #[test]
+    fn a_late_release_status_is_counted_but_settles_nothing() {
+        let late = Exchange::Released {
+            head: head(503),
+            body: Bytes::new(),
+        };
+        assert_eq!(
+            evidence(late),
+            (json!({ "status": 503, "settles": false }), true)
+        );
+    }
+
+    #[test]
+    fn a_late_failure_is_evidence_only() {
+        let lost = Exchange::Lost {
+            cause: LostCause::Broken,
+            reason: "reset".into(),
+        };
+        assert_eq!(evidence(lost), (json!({ "error": "reset" }), false));
+        let not_sent = Exchange::NotSent {
+            attempts: 1,
+            reason: "refused".into(),
+        };
+        assert_eq!(evidence(not_sent), (json!({ "error": "refused" }), false));
+        let (detail, counted) = evidence(Exchange::Fenced { attempts: 1 });
+        assert!(!counted && detail["error"].as_str().unwrap().contains("lease"));
     }
 }

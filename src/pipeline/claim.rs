@@ -371,3 +371,132 @@ async fn claim_in_store(
 fn would_send(operation: &Operation, new: &NewOperation) -> bool {
     operation.state == State::NotAttempted && operation.fingerprint == new.fingerprint
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, KeyMode};
+    use crate::operation::RequestSummary;
+    use crate::pipeline::quota::Used;
+
+    fn new_op(fingerprint: &str) -> NewOperation {
+        NewOperation {
+            route: "api".into(),
+            scope: "s".into(),
+            key: "k".into(),
+            fingerprint: Fingerprint::from_stored(fingerprint.into()),
+            request: RequestSummary {
+                method: "POST".into(),
+                path: "/orders".into(),
+                content_type: None,
+                body_size: 0,
+                body_sha256: String::new(),
+                body: None,
+            },
+            fresh_after: None,
+        }
+    }
+
+    fn phase(entry: &Entry) -> Phase {
+        entry.phase.borrow().clone()
+    }
+
+    #[test]
+    fn one_request_enters_an_identity_and_the_others_see_its_entry() {
+        let in_flight = Arc::new(InFlight::default());
+        let new = new_op("fp");
+        let guard = in_flight.enter("id", &new).ok().expect("the first enters");
+        let seen = in_flight
+            .enter("id", &new_op("other"))
+            .err()
+            .expect("taken");
+        assert!(Arc::ptr_eq(&seen, &guard.entry));
+        // The entry carries the first request's fingerprint: a duplicate
+        // with another payload is told the key was reused.
+        assert_eq!(seen.fingerprint, new.fingerprint);
+        assert!(matches!(phase(&seen), Phase::Claiming));
+        guard.promote("op-1");
+        assert!(matches!(phase(&seen), Phase::InFlight(id) if id == "op-1"));
+        drop(guard);
+        assert!(matches!(phase(&seen), Phase::Done));
+        assert!(in_flight.entries.is_empty(), "dropping frees the identity");
+        assert!(
+            in_flight.enter("id", &new).is_ok(),
+            "and the next may enter"
+        );
+    }
+
+    #[test]
+    fn a_released_attempt_hands_its_answer_to_the_waiters_and_frees_the_identity() {
+        let in_flight = Arc::new(InFlight::default());
+        let guard = in_flight.enter("id", &new_op("fp")).ok().unwrap();
+        let entry = guard.entry.clone();
+        guard.promote("op-1");
+        let answer = Released::Unreachable {
+            reason: "refused".into(),
+        };
+        guard.release("op-1", answer);
+        assert!(in_flight.entries.is_empty());
+        let Phase::Released(released) = phase(&entry) else {
+            panic!("waiters see no answer");
+        };
+        assert_eq!(released.0, "op-1");
+        // Same payload: the released attempt's answer, nothing sent.
+        let same = answer_released(&entry, &new_op("fp"), &released);
+        let problem = same.err().expect("an unreachable upstream").problem();
+        assert_eq!(
+            (problem.status, problem.state),
+            (502, Some("not_attempted"))
+        );
+        // Another payload under the key: reused, as always.
+        let other = answer_released(&entry, &new_op("other"), &released);
+        assert_eq!(other.err().unwrap().problem().status, 422);
+    }
+
+    #[test]
+    fn an_old_guard_never_frees_the_entry_of_the_next_request() {
+        let in_flight = Arc::new(InFlight::default());
+        let first = in_flight.enter("id", &new_op("fp")).ok().unwrap();
+        let first_entry = first.entry.clone();
+        // The first request's entry is gone (released), and the next
+        // retry entered the identity anew...
+        in_flight.entries.remove("id");
+        let second = in_flight.enter("id", &new_op("fp")).ok().unwrap();
+        // ...then the first guard goes: the second entry stays.
+        drop(first);
+        assert!(matches!(phase(&first_entry), Phase::Done));
+        assert!(Arc::ptr_eq(
+            &in_flight.entries.get("id").unwrap(),
+            &second.entry
+        ));
+        assert!(matches!(phase(&second.entry), Phase::Claiming));
+    }
+
+    #[test]
+    fn a_hold_refuses_with_the_route_and_the_operation_it_found() {
+        let config = Config::single_route("http://127.0.0.1:9", KeyMode::Require).unwrap();
+        let route = &config.routes[0];
+        let found = OperationRef {
+            id: "op-1".into(),
+            state: State::NotAttempted,
+        };
+        let paused = Hold::Paused.refusal(route, Some(found.clone())).problem();
+        assert_eq!(
+            (paused.status, paused.operation_id.as_deref()),
+            (503, Some("op-1"))
+        );
+        assert!(
+            paused.detail.contains("`default` is paused"),
+            "{}",
+            paused.detail
+        );
+        let spent = QuotaSpent {
+            used: Used::Operations(5),
+            window: Duration::from_secs(60),
+            retry_after: 30,
+        };
+        let over = Hold::OverQuota(spent).refusal(route, None).problem();
+        assert_eq!((over.status, over.retry_after), (429, Some(30)));
+        assert!(over.operation_id.is_none());
+    }
+}

@@ -1,13 +1,14 @@
 //! The pipeline's error: everything a phase may answer instead of an
-//! upstream response, and its one mapping to a problem (status, name,
-//! title), rendered as the RFC 9457 body of [`crate::problem`].
+//! upstream response, and which problem each is, rendered as the RFC 9457
+//! body of [`crate::problem`].
 //!
-//! Invariant: the status and problem name follow from the [`ProxyError`]
-//! variant alone, through one exhaustive match ([`ProxyError::problem`]),
-//! unit tested per variant. Problems about an operation carry its
-//! `operation_id` and `state`; none carries credentials or payloads.
+//! Invariant: the problem follows from the [`ProxyError`] variant alone,
+//! through one exhaustive match to its [`ProblemKind`] (whose status, name
+//! and title are [`crate::problem`]'s one mapping), unit tested per
+//! variant. Problems about an operation carry its `operation_id` and
+//! `state`; none carries credentials or payloads.
 
-use http::{Response, StatusCode};
+use http::Response;
 
 use crate::body::ProxyBody;
 use crate::metrics::{OperationId, Outcome, StoreFailure};
@@ -15,7 +16,7 @@ use crate::operation::{Operation, State};
 use crate::pipeline::key::KeyError;
 use crate::pipeline::path::PathError;
 use crate::pipeline::quota::QuotaSpent;
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemKind, UnknownSince};
 use crate::store::StoreError;
 
 /// The operation a problem is about.
@@ -64,7 +65,7 @@ pub enum ProxyError {
     #[error("{detail}")]
     OutcomeUnknown {
         operation: OperationRef,
-        status: StatusCode,
+        since: UnknownSince,
         detail: String,
     },
     #[error(
@@ -113,158 +114,49 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
-    /// The one mapping from error to status, problem name and title.
+    /// Which problem this error is, and the operation it is about.
+    fn kind(&self) -> (ProblemKind, Option<&OperationRef>) {
+        use ProxyError::*;
+        match self {
+            NoRoute { .. } => (ProblemKind::NoRoute, None),
+            InvalidPath(_) => (ProblemKind::InvalidPath, None),
+            HeadersTooLarge { .. } => (ProblemKind::HeadersTooLarge, None),
+            UnknownOperation => (ProblemKind::UnknownOperation, None),
+            MissingKey => (ProblemKind::MissingKey, None),
+            InvalidKey(_) => (ProblemKind::InvalidKey, None),
+            MissingScope { .. } => (ProblemKind::MissingScope, None),
+            BodyTooLarge { .. } => (ProblemKind::BodyTooLarge, None),
+            BodyTimeout { .. } => (ProblemKind::BodyTimeout, None),
+            BodyRead { .. } => (ProblemKind::InvalidBody, None),
+            KeyReused { operation } => (ProblemKind::KeyReused, Some(operation)),
+            InProgress { operation } => (ProblemKind::RequestInProgress, Some(operation)),
+            OutcomeUnknown {
+                operation, since, ..
+            } => (ProblemKind::OutcomeUnknown(*since), Some(operation)),
+            ResponseNotStored { operation } => (ProblemKind::ResponseNotStored, Some(operation)),
+            RoutePaused { operation, .. } => (ProblemKind::RoutePaused, operation.as_ref()),
+            StoreUnavailable { .. } => (ProblemKind::StoreUnavailable, None),
+            StoreUnreadable { .. } => (ProblemKind::StoreUnreadable, None),
+            StoreUnavailableAfterSend { operation } => {
+                (ProblemKind::StoreUnavailable, Some(operation))
+            }
+            LeaseLost { operation } => (ProblemKind::LeaseLost, Some(operation)),
+            UpstreamUnreachable { operation, .. } => {
+                (ProblemKind::UpstreamUnreachable, operation.as_ref())
+            }
+            UpstreamTimeout => (ProblemKind::UpstreamTimeout, None),
+            UpstreamFailed { .. } => (ProblemKind::UpstreamFailed, None),
+            QuotaExceeded { operation, .. } => (ProblemKind::QuotaExceeded, operation.as_ref()),
+            Overloaded { .. } => (ProblemKind::Overloaded, None),
+            Internal { .. } => (ProblemKind::Internal, None),
+        }
+    }
+
+    /// The problem body: its kind's status, name and title
+    /// ([`ProblemKind`]), the operation it is about, and how long to wait.
     pub fn problem(&self) -> Problem {
         use ProxyError::*;
-        let (status, name, title, operation) = match self {
-            NoRoute { .. } => (StatusCode::NOT_FOUND, "no-route", "No route", None),
-            InvalidPath(_) => (
-                StatusCode::BAD_REQUEST,
-                "invalid-path",
-                "Invalid request path",
-                None,
-            ),
-            HeadersTooLarge { .. } => (
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "headers-too-large",
-                "Request head too large",
-                None,
-            ),
-            UnknownOperation => (
-                StatusCode::NOT_FOUND,
-                "unknown-operation",
-                "Unknown operation",
-                None,
-            ),
-            MissingKey => (
-                StatusCode::BAD_REQUEST,
-                "missing-key",
-                "Idempotency-Key required",
-                None,
-            ),
-            InvalidKey(_) => (
-                StatusCode::BAD_REQUEST,
-                "invalid-key",
-                "Invalid Idempotency-Key",
-                None,
-            ),
-            MissingScope { .. } => (
-                StatusCode::BAD_REQUEST,
-                "missing-scope",
-                "Scope headers required",
-                None,
-            ),
-            BodyTooLarge { .. } => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body-too-large",
-                "Request body too large",
-                None,
-            ),
-            BodyTimeout { .. } => (
-                StatusCode::REQUEST_TIMEOUT,
-                "body-timeout",
-                "Request body too slow",
-                None,
-            ),
-            BodyRead { .. } => (
-                StatusCode::BAD_REQUEST,
-                "invalid-body",
-                "Request body unreadable",
-                None,
-            ),
-            KeyReused { operation } => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "key-reused",
-                "Idempotency-Key reused with a different request",
-                Some(operation),
-            ),
-            InProgress { operation } => (
-                StatusCode::CONFLICT,
-                "request-in-progress",
-                "Request in progress",
-                Some(operation),
-            ),
-            OutcomeUnknown {
-                operation, status, ..
-            } => (
-                *status,
-                "outcome-unknown",
-                "Outcome unknown",
-                Some(operation),
-            ),
-            ResponseNotStored { operation } => (
-                StatusCode::CONFLICT,
-                "response-not-stored",
-                "Response not stored",
-                Some(operation),
-            ),
-            RoutePaused { operation, .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "route-paused",
-                "Route paused",
-                operation.as_ref(),
-            ),
-            StoreUnavailable { .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "Store unavailable",
-                None,
-            ),
-            StoreUnreadable { .. } => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "store-unreadable",
-                "Stored operation unreadable",
-                None,
-            ),
-            StoreUnavailableAfterSend { operation } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "Store unavailable",
-                Some(operation),
-            ),
-            LeaseLost { operation } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "lease-lost",
-                "Gateway lease lost",
-                Some(operation),
-            ),
-            UpstreamUnreachable { operation, .. } => (
-                StatusCode::BAD_GATEWAY,
-                "upstream-unreachable",
-                "Upstream unreachable",
-                operation.as_ref(),
-            ),
-            UpstreamTimeout => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream-timeout",
-                "Upstream timeout",
-                None,
-            ),
-            UpstreamFailed { .. } => (
-                StatusCode::BAD_GATEWAY,
-                "upstream-failed",
-                "Upstream failed",
-                None,
-            ),
-            QuotaExceeded { operation, .. } => (
-                StatusCode::TOO_MANY_REQUESTS,
-                "quota-exceeded",
-                "Quota exceeded",
-                operation.as_ref(),
-            ),
-            Overloaded { .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                "Overloaded",
-                None,
-            ),
-            Internal { .. } => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "Internal error",
-                None,
-            ),
-        };
+        let (kind, operation) = self.kind();
         let retry_after = match self {
             InProgress { .. } | Overloaded { .. } => Some(1),
             QuotaExceeded { spent, .. } => Some(spent.retry_after),
@@ -277,18 +169,16 @@ impl ProxyError {
             operation_id: operation.map(|op| op.id.clone()),
             state: operation.map(|op| op.state.as_str()),
             retry_after,
-            ..Problem::new(status, name, title, self.to_string())
+            ..Problem::new(kind, self.to_string())
         }
     }
 
-    /// A store call that failed: 500 `store-unreadable` when the store
-    /// holds a value that must not be used (a sealed payload that does not
-    /// open), else 503 `store-unavailable`.
+    /// A store call that failed, as the problem its [`ProblemKind::of_store`]
+    /// says: unreadable (500, never replayed) or unavailable (503).
     pub fn store(source: StoreError) -> Self {
-        if source.is_unreadable() {
-            ProxyError::StoreUnreadable { source }
-        } else {
-            ProxyError::StoreUnavailable { source }
+        match ProblemKind::of_store(&source) {
+            ProblemKind::StoreUnreadable => ProxyError::StoreUnreadable { source },
+            _ => ProxyError::StoreUnavailable { source },
         }
     }
 
@@ -438,17 +328,17 @@ mod tests {
             "request-in-progress",
         );
         assert_eq!(p.retry_after, Some(1));
-        for status in [
-            StatusCode::CONFLICT,
-            StatusCode::BAD_GATEWAY,
-            StatusCode::GATEWAY_TIMEOUT,
+        for (since, status) in [
+            (UnknownSince::Earlier, 409),
+            (UnknownSince::Broken, 502),
+            (UnknownSince::Timeout, 504),
         ] {
             let error = ProxyError::OutcomeUnknown {
                 operation: op(State::Unknown),
-                status,
+                since,
                 detail: "held".into(),
             };
-            check(error, status.as_u16(), "outcome-unknown");
+            check(error, status, "outcome-unknown");
         }
         check(
             ProxyError::ResponseNotStored {
@@ -549,7 +439,7 @@ mod tests {
     fn an_operation_problem_keeps_rfc_9457_and_adds_the_error_member() {
         let held = ProxyError::OutcomeUnknown {
             operation: op(State::Unknown),
-            status: StatusCode::CONFLICT,
+            since: UnknownSince::Earlier,
             detail: "the outcome is unknown".into(),
         };
         let body = serde_json::to_value(held.problem()).unwrap();

@@ -203,21 +203,15 @@ mod tests {
 
     #[test]
     fn ignored_fields_do_not_count() {
-        let a = fp(
-            Method::POST,
-            "/t",
-            JSON,
-            &["/nonce", "/meta/sent_at"],
-            r#"{"a":1,"nonce":"x","meta":{"sent_at":1}}"#,
+        let ignoring = |body| fp(Method::POST, "/t", JSON, &["/nonce", "/meta/sent_at"], body);
+        assert_eq!(
+            ignoring(r#"{"a":1,"nonce":"x","meta":{"sent_at":1}}"#),
+            ignoring(r#"{"a":1,"nonce":"y","meta":{"sent_at":2}}"#)
         );
-        let b = fp(
-            Method::POST,
-            "/t",
-            JSON,
-            &["/nonce", "/meta/sent_at"],
-            r#"{"a":1,"nonce":"y","meta":{"sent_at":2}}"#,
+        assert_ne!(
+            ignoring(r#"{"a":1,"nonce":"x"}"#),
+            ignoring(r#"{"a":2,"nonce":"x"}"#)
         );
-        assert_eq!(a, b);
     }
 
     #[test]

@@ -173,7 +173,7 @@ fn unquote(quoted: &str) -> Result<String, KeyError> {
 pub struct Scope {
     /// The SHA-256 digest, in memory only. Derived keys hash it as they
     /// always did, so keys derived before scopes were keyed still name
-    /// their operations (README "Keyed scope hashes").
+    /// their operations (docs/deploying.md, "Keyed scope hashes").
     digest: String,
     /// The digest keyed with the scope key: what is stored and compared.
     keyed: String,

@@ -1,4 +1,4 @@
-//! Reconcile probes (README "After a lost response"): a read-only GET to the route's own
+//! Reconcile probes (docs/requests.md, "After a lost response"): a read-only GET to the route's own
 //! upstream that may prove an `unknown` operation happened.
 //!
 //! Invariants:
@@ -236,11 +236,10 @@ async fn fetch(
             return not_matched(Some(status), format!("nothing at {pointer}"));
         }
     }
-    ProbeResult::Matched(StoredResponse {
-        status,
-        headers: crate::pipeline::record::stored_headers(&head.headers),
-        body: Some(buffer.to_vec()),
-    })
+    ProbeResult::Matched(crate::pipeline::record::stored_response(
+        &head,
+        Some(buffer.to_vec()),
+    ))
 }
 
 /// Keeps only the headers a probe may carry: `authorization` and the

@@ -22,7 +22,7 @@ use crate::clock;
 use crate::operation::{Event, Fingerprint, Operation, Settlement, State, StoredResponse};
 use crate::store::{Operators, RequestPath};
 
-use http::{Response, StatusCode};
+use http::Response;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +31,7 @@ use crate::metrics::Outcome;
 use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::forward::{Exchange, LostCause};
 use crate::pipeline::replay;
+use crate::problem::UnknownSince;
 use crate::store::{Claim, Recorded, Store};
 
 /// Backoff between attempts to record an outcome the store refused.
@@ -90,11 +91,10 @@ pub fn settle(claim: &Claim, exchange: Exchange, tries: u32, bytes: usize) -> Se
         Exchange::NotSent { reason, .. } => Some(Released::Unreachable {
             reason: reason.clone(),
         }),
-        Exchange::Released { head, body } => Some(Released::Refused(StoredResponse {
-            status: head.status.as_u16(),
-            headers: stored_headers(&head.headers),
-            body: Some(body.to_vec()),
-        })),
+        Exchange::Released { head, body } => Some(Released::Refused(stored_response(
+            head,
+            Some(body.to_vec()),
+        ))),
         _ => None,
     };
     let (settlement, mut events, reply) = classify(claim, exchange);
@@ -157,9 +157,9 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
             }),
         ),
         Exchange::Lost { cause, reason } => {
-            let status = match cause {
-                LostCause::Timeout => StatusCode::GATEWAY_TIMEOUT,
-                LostCause::Broken => StatusCode::BAD_GATEWAY,
+            let since = match cause {
+                LostCause::Timeout => UnknownSince::Timeout,
+                LostCause::Broken => UnknownSince::Broken,
             };
             let detail = format!(
                 "the request was sent but no complete response came back ({reason}); it may have happened, so retries are held until it is reconciled"
@@ -174,7 +174,7 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
                 }],
                 Err(ProxyError::OutcomeUnknown {
                     operation: operation(State::Unknown),
-                    status,
+                    since,
                     detail,
                 }),
             )
@@ -200,11 +200,7 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
             )
         }
         Exchange::Complete { head, body } => {
-            let stored = StoredResponse {
-                status: head.status.as_u16(),
-                headers: stored_headers(&head.headers),
-                body: Some(body.to_vec()),
-            };
+            let stored = stored_response(&head, Some(body.to_vec()));
             let events = vec![Event {
                 kind: "response",
                 detail: json!({ "status": stored.status, "bytes": body.len() }),
@@ -216,11 +212,7 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
             )
         }
         Exchange::Oversized { head, prefix, rest } => {
-            let stored = StoredResponse {
-                status: head.status.as_u16(),
-                headers: stored_headers(&head.headers),
-                body: None,
-            };
+            let stored = stored_response(&head, None);
             let events = vec![Event {
                 kind: "response",
                 detail: json!({ "status": stored.status, "body_stored": false }),
@@ -242,13 +234,24 @@ fn response_event(status: u16) -> Event {
     }
 }
 
-/// Response headers as stored: end-to-end ones (the caller stripped the
-/// hop-by-hop ones), lower-case names, order and duplicates kept.
-pub fn stored_headers(headers: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
-    headers
+/// A response as stored, from its head and, when it was small enough to
+/// keep, its body: end-to-end headers (the caller stripped the hop-by-hop
+/// ones), lower-case names, order and duplicates kept. A kept body's
+/// `Content-Length` is not stored: the body's own length says it, and a
+/// replay has hyper write it anew ([`crate::pipeline::replay::rebuild`]).
+/// Without a body it is kept, as what the operator learns of its size.
+pub fn stored_response(head: &http::response::Parts, body: Option<Vec<u8>>) -> StoredResponse {
+    let headers = head
+        .headers
         .iter()
+        .filter(|(name, _)| body.is_none() || *name != http::header::CONTENT_LENGTH)
         .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
-        .collect()
+        .collect();
+    StoredResponse {
+        status: head.status.as_u16(),
+        headers,
+        body,
+    }
 }
 
 /// What the client gets when the outcome was sent but could not be recorded
@@ -431,5 +434,229 @@ impl Drop for SettleGuard {
                 tracing::error!(operation_id = %claim.operation_id, %error, "cannot mark an abandoned attempt unknown");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::seal::Identity;
+    use bytes::Bytes;
+    use http::StatusCode;
+
+    fn claim() -> Claim {
+        Claim {
+            operation_id: "op-1".into(),
+            attempt: 2,
+            identity: Identity::of("api", "scope", "k", "fp"),
+        }
+    }
+
+    /// The settlement's state and evidence, the events' kinds, and the
+    /// reply's status with its outcome (or the problem's).
+    fn summary(settled: &Settled) -> (State, String, Vec<&'static str>, u16, Option<Outcome>) {
+        let (status, outcome) = match &settled.reply {
+            Ok(response) => (
+                response.status().as_u16(),
+                response.extensions().get::<Outcome>().copied(),
+            ),
+            Err(error) => (error.problem().status, Some(error.outcome())),
+        };
+        (
+            settled.settlement.state(),
+            settled.settlement.evidence().to_string(),
+            settled.events.iter().map(|e| e.kind).collect(),
+            status,
+            outcome,
+        )
+    }
+
+    fn parts(status: u16) -> http::response::Parts {
+        let mut parts = head(&[("content-type", "application/json")]);
+        parts.status = StatusCode::from_u16(status).unwrap();
+        parts
+    }
+
+    /// Each way an exchange ends: its settlement, its events, and what the
+    /// client hears; a "sent" event exactly when a byte may have left.
+    #[test]
+    fn each_exchange_settles_as_its_rule_says() {
+        use Outcome::{forwarded, released, unknown};
+        use State::{Completed, NotAttempted, Unknown};
+        let lost = |cause| Exchange::Lost {
+            cause,
+            reason: "gone".into(),
+        };
+        let not_sent = Exchange::NotSent {
+            attempts: 3,
+            reason: "refused".into(),
+        };
+        let refused = Exchange::Released {
+            head: parts(503),
+            body: Bytes::from_static(b"busy"),
+        };
+        let complete = Exchange::Complete {
+            head: parts(201),
+            body: Bytes::from_static(b"{\"id\":1}"),
+        };
+        let cases = [
+            (
+                not_sent,
+                NotAttempted,
+                "connect-failed",
+                &["connect-failed"][..],
+                502,
+                released,
+            ),
+            (
+                Exchange::Fenced { attempts: 1 },
+                NotAttempted,
+                "lease-lost",
+                &["lease-lost"],
+                503,
+                released,
+            ),
+            (
+                lost(LostCause::Timeout),
+                Unknown,
+                "timeout",
+                &["sent", "timeout"],
+                504,
+                unknown,
+            ),
+            (
+                lost(LostCause::Broken),
+                Unknown,
+                "reset",
+                &["sent", "reset"],
+                502,
+                unknown,
+            ),
+            (
+                refused,
+                NotAttempted,
+                "released-503",
+                &["sent", "response"],
+                503,
+                released,
+            ),
+            (
+                complete,
+                Completed,
+                "response",
+                &["sent", "response"],
+                201,
+                forwarded,
+            ),
+        ];
+        for (exchange, state, evidence, events, status, outcome) in cases {
+            let settled = settle(&claim(), exchange, 3, 7);
+            let expected = (
+                state,
+                evidence.to_string(),
+                events.to_vec(),
+                status,
+                Some(outcome),
+            );
+            assert_eq!(summary(&settled), expected, "{evidence}");
+            if events[0] == "sent" {
+                assert_eq!(settled.events[0].detail, json!({"tries": 3, "bytes": 7}));
+            }
+        }
+    }
+
+    #[test]
+    fn a_lost_response_is_a_problem_about_the_unknown_operation() {
+        let lost = Exchange::Lost {
+            cause: LostCause::Timeout,
+            reason: "gone".into(),
+        };
+        let problem = settle(&claim(), lost, 1, 0).reply.unwrap_err().problem();
+        assert_eq!(
+            (problem.operation_id.as_deref(), problem.state),
+            (Some("op-1"), Some("unknown"))
+        );
+    }
+
+    /// Waiters on an attempt that ended `not_attempted` get its answer and
+    /// send nothing; a fenced attempt's look again (the replica that holds
+    /// the lease now may send it), as do those of any other ending.
+    #[test]
+    fn waiters_get_the_answer_of_an_attempt_that_sent_nothing() {
+        let not_sent = Exchange::NotSent {
+            attempts: 3,
+            reason: "refused".into(),
+        };
+        let settled = settle(&claim(), not_sent, 3, 0);
+        assert!(matches!(
+            &settled.released,
+            Some(Released::Unreachable { reason }) if reason == "refused"
+        ));
+        let refused = Exchange::Released {
+            head: parts(503),
+            body: Bytes::from_static(b"busy"),
+        };
+        let Some(Released::Refused(stored)) = settle(&claim(), refused, 1, 0).released else {
+            panic!("no answer for the waiters");
+        };
+        assert_eq!(
+            (stored.status, stored.body.as_deref()),
+            (503, Some(&b"busy"[..]))
+        );
+        let waiter = Released::Refused(stored).answer("op-1").unwrap();
+        assert_eq!(
+            (waiter.status(), waiter.extensions().get::<Outcome>()),
+            (StatusCode::SERVICE_UNAVAILABLE, Some(&Outcome::released))
+        );
+        let fenced = settle(&claim(), Exchange::Fenced { attempts: 1 }, 1, 0);
+        assert!(fenced.released.is_none());
+        let lost = Exchange::Lost {
+            cause: LostCause::Broken,
+            reason: "gone".into(),
+        };
+        assert!(settle(&claim(), lost, 1, 0).released.is_none());
+    }
+
+    #[test]
+    fn an_outcome_not_recorded_is_503_about_the_attempt_in_progress() {
+        let error = unrecorded(&claim());
+        let problem = error.problem();
+        assert_eq!((problem.status, problem.state), (503, Some("in_progress")));
+        assert_eq!(error.outcome(), Outcome::unknown);
+    }
+
+    fn head(headers: &[(&str, &str)]) -> http::response::Parts {
+        let mut response = http::Response::builder().status(201);
+        for (name, value) in headers {
+            response = response.header(*name, *value);
+        }
+        response.body(()).unwrap().into_parts().0
+    }
+
+    /// A kept body's `Content-Length` is its own length: not stored twice.
+    /// Every other header is kept, in order, duplicates and all.
+    #[test]
+    fn a_kept_body_stores_no_content_length() {
+        let head = head(&[("x-a", "1"), ("content-length", "2"), ("x-a", "2")]);
+        let stored = stored_response(&head, Some(b"{}".to_vec()));
+        assert_eq!(stored.status, 201);
+        assert_eq!(
+            stored.headers,
+            [("x-a".into(), b"1".to_vec()), ("x-a".into(), b"2".to_vec())]
+        );
+        assert_eq!(stored.body.as_deref(), Some(&b"{}"[..]));
+    }
+
+    /// A body too large to keep leaves its `Content-Length` as the one
+    /// record of its size.
+    #[test]
+    fn a_body_not_kept_keeps_its_content_length() {
+        let head = head(&[("content-length", "9000000")]);
+        let stored = stored_response(&head, None);
+        assert_eq!(
+            stored.headers,
+            [("content-length".into(), b"9000000".to_vec())]
+        );
+        assert_eq!(stored.body, None);
     }
 }

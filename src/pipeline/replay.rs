@@ -18,6 +18,7 @@ use crate::metrics::{OperationId, Outcome};
 use crate::operation::{Fingerprint, Operation, State, StoredResponse};
 use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::fingerprint::ExactDigest;
+use crate::problem::UnknownSince;
 
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -45,7 +46,7 @@ pub fn answer_existing(
         }),
         (State::Unknown, _) => Err(ProxyError::OutcomeUnknown {
             operation: reference,
-            status: StatusCode::CONFLICT,
+            since: UnknownSince::Earlier,
             detail: format!(
                 "the outcome of this operation is unknown ({}): it may have happened, so nothing is sent until it is reconciled or an operator resolves it",
                 operation.evidence

@@ -1,10 +1,13 @@
-//! The store: the only truth about operations (README "What a request gets").
+//! The store: the only truth about operations (README "The states";
+//! ARCHITECTURE.md §4).
 //!
 //! Store methods work on whole operations and return after a durable commit.
 //! Every state change is a compare-and-set on (id, state, attempt, owner), so a
-//! stale writer loses instead of overwriting. The happy path costs two
-//! commits: [`Store::claim`] (with its `claimed` event) and [`Store::record`]
-//! (with its `sent` and `response` events). All SQL lives in this module's
+//! stale writer loses instead of overwriting. The happy path costs two store
+//! calls, each in a group commit: [`Store::claim`] inserts the row and
+//! [`Store::record`] updates it, and neither stores an event row: the row
+//! proves the first claim and a plain response, and [`timeline`] puts those
+//! events back when an operator looks. All SQL lives in this module's
 //! backends.
 
 mod batches;
@@ -210,7 +213,7 @@ impl ListFilter {
 }
 
 /// A statement the store runs on `operations`, with sample parameters:
-/// what `tests/store_contract.rs` explains, on each backend, to show that
+/// what `tests/it/store_contract.rs` explains, on each backend, to show that
 /// an index serves it. The statements are the store's own, never copies.
 #[doc(hidden)]
 #[derive(Debug, Clone)]
@@ -320,19 +323,40 @@ fn operation_count(n: i64) -> Result<u64, StoreError> {
     })
 }
 
-/// A paused route and the reason stored with its pause.
+/// A paused route, the reason stored with its pause, and who paused it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutePause {
     pub route: String,
     pub reason: String,
+    pub by: PausedBy,
 }
 
-impl RoutePause {
-    /// Whether the `pause_after_unknown` latch set this pause: the latch's
-    /// statement (`trip_pause_latch` in each backend) stores its reason
-    /// with this prefix; an operator's pause stores the reason given.
-    pub fn by_latch(&self) -> bool {
-        self.reason.starts_with("pause_after_unknown: ")
+/// Who paused a route, stored as its own column (`paused_by`): never read
+/// from the reason, which is an operator's free text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PausedBy {
+    /// `POST /admin/routes/{name}/pause` (the last pause wins: an
+    /// operator's pause of a route the latch paused is the operator's).
+    Operator,
+    /// The route's `pause_after_unknown` latch (`trip_pause_latch`).
+    Latch,
+}
+
+impl PausedBy {
+    /// As stored, and as the admin API's `paused_by` says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PausedBy::Operator => "operator",
+            PausedBy::Latch => "latch",
+        }
+    }
+
+    pub fn parse(stored: &str) -> Result<Self, StoreError> {
+        match stored {
+            "operator" => Ok(PausedBy::Operator),
+            "latch" => Ok(PausedBy::Latch),
+            other => Err(StoreError::Corrupt(format!("route paused by `{other}`"))),
+        }
     }
 }
 
@@ -340,6 +364,9 @@ impl RoutePause {
 #[derive(Debug, Clone)]
 pub struct NewOperation {
     pub route: String,
+    /// The scope's digest, as lower-case hex (`pipeline::key`). It, the
+    /// fingerprint and the body's SHA-256 are SHA-256 digests, and a store
+    /// may keep them as their 32 bytes: anything else is refused.
     pub scope: String,
     pub key: String,
     pub fingerprint: Fingerprint,
@@ -694,130 +721,4 @@ fn decode_headers(text: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn headers_round_trip_bytes_exactly() {
-        let headers = vec![
-            ("set-cookie".to_string(), b"a=1".to_vec()),
-            ("set-cookie".to_string(), b"b=2".to_vec()),
-            ("x-latin".to_string(), vec![b'c', 0xe9, 0xff]),
-        ];
-        assert_eq!(decode_headers(&encode_headers(&headers)).unwrap(), headers);
-        assert!(decode_headers("[[\"x\",\"\u{20ac}\"]]").is_err());
-    }
-
-    fn completed(created_at: i64, updated_at: i64) -> Operation {
-        Operation {
-            id: "op".into(),
-            route: "r".into(),
-            key: "k".into(),
-            fingerprint: Fingerprint::from_stored("f".into()),
-            state: State::Completed,
-            attempt: 1,
-            owner: Some("gw-1".into()),
-            evidence: "response".into(),
-            response: Some(StoredResponse {
-                status: 201,
-                headers: vec![],
-                body: Some(b"{}".to_vec()),
-            }),
-            request: RequestSummary {
-                method: "POST".into(),
-                path: "/".into(),
-                content_type: None,
-                body_size: 7,
-                body_sha256: String::new(),
-                body: None,
-            },
-            superseded: false,
-            created_at,
-            updated_at,
-        }
-    }
-
-    fn event(at: i64, kind: &str, detail: serde_json::Value) -> StoredEvent {
-        StoredEvent {
-            at,
-            kind: kind.into(),
-            detail,
-        }
-    }
-
-    fn kinds(events: &[StoredEvent]) -> Vec<(i64, &str)> {
-        events.iter().map(|e| (e.at, e.kind.as_str())).collect()
-    }
-
-    #[test]
-    fn the_happy_path_timeline_comes_from_the_row() {
-        let events = timeline(&completed(10, 20), vec![]);
-        assert_eq!(
-            kinds(&events),
-            [(10, "claimed"), (20, "sent"), (20, "response")]
-        );
-        assert_eq!(
-            events[0].detail,
-            serde_json::json!({"attempt": 1, "owner": "gw-1"})
-        );
-        assert_eq!(
-            events[1].detail,
-            serde_json::json!({"tries": 1, "bytes": 7})
-        );
-        assert_eq!(
-            events[2].detail,
-            serde_json::json!({"status": 201, "bytes": 2})
-        );
-        // Stored events keep their place among the implied ones.
-        let late = event(30, "late-response", serde_json::json!({}));
-        let events = timeline(&completed(10, 20), vec![late]);
-        assert_eq!(kinds(&events).last(), Some(&(30, "late-response")));
-    }
-
-    #[test]
-    fn stored_events_are_never_implied_twice() {
-        // A second attempt whose response was stored (it took connect retries).
-        let stored = vec![
-            event(12, "connect-failed", serde_json::json!({})),
-            event(15, "claimed", serde_json::json!({"attempt": 2})),
-            event(20, "sent", serde_json::json!({"tries": 2})),
-            event(20, "response", serde_json::json!({"status": 201})),
-        ];
-        let events = timeline(&completed(10, 20), stored);
-        assert_eq!(
-            kinds(&events),
-            [
-                (10, "claimed"),
-                (12, "connect-failed"),
-                (15, "claimed"),
-                (20, "sent"),
-                (20, "response")
-            ]
-        );
-        // Settled by an operator: no response is implied.
-        let mut resolved = completed(10, 20);
-        resolved.evidence = "operator".into();
-        assert_eq!(kinds(&timeline(&resolved, vec![])), [(10, "claimed")]);
-    }
-
-    #[test]
-    fn only_a_plain_first_try_is_implied_by_its_record() {
-        let response = Settlement::Completed {
-            response: completed(0, 0).response.unwrap(),
-        };
-        let sent = |tries| Event {
-            kind: "sent",
-            detail: serde_json::json!({ "tries": tries }),
-        };
-        let answer = Event {
-            kind: "response",
-            detail: serde_json::json!({}),
-        };
-        assert!(is_implied_by_record(&response, &[sent(1), answer.clone()]));
-        assert!(!is_implied_by_record(&response, &[sent(2), answer.clone()]));
-        let held = Settlement::Unknown {
-            evidence: "timeout".into(),
-        };
-        assert!(!is_implied_by_record(&held, &[sent(1), answer]));
-    }
-}
+mod tests;

@@ -62,7 +62,7 @@ use crate::store::StoreBatches;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use statements::{ClaimCall, Owners, RecordCall};
 
-/// The statements `tests/store_contract.rs` explains ([`AccessPath`]).
+/// The statements `tests/it/store_contract.rs` explains ([`AccessPath`]).
 pub(super) fn access_paths() -> Vec<super::AccessPath> {
     let mut paths = statements::access_paths();
     paths.extend(outbox::access_paths());

@@ -2,7 +2,7 @@
 //! [`Store::settle_alert`] run, each in one transaction. Replicas share the
 //! outbox: fanning out marks each alert once (its row lock decides), and
 //! due deliveries are taken with `FOR UPDATE SKIP LOCKED` and a lease, so
-//! one replica delivers each at a time (README "Alerts").
+//! one replica delivers each at a time (docs/operating.md, "Alerts").
 //!
 //! [`Store::take_alerts`]: crate::store::Store::take_alerts
 //! [`Store::settle_alert`]: crate::store::Store::settle_alert

@@ -164,7 +164,7 @@ impl SqliteStore {
     }
 }
 
-/// The statements `tests/store_contract.rs` explains ([`AccessPath`]).
+/// The statements `tests/it/store_contract.rs` explains ([`AccessPath`]).
 pub(super) fn access_paths() -> Vec<AccessPath> {
     let mut paths = statements::access_paths();
     paths.extend(outbox::access_paths());

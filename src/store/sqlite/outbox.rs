@@ -1,6 +1,6 @@
 //! The alert outbox on SQLite: what [`Store::take_alerts`] and
 //! [`Store::settle_alert`] run on the writer's connection, each inside the
-//! writer's batch transaction (README "Alerts").
+//! writer's batch transaction (docs/operating.md, "Alerts").
 //!
 //! [`Store::take_alerts`]: crate::store::Store::take_alerts
 //! [`Store::settle_alert`]: crate::store::Store::settle_alert

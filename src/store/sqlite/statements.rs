@@ -5,6 +5,12 @@
 //!
 //! Every state change is a compare-and-set on (id, state, attempt, owner):
 //! a stale writer changes no row and learns it from the row count.
+//!
+//! Longer than the house's ~800 lines on purpose: it is all of this
+//! backend's SQL in one room, one function per store call, so the dialect
+//! is read (and compared with `postgres/statements.rs`, the same calls in
+//! the other dialect) in one place; splitting it by caller would scatter
+//! the statements that must change together when the schema does.
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -15,10 +21,25 @@ use crate::scope_key::{self, ScopeKey};
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
     AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, ListFilter, ListPath,
-    NewOperation, OPERATION_COLUMNS, Param, Recorded, RekeyBatch, Resolved, RoutePause,
-    SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, is_implied_by_record,
-    operation_count, timeline,
+    NewOperation, Param, PausedBy, Recorded, RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS,
+    SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, is_implied_by_record, operation_count,
+    timeline,
 };
+
+/// The columns [`operation_from_row`] reads. The digests are stored as
+/// their bytes (migration 0007) and read back as the lower-case hex the
+/// rest of the gateway compares and binds (`unhex(?)` binds them).
+const OPERATION_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at,
+    owner, lower(hex(fingerprint)) AS fingerprint, evidence, response_status, response_headers,
+    response_body, request_method, request_path, request_content_type, request_body_size,
+    lower(hex(request_body_sha256)) AS request_body_sha256, request_body, superseded_at";
+
+/// A row's scope digest, as hex.
+const SCOPE: &str = "lower(hex(scope)) AS scope";
+
+/// The columns [`identity_from_row`] reads.
+const IDENTITY_COLUMNS: &str =
+    "route, lower(hex(scope)) AS scope, idem_key, lower(hex(fingerprint)) AS fingerprint";
 
 /// A new operation, claimed for its first attempt, unless an operation
 /// that is not superseded holds its identity. Every first write runs it.
@@ -26,8 +47,8 @@ const INSERT_CLAIMED: &str =
     "INSERT INTO operations (id, route, scope, idem_key, fingerprint, state, attempt, owner,
             evidence, request_method, request_path, request_content_type, request_body_size,
             request_body_sha256, request_body, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, 'in_progress', 1, ?6, 'claimed', ?7, ?8, ?9, ?10, ?11, ?12,
-            ?13, ?13)
+         VALUES (?1, ?2, unhex(?3), ?4, unhex(?5), 'in_progress', 1, ?6, 'claimed', ?7, ?8, ?9,
+            ?10, unhex(?11), ?12, ?13, ?13)
          ON CONFLICT (route, scope, idem_key) WHERE superseded_at IS NULL DO NOTHING";
 
 /// A claimed attempt's outcome, as a compare-and-set. Every write that was
@@ -106,7 +127,7 @@ pub fn find(
 ) -> Result<Option<Operation>, StoreError> {
     let mut statement = conn.prepare_cached(&format!(
         "SELECT {OPERATION_COLUMNS} FROM operations
-         WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 AND superseded_at IS NULL"
+         WHERE route = ?1 AND scope = unhex(?2) AND idem_key = ?3 AND superseded_at IS NULL"
     ))?;
     let found = statement
         .query_row(params![new.route, new.scope, new.key], |row| {
@@ -278,8 +299,8 @@ pub fn trip_pause_latch(
     threshold: u32,
 ) -> Result<bool, StoreError> {
     conn.prepare_cached(
-        "INSERT INTO route_pauses (route, reason, updated_at)
-         SELECT ?1, 'pause_after_unknown: ' || ?2 || ' operations unknown', ?3
+        "INSERT INTO route_pauses (route, reason, paused_by, updated_at)
+         SELECT ?1, 'pause_after_unknown: ' || ?2 || ' operations unknown', 'latch', ?3
          WHERE (SELECT count(*) FROM operations WHERE route = ?1 AND state = 'unknown') >= ?2
          ON CONFLICT (route) DO NOTHING",
     )?
@@ -299,15 +320,19 @@ pub fn paused_routes(conn: &Connection) -> Result<Vec<String>, StoreError> {
 }
 
 pub fn pauses(conn: &Connection) -> Result<Vec<RoutePause>, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT route, reason FROM route_pauses ORDER BY route")?
+    conn.prepare_cached("SELECT route, reason, paused_by FROM route_pauses ORDER BY route")?
         .query_map([], |row| {
-            Ok(RoutePause {
-                route: row.get(0)?,
-                reason: row.get(1)?,
-            })
+            Ok((row.get(0)?, row.get(1)?, row.get::<_, String>(2)?))
         })?
-        .collect::<Result<_, _>>()?)
+        .map(|row| {
+            let (route, reason, by) = row?;
+            Ok(RoutePause {
+                route,
+                reason,
+                by: PausedBy::parse(&by)?,
+            })
+        })
+        .collect()
 }
 
 pub fn set_paused(
@@ -319,9 +344,10 @@ pub fn set_paused(
     match reason {
         Some(reason) => conn
             .prepare_cached(
-                "INSERT INTO route_pauses (route, reason, updated_at) VALUES (?1, ?2, ?3)
+                "INSERT INTO route_pauses (route, reason, paused_by, updated_at)
+                 VALUES (?1, ?2, 'operator', ?3)
                  ON CONFLICT (route) DO UPDATE SET reason = excluded.reason,
-                    updated_at = excluded.updated_at",
+                    paused_by = excluded.paused_by, updated_at = excluded.updated_at",
             )?
             .execute(params![route, reason, now])?,
         None => conn
@@ -407,7 +433,7 @@ impl rusqlite::ToSql for Param {
 
 /// [`get`]'s operation: ?1 its id.
 fn get_sql() -> String {
-    format!("SELECT {OPERATION_COLUMNS}, scope FROM operations WHERE id = ?1")
+    format!("SELECT {OPERATION_COLUMNS}, {SCOPE} FROM operations WHERE id = ?1")
 }
 
 pub fn get(
@@ -476,7 +502,7 @@ fn find_newest_sql(superseded: bool) -> String {
     };
     format!(
         "SELECT {SUMMARY_COLUMNS} FROM operations
-         WHERE route = ?1 AND scope = ?2 AND idem_key = ?3 AND {which}"
+         WHERE route = ?1 AND scope = unhex(?2) AND idem_key = ?3 AND {which}"
     )
 }
 
@@ -682,10 +708,11 @@ pub fn key_scopes(conn: &Connection, key: &ScopeKey) -> Result<Option<u64>, Stor
         None => {}
     }
     let scopes: Vec<(String, String)> = conn
-        .prepare_cached("SELECT id, scope FROM operations")?
+        .prepare_cached(&format!("SELECT id, {SCOPE} FROM operations"))?
         .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
         .collect::<Result<_, _>>()?;
-    let mut update = conn.prepare_cached("UPDATE operations SET scope = ?1 WHERE id = ?2")?;
+    let mut update =
+        conn.prepare_cached("UPDATE operations SET scope = unhex(?1) WHERE id = ?2")?;
     for (id, scope) in &scopes {
         update.execute(params![key.keyed(scope), id])?;
     }
@@ -703,11 +730,11 @@ pub fn rekey(
     limit: u32,
 ) -> Result<RekeyBatch, StoreError> {
     let rows: Vec<(String, Identity, Option<i64>, Payloads)> = conn
-        .prepare_cached(
-            "SELECT id, route, scope, idem_key, fingerprint, response_status, request_body,
-                response_headers, response_body
-             FROM operations WHERE id > ?1 ORDER BY id LIMIT ?2",
-        )?
+        .prepare_cached(&format!(
+            "SELECT id, {IDENTITY_COLUMNS}, response_status, request_body, response_headers,
+                response_body
+             FROM operations WHERE id > ?1 ORDER BY id LIMIT ?2"
+        ))?
         .query_map(params![after, limit], |row| {
             Ok((
                 row.get("id")?,
@@ -827,7 +854,9 @@ fn status_of(status: i64) -> Result<u16, StoreError> {
 /// when there is no such operation.
 fn identity(conn: &Connection, id: &str) -> Result<Option<Identity>, StoreError> {
     Ok(conn
-        .prepare_cached("SELECT route, scope, idem_key, fingerprint FROM operations WHERE id = ?1")?
+        .prepare_cached(&format!(
+            "SELECT {IDENTITY_COLUMNS} FROM operations WHERE id = ?1"
+        ))?
         .query_row(params![id], identity_from_row)
         .optional()?)
 }
@@ -883,6 +912,139 @@ mod tests {
     const COUNTS_MIGRATION: &str =
         include_str!("../../../migrations/sqlite/0005_operation_counts.sql");
 
+    const DIGESTS_MIGRATION: &str =
+        include_str!("../../../migrations/sqlite/0007_digests_as_bytes.sql");
+
+    const PAUSE_KIND_MIGRATION: &str =
+        include_str!("../../../migrations/sqlite/0008_pause_kind.sql");
+
+    /// Migrations 0001 to 0007: the schema before the pause kind.
+    fn before_pause_kind() -> Connection {
+        let conn = before_counts();
+        for sql in [
+            COUNTS_MIGRATION,
+            include_str!("../../../migrations/sqlite/0006_access_paths.sql"),
+            DIGESTS_MIGRATION,
+        ] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn
+    }
+
+    /// Every migration: the schema a store has.
+    fn migrated() -> Connection {
+        let conn = before_pause_kind();
+        conn.execute_batch(PAUSE_KIND_MIGRATION).unwrap();
+        conn
+    }
+
+    /// Migration 0008 keeps who paused each route stored before it, when
+    /// only the latch's reason prefix told: afterwards the column says it,
+    /// and an operator's reason that merely looks like the latch's is an
+    /// operator's pause (the prefix rule called it the latch's).
+    #[test]
+    fn the_pause_kind_migration_keeps_who_paused() {
+        use super::{PausedBy, RoutePause, pauses, set_paused, trip_pause_latch};
+        let conn = before_pause_kind();
+        conn.execute_batch(
+            "INSERT INTO route_pauses (route, reason, updated_at) VALUES
+                ('api', 'pause_after_unknown: 3 operations unknown', 1),
+                ('ops', 'maintenance', 2);",
+        )
+        .unwrap();
+        conn.execute_batch(PAUSE_KIND_MIGRATION).unwrap();
+        let pause = |route: &str, reason: &str, by| RoutePause {
+            route: route.into(),
+            reason: reason.into(),
+            by,
+        };
+        assert_eq!(
+            pauses(&conn).unwrap(),
+            [
+                pause(
+                    "api",
+                    "pause_after_unknown: 3 operations unknown",
+                    PausedBy::Latch
+                ),
+                pause("ops", "maintenance", PausedBy::Operator),
+            ]
+        );
+        // An operator's pause over the latch's is the operator's; one whose
+        // reason copies the latch's words is still the operator's.
+        set_paused(&conn, 3, "api", Some("looked at it")).unwrap();
+        set_paused(
+            &conn,
+            4,
+            "ops",
+            Some("pause_after_unknown: 9 operations unknown"),
+        )
+        .unwrap();
+        let by: Vec<_> = pauses(&conn).unwrap().iter().map(|p| p.by).collect();
+        assert_eq!(by, [PausedBy::Operator, PausedBy::Operator]);
+        // The latch does not take over a pause already there.
+        assert!(trip_pause_latch(&conn, 5, "api", 0).unwrap());
+        assert_eq!(pauses(&conn).unwrap()[0].by, PausedBy::Operator);
+        set_paused(&conn, 6, "api", None).unwrap();
+        assert!(trip_pause_latch(&conn, 7, "api", 0).unwrap());
+        assert_eq!(pauses(&conn).unwrap()[0].by, PausedBy::Latch);
+    }
+
+    /// Inserts an operation as the schema before 0007 kept it: digests as
+    /// hex text.
+    fn insert_hex(conn: &Connection, id: &str, scope: &str, fingerprint: &str) {
+        conn.execute(
+            "INSERT INTO operations (id, route, scope, idem_key, fingerprint, state, attempt,
+                evidence, request_method, request_path, request_body_size,
+                request_body_sha256, created_at, updated_at)
+             VALUES (?1, 'api', ?2, ?1, ?3, 'completed', 1, 'e', 'POST', '/', 0, ?3, 1, 1)",
+            rusqlite::params![id, scope, fingerprint],
+        )
+        .unwrap();
+    }
+
+    /// Migration 0007 keeps each digest as the bytes its hex spelled, so
+    /// the store's `lower(hex(...))` reads back exactly what was written.
+    #[test]
+    fn the_digests_migration_keeps_each_digest_as_its_bytes() {
+        let conn = before_counts();
+        conn.execute_batch(COUNTS_MIGRATION).unwrap();
+        let (scope, fingerprint) = ("ab".repeat(32), "0f".repeat(32));
+        insert_hex(&conn, "1", &scope, &fingerprint);
+        conn.execute_batch(DIGESTS_MIGRATION).unwrap();
+        let (bytes, read): (Vec<u8>, String) = conn
+            .query_row(
+                &format!("SELECT scope, {} FROM operations", super::SCOPE),
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(bytes, [0xab; 32]);
+        assert_eq!(read, scope);
+        let identity: (String, String) = conn
+            .query_row(
+                &format!("SELECT {} FROM operations", super::IDENTITY_COLUMNS),
+                [],
+                |row| Ok((row.get("scope")?, row.get("fingerprint")?)),
+            )
+            .unwrap();
+        assert_eq!(identity, (scope, fingerprint));
+        let stats = super::stats(&conn).unwrap();
+        assert_eq!(stats.counts.len(), 1, "the counts stay exact");
+    }
+
+    /// A digest that is not hex fails the migration rather than becoming
+    /// a digest its operation no longer matches.
+    #[test]
+    fn the_digests_migration_refuses_what_is_not_hex() {
+        let conn = before_counts();
+        conn.execute_batch(COUNTS_MIGRATION).unwrap();
+        insert_hex(&conn, "1", "not hex", &"0f".repeat(32));
+        let error = conn
+            .execute_batch(&format!("BEGIN; {DIGESTS_MIGRATION} COMMIT;"))
+            .unwrap_err();
+        assert!(error.to_string().contains("NOT NULL"), "{error}");
+    }
+
     /// Migration 0005 counts the operations stored before it once, and
     /// marks the counts exact.
     #[test]
@@ -925,8 +1087,7 @@ mod tests {
     /// alone, never from the table's rows.
     #[test]
     fn the_oldest_unknown_is_read_from_the_state_index() {
-        let conn = before_counts();
-        conn.execute_batch(COUNTS_MIGRATION).unwrap();
+        let conn = migrated();
         let plan: Vec<String> = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {}", super::OLDEST_UNKNOWN))
             .unwrap()
@@ -946,8 +1107,7 @@ mod tests {
     /// third of the writer's work.
     #[test]
     fn hot_statements_build_no_temporary_index() {
-        let conn = before_counts();
-        conn.execute_batch(COUNTS_MIGRATION).unwrap();
+        let conn = migrated();
         for sql in [super::INSERT_CLAIMED, super::RECORD] {
             let mut explain = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
             let unbound = vec![rusqlite::types::Null; explain.parameter_count()];

@@ -1,0 +1,125 @@
+//! Configuration: the TOML file → the validated [`Config`] the gateway
+//! runs on, in three rooms along its seams:
+//!
+//! - `file`: the file as written (`Raw*` types, `deny_unknown_fields`);
+//! - `validate`: the one check, filling what is left out from
+//!   [`defaults`] (each default written once, as the file spells it);
+//! - [`runtime`]: the validated types the rest of the gateway reads.
+//!
+//! Invariant: a `Config` value is always valid. Every unknown field and bad
+//! value is refused with the file, the field and the reason, never
+//! silently ignored (docs/configuration.md, "Every key"). Nothing here
+//! reads a file but the configuration itself: the TLS files it names are
+//! read at start (`tls::read`).
+
+pub mod defaults;
+mod file;
+pub mod runtime;
+mod validate;
+
+pub use runtime::*;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use file::{RawConfig, RawRoute};
+use validate::Validator;
+
+/// Why a configuration was refused. Each variant names the source (file path or
+/// `<inline>`), so an operator knows what to edit.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{source_name}: cannot read: {error}")]
+    Read {
+        source_name: String,
+        error: std::io::Error,
+    },
+    #[error("{source_name}: {message}")]
+    Parse {
+        source_name: String,
+        message: String,
+    },
+    #[error("{source_name}: field `{field}`: {reason}")]
+    Invalid {
+        source_name: String,
+        field: String,
+        reason: String,
+    },
+}
+
+/// Command-line values that override the file's `[server]` and `[store]`.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    pub store_url: Option<String>,
+}
+
+impl Config {
+    /// Reads and validates a config file. Relative TLS file paths in it are
+    /// relative to its directory.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let source_name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            source_name: source_name.clone(),
+            error,
+        })?;
+        let base = path.parent().unwrap_or(Path::new(""));
+        Self::parse(&text, &source_name, base)
+    }
+
+    /// Parses and validates TOML text; `source_name` names it in errors.
+    /// Relative TLS file paths are relative to the working directory.
+    pub fn from_toml_str(text: &str, source_name: &str) -> Result<Config, ConfigError> {
+        Self::parse(text, source_name, Path::new(""))
+    }
+
+    fn parse(text: &str, source_name: &str, base: &Path) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            source_name: source_name.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        Validator { source_name, base }.config(raw)
+    }
+
+    /// The no-file mode: one catch-all route to `upstream`.
+    pub fn single_route(upstream: &str, key: KeyMode) -> Result<Config, ConfigError> {
+        let raw = RawConfig {
+            routes: vec![RawRoute {
+                name: Some("default".into()),
+                path_prefix: Some("/".into()),
+                upstream: Some(upstream.into()),
+                ..RawRoute::default()
+            }],
+            ..RawConfig::default()
+        };
+        let mut config = Validator {
+            source_name: "--upstream",
+            base: Path::new(""),
+        }
+        .config(raw)?;
+        config.routes[0].key = key;
+        Ok(config)
+    }
+
+    /// Applies command-line overrides, validating them like file values.
+    pub fn apply(&mut self, overrides: &Overrides) -> Result<(), ConfigError> {
+        if let Some(listen) = overrides.listen {
+            self.server.listen = listen;
+        }
+        if let Some(admin) = overrides.admin_listen {
+            self.server.admin_listen = admin;
+        }
+        if let Some(url) = &overrides.store_url {
+            self.store.url = StoreUrl::parse(url).map_err(|reason| ConfigError::Invalid {
+                source_name: "--store".into(),
+                field: "store.url".into(),
+                reason,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

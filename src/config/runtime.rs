@@ -1,0 +1,367 @@
+//! The validated configuration the gateway runs on: what each part of
+//! the gateway reads, with the reason for a field written on it.
+//!
+//! Invariant: every value here went through `config::validate`, the only
+//! code that builds these from the file (the no-file mode included). TLS
+//! files are named here, not read: they are read at start
+//! (`tls::read`), and by `idemgate check-config` the same way.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::{Method, Uri};
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub store: StoreConfig,
+    pub routes: Vec<Route>,
+    /// `[[alerts]]`: webhooks told about held work.
+    pub alerts: Vec<AlertConfig>,
+}
+
+/// One validated `[[alerts]]` entry: a webhook and what it is told.
+#[derive(Debug, Clone)]
+pub struct AlertConfig {
+    /// http or https; POSTed to as given.
+    pub url: Uri,
+    /// The environment variable holding the signing secret, if any.
+    pub secret_env: Option<String>,
+    pub events: Vec<AlertEvent>,
+    /// `unknown-aged`: an operation `unknown` for this long.
+    pub aged_after: Duration,
+    /// A delivery still failing this long after its event is dropped.
+    pub give_up_after: Duration,
+}
+
+/// What an alert reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlertEvent {
+    /// An operation became `unknown`.
+    OperationUnknown,
+    /// A route was paused (by an operator or its latch).
+    RoutePaused,
+    /// An operation has been `unknown` for `aged_after`.
+    UnknownAged,
+}
+
+impl AlertEvent {
+    pub const ALL: [AlertEvent; 3] = [
+        AlertEvent::OperationUnknown,
+        AlertEvent::RoutePaused,
+        AlertEvent::UnknownAged,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertEvent::OperationUnknown => "operation-unknown",
+            AlertEvent::RoutePaused => "route-paused",
+            AlertEvent::UnknownAged => "unknown-aged",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// The environment variable holding the admin API's bearer token.
+    pub admin_token_env: String,
+    /// The proxy listener's certificate and key: TLS when set.
+    pub tls: Option<CertPair>,
+    /// The admin listener's, set apart: operators may use another CA.
+    pub admin_tls: Option<CertPair>,
+    /// Slow or silent clients are cut off after this long without a full head.
+    pub header_read_timeout: Duration,
+    /// hyper's read buffer bound; larger request heads get 431.
+    pub max_header_bytes: usize,
+    pub shutdown_grace: Duration,
+    /// Open connections on the proxy listener; more are answered 503
+    /// `overloaded` and closed at once, so a flood of idle or slow
+    /// connections cannot take every file descriptor and task.
+    pub max_connections: usize,
+    /// The same bound for the admin listener, kept apart so that a flood
+    /// on one listener never locks operators out of the other.
+    pub admin_max_connections: usize,
+    /// What the request bodies of all writes being read or held may take
+    /// together; a write that would need more is 503 `overloaded`.
+    pub buffered_body_budget: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub url: StoreUrl,
+    pub durability: Durability,
+    /// `completed` and `not_attempted` operations are deleted this long after
+    /// their last update; `unknown` ones never expire on their own.
+    pub retention: Duration,
+    /// PostgreSQL: how long a replica that stopped renewing still counts as
+    /// alive (the database's clock); its operations in flight become
+    /// `unknown` after that.
+    pub lease: Duration,
+    /// The environment variable holding the key (32 bytes, base64) that
+    /// seals stored payloads; `None`: stored in clear.
+    pub encryption_key_env: Option<String>,
+    /// The variable holding the key payloads were sealed with before a
+    /// rotation: read only, until `idemgate rekey` has sealed them again.
+    pub previous_key_env: Option<String>,
+    /// The variable holding the scope key (32 bytes, base64); before
+    /// `scope_key_file`.
+    pub scope_key_env: Option<String>,
+    /// The file holding the scope key; SQLite's default is
+    /// `<store file>.scope-key`, created at first start.
+    pub scope_key_file: Option<PathBuf>,
+}
+
+/// Where operations are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    Sqlite(PathBuf),
+    /// `postgres://…` or `postgresql://…`, as given (sqlx reads its options).
+    Postgres(String),
+}
+
+impl StoreUrl {
+    /// Parses `sqlite://PATH` (or `sqlite:PATH`), where `sqlite:///abs/path.db`
+    /// is absolute, or a `postgres://` URL.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"));
+        match path {
+            Some("") => Err("the sqlite URL names no file".into()),
+            Some(p) if p.contains('?') => {
+                Err("sqlite URL options are not supported; use the [store] fields".into())
+            }
+            Some(p) if p.starts_with(":memory:") => Err(
+                "an in-memory store would forget every operation on restart; name a file".into(),
+            ),
+            Some(p) => Ok(StoreUrl::Sqlite(PathBuf::from(p))),
+            None if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Ok(StoreUrl::Postgres(url.to_string()))
+            }
+            None => Err("expected sqlite://FILE or postgres://…".into()),
+        }
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
+            StoreUrl::Postgres(url) => f.write_str(&redact_url(url)),
+        }
+    }
+}
+
+/// `url` with its password (if any) replaced by `***`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+/// How hard each commit is pushed to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync every commit: survives a power loss.
+    Full,
+    /// Survives a process crash, not a power loss.
+    Normal,
+}
+
+/// Where a write's `Idempotency-Key` comes from when the client sends none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyMode {
+    Require,
+    Derive,
+    Assign,
+    Off,
+}
+
+/// What a request gets while the first one with its key is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InProgressMode {
+    /// 409 `request-in-progress` with `Retry-After`.
+    Reject,
+    /// Wait (up to `wait_timeout`) for the first attempt's outcome.
+    Wait,
+}
+
+impl std::str::FromStr for KeyMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "require" => Ok(KeyMode::Require),
+            "derive" => Ok(KeyMode::Derive),
+            "assign" => Ok(KeyMode::Assign),
+            "off" => Ok(KeyMode::Off),
+            other => Err(format!(
+                "unknown key mode `{other}`: expected require, derive, assign or off"
+            )),
+        }
+    }
+}
+
+/// A route's reconcile probe (docs/requests.md, "After a lost response"): a read-only GET to the route's
+/// own upstream that may prove an `unknown` operation happened.
+#[derive(Debug, Clone)]
+pub struct Reconcile {
+    /// The URL with `{key}` where the bare key goes (URL-component encoded):
+    /// on the route's own upstream origin, `{key}` only in the path or the
+    /// query, and no fragment.
+    pub url: String,
+    pub found_status: u16,
+    /// When set, the probe's JSON body must have a non-null value here.
+    pub found_json_pointer: Option<String>,
+    pub timeout: Duration,
+}
+
+/// A route's quota per scope: at most `operations` writes sent upstream
+/// and at most `stored_bytes` added to the store per `window` for each
+/// scope (at least one of the two is set).
+#[derive(Debug, Clone)]
+pub struct Quota {
+    pub operations: Option<u32>,
+    pub stored_bytes: Option<u64>,
+    pub window: Duration,
+}
+
+/// The origin a route forwards to: scheme and authority only.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
+    /// `scheme://authority/`, what the route's connections connect to.
+    pub origin: Uri,
+    /// The `Host` header the upstream gets.
+    pub host: http::HeaderValue,
+}
+
+impl Upstream {
+    /// An upstream: the origin only.
+    pub(super) fn parse(url: &str) -> Result<Self, String> {
+        let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(
+                "give the origin only (scheme://host[:port]); each request's own path is forwarded"
+                    .into(),
+            );
+        }
+        Self::parse_any(url)
+    }
+
+    /// The origin of any http(s) URL.
+    pub(super) fn parse_any(url: &str) -> Result<Self, String> {
+        let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+        let scheme = uri.scheme().cloned().ok_or("the URL has no scheme")?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(format!("scheme `{scheme}` is not http or https"));
+        }
+        let authority = uri.authority().cloned().ok_or("the URL has no host")?;
+        if authority.as_str().contains('@') {
+            return Err("credentials in the upstream URL are not allowed".into());
+        }
+        let origin = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| format!("not a URL: {e}"))?;
+        let host = http::HeaderValue::from_str(authority.as_str())
+            .map_err(|e| format!("the host is not a header value: {e}"))?;
+        Ok(Upstream {
+            scheme,
+            authority,
+            origin,
+            host,
+        })
+    }
+
+    /// The upstream URI for a request's path and query.
+    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+    }
+}
+
+/// One validated `[[routes]]` entry.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub path_prefix: String,
+    pub upstream: Upstream,
+    /// Extra trust roots and a client certificate for an https upstream.
+    pub upstream_tls: ClientTls,
+    pub methods: Vec<Method>,
+    pub key: KeyMode,
+    /// JSON pointers naming the business action (derive mode).
+    pub derive_from: Vec<String>,
+    /// Derive mode without `derive_from`: how long an identical request is
+    /// the same operation after the earlier one's last update.
+    pub derive_window: Duration,
+    pub scope_headers: Vec<HeaderName>,
+    pub allow_anonymous: bool,
+    pub fingerprint_headers: Vec<HeaderName>,
+    pub ignore_fields: Vec<String>,
+    /// `None` when the file sets it to the empty string: the key is not forwarded.
+    pub forward_key_header: Option<HeaderName>,
+    pub in_progress: InProgressMode,
+    pub wait_timeout: Duration,
+    /// `wait` mode: duplicates waiting on one operation at once; more get
+    /// 409 `request-in-progress` at once.
+    pub max_waiters: usize,
+    /// Writes sent per scope and window; `None`: no quota.
+    pub quota: Option<Quota>,
+    /// After `upstream_timeout`, how long the exchange is kept open for a
+    /// late response that settles an `unknown` operation.
+    pub late_window: Duration,
+    /// Pause the route when this many of its operations are `unknown`; 0 = never.
+    pub pause_after_unknown: u32,
+    pub reconcile: Option<Reconcile>,
+    pub connect_timeout: Duration,
+    pub upstream_timeout: Duration,
+    pub connect_retries: u32,
+    pub release_statuses: Vec<u16>,
+    pub unknown_statuses: Vec<u16>,
+    pub max_body: usize,
+    pub max_stored_response: usize,
+    pub store_request_body: bool,
+}
+
+impl Route {
+    /// Whether a request with this method is a write this route protects.
+    pub fn intercepts(&self, method: &Method) -> bool {
+        self.key != KeyMode::Off && self.methods.contains(method)
+    }
+}
+
+/// What an upstream connection trusts and presents.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientTls {
+    /// Extra trust roots (PEM), beside the public ones.
+    pub ca: Option<PathBuf>,
+    /// The client certificate and key (PEM) for upstreams that ask (mTLS).
+    pub identity: Option<CertPair>,
+}
+
+/// A certificate chain file and its key file, both PEM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertPair {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}

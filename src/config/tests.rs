@@ -1,0 +1,400 @@
+//! The loader's answers to good and bad files, key by key.
+
+use std::time::Duration;
+
+use http::Method;
+
+use std::path::Path;
+
+use super::*;
+
+const MINIMAL: &str = "[[routes]]\nname = \"api\"\nupstream = \"http://127.0.0.1:9\"\n";
+
+fn error_of(text: &str) -> String {
+    Config::from_toml_str(text, "test.toml")
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn defaults_are_the_documented_ones() {
+    let config = Config::from_toml_str(MINIMAL, "test.toml").unwrap();
+    assert_eq!(config.server.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(config.server.admin_listen.to_string(), "127.0.0.1:9090");
+    assert_eq!(config.store.url, StoreUrl::Sqlite("idemgate.db".into()));
+    assert_eq!(config.store.durability, Durability::Full);
+    assert_eq!(config.server.max_connections, 4096);
+    assert_eq!(config.server.admin_max_connections, 64);
+    assert_eq!(config.server.buffered_body_budget, 256 * 1024 * 1024);
+    let route = &config.routes[0];
+    assert_eq!(route.methods, vec![Method::POST, Method::PATCH]);
+    assert_eq!(route.key, KeyMode::Require);
+    assert_eq!(route.scope_headers, vec![http::header::AUTHORIZATION]);
+    assert_eq!(
+        route.forward_key_header.as_ref().map(|h| h.as_str()),
+        Some("idempotency-key")
+    );
+    assert_eq!(route.max_body, 10 * 1024 * 1024);
+    assert_eq!(route.max_stored_response, 1024 * 1024);
+    assert_eq!(route.release_statuses, vec![429, 503]);
+    assert_eq!(route.unknown_statuses, vec![502, 504]);
+    assert_eq!(route.upstream_timeout, Duration::from_secs(30));
+    assert_eq!(route.late_window, Duration::from_secs(60));
+    assert_eq!(route.pause_after_unknown, 100);
+    assert!(route.reconcile.is_none());
+}
+
+#[test]
+fn unknown_fields_are_rejected_with_the_file() {
+    let err = error_of(&format!("{MINIMAL}colour = \"blue\"\n"));
+    assert!(err.starts_with("test.toml:"), "{err}");
+    assert!(err.contains("colour"), "{err}");
+}
+
+#[test]
+fn bad_values_name_field_and_reason() {
+    let route = |line: &str| format!("{MINIMAL}{line}\n");
+    let cases = [
+        (
+            route("max_body = \"lots\""),
+            "routes[0].max_body",
+            "not a size",
+        ),
+        (
+            route("upstream_timeout = \"0s\""),
+            "routes[0].upstream_timeout",
+            "greater than zero",
+        ),
+        (route("key = \"sometimes\""), "routes[0].key", "sometimes"),
+        (
+            route("methods = [\"GET\"]"),
+            "routes[0].methods",
+            "safe method",
+        ),
+        (
+            route("scope_headers = []"),
+            "routes[0].scope_headers",
+            "allow_anonymous",
+        ),
+        (
+            route("release_statuses = [200]"),
+            "routes[0].release_statuses",
+            "4xx and 5xx",
+        ),
+        (
+            route("unknown_statuses = [429]"),
+            "routes[0].unknown_statuses",
+            "also a release status",
+        ),
+        (
+            route("ignore_fields = [\"nonce\"]"),
+            "routes[0].ignore_fields",
+            "JSON pointer",
+        ),
+        (
+            "[server]\nlisten = \"localhost\"\n".into(),
+            "server.listen",
+            "IP:PORT",
+        ),
+        (
+            format!("[server]\nmax_connections = 0\n{MINIMAL}"),
+            "server.max_connections",
+            "greater than zero",
+        ),
+    ];
+    for (file, field, reason) in cases {
+        let err = error_of(&file);
+        assert!(
+            err.contains(&format!("field `{field}`")) && err.contains(reason),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn values_the_gateway_cannot_run_on_are_refused() {
+    // A quota window past the store's clock, a wait past an `Instant`.
+    let err = error_of(&format!(
+        "{MINIMAL}quota_operations = 1\nquota_window = \"300000000y\"\n"
+    ));
+    assert!(
+        err.contains("routes[0].quota_window") && err.contains("at most 100y"),
+        "{err}"
+    );
+    let err = error_of(&format!("{MINIMAL}wait_timeout = \"500000000000y\"\n"));
+    assert!(err.contains("routes[0].wait_timeout"), "{err}");
+    let config = Config::from_toml_str(
+        &format!("[store]\nretention = \"100y\"\n{MINIMAL}"),
+        "test.toml",
+    );
+    assert!(config.is_ok());
+    // More connections than a semaphore holds.
+    let err = error_of(&format!(
+        "[server]\nadmin_max_connections = 9223372036854775807\n{MINIMAL}"
+    ));
+    assert!(err.contains("server.admin_max_connections"), "{err}");
+}
+
+#[test]
+fn upstream_must_be_an_origin() {
+    let with = |u: &str| error_of(&format!("[[routes]]\nname = \"a\"\nupstream = \"{u}\"\n"));
+    assert!(with("ftp://x").contains("not http or https"));
+    assert!(with("http://x/v1").contains("origin only"));
+    assert!(with("http://user:pw@x").contains("credentials"));
+    assert!(with("x").contains("routes[0].upstream"));
+}
+
+#[test]
+fn routes_need_unique_names_and_prefixes() {
+    let twice = format!("{MINIMAL}{MINIMAL}");
+    assert!(error_of(&twice).contains("used twice"));
+    assert!(error_of("[server]\n").contains("at least one"));
+}
+
+#[test]
+fn alerts_are_validated_with_their_defaults() {
+    let alert = |lines: &str| format!("{MINIMAL}[[alerts]]\n{lines}\n");
+    let config = Config::from_toml_str(&alert("url = \"https://h.example/x\""), "t").unwrap();
+    let endpoint = &config.alerts[0];
+    assert_eq!(endpoint.events, AlertEvent::ALL);
+    assert_eq!(endpoint.aged_after, Duration::from_secs(3600));
+    assert_eq!(endpoint.give_up_after, Duration::from_secs(86_400));
+    assert!(endpoint.secret_env.is_none());
+    assert!(error_of(&alert("events = [\"route-paused\"]")).contains("alerts[0].url"));
+    assert!(error_of(&alert("url = \"ftp://h/x\"")).contains("not http or https"));
+    assert!(
+        error_of(&alert("url = \"https://h/x\"\nevents = [\"deleted\"]"))
+            .contains("`deleted`: expected operation-unknown")
+    );
+    assert!(error_of(&alert("url = \"https://h/x\"\nevents = []")).contains("at least one"));
+    assert!(error_of(&alert("url = \"https://h/x\"\naged_after = \"0s\"")).contains("greater"));
+    assert!(
+        error_of(&alert("url = \"https://h/x\"\nsecret_env = \"\""))
+            .contains("environment variable")
+    );
+    assert!(error_of(&alert("url = \"https://h/x\"\nretries = 3")).contains("unknown field"));
+}
+
+#[test]
+fn store_keys_are_named_by_variables() {
+    let with = |lines: &str| format!("[store]\n{lines}{MINIMAL}");
+    let store = Config::from_toml_str(
+        &with("encryption_key_env = \"K1\"\nprevious_key_env = \"K0\"\n"),
+        "t",
+    )
+    .unwrap()
+    .store;
+    assert_eq!(store.encryption_key_env.as_deref(), Some("K1"));
+    assert_eq!(store.previous_key_env.as_deref(), Some("K0"));
+    assert!(error_of(&with("previous_key_env = \"K0\"\n")).contains("only with"));
+    assert!(error_of(&with("encryption_key_env = \"\"\n")).contains("environment variable"));
+    let same = with("encryption_key_env = \"K\"\nprevious_key_env = \"K\"\n");
+    assert!(error_of(&same).contains("same variable"));
+}
+
+#[test]
+fn tls_files_come_in_pairs_only_for_https_and_are_named_not_read() {
+    let err = error_of(&format!("[server]\ntls_cert = \"c.pem\"\n{MINIMAL}"));
+    assert!(
+        err.contains("`server.tls_key`: is required with `server.tls_cert`"),
+        "{err}"
+    );
+    let err = error_of(&format!("[server]\nadmin_tls_key = \"k.pem\"\n{MINIMAL}"));
+    assert!(
+        err.contains("`server.admin_tls_cert`: is required"),
+        "{err}"
+    );
+    let err = error_of(&format!("{MINIMAL}upstream_ca = \"ca.pem\"\n"));
+    assert!(
+        err.contains("routes[0].upstream_ca") && err.contains("only for an https://"),
+        "{err}"
+    );
+    let https = "[[routes]]\nname = \"api\"\nupstream = \"https://127.0.0.1:9\"\n";
+    // Named, not read: a missing file is refused at start (tls::read).
+    let ca = format!("{https}upstream_ca = \"/nonexistent/ca.pem\"\n");
+    let route = &Config::from_toml_str(&ca, "t").unwrap().routes[0];
+    assert_eq!(
+        route.upstream_tls.ca.as_deref(),
+        Some(Path::new("/nonexistent/ca.pem"))
+    );
+    let err = error_of(&format!("{https}upstream_client_cert = \"c.pem\"\n"));
+    assert!(err.contains("routes[0].upstream_client_key"), "{err}");
+}
+
+#[test]
+fn derive_and_wait_values_are_checked() {
+    assert!(error_of(&format!("{MINIMAL}derive_from = [\"/id\"]\n")).contains("only with key"));
+    assert!(error_of(&format!("{MINIMAL}in_progress = \"later\"\n")).contains("reject or wait"));
+    assert!(
+        error_of(&format!(
+            "{MINIMAL}key = \"derive\"\nderive_from = [\"id\"]\n"
+        ))
+        .contains("JSON pointer")
+    );
+    let text = format!(
+        "{MINIMAL}key = \"derive\"\nderive_from = [\"/event_id\"]\nin_progress = \"wait\"\n"
+    );
+    let route = &Config::from_toml_str(&text, "t").unwrap().routes[0];
+    assert_eq!(route.key, KeyMode::Derive);
+    assert_eq!(route.in_progress, InProgressMode::Wait);
+    assert_eq!(route.derive_window, Duration::from_secs(600));
+    assert_eq!(route.wait_timeout, Duration::from_secs(10));
+    assert_eq!(route.max_waiters, 256);
+    assert!(route.quota.is_none());
+    let quota = |lines: &str| {
+        let text = format!("{MINIMAL}{lines}");
+        let route = Config::from_toml_str(&text, "t").unwrap().routes.remove(0);
+        let quota = route.quota.expect("a quota");
+        (quota.operations, quota.stored_bytes, quota.window)
+    };
+    assert_eq!(
+        quota("quota_operations = 100\n"),
+        (Some(100), None, Duration::from_secs(60))
+    );
+    assert_eq!(
+        quota("quota_stored_bytes = \"5MiB\"\nquota_window = \"1h\"\n"),
+        (None, Some(5 << 20), Duration::from_secs(3600))
+    );
+    assert!(error_of(&format!("{MINIMAL}quota_window = \"1h\"\n")).contains("only with"));
+    assert!(error_of(&format!("{MINIMAL}quota_operations = 0\n")).contains("greater"));
+    assert!(error_of(&format!("{MINIMAL}quota_stored_bytes = \"0B\"\n")).contains("greater"));
+    assert!(error_of(&format!("{MINIMAL}quota_stored_bytes = \"lots\"\n")).contains("not a size"));
+}
+
+#[test]
+fn reconcile_probes_stay_on_the_upstream_origin() {
+    let with = |table: &str| {
+        let text = format!(
+            "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\n[routes.reconcile]\n{table}"
+        );
+        Config::from_toml_str(&text, "t")
+    };
+    let probe = with("url = \"http://api:8000/v1/orders?idempotency_key={key}\"\nfound_json_pointer = \"/data/0/id\"\n")
+        .unwrap()
+        .routes[0]
+        .reconcile
+        .clone()
+        .unwrap();
+    assert_eq!(probe.found_status, 200);
+    assert_eq!(probe.timeout, Duration::from_secs(5));
+    let err = |table: &str| with(table).unwrap_err().to_string();
+    assert!(err("url = \"http://other:8000/x/{key}\"\n").contains("own upstream origin"));
+    assert!(err("url = \"https://api:8000/x/{key}\"\n").contains("own upstream origin"));
+    assert!(err("url = \"http://api:8000/x\"\n").contains("{key}"));
+    assert!(
+        err("url = \"http://api:8000/{key}\"\nfound_json_pointer = \"id\"\n")
+            .contains("JSON pointer")
+    );
+    assert!(err("url = \"http://api:8000/{key}\"\nmethod = \"POST\"\n").contains("method"));
+}
+
+#[test]
+fn reconcile_keys_go_in_the_path_or_the_query_only() {
+    let with = |url: &str| {
+        let text = format!(
+            "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\n[routes.reconcile]\nurl = \"{url}\"\n"
+        );
+        Config::from_toml_str(&text, "t.toml").map(|c| c.routes[0].reconcile.clone())
+    };
+    for url in [
+        "http://api:8000/v1/tasks/{key}",
+        "http://api:8000/v1/tasks?key={key}",
+        "http://api:8000/{key}/x?again={key}",
+        "http://api:8000?key={key}",
+    ] {
+        assert!(with(url).is_ok(), "{url}");
+    }
+    let err = |url: &str| match with(url) {
+        Ok(_) => panic!("accepted {url}"),
+        Err(e) => e.to_string(),
+    };
+    let fragment = err("http://api:8000/v1/probe-list?tenant=1#{key}");
+    assert!(
+        fragment.starts_with("t.toml: field `routes[0].reconcile.url`")
+            && fragment.contains("fragment"),
+        "{fragment}"
+    );
+    // A fragment is refused even beside a key in the path.
+    assert!(err("http://api:8000/v1/{key}#top").contains("fragment"));
+    assert!(err("http://api:8000/v1/{key}#").contains("fragment"));
+    // In the authority, `{key}` would pick the host (here it would even
+    // pass the origin check, the upstream's host being `k`).
+    let text = "[[routes]]\nname = \"a\"\nupstream = \"http://k:8000\"\n[routes.reconcile]\nurl = \"http://{key}:8000/x\"\n";
+    let host = Config::from_toml_str(text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(host.contains("path or query"), "{host}");
+    assert!(err("http://api:8000/x").contains("path or query"));
+}
+
+#[test]
+fn store_urls() {
+    assert_eq!(
+        StoreUrl::parse("sqlite:///tmp/a.db"),
+        Ok(StoreUrl::Sqlite("/tmp/a.db".into()))
+    );
+    assert_eq!(
+        StoreUrl::parse("sqlite:a.db"),
+        Ok(StoreUrl::Sqlite("a.db".into()))
+    );
+    assert!(StoreUrl::parse("sqlite://").is_err());
+    assert!(StoreUrl::parse("sqlite::memory:").is_err());
+    assert!(StoreUrl::parse("mysql://x").is_err());
+    assert_eq!(
+        StoreUrl::parse("postgresql://db/x"),
+        Ok(StoreUrl::Postgres("postgresql://db/x".into()))
+    );
+}
+
+#[test]
+fn postgres_stores_take_a_lease_and_hide_passwords() {
+    let config = Config::from_toml_str(
+        &format!("[store]\nurl = \"postgres://gw:s3cret@db:5432/x?sslmode=require\"\nlease = \"4s\"\n{MINIMAL}"),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(config.store.lease, Duration::from_secs(4));
+    assert_eq!(
+        config.store.url.to_string(),
+        "postgres://gw:***@db:5432/x?sslmode=require"
+    );
+    let default = Config::from_toml_str(
+        &format!("[store]\nurl = \"postgres://db/x\"\n{MINIMAL}"),
+        "t",
+    );
+    assert_eq!(default.unwrap().store.lease, Duration::from_secs(10));
+    assert_eq!(redact_url("postgres://gw@db/x"), "postgres://gw@db/x");
+    let short = format!("[store]\nurl = \"postgres://db/x\"\nlease = \"500ms\"\n{MINIMAL}");
+    assert!(error_of(&short).contains("at least 1s"));
+    let sqlite = format!("[store]\nlease = \"10s\"\n{MINIMAL}");
+    assert!(
+        error_of(&sqlite).contains("only a postgres"),
+        "{}",
+        error_of(&sqlite)
+    );
+}
+
+#[test]
+fn overrides_replace_file_values() {
+    let mut config = Config::from_toml_str(MINIMAL, "t").unwrap();
+    config
+        .apply(&Overrides {
+            listen: Some("127.0.0.1:1".parse().unwrap()),
+            admin_listen: None,
+            store_url: Some("sqlite:///tmp/o.db".into()),
+        })
+        .unwrap();
+    assert_eq!(config.server.listen.port(), 1);
+    assert_eq!(config.store.url, StoreUrl::Sqlite("/tmp/o.db".into()));
+    let bad = Overrides {
+        store_url: Some("nope".into()),
+        ..Overrides::default()
+    };
+    assert!(
+        config
+            .apply(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("--store")
+    );
+}

@@ -1,0 +1,766 @@
+//! The one check of the file: [`Validator`] turns the `Raw*` types of
+//! [`super::file`] into the runtime types of [`super::runtime`], filling
+//! each key left out from [`super::defaults`].
+//!
+//! Invariant: every bad value is refused with the field and the reason
+//! (docs/configuration.md, "Every key"), and nothing that passes here can
+//! make the gateway fail later for its form (a duration an `Instant`
+//! cannot hold, more connections than a semaphore counts). Files are named
+//! here, never read: a TLS file that cannot be used is refused at start,
+//! naming its field (`tls::read`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::{Method, Uri};
+use tokio::sync::Semaphore;
+
+use super::ConfigError;
+use super::defaults::{alert, reconcile, route, server, store};
+use super::file::{RawAlert, RawConfig, RawReconcile, RawRoute, RawServer, RawStore};
+use super::runtime::{
+    AlertConfig, AlertEvent, CertPair, ClientTls, Config, Durability, InProgressMode, KeyMode,
+    Quota, Reconcile, Route, ServerConfig, StoreConfig, StoreUrl, Upstream,
+};
+
+/// The longest duration a field takes. Every duration is a deadline
+/// somewhere (an `Instant`, or the store's milliseconds since 1970): one
+/// of 300 million years overflowed the store's clock (a quota window that
+/// ended before it began: no quota), one of 500 billion an `Instant` (a
+/// panic in the request that waited).
+const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
+
+pub(super) struct Validator<'a> {
+    pub(super) source_name: &'a str,
+    /// What relative file paths are relative to: the config file's directory.
+    pub(super) base: &'a Path,
+}
+
+impl Validator<'_> {
+    fn invalid(&self, field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            source_name: self.source_name.to_string(),
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    fn file(&self, path: &str) -> PathBuf {
+        self.base.join(path)
+    }
+
+    /// A certificate file and its key file, both or neither. Only named
+    /// here: they are read at start (`tls::read`).
+    fn cert_pair(
+        &self,
+        (cert_field, cert): (String, Option<String>),
+        (key_field, key): (String, Option<String>),
+    ) -> Result<Option<CertPair>, ConfigError> {
+        match (cert, key) {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => Ok(Some(CertPair {
+                cert: self.file(&cert),
+                key: self.file(&key),
+            })),
+            (Some(_), None) => {
+                Err(self.invalid(key_field, format!("is required with `{cert_field}`")))
+            }
+            (None, Some(_)) => {
+                Err(self.invalid(cert_field, format!("is required with `{key_field}`")))
+            }
+        }
+    }
+
+    /// `value`, or `default` when the file leaves it out, read by `parse`;
+    /// a refusal says what was given and what `what` looks like.
+    fn parsed<T, E: std::fmt::Display>(
+        &self,
+        field: &str,
+        (value, default): (Option<&str>, &str),
+        (what, examples): (&str, &str),
+        parse: impl FnOnce(&str) -> Result<T, E>,
+    ) -> Result<T, ConfigError> {
+        let text = value.unwrap_or(default);
+        parse(text).map_err(|e| {
+            self.invalid(
+                field,
+                format!("`{text}` is not {what} ({e}); e.g. {examples}"),
+            )
+        })
+    }
+
+    fn duration(
+        &self,
+        field: &str,
+        value: Option<&str>,
+        default: &str,
+    ) -> Result<Duration, ConfigError> {
+        let parsed = self.parsed(
+            field,
+            (value, default),
+            ("a duration", "\"500ms\", \"10s\", \"24h\""),
+            humantime::parse_duration,
+        )?;
+        if parsed.is_zero() {
+            return Err(self.invalid(field, "must be greater than zero"));
+        }
+        if parsed > MAX_DURATION {
+            return Err(self.invalid(field, "must be at most 100y"));
+        }
+        Ok(parsed)
+    }
+
+    fn size(&self, field: &str, value: Option<&str>, default: &str) -> Result<usize, ConfigError> {
+        let parsed = self.parsed(
+            field,
+            (value, default),
+            ("a size", "\"64KiB\", \"10MiB\""),
+            str::parse::<bytesize::ByteSize>,
+        )?;
+        usize::try_from(parsed.as_u64())
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| self.invalid(field, "must be greater than zero"))
+    }
+
+    fn count(
+        &self,
+        field: &str,
+        value: Option<usize>,
+        default: usize,
+    ) -> Result<usize, ConfigError> {
+        match value.unwrap_or(default) {
+            0 => Err(self.invalid(field, "must be greater than zero")),
+            n => Ok(n),
+        }
+    }
+
+    /// A listener's connection cap: a count a semaphore can hold.
+    fn connection_cap(
+        &self,
+        field: &str,
+        value: Option<usize>,
+        default: usize,
+    ) -> Result<usize, ConfigError> {
+        match self.count(field, value, default)? {
+            n if n > Semaphore::MAX_PERMITS => {
+                Err(self.invalid(field, format!("must be at most {}", Semaphore::MAX_PERMITS)))
+            }
+            n => Ok(n),
+        }
+    }
+
+    fn addr(
+        &self,
+        field: &str,
+        value: Option<&str>,
+        default: &str,
+    ) -> Result<SocketAddr, ConfigError> {
+        self.parsed(
+            field,
+            (value, default),
+            ("IP:PORT", "\"127.0.0.1:8080\""),
+            str::parse::<SocketAddr>,
+        )
+    }
+
+    fn headers(
+        &self,
+        field: &str,
+        names: Option<Vec<String>>,
+        default: &[&str],
+    ) -> Result<Vec<HeaderName>, ConfigError> {
+        let names = names.unwrap_or_else(|| default.iter().map(|s| s.to_string()).collect());
+        names
+            .iter()
+            .map(|n| {
+                HeaderName::from_bytes(n.as_bytes())
+                    .map_err(|_| self.invalid(field, format!("`{n}` is not a header name")))
+            })
+            .collect()
+    }
+
+    pub(super) fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+        let server = self.server(raw.server)?;
+        let store = self.store(raw.store)?;
+        if raw.routes.is_empty() {
+            return Err(self.invalid("routes", "at least one [[routes]] entry is needed"));
+        }
+        let mut routes = Vec::with_capacity(raw.routes.len());
+        for (i, raw_route) in raw.routes.into_iter().enumerate() {
+            let route = self.route(i, raw_route)?;
+            if routes.iter().any(|r: &Route| r.name == route.name) {
+                return Err(self.invalid(
+                    format!("routes[{i}].name"),
+                    format!("route name `{}` is used twice", route.name),
+                ));
+            }
+            if routes
+                .iter()
+                .any(|r: &Route| r.path_prefix == route.path_prefix)
+            {
+                return Err(self.invalid(
+                    format!("routes[{i}].path_prefix"),
+                    format!("path_prefix `{}` is used twice", route.path_prefix),
+                ));
+            }
+            routes.push(route);
+        }
+        let alerts = raw
+            .alerts
+            .into_iter()
+            .enumerate()
+            .map(|(i, alert)| self.alert(i, alert))
+            .collect::<Result<_, _>>()?;
+        Ok(Config {
+            server,
+            store,
+            routes,
+            alerts,
+        })
+    }
+
+    fn alert(&self, i: usize, raw: RawAlert) -> Result<AlertConfig, ConfigError> {
+        let field = |name: &str| format!("alerts[{i}].{name}");
+        let text = raw
+            .url
+            .ok_or_else(|| self.invalid(field("url"), "is required"))?;
+        Upstream::parse_any(&text).map_err(|reason| self.invalid(field("url"), reason))?;
+        let url: Uri = text
+            .parse()
+            .map_err(|e| self.invalid(field("url"), format!("not a URL: {e}")))?;
+        if let Some(variable) = &raw.secret_env
+            && (variable.is_empty() || variable.contains(['=', '\0']))
+        {
+            return Err(self.invalid(field("secret_env"), "must name an environment variable"));
+        }
+        let events = match raw.events {
+            None => AlertEvent::ALL.to_vec(),
+            Some(names) if names.is_empty() => {
+                return Err(self.invalid(field("events"), "name at least one event"));
+            }
+            Some(names) => names
+                .iter()
+                .map(|name| {
+                    AlertEvent::ALL
+                        .into_iter()
+                        .find(|event| event.as_str() == name)
+                        .ok_or_else(|| {
+                            self.invalid(
+                                field("events"),
+                                format!(
+                                    "`{name}`: expected operation-unknown, route-paused or unknown-aged"
+                                ),
+                            )
+                        })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        Ok(AlertConfig {
+            url,
+            secret_env: raw.secret_env,
+            events,
+            aged_after: self.duration(
+                &field("aged_after"),
+                raw.aged_after.as_deref(),
+                alert::AGED_AFTER,
+            )?,
+            give_up_after: self.duration(
+                &field("give_up_after"),
+                raw.give_up_after.as_deref(),
+                alert::GIVE_UP_AFTER,
+            )?,
+        })
+    }
+
+    fn server(&self, raw: RawServer) -> Result<ServerConfig, ConfigError> {
+        let admin_token_env = raw
+            .admin_token_env
+            .unwrap_or_else(|| server::ADMIN_TOKEN_ENV.into());
+        if admin_token_env.is_empty() || admin_token_env.contains(['=', '\0']) {
+            return Err(self.invalid(
+                "server.admin_token_env",
+                "must name an environment variable",
+            ));
+        }
+        let tls = self.cert_pair(
+            ("server.tls_cert".into(), raw.tls_cert),
+            ("server.tls_key".into(), raw.tls_key),
+        )?;
+        let admin_tls = self.cert_pair(
+            ("server.admin_tls_cert".into(), raw.admin_tls_cert),
+            ("server.admin_tls_key".into(), raw.admin_tls_key),
+        )?;
+        let max_header_bytes = self.size(
+            "server.max_header_bytes",
+            raw.max_header_bytes.as_deref(),
+            server::MAX_HEADER_BYTES,
+        )?;
+        if max_header_bytes < 8192 {
+            return Err(self.invalid(
+                "server.max_header_bytes",
+                "must be at least 8KiB (hyper's smallest read buffer)",
+            ));
+        }
+        Ok(ServerConfig {
+            listen: self.addr("server.listen", raw.listen.as_deref(), server::LISTEN)?,
+            admin_listen: self.addr(
+                "server.admin_listen",
+                raw.admin_listen.as_deref(),
+                server::ADMIN_LISTEN,
+            )?,
+            admin_token_env,
+            tls,
+            admin_tls,
+            header_read_timeout: self.duration(
+                "server.header_read_timeout",
+                raw.header_read_timeout.as_deref(),
+                server::HEADER_READ_TIMEOUT,
+            )?,
+            max_header_bytes,
+            shutdown_grace: self.duration(
+                "server.shutdown_grace",
+                raw.shutdown_grace.as_deref(),
+                server::SHUTDOWN_GRACE,
+            )?,
+            max_connections: self.connection_cap(
+                "server.max_connections",
+                raw.max_connections,
+                server::MAX_CONNECTIONS,
+            )?,
+            admin_max_connections: self.connection_cap(
+                "server.admin_max_connections",
+                raw.admin_max_connections,
+                server::ADMIN_MAX_CONNECTIONS,
+            )?,
+            buffered_body_budget: self.size(
+                "server.buffered_body_budget",
+                raw.buffered_body_budget.as_deref(),
+                server::BUFFERED_BODY_BUDGET,
+            )?,
+        })
+    }
+
+    fn store(&self, raw: RawStore) -> Result<StoreConfig, ConfigError> {
+        let variable = |field: &str, name: Option<String>| match name {
+            Some(name) if name.is_empty() || name.contains(['=', '\0']) => Err(self.invalid(
+                field,
+                "must name an environment variable (not empty, no `=`)",
+            )),
+            name => Ok(name),
+        };
+        let encryption_key_env = variable("store.encryption_key_env", raw.encryption_key_env)?;
+        let previous_key_env = variable("store.previous_key_env", raw.previous_key_env)?;
+        if previous_key_env.is_some() && encryption_key_env.is_none() {
+            return Err(self.invalid(
+                "store.previous_key_env",
+                "only with store.encryption_key_env, the key that seals from now on",
+            ));
+        }
+        let scope_key_env = variable("store.scope_key_env", raw.scope_key_env)?;
+        if scope_key_env.is_some() && raw.scope_key_file.is_some() {
+            return Err(self.invalid(
+                "store.scope_key_file",
+                "give store.scope_key_env or store.scope_key_file, not both",
+            ));
+        }
+        if raw.scope_key_file.as_deref() == Some("") {
+            return Err(self.invalid("store.scope_key_file", "names no file"));
+        }
+        if previous_key_env.is_some() && previous_key_env == encryption_key_env {
+            return Err(self.invalid(
+                "store.previous_key_env",
+                "names the same variable as store.encryption_key_env",
+            ));
+        }
+        let url = StoreUrl::parse(raw.url.as_deref().unwrap_or(store::URL))
+            .map_err(|reason| self.invalid("store.url", reason))?;
+        if matches!(url, StoreUrl::Sqlite(_)) && raw.lease.is_some() {
+            return Err(self.invalid(
+                "store.lease",
+                "only a postgres:// store is shared by replicas that hold leases; remove the field",
+            ));
+        }
+        let lease = self.duration("store.lease", raw.lease.as_deref(), store::LEASE)?;
+        if lease < Duration::from_secs(1) {
+            return Err(self.invalid("store.lease", "must be at least 1s"));
+        }
+        let durability = match raw.durability.as_deref().unwrap_or(store::DURABILITY) {
+            "full" => Durability::Full,
+            "normal" => Durability::Normal,
+            other => {
+                return Err(self.invalid(
+                    "store.durability",
+                    format!("`{other}`: expected full or normal"),
+                ));
+            }
+        };
+        Ok(StoreConfig {
+            url,
+            durability,
+            retention: self.duration(
+                "store.retention",
+                raw.retention.as_deref(),
+                store::RETENTION,
+            )?,
+            lease,
+            encryption_key_env,
+            previous_key_env,
+            scope_key_env,
+            scope_key_file: raw.scope_key_file.map(PathBuf::from),
+        })
+    }
+
+    fn route(&self, i: usize, mut raw: RawRoute) -> Result<Route, ConfigError> {
+        let field = |name: &str| format!("routes[{i}].{name}");
+
+        let name = raw
+            .name
+            .ok_or_else(|| self.invalid(field("name"), "is required"))?;
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(self.invalid(field("name"), "use letters, digits, `-` and `_` only"));
+        }
+        let path_prefix = raw.path_prefix.unwrap_or_else(|| route::PATH_PREFIX.into());
+        if !path_prefix.starts_with('/') || path_prefix.contains(['?', '#']) {
+            return Err(self.invalid(field("path_prefix"), "must be a path starting with `/`"));
+        }
+        let upstream_text = raw
+            .upstream
+            .ok_or_else(|| self.invalid(field("upstream"), "is required"))?;
+        let upstream = Upstream::parse(&upstream_text)
+            .map_err(|reason| self.invalid(field("upstream"), reason))?;
+        let upstream_tls = self.upstream_tls(
+            &field,
+            &upstream,
+            raw.upstream_ca.take(),
+            (
+                raw.upstream_client_cert.take(),
+                raw.upstream_client_key.take(),
+            ),
+        )?;
+
+        let methods =
+            raw.methods
+                .unwrap_or_else(|| route::METHODS.iter().map(|m| m.to_string()).collect())
+                .iter()
+                .map(|m| {
+                    let method = Method::from_bytes(m.as_bytes()).map_err(|_| {
+                        self.invalid(field("methods"), format!("`{m}` is not a method"))
+                    })?;
+                    if m.to_ascii_uppercase() != *m {
+                        return Err(self
+                            .invalid(field("methods"), format!("`{m}`: methods are upper case")));
+                    }
+                    if method.is_safe() {
+                        return Err(self.invalid(
+                            field("methods"),
+                            format!("`{m}` is a safe method, never a write"),
+                        ));
+                    }
+                    Ok(method)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+        let key = raw
+            .key
+            .as_deref()
+            .unwrap_or(route::KEY)
+            .parse()
+            .map_err(|reason: String| self.invalid(field("key"), reason))?;
+        let scope_headers = self.headers(
+            &field("scope_headers"),
+            raw.scope_headers,
+            route::SCOPE_HEADERS,
+        )?;
+        let allow_anonymous = raw.allow_anonymous.unwrap_or(route::ALLOW_ANONYMOUS);
+        if scope_headers.is_empty() && !allow_anonymous {
+            return Err(self.invalid(
+                field("scope_headers"),
+                "is empty: set allow_anonymous = true to share keys between all clients",
+            ));
+        }
+        let ignore_fields = self.pointers(&field("ignore_fields"), raw.ignore_fields)?;
+        let derive_from = self.pointers(&field("derive_from"), raw.derive_from)?;
+        if !derive_from.is_empty() && key != KeyMode::Derive {
+            return Err(self.invalid(field("derive_from"), "only with key = \"derive\""));
+        }
+        let reconcile = raw
+            .reconcile
+            .map(|r| self.reconcile(&field("reconcile"), r, &upstream))
+            .transpose()?;
+        let in_progress = match raw.in_progress.as_deref().unwrap_or(route::IN_PROGRESS) {
+            "reject" => InProgressMode::Reject,
+            "wait" => InProgressMode::Wait,
+            other => {
+                return Err(self.invalid(
+                    field("in_progress"),
+                    format!("`{other}`: expected reject or wait"),
+                ));
+            }
+        };
+        let forward_key_header = match raw
+            .forward_key_header
+            .as_deref()
+            .unwrap_or(route::FORWARD_KEY_HEADER)
+        {
+            "" => None,
+            name => Some(HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                self.invalid(
+                    field("forward_key_header"),
+                    format!("`{name}` is not a header name"),
+                )
+            })?),
+        };
+        let release_statuses = self.statuses(
+            &field("release_statuses"),
+            raw.release_statuses,
+            route::RELEASE_STATUSES,
+        )?;
+        let unknown_statuses = self.statuses(
+            &field("unknown_statuses"),
+            raw.unknown_statuses,
+            route::UNKNOWN_STATUSES,
+        )?;
+        if let Some(both) = release_statuses
+            .iter()
+            .find(|s| unknown_statuses.contains(s))
+        {
+            return Err(self.invalid(
+                field("unknown_statuses"),
+                format!("{both} is also a release status"),
+            ));
+        }
+        let connect_retries = raw.connect_retries.unwrap_or(route::CONNECT_RETRIES);
+        if connect_retries > 10 {
+            return Err(self.invalid(field("connect_retries"), "at most 10"));
+        }
+        Ok(Route {
+            name,
+            path_prefix,
+            upstream,
+            upstream_tls,
+            methods,
+            key,
+            scope_headers,
+            allow_anonymous,
+            fingerprint_headers: self.headers(
+                &field("fingerprint_headers"),
+                raw.fingerprint_headers,
+                route::FINGERPRINT_HEADERS,
+            )?,
+            ignore_fields,
+            forward_key_header,
+            derive_from,
+            derive_window: self.duration(
+                &field("derive_window"),
+                raw.derive_window.as_deref(),
+                route::DERIVE_WINDOW,
+            )?,
+            in_progress,
+            late_window: self.duration(
+                &field("late_window"),
+                raw.late_window.as_deref(),
+                route::LATE_WINDOW,
+            )?,
+            pause_after_unknown: raw
+                .pause_after_unknown
+                .unwrap_or(route::PAUSE_AFTER_UNKNOWN),
+            reconcile,
+            wait_timeout: self.duration(
+                &field("wait_timeout"),
+                raw.wait_timeout.as_deref(),
+                route::WAIT_TIMEOUT,
+            )?,
+            max_waiters: self.count(&field("max_waiters"), raw.max_waiters, route::MAX_WAITERS)?,
+            quota: self.quota(
+                &field,
+                raw.quota_operations,
+                raw.quota_stored_bytes.as_deref(),
+                raw.quota_window.as_deref(),
+            )?,
+            connect_timeout: self.duration(
+                &field("connect_timeout"),
+                raw.connect_timeout.as_deref(),
+                route::CONNECT_TIMEOUT,
+            )?,
+            upstream_timeout: self.duration(
+                &field("upstream_timeout"),
+                raw.upstream_timeout.as_deref(),
+                route::UPSTREAM_TIMEOUT,
+            )?,
+            connect_retries,
+            release_statuses,
+            unknown_statuses,
+            max_body: self.size(&field("max_body"), raw.max_body.as_deref(), route::MAX_BODY)?,
+            max_stored_response: self.size(
+                &field("max_stored_response"),
+                raw.max_stored_response.as_deref(),
+                route::MAX_STORED_RESPONSE,
+            )?,
+            store_request_body: raw.store_request_body.unwrap_or(route::STORE_REQUEST_BODY),
+        })
+    }
+
+    /// `upstream_ca` and the client certificate: https upstreams only; the
+    /// files are read at start (`tls::read`).
+    fn upstream_tls(
+        &self,
+        field: &dyn Fn(&str) -> String,
+        upstream: &Upstream,
+        ca: Option<String>,
+        (cert, key): (Option<String>, Option<String>),
+    ) -> Result<ClientTls, ConfigError> {
+        if upstream.scheme != http::uri::Scheme::HTTPS {
+            let set = [
+                ("upstream_ca", &ca),
+                ("upstream_client_cert", &cert),
+                ("upstream_client_key", &key),
+            ];
+            if let Some((name, _)) = set.iter().find(|(_, value)| value.is_some()) {
+                return Err(self.invalid(field(name), "only for an https:// upstream"));
+            }
+        }
+        let ca = ca.map(|path| self.file(&path));
+        let identity = self.cert_pair(
+            (field("upstream_client_cert"), cert),
+            (field("upstream_client_key"), key),
+        )?;
+        Ok(ClientTls { ca, identity })
+    }
+
+    fn quota(
+        &self,
+        field: &dyn Fn(&str) -> String,
+        operations: Option<u32>,
+        stored_bytes: Option<&str>,
+        window: Option<&str>,
+    ) -> Result<Option<Quota>, ConfigError> {
+        if operations == Some(0) {
+            return Err(self.invalid(
+                field("quota_operations"),
+                "must be greater than zero; leave it out for no quota",
+            ));
+        }
+        let stored_bytes = match stored_bytes {
+            Some(text) => Some(self.size(&field("quota_stored_bytes"), Some(text), "")? as u64),
+            None => None,
+        };
+        if operations.is_none() && stored_bytes.is_none() {
+            return match window {
+                None => Ok(None),
+                Some(_) => Err(self.invalid(
+                    field("quota_window"),
+                    "only with quota_operations or quota_stored_bytes (per scope and window)",
+                )),
+            };
+        }
+        Ok(Some(Quota {
+            operations,
+            stored_bytes,
+            window: self.duration(&field("quota_window"), window, route::QUOTA_WINDOW)?,
+        }))
+    }
+
+    fn reconcile(
+        &self,
+        field: &str,
+        raw: RawReconcile,
+        upstream: &Upstream,
+    ) -> Result<Reconcile, ConfigError> {
+        let url_field = format!("{field}.url");
+        // A fragment is never sent: `{key}` there would make every probe ask
+        // the same question, and settle unrelated operations with one answer.
+        if raw.url.contains('#') {
+            return Err(self.invalid(
+                url_field,
+                "a probe URL takes no fragment (`#…`): it is never sent, so the probe could not name the key; put {key} in the path or the query",
+            ));
+        }
+        let probe = Upstream::parse_any(&raw.url.replace("{key}", "k"))
+            .map_err(|reason| self.invalid(&url_field, reason))?;
+        // The key goes where it names a resource: the path or the query.
+        let after_scheme = raw.url.split_once("://").map_or("", |(_, rest)| rest);
+        let (authority, path_and_query) =
+            after_scheme.split_at(after_scheme.find(['/', '?']).unwrap_or(after_scheme.len()));
+        if authority.contains("{key}") || !path_and_query.contains("{key}") {
+            return Err(self.invalid(
+                url_field,
+                "must contain {key} in its path or query (only there), where the key goes",
+            ));
+        }
+        if probe.scheme != upstream.scheme || probe.authority != upstream.authority {
+            return Err(self.invalid(
+                url_field,
+                format!(
+                    "probes go to the route's own upstream origin ({}://{})",
+                    upstream.scheme, upstream.authority
+                ),
+            ));
+        }
+        let found_status = raw.found_status.unwrap_or(reconcile::FOUND_STATUS);
+        if !(100..=599).contains(&found_status) {
+            return Err(self.invalid(
+                format!("{field}.found_status"),
+                format!("{found_status} is not a status"),
+            ));
+        }
+        if let Some(pointer) = &raw.found_json_pointer
+            && !pointer.starts_with('/')
+        {
+            return Err(self.invalid(
+                format!("{field}.found_json_pointer"),
+                format!("`{pointer}` is not a JSON pointer (e.g. \"/data/0/id\")"),
+            ));
+        }
+        Ok(Reconcile {
+            url: raw.url,
+            found_status,
+            found_json_pointer: raw.found_json_pointer,
+            timeout: self.duration(
+                &format!("{field}.timeout"),
+                raw.timeout.as_deref(),
+                reconcile::TIMEOUT,
+            )?,
+        })
+    }
+
+    fn pointers(
+        &self,
+        field: &str,
+        value: Option<Vec<String>>,
+    ) -> Result<Vec<String>, ConfigError> {
+        let pointers = value.unwrap_or_default();
+        for pointer in &pointers {
+            if !pointer.starts_with('/') {
+                return Err(self.invalid(
+                    field,
+                    format!("`{pointer}` is not a JSON pointer (e.g. \"/event_id\")"),
+                ));
+            }
+        }
+        Ok(pointers)
+    }
+
+    fn statuses(
+        &self,
+        field: &str,
+        value: Option<Vec<u16>>,
+        default: &[u16],
+    ) -> Result<Vec<u16>, ConfigError> {
+        let statuses = value.unwrap_or_else(|| default.to_vec());
+        for status in &statuses {
+            if !(400..=599).contains(status) {
+                return Err(self.invalid(
+                    field,
+                    format!("{status}: only 4xx and 5xx statuses can release or hold an operation"),
+                ));
+            }
+        }
+        Ok(statuses)
+    }
+}

@@ -1,0 +1,141 @@
+//! PostgreSQL for tests: [`PgSchema`], a schema of its own per test on the
+//! server at 127.0.0.1:5432 (trust auth, user `postgres`, database `test`;
+//! `IDEMGATE_TEST_POSTGRES` names another), dropped when the test ends, so
+//! runs and tests never see each other's operations. The tests that need
+//! it are `#[ignore]`d (`cargo test` says so); `cargo test --
+//! --include-ignored`, as `.ci/run` runs, runs them and fails them without
+//! a server.
+
+use super::*;
+use sqlx::Connection;
+
+/// The server and database tests create their schemas in.
+pub fn postgres_url() -> String {
+    std::env::var("IDEMGATE_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A schema created for one test; the store URL points into it.
+pub struct PgSchema {
+    pub name: String,
+    /// The store URL: the test database with this schema first on the search path.
+    pub url: String,
+    /// The scope key its gateways share (base64), also in `scope_key_file`.
+    pub scope_key: String,
+    pub scope_key_file: PathBuf,
+    _key_dir: TempDir,
+}
+
+impl PgSchema {
+    /// A fresh schema; panics, saying why, when no PostgreSQL answers.
+    pub async fn create() -> PgSchema {
+        let server = postgres_url();
+        let connected = tokio::time::timeout(WAIT, sqlx::PgConnection::connect(&server)).await;
+        let mut conn = match connected {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(error)) => unavailable(&server, &error.to_string()),
+            Err(_) => unavailable(&server, "no answer"),
+        };
+        let name = format!("idemgate_t_{}", uuid::Uuid::now_v7().simple());
+        sqlx::query(&format!("CREATE SCHEMA {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create a test schema");
+        let _ = conn.close().await;
+        let url = format!("{server}?options[search_path]={name}");
+        let key_dir = tempfile::tempdir().expect("tempdir");
+        let scope_key = idemgate::store::StoreKey::generate_base64();
+        let scope_key_file = key_dir.path().join("scope-key");
+        std::fs::write(&scope_key_file, &scope_key).expect("scope key file");
+        PgSchema {
+            name,
+            url,
+            scope_key,
+            scope_key_file,
+            _key_dir: key_dir,
+        }
+    }
+}
+
+/// A connection of the test's own to the server, beside any gateway's: to
+/// cut, lock or read a schema under it.
+pub async fn admin_connection() -> sqlx::PgConnection {
+    sqlx::PgConnection::connect(&postgres_url())
+        .await
+        .expect("connect to PostgreSQL")
+}
+
+/// Store keys for stores opened directly: no seal, a fixed scope key.
+pub fn test_store_keys() -> idemgate::store::StoreKeys {
+    idemgate::store::StoreKeys {
+        seal: idemgate::store::Seal::plain(),
+        scope: idemgate::scope_key::ScopeKey::new(&[5; 32], "the test scope key"),
+    }
+}
+
+impl PgSchema {
+    /// Every row of every table in this schema as text, by table (a
+    /// `bytea` column reads as hex): what a copy of the store holds.
+    pub async fn dump(&self) -> Vec<(String, Vec<u8>)> {
+        let mut conn = admin_connection().await;
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1",
+        )
+        .bind(&self.name)
+        .fetch_all(&mut conn)
+        .await
+        .expect("tables");
+        assert!(tables.iter().any(|t| t == "operations"), "{tables:?}");
+        let mut stored = Vec::new();
+        for table in tables {
+            let rows: Option<String> = sqlx::query_scalar(&format!(
+                "SELECT string_agg(t::text, E'\\n') FROM {}.{table} t",
+                self.name
+            ))
+            .fetch_one(&mut conn)
+            .await
+            .expect("rows");
+            stored.push((table, rows.unwrap_or_default().into_bytes()));
+        }
+        let _ = conn.close().await;
+        stored
+    }
+}
+
+fn unavailable(server: &str, reason: &str) -> ! {
+    panic!(
+        "this test needs PostgreSQL at {server} ({reason}): .ci/run starts it, \
+         IDEMGATE_TEST_POSTGRES names another"
+    )
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        // Drop may run inside or outside a runtime: a thread of its own.
+        let (server, name) = (postgres_url(), self.name.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let mut conn = sqlx::PgConnection::connect(&server).await?;
+                sqlx::query(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                    .execute(&mut conn)
+                    .await?;
+                conn.close().await
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop test schema {}", self.name);
+        }
+    }
+}
+
+/// How many PostgreSQL migrations the binary carries.
+pub fn postgres_migrations() -> i64 {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/postgres");
+    let count = std::fs::read_dir(dir).expect("migrations").count();
+    i64::try_from(count).expect("a few migrations")
+}

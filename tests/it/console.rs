@@ -1,0 +1,627 @@
+//! The operator console in a real browser: Debian's Chromium, headless,
+//! driven through WebDriver (chromedriver, fantoccini) against an
+//! in-process gateway and its fake upstream. An operator signs in, finds
+//! the operation `/drop` left `unknown`, settles it, and the client's retry
+//! through the proxy gets the replay; a second operator's late settle shows
+//! the 409; a route is paused and resumed; the main flow works by keyboard;
+//! at 360 px nothing overflows sideways.
+//!
+//! chromium and chromium-driver are Debian packages that `.ci/run`
+//! installs; the tests are `#[ignore]`d, `.ci/run` runs them
+//! (`--include-ignored`), and without those packages they fail.
+//! Screenshots go to `target/console-screenshots/`.
+
+use std::net::TcpListener as StdListener;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use fantoccini::key::Key;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+const ORDER: &str = r#"{"sku":"A-1","qty":2}"#;
+
+/// A running chromedriver, stopped when dropped with every browser it
+/// started: it leads a process group of its own, which they join, so a
+/// test that fails before closing its session leaves nothing running.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = child_status(Command::new("kill").args(["-KILL", "--", &group]));
+        let _ = self.child.wait();
+    }
+}
+
+/// chromedriver on a free loopback port; panics when chromium or
+/// chromedriver is missing.
+fn driver() -> Driver {
+    for tool in ["chromium", "chromedriver"] {
+        let found = child_status(
+            Command::new(tool)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .is_ok_and(|s| s.success());
+        assert!(
+            found,
+            "{tool} is not installed (Debian packages chromium, chromium-driver; .ci/run installs them)"
+        );
+    }
+    // chromedriver needs a port number: take a free one from the kernel.
+    let port = StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let child = spawn_child(
+        Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .expect("start chromedriver");
+    let driver = Driver {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + WAIT;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "chromedriver did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    driver
+}
+
+/// A headless Chromium whose page is `width` px wide.
+async fn browser(driver: &Driver, width: u32) -> Client {
+    let args = [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-crash-reporter",
+        "--window-size=1280,900",
+    ];
+    // A window is at least 500 px wide: narrower pages are emulated, as a
+    // phone's would be.
+    let mut options = json!({ "args": args });
+    if width < 1280 {
+        options["mobileEmulation"] = json!({
+            "deviceMetrics": { "width": width, "height": 800, "pixelRatio": 1.0 }
+        });
+    }
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert("goog:chromeOptions".into(), options);
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    tokio::time::timeout(
+        WAIT,
+        ClientBuilder::new(connector)
+            .capabilities(capabilities)
+            .connect(&driver.url),
+    )
+    .await
+    .expect("chromium start timed out")
+    .expect("a WebDriver session")
+}
+
+/// A gateway with an admin token, and the console's URL.
+async fn console_gateway() -> (TestGateway, String) {
+    console_gateway_with(Setup::route("")).await
+}
+
+/// Like [`console_gateway`], made as `setup` says.
+async fn console_gateway_with(setup: Setup) -> (TestGateway, String) {
+    let gw = spawn_gateway_with(setup.admin()).await;
+    let url = format!("http://{}/", gw.admin_addr());
+    (gw, url)
+}
+
+async fn lose(gw: &TestGateway, key: &str) -> String {
+    let lost = write(gw.addr(), "/drop", Some(key), ORDER).await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    // Found by listing, so that a key needs no encoding in a query.
+    let held = gw.admin("GET", "/admin/keys?state=unknown", "").await;
+    held.json()["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .find(|item| item["key"] == key)
+        .and_then(|item| item["id"].as_str())
+        .expect("the lost write is held")
+        .to_owned()
+}
+
+fn screenshot_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
+    std::fs::create_dir_all(&dir).expect("screenshot dir");
+    dir
+}
+
+async fn screenshot(client: &Client, name: &str) {
+    let png = client.screenshot().await.expect("screenshot");
+    std::fs::write(screenshot_dir().join(format!("{name}.png")), png).expect("write screenshot");
+}
+
+async fn js(client: &Client, script: &str) -> Value {
+    client.execute(script, vec![]).await.expect("script")
+}
+
+/// The text of the element `css` once it contains `needle` (bounded).
+async fn wait_text(client: &Client, css: &str, needle: &str) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = match client.find(Locator::Css(css)).await {
+            Ok(element) => element.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`{css}` never showed {needle:?}; it shows {text:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn click(client: &Client, css: &str) {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("click {css}: {e}"));
+}
+
+async fn type_into(client: &Client, css: &str, text: &str) {
+    let field = client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"));
+    field.clear().await.expect("clear");
+    field.send_keys(text).await.expect("type");
+}
+
+/// Presses Tab until the focused element's text is `text` (bounded), so
+/// the element is reachable by keyboard, in the page's order.
+async fn tab_to(client: &Client, text: &str) {
+    for _ in 0..40 {
+        let focused = client.active_element().await.expect("focus");
+        if focused.text().await.unwrap_or_default().trim() == text {
+            return;
+        }
+        focused.send_keys(&Key::Tab).await.expect("tab");
+    }
+    panic!("{text:?} is not reachable with Tab");
+}
+
+/// Signs in by keyboard only: the token field has focus, Enter submits.
+async fn sign_in_by_keyboard(client: &Client, token: &str) {
+    client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#token"))
+        .await
+        .expect("sign-in form");
+    let focused = client.active_element().await.expect("focus");
+    assert_eq!(
+        focused.attr("id").await.expect("id").as_deref(),
+        Some("token"),
+        "the token field has focus on arrival"
+    );
+    focused.send_keys(token).await.expect("type token");
+    focused.send_keys(&Key::Enter).await.expect("enter");
+}
+
+/// The page is no wider than `width`, the window; on failure, names the
+/// elements that stick out.
+async fn assert_no_overflow(client: &Client, width: u64, what: &str) {
+    let measured = js(
+        client,
+        &format!(
+            "const wide = [...document.querySelectorAll('body *')]
+               .filter((e) => e.getBoundingClientRect().right > {width}.5
+                 || e.scrollWidth > e.clientWidth + 1)
+               .slice(0, 5)
+               .map((e) => e.tagName + '#' + e.id + '.' + e.className);
+             return [document.documentElement.scrollWidth, window.innerWidth, wide];"
+        ),
+    )
+    .await;
+    let (scroll, inner) = (measured[0].as_u64(), measured[1].as_u64());
+    assert!(
+        scroll.is_some_and(|s| s <= width) && inner == Some(width),
+        "{what}: page {scroll:?} px wide, window {inner:?} px; sticking out: {}",
+        measured[2]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn an_operator_settles_a_lost_write_and_the_retry_gets_the_replay() {
+    let driver = driver();
+    let clock = idemgate::clock::ManualClock::new();
+    let (gw, url) = console_gateway_with(Setup::route("").clock(clock.clone())).await;
+    // Two lost writes (the older first) and one that completed.
+    lose(&gw, "order-older").await;
+    clock.advance(Duration::from_millis(20));
+    let raced = lose(&gw, "order-newer").await;
+    let done = write(gw.addr(), "/orders", Some("order-done"), ORDER).await;
+    assert_eq!(done.status, 201);
+    let writes_before = gw.upstream.writes();
+    assert_eq!(writes_before, 3);
+
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+
+    // A wrong token is refused, plainly; the page keeps nothing.
+    sign_in_by_keyboard(&client, "not-the-token").await;
+    let refused = wait_text(&client, "#sign-in-error", "Wrong token").await;
+    assert!(refused.contains("refused"), "{refused}");
+    assert_eq!(js(&client, "return sessionStorage.length;").await, json!(0));
+    screenshot(&client, "sign-in-refused").await;
+
+    // The right one, by keyboard: the held work, oldest first.
+    let field = client.find(Locator::Id("token")).await.expect("token");
+    field.clear().await.expect("clear");
+    field.send_keys(gw.admin_token()).await.expect("type");
+    field.send_keys(&Key::Enter).await.expect("enter");
+    wait_text(&client, "#list-summary", "2 held operations, oldest first").await;
+    let keys = client
+        .find_all(Locator::Css("#operations tbody a.key"))
+        .await
+        .expect("rows");
+    let mut shown = Vec::new();
+    for key in &keys {
+        shown.push(key.text().await.expect("text"));
+    }
+    assert_eq!(
+        shown,
+        ["order-older", "order-newer"],
+        "held work, oldest first"
+    );
+    let first_row = wait_text(&client, "#operations tbody tr", "Check the destination").await;
+    assert!(
+        first_row.contains("api") && first_row.contains("unknown"),
+        "{first_row}"
+    );
+    // No cookie was set; the token is in this tab's session storage only.
+    assert_eq!(js(&client, "return document.cookie;").await, json!(""));
+    assert_eq!(
+        js(
+            &client,
+            "return sessionStorage.getItem('idemgate.admin_token');"
+        )
+        .await,
+        json!(gw.admin_token())
+    );
+    screenshot(&client, "held-work").await;
+
+    // Open the oldest by keyboard: its request, and its timeline in words.
+    tab_to(&client, "order-older").await;
+    let focused = client.active_element().await.expect("focus");
+    focused.send_keys(&Key::Enter).await.expect("enter");
+    wait_text(&client, "#operation-title", "order-older").await;
+    let facts = wait_text(&client, "#operation-facts", "POST /drop").await;
+    assert!(
+        facts.contains("unknown") && facts.contains("none recorded"),
+        "{facts}"
+    );
+    let timeline = wait_text(&client, "#timeline", "Claimed").await;
+    assert!(timeline.contains("Sent upstream"), "{timeline}");
+
+    // Settle it as completed with a reference; the confirmation says what
+    // the retry will get, before anything is stored.
+    type_into(&client, "#settle-operator", "ann").await;
+    type_into(&client, "#settle-reference", "T-42").await;
+    screenshot(&client, "operation").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    let confirm = wait_text(&client, "#confirm-text", "next retry").await;
+    assert!(
+        confirm.contains("order-older")
+            && confirm.contains("status 200")
+            && confirm.contains("T-42")
+            && confirm.contains("nothing is sent upstream"),
+        "{confirm}"
+    );
+    assert_eq!(gw.operation("order-older").await["state"], "unknown");
+    screenshot(&client, "confirm").await;
+    click(&client, "#confirm-ok").await;
+    wait_text(&client, "#settle-result", "Settled as completed").await;
+    wait_text(&client, "#operation-facts", "completed").await;
+    wait_text(&client, "#timeline", "Resolved by an operator").await;
+
+    // The client's retry through the proxy gets the replay; nothing sent.
+    let retry = write(gw.addr(), "/drop", Some("order-older"), ORDER).await;
+    assert_eq!(
+        retry.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        retry.json(),
+        json!({ "resolved_by": "ann", "reference": "T-42" })
+    );
+    assert_eq!(
+        gw.upstream.writes(),
+        writes_before,
+        "the retry sent nothing"
+    );
+
+    // The newer one: another operator settles it while this one is
+    // confirming; this one's settle is refused and the page says so.
+    client
+        .goto(&format!("{url}#/op/{raced}"))
+        .await
+        .expect("open");
+    wait_text(&client, "#operation-title", "order-newer").await;
+    type_into(&client, "#settle-operator", "ann").await;
+    click(&client, "#settle-form input[value=not_attempted]").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    let confirm = wait_text(&client, "#confirm-text", "sent to the upstream again").await;
+    assert!(confirm.contains("attempt 2"), "{confirm}");
+    let other = gw
+        .resolve(
+            &raced,
+            &json!({"outcome": "completed", "operator": "bob", "reference": "T-7"}),
+        )
+        .await;
+    assert_eq!(other.status, 200);
+    click(&client, "#confirm-ok").await;
+    let conflict = wait_text(&client, "#settle-result", "409").await;
+    assert!(
+        conflict.contains("Not settled") && conflict.contains("another operator"),
+        "{conflict}"
+    );
+    wait_text(&client, "#operation-facts", "completed").await;
+    screenshot(&client, "conflict").await;
+    let op = gw.operation("order-newer").await;
+    assert_eq!(op["state"], "completed", "bob's settlement stands");
+
+    client.close().await.expect("close");
+}
+
+/// The keys of the rows the list shows now.
+async fn listed_keys(client: &Client) -> Vec<String> {
+    let keys = js(
+        client,
+        "return [...document.querySelectorAll('#operations tbody a.key')].map((a) => a.textContent);",
+    )
+    .await;
+    serde_json::from_value(keys).expect("keys")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn held_work_pages_oldest_first_and_other_states_page_by_cursor() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    for n in 0..23 {
+        lose(&gw, &format!("held-{n:02}")).await;
+    }
+    for n in 0..21 {
+        let done = write(gw.addr(), "/orders", Some(&format!("done-{n:02}")), ORDER).await;
+        assert_eq!(done.status, 201);
+    }
+
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(
+        &client,
+        "#list-summary",
+        "23 held operations, oldest first; showing 1–20",
+    )
+    .await;
+    let first: Vec<String> = (0..20).map(|n| format!("held-{n:02}")).collect();
+    assert_eq!(listed_keys(&client).await, first);
+    click(&client, "#page-next").await;
+    wait_text(&client, "#list-summary", "showing 21–23").await;
+    assert_eq!(
+        listed_keys(&client).await,
+        ["held-20", "held-21", "held-22"]
+    );
+    let next = client.find(Locator::Id("page-next")).await.expect("next");
+    assert_eq!(
+        next.prop("disabled").await.expect("disabled").as_deref(),
+        Some("true")
+    );
+
+    // Another state: the API's order (newest first), page by page through
+    // its cursor, and back.
+    client
+        .find(Locator::Id("filter-state"))
+        .await
+        .expect("state")
+        .select_by_value("completed")
+        .await
+        .expect("select");
+    click(&client, "#filter-form button[type=submit]").await;
+    wait_text(
+        &client,
+        "#list-summary",
+        "Newest first; page 1, 20 operations",
+    )
+    .await;
+    assert_eq!(
+        listed_keys(&client).await.first().map(String::as_str),
+        Some("done-20")
+    );
+    click(&client, "#page-next").await;
+    wait_text(&client, "#list-summary", "page 2, 1 operation.").await;
+    assert_eq!(listed_keys(&client).await, ["done-00"]);
+    click(&client, "#page-previous").await;
+    wait_text(&client, "#list-summary", "page 1, 20 operations").await;
+
+    // Filters by route and key.
+    client
+        .find(Locator::Id("filter-state"))
+        .await
+        .expect("state")
+        .select_by_value("unknown")
+        .await
+        .expect("select");
+    type_into(&client, "#filter-route", "api").await;
+    type_into(&client, "#filter-key", "held-07").await;
+    click(&client, "#filter-form button[type=submit]").await;
+    wait_text(&client, "#list-summary", "1 held operation,").await;
+    assert_eq!(listed_keys(&client).await, ["held-07"]);
+    type_into(&client, "#filter-route", "elsewhere").await;
+    click(&client, "#filter-form button[type=submit]").await;
+    wait_text(&client, "#list-summary", "No held operations").await;
+    client.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn an_operator_pauses_and_resumes_a_route_and_counts_refresh() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    lose(&gw, "lost-1").await;
+
+    let client = browser(&driver, 1280).await;
+    client.goto(&format!("{url}#/routes")).await.expect("open");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    let row = wait_text(&client, "#routes tbody tr", "Not paused").await;
+    assert!(row.contains("api"), "{row}");
+
+    // Counts refresh on their own: a write made now shows up unasked.
+    let done = write(gw.addr(), "/orders", Some("fresh-1"), ORDER).await;
+    assert_eq!(done.status, 201);
+    wait_text(&client, "#routes tbody td[data-label=completed]", "1").await;
+
+    type_into(&client, "#pause-reason", "upstream incident").await;
+    click(&client, "#pause-button").await;
+    wait_text(&client, "#pause-result", "is paused: upstream incident").await;
+    let row = wait_text(&client, "#routes tbody tr", "Paused").await;
+    assert!(row.contains("operator: upstream incident"), "{row}");
+    screenshot(&client, "routes").await;
+    let refused = write(gw.addr(), "/orders", Some("fresh-2"), ORDER).await;
+    refused.assert_problem(503, "route-paused");
+
+    click(&client, "#resume-button").await;
+    wait_text(&client, "#pause-result", "is resumed").await;
+    wait_text(&client, "#routes tbody tr", "Not paused").await;
+    let sent = write(gw.addr(), "/orders", Some("fresh-2"), ORDER).await;
+    assert_eq!(sent.status, 201);
+
+    client.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn without_a_configured_token_the_console_says_what_to_set() {
+    let driver = driver();
+    let variable = format!("IDEMGATE_TEST_UNSET_{}", uuid::Uuid::now_v7().simple());
+    let setup = Setup::route("").server(&format!("admin_token_env = \"{variable}\""));
+    let gw = spawn_gateway_with(setup).await;
+
+    let client = browser(&driver, 1280).await;
+    client
+        .goto(&format!("http://{}/", gw.admin_addr()))
+        .await
+        .expect("open");
+    sign_in_by_keyboard(&client, "anything").await;
+    let said = wait_text(&client, "#sign-in-error", "no admin token configured").await;
+    assert!(
+        said.contains(&variable) && said.contains("server.admin_token_env"),
+        "{said}"
+    );
+    client.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn at_360_px_nothing_overflows_and_markup_in_keys_stays_text() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    // A long key with markup in it: shown as text, wrapped, never parsed.
+    let key = format!("<b/id=injected>x</b>{}", "k".repeat(150));
+    let id = lose(&gw, &key).await;
+
+    let client = browser(&driver, 360).await;
+    client.goto(&url).await.expect("open");
+    assert_eq!(js(&client, "return window.innerWidth;").await, json!(360));
+    assert_no_overflow(&client, 360, "sign-in").await;
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "1 held operation").await;
+    let shown = wait_text(&client, "#operations tbody a.key", "<b/id=injected>").await;
+    assert_eq!(shown, key);
+    assert_eq!(
+        js(
+            &client,
+            "return document.getElementById('injected') === null;"
+        )
+        .await,
+        json!(true),
+        "the key was rendered as markup"
+    );
+    assert_no_overflow(&client, 360, "held work").await;
+    screenshot(&client, "held-work-360").await;
+
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#timeline", "Claimed").await;
+    assert_no_overflow(&client, 360, "operation").await;
+    screenshot(&client, "operation-360").await;
+
+    client.goto(&format!("{url}#/routes")).await.expect("open");
+    wait_text(&client, "#routes tbody tr", "Not paused").await;
+    assert_no_overflow(&client, 360, "routes").await;
+    screenshot(&client, "routes-360").await;
+    client.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_is_served_with_a_strict_policy_and_no_token() {
+    let (gw, _) = console_gateway().await;
+    for (path, content_type) in [
+        ("/", "text/html; charset=utf-8"),
+        ("/console.css", "text/css; charset=utf-8"),
+        ("/console.js", "text/javascript; charset=utf-8"),
+    ] {
+        let resp = send(gw.admin_addr(), "GET", path, &[], bytes::Bytes::new()).await;
+        assert_eq!(resp.status, 200, "{path}");
+        assert_eq!(resp.header("content-type"), Some(content_type), "{path}");
+        let policy = resp.header("content-security-policy").unwrap_or_default();
+        assert!(
+            policy.contains("default-src 'self'") && !policy.contains("unsafe"),
+            "{path}: {policy}"
+        );
+        assert_eq!(resp.header("x-content-type-options"), Some("nosniff"));
+        assert_eq!(resp.header("cache-control"), Some("no-store"));
+        assert!(resp.header("set-cookie").is_none());
+    }
+    // The page is served, the data is not: the API still wants the token.
+    let data = send(
+        gw.admin_addr(),
+        "GET",
+        "/admin/keys",
+        &[],
+        bytes::Bytes::new(),
+    )
+    .await;
+    data.assert_problem(401, "unauthorized");
+    let other = send(
+        gw.admin_addr(),
+        "GET",
+        "/index.html",
+        &[],
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(other.status, 404);
+}

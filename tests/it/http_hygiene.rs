@@ -1,0 +1,159 @@
+//! HTTP hygiene on both listeners, as clients and tools probing them see it:
+//!
+//! - a client that shuts down its write side right after a complete
+//!   request still reads the answer, and the write is sent exactly once;
+//! - every 405 on the admin listener names the methods its path accepts
+//!   in `Allow` (RFC 9110 §15.5.6), and reads answer HEAD like GET;
+//! - admin request bodies are bounded like the proxy's: a declared length
+//!   over the limit is 413 before `100 Continue`, and a body that never
+//!   finishes is 408 after `header_read_timeout`, the listener serving
+//!   others meanwhile.
+
+use crate::common::*;
+use bytes::Bytes;
+use http::StatusCode;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_after_its_write_still_gets_the_answer() {
+    let gw = spawn_gateway("").await;
+    let body = r#"{"sku":"apple"}"#;
+    let mut request = raw_post_head(
+        "/slow?ms=300",
+        &[
+            "content-type: application/json",
+            "idempotency-key: half-closed-1",
+            &format!("authorization: {ALICE}"),
+            &format!("content-length: {}", body.len()),
+        ],
+    )
+    .into_bytes();
+    request.extend_from_slice(body.as_bytes());
+
+    let resp = half_closed_exchange(gw.addr(), &request)
+        .await
+        .expect("an answer, not a closed connection");
+
+    assert_eq!(resp.status, 201, "head: {}", resp.head);
+    gw.upstream.wait_for_writes(1).await;
+    assert_eq!(gw.upstream.writes(), 1, "sent exactly once");
+    let retry = write(gw.addr(), "/slow?ms=300", Some("half-closed-1"), body).await;
+    assert!(retry.is_replay(), "the outcome was recorded");
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_admin_request_still_gets_the_answer() {
+    let gw = spawn_gateway("").await;
+    let request = b"GET /healthz HTTP/1.1\r\nhost: admin.test\r\n\r\n";
+    let resp = half_closed_exchange(gw.admin_addr(), request)
+        .await
+        .expect("an answer, not a closed connection");
+
+    assert_eq!(resp.status, 200, "head: {}", resp.head);
+}
+
+/// The methods each admin path accepts, and one it does not.
+const ADMIN_PATHS: [(&str, &str, &str); 10] = [
+    ("/healthz", "GET, HEAD", "POST"),
+    ("/readyz", "GET, HEAD", "POST"),
+    ("/metrics", "GET, HEAD", "DELETE"),
+    ("/admin/keys", "GET, HEAD", "POST"),
+    ("/admin/keys/some-id", "GET, HEAD", "PUT"),
+    ("/admin/keys/some-id/resolve", "POST", "GET"),
+    ("/admin/stats", "GET, HEAD", "PATCH"),
+    ("/admin/routes/api/pause", "POST", "HEAD"),
+    ("/admin/routes/api/resume", "POST", "DELETE"),
+    ("/admin/openapi.json", "GET, HEAD", "POST"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_admin_405_names_the_allowed_methods() {
+    let gw = spawn_gateway_with(Setup::route("").admin()).await;
+    for (path, allowed, refused) in ADMIN_PATHS {
+        let resp = if path.starts_with("/admin/") {
+            gw.admin(refused, path, "").await
+        } else {
+            send(gw.admin_addr(), refused, path, &[], Bytes::new()).await
+        };
+        assert_eq!(
+            resp.status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{refused} {path}: {:?}",
+            resp.body
+        );
+        if refused != "HEAD" {
+            resp.assert_problem(405, "method-not-allowed");
+        }
+        assert_eq!(resp.header("allow"), Some(allowed), "{refused} {path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_reads_answer_head_like_get_without_a_body() {
+    let gw = spawn_gateway_with(Setup::route("").admin()).await;
+    let get = gw.admin("GET", "/admin/stats", "").await;
+    let head = gw.admin("HEAD", "/admin/stats", "").await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert!(head.body.is_empty());
+    assert_eq!(head.header("content-type"), get.header("content-type"));
+    let health = send(gw.admin_addr(), "HEAD", "/healthz", &[], Bytes::new()).await;
+    assert_eq!(health.status, StatusCode::OK);
+}
+
+/// A raw admin POST head to `path` with the admin token and `extra` lines.
+fn admin_post_head(gw: &TestGateway, path: &str, extra: &[&str]) -> String {
+    let authorization = format!("authorization: Bearer {}", gw.admin_token());
+    let mut lines = vec![authorization.as_str(), "content-type: application/json"];
+    lines.extend_from_slice(extra);
+    raw_post_head(path, &lines)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_admin_body_is_refused_before_100_continue() {
+    let gw = spawn_gateway_with(Setup::route("").admin()).await;
+    let head = admin_post_head(
+        &gw,
+        "/admin/routes/api/pause",
+        &["expect: 100-continue", "content-length: 100000000"],
+    );
+
+    let resp = raw_exchange(gw.admin_addr(), head.as_bytes())
+        .await
+        .expect("an answer");
+
+    assert_eq!(resp.status, 413, "head: {}", resp.head);
+    assert!(
+        resp.interim.is_empty(),
+        "asked for the body: {:?}",
+        resp.interim
+    );
+    assert!(String::from_utf8_lossy(&resp.body).contains("urn:idemgate:problem:body-too-large"));
+    let stats = gw.admin("GET", "/admin/stats", "").await;
+    assert_eq!(stats.json()["paused_routes"], serde_json::json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_body_that_never_finishes_is_408() {
+    let setup = Setup::route("")
+        .server(r#"header_read_timeout = "500ms""#)
+        .admin();
+    let gw = spawn_gateway_with(setup).await;
+    let mut request =
+        admin_post_head(&gw, "/admin/routes/api/pause", &["content-length: 100"]).into_bytes();
+    request.extend_from_slice(br#"{"reason":"#);
+    let stalled = tokio::spawn({
+        let addr = gw.admin_addr();
+        async move { raw_exchange(addr, &request).await }
+    });
+
+    assert_still_serving(&gw).await;
+    let resp = stalled
+        .await
+        .expect("client task")
+        .expect("an answer instead of waiting forever");
+    assert_eq!(resp.status, 408, "head: {}", resp.head);
+    let body = String::from_utf8_lossy(&resp.body);
+    assert!(body.contains("urn:idemgate:problem:body-timeout"), "{body}");
+    // The timer that ended it is header_read_timeout's.
+    assert!(body.contains("did not arrive within 500ms"), "{body}");
+}

@@ -1,0 +1,277 @@
+//! Keys and scopes: which `Idempotency-Key` values are accepted (and that a
+//! quoted and a bare spelling are one key), what happens without one in
+//! `require` and `assign` mode, and that the scope (the `Authorization`
+//! header by default) separates operations of different credentials.
+
+use crate::common::*;
+
+const BODY: &str = r#"{"amount":1000,"currency":"eur"}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_key_is_400_missing_key_and_nothing_sent() {
+    let gw = spawn_gateway("").await;
+
+    let resp = write(gw.addr(), "/payments", None, BODY).await;
+
+    resp.assert_problem(400, "missing-key");
+    assert!(gw.upstream.requests().is_empty(), "nothing sent upstream");
+}
+
+/// Sends a write with exactly these `Idempotency-Key` values and expects
+/// 400 `invalid-key` with nothing sent.
+async fn assert_key_rejected(keys: &[&str]) {
+    let gw = spawn_gateway("").await;
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("authorization", ALICE),
+    ];
+    headers.extend(keys.iter().map(|k| ("idempotency-key", *k)));
+
+    let resp = send(gw.addr(), "POST", "/payments", &headers, BODY).await;
+
+    resp.assert_problem(400, "invalid-key");
+    assert!(
+        gw.upstream.requests().is_empty(),
+        "nothing sent for {keys:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_of_256_characters_is_invalid() {
+    assert_key_rejected(&["k".repeat(256).as_str()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quoted_key_of_256_characters_is_invalid() {
+    assert_key_rejected(&[format!("\"{}\"", "k".repeat(256)).as_str()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_containing_a_space_is_invalid() {
+    assert_key_rejected(&["abc def"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quoted_key_containing_a_space_is_invalid() {
+    assert_key_rejected(&["\"abc def\""]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_key_headers_are_invalid() {
+    assert_key_rejected(&["abc", "abc"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_quoted_key_is_invalid() {
+    assert_key_rejected(&["\"\""]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_of_255_characters_is_accepted() {
+    let gw = spawn_gateway("").await;
+    let key = "k".repeat(255);
+
+    let resp = write(gw.addr(), "/payments", Some(&key), BODY).await;
+
+    assert_fresh_created(&resp);
+    let sent = gw.upstream.requests();
+    assert_eq!(sent[0].header("idempotency-key"), Some(key.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quoted_and_bare_key_are_one_operation() {
+    let gw = spawn_gateway("").await;
+
+    let quoted = write(gw.addr(), "/payments", Some("\"abc\""), BODY).await;
+    assert_fresh_created(&quoted);
+    let bare = write(gw.addr(), "/payments", Some("abc"), BODY).await;
+
+    assert_replay_of(&bare, &quoted);
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_key_reaches_upstream_unquoted() {
+    let gw = spawn_gateway("").await;
+
+    let resp = write(gw.addr(), "/payments", Some("\"pay-42:x/y\""), BODY).await;
+
+    assert_fresh_created(&resp);
+    let sent = gw.upstream.requests();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].header("idempotency-key"), Some("pay-42:x/y"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn different_credentials_with_one_key_are_two_operations() {
+    let gw = spawn_gateway("").await;
+
+    let alice = write_as(gw.addr(), "/payments", Some("k-1"), Some(ALICE), BODY).await;
+    let bob = write_as(gw.addr(), "/payments", Some("k-1"), Some(BOB), BODY).await;
+
+    let alice_id = assert_fresh_created(&alice);
+    let bob_id = assert_fresh_created(&bob);
+    assert_ne!(alice_id, bob_id, "bob must not get alice's response");
+    assert_eq!(gw.upstream.writes(), 2);
+
+    // Each retry replays its own credential's response.
+    let alice_again = write_as(gw.addr(), "/payments", Some("k-1"), Some(ALICE), BODY).await;
+    let bob_again = write_as(gw.addr(), "/payments", Some("k-1"), Some(BOB), BODY).await;
+    assert_replay_of(&alice_again, &alice);
+    assert_replay_of(&bob_again, &bob);
+    assert_eq!(gw.upstream.writes(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_credentials_with_changed_body_are_not_key_reused() {
+    // Scopes are separate key spaces: bob's body is not compared with alice's.
+    let gw = spawn_gateway("").await;
+
+    let alice = write_as(gw.addr(), "/payments", Some("k-1"), Some(ALICE), BODY).await;
+    let bob = write_as(
+        gw.addr(),
+        "/payments",
+        Some("k-1"),
+        Some(BOB),
+        r#"{"amount":1}"#,
+    )
+    .await;
+
+    assert_fresh_created(&alice);
+    assert_fresh_created(&bob);
+    assert_eq!(gw.upstream.writes(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_without_scope_header_is_400_missing_scope() {
+    let gw = spawn_gateway("").await;
+
+    let resp = write_as(gw.addr(), "/payments", Some("k-1"), None, BODY).await;
+
+    resp.assert_problem(400, "missing-scope");
+    assert!(gw.upstream.requests().is_empty(), "nothing sent upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_route_accepts_write_without_scope_header() {
+    let gw = spawn_gateway("allow_anonymous = true").await;
+
+    let first = write_as(gw.addr(), "/payments", Some("k-1"), None, BODY).await;
+    assert_fresh_created(&first);
+    let retry = write_as(gw.addr(), "/payments", Some("k-1"), None, BODY).await;
+
+    assert_replay_of(&retry, &first);
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_scope_header_replaces_authorization() {
+    let gw = spawn_gateway(r#"scope_headers = ["x-account"]"#).await;
+    let write_for = |account: &'static str, token: &'static str| {
+        let addr = gw.addr();
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("idempotency-key", "k-1"),
+                ("x-account", account),
+                ("authorization", token),
+            ];
+            send(addr, "POST", "/payments", &headers, BODY).await
+        }
+    };
+
+    let first = write_for("acct-1", "Bearer old-token").await;
+    assert_fresh_created(&first);
+    // A rotated token under the same account is the same scope.
+    let rotated = write_for("acct-1", "Bearer new-token").await;
+    assert_replay_of(&rotated, &first);
+    // Another account is another scope.
+    let other = write_for("acct-2", "Bearer old-token").await;
+    assert_fresh_created(&other);
+    assert_eq!(gw.upstream.writes(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assign_mode_returns_its_key() {
+    let gw = spawn_gateway(r#"key = "assign""#).await;
+
+    let first = write(gw.addr(), "/payments", None, BODY).await;
+    let second = write(gw.addr(), "/payments", None, BODY).await;
+
+    assert_fresh_created(&first);
+    assert_fresh_created(&second);
+    let key = first
+        .header("idempotency-key")
+        .expect("assigned key header");
+    let other = second
+        .header("idempotency-key")
+        .expect("assigned key header");
+    assert_uuid_v7(key);
+    assert_uuid_v7(other);
+    assert_ne!(key, other, "each keyless write gets its own key");
+    assert_eq!(gw.upstream.writes(), 2);
+    let sent = gw.upstream.requests();
+    assert_eq!(
+        sent[0].header("idempotency-key"),
+        Some(key),
+        "upstream sees it"
+    );
+
+    // A client that learned the key can retry with it.
+    let retry = write(gw.addr(), "/payments", Some(key), BODY).await;
+    assert_replay_of(&retry, &first);
+    assert_eq!(gw.upstream.writes(), 2);
+}
+
+fn assert_uuid_v7(key: &str) {
+    let groups: Vec<&str> = key.split('-').collect();
+    let lengths: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+    assert_eq!(lengths, [8, 4, 4, 4, 12], "not a UUID: {key}");
+    assert!(
+        groups
+            .iter()
+            .all(|g| g.chars().all(|c| c.is_ascii_hexdigit())),
+        "not a UUID: {key}"
+    );
+    assert!(groups[2].starts_with('7'), "not a UUIDv7: {key}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assign_mode_honours_a_client_key() {
+    let gw = spawn_gateway(r#"key = "assign""#).await;
+
+    let first = write(gw.addr(), "/payments", Some("mine-1"), BODY).await;
+    assert_fresh_created(&first);
+    let retry = write(gw.addr(), "/payments", Some("mine-1"), BODY).await;
+
+    assert_replay_of(&retry, &first);
+    assert_eq!(gw.upstream.writes(), 1);
+    assert_eq!(
+        gw.upstream.requests()[0].header("idempotency-key"),
+        Some("mine-1")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_mode_off_is_a_plain_proxy() {
+    let gw = spawn_gateway(r#"key = "off""#).await;
+
+    let first = write_as(gw.addr(), "/payments", None, None, BODY).await;
+    let second = write_as(gw.addr(), "/payments", None, None, BODY).await;
+
+    assert_fresh_created(&first);
+    assert_fresh_created(&second);
+    assert_eq!(gw.upstream.writes(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unintercepted_method_needs_no_key() {
+    let gw = spawn_gateway(r#"methods = ["POST"]"#).await;
+
+    let patch = send(gw.addr(), "PATCH", "/payments/1", &[], BODY).await;
+    let again = send(gw.addr(), "PATCH", "/payments/1", &[], BODY).await;
+
+    assert_fresh_created(&patch);
+    assert_fresh_created(&again);
+    assert_eq!(gw.upstream.writes(), 2);
+}

@@ -1,0 +1,44 @@
+//! The integration tests: one test binary, one module per topic, all on
+//! the harness in [`common`]. One binary links the crate once instead of
+//! once per file; `cargo test --test it admin_api::` runs one topic.
+
+mod common;
+
+mod admin_api;
+mod alerts;
+mod bench_cli;
+mod config_and_cli;
+mod console;
+mod current_operation;
+mod docs;
+mod fingerprint_exactness;
+mod fuzz_regressions;
+mod http_hygiene;
+mod keyed_scopes;
+mod keyless_and_waiting;
+mod keys_and_scope;
+mod keys_cli;
+mod layout;
+mod limits;
+mod mock_and_demo;
+mod monitoring;
+mod no_secrets;
+mod outcome_unknown;
+mod paths_and_probes;
+mod pause_kind_upgrade;
+mod postgres_gateway;
+mod process;
+mod real_clients;
+mod replica_leases;
+mod replicas;
+mod resource_bounds;
+mod restart;
+mod retention_and_shutdown;
+mod routing_and_admin;
+mod schemathesis;
+mod sealed_store;
+mod state_model;
+mod store_contract;
+mod store_faults;
+mod tls;
+mod write_path;

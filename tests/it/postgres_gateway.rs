@@ -1,0 +1,240 @@
+//! The gateway on the PostgreSQL store, in process: the key scenarios of
+//! the SQLite suites (first write, replay, reused key, a duplicate in
+//! progress, wait mode, a lost response, an operator's resolution) through
+//! the real gateway, and then two gateways on one schema — replicas —
+//! answering each other's keys. Each test has a schema of its own
+//! ([`PgSchema`]); they are `#[ignore]`d, and `.ci/run` runs them.
+//! The multi-process scenarios (a replica killed, a restart) are in
+//! `tests/it/replicas.rs`.
+
+use std::time::Duration;
+
+use crate::common::*;
+use http::StatusCode;
+
+const ORDER: &str = r#"{"order":"o-1","amount":250}"#;
+
+/// A gateway with the admin API on `schema`, `route` lines added, its
+/// background tasks at the [`QUICK`] pace.
+async fn gateway(schema: &PgSchema, route: &str) -> TestGateway {
+    spawn_gateway_with(setup(schema, route)).await
+}
+
+fn setup(schema: &PgSchema, route: &str) -> Setup {
+    Setup::route(route).postgres(schema).quick().admin()
+}
+
+/// A second gateway as `setup` says, on the same upstream as `first`: a
+/// replica.
+async fn replica_of(first: &TestGateway, setup: Setup) -> TestGateway {
+    spawn_gateway_with(setup.upstream_url(first.upstream.url())).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn first_write_replay_and_reused_key() {
+    let schema = PgSchema::create().await;
+    let mut gw = gateway(&schema, "").await;
+    let first = write(gw.addr(), "/orders", Some("k-1"), ORDER).await;
+    assert_fresh_created(&first);
+    let retry = write(gw.addr(), "/orders", Some("k-1"), ORDER).await;
+    assert_replay_of(&retry, &first);
+    let other = write(gw.addr(), "/orders", Some("k-1"), r#"{"order":"o-2"}"#).await;
+    other.assert_operation_problem(422, "key-reused", "completed");
+    assert_eq!(gw.upstream.writes(), 1);
+
+    let op = gw.operation("k-1").await;
+    assert_eq!(op["state"], "completed");
+    let kinds: Vec<_> = op["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].clone())
+        .collect();
+    assert_eq!(kinds, ["claimed", "sent", "response"]);
+    // What survives a restart is the shared store's.
+    gw.restart().await;
+    assert_replay_of(
+        &write(gw.addr(), "/orders", Some("k-1"), ORDER).await,
+        &first,
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_duplicate_in_progress_is_409_or_waits() {
+    let schema = PgSchema::create().await;
+    let mut gw = gateway(&schema, "").await;
+    let slow = tokio::spawn({
+        let addr = gw.addr();
+        async move { write(addr, "/slow?ms=600", Some("k-slow"), ORDER).await }
+    });
+    gw.upstream.wait_for_writes(1).await;
+    let duplicate = write(gw.addr(), "/slow?ms=600", Some("k-slow"), ORDER).await;
+    duplicate.assert_operation_problem(409, "request-in-progress", "in_progress");
+    assert_fresh_created(&slow.await.unwrap());
+    gw.shutdown().await;
+
+    let mut waiting = gateway(&schema, "in_progress = \"wait\"").await;
+    let answers = concurrent_writes(waiting.addr(), 8, "/slow?ms=300", "k-wait", ORDER).await;
+    assert_one_fresh_rest_replayed(&answers);
+    assert_eq!(waiting.upstream.writes(), 1);
+    waiting.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_lost_response_is_held_until_an_operator_resolves_it() {
+    let schema = PgSchema::create().await;
+    let mut gw = gateway(&schema, "").await;
+    let lost = write(gw.addr(), "/drop", Some("k-lost"), ORDER).await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    assert_held_unknown(&write(gw.addr(), "/drop", Some("k-lost"), ORDER).await);
+    assert_eq!(gw.upstream.writes(), 1, "never re-sent");
+
+    let op = gw.operation("k-lost").await;
+    let id = op["id"].as_str().unwrap().to_string();
+    let resolution = serde_json::json!({
+        "outcome": "completed",
+        "operator": "ann",
+        "response": {"status": 201, "headers": {"x-order": "o-9"}, "body": {"id": 7}},
+    });
+    let resolved = gw.resolve(&id, &resolution).await;
+    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    let retry = write(gw.addr(), "/drop", Some("k-lost"), ORDER).await;
+    assert!(retry.is_replay());
+    assert_eq!(&retry.body[..], br#"{"id":7}"#);
+    assert_eq!(gw.upstream.writes(), 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn replicas_answer_each_others_keys() {
+    let schema = PgSchema::create().await;
+    let route = "in_progress = \"wait\"";
+    let mut a = gateway(&schema, route).await;
+    let mut b = replica_of(&a, setup(&schema, route)).await;
+
+    let first = write(a.addr(), "/orders", Some("k-1"), ORDER).await;
+    assert_fresh_created(&first);
+    assert_replay_of(
+        &write(b.addr(), "/orders", Some("k-1"), ORDER).await,
+        &first,
+    );
+    // A client asks either replica what became of its operation.
+    let status = send(
+        b.addr(),
+        "GET",
+        "/.idemgate/operations/k-1",
+        &[("authorization", ALICE)],
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(status.status, StatusCode::OK, "{:?}", status.body);
+    assert_eq!(status.json()["state"], "completed");
+    let reused = write(b.addr(), "/orders", Some("k-1"), r#"{"order":"x"}"#).await;
+    reused.assert_operation_problem(422, "key-reused", "completed");
+
+    // Wait mode across replicas: B's duplicate waits for A's attempt.
+    let slow = tokio::spawn({
+        let addr = a.addr();
+        async move { write(addr, "/slow?ms=700", Some("k-2"), ORDER).await }
+    });
+    a.upstream.wait_for_writes(2).await;
+    let waited = write(b.addr(), "/slow?ms=700", Some("k-2"), ORDER).await;
+    let original = slow.await.unwrap();
+    assert_fresh_created(&original);
+    assert_replay_of(&waited, &original);
+    assert_eq!(a.upstream.writes(), 2);
+
+    // A pause set through A holds on B from its next look at the store.
+    let paused = a
+        .admin(
+            "POST",
+            "/admin/routes/api/pause",
+            r#"{"reason":"incident"}"#,
+        )
+        .await;
+    assert_eq!(paused.status, StatusCode::OK, "{:?}", paused.body);
+    next_full_pass(b.admin_addr(), "replicas").await;
+    let refused = write(b.addr(), "/orders", Some("k-3"), ORDER).await;
+    refused.assert_problem(503, "route-paused");
+    // An operation that exists still answers for itself.
+    assert!(
+        write(b.addr(), "/orders", Some("k-1"), ORDER)
+            .await
+            .is_replay()
+    );
+    let resumed = b.admin("POST", "/admin/routes/api/resume", "").await;
+    assert_eq!(resumed.status, StatusCode::OK);
+    next_full_pass(a.admin_addr(), "replicas").await;
+    assert_fresh_created(&write(a.addr(), "/orders", Some("k-3"), ORDER).await);
+    assert_eq!(a.upstream.writes(), 3);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_replica_that_cannot_reach_the_store_refuses_writes() {
+    let schema = PgSchema::create().await;
+    let mut gw = gateway(&schema, "").await;
+    // The schema's tables go away under the gateway: every statement fails.
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_url())
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "ALTER SCHEMA {} RENAME TO {}_gone",
+        schema.name, schema.name
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let refused = write(gw.addr(), "/orders", Some("k-1"), ORDER).await;
+    refused.assert_problem(503, "store-unavailable");
+    assert_eq!(gw.upstream.writes(), 0, "nothing sent without a claim");
+    let ready = send(gw.admin_addr(), "GET", "/readyz", &[], bytes::Bytes::new()).await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    sqlx::query(&format!(
+        "ALTER SCHEMA {}_gone RENAME TO {}",
+        schema.name, schema.name
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("k-1"), ORDER).await);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_replica_never_replays_what_a_peer_superseded() {
+    let schema = PgSchema::create().await;
+    let route = "key = \"derive\"\nderive_window = \"1s\"";
+    // One clock for both replicas, moved by the test.
+    let clock = idemgate::clock::ManualClock::new();
+    let mut a = spawn_gateway_with(setup(&schema, route).clock(clock.clone())).await;
+    let mut b = replica_of(&a, setup(&schema, route).clock(clock.clone())).await;
+    let first = write(a.addr(), "/orders", None, ORDER).await;
+    assert_eq!(assert_fresh_created(&first), 1);
+    let key = first
+        .header("idempotency-key")
+        .expect("derived key")
+        .to_string();
+    assert_replay_of(&write(a.addr(), "/orders", None, ORDER).await, &first);
+
+    // After the window the same request is a new operation, made on B.
+    clock.advance(Duration::from_millis(1200));
+    let second = write(b.addr(), "/orders", None, ORDER).await;
+    assert_eq!(assert_fresh_created(&second), 2);
+    // A answers the key with the operation the store holds now.
+    assert_replay_of(
+        &write(a.addr(), "/orders", Some(&key), ORDER).await,
+        &second,
+    );
+    assert_eq!(a.upstream.writes(), 2);
+    a.shutdown().await;
+    b.shutdown().await;
+}

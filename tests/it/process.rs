@@ -1,0 +1,83 @@
+//! The real `idemgate serve` process: a second process on the same store
+//! exits non-zero naming the store, an operation in flight when the process
+//! is SIGKILLed is `unknown` afterwards (409 `outcome-unknown`, never
+//! re-sent), and a completed one is still replayed.
+
+use crate::common::*;
+
+const BODY: &str = r#"{"invoice":"inv-7","amount":250}"#;
+
+/// A config file for the binary in `dir`, on `dir/idemgate.db`.
+fn binary_config(dir: &std::path::Path, upstream: &FakeUpstream) -> std::path::PathBuf {
+    let toml = gateway_toml(&dir.join("idemgate.db"), &upstream.url(), "/", "");
+    write_config(dir, "idemgate.toml", &toml)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_process_on_same_store_exits_naming_the_store() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = binary_config(dir.path(), &upstream);
+    let first = BinaryGateway::start(&config, &dir.path().join("first.log")).await;
+
+    let mut second = binary();
+    second.arg("serve").arg("--config").arg(&config);
+    let (status, stdout, stderr) = run_to_exit(second).await;
+
+    assert!(!status.success(), "second process exited {status}");
+    assert!(
+        !stdout.contains("listening"),
+        "second process listened: {stdout}"
+    );
+    let store = dir.path().join("idemgate.db");
+    assert!(
+        stderr.contains(store.to_str().expect("utf-8 path")),
+        "stderr does not name {}:\n{stderr}",
+        store.display()
+    );
+
+    // The first process still serves.
+    assert_fresh_created(&write(first.proxy, "/invoices", Some("inv-7"), BODY).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operation_in_flight_at_sigkill_is_unknown_after_restart() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = binary_config(dir.path(), &upstream);
+    let mut first = BinaryGateway::start(&config, &dir.path().join("first.log")).await;
+
+    // The upstream commits and then holds the request: the client never
+    // gets an answer from this process.
+    let proxy = first.proxy;
+    let in_flight = tokio::spawn(async move { write(proxy, "/hold", Some("held-1"), BODY).await });
+    upstream.wait_for_writes(1).await;
+    first.kill();
+    in_flight.abort(); // its connection died with the process
+
+    let second = BinaryGateway::start(&config, &dir.path().join("second.log")).await;
+    let retry = write(second.proxy, "/hold", Some("held-1"), BODY).await;
+
+    retry.assert_operation_problem(409, "outcome-unknown", "unknown");
+    let again = write(second.proxy, "/hold", Some("held-1"), BODY).await;
+    again.assert_operation_problem(409, "outcome-unknown", "unknown");
+    assert_eq!(upstream.writes(), 1, "never re-sent after the crash");
+    assert_eq!(upstream.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_operation_survives_sigkill() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = binary_config(dir.path(), &upstream);
+    let mut first = BinaryGateway::start(&config, &dir.path().join("first.log")).await;
+    let original = write(first.proxy, "/invoices", Some("inv-7"), BODY).await;
+    assert_fresh_created(&original);
+
+    first.kill();
+    let second = BinaryGateway::start(&config, &dir.path().join("second.log")).await;
+    let retry = write(second.proxy, "/invoices", Some("inv-7"), BODY).await;
+
+    assert_replay_of(&retry, &original);
+    assert_eq!(upstream.writes(), 1);
+}

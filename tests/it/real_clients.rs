@@ -1,0 +1,199 @@
+//! Real client libraries, unmodified, against the real gateway (in-process,
+//! on `127.0.0.1:0`): what each one ends with when the first response to its
+//! write is lost — the upstream committed the write and closed the
+//! connection, so the operation is `unknown` and every retry is held with
+//! 409 `outcome-unknown` — and that its own retries never reach the
+//! upstream again.
+//!
+//! - stripe-node and stripe-python (`maxNetworkRetries: 2`; both retry 502
+//!   and 409 themselves under one generated `Idempotency-Key`) must raise
+//!   an error that carries the idempotency error envelope, never resolve
+//!   the held 409 as if it were the created customer; and a write that
+//!   succeeds resolves, so raising on everything cannot pass.
+//! - requests with urllib3's `Retry` (any method, on 502/503/504) retries
+//!   the lost 502 once and ends on the held 409, whose problem body parses
+//!   as JSON with the `error` member.
+//!
+//! The client scripts and their pinned versions live in `tests/clients/`
+//! (`package-lock.json`, `requirements.txt`); `.ci/run` installs them into
+//! `tests/clients/node_modules` and `tests/clients/.venv`. The tests are
+//! `#[ignore]`d; `.ci/run` runs them (`--include-ignored`), and a missing
+//! install fails them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::*;
+use serde_json::{Value, json};
+
+/// A bound on one client run: its retries back off (stripe: 0.5–1 s per
+/// retry), so a healthy run takes a few seconds.
+const CLIENT_RUN: Duration = Duration::from_secs(60);
+
+/// Requests the gateway held as `unknown` (the lost attempt included).
+const HELD: &str = r#"idemgate_requests_total{route="api",outcome="unknown"}"#;
+
+/// The path every SDK here creates a customer on.
+const CUSTOMERS: &str = "/v1/customers";
+
+fn clients_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
+}
+
+/// Runs `tests/clients/<script>` with `args` and returns the JSON report
+/// it prints.
+async fn run_client(script: &str, args: &[&str]) -> Value {
+    let dir = clients_dir();
+    let venv_python = dir.join(".venv/bin/python");
+    let (installed, program, install) = if script.ends_with(".js") {
+        let install = "`npm ci` in tests/clients";
+        (
+            dir.join("node_modules/stripe"),
+            PathBuf::from("node"),
+            install,
+        )
+    } else {
+        let install = "`python3 -m venv .venv && .venv/bin/pip install -r requirements.txt` \
+                       in tests/clients";
+        (venv_python.clone(), venv_python, install)
+    };
+    require_installed(&installed, install);
+    let mut cmd = Command::new(program);
+    cmd.current_dir(&dir).arg(dir.join(script)).args(args);
+    let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
+    assert!(
+        status.success(),
+        "{script} failed ({status}); stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let report = stdout.lines().last().unwrap_or_default();
+    eprintln!("{script} reported: {report}");
+    serde_json::from_str(report).unwrap_or_else(|e| {
+        panic!("{script} printed no JSON report ({e}); stdout:\n{stdout}\nstderr:\n{stderr}")
+    })
+}
+
+/// Runs a Stripe SDK's `script`, creating one customer through a new
+/// gateway whose upstream commits `/v1/customers` and answers 201 — or,
+/// with `lose_response`, commits it and closes the connection unanswered.
+async fn create_customer(script: &str, lose_response: bool) -> (TestGateway, Value) {
+    let aliases: &[(&str, &str)] = if lose_response {
+        &[(CUSTOMERS, "/drop")]
+    } else {
+        &[]
+    };
+    let upstream = FakeUpstream::start_aliased(aliases).await;
+    let gw = spawn_gateway_on(upstream, Setup::route("").admin()).await;
+    let report = run_client(script, &[&format!("http://{}", gw.addr())]).await;
+    (gw, report)
+}
+
+/// After a lost response: exactly one write reached the upstream, its
+/// operation is `unknown` after one attempt, and the gateway held
+/// `requests` requests for it (the client's first try and its retries).
+async fn assert_one_write_held(gw: &TestGateway, requests: f64) {
+    assert_eq!(gw.upstream.writes(), 1, "exactly one write upstream");
+    let sent = gw.upstream.write_requests();
+    assert_eq!(sent.len(), 1, "no retry reached the upstream: {sent:?}");
+    let key = sent[0]
+        .header("idempotency-key")
+        .expect("the client's key was forwarded");
+    let operation = gw.operation(key).await;
+    assert_eq!(operation["state"], "unknown", "{operation}");
+    assert_eq!(operation["attempts"], 1, "{operation}");
+    let metrics = scrape_metrics(gw.admin_addr()).await;
+    assert_eq!(metric(&metrics, HELD), Some(requests), "{metrics}");
+}
+
+/// What a Stripe SDK must end with when its customer's outcome is unknown:
+/// an error with the gateway's idempotency error, never a customer.
+fn assert_raised_outcome_unknown(report: &Value) {
+    assert_eq!(report["outcome"], "raised", "the SDK resolved: {report}");
+    assert_eq!(report["type"], "idempotency_error", "{report}");
+    assert_eq!(report["code"], "outcome-unknown", "{report}");
+    assert_eq!(report["status"], 409, "{report}");
+    assert!(
+        report["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{report}"
+    );
+}
+
+/// A Stripe SDK's customer created through the gateway: resolved with the
+/// upstream's object, one write.
+async fn assert_created(gw: &TestGateway, report: &Value) {
+    assert_eq!(report["outcome"], "resolved", "{report}");
+    assert_eq!(report["id"], 1, "the upstream's object: {report}");
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+// ------------------------------------------------------------- stripe-node
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
+async fn stripe_node_raises_when_the_outcome_is_unknown() {
+    let (gw, report) = create_customer("stripe_node.js", true).await;
+    assert_raised_outcome_unknown(&report);
+    assert_eq!(report["class"], "StripeAPIError", "{report}");
+    assert_eq!(report["attempts"], 3, "1 + maxNetworkRetries: {report}");
+    assert_one_write_held(&gw, 3.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
+async fn stripe_node_resolves_a_created_customer() {
+    let (gw, report) = create_customer("stripe_node.js", false).await;
+    assert_created(&gw, &report).await;
+    assert_eq!(report["attempts"], 1, "{report}");
+}
+
+// ----------------------------------------------------------- stripe-python
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
+async fn stripe_python_raises_when_the_outcome_is_unknown() {
+    let (gw, report) = create_customer("stripe_python.py", true).await;
+    assert_raised_outcome_unknown(&report);
+    assert_eq!(report["class"], "APIError", "{report}");
+    assert_one_write_held(&gw, 3.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
+async fn stripe_python_resolves_a_created_customer() {
+    let (gw, report) = create_customer("stripe_python.py", false).await;
+    assert_created(&gw, &report).await;
+}
+
+// ------------------------------------------------- requests + urllib3 Retry
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
+async fn requests_retry_ends_on_the_held_409_with_a_parseable_error() {
+    let gw = spawn_gateway_with(Setup::route("").admin()).await;
+    let url = format!("http://{}/drop", gw.addr());
+    let report = run_client("requests_retry.py", &[&url, "requests-lost-1"]).await;
+    assert_eq!(report["outcome"], "response", "{report}");
+    assert_eq!(report["status"], 409, "{report}");
+    assert_eq!(
+        report["retried"],
+        json!([502]),
+        "one retry, on the lost 502"
+    );
+    assert_eq!(report["content_type"], "application/problem+json");
+    let body = &report["body"];
+    assert_eq!(
+        body["type"], "urn:idemgate:problem:outcome-unknown",
+        "{body}"
+    );
+    assert_eq!(body["state"], "unknown", "{body}");
+    assert_eq!(
+        body["error"],
+        json!({
+            "type": "idempotency_error",
+            "code": "outcome-unknown",
+            "message": body["detail"],
+        }),
+        "{body}"
+    );
+    assert_one_write_held(&gw, 2.0).await;
+}

@@ -1,0 +1,244 @@
+//! The PostgreSQL store's promises between replicas, store by store on one
+//! schema ([`PgSchema`]):
+//!
+//! - a replica whose lease ran out is dead: its `in_progress` operations
+//!   become `unknown` (`replica-lost`), each exactly once however many live
+//!   peers look, and an operator may then resolve them;
+//! - a live peer's operations are never touched, nor resolvable;
+//! - a replica that cannot renew stops claiming while the database still
+//!   counts its lease, and claims again once it renews;
+//! - one replica sweeps at a time; replicas starting together migrate once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::*;
+use idemgate::clock::{Clock, SystemClock};
+use idemgate::config::Durability;
+use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State};
+use idemgate::store::{
+    ClaimResult, Decision, Maintenance, NewOperation, Operators, PostgresStore, Recorded,
+    RequestPath, Resolved, Store, StoreError,
+};
+
+const LEASE: Duration = Duration::from_secs(2);
+
+async fn replica(schema: &PgSchema, owner: &str) -> PostgresStore {
+    replica_at(schema.url.clone(), owner.to_string()).await
+}
+
+async fn replica_at(url: String, owner: String) -> PostgresStore {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    PostgresStore::open(
+        &url,
+        Durability::Normal,
+        LEASE,
+        owner.clone(),
+        clock,
+        test_store_keys(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("open {owner}: {e}"))
+}
+
+fn new_op(key: &str) -> NewOperation {
+    NewOperation {
+        route: "api".into(),
+        scope: digest("s"),
+        key: key.into(),
+        fingerprint: Fingerprint::from_stored(digest("fp")),
+        request: RequestSummary {
+            method: "POST".into(),
+            path: "/".into(),
+            content_type: None,
+            body_size: 0,
+            body_sha256: digest(""),
+            body: None,
+        },
+        fresh_after: None,
+    }
+}
+
+async fn claim_id(store: &dyn Store, key: &str) -> String {
+    match store.claim(&new_op(key)).await.expect("claim") {
+        ClaimResult::Claimed(claim) => claim.operation_id,
+        ClaimResult::Existing(op) => panic!("{key} exists: {:?}", op.state),
+    }
+}
+
+fn operator() -> Event {
+    Event {
+        kind: "resolved",
+        detail: serde_json::json!({ "operator": "ann" }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_lost_replicas_operations_become_unknown_exactly_once() {
+    let schema = PgSchema::create().await;
+    let lost = replica(&schema, "lost").await;
+    let (b, c) = (replica(&schema, "b").await, replica(&schema, "c").await);
+    let ids = [claim_id(&lost, "k1").await, claim_id(&lost, "k2").await];
+    let mine = claim_id(&b, "k3").await;
+    // Not yet: its lease runs.
+    assert!(b.recover().await.unwrap().is_empty());
+    let early = b
+        .resolve(&ids[0], &Decision::NotAttempted, &operator())
+        .await;
+    assert!(matches!(
+        early.unwrap(),
+        Resolved::NotResolvable(State::InProgress)
+    ));
+
+    drop(lost); // stops renewing, as a killed process would
+    let deadline = tokio::time::Instant::now() + LEASE * 3;
+    let mut marked = Vec::new();
+    while marked.len() < 2 && tokio::time::Instant::now() < deadline {
+        // Two live peers look at once, again and again.
+        let (by_b, by_c) = tokio::join!(b.recover(), c.recover());
+        marked.extend(by_b.unwrap());
+        marked.extend(by_c.unwrap());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for _ in 0..3 {
+        marked.extend(b.recover().await.unwrap());
+        marked.extend(c.recover().await.unwrap());
+    }
+    assert_eq!(marked, ["api", "api"], "each operation marked once");
+    for id in &ids {
+        let (op, events) = c.get(id).await.unwrap().unwrap();
+        assert_eq!(
+            (op.state, op.evidence.as_str()),
+            (State::Unknown, "replica-lost")
+        );
+        let lost: Vec<_> = events.iter().filter(|e| e.kind == "owner-lost").collect();
+        assert_eq!(lost.len(), 1);
+        assert_eq!(lost[0].detail["owner"], "lost");
+    }
+    // Held, never claimed again; a live peer's own attempt is untouched.
+    let retry = b.claim(&new_op("k1")).await.unwrap();
+    assert!(matches!(retry, ClaimResult::Existing(op) if op.state == State::Unknown));
+    let (op, _) = c.get(&mine).await.unwrap().unwrap();
+    assert_eq!(op.state, State::InProgress);
+    let live = c.resolve(&mine, &Decision::NotAttempted, &operator()).await;
+    assert!(matches!(
+        live.unwrap(),
+        Resolved::NotResolvable(State::InProgress)
+    ));
+    let settled = c
+        .resolve(&ids[1], &Decision::NotAttempted, &operator())
+        .await;
+    assert!(matches!(settled.unwrap(), Resolved::Done));
+    b.close().await;
+    c.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_replica_that_cannot_renew_stops_claiming_before_its_lease_ends() {
+    let schema = PgSchema::create().await;
+    let store = replica(&schema, "stuck").await;
+    claim_id(&store, "before").await;
+    // Renewals (writes to the replicas table) wait behind this lock; reads go on.
+    let mut blocker = admin_connection().await;
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    let lock = format!("LOCK TABLE {}.replicas IN EXCLUSIVE MODE", schema.name);
+    sqlx::query(&lock).execute(&mut blocker).await.unwrap();
+
+    let mut observer = admin_connection().await;
+    let lease_runs = format!(
+        "SELECT lease_until > clock_timestamp() FROM {}.replicas WHERE id = 'stuck'",
+        schema.name
+    );
+    let deadline = tokio::time::Instant::now() + LEASE * 2;
+    let refused_at_lease = loop {
+        assert!(tokio::time::Instant::now() < deadline, "still claiming");
+        let new = new_op(&format!("k-{}", uuid::Uuid::now_v7()));
+        let claimed = tokio::time::timeout(Duration::from_millis(200), store.claim(&new)).await;
+        if let Ok(Err(StoreError::Busy(_))) = claimed {
+            let runs: bool = sqlx::query_scalar(&lease_runs)
+                .fetch_one(&mut observer)
+                .await
+                .unwrap();
+            break runs;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        refused_at_lease,
+        "claims stop while the database still counts the lease"
+    );
+    assert!(store.ping().await.is_err(), "not ready either");
+
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    let deadline = tokio::time::Instant::now() + LEASE * 2;
+    loop {
+        match store.claim(&new_op("after")).await {
+            Ok(ClaimResult::Claimed(_)) => break,
+            Err(StoreError::Busy(_)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("no claim after renewing: {other:?}"),
+        }
+    }
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn one_replica_sweeps_at_a_time() {
+    let schema = PgSchema::create().await;
+    let store = replica(&schema, "a").await;
+    for i in 0..3 {
+        let new = new_op(&format!("k{i}"));
+        let ClaimResult::Claimed(claim) = store.claim(&new).await.unwrap() else {
+            panic!("not claimed");
+        };
+        let refused = Settlement::NotAttempted {
+            evidence: "connect-failed".into(),
+        };
+        let recorded = store.record(&claim, &refused, &[]).await.unwrap();
+        assert_eq!(recorded, Recorded::Applied);
+    }
+    let later = SystemClock.now_millis() + 1000;
+    // Another replica's sweep holds the lock: this one deletes nothing.
+    let mut other = admin_connection().await;
+    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+    let take = format!("SET LOCAL search_path = {}", schema.name);
+    sqlx::query(&take).execute(&mut other).await.unwrap();
+    let ours: bool = sqlx::query_scalar(
+        "SELECT pg_try_advisory_xact_lock(hashtext(current_schema() || ':idemgate-sweep'))",
+    )
+    .fetch_one(&mut other)
+    .await
+    .unwrap();
+    assert!(ours);
+    assert_eq!(store.sweep(later, 100).await.unwrap(), 0);
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    assert_eq!(store.sweep(later, 100).await.unwrap(), 3);
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn replicas_starting_together_migrate_once() {
+    let schema = PgSchema::create().await;
+    let mut starting = tokio::task::JoinSet::new();
+    for i in 0..4 {
+        starting.spawn(replica_at(schema.url.clone(), format!("r{i}")));
+    }
+    let opened = starting.join_all().await;
+    let mut conn = admin_connection().await;
+    let applied: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {}._sqlx_migrations",
+        schema.name
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(applied, postgres_migrations(), "each applied once");
+    for store in opened {
+        store.close().await;
+    }
+}

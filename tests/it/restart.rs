@@ -1,0 +1,167 @@
+//! What survives a restart, in process: completed operations are replayed
+//! after a graceful shutdown and a new start on the same store, and one store
+//! serves one gateway at a time, until that gateway shuts down.
+//! The real binary's restarts are in [`process`](super::process). A child
+//! spawned by a concurrent test holds the store's lock between fork and
+//! exec; the harness keeps restarts clear of that
+//! ([`children`](crate::common::children)).
+
+use crate::common::*;
+
+const BODY: &str = r#"{"invoice":"inv-7","amount":250}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_operation_survives_restart() {
+    let mut gw = spawn_gateway("").await;
+    let first = write(gw.addr(), "/invoices", Some("inv-7"), BODY).await;
+    assert_fresh_created(&first);
+
+    gw.restart().await;
+    let retry = write(gw.addr(), "/invoices", Some("inv-7"), BODY).await;
+
+    assert_replay_of(&retry, &first);
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_gateway_on_same_store_is_refused_in_process() {
+    let mut gw = spawn_gateway("").await;
+
+    match gw.try_start_another().await {
+        Ok(second) => {
+            second.shutdown().await;
+            panic!("a second gateway started on a locked store");
+        }
+        Err(e) => assert!(!e.to_string().is_empty()),
+    }
+    // The first one is unaffected.
+    assert_fresh_created(&write(gw.addr(), "/invoices", Some("inv-7"), BODY).await);
+
+    // Shutdown releases the lock.
+    gw.shutdown().await;
+    let third = gw
+        .try_start_another()
+        .await
+        .expect("store free after shutdown");
+    third.shutdown().await;
+}
+
+/// A store as an earlier release left it (`as_before` puts it back, the
+/// gateway stopped) keeps every operation and every event through the
+/// migrations at the next start: the completed write is replayed, the held
+/// one is still held with its whole timeline (a sealed value would not
+/// open if its identity changed), and nothing more reaches the upstream.
+async fn operations_survive_the_upgrade(as_before: impl FnOnce(&std::path::Path)) -> TestGateway {
+    let mut gw = spawn_gateway_with(Setup::route("").admin()).await;
+    let first = write(gw.addr(), "/invoices", Some("inv-7"), BODY).await;
+    assert_fresh_created(&first);
+    write(gw.addr(), "/status/502", Some("lost-1"), BODY).await;
+    let held = gw.operation("lost-1").await;
+    assert_eq!(held["state"], "unknown");
+    assert!(held["events"].as_array().unwrap().len() >= 2, "{held}");
+    gw.shutdown().await;
+
+    as_before(&gw.store_path);
+    gw.start_again().await;
+
+    assert_replay_of(
+        &write(gw.addr(), "/invoices", Some("inv-7"), BODY).await,
+        &first,
+    );
+    assert_held_unknown(&write(gw.addr(), "/status/502", Some("lost-1"), BODY).await);
+    assert_eq!(
+        gw.operation("lost-1").await,
+        held,
+        "the same operation, events and all"
+    );
+    assert_eq!(gw.upstream.write_requests().len(), 2, "nothing re-sent");
+    gw
+}
+
+/// The rebuild of the state CHECK (migration 0002).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_and_events_survive_the_state_check_rebuild() {
+    operations_survive_the_upgrade(|store| {
+        digests_as_before_0007(store);
+        schema_as_before_0002(store);
+    })
+    .await;
+}
+
+/// The digests kept as bytes (migration 0007): hex text before, 32 bytes
+/// after, the identity found by them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_survive_the_digests_becoming_bytes() {
+    let gw = operations_survive_the_upgrade(|store| {
+        digests_as_before_0007(store);
+        let conn = rusqlite::Connection::open(store).unwrap();
+        let fingerprint: String = conn
+            .query_row("SELECT fingerprint FROM operations LIMIT 1", [], |row| {
+                row.get(0)
+            })
+            .unwrap();
+        assert_eq!(fingerprint.len(), 64, "hex, as before 0007: {fingerprint}");
+    })
+    .await;
+    let conn = rusqlite::Connection::open(&gw.store_path).unwrap();
+    let lengths: Vec<(i64, i64, i64)> = conn
+        .prepare("SELECT length(scope), length(fingerprint), length(request_body_sha256) FROM operations")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(lengths, [(32, 32, 32), (32, 32, 32)], "bytes again");
+}
+
+/// Puts the `operations` table back as migration 0001 made it (the CHECK
+/// with an IN list) and forgets that 0002 ran: the store as the previous
+/// release left it.
+fn schema_as_before_0002(store: &std::path::Path) {
+    let conn = rusqlite::Connection::open(store).unwrap();
+    let created = include_str!("../../migrations/sqlite/0001_operations.sql");
+    let table = &created[created.find("CREATE TABLE operations").unwrap()..];
+    let table = &table[..table.find(") STRICT;").unwrap() + ") STRICT;".len()];
+    assert!(table.contains("state IN ("), "0001's CHECK has an IN list");
+    let table = table.replace("CREATE TABLE operations", "CREATE TABLE operations_0001");
+    conn.execute_batch(&format!(
+        "PRAGMA foreign_keys = OFF;
+         BEGIN;
+         {table}
+         INSERT INTO operations_0001 ({COLUMNS}) SELECT {COLUMNS} FROM operations;
+         DROP TABLE operations;
+         ALTER TABLE operations_0001 RENAME TO operations;
+         CREATE UNIQUE INDEX operations_identity ON operations (route, scope, idem_key)
+            WHERE superseded_at IS NULL;
+         CREATE INDEX operations_state_updated ON operations (state, updated_at);
+         DELETE FROM _sqlx_migrations WHERE version = 2;
+         COMMIT;"
+    ))
+    .unwrap();
+}
+
+/// The columns of `operations` from migration 0001 on.
+const COLUMNS: &str = "id, route, scope, idem_key, fingerprint, state, attempt, owner, evidence,
+    request_method, request_path, request_content_type, request_body_size, request_body_sha256,
+    request_body, response_status, response_headers, response_body, created_at, updated_at,
+    superseded_at";
+
+/// Puts the digests back as hex text, as the release before migration
+/// 0007 kept them, and forgets that 0007 ran.
+fn digests_as_before_0007(store: &std::path::Path) {
+    let conn = rusqlite::Connection::open(store).unwrap();
+    let mut sql = String::from("BEGIN; DROP INDEX operations_identity;");
+    for column in ["scope", "fingerprint", "request_body_sha256"] {
+        sql += &format!(
+            "ALTER TABLE operations ADD COLUMN {column}_hex TEXT NOT NULL DEFAULT '';
+             UPDATE operations SET {column}_hex = lower(hex({column}));
+             ALTER TABLE operations DROP COLUMN {column};
+             ALTER TABLE operations RENAME COLUMN {column}_hex TO {column};"
+        );
+    }
+    sql += "CREATE UNIQUE INDEX operations_identity ON operations (route, scope, idem_key)
+                WHERE superseded_at IS NULL;
+            DELETE FROM _sqlx_migrations WHERE version = 7;
+            COMMIT;";
+    conn.execute_batch(&sql).unwrap();
+}

@@ -1,0 +1,156 @@
+//! What time and shutdown do to operations:
+//!
+//! - retention: the sweep deletes a `completed` operation once the store's
+//!   clock is `retention` past its last update (its key then starts a new
+//!   operation), but never an `unknown` one;
+//! - graceful shutdown: listeners close at once, a request in flight still
+//!   gets its response, and it is replayed after a restart; one still in
+//!   flight when `shutdown_grace` runs out is `unknown` after the restart.
+
+use std::time::Duration;
+
+use crate::common::*;
+use idemgate::clock::ManualClock;
+
+const ORDER: &str = r#"{"sku":"apple","qty":3}"#;
+/// The retention, on a manual clock; the sweeps run at the [`QUICK`] pace.
+const RETENTION: Duration = Duration::from_secs(100);
+
+async fn with_retention(route_extra: &str) -> (TestGateway, std::sync::Arc<ManualClock>) {
+    let clock = ManualClock::new();
+    let setup = Setup::route(route_extra)
+        .store("retention = \"100s\"")
+        .clock(clock.clone())
+        .quick()
+        .admin();
+    (spawn_gateway_with(setup).await, clock)
+}
+
+/// Retries `key` until it is forwarded anew (the sweep deleted its
+/// operation) and returns that fresh answer; panics after a few sweeps.
+async fn retry_until_swept(gw: &TestGateway, key: &str) -> Response {
+    let fresh = write_until(
+        gw.addr(),
+        "/orders",
+        key,
+        ORDER,
+        Duration::from_secs(5),
+        |r| !r.is_replay(),
+    )
+    .await;
+    assert_fresh_created(&fresh);
+    fresh
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_operation_expires_after_retention_by_the_store_clock() {
+    let (gw, clock) = with_retention("").await;
+    let first = write(gw.addr(), "/orders", Some("ret-1"), ORDER).await;
+    assert_eq!(assert_fresh_created(&first), 1);
+
+    // A whole sweep runs while the store's clock is just short of the
+    // retention.
+    clock.advance(RETENTION - Duration::from_secs(1));
+    next_full_pass(gw.admin_addr(), "retention").await;
+    let kept = write(gw.addr(), "/orders", Some("ret-1"), ORDER).await;
+    assert_replay_of(&kept, &first);
+
+    clock.advance(Duration::from_secs(2));
+    let fresh = retry_until_swept(&gw, "ret-1").await;
+
+    assert_eq!(fresh.json()["id"], 2, "forwarded anew");
+    assert_eq!(gw.upstream.writes(), 2);
+    let retry = write(gw.addr(), "/orders", Some("ret-1"), ORDER).await;
+    assert_replay_of(&retry, &fresh);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_operation_is_never_swept() {
+    let (gw, clock) = with_retention("upstream_timeout = \"300ms\"").await;
+    let held = write(gw.addr(), "/hold", Some("ret-held"), ORDER).await;
+    held.assert_operation_problem(504, "outcome-unknown", "unknown");
+    let control = write(gw.addr(), "/orders", Some("ret-control"), ORDER).await;
+    assert_fresh_created(&control);
+
+    clock.advance(RETENTION + Duration::from_secs(1));
+    // The completed control operation going proves a sweep ran past the cutoff.
+    retry_until_swept(&gw, "ret-control").await;
+
+    let retry = write(gw.addr(), "/hold", Some("ret-held"), ORDER).await;
+    assert_held_unknown(&retry);
+    assert_eq!(gw.operation("ret-held").await["state"], "unknown");
+    assert_eq!(
+        gw.upstream
+            .write_requests()
+            .iter()
+            .filter(|r| r.uri == "/hold")
+            .count(),
+        1,
+        "the unknown write was never re-sent"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_the_request_in_flight_finish_and_it_is_replayed_after_restart() {
+    let mut gw = spawn_gateway("").await;
+    let addr = gw.addr();
+    // The upstream holds its answer until the test lets it go.
+    gw.upstream.script(Scripted::Hold);
+    let in_flight =
+        tokio::spawn(async move { write(addr, "/scripted", Some("sd-1"), ORDER).await });
+    gw.upstream.wait_for_writes(1).await;
+
+    let shutdown = gw.begin_shutdown();
+    // New connections are refused while the old one drains.
+    eventually(
+        "the proxy to refuse connections during shutdown",
+        || async {
+            tokio::net::TcpStream::connect(addr)
+                .await
+                .is_err()
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        !in_flight.is_finished(),
+        "the request ended before the upstream answered"
+    );
+    assert!(
+        !shutdown.is_finished(),
+        "shutdown returned before the upstream answered"
+    );
+    gw.upstream.release_one();
+    shutdown.await.expect("shutdown task");
+
+    let original = tokio::time::timeout(WAIT, in_flight)
+        .await
+        .expect("the request in flight got no answer")
+        .expect("client task");
+    assert_fresh_created(&original);
+
+    gw.start_again().await;
+    let retry = write(gw.addr(), "/scripted", Some("sd-1"), ORDER).await;
+    assert_replay_of(&retry, &original);
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_still_in_flight_after_the_grace_is_unknown_after_restart() {
+    let setup = Setup::route("upstream_timeout = \"10s\"").server("shutdown_grace = \"300ms\"");
+    let mut gw = spawn_gateway_with(setup).await;
+    let addr = gw.addr();
+    let in_flight = tokio::spawn(async move { write(addr, "/hold", Some("sd-2"), ORDER).await });
+    gw.upstream.wait_for_writes(1).await;
+
+    // Within WAIT (15 s), which the default grace (30 s) would outlast:
+    // the configured grace ended it.
+    gw.shutdown().await;
+    in_flight.abort();
+
+    gw.start_again().await;
+    let retry = write(gw.addr(), "/hold", Some("sd-2"), ORDER).await;
+    assert_held_unknown(&retry);
+    assert_eq!(gw.upstream.writes(), 1, "never re-sent");
+    assert_eq!(gw.upstream.write_requests().len(), 1);
+}
