@@ -22,6 +22,8 @@
 //! - [`scope_key`]: the secret scopes are keyed with before they are stored.
 //! - [`problem`]: the RFC 9457 problem+json body of every error idemgate
 //!   answers itself, on both listeners.
+//! - [`traces`]: OpenTelemetry spans of each request's steps, exported over
+//!   OTLP when an `OTEL_*` endpoint is set.
 //! - [`admin`]: the operators' listener (the admin API and the operator
 //!   console at `/`); [`metrics`]: Prometheus counters.
 //! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal;
@@ -77,4 +79,5 @@ pub mod scope_key;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod traces;
 pub mod workers;

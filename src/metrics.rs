@@ -148,6 +148,8 @@ pub struct Metrics {
     store_errors: Family<RouteLabels, Counter>,
     alert_deliveries: Family<DeliveryLabels, Counter>,
     background_passes: Family<TaskLabels, Counter>,
+    /// Moved by the traces' exporter, which is handed a clone.
+    trace_spans_dropped: Counter,
     /// Held by the one store read in flight, until the store answers (even
     /// past [`STORE_READ_BOUND`]); tokio's Mutex for `try_lock_owned`, which
     /// moves the guard into the read's task.
@@ -214,6 +216,12 @@ impl Metrics {
             "Passes of the background tasks that ran to their end without a store error, by task: retention (the sweep), alerts (a poll of the outbox), replicas (a look for lost peers and at the pauses, on a shared store)",
             background_passes.clone(),
         );
+        let trace_spans_dropped = Counter::default();
+        registry.register(
+            "trace_spans_dropped",
+            "Trace spans never exported: the export queue (OTEL_BSP_MAX_QUEUE_SIZE) was full, or the collector refused or did not answer their batch",
+            trace_spans_dropped.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -223,6 +231,7 @@ impl Metrics {
             store_errors,
             alert_deliveries,
             background_passes,
+            trace_spans_dropped,
             store_read: Arc::default(),
         }
     }
@@ -255,6 +264,11 @@ impl Metrics {
         for task in [Task::retention, Task::alerts, Task::replicas] {
             drop(self.background_passes.get_or_create(&TaskLabels { task }));
         }
+    }
+
+    /// Where the traces' exporter counts the spans it could not export.
+    pub fn trace_spans_dropped(&self) -> Counter {
+        self.trace_spans_dropped.clone()
     }
 
     pub fn request(&self, route: &str, outcome: Outcome) {
@@ -453,6 +467,12 @@ mod tests {
         assert!(text.contains(r#"idemgate_route_paused{route="api"} 1"#));
         assert!(text.contains("idemgate_oldest_unknown_age_seconds 10.0"));
         assert!(text.contains("idemgate_store_up 1\n"), "{text}");
+        metrics.trace_spans_dropped().inc_by(2);
+        let text = metrics.render(Some(&read), 11_000);
+        assert!(
+            text.contains("idemgate_trace_spans_dropped_total 2\n"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(text.contains(r#"idemgate_store_batch_calls_sum{batch="write"} 3.0"#));
         assert!(

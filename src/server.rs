@@ -50,6 +50,8 @@ use crate::pipeline::forward::{Peer, ViaTls};
 use crate::scope_key::{ScopeKey, ScopeKeyError};
 use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
 use crate::tls::{FieldError, ServerTls, TlsError};
+use crate::traces::settings::TraceSettings;
+use crate::traces::{TraceError, Tracing};
 use crate::{replicas, retention, tls};
 
 /// Why the gateway did not start.
@@ -77,6 +79,8 @@ pub enum StartError {
     TlsFile(#[from] FieldError),
     #[error(transparent)]
     Alerts(#[from] AlertError),
+    #[error(transparent)]
+    Traces(#[from] TraceError),
 }
 
 /// A running gateway.
@@ -168,6 +172,7 @@ impl Gateway {
         let listeners = tls::read(&config)?;
         let clock = options.clock.clone();
         let lookup = |name: &str| options.var(name);
+        let trace_settings = TraceSettings::from_env(&lookup).map_err(TraceError::from)?;
         let keys = StoreKeys {
             seal: Seal::from_config(&config.store, &lookup)?,
             scope: ScopeKey::load(&config.store, &lookup)?,
@@ -175,7 +180,15 @@ impl Gateway {
         let owner = uuid::Uuid::now_v7().to_string();
         let scope_key = keys.scope.clone();
         let store = crate::store::open(&config.store, owner, clock.clone(), keys).await?;
-        match Self::serve(config, listeners, store.clone(), scope_key, options).await {
+        let serving = Self::serve(
+            config,
+            listeners,
+            store.clone(),
+            scope_key,
+            trace_settings,
+            options,
+        );
+        match serving.await {
             Ok(gateway) => Ok(gateway),
             Err(error) => {
                 store.close().await;
@@ -189,6 +202,7 @@ impl Gateway {
         listeners: tls::Listeners,
         store: Arc<dyn Store>,
         scope_key: ScopeKey,
+        trace_settings: Option<TraceSettings>,
         options: StartOptions,
     ) -> Result<Gateway, StartError> {
         let (clock, pace) = (options.clock, options.pace);
@@ -234,18 +248,29 @@ impl Gateway {
         let paused = store.paused_routes().await?;
         let metrics = Arc::new(Metrics::new(store.batches()));
         metrics.start_at_zero(config.routes.iter().map(|route| route.name.as_str()));
+        let traces = match &trace_settings {
+            Some(settings) => Some(Arc::new(Tracing::start(
+                settings,
+                Handle::current(),
+                metrics.trace_spans_dropped(),
+            )?)),
+            None => None,
+        };
         let proxy_cap = ConnectionCap::new("proxy", server.max_connections, &metrics);
         let admin_cap = ConnectionCap::new("admin", server.admin_max_connections, &metrics);
-        let proxy = Arc::new(Proxy::new(
-            &config,
-            store.clone(),
-            scope_key,
-            clock.clone(),
-            &paused,
-            metrics.clone(),
-            shutdown.clone(),
-            give_up.clone(),
-        )?);
+        let proxy = Arc::new(
+            Proxy::new(
+                &config,
+                store.clone(),
+                scope_key,
+                clock.clone(),
+                &paused,
+                metrics.clone(),
+                shutdown.clone(),
+                give_up.clone(),
+            )?
+            .traced(traces.clone()),
+        );
         let admin = Arc::new(Admin {
             store: store.clone(),
             proxy: proxy.clone(),
@@ -327,7 +352,7 @@ impl Gateway {
             )),
         ];
         let serving = tokio::spawn({
-            let shutdown = shutdown.clone();
+            let (shutdown, traces) = (shutdown.clone(), traces.clone());
             async move {
                 shutdown.cancelled().await;
                 let deadline = Instant::now() + server.shutdown_grace;
@@ -341,6 +366,9 @@ impl Gateway {
                     tracing::warn!("forward tasks still running at the end of the grace period");
                 }
                 give_up.cancel();
+                if let Some(traces) = &traces {
+                    traces.shutdown().await;
+                }
                 store.close().await;
             }
         });
@@ -349,6 +377,7 @@ impl Gateway {
             %admin_addr,
             proxy_tls = proxy_tls.is_some(),
             admin_tls = admin_tls.is_some(),
+            traces = traces.is_some(),
             "listening"
         );
         Ok(Gateway {

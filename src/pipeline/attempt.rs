@@ -34,6 +34,7 @@ use crate::pipeline::reconcile::Reconciler;
 use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::replay::ReplayCache;
 use crate::store::{Claim, Permit, Recorded, Store};
+use crate::traces::{self, Step};
 
 /// Everything one attempt needs, owned, for its task.
 pub struct Attempt {
@@ -76,13 +77,14 @@ impl Attempt {
         let started = Instant::now();
         // Boxed: the exchange's futures are kilobytes, and would make the
         // whole attempt's future as large.
-        let sent = Box::pin(forward::send_write(
-            &self.active.writes,
-            route,
-            &self.request,
-            &self.permit,
-        ))
-        .await;
+        let exchange = async {
+            let sent = forward::send_write(&self.active.writes, route, &self.request, &self.permit);
+            let sent = Box::pin(sent).await;
+            let (how, status) = sent.exchange.summary();
+            traces::upstream_ended(sent.tries, how, status);
+            sent
+        };
+        let sent = traces::child(Step::Upstream, exchange).await;
         self.metrics
             .upstream_duration(&route.name, started.elapsed().as_secs_f64());
         let fenced = matches!(sent.exchange, Exchange::Fenced { .. });
@@ -98,6 +100,7 @@ impl Attempt {
             self.request.body_len(),
         );
         let held = matches!(settlement, Settlement::Unknown { .. });
+        traces::note_attempt(self.claim.attempt, settlement.state().as_str());
         // Not later than the store's own update time, so the cache never
         // outlives the stored operation.
         let recorded_at = self.clock.now_millis();
@@ -123,7 +126,8 @@ impl Attempt {
         }
         // Whether the store holds this attempt `unknown` once recorded, so
         // that a probe or a late response may settle it.
-        let follow = match self.store.record(&self.claim, &settlement, &events).await {
+        let recorded = self.store.record(&self.claim, &settlement, &events);
+        let follow = match traces::child(Step::StoreRecord, recorded).await {
             Ok(Recorded::Applied) => {
                 // The latch trips before the client hears of the loss, so
                 // no write sent after that answer can slip past it.
@@ -229,7 +233,7 @@ impl Attempt {
             if let Some(late) = late
                 && let Ok(exchange) = tokio::time::timeout(route.late_window, late).await
             {
-                self.record_late(exchange).await;
+                traces::child(Step::LateResponse, self.record_late(exchange)).await;
             }
         };
         tokio::select! {
@@ -294,12 +298,14 @@ impl Attempt {
             .await
         {
             Ok(true) => {
+                traces::late_ended(true);
                 if let Some(quota) = &self.quota {
                     quota.count(&self.active.route, &response, self.clock.now_millis());
                 }
                 tracing::info!(operation_id = %self.claim.operation_id, "a late response settled an unknown operation")
             }
             Ok(false) => {
+                traces::late_ended(false);
                 self.metrics.late_response(&self.active.route.name);
                 tracing::info!(operation_id = %self.claim.operation_id, "a late response came after the operation was settled; kept as an event")
             }

@@ -43,6 +43,7 @@ use crate::pipeline::quota::QuotaSpent;
 use crate::pipeline::record::Released;
 use crate::pipeline::replay::{self, ReplayCache};
 use crate::store::{Claim, ClaimResult, NewOperation, Store, StoreError};
+use crate::traces::{self, Step};
 
 /// How often a waiter looks again at an operation in progress that is not
 /// in this process's map (another gateway's).
@@ -340,7 +341,9 @@ async fn claim_in_store(
                 return Err(hold.refusal(route, operation.as_ref().map(OperationRef::from)));
             }
         },
-        None => store.claim(new).await.map_err(unavailable)?,
+        None => traces::child(Step::StoreClaim, store.claim(new))
+            .await
+            .map_err(unavailable)?,
     };
     let operation = match found {
         ClaimResult::Claimed(claim) => {

@@ -18,6 +18,7 @@ use crate::pipeline::path::PathError;
 use crate::pipeline::quota::QuotaSpent;
 use crate::problem::{Problem, ProblemKind, UnknownSince};
 use crate::store::StoreError;
+use crate::traces;
 
 /// The operation a problem is about.
 #[derive(Debug, Clone)]
@@ -220,6 +221,9 @@ impl ProxyError {
     /// The problem response, carrying its [`Outcome`] and [`OperationId`]
     /// as extensions for the request log.
     pub fn into_response(self) -> Response<ProxyBody> {
+        if let (_, Some(operation)) = self.kind() {
+            traces::note_state(operation.state.as_str());
+        }
         let outcome = self.outcome();
         let store_failed = matches!(
             self,

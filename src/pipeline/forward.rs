@@ -38,6 +38,7 @@ use crate::pipeline::error::ProxyError;
 use crate::pipeline::pool::{self, Pool, PooledBody, SendError};
 use crate::store::{Fence, Permit};
 use crate::tls::TlsError;
+use crate::traces;
 
 /// The client of reconcile probes, whose URLs may name any host.
 pub type ProbeClient = Client<UpstreamConnector, ProxyBody>;
@@ -171,6 +172,8 @@ fn upstream_head(route: &Route, parts: &mut request::Parts, peer: &Peer) {
         None => "http",
     };
     headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+    // Traced, the upstream's parent is idemgate's span, not the client's.
+    traces::inject(headers);
     // What hyper put there for idemgate is not the upstream's business.
     parts.extensions.clear();
     parts.version = http::Version::HTTP_11;
@@ -280,6 +283,8 @@ impl WriteRequest {
         *request.uri_mut() = self.head.uri.clone();
         *request.version_mut() = self.head.version;
         *request.headers_mut() = self.head.headers.clone();
+        // Sent in the upstream exchange's span, each try: its parent.
+        traces::inject(request.headers_mut());
         request
     }
 }
@@ -320,6 +325,22 @@ pub enum Exchange {
         prefix: Bytes,
         rest: PooledBody,
     },
+}
+
+impl Exchange {
+    /// How far the request got, in a word, and the upstream's status if
+    /// it answered (for traces).
+    pub fn summary(&self) -> (&'static str, Option<u16>) {
+        match self {
+            Exchange::NotSent { .. } => ("not_sent", None),
+            Exchange::Fenced { .. } => ("fenced", None),
+            Exchange::Lost { .. } => ("lost", None),
+            Exchange::Classified { head, .. } => ("classified", Some(head.status.as_u16())),
+            Exchange::Released { head, .. } => ("released", Some(head.status.as_u16())),
+            Exchange::Complete { head, .. } => ("complete", Some(head.status.as_u16())),
+            Exchange::Oversized { head, .. } => ("oversized", Some(head.status.as_u16())),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -393,6 +414,7 @@ pub async fn send_write(
             Ok(Ok(response)) => read_response(response, route, Some(deadline)).await,
             Ok(Err(e)) if fenced_off(&e) => return fenced,
             Ok(Err(e)) if not_written(&e) && tries <= route.connect_retries => {
+                traces::connect_retry(tries, || error_chain(&e));
                 tokio::time::sleep(backoff(tries - 1)).await;
                 continue;
             }

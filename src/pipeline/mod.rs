@@ -65,6 +65,7 @@ use crate::operation::{Fingerprint, RequestSummary};
 use crate::scope_key::ScopeKey;
 use crate::store::{NewOperation, Store, StoreError};
 use crate::tls::TlsError;
+use crate::traces::{self, Step, Tracing};
 use attempt::Attempt;
 use budget::{BodyBudget, BudgetSpent, Reservation};
 use claim::{Claimed, Hold, InFlight};
@@ -117,6 +118,8 @@ pub struct Proxy {
     quotas: Arc<Quotas>,
     /// What scopes are keyed with before they are stored or compared.
     scope_key: ScopeKey,
+    /// The gateway's traces; `None` when they are off.
+    traces: Option<Arc<Tracing>>,
 }
 
 impl Proxy {
@@ -170,7 +173,14 @@ impl Proxy {
             body_budget: BodyBudget::new(config.server.buffered_body_budget),
             quotas: Arc::default(),
             scope_key,
+            traces: None,
         })
+    }
+
+    /// The proxy, each request traced with `traces` when some.
+    pub fn traced(mut self, traces: Option<Arc<Tracing>>) -> Self {
+        self.traces = traces;
+        self
     }
 
     /// Pauses (with `reason`) or resumes a route, stored first; `false` when
@@ -203,10 +213,22 @@ impl Proxy {
         &self.tasks
     }
 
-    /// Handles one request; every error becomes a problem response here,
-    /// and every request is counted and logged once (never with credentials
-    /// or payloads).
+    /// Handles one request, in a span of its own when traced.
     pub async fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        peer: Peer,
+    ) -> Response<ProxyBody> {
+        let Some(traces) = &self.traces else {
+            return self.serve(request, peer).await;
+        };
+        let cx = traces.request(request.method(), request.headers());
+        traces::within(cx, self.serve(request, peer)).await
+    }
+
+    /// Every error becomes a problem response here, and every request is
+    /// counted and logged once (never with credentials or payloads).
+    async fn serve(
         self: Arc<Self>,
         mut request: Request<Incoming>,
         peer: Peer,
@@ -263,6 +285,14 @@ impl Proxy {
             .extensions()
             .get::<OperationId>()
             .map(|id| id.0.as_str());
+        traces::answered(traces::Answer {
+            route,
+            path: &path,
+            outcome,
+            status: response.status().as_u16(),
+            operation_id,
+            replayed: outcome == Outcome::replayed,
+        });
         tracing::info!(
             route,
             %method,
@@ -312,6 +342,7 @@ impl Proxy {
         // the cache, before their JSON is parsed for the fingerprint.
         if let Some(key) = &sent_key {
             let identity = claim::identity(&route.name, scope.as_str(), key.as_str());
+            traces::note_key(|| self.scope_key.trace_label(&identity));
             if let Some(replay) = self.replays.answer_exact(&identity, &exact, retained_after) {
                 return Ok(replay);
             }
@@ -329,6 +360,7 @@ impl Proxy {
         // superseded (derive window) are never answered from the cache.
         let valid_after = retained_after.max(fresh_after.unwrap_or(i64::MIN));
         let identity = claim::identity(&route.name, scope.as_str(), key.as_str());
+        traces::note_key(|| self.scope_key.trace_label(&identity));
         // Other replays (the same payload spelled otherwise, or cached from
         // the store) are answered here too, without a task or a store call
         // (the claim phase asks the cache again, for waiters).
@@ -388,13 +420,13 @@ impl Proxy {
         let (this, active) = (self.clone(), active.clone());
         // Each phase's future boxed: inline, the task's future was ~18 KiB,
         // copied whole into the task as it was spawned.
-        self.tasks.spawn(async move {
+        self.tasks.spawn(traces::in_current(async move {
             match Box::pin(this.claim_write(&active, write)).await {
                 Ok(Next::Send(attempt)) => Box::pin(attempt.run(reply_tx)).await,
                 Ok(Next::Answer(response)) => drop(reply_tx.send(Ok(response))),
                 Err(error) => drop(reply_tx.send(Err(error))),
             }
-        });
+        }));
         reply_rx
             .await
             .unwrap_or_else(|_| {
@@ -445,8 +477,8 @@ impl Proxy {
             &identity,
             valid_after,
             hold,
-        )
-        .await?;
+        );
+        let claimed = traces::child(Step::Claim, claimed).await?;
         if matches!(claimed, Claimed::Send(..)) {
             let request_bytes = new.request.body.as_ref().map_or(0, Vec::len);
             self.quotas

@@ -30,6 +30,7 @@ use crate::operation::{Event, StoredResponse};
 use crate::pipeline::forward::{ProbeClient, strip_hop_by_hop};
 use crate::pipeline::key::url_component;
 use crate::store::Store;
+use crate::traces::{self, Step};
 
 /// What a probe found.
 pub enum ProbeResult {
@@ -150,21 +151,28 @@ impl Reconciler {
             operation_id,
             _done: done,
         };
-        let result = match tokio::time::timeout(
-            reconcile.timeout,
-            fetch(client, route, reconcile, &url, credentials),
-        )
-        .await
-        {
-            Ok(result) => result,
-            Err(_) => ProbeResult::NotMatched {
-                status: None,
-                error: Some(format!(
-                    "no answer within {}",
-                    humantime::format_duration(reconcile.timeout)
-                )),
-            },
+        let probe = async {
+            let fetched = tokio::time::timeout(
+                reconcile.timeout,
+                fetch(client, route, reconcile, &url, credentials),
+            );
+            let result = match fetched.await {
+                Ok(result) => result,
+                Err(_) => ProbeResult::NotMatched {
+                    status: None,
+                    error: Some(format!(
+                        "no answer within {}",
+                        humantime::format_duration(reconcile.timeout)
+                    )),
+                },
+            };
+            match &result {
+                ProbeResult::Matched(response) => traces::probe_ended(true, Some(response.status)),
+                ProbeResult::NotMatched { status, .. } => traces::probe_ended(false, *status),
+            }
+            result
         };
+        let result = traces::child(Step::Probe, probe).await;
         let event = result.event(&url);
         let written = match &result {
             ProbeResult::Matched(response) => store
@@ -196,6 +204,7 @@ async fn fetch(
         request
             .headers_mut()
             .insert(ACCEPT, HeaderValue::from_static("application/json"));
+        traces::inject(request.headers_mut());
     }
     let request = match request {
         Ok(request) => request,

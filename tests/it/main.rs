@@ -41,4 +41,5 @@ mod state_model;
 mod store_contract;
 mod store_faults;
 mod tls;
+mod traces;
 mod write_path;
