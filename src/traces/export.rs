@@ -158,16 +158,23 @@ impl SpanProcessor for Gate {
 }
 
 /// The OTLP exporter, counting the spans of every batch it could not
-/// deliver; a batch leaves the [`Queue`] as it is handed over.
+/// deliver; a batch leaves the [`Queue`] as it is handed over. The first
+/// failure after a success is logged, and the first success after it: one
+/// line per outage, not one per batch.
 #[derive(Debug)]
 pub struct Counted<E> {
     inner: E,
     queue: Queue,
+    failing: AtomicBool,
 }
 
 impl<E> Counted<E> {
     pub fn new(inner: E, queue: Queue) -> Self {
-        Counted { inner, queue }
+        Counted {
+            inner,
+            queue,
+            failing: AtomicBool::new(false),
+        }
     }
 }
 
@@ -176,8 +183,17 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         let spans = batch.len();
         self.queue.waiting.fetch_sub(spans, Ordering::AcqRel);
         let exported = self.inner.export(batch).await;
-        if exported.is_err() {
-            self.queue.dropped.inc_by(spans as u64);
+        match &exported {
+            Err(error) => {
+                self.queue.dropped.inc_by(spans as u64);
+                if !self.failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(%error, "traces: the collector did not take a batch; spans are dropped (idemgate_trace_spans_dropped_total) until it does");
+                }
+            }
+            Ok(()) if self.failing.swap(false, Ordering::Relaxed) => {
+                tracing::info!("traces: the collector takes batches again");
+            }
+            Ok(()) => {}
         }
         exported
     }
