@@ -467,8 +467,9 @@ async fn a_collector_that_refuses_fails_no_request_and_its_spans_are_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_that_hangs_fails_no_request_and_the_full_queue_is_counted() {
-    // Accepts, reads nothing, answers nothing: each export waits for its
-    // timeout while the spans of the writes pile up past the queue.
+    // Accepts, reads nothing, answers nothing: the first export waits (its
+    // timeout is longer than the test) while the spans of the writes pile
+    // up past the queue, so every drop counted here is the queue's.
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let collector = format!("http://{}", listener.local_addr().expect("addr"));
     let hanging = tokio::spawn(async move {
@@ -479,12 +480,13 @@ async fn a_collector_that_hangs_fails_no_request_and_the_full_queue_is_counted()
     });
     let setup = traced(Setup::route(""), &collector)
         .env("OTEL_BSP_MAX_QUEUE_SIZE", "4")
-        .env("OTEL_EXPORTER_OTLP_TIMEOUT", "2000");
+        .env("OTEL_EXPORTER_OTLP_TIMEOUT", "60000");
     let mut gw = spawn_gateway_with(setup).await;
     writes_answered(&gw, 6).await;
-    // Six writes end 30 spans; at most 4 wait while the first export hangs.
+    // Six writes end 30 spans: at most 4 in the export that hangs, 4 waiting.
     let dropped = dropped_spans_counted(gw.admin_addr()).await;
     assert!(dropped >= 1.0, "{dropped}");
-    gw.shutdown().await;
+    // Closed, the collector fails the export at once: the shutdown is quick.
     hanging.abort();
+    gw.shutdown().await;
 }
