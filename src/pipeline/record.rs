@@ -449,6 +449,8 @@ mod tests {
             operation_id: "op-1".into(),
             attempt: 2,
             identity: Identity::of("api", "scope", "k", "fp"),
+            route: "api".into(),
+            key: "k".into(),
         }
     }
 

@@ -951,7 +951,7 @@ async fn kept_counts_are_what_counting_the_table_says(bench: Bench) {
     let stale = Claim {
         attempt: 9,
         operation_id: ids[0].clone(),
-        identity: claimed(store.as_ref(), &on("api", "stale")).await.identity,
+        ..claimed(store.as_ref(), &on("api", "stale")).await
     };
     let recorded = store.record(&stale, &completed("x"), &first_try()).await;
     assert_eq!(recorded.unwrap(), Recorded::Stale);

@@ -125,6 +125,8 @@ pub async fn claim(
                     operation_id: operation.id,
                     attempt: operation.attempt,
                     identity: new.identity(),
+                    route: new.route.clone(),
+                    key: new.key.clone(),
                 })
             } else {
                 ClaimResult::Existing(Box::new(operation))
