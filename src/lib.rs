@@ -18,7 +18,8 @@
 //! - [`retention`]: the background sweep of expired operations.
 //! - [`alerts`]: webhooks told about held work, from the store's outbox.
 //! - [`http_client`]: the client for the gateway's own calls (not proxied).
-//! - [`clock`]: the time the store keeps (a manual one for tests).
+//! - [`clock`]: the time the store keeps (a manual one for tests);
+//!   [`backoff`]: the one retry delay (connects, alerts, records).
 //! - [`scope_key`]: the secret scopes are keyed with before they are stored.
 //! - [`problem`]: the RFC 9457 problem+json body of every error idemgate
 //!   answers itself, on both listeners.
@@ -54,6 +55,7 @@
 
 pub mod admin;
 pub mod alerts;
+pub mod backoff;
 pub mod bench;
 pub mod body;
 pub mod canonical_json;

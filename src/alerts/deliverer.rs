@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::alerts::{Endpoint, Poster, payload};
+use crate::backoff::Backoff;
 use crate::clock::{self, Clock};
 use crate::metrics::{Metrics, Task};
 use crate::store::Outbox;
@@ -37,9 +38,9 @@ const IDLE_POLL: Duration = Duration::from_secs(60);
 const LEASE: Duration = Duration::from_secs(30);
 /// Deliveries taken per poll.
 const BATCH: u32 = 32;
-/// Retry backoff: full jitter over `BASE * 2^attempts`, capped.
-const BACKOFF_BASE: Duration = Duration::from_secs(1);
-const BACKOFF_CAP: Duration = Duration::from_secs(600);
+/// Before a failed delivery is due again: full jitter under 1 s doubling
+/// with its attempts, up to 10 minutes.
+const BACKOFF: Backoff = Backoff::full_jitter(Duration::from_secs(1), Duration::from_secs(600));
 /// How often operations are checked against `unknown-aged` thresholds:
 /// rarer than the polls, since an alert a few seconds late is as good.
 /// Each pass reads only what crossed a threshold since the last
@@ -187,41 +188,11 @@ impl Deliverer {
                     AlertOutcome::GaveUp { error }
                 } else {
                     AlertOutcome::Retry {
-                        next_at: now + clock::millis(backoff(delivery.attempts)),
+                        next_at: now + clock::millis(BACKOFF.delay(delivery.attempts)),
                         error,
                     }
                 }
             }
         }
-    }
-}
-
-/// Full jitter: a uniform wait in `[0, min(CAP, BASE * 2^attempts)]`.
-fn backoff(attempts: u32) -> Duration {
-    let ceiling = BACKOFF_BASE
-        .saturating_mul(2u32.saturating_pow(attempts.min(20)))
-        .min(BACKOFF_CAP);
-    ceiling.mul_f64(fastrand::f64())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_with_jitter_and_stays_under_its_cap() {
-        for attempts in [0, 1, 5, 30, u32::MAX] {
-            let ceiling = BACKOFF_BASE
-                .saturating_mul(2u32.saturating_pow(attempts.min(20)))
-                .min(BACKOFF_CAP);
-            for _ in 0..100 {
-                assert!(backoff(attempts) <= ceiling);
-            }
-        }
-        assert!(
-            (0..200)
-                .map(|_| backoff(30))
-                .any(|d| d > Duration::from_secs(60))
-        );
     }
 }
