@@ -16,13 +16,13 @@
 //! test can tell that a poll ran before asserting that nothing was sent.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::alerts::{Endpoint, Poster, payload};
+use crate::background;
 use crate::backoff::Backoff;
 use crate::clock::{self, Clock};
 use crate::metrics::{Metrics, Task};
@@ -32,7 +32,7 @@ use crate::store::{AlertDelivery, AlertOutcome, AlertPoll};
 /// How often the outbox is polled while endpoints are configured.
 pub const POLL: Duration = Duration::from_millis(500);
 /// Without endpoints the outbox is only tidied, now and then.
-const IDLE_POLL: Duration = Duration::from_secs(60);
+pub const IDLE_POLL: Duration = Duration::from_secs(60);
 /// A taken delivery is not taken again for this long unless settled: more
 /// than a post can take.
 const LEASE: Duration = Duration::from_secs(30);
@@ -49,62 +49,45 @@ pub const AGING: Duration = Duration::from_secs(30);
 /// Finished alerts are kept this long past the longest `give_up_after`.
 const KEEP: Duration = Duration::from_secs(3600);
 
+/// What the deliverer posts with and where it reads and settles alerts.
 pub struct Deliverer {
-    store: Arc<dyn Outbox>,
-    endpoints: Vec<Endpoint>,
-    poster: Poster,
-    clock: Arc<dyn Clock>,
-    metrics: Arc<Metrics>,
+    pub store: Arc<dyn Outbox>,
+    pub endpoints: Vec<Endpoint>,
+    pub poster: Poster,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
     /// The console's base URL, for the alerts' links.
-    console: String,
-    /// When the last aging pass ran (ms, the gateway's clock).
-    aged_at: std::sync::atomic::AtomicI64,
+    pub console: String,
 }
 
 impl Deliverer {
-    pub fn new(
-        store: Arc<dyn Outbox>,
-        endpoints: Vec<Endpoint>,
-        poster: Poster,
-        clock: Arc<dyn Clock>,
-        metrics: Arc<Metrics>,
-        console: String,
-    ) -> Self {
-        Deliverer {
-            store,
-            endpoints,
-            poster,
-            clock,
-            metrics,
-            console,
-            aged_at: std::sync::atomic::AtomicI64::new(i64::MIN),
-        }
-    }
-
-    /// Polls every `every` ([`POLL`] unless a test says otherwise; rarely
-    /// without endpoints) until `stop`; deliveries in flight then are due
-    /// again after their lease.
-    pub async fn run(self: Arc<Self>, every: Duration, stop: CancellationToken) {
-        let interval = if self.endpoints.is_empty() {
-            IDLE_POLL
+    /// Polls every `every` ([`POLL`] unless a test says otherwise), or
+    /// every `idle` ([`IDLE_POLL`]) without endpoints, until `stop`;
+    /// deliveries in flight then are due again after their lease.
+    pub async fn run(self: Arc<Self>, every: Duration, idle: Duration, stop: CancellationToken) {
+        let period = if self.endpoints.is_empty() {
+            idle
         } else {
             every
         };
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(interval) => {}
+        // When the last aging pass ran (ms, the gateway's clock).
+        let mut aged_at = i64::MIN;
+        while background::tick(period, &stop).await {
+            let now = self.clock.now_millis();
+            let aging = now.saturating_sub(aged_at) >= clock::millis(AGING);
+            if aging {
+                aged_at = now;
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = self.clone().poll_once() => {}
+                _ = self.clone().poll_once(now, aging) => {}
             }
         }
     }
 
-    /// One poll: take what is due, post it, settle it.
-    async fn poll_once(self: Arc<Self>) {
-        let now = self.clock.now_millis();
+    /// One poll at `now`, an aging pass with it if `aging`: take what is
+    /// due, post it, settle it.
+    async fn poll_once(self: Arc<Self>, now: i64, aging: bool) {
         let keep = self
             .endpoints
             .iter()
@@ -112,11 +95,6 @@ impl Deliverer {
             .max()
             .unwrap_or_default()
             + KEEP;
-        let aged_at = self.aged_at.load(Ordering::Relaxed);
-        let aging = now.saturating_sub(aged_at) >= clock::millis(AGING);
-        if aging {
-            self.aged_at.store(now, Ordering::Relaxed);
-        }
         let poll = AlertPoll {
             subscriptions: self
                 .endpoints
