@@ -32,7 +32,8 @@ use tokio::time::{Instant, timeout_at};
 use crate::backoff::Backoff;
 use crate::body::{ProxyBody, full, stream};
 use crate::config::Route;
-use crate::metrics::Outcome;
+use crate::error_chain::error_chain;
+use crate::metrics::{Metrics, Outcome};
 use crate::pipeline::budget::Reservation;
 use crate::pipeline::connector::{FenceDown, UpstreamConnector};
 use crate::pipeline::error::ProxyError;
@@ -362,6 +363,7 @@ pub async fn send_write(
     route: &Arc<Route>,
     request: &WriteRequest,
     permit: &Permit,
+    metrics: &Metrics,
 ) -> Sent {
     let mut tries = 0;
     loop {
@@ -394,6 +396,7 @@ pub async fn send_write(
             Ok(Ok(response)) => read_response(response, route, Some(deadline)).await,
             Ok(Err(e)) if fenced_off(&e) => return fenced,
             Ok(Err(e)) if not_written(&e) && tries <= route.connect_retries => {
+                metrics.connect_retry(&route.name);
                 tokio::time::sleep(CONNECT_BACKOFF.delay(tries - 1)).await;
                 continue;
             }
@@ -609,18 +612,6 @@ fn read_body(
             }
         }
     })
-}
-
-/// An error and its causes, for logs and events (never carries payloads).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -140,20 +140,15 @@ async fn refused_connect_is_retried_by_the_gateway_until_the_upstream_is_up() {
     let addr = gw.addr();
     let client = tokio::spawn(async move { write(addr, "/orders", Some("conn-1"), BODY).await });
 
-    // Claimed; its first connect follows and is refused. A refused connect
-    // leaves nothing the test can observe (no metric or event counts a try
-    // before the last), so this is the one wait on the clock left: a
-    // moment after the claim for that first try; the gateway's backoff
-    // (full jitter, 100 ms doubling, 8 retries) outlasts it by far.
-    eventually("the write's claim", || async {
-        let listed = gw.admin("GET", "/admin/keys?key=conn-1", "").await;
-        listed.json()["items"][0]["state"]
-            .as_str()
-            .is_some_and(|state| state == "in_progress")
-            .then_some(())
+    // Claimed, its first connect refused and a retry on its way: the
+    // gateway counts each retry; the backoff (full jitter, 100 ms doubling,
+    // 8 retries) leaves the upstream time to come up.
+    let retries = r#"idemgate_upstream_connect_retries_total{route="api"}"#;
+    eventually("a refused connect, tried again", || async {
+        let text = scrape_metrics(gw.admin_addr()).await;
+        (metric(&text, retries) >= Some(1.0)).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let upstream = FakeUpstream::start_on(port).await;
     let first = client.await.expect("client task");
 
