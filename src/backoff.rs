@@ -4,10 +4,10 @@
 //! so many callers that failed together do not retry together.
 //!
 //! Its callers, each with its own numbers on a named constant:
-//! connect retries ([`crate::pipeline::forward`], full jitter), alert
-//! deliveries ([`crate::alerts::deliverer`], full jitter) and outcomes the
-//! store refused to record ([`crate::pipeline::record`], none: one
-//! operation's own retries, never in step with another's).
+//! connect retries (`pipeline/forward.rs`, full jitter), alert deliveries
+//! (`alerts/deliverer.rs`, full jitter) and outcomes the store refused to
+//! record (`pipeline/record.rs`, none: one operation's own retries, never
+//! in step with another's).
 //!
 //! Invariant, for every `n`: `0 <= delay(n) <= ceiling(n) <= cap`, the
 //! ceiling never shrinks as `n` grows, and nothing overflows.
@@ -109,25 +109,28 @@ mod tests {
 
     /// Every retry number up to 70 (past any doubling's saturation), and
     /// the largest ones.
-    fn retries() -> impl Iterator<Item = u32> {
+    fn retries() -> impl Iterator<Item = u32> + Clone {
         (0..=70).chain([u32::MAX / 2, u32::MAX - 1, u32::MAX])
+    }
+
+    /// Each backoff with each retry number, and its ceiling there.
+    fn cases() -> impl Iterator<Item = (Backoff, u32, Duration)> {
+        let all = backoffs().into_iter();
+        all.flat_map(|b| retries().map(move |n| (b, n, b.ceiling(n))))
     }
 
     #[test]
     fn every_wait_lies_between_zero_and_the_ceiling_and_the_ceiling_under_the_cap() {
         let mut rng = fastrand::Rng::with_seed(19);
-        for backoff in backoffs() {
-            for n in retries() {
-                let ceiling = backoff.ceiling(n);
-                assert!(ceiling <= backoff.cap, "{backoff:?} n={n}");
-                let units = [0.0, 1.0, 0.5, f64::EPSILON, 1.0 - f64::EPSILON];
-                let draws = units.into_iter().chain((0..16).map(|_| rng.f64()));
-                for unit in draws {
-                    let wait = backoff.delay_at(n, unit);
-                    assert!(wait <= ceiling, "{backoff:?} n={n} unit={unit}");
-                }
-                assert!(backoff.delay(n) <= ceiling, "{backoff:?} n={n}");
+        for (backoff, n, ceiling) in cases() {
+            assert!(ceiling <= backoff.cap, "{backoff:?} n={n}");
+            let units = [0.0, 1.0, 0.5, f64::EPSILON, 1.0 - f64::EPSILON];
+            let draws = units.into_iter().chain((0..16).map(|_| rng.f64()));
+            for unit in draws {
+                let wait = backoff.delay_at(n, unit);
+                assert!(wait <= ceiling, "{backoff:?} n={n} unit={unit}");
             }
+            assert!(backoff.delay(n) <= ceiling, "{backoff:?} n={n}");
         }
     }
 
@@ -151,21 +154,20 @@ mod tests {
     #[test]
     fn without_jitter_the_wait_is_the_ceiling_and_with_it_spreads_below() {
         let mut rng = fastrand::Rng::with_seed(19);
-        for backoff in backoffs() {
-            for n in retries() {
-                let ceiling = backoff.ceiling(n);
-                let waits: Vec<Duration> =
-                    (0..64).map(|_| backoff.delay_at(n, rng.f64())).collect();
-                match backoff.jitter {
-                    Jitter::None => assert!(waits.iter().all(|w| *w == ceiling)),
-                    // Below the middle and above it, for any ceiling worth
-                    // drawing under (a nanosecond's has no middle).
-                    Jitter::Full if ceiling > Duration::from_micros(1) => {
-                        assert!(waits.iter().any(|w| *w < ceiling / 2), "{backoff:?} n={n}");
-                        assert!(waits.iter().any(|w| *w > ceiling / 2), "{backoff:?} n={n}");
-                    }
-                    Jitter::Full => {}
+        for (backoff, n, ceiling) in cases() {
+            let waits: Vec<Duration> = (0..64).map(|_| backoff.delay_at(n, rng.f64())).collect();
+            let (below, above) = (
+                waits.iter().any(|w| *w < ceiling / 2),
+                waits.iter().any(|w| *w > ceiling / 2),
+            );
+            match backoff.jitter {
+                Jitter::None => assert!(waits.iter().all(|w| *w == ceiling)),
+                // Below the middle and above it, for any ceiling worth
+                // drawing under (a nanosecond's has no middle).
+                Jitter::Full if ceiling > Duration::from_micros(1) => {
+                    assert!(below && above, "{backoff:?} n={n}: {waits:?}");
                 }
+                Jitter::Full => {}
             }
         }
     }
