@@ -191,14 +191,11 @@ async fn concurrent_duplicates_reach_upstream_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_hanging_up_leaves_operation_settled() {
     let gw = spawn_gateway("").await;
-    let head = raw_post_head(
+    let head = raw_write_head(
         "/slow?ms=500",
-        &[
-            "content-type: application/json",
-            "idempotency-key: hangup-1",
-            &format!("authorization: {ALICE}"),
-            &format!("content-length: {}", ORDER.len()),
-        ],
+        "application/json",
+        "hangup-1",
+        &[&format!("content-length: {}", ORDER.len())],
     );
 
     let mut stream = tokio::net::TcpStream::connect(gw.addr())
@@ -239,12 +236,11 @@ async fn client_hanging_up_leaves_operation_settled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_request_is_rewritten_as_a_proxy() {
     let gw = spawn_gateway("").await;
-    let head = raw_post_head(
+    let head = raw_write_head(
         "/orders?src=test",
+        "application/json",
+        "\"fwd-1\"",
         &[
-            "content-type: application/json",
-            "idempotency-key: \"fwd-1\"",
-            &format!("authorization: {ALICE}"),
             "x-custom: kept",
             "connection: keep-alive, x-hop",
             "x-hop: dropped",
