@@ -849,6 +849,16 @@ async fn a_resolution_racing_client_retries_lets_at_most_one_through() {
 
 // ----------------------------------------------------- routes and stats
 
+/// On the paused route a new write (`p-new`) is refused 503 and the
+/// completed one (`p-done`) still replays as `done`.
+async fn assert_paused(gw: &TestGateway, done: &Response) {
+    write(gw.addr(), "/orders", Some("p-new"), ORDER)
+        .await
+        .assert_problem(503, "route-paused");
+    let replay = write(gw.addr(), "/orders", Some("p-done"), ORDER).await;
+    assert_replay_of(&replay, done);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() {
     let (mut gw, admin) = gateway("").await;
@@ -868,13 +878,7 @@ async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() 
         .await
         .assert_problem(404, "no-route");
 
-    write(gw.addr(), "/orders", Some("p-new"), ORDER)
-        .await
-        .assert_problem(503, "route-paused");
-    assert_replay_of(
-        &write(gw.addr(), "/orders", Some("p-done"), ORDER).await,
-        &done,
-    );
+    assert_paused(&gw, &done).await;
     assert_eq!(gw.upstream.write_requests().len(), 1);
     assert_eq!(
         admin.get_json("/admin/stats").await["paused_routes"],
@@ -887,13 +891,7 @@ async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() 
         addr: gw.admin_addr(),
         token: admin.token.clone(),
     };
-    write(gw.addr(), "/orders", Some("p-new"), ORDER)
-        .await
-        .assert_problem(503, "route-paused");
-    assert_replay_of(
-        &write(gw.addr(), "/orders", Some("p-done"), ORDER).await,
-        &done,
-    );
+    assert_paused(&gw, &done).await;
     let stats = admin.get_json("/admin/stats").await;
     assert_eq!(stats["paused_routes"], json!(["api"]));
     assert_eq!(
