@@ -31,6 +31,7 @@ use serde_json::{Map, Value, json};
 use crate::admin::auth::{UnusableToken, token_fault};
 use crate::cli::{Keys, KeysCommand, KeysList, KeysResolve};
 use crate::config::ClientTls;
+use crate::error_chain::error_chain;
 use crate::http_client;
 use crate::pipeline::key::url_component;
 use crate::tls::TlsError;
@@ -336,15 +337,9 @@ impl AdminApi {
 /// The whole cause chain: hyper-util's own message ("client error
 /// (Connect)") says little without it.
 fn unreachable(url: &str, error: &(dyn std::error::Error + 'static)) -> KeysError {
-    let mut reason = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let _ = write!(reason, ": {cause}");
-        source = cause.source();
-    }
     KeysError::Unreachable {
         url: url.to_string(),
-        reason,
+        reason: error_chain(error),
     }
 }
 

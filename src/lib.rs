@@ -15,10 +15,13 @@
 //!   by several replicas); all SQL lives there. It imports neither the
 //!   pipeline nor the metrics exporter: [`metrics`] reads its counters.
 //! - [`replicas`]: dead owners' operations, and keeping up with peer replicas.
-//! - [`retention`]: the background sweep of expired operations.
+//! - [`retention`]: the background sweep of expired operations;
+//!   [`background`]: the background loops' one shape.
 //! - [`alerts`]: webhooks told about held work, from the store's outbox.
-//! - [`http_client`]: the client for the gateway's own calls (not proxied).
-//! - [`clock`]: the time the store keeps (a manual one for tests).
+//! - [`http_client`]: the client for the gateway's own calls (not proxied);
+//!   [`error_chain`]: an error and its causes as one line.
+//! - [`clock`]: the time the store keeps (a manual one for tests);
+//!   [`backoff`]: the one retry delay (connects, alerts, records).
 //! - [`scope_key`]: the secret scopes are keyed with before they are stored.
 //! - [`problem`]: the RFC 9457 problem+json body of every error idemgate
 //!   answers itself, on both listeners.
@@ -54,6 +57,8 @@
 
 pub mod admin;
 pub mod alerts;
+pub mod background;
+pub mod backoff;
 pub mod bench;
 pub mod body;
 pub mod canonical_json;
@@ -61,6 +66,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod error_chain;
 pub mod http_client;
 pub mod keys_cli;
 pub mod log_format;

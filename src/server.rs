@@ -121,6 +121,12 @@ pub struct Pace {
     /// Between two polls of the alert outbox while endpoints are
     /// configured ([`alerts::deliverer::POLL`]).
     pub alert_poll: Duration,
+    /// Between two polls without endpoints, which only tidy the outbox
+    /// ([`alerts::deliverer::IDLE_POLL`]).
+    pub alert_idle: Duration,
+    /// The longest a connection over its listener's cap is kept to read
+    /// its request head and be answered 503 ([`REFUSAL_TIME`]).
+    pub refusal: Duration,
 }
 
 impl Default for Pace {
@@ -129,6 +135,8 @@ impl Default for Pace {
             sweep: None,
             watch: replicas::WATCH_EVERY,
             alert_poll: alerts::deliverer::POLL,
+            alert_idle: alerts::deliverer::IDLE_POLL,
+            refusal: REFUSAL_TIME,
         }
     }
 }
@@ -234,8 +242,13 @@ impl Gateway {
         let paused = store.paused_routes().await?;
         let metrics = Arc::new(Metrics::new(store.batches()));
         metrics.start_at_zero(config.routes.iter().map(|route| route.name.as_str()));
-        let proxy_cap = ConnectionCap::new("proxy", server.max_connections, &metrics);
-        let admin_cap = ConnectionCap::new("admin", server.admin_max_connections, &metrics);
+        let proxy_cap = ConnectionCap::new("proxy", server.max_connections, pace.refusal, &metrics);
+        let admin_cap = ConnectionCap::new(
+            "admin",
+            server.admin_max_connections,
+            pace.refusal,
+            &metrics,
+        );
         let proxy = Arc::new(Proxy::new(
             &config,
             store.clone(),
@@ -287,15 +300,15 @@ impl Gateway {
             stop_accepting.clone(),
         ));
         let alerts = tokio::spawn(
-            Arc::new(Deliverer::new(
-                store.clone(),
-                alert_endpoints,
+            Arc::new(Deliverer {
+                store: store.clone(),
+                endpoints: alert_endpoints,
                 poster,
                 clock,
-                metrics.clone(),
-                alerts::console_base(&config.server, admin_addr),
-            ))
-            .run(pace.alert_poll, stop_accepting.clone()),
+                metrics: metrics.clone(),
+                console: alerts::console_base(&config.server, admin_addr),
+            })
+            .run(pace.alert_poll, pace.alert_idle, stop_accepting.clone()),
         );
         let watch = tokio::spawn({
             let (store, proxy, routes) = (store.clone(), proxy.clone(), config.routes.clone());
@@ -402,12 +415,12 @@ impl Gateway {
 
 /// Connections over a listener's cap that are being answered 503, at most:
 /// each holds a read buffer for one request head, and for at most
-/// [`REFUSAL_TIME`]. Past this a connection is closed as it is accepted.
+/// [`Pace::refusal`]. Past this a connection is closed as it is accepted.
 const REFUSING: usize = 64;
 
 /// The longest a connection over the cap is kept to read its request head
-/// and be answered.
-const REFUSAL_TIME: Duration = Duration::from_secs(2);
+/// and be answered, unless [`Pace::refusal`] says otherwise.
+pub const REFUSAL_TIME: Duration = Duration::from_secs(2);
 
 /// A listener's bound on open connections.
 struct ConnectionCap {
@@ -417,15 +430,18 @@ struct ConnectionCap {
     open: Arc<Semaphore>,
     /// One permit per connection being refused ([`REFUSING`]).
     refusing: Arc<Semaphore>,
+    /// How long a refused connection is kept at most ([`Pace::refusal`]).
+    refusal: Duration,
     metrics: Arc<Metrics>,
 }
 
 impl ConnectionCap {
-    fn new(listener: &'static str, max: usize, metrics: &Arc<Metrics>) -> Self {
+    fn new(listener: &'static str, max: usize, refusal: Duration, metrics: &Arc<Metrics>) -> Self {
         ConnectionCap {
             listener,
             open: Arc::new(Semaphore::new(max)),
             refusing: Arc::new(Semaphore::new(REFUSING)),
+            refusal,
             metrics: metrics.clone(),
         }
     }
@@ -442,7 +458,7 @@ impl ConnectionCap {
         };
         let mut http = http1::Builder::new();
         http.timer(TokioTimer::new())
-            .header_read_timeout(REFUSAL_TIME)
+            .header_read_timeout(self.refusal)
             .max_buf_size(server.max_header_bytes)
             .half_close(true)
             .keep_alive(false);
@@ -452,9 +468,10 @@ impl ConnectionCap {
             };
             Ok::<_, Infallible>(overloaded.into_response())
         });
+        let refusal_time = self.refusal;
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(REFUSAL_TIME, async {
-                if let Some(stream) = open(stream, tls.as_ref(), REFUSAL_TIME).await {
+            let _ = tokio::time::timeout(refusal_time, async {
+                if let Some(stream) = open(stream, tls.as_ref(), refusal_time).await {
                     let _ = http.serve_connection(TokioIo::new(stream), refusal).await;
                 }
             })

@@ -31,13 +31,6 @@ use idemgate::store::{
 };
 use tempfile::TempDir;
 
-/// Which backend a contract test runs on.
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
 /// Where a backend keeps its data for one test, removed at its end.
 enum Place {
     Sqlite(TempDir),

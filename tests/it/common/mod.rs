@@ -41,7 +41,9 @@
 //!   [`Setup`] adds config lines, another upstream URL or a manual clock;
 //!   [`WriteLock`] holds its store's write lock from a second connection.
 //! - [`PgSchema`]: a PostgreSQL schema of its own per test, for the
-//!   shared store; [`Setup::postgres`] puts a gateway on it;
+//!   shared store; [`Setup::postgres`] puts a gateway on it,
+//!   [`spawn_gateway_on_backend`] on either [`Backend`], and
+//!   [`on_each_backend!`] makes a scenario's test for each;
 //!   [`admin_connection`] is a test's own connection beside the gateway's.
 //! - [`BinaryGateway`]: the real `idemgate serve` process; [`BinaryMock`]:
 //!   the real `idemgate mock-upstream`.
