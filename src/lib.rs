@@ -70,6 +70,7 @@ pub mod mock_upstream;
 pub mod operation;
 pub mod pipeline;
 pub mod problem;
+pub mod profile;
 pub mod rekey;
 pub mod replicas;
 pub mod retention;
