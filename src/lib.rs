@@ -60,6 +60,7 @@ pub mod canonical_json;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod conformance;
 pub mod demo;
 pub mod http_client;
 pub mod keys_cli;
