@@ -303,6 +303,22 @@ const ACCEPTED: (&str, Option<Value>) = ("repeatability-result", Some(Value::Tex
 const REJECTED: (&str, Option<Value>) = ("repeatability-result", Some(Value::Text("rejected")));
 const SENT_NOW: (&str, Value) = ("repeatability-first-sent", Value::Now);
 
+/// A first sent, repeatable write answered 2xx and `accepted`.
+const fn accepted(headers: &'static [(&'static str, Value)], body: Body) -> Step {
+    Step {
+        headers,
+        ..step(
+            Some(0),
+            0,
+            Expect {
+                headers: &[ACCEPTED],
+                body,
+                ..expect(Status::Success)
+            },
+        )
+    }
+}
+
 const OASIS: [Case; 6] = [
     Case {
         name: "replay",
@@ -310,29 +326,8 @@ const OASIS: [Case; 6] = [
         needs_layer: true,
         writes: 1,
         steps: &[
-            Step {
-                headers: &[SENT_NOW],
-                ..step(
-                    Some(0),
-                    0,
-                    Expect {
-                        headers: &[ACCEPTED],
-                        ..expect(Status::Success)
-                    },
-                )
-            },
-            Step {
-                headers: &[SENT_NOW],
-                ..step(
-                    Some(0),
-                    0,
-                    Expect {
-                        headers: &[ACCEPTED],
-                        body: Body::SameAs(0),
-                        ..expect(Status::Success)
-                    },
-                )
-            },
+            accepted(&[SENT_NOW], Body::Any),
+            accepted(&[SENT_NOW], Body::SameAs(0)),
         ],
     },
     Case {
@@ -395,35 +390,20 @@ const OASIS: [Case; 6] = [
         needs_layer: true,
         writes: 2,
         steps: &[
-            Step {
-                headers: &[
+            accepted(
+                &[
                     SENT_NOW,
                     ("repeatability-client-id", Value::Text("client-a")),
                 ],
-                ..step(
-                    Some(0),
-                    0,
-                    Expect {
-                        headers: &[ACCEPTED],
-                        ..expect(Status::Success)
-                    },
-                )
-            },
-            Step {
-                headers: &[
+                Body::Any,
+            ),
+            accepted(
+                &[
                     SENT_NOW,
                     ("repeatability-client-id", Value::Text("client-b")),
                 ],
-                ..step(
-                    Some(0),
-                    0,
-                    Expect {
-                        headers: &[ACCEPTED],
-                        body: Body::Differs(0),
-                        ..expect(Status::Success)
-                    },
-                )
-            },
+                Body::Differs(0),
+            ),
         ],
     },
     Case {
