@@ -212,11 +212,11 @@ impl Validator<'_> {
                 return Err(self.invalid(
                     "store.retention",
                     format!(
-                        "is {}, but route `{}` speaks the `{}` profile, which needs operations kept for at least {}",
+                        "is {}, but route `{}` speaks the `{}` profile, which needs operations kept for at least {}h",
                         humantime::format_duration(store.retention),
                         route.name,
                         route.profile.name(),
-                        humantime::format_duration(floor),
+                        floor.as_secs() / 3600,
                     ),
                 ));
             }
