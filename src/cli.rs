@@ -64,6 +64,22 @@ pub enum Command {
         #[command(subcommand)]
         command: AlertsCommand,
     },
+    /// Run a profile's conformance cases against any endpoint and print
+    /// which pass (docs/profiles.md, "Conformance"). It writes to the target.
+    Conformance(Conformance),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Conformance {
+    /// The endpoint's base URL; each case appends its path (`/drop`, `/slow?ms=1500`, …).
+    #[arg(long)]
+    pub target: String,
+    /// idemgate, ietf, stripe, acp or oasis.
+    #[arg(long, default_value = "idemgate")]
+    pub profile: String,
+    /// Confirms that the target may be written to: every case sends writes.
+    #[arg(long)]
+    pub writes: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -142,6 +142,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Conformance(args) => {
+            init_quiet_logging();
+            let passed = idemgate::conformance::command(&args, std::io::stdout()).await?;
+            std::io::stdout().flush()?;
+            if !passed {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Rekey { config } => {
             let _log = init_logging(LogFormat::Text)?;
             let config = Config::load(&config)?;

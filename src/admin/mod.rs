@@ -538,7 +538,7 @@ mod tests {
             assert_eq!(problem.status, status, "{name}");
             assert_eq!(problem.problem_type, format!("urn:idemgate:problem:{name}"));
             assert_eq!(problem.detail, error.to_string(), "{name}");
-            assert_eq!(problem.error.code, name);
+            assert_eq!(problem.error.as_ref().unwrap().code, name);
             assert!(problem.operation_id.is_none() && problem.retry_after.is_none());
         }
     }

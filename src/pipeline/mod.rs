@@ -42,6 +42,7 @@ pub mod record;
 pub mod replay;
 pub mod route;
 pub mod status;
+pub mod wire;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -294,18 +295,39 @@ impl Proxy {
         response
     }
 
-    /// Phases 2–4 for a write the route intercepts: key and scope, body,
-    /// fingerprint; then the write.
+    /// A write the route intercepts, answered as the route's profile
+    /// speaks (docs/profiles.md): its errors rendered, its headers echoed.
     async fn handle_write(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
         request: Request<Incoming>,
         peer: Peer,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        let wire = active.route.profile.wire();
+        let echoed = wire::Echoed::of(wire, request.headers());
+        let answered = self.write_answer(active, request, peer).await;
+        let mut response = answered.unwrap_or_else(|error| error.into_response_as(wire));
+        echoed.apply(wire, &mut response);
+        Ok(response)
+    }
+
+    /// Phases 2–4 for a write the route intercepts: key and scope, body,
+    /// fingerprint; then the write.
+    async fn write_answer(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        request: Request<Incoming>,
+        peer: Peer,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         let route = &active.route;
-        let sent_key = IdempotencyKey::from_headers(request.headers())?;
+        let wire = route.profile.wire();
+        let sent_key = IdempotencyKey::from_wire(request.headers(), wire)?;
         if sent_key.is_none() && route.key == KeyMode::Require {
             return Err(ProxyError::MissingKey);
+        }
+        if sent_key.is_some() {
+            let now = self.clock.now_millis();
+            wire::check_first_sent(wire, request.headers(), now, self.retention)?;
         }
         let scope = Scope::from_headers(
             request.headers(),
@@ -318,7 +340,13 @@ impl Proxy {
             ProxyError::MissingScope {
                 headers: names.join(", "),
             }
-        })?;
+        })?
+        .narrowed(
+            wire,
+            request.uri().path(),
+            request.headers(),
+            &self.scope_key,
+        );
         let (parts, body) = request.into_parts();
         // Goes with the body to the attempt, which may hold it longest.
         let (body, reservation) = read_body(&parts, body, route, &self.body_budget).await?;
@@ -359,7 +387,7 @@ impl Proxy {
             .replays
             .answer(&identity, &fingerprint, valid_after);
         let mut response = match cached {
-            Some(answer) => answer.unwrap_or_else(ProxyError::into_response),
+            Some(answer) => answer.unwrap_or_else(|error| error.into_response_as(wire)),
             None => {
                 let new = NewOperation {
                     route: route.name.clone(),
@@ -409,6 +437,7 @@ impl Proxy {
         active: &Arc<ActiveRoute>,
         write: Write,
     ) -> Response<ProxyBody> {
+        let wire = active.route.profile.wire();
         let (reply_tx, reply_rx) = oneshot::channel();
         let (this, active) = (self.clone(), active.clone());
         // Each phase's future boxed: inline, the task's future was ~18 KiB,
@@ -427,7 +456,7 @@ impl Proxy {
                     reason: "the write task ended without a reply".into(),
                 })
             })
-            .unwrap_or_else(ProxyError::into_response)
+            .unwrap_or_else(|error| error.into_response_as(wire))
     }
 
     /// Phase 5: the claim decides whether the write is sent (the attempt

@@ -8,6 +8,7 @@ mod admin_api;
 mod alerts;
 mod bench_cli;
 mod config_and_cli;
+mod conformance;
 mod console;
 mod current_operation;
 mod docs;
