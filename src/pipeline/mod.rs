@@ -326,7 +326,7 @@ impl Proxy {
             return Err(ProxyError::MissingKey);
         }
         if sent_key.is_some() {
-            let now = self.clock.now_millis();
+            let now = self.shared.clock.now_millis();
             wire::check_first_sent(wire, request.headers(), now, self.retention)?;
         }
         let scope = Scope::from_headers(

@@ -12,6 +12,7 @@
 
 mod batches;
 pub mod fence;
+mod operation_id;
 mod outbox;
 mod postgres;
 pub mod seal;

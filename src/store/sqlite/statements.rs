@@ -19,6 +19,7 @@ use crate::operation::{
     Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse,
 };
 use crate::scope_key::{self, ScopeKey};
+use crate::store::operation_id;
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
     AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, ListFilter, ListPath,
@@ -156,7 +157,7 @@ fn insert(
     now: i64,
     new: &NewOperation,
 ) -> Result<Option<Claim>, StoreError> {
-    let id = uuid::Uuid::now_v7().to_string();
+    let id = operation_id::new_id();
     let identity = new.identity();
     let request = &new.request;
     let inserted = conn.prepare_cached(INSERT_CLAIMED)?.execute(params![
