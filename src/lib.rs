@@ -5,6 +5,7 @@
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
 //! - [`server`]: listeners, accept loops, graceful shutdown; [`workers`]: the
 //!   threads (a runtime each) proxy connections are spread over.
+//! - [`healthcheck`]: `idemgate healthcheck`, `/readyz` as an exit code.
 //! - [`tls`]: certificates from PEM files: the listeners' (swapped on
 //!   SIGHUP) and what upstream connections trust and present.
 //! - [`pipeline`]: the life of a request, one module per phase (the
@@ -61,6 +62,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod healthcheck;
 pub mod http_client;
 pub mod keys_cli;
 pub mod log_format;

@@ -106,6 +106,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         },
+        Command::Healthcheck(check) => match idemgate::healthcheck::run(&check).await {
+            Ok(answer) => {
+                println!("ready: {answer}");
+                Ok(())
+            }
+            Err(why) => {
+                eprintln!("not ready: {why}");
+                std::process::exit(1);
+            }
+        },
         Command::MockUpstream { listen } => {
             let _log = init_logging(LogFormat::Text)?;
             let mock = MockUpstream::start(listen).await?;

@@ -52,6 +52,7 @@ pub enum ProblemKind {
     UpstreamTimeout,
     UpstreamFailed,
     Overloaded,
+    Draining,
     Internal,
     // The admin API's own.
     Unauthorized,
@@ -105,7 +106,7 @@ impl ProblemKind {
             UpstreamUnreachable | UpstreamFailed => StatusCode::BAD_GATEWAY,
             OutcomeUnknown(UnknownSince::Broken) => StatusCode::BAD_GATEWAY,
             UpstreamTimeout | OutcomeUnknown(UnknownSince::Timeout) => StatusCode::GATEWAY_TIMEOUT,
-            StoreUnavailable | LeaseLost | RoutePaused | Overloaded => {
+            StoreUnavailable | LeaseLost | RoutePaused | Overloaded | Draining => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
         }
@@ -142,6 +143,7 @@ impl ProblemKind {
             UpstreamTimeout => ("upstream-timeout", "Upstream timeout"),
             UpstreamFailed => ("upstream-failed", "Upstream failed"),
             Overloaded => ("overloaded", "Overloaded"),
+            Draining => ("draining", "Shutting down"),
             Internal => ("internal", "Internal error"),
             Unauthorized => ("unauthorized", "Unauthorized"),
             AdminTokenUnset => ("admin-token-unset", "No admin token configured"),
@@ -265,7 +267,7 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 34] = [
+    const CASES: [(ProblemKind, u16, &str); 35] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (HeadersTooLarge, 431, "headers-too-large"),
@@ -299,6 +301,7 @@ mod tests {
         (UpstreamTimeout, 504, "upstream-timeout"),
         (UpstreamFailed, 502, "upstream-failed"),
         (Overloaded, 503, "overloaded"),
+        (Draining, 503, "draining"),
         (Internal, 500, "internal"),
         (Unauthorized, 401, "unauthorized"),
         (AdminTokenUnset, 401, "admin-token-unset"),

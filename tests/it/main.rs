@@ -10,6 +10,7 @@ mod bench_cli;
 mod config_and_cli;
 mod console;
 mod current_operation;
+mod deployment;
 mod docs;
 mod fingerprint_exactness;
 mod fuzz_regressions;
