@@ -5,7 +5,8 @@
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
 //! - [`server`]: listeners, accept loops, graceful shutdown; [`workers`]: the
 //!   threads (a runtime each) proxy connections are spread over.
-//! - [`healthcheck`]: `idemgate healthcheck`, `/readyz` as an exit code.
+//! - [`systemd`]: readiness, reloads, the drain and a watchdog told to
+//!   systemd; [`healthcheck`]: `idemgate healthcheck`, `/readyz` as an exit code.
 //! - [`tls`]: certificates from PEM files: the listeners' (swapped on
 //!   SIGHUP) and what upstream connections trust and present.
 //! - [`pipeline`]: the life of a request, one module per phase (the
@@ -78,5 +79,6 @@ pub mod retention;
 pub mod scope_key;
 pub mod server;
 pub mod store;
+pub mod systemd;
 pub mod tls;
 pub mod workers;

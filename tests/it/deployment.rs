@@ -156,3 +156,245 @@ async fn healthcheck_reads_the_admin_listener_from_the_config_and_speaks_its_tls
     assert!(!ready, "an untrusted certificate was accepted");
     assert!(stderr.contains("https://"), "{stderr}");
 }
+
+/// systemd's end of the notify protocol: a datagram socket of the test's
+/// own, named to the gateway in `NOTIFY_SOCKET`.
+struct NotifySocket {
+    socket: tokio::net::UnixDatagram,
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl NotifySocket {
+    fn bind() -> NotifySocket {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("notify.sock");
+        let socket = tokio::net::UnixDatagram::bind(&path).expect("bind the notify socket");
+        NotifySocket {
+            socket,
+            path,
+            _dir: dir,
+        }
+    }
+
+    /// `idemgate serve --config config` told to notify here.
+    fn serve(&self, config: &Path) -> Command {
+        let mut cmd = binary();
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env("NOTIFY_SOCKET", &self.path)
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID");
+        cmd
+    }
+
+    /// The next datagram's lines (`KEY=value`), within [`WAIT`].
+    async fn next(&self) -> Vec<String> {
+        let mut buffer = vec![0; 64 * 1024];
+        let n = tokio::time::timeout(WAIT, self.socket.recv(&mut buffer))
+            .await
+            .expect("a notification within WAIT")
+            .expect("recv");
+        let text = std::str::from_utf8(&buffer[..n]).expect("notifications are UTF-8");
+        text.lines().map(str::to_owned).collect()
+    }
+
+    /// Datagrams until one that `wanted` takes (at most 1000, each within [`WAIT`]).
+    async fn until(&self, what: &str, wanted: impl Fn(&[String]) -> bool) -> Vec<String> {
+        for _ in 0..1000 {
+            let lines = self.next().await;
+            if wanted(&lines) {
+                return lines;
+            }
+        }
+        panic!("no notification {what} among 1000");
+    }
+}
+
+/// The value of `KEY=` in a datagram's lines.
+fn field<'a>(lines: &'a [String], key: &str) -> Option<&'a str> {
+    lines
+        .iter()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// CLOCK_BOOTTIME in µs (`/proc/uptime`): CLOCK_MONOTONIC's value on a
+/// machine that has not been suspended, to within a second.
+fn boot_time_usec() -> f64 {
+    let uptime = std::fs::read_to_string("/proc/uptime").expect("/proc/uptime");
+    let seconds: f64 = uptime
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .expect("uptime seconds");
+    seconds * 1e6
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemd_hears_ready_then_each_reload_with_its_outcome_then_stopping() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(dir.path(), "ca");
+    ca.server_cert(dir.path(), "proxy");
+    let toml = gateway_toml_with(
+        &dir.path().join("idemgate.db"),
+        &upstream.url(),
+        &Setup::route("").server("tls_cert = \"proxy.crt\"\ntls_key = \"proxy.key\"\n"),
+    );
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let notify = NotifySocket::bind();
+    let started = boot_time_usec();
+    let gateway = BinaryGateway::spawn(notify.serve(&config), &dir.path().join("gw.log")).await;
+
+    let starting = notify.next().await;
+    assert_eq!(starting.len(), 1, "{starting:?}");
+    let store = format!(
+        "STATUS=opening and migrating the store sqlite://{}",
+        dir.path().join("idemgate.db").display()
+    );
+    assert_eq!(starting[0], store);
+    let serving = format!(
+        "serving proxy on {}, admin on {}",
+        gateway.proxy, gateway.admin
+    );
+    assert_eq!(
+        notify.next().await,
+        [
+            "READY=1".to_string(),
+            format!("STATUS={serving}; 0 operations held")
+        ]
+    );
+
+    // A lost response: the status counts it.
+    let mut client = TlsClient::connect(gateway.proxy, ca.client_config(None))
+        .await
+        .expect("TLS connection");
+    client
+        .write("/drop", "lost-1", r#"{"n":1}"#)
+        .await
+        .assert_operation_problem(502, "outcome-unknown", "unknown");
+
+    gateway.signal("HUP");
+    let reloading = notify.next().await;
+    assert_eq!(reloading[0], "RELOADING=1", "{reloading:?}");
+    let usec: f64 = field(&reloading, "MONOTONIC_USEC")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no MONOTONIC_USEC: {reloading:?}"));
+    // Between the spawn and now on CLOCK_MONOTONIC in µs (give or take
+    // /proc/uptime's lag): not another clock, not another unit.
+    let slack = 5e6;
+    assert!(
+        started - slack <= usec && usec <= boot_time_usec() + slack,
+        "MONOTONIC_USEC={usec} is not CLOCK_MONOTONIC's µs (spawned at {started})"
+    );
+    assert_eq!(
+        notify.next().await,
+        [
+            "READY=1".to_string(),
+            format!("STATUS=reloaded; {serving}; 1 operation held")
+        ]
+    );
+
+    // A reload that fails says so, and the gateway is ready again.
+    std::fs::write(dir.path().join("proxy.crt"), "not a certificate").expect("garble");
+    gateway.signal("HUP");
+    assert_eq!(notify.next().await[0], "RELOADING=1");
+    let failed = notify.next().await;
+    assert_eq!(failed[0], "READY=1", "{failed:?}");
+    let status = field(&failed, "STATUS").unwrap_or_default();
+    assert!(
+        status.starts_with("reload failed, the previous certificate stays: ")
+            && status.contains("proxy.crt")
+            && status.ends_with(&format!("{serving}; 1 operation held")),
+        "{status}"
+    );
+
+    gateway.signal("TERM");
+    let stopping = notify.next().await;
+    assert_eq!(stopping[0], "STOPPING=1", "{stopping:?}");
+    assert!(
+        field(&stopping, "STATUS").is_some_and(|s| s.starts_with("draining")),
+        "{stopping:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemd_watchdog_is_pinged_only_while_the_store_takes_writes() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("idemgate.db");
+    let config = write_config(
+        dir.path(),
+        "idemgate.toml",
+        &gateway_toml(&store, &upstream.url(), "/", ""),
+    );
+    let notify = NotifySocket::bind();
+    let mut serve = notify.serve(&config);
+    // WatchdogSec=200ms: a ping every 100 ms.
+    serve.env("WATCHDOG_USEC", "200000");
+    let _gateway = BinaryGateway::spawn(serve, &dir.path().join("gw.log")).await;
+    notify.until("READY=1", |lines| lines[0] == "READY=1").await;
+    notify
+        .until("WATCHDOG=1", |lines| {
+            lines.iter().any(|l| l == "WATCHDOG=1")
+        })
+        .await;
+
+    // The store's writer cannot commit: the status says so, without a ping.
+    let lock = WriteLock::on(&store).await;
+    let wedged = notify
+        .until("saying the store does not answer", |lines| {
+            field(lines, "STATUS").is_some_and(|s| s.contains("the store does not answer"))
+        })
+        .await;
+    assert!(
+        !wedged.iter().any(|l| l == "WATCHDOG=1"),
+        "pinged while wedged: {wedged:?}"
+    );
+    lock.release().await;
+    let back = notify
+        .until("saying it serves again", |lines| {
+            field(lines, "STATUS").is_some_and(|s| s.starts_with("serving"))
+        })
+        .await;
+    assert_eq!(back[0], "WATCHDOG=1", "{back:?}");
+}
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+#[test]
+#[ignore = "needs systemd-analyze (.ci/run runs it)"]
+fn the_systemd_unit_passes_systemd_analyze_verify() {
+    // The unit as shipped, but for where the binary is: verify insists that
+    // ExecStart's program exists.
+    let unit = std::fs::read_to_string(Path::new(ROOT).join("contrib/idemgate.service"))
+        .expect("contrib/idemgate.service");
+    for needed in [
+        "Type=notify\n",
+        "ExecReload=",
+        "WatchdogSec=",
+        "DynamicUser=yes\n",
+        "StateDirectory=idemgate\n",
+        "ProtectSystem=strict\n",
+        "NoNewPrivileges=yes\n",
+        "SystemCallFilter=@system-service\n",
+        "CapabilityBoundingSet=\n",
+    ] {
+        assert!(unit.contains(needed), "the unit lacks {needed:?}");
+    }
+    let shipped = "ExecStart=/usr/local/bin/idemgate ";
+    assert!(unit.contains(shipped), "ExecStart moved");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let here = dir.path().join("idemgate.service");
+    let exec = format!("ExecStart={} ", env!("CARGO_BIN_EXE_idemgate"));
+    std::fs::write(&here, unit.replace(shipped, &exec)).expect("write the unit");
+    let out = child_output(Command::new("systemd-analyze").arg("verify").arg(&here))
+        .expect("systemd-analyze runs (Debian package systemd)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Any warning (an unknown directive, a bad value) is a finding too.
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "systemd-analyze verify:\n{stderr}"
+    );
+}
