@@ -398,3 +398,118 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
         "systemd-analyze verify:\n{stderr}"
     );
 }
+
+/// Runs the image's binary under `chroot rootfs` as its user, with a clean
+/// environment but `env`.
+fn in_image(rootfs: &Path, env: &[(&str, &str)], args: &[&str]) -> Command {
+    let mut cmd = Command::new("/usr/sbin/chroot");
+    cmd.arg("--userspec=10001:10001")
+        .arg(rootfs)
+        .arg("/usr/local/bin/idemgate")
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .envs(env.iter().copied());
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, buildah and debootstrap (.ci/run installs them)"]
+async fn the_container_image_serves_from_its_own_filesystem() {
+    use std::os::unix::fs::MetadataExt;
+    let root = std::fs::metadata("/proc/self").expect("/proc/self").uid() == 0;
+    assert!(root, "the image check needs root (debootstrap, chroot)");
+    for tool in ["/usr/bin/buildah", "/usr/sbin/debootstrap"] {
+        require_installed(Path::new(tool), "apt-get install buildah debootstrap");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rootfs = dir.path().join("rootfs");
+    std::fs::create_dir(&rootfs).expect("rootfs dir");
+    let mut build = Command::new(Path::new(ROOT).join(".ci/container-image"));
+    build.arg(env!("CARGO_BIN_EXE_idemgate")).arg(&rootfs);
+    // The first run makes the base with debootstrap; later ones reuse it.
+    let (status, _, stderr) = run_to_exit_within(build, Duration::from_secs(900)).await;
+    assert!(status.success(), ".ci/container-image failed:\n{stderr}");
+
+    // What the image says about itself.
+    let inspect: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("rootfs.json")).expect("the image's configuration"),
+    )
+    .expect("buildah inspect is JSON");
+    let config = &inspect["Docker"]["config"];
+    assert_eq!(config["User"], "10001:10001");
+    assert!(
+        config["Volumes"].get("/var/lib/idemgate").is_some(),
+        "{config}"
+    );
+    for port in ["8080/tcp", "9090/tcp"] {
+        assert!(
+            config["ExposedPorts"].get(port).is_some(),
+            "{port}: {config}"
+        );
+    }
+    let healthcheck = serde_json::json!([
+        "CMD",
+        "idemgate",
+        "healthcheck",
+        "--config",
+        "/etc/idemgate/idemgate.toml"
+    ]);
+    assert_eq!(config["Healthcheck"]["Test"], healthcheck);
+    let labels = &config["Labels"];
+    assert_eq!(labels["org.opencontainers.image.title"], "idemgate");
+    assert_eq!(
+        labels["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    for label in ["revision", "created", "licenses", "base.name"] {
+        let value = labels[format!("org.opencontainers.image.{label}")].as_str();
+        assert!(
+            value.is_some_and(|v| !v.is_empty() && v != "unknown"),
+            "{label}: {labels}"
+        );
+    }
+
+    // Its binary, from its own filesystem, as its own user.
+    let (status, stdout, stderr) = run_to_exit(in_image(&rootfs, &[], &["--version"])).await;
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        concat!("idemgate ", env!("CARGO_PKG_VERSION"))
+    );
+    let config_file = "/etc/idemgate/idemgate.toml";
+    let (status, stdout, stderr) =
+        run_to_exit(in_image(&rootfs, &[], &["check-config", config_file])).await;
+    assert!(
+        status.success() && stdout.trim() == "ok",
+        "{stdout}{stderr}"
+    );
+
+    // A short `serve` of the image's own config, on loopback ports of its own.
+    let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    let serve = in_image(
+        &rootfs,
+        &[("IDEMGATE_STORE_KEY", key)],
+        &[
+            "serve",
+            "--config",
+            config_file,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let gateway = BinaryGateway::spawn(serve, &dir.path().join("serve.log")).await;
+    let ready = probe(gateway.admin, "/readyz").await;
+    assert_eq!(ready.status, 200, "{:?}", ready.body);
+    // The image's HEALTHCHECK command, from inside.
+    let admin = format!("http://{}", gateway.admin);
+    let (status, _, stderr) =
+        run_to_exit(in_image(&rootfs, &[], &["healthcheck", "--admin", &admin])).await;
+    assert!(status.success(), "{stderr}");
+    // The store is in the volume, the image user's.
+    let store = std::fs::metadata(rootfs.join("var/lib/idemgate/idemgate.db"))
+        .expect("the store in the volume");
+    assert_eq!(store.uid(), 10001);
+}
