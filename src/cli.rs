@@ -1,5 +1,5 @@
 //! The command line (docs/operating.md, "The command line"): `serve`, `check-config`, `migrate`,
-//! `rekey`, `keys`, `mock-upstream`, `demo`, `bench`.
+//! `rekey`, `keys`, `healthcheck`, `mock-upstream`, `demo`, `bench`.
 //!
 //! Invariant: this module holds the arguments only. The modules that run a
 //! command (`keys_cli`, `bench`, …) import its arguments from here, and
@@ -49,6 +49,10 @@ pub enum Command {
     },
     /// Find, read and settle operations through a running gateway's admin API.
     Keys(Keys),
+    /// Ask a running gateway's admin listener whether it is ready (`GET
+    /// /readyz`): exit 0 when it is, 1 when not or when no answer came in
+    /// time (a container's HEALTHCHECK; docs/deploying.md, "A container image").
+    Healthcheck(Healthcheck),
     /// Run a small non-idempotent API with faults by path, to try idemgate against.
     MockUpstream {
         #[arg(long, default_value = "127.0.0.1:7000")]
@@ -190,6 +194,30 @@ pub struct Keys {
     pub json: bool,
     #[command(subcommand)]
     pub command: KeysCommand,
+}
+
+/// `idemgate healthcheck`, run by `healthcheck`.
+#[derive(Debug, clap::Args)]
+pub struct Healthcheck {
+    /// The admin listener's base URL (the gateway's `admin_listen`).
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:9090",
+        conflicts_with = "config"
+    )]
+    pub admin: String,
+    /// Or the gateway's config file: its `admin_listen` (asked on loopback
+    /// when it is an unspecified address such as 0.0.0.0), over https when
+    /// `admin_tls_cert` is set.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A PEM file of extra trust roots for an https admin listener whose
+    /// certificate a private CA signed.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// Give up (exit 1) when no whole answer came within this long.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Subcommand)]

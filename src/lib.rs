@@ -5,6 +5,8 @@
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
 //! - [`server`]: listeners, accept loops, graceful shutdown; [`workers`]: the
 //!   threads (a runtime each) proxy connections are spread over.
+//! - [`systemd`]: readiness, reloads, the drain and a watchdog told to
+//!   systemd; [`healthcheck`]: `idemgate healthcheck`, `/readyz` as an exit code.
 //! - [`tls`]: certificates from PEM files: the listeners' (swapped on
 //!   SIGHUP) and what upstream connections trust and present.
 //! - [`pipeline`]: the life of a request, one module per phase (the
@@ -68,6 +70,7 @@ pub mod config;
 pub mod conformance;
 pub mod demo;
 pub mod error_chain;
+pub mod healthcheck;
 pub mod http_client;
 pub mod keys_cli;
 pub mod log_format;
@@ -84,5 +87,6 @@ pub mod retention;
 pub mod scope_key;
 pub mod server;
 pub mod store;
+pub mod systemd;
 pub mod tls;
 pub mod workers;

@@ -11,6 +11,7 @@ use idemgate::log_sink::{FlushGuard, LogSink};
 use idemgate::mock_upstream::MockUpstream;
 use idemgate::server::{Gateway, StartOptions};
 use idemgate::store::{PostgresStore, SqliteStore};
+use idemgate::systemd::Notifier;
 use idemgate::workers::Workers;
 use tokio::signal::unix::{SignalKind, signal as unix_signal};
 use tracing_subscriber::EnvFilter;
@@ -46,6 +47,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // the TLS certificates instead of ending the process.
             let mut hangup = unix_signal(SignalKind::hangup())?;
             let store = config.store.url.to_string();
+            let grace = config.server.shutdown_grace;
+            let systemd = Notifier::from_env();
+            systemd.starting(&format!("opening and migrating the store {store}"));
             // This thread's runtime is the first worker; the others get
             // threads of their own.
             let threads = worker_threads();
@@ -69,18 +73,26 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 gateway.admin_addr()
             );
             std::io::stdout().flush()?;
-            let shutdown = shutdown_signal();
-            tokio::pin!(shutdown);
-            loop {
-                tokio::select! {
-                    result = &mut shutdown => break result?,
-                    _ = hangup.recv() => {
-                        // Logged per listener; the old certificate stays on error.
-                        let _ = gateway.reload_tls();
+            systemd.ready(&gateway).await;
+            {
+                let shutdown = shutdown_signal();
+                let watch = systemd.keep_watch(&gateway);
+                tokio::pin!(shutdown, watch);
+                loop {
+                    tokio::select! {
+                        result = &mut shutdown => break result?,
+                        _ = hangup.recv() => {
+                            systemd.reloading();
+                            // Logged per listener; the old certificate stays on error.
+                            let outcome = gateway.reload_tls();
+                            systemd.reloaded(&gateway, &outcome).await;
+                        }
+                        () = &mut watch => {}
                     }
                 }
             }
             tracing::info!("shutting down");
+            systemd.stopping(grace);
             gateway.shutdown().await;
             drop(workers);
             Ok(())
@@ -103,6 +115,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // prefix other commands get: operators' scripts match this line.
             Err(error) => {
                 eprintln!("error: {error}");
+                std::process::exit(1);
+            }
+        },
+        Command::Healthcheck(check) => match idemgate::healthcheck::run(&check).await {
+            Ok(answer) => {
+                println!("ready: {answer}");
+                Ok(())
+            }
+            Err(why) => {
+                eprintln!("not ready: {why}");
                 std::process::exit(1);
             }
         },

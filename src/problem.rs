@@ -58,6 +58,7 @@ pub enum ProblemKind {
     UpstreamTimeout,
     UpstreamFailed,
     Overloaded,
+    Draining,
     Internal,
     // The admin API's own.
     Unauthorized,
@@ -112,7 +113,7 @@ impl ProblemKind {
             UpstreamUnreachable | UpstreamFailed => StatusCode::BAD_GATEWAY,
             OutcomeUnknown(UnknownSince::Broken) => StatusCode::BAD_GATEWAY,
             UpstreamTimeout | OutcomeUnknown(UnknownSince::Timeout) => StatusCode::GATEWAY_TIMEOUT,
-            StoreUnavailable | LeaseLost | RoutePaused | Overloaded => {
+            StoreUnavailable | LeaseLost | RoutePaused | Overloaded | Draining => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
         }
@@ -150,6 +151,7 @@ impl ProblemKind {
             UpstreamTimeout => ("upstream-timeout", "Upstream timeout"),
             UpstreamFailed => ("upstream-failed", "Upstream failed"),
             Overloaded => ("overloaded", "Overloaded"),
+            Draining => ("draining", "Shutting down"),
             Internal => ("internal", "Internal error"),
             Unauthorized => ("unauthorized", "Unauthorized"),
             AdminTokenUnset => ("admin-token-unset", "No admin token configured"),
@@ -355,6 +357,7 @@ mod tests {
         (UpstreamTimeout, 504, "upstream-timeout"),
         (UpstreamFailed, 502, "upstream-failed"),
         (Overloaded, 503, "overloaded"),
+        (Draining, 503, "draining"),
         (Internal, 500, "internal"),
         (Unauthorized, 401, "unauthorized"),
         (AdminTokenUnset, 401, "admin-token-unset"),

@@ -2,11 +2,13 @@
 //!
 //! [`Gateway::start`] reads the TLS files the configuration names
 //! ([`tls::read`]), opens the store (taking its lock), binds the proxy and
-//! admin listeners and serves until [`Gateway::shutdown`]: stop accepting,
-//! let connections finish and forward tasks record their outcomes within
-//! `shutdown_grace`, then close the store, which releases it for the next
-//! process. Whatever could not be recorded is still `in_progress` in the
-//! store and becomes `unknown` at the next start.
+//! admin listeners and serves until [`Gateway::shutdown`]: the proxy stops
+//! accepting, its connections finish and forward tasks record their
+//! outcomes within `shutdown_grace`, then the admin listener stops (it
+//! answers throughout, `/readyz` 503 `draining`), then the store closes,
+//! which releases it for the next process. Whatever could not be recorded
+//! is still `in_progress` in the store and becomes `unknown` at the next
+//! start.
 //!
 //! Each listener holds at most its configured number of connections
 //! (`max_connections`, `admin_max_connections`, counted apart); a
@@ -87,6 +89,15 @@ pub struct Gateway {
     serving: JoinHandle<()>,
     /// The listeners that speak TLS, for [`Gateway::reload_tls`].
     tls: Vec<Arc<ServerTls>>,
+    /// For [`Gateway::health`].
+    store: Arc<dyn Store>,
+}
+
+/// What [`Gateway::health`] found: the store took a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    /// Operations held `unknown`, waiting for a probe or an operator.
+    pub held: u64,
 }
 
 /// What an embedding program (the demo, tests) may set beyond the config.
@@ -266,6 +277,7 @@ impl Gateway {
             clock: clock.clone(),
             token,
             body_timeout: server.header_read_timeout,
+            draining: shutdown.clone(),
         });
         let proxy_service = {
             let proxy = proxy.clone();
@@ -290,6 +302,8 @@ impl Gateway {
             })
         };
         let stop_accepting = CancellationToken::new();
+        // The admin listener stops last, after the proxy drained.
+        let stop_admin = CancellationToken::new();
         let sweep = tokio::spawn(retention::run(
             store.clone(),
             clock.clone(),
@@ -319,33 +333,31 @@ impl Gateway {
                 }
             }
         });
-        let loops = [
-            tokio::spawn(accept_loop(
-                proxy_listener,
-                proxy_tls.as_ref().map(|tls| tls.acceptor().clone()),
-                server.clone(),
-                proxy_cap,
-                proxy_service,
-                Spread::over(workers),
-                stop_accepting.clone(),
-            )),
-            tokio::spawn(accept_loop(
-                admin_listener,
-                admin_tls.as_ref().map(|tls| tls.acceptor().clone()),
-                server.clone(),
-                admin_cap,
-                admin_service,
-                Spread::over(Vec::new()),
-                stop_accepting.clone(),
-            )),
-        ];
+        let proxy_loop = tokio::spawn(accept_loop(
+            proxy_listener,
+            proxy_tls.as_ref().map(|tls| tls.acceptor().clone()),
+            server.clone(),
+            proxy_cap,
+            proxy_service,
+            Spread::over(workers),
+            stop_accepting.clone(),
+        ));
+        let admin_loop = tokio::spawn(accept_loop(
+            admin_listener,
+            admin_tls.as_ref().map(|tls| tls.acceptor().clone()),
+            server.clone(),
+            admin_cap,
+            admin_service,
+            Spread::over(Vec::new()),
+            stop_admin.clone(),
+        ));
         let serving = tokio::spawn({
-            let shutdown = shutdown.clone();
+            let (shutdown, store) = (shutdown.clone(), store.clone());
             async move {
                 shutdown.cancelled().await;
                 let deadline = Instant::now() + server.shutdown_grace;
                 stop_accepting.cancel();
-                for task in loops.into_iter().chain([sweep, watch, alerts]) {
+                for task in [proxy_loop, sweep, watch, alerts] {
                     let _ = task.await;
                 }
                 // Connections are drained; forward tasks get the rest of the grace to record.
@@ -354,6 +366,8 @@ impl Gateway {
                     tracing::warn!("forward tasks still running at the end of the grace period");
                 }
                 give_up.cancel();
+                stop_admin.cancel();
+                let _ = admin_loop.await;
                 store.close().await;
             }
         });
@@ -370,6 +384,7 @@ impl Gateway {
             shutdown,
             serving,
             tls: proxy_tls.into_iter().chain(admin_tls).collect(),
+            store,
         })
     }
 
@@ -392,6 +407,20 @@ impl Gateway {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Whether the gateway can take a write: the store's writer commits
+    /// (as `/readyz` asks it), and how many operations are held.
+    pub async fn health(&self) -> Result<Health, StoreError> {
+        self.store.ping().await?;
+        let stats = self.store.stats().await?;
+        let held = stats
+            .counts
+            .iter()
+            .filter(|(_, state, _)| *state == crate::operation::State::Unknown)
+            .map(|(_, _, count)| count)
+            .sum();
+        Ok(Health { held })
     }
 
     /// The proxy listener's address.

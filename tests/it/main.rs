@@ -11,6 +11,7 @@ mod config_and_cli;
 mod conformance;
 mod console;
 mod current_operation;
+mod deployment;
 mod docs;
 mod fingerprint_exactness;
 mod fuzz_regressions;

@@ -227,7 +227,12 @@ pub struct WriteLock(sqlx::SqliteConnection);
 
 impl WriteLock {
     pub async fn take(gw: &TestGateway) -> Self {
-        let url = format!("sqlite://{}", gw.store_path.display());
+        Self::on(&gw.store_path).await
+    }
+
+    /// The write lock of the SQLite file at `store` (a gateway process's).
+    pub async fn on(store: &Path) -> Self {
+        let url = format!("sqlite://{}", store.display());
         let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
             .await
             .expect("second connection");
