@@ -76,13 +76,11 @@ impl Attempt {
         let started = Instant::now();
         // Boxed: the exchange's futures are kilobytes, and would make the
         // whole attempt's future as large.
-        let sent = Box::pin(forward::send_write(
-            &self.active.writes,
-            route,
-            &self.request,
-            &self.permit,
-        ))
-        .await;
+        let send = forward::send_write(&self.active.writes, route, &self.request, &self.permit);
+        let sent = match &self.active.drill {
+            Some(drill) => Box::pin(drill.run(send)).await,
+            None => Box::pin(send).await,
+        };
         self.metrics
             .upstream_duration(&route.name, started.elapsed().as_secs_f64());
         let fenced = matches!(sent.exchange, Exchange::Fenced { .. });
