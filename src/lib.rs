@@ -31,8 +31,9 @@
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
-//!   [`demo`]: the newcomer's tour against it; [`bench`]: a retry-storm
-//!   load generator that checks the API saw one write per key.
+//!   [`demo`]: the newcomer's tour against it; [`gateway_client`]: its
+//!   client side; [`bench`]: a retry-storm load generator that checks the
+//!   API saw one write per key.
 //!
 //! # Life of a write request
 //! path (normalized) → route → key and scope → body (bounded) → fingerprint
@@ -61,6 +62,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod gateway_client;
 pub mod http_client;
 pub mod keys_cli;
 pub mod log_format;
