@@ -183,31 +183,42 @@ pub fn preamble(out: &mut impl Write, plan: &Plan) -> std::io::Result<()> {
         0 => String::new(),
         n => format!(", --check-destination {n} more"),
     };
-    writeln!(
+    let cases = plan.needs() - plan.check_writes();
+    wrap(
         out,
-        "--writes {}: at most {} writes may reach the destination (the cases need {}{check}).",
-        plan.writes,
-        plan.writes,
-        plan.needs() - plan.check_writes()
+        "",
+        &format!(
+            "--writes {0}: at most {0} writes may reach the destination (the cases need {cases}{check}).",
+            plan.writes
+        ),
     )?;
-    writeln!(
+    wrap(
         out,
-        "idemgate rehearse: route `{}`, {} {} on {}, a throw-away store.",
-        plan.route.name, plan.method, plan.path, plan.route.upstream.origin
+        "",
+        &format!(
+            "idemgate rehearse: route `{}`, {} {} on {}, a throw-away store.",
+            plan.route.name, plan.method, plan.path, plan.route.upstream.origin
+        ),
     )?;
     match &plan.route.reconcile {
-        Some(probe) => writeln!(
+        Some(probe) => wrap(
             out,
-            "Reconcile probe: GET {} (reads: not counted as writes).",
-            probe.url
+            "",
+            &format!(
+                "Reconcile probe: GET {} (reads: not counted as writes).",
+                probe.url
+            ),
         )?,
         None => writeln!(out, "No reconcile probe: operators settle lost responses.")?,
     }
     if !plan.header_sources.is_empty() {
-        writeln!(
+        wrap(
             out,
-            "Every write carries {} (values not shown).",
-            plan.header_sources.join(", ")
+            "",
+            &format!(
+                "Every write carries {} (values not shown).",
+                plan.header_sources.join(", ")
+            ),
         )?;
     }
     Ok(())
