@@ -1,5 +1,5 @@
 //! The command line (docs/operating.md, "The command line"): `serve`, `check-config`, `migrate`,
-//! `rekey`, `keys`, `healthcheck`, `mock-upstream`, `demo`, `bench`.
+//! `rekey`, `keys`, `healthcheck`, `mock-upstream`, `demo`, `rehearse`, `bench`.
 //!
 //! Invariant: this module holds the arguments only. The modules that run a
 //! command (`keys_cli`, `bench`, …) import its arguments from here, and
@@ -60,6 +60,9 @@ pub enum Command {
     },
     /// Walk through what idemgate does against the mock API, then exit.
     Demo,
+    /// Run the interruption drill against one route's real destination
+    /// with a gateway of its own (docs/rehearse.md); it writes real records.
+    Rehearse(Rehearse),
     /// Drive a retry storm (K keys × R requests at concurrency C) through a
     /// gateway and check that the API saw exactly K writes (docs/performance.md, "Benchmarking").
     Bench(Bench),
@@ -323,6 +326,48 @@ impl ResolveOutcome {
             ResolveOutcome::NotAttempted => "not_attempted",
         }
     }
+}
+
+/// `idemgate rehearse …`, run by `rehearse` (docs/rehearse.md).
+#[derive(Debug, clap::Args)]
+pub struct Rehearse {
+    /// The gateway's TOML config file, where the route is.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// The route to rehearse (its `name`): its upstream, TLS, key mode,
+    /// probe and timeouts.
+    #[arg(long)]
+    pub route: String,
+    /// The JSON body of each synthetic write; `{key}` in it becomes the
+    /// write's own key.
+    #[arg(long, value_name = "JSON", required_unless_present = "body_file")]
+    pub body: Option<String>,
+    /// The body from a file instead.
+    #[arg(long, value_name = "FILE", conflicts_with = "body")]
+    pub body_file: Option<PathBuf>,
+    /// The most writes that may reach the destination (required: they
+    /// create real records). Printed first; the rehearsal stops before a
+    /// case that would need more.
+    #[arg(long, value_name = "N")]
+    pub writes: u64,
+    /// The path the writes go to (default: the route's path_prefix).
+    #[arg(long)]
+    pub path: Option<String>,
+    /// The writes' method (default: POST, if the route protects it).
+    #[arg(long)]
+    pub method: Option<String>,
+    /// A header every write carries, its value read from an environment
+    /// variable, never printed: NAME=VARIABLE (repeatable). The route's
+    /// scope headers (its credentials) come this way.
+    #[arg(long = "header-env", value_name = "NAME=VARIABLE")]
+    pub header_env: Vec<String>,
+    /// Also send one key twice straight to the destination (2 writes) to
+    /// find whether it deduplicates on its own: the verdict line.
+    #[arg(long)]
+    pub check_destination: bool,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `idemgate bench …`, run by `bench`. Without `--target` it starts the

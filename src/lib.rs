@@ -36,8 +36,11 @@
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
-//!   [`demo`]: the newcomer's tour against it; [`bench`]: a retry-storm
-//!   load generator that checks the API saw one write per key.
+//!   [`demo`]: the newcomer's tour against it; [`rehearse`]: the
+//!   interruption drill against a route's real destination, faults
+//!   injected in a gateway of its own; [`gateway_client`]: the client side
+//!   of both; [`bench`]: a retry-storm load generator that checks the API
+//!   saw one write per key.
 //!
 //! # Life of a write request
 //! path (normalized) → route → key and scope → body (bounded) → fingerprint
@@ -70,6 +73,7 @@ pub mod config;
 pub mod conformance;
 pub mod demo;
 pub mod error_chain;
+pub mod gateway_client;
 pub mod healthcheck;
 pub mod http_client;
 pub mod keys_cli;
@@ -81,6 +85,7 @@ pub mod operation;
 pub mod pipeline;
 pub mod problem;
 pub mod profile;
+pub mod rehearse;
 pub mod rekey;
 pub mod replicas;
 pub mod retention;

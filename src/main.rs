@@ -142,6 +142,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             idemgate::demo::run(std::io::stdout()).await?;
             Ok(())
         }
+        Command::Rehearse(rehearse) => {
+            init_quiet_logging();
+            let env = |name: &str| std::env::var(name).ok();
+            let report = idemgate::rehearse::run(&rehearse, &env, std::io::stdout()).await?;
+            std::io::stdout().flush()?;
+            // The own gateway is shut down by now; exit 1 is the verdict.
+            if !report.ok {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Bench(bench) => {
             init_quiet_logging();
             let report = idemgate::bench::run(&bench, std::io::stdout()).await?;

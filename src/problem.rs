@@ -322,7 +322,7 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 35] = [
+    const CASES: [(ProblemKind, u16, &str); 36] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (HeadersTooLarge, 431, "headers-too-large"),

@@ -47,6 +47,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ServerConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
+use crate::pipeline::drill::Drill;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::forward::{Peer, ViaTls};
 use crate::scope_key::{ScopeKey, ScopeKeyError};
@@ -116,6 +117,9 @@ pub struct StartOptions {
     /// after another (each connection stays on its runtime); none: the
     /// runtime the gateway was started on ([`crate::workers`]).
     pub workers: Vec<Handle>,
+    /// Faults injected into every route's writes, for `idemgate rehearse`'s
+    /// own gateway; no config key can set one, and `serve` never does.
+    pub drill: Option<Arc<Drill>>,
 }
 
 /// How often the background tasks run: the defaults suit a deployment;
@@ -170,6 +174,7 @@ impl Default for StartOptions {
             env: HashMap::new(),
             pace: Pace::default(),
             workers: Vec::new(),
+            drill: None,
         }
     }
 }
@@ -211,7 +216,7 @@ impl Gateway {
         options: StartOptions,
     ) -> Result<Gateway, StartError> {
         let (clock, pace) = (options.clock, options.pace);
-        let workers = options.workers;
+        let (workers, drill) = (options.workers, options.drill);
         let server = config.server.clone();
         let token = match options.admin_token {
             Some(token) => AdminToken::new(token, &server.admin_token_env),
@@ -269,6 +274,7 @@ impl Gateway {
             metrics.clone(),
             shutdown.clone(),
             give_up.clone(),
+            drill,
         )?);
         let admin = Arc::new(Admin {
             store: store.clone(),

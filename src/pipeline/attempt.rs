@@ -69,14 +69,17 @@ impl Attempt {
         let started = Instant::now();
         // Boxed: the exchange's futures are kilobytes, and would make the
         // whole attempt's future as large.
-        let sent = Box::pin(forward::send_write(
+        let send = forward::send_write(
             &self.active.writes,
             route,
             &self.request,
             &self.permit,
             &self.shared.metrics,
-        ))
-        .await;
+        );
+        let sent = match &self.active.drill {
+            Some(drill) => Box::pin(drill.run(send)).await,
+            None => Box::pin(send).await,
+        };
         self.shared
             .metrics
             .upstream_duration(&route.name, started.elapsed().as_secs_f64());

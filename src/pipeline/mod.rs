@@ -19,7 +19,9 @@
 //!    up never cancels the upstream call nor leaves the operation `in_progress`;
 //!    upstream connections are made by [`connector`] and driven, from
 //!    [`pool`], by the request that uses them; after a lost response
-//!    ([`attempt`]) a route's [`reconcile`] probe may prove it happened.
+//!    ([`attempt`]) a route's [`reconcile`] probe may prove it happened; in
+//!    `idemgate rehearse`'s own gateway alone, a [`drill`] breaks exchanges
+//!    on purpose.
 //! 7. [`replay`]: what a key that already has an operation gets; an `unknown`
 //!    one on a route with a probe is probed again first ([`reconcile`]).
 //!
@@ -30,6 +32,7 @@ pub mod attempt;
 pub mod budget;
 pub mod claim;
 pub mod connector;
+pub mod drill;
 pub mod error;
 pub mod fingerprint;
 pub mod forward;
@@ -91,6 +94,8 @@ pub struct ActiveRoute {
     probes: ProbeClient,
     /// Mirrors the stored pause; the store is the truth across restarts.
     paused: AtomicBool,
+    /// Faults injected into its writes: a rehearsal's gateway only.
+    drill: Option<Arc<drill::Drill>>,
 }
 
 /// The proxy: routes, the store, and the forward tasks in flight.
@@ -132,7 +137,8 @@ struct Shared {
 
 impl Proxy {
     /// The proxy for `config`; `paused` names the routes the store holds
-    /// paused, `scope_key` the key its scopes are stored with.
+    /// paused, `scope_key` the key its scopes are stored with, `drill` the
+    /// faults a rehearsal injects (none for `serve`).
     #[allow(clippy::too_many_arguments)] // what the proxy is made of, each distinct
     pub fn new(
         config: &Config,
@@ -143,6 +149,7 @@ impl Proxy {
         metrics: Arc<Metrics>,
         stopping: CancellationToken,
         give_up: CancellationToken,
+        drill: Option<Arc<drill::Drill>>,
     ) -> Result<Self, TlsError> {
         let routes = config
             .routes
@@ -154,6 +161,7 @@ impl Proxy {
                     writes: forward::pool(route, Some(store.fence()))?,
                     probes: forward::probe_client(route)?,
                     paused: AtomicBool::new(paused.contains(&route.name)),
+                    drill: drill.clone(),
                 }))
             })
             .collect::<Result<_, TlsError>>()?;

@@ -31,6 +31,7 @@ mod pause_kind_upgrade;
 mod postgres_gateway;
 mod process;
 mod real_clients;
+mod rehearse;
 mod replica_leases;
 mod replicas;
 mod resource_bounds;

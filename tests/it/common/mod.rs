@@ -13,6 +13,9 @@
 //!   - `/drop`: commit, then close the connection without an answer;
 //!   - `/truncate`: commit, announce a 100-byte body and stop after 6 bytes;
 //!   - `/status/{code}`: answer `code` *without* committing (a refusal);
+//!   - `/dedup`: an upstream that honours `Idempotency-Key`: the first write
+//!     per key commits like the default, a repeat gets the same answer and
+//!     commits nothing;
 //!   - `/commit-then/{code}`: commit, then answer `code` (the write happened,
 //!     the answer says otherwise: a 502/504 from a proxy in front of the API);
 //!   - `/once/{code}[?ms=N]`: the first write per `Idempotency-Key` waits N
