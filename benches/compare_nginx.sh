@@ -9,9 +9,11 @@
 #   DURATION=30s benches/compare_nginx.sh
 #   IDEMGATE=path/to/idemgate benches/compare_nginx.sh   # skip the release build
 #   DURABILITIES="full normal" benches/compare_nginx.sh  # also durability "normal"
+#   LOADS="first" benches/compare_nginx.sh  # only some of the loads: off, first, replay
 #   TOKIO_WORKER_THREADS=2 benches/compare_nginx.sh      # the gateway's async workers
 #   STRACE=1 benches/compare_nginx.sh     # + system calls by name (strace -c, short runs)
 #   CALLGRIND=1 benches/compare_nginx.sh  # + instructions per request (valgrind, ~3 min)
+#   CALLGRIND=1 CALLGRIND_KEEP=DIR benches/compare_nginx.sh  # and keep each load's profile in DIR
 #
 # The upstream is an nginx of its own, answering every request 201 with a
 # small JSON body: the fastest upstream at hand, so neither proxy waits on it
@@ -65,6 +67,7 @@ set -euo pipefail
 DURATION=${DURATION:-10s}
 CALLGRIND_DURATION=${CALLGRIND_DURATION:-10s}
 DURABILITIES=${DURABILITIES:-full}
+LOADS=${LOADS:-off first replay}
 THREADS=2
 CONNECTIONS=64
 REPLAY_KEYS=64
@@ -392,7 +395,7 @@ done
 
 printf '\n%-22s %8s %7s %7s %7s %6s %8s  %8s %6s %8s %8s\n' "load / proxy" "req/s" "p50 ms" \
     "p99 ms" "non-2xx" "errors" "vs nginx" "CPU µs" "ctx sw" "syscalls" "machine"
-for mode in off first replay; do
+for mode in $LOADS; do
     case $mode in
         off) echo "forwarding (key = \"off\", a new key per request)" ;;
         first) echo "first writes (a new key per request)" ;;
@@ -421,7 +424,7 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ "${STRACE:-0}" = 1 ]; then
     echo
     echo "system calls per request by name (strace -c -f, 3 s per load, 16 connections)"
-    for mode in off first replay; do
+    for mode in $LOADS; do
         for target in "nginx pass-through=127.0.0.1:$nginx_port=$nginx_pid" "${gateways[@]}"; do
             IFS== read -r proxy addr pid <<<"$target"
             warm_up "$mode" "$addr" 16
@@ -460,6 +463,10 @@ callgrind_window() {
     # The newest dump is this window's.
     local dump
     dump=$(ls -t "$out".* | head -1)
+    if [ -n "${CALLGRIND_KEEP:-}" ]; then
+        mkdir -p "$CALLGRIND_KEEP"
+        cp "$dump" "$CALLGRIND_KEEP/$(basename "$out" .cg)-$mode.callgrind"
+    fi
     callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null |
         awk -v n="$requests" -v mode="$mode" '
             /PROGRAM TOTALS/ { gsub(",", "", $1); total = $1 }
@@ -493,7 +500,7 @@ if [ "${CALLGRIND:-0}" = 1 ]; then
         echo " idemgate $durability"
         start_idemgate "idemgate-vg-$durability" 120 \
             "${valgrind[@]}" --callgrind-out-file="$dir/idemgate-$durability.cg" "$IDEMGATE"
-        for mode in off first replay; do
+        for mode in $LOADS; do
             callgrind_window "$started_pid" "$mode" "$started" "$dir/idemgate-$durability.cg"
         done
         kill "$started_pid"

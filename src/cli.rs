@@ -1,5 +1,5 @@
 //! The command line (docs/operating.md, "The command line"): `serve`, `check-config`, `migrate`,
-//! `rekey`, `keys`, `mock-upstream`, `demo`, `bench`.
+//! `rekey`, `keys`, `healthcheck`, `mock-upstream`, `demo`, `rehearse`, `bench`.
 //!
 //! Invariant: this module holds the arguments only. The modules that run a
 //! command (`keys_cli`, `bench`, …) import its arguments from here, and
@@ -49,6 +49,10 @@ pub enum Command {
     },
     /// Find, read and settle operations through a running gateway's admin API.
     Keys(Keys),
+    /// Ask a running gateway's admin listener whether it is ready (`GET
+    /// /readyz`): exit 0 when it is, 1 when not or when no answer came in
+    /// time (a container's HEALTHCHECK; docs/deploying.md, "A container image").
+    Healthcheck(Healthcheck),
     /// Run a small non-idempotent API with faults by path, to try idemgate against.
     MockUpstream {
         #[arg(long, default_value = "127.0.0.1:7000")]
@@ -56,6 +60,9 @@ pub enum Command {
     },
     /// Walk through what idemgate does against the mock API, then exit.
     Demo,
+    /// Run the interruption drill against one route's real destination
+    /// with a gateway of its own (docs/rehearse.md); it writes real records.
+    Rehearse(Rehearse),
     /// Drive a retry storm (K keys × R requests at concurrency C) through a
     /// gateway and check that the API saw exactly K writes (docs/performance.md, "Benchmarking").
     Bench(Bench),
@@ -64,6 +71,22 @@ pub enum Command {
         #[command(subcommand)]
         command: AlertsCommand,
     },
+    /// Run a profile's conformance cases against any endpoint and print
+    /// which pass (docs/profiles.md, "Conformance"). It writes to the target.
+    Conformance(Conformance),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Conformance {
+    /// The endpoint's base URL; each case appends its path (`/drop`, `/slow?ms=1500`, …).
+    #[arg(long)]
+    pub target: String,
+    /// idemgate, ietf, stripe, acp or oasis.
+    #[arg(long, default_value = "idemgate")]
+    pub profile: String,
+    /// Confirms that the target may be written to: every case sends writes.
+    #[arg(long)]
+    pub writes: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -176,6 +199,30 @@ pub struct Keys {
     pub command: KeysCommand,
 }
 
+/// `idemgate healthcheck`, run by `healthcheck`.
+#[derive(Debug, clap::Args)]
+pub struct Healthcheck {
+    /// The admin listener's base URL (the gateway's `admin_listen`).
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:9090",
+        conflicts_with = "config"
+    )]
+    pub admin: String,
+    /// Or the gateway's config file: its `admin_listen` (asked on loopback
+    /// when it is an unspecified address such as 0.0.0.0), over https when
+    /// `admin_tls_cert` is set.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A PEM file of extra trust roots for an https admin listener whose
+    /// certificate a private CA signed.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// Give up (exit 1) when no whole answer came within this long.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
     /// List operations, newest first.
@@ -279,6 +326,48 @@ impl ResolveOutcome {
             ResolveOutcome::NotAttempted => "not_attempted",
         }
     }
+}
+
+/// `idemgate rehearse …`, run by `rehearse` (docs/rehearse.md).
+#[derive(Debug, clap::Args)]
+pub struct Rehearse {
+    /// The gateway's TOML config file, where the route is.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// The route to rehearse (its `name`): its upstream, TLS, key mode,
+    /// probe and timeouts.
+    #[arg(long)]
+    pub route: String,
+    /// The JSON body of each synthetic write; `{key}` in it becomes the
+    /// write's own key.
+    #[arg(long, value_name = "JSON", required_unless_present = "body_file")]
+    pub body: Option<String>,
+    /// The body from a file instead.
+    #[arg(long, value_name = "FILE", conflicts_with = "body")]
+    pub body_file: Option<PathBuf>,
+    /// The most writes that may reach the destination (required: they
+    /// create real records). Printed first; the rehearsal stops before a
+    /// case that would need more.
+    #[arg(long, value_name = "N")]
+    pub writes: u64,
+    /// The path the writes go to (default: the route's path_prefix).
+    #[arg(long)]
+    pub path: Option<String>,
+    /// The writes' method (default: POST, if the route protects it).
+    #[arg(long)]
+    pub method: Option<String>,
+    /// A header every write carries, its value read from an environment
+    /// variable, never printed: NAME=VARIABLE (repeatable). The route's
+    /// scope headers (its credentials) come this way.
+    #[arg(long = "header-env", value_name = "NAME=VARIABLE")]
+    pub header_env: Vec<String>,
+    /// Also send one key twice straight to the destination (2 writes) to
+    /// find whether it deduplicates on its own: the verdict line.
+    #[arg(long)]
+    pub check_destination: bool,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `idemgate bench …`, run by `bench`. Without `--target` it starts the

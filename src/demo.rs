@@ -10,14 +10,10 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
 use crate::config::Config;
+use crate::gateway_client::{Answer, CallError, GatewayClient, join_all};
 use crate::mock_upstream::MockUpstream;
 use crate::server::{Gateway, StartError, StartOptions};
 
@@ -30,7 +26,7 @@ pub enum DemoError {
     #[error("the demo config is invalid: {0}")]
     Config(#[from] crate::config::ConfigError),
     #[error("a request failed: {0}")]
-    Request(String),
+    Request(#[from] CallError),
     #[error("step {step}: expected {expected}, got {got}")]
     Unexpected {
         step: u32,
@@ -39,34 +35,9 @@ pub enum DemoError {
     },
 }
 
-/// What the client got for one request.
-struct Answer {
-    status: StatusCode,
-    replayed: bool,
-    key: Option<String>,
-    body: String,
-}
-
-impl Answer {
-    /// `201 Created`, or the problem name for an error idemgate answered.
-    fn summary(&self) -> String {
-        let problem = serde_json::from_str::<serde_json::Value>(&self.body)
-            .ok()
-            .and_then(|v| v["type"].as_str().map(str::to_string))
-            .and_then(|t| t.strip_prefix("urn:idemgate:problem:").map(str::to_string));
-        match problem {
-            Some(name) => format!("{} {name}", self.status.as_u16()),
-            None => format!("{} {}", self.status.as_u16(), self.body),
-        }
-    }
-}
-
 struct Tour<W> {
     out: W,
-    client: Client<HttpConnector, Full<Bytes>>,
-    gateway: SocketAddr,
-    admin: SocketAddr,
-    admin_token: String,
+    client: GatewayClient,
     mock: MockUpstream,
     requests: u64,
 }
@@ -74,12 +45,12 @@ struct Tour<W> {
 const TOKEN: &str = "Bearer demo-token";
 
 impl<W: Write> Tour<W> {
-    /// A write (or any request) from the automation, through the gateway.
-    /// A keyed POST of `body` to `path`.
+    /// A keyed POST of `body` to `path`, counted.
     async fn post(&mut self, path: &str, key: &str, body: &str) -> Result<Answer, DemoError> {
         self.send(Method::POST, path, Some(key), body).await
     }
 
+    /// A request through the gateway, counted.
     async fn send(
         &mut self,
         method: Method,
@@ -87,63 +58,13 @@ impl<W: Write> Tour<W> {
         key: Option<&str>,
         body: &str,
     ) -> Result<Answer, DemoError> {
-        let mut request = Request::builder()
-            .method(method)
-            .uri(format!("http://{}{path}", self.gateway))
-            .header("authorization", TOKEN)
-            .header("content-type", "application/json");
-        if let Some(key) = key {
-            request = request.header("idempotency-key", key);
-        }
         self.requests += 1;
-        self.fetch(request, body).await
+        Ok(self.client.send(method, path, key, body).await?)
     }
 
     /// An operator's call to the admin API.
     async fn admin(&mut self, method: Method, path: &str, body: &str) -> Result<Answer, DemoError> {
-        let request = Request::builder()
-            .method(method)
-            .uri(format!("http://{}{path}", self.admin))
-            .header("authorization", format!("Bearer {}", self.admin_token))
-            .header("content-type", "application/json");
-        self.fetch(request, body).await
-    }
-
-    async fn fetch(
-        &self,
-        request: http::request::Builder,
-        body: &str,
-    ) -> Result<Answer, DemoError> {
-        let request = request
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| DemoError::Request(e.to_string()))?;
-        let response = self
-            .client
-            .request(request)
-            .await
-            .map_err(|e| DemoError::Request(e.to_string()))?;
-        let status = response.status();
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        };
-        let replayed = header("idempotent-replayed").is_some_and(|v| v == "true");
-        let key = header("idempotency-key");
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| DemoError::Request(e.to_string()))?
-            .to_bytes();
-        Ok(Answer {
-            status,
-            replayed,
-            key,
-            body: String::from_utf8_lossy(&body).into_owned(),
-        })
+        Ok(self.client.admin(method, path, body).await?)
     }
 
     fn say(&mut self, text: &str) -> Result<(), DemoError> {
@@ -229,12 +150,11 @@ async fn tour(out: impl Write, dir: &std::path::Path) -> Result<(), DemoError> {
         ..StartOptions::default()
     };
     let gateway = Gateway::start_with(config, options).await?;
+    let mut headers = HeaderMap::new();
+    headers.insert("authorization", HeaderValue::from_static(TOKEN));
     let mut tour = Tour {
         out,
-        client: Client::builder(TokioExecutor::new()).build_http(),
-        gateway: gateway.addr(),
-        admin: gateway.admin_addr(),
-        admin_token,
+        client: GatewayClient::new(gateway.addr(), gateway.admin_addr(), admin_token, headers),
         mock,
         requests: 0,
     };
@@ -248,7 +168,7 @@ async fn steps<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
     t.say(&format!(
         "idemgate demo: a gateway on {} in front of a mock API on {}.\n\
          The mock is not idempotent: every write it receives creates something.\n",
-        t.gateway,
+        t.client.gateway(),
         t.mock.addr()
     ))?;
 
@@ -282,18 +202,11 @@ async fn steps<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
     t.say("\n4. 20 concurrent duplicates of a slow write (a retry storm, key demo-2)")?;
     let storm = (0..20).map(|_| {
         let client = t.client.clone();
-        let uri = format!("http://{}/slow?ms=400", t.gateway);
         async move {
-            let request = Request::post(uri)
-                .header("authorization", TOKEN)
-                .header("idempotency-key", "demo-2")
-                .body(Full::new(Bytes::from_static(b"{\"title\":\"slow\"}")))
-                .map_err(|e| DemoError::Request(e.to_string()))?;
-            let response = client
-                .request(request)
-                .await
-                .map_err(|e| DemoError::Request(e.to_string()))?;
-            Ok::<_, DemoError>(response.status())
+            let answer = client
+                .post("/slow?ms=400", "demo-2", r#"{"title":"slow"}"#)
+                .await?;
+            Ok::<_, DemoError>(answer.status)
         }
     });
     let statuses: Vec<StatusCode> = join_all(storm).await?;
@@ -358,20 +271,8 @@ async fn reconciled<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
     let lost = t.post("/orders/drop", "demo-4", r#"{"sku":"A-1"}"#).await?;
     t.say(&format!("   → {}", lost.summary()))?;
     // The probe runs right away; the client can ask how its operation stands.
-    let mut state = String::new();
-    for _ in 0..100 {
-        let status = t
-            .send(Method::GET, "/.idemgate/operations/demo-4", None, "")
-            .await?;
-        state = serde_json::from_str::<serde_json::Value>(&status.body)
-            .ok()
-            .and_then(|v| v["state"].as_str().map(str::to_string))
-            .unwrap_or_default();
-        if state == "completed" {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    t.requests += 1;
+    let state = t.client.state_until("demo-4", "completed", 100).await?;
     t.say(&format!(
         "   GET /.idemgate/operations/demo-4 → state {state}"
     ))?;
@@ -423,22 +324,4 @@ async fn resolved_by_an_operator<W: Write>(t: &mut Tour<W>) -> Result<(), DemoEr
     );
     let ok = resolved.status == StatusCode::OK && retry.replayed;
     t.show(8, &got, ok, "the operator's resolution replayed", 5)
-}
-
-/// Awaits every future concurrently, failing with the first error.
-async fn join_all<T, F>(futures: impl Iterator<Item = F>) -> Result<Vec<T>, DemoError>
-where
-    F: std::future::Future<Output = Result<T, DemoError>> + Send + 'static,
-    T: Send + 'static,
-{
-    let handles: Vec<_> = futures.map(tokio::spawn).collect();
-    let mut results = Vec::with_capacity(handles.len());
-    for handle in handles {
-        results.push(
-            handle
-                .await
-                .map_err(|e| DemoError::Request(e.to_string()))??,
-        );
-    }
-    Ok(results)
 }

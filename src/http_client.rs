@@ -3,8 +3,12 @@
 //! https through rustls with the webpki roots (plus a private CA where the
 //! caller gives one), a bounded connect.
 
+use crate::error_chain::error_chain;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Limited};
 use hyper_rustls::builderstates::WantsSchemes;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
@@ -53,4 +57,45 @@ where
     http.set_connect_timeout(Some(connect_timeout));
     let https = tls.https_or_http().enable_http1().wrap_connector(http);
     Client::builder(TokioExecutor::new()).build(https)
+}
+
+/// Why [`exchange`] got no whole answer.
+#[derive(Debug)]
+pub enum ExchangeError {
+    /// No connection, a broken one, a TLS failure, a body over the bound:
+    /// the whole cause chain.
+    Failed(String),
+    /// Nothing whole within the time allowed.
+    Timeout,
+}
+
+/// Sends `request` and reads its answer: the status and at most `max`
+/// bytes of body, all within `within`.
+pub async fn exchange<B>(
+    client: &Client<HttpsConnector<HttpConnector>, B>,
+    request: Request<B>,
+    max: usize,
+    within: Duration,
+) -> Result<(StatusCode, Bytes), ExchangeError>
+where
+    B: http_body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let whole = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|error| ExchangeError::Failed(error_chain(&error)))?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), max)
+            .collect()
+            .await
+            .map_err(|error| ExchangeError::Failed(error_chain(error.as_ref())))?
+            .to_bytes();
+        Ok((status, body))
+    };
+    tokio::time::timeout(within, whole)
+        .await
+        .unwrap_or(Err(ExchangeError::Timeout))
 }

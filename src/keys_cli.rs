@@ -22,7 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -31,7 +31,7 @@ use serde_json::{Map, Value, json};
 use crate::admin::auth::{UnusableToken, token_fault};
 use crate::cli::{Keys, KeysCommand, KeysList, KeysResolve};
 use crate::config::ClientTls;
-use crate::http_client;
+use crate::http_client::{self, ExchangeError};
 use crate::pipeline::key::url_component;
 use crate::tls::TlsError;
 
@@ -306,23 +306,16 @@ impl AdminApi {
                 url: url.clone(),
                 reason: e.to_string(),
             })?;
-        let exchange = async {
-            let response = self
-                .client
-                .request(request)
+        let (status, bytes) =
+            http_client::exchange(&self.client, request, MAX_ANSWER, REQUEST_TIMEOUT)
                 .await
-                .map_err(|e| unreachable(&url, &e))?;
-            let status = response.status();
-            let bytes = Limited::new(response.into_body(), MAX_ANSWER)
-                .collect()
-                .await
-                .map_err(|e| unreachable(&url, e.as_ref()))?
-                .to_bytes();
-            Ok::<_, KeysError>((status, bytes))
-        };
-        let (status, bytes) = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
-            .await
-            .map_err(|_| KeysError::Timeout { url: url.clone() })??;
+                .map_err(|error| match error {
+                    ExchangeError::Failed(reason) => KeysError::Unreachable {
+                        url: url.clone(),
+                        reason,
+                    },
+                    ExchangeError::Timeout => KeysError::Timeout { url: url.clone() },
+                })?;
         if !status.is_success() {
             return Err(api_error(status, &bytes));
         }
@@ -330,21 +323,6 @@ impl AdminApi {
             status: status.as_u16(),
             reason: e.to_string(),
         })
-    }
-}
-
-/// The whole cause chain: hyper-util's own message ("client error
-/// (Connect)") says little without it.
-fn unreachable(url: &str, error: &(dyn std::error::Error + 'static)) -> KeysError {
-    let mut reason = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let _ = write!(reason, ": {cause}");
-        source = cause.source();
-    }
-    KeysError::Unreachable {
-        url: url.to_string(),
-        reason,
     }
 }
 

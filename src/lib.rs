@@ -5,6 +5,8 @@
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
 //! - [`server`]: listeners, accept loops, graceful shutdown; [`workers`]: the
 //!   threads (a runtime each) proxy connections are spread over.
+//! - [`systemd`]: readiness, reloads, the drain and a watchdog told to
+//!   systemd; [`healthcheck`]: `idemgate healthcheck`, `/readyz` as an exit code.
 //! - [`tls`]: certificates from PEM files: the listeners' (swapped on
 //!   SIGHUP) and what upstream connections trust and present.
 //! - [`pipeline`]: the life of a request, one module per phase (the
@@ -15,10 +17,13 @@
 //!   by several replicas); all SQL lives there. It imports neither the
 //!   pipeline nor the metrics exporter: [`metrics`] reads its counters.
 //! - [`replicas`]: dead owners' operations, and keeping up with peer replicas.
-//! - [`retention`]: the background sweep of expired operations.
+//! - [`retention`]: the background sweep of expired operations;
+//!   [`background`]: the background loops' one shape.
 //! - [`alerts`]: webhooks told about held work, from the store's outbox.
-//! - [`http_client`]: the client for the gateway's own calls (not proxied).
-//! - [`clock`]: the time the store keeps (a manual one for tests).
+//! - [`http_client`]: the client for the gateway's own calls (not proxied);
+//!   [`error_chain`]: an error and its causes as one line.
+//! - [`clock`]: the time the store keeps (a manual one for tests);
+//!   [`backoff`]: the one retry delay (connects, alerts, records).
 //! - [`scope_key`]: the secret scopes are keyed with before they are stored.
 //! - [`problem`]: the RFC 9457 problem+json body of every error idemgate
 //!   answers itself, on both listeners.
@@ -33,8 +38,11 @@
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
-//!   [`demo`]: the newcomer's tour against it; [`bench`]: a retry-storm
-//!   load generator that checks the API saw one write per key.
+//!   [`demo`]: the newcomer's tour against it; [`rehearse`]: the
+//!   interruption drill against a route's real destination, faults
+//!   injected in a gateway of its own; [`gateway_client`]: the client side
+//!   of both; [`bench`]: a retry-storm load generator that checks the API
+//!   saw one write per key.
 //!
 //! # Life of a write request
 //! path (normalized) → route → key and scope → body (bounded) → fingerprint
@@ -56,13 +64,19 @@
 
 pub mod admin;
 pub mod alerts;
+pub mod background;
+pub mod backoff;
 pub mod bench;
 pub mod body;
 pub mod canonical_json;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod conformance;
 pub mod demo;
+pub mod error_chain;
+pub mod gateway_client;
+pub mod healthcheck;
 pub mod http_client;
 pub mod keys_cli;
 pub mod log_format;
@@ -72,12 +86,15 @@ pub mod mock_upstream;
 pub mod operation;
 pub mod pipeline;
 pub mod problem;
+pub mod profile;
+pub mod rehearse;
 pub mod rekey;
 pub mod replicas;
 pub mod retention;
 pub mod scope_key;
 pub mod server;
 pub mod store;
+pub mod systemd;
 pub mod tls;
 pub mod traces;
 pub mod workers;

@@ -11,6 +11,7 @@ use idemgate::log_sink::{FlushGuard, LogSink};
 use idemgate::mock_upstream::MockUpstream;
 use idemgate::server::{Gateway, StartOptions};
 use idemgate::store::{PostgresStore, SqliteStore};
+use idemgate::systemd::Notifier;
 use idemgate::workers::Workers;
 use tokio::signal::unix::{SignalKind, signal as unix_signal};
 use tracing_subscriber::EnvFilter;
@@ -46,6 +47,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // the TLS certificates instead of ending the process.
             let mut hangup = unix_signal(SignalKind::hangup())?;
             let store = config.store.url.to_string();
+            let grace = config.server.shutdown_grace;
+            let systemd = Notifier::from_env();
+            systemd.starting(&format!("opening and migrating the store {store}"));
             // This thread's runtime is the first worker; the others get
             // threads of their own.
             let threads = worker_threads();
@@ -69,18 +73,26 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 gateway.admin_addr()
             );
             std::io::stdout().flush()?;
-            let shutdown = shutdown_signal();
-            tokio::pin!(shutdown);
-            loop {
-                tokio::select! {
-                    result = &mut shutdown => break result?,
-                    _ = hangup.recv() => {
-                        // Logged per listener; the old certificate stays on error.
-                        let _ = gateway.reload_tls();
+            systemd.ready(&gateway).await;
+            {
+                let shutdown = shutdown_signal();
+                let watch = systemd.keep_watch(&gateway);
+                tokio::pin!(shutdown, watch);
+                loop {
+                    tokio::select! {
+                        result = &mut shutdown => break result?,
+                        _ = hangup.recv() => {
+                            systemd.reloading();
+                            // Logged per listener; the old certificate stays on error.
+                            let outcome = gateway.reload_tls();
+                            systemd.reloaded(&gateway, &outcome).await;
+                        }
+                        () = &mut watch => {}
                     }
                 }
             }
             tracing::info!("shutting down");
+            systemd.stopping(grace);
             gateway.shutdown().await;
             drop(workers);
             Ok(())
@@ -106,6 +118,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         },
+        Command::Healthcheck(check) => match idemgate::healthcheck::run(&check).await {
+            Ok(answer) => {
+                println!("ready: {answer}");
+                Ok(())
+            }
+            Err(why) => {
+                eprintln!("not ready: {why}");
+                std::process::exit(1);
+            }
+        },
         Command::MockUpstream { listen } => {
             let _log = init_logging(LogFormat::Text)?;
             let mock = MockUpstream::start(listen).await?;
@@ -118,6 +140,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo => {
             init_quiet_logging();
             idemgate::demo::run(std::io::stdout()).await?;
+            Ok(())
+        }
+        Command::Rehearse(rehearse) => {
+            init_quiet_logging();
+            let env = |name: &str| std::env::var(name).ok();
+            let report = idemgate::rehearse::run(&rehearse, &env, std::io::stdout()).await?;
+            std::io::stdout().flush()?;
+            // The own gateway is shut down by now; exit 1 is the verdict.
+            if !report.ok {
+                std::process::exit(1);
+            }
             Ok(())
         }
         Command::Bench(bench) => {
@@ -138,6 +171,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{report}");
             std::io::stdout().flush()?;
             if !all_delivered {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Conformance(args) => {
+            init_quiet_logging();
+            let passed = idemgate::conformance::command(&args, std::io::stdout()).await?;
+            std::io::stdout().flush()?;
+            if !passed {
                 std::process::exit(1);
             }
             Ok(())

@@ -22,7 +22,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -58,6 +58,13 @@ pub enum StoreUnread {
     Late,
     #[error("the previous scrape's store read is still waiting for the store")]
     StillWaiting,
+}
+
+/// `metric`, registered in `registry` as `name` with `help`, to be kept
+/// and moved.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 /// How an intercepted request ended, for metrics and the request log.
@@ -118,6 +125,14 @@ struct RouteLabels {
     route: String,
 }
 
+impl RouteLabels {
+    fn of(route: &str) -> Self {
+        RouteLabels {
+            route: route.to_string(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ListenerLabels {
     listener: &'static str,
@@ -144,6 +159,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     upstream_seconds: Family<RouteLabels, Histogram>,
     late_responses: Family<RouteLabels, Counter>,
+    connect_retries: Family<RouteLabels, Counter>,
     refused_connections: Family<ListenerLabels, Counter>,
     store_errors: Family<RouteLabels, Counter>,
     alert_deliveries: Family<DeliveryLabels, Counter>,
@@ -170,51 +186,57 @@ impl Metrics {
             "Time to run and commit one store batch, fsync included",
             batches.seconds().clone(),
         );
-        let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
+        let requests = registered(
+            &mut registry,
             "requests",
             "Intercepted and proxied requests by route and outcome",
-            requests.clone(),
+            Family::default(),
         );
-        let upstream_seconds = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new([
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-            ])
-        });
-        registry.register(
+        let upstream_seconds = registered(
+            &mut registry,
             "upstream_duration_seconds",
             "Time from handing a write to the upstream until its outcome",
-            upstream_seconds.clone(),
+            Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new([
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                ])
+            }),
         );
-        let late_responses = Family::<RouteLabels, Counter>::default();
-        registry.register(
+        let late_responses = registered(
+            &mut registry,
             "late_responses",
             "Responses that arrived after their operation had left in_progress",
-            late_responses.clone(),
+            Family::default(),
         );
-        let refused_connections = Family::<ListenerLabels, Counter>::default();
-        registry.register(
+        let connect_retries = registered(
+            &mut registry,
+            "upstream_connect_retries",
+            "Writes' connects to the upstream that failed before anything was written and were tried again (connect_retries)",
+            Family::default(),
+        );
+        let refused_connections = registered(
+            &mut registry,
             "refused_connections",
             "Connections refused (503 overloaded, or closed) because their listener was at its cap",
-            refused_connections.clone(),
+            Family::default(),
         );
-        let store_errors = Family::<RouteLabels, Counter>::default();
-        registry.register(
+        let store_errors = registered(
+            &mut registry,
             "store_errors",
             "Requests answered 503 store-unavailable: the store failed or did not answer in time",
-            store_errors.clone(),
+            Family::default(),
         );
-        let alert_deliveries = Family::<DeliveryLabels, Counter>::default();
-        registry.register(
+        let alert_deliveries = registered(
+            &mut registry,
             "alert_deliveries",
             "Alert webhook deliveries by outcome: delivered, failed (due again later), gave_up",
-            alert_deliveries.clone(),
+            Family::default(),
         );
-        let background_passes = Family::<TaskLabels, Counter>::default();
-        registry.register(
+        let background_passes = registered(
+            &mut registry,
             "background_passes",
             "Passes of the background tasks that ran to their end without a store error, by task: retention (the sweep), alerts (a poll of the outbox), replicas (a look for lost peers and at the pauses, on a shared store)",
-            background_passes.clone(),
+            Family::default(),
         );
         let trace_spans_dropped = Counter::default();
         registry.register(
@@ -227,6 +249,7 @@ impl Metrics {
             requests,
             upstream_seconds,
             late_responses,
+            connect_retries,
             refused_connections,
             store_errors,
             alert_deliveries,
@@ -241,12 +264,11 @@ impl Metrics {
     /// them works — before their first event.
     pub fn start_at_zero<'a>(&self, routes: impl IntoIterator<Item = &'a str>) {
         for route in routes {
-            let labels = RouteLabels {
-                route: route.to_string(),
-            };
+            let labels = RouteLabels::of(route);
             // Creating the child is the point; its guard is dropped at once.
             drop(self.upstream_seconds.get_or_create(&labels));
             drop(self.late_responses.get_or_create(&labels));
+            drop(self.connect_retries.get_or_create(&labels));
             drop(self.store_errors.get_or_create(&labels));
         }
         for outcome in ["delivered", "failed", "gave_up"] {
@@ -282,17 +304,21 @@ impl Metrics {
 
     pub fn upstream_duration(&self, route: &str, seconds: f64) {
         self.upstream_seconds
-            .get_or_create(&RouteLabels {
-                route: route.to_string(),
-            })
+            .get_or_create(&RouteLabels::of(route))
             .observe(seconds);
     }
 
     pub fn late_response(&self, route: &str) {
         self.late_responses
-            .get_or_create(&RouteLabels {
-                route: route.to_string(),
-            })
+            .get_or_create(&RouteLabels::of(route))
+            .inc();
+    }
+
+    /// A write's connect to `route`'s upstream failed unwritten and is
+    /// tried again.
+    pub fn connect_retry(&self, route: &str) {
+        self.connect_retries
+            .get_or_create(&RouteLabels::of(route))
             .inc();
     }
 
@@ -303,7 +329,6 @@ impl Metrics {
             .inc();
     }
 
-    /// A request on `route` answered 503 `store-unavailable`.
     /// One alert delivery attempt ended so (`delivered`, `failed`,
     /// `gave_up`).
     pub fn alert_delivery(&self, outcome: &'static str) {
@@ -319,11 +344,10 @@ impl Metrics {
             .inc();
     }
 
+    /// A request on `route` answered 503 `store-unavailable`.
     pub fn store_error(&self, route: &str) {
         self.store_errors
-            .get_or_create(&RouteLabels {
-                route: route.to_string(),
-            })
+            .get_or_create(&RouteLabels::of(route))
             .inc();
     }
 

@@ -10,16 +10,20 @@
 //!   type only says which kind it is ([`ProblemKind::of_store`] is the one
 //!   500/503 split of a failed store call, for both).
 //! - Every body is built by [`Problem::new`] and so carries the `error`
-//!   extension member ([`ErrorEnvelope`]) with the same name and detail.
+//!   extension member ([`ErrorEnvelope`]) with the same name and detail;
+//!   a route's profile ([`crate::profile`]) may answer it with another
+//!   status, code or body shape ([`Problem::into_response_as`]), never
+//!   another detail.
 //!
 //! This module knows kinds and bodies, not the errors behind them, so it
 //! imports neither the pipeline nor the admin API that render through it.
 
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 use serde::Serialize;
 
 use crate::body::{ProxyBody, full};
+use crate::profile::{BodyShape, Profile, REPEATABILITY_RESULT, Wire};
 use crate::store::StoreError;
 
 /// Every problem idemgate answers, on either listener; one name each
@@ -34,6 +38,8 @@ pub enum ProblemKind {
     MissingKey,
     InvalidKey,
     MissingScope,
+    /// OASIS: the request was first sent longer ago than operations are kept.
+    FirstSentTooOld,
     BodyTooLarge,
     BodyTimeout,
     InvalidBody,
@@ -52,6 +58,7 @@ pub enum ProblemKind {
     UpstreamTimeout,
     UpstreamFailed,
     Overloaded,
+    Draining,
     Internal,
     // The admin API's own.
     Unauthorized,
@@ -90,6 +97,7 @@ impl ProblemKind {
                 StatusCode::BAD_REQUEST
             }
             Unauthorized | AdminTokenUnset => StatusCode::UNAUTHORIZED,
+            FirstSentTooOld => StatusCode::PRECONDITION_FAILED,
             NoRoute | UnknownOperation => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -105,7 +113,7 @@ impl ProblemKind {
             UpstreamUnreachable | UpstreamFailed => StatusCode::BAD_GATEWAY,
             OutcomeUnknown(UnknownSince::Broken) => StatusCode::BAD_GATEWAY,
             UpstreamTimeout | OutcomeUnknown(UnknownSince::Timeout) => StatusCode::GATEWAY_TIMEOUT,
-            StoreUnavailable | LeaseLost | RoutePaused | Overloaded => {
+            StoreUnavailable | LeaseLost | RoutePaused | Overloaded | Draining => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
         }
@@ -123,6 +131,7 @@ impl ProblemKind {
             MissingKey => ("missing-key", "Idempotency-Key required"),
             InvalidKey => ("invalid-key", "Invalid Idempotency-Key"),
             MissingScope => ("missing-scope", "Scope headers required"),
+            FirstSentTooOld => ("first-sent-too-old", "Request first sent too long ago"),
             BodyTooLarge => ("body-too-large", "Request body too large"),
             BodyTimeout => ("body-timeout", "Request body too slow"),
             InvalidBody => ("invalid-body", "Request body unreadable"),
@@ -142,6 +151,7 @@ impl ProblemKind {
             UpstreamTimeout => ("upstream-timeout", "Upstream timeout"),
             UpstreamFailed => ("upstream-failed", "Upstream failed"),
             Overloaded => ("overloaded", "Overloaded"),
+            Draining => ("draining", "Shutting down"),
             Internal => ("internal", "Internal error"),
             Unauthorized => ("unauthorized", "Unauthorized"),
             AdminTokenUnset => ("admin-token-unset", "No admin token configured"),
@@ -178,6 +188,9 @@ impl ProblemKind {
 /// An RFC 9457 problem body.
 #[derive(Debug, Serialize)]
 pub struct Problem {
+    /// Which problem: what a route's profile decides its answer by.
+    #[serde(skip)]
+    pub kind: ProblemKind,
     #[serde(rename = "type")]
     pub problem_type: String,
     pub title: &'static str,
@@ -191,7 +204,9 @@ pub struct Problem {
     /// raise only when a body carries an `error` object: without it
     /// stripe-node resolves a held 409 as if it were the created resource,
     /// and the automation believes a write happened whose outcome is unknown.
-    pub error: ErrorEnvelope,
+    /// `None` only under a profile whose bodies have no such member (`ietf`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorEnvelope>,
     /// Seconds for the `Retry-After` header, not a member of the body.
     #[serde(skip)]
     pub retry_after: Option<u32>,
@@ -201,12 +216,14 @@ pub struct Problem {
 /// name>, "message": <detail>}`, the envelope Stripe-style SDKs read.
 #[derive(Debug, Serialize)]
 pub struct ErrorEnvelope {
-    /// Always [`ErrorEnvelope::TYPE`]: every problem idemgate answers is
-    /// about whether (and how) a write may be sent, never about the
-    /// upstream's own business errors, which pass through untouched.
+    /// [`ErrorEnvelope::TYPE`] unless a profile says otherwise: every
+    /// problem idemgate answers is about whether (and how) a write may be
+    /// sent, never about the upstream's own business errors, which pass
+    /// through untouched.
     #[serde(rename = "type")]
     pub error_type: &'static str,
-    /// The problem name, as in `urn:idemgate:problem:<name>`.
+    /// The problem name, as in `urn:idemgate:problem:<name>`, unless a
+    /// profile names it otherwise.
     pub code: String,
     /// The problem's `detail`.
     pub message: String,
@@ -224,14 +241,15 @@ impl Problem {
     pub fn new(kind: ProblemKind, detail: String) -> Self {
         let name = kind.name();
         Problem {
+            kind,
             problem_type: format!("urn:idemgate:problem:{name}"),
             title: kind.title(),
             status: kind.status().as_u16(),
-            error: ErrorEnvelope {
+            error: Some(ErrorEnvelope {
                 error_type: ErrorEnvelope::TYPE,
                 code: name.to_string(),
                 message: detail.clone(),
-            },
+            }),
             detail,
             operation_id: None,
             state: None,
@@ -239,18 +257,57 @@ impl Problem {
         }
     }
 
+    /// The answer as idemgate's own profile renders it.
     pub fn into_response(self) -> Response<ProxyBody> {
-        let body = serde_json::to_vec(&self).unwrap_or_default();
-        let mut response = Response::new(full(body));
+        self.into_response_as(Profile::Idemgate.wire())
+    }
+
+    /// The answer as `wire`'s profile renders it (docs/profiles.md): its
+    /// status, body shape, error code and headers; the problem's detail,
+    /// operation and state whatever the shape.
+    pub fn into_response_as(mut self, wire: &Wire) -> Response<ProxyBody> {
+        let decided = wire.decide(self.kind.name(), self.status);
+        let retry_after = decided.retry_after.or(self.retry_after);
+        // Refused outright, or about no operation: not taken as repeatable.
+        let rejected = self.kind == ProblemKind::KeyReused || self.operation_id.is_none();
+        let envelope = || {
+            serde_json::json!({
+                "type": decided.error_type,
+                "code": decided.code,
+                "message": self.detail,
+            })
+        };
+        let (content_type, body) = match wire.body {
+            BodyShape::Problem { error_member } => {
+                self.status = decided.status;
+                self.title = decided.title.unwrap_or(self.title);
+                self.error = error_member.then(|| ErrorEnvelope {
+                    error_type: decided.error_type,
+                    code: decided.code.clone(),
+                    message: self.detail.clone(),
+                });
+                ("application/problem+json", serde_json::to_vec(&self))
+            }
+            BodyShape::StripeError => (
+                "application/json",
+                serde_json::to_vec(&serde_json::json!({ "error": envelope() })),
+            ),
+            BodyShape::Flat => ("application/json", serde_json::to_vec(&envelope())),
+        };
+        let mut response = Response::new(full(body.unwrap_or_default()));
         *response.status_mut() =
-            StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            StatusCode::from_u16(decided.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let headers = response.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            http::HeaderValue::from_static("application/problem+json"),
-        );
-        if let Some(seconds) = self.retry_after {
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if let Some(seconds) = retry_after {
             headers.insert(RETRY_AFTER, seconds.into());
+        }
+        for (name, value) in decided.headers {
+            headers.insert(*name, HeaderValue::from_static(value));
+        }
+        if wire.repeatability_result {
+            let result = if rejected { "rejected" } else { "accepted" };
+            headers.insert(REPEATABILITY_RESULT, HeaderValue::from_static(result));
         }
         response
     }
@@ -265,7 +322,7 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 34] = [
+    const CASES: [(ProblemKind, u16, &str); 36] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (HeadersTooLarge, 431, "headers-too-large"),
@@ -273,6 +330,7 @@ mod tests {
         (MissingKey, 400, "missing-key"),
         (InvalidKey, 400, "invalid-key"),
         (MissingScope, 400, "missing-scope"),
+        (FirstSentTooOld, 412, "first-sent-too-old"),
         (BodyTooLarge, 413, "body-too-large"),
         (BodyTimeout, 408, "body-timeout"),
         (InvalidBody, 400, "invalid-body"),
@@ -299,6 +357,7 @@ mod tests {
         (UpstreamTimeout, 504, "upstream-timeout"),
         (UpstreamFailed, 502, "upstream-failed"),
         (Overloaded, 503, "overloaded"),
+        (Draining, 503, "draining"),
         (Internal, 500, "internal"),
         (Unauthorized, 401, "unauthorized"),
         (AdminTokenUnset, 401, "admin-token-unset"),

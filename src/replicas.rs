@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::background;
 use crate::config::Route;
 use crate::metrics::{Metrics, Task};
 use crate::pipeline::Proxy;
@@ -53,11 +54,7 @@ pub async fn watch(
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
-        }
+    while background::tick(every, &stop).await {
         let recovered = recover(store.as_ref(), &routes).await;
         if let Err(error) = &recovered {
             tracing::warn!(%error, "cannot look for lost replicas; trying again");

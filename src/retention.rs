@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::background;
 use crate::clock::{self, Clock};
 use crate::metrics::{Metrics, Task};
 use crate::store::Maintenance;
@@ -44,11 +45,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
-        }
+    while background::tick(every, &stop).await {
         let cutoff = clock.now_millis() - clock::millis(retention);
         let mut deleted = 0;
         loop {

@@ -2,11 +2,13 @@
 //!
 //! [`Gateway::start`] reads the TLS files the configuration names
 //! ([`tls::read`]), opens the store (taking its lock), binds the proxy and
-//! admin listeners and serves until [`Gateway::shutdown`]: stop accepting,
-//! let connections finish and forward tasks record their outcomes within
-//! `shutdown_grace`, then close the store, which releases it for the next
-//! process. Whatever could not be recorded is still `in_progress` in the
-//! store and becomes `unknown` at the next start.
+//! admin listeners and serves until [`Gateway::shutdown`]: the proxy stops
+//! accepting, its connections finish and forward tasks record their
+//! outcomes within `shutdown_grace`, then the admin listener stops (it
+//! answers throughout, `/readyz` 503 `draining`), then the store closes,
+//! which releases it for the next process. Whatever could not be recorded
+//! is still `in_progress` in the store and becomes `unknown` at the next
+//! start.
 //!
 //! Each listener holds at most its configured number of connections
 //! (`max_connections`, `admin_max_connections`, counted apart); a
@@ -45,6 +47,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ServerConfig};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
+use crate::pipeline::drill::Drill;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::forward::{Peer, ViaTls};
 use crate::scope_key::{ScopeKey, ScopeKeyError};
@@ -91,6 +94,15 @@ pub struct Gateway {
     serving: JoinHandle<()>,
     /// The listeners that speak TLS, for [`Gateway::reload_tls`].
     tls: Vec<Arc<ServerTls>>,
+    /// For [`Gateway::health`].
+    store: Arc<dyn Store>,
+}
+
+/// What [`Gateway::health`] found: the store took a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    /// Operations held `unknown`, waiting for a probe or an operator.
+    pub held: u64,
 }
 
 /// What an embedding program (the demo, tests) may set beyond the config.
@@ -109,6 +121,9 @@ pub struct StartOptions {
     /// after another (each connection stays on its runtime); none: the
     /// runtime the gateway was started on ([`crate::workers`]).
     pub workers: Vec<Handle>,
+    /// Faults injected into every route's writes, for `idemgate rehearse`'s
+    /// own gateway; no config key can set one, and `serve` never does.
+    pub drill: Option<Arc<Drill>>,
 }
 
 /// How often the background tasks run: the defaults suit a deployment;
@@ -125,6 +140,12 @@ pub struct Pace {
     /// Between two polls of the alert outbox while endpoints are
     /// configured ([`alerts::deliverer::POLL`]).
     pub alert_poll: Duration,
+    /// Between two polls without endpoints, which only tidy the outbox
+    /// ([`alerts::deliverer::IDLE_POLL`]).
+    pub alert_idle: Duration,
+    /// The longest a connection over its listener's cap is kept to read
+    /// its request head and be answered 503 ([`REFUSAL_TIME`]).
+    pub refusal: Duration,
 }
 
 impl Default for Pace {
@@ -133,6 +154,8 @@ impl Default for Pace {
             sweep: None,
             watch: replicas::WATCH_EVERY,
             alert_poll: alerts::deliverer::POLL,
+            alert_idle: alerts::deliverer::IDLE_POLL,
+            refusal: REFUSAL_TIME,
         }
     }
 }
@@ -155,6 +178,7 @@ impl Default for StartOptions {
             env: HashMap::new(),
             pace: Pace::default(),
             workers: Vec::new(),
+            drill: None,
         }
     }
 }
@@ -206,7 +230,7 @@ impl Gateway {
         options: StartOptions,
     ) -> Result<Gateway, StartError> {
         let (clock, pace) = (options.clock, options.pace);
-        let workers = options.workers;
+        let (workers, drill) = (options.workers, options.drill);
         let server = config.server.clone();
         let token = match options.admin_token {
             Some(token) => AdminToken::new(token, &server.admin_token_env),
@@ -256,8 +280,13 @@ impl Gateway {
             )?)),
             None => None,
         };
-        let proxy_cap = ConnectionCap::new("proxy", server.max_connections, &metrics);
-        let admin_cap = ConnectionCap::new("admin", server.admin_max_connections, &metrics);
+        let proxy_cap = ConnectionCap::new("proxy", server.max_connections, pace.refusal, &metrics);
+        let admin_cap = ConnectionCap::new(
+            "admin",
+            server.admin_max_connections,
+            pace.refusal,
+            &metrics,
+        );
         let proxy = Arc::new(
             Proxy::new(
                 &config,
@@ -268,6 +297,7 @@ impl Gateway {
                 metrics.clone(),
                 shutdown.clone(),
                 give_up.clone(),
+                drill,
             )?
             .traced(traces.clone()),
         );
@@ -278,6 +308,7 @@ impl Gateway {
             clock: clock.clone(),
             token,
             body_timeout: server.header_read_timeout,
+            draining: shutdown.clone(),
         });
         let proxy_service = {
             let proxy = proxy.clone();
@@ -302,6 +333,8 @@ impl Gateway {
             })
         };
         let stop_accepting = CancellationToken::new();
+        // The admin listener stops last, after the proxy drained.
+        let stop_admin = CancellationToken::new();
         let sweep = tokio::spawn(retention::run(
             store.clone(),
             clock.clone(),
@@ -312,15 +345,15 @@ impl Gateway {
             stop_accepting.clone(),
         ));
         let alerts = tokio::spawn(
-            Arc::new(Deliverer::new(
-                store.clone(),
-                alert_endpoints,
+            Arc::new(Deliverer {
+                store: store.clone(),
+                endpoints: alert_endpoints,
                 poster,
                 clock,
-                metrics.clone(),
-                alerts::console_base(&config.server, admin_addr),
-            ))
-            .run(pace.alert_poll, stop_accepting.clone()),
+                metrics: metrics.clone(),
+                console: alerts::console_base(&config.server, admin_addr),
+            })
+            .run(pace.alert_poll, pace.alert_idle, stop_accepting.clone()),
         );
         let watch = tokio::spawn({
             let (store, proxy, routes) = (store.clone(), proxy.clone(), config.routes.clone());
@@ -331,33 +364,31 @@ impl Gateway {
                 }
             }
         });
-        let loops = [
-            tokio::spawn(accept_loop(
-                proxy_listener,
-                proxy_tls.as_ref().map(|tls| tls.acceptor().clone()),
-                server.clone(),
-                proxy_cap,
-                proxy_service,
-                Spread::over(workers),
-                stop_accepting.clone(),
-            )),
-            tokio::spawn(accept_loop(
-                admin_listener,
-                admin_tls.as_ref().map(|tls| tls.acceptor().clone()),
-                server.clone(),
-                admin_cap,
-                admin_service,
-                Spread::over(Vec::new()),
-                stop_accepting.clone(),
-            )),
-        ];
+        let proxy_loop = tokio::spawn(accept_loop(
+            proxy_listener,
+            proxy_tls.as_ref().map(|tls| tls.acceptor().clone()),
+            server.clone(),
+            proxy_cap,
+            proxy_service,
+            Spread::over(workers),
+            stop_accepting.clone(),
+        ));
+        let admin_loop = tokio::spawn(accept_loop(
+            admin_listener,
+            admin_tls.as_ref().map(|tls| tls.acceptor().clone()),
+            server.clone(),
+            admin_cap,
+            admin_service,
+            Spread::over(Vec::new()),
+            stop_admin.clone(),
+        ));
         let serving = tokio::spawn({
-            let (shutdown, traces) = (shutdown.clone(), traces.clone());
+            let (shutdown, store, traces) = (shutdown.clone(), store.clone(), traces.clone());
             async move {
                 shutdown.cancelled().await;
                 let deadline = Instant::now() + server.shutdown_grace;
                 stop_accepting.cancel();
-                for task in loops.into_iter().chain([sweep, watch, alerts]) {
+                for task in [proxy_loop, sweep, watch, alerts] {
                     let _ = task.await;
                 }
                 // Connections are drained; forward tasks get the rest of the grace to record.
@@ -369,6 +400,8 @@ impl Gateway {
                 if let Some(traces) = &traces {
                     traces.shutdown().await;
                 }
+                stop_admin.cancel();
+                let _ = admin_loop.await;
                 store.close().await;
             }
         });
@@ -386,6 +419,7 @@ impl Gateway {
             shutdown,
             serving,
             tls: proxy_tls.into_iter().chain(admin_tls).collect(),
+            store,
         })
     }
 
@@ -410,6 +444,20 @@ impl Gateway {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Whether the gateway can take a write: the store's writer commits
+    /// (as `/readyz` asks it), and how many operations are held.
+    pub async fn health(&self) -> Result<Health, StoreError> {
+        self.store.ping().await?;
+        let stats = self.store.stats().await?;
+        let held = stats
+            .counts
+            .iter()
+            .filter(|(_, state, _)| *state == crate::operation::State::Unknown)
+            .map(|(_, _, count)| count)
+            .sum();
+        Ok(Health { held })
+    }
+
     /// The proxy listener's address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -431,12 +479,12 @@ impl Gateway {
 
 /// Connections over a listener's cap that are being answered 503, at most:
 /// each holds a read buffer for one request head, and for at most
-/// [`REFUSAL_TIME`]. Past this a connection is closed as it is accepted.
+/// [`Pace::refusal`]. Past this a connection is closed as it is accepted.
 const REFUSING: usize = 64;
 
 /// The longest a connection over the cap is kept to read its request head
-/// and be answered.
-const REFUSAL_TIME: Duration = Duration::from_secs(2);
+/// and be answered, unless [`Pace::refusal`] says otherwise.
+pub const REFUSAL_TIME: Duration = Duration::from_secs(2);
 
 /// A listener's bound on open connections.
 struct ConnectionCap {
@@ -446,15 +494,18 @@ struct ConnectionCap {
     open: Arc<Semaphore>,
     /// One permit per connection being refused ([`REFUSING`]).
     refusing: Arc<Semaphore>,
+    /// How long a refused connection is kept at most ([`Pace::refusal`]).
+    refusal: Duration,
     metrics: Arc<Metrics>,
 }
 
 impl ConnectionCap {
-    fn new(listener: &'static str, max: usize, metrics: &Arc<Metrics>) -> Self {
+    fn new(listener: &'static str, max: usize, refusal: Duration, metrics: &Arc<Metrics>) -> Self {
         ConnectionCap {
             listener,
             open: Arc::new(Semaphore::new(max)),
             refusing: Arc::new(Semaphore::new(REFUSING)),
+            refusal,
             metrics: metrics.clone(),
         }
     }
@@ -471,7 +522,7 @@ impl ConnectionCap {
         };
         let mut http = http1::Builder::new();
         http.timer(TokioTimer::new())
-            .header_read_timeout(REFUSAL_TIME)
+            .header_read_timeout(self.refusal)
             .max_buf_size(server.max_header_bytes)
             .half_close(true)
             .keep_alive(false);
@@ -481,9 +532,10 @@ impl ConnectionCap {
             };
             Ok::<_, Infallible>(overloaded.into_response())
         });
+        let refusal_time = self.refusal;
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(REFUSAL_TIME, async {
-                if let Some(stream) = open(stream, tls.as_ref(), REFUSAL_TIME).await {
+            let _ = tokio::time::timeout(refusal_time, async {
+                if let Some(stream) = open(stream, tls.as_ref(), refusal_time).await {
                     let _ = http.serve_connection(TokioIo::new(stream), refusal).await;
                 }
             })

@@ -4,8 +4,13 @@
 //! Routes (JSON unless said otherwise):
 //! - `GET /`, `GET /console.css`, `GET /console.js` — the operator console
 //!   (`console.rs`): static files, no token; the page calls the routes below.
-//! - `GET /healthz` — 200 while the process serves; no token, no payload data.
-//! - `GET /readyz` — 200 when the store answers, 503 `store-unavailable`; no token.
+//! - `GET /livez` (and `GET /healthz`, its older name) — 200 while the
+//!   process serves, draining included; no token, no payload data.
+//! - `GET /readyz` — 200 when the store answers; 503 `store-unavailable`
+//!   when it does not, and 503 `draining` from the moment a shutdown starts
+//!   (the listener keeps answering until the proxy has drained, so a load
+//!   balancer sees the gateway leave before its connections are refused);
+//!   no token.
 //! - `GET /metrics` — Prometheus text, every metric `idemgate_*`; no token;
 //!   always 200: without the store, its gauges are left out and
 //!   `idemgate_store_up` is 0.
@@ -40,6 +45,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use percent_encoding::percent_decode_str;
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use crate::body::{ProxyBody, declared_length, full};
 use crate::clock::Clock;
@@ -64,6 +70,8 @@ pub struct Admin {
     /// How long a client may take to send a request body: the listener's
     /// `header_read_timeout`, since admin bodies are small.
     pub body_timeout: Duration,
+    /// Cancelled when the gateway starts draining: `/readyz` says 503 from then on.
+    pub draining: CancellationToken,
 }
 
 /// Why an admin request failed.
@@ -103,6 +111,10 @@ pub enum AdminError {
     BodyTooLarge { limit: usize },
     #[error("the request body did not arrive within {}", humantime::format_duration(*after))]
     BodyTimeout { after: Duration },
+    #[error(
+        "the gateway is shutting down: it finishes the requests it has and takes no new connections"
+    )]
+    Draining,
     #[error("{method} is not allowed here; this path accepts {allow}")]
     MethodNotAllowed { method: Method, allow: &'static str },
     #[error(transparent)]
@@ -126,6 +138,7 @@ impl AdminError {
             AdminError::BodyTooLarge { .. } => ProblemKind::BodyTooLarge,
             AdminError::BodyTimeout { .. } => ProblemKind::BodyTimeout,
             AdminError::MethodNotAllowed { .. } => ProblemKind::MethodNotAllowed,
+            AdminError::Draining => ProblemKind::Draining,
             AdminError::Store(error) => ProblemKind::of_store(error),
         }
     }
@@ -172,7 +185,7 @@ pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<P
 /// is answered with the one the path accepts (`Allow`).
 enum Endpoint<'a> {
     Console(&'static console::Asset),
-    Healthz,
+    Livez,
     Readyz,
     Metrics,
     ListKeys,
@@ -193,7 +206,7 @@ impl<'a> Endpoint<'a> {
             return Some(Endpoint::Console(asset));
         }
         Some(match segments {
-            ["healthz"] => Endpoint::Healthz,
+            ["livez" | "healthz"] => Endpoint::Livez,
             ["readyz"] => Endpoint::Readyz,
             ["metrics"] => Endpoint::Metrics,
             ["admin", "keys"] => Endpoint::ListKeys,
@@ -256,8 +269,11 @@ async fn route(
     }
     match endpoint {
         Endpoint::Console(asset) => Ok(console::response(asset)),
-        Endpoint::Healthz => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
+        Endpoint::Livez => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
         Endpoint::Readyz => {
+            if admin.draining.is_cancelled() {
+                return Err(AdminError::Draining);
+            }
             admin.store.ping().await?;
             Ok(json_response(StatusCode::OK, &json!({ "status": "ready" })))
         }
@@ -538,7 +554,7 @@ mod tests {
             assert_eq!(problem.status, status, "{name}");
             assert_eq!(problem.problem_type, format!("urn:idemgate:problem:{name}"));
             assert_eq!(problem.detail, error.to_string(), "{name}");
-            assert_eq!(problem.error.code, name);
+            assert_eq!(problem.error.as_ref().unwrap().code, name);
             assert!(problem.operation_id.is_none() && problem.retry_after.is_none());
         }
     }
@@ -581,6 +597,7 @@ mod tests {
             "/admin/routes/{name}/resume",
             "/admin/openapi.json",
             "/healthz",
+            "/livez",
             "/readyz",
             "/metrics",
         ] {

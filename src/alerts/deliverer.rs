@@ -16,13 +16,14 @@
 //! test can tell that a poll ran before asserting that nothing was sent.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::alerts::{Endpoint, Poster, payload};
+use crate::background;
+use crate::backoff::Backoff;
 use crate::clock::{self, Clock};
 use crate::metrics::{Metrics, Task};
 use crate::store::Outbox;
@@ -31,15 +32,15 @@ use crate::store::{AlertDelivery, AlertOutcome, AlertPoll};
 /// How often the outbox is polled while endpoints are configured.
 pub const POLL: Duration = Duration::from_millis(500);
 /// Without endpoints the outbox is only tidied, now and then.
-const IDLE_POLL: Duration = Duration::from_secs(60);
+pub const IDLE_POLL: Duration = Duration::from_secs(60);
 /// A taken delivery is not taken again for this long unless settled: more
 /// than a post can take.
 const LEASE: Duration = Duration::from_secs(30);
 /// Deliveries taken per poll.
 const BATCH: u32 = 32;
-/// Retry backoff: full jitter over `BASE * 2^attempts`, capped.
-const BACKOFF_BASE: Duration = Duration::from_secs(1);
-const BACKOFF_CAP: Duration = Duration::from_secs(600);
+/// Before a failed delivery is due again: full jitter under 1 s doubling
+/// with its attempts, up to 10 minutes.
+const BACKOFF: Backoff = Backoff::full_jitter(Duration::from_secs(1), Duration::from_secs(600));
 /// How often operations are checked against `unknown-aged` thresholds:
 /// rarer than the polls, since an alert a few seconds late is as good.
 /// Each pass reads only what crossed a threshold since the last
@@ -48,62 +49,45 @@ pub const AGING: Duration = Duration::from_secs(30);
 /// Finished alerts are kept this long past the longest `give_up_after`.
 const KEEP: Duration = Duration::from_secs(3600);
 
+/// What the deliverer posts with and where it reads and settles alerts.
 pub struct Deliverer {
-    store: Arc<dyn Outbox>,
-    endpoints: Vec<Endpoint>,
-    poster: Poster,
-    clock: Arc<dyn Clock>,
-    metrics: Arc<Metrics>,
+    pub store: Arc<dyn Outbox>,
+    pub endpoints: Vec<Endpoint>,
+    pub poster: Poster,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
     /// The console's base URL, for the alerts' links.
-    console: String,
-    /// When the last aging pass ran (ms, the gateway's clock).
-    aged_at: std::sync::atomic::AtomicI64,
+    pub console: String,
 }
 
 impl Deliverer {
-    pub fn new(
-        store: Arc<dyn Outbox>,
-        endpoints: Vec<Endpoint>,
-        poster: Poster,
-        clock: Arc<dyn Clock>,
-        metrics: Arc<Metrics>,
-        console: String,
-    ) -> Self {
-        Deliverer {
-            store,
-            endpoints,
-            poster,
-            clock,
-            metrics,
-            console,
-            aged_at: std::sync::atomic::AtomicI64::new(i64::MIN),
-        }
-    }
-
-    /// Polls every `every` ([`POLL`] unless a test says otherwise; rarely
-    /// without endpoints) until `stop`; deliveries in flight then are due
-    /// again after their lease.
-    pub async fn run(self: Arc<Self>, every: Duration, stop: CancellationToken) {
-        let interval = if self.endpoints.is_empty() {
-            IDLE_POLL
+    /// Polls every `every` ([`POLL`] unless a test says otherwise), or
+    /// every `idle` ([`IDLE_POLL`]) without endpoints, until `stop`;
+    /// deliveries in flight then are due again after their lease.
+    pub async fn run(self: Arc<Self>, every: Duration, idle: Duration, stop: CancellationToken) {
+        let period = if self.endpoints.is_empty() {
+            idle
         } else {
             every
         };
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(interval) => {}
+        // When the last aging pass ran (ms, the gateway's clock).
+        let mut aged_at = i64::MIN;
+        while background::tick(period, &stop).await {
+            let now = self.clock.now_millis();
+            let aging = now.saturating_sub(aged_at) >= clock::millis(AGING);
+            if aging {
+                aged_at = now;
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = self.clone().poll_once() => {}
+                _ = self.clone().poll_once(now, aging) => {}
             }
         }
     }
 
-    /// One poll: take what is due, post it, settle it.
-    async fn poll_once(self: Arc<Self>) {
-        let now = self.clock.now_millis();
+    /// One poll at `now`, an aging pass with it if `aging`: take what is
+    /// due, post it, settle it.
+    async fn poll_once(self: Arc<Self>, now: i64, aging: bool) {
         let keep = self
             .endpoints
             .iter()
@@ -111,11 +95,6 @@ impl Deliverer {
             .max()
             .unwrap_or_default()
             + KEEP;
-        let aged_at = self.aged_at.load(Ordering::Relaxed);
-        let aging = now.saturating_sub(aged_at) >= clock::millis(AGING);
-        if aging {
-            self.aged_at.store(now, Ordering::Relaxed);
-        }
         let poll = AlertPoll {
             subscriptions: self
                 .endpoints
@@ -187,41 +166,11 @@ impl Deliverer {
                     AlertOutcome::GaveUp { error }
                 } else {
                     AlertOutcome::Retry {
-                        next_at: now + clock::millis(backoff(delivery.attempts)),
+                        next_at: now + clock::millis(BACKOFF.delay(delivery.attempts)),
                         error,
                     }
                 }
             }
         }
-    }
-}
-
-/// Full jitter: a uniform wait in `[0, min(CAP, BASE * 2^attempts)]`.
-fn backoff(attempts: u32) -> Duration {
-    let ceiling = BACKOFF_BASE
-        .saturating_mul(2u32.saturating_pow(attempts.min(20)))
-        .min(BACKOFF_CAP);
-    ceiling.mul_f64(fastrand::f64())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_with_jitter_and_stays_under_its_cap() {
-        for attempts in [0, 1, 5, 30, u32::MAX] {
-            let ceiling = BACKOFF_BASE
-                .saturating_mul(2u32.saturating_pow(attempts.min(20)))
-                .min(BACKOFF_CAP);
-            for _ in 0..100 {
-                assert!(backoff(attempts) <= ceiling);
-            }
-        }
-        assert!(
-            (0..200)
-                .map(|_| backoff(30))
-                .any(|d| d > Duration::from_secs(60))
-        );
     }
 }

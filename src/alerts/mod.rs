@@ -28,6 +28,7 @@ use sha2::{Digest, Sha256};
 
 use crate::clock::{Clock, SystemClock, rfc3339};
 use crate::config::{AlertConfig, AlertEvent, Config, ServerConfig};
+use crate::error_chain::error_chain;
 use crate::http_client;
 use crate::store::{Alert, AlertSubscription};
 
@@ -198,17 +199,6 @@ impl Poster {
             Err(format!("answered {status}"))
         }
     }
-}
-
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// `idemgate alerts test`: a sample alert POSTed to every endpoint of

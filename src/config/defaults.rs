@@ -29,6 +29,7 @@ pub mod store {
 
 /// `[[routes]]`.
 pub mod route {
+    pub const PROFILE: &str = "idemgate";
     pub const PATH_PREFIX: &str = "/";
     pub const METHODS: &[&str] = &["POST", "PATCH"];
     pub const KEY: &str = "require";

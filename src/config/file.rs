@@ -64,6 +64,7 @@ pub(super) struct RawStore {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRoute {
     pub(super) name: Option<String>,
+    pub(super) profile: Option<String>,
     pub(super) path_prefix: Option<String>,
     pub(super) upstream: Option<String>,
     pub(super) upstream_ca: Option<String>,

@@ -13,6 +13,8 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::{Method, Uri};
 
+use crate::profile::Profile;
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -303,6 +305,8 @@ impl Upstream {
 #[derive(Debug, Clone)]
 pub struct Route {
     pub name: String,
+    /// The conventions the route speaks on the wire (docs/profiles.md).
+    pub profile: Profile,
     pub path_prefix: String,
     pub upstream: Upstream,
     /// Extra trust roots and a client certificate for an https upstream.

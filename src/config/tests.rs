@@ -398,3 +398,32 @@ fn overrides_replace_file_values() {
             .contains("--store")
     );
 }
+
+#[test]
+fn a_profile_sets_its_defaults_and_its_retention_floor() {
+    let with = |lines: &str| Config::from_toml_str(&format!("{MINIMAL}{lines}"), "test.toml");
+    let acp = with("profile = \"acp\"\n").unwrap();
+    let route = &acp.routes[0];
+    assert_eq!(route.profile, crate::profile::Profile::Acp);
+    assert!(route.fingerprint_headers.is_empty(), "§6.2: the body only");
+    let released = &route.release_statuses;
+    assert!(released.contains(&429) && released.contains(&500) && released.contains(&503));
+    assert!(
+        !released.contains(&502) && !released.contains(&504),
+        "held as unknown"
+    );
+    // What the file sets wins over the profile's defaults.
+    let set = with("profile = \"acp\"\nrelease_statuses = [503]\n").unwrap();
+    assert_eq!(set.routes[0].release_statuses, vec![503]);
+    let error = error_of(&format!(
+        "[store]\nretention = \"23h\"\n{MINIMAL}profile = \"acp\"\n"
+    ));
+    assert!(
+        error.contains("store.retention") && error.contains("`acp`") && error.contains("24h"),
+        "{error}"
+    );
+    let idemgate = Config::from_toml_str(&format!("[store]\nretention = \"1h\"\n{MINIMAL}"), "t");
+    assert!(idemgate.is_ok(), "no floor for idemgate");
+    let unknown = error_of(&format!("{MINIMAL}profile = \"soap\"\n"));
+    assert!(unknown.contains("routes[0].profile"), "{unknown}");
+}

@@ -24,6 +24,7 @@ use super::runtime::{
     AlertConfig, AlertEvent, CertPair, ClientTls, Config, Durability, InProgressMode, KeyMode,
     Quota, Reconcile, Route, ServerConfig, StoreConfig, StoreUrl, Upstream,
 };
+use crate::profile::Profile;
 
 /// The longest duration a field takes. Every duration is a deadline
 /// somewhere (an `Instant`, or the store's milliseconds since 1970): one
@@ -204,6 +205,19 @@ impl Validator<'_> {
                 return Err(self.invalid(
                     format!("routes[{i}].path_prefix"),
                     format!("path_prefix `{}` is used twice", route.path_prefix),
+                ));
+            }
+            let floor = route.profile.wire().retention_floor;
+            if let Some(floor) = floor.filter(|floor| store.retention < *floor) {
+                return Err(self.invalid(
+                    "store.retention",
+                    format!(
+                        "is {}, but route `{}` speaks the `{}` profile, which needs operations kept for at least {}h",
+                        humantime::format_duration(store.retention),
+                        route.name,
+                        route.profile.name(),
+                        floor.as_secs() / 3600,
+                    ),
                 ));
             }
             routes.push(route);
@@ -445,6 +459,13 @@ impl Validator<'_> {
             ),
         )?;
 
+        let profile: Profile = raw
+            .profile
+            .as_deref()
+            .unwrap_or(route::PROFILE)
+            .parse()
+            .map_err(|reason: String| self.invalid(field("profile"), reason))?;
+        let wire = profile.wire();
         let methods =
             raw.methods
                 .unwrap_or_else(|| route::METHODS.iter().map(|m| m.to_string()).collect())
@@ -516,15 +537,23 @@ impl Validator<'_> {
                 )
             })?),
         };
-        let release_statuses = self.statuses(
-            &field("release_statuses"),
-            raw.release_statuses,
-            route::RELEASE_STATUSES,
-        )?;
         let unknown_statuses = self.statuses(
             &field("unknown_statuses"),
             raw.unknown_statuses,
             route::UNKNOWN_STATUSES,
+        )?;
+        // A profile that never stores a 5xx (ACP §6.5) releases every one
+        // the route does not hold as `unknown`.
+        let release_default: Vec<u16> = if wire.release_5xx {
+            let five_xx = (500..=599).filter(|s| !unknown_statuses.contains(s));
+            std::iter::once(429).chain(five_xx).collect()
+        } else {
+            route::RELEASE_STATUSES.to_vec()
+        };
+        let release_statuses = self.statuses(
+            &field("release_statuses"),
+            raw.release_statuses,
+            &release_default,
         )?;
         if let Some(both) = release_statuses
             .iter()
@@ -541,6 +570,7 @@ impl Validator<'_> {
         }
         Ok(Route {
             name,
+            profile,
             path_prefix,
             upstream,
             upstream_tls,
@@ -551,7 +581,8 @@ impl Validator<'_> {
             fingerprint_headers: self.headers(
                 &field("fingerprint_headers"),
                 raw.fingerprint_headers,
-                route::FINGERPRINT_HEADERS,
+                wire.fingerprint_headers
+                    .unwrap_or(route::FINGERPRINT_HEADERS),
             )?,
             ignore_fields,
             forward_key_header,

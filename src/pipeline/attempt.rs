@@ -20,72 +20,75 @@ use std::time::Instant;
 use http::HeaderMap;
 use serde_json::json;
 use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 
-use crate::clock::Clock;
-use crate::metrics::{Metrics, OperationId};
+use crate::metrics::OperationId;
 use crate::operation::{Event, Fingerprint, Settlement, StoredResponse};
-use crate::pipeline::ActiveRoute;
 use crate::pipeline::claim::InFlightGuard;
 use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
 use crate::pipeline::quota::StoredCharge;
-use crate::pipeline::reconcile::Reconciler;
 use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Settled};
-use crate::pipeline::replay::ReplayCache;
-use crate::store::{Claim, Permit, Recorded, Store};
+use crate::pipeline::{ActiveRoute, Shared};
+use crate::store::{Claim, Permit, Recorded};
 use crate::traces::{self, Step};
 
-/// Everything one attempt needs, owned, for its task.
+/// One attempt, for its task: what is its own, and the proxy's shared
+/// parts (the store, the replay cache, the clock, shutdown's tokens…)
+/// held once, not copied.
 pub struct Attempt {
-    pub store: Arc<dyn Store>,
-    pub reconciler: Arc<Reconciler>,
-    pub active: Arc<ActiveRoute>,
-    pub claim: Claim,
+    /// The proxy's: `stopping` (cancelled when shutdown starts) ends the
+    /// probing and the listening late; `give_up` (the grace is over) the
+    /// record retries.
+    pub(super) shared: Arc<Shared>,
+    pub(super) active: Arc<ActiveRoute>,
+    pub(super) claim: Claim,
     /// The store's fence as it was before the claim: nothing is sent once
     /// it stops holding, nor after it lapsed, even if it holds again.
-    pub permit: Permit,
-    pub key: String,
+    pub(super) permit: Permit,
+    pub(super) key: String,
     /// The triggering request's credential headers, for a reconcile probe;
     /// in memory only.
-    pub credentials: HeaderMap,
-    pub request: WriteRequest,
+    pub(super) credentials: HeaderMap,
+    pub(super) request: WriteRequest,
     /// Dropped once the outcome is recorded, to wake waiting duplicates.
-    pub in_flight: Option<InFlightGuard>,
-    pub metrics: Arc<Metrics>,
-    /// Where a completed response goes for replays, under `identity`.
-    pub replays: Arc<ReplayCache>,
-    pub identity: String,
-    pub fingerprint: Fingerprint,
+    pub(super) in_flight: Option<InFlightGuard>,
+    /// Where a completed response goes in the replay cache.
+    pub(super) identity: String,
+    pub(super) fingerprint: Fingerprint,
     /// The request exactly as sent, for the replay cache's fast path.
-    pub exact: ExactDigest,
+    pub(super) exact: ExactDigest,
     /// Where the response it stores is counted, on a route with a byte
     /// quota.
-    pub quota: Option<StoredCharge>,
-    pub clock: Arc<dyn Clock>,
-    /// Cancelled when shutdown starts: stop probing and listening late.
-    pub stopping: CancellationToken,
-    /// Cancelled when the shutdown grace is over: stop retrying records.
-    pub give_up: CancellationToken,
+    pub(super) quota: Option<StoredCharge>,
 }
 
 impl Attempt {
     /// Forwards, records, answers through `reply`, then follows up a loss.
     pub async fn run(mut self, reply: oneshot::Sender<Reply>) {
-        let guard = SettleGuard::new(self.store.clone(), self.claim.clone());
+        let guard = SettleGuard::new(self.shared.store.clone(), self.claim.clone());
         let route = &self.active.route;
         let started = Instant::now();
         // Boxed: the exchange's futures are kilobytes, and would make the
         // whole attempt's future as large.
+        let send = forward::send_write(
+            &self.active.writes,
+            route,
+            &self.request,
+            &self.permit,
+            &self.shared.metrics,
+        );
         let exchange = async {
-            let sent = forward::send_write(&self.active.writes, route, &self.request, &self.permit);
-            let sent = Box::pin(sent).await;
+            let sent = match &self.active.drill {
+                Some(drill) => Box::pin(drill.run(send)).await,
+                None => Box::pin(send).await,
+            };
             let (how, status) = sent.exchange.summary();
             traces::upstream_ended(sent.tries, how, status);
             sent
         };
         let sent = traces::child(Step::Upstream, exchange).await;
-        self.metrics
+        self.shared
+            .metrics
             .upstream_duration(&route.name, started.elapsed().as_secs_f64());
         let fenced = matches!(sent.exchange, Exchange::Fenced { .. });
         let Settled {
@@ -103,7 +106,7 @@ impl Attempt {
         traces::note_attempt(self.claim.attempt, settlement.state().as_str());
         // Not later than the store's own update time, so the cache never
         // outlives the stored operation.
-        let recorded_at = self.clock.now_millis();
+        let recorded_at = self.shared.clock.now_millis();
         // The client may have hung up; the outcome is recorded regardless.
         let operation_id = OperationId(self.claim.operation_id.clone());
         let deliver = |response: Reply| {
@@ -126,7 +129,7 @@ impl Attempt {
         }
         // Whether the store holds this attempt `unknown` once recorded, so
         // that a probe or a late response may settle it.
-        let recorded = self.store.record(&self.claim, &settlement, &events);
+        let recorded = self.shared.store.record(&self.claim, &settlement, &events);
         let follow = match traces::child(Step::StoreRecord, recorded).await {
             Ok(Recorded::Applied) => {
                 // The latch trips before the client hears of the loss, so
@@ -141,12 +144,12 @@ impl Attempt {
             Ok(Recorded::Stale) => {
                 tracing::warn!(operation_id = %self.claim.operation_id, "the operation changed while its attempt was in flight");
                 let after = Box::pin(record::after_stale(
-                    self.store.as_ref(),
+                    self.shared.store.as_ref(),
                     &self.claim,
                     &settlement,
                     &self.fingerprint,
                     route.late_window,
-                    self.clock.now_millis(),
+                    self.shared.clock.now_millis(),
                 ))
                 .await;
                 match after {
@@ -185,11 +188,11 @@ impl Attempt {
     /// answered ([`record::keep_recording`]).
     async fn keep_recording(&self, settlement: &Settlement, events: &[Event]) -> Option<Recorded> {
         record::keep_recording(
-            self.store.as_ref(),
+            self.shared.store.as_ref(),
             &self.claim,
             settlement,
             events,
-            &self.give_up,
+            &self.shared.give_up,
         )
         .await
     }
@@ -203,7 +206,7 @@ impl Attempt {
             if let Some(quota) = &self.quota {
                 quota.count(&self.active.route, response, recorded_at);
             }
-            self.replays.insert(
+            self.shared.replays.insert(
                 &self.identity,
                 &self.claim.operation_id,
                 (&self.fingerprint, Some(self.exact)),
@@ -221,8 +224,8 @@ impl Attempt {
         // may still settle it for their next retry.
         drop(self.in_flight.take());
         let route = &self.active.route;
-        let probe = self.reconciler.reconcile(
-            self.store.as_ref(),
+        let probe = self.shared.reconciler.reconcile(
+            self.shared.store.as_ref(),
             &self.active.probes,
             route,
             &self.claim.operation_id,
@@ -237,7 +240,7 @@ impl Attempt {
             }
         };
         tokio::select! {
-            _ = self.stopping.cancelled() => {}
+            _ = self.shared.stopping.cancelled() => {}
             _ = async { tokio::join!(probe, late) } => {}
         }
     }
@@ -248,6 +251,7 @@ impl Attempt {
             return;
         }
         match self
+            .shared
             .store
             .trip_pause_latch(&route.name, route.pause_after_unknown)
             .await
@@ -273,7 +277,7 @@ impl Attempt {
             LateArrival::Settles(response) => response,
             LateArrival::Evidence { detail, counted } => {
                 if counted {
-                    self.metrics.late_response(&self.active.route.name);
+                    self.shared.metrics.late_response(&self.active.route.name);
                 }
                 let event = Event {
                     kind: "late-response",
@@ -287,6 +291,7 @@ impl Attempt {
             detail: json!({ "status": response.status, "attempt": self.claim.attempt }),
         };
         match self
+            .shared
             .store
             .settle_held(
                 &self.claim.operation_id,
@@ -300,13 +305,17 @@ impl Attempt {
             Ok(true) => {
                 traces::late_ended(true);
                 if let Some(quota) = &self.quota {
-                    quota.count(&self.active.route, &response, self.clock.now_millis());
+                    quota.count(
+                        &self.active.route,
+                        &response,
+                        self.shared.clock.now_millis(),
+                    );
                 }
                 tracing::info!(operation_id = %self.claim.operation_id, "a late response settled an unknown operation")
             }
             Ok(false) => {
                 traces::late_ended(false);
-                self.metrics.late_response(&self.active.route.name);
+                self.shared.metrics.late_response(&self.active.route.name);
                 tracing::info!(operation_id = %self.claim.operation_id, "a late response came after the operation was settled; kept as an event")
             }
             Err(error) => {
@@ -316,7 +325,12 @@ impl Attempt {
     }
 
     async fn add_event(&self, event: &Event) {
-        if let Err(error) = self.store.add_event(&self.claim.operation_id, event).await {
+        if let Err(error) = self
+            .shared
+            .store
+            .add_event(&self.claim.operation_id, event)
+            .await
+        {
             tracing::warn!(operation_id = %self.claim.operation_id, %error, "cannot record an event");
         }
     }

@@ -17,6 +17,7 @@ use crate::pipeline::key::KeyError;
 use crate::pipeline::path::PathError;
 use crate::pipeline::quota::QuotaSpent;
 use crate::problem::{Problem, ProblemKind, UnknownSince};
+use crate::profile::{Profile, Wire};
 use crate::store::StoreError;
 use crate::traces;
 
@@ -53,6 +54,14 @@ pub enum ProxyError {
     InvalidKey(#[from] KeyError),
     #[error("this write carries none of the scope headers ({headers})")]
     MissingScope { headers: String },
+    #[error(
+        "this request was first sent at {first_sent}, longer ago than the {} operations are kept: whether it already happened cannot be told, so it is not sent",
+        humantime::format_duration(*retention)
+    )]
+    FirstSentTooOld {
+        first_sent: String,
+        retention: std::time::Duration,
+    },
     #[error("the request body is larger than {limit} bytes")]
     BodyTooLarge { limit: usize },
     #[error("the request body did not arrive within {}", humantime::format_duration(*after))]
@@ -126,6 +135,7 @@ impl ProxyError {
             MissingKey => (ProblemKind::MissingKey, None),
             InvalidKey(_) => (ProblemKind::InvalidKey, None),
             MissingScope { .. } => (ProblemKind::MissingScope, None),
+            FirstSentTooOld { .. } => (ProblemKind::FirstSentTooOld, None),
             BodyTooLarge { .. } => (ProblemKind::BodyTooLarge, None),
             BodyTimeout { .. } => (ProblemKind::BodyTimeout, None),
             BodyRead { .. } => (ProblemKind::InvalidBody, None),
@@ -206,6 +216,7 @@ impl ProxyError {
             | MissingKey
             | InvalidKey(_)
             | MissingScope { .. }
+            | FirstSentTooOld { .. }
             | BodyTooLarge { .. }
             | BodyRead { .. }
             | BodyTimeout { .. }
@@ -218,9 +229,14 @@ impl ProxyError {
         }
     }
 
-    /// The problem response, carrying its [`Outcome`] and [`OperationId`]
-    /// as extensions for the request log.
+    /// The problem response as idemgate's own profile answers it.
     pub fn into_response(self) -> Response<ProxyBody> {
+        self.into_response_as(Profile::Idemgate.wire())
+    }
+
+    /// The problem response as `wire`'s profile answers it, carrying its
+    /// [`Outcome`] and [`OperationId`] as extensions for the request log.
+    pub fn into_response_as(self, wire: &Wire) -> Response<ProxyBody> {
         if let (_, Some(operation)) = self.kind() {
             traces::note_state(operation.state.as_str());
         }
@@ -233,7 +249,7 @@ impl ProxyError {
         );
         let problem = self.problem();
         let operation = problem.operation_id.clone();
-        let mut response = problem.into_response();
+        let mut response = problem.into_response_as(wire);
         response.extensions_mut().insert(outcome);
         if store_failed {
             response.extensions_mut().insert(StoreFailure);
@@ -262,6 +278,7 @@ mod tests {
         let problem = error.problem();
         assert_eq!(problem.status, status, "{name}");
         assert_eq!(problem.problem_type, format!("urn:idemgate:problem:{name}"));
+        assert_eq!(problem.kind.name(), name);
         assert!(!problem.detail.is_empty());
         assert_error_envelope(&problem, name);
         problem
@@ -310,6 +327,11 @@ mod tests {
             "missing-scope",
         );
         check(ProxyError::BodyTooLarge { limit: 1 }, 413, "body-too-large");
+        let old = ProxyError::FirstSentTooOld {
+            first_sent: "Tue, 01 Dec 2026 10:00:00 GMT".into(),
+            retention: std::time::Duration::from_secs(60),
+        };
+        check(old, 412, "first-sent-too-old");
         check(
             ProxyError::BodyRead {
                 reason: "reset".into(),

@@ -29,9 +29,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::{Instant, timeout_at};
 
+use crate::backoff::Backoff;
 use crate::body::{ProxyBody, full, stream};
 use crate::config::Route;
-use crate::metrics::Outcome;
+use crate::error_chain::error_chain;
+use crate::metrics::{Metrics, Outcome};
 use crate::pipeline::budget::Reservation;
 use crate::pipeline::connector::{FenceDown, UpstreamConnector};
 use crate::pipeline::error::ProxyError;
@@ -43,9 +45,9 @@ use crate::traces;
 /// The client of reconcile probes, whose URLs may name any host.
 pub type ProbeClient = Client<UpstreamConnector, ProxyBody>;
 
-/// Connect-retry backoff: full jitter over `BASE * 2^n`, capped.
-const BACKOFF_BASE: Duration = Duration::from_millis(100);
-const BACKOFF_CAP: Duration = Duration::from_secs(2);
+/// Before connect retry `n`: full jitter under 100 ms doubling, up to 2 s.
+pub const CONNECT_BACKOFF: Backoff =
+    Backoff::full_jitter(Duration::from_millis(100), Duration::from_secs(2));
 
 /// The connector for a route: plain http, or https via rustls trusting the
 /// webpki roots and the route's `upstream_ca`, presenting its client
@@ -382,6 +384,7 @@ pub async fn send_write(
     route: &Arc<Route>,
     request: &WriteRequest,
     permit: &Permit,
+    metrics: &Metrics,
 ) -> Sent {
     let mut tries = 0;
     loop {
@@ -415,7 +418,8 @@ pub async fn send_write(
             Ok(Err(e)) if fenced_off(&e) => return fenced,
             Ok(Err(e)) if not_written(&e) && tries <= route.connect_retries => {
                 traces::connect_retry(tries, || error_chain(&e));
-                tokio::time::sleep(backoff(tries - 1)).await;
+                metrics.connect_retry(&route.name);
+                tokio::time::sleep(CONNECT_BACKOFF.delay(tries - 1)).await;
                 continue;
             }
             Ok(Err(e)) if not_written(&e) => {
@@ -632,46 +636,9 @@ fn read_body(
     })
 }
 
-/// Full-jitter exponential backoff before connect retry `n` (0-based): a
-/// uniform draw from `[0, min(cap, base * 2^n)]`.
-pub fn backoff(n: u32) -> Duration {
-    let ceiling = BACKOFF_BASE
-        .saturating_mul(1u32 << n.min(16))
-        .min(BACKOFF_CAP);
-    ceiling.mul_f64(fastrand::f64())
-}
-
-/// An error and its causes, for logs and events (never carries payloads).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_stays_within_its_bounds() {
-        for n in 0..20 {
-            let ceiling = BACKOFF_BASE
-                .saturating_mul(1u32 << n.min(16))
-                .min(BACKOFF_CAP);
-            for _ in 0..200 {
-                assert!(backoff(n) <= ceiling);
-            }
-        }
-        assert!(backoff(30) <= BACKOFF_CAP);
-        // Full jitter: draws spread over the range instead of sticking to its top.
-        let draws: Vec<Duration> = (0..200).map(|_| backoff(4)).collect();
-        assert!(draws.iter().any(|d| *d < BACKOFF_CAP / 2));
-    }
 
     #[test]
     fn only_a_handshake_alert_proves_the_request_unread() {

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use crate::canonical_json::{self, NotExact};
 use crate::operation::Fingerprint;
 use crate::pipeline::fingerprint::digest_hex;
+use crate::profile::{KeySyntax, Profile, Wire};
 use crate::scope_key::ScopeKey;
 
 /// URL-component encoding: everything but the RFC 3986 unreserved
@@ -53,6 +54,14 @@ pub enum KeyError {
         "the Idempotency-Key starts with a quote after unquoting; its bare form would read as a quoted key"
     )]
     LeadingQuote,
+    #[error("the Idempotency-Key must be an sf-string (\"…\"), as the IETF draft's §2.1 says")]
+    NotString,
+    #[error("the request's key headers ({headers}) name different keys; send one")]
+    Disagree { headers: String },
+    #[error("a repeatable request needs {header} (an IMF-fixdate) beside its request id")]
+    FirstSentMissing { header: &'static str },
+    #[error("{header} is not an IMF-fixdate (e.g. `Tue, 01 Dec 2026 12:00:00 GMT`)")]
+    FirstSentInvalid { header: &'static str },
 }
 
 impl IdempotencyKey {
@@ -123,15 +132,39 @@ impl IdempotencyKey {
 
     /// The key a request carries: `None` when it has no `Idempotency-Key`.
     pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, KeyError> {
-        let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-        let Some(value) = values.next() else {
-            return Ok(None);
-        };
-        if values.next().is_some() {
-            return Err(KeyError::Several);
+        Self::from_wire(headers, Profile::Idemgate.wire())
+    }
+
+    /// The key a request carries under a route's profile: read from the
+    /// profile's key headers in order, spelled as it says; when several
+    /// are present they must name one key. `None` when it has none.
+    pub fn from_wire(headers: &HeaderMap, wire: &Wire) -> Result<Option<Self>, KeyError> {
+        let mut found: Option<Self> = None;
+        for name in wire.key_headers {
+            let mut values = headers.get_all(*name).iter();
+            let Some(value) = values.next() else {
+                continue;
+            };
+            if values.next().is_some() {
+                return Err(KeyError::Several);
+            }
+            let text = value.to_str().map_err(|_| KeyError::BadCharacter)?;
+            let key = match wire.key_syntax {
+                KeySyntax::TokenOrString => Self::parse(text)?,
+                KeySyntax::String if text.starts_with('"') => Self::parse(text)?,
+                KeySyntax::String => return Err(KeyError::NotString),
+                KeySyntax::Opaque => Self::new(text)?,
+            };
+            match &found {
+                Some(earlier) if *earlier != key => {
+                    return Err(KeyError::Disagree {
+                        headers: wire.key_headers.join(", "),
+                    });
+                }
+                _ => found = Some(key),
+            }
         }
-        let text = value.to_str().map_err(|_| KeyError::BadCharacter)?;
-        Self::parse(text).map(Some)
+        Ok(found)
     }
 
     /// A key as the header spells it — an sf-string `"…"` or a bare token —
@@ -213,6 +246,33 @@ impl Scope {
     pub fn as_str(&self) -> &str {
         &self.keyed
     }
+
+    /// This scope narrowed by what a route's profile adds to it: the
+    /// endpoint path (ACP §6.1), a client id header (OASIS). Unchanged
+    /// when the profile adds nothing, so idemgate's scopes (and the keys
+    /// derived from them) stay what they were.
+    pub fn narrowed(self, wire: &Wire, path: &str, headers: &HeaderMap, key: &ScopeKey) -> Self {
+        let client = wire.scope_header.and_then(|name| headers.get(name));
+        if !wire.scope_path && client.is_none() {
+            return self;
+        }
+        let mut hasher = Sha256::new();
+        hasher.update(b"idemgate-scope-v1:narrowed");
+        hasher.update(self.digest.as_bytes());
+        let path = wire.scope_path.then_some(path.as_bytes());
+        for (label, part) in [(b"path", path), (b"peer", client.map(|v| v.as_bytes()))] {
+            if let Some(part) = part {
+                hasher.update(label);
+                hasher.update((part.len() as u64).to_be_bytes());
+                hasher.update(part);
+            }
+        }
+        let digest = digest_hex(hasher);
+        Scope {
+            keyed: key.keyed(&digest),
+            digest,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -260,6 +320,63 @@ mod tests {
         let long = "k".repeat(256);
         assert_eq!(parse(&[long.as_bytes()]), Err(KeyError::TooLong));
         assert!(parse(&["k".repeat(255).as_bytes()]).unwrap().is_some());
+    }
+
+    fn parse_as(
+        profile: Profile,
+        headers: &[(&'static str, &str)],
+    ) -> Result<Option<IdempotencyKey>, KeyError> {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(*name, HeaderValue::from_str(value).unwrap());
+        }
+        IdempotencyKey::from_wire(&map, profile.wire())
+    }
+
+    #[test]
+    fn each_profile_reads_its_own_headers_and_spelling() {
+        use Profile::*;
+        let ik = "idempotency-key";
+        assert_eq!(parse_as(Ietf, &[(ik, "\"k-1\"")]), Ok(key("k-1")));
+        assert_eq!(parse_as(Ietf, &[(ik, "k-1")]), Err(KeyError::NotString));
+        assert_eq!(parse_as(Acp, &[(ik, "k-1")]), Ok(key("k-1")));
+        let rid = "repeatability-request-id";
+        assert_eq!(parse_as(Oasis, &[(rid, "r-1")]), Ok(key("r-1")));
+        // Not the profile's header: no key.
+        assert_eq!(parse_as(Oasis, &[(ik, "r-1")]), Ok(None));
+        assert_eq!(parse_as(Idemgate, &[(rid, "r-1")]), Ok(None));
+        assert_eq!(
+            parse_as(Oasis, &[(rid, "a"), (rid, "b")]),
+            Err(KeyError::Several)
+        );
+    }
+
+    #[test]
+    fn a_profile_narrows_the_scope_only_when_it_says_so() {
+        let mut headers = HeaderMap::new();
+        headers.insert("repeatability-client-id", HeaderValue::from_static("c1"));
+        let key = test_key();
+        let base = scope("Bearer a");
+        let same = base
+            .clone()
+            .narrowed(Profile::Idemgate.wire(), "/a", &headers, &key);
+        assert_eq!(same, base);
+        let acp = |path| {
+            base.clone()
+                .narrowed(Profile::Acp.wire(), path, &headers, &key)
+        };
+        assert_ne!(acp("/a"), base);
+        assert_ne!(acp("/a"), acp("/b"));
+        assert_eq!(acp("/a"), acp("/a"));
+        let oasis = base
+            .clone()
+            .narrowed(Profile::Oasis.wire(), "/a", &headers, &key);
+        assert_ne!(oasis, base);
+        assert_eq!(
+            base.clone()
+                .narrowed(Profile::Oasis.wire(), "/a", &HeaderMap::new(), &key),
+            base
+        );
     }
 
     #[test]

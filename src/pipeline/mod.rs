@@ -19,7 +19,9 @@
 //!    up never cancels the upstream call nor leaves the operation `in_progress`;
 //!    upstream connections are made by [`connector`] and driven, from
 //!    [`pool`], by the request that uses them; after a lost response
-//!    ([`attempt`]) a route's [`reconcile`] probe may prove it happened.
+//!    ([`attempt`]) a route's [`reconcile`] probe may prove it happened; in
+//!    `idemgate rehearse`'s own gateway alone, a [`drill`] breaks exchanges
+//!    on purpose.
 //! 7. [`replay`]: what a key that already has an operation gets; an `unknown`
 //!    one on a route with a probe is probed again first ([`reconcile`]).
 //!
@@ -30,6 +32,7 @@ pub mod attempt;
 pub mod budget;
 pub mod claim;
 pub mod connector;
+pub mod drill;
 pub mod error;
 pub mod fingerprint;
 pub mod forward;
@@ -42,6 +45,7 @@ pub mod record;
 pub mod replay;
 pub mod route;
 pub mod status;
+pub mod wire;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,40 +95,53 @@ pub struct ActiveRoute {
     probes: ProbeClient,
     /// Mirrors the stored pause; the store is the truth across restarts.
     paused: AtomicBool,
+    /// Faults injected into its writes: a rehearsal's gateway only.
+    drill: Option<Arc<drill::Drill>>,
 }
 
 /// The proxy: routes, the store, and the forward tasks in flight.
 pub struct Proxy {
     routes: Vec<Arc<ActiveRoute>>,
-    store: Arc<dyn Store>,
-    reconciler: Arc<Reconciler>,
-    metrics: Arc<Metrics>,
-    clock: Arc<dyn Clock>,
+    /// What the requests and their attempts share: an [`Attempt`] holds
+    /// this, not copies of its parts.
+    shared: Arc<Shared>,
     in_flight: Arc<InFlight>,
-    replays: Arc<ReplayCache>,
     /// The store's retention: a cached replay is never older than this.
     retention: Duration,
     /// Forward tasks outlive their requests; shutdown waits for them.
     tasks: TaskTracker,
-    /// Cancelled when shutdown starts: stop follow-ups of lost responses.
-    stopping: CancellationToken,
-    /// Cancelled at the end of the shutdown grace: stop retrying records.
-    give_up: CancellationToken,
     /// hyper bounds its read buffer only roughly; this is the exact bound.
     max_header_bytes: usize,
     /// What all write bodies in memory may take together.
     body_budget: BodyBudget,
-    /// Writes sent and bytes stored per scope, for routes with a quota.
-    quotas: Arc<Quotas>,
     /// What scopes are keyed with before they are stored or compared.
     scope_key: ScopeKey,
     /// The gateway's traces; `None` when they are off.
     traces: Option<Arc<Tracing>>,
 }
 
+/// The proxy's parts that every request and every attempt uses, made once
+/// at start and held behind one `Arc`.
+struct Shared {
+    store: Arc<dyn Store>,
+    /// The probes running, so an operation is probed once at a time.
+    reconciler: Reconciler,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+    /// Completed responses, so most replays need no store read.
+    replays: ReplayCache,
+    /// Writes sent and bytes stored per scope, for routes with a quota.
+    quotas: Arc<Quotas>,
+    /// Cancelled when shutdown starts: stop follow-ups of lost responses.
+    stopping: CancellationToken,
+    /// Cancelled at the end of the shutdown grace: stop retrying records.
+    give_up: CancellationToken,
+}
+
 impl Proxy {
     /// The proxy for `config`; `paused` names the routes the store holds
-    /// paused, `scope_key` the key its scopes are stored with.
+    /// paused, `scope_key` the key its scopes are stored with, `drill` the
+    /// faults a rehearsal injects (none for `serve`).
     #[allow(clippy::too_many_arguments)] // what the proxy is made of, each distinct
     pub fn new(
         config: &Config,
@@ -135,6 +152,7 @@ impl Proxy {
         metrics: Arc<Metrics>,
         stopping: CancellationToken,
         give_up: CancellationToken,
+        drill: Option<Arc<drill::Drill>>,
     ) -> Result<Self, TlsError> {
         let routes = config
             .routes
@@ -146,32 +164,35 @@ impl Proxy {
                     writes: forward::pool(route, Some(store.fence()))?,
                     probes: forward::probe_client(route)?,
                     paused: AtomicBool::new(paused.contains(&route.name)),
+                    drill: drill.clone(),
                 }))
             })
             .collect::<Result<_, TlsError>>()?;
-        let shared = store.shared();
+        let shared_store = store.shared();
         Ok(Proxy {
             routes,
-            store,
-            reconciler: Arc::default(),
-            metrics,
-            clock,
-            stopping,
-            in_flight: Arc::default(),
-            // Replicas sharing a store: a peer may change what a cached
-            // replay mirrors (a newer operation of its identity), so
-            // every answer is read from the store.
-            replays: Arc::new(if shared {
-                ReplayCache::with_capacity(0)
-            } else {
-                ReplayCache::default()
+            shared: Arc::new(Shared {
+                store,
+                reconciler: Reconciler::default(),
+                metrics,
+                clock,
+                // Replicas sharing a store: a peer may change what a cached
+                // replay mirrors (a newer operation of its identity), so
+                // every answer is read from the store.
+                replays: if shared_store {
+                    ReplayCache::with_capacity(0)
+                } else {
+                    ReplayCache::default()
+                },
+                quotas: Arc::default(),
+                stopping,
+                give_up,
             }),
+            in_flight: Arc::default(),
             retention: config.store.retention,
             tasks: TaskTracker::new(),
-            give_up,
             max_header_bytes: config.server.max_header_bytes,
             body_budget: BodyBudget::new(config.server.buffered_body_budget),
-            quotas: Arc::default(),
             scope_key,
             traces: None,
         })
@@ -189,7 +210,7 @@ impl Proxy {
         let Some(active) = self.routes.iter().find(|a| a.route.name == name) else {
             return Ok(false);
         };
-        self.store.set_paused(name, reason).await?;
+        self.shared.store.set_paused(name, reason).await?;
         active.paused.store(reason.is_some(), Ordering::SeqCst);
         Ok(true)
     }
@@ -256,7 +277,13 @@ impl Proxy {
         } else if let Err(error) = routed {
             Err(error.into())
         } else if reserved {
-            status::lookup(self.store.as_ref(), &self.routes, &self.scope_key, &request).await
+            status::lookup(
+                self.shared.store.as_ref(),
+                &self.routes,
+                &self.scope_key,
+                &request,
+            )
+            .await
         } else if let Some(active) = &active {
             // Each path's future boxed: held inline, every request's future
             // would be as large as the largest path's (kilobytes), and
@@ -277,9 +304,9 @@ impl Proxy {
             .copied()
             .unwrap_or(Outcome::rejected);
         let route = active.as_ref().map_or("", |a| a.route.name.as_str());
-        self.metrics.request(route, outcome);
+        self.shared.metrics.request(route, outcome);
         if response.extensions().get::<StoreFailure>().is_some() {
-            self.metrics.store_error(route);
+            self.shared.metrics.store_error(route);
         }
         let operation_id = response
             .extensions()
@@ -306,18 +333,39 @@ impl Proxy {
         response
     }
 
-    /// Phases 2–4 for a write the route intercepts: key and scope, body,
-    /// fingerprint; then the write.
+    /// A write the route intercepts, answered as the route's profile
+    /// speaks (docs/profiles.md): its errors rendered, its headers echoed.
     async fn handle_write(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
         request: Request<Incoming>,
         peer: Peer,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        let wire = active.route.profile.wire();
+        let echoed = wire::Echoed::of(wire, request.headers());
+        let answered = self.write_answer(active, request, peer).await;
+        let mut response = answered.unwrap_or_else(|error| error.into_response_as(wire));
+        echoed.apply(wire, &mut response);
+        Ok(response)
+    }
+
+    /// Phases 2–4 for a write the route intercepts: key and scope, body,
+    /// fingerprint; then the write.
+    async fn write_answer(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        request: Request<Incoming>,
+        peer: Peer,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         let route = &active.route;
-        let sent_key = IdempotencyKey::from_headers(request.headers())?;
+        let wire = route.profile.wire();
+        let sent_key = IdempotencyKey::from_wire(request.headers(), wire)?;
         if sent_key.is_none() && route.key == KeyMode::Require {
             return Err(ProxyError::MissingKey);
+        }
+        if sent_key.is_some() {
+            let now = self.shared.clock.now_millis();
+            wire::check_first_sent(wire, request.headers(), now, self.retention)?;
         }
         let scope = Scope::from_headers(
             request.headers(),
@@ -330,12 +378,18 @@ impl Proxy {
             ProxyError::MissingScope {
                 headers: names.join(", "),
             }
-        })?;
+        })?
+        .narrowed(
+            wire,
+            request.uri().path(),
+            request.headers(),
+            &self.scope_key,
+        );
         let (parts, body) = request.into_parts();
         // Goes with the body to the attempt, which may hold it longest.
         let (body, reservation) = read_body(&parts, body, route, &self.body_budget).await?;
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let now = self.clock.now_millis();
+        let now = self.shared.clock.now_millis();
         let retained_after = now - clock::millis(self.retention);
         let exact = digest_of(route, &parts, &body, ExactDigest::compute).await?;
         // Most retries are replays sent byte for byte: answered here, from
@@ -343,7 +397,11 @@ impl Proxy {
         if let Some(key) = &sent_key {
             let identity = claim::identity(&route.name, scope.as_str(), key.as_str());
             traces::note_key(|| self.scope_key.trace_label(&identity));
-            if let Some(replay) = self.replays.answer_exact(&identity, &exact, retained_after) {
+            if let Some(replay) =
+                self.shared
+                    .replays
+                    .answer_exact(&identity, &exact, retained_after)
+            {
                 return Ok(replay);
             }
         }
@@ -364,9 +422,12 @@ impl Proxy {
         // Other replays (the same payload spelled otherwise, or cached from
         // the store) are answered here too, without a task or a store call
         // (the claim phase asks the cache again, for waiters).
-        let cached = self.replays.answer(&identity, &fingerprint, valid_after);
+        let cached = self
+            .shared
+            .replays
+            .answer(&identity, &fingerprint, valid_after);
         let mut response = match cached {
-            Some(answer) => answer.unwrap_or_else(ProxyError::into_response),
+            Some(answer) => answer.unwrap_or_else(|error| error.into_response_as(wire)),
             None => {
                 let new = NewOperation {
                     route: route.name.clone(),
@@ -416,6 +477,7 @@ impl Proxy {
         active: &Arc<ActiveRoute>,
         write: Write,
     ) -> Response<ProxyBody> {
+        let wire = active.route.profile.wire();
         let (reply_tx, reply_rx) = oneshot::channel();
         let (this, active) = (self.clone(), active.clone());
         // Each phase's future boxed: inline, the task's future was ~18 KiB,
@@ -434,7 +496,7 @@ impl Proxy {
                     reason: "the write task ended without a reply".into(),
                 })
             })
-            .unwrap_or_else(ProxyError::into_response)
+            .unwrap_or_else(|error| error.into_response_as(wire))
     }
 
     /// Phase 5: the claim decides whether the write is sent (the attempt
@@ -459,19 +521,20 @@ impl Proxy {
         let hold = if active.paused.load(Ordering::SeqCst) {
             Some(Hold::Paused)
         } else {
-            let now = self.clock.now_millis();
-            self.quotas
+            let now = self.shared.clock.now_millis();
+            self.shared
+                .quotas
                 .check(route, &new.scope, now)
                 .err()
                 .map(Hold::OverQuota)
         };
         // Taken before the claim is sent: a lease that lapses from here on
         // voids it, even once renewed (a peer may have taken over).
-        let permit = self.store.fence().permit();
+        let permit = self.shared.store.fence().permit();
         let claimed = claim::claim(
-            self.store.as_ref(),
+            self.shared.store.as_ref(),
             &self.in_flight,
-            &self.replays,
+            &self.shared.replays,
             route,
             &new,
             &identity,
@@ -481,8 +544,12 @@ impl Proxy {
         let claimed = traces::child(Step::Claim, claimed).await?;
         if matches!(claimed, Claimed::Send(..)) {
             let request_bytes = new.request.body.as_ref().map_or(0, Vec::len);
-            self.quotas
-                .count(route, &new.scope, request_bytes, self.clock.now_millis());
+            self.shared.quotas.count(
+                route,
+                &new.scope,
+                request_bytes,
+                self.shared.clock.now_millis(),
+            );
         }
         let (claim, in_flight) = match claimed {
             Claimed::Send(claim, guard) => (claim, guard),
@@ -492,8 +559,8 @@ impl Proxy {
             }
             Claimed::Held(operation) => {
                 // Boxed: rare, and its future would make every claim's as large.
-                Box::pin(self.reconciler.reconcile(
-                    self.store.as_ref(),
+                Box::pin(self.shared.reconciler.reconcile(
+                    self.shared.store.as_ref(),
                     &active.probes,
                     route,
                     &operation.id,
@@ -504,7 +571,12 @@ impl Proxy {
                 // Whatever settled it meanwhile (this probe, the one that
                 // was running, a late response, an operator), the answer
                 // comes from the operation the store holds now.
-                let current = self.store.current(&new).await.map_err(ProxyError::store)?;
+                let current = self
+                    .shared
+                    .store
+                    .current(&new)
+                    .await
+                    .map_err(ProxyError::store)?;
                 return replay::answer_existing(
                     current.as_ref().unwrap_or(&operation),
                     &new.fingerprint,
@@ -513,8 +585,7 @@ impl Proxy {
             }
         };
         Ok(Next::Send(Box::new(Attempt {
-            store: self.store.clone(),
-            reconciler: self.reconciler.clone(),
+            shared: self.shared.clone(),
             active: active.clone(),
             in_flight: Some(in_flight),
             request: WriteRequest::new(route, parts, body, key.as_str(), &peer)?,
@@ -522,15 +593,10 @@ impl Proxy {
             permit,
             key: key.as_str().to_string(),
             credentials,
-            metrics: self.metrics.clone(),
-            replays: self.replays.clone(),
             identity,
             fingerprint: new.fingerprint.clone(),
             exact,
-            quota: StoredCharge::new(&self.quotas, route, &new.scope),
-            clock: self.clock.clone(),
-            stopping: self.stopping.clone(),
-            give_up: self.give_up.clone(),
+            quota: StoredCharge::new(&self.shared.quotas, route, &new.scope),
         })))
     }
 }

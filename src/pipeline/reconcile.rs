@@ -15,6 +15,9 @@
 //! - a probe asks about its own key and nothing else: [`url_for`] is the
 //!   one place a probe URL is built from a key.
 
+use std::future::Future;
+use std::time::Duration;
+
 use bytes::BytesMut;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
@@ -152,20 +155,11 @@ impl Reconciler {
             _done: done,
         };
         let probe = async {
-            let fetched = tokio::time::timeout(
+            let result = within(
                 reconcile.timeout,
                 fetch(client, route, reconcile, &url, credentials),
-            );
-            let result = match fetched.await {
-                Ok(result) => result,
-                Err(_) => ProbeResult::NotMatched {
-                    status: None,
-                    error: Some(format!(
-                        "no answer within {}",
-                        humantime::format_duration(reconcile.timeout)
-                    )),
-                },
-            };
+            )
+            .await;
             match &result {
                 ProbeResult::Matched(response) => traces::probe_ended(true, Some(response.status)),
                 ProbeResult::NotMatched { status, .. } => traces::probe_ended(false, *status),
@@ -185,6 +179,38 @@ impl Reconciler {
             tracing::warn!(%operation_id, %error, "cannot record a probe's result");
         }
     }
+}
+
+/// Asks the route's probe about `key` once and stores nothing: what the
+/// destination says it holds (`idemgate rehearse`, docs/rehearse.md).
+/// `None` without a probe, or for a key no probe URL can name.
+pub async fn ask(
+    client: &ProbeClient,
+    route: &Route,
+    key: &str,
+    credentials: &HeaderMap,
+) -> Option<(String, ProbeResult)> {
+    let reconcile = route.reconcile.as_ref()?;
+    let url = url_for(reconcile, key)?;
+    let result = within(
+        reconcile.timeout,
+        fetch(client, route, reconcile, &url, credentials),
+    )
+    .await;
+    Some((url, result))
+}
+
+/// `probe`, or no match when it has no answer within `timeout`.
+async fn within(timeout: Duration, probe: impl Future<Output = ProbeResult>) -> ProbeResult {
+    tokio::time::timeout(timeout, probe)
+        .await
+        .unwrap_or_else(|_| ProbeResult::NotMatched {
+            status: None,
+            error: Some(format!(
+                "no answer within {}",
+                humantime::format_duration(timeout)
+            )),
+        })
 }
 
 async fn fetch(

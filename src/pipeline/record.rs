@@ -26,6 +26,7 @@ use http::Response;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::body::{Prefixed, ProxyBody, full, stream};
 use crate::metrics::Outcome;
 use crate::pipeline::error::{OperationRef, ProxyError};
@@ -34,9 +35,10 @@ use crate::pipeline::replay;
 use crate::problem::UnknownSince;
 use crate::store::{Claim, Recorded, Store};
 
-/// Backoff between attempts to record an outcome the store refused.
-const RECORD_RETRY: Duration = Duration::from_millis(200);
-const RECORD_RETRY_CAP: Duration = Duration::from_secs(5);
+/// Between attempts to record an outcome the store refused: 200 ms
+/// doubling up to 5 s, unjittered (one operation's own retries).
+const RECORD_BACKOFF: Backoff =
+    Backoff::doubling(Duration::from_millis(200), Duration::from_secs(5));
 
 /// What the client gets once the settlement is recorded.
 pub type Reply = Result<Response<ProxyBody>, ProxyError>;
@@ -382,14 +384,14 @@ pub async fn keep_recording(
     events: &[Event],
     give_up: &CancellationToken,
 ) -> Option<Recorded> {
-    let mut wait = RECORD_RETRY;
+    let mut retry = 0;
     loop {
         tokio::select! {
             _ = give_up.cancelled() => {
                 tracing::error!(operation_id = %claim.operation_id, "outcome not recorded before shutdown; it becomes unknown at the next start");
                 return None;
             }
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep(RECORD_BACKOFF.delay(retry)) => {}
         }
         match store.record(claim, settlement, events).await {
             Ok(recorded) => return Some(recorded),
@@ -397,7 +399,7 @@ pub async fn keep_recording(
                 tracing::warn!(operation_id = %claim.operation_id, %error, "still cannot record the outcome")
             }
         }
-        wait = (wait * 2).min(RECORD_RETRY_CAP);
+        retry = retry.saturating_add(1);
     }
 }
 
@@ -449,6 +451,8 @@ mod tests {
             operation_id: "op-1".into(),
             attempt: 2,
             identity: Identity::of("api", "scope", "k", "fp"),
+            route: "api".into(),
+            key: "k".into(),
         }
     }
 

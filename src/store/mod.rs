@@ -12,6 +12,7 @@
 
 mod batches;
 pub mod fence;
+mod operation_id;
 mod outbox;
 mod postgres;
 pub mod seal;
@@ -308,8 +309,8 @@ pub struct Stats {
 
 /// The store-meta row that says the kept counts are exact (the value
 /// [`COUNTS_EXACT`]). The migration that adds the counts writes it; one
-/// that changes `operations` around the counting triggers deletes it, and
-/// the next open recounts.
+/// that changes `operations` around the statements that keep the counts
+/// deletes it, and the next open recounts.
 const COUNTS_ROW: &str = "operation-counts";
 const COUNTS_EXACT: &str = "exact";
 
@@ -414,6 +415,10 @@ pub struct Claim {
     /// What the operation's sealed values are bound to, known from the
     /// claim so that a record seals without reading the row.
     pub identity: seal::Identity,
+    /// Its route and key, for what the record writes beside the row (the
+    /// counts, an alert) without reading it either.
+    pub route: String,
+    pub key: String,
 }
 
 /// What [`Store::claim`] found.

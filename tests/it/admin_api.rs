@@ -85,6 +85,14 @@ impl AdminApi {
         )
         .await
     }
+
+    /// A resolution that must be taken (200): the operation it answers.
+    async fn resolved(&self, id: &str, resolution: &Value) -> Value {
+        let resolved = self.resolve(id, resolution).await;
+        let body = String::from_utf8_lossy(&resolved.body);
+        assert_eq!(resolved.status, 200, "{resolution} refused: {body}");
+        resolved.json()
+    }
 }
 
 async fn gateway(route_extra: &str) -> (TestGateway, AdminApi) {
@@ -97,6 +105,12 @@ async fn gateway(route_extra: &str) -> (TestGateway, AdminApi) {
         token,
     };
     (gw, admin)
+}
+
+/// The names of a JSON object's fields.
+fn field_names(object: &Value) -> BTreeSet<&str> {
+    let fields = object.as_object().expect("a JSON object");
+    fields.keys().map(String::as_str).collect()
 }
 
 fn kinds(op: &Value) -> Vec<String> {
@@ -361,12 +375,7 @@ async fn an_unknown_operation_is_listed_and_shown_without_credentials() {
     let items = page["items"].as_array().expect("items");
     assert_eq!(items.len(), 1, "{page}");
     let summary = &items[0];
-    let fields: BTreeSet<&str> = summary
-        .as_object()
-        .expect("summary object")
-        .keys()
-        .map(String::as_str)
-        .collect();
+    let fields = field_names(summary);
     assert_eq!(
         fields,
         BTreeSet::from([
@@ -471,14 +480,7 @@ async fn resolved_completed_with_a_response_replays_exactly_that_response() {
             "body": {"id": 1},
         },
     });
-    let resolved = admin.resolve(&id, &resolution).await;
-    assert_eq!(
-        resolved.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&resolved.body)
-    );
-    let op = resolved.json();
+    let op = admin.resolved(&id, &resolution).await;
     assert_eq!(op["state"], "completed");
     assert_eq!(op["evidence"], "operator");
     assert_eq!(op["response"]["status"], 201);
@@ -507,13 +509,8 @@ async fn resolved_completed_with_a_response_replays_exactly_that_response() {
 async fn resolved_completed_without_a_response_replays_who_resolved_it() {
     let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
     let id = unknown_operation(&gw, &admin, "res-2").await;
-    let resolved = admin
-        .resolve(
-            &id,
-            &json!({"outcome": "completed", "operator": "ann", "reference": "T-2"}),
-        )
-        .await;
-    assert_eq!(resolved.status, 200);
+    let resolution = json!({"outcome": "completed", "operator": "ann", "reference": "T-2"});
+    admin.resolved(&id, &resolution).await;
     let retry = write(gw.addr(), "/hold", Some("res-2"), ORDER).await;
     assert!(retry.is_replay(), "{retry:?}");
     assert_eq!(retry.status, 200);
@@ -686,7 +683,7 @@ async fn a_late_response_after_a_resolution_is_an_event_and_counted() {
         "operator": "ann",
         "response": {"status": 200, "body": "settled by ann"},
     });
-    assert_eq!(admin.resolve(&id, &resolution).await.status, 200);
+    admin.resolved(&id, &resolution).await;
 
     let op = eventually("a late response event", || async {
         let op = admin.show(&id).await;
@@ -726,14 +723,10 @@ async fn resolved_not_attempted_lets_the_retry_through_once() {
     assert_eq!(admin.show(&id).await["state"], "unknown");
     assert_held_unknown(&write(gw.addr(), "/once/504", Some("na-1"), ORDER).await);
 
-    let resolved = admin
-        .resolve(
-            &id,
-            &json!({"outcome": "not_attempted", "operator": "ann", "note": "not in the ledger"}),
-        )
-        .await;
-    assert_eq!(resolved.status, 200);
-    assert_eq!(resolved.json()["state"], "not_attempted");
+    let resolution =
+        json!({"outcome": "not_attempted", "operator": "ann", "note": "not in the ledger"});
+    let resolved = admin.resolved(&id, &resolution).await;
+    assert_eq!(resolved["state"], "not_attempted");
 
     let retry = write(gw.addr(), "/once/504", Some("na-1"), ORDER).await;
     let fresh = assert_fresh_created(&retry);
@@ -856,6 +849,16 @@ async fn a_resolution_racing_client_retries_lets_at_most_one_through() {
 
 // ----------------------------------------------------- routes and stats
 
+/// On the paused route a new write (`p-new`) is refused 503 and the
+/// completed one (`p-done`) still replays as `done`.
+async fn assert_paused(gw: &TestGateway, done: &Response) {
+    write(gw.addr(), "/orders", Some("p-new"), ORDER)
+        .await
+        .assert_problem(503, "route-paused");
+    let replay = write(gw.addr(), "/orders", Some("p-done"), ORDER).await;
+    assert_replay_of(&replay, done);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() {
     let (mut gw, admin) = gateway("").await;
@@ -875,13 +878,7 @@ async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() 
         .await
         .assert_problem(404, "no-route");
 
-    write(gw.addr(), "/orders", Some("p-new"), ORDER)
-        .await
-        .assert_problem(503, "route-paused");
-    assert_replay_of(
-        &write(gw.addr(), "/orders", Some("p-done"), ORDER).await,
-        &done,
-    );
+    assert_paused(&gw, &done).await;
     assert_eq!(gw.upstream.write_requests().len(), 1);
     assert_eq!(
         admin.get_json("/admin/stats").await["paused_routes"],
@@ -894,13 +891,7 @@ async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() 
         addr: gw.admin_addr(),
         token: admin.token.clone(),
     };
-    write(gw.addr(), "/orders", Some("p-new"), ORDER)
-        .await
-        .assert_problem(503, "route-paused");
-    assert_replay_of(
-        &write(gw.addr(), "/orders", Some("p-done"), ORDER).await,
-        &done,
-    );
+    assert_paused(&gw, &done).await;
     let stats = admin.get_json("/admin/stats").await;
     assert_eq!(stats["paused_routes"], json!(["api"]));
     assert_eq!(
@@ -1145,12 +1136,7 @@ async fn clients_look_up_only_their_own_operations() {
     assert_eq!(mine.status, 200, "{}", String::from_utf8_lossy(&mine.body));
     assert!(!mine.is_replay());
     let found = mine.json();
-    let fields: BTreeSet<&str> = found
-        .as_object()
-        .expect("object")
-        .keys()
-        .map(String::as_str)
-        .collect();
+    let fields = field_names(&found);
     assert_eq!(
         fields,
         BTreeSet::from(["operation_id", "route", "state", "attempts", "updated_at"]),

@@ -16,26 +16,11 @@ use sha2::{Digest, Sha256};
 
 const ORDER: &str = r#"{"id":"evt-1","sku":"apple"}"#;
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
 /// A gateway on `backend` whose route derives keys from `/id` when none
 /// is sent.
 async fn gateway(backend: Backend) -> (TestGateway, Option<PgSchema>) {
     let setup = Setup::route("key = \"derive\"\nderive_from = [\"/id\"]\n").admin();
-    match backend {
-        Backend::Sqlite => (spawn_gateway_with(setup).await, None),
-        Backend::Postgres => {
-            let schema = PgSchema::create().await;
-            (
-                spawn_gateway_with(setup.postgres(&schema)).await,
-                Some(schema),
-            )
-        }
-    }
+    spawn_gateway_on_backend(backend, setup).await
 }
 
 /// The SHA-256 scope of earlier versions for one `authorization` value.
@@ -147,16 +132,7 @@ async fn stored_scopes_are_keyed(backend: Backend) {
     assert_eq!(stored[0], key_in(&key_file).keyed(&unkeyed));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stored_scopes_are_keyed_on_sqlite() {
-    stored_scopes_are_keyed(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
-async fn stored_scopes_are_keyed_on_postgres() {
-    stored_scopes_are_keyed(Backend::Postgres).await;
-}
+on_each_backend!(stored_scopes_are_keyed: stored_scopes_are_keyed_on_sqlite, stored_scopes_are_keyed_on_postgres);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sqlite_key_file_is_made_beside_the_store_with_mode_0600() {
@@ -241,16 +217,7 @@ async fn old_operations_survive_keying(backend: Backend) {
     assert_eq!(gateway.upstream.writes(), 3);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operations_from_before_keying_still_answer_on_sqlite() {
-    old_operations_survive_keying(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
-async fn operations_from_before_keying_still_answer_on_postgres() {
-    old_operations_survive_keying(Backend::Postgres).await;
-}
+on_each_backend!(old_operations_survive_keying: operations_from_before_keying_still_answer_on_sqlite, operations_from_before_keying_still_answer_on_postgres);
 
 async fn another_key_is_refused(backend: Backend) {
     let (mut gateway, schema) = stopped_after_one_write(backend).await;
@@ -285,16 +252,7 @@ async fn another_key_is_refused(backend: Backend) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_scope_key_is_refused_on_sqlite() {
-    another_key_is_refused(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
-async fn another_scope_key_is_refused_on_postgres() {
-    another_key_is_refused(Backend::Postgres).await;
-}
+on_each_backend!(another_key_is_refused: another_scope_key_is_refused_on_sqlite, another_scope_key_is_refused_on_postgres);
 
 /// A PostgreSQL store with no scope key named and none in the default
 /// variable refuses to start, saying what to set.

@@ -219,9 +219,8 @@ async fn waiter_gets_409_when_wait_timeout_runs_out() {
     gw.upstream.release_one();
     let original = first.await.expect("client task");
     assert_fresh_created(&original);
-    let retry = write(gw.addr(), "/scripted", Some("wait-2"), ORDER).await;
-    assert_replay_of(&retry, &original);
-    assert_eq!(gw.upstream.writes(), 1);
+    gw.assert_retry_replays(("/scripted", "wait-2", ORDER), &original, 1)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

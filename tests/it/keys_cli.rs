@@ -101,6 +101,13 @@ impl Served {
     }
 }
 
+/// `resolve ID --outcome OUTCOME --operator OPERATOR` and `more`.
+fn resolve<'a>(id: &'a str, outcome: &'a str, operator: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["resolve", id, "--outcome", outcome, "--operator", operator];
+    args.extend_from_slice(more);
+    args
+}
+
 fn parse_json(stdout: &str) -> Value {
     serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"))
 }
@@ -205,18 +212,12 @@ async fn an_unknown_operation_is_listed_shown_resolved_and_then_replayed() {
 
     // resolve with the response retries get.
     let resolved = served
-        .ok(&[
-            "resolve",
+        .ok(&resolve(
             &id,
-            "--outcome",
             "completed",
-            "--operator",
             "ann",
-            "--status",
-            "201",
-            "--json-body",
-            r#"{"id":1}"#,
-        ])
+            &["--status", "201", "--json-body", r#"{"id":1}"#],
+        ))
         .await;
     assert!(
         resolved
@@ -235,14 +236,7 @@ async fn an_unknown_operation_is_listed_shown_resolved_and_then_replayed() {
 
     // A second resolution: the API's 409, on stderr.
     let again = served
-        .fails(served.keys(&[
-            "resolve",
-            &id,
-            "--outcome",
-            "not_attempted",
-            "--operator",
-            "ann",
-        ]))
+        .fails(served.keys(&resolve(&id, "not_attempted", "ann", &[])))
         .await;
     assert_api_error(&again, 409, "not-resolvable");
 }
@@ -256,19 +250,18 @@ async fn resolutions_from_the_command_line_take_every_form() {
     let id = served.id_of("cli-a").await;
     let answer = parse_json(
         &served
-            .ok(&[
-                "resolve",
+            .ok(&resolve(
                 &id,
-                "--outcome",
                 "completed",
-                "--operator",
                 "bob",
-                "--reference",
-                "T-7",
-                "--note",
-                "seen in the ledger",
-                "--json",
-            ])
+                &[
+                    "--reference",
+                    "T-7",
+                    "--note",
+                    "seen in the ledger",
+                    "--json",
+                ],
+            ))
             .await,
     );
     assert_eq!(answer["state"], "completed");
@@ -290,24 +283,23 @@ async fn resolutions_from_the_command_line_take_every_form() {
     served.lose("cli-b").await;
     let id = served.id_of("cli-b").await;
     served
-        .ok(&[
-            "resolve",
+        .ok(&resolve(
             &id,
-            "--outcome",
             "completed",
-            "--operator",
             "ann",
-            "--status",
-            "202",
-            "--header",
-            "X-Tag: one",
-            "--header",
-            "x-tag: two",
-            "--header",
-            "content-type: text/plain",
-            "--body",
-            "accepted",
-        ])
+            &[
+                "--status",
+                "202",
+                "--header",
+                "X-Tag: one",
+                "--header",
+                "x-tag: two",
+                "--header",
+                "content-type: text/plain",
+                "--body",
+                "accepted",
+            ],
+        ))
         .await;
     let retry = write(served.gateway.proxy, "/hold", Some("cli-b"), ORDER).await;
     assert!(retry.is_replay());
@@ -320,16 +312,7 @@ async fn resolutions_from_the_command_line_take_every_form() {
     served.lose("cli-c").await;
     let id = served.id_of("cli-c").await;
     let writes = served.upstream.writes();
-    served
-        .ok(&[
-            "resolve",
-            &id,
-            "--outcome",
-            "not_attempted",
-            "--operator",
-            "ann",
-        ])
-        .await;
+    served.ok(&resolve(&id, "not_attempted", "ann", &[])).await;
     let retry = write(served.gateway.proxy, "/hold", Some("cli-c"), ORDER).await;
     retry.assert_operation_problem(504, "outcome-unknown", "unknown");
     assert_eq!(served.upstream.writes(), writes + 1, "forwarded once");
@@ -338,16 +321,7 @@ async fn resolutions_from_the_command_line_take_every_form() {
 
     // The API refuses a response on a not_attempted resolution.
     let refused = served
-        .fails(served.keys(&[
-            "resolve",
-            &id,
-            "--outcome",
-            "not_attempted",
-            "--operator",
-            "ann",
-            "--status",
-            "200",
-        ]))
+        .fails(served.keys(&resolve(&id, "not_attempted", "ann", &["--status", "200"])))
         .await;
     assert_api_error(&refused, 400, "invalid-resolution");
 }
@@ -400,18 +374,12 @@ async fn errors_are_one_line_on_stderr_with_a_non_zero_exit() {
     );
 
     let bad_header = served
-        .fails(served.keys(&[
-            "resolve",
+        .fails(served.keys(&resolve(
             "x",
-            "--outcome",
             "completed",
-            "--operator",
             "ann",
-            "--status",
-            "200",
-            "--header",
-            "no-colon",
-        ]))
+            &["--status", "200", "--header", "no-colon"],
+        )))
         .await;
     assert!(bad_header.contains("--header"), "{bad_header}");
 }

@@ -37,6 +37,15 @@ async fn assert_lost_and_held(gw: &TestGateway, path: &str, first: impl Fn(&Resp
     assert_eq!(gw.operation("lost-1").await["state"], "unknown");
 }
 
+/// A gateway with `route` lines (and the admin API) whose write to
+/// `path` is lost and held ([`assert_lost_and_held`]), one write sent.
+async fn lost_and_held_once(route: &str, path: &str, first: impl Fn(&Response)) -> TestGateway {
+    let gw = spawn_gateway_with(Setup::route(route).admin()).await;
+    assert_lost_and_held(&gw, path, first).await;
+    assert_eq!(gw.upstream.writes(), 1);
+    gw
+}
+
 /// The problem idemgate answers when it lost the response itself.
 fn lost_with(status: u16) -> impl Fn(&Response) {
     move |resp| {
@@ -61,9 +70,7 @@ fn passed_through(status: u16) -> impl Fn(&Response) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_closed_after_commit_is_held() {
-    let gw = spawn_gateway_with(Setup::route("connect_retries = 2").admin()).await;
-    assert_lost_and_held(&gw, "/drop", lost_with(502)).await;
-    assert_eq!(gw.upstream.writes(), 1);
+    let gw = lost_and_held_once("connect_retries = 2", "/drop", lost_with(502)).await;
     assert_eq!(
         gw.upstream.connections(),
         1,
@@ -73,30 +80,22 @@ async fn connection_closed_after_commit_is_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hang_past_the_upstream_timeout_is_504_and_held() {
-    let gw = spawn_gateway_with(Setup::route("upstream_timeout = \"300ms\"").admin()).await;
-    assert_lost_and_held(&gw, "/hold", lost_with(504)).await;
-    assert_eq!(gw.upstream.writes(), 1);
+    lost_and_held_once("upstream_timeout = \"300ms\"", "/hold", lost_with(504)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_504_after_commit_is_passed_through_and_held() {
-    let gw = spawn_gateway_with(Setup::route("").admin()).await;
-    assert_lost_and_held(&gw, "/commit-then/504", passed_through(504)).await;
-    assert_eq!(gw.upstream.writes(), 1);
+    lost_and_held_once("", "/commit-then/504", passed_through(504)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_502_after_commit_is_passed_through_and_held() {
-    let gw = spawn_gateway_with(Setup::route("").admin()).await;
-    assert_lost_and_held(&gw, "/commit-then/502", passed_through(502)).await;
-    assert_eq!(gw.upstream.writes(), 1);
+    lost_and_held_once("", "/commit-then/502", passed_through(502)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_cut_short_is_502_and_held() {
-    let gw = spawn_gateway_with(Setup::route("").admin()).await;
-    assert_lost_and_held(&gw, "/truncate", lost_with(502)).await;
-    assert_eq!(gw.upstream.writes(), 1);
+    lost_and_held_once("", "/truncate", lost_with(502)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,20 +139,15 @@ async fn refused_connect_is_retried_by_the_gateway_until_the_upstream_is_up() {
     let addr = gw.addr();
     let client = tokio::spawn(async move { write(addr, "/orders", Some("conn-1"), BODY).await });
 
-    // Claimed; its first connect follows and is refused. A refused connect
-    // leaves nothing the test can observe (no metric or event counts a try
-    // before the last), so this is the one wait on the clock left: a
-    // moment after the claim for that first try; the gateway's backoff
-    // (full jitter, 100 ms doubling, 8 retries) outlasts it by far.
-    eventually("the write's claim", || async {
-        let listed = gw.admin("GET", "/admin/keys?key=conn-1", "").await;
-        listed.json()["items"][0]["state"]
-            .as_str()
-            .is_some_and(|state| state == "in_progress")
-            .then_some(())
+    // Claimed, its first connect refused and a retry on its way: the
+    // gateway counts each retry; the backoff (full jitter, 100 ms doubling,
+    // 8 retries) leaves the upstream time to come up.
+    let retries = r#"idemgate_upstream_connect_retries_total{route="api"}"#;
+    eventually("a refused connect, tried again", || async {
+        let text = scrape_metrics(gw.admin_addr()).await;
+        (metric(&text, retries) >= Some(1.0)).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let upstream = FakeUpstream::start_on(port).await;
     let first = client.await.expect("client task");
 
@@ -356,19 +350,7 @@ fn probes(gw: &TestGateway) -> Vec<Recorded> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_that_finds_the_write_settles_it_and_is_replayed() {
     let gw = with_lookup_probe().await;
-    let lost = write(gw.addr(), "/drop", Some("rec-1"), BODY).await;
-    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
-
-    // A retry racing the first probe may still be held; bounded.
-    let settled = write_until(
-        gw.addr(),
-        "/drop",
-        "rec-1",
-        BODY,
-        Duration::from_secs(5),
-        |r| r.status != StatusCode::CONFLICT,
-    )
-    .await;
+    let settled = lost_then_settled(gw.addr(), "/drop", "rec-1", BODY).await;
 
     assert_eq!(settled.status, StatusCode::OK, "the probe's status");
     assert!(settled.is_replay(), "idempotent-replayed: true");
@@ -497,14 +479,11 @@ async fn route_pauses_once_enough_operations_are_unknown() {
     let mut next = tokio::net::TcpStream::connect(gw.addr())
         .await
         .expect("connect");
-    let mut request = raw_post_head(
+    let mut request = raw_write_head(
         "/orders",
-        &[
-            "content-type: application/json",
-            "idempotency-key: new-1",
-            &format!("authorization: {ALICE}"),
-            &format!("content-length: {}", BODY.len()),
-        ],
+        "application/json",
+        "new-1",
+        &[&format!("content-length: {}", BODY.len())],
     )
     .into_bytes();
     request.extend_from_slice(BODY.as_bytes());

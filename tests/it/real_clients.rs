@@ -14,6 +14,16 @@
 //!   the lost 502 once and ends on the held 409, whose problem body parses
 //!   as JSON with the `error` member.
 //!
+//! - On a `stripe` route, both SDKs stop at the held 409
+//!   (`Stripe-Should-Retry: false`) after one retry.
+//! - azure-communication-sms, its retry policy on, on an `oasis` route:
+//!   the response to its one message is lost (the gateway's 504), the SDK
+//!   retries and is held (409, `Repeatability-Result: accepted`), and the
+//!   fake SMS API got one message.
+//! - A client of our own that follows ACP §6's text (`acp_client.py`), on
+//!   an `acp` route: a 503 is retried and processed fresh, a lost response
+//!   is held as `idempotency_in_flight`.
+//!
 //! The client scripts and their pinned versions live in `tests/clients/`
 //! (`package-lock.json`, `requirements.txt`); `.ci/run` installs them into
 //! `tests/clients/node_modules` and `tests/clients/.venv`. The tests are
@@ -74,16 +84,21 @@ async fn run_client(script: &str, args: &[&str]) -> Value {
 }
 
 /// Runs a Stripe SDK's `script`, creating one customer through a new
-/// gateway whose upstream commits `/v1/customers` and answers 201 — or,
-/// with `lose_response`, commits it and closes the connection unanswered.
-async fn create_customer(script: &str, lose_response: bool) -> (TestGateway, Value) {
+/// gateway (its route configured with `route_extra`: a profile) whose
+/// upstream commits `/v1/customers` and answers 201 — or, with
+/// `lose_response`, commits it and closes the connection unanswered.
+async fn create_customer(
+    script: &str,
+    route_extra: &str,
+    lose_response: bool,
+) -> (TestGateway, Value) {
     let aliases: &[(&str, &str)] = if lose_response {
         &[(CUSTOMERS, "/drop")]
     } else {
         &[]
     };
     let upstream = FakeUpstream::start_aliased(aliases).await;
-    let gw = spawn_gateway_on(upstream, Setup::route("").admin()).await;
+    let gw = spawn_gateway_on(upstream, Setup::route(route_extra).admin()).await;
     let report = run_client(script, &[&format!("http://{}", gw.addr())]).await;
     (gw, report)
 }
@@ -131,7 +146,7 @@ async fn assert_created(gw: &TestGateway, report: &Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
 async fn stripe_node_raises_when_the_outcome_is_unknown() {
-    let (gw, report) = create_customer("stripe_node.js", true).await;
+    let (gw, report) = create_customer("stripe_node.js", "", true).await;
     assert_raised_outcome_unknown(&report);
     assert_eq!(report["class"], "StripeAPIError", "{report}");
     assert_eq!(report["attempts"], 3, "1 + maxNetworkRetries: {report}");
@@ -141,7 +156,7 @@ async fn stripe_node_raises_when_the_outcome_is_unknown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
 async fn stripe_node_resolves_a_created_customer() {
-    let (gw, report) = create_customer("stripe_node.js", false).await;
+    let (gw, report) = create_customer("stripe_node.js", "", false).await;
     assert_created(&gw, &report).await;
     assert_eq!(report["attempts"], 1, "{report}");
 }
@@ -151,7 +166,7 @@ async fn stripe_node_resolves_a_created_customer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
 async fn stripe_python_raises_when_the_outcome_is_unknown() {
-    let (gw, report) = create_customer("stripe_python.py", true).await;
+    let (gw, report) = create_customer("stripe_python.py", "", true).await;
     assert_raised_outcome_unknown(&report);
     assert_eq!(report["class"], "APIError", "{report}");
     assert_one_write_held(&gw, 3.0).await;
@@ -160,8 +175,123 @@ async fn stripe_python_raises_when_the_outcome_is_unknown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
 async fn stripe_python_resolves_a_created_customer() {
-    let (gw, report) = create_customer("stripe_python.py", false).await;
+    let (gw, report) = create_customer("stripe_python.py", "", false).await;
     assert_created(&gw, &report).await;
+}
+
+// ------------------------------------------- stripe SDKs on a `stripe` route
+
+/// A `stripe` route (docs/profiles.md, "stripe"): the held 409 says
+/// `Stripe-Should-Retry: false`, so each SDK stops after its one retry of
+/// the lost 502 instead of spending every retry, and raises the same error.
+const STRIPE_ROUTE: &str = "profile = \"stripe\"";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
+async fn stripe_node_on_a_stripe_route_stops_at_the_held_answer() {
+    let (gw, report) = create_customer("stripe_node.js", STRIPE_ROUTE, true).await;
+    assert_raised_outcome_unknown(&report);
+    assert_eq!(
+        report["attempts"], 2,
+        "the lost try and one retry: {report}"
+    );
+    assert_one_write_held(&gw, 2.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
+async fn stripe_python_on_a_stripe_route_stops_at_the_held_answer() {
+    let (gw, report) = create_customer("stripe_python.py", STRIPE_ROUTE, true).await;
+    assert_raised_outcome_unknown(&report);
+    assert_one_write_held(&gw, 2.0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
+async fn stripe_sdks_on_a_stripe_route_resolve_a_created_customer() {
+    for script in ["stripe_node.js", "stripe_python.py"] {
+        let (gw, report) = create_customer(script, STRIPE_ROUTE, false).await;
+        assert_created(&gw, &report).await;
+    }
+}
+
+// ------------------------------------- azure-communication-sms, `oasis` route
+
+/// An `oasis` route for the SMS API. azure-communication-sms 1.1.0 carries
+/// the OASIS request id and first-sent time in the body, per recipient
+/// (`smsRecipients[].repeatabilityRequestId`), not in headers, so the
+/// route derives its key from that id; its HMAC `Authorization` is signed
+/// anew for every try, so the scope is not read from it.
+const SMS_ROUTE: &str = "profile = \"oasis\"\nkey = \"derive\"\n\
+    derive_from = [\"/smsRecipients/0/repeatabilityRequestId\"]\n\
+    scope_headers = []\nallow_anonymous = true\nupstream_timeout = \"1s\"\n\
+    late_window = \"1s\"";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
+async fn azure_sms_with_its_retry_policy_sends_one_message_when_the_response_is_lost() {
+    // The fake SMS API takes the message and never answers: the gateway's
+    // 504 is one azure-core retries for a POST; its retry is held.
+    let upstream = FakeUpstream::start_aliased(&[("/sms", "/hold")]).await;
+    let gw = spawn_gateway_on(upstream, Setup::route(SMS_ROUTE).admin()).await;
+    let report = run_client("azure_sms.py", &[&format!("http://{}", gw.addr())]).await;
+    assert_eq!(report["outcome"], "raised", "{report}");
+    assert_eq!(report["status"], 409, "the held answer: {report}");
+    assert_eq!(report["repeatability_result"], "accepted", "{report}");
+    assert_eq!(
+        report["attempts"], 2,
+        "the lost try and one retry: {report}"
+    );
+    assert_eq!(
+        report["request_ids"].as_array().map(Vec::len),
+        Some(1),
+        "one request id for every try: {report}"
+    );
+    assert_eq!(gw.upstream.writes(), 1, "one message sent");
+    let metrics = scrape_metrics(gw.admin_addr()).await;
+    assert_eq!(metric(&metrics, HELD), Some(2.0), "{metrics}");
+}
+
+// ---------------------------------------------- an ACP §6 client, `acp` route
+
+const ACP_ROUTE: &str = "profile = \"acp\"";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the client SDKs of tests/clients (.ci/run runs it)"]
+async fn an_acp_client_retries_a_5xx_fresh_and_is_held_after_a_lost_response() {
+    // §6.5: the upstream's 503 is not stored; the retry is processed fresh.
+    let upstream = FakeUpstream::start_aliased(&[("/checkout_sessions", "/once/503")]).await;
+    let gw = spawn_gateway_on(upstream, Setup::route(ACP_ROUTE)).await;
+    let url = format!("http://{}/checkout_sessions", gw.addr());
+    let report = run_client("acp_client.py", &[&url, "3", "0.1"]).await;
+    assert_eq!(report["outcome"], "created", "{report}");
+    assert_eq!(report["statuses"], json!([503, 201]), "{report}");
+    let key = &report["keys"][0];
+    assert_eq!(
+        report["echoed"],
+        json!([key, key]),
+        "§3.1: echoed: {report}"
+    );
+    assert_eq!(gw.upstream.writes(), 1);
+
+    // A lost response is held, never re-sent: the agent is told the
+    // checkout is in flight until it is settled.
+    let upstream = FakeUpstream::start_aliased(&[("/checkout_sessions", "/drop")]).await;
+    let gw = spawn_gateway_on(upstream, Setup::route(ACP_ROUTE).admin()).await;
+    let url = format!("http://{}/checkout_sessions", gw.addr());
+    let report = run_client("acp_client.py", &[&url, "3", "0.1"]).await;
+    assert_eq!(report["outcome"], "held", "{report}");
+    assert_eq!(report["statuses"], json!([502, 409, 409]), "{report}");
+    assert_eq!(
+        report["codes"],
+        json!([
+            "outcome_unknown",
+            "idempotency_in_flight",
+            "idempotency_in_flight"
+        ]),
+        "{report}"
+    );
+    assert_one_write_held(&gw, 3.0).await;
 }
 
 // ------------------------------------------------- requests + urllib3 Retry

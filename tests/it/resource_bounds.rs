@@ -75,14 +75,11 @@ async fn assert_refused(addr: SocketAddr) {
 
 /// Writes one request on a connection already open and reads its answer.
 async fn write_on(stream: &mut TcpStream, key: &str) -> RawResponse {
-    let mut request = raw_post_head(
+    let mut request = raw_write_head(
         "/orders",
-        &[
-            "content-type: application/json",
-            &format!("idempotency-key: {key}"),
-            &format!("authorization: {ALICE}"),
-            &format!("content-length: {}", ORDER.len()),
-        ],
+        "application/json",
+        key,
+        &[&format!("content-length: {}", ORDER.len())],
     )
     .into_bytes();
     request.extend_from_slice(ORDER.as_bytes());
@@ -189,15 +186,11 @@ async fn admin_connections_beyond_the_cap_leave_the_proxy_serving() {
 /// returns once the gateway asked for the body (its bytes are reserved),
 /// without sending it.
 async fn declared_and_stalled(addr: SocketAddr, key: &str, length: usize) -> TcpStream {
-    let head = raw_post_head(
+    let head = raw_write_head(
         "/orders",
-        &[
-            "content-type: application/octet-stream",
-            &format!("idempotency-key: {key}"),
-            &format!("authorization: {ALICE}"),
-            "expect: 100-continue",
-            &format!("content-length: {length}"),
-        ],
+        "application/octet-stream",
+        key,
+        &["expect: 100-continue", &format!("content-length: {length}")],
     );
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream.write_all(head.as_bytes()).await.expect("write head");
@@ -227,15 +220,11 @@ async fn bodies_beyond_the_shared_budget_are_refused_while_others_pass() {
     let mut stalled = declared_and_stalled(gw.addr(), "budget-big", big).await;
 
     // A declared body that does not fit is refused before it is read.
-    let head = raw_post_head(
+    let head = raw_write_head(
         "/orders",
-        &[
-            "content-type: application/octet-stream",
-            "idempotency-key: budget-declared",
-            &format!("authorization: {ALICE}"),
-            "expect: 100-continue",
-            "content-length: 10240",
-        ],
+        "application/octet-stream",
+        "budget-declared",
+        &["expect: 100-continue", "content-length: 10240"],
     );
     let refused = raw_exchange(gw.addr(), head.as_bytes())
         .await
@@ -244,14 +233,11 @@ async fn bodies_beyond_the_shared_budget_are_refused_while_others_pass() {
     assert!(refused.interim.is_empty(), "asked for the body first");
     assert!(String::from_utf8_lossy(&refused.body).contains("urn:idemgate:problem:overloaded"));
     // So is a chunked one, once it outgrows what is left.
-    let mut chunked_request = raw_post_head(
+    let mut chunked_request = raw_write_head(
         "/orders",
-        &[
-            "content-type: application/octet-stream",
-            "idempotency-key: budget-chunked",
-            &format!("authorization: {ALICE}"),
-            "transfer-encoding: chunked",
-        ],
+        "application/octet-stream",
+        "budget-chunked",
+        &["transfer-encoding: chunked"],
     )
     .into_bytes();
     chunked_request.extend(chunked(&vec![b'c'; 8 * 1024]));

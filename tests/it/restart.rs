@@ -17,10 +17,8 @@ async fn completed_operation_survives_restart() {
     assert_fresh_created(&first);
 
     gw.restart().await;
-    let retry = write(gw.addr(), "/invoices", Some("inv-7"), BODY).await;
-
-    assert_replay_of(&retry, &first);
-    assert_eq!(gw.upstream.writes(), 1);
+    gw.assert_retry_replays(("/invoices", "inv-7", BODY), &first, 1)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

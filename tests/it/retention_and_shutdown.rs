@@ -130,9 +130,8 @@ async fn shutdown_lets_the_request_in_flight_finish_and_it_is_replayed_after_res
     assert_fresh_created(&original);
 
     gw.start_again().await;
-    let retry = write(gw.addr(), "/scripted", Some("sd-1"), ORDER).await;
-    assert_replay_of(&retry, &original);
-    assert_eq!(gw.upstream.writes(), 1);
+    gw.assert_retry_replays(("/scripted", "sd-1", ORDER), &original, 1)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

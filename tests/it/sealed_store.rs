@@ -17,12 +17,6 @@ use idemgate::store::StoreKey;
 const KEY_ENV: &str = "IDEMGATE_STORE_KEY";
 const OLD_KEY_ENV: &str = "IDEMGATE_OLD_STORE_KEY";
 
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
 /// A gateway (with the admin API) whose store is sealed under `key`, on
 /// `backend`.
 async fn sealed_gateway(backend: Backend, key: &str) -> (TestGateway, Option<PgSchema>) {
@@ -30,19 +24,7 @@ async fn sealed_gateway(backend: Backend, key: &str) -> (TestGateway, Option<PgS
         .store(&format!("encryption_key_env = \"{KEY_ENV}\"\n"))
         .env(KEY_ENV, key)
         .admin();
-    gateway_on(backend, setup).await
-}
-
-/// A gateway set up by `setup` on `backend`.
-async fn gateway_on(backend: Backend, setup: Setup) -> (TestGateway, Option<PgSchema>) {
-    match backend {
-        Backend::Sqlite => (spawn_gateway_with(setup).await, None),
-        Backend::Postgres => {
-            let schema = PgSchema::create().await;
-            let gateway = spawn_gateway_with(setup.postgres(&schema)).await;
-            (gateway, Some(schema))
-        }
-    }
+    spawn_gateway_on_backend(backend, setup).await
 }
 
 fn marker() -> String {
@@ -134,25 +116,7 @@ async fn marker_never_stored(backend: Backend) {
     assert_nowhere(&stored, &marker);
 }
 
-impl PartialEq for Backend {
-    fn eq(&self, other: &Self) -> bool {
-        matches!(
-            (self, other),
-            (Backend::Sqlite, Backend::Sqlite) | (Backend::Postgres, Backend::Postgres)
-        )
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sealed_payloads_never_reach_the_sqlite_files() {
-    marker_never_stored(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
-async fn sealed_payloads_never_reach_postgres() {
-    marker_never_stored(Backend::Postgres).await;
-}
+on_each_backend!(marker_never_stored: sealed_payloads_never_reach_the_sqlite_files, sealed_payloads_never_reach_postgres);
 
 /// A wrong key and no key refuse to start, naming the key ids; the old
 /// key as `previous_key_env` opens; `rekey` seals everything under the new
@@ -226,16 +190,7 @@ async fn rotation(backend: Backend) {
     assert_eq!(gateway.upstream.writes(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_rotate_on_sqlite() {
-    rotation(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
-async fn keys_rotate_on_postgres() {
-    rotation(Backend::Postgres).await;
-}
+on_each_backend!(rotation: keys_rotate_on_sqlite, keys_rotate_on_postgres);
 
 /// Flips the last byte of the stored response body of the operation with
 /// `key`: the tag no longer matches.
@@ -293,23 +248,14 @@ async fn tampering(backend: Backend) {
     assert_eq!(gateway.upstream.writes(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tampered_value_is_an_error_on_sqlite() {
-    tampering(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
-async fn a_tampered_value_is_an_error_on_postgres() {
-    tampering(Backend::Postgres).await;
-}
+on_each_backend!(tampering: a_tampered_value_is_an_error_on_sqlite, a_tampered_value_is_an_error_on_postgres);
 
 /// A store used before a key was configured: its operations still
 /// replay, new ones are sealed, and `rekey` seals the old ones; from then
 /// on the store is sealed-only, and a value planted in clear is refused.
 async fn plain_store_takes_a_key(backend: Backend) {
     let setup = Setup::route("store_request_body = true\n").admin();
-    let (mut gateway, schema) = gateway_on(backend, setup).await;
+    let (mut gateway, schema) = spawn_gateway_on_backend(backend, setup).await;
     let marker = marker();
     assert_eq!(
         write_marked(&gateway, "k-plain", &marker).await.status,
@@ -344,16 +290,7 @@ async fn plain_store_takes_a_key(backend: Backend) {
     assert_forgery_refused(&gateway, "k-plain", &marker, 1).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_store_takes_a_key() {
-    plain_store_takes_a_key(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
-async fn a_plain_postgres_store_takes_a_key() {
-    plain_store_takes_a_key(Backend::Postgres).await;
-}
+on_each_backend!(plain_store_takes_a_key: a_plain_store_takes_a_key, a_plain_postgres_store_takes_a_key);
 
 /// The forged response a writer of the database plants.
 const FORGED: &str = r#"{"id":666,"status":"refunded","forged":true}"#;

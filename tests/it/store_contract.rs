@@ -31,13 +31,6 @@ use idemgate::store::{
 };
 use tempfile::TempDir;
 
-/// Which backend a contract test runs on.
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
 /// Where a backend keeps its data for one test, removed at its end.
 enum Place {
     Sqlite(TempDir),
@@ -951,7 +944,7 @@ async fn kept_counts_are_what_counting_the_table_says(bench: Bench) {
     let stale = Claim {
         attempt: 9,
         operation_id: ids[0].clone(),
-        identity: claimed(store.as_ref(), &on("api", "stale")).await.identity,
+        ..claimed(store.as_ref(), &on("api", "stale")).await
     };
     let recorded = store.record(&stale, &completed("x"), &first_try()).await;
     assert_eq!(recorded.unwrap(), Recorded::Stale);

@@ -56,29 +56,23 @@ async fn reserialised_json_is_the_same_operation() {
     assert_eq!(gw.upstream.writes(), 1);
 }
 
+/// `first` with key `order-1` is sent; `second`, the same request
+/// written otherwise, is its replay.
+async fn assert_one_operation(gw: &TestGateway, first: &str, second: &str) {
+    let sent = write(gw.addr(), "/orders", Some("order-1"), first).await;
+    assert_fresh_created(&sent);
+    let again = write(gw.addr(), "/orders", Some("order-1"), second).await;
+    assert_replay_of(&again, &sent);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn equal_json_numbers_and_escapes_are_the_same_operation() {
     // RFC 8785: numbers are compared as ECMAScript formats them, strings
     // after unescaping.
     let gw = spawn_gateway("").await;
 
-    let first = write(
-        gw.addr(),
-        "/orders",
-        Some("order-1"),
-        r#"{"qty":100,"sku":"apple"}"#,
-    )
-    .await;
-    assert_fresh_created(&first);
-    let second = write(
-        gw.addr(),
-        "/orders",
-        Some("order-1"),
-        r#"{"sku":"\u0061pple","qty":1e2}"#,
-    )
-    .await;
-
-    assert_replay_of(&second, &first);
+    let first = r#"{"qty":100,"sku":"apple"}"#;
+    assert_one_operation(&gw, first, r#"{"sku":"\u0061pple","qty":1e2}"#).await;
     assert_eq!(gw.upstream.writes(), 1);
 }
 
@@ -191,14 +185,11 @@ async fn concurrent_duplicates_reach_upstream_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_hanging_up_leaves_operation_settled() {
     let gw = spawn_gateway("").await;
-    let head = raw_post_head(
+    let head = raw_write_head(
         "/slow?ms=500",
-        &[
-            "content-type: application/json",
-            "idempotency-key: hangup-1",
-            &format!("authorization: {ALICE}"),
-            &format!("content-length: {}", ORDER.len()),
-        ],
+        "application/json",
+        "hangup-1",
+        &[&format!("content-length: {}", ORDER.len())],
     );
 
     let mut stream = tokio::net::TcpStream::connect(gw.addr())
@@ -239,12 +230,11 @@ async fn client_hanging_up_leaves_operation_settled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_request_is_rewritten_as_a_proxy() {
     let gw = spawn_gateway("").await;
-    let head = raw_post_head(
+    let head = raw_write_head(
         "/orders?src=test",
+        "application/json",
+        "\"fwd-1\"",
         &[
-            "content-type: application/json",
-            "idempotency-key: \"fwd-1\"",
-            &format!("authorization: {ALICE}"),
             "x-custom: kept",
             "connection: keep-alive, x-hop",
             "x-hop: dropped",
@@ -302,22 +292,8 @@ async fn forwarded_request_is_rewritten_as_a_proxy() {
 async fn ignored_fields_do_not_change_the_operation() {
     let gw = spawn_gateway(r#"ignore_fields = ["/nonce"]"#).await;
 
-    let first = write(
-        gw.addr(),
-        "/orders",
-        Some("order-1"),
-        r#"{"sku":"apple","nonce":"n-1"}"#,
-    )
-    .await;
-    assert_fresh_created(&first);
-    let second = write(
-        gw.addr(),
-        "/orders",
-        Some("order-1"),
-        r#"{"nonce":"n-2","sku":"apple"}"#,
-    )
-    .await;
-    assert_replay_of(&second, &first);
+    let first = r#"{"sku":"apple","nonce":"n-1"}"#;
+    assert_one_operation(&gw, first, r#"{"nonce":"n-2","sku":"apple"}"#).await;
 
     let changed = write(
         gw.addr(),

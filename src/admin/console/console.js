@@ -13,6 +13,9 @@
   const HELD_PAGES = 20;
   const REFRESH_MS = 5000;
   const STATES = ["in_progress", "unknown", "not_attempted", "completed"];
+  // Each table's columns, in order: its head and its rows' cell labels.
+  const OPERATION_COLUMNS = ["Key", "Route", "State", "Age", "Evidence", "Next action"];
+  const ROUTE_COLUMNS = ["Route", "Path prefix", "Pause", "Why", ...STATES];
 
   const $ = (id) => document.getElementById(id);
   const views = ["sign-in", "list", "operation", "routes"];
@@ -287,21 +290,27 @@
     $("page-next").disabled = held() ? list.offset + PAGE >= list.rows.length : !list.next;
   }
 
-  function cell(label, ...children) {
-    return el("td", { "data-label": label }, ...children);
+  // A table row: one cell per column, labelled with it (the narrow
+  // layout shows the label beside the value).
+  function tableRow(columns, ...values) {
+    return el("tr", {}, ...values.map((value, n) => el("td", { "data-label": columns[n] }, value)));
+  }
+
+  // The head of `table`: one column header per label.
+  function tableHead(table, columns) {
+    table.tHead.rows[0].replaceChildren(...columns.map((label) => el("th", { scope: "col" }, label)));
   }
 
   function operationRow(row, detail) {
     const link = el("a", { href: "#/op/" + encodeURIComponent(row.id), class: "key" }, row.key);
-    return el(
-      "tr",
-      {},
-      cell("Key", link),
-      cell("Route", row.route),
-      cell("State", el("span", { class: "state state-" + row.state }, row.state)),
-      cell("Age", el("time", { datetime: row.created_at, title: when(row.created_at) }, age(row.created_at))),
-      cell("Evidence", detail ? detail.evidence : "(could not be read)"),
-      cell("Next action", el("span", { class: "next" }, detail ? detail.next_action : "")),
+    return tableRow(
+      OPERATION_COLUMNS,
+      link,
+      row.route,
+      el("span", { class: "state state-" + row.state }, row.state),
+      el("time", { datetime: row.created_at, title: when(row.created_at) }, age(row.created_at)),
+      detail ? detail.evidence : "(could not be read)",
+      el("span", { class: "next" }, detail ? detail.next_action : ""),
     );
   }
 
@@ -560,15 +569,14 @@
         const why = route.paused
           ? (route.paused_by === "latch" ? "pause latch: " : "operator: ") + (route.reason || "")
           : "—";
-        return el(
-          "tr",
-          {},
-          cell("Route", el("strong", {}, route.name)),
-          cell("Path prefix", el("code", {}, route.path_prefix)),
-          cell("Pause", el("span", { class: route.paused ? "state state-paused" : "state" },
-            route.paused ? "Paused" : "Not paused")),
-          cell("Why", why),
-          ...STATES.map((state) => cell(state, String(counts[state] || 0))),
+        return tableRow(
+          ROUTE_COLUMNS,
+          el("strong", {}, route.name),
+          el("code", {}, route.path_prefix),
+          el("span", { class: route.paused ? "state state-paused" : "state" },
+            route.paused ? "Paused" : "Not paused"),
+          why,
+          ...STATES.map((state) => String(counts[state] || 0)),
         );
       }),
     );
@@ -641,6 +649,14 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
+    tableHead($("operations"), OPERATION_COLUMNS);
+    tableHead($("routes"), ROUTE_COLUMNS);
+    // Held work first, then the other states, then any.
+    $("filter-state").replaceChildren(
+      ...["unknown", ...STATES.filter((state) => state !== "unknown")].map((state) =>
+        el("option", { value: state }, state === "unknown" ? "unknown (held)" : state)),
+      el("option", { value: "" }, "any state"),
+    );
     $("sign-in-form").addEventListener("submit", signIn);
     $("sign-out").addEventListener("click", signOut);
     $("filter-form").addEventListener("submit", filterList);

@@ -21,6 +21,7 @@ use crate::operation::{
     Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse,
 };
 use crate::scope_key::{self, ScopeKey};
+use crate::store::operation_id;
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
     AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, ListFilter, ListPath,
@@ -71,7 +72,7 @@ pub async fn claim(
         .iter()
         .map(|&i| i64::try_from(calls[i].new.request.body_size).unwrap_or(i64::MAX))
         .collect();
-    let ids = column(&|_| uuid::Uuid::now_v7().to_string());
+    let ids = column(&|_| operation_id::new_id());
     let bodies: Vec<Option<Vec<u8>>> = order
         .iter()
         .zip(&ids)
@@ -125,6 +126,8 @@ pub async fn claim(
                     operation_id: operation.id,
                     attempt: operation.attempt,
                     identity: new.identity(),
+                    route: new.route.clone(),
+                    key: new.key.clone(),
                 })
             } else {
                 ClaimResult::Existing(Box::new(operation))

@@ -27,6 +27,7 @@ mod inbox;
 mod outbox;
 mod reader;
 mod statements;
+mod transitions;
 mod writer;
 
 use std::fs::{File, TryLockError};

@@ -14,10 +14,12 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use super::transitions::{self, Row as Changed};
 use crate::operation::{
     Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse,
 };
 use crate::scope_key::{self, ScopeKey};
+use crate::store::operation_id;
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
     AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, ListFilter, ListPath,
@@ -103,10 +105,19 @@ pub fn claim(
         if taken == 0 {
             return Ok(ClaimResult::Existing(Box::new(operation)));
         }
+        let changed = Changed {
+            id: &operation.id,
+            route: &new.route,
+            key: &new.key,
+        };
+        let (from, to) = (Some(State::NotAttempted), Some(State::InProgress));
+        transitions::moved(conn, changed, from, to, now, "claimed")?;
         Claim {
             operation_id: operation.id,
             attempt,
             identity: new.identity(),
+            route: new.route.clone(),
+            key: new.key.clone(),
         }
     } else {
         return Ok(ClaimResult::Existing(Box::new(operation)));
@@ -146,7 +157,7 @@ fn insert(
     now: i64,
     new: &NewOperation,
 ) -> Result<Option<Claim>, StoreError> {
-    let id = uuid::Uuid::now_v7().to_string();
+    let id = operation_id::new_id();
     let identity = new.identity();
     let request = &new.request;
     let inserted = conn.prepare_cached(INSERT_CLAIMED)?.execute(params![
@@ -164,10 +175,21 @@ fn insert(
         seal.request_body(&id, &identity, request.body.as_deref()),
         now,
     ])?;
-    Ok((inserted == 1).then_some(Claim {
+    if inserted == 0 {
+        return Ok(None);
+    }
+    let changed = Changed {
+        id: &id,
+        route: &new.route,
+        key: &new.key,
+    };
+    transitions::moved(conn, changed, None, Some(State::InProgress), now, "claimed")?;
+    Ok(Some(Claim {
         operation_id: id,
         attempt: 1,
         identity,
+        route: new.route.clone(),
+        key: new.key.clone(),
     }))
 }
 
@@ -194,6 +216,22 @@ pub fn record(
         claim.attempt,
         owner,
     ])?;
+    if updated == 1 {
+        let changed = Changed {
+            id: &claim.operation_id,
+            route: &claim.route,
+            key: &claim.key,
+        };
+        let to = Some(settlement.state());
+        transitions::moved(
+            conn,
+            changed,
+            Some(State::InProgress),
+            to,
+            now,
+            settlement.evidence(),
+        )?;
+    }
     // A stale record keeps its evidence as events; an applied plain
     // response is proven by the row itself.
     if updated == 0 || !is_implied_by_record(settlement, events) {
@@ -216,24 +254,27 @@ pub fn mark_in_progress_unknown(
     evidence: &str,
     owner: Option<&str>,
 ) -> Result<Vec<String>, StoreError> {
-    let marked: Vec<(String, Option<String>, String)> = conn
+    let marked: Vec<(String, Option<String>, String, String)> = conn
         .prepare_cached(
             "UPDATE operations SET state = 'unknown', evidence = ?1, updated_at = ?2
              WHERE state = 'in_progress' AND (?3 IS NULL OR owner = ?3)
-             RETURNING id, owner, route",
+             RETURNING id, owner, route, idem_key",
         )?
         .query_map(params![evidence, now, owner], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
         })?
         .collect::<Result<_, _>>()?;
-    for (id, owner, _) in &marked {
+    for (id, owner, route, key) in &marked {
+        let changed = Changed { id, route, key };
+        let (from, to) = (Some(State::InProgress), Some(State::Unknown));
+        transitions::moved(conn, changed, from, to, now, evidence)?;
         let event = Event {
             kind: "owner-lost",
             detail: serde_json::json!({ "reason": evidence, "owner": owner }),
         };
         insert_event(conn, id, now, &event)?;
     }
-    Ok(marked.into_iter().map(|(_, _, route)| route).collect())
+    Ok(marked.into_iter().map(|(_, _, route, _)| route).collect())
 }
 
 pub fn insert_event(
@@ -267,10 +308,10 @@ pub fn settle_held(
     evidence: &str,
     event: &Event,
 ) -> Result<bool, StoreError> {
-    let Some(identity) = identity(conn, operation_id)? else {
+    let Some(row) = stored_row(conn, operation_id)? else {
         return Ok(false);
     };
-    let stored = seal.stored_form(operation_id, &identity, response);
+    let stored = seal.stored_form(operation_id, &row.identity, response);
     let updated = conn
         .prepare_cached(
             "UPDATE operations SET state = 'completed', evidence = ?1, response_status = ?2,
@@ -286,6 +327,10 @@ pub fn settle_held(
             operation_id,
             attempt,
         ])?;
+    if updated == 1 {
+        let (from, to) = (Some(State::Unknown), Some(State::Completed));
+        transitions::moved(conn, row.changed(operation_id), from, to, now, evidence)?;
+    }
     insert_event(conn, operation_id, now, event)?;
     Ok(updated == 1)
 }
@@ -518,10 +563,10 @@ pub fn resolve(
     event: &Event,
 ) -> Result<Resolved, StoreError> {
     let (state, response) = decision.outcome();
-    let Some(identity) = identity(conn, id)? else {
+    let Some(row) = stored_row(conn, id)? else {
         return Ok(Resolved::NotFound);
     };
-    let stored = response.map(|r| seal.stored_form(id, &identity, r));
+    let stored = response.map(|r| seal.stored_form(id, &row.identity, r));
     let updated = conn
         .prepare_cached(
             "UPDATE operations SET state = ?1, evidence = 'operator', response_status = ?2,
@@ -538,22 +583,26 @@ pub fn resolve(
             id,
             owner,
         ])?;
-    if updated == 1 {
-        insert_event(conn, id, now, event)?;
-        return Ok(Resolved::Done);
+    if updated == 0 {
+        // Nothing wrote since the read: this call holds the writer.
+        return Ok(Resolved::NotResolvable(row.state));
     }
-    let state: Option<String> = conn
-        .prepare_cached("SELECT state FROM operations WHERE id = ?1")?
-        .query_row(params![id], |row| row.get(0))
-        .optional()?;
-    Ok(match state {
-        None => Resolved::NotFound,
-        Some(state) => Resolved::NotResolvable(State::parse(&state)?),
-    })
+    // The row's state before the update is the one read above, for the
+    // same reason.
+    transitions::moved(
+        conn,
+        row.changed(id),
+        Some(row.state),
+        Some(state),
+        now,
+        "operator",
+    )?;
+    insert_event(conn, id, now, event)?;
+    Ok(Resolved::Done)
 }
 
-/// Counts from `operation_counts`, which the triggers of migration 0005
-/// keep in every write's transaction; the oldest `unknown` operation from
+/// Counts from `operation_counts`, which every write keeps in its own
+/// transaction ([`transitions`]); the oldest `unknown` operation from
 /// the `(state, updated_at)` index. Neither reads more as the table grows.
 pub fn stats(conn: &Connection) -> Result<Stats, StoreError> {
     let counts = conn
@@ -605,17 +654,34 @@ pub fn recount_if_untrusted(conn: &Connection) -> Result<bool, StoreError> {
 /// Deletes up to `limit` (at most [`SWEEP_LIMIT`]) settled operations
 /// last updated before `cutoff`, found by `operations_state_updated`.
 pub fn sweep(conn: &Connection, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
-    let deleted = conn
+    let swept: Vec<(String, String, String)> = conn
         .prepare_cached(SWEEP)?
-        .execute(params![cutoff, limit.min(SWEEP_LIMIT)])?;
-    Ok(deleted as u64)
+        .query_map(params![cutoff, limit.min(SWEEP_LIMIT)], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut delete = conn.prepare_cached("DELETE FROM operations WHERE id = ?1")?;
+    let mut by_route_state: Vec<((&str, &str), i64)> = Vec::new();
+    for (id, route, state) in &swept {
+        delete.execute(params![id])?;
+        match by_route_state
+            .iter_mut()
+            .find(|(at, _)| *at == (route.as_str(), state.as_str()))
+        {
+            Some((_, n)) => *n += 1,
+            None => by_route_state.push(((route, state), 1)),
+        }
+    }
+    for ((route, state), n) in by_route_state {
+        transitions::counted(conn, route, Some(State::parse(state)?), None, n)?;
+    }
+    Ok(swept.len() as u64)
 }
 
-/// [`sweep`]'s statement: ?1 the cutoff, ?2 the limit.
-const SWEEP: &str = "DELETE FROM operations WHERE id IN (
-        SELECT id FROM operations
+/// What [`sweep`] deletes: ?1 the cutoff, ?2 the limit.
+const SWEEP: &str = "SELECT id, route, state FROM operations
         WHERE state IN ('completed', 'not_attempted') AND updated_at < ?1
-        LIMIT ?2)";
+        LIMIT ?2";
 
 /// The statements of the admin API, the console and retention, with
 /// sample parameters ([`AccessPath`]); the alerts' are the outbox's.
@@ -850,15 +916,49 @@ fn status_of(status: i64) -> Result<u16, StoreError> {
     u16::try_from(status).map_err(|_| StoreError::Corrupt(format!("status {status}")))
 }
 
-/// The identity the sealed values of operation `id` are bound to; `None`
-/// when there is no such operation.
-fn identity(conn: &Connection, id: &str) -> Result<Option<Identity>, StoreError> {
-    Ok(conn
+/// What a change to a stored operation needs to know of it first.
+struct StoredRow {
+    /// What its sealed values are bound to.
+    identity: Identity,
+    route: String,
+    key: String,
+    state: State,
+}
+
+impl StoredRow {
+    fn changed<'a>(&'a self, id: &'a str) -> Changed<'a> {
+        Changed {
+            id,
+            route: &self.route,
+            key: &self.key,
+        }
+    }
+}
+
+/// Operation `id` as [`StoredRow`]; `None` when there is no such operation.
+fn stored_row(conn: &Connection, id: &str) -> Result<Option<StoredRow>, StoreError> {
+    let row = conn
         .prepare_cached(&format!(
-            "SELECT {IDENTITY_COLUMNS} FROM operations WHERE id = ?1"
+            "SELECT {IDENTITY_COLUMNS}, state FROM operations WHERE id = ?1"
         ))?
-        .query_row(params![id], identity_from_row)
-        .optional()?)
+        .query_row(params![id], |row| {
+            Ok((
+                identity_from_row(row)?,
+                row.get::<_, String>("route")?,
+                row.get::<_, String>("idem_key")?,
+                row.get::<_, String>("state")?,
+            ))
+        })
+        .optional()?;
+    row.map(|(identity, route, key, state)| {
+        Ok(StoredRow {
+            identity,
+            route,
+            key,
+            state: State::parse(&state)?,
+        })
+    })
+    .transpose()
 }
 
 fn identity_from_row(row: &Row) -> rusqlite::Result<Identity> {
@@ -935,6 +1035,10 @@ mod tests {
     fn migrated() -> Connection {
         let conn = before_pause_kind();
         conn.execute_batch(PAUSE_KIND_MIGRATION).unwrap();
+        conn.execute_batch(include_str!(
+            "../../../migrations/sqlite/0010_transitions_without_triggers.sql"
+        ))
+        .unwrap();
         conn
     }
 
@@ -1081,6 +1185,24 @@ mod tests {
             ]
         );
         assert!(!super::recount_if_untrusted(&conn).unwrap(), "marked exact");
+    }
+
+    /// No trigger is left on `operations` (migration 0010): one would make
+    /// SQLite keep a statement journal for every claim and record again
+    /// (`transitions`). The counts and the alerts are the statements' own.
+    #[test]
+    fn no_trigger_fires_on_operations() {
+        let conn = migrated();
+        let triggers: Vec<String> = conn
+            .prepare(
+                "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'operations'",
+            )
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(triggers, Vec::<String>::new());
     }
 
     /// The oldest unknown operation is read from `operations_state_updated`

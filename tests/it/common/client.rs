@@ -250,6 +250,17 @@ pub fn assert_held_unknown(resp: &Response) {
     assert!(!resp.is_replay(), "a held operation is not a replay");
 }
 
+/// Writes `body` to `path` with `key`, whose response is lost (502
+/// `outcome-unknown`), then retries it until it is held no more (a probe
+/// settled it; a retry racing the first probe may still be held), for at
+/// most 5 s: that answer.
+pub async fn lost_then_settled(addr: SocketAddr, path: &str, key: &str, body: &str) -> Response {
+    let lost = write(addr, path, Some(key), body).await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    let settled = |r: &Response| r.status != StatusCode::CONFLICT;
+    write_until(addr, path, key, body, Duration::from_secs(5), settled).await
+}
+
 /// Writes `body` to `path` with `key` as [`ALICE`] every 100 ms until
 /// `done` holds for the answer; panics after `within`. Only for retries that
 /// send nothing upstream until they succeed (replays and refusals).

@@ -85,11 +85,14 @@ pub struct Setup {
 }
 
 /// The background tasks' pace for tests that wait on them: a sweep, a look
-/// at the peers and an alert poll every 50 ms.
+/// at the peers and an alert poll (with endpoints or without) every 50 ms;
+/// refused connections kept as long as in a deployment.
 pub const QUICK: Pace = Pace {
     sweep: Some(Duration::from_millis(50)),
     watch: Duration::from_millis(50),
     alert_poll: Duration::from_millis(50),
+    alert_idle: Duration::from_millis(50),
+    refusal: idemgate::server::REFUSAL_TIME,
 };
 
 impl Setup {

@@ -158,6 +158,19 @@ impl TestGateway {
         admin_call(self.admin_addr(), method, path, Some(token), body).await
     }
 
+    /// The same write as `original` again (`path`, `key`, `body`): the
+    /// answer is its replay, and the upstream has seen `writes` writes.
+    pub async fn assert_retry_replays(
+        &self,
+        (path, key, body): (&str, &str, &str),
+        original: &Response,
+        writes: usize,
+    ) {
+        let retry = write(self.addr(), path, Some(key), body).await;
+        assert_replay_of(&retry, original);
+        assert_eq!(self.upstream.writes(), writes, "writes the upstream saw");
+    }
+
     /// `POST /admin/keys/{id}/resolve` with `resolution`.
     pub async fn resolve(&self, id: &str, resolution: &Value) -> Response {
         let path = format!("/admin/keys/{id}/resolve");
@@ -214,7 +227,12 @@ pub struct WriteLock(sqlx::SqliteConnection);
 
 impl WriteLock {
     pub async fn take(gw: &TestGateway) -> Self {
-        let url = format!("sqlite://{}", gw.store_path.display());
+        Self::on(&gw.store_path).await
+    }
+
+    /// The write lock of the SQLite file at `store` (a gateway process's).
+    pub async fn on(store: &Path) -> Self {
+        let url = format!("sqlite://{}", store.display());
         let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
             .await
             .expect("second connection");

@@ -13,6 +13,9 @@
 //!   - `/drop`: commit, then close the connection without an answer;
 //!   - `/truncate`: commit, announce a 100-byte body and stop after 6 bytes;
 //!   - `/status/{code}`: answer `code` *without* committing (a refusal);
+//!   - `/dedup`: an upstream that honours `Idempotency-Key`: the first write
+//!     per key commits like the default, a repeat gets the same answer and
+//!     commits nothing;
 //!   - `/commit-then/{code}`: commit, then answer `code` (the write happened,
 //!     the answer says otherwise: a 502/504 from a proxy in front of the API);
 //!   - `/once/{code}[?ms=N]`: the first write per `Idempotency-Key` waits N
@@ -41,7 +44,9 @@
 //!   [`Setup`] adds config lines, another upstream URL or a manual clock;
 //!   [`WriteLock`] holds its store's write lock from a second connection.
 //! - [`PgSchema`]: a PostgreSQL schema of its own per test, for the
-//!   shared store; [`Setup::postgres`] puts a gateway on it;
+//!   shared store; [`Setup::postgres`] puts a gateway on it,
+//!   [`spawn_gateway_on_backend`] on either [`Backend`], and
+//!   [`on_each_backend!`] makes a scenario's test for each;
 //!   [`admin_connection`] is a test's own connection beside the gateway's.
 //! - [`BinaryGateway`]: the real `idemgate serve` process; [`BinaryMock`]:
 //!   the real `idemgate mock-upstream`.

@@ -15,6 +15,47 @@ pub fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+/// Which store a test that runs on each runs on ([`on_each_backend!`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A gateway made as `setup` says on `backend`: its own SQLite file, or a
+/// PostgreSQL schema of its own, returned to be kept as long as it.
+pub async fn spawn_gateway_on_backend(
+    backend: Backend,
+    setup: Setup,
+) -> (TestGateway, Option<PgSchema>) {
+    match backend {
+        Backend::Sqlite => (spawn_gateway_with(setup).await, None),
+        Backend::Postgres => {
+            let schema = PgSchema::create().await;
+            let gateway = spawn_gateway_with(setup.postgres(&schema)).await;
+            (gateway, Some(schema))
+        }
+    }
+}
+
+/// Two tests of one `scenario(backend)`: `$sqlite` on SQLite, and
+/// `$postgres`, ignored unless PostgreSQL is there (`.ci/run` runs it).
+macro_rules! on_each_backend {
+    ($scenario:ident: $sqlite:ident, $postgres:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sqlite() {
+            $scenario(Backend::Sqlite).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+        async fn $postgres() {
+            $scenario(Backend::Postgres).await;
+        }
+    };
+}
+pub(crate) use on_each_backend;
+
 /// A schema created for one test; the store URL points into it.
 pub struct PgSchema {
     pub name: String,

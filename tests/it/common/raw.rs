@@ -121,6 +121,19 @@ pub fn raw_post_head(path: &str, extra_headers: &[&str]) -> String {
     head
 }
 
+/// A raw POST head for a write by alice: its `content_type`, the
+/// `idempotency-key` line as written, then the `more` header lines.
+pub fn raw_write_head(path: &str, content_type: &str, key: &str, more: &[&str]) -> String {
+    let (content_type, key) = (
+        format!("content-type: {content_type}"),
+        format!("idempotency-key: {key}"),
+    );
+    let authorization = format!("authorization: {ALICE}");
+    let mut lines = vec![content_type.as_str(), key.as_str(), authorization.as_str()];
+    lines.extend_from_slice(more);
+    raw_post_head(path, &lines)
+}
+
 /// Encodes `body` as one chunk plus the last chunk.
 pub fn chunked(body: &[u8]) -> Vec<u8> {
     let mut out = format!("{:x}\r\n", body.len()).into_bytes();

@@ -334,6 +334,16 @@ async fn handle(
         }
     }
 
+    if path == "/dedup" {
+        let first = key
+            .as_ref()
+            .and_then(|k| state.by_key.lock().expect("by_key lock").get(k).copied());
+        if let Some(id) = first {
+            // An upstream that honours Idempotency-Key: the repeat gets
+            // the first write's answer and nothing is committed.
+            return Ok(json_response(StatusCode::CREATED, id, received));
+        }
+    }
     // Commit point: from here on the upstream has "done" the write.
     let mut id = 0;
     state.writes.send_modify(|w| {

@@ -1,0 +1,407 @@
+//! Profiles: the conventions a route speaks on the wire (docs/profiles.md).
+//!
+//! A profile is data — one [`Wire`] table per [`Profile`] — consulted at the
+//! few places where the wire is decided: which request headers carry the
+//! key and how it is spelled (`pipeline::key`), what the scope adds (the
+//! path, a client id), the defaults a route's config takes
+//! (`config::validate`), how each problem is answered (status, body shape,
+//! error code, headers: `pipeline::error`), and which headers a first
+//! answer and a replay carry (`pipeline::mod`).
+//!
+//! Invariant: a profile changes the wire, never the guarantees. The states,
+//! the claim before sending, `unknown` held and never re-sent, every
+//! operator feature: the same under every profile. Even a profile that
+//! releases an upstream's 5xx (ACP §6.5) holds a lost response as
+//! `unknown`: holding is not replaying.
+//!
+//! This module names nothing else of the crate, so that the configuration,
+//! the pipeline and the conformance suite can all read it.
+
+use std::time::Duration;
+
+/// The conventions a route speaks (`routes[].profile`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// idemgate's own: the IETF draft's header with Stripe-style bodies.
+    Idemgate,
+    /// The IETF httpapi `Idempotency-Key` draft as written.
+    Ietf,
+    /// Stripe's API: what its SDKs expect.
+    Stripe,
+    /// The Agentic Commerce Protocol's checkout RFC, §6.
+    Acp,
+    /// OASIS Repeatable Requests 1.0.
+    Oasis,
+}
+
+impl Profile {
+    pub const ALL: [Profile; 5] = [
+        Profile::Idemgate,
+        Profile::Ietf,
+        Profile::Stripe,
+        Profile::Acp,
+        Profile::Oasis,
+    ];
+
+    /// The name a config file and `idemgate conformance` use.
+    pub fn name(self) -> &'static str {
+        self.wire().name
+    }
+
+    /// The profile's table.
+    pub fn wire(self) -> &'static Wire {
+        match self {
+            Profile::Idemgate => &IDEMGATE,
+            Profile::Ietf => &IETF,
+            Profile::Stripe => &STRIPE,
+            Profile::Acp => &ACP,
+            Profile::Oasis => &OASIS,
+        }
+    }
+}
+
+impl std::str::FromStr for Profile {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Profile::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Profile::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown profile `{s}`: expected {}", names.join(", "))
+            })
+    }
+}
+
+/// How a key header's value is spelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySyntax {
+    /// A bare token or an RFC 8941 sf-string, both naming one key.
+    TokenOrString,
+    /// Only an sf-string (`"…"`), as the IETF draft's §2.1 says.
+    String,
+    /// An opaque value taken as sent.
+    Opaque,
+}
+
+/// Which answers carry the key back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EchoKey {
+    /// Only a key the gateway made (assigned or derived): the client
+    /// needs it to retry.
+    Made,
+    /// Every answer to a write that carried one (ACP §3.1).
+    Always,
+}
+
+/// The shape of the body of an answer the gateway makes itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyShape {
+    /// RFC 9457 problem+json; with `error_member`, the Stripe-style
+    /// `error` object beside the problem members.
+    Problem { error_member: bool },
+    /// `application/json` `{"error": {"type", "code", "message"}}`.
+    StripeError,
+    /// `application/json` flat `{"type", "code", "message"}` (ACP §3.1).
+    Flat,
+}
+
+/// A profile's answer for one problem (by its name, as in
+/// `urn:idemgate:problem:<name>`), overriding what idemgate answers.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer {
+    pub problem: &'static str,
+    /// Only for the answer with this idemgate status (`outcome-unknown`
+    /// has three); `None`: any.
+    pub when_status: Option<u16>,
+    pub status: Option<u16>,
+    /// The error code in the body; `None`: the problem name.
+    pub code: Option<&'static str>,
+    /// The error `type` in a flat or Stripe body; `None`: the shape's own.
+    pub error_type: Option<&'static str>,
+    pub title: Option<&'static str>,
+    pub retry_after: Option<u32>,
+    pub headers: &'static [(&'static str, &'static str)],
+    /// Where the specification says so, for the docs' tables.
+    pub section: &'static str,
+}
+
+impl Answer {
+    const fn of(problem: &'static str, section: &'static str) -> Self {
+        Answer {
+            problem,
+            when_status: None,
+            status: None,
+            code: None,
+            error_type: None,
+            title: None,
+            retry_after: None,
+            headers: &[],
+            section,
+        }
+    }
+}
+
+/// A problem's answer under a profile, everything decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    pub status: u16,
+    pub code: String,
+    pub error_type: &'static str,
+    pub title: Option<&'static str>,
+    /// `Some(n)`: this `Retry-After`, over idemgate's own; `None`: idemgate's.
+    pub retry_after: Option<u32>,
+    pub headers: &'static [(&'static str, &'static str)],
+}
+
+/// OASIS `Repeatability-Result`: whether the server took the request as
+/// repeatable.
+pub const REPEATABILITY_RESULT: &str = "repeatability-result";
+
+/// Everything a profile decides, as data.
+#[derive(Debug)]
+pub struct Wire {
+    pub profile: Profile,
+    pub name: &'static str,
+    /// The request headers that carry the key, in the order they are
+    /// read; when several are present they must agree.
+    pub key_headers: &'static [&'static str],
+    pub key_syntax: KeySyntax,
+    /// The endpoint path is part of the scope: one key on two paths is two
+    /// operations (ACP §6.1).
+    pub scope_path: bool,
+    /// A request header whose value is part of the scope, beside the
+    /// route's scope headers (OASIS `Repeatability-Client-ID`).
+    pub scope_header: Option<&'static str>,
+    /// A header that must accompany the key and say when the request was
+    /// first sent (IMF-fixdate); older than the store's retention, the
+    /// request is refused 412 (OASIS `Repeatability-First-Sent`).
+    pub first_sent: Option<&'static str>,
+    /// The route's `fingerprint_headers` when the file sets none; `None`:
+    /// idemgate's default.
+    pub fingerprint_headers: Option<&'static [&'static str]>,
+    /// The route's `release_statuses` when the file sets none: `true` adds
+    /// every 5xx not in `unknown_statuses` to 429 (ACP §6.5).
+    pub release_5xx: bool,
+    /// `check-config` refuses a `store.retention` shorter than this.
+    pub retention_floor: Option<Duration>,
+    /// Replays carry `Idempotent-Replayed: true`.
+    pub replayed_header: bool,
+    pub echo_key: EchoKey,
+    /// Request headers echoed on every answer to a write (ACP `Request-Id`).
+    pub echo_request_headers: &'static [&'static str],
+    /// Answers carry `Repeatability-Result` (OASIS).
+    pub repeatability_result: bool,
+    pub body: BodyShape,
+    pub answers: &'static [Answer],
+}
+
+impl Wire {
+    /// The answer for problem `name` whose idemgate status is `status`.
+    pub fn decide(&self, name: &str, status: u16) -> Decided {
+        let answer = self
+            .answers
+            .iter()
+            .find(|a| a.problem == name && a.when_status.is_none_or(|s| s == status));
+        let status = answer.and_then(|a| a.status).unwrap_or(status);
+        let code = match answer.and_then(|a| a.code) {
+            Some(code) => code.to_string(),
+            // Flat and Stripe bodies spell codes with underscores.
+            None if self.body == BodyShape::Flat => name.replace('-', "_"),
+            None => name.to_string(),
+        };
+        let error_type = answer
+            .and_then(|a| a.error_type)
+            .unwrap_or(match self.body {
+                BodyShape::Flat if status == 503 => "service_unavailable",
+                BodyShape::Flat if status >= 500 => "processing_error",
+                BodyShape::Flat => "invalid_request",
+                _ => "idempotency_error",
+            });
+        Decided {
+            status,
+            code,
+            error_type,
+            title: answer.and_then(|a| a.title),
+            retry_after: answer.and_then(|a| a.retry_after),
+            headers: answer.map_or(&[], |a| a.headers),
+        }
+    }
+}
+
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+const IDEMGATE: Wire = Wire {
+    profile: Profile::Idemgate,
+    name: "idemgate",
+    key_headers: &[IDEMPOTENCY_KEY],
+    key_syntax: KeySyntax::TokenOrString,
+    scope_path: false,
+    scope_header: None,
+    first_sent: None,
+    fingerprint_headers: None,
+    release_5xx: false,
+    retention_floor: None,
+    replayed_header: true,
+    echo_key: EchoKey::Made,
+    echo_request_headers: &[],
+    repeatability_result: false,
+    body: BodyShape::Problem { error_member: true },
+    answers: &[],
+};
+
+const IETF: Wire = Wire {
+    profile: Profile::Ietf,
+    name: "ietf",
+    key_syntax: KeySyntax::String,
+    body: BodyShape::Problem {
+        error_member: false,
+    },
+    answers: &[
+        Answer {
+            title: Some("Idempotency-Key is missing"),
+            ..Answer::of("missing-key", "§2.7")
+        },
+        Answer {
+            title: Some("Idempotency-Key is already used"),
+            ..Answer::of("key-reused", "§2.7")
+        },
+        Answer {
+            title: Some("A request is outstanding for this Idempotency-Key"),
+            ..Answer::of("request-in-progress", "§2.6, §2.7")
+        },
+        Answer {
+            when_status: Some(409),
+            title: Some("A request is outstanding for this Idempotency-Key"),
+            ..Answer::of("outcome-unknown", "§2.6, §2.7")
+        },
+    ],
+    ..IDEMGATE
+};
+
+const STRIPE: Wire = Wire {
+    profile: Profile::Stripe,
+    name: "stripe",
+    echo_key: EchoKey::Always,
+    body: BodyShape::StripeError,
+    answers: &[
+        Answer {
+            status: Some(400),
+            headers: &[("stripe-should-retry", "false")],
+            ..Answer::of(
+                "key-reused",
+                "Idempotent requests; Errors: idempotency_error",
+            )
+        },
+        Answer {
+            code: Some("idempotency_key_in_use"),
+            headers: &[("stripe-should-retry", "true")],
+            ..Answer::of("request-in-progress", "Error codes: idempotency_key_in_use")
+        },
+        Answer {
+            when_status: Some(409),
+            headers: &[("stripe-should-retry", "false")],
+            ..Answer::of("outcome-unknown", "Errors: Stripe-Should-Retry")
+        },
+    ],
+    ..IDEMGATE
+};
+
+const ACP: Wire = Wire {
+    profile: Profile::Acp,
+    name: "acp",
+    scope_path: true,
+    fingerprint_headers: Some(&[]),
+    release_5xx: true,
+    retention_floor: Some(Duration::from_secs(24 * 3600)),
+    echo_key: EchoKey::Always,
+    echo_request_headers: &["request-id"],
+    body: BodyShape::Flat,
+    answers: &[
+        Answer {
+            code: Some("idempotency_key_required"),
+            ..Answer::of("missing-key", "§6.1, §6.4")
+        },
+        Answer {
+            code: Some("idempotency_conflict"),
+            ..Answer::of("key-reused", "§6.4")
+        },
+        Answer {
+            code: Some("idempotency_in_flight"),
+            ..Answer::of("request-in-progress", "§6.4")
+        },
+        Answer {
+            when_status: Some(409),
+            code: Some("idempotency_in_flight"),
+            retry_after: Some(60),
+            ..Answer::of("outcome-unknown", "§6.4 (decision: held is in flight)")
+        },
+    ],
+    ..IDEMGATE
+};
+
+const OASIS: Wire = Wire {
+    profile: Profile::Oasis,
+    name: "oasis",
+    key_headers: &["repeatability-request-id"],
+    key_syntax: KeySyntax::Opaque,
+    scope_header: Some("repeatability-client-id"),
+    first_sent: Some("repeatability-first-sent"),
+    release_5xx: true,
+    replayed_header: false,
+    repeatability_result: true,
+    answers: &[Answer {
+        status: Some(400),
+        ..Answer::of("key-reused", "Repeatability-Result (rejected)")
+    }],
+    ..IDEMGATE
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_profile_parses_by_its_name() {
+        for profile in Profile::ALL {
+            assert_eq!(profile.name().parse(), Ok(profile));
+            assert_eq!(profile.wire().profile, profile);
+        }
+        let err = "soap".parse::<Profile>().unwrap_err();
+        assert!(err.contains("idemgate, ietf, stripe, acp, oasis"), "{err}");
+    }
+
+    #[test]
+    fn the_default_profile_overrides_nothing() {
+        let d = Profile::Idemgate.wire().decide("key-reused", 422);
+        assert_eq!((d.status, d.code.as_str()), (422, "key-reused"));
+        assert_eq!(d.error_type, "idempotency_error");
+    }
+
+    #[test]
+    fn answers_follow_their_profile() {
+        let acp = Profile::Acp.wire();
+        let reused = acp.decide("key-reused", 422);
+        assert_eq!(
+            (reused.status, reused.code.as_str()),
+            (422, "idempotency_conflict")
+        );
+        assert_eq!(reused.error_type, "invalid_request");
+        let held = acp.decide("outcome-unknown", 409);
+        assert_eq!(held.code, "idempotency_in_flight");
+        // This attempt's own lost response is not the held answer.
+        let lost = acp.decide("outcome-unknown", 502);
+        assert_eq!(
+            (lost.code.as_str(), lost.error_type),
+            ("outcome_unknown", "processing_error")
+        );
+        assert_eq!(
+            acp.decide("overloaded", 503).error_type,
+            "service_unavailable"
+        );
+        let stripe = Profile::Stripe.wire().decide("key-reused", 422);
+        assert_eq!(stripe.status, 400);
+        assert_eq!(stripe.headers, &[("stripe-should-retry", "false")]);
+        assert_eq!(Profile::Oasis.wire().decide("key-reused", 422).status, 400);
+    }
+}

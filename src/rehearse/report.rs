@@ -1,0 +1,361 @@
+//! What a rehearsal found, as a person reads it at a review and as the
+//! JSON a pipeline reads (every field documented in docs/rehearse.md,
+//! "The JSON report").
+//!
+//! Invariant: nothing here holds a credential; the headers the writes
+//! carried are named by the variable they came from.
+
+use std::io::Write;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::Plan;
+use super::destination::DestinationCheck;
+use crate::gateway_client::Answer;
+
+/// The whole rehearsal.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// `--writes`: the most requests that may write which reach the destination.
+    pub writes_allowed: u64,
+    /// What the cases and the destination check need together.
+    pub writes_needed: u64,
+    /// Requests that may write which reached the destination.
+    pub writes_sent: u64,
+    pub route: String,
+    pub destination: String,
+    pub method: String,
+    pub path: String,
+    /// The reconcile probe's URL (with `{key}`), if the route has one.
+    pub probe: Option<String>,
+    /// The headers every write carried, as `name from $VARIABLE`.
+    pub headers: Vec<String>,
+    pub cases: Vec<Case>,
+    /// Why the rehearsal stopped short, if it did.
+    pub stopped: Option<String>,
+    pub destination_check: Option<DestinationCheck>,
+    /// What this destination needs from the gateway.
+    pub verdict: String,
+    /// Every case ran and behaved as expected.
+    pub ok: bool,
+}
+
+/// One interruption case.
+#[derive(Debug, Serialize)]
+pub struct Case {
+    pub number: u32,
+    pub name: &'static str,
+    pub title: &'static str,
+    /// What the gateway did on purpose.
+    pub fault: &'static str,
+    pub expected: &'static str,
+    /// What the client got, request by request.
+    pub requests: Vec<Step>,
+    /// What the store holds for each key, after the case.
+    pub operations: Vec<Held>,
+    /// Requests of this case that reached the destination.
+    pub sent: u64,
+    /// The status the destination answered the last write sent, whether
+    /// or not the client got it.
+    pub destination_answered: Option<u16>,
+    /// What the route's probe says the destination holds for each key.
+    pub destination_holds: Vec<Value>,
+    /// What the case shows, in sentences.
+    pub notes: Vec<String>,
+    pub ok: bool,
+}
+
+/// One request of a case and what the client got.
+#[derive(Debug, Serialize)]
+pub struct Step {
+    /// Which request: `first write`, `client's retry`, `duplicate 3`, …
+    pub request: String,
+    pub key: String,
+    pub status: u16,
+    /// The problem's name when idemgate answered itself.
+    pub problem: Option<String>,
+    pub replayed: bool,
+    /// The body, shortened to one line.
+    pub body: String,
+}
+
+impl Step {
+    pub fn new(request: impl Into<String>, key: &str, answer: &Answer) -> Step {
+        Step {
+            request: request.into(),
+            key: key.into(),
+            status: answer.status.as_u16(),
+            problem: answer.problem(),
+            replayed: answer.replayed,
+            body: shorten(&answer.body),
+        }
+    }
+
+    fn got(&self) -> String {
+        let mut got = match &self.problem {
+            Some(problem) => format!("{} {problem}", self.status),
+            None => format!("{} {}", self.status, self.body),
+        };
+        if self.replayed {
+            got.push_str("  (replayed)");
+        }
+        got
+    }
+}
+
+/// An operation as the admin API shows it to an operator.
+#[derive(Debug, Serialize)]
+pub struct Held {
+    pub key: String,
+    pub id: String,
+    pub state: String,
+    pub evidence: Option<String>,
+    pub next_action: String,
+    /// The status retries are replayed, when completed.
+    pub response_status: Option<u16>,
+    /// The gateway's own probes of it, from its timeline.
+    pub probes: Vec<Value>,
+}
+
+impl Held {
+    /// From `GET /admin/keys/{id}`.
+    pub fn from_detail(key: &str, detail: &Value) -> Held {
+        let text = |field: &str| detail[field].as_str().map(str::to_string);
+        Held {
+            key: key.into(),
+            id: text("id").unwrap_or_default(),
+            state: text("state").unwrap_or_default(),
+            evidence: text("evidence"),
+            next_action: text("next_action").unwrap_or_default(),
+            response_status: detail["response"]["status"]
+                .as_u64()
+                .and_then(|s| u16::try_from(s).ok()),
+            probes: detail["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| e["kind"] == "probe")
+                .map(|e| e["detail"].clone())
+                .collect(),
+        }
+    }
+}
+
+impl Report {
+    /// Records why the rehearsal stopped short (the first reason stays).
+    pub fn stop(&mut self, why: String) {
+        self.stopped.get_or_insert(why);
+    }
+
+    /// Sets the verdict and whether everything behaved as expected.
+    pub fn conclude(&mut self, plan: &Plan) {
+        self.verdict = match &self.destination_check {
+            Some(check) => check.verdict.clone(),
+            None if plan.check_destination => {
+                "not checked: --writes left too few for --check-destination.".into()
+            }
+            None => "not checked: --check-destination sends one key twice straight to the destination (2 more writes) to find whether it deduplicates on its own.".into(),
+        };
+        self.ok = self.stopped.is_none()
+            && self.cases.len() == super::CASE_WRITES.len()
+            && self.cases.iter().all(|case| case.ok);
+    }
+}
+
+/// One line of at most 100 characters.
+pub(super) fn shorten(body: &str) -> String {
+    cut(&body.split_whitespace().collect::<Vec<_>>().join(" "), 100)
+}
+
+/// `text` cut to `width` characters, `…` marking the cut.
+fn cut(text: &str, width: usize) -> String {
+    match text.char_indices().nth(width.saturating_sub(1)) {
+        Some((at, _)) if text.chars().count() > width => format!("{}…", &text[..at]),
+        _ => text.to_string(),
+    }
+}
+
+/// The lines printed before anything is sent: what may reach the
+/// destination, first.
+pub fn preamble(out: &mut impl Write, plan: &Plan) -> std::io::Result<()> {
+    let check = match plan.check_writes() {
+        0 => String::new(),
+        n => format!(", --check-destination {n} more"),
+    };
+    let cases = plan.needs() - plan.check_writes();
+    wrap(
+        out,
+        "",
+        &format!(
+            "--writes {0}: at most {0} writes may reach the destination (the cases need {cases}{check}).",
+            plan.writes
+        ),
+    )?;
+    wrap(
+        out,
+        "",
+        &format!(
+            "idemgate rehearse: route `{}`, {} {} on {}, a throw-away store.",
+            plan.route.name, plan.method, plan.path, plan.route.upstream.origin
+        ),
+    )?;
+    match &plan.route.reconcile {
+        Some(probe) => wrap(
+            out,
+            "",
+            &format!(
+                "Reconcile probe: GET {} (reads: not counted as writes).",
+                probe.url
+            ),
+        )?,
+        None => writeln!(out, "No reconcile probe: operators settle lost responses.")?,
+    }
+    if !plan.header_sources.is_empty() {
+        wrap(
+            out,
+            "",
+            &format!(
+                "Every write carries {} (values not shown).",
+                plan.header_sources.join(", ")
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// The report: text for a person, or one JSON object.
+pub fn write(out: &mut impl Write, report: &Report, json: bool) -> std::io::Result<()> {
+    if json {
+        serde_json::to_writer_pretty(&mut *out, report)?;
+        return writeln!(out);
+    }
+    for case in &report.cases {
+        write_case(out, case)?;
+    }
+    if let Some(stopped) = &report.stopped {
+        writeln!(out)?;
+        wrap(out, "STOPPED: ", &format!("{stopped}."))?;
+    }
+    if let Some(check) = &report.destination_check {
+        writeln!(out, "\nStraight to the destination, one key twice:")?;
+        for (n, answer) in check.answers.iter().enumerate() {
+            writeln!(out, "   {}. {answer}", n + 1)?;
+        }
+    }
+    writeln!(
+        out,
+        "\n{} writes reached the destination (of --writes {}).",
+        report.writes_sent, report.writes_allowed
+    )?;
+    wrap(out, "Verdict: ", &report.verdict)?;
+    let end = if report.ok {
+        "rehearse ok: every case behaved as expected."
+    } else if report.stopped.is_some() {
+        "rehearse stopped: not every case ran (see STOPPED above)."
+    } else {
+        "rehearse FAILED: a case did not behave as expected (see UNEXPECTED above)."
+    };
+    writeln!(out, "{end}")
+}
+
+fn write_case(out: &mut impl Write, case: &Case) -> std::io::Result<()> {
+    writeln!(out, "\n{}. {}", case.number, case.title)?;
+    line(out, "fault", case.fault)?;
+    line(out, "expected", case.expected)?;
+    for step in &case.requests {
+        // One line each, cut to the width: a body does not wrap well.
+        let got = format!("{:<20} → {}", step.request, step.got());
+        writeln!(out, "{:15}{}", "", cut(&got, WIDTH - 15))?;
+    }
+    for held in &case.operations {
+        let evidence = held
+            .evidence
+            .as_deref()
+            .map(|e| format!(" (evidence {e})"))
+            .unwrap_or_default();
+        line(
+            out,
+            "store",
+            &format!("{}: {}{evidence}", held.key, held.state),
+        )?;
+        for probe in &held.probes {
+            line(out, "probe", &probe_line(probe))?;
+        }
+        if held.state == "unknown" {
+            line(out, "operator", &held.next_action)?;
+        }
+    }
+    let answered = case
+        .destination_answered
+        .map(|s| format!(", the last answered {s}"))
+        .unwrap_or_default();
+    let requests = if case.sent == 1 {
+        "request"
+    } else {
+        "requests"
+    };
+    line(
+        out,
+        "destination",
+        &format!("{} {requests} reached it{answered}", case.sent),
+    )?;
+    for holds in &case.destination_holds {
+        line(out, "it holds", &probe_line(holds))?;
+    }
+    for note in &case.notes {
+        line(out, "note", note)?;
+    }
+    let verdict = if case.ok {
+        "ok: as expected"
+    } else {
+        "UNEXPECTED: see above"
+    };
+    writeln!(out, "   {verdict}")
+}
+
+/// The width report lines are wrapped at, for an 80-column terminal.
+const WIDTH: usize = 78;
+
+/// `   label       text`, the text wrapped under itself.
+fn line(out: &mut impl Write, label: &str, text: &str) -> std::io::Result<()> {
+    wrap(out, &format!("   {label:<12}"), text)
+}
+
+/// `prefix` then `text`, wrapped at [`WIDTH`], continued under its start.
+fn wrap(out: &mut impl Write, prefix: &str, text: &str) -> std::io::Result<()> {
+    let indent = " ".repeat(prefix.chars().count());
+    let mut current = prefix.to_string();
+    let mut empty = true;
+    for word in text.split(' ') {
+        if !empty && current.chars().count() + 1 + word.chars().count() > WIDTH {
+            writeln!(out, "{current}")?;
+            current.clone_from(&indent);
+            empty = true;
+        }
+        if !empty {
+            current.push(' ');
+        }
+        current.push_str(word);
+        empty = false;
+    }
+    writeln!(out, "{current}")
+}
+
+/// `GET URL → 200, matched` from a probe's event.
+fn probe_line(probe: &Value) -> String {
+    let url = probe["url"].as_str().unwrap_or("?");
+    let status = probe["status"]
+        .as_u64()
+        .map_or("no answer".to_string(), |s| s.to_string());
+    let matched = if probe["matched"] == true {
+        "found"
+    } else {
+        "not found"
+    };
+    let error = probe["error"]
+        .as_str()
+        .map(|e| format!(" ({e})"))
+        .unwrap_or_default();
+    format!("GET {url} → {status}, {matched}{error}")
+}

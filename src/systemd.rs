@@ -1,0 +1,221 @@
+//! Telling systemd how the gateway is doing: the service notification
+//! protocol of sd_notify(3), for `Type=notify` (and systemd 253's
+//! `Type=notify-reload`) units such as `contrib/idemgate.service`.
+//!
+//! `serve` ([`Notifier`], from `main.rs`) sends, as datagrams to the socket
+//! systemd names in `NOTIFY_SOCKET`:
+//!
+//! - `STATUS=` while starting, so a slow migration shows in `systemctl status`;
+//! - `READY=1` once [`Gateway::start_with`] returned: the store is migrated
+//!   and open, the recovery ran, both listeners are bound. A unit ordered
+//!   after idemgate starts only then;
+//! - `RELOADING=1` with `MONOTONIC_USEC=` (what `notify-reload` requires to
+//!   match the reload to its signal) when SIGHUP arrives, and `READY=1` with
+//!   the reload's outcome in `STATUS=` when it is done;
+//! - `STOPPING=1` when SIGTERM starts the drain;
+//! - `WATCHDOG=1` every half `WATCHDOG_USEC` (`WatchdogSec=`), and only
+//!   while the store's writer commits ([`Gateway::health`], what `/readyz`
+//!   asks): a gateway whose store is wedged stops pinging, and systemd
+//!   restarts it;
+//! - `STATUS=` again whenever what an operator should read changed: where it
+//!   serves, how many operations are held `unknown`, or that the store does
+//!   not answer.
+//!
+//! Without `NOTIFY_SOCKET` (not under systemd) nothing is sent and no timer
+//! runs. A notification that cannot be sent is logged and never stops the
+//! gateway: serving matters more than telling.
+
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tokio::time::{MissedTickBehavior, interval, timeout};
+
+use crate::server::{Gateway, Health};
+use crate::store::StoreError;
+use crate::tls::TlsError;
+
+/// How often the status is refreshed when no watchdog asks for more.
+pub const STATUS_EVERY: Duration = Duration::from_secs(30);
+
+/// The service manager, if one listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Notifier {
+    /// `NOTIFY_SOCKET` is set.
+    listening: bool,
+    /// `WATCHDOG_USEC`, when it is meant for this process.
+    watchdog: Option<Duration>,
+}
+
+impl Notifier {
+    /// The service manager this process's environment names, if any.
+    pub fn from_env() -> Notifier {
+        let listening = std::env::var_os("NOTIFY_SOCKET").is_some();
+        Notifier {
+            listening,
+            watchdog: sd_notify::watchdog_enabled().filter(|_| listening),
+        }
+    }
+
+    /// `STATUS=` alone: what the gateway is doing before it is ready.
+    pub fn starting(&self, what: &str) {
+        self.send(&[NotifyState::Status(what)]);
+    }
+
+    /// `READY=1`: the gateway serves.
+    pub async fn ready(&self, gateway: &Gateway) {
+        let status = serving(gateway, &gateway.health().await);
+        self.send(&[NotifyState::Ready, NotifyState::Status(&status)]);
+    }
+
+    /// `RELOADING=1` with `MONOTONIC_USEC=`: a SIGHUP is being handled.
+    pub fn reloading(&self) {
+        if !self.listening {
+            return;
+        }
+        match NotifyState::monotonic_usec_now() {
+            Ok(now) => self.send(&[
+                NotifyState::Reloading,
+                now,
+                NotifyState::Status("reloading the TLS certificates"),
+            ]),
+            Err(error) => {
+                tracing::warn!(%error, "no monotonic clock for MONOTONIC_USEC");
+                self.send(&[NotifyState::Reloading]);
+            }
+        }
+    }
+
+    /// `READY=1` after a reload, its outcome in `STATUS=`.
+    pub async fn reloaded(&self, gateway: &Gateway, outcome: &Result<(), TlsError>) {
+        let status = reload_status(outcome, &serving(gateway, &gateway.health().await));
+        self.send(&[NotifyState::Ready, NotifyState::Status(&status)]);
+    }
+
+    /// `STOPPING=1`: the drain starts.
+    pub fn stopping(&self, grace: Duration) {
+        let status = format!(
+            "draining: /readyz says 503, requests in flight finish within {}",
+            humantime::format_duration(grace)
+        );
+        self.send(&[NotifyState::Stopping, NotifyState::Status(&status)]);
+    }
+
+    /// Every [`Notifier::period`]: `WATCHDOG=1` while the gateway is
+    /// healthy, and `STATUS=` when it changed. Never returns; without a
+    /// service manager it only waits.
+    pub async fn keep_watch(&self, gateway: &Gateway) {
+        let Some(period) = self.period() else {
+            return std::future::pending().await;
+        };
+        let mut ticks = interval(period);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        ticks.tick().await; // the first tick is now: READY=1 just told all
+        let mut shown = String::new();
+        loop {
+            ticks.tick().await;
+            // A store that does not answer within the period is not healthy.
+            let health = timeout(period, gateway.health()).await.unwrap_or_else(|_| {
+                let within = humantime::format_duration(period);
+                Err(StoreError::Busy(format!("no answer within {within}")))
+            });
+            // One datagram a tick: the ping and what the status became.
+            let mut states = Vec::with_capacity(2);
+            if health.is_ok() && self.watchdog.is_some() {
+                states.push(NotifyState::Watchdog);
+            }
+            let status = serving(gateway, &health);
+            if status != shown {
+                shown = status;
+                states.push(NotifyState::Status(&shown));
+            }
+            if !states.is_empty() {
+                self.send(&states);
+            }
+        }
+    }
+
+    /// How often [`Notifier::keep_watch`] looks: half the watchdog's
+    /// timeout, as sd_watchdog_enabled(3) advises, at most
+    /// [`STATUS_EVERY`]; `None` without a service manager.
+    pub fn period(&self) -> Option<Duration> {
+        if !self.listening {
+            return None;
+        }
+        let watchdog = self.watchdog.map_or(STATUS_EVERY, |timeout| timeout / 2);
+        Some(watchdog.min(STATUS_EVERY).max(Duration::from_millis(1)))
+    }
+
+    fn send(&self, states: &[NotifyState<'_>]) {
+        if !self.listening {
+            return;
+        }
+        if let Err(error) = sd_notify::notify(states) {
+            tracing::warn!(%error, "cannot notify systemd (NOTIFY_SOCKET)");
+        }
+    }
+}
+
+/// The status line while serving: where, and how many operations are
+/// held; or that the store does not answer.
+pub fn serving(gateway: &Gateway, health: &Result<Health, StoreError>) -> String {
+    let listeners = format!(
+        "proxy on {}, admin on {}",
+        gateway.addr(),
+        gateway.admin_addr()
+    );
+    match health {
+        Ok(Health { held: 1 }) => format!("serving {listeners}; 1 operation held"),
+        Ok(Health { held }) => format!("serving {listeners}; {held} operations held"),
+        Err(error) => format!("{listeners}; the store does not answer: {error}"),
+    }
+}
+
+/// The status line after a SIGHUP: its outcome, then what `serving` says.
+pub fn reload_status(outcome: &Result<(), TlsError>, serving: &str) -> String {
+    match outcome {
+        Ok(()) => format!("reloaded; {serving}"),
+        Err(error) => format!("reload failed, the previous certificate stays: {error}; {serving}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watch_runs_at_half_the_watchdog_and_at_least_every_status_period() {
+        let under = |watchdog| Notifier {
+            listening: true,
+            watchdog,
+        };
+        assert_eq!(
+            under(Some(Duration::from_secs(10))).period(),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            under(Some(Duration::from_secs(600))).period(),
+            Some(STATUS_EVERY)
+        );
+        assert_eq!(under(None).period(), Some(STATUS_EVERY));
+        let alone = Notifier {
+            listening: false,
+            watchdog: None,
+        };
+        assert_eq!(alone.period(), None);
+    }
+
+    #[test]
+    fn a_failed_reload_says_so_and_that_the_old_certificate_stays() {
+        let failed = Err(TlsError::Invalid {
+            path: "proxy.crt".into(),
+            reason: "no certificate".into(),
+        });
+        let status = reload_status(&failed, "serving here");
+        assert!(status.starts_with("reload failed"), "{status}");
+        assert!(status.ends_with("; serving here"), "{status}");
+        assert_eq!(
+            reload_status(&Ok(()), "serving here"),
+            "reloaded; serving here"
+        );
+    }
+}

@@ -1,0 +1,515 @@
+//! Running idemgate the way a service manager or an orchestrator does
+//! (docs/deploying.md, "Under systemd" and "A container image"):
+//!
+//! - the probes: `/livez` answers while the process serves, draining
+//!   included; `/readyz` says 503 `draining` from the moment a shutdown
+//!   starts, while the request in flight still finishes;
+//! - `idemgate healthcheck` exits 0 only when `/readyz` says ready, plain
+//!   or over TLS, and gives up within its bound on a silent listener;
+//! - systemd's notify protocol, received on a `NOTIFY_SOCKET` of the
+//!   test's own: `READY=1` once serving, `RELOADING=1` (with
+//!   `MONOTONIC_USEC`) and `READY=1` around a SIGHUP with the reload's
+//!   result in `STATUS=`, `STOPPING=1` at SIGTERM, `WATCHDOG=1` when
+//!   `WATCHDOG_USEC` asks for it;
+//! - `contrib/idemgate.service` passes `systemd-analyze verify`;
+//! - the `Containerfile`'s image, built with buildah, runs its own
+//!   binary from its own filesystem under `chroot` (`.ci/build-image`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::*;
+
+/// `GET path` on the admin listener, over a new connection.
+async fn probe(admin: std::net::SocketAddr, path: &str) -> Response {
+    send(admin, "GET", path, &[], bytes::Bytes::new()).await
+}
+
+/// A shutdown held open by a write in flight: the write's client task and
+/// the shutdown's, the upstream holding its answer until `release_one`.
+async fn drain_around_a_write(
+    gw: &mut TestGateway,
+) -> (
+    tokio::task::JoinHandle<Response>,
+    tokio::task::JoinHandle<()>,
+) {
+    let addr = gw.addr();
+    gw.upstream.script(Scripted::Hold);
+    let in_flight =
+        tokio::spawn(async move { write(addr, "/scripted", Some("drain-1"), r#"{"n":1}"#).await });
+    gw.upstream.wait_for_writes(1).await;
+    (in_flight, gw.begin_shutdown())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_says_draining_from_the_start_of_a_shutdown_and_livez_stays_up() {
+    let mut gw = spawn_gateway("").await;
+    let admin = gw.admin_addr();
+    for path in ["/livez", "/healthz", "/readyz"] {
+        assert_eq!(probe(admin, path).await.status, 200, "{path} before");
+    }
+    let (in_flight, shutdown) = drain_around_a_write(&mut gw).await;
+    let draining = eventually("/readyz to say draining", || async {
+        let ready = probe(admin, "/readyz").await;
+        (ready.status == 503).then_some(ready)
+    })
+    .await;
+    draining.assert_problem(503, "draining");
+    // Still alive, still draining: the write in flight holds the shutdown.
+    assert_eq!(probe(admin, "/livez").await.status, 200, "/livez draining");
+    assert!(
+        !shutdown.is_finished(),
+        "shutdown ended before the upstream answered"
+    );
+
+    gw.upstream.release_one();
+    shutdown.await.expect("shutdown task");
+    assert_fresh_created(&in_flight.await.expect("client task"));
+    // The admin listener closed last.
+    assert!(
+        tokio::net::TcpStream::connect(admin).await.is_err(),
+        "the admin listener still accepts after the shutdown"
+    );
+}
+
+/// `idemgate healthcheck` with `args`: (exit 0, stdout, stderr).
+async fn healthcheck(args: &[&str]) -> (bool, String, String) {
+    let mut cmd = binary();
+    cmd.arg("healthcheck").args(args);
+    let (status, stdout, stderr) = run_to_exit(cmd).await;
+    (status.success(), stdout, stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_exits_zero_only_while_readyz_says_ready() {
+    let mut gw = spawn_gateway("").await;
+    let url = format!("http://{}", gw.admin_addr());
+    let (ready, stdout, stderr) = healthcheck(&["--admin", &url]).await;
+    assert!(ready, "{stderr}");
+    assert!(stdout.starts_with("ready: "), "{stdout}");
+
+    // Draining: /readyz says 503, and so does the exit code.
+    let (in_flight, shutdown) = drain_around_a_write(&mut gw).await;
+    let stderr = eventually("healthcheck to fail while draining", || async {
+        let (ready, _, stderr) = healthcheck(&["--admin", &url]).await;
+        (!ready).then_some(stderr)
+    })
+    .await;
+    assert!(
+        stderr.contains("503") && stderr.contains("draining"),
+        "{stderr}"
+    );
+    gw.upstream.release_one();
+    shutdown.await.expect("shutdown task");
+    assert_fresh_created(&in_flight.await.expect("client task"));
+
+    // Nothing listening any more: refused, not ready.
+    let (ready, _, stderr) = healthcheck(&["--admin", &url]).await;
+    assert!(!ready && stderr.contains("no answer"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_gives_up_on_a_silent_listener_within_its_timeout() {
+    // Accepts connections (the kernel does) and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("addr"));
+    let (ready, _, stderr) = healthcheck(&["--admin", &url, "--timeout", "200ms"]).await;
+    assert!(!ready, "a silent listener was taken as ready");
+    assert!(stderr.contains("no whole answer within 200ms"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_reads_the_admin_listener_from_the_config_and_speaks_its_tls() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let operators = TestCa::new(dir.path(), "operators-ca");
+    let identity = operators.server_cert(dir.path(), "admin");
+    let tls = format!(
+        "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"\n",
+        identity.cert.display(),
+        identity.key.display()
+    );
+    let toml = gateway_toml_with(
+        &dir.path().join("idemgate.db"),
+        &upstream.url(),
+        &Setup::route("").server(&tls),
+    );
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let gateway = BinaryGateway::start(&config, &dir.path().join("gateway.log")).await;
+    // The file says port 0; the one bound is the gateway's.
+    let bound = toml.replace(
+        "admin_listen = \"127.0.0.1:0\"",
+        &format!("admin_listen = \"{}\"", gateway.admin),
+    );
+    let bound = write_config(dir.path(), "bound.toml", &bound);
+    let bound = bound.to_str().expect("utf-8 path");
+    let ca = operators.pem.to_str().expect("utf-8 path");
+
+    let (ready, stdout, stderr) = healthcheck(&["--config", bound, "--ca", ca]).await;
+    assert!(ready, "{stderr}");
+    assert!(stdout.contains("ready"), "{stdout}");
+    // Without the operators' CA the certificate is not trusted.
+    let (ready, _, stderr) = healthcheck(&["--config", bound]).await;
+    assert!(!ready, "an untrusted certificate was accepted");
+    assert!(stderr.contains("https://"), "{stderr}");
+}
+
+/// systemd's end of the notify protocol: a datagram socket of the test's
+/// own, named to the gateway in `NOTIFY_SOCKET`.
+struct NotifySocket {
+    socket: tokio::net::UnixDatagram,
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl NotifySocket {
+    fn bind() -> NotifySocket {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("notify.sock");
+        let socket = tokio::net::UnixDatagram::bind(&path).expect("bind the notify socket");
+        NotifySocket {
+            socket,
+            path,
+            _dir: dir,
+        }
+    }
+
+    /// `idemgate serve --config config` told to notify here.
+    fn serve(&self, config: &Path) -> Command {
+        let mut cmd = binary();
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(config)
+            .env("NOTIFY_SOCKET", &self.path)
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID");
+        cmd
+    }
+
+    /// The next datagram's lines (`KEY=value`), within [`WAIT`].
+    async fn next(&self) -> Vec<String> {
+        let mut buffer = vec![0; 64 * 1024];
+        let n = tokio::time::timeout(WAIT, self.socket.recv(&mut buffer))
+            .await
+            .expect("a notification within WAIT")
+            .expect("recv");
+        let text = std::str::from_utf8(&buffer[..n]).expect("notifications are UTF-8");
+        text.lines().map(str::to_owned).collect()
+    }
+
+    /// Datagrams until one that `wanted` takes (at most 1000, each within [`WAIT`]).
+    async fn until(&self, what: &str, wanted: impl Fn(&[String]) -> bool) -> Vec<String> {
+        for _ in 0..1000 {
+            let lines = self.next().await;
+            if wanted(&lines) {
+                return lines;
+            }
+        }
+        panic!("no notification {what} among 1000");
+    }
+}
+
+/// The value of `KEY=` in a datagram's lines.
+fn field<'a>(lines: &'a [String], key: &str) -> Option<&'a str> {
+    lines
+        .iter()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// CLOCK_BOOTTIME in µs (`/proc/uptime`): CLOCK_MONOTONIC's value on a
+/// machine that has not been suspended, to within a second.
+fn boot_time_usec() -> f64 {
+    let uptime = std::fs::read_to_string("/proc/uptime").expect("/proc/uptime");
+    let seconds: f64 = uptime
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .expect("uptime seconds");
+    seconds * 1e6
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemd_hears_ready_then_each_reload_with_its_outcome_then_stopping() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(dir.path(), "ca");
+    ca.server_cert(dir.path(), "proxy");
+    let toml = gateway_toml_with(
+        &dir.path().join("idemgate.db"),
+        &upstream.url(),
+        &Setup::route("").server("tls_cert = \"proxy.crt\"\ntls_key = \"proxy.key\"\n"),
+    );
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let notify = NotifySocket::bind();
+    let started = boot_time_usec();
+    let gateway = BinaryGateway::spawn(notify.serve(&config), &dir.path().join("gw.log")).await;
+
+    let starting = notify.next().await;
+    assert_eq!(starting.len(), 1, "{starting:?}");
+    let store = format!(
+        "STATUS=opening and migrating the store sqlite://{}",
+        dir.path().join("idemgate.db").display()
+    );
+    assert_eq!(starting[0], store);
+    let serving = format!(
+        "serving proxy on {}, admin on {}",
+        gateway.proxy, gateway.admin
+    );
+    assert_eq!(
+        notify.next().await,
+        [
+            "READY=1".to_string(),
+            format!("STATUS={serving}; 0 operations held")
+        ]
+    );
+
+    // A lost response: the status counts it.
+    let mut client = TlsClient::connect(gateway.proxy, ca.client_config(None))
+        .await
+        .expect("TLS connection");
+    client
+        .write("/drop", "lost-1", r#"{"n":1}"#)
+        .await
+        .assert_operation_problem(502, "outcome-unknown", "unknown");
+
+    gateway.signal("HUP");
+    let reloading = notify.next().await;
+    assert_eq!(reloading[0], "RELOADING=1", "{reloading:?}");
+    let usec: f64 = field(&reloading, "MONOTONIC_USEC")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no MONOTONIC_USEC: {reloading:?}"));
+    // Between the spawn and now on CLOCK_MONOTONIC in µs (give or take
+    // /proc/uptime's lag): not another clock, not another unit.
+    let slack = 5e6;
+    assert!(
+        started - slack <= usec && usec <= boot_time_usec() + slack,
+        "MONOTONIC_USEC={usec} is not CLOCK_MONOTONIC's µs (spawned at {started})"
+    );
+    assert_eq!(
+        notify.next().await,
+        [
+            "READY=1".to_string(),
+            format!("STATUS=reloaded; {serving}; 1 operation held")
+        ]
+    );
+
+    // A reload that fails says so, and the gateway is ready again.
+    std::fs::write(dir.path().join("proxy.crt"), "not a certificate").expect("garble");
+    gateway.signal("HUP");
+    assert_eq!(notify.next().await[0], "RELOADING=1");
+    let failed = notify.next().await;
+    assert_eq!(failed[0], "READY=1", "{failed:?}");
+    let status = field(&failed, "STATUS").unwrap_or_default();
+    assert!(
+        status.starts_with("reload failed, the previous certificate stays: ")
+            && status.contains("proxy.crt")
+            && status.ends_with(&format!("{serving}; 1 operation held")),
+        "{status}"
+    );
+
+    gateway.signal("TERM");
+    let stopping = notify.next().await;
+    assert_eq!(stopping[0], "STOPPING=1", "{stopping:?}");
+    assert!(
+        field(&stopping, "STATUS").is_some_and(|s| s.starts_with("draining")),
+        "{stopping:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemd_watchdog_is_pinged_only_while_the_store_takes_writes() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("idemgate.db");
+    let config = write_config(
+        dir.path(),
+        "idemgate.toml",
+        &gateway_toml(&store, &upstream.url(), "/", ""),
+    );
+    let notify = NotifySocket::bind();
+    let mut serve = notify.serve(&config);
+    // WatchdogSec=200ms: a ping every 100 ms.
+    serve.env("WATCHDOG_USEC", "200000");
+    let _gateway = BinaryGateway::spawn(serve, &dir.path().join("gw.log")).await;
+    notify.until("READY=1", |lines| lines[0] == "READY=1").await;
+    notify
+        .until("WATCHDOG=1", |lines| {
+            lines.iter().any(|l| l == "WATCHDOG=1")
+        })
+        .await;
+
+    // The store's writer cannot commit: the status says so, without a ping.
+    let lock = WriteLock::on(&store).await;
+    let wedged = notify
+        .until("saying the store does not answer", |lines| {
+            field(lines, "STATUS").is_some_and(|s| s.contains("the store does not answer"))
+        })
+        .await;
+    assert!(
+        !wedged.iter().any(|l| l == "WATCHDOG=1"),
+        "pinged while wedged: {wedged:?}"
+    );
+    lock.release().await;
+    let back = notify
+        .until("saying it serves again", |lines| {
+            field(lines, "STATUS").is_some_and(|s| s.starts_with("serving"))
+        })
+        .await;
+    assert_eq!(back[0], "WATCHDOG=1", "{back:?}");
+}
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+#[test]
+#[ignore = "needs systemd-analyze (.ci/run runs it)"]
+fn the_systemd_unit_passes_systemd_analyze_verify() {
+    // The unit as shipped, but for where the binary is: verify insists that
+    // ExecStart's program exists.
+    let unit = std::fs::read_to_string(Path::new(ROOT).join("contrib/idemgate.service"))
+        .expect("contrib/idemgate.service");
+    for needed in [
+        "Type=notify\n",
+        "ExecReload=",
+        "WatchdogSec=",
+        "DynamicUser=yes\n",
+        "StateDirectory=idemgate\n",
+        "ProtectSystem=strict\n",
+        "NoNewPrivileges=yes\n",
+        "SystemCallFilter=@system-service\n",
+        "CapabilityBoundingSet=\n",
+    ] {
+        assert!(unit.contains(needed), "the unit lacks {needed:?}");
+    }
+    let shipped = "ExecStart=/usr/local/bin/idemgate ";
+    assert!(unit.contains(shipped), "ExecStart moved");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let here = dir.path().join("idemgate.service");
+    let exec = format!("ExecStart={} ", env!("CARGO_BIN_EXE_idemgate"));
+    std::fs::write(&here, unit.replace(shipped, &exec)).expect("write the unit");
+    let out = child_output(Command::new("systemd-analyze").arg("verify").arg(&here))
+        .expect("systemd-analyze runs (Debian package systemd)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Any warning (an unknown directive, a bad value) is a finding too.
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "systemd-analyze verify:\n{stderr}"
+    );
+}
+
+/// Runs the image's binary under `chroot rootfs` as its user, with a clean
+/// environment but `env`.
+fn in_image(rootfs: &Path, env: &[(&str, &str)], args: &[&str]) -> Command {
+    let mut cmd = Command::new("/usr/sbin/chroot");
+    cmd.arg("--userspec=10001:10001")
+        .arg(rootfs)
+        .arg("/usr/local/bin/idemgate")
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .envs(env.iter().copied());
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, buildah and debootstrap (.ci/run installs them)"]
+async fn the_container_image_serves_from_its_own_filesystem() {
+    use std::os::unix::fs::MetadataExt;
+    let root = std::fs::metadata("/proc/self").expect("/proc/self").uid() == 0;
+    assert!(root, "the image check needs root (debootstrap, chroot)");
+    for tool in ["/usr/bin/buildah", "/usr/sbin/debootstrap"] {
+        require_installed(Path::new(tool), "apt-get install buildah debootstrap");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rootfs = dir.path().join("rootfs");
+    std::fs::create_dir(&rootfs).expect("rootfs dir");
+    let mut build = Command::new(Path::new(ROOT).join(".ci/container-image"));
+    build.arg(env!("CARGO_BIN_EXE_idemgate")).arg(&rootfs);
+    // The first run makes the base with debootstrap; later ones reuse it.
+    let (status, _, stderr) = run_to_exit_within(build, Duration::from_secs(900)).await;
+    assert!(status.success(), ".ci/container-image failed:\n{stderr}");
+
+    // What the image says about itself.
+    let inspect: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("rootfs.json")).expect("the image's configuration"),
+    )
+    .expect("buildah inspect is JSON");
+    let config = &inspect["Docker"]["config"];
+    assert_eq!(config["User"], "10001:10001");
+    assert!(
+        config["Volumes"].get("/var/lib/idemgate").is_some(),
+        "{config}"
+    );
+    for port in ["8080/tcp", "9090/tcp"] {
+        assert!(
+            config["ExposedPorts"].get(port).is_some(),
+            "{port}: {config}"
+        );
+    }
+    let healthcheck = serde_json::json!([
+        "CMD",
+        "idemgate",
+        "healthcheck",
+        "--config",
+        "/etc/idemgate/idemgate.toml"
+    ]);
+    assert_eq!(config["Healthcheck"]["Test"], healthcheck);
+    let labels = &config["Labels"];
+    assert_eq!(labels["org.opencontainers.image.title"], "idemgate");
+    assert_eq!(
+        labels["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    for label in ["revision", "created", "licenses", "base.name"] {
+        let value = labels[format!("org.opencontainers.image.{label}")].as_str();
+        assert!(
+            value.is_some_and(|v| !v.is_empty() && v != "unknown"),
+            "{label}: {labels}"
+        );
+    }
+
+    // Its binary, from its own filesystem, as its own user.
+    let (status, stdout, stderr) = run_to_exit(in_image(&rootfs, &[], &["--version"])).await;
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        concat!("idemgate ", env!("CARGO_PKG_VERSION"))
+    );
+    let config_file = "/etc/idemgate/idemgate.toml";
+    let (status, stdout, stderr) =
+        run_to_exit(in_image(&rootfs, &[], &["check-config", config_file])).await;
+    assert!(
+        status.success() && stdout.trim() == "ok",
+        "{stdout}{stderr}"
+    );
+
+    // A short `serve` of the image's own config, on loopback ports of its own.
+    let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    let serve = in_image(
+        &rootfs,
+        &[("IDEMGATE_STORE_KEY", key)],
+        &[
+            "serve",
+            "--config",
+            config_file,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let gateway = BinaryGateway::spawn(serve, &dir.path().join("serve.log")).await;
+    let ready = probe(gateway.admin, "/readyz").await;
+    assert_eq!(ready.status, 200, "{:?}", ready.body);
+    // The image's HEALTHCHECK command, from inside.
+    let admin = format!("http://{}", gateway.admin);
+    let (status, _, stderr) =
+        run_to_exit(in_image(&rootfs, &[], &["healthcheck", "--admin", &admin])).await;
+    assert!(status.success(), "{stderr}");
+    // The store is in the volume, the image user's.
+    let store = std::fs::metadata(rootfs.join("var/lib/idemgate/idemgate.db"))
+        .expect("the store in the volume");
+    assert_eq!(store.uid(), 10001);
+}

@@ -1,0 +1,282 @@
+//! `idemgate rehearse` against destinations that really listen, counting
+//! what reached each: the mock API (deduplicates nothing, through the
+//! real binaries), a destination that honours `Idempotency-Key`, one with
+//! a reconcile probe, one that refuses every write, one over TLS, and a
+//! `--writes` bound too small for every case.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::*;
+use idemgate::cli::Rehearse;
+use idemgate::rehearse::report::Report;
+
+const BODY: &str = r#"{"title":"rehearsal {key}"}"#;
+const TOKEN_VAR: &str = "REHEARSE_TEST_TOKEN";
+const TOKEN: &str = "Bearer rehearse-secret-7f3a";
+
+/// A config file with one route `tasks` to `upstream`, `extra` lines in it.
+fn config(dir: &Path, upstream: &str, extra: &str) -> PathBuf {
+    write_config(
+        dir,
+        "rehearse.toml",
+        &format!(
+            "[[routes]]\nname = \"tasks\"\npath_prefix = \"/\"\nupstream = \"{upstream}\"\n{extra}\n"
+        ),
+    )
+}
+
+fn args(config: PathBuf, path: &str, writes: u64, check: bool) -> Rehearse {
+    Rehearse {
+        config,
+        route: "tasks".into(),
+        body: Some(BODY.into()),
+        body_file: None,
+        writes,
+        path: Some(path.into()),
+        method: None,
+        header_env: vec![format!("authorization={TOKEN_VAR}")],
+        check_destination: check,
+        json: false,
+    }
+}
+
+/// Runs it in process; the report and what it printed.
+async fn rehearse(args: &Rehearse) -> (Report, String) {
+    let env = |name: &str| (name == TOKEN_VAR).then(|| TOKEN.to_string());
+    let mut out = Vec::new();
+    let report = idemgate::rehearse::run(args, &env, &mut out)
+        .await
+        .expect("the rehearsal runs");
+    let text = String::from_utf8(out).expect("utf-8");
+    assert!(
+        !text.contains("rehearse-secret"),
+        "credential printed:\n{text}"
+    );
+    (report, text)
+}
+
+/// A rehearsal of writes to `path` against a [`FakeUpstream`] of its
+/// own, whose route has a reconcile probe if `probe`.
+async fn rehearse_fake(
+    path: &str,
+    writes: u64,
+    check: bool,
+    probe: bool,
+) -> (FakeUpstream, Report, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let upstream = FakeUpstream::start().await;
+    let extra = match probe {
+        true => format!(
+            "[routes.reconcile]\nurl = \"{}/lookup?key={{key}}\"\nfound_json_pointer = \"/id\"\ntimeout = \"2s\"",
+            upstream.url()
+        ),
+        false => String::new(),
+    };
+    let file = config(dir.path(), &upstream.url(), &extra);
+    let (report, text) = rehearse(&args(file, path, writes, check)).await;
+    (upstream, report, text)
+}
+
+fn states(report: &Report, case: usize) -> Vec<&str> {
+    report.cases[case]
+        .operations
+        .iter()
+        .map(|held| held.state.as_str())
+        .collect()
+}
+
+/// Each case sent what it needs, and every write carried the credential.
+fn assert_sent_as_planned(report: &Report, upstream: &FakeUpstream, total: usize) {
+    let sent: Vec<u64> = report.cases.iter().map(|case| case.sent).collect();
+    assert_eq!(sent, [1, 1, 1, 2, 1][..report.cases.len()]);
+    let writes = upstream.write_requests();
+    assert_eq!(writes.len(), total, "writes that reached the destination");
+    assert_eq!(report.writes_sent as usize, total);
+    for write in &writes {
+        assert_eq!(write.header("authorization"), Some(TOKEN));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mock_api_gets_every_case_and_the_verdict_that_it_does_not_deduplicate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mock = BinaryMock::start(&dir.path().join("mock.err")).await;
+    let file = config(dir.path(), &format!("http://{}", mock.addr), "");
+    let mut cmd = binary();
+    cmd.args(["rehearse", "--config"])
+        .arg(&file)
+        .args(["--route", "tasks", "--path", "/tasks", "--body", BODY])
+        .args(["--writes", "8", "--check-destination"])
+        .args(["--header-env", &format!("authorization={TOKEN_VAR}")])
+        .env(TOKEN_VAR, TOKEN);
+    let (status, stdout, stderr) = run_to_exit(cmd).await;
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.starts_with("--writes 8: "), "{stdout}");
+    assert!(!stdout.contains("rehearse-secret") && !stderr.contains("rehearse-secret"));
+    for title in [
+        "1. Interrupted before the destination accepts",
+        "2. Accepted, response lost",
+        "3. The same event again while the first is in flight",
+        "4. A later step fails after the create succeeded",
+        "5. Resumed after an operator recorded manual completion",
+    ] {
+        assert!(stdout.contains(title), "{title}:\n{stdout}");
+    }
+    assert_eq!(stdout.matches("ok: as expected").count(), 5, "{stdout}");
+    assert!(
+        stdout.contains("Verdict: the destination does not deduplicate on its own"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("8 writes reached the destination"),
+        "{stdout}"
+    );
+    let effects = send(mock.addr, "GET", "/_effects", &[], bytes::Bytes::new()).await;
+    assert_eq!(
+        effects.json()["writes"],
+        8,
+        "6 by the cases, 2 by the check"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_that_honours_keys_gets_the_other_verdict() {
+    let (upstream, report, text) = rehearse_fake("/dedup", 8, true, false).await;
+    assert!(report.ok, "{text}");
+    let check = report.destination_check.as_ref().expect("checked");
+    assert_eq!(check.deduplicates, Some(true), "{text}");
+    assert!(
+        report
+            .verdict
+            .starts_with("the destination deduplicates on `idempotency-key` itself"),
+        "{}",
+        report.verdict
+    );
+    assert_sent_as_planned(&report, &upstream, 8);
+    assert_eq!(upstream.writes(), 7, "the repeat created nothing");
+    // Without a probe the lost responses stay held for an operator.
+    assert_eq!(states(&report, 1), ["unknown"]);
+    assert!(
+        report.cases[1].operations[0]
+            .next_action
+            .contains("resolve it")
+    );
+    assert_eq!(states(&report, 3), ["completed", "unknown"]);
+    assert_eq!(
+        states(&report, 4),
+        ["completed"],
+        "resolved by the operator"
+    );
+    assert!(report.cases[4].notes[0].contains("/resolve"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_probe_the_lost_responses_are_settled_by_it_and_shown() {
+    let (upstream, report, text) = rehearse_fake("/tasks", 6, false, true).await;
+    assert!(report.ok, "{text}");
+    assert!(
+        report.verdict.starts_with("not checked"),
+        "{}",
+        report.verdict
+    );
+    assert_sent_as_planned(&report, &upstream, 6);
+    for case in [1, 4] {
+        let held = &report.cases[case].operations[0];
+        assert_eq!(held.state, "completed", "{text}");
+        assert_eq!(held.evidence.as_deref(), Some("reconciled"));
+        assert_eq!(held.probes[0]["matched"], true);
+    }
+    // What the destination says it holds, for every case's keys.
+    let holds: Vec<bool> = report
+        .cases
+        .iter()
+        .flat_map(|case| &case.destination_holds)
+        .map(|probe| probe["matched"] == true)
+        .collect();
+    assert_eq!(holds, [true; 6]);
+    assert!(text.contains("   it holds    GET "), "{text}");
+    let probes = upstream
+        .requests()
+        .iter()
+        .filter(|r| r.uri.starts_with("/lookup"))
+        .count();
+    assert!(probes >= 6, "probes are reads and uncounted: {probes}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_refusing_every_write_is_said_so_and_never_retried_blindly() {
+    let (upstream, report, text) = rehearse_fake("/status/403", 8, true, false).await;
+    assert!(report.ok, "{text}");
+    for case in &report.cases {
+        assert_eq!(case.destination_answered, Some(403), "case {}", case.number);
+    }
+    assert!(text.matches("the last answered 403").count() == 5, "{text}");
+    for case in [0, 2] {
+        assert!(
+            report.cases[case]
+                .notes
+                .iter()
+                .any(|n| n.contains("refused the write")),
+            "{text}"
+        );
+    }
+    assert_sent_as_planned(&report, &upstream, 8);
+    assert_eq!(upstream.writes(), 0);
+    assert_eq!(
+        report.destination_check.as_ref().unwrap().deduplicates,
+        None
+    );
+    assert!(
+        report
+            .verdict
+            .starts_with("not told: the destination refused"),
+        "{}",
+        report.verdict
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_tls_upstream_the_cases_hold() {
+    let pki = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(pki.path(), "rehearse-ca");
+    let upstream = FakeUpstream::start_tls(server_config(&ca.server_cert(pki.path(), "api"))).await;
+    let extra = format!("upstream_ca = \"{}\"", ca.pem.display());
+    let file = config(pki.path(), &upstream.url(), &extra);
+    let (report, text) = rehearse(&args(file, "/tasks", 8, true)).await;
+    assert!(report.ok, "{text}");
+    assert!(report.destination.starts_with("https://"));
+    assert_sent_as_planned(&report, &upstream, 8);
+    assert_eq!(report.destination_check.unwrap().deduplicates, Some(false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_few_writes_stop_before_the_case_that_needs_more() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let upstream = FakeUpstream::start().await;
+    let file = config(dir.path(), &upstream.url(), "");
+    let (report, text) = rehearse(&args(file.clone(), "/tasks", 4, false)).await;
+    assert!(text.starts_with("--writes 4: at most 4 writes"), "{text}");
+    assert!(!report.ok);
+    assert!(text.ends_with("rehearse stopped: not every case ran (see STOPPED above).\n"));
+    assert_eq!(report.cases.len(), 3, "{text}");
+    assert!(
+        text.contains("STOPPED: case 4 needs 2 write(s) and 1 are left (--writes 4)"),
+        "{text}"
+    );
+    assert_sent_as_planned(&report, &upstream, 3);
+
+    // The check's two writes are kept out of the cases' share of the bound.
+    let (report, text) = rehearse(&args(file.clone(), "/tasks", 7, true)).await;
+    assert_eq!(report.cases.len(), 4, "{text}");
+    assert!(report.destination_check.is_some());
+    assert_eq!(upstream.write_requests().len(), 3 + 5 + 2);
+
+    // No credential for the route's scope header: refused before anything is sent.
+    let mut bare = args(file, "/tasks", 8, false);
+    bare.header_env.clear();
+    let env = |_: &str| None;
+    let refused = idemgate::rehearse::run(&bare, &env, Vec::new()).await;
+    let error = refused.expect_err("refused").to_string();
+    assert!(error.contains("--header-env authorization="), "{error}");
+    assert_eq!(upstream.write_requests().len(), 10);
+}
