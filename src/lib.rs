@@ -4,7 +4,9 @@
 //! # Layout
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
 //! - [`server`]: listeners, accept loops, graceful shutdown; [`workers`]: the
-//!   threads (a runtime each) proxy connections are spread over.
+//!   threads (a runtime each) proxy connections are spread over;
+//!   [`connection`]: one connection served as HTTP/1.1 or HTTP/2, with
+//!   the listener's limits.
 //! - [`tls`]: certificates from PEM files: the listeners' (swapped on
 //!   SIGHUP) and what upstream connections trust and present.
 //! - [`pipeline`]: the life of a request, one module per phase (the
@@ -60,6 +62,7 @@ pub mod canonical_json;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod demo;
 pub mod http_client;
 pub mod keys_cli;
