@@ -48,7 +48,7 @@ def connect(port):
     return sock
 
 
-def write_headers(key, path="/tasks"):
+def write_headers(key, path="/tasks", body=BODY):
     return [
         (":method", "POST"),
         (":scheme", "http"),
@@ -57,7 +57,7 @@ def write_headers(key, path="/tasks"):
         ("content-type", "application/json"),
         ("authorization", "Bearer alice-token"),
         ("idempotency-key", key),
-        ("content-length", str(len(BODY))),
+        ("content-length", str(len(body))),
     ]
 
 
@@ -156,7 +156,7 @@ class Raw:
         `seen`, if given)."""
         if seen is None:
             seen = {"closed": True, "goaway": None, "refused": 0, "reset": 0, "answers": 0,
-                    "statuses": {}, "settings_acks": 0}
+                    "statuses": {}, "settings_acks": 0, "ended": 0}
         seen["closed"] = True
         try:
             self.send(PingFrame(0, opaque_data=b"idemgate"))
@@ -166,19 +166,26 @@ class Raw:
             if isinstance(frame, PingFrame) and "ACK" in frame.flags:
                 seen["closed"] = False
                 break
-            if isinstance(frame, GoAwayFrame):
-                seen["goaway"] = frame.error_code
-            elif isinstance(frame, RstStreamFrame):
-                seen["reset"] += 1
-                if frame.error_code == 0x7:
-                    seen["refused"] += 1
-            elif isinstance(frame, HeadersFrame):
-                status = dict(self.decoder.decode(frame.data)).get(":status", "?")
-                seen["answers"] += 1
-                seen["statuses"][status] = seen["statuses"].get(status, 0) + 1
-            elif isinstance(frame, SettingsFrame) and "ACK" in frame.flags:
-                seen["settings_acks"] += 1
+            self.count(frame, seen)
         return seen
+
+    def count(self, frame, seen):
+        """Counts a frame the server sent into `seen`."""
+        if isinstance(frame, GoAwayFrame):
+            seen["goaway"] = frame.error_code
+        elif isinstance(frame, RstStreamFrame):
+            seen["reset"] += 1
+            seen["ended"] += 1
+            if frame.error_code == 0x7:
+                seen["refused"] += 1
+        elif isinstance(frame, HeadersFrame):
+            status = dict(self.decoder.decode(frame.data)).get(":status", "?")
+            seen["answers"] += 1
+            seen["statuses"][status] = seen["statuses"].get(status, 0) + 1
+        elif isinstance(frame, SettingsFrame) and "ACK" in frame.flags:
+            seen["settings_acks"] += 1
+        if "END_STREAM" in frame.flags:
+            seen["ended"] += 1
 
 
 def reset(port, key):
@@ -192,10 +199,17 @@ def reset(port, key):
 
 
 def stream_flood(port, n):
+    """N writes at once; read until each stream is answered or reset."""
     raw = Raw(port)
-    frames = [raw.headers(1 + 2 * i, write_headers(f"flood-{i}", "/hold")[:-1]) for i in range(n)]
+    frames = [raw.headers(1 + 2 * i, write_headers(f"flood-{i}", "/tasks?ms=300", b""))
+              for i in range(n)]
     raw.send(*frames)
-    return raw.until_ping_ack()
+    seen = raw.until_ping_ack()
+    for _, frame in zip(range(100_000), raw.frames()):
+        raw.count(frame, seen)
+        if seen["ended"] >= n:
+            break
+    return seen
 
 
 def flood(raw, batches):
@@ -217,7 +231,7 @@ def flood(raw, batches):
 def rapid_reset(port, n):
     raw = Raw(port)
     streams = (1 + 2 * i for i in range(n))
-    return flood(raw, ((raw.headers(s, write_headers(f"reset-{s}", "/hold")[:-1]),
+    return flood(raw, ((raw.headers(s, write_headers(f"reset-{s}", "/hold", b"")),
                         RstStreamFrame(s, error_code=CANCEL)) for s in streams))
 
 
@@ -229,7 +243,7 @@ def reset_accepted(port, n):
     seen = None
     for i in range(n):
         stream = 1 + 2 * i
-        raw.send(raw.headers(stream, write_headers(f"accepted-{i}", "/hold")[:-1]))
+        raw.send(raw.headers(stream, write_headers(f"accepted-{i}", "/hold", b"")))
         seen = raw.until_ping_ack(seen)
         if seen["closed"]:
             break

@@ -20,9 +20,8 @@
 //! The client tests need curl and the Python venv of `tests/clients`
 //! (`.ci/run` installs it) and are `#[ignore]`d for a plain `cargo test`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use crate::common::*;
 use bytes::Bytes;
@@ -32,9 +31,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 const BODY: &str = r#"{"title":"h2"}"#;
-
-/// A bound on one client run.
-const CLIENT_RUN: Duration = Duration::from_secs(60);
 
 /// Headers no HTTP/2 message may carry (RFC 9113 §8.2.2).
 const CONNECTION_SPECIFIC: [&str; 5] = [
@@ -159,27 +155,9 @@ async fn a_tls_listener_offers_h2_by_alpn() {
     assert!(head_lines(&old)[0].starts_with("http/1.1 201"), "{old}");
 }
 
-fn clients_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
-}
-
 /// Runs `h2_client.py` with `args` and returns its JSON report.
 async fn h2_client(args: &[&str]) -> Value {
-    let python = clients_dir().join(".venv/bin/python");
-    require_installed(
-        &python,
-        "`python3 -m venv .venv && .venv/bin/pip install -r requirements.txt` in tests/clients",
-    );
-    let mut cmd = Command::new(&python);
-    cmd.arg(clients_dir().join("h2_client.py")).args(args);
-    let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
-    assert!(
-        status.success(),
-        "h2_client.py {args:?} failed; stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    let report = stdout.lines().last().unwrap_or_default();
-    eprintln!("h2_client.py {args:?}: {report}");
-    serde_json::from_str(report).unwrap_or_else(|e| panic!("no JSON report ({e}): {stdout}"))
+    run_client("h2_client.py", args).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -248,15 +226,13 @@ async fn another_client_is_answered(gw: &TestGateway) {
 #[ignore = "needs tests/clients/.venv (h2)"]
 async fn a_flood_of_streams_past_the_limit_is_refused() {
     let (gw, report) = hostile("stream-flood", &["200"]).await;
-    gw.upstream.wait_for_writes(5).await;
     another_client_is_answered(&gw).await;
-    assert!(gw.upstream.writes() <= 5, "{} writes", gw.upstream.writes());
-    // Those past the limit were refused (or the connection closed).
-    let refused = report["refused"].as_u64().unwrap_or(0);
-    assert!(
-        refused >= 195 || !report["goaway"].is_null(),
-        "streams past the limit: {report}"
-    );
+    // Five streams at a time: those past the limit were refused by h2
+    // (REFUSED_STREAM), the five taken were written once each.
+    assert_eq!(report["ended"], 200, "{report}");
+    assert_eq!(report["refused"], 195, "{report}");
+    assert_eq!(report["statuses"]["201"], 5, "{report}");
+    assert_eq!(gw.upstream.writes(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,10 +252,12 @@ async fn a_rapid_reset_storm_closes_the_connection() {
 async fn streams_reset_once_accepted_start_no_more_work_than_the_limit() {
     let (gw, report) = hostile("reset-accepted", &["40"]).await;
     assert_eq!(report["closed"], false, "{report}");
-    // The reset streams' writes go on (hang-ups) and hold their slots:
-    // five reached the upstream, the other 35 were answered 503 at once.
+    // The reset streams' writes go on (hang-ups) and hold their slots: five
+    // reached the upstream, and the streams after them were answered 503
+    // at once (those h2 saw reset before they were accepted never began).
     gw.upstream.wait_for_writes(5).await;
-    assert_eq!(report["statuses"]["503"], 35, "{report}");
+    let busy = report["statuses"]["503"].as_u64().unwrap_or(0);
+    assert!(busy > 0 && busy <= 35, "{report}");
     another_client_is_answered(&gw).await;
     assert_eq!(gw.upstream.writes(), 5, "{report}");
 }
@@ -367,7 +345,7 @@ async fn a_route_writes_to_an_http2_upstream_over_one_connection() {
 }
 
 /// How [`raw_h2_upstream`] ends the first stream it is sent.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 enum Ending {
     /// `RST_STREAM` with `REFUSED_STREAM`: provably unprocessed.
     Refused,
@@ -484,31 +462,19 @@ async fn outcome_of(ending: Ending) -> (Response, Value, usize) {
 }
 
 #[tokio::test]
-async fn a_stream_the_http2_upstream_refused_unprocessed_is_not_attempted() {
-    for ending in [Ending::Refused, Ending::GoAwayBelow] {
+async fn how_an_http2_upstream_ended_a_stream_decides_not_attempted_or_unknown() {
+    let cases = [
+        (Ending::Refused, "not_attempted", "upstream-unreachable"),
+        (Ending::GoAwayBelow, "not_attempted", "upstream-unreachable"),
+        (Ending::Reset, "unknown", "outcome-unknown"),
+        (Ending::GoAwayAt, "unknown", "outcome-unknown"),
+    ];
+    for (ending, state, problem) in cases {
         let (response, operation, requests) = outcome_of(ending).await;
-        assert_eq!(requests, 1);
-        assert_eq!(operation["state"], "not_attempted", "{operation}");
-        assert_eq!(response.status, StatusCode::BAD_GATEWAY);
-        assert!(
-            String::from_utf8_lossy(&response.body).contains("upstream-unreachable"),
-            "{:?}",
-            response.body
-        );
-    }
-}
-
-#[tokio::test]
-async fn a_stream_the_http2_upstream_may_have_processed_is_unknown() {
-    for ending in [Ending::Reset, Ending::GoAwayAt] {
-        let (response, operation, requests) = outcome_of(ending).await;
-        assert_eq!(requests, 1);
-        assert_eq!(operation["state"], "unknown", "{operation}");
-        assert!(
-            String::from_utf8_lossy(&response.body).contains("outcome-unknown"),
-            "{} {:?}",
-            response.status,
-            response.body
-        );
+        assert_eq!(requests, 1, "{ending:?}");
+        assert_eq!(operation["state"], state, "{ending:?}: {operation}");
+        assert_eq!(response.status, StatusCode::BAD_GATEWAY, "{ending:?}");
+        let body = String::from_utf8_lossy(&response.body);
+        assert!(body.contains(problem), "{ending:?}: {body}");
     }
 }
