@@ -11,6 +11,7 @@ themselves (hyperframe, hpack) to do what no library lets a client do:
   reset-accepted PORT N    N streams each reset once the server has read it
   settings-flood PORT N    N SETTINGS frames, none of their ACKs read
   continuation-flood PORT  one header block growing without end in CONTINUATIONs
+  idle PORT                a connection that opens no stream (PINGs answered)
 
 Each prints one JSON report as its last line. Every loop is bounded, and the
 socket has a timeout: a server that stops reading ends the flood, it never
@@ -108,6 +109,12 @@ def same_key(port, n, key):
     return {"answers": report}
 
 
+def counts():
+    """What [`Raw.count`] counts, none yet."""
+    return {"closed": True, "goaway": None, "refused": 0, "reset": 0, "answers": 0,
+            "statuses": {}, "settings_acks": 0, "ended": 0}
+
+
 class Raw:
     """A connection written frame by frame."""
 
@@ -155,8 +162,7 @@ class Raw:
         server has read everything sent before it. Counts what came (into
         `seen`, if given)."""
         if seen is None:
-            seen = {"closed": True, "goaway": None, "refused": 0, "reset": 0, "answers": 0,
-                    "statuses": {}, "settings_acks": 0, "ended": 0}
+            seen = counts()
         seen["closed"] = True
         try:
             self.send(PingFrame(0, opaque_data=b"idemgate"))
@@ -280,6 +286,18 @@ def continuation_flood(port):
     return seen
 
 
+def idle(port):
+    """Opens a connection and no stream, answering the server's PINGs, and
+    reads until the server closes it (or the socket's timeout)."""
+    raw = Raw(port)
+    seen = counts()
+    for _, frame in zip(range(10_000), raw.frames()):
+        if isinstance(frame, PingFrame) and "ACK" not in frame.flags:
+            raw.send(PingFrame(0, opaque_data=frame.opaque_data, flags=["ACK"]))
+        raw.count(frame, seen)
+    return seen
+
+
 def main():
     command, port = sys.argv[1], int(sys.argv[2])
     if command == "same-key":
@@ -294,6 +312,8 @@ def main():
         report = reset_accepted(port, int(sys.argv[3]))
     elif command == "settings-flood":
         report = settings_flood(port, int(sys.argv[3]))
+    elif command == "idle":
+        report = idle(port)
     elif command == "continuation-flood":
         report = continuation_flood(port)
     else:

@@ -9,7 +9,8 @@
 //! streams past the limit, a rapid reset storm (CVE-2023-44487), a
 //! SETTINGS flood, a header block growing without end in CONTINUATION
 //! frames — each bounded, with the gateway answering another client
-//! meanwhile.
+//! meanwhile; and a connection that opens no stream, or sends nothing at
+//! all, is closed after `header_read_timeout`.
 //!
 //! Upstreams: a route with `upstream_http2` writes over one multiplexed
 //! connection to hyper's HTTP/2 server (writes counted), and how an h2
@@ -304,6 +305,43 @@ async fn a_header_block_without_end_is_cut_off() {
     );
     assert_eq!(gw.upstream.writes(), 0);
     another_client_is_answered(&gw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/.venv (h2)"]
+async fn a_connection_with_no_stream_is_closed_after_header_read_timeout() {
+    let gw = spawn_gateway_with(Setup::route("").server("header_read_timeout = \"500ms\"\n")).await;
+    let port = gw.addr().port().to_string();
+    // PINGs answered, so only the idle bound can end it: GOAWAY NO_ERROR,
+    // well before the client's own 10 s socket timeout.
+    let report = h2_client(&["idle", &port]).await;
+    assert_eq!(report["goaway"], 0, "{report}");
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_after_header_read_timeout() {
+    let gw = spawn_gateway_with(Setup::route("").server("header_read_timeout = \"200ms\"\n")).await;
+    // Neither an HTTP/1.1 head nor the HTTP/2 preface: the version is
+    // never known, and the connection is closed all the same.
+    let mut silent = tokio::net::TcpStream::connect(gw.addr())
+        .await
+        .expect("connect");
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(WAIT, silent.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "still open: {read:?}"
+    );
+    // Nor one that sent the preface's first byte and stalled.
+    let mut stalled = tokio::net::TcpStream::connect(gw.addr())
+        .await
+        .expect("connect");
+    stalled.write_all(b"P").await.expect("write");
+    let read = tokio::time::timeout(WAIT, stalled.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "still open: {read:?}"
+    );
 }
 
 #[tokio::test]
