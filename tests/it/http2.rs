@@ -382,6 +382,44 @@ async fn a_route_writes_to_an_http2_upstream_over_one_connection() {
     assert!(reads.iter().all(|r| r.header("host").is_none()));
 }
 
+#[tokio::test]
+async fn an_https_upstream_is_spoken_to_in_http2_when_it_picks_h2_by_alpn() {
+    let pki = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(pki.path(), "private-ca");
+    let identity = ca.server_cert(pki.path(), "api");
+    let route = format!(
+        "upstream_ca = \"{}\"\nupstream_http2 = true\n",
+        ca.pem.display()
+    );
+    for (offered, spoken) in [
+        (
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            http::Version::HTTP_2,
+        ),
+        // An upstream that offers HTTP/1.1 only gets HTTP/1.1.
+        (vec![b"http/1.1".to_vec()], http::Version::HTTP_11),
+    ] {
+        let mut config = (*server_config(&identity)).clone();
+        config.alpn_protocols = offered;
+        let upstream = FakeUpstream::start_tls(std::sync::Arc::new(config)).await;
+        let gw = spawn_gateway_on(upstream, Setup::route(&route)).await;
+        let first = write(gw.addr(), "/invoices", Some("alpn-1"), BODY).await;
+        assert_fresh_created(&first);
+        let again = write(gw.addr(), "/invoices", Some("alpn-1"), BODY).await;
+        assert_replay_of(&again, &first);
+        let second = write(gw.addr(), "/invoices", Some("alpn-2"), BODY).await;
+        assert_fresh_created(&second);
+        assert_eq!(gw.upstream.writes(), 2);
+        assert_eq!(
+            gw.upstream.connections(),
+            1,
+            "{spoken:?}: one connection, kept"
+        );
+        let versions: Vec<_> = gw.upstream.requests().iter().map(|r| r.version).collect();
+        assert_eq!(versions, [spoken, spoken], "{spoken:?}");
+    }
+}
+
 /// How [`raw_h2_upstream`] ends the first stream it is sent.
 #[derive(Debug, Clone, Copy)]
 enum Ending {

@@ -92,7 +92,8 @@ impl FakeUpstream {
     }
 
     /// Like [`FakeUpstream::start`], over TLS as `config` says (a TLS
-    /// handshake that fails is a counted connection that sees no request).
+    /// handshake that fails is a counted connection that sees no request;
+    /// HTTP/2 when `config` offers `h2` by ALPN and the client picks it).
     pub async fn start_tls(config: Arc<rustls::ServerConfig>) -> FakeUpstream {
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         FakeUpstream::serve(
@@ -169,7 +170,16 @@ impl FakeUpstream {
                             let _ = http.serve_connection(TokioIo::new(stream), service).await;
                         }
                         Some(acceptor) => {
-                            if let Ok(stream) = acceptor.accept(stream).await {
+                            let Ok(stream) = acceptor.accept(stream).await else {
+                                closed.send_modify(|n| *n += 1);
+                                return;
+                            };
+                            // HTTP/2 when the config offered it by ALPN and the client chose it.
+                            if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                                let http =
+                                    hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                                let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                            } else {
                                 let _ = http.serve_connection(TokioIo::new(stream), service).await;
                             }
                         }
