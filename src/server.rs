@@ -17,6 +17,8 @@
 //! only: the handshake runs in the connection's task, holding its place
 //! under the cap, and must end within `header_read_timeout`, like a request
 //! head. [`Gateway::reload_tls`] swaps the certificates for new handshakes.
+//! Each connection is then served as HTTP/1.1 or HTTP/2, as the client
+//! speaks, with the listener's limits ([`crate::connection`]).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
