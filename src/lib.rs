@@ -4,7 +4,9 @@
 //! # Layout
 //! - [`cli`]: the command line; [`config`]: the TOML file → validated [`config::Config`].
 //! - [`server`]: listeners, accept loops, graceful shutdown; [`workers`]: the
-//!   threads (a runtime each) proxy connections are spread over.
+//!   threads (a runtime each) proxy connections are spread over;
+//!   [`connection`]: one connection served as HTTP/1.1 or HTTP/2, with
+//!   the listener's limits.
 //! - [`systemd`]: readiness, reloads, the drain and a watchdog told to
 //!   systemd; [`healthcheck`]: `idemgate healthcheck`, `/readyz` as an exit code.
 //! - [`tls`]: certificates from PEM files: the listeners' (swapped on
@@ -73,6 +75,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod conformance;
+pub mod connection;
 pub mod demo;
 pub mod error_chain;
 pub mod gateway_client;

@@ -19,6 +19,8 @@
 //! only: the handshake runs in the connection's task, holding its place
 //! under the cap, and must end within `header_read_timeout`, like a request
 //! head. [`Gateway::reload_tls`] swaps the certificates for new handshakes.
+//! Each connection is then served as HTTP/1.1 or HTTP/2, as the client
+//! speaks, with the listener's limits ([`crate::connection`]).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -26,10 +28,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
@@ -38,6 +38,7 @@ use tokio::time::{Instant, timeout_at};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::admin::Admin;
 use crate::admin::auth::{AdminToken, ExposedAdmin, UnusableToken};
@@ -45,6 +46,7 @@ use crate::alerts::deliverer::Deliverer;
 use crate::alerts::{self, AlertError, Endpoint, Poster};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ServerConfig};
+use crate::connection::Http;
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
 use crate::pipeline::drill::Drill;
@@ -520,28 +522,34 @@ impl ConnectionCap {
         let Ok(permit) = self.refusing.clone().try_acquire_owned() else {
             return;
         };
-        let mut http = http1::Builder::new();
-        http.timer(TokioTimer::new())
-            .header_read_timeout(self.refusal)
-            .max_buf_size(server.max_header_bytes)
-            .half_close(true)
-            .keep_alive(false);
-        let refusal = service_fn(|_request| async {
-            let overloaded = ProxyError::Overloaded {
-                what: "open connections",
-            };
-            Ok::<_, Infallible>(overloaded.into_response())
-        });
         let refusal_time = self.refusal;
+        let http = Http::refusing(server, refusal_time);
         tokio::spawn(async move {
             let _ = tokio::time::timeout(refusal_time, async {
                 if let Some(stream) = open(stream, tls.as_ref(), refusal_time).await {
-                    let _ = http.serve_connection(TokioIo::new(stream), refusal).await;
+                    let never = CancellationToken::new();
+                    let _ = http.serve(TokioIo::new(stream), Refusal, &never).await;
                 }
             })
             .await;
             drop(permit);
         });
+    }
+}
+
+/// The service of a connection over the cap: 503 `overloaded` to anything.
+struct Refusal;
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Refusal {
+    type Response = http::Response<crate::body::ProxyBody>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn call(&self, _request: http::Request<hyper::body::Incoming>) -> Self::Future {
+        let overloaded = ProxyError::Overloaded {
+            what: "open connections",
+        };
+        std::future::ready(Ok(overloaded.into_response()))
     }
 }
 
@@ -606,16 +614,11 @@ async fn accept_loop<F, S>(
         + 'static,
     S::Future: Send + 'static,
 {
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(server.header_read_timeout)
-        .max_buf_size(server.max_header_bytes)
-        // A client may shut down its write side once its request is sent
-        // (tools and shell pipes do): an EOF on read is no reason to drop
-        // the answer, least of all for a write already forwarded.
-        .half_close(true)
-        .keep_alive(true);
-    let graceful = GracefulShutdown::new();
+    let http = Arc::new(Http::new(&server));
+    // Cancelled when accepting stops: each connection finishes what it has
+    // in progress and closes; the tracker waits for them.
+    let closing = CancellationToken::new();
+    let connections = TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => break,
@@ -635,25 +638,29 @@ async fn accept_loop<F, S>(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        // Watched from before the handshake: shutdown waits for it (bounded
+        // Tracked from before the handshake: shutdown waits for it (bounded
         // by `header_read_timeout`), and a connection that completes it late
         // is told to close at once.
-        let watcher = graceful.watcher();
+        let tracked = connections.token();
         let (http, service, tls) = (http.clone(), service(peer), tls.clone());
+        let closing = closing.clone();
         let handshake_within = server.header_read_timeout;
         spread.serve(stream, move |stream| async move {
             if let Some(stream) = open(stream, tls.as_ref(), handshake_within).await {
-                let connection = http.serve_connection(TokioIo::new(stream), service);
-                if let Err(error) = watcher.watch(connection).await {
+                let served = http.serve(TokioIo::new(stream), service, &closing).await;
+                if let Err(error) = served {
                     tracing::debug!(%peer, %error, "connection ended with an error");
                 }
             }
             drop(permit);
+            drop(tracked);
         });
     }
     drop(listener);
     let deadline = Instant::now() + server.shutdown_grace;
-    if timeout_at(deadline, graceful.shutdown()).await.is_err() {
+    closing.cancel();
+    connections.close();
+    if timeout_at(deadline, connections.wait()).await.is_err() {
         tracing::warn!("connections still open at the end of the grace period");
     }
 }

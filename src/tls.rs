@@ -227,8 +227,9 @@ pub struct ServerTls {
 
 impl ServerTls {
     /// The listener's configuration around the certificate read from
-    /// `files` (which it reloads from): HTTP/1.1 only (ALPN), TLS 1.2 and
-    /// 1.3, no client certificates.
+    /// `files` (which it reloads from): HTTP/2 and HTTP/1.1 offered by ALPN
+    /// (`h2` first; `connection.rs` serves either), TLS 1.2 and 1.3,
+    /// no client certificates.
     fn new(
         listener: &'static str,
         files: &CertPair,
@@ -239,7 +240,7 @@ impl ServerTls {
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
             .with_cert_resolver(current.clone());
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(ServerTls {
             listener,
             files: files.clone(),

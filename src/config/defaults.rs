@@ -16,6 +16,7 @@ pub mod server {
     pub const MAX_CONNECTIONS: usize = 4096;
     pub const ADMIN_MAX_CONNECTIONS: usize = 64;
     pub const BUFFERED_BODY_BUDGET: &str = "256MiB";
+    pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;
 }
 
 /// `[store]`.
@@ -52,6 +53,7 @@ pub mod route {
     pub const MAX_BODY: &str = "10MiB";
     pub const MAX_STORED_RESPONSE: &str = "1MiB";
     pub const STORE_REQUEST_BODY: bool = false;
+    pub const UPSTREAM_HTTP2: bool = false;
     pub const PAUSE_AFTER_UNKNOWN: u32 = 100;
 }
 

@@ -45,6 +45,7 @@ pub(super) struct RawServer {
     pub(super) max_connections: Option<usize>,
     pub(super) admin_max_connections: Option<usize>,
     pub(super) buffered_body_budget: Option<String>,
+    pub(super) http2_max_concurrent_streams: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -70,6 +71,7 @@ pub(super) struct RawRoute {
     pub(super) upstream_ca: Option<String>,
     pub(super) upstream_client_cert: Option<String>,
     pub(super) upstream_client_key: Option<String>,
+    pub(super) upstream_http2: Option<bool>,
     pub(super) methods: Option<Vec<String>>,
     pub(super) key: Option<String>,
     pub(super) derive_from: Option<Vec<String>>,

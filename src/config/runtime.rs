@@ -91,6 +91,10 @@ pub struct ServerConfig {
     /// What the request bodies of all writes being read or held may take
     /// together; a write that would need more is 503 `overloaded`.
     pub buffered_body_budget: usize,
+    /// HTTP/2 streams one client connection may have in progress, those it
+    /// reset whose work goes on included; one more is refused (h2's
+    /// `REFUSED_STREAM`, or 503 `overloaded` while reset ones run).
+    pub http2_max_concurrent_streams: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -311,6 +315,9 @@ pub struct Route {
     pub upstream: Upstream,
     /// Extra trust roots and a client certificate for an https upstream.
     pub upstream_tls: ClientTls,
+    /// HTTP/2 to the upstream: with prior knowledge for `http://`, offered
+    /// by ALPN beside HTTP/1.1 for `https://`; HTTP/1.1 only when `false`.
+    pub upstream_http2: bool,
     pub methods: Vec<Method>,
     pub key: KeyMode,
     /// JSON pointers naming the business action (derive mode).

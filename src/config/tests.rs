@@ -101,6 +101,16 @@ fn bad_values_name_field_and_reason() {
             "server.max_connections",
             "greater than zero",
         ),
+        (
+            format!("[server]\nhttp2_max_concurrent_streams = 0\n{MINIMAL}"),
+            "server.http2_max_concurrent_streams",
+            "from 1 to 10000",
+        ),
+        (
+            format!("[server]\nhttp2_max_concurrent_streams = 10001\n{MINIMAL}"),
+            "server.http2_max_concurrent_streams",
+            "from 1 to 10000",
+        ),
     ];
     for (file, field, reason) in cases {
         let err = error_of(&file);

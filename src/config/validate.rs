@@ -33,6 +33,10 @@ use crate::profile::Profile;
 /// panic in the request that waited).
 const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
 
+/// The most HTTP/2 streams a connection may be allowed: each may hold a
+/// handler, a body and an upstream exchange.
+const MAX_HTTP2_STREAMS: u32 = 10_000;
+
 pub(super) struct Validator<'a> {
     pub(super) source_name: &'a str,
     /// What relative file paths are relative to: the config file's directory.
@@ -354,6 +358,16 @@ impl Validator<'_> {
                 raw.buffered_body_budget.as_deref(),
                 server::BUFFERED_BODY_BUDGET,
             )?,
+            http2_max_concurrent_streams: match raw.http2_max_concurrent_streams {
+                None => server::HTTP2_MAX_CONCURRENT_STREAMS,
+                Some(n @ 1..=MAX_HTTP2_STREAMS) => n,
+                Some(_) => {
+                    return Err(self.invalid(
+                        "server.http2_max_concurrent_streams",
+                        format!("must be from 1 to {MAX_HTTP2_STREAMS}"),
+                    ));
+                }
+            },
         })
     }
 
@@ -574,6 +588,7 @@ impl Validator<'_> {
             path_prefix,
             upstream,
             upstream_tls,
+            upstream_http2: raw.upstream_http2.unwrap_or(route::UPSTREAM_HTTP2),
             methods,
             key,
             scope_headers,

@@ -60,11 +60,15 @@ fn connector(route: &Route, fence: Option<Fence>) -> Result<UpstreamConnector, T
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(route.connect_timeout));
-    let https = HttpsConnectorBuilder::new()
+    let tls = HttpsConnectorBuilder::new()
         .with_tls_config(route.upstream_tls.client_config()?)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
+        .https_or_http();
+    // ALPN offers `h2` only on a route that speaks HTTP/2 to its upstream.
+    let https = if route.upstream_http2 {
+        tls.enable_all_versions().wrap_connector(http)
+    } else {
+        tls.enable_http1().wrap_connector(http)
+    };
     Ok(UpstreamConnector { https, fence })
 }
 
@@ -74,6 +78,7 @@ pub fn pool(route: &Route, fence: Option<Fence>) -> Result<Arc<Pool>, TlsError> 
     Ok(Pool::new(
         connector(route, fence)?,
         route.upstream.origin.clone(),
+        route.upstream_http2,
     ))
 }
 
@@ -445,6 +450,7 @@ pub async fn send_write(
 /// Whether a failed exchange proves that the request reached no upstream:
 /// a connect failure (refused, DNS, `connect_timeout`, or a TLS handshake
 /// that idemgate itself broke off: an untrusted or mismatched certificate),
+/// an HTTP/2 stream the upstream refused unprocessed ([`SendError::Refused`]),
 /// or a handshake the upstream refused. In TLS 1.3 a server checks the
 /// client's certificate after the client's side of the handshake is done,
 /// so its refusal (a handshake alert: `certificate_required`,
@@ -454,7 +460,7 @@ pub async fn send_write(
 /// ([`connector`](super::connector) makes sure the refusal reaches the
 /// request itself.)
 fn not_written(error: &SendError) -> bool {
-    matches!(error, SendError::Connect(_)) || handshake_refused(error)
+    matches!(error, SendError::Connect(_) | SendError::Refused(_)) || handshake_refused(error)
 }
 
 /// Whether the connector dropped a new connection unwritten because the

@@ -739,7 +739,14 @@ async fn read_body(
     let read = async {
         let mut body = Limited::new(body, limit);
         let (mut chunks, mut size) = (Vec::new(), 0);
-        while let Some(frame) = body.frame().await {
+        // A body whose declared length has arrived is whole, and is not
+        // polled for its end: an HTTP/2 client that sent it all and reset
+        // the stream (a hang-up) would turn that poll into an error, and
+        // the write it sent into none.
+        while declared != Some(size as u64) {
+            let Some(frame) = body.frame().await else {
+                break;
+            };
             if let Ok(data) = frame?.into_data() {
                 size += data.len();
                 reservation

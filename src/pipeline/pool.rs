@@ -1,6 +1,8 @@
 //! The connections to one route's upstream: HTTP/1.1 over hyper's
 //! `client::conn`, each driven by the task of the request that uses it,
-//! and kept while idle for the thread that made it.
+//! and kept while idle for the thread that made it; or, on a route with
+//! `upstream_http2`, one HTTP/2 connection per thread that all its
+//! requests share.
 //!
 //! hyper-util's pooled client runs every connection as a task of its own
 //! and hands it each request through a channel, so a request and its
@@ -27,6 +29,19 @@
 //!   closed, and at most [`MAX_IDLE`] wait per thread;
 //! - a response body dropped before its end closes its connection: a
 //!   connection is only reused from a known state.
+//!
+//! HTTP/2 (prior knowledge on `http://`, ALPN `h2` on `https://`; an
+//! https upstream that picks `http/1.1` gets the connections above)
+//! multiplexes, so its connection cannot be driven by one request: it runs
+//! as a task of its own on the thread that made it, and each request of
+//! that thread sends on a clone of its handle. [`SendError::Refused`] only
+//! when the upstream proved it did not process the request: it reset the
+//! stream with `REFUSED_STREAM`, or sent a GOAWAY whose last stream id is
+//! below the request's (RFC 9113 §8.7); h2 fails exactly those streams
+//! with the remote GOAWAY, those at or below it only later, with the
+//! connection's end. Any other failure after the request was handed over
+//! may have reached the upstream. A handle idle for [`IDLE_TIMEOUT`] is
+//! dropped, and its connection closes once its last stream has ended.
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
@@ -41,6 +56,9 @@ use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper::client::conn::http2;
+use hyper_util::client::legacy::connect::Connection as _;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -57,6 +75,10 @@ pub const MAX_IDLE: usize = 256;
 /// is made, at most: each hands its request back untaken.
 const STALE_TRIES: usize = 8;
 
+/// The largest HTTP/2 response head taken from an upstream: what hyper's
+/// HTTP/1.1 client reads at most (its read buffer).
+const MAX_RESPONSE_HEAD: u32 = 8192 + 4096 * 100;
+
 /// Why a request got no response head.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -64,6 +86,10 @@ pub enum SendError {
     /// one closed before hyper took the request.
     #[error("cannot connect to the upstream")]
     Connect(#[source] BoxError),
+    /// The HTTP/2 upstream refused the stream unprocessed (`REFUSED_STREAM`,
+    /// or a GOAWAY below it): it may be sent again.
+    #[error("the upstream refused the request unprocessed")]
+    Refused(#[source] hyper::Error),
     /// The exchange failed after hyper took the request: it may have been
     /// written.
     #[error(transparent)]
@@ -75,9 +101,34 @@ pub struct Pool {
     connector: UpstreamConnector,
     /// The upstream's origin, what the connector connects to.
     origin: Uri,
+    /// HTTP/2 when the upstream takes it (`upstream_http2`).
+    http2: bool,
     /// Idle connections by the thread they went idle on, newest last.
     /// std Mutex: never held across `.await`.
     idle: Mutex<HashMap<ThreadId, Vec<Idle>>>,
+    /// Each thread's HTTP/2 connection. std Mutex: never held across `.await`.
+    shared: Mutex<HashMap<ThreadId, Shared>>,
+}
+
+/// A thread's HTTP/2 connection: the handle its requests clone, and when
+/// one last did.
+struct Shared {
+    sender: http2::SendRequest<ProxyBody>,
+    used: Instant,
+}
+
+/// A new connection: HTTP/1.1, for one request at a time, or HTTP/2.
+enum Made {
+    One(Box<Conn>),
+    Shared(http2::SendRequest<ProxyBody>),
+}
+
+/// How an exchange on an HTTP/2 connection failed.
+enum SharedFailed {
+    /// hyper handed the request back unsent (the connection had closed);
+    /// boxed: rare, and a request head is large.
+    Untaken(Box<Request<ProxyBody>>),
+    Failed(SendError),
 }
 
 struct Idle {
@@ -126,11 +177,13 @@ impl Pool {
     /// A pool of connections to `origin` made by `connector`; idle ones are
     /// closed in the background after [`IDLE_TIMEOUT`] (when made inside a
     /// runtime).
-    pub fn new(connector: UpstreamConnector, origin: Uri) -> Arc<Pool> {
+    pub fn new(connector: UpstreamConnector, origin: Uri, http2: bool) -> Arc<Pool> {
         let pool = Arc::new(Pool {
             connector,
             origin,
+            http2,
             idle: Mutex::default(),
+            shared: Mutex::default(),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(close_expired(Arc::downgrade(&pool)));
@@ -147,6 +200,20 @@ impl Pool {
     ) -> Result<Response<PooledBody>, SendError> {
         let mut stale = 0;
         loop {
+            if self.http2
+                && stale < STALE_TRIES
+                && let Some(sender) = self.take_shared()
+            {
+                match self.send_shared(sender, request).await {
+                    Ok(response) => return Ok(response),
+                    Err(SharedFailed::Untaken(untaken)) => {
+                        stale += 1;
+                        request = *untaken;
+                        continue;
+                    }
+                    Err(SharedFailed::Failed(error)) => return Err(error),
+                }
+            }
             let idle = if stale < STALE_TRIES {
                 self.take_idle()
             } else {
@@ -156,7 +223,18 @@ impl Pool {
             let mut conn = match idle {
                 Some(conn) => conn,
                 // Boxed: the connect's futures hold the new socket inline.
-                None => Box::pin(self.connect()).await?,
+                None => match Box::pin(self.connect()).await? {
+                    Made::One(conn) => conn,
+                    Made::Shared(sender) => {
+                        return match self.send_shared(sender, request).await {
+                            Ok(response) => Ok(response),
+                            Err(SharedFailed::Untaken(_)) => Err(SendError::Connect(
+                                "the new connection closed before the request was sent".into(),
+                            )),
+                            Err(SharedFailed::Failed(error)) => Err(error),
+                        };
+                    }
+                },
             };
             if reused {
                 // An upstream that closed it meanwhile shows now.
@@ -201,8 +279,9 @@ impl Pool {
         }
     }
 
-    /// A new connection, through the connector (TCP, TLS, the fence).
-    async fn connect(&self) -> Result<Box<Conn>, SendError> {
+    /// A new connection, through the connector (TCP, TLS, the fence): an
+    /// HTTP/2 one becomes this thread's shared connection.
+    async fn connect(&self) -> Result<Made, SendError> {
         let mut connector = self.connector.clone();
         poll_fn(|cx| connector.poll_ready(cx))
             .await
@@ -211,14 +290,91 @@ impl Pool {
             .call(self.origin.clone())
             .await
             .map_err(SendError::Connect)?;
+        let prior_knowledge = self.origin.scheme() == Some(&http::uri::Scheme::HTTP);
+        if self.http2 && (prior_knowledge || io.connected().is_negotiated_h2()) {
+            let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_header_list_size(MAX_RESPONSE_HEAD)
+                .handshake(io)
+                .await
+                .map_err(|error| SendError::Connect(error.into()))?;
+            // On this thread's runtime, like the requests that share it.
+            tokio::spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::debug!(%error, "upstream HTTP/2 connection ended with an error");
+                }
+            });
+            let thread = THREAD.with(|id| *id);
+            let shared = Shared {
+                sender: sender.clone(),
+                used: Instant::now(),
+            };
+            self.shared().insert(thread, shared);
+            return Ok(Made::Shared(sender));
+        }
         let (sender, connection) = http1::Builder::new()
             .handshake(io)
             .await
             .map_err(|error| SendError::Connect(error.into()))?;
-        Ok(Box::new(Conn {
+        Ok(Made::One(Box::new(Conn {
             sender,
             connection: Some(connection),
-        }))
+        })))
+    }
+
+    fn shared(&self) -> MutexGuard<'_, HashMap<ThreadId, Shared>> {
+        // A panic while holding it left at worst a handle that is dropped.
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This thread's HTTP/2 connection, while it takes requests.
+    fn take_shared(&self) -> Option<http2::SendRequest<ProxyBody>> {
+        let thread = THREAD.with(|id| *id);
+        let mut shared = self.shared();
+        let entry = shared.get_mut(&thread)?;
+        if entry.sender.is_closed() {
+            shared.remove(&thread);
+            return None;
+        }
+        entry.used = Instant::now();
+        Some(entry.sender.clone())
+    }
+
+    /// Sends `request` on an HTTP/2 connection, its target in absolute form
+    /// (`:scheme` and `:authority`, never a `Host` header: RFC 9113 §8.3.1).
+    async fn send_shared(
+        &self,
+        mut sender: http2::SendRequest<ProxyBody>,
+        mut request: Request<ProxyBody>,
+    ) -> Result<Response<PooledBody>, SharedFailed> {
+        let mut target = http::uri::Parts::from(self.origin.clone());
+        target.path_and_query = request.uri().path_and_query().cloned();
+        if let Ok(uri) = Uri::from_parts(target) {
+            *request.uri_mut() = uri;
+        }
+        request.headers_mut().remove(http::header::HOST);
+        *request.version_mut() = http::Version::HTTP_2;
+        match sender.try_send_request(request).await {
+            Ok(response) => Ok(response.map(|body| PooledBody {
+                body,
+                conn: None,
+                pool: Weak::new(),
+            })),
+            Err(mut error) => match error.take_message() {
+                Some(untaken) => {
+                    self.shared().remove(&THREAD.with(|id| *id));
+                    Err(SharedFailed::Untaken(Box::new(untaken)))
+                }
+                None => {
+                    let error = error.into_error();
+                    Err(SharedFailed::Failed(if unprocessed(&error) {
+                        SendError::Refused(error)
+                    } else {
+                        SendError::Exchange(error)
+                    }))
+                }
+            },
+        }
     }
 
     fn idle(&self) -> MutexGuard<'_, HashMap<ThreadId, Vec<Idle>>> {
@@ -265,8 +421,19 @@ impl Pool {
         }
     }
 
-    /// Closes every idle connection past [`IDLE_TIMEOUT`].
+    /// Closes every idle connection past [`IDLE_TIMEOUT`], and drops the
+    /// HTTP/2 handles no request used for as long.
     fn close_expired(&self) {
+        let unused: Vec<Shared> = {
+            let mut shared = self.shared();
+            let threads: Vec<ThreadId> = shared
+                .iter()
+                .filter(|(_, s)| s.used.elapsed() >= IDLE_TIMEOUT || s.sender.is_closed())
+                .map(|(thread, _)| *thread)
+                .collect();
+            threads.iter().filter_map(|t| shared.remove(t)).collect()
+        };
+        drop(unused);
         let mut expired = Vec::new();
         {
             let mut idle = self.idle();
@@ -281,6 +448,21 @@ impl Pool {
         }
         drop(expired);
     }
+}
+
+/// Whether an HTTP/2 exchange failed in a way that proves the upstream did
+/// not process the request (module doc): the stream reset by the upstream
+/// with `REFUSED_STREAM`, or failed by its GOAWAY.
+fn unprocessed(error: &hyper::Error) -> bool {
+    let causes: &(dyn std::error::Error + 'static) = error;
+    std::iter::successors(Some(causes), |e| e.source())
+        .take(16)
+        .filter_map(|e| e.downcast_ref::<h2::Error>())
+        .any(|h2| {
+            h2.is_remote()
+                && ((h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM))
+                    || h2.is_go_away())
+        })
 }
 
 /// Closes idle connections past their time every half [`IDLE_TIMEOUT`],
@@ -474,7 +656,11 @@ mod tests {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        Pool::new(UpstreamConnector { https, fence: None }, origin.clone())
+        Pool::new(
+            UpstreamConnector { https, fence: None },
+            origin.clone(),
+            false,
+        )
     }
 
     fn get() -> Request<ProxyBody> {

@@ -15,6 +15,7 @@ mod deployment;
 mod docs;
 mod fingerprint_exactness;
 mod fuzz_regressions;
+mod http2;
 mod http_hygiene;
 mod keyed_scopes;
 mod keyless_and_waiting;

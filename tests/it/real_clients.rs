@@ -30,58 +30,14 @@
 //! `#[ignore]`d; `.ci/run` runs them (`--include-ignored`), and a missing
 //! install fails them.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
-
 use crate::common::*;
 use serde_json::{Value, json};
-
-/// A bound on one client run: its retries back off (stripe: 0.5–1 s per
-/// retry), so a healthy run takes a few seconds.
-const CLIENT_RUN: Duration = Duration::from_secs(60);
 
 /// Requests the gateway held as `unknown` (the lost attempt included).
 const HELD: &str = r#"idemgate_requests_total{route="api",outcome="unknown"}"#;
 
 /// The path every SDK here creates a customer on.
 const CUSTOMERS: &str = "/v1/customers";
-
-fn clients_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
-}
-
-/// Runs `tests/clients/<script>` with `args` and returns the JSON report
-/// it prints.
-async fn run_client(script: &str, args: &[&str]) -> Value {
-    let dir = clients_dir();
-    let venv_python = dir.join(".venv/bin/python");
-    let (installed, program, install) = if script.ends_with(".js") {
-        let install = "`npm ci` in tests/clients";
-        (
-            dir.join("node_modules/stripe"),
-            PathBuf::from("node"),
-            install,
-        )
-    } else {
-        let install = "`python3 -m venv .venv && .venv/bin/pip install -r requirements.txt` \
-                       in tests/clients";
-        (venv_python.clone(), venv_python, install)
-    };
-    require_installed(&installed, install);
-    let mut cmd = Command::new(program);
-    cmd.current_dir(&dir).arg(dir.join(script)).args(args);
-    let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
-    assert!(
-        status.success(),
-        "{script} failed ({status}); stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    let report = stdout.lines().last().unwrap_or_default();
-    eprintln!("{script} reported: {report}");
-    serde_json::from_str(report).unwrap_or_else(|e| {
-        panic!("{script} printed no JSON report ({e}); stdout:\n{stdout}\nstderr:\n{stderr}")
-    })
-}
 
 /// Runs a Stripe SDK's `script`, creating one customer through a new
 /// gateway (its route configured with `route_extra`: a profile) whose

@@ -36,7 +36,8 @@
 //!   and `/tasks/..`, as an upstream that resolves dot-segments would.
 //!   Accepted TCP connections are counted too.
 //!   [`FakeUpstream::start_aliased`] makes a fixed path (an SDK's) behave
-//!   as one of these.
+//!   as one of these; [`FakeUpstream::start_http2`] serves them over
+//!   HTTP/2 (prior knowledge) and [`Recorded::version`] says which.
 //! - [`RawUpstream`]: a TCP listener that counts connections and breaks each
 //!   one on purpose (close at once, reset after reading the request, or a
 //!   `101` that no request asked for).

@@ -6,6 +6,10 @@
 
 use super::*;
 
+/// A bound on one client run: its retries back off (stripe: 0.5–1 s per
+/// retry), so a healthy run takes a few seconds.
+pub const CLIENT_RUN: Duration = Duration::from_secs(60);
+
 /// Panics unless `installed` exists, naming `install`, the command that
 /// installs it.
 pub fn require_installed(installed: &Path, install: &str) {
@@ -14,4 +18,42 @@ pub fn require_installed(installed: &Path, install: &str) {
         "{} is missing; install it with {install} (.ci/run does)",
         installed.display()
     );
+}
+
+/// `tests/clients/`: the client scripts and their installs.
+pub fn clients_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
+}
+
+/// Runs `tests/clients/<script>` with `args` (node for `.js`, the venv's
+/// Python otherwise), within [`CLIENT_RUN`], and returns the JSON report
+/// it prints last.
+pub async fn run_client(script: &str, args: &[&str]) -> Value {
+    let dir = clients_dir();
+    let venv_python = dir.join(".venv/bin/python");
+    let (installed, program, install) = if script.ends_with(".js") {
+        let install = "`npm ci` in tests/clients";
+        (
+            dir.join("node_modules/stripe"),
+            PathBuf::from("node"),
+            install,
+        )
+    } else {
+        let install = "`python3 -m venv .venv && .venv/bin/pip install -r requirements.txt` \
+                       in tests/clients";
+        (venv_python.clone(), venv_python, install)
+    };
+    require_installed(&installed, install);
+    let mut cmd = Command::new(program);
+    cmd.current_dir(&dir).arg(dir.join(script)).args(args);
+    let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
+    assert!(
+        status.success(),
+        "{script} failed ({status}); stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let report = stdout.lines().last().unwrap_or_default();
+    eprintln!("{script} reported: {report}");
+    serde_json::from_str(report).unwrap_or_else(|e| {
+        panic!("{script} printed no JSON report ({e}); stdout:\n{stdout}\nstderr:\n{stderr}")
+    })
 }

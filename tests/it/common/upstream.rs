@@ -7,6 +7,7 @@ use super::*;
 #[derive(Debug, Clone)]
 pub struct Recorded {
     pub method: Method,
+    pub version: http::Version,
     /// Path and query, as sent on the request line.
     pub uri: String,
     pub headers: HeaderMap,
@@ -59,7 +60,7 @@ pub enum Scripted {
     Hold,
 }
 
-/// A recording HTTP/1.1 upstream; stops serving when dropped.
+/// A recording HTTP/1.1 (or HTTP/2) upstream; stops serving when dropped.
 pub struct FakeUpstream {
     addr: SocketAddr,
     /// Serving over TLS (`https://` URLs).
@@ -78,8 +79,21 @@ impl FakeUpstream {
         FakeUpstream::serve(addr, HashMap::new(), None).await
     }
 
+    /// Like [`FakeUpstream::start`], speaking HTTP/2 only (hyper's server,
+    /// prior knowledge): an HTTP/1.1 request gets no answer.
+    pub async fn start_http2() -> FakeUpstream {
+        FakeUpstream::serve_as(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            HashMap::new(),
+            None,
+            true,
+        )
+        .await
+    }
+
     /// Like [`FakeUpstream::start`], over TLS as `config` says (a TLS
-    /// handshake that fails is a counted connection that sees no request).
+    /// handshake that fails is a counted connection that sees no request;
+    /// HTTP/2 when `config` offers `h2` by ALPN and the client picks it).
     pub async fn start_tls(config: Arc<rustls::ServerConfig>) -> FakeUpstream {
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         FakeUpstream::serve(
@@ -105,6 +119,15 @@ impl FakeUpstream {
         addr: SocketAddr,
         aliases: HashMap<String, String>,
         tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> FakeUpstream {
+        FakeUpstream::serve_as(addr, aliases, tls, false).await
+    }
+
+    async fn serve_as(
+        addr: SocketAddr,
+        aliases: HashMap<String, String>,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        http2: bool,
     ) -> FakeUpstream {
         let listener = TcpListener::bind(addr).await.expect("bind upstream");
         let addr = listener.local_addr().expect("upstream addr");
@@ -138,11 +161,25 @@ impl FakeUpstream {
                     let service = service_fn(move |req| handle(state.clone(), req));
                     let http = hyper::server::conn::http1::Builder::new();
                     match tls {
+                        None if http2 => {
+                            let http =
+                                hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                        }
                         None => {
                             let _ = http.serve_connection(TokioIo::new(stream), service).await;
                         }
                         Some(acceptor) => {
-                            if let Ok(stream) = acceptor.accept(stream).await {
+                            let Ok(stream) = acceptor.accept(stream).await else {
+                                closed.send_modify(|n| *n += 1);
+                                return;
+                            };
+                            // HTTP/2 when the config offered it by ALPN and the client chose it.
+                            if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                                let http =
+                                    hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                                let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                            } else {
                                 let _ = http.serve_connection(TokioIo::new(stream), service).await;
                             }
                         }
@@ -292,6 +329,7 @@ async fn handle(
         let mut requests = state.requests.lock().expect("requests lock");
         requests.push(Recorded {
             method: parts.method.clone(),
+            version: parts.version,
             uri,
             headers: parts.headers.clone(),
             body,
