@@ -470,7 +470,10 @@ callgrind_window() {
     callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null |
         awk -v n="$requests" -v mode="$mode" '
             /PROGRAM TOTALS/ { gsub(",", "", $1); total = $1 }
-            /write_batches/ && writer == "" { gsub(",", "", $1); writer = $1 }
+            # The writer thread: its loop, or the thread entry it is inlined into.
+            /writer::write_batches|sqlite\/writer.rs:std::sys::backtrace::__rust_begin_short_backtrace/ && writer == "" {
+                gsub(",", "", $1); writer = $1
+            }
             /log_sink::write_out/ && logs == "" { gsub(",", "", $1); logs = $1 }
             END {
                 printf "  %-7s %8d requests  %9.0f instructions per request", mode, n, total / n

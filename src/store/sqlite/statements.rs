@@ -647,6 +647,7 @@ pub fn recount_if_untrusted(conn: &Connection) -> Result<bool, StoreError> {
          SELECT route, state, count(*) FROM operations GROUP BY route, state",
     )?
     .execute([])?;
+    transitions::recounted();
     set_meta(conn, COUNTS_ROW, COUNTS_EXACT)?;
     Ok(true)
 }

@@ -30,6 +30,7 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::inbox::{Answer, Answers, Inbox, Inboxes};
+use super::transitions::Deferred;
 use crate::store::StoreBatches;
 use crate::store::StoreError;
 
@@ -272,6 +273,8 @@ fn run_once(
     isolated: bool,
 ) -> Result<bool, rusqlite::Error> {
     conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    // The batch's count changes, written just before its commit.
+    let counts = Deferred::begin();
     for job in batch.iter_mut().filter(|job| job.deadline() >= now) {
         if !isolated {
             if !job.run(conn) {
@@ -279,12 +282,16 @@ fn run_once(
             }
             continue;
         }
+        let mark = counts.mark();
         conn.prepare_cached("SAVEPOINT job")?.execute([])?;
         if !job.run(conn) {
             conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
+            counts.undo_to(mark);
         }
         conn.prepare_cached("RELEASE job")?.execute([])?;
     }
+    // Failing, it fails the batch as a failed COMMIT would.
+    counts.write(conn)?;
     conn.prepare_cached("COMMIT")?.execute([])?;
     Ok(true)
 }
