@@ -122,46 +122,72 @@ const fn step(key: Option<u8>, payload: u8, expect: Expect) -> Step {
 const REPLAYED: (&str, Option<Value>) = ("idempotent-replayed", Some(Value::Text("true")));
 const NOT_REPLAYED: (&str, Option<Value>) = ("idempotent-replayed", None);
 
+/// A first write with key 0, then the same key again with payload
+/// `$payload`, answered `$second`: one write either way.
+macro_rules! retried {
+    ($name:expr, $section:expr, $payload:expr, $second:expr) => {
+        Case {
+            name: $name,
+            section: $section,
+            needs_layer: true,
+            writes: 1,
+            steps: &[
+                step(Some(0), 0, expect(Status::Success)),
+                step(Some(0), $payload, $second),
+            ],
+        }
+    };
+}
+
+/// A write whose response is lost (the mock's `/drop`), then its retry,
+/// held and answered `$held`; each request carries `$headers`.
+macro_rules! lost_response_held {
+    ($headers:expr, $held:expr) => {
+        Case {
+            name: "lost-response-held",
+            section: "idemgate: outcome unknown",
+            needs_layer: true,
+            writes: 1,
+            steps: &[
+                Step {
+                    path: "/drop",
+                    headers: $headers,
+                    ..step(Some(0), 0, expect(Status::OneOf(&[502, 504])))
+                },
+                Step {
+                    path: "/drop",
+                    headers: $headers,
+                    ..step(Some(0), 0, $held)
+                },
+            ],
+        }
+    };
+}
+
 /// The cases every profile keyed by `Idempotency-Key` shares, with its
 /// statuses for a changed payload and its code pointer.
 macro_rules! keyed_cases {
     ($reused:expr, $reused_code:expr, $missing_code:expr, $section:expr) => {
         [
-            Case {
-                name: "replay",
-                section: $section,
-                needs_layer: true,
-                writes: 1,
-                steps: &[
-                    step(Some(0), 0, expect(Status::Success)),
-                    step(
-                        Some(0),
-                        0,
-                        Expect {
-                            headers: &[REPLAYED],
-                            body: Body::SameAs(0),
-                            ..expect(Status::Success)
-                        },
-                    ),
-                ],
-            },
-            Case {
-                name: "changed-payload",
-                section: $section,
-                needs_layer: true,
-                writes: 1,
-                steps: &[
-                    step(Some(0), 0, expect(Status::Success)),
-                    step(
-                        Some(0),
-                        1,
-                        Expect {
-                            code: $reused_code,
-                            ..expect(Status::Is($reused))
-                        },
-                    ),
-                ],
-            },
+            retried!(
+                "replay",
+                $section,
+                0,
+                Expect {
+                    headers: &[REPLAYED],
+                    body: Body::SameAs(0),
+                    ..expect(Status::Success)
+                }
+            ),
+            retried!(
+                "changed-payload",
+                $section,
+                1,
+                Expect {
+                    code: $reused_code,
+                    ..expect(Status::Is($reused))
+                }
+            ),
             Case {
                 name: "missing-key",
                 section: $section,
@@ -193,22 +219,7 @@ macro_rules! keyed_cases {
                     },
                 ],
             },
-            Case {
-                name: "lost-response-held",
-                section: "idemgate: outcome unknown",
-                needs_layer: true,
-                writes: 1,
-                steps: &[
-                    Step {
-                        path: "/drop",
-                        ..step(Some(0), 0, expect(Status::OneOf(&[502, 504])))
-                    },
-                    Step {
-                        path: "/drop",
-                        ..step(Some(0), 0, expect(Status::Is(409)))
-                    },
-                ],
-            },
+            lost_response_held!(&[], expect(Status::Is(409))),
         ]
     };
 }
@@ -406,31 +417,13 @@ const OASIS: [Case; 6] = [
             ),
         ],
     },
-    Case {
-        name: "lost-response-held",
-        section: "idemgate: outcome unknown",
-        needs_layer: true,
-        writes: 1,
-        steps: &[
-            Step {
-                path: "/drop",
-                headers: &[SENT_NOW],
-                ..step(Some(0), 0, expect(Status::OneOf(&[502, 504])))
-            },
-            Step {
-                path: "/drop",
-                headers: &[SENT_NOW],
-                ..step(
-                    Some(0),
-                    0,
-                    Expect {
-                        headers: &[ACCEPTED],
-                        ..expect(Status::Is(409))
-                    },
-                )
-            },
-        ],
-    },
+    lost_response_held!(
+        &[SENT_NOW],
+        Expect {
+            headers: &[ACCEPTED],
+            ..expect(Status::Is(409))
+        }
+    ),
 ];
 
 /// The profile's cases, in the order they run.
