@@ -105,20 +105,16 @@ pub fn claim(
         if taken == 0 {
             return Ok(ClaimResult::Existing(Box::new(operation)));
         }
-        let changed = Changed {
-            id: &operation.id,
-            route: &new.route,
-            key: &new.key,
-        };
-        let (from, to) = (Some(State::NotAttempted), Some(State::InProgress));
-        transitions::moved(conn, changed, from, to, now, "claimed")?;
-        Claim {
+        let claim = Claim {
             operation_id: operation.id,
             attempt,
             identity: new.identity(),
             route: new.route.clone(),
             key: new.key.clone(),
-        }
+        };
+        let (from, to) = (Some(State::NotAttempted), Some(State::InProgress));
+        transitions::moved(conn, (&claim).into(), from, to, now, "claimed")?;
+        claim
     } else {
         return Ok(ClaimResult::Existing(Box::new(operation)));
     };
@@ -178,19 +174,22 @@ fn insert(
     if inserted == 0 {
         return Ok(None);
     }
-    let changed = Changed {
-        id: &id,
-        route: &new.route,
-        key: &new.key,
-    };
-    transitions::moved(conn, changed, None, Some(State::InProgress), now, "claimed")?;
-    Ok(Some(Claim {
+    let claim = Claim {
         operation_id: id,
         attempt: 1,
         identity,
         route: new.route.clone(),
         key: new.key.clone(),
-    }))
+    };
+    transitions::moved(
+        conn,
+        (&claim).into(),
+        None,
+        Some(State::InProgress),
+        now,
+        "claimed",
+    )?;
+    Ok(Some(claim))
 }
 
 /// Settles a claimed attempt with its events, as one compare-and-set.
@@ -217,20 +216,8 @@ pub fn record(
         owner,
     ])?;
     if updated == 1 {
-        let changed = Changed {
-            id: &claim.operation_id,
-            route: &claim.route,
-            key: &claim.key,
-        };
-        let to = Some(settlement.state());
-        transitions::moved(
-            conn,
-            changed,
-            Some(State::InProgress),
-            to,
-            now,
-            settlement.evidence(),
-        )?;
+        let (from, to) = (Some(State::InProgress), Some(settlement.state()));
+        transitions::moved(conn, claim.into(), from, to, now, settlement.evidence())?;
     }
     // A stale record keeps its evidence as events; an applied plain
     // response is proven by the row itself.

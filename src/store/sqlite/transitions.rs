@@ -36,7 +36,7 @@ use std::cell::RefCell;
 use rusqlite::{Connection, params};
 
 use crate::operation::State;
-use crate::store::StoreError;
+use crate::store::{Claim, StoreError};
 
 /// The operation a change is about, as the alert needs it.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +44,16 @@ pub struct Row<'a> {
     pub id: &'a str,
     pub route: &'a str,
     pub key: &'a str,
+}
+
+impl<'a> From<&'a Claim> for Row<'a> {
+    fn from(claim: &'a Claim) -> Self {
+        Row {
+            id: &claim.operation_id,
+            route: &claim.route,
+            key: &claim.key,
+        }
+    }
 }
 
 /// Adds ?3 to the (?1 route, ?2 state) count. A plain update: an upsert
