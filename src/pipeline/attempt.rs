@@ -29,7 +29,7 @@ use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
 use crate::pipeline::quota::StoredCharge;
 use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::{ActiveRoute, Shared};
-use crate::store::{Claim, Permit, Recorded};
+use crate::store::{Claim, LateEvidence, LateSource, Permit, Recorded};
 use crate::traces::{self, Step};
 
 /// One attempt, for its task: what is its own, and the proxy's shared
@@ -286,28 +286,24 @@ impl Attempt {
                 return self.add_event(&event).await;
             }
         };
-        let event = Event {
-            kind: "late-response",
-            detail: json!({ "status": response.status, "attempt": self.claim.attempt }),
+        let late = LateEvidence {
+            operation_id: self.claim.operation_id.clone(),
+            source: LateSource::LateResponse {
+                attempt: self.claim.attempt,
+            },
+            event: Event {
+                kind: "late-response",
+                detail: json!({ "status": response.status, "attempt": self.claim.attempt }),
+            },
+            response,
         };
-        match self
-            .shared
-            .store
-            .settle_held(
-                &self.claim.operation_id,
-                Some(self.claim.attempt),
-                &response,
-                "late-response",
-                &event,
-            )
-            .await
-        {
+        match self.shared.store.settle_held(&late).await {
             Ok(true) => {
                 traces::late_ended(true);
                 if let Some(quota) = &self.quota {
                     quota.count(
                         &self.active.route,
-                        &response,
+                        &late.response,
                         self.shared.clock.now_millis(),
                     );
                 }

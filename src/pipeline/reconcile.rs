@@ -32,7 +32,7 @@ use crate::config::{Reconcile, Route};
 use crate::operation::{Event, StoredResponse};
 use crate::pipeline::forward::{ProbeClient, strip_hop_by_hop};
 use crate::pipeline::key::url_component;
-use crate::store::Store;
+use crate::store::{LateEvidence, LateSource, Store};
 use crate::traces::{self, Step};
 
 /// What a probe found.
@@ -168,11 +168,16 @@ impl Reconciler {
         };
         let result = traces::child(Step::Probe, probe).await;
         let event = result.event(&url);
-        let written = match &result {
-            ProbeResult::Matched(response) => store
-                .settle_held(operation_id, None, response, "reconciled", &event)
-                .await
-                .map(drop),
+        let written = match result {
+            ProbeResult::Matched(response) => {
+                let late = LateEvidence {
+                    operation_id: operation_id.to_string(),
+                    source: LateSource::Reconciled,
+                    response,
+                    event,
+                };
+                store.settle_held(&late).await.map(drop)
+            }
             ProbeResult::NotMatched { .. } => store.add_event(operation_id, &event).await,
         };
         if let Err(error) = written {

@@ -33,7 +33,7 @@ use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::forward::{Exchange, LostCause};
 use crate::pipeline::replay;
 use crate::problem::UnknownSince;
-use crate::store::{Claim, Recorded, Store};
+use crate::store::{Claim, LateEvidence, LateSource, Recorded, Store};
 
 /// Between attempts to record an outcome the store refused: 200 ms
 /// doubling up to 5 s, unjittered (one operation's own retries).
@@ -305,23 +305,22 @@ pub async fn after_stale(
             if held_here(&current)
                 && now.saturating_sub(current.updated_at) <= clock::millis(late_window) =>
         {
-            let event = Event {
-                kind: "late-response",
-                detail: json!({
-                    "status": response.status,
-                    "attempt": claim.attempt,
-                    "held_as": current.evidence,
-                }),
+            let late = LateEvidence {
+                operation_id: claim.operation_id.clone(),
+                source: LateSource::LateResponse {
+                    attempt: claim.attempt,
+                },
+                response: response.clone(),
+                event: Event {
+                    kind: "late-response",
+                    detail: json!({
+                        "status": response.status,
+                        "attempt": claim.attempt,
+                        "held_as": current.evidence,
+                    }),
+                },
             };
-            let settled = store
-                .settle_held(
-                    &claim.operation_id,
-                    Some(claim.attempt),
-                    response,
-                    "late-response",
-                    &event,
-                )
-                .await;
+            let settled = store.settle_held(&late).await;
             match settled {
                 Ok(true) => return AfterStale::SettledLate,
                 // Settled otherwise meanwhile (a probe, an operator).

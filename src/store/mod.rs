@@ -421,6 +421,46 @@ pub struct Claim {
     pub key: String,
 }
 
+/// What settles a held operation after the fact ([`Store::settle_held`]).
+#[derive(Debug, Clone)]
+pub struct LateEvidence {
+    pub operation_id: String,
+    pub source: LateSource,
+    /// The response that settles it: stored as the operation's.
+    pub response: StoredResponse,
+    /// The timeline entry, kept whether or not it settles.
+    pub event: Event,
+}
+
+/// Where [`LateEvidence`] came from, which decides what it may settle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateSource {
+    /// The response to this attempt, after it was held: settles only an
+    /// operation still `unknown` at that attempt.
+    LateResponse { attempt: u32 },
+    /// A reconcile probe found the write at the destination: settles the
+    /// operation at whatever attempt it is.
+    Reconciled,
+}
+
+impl LateSource {
+    /// The attempt it is bound to; `None` for any.
+    pub fn attempt(self) -> Option<u32> {
+        match self {
+            LateSource::LateResponse { attempt } => Some(attempt),
+            LateSource::Reconciled => None,
+        }
+    }
+
+    /// The operation's `evidence` once settled.
+    pub fn evidence(self) -> &'static str {
+        match self {
+            LateSource::LateResponse { .. } => "late-response",
+            LateSource::Reconciled => "reconciled",
+        }
+    }
+}
+
 /// What [`Store::claim`] found.
 #[derive(Debug)]
 pub enum ClaimResult {
@@ -537,18 +577,11 @@ pub trait RequestPath: Send + Sync {
     /// Appends an event to an operation's timeline.
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError>;
 
-    /// Settles a held operation with evidence that came after the fact (a
-    /// late response for `attempt`, or a reconcile probe's match for any
-    /// attempt): `unknown` → `completed`, as a compare-and-set. The event is
-    /// kept either way; `false` when the operation was no longer `unknown`.
-    async fn settle_held(
-        &self,
-        operation_id: &str,
-        attempt: Option<u32>,
-        response: &StoredResponse,
-        evidence: &str,
-        event: &Event,
-    ) -> Result<bool, StoreError>;
+    /// Settles a held operation with evidence that came after the fact:
+    /// `unknown` → `completed`, as a compare-and-set. The event is kept
+    /// either way; `false` when the operation was no longer `unknown` (or,
+    /// for a late response, no longer at its attempt).
+    async fn settle_held(&self, late: &LateEvidence) -> Result<bool, StoreError>;
 
     /// Pauses `route` if at least `threshold` of its operations are
     /// `unknown`; `true` when the route is paused afterwards.

@@ -26,8 +26,8 @@ use idemgate::clock::{Clock, ManualClock};
 use idemgate::config::Durability;
 use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State, StoredResponse};
 use idemgate::store::{
-    Claim, ClaimResult, Decision, ListFilter, NewOperation, PausedBy, PostgresStore, Recorded,
-    Resolved, SqliteStore, Store,
+    Claim, ClaimResult, Decision, LateEvidence, LateSource, ListFilter, NewOperation, PausedBy,
+    PostgresStore, Recorded, Resolved, SqliteStore, Store,
 };
 use tempfile::TempDir;
 
@@ -163,6 +163,19 @@ fn response(status: u16, body: &str) -> StoredResponse {
             ("x-tag".into(), vec![b'b', 0xe9]),
         ],
         body: Some(body.as_bytes().to_vec()),
+    }
+}
+
+/// A 201 with `body` that came after the fact, from `source`.
+fn late(operation_id: &str, source: LateSource, body: &str) -> LateEvidence {
+    LateEvidence {
+        operation_id: operation_id.into(),
+        source,
+        response: response(201, body),
+        event: Event {
+            kind: "late-response",
+            detail: serde_json::json!({ "status": 201 }),
+        },
     }
 }
 
@@ -548,24 +561,17 @@ async fn operators_resolve_only_held_operations(bench: Bench) {
 async fn late_evidence_settles_only_unknown(bench: Bench) {
     let store = bench.open("gw-1").await;
     let claim = held(store.as_ref(), "late").await;
-    let event = Event {
-        kind: "late-response",
-        detail: serde_json::json!({ "status": 201 }),
-    };
     let id = &claim.operation_id;
-    let wrong = store
-        .settle_held(id, Some(2), &response(201, "x"), "late-response", &event)
-        .await;
+    let at = |attempt| LateSource::LateResponse { attempt };
+    let wrong = store.settle_held(&late(id, at(2), "x")).await;
     assert!(
         !wrong.unwrap(),
         "another attempt's response settles nothing"
     );
-    let settled = store
-        .settle_held(id, Some(1), &response(201, "x"), "late-response", &event)
-        .await;
+    let settled = store.settle_held(&late(id, at(1), "x")).await;
     assert!(settled.unwrap());
     let twice = store
-        .settle_held(id, None, &response(201, "y"), "reconcile", &event)
+        .settle_held(&late(id, LateSource::Reconciled, "y"))
         .await;
     assert!(!twice.unwrap());
     let (op, events) = store.get(id).await.unwrap().unwrap();
@@ -582,7 +588,10 @@ async fn late_evidence_settles_only_unknown(bench: Bench) {
         3,
         "kept either way"
     );
-    store.add_event(id, &event).await.unwrap();
+    store
+        .add_event(id, &late(id, LateSource::Reconciled, "z").event)
+        .await
+        .unwrap();
     assert_eq!(
         store.get(id).await.unwrap().unwrap().1.len(),
         events.len() + 1
@@ -959,12 +968,8 @@ async fn kept_counts_are_what_counting_the_table_says(bench: Bench) {
         .resolve(&ids[4], &Decision::NotAttempted, &operator_event())
         .await;
     assert!(matches!(resolved.unwrap(), Resolved::Done));
-    let late = Event {
-        kind: "late-response",
-        detail: serde_json::json!({ "status": 201 }),
-    };
     let settled = store
-        .settle_held(&ids[5], None, &response(201, "x"), "late", &late)
+        .settle_held(&late(&ids[5], LateSource::Reconciled, "x"))
         .await;
     assert!(settled.unwrap());
     bench

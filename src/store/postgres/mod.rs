@@ -50,13 +50,13 @@ use tokio_util::sync::CancellationToken;
 use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
-    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, ListFilter, Maintenance,
-    NewOperation, Operators, Outbox, Recorded, RekeyBatch, RequestPath, Resolved, RoutePause,
-    Stats, StoreError, StoreKeys, StoredEvent, Summary,
+    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, LateEvidence, ListFilter,
+    Maintenance, NewOperation, Operators, Outbox, Recorded, RekeyBatch, RequestPath, Resolved,
+    RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
 };
 use crate::clock::{self, Clock};
 use crate::config::Durability;
-use crate::operation::{Event, Operation, Settlement, StoredResponse};
+use crate::operation::{Event, Operation, Settlement};
 use crate::scope_key::ScopeKey;
 use crate::store::StoreBatches;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
@@ -351,26 +351,9 @@ impl RequestPath for PostgresStore {
         statements::insert_event(&self.pool, operation_id, now, event).await
     }
 
-    async fn settle_held(
-        &self,
-        operation_id: &str,
-        attempt: Option<u32>,
-        response: &StoredResponse,
-        evidence: &str,
-        event: &Event,
-    ) -> Result<bool, StoreError> {
+    async fn settle_held(&self, late: &LateEvidence) -> Result<bool, StoreError> {
         let now = self.clock.now_millis();
-        statements::settle_held(
-            &self.pool,
-            &self.seal,
-            now,
-            operation_id,
-            attempt,
-            response,
-            evidence,
-            event,
-        )
-        .await
+        statements::settle_held(&self.pool, &self.seal, now, late).await
     }
 
     async fn trip_pause_latch(&self, route: &str, threshold: u32) -> Result<bool, StoreError> {

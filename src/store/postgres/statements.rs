@@ -17,17 +17,15 @@ use std::borrow::Cow;
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
-use crate::operation::{
-    Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse,
-};
+use crate::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
 use crate::scope_key::{self, ScopeKey};
 use crate::store::operation_id;
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, ListFilter, ListPath,
-    NewOperation, OPERATION_COLUMNS, Param, PausedBy, Recorded, RekeyBatch, Resolved, RoutePause,
-    SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, is_implied_by_record,
-    operation_count, timeline,
+    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, LateEvidence, ListFilter,
+    ListPath, NewOperation, OPERATION_COLUMNS, Param, PausedBy, Recorded, RekeyBatch, Resolved,
+    RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary,
+    is_implied_by_record, operation_count, timeline,
 };
 
 /// An owner is alive while its lease, in the database's clock, runs.
@@ -362,17 +360,18 @@ pub async fn insert_event(
 
 /// `unknown` → `completed` with evidence that came after the fact; the
 /// event is kept either way (when the operation exists).
-#[allow(clippy::too_many_arguments)] // the store call's inputs, and the seal
 pub async fn settle_held(
     pool: &PgPool,
     seal: &Seal,
     now: i64,
-    operation_id: &str,
-    attempt: Option<u32>,
-    response: &StoredResponse,
-    evidence: &str,
-    event: &Event,
+    late: &LateEvidence,
 ) -> Result<bool, StoreError> {
+    let LateEvidence {
+        operation_id,
+        response,
+        event,
+        ..
+    } = late;
     let Some(identity) = identity(pool, operation_id).await? else {
         return Ok(false);
     };
@@ -388,13 +387,13 @@ pub async fn settle_held(
          )
          SELECT count(*) FROM updated",
     )
-    .bind(evidence)
+    .bind(late.source.evidence())
     .bind(i32::from(response.status))
     .bind(stored.headers)
     .bind(stored.body)
     .bind(now)
     .bind(operation_id)
-    .bind(attempt.map(int))
+    .bind(late.source.attempt().map(int))
     .bind(event.kind)
     .bind(event.detail.to_string())
     .fetch_one(pool)

@@ -42,13 +42,13 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
-    AccessPath, AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, ListFilter,
-    Maintenance, NewOperation, Operators, Outbox, Recorded, RekeyBatch, RequestPath, Resolved,
-    RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
+    AccessPath, AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, LateEvidence,
+    ListFilter, Maintenance, NewOperation, Operators, Outbox, Recorded, RekeyBatch, RequestPath,
+    Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
-use crate::operation::{Event, Operation, Settlement, StoredResponse};
+use crate::operation::{Event, Operation, Settlement};
 use crate::scope_key::ScopeKey;
 use reader::Readers;
 use writer::{QUEUE_TIMEOUT, Writer};
@@ -298,24 +298,10 @@ impl RequestPath for SqliteStore {
             .await
     }
 
-    async fn settle_held(
-        &self,
-        operation_id: &str,
-        attempt: Option<u32>,
-        response: &StoredResponse,
-        evidence: &str,
-        event: &Event,
-    ) -> Result<bool, StoreError> {
-        let now = self.clock.now_millis();
-        let (id, response) = (operation_id.to_string(), response.clone());
-        let (evidence, event) = (evidence.to_string(), event.clone());
-        let seal = self.seal.clone();
+    async fn settle_held(&self, late: &LateEvidence) -> Result<bool, StoreError> {
+        let (now, late, seal) = (self.clock.now_millis(), late.clone(), self.seal.clone());
         self.writer
-            .run(move |conn| {
-                statements::settle_held(
-                    conn, &seal, now, &id, attempt, &response, &evidence, &event,
-                )
-            })
+            .run(move |conn| statements::settle_held(conn, &seal, now, &late))
             .await
     }
 

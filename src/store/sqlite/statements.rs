@@ -15,17 +15,15 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::transitions::{self, Row as Changed};
-use crate::operation::{
-    Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse,
-};
+use crate::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
 use crate::scope_key::{self, ScopeKey};
 use crate::store::operation_id;
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, ListFilter, ListPath,
-    NewOperation, Param, PausedBy, Recorded, RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS,
-    SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, is_implied_by_record, operation_count,
-    timeline,
+    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, LateEvidence, ListFilter,
+    ListPath, NewOperation, Param, PausedBy, Recorded, RekeyBatch, Resolved, RoutePause,
+    SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, is_implied_by_record,
+    operation_count, timeline,
 };
 
 /// The columns [`operation_from_row`] reads. The digests are stored as
@@ -284,17 +282,18 @@ pub fn insert_event(
 
 /// `unknown` → `completed` with evidence that came after the fact; the
 /// event is kept either way (when the operation exists).
-#[allow(clippy::too_many_arguments)] // the store call's inputs, and the seal
 pub fn settle_held(
     conn: &Connection,
     seal: &Seal,
     now: i64,
-    operation_id: &str,
-    attempt: Option<u32>,
-    response: &StoredResponse,
-    evidence: &str,
-    event: &Event,
+    late: &LateEvidence,
 ) -> Result<bool, StoreError> {
+    let LateEvidence {
+        operation_id,
+        response,
+        ..
+    } = late;
+    let evidence = late.source.evidence();
     let Some(row) = stored_row(conn, operation_id)? else {
         return Ok(false);
     };
@@ -312,13 +311,13 @@ pub fn settle_held(
             stored.body,
             now,
             operation_id,
-            attempt,
+            late.source.attempt(),
         ])?;
     if updated == 1 {
         let (from, to) = (Some(State::Unknown), Some(State::Completed));
         transitions::moved(conn, row.changed(operation_id), from, to, now, evidence)?;
     }
-    insert_event(conn, operation_id, now, event)?;
+    insert_event(conn, operation_id, now, &late.event)?;
     Ok(updated == 1)
 }
 
