@@ -149,9 +149,11 @@ pub enum ListPath {
     RouteState,
     /// `route` alone: `operations_route_state_id` once per state, merged.
     Route,
-    /// `key`, with or without the others: `operations_key_id`. A key names
-    /// few operations (one per route and scope, and what they superseded),
-    /// so `state` and `route` only filter those.
+    /// `key`, with or without the others: on SQLite the identity index
+    /// (key first) for the current operations and `operations_superseded`
+    /// for the others, merged; on PostgreSQL `operations_key_id`. A key
+    /// names few operations (one per route and scope, and what they
+    /// superseded), so `state` and `route` only filter those.
     Key,
 }
 

@@ -144,9 +144,64 @@ const COLUMNS: &str = "id, route, scope, idem_key, fingerprint, state, attempt, 
     request_body, response_status, response_headers, response_body, created_at, updated_at,
     superseded_at";
 
+/// The identity index with the key first (migration 0011): the list by
+/// key (which `operation()` reads) finds what it found before, from the
+/// indexes that replaced `operations_key_id`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_survive_the_identity_index_rebuild() {
+    let gw = operations_survive_the_upgrade(|store| {
+        identity_as_before_0011(store);
+        assert!(index_names(store).contains(&"operations_key_id".to_string()));
+    })
+    .await;
+    assert_eq!(
+        index_names(&gw.store_path),
+        [
+            "operations_identity",
+            "operations_route_state_id",
+            "operations_state_id",
+            "operations_state_updated",
+            "operations_superseded",
+        ]
+    );
+}
+
+/// The indexes on `operations` that the migrations made, by name.
+fn index_names(store: &std::path::Path) -> Vec<String> {
+    let conn = rusqlite::Connection::open(store).unwrap();
+    conn.prepare(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'operations'
+            AND name NOT LIKE 'sqlite_%' ORDER BY name",
+    )
+    .unwrap()
+    .query_map([], |row| row.get(0))
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
+
+/// Puts the identity index back as the release before migration 0011 had
+/// it (route first, `operations_key_id` beside it), and forgets that 0011
+/// ran.
+fn identity_as_before_0011(store: &std::path::Path) {
+    let conn = rusqlite::Connection::open(store).unwrap();
+    conn.execute_batch(
+        "BEGIN;
+         DROP INDEX operations_identity;
+         DROP INDEX operations_superseded;
+         CREATE UNIQUE INDEX operations_identity ON operations (route, scope, idem_key)
+            WHERE superseded_at IS NULL;
+         CREATE INDEX operations_key_id ON operations (idem_key, id);
+         DELETE FROM _sqlx_migrations WHERE version = 11;
+         COMMIT;",
+    )
+    .unwrap();
+}
+
 /// Puts the digests back as hex text, as the release before migration
-/// 0007 kept them, and forgets that 0007 ran.
+/// 0007 kept them (before 0011 too), and forgets that 0007 ran.
 fn digests_as_before_0007(store: &std::path::Path) {
+    identity_as_before_0011(store);
     let conn = rusqlite::Connection::open(store).unwrap();
     let mut sql = String::from("BEGIN; DROP INDEX operations_identity;");
     for column in ["scope", "fingerprint", "request_body_sha256"] {

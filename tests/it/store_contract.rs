@@ -394,6 +394,41 @@ async fn the_derive_window_supersedes_what_it_outdates(bench: Bench) {
     assert!(kinds(&events).contains(&"superseded"));
     // An in-progress operation is never outdated.
     assert_eq!(existing(store.as_ref(), &new).await.id, second.operation_id);
+
+    // The key lists both, newest first, a page at a time: the current
+    // operation and the superseded one come from different indexes.
+    let by_key = |before: Option<&str>, limit| ListFilter {
+        key: Some("derived".into()),
+        before: before.map(str::to_string),
+        limit,
+        ..list_all()
+    };
+    let ids = |page: Vec<idemgate::store::Summary>| -> Vec<String> {
+        page.into_iter().map(|s| s.id).collect()
+    };
+    let both = store.list(&by_key(None, 10)).await.unwrap();
+    assert_eq!(
+        ids(both),
+        [second.operation_id.clone(), first.operation_id.clone()]
+    );
+    let page = store.list(&by_key(None, 1)).await.unwrap();
+    assert_eq!(ids(page), [second.operation_id.clone()]);
+    let next = store
+        .list(&by_key(Some(&second.operation_id), 1))
+        .await
+        .unwrap();
+    assert_eq!(ids(next), [first.operation_id.clone()]);
+    let completed_only = ListFilter {
+        state: Some(State::Completed),
+        ..by_key(None, 10)
+    };
+    assert_eq!(
+        ids(store.list(&completed_only).await.unwrap()),
+        [first.operation_id.clone()]
+    );
+    let pair = [(new.route.clone(), new.scope.clone())];
+    let newest = store.find_newest(&pair, "derived").await.unwrap().unwrap();
+    assert_eq!(newest.id, second.operation_id, "the current one");
     store.close().await;
 }
 

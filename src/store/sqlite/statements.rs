@@ -49,7 +49,7 @@ const INSERT_CLAIMED: &str =
             request_body_sha256, request_body, created_at, updated_at)
          VALUES (?1, ?2, unhex(?3), ?4, unhex(?5), 'in_progress', 1, ?6, 'claimed', ?7, ?8, ?9,
             ?10, unhex(?11), ?12, ?13, ?13)
-         ON CONFLICT (route, scope, idem_key) WHERE superseded_at IS NULL DO NOTHING";
+         ON CONFLICT (idem_key, route, scope) WHERE superseded_at IS NULL DO NOTHING";
 
 /// A claimed attempt's outcome, as a compare-and-set. Every write that was
 /// sent runs it.
@@ -413,25 +413,37 @@ fn list_sql(filter: &ListFilter) -> String {
              ORDER BY id DESC LIMIT ?5"
         )
     };
+    // Ranges that each end at the limit on their own, merged in id order.
+    let merged = |ranges: Vec<String>| {
+        let ranges: Vec<String> = ranges
+            .iter()
+            .map(|range| format!("SELECT * FROM ({})", newest(range)))
+            .collect();
+        format!("{} ORDER BY id DESC LIMIT ?5", ranges.join(" UNION ALL "))
+    };
     match filter.path() {
         ListPath::All => newest("true"),
         ListPath::State => newest("state = ?1"),
         ListPath::RouteState => newest("route = ?2 AND state = ?1"),
-        // One range per state, each ending at the limit on its own,
-        // merged in id order.
-        ListPath::Route => {
-            let ranges: Vec<String> = State::ALL
+        // One range per state.
+        ListPath::Route => merged(
+            State::ALL
                 .iter()
-                .map(|state| {
-                    let range = format!("route = ?2 AND state = '{}'", state.as_str());
-                    format!("SELECT * FROM ({})", newest(&range))
+                .map(|state| format!("route = ?2 AND state = '{}'", state.as_str()))
+                .collect(),
+        ),
+        // The key's current operations (one per route and scope, by the
+        // identity index) and its superseded ones (by their own index).
+        ListPath::Key => merged(
+            ["superseded_at IS NULL", "superseded_at IS NOT NULL"]
+                .map(|which| {
+                    format!(
+                        "idem_key = ?3 AND {which}
+                         AND (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR route = ?2)"
+                    )
                 })
-                .collect();
-            format!("{} ORDER BY id DESC LIMIT ?5", ranges.join(" UNION ALL "))
-        }
-        ListPath::Key => {
-            newest("idem_key = ?3 AND (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR route = ?2)")
-        }
+                .into(),
+        ),
     }
 }
 
@@ -499,7 +511,7 @@ pub fn get(
 /// The newest operation with `key` under any of the (route, scope) pairs:
 /// under each pair, the current one (by the identity index) when there
 /// is one, since it took the identity after every one it superseded;
-/// otherwise the newest superseded one (by `operations_key_id`).
+/// otherwise the newest superseded one (by `operations_superseded`).
 pub fn find_newest(
     conn: &Connection,
     scopes: &[(String, String)],
@@ -533,7 +545,7 @@ fn find_newest_sql(superseded: bool) -> String {
     };
     format!(
         "SELECT {SUMMARY_COLUMNS} FROM operations
-         WHERE route = ?1 AND scope = unhex(?2) AND idem_key = ?3 AND {which}"
+         WHERE idem_key = ?3 AND route = ?1 AND scope = unhex(?2) AND {which}"
     )
 }
 
@@ -702,7 +714,7 @@ pub fn access_paths() -> Vec<AccessPath> {
         AccessPath {
             name: "find_newest, superseded".into(),
             sql: find_newest_sql(true),
-            index: "operations_key_id",
+            index: "operations_superseded",
             bound: None,
             params: pair(),
         },
@@ -723,7 +735,10 @@ fn list_index(path: ListPath) -> &'static str {
         ListPath::All => "sqlite_autoindex_operations_1",
         ListPath::State => "operations_state_id",
         ListPath::RouteState | ListPath::Route => "operations_route_state_id",
-        ListPath::Key => "operations_key_id",
+        // The superseded range is the one a next page bounds; the current
+        // one is the identity index's, the only other index that leads
+        // with the key (`a_new_key_enters_one_index_at_a_random_place`).
+        ListPath::Key => "operations_superseded",
     }
 }
 
@@ -1022,10 +1037,12 @@ mod tests {
     fn migrated() -> Connection {
         let conn = before_pause_kind();
         conn.execute_batch(PAUSE_KIND_MIGRATION).unwrap();
-        conn.execute_batch(include_str!(
-            "../../../migrations/sqlite/0010_transitions_without_triggers.sql"
-        ))
-        .unwrap();
+        for migration in [
+            include_str!("../../../migrations/sqlite/0010_transitions_without_triggers.sql"),
+            include_str!("../../../migrations/sqlite/0011_identity_key_first.sql"),
+        ] {
+            conn.execute_batch(migration).unwrap();
+        }
         conn
     }
 
@@ -1190,6 +1207,43 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         assert_eq!(triggers, Vec::<String>::new());
+    }
+
+    /// A first write enters one index at a random place, the identity
+    /// index that leads with its key (migration 0011); the others lead with
+    /// a value that grows (`id`) or one of a few (`state`, `route`), so a
+    /// batch's new operations share their pages. The superseded ones have
+    /// an index of their own, which no first write enters.
+    #[test]
+    fn a_new_key_enters_one_index_at_a_random_place() {
+        let conn = migrated();
+        let indexes: Vec<(String, String, bool)> = conn
+            .prepare(
+                "SELECT list.name, info.name, list.partial
+                 FROM pragma_index_list('operations') AS list,
+                      pragma_index_info(list.name) AS info
+                 WHERE info.seqno = 0 ORDER BY list.name",
+            )
+            .unwrap()
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let indexes: Vec<(&str, &str, bool)> = indexes
+            .iter()
+            .map(|(name, first, partial)| (name.as_str(), first.as_str(), *partial))
+            .collect();
+        assert_eq!(
+            indexes,
+            [
+                ("operations_identity", "idem_key", true),
+                ("operations_route_state_id", "route", false),
+                ("operations_state_id", "state", false),
+                ("operations_state_updated", "state", false),
+                ("operations_superseded", "idem_key", true),
+                ("sqlite_autoindex_operations_1", "id", false),
+            ]
+        );
     }
 
     /// The oldest unknown operation is read from `operations_state_updated`
