@@ -409,22 +409,22 @@ async fn the_derive_window_supersedes_what_it_outdates(bench: Bench) {
     let both = store.list(&by_key(None, 10)).await.unwrap();
     assert_eq!(
         ids(both),
-        [second.operation_id.clone(), first.operation_id.clone()]
+        [second.operation_id.as_str(), first.operation_id.as_str()]
     );
     let page = store.list(&by_key(None, 1)).await.unwrap();
-    assert_eq!(ids(page), [second.operation_id.clone()]);
+    assert_eq!(ids(page), [second.operation_id.as_str()]);
     let next = store
         .list(&by_key(Some(&second.operation_id), 1))
         .await
         .unwrap();
-    assert_eq!(ids(next), [first.operation_id.clone()]);
+    assert_eq!(ids(next), [first.operation_id.as_str()]);
     let completed_only = ListFilter {
         state: Some(State::Completed),
         ..by_key(None, 10)
     };
     assert_eq!(
         ids(store.list(&completed_only).await.unwrap()),
-        [first.operation_id.clone()]
+        [first.operation_id.as_str()]
     );
     let pair = [(new.route.clone(), new.scope.clone())];
     let newest = store.find_newest(&pair, "derived").await.unwrap().unwrap();
