@@ -1,10 +1,14 @@
 //! `--check-destination`: one key sent twice straight to the destination,
-//! past the gateway, with the route's TLS and the writes' headers, to find
-//! whether the destination deduplicates on its own — what the verdict line
-//! says this destination needs from the gateway.
+//! past the gateway, with the route's TLS and the writes' headers, then a
+//! control key once, to find whether the destination deduplicates on its
+//! own — what the verdict line says this destination needs from the
+//! gateway. The control tells a repeat answered from the first write
+//! apart from a destination that answers every write alike (a fixed
+//! `{"ok":true}`): only an answer that differs for another key shows that
+//! the repeat's was the first write's.
 //!
-//! Invariant: exactly two writes, both counted against `--writes` whether
-//! or not they were answered; each bounded by the route's
+//! Invariant: exactly [`CHECK_WRITES`] writes, each counted against
+//! `--writes` whether or not it was answered; each bounded by the route's
 //! `upstream_timeout` and its answer by `max_stored_response`.
 
 use bytes::Bytes;
@@ -25,10 +29,13 @@ pub struct DestinationCheck {
     pub key: String,
     /// The header the key went in: the route's `forward_key_header`.
     pub key_header: String,
-    /// Writes sent straight to the destination (always 2).
+    /// Writes sent straight to the destination (always 3).
     pub sent: u64,
-    /// Each answer, `STATUS BODY` on one line.
+    /// Each answer, `STATUS BODY` on one line: the key's first write, its
+    /// repeat, the control key's write.
     pub answers: Vec<String>,
+    /// The control key, sent once after the repeat.
+    pub control_key: String,
     /// `true`: it answered the repeat from the first; `false`: it created
     /// a second record; `null`: it could not be told.
     pub deduplicates: Option<bool>,
@@ -45,15 +52,16 @@ struct Answered {
 /// Sends the plan's write twice under one new key, straight to the destination.
 pub async fn check(plan: &Plan) -> Result<DestinationCheck, RehearseError> {
     let client = plan.upstream_client()?;
-    let key = format!("rehearse-check-{}", uuid::Uuid::now_v7().simple());
+    let new_key = || format!("rehearse-check-{}", uuid::Uuid::now_v7().simple());
+    let (key, control_key) = (new_key(), new_key());
     let header = plan
         .route
         .forward_key_header
         .clone()
         .unwrap_or(IDEMPOTENCY_KEY);
     let mut answers = Vec::new();
-    for _ in 0..CHECK_WRITES {
-        answers.push(send(plan, &client, &header, &key).await);
+    for sent_under in [&key, &key, &control_key] {
+        answers.push(send(plan, &client, &header, sent_under).await);
     }
     let lines = answers
         .iter()
@@ -72,6 +80,7 @@ pub async fn check(plan: &Plan) -> Result<DestinationCheck, RehearseError> {
         key_header: header.to_string(),
         sent: CHECK_WRITES,
         answers: lines,
+        control_key,
         deduplicates,
         verdict,
     })
@@ -123,10 +132,11 @@ async fn send(
         .map_err(|_| format!("none within {:?}", route.upstream_timeout))?
 }
 
-/// What the two answers say about the destination.
+/// What the answers (the key's first, its repeat, the control key's) say
+/// about the destination.
 fn verdict(answers: &[Result<Answered, String>], header: &HeaderName) -> (Option<bool>, String) {
-    let (first, second) = match answers {
-        [Ok(first), Ok(second)] => (first, second),
+    let (first, second, control) = match answers {
+        [Ok(first), Ok(second), Ok(control)] => (first, second, control),
         _ => {
             return (
                 None,
@@ -144,9 +154,18 @@ fn verdict(answers: &[Result<Answered, String>], header: &HeaderName) -> (Option
             ),
         );
     }
-    let same = second.status == first.status && second.body == first.body;
+    let alike = |a: &Answered, b: &Answered| a.status == b.status && a.body == b.body;
     let refused_repeat = matches!(second.status.as_u16(), 409 | 422);
-    if same || second.replayed || refused_repeat {
+    if alike(first, second) && alike(first, control) && !second.replayed {
+        return (
+            None,
+            format!(
+                "not told: the destination answers every write alike ({} with the same body for a new key too), so the same answer to the repeat does not show whether it created a second record; check what it holds for the key.",
+                control.status.as_u16()
+            ),
+        );
+    }
+    if alike(first, second) || second.replayed || refused_repeat {
         return (
             Some(true),
             format!(
@@ -169,4 +188,58 @@ fn verdict(answers: &[Result<Answered, String>], header: &HeaderName) -> (Option
             first.status.as_u16()
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(status: u16, body: &'static str, replayed: bool) -> Result<Answered, String> {
+        Ok(Answered {
+            status: StatusCode::from_u16(status).unwrap(),
+            replayed,
+            body: Bytes::from_static(body.as_bytes()),
+        })
+    }
+
+    /// Each reading of the key's first answer, its repeat's and the
+    /// control key's.
+    #[test]
+    fn the_verdict_reads_the_repeat_against_the_control() {
+        let plain = |status, body| answered(status, body, false);
+        let cases = [
+            // Two records: a different answer for the repeat.
+            (
+                [plain(201, "1"), plain(201, "2"), plain(201, "3")],
+                Some(false),
+            ),
+            // The first answer again, another for a new key.
+            (
+                [plain(201, "1"), plain(201, "1"), plain(201, "3")],
+                Some(true),
+            ),
+            // Alike for every key: the answers prove nothing.
+            ([plain(201, "ok"), plain(201, "ok"), plain(201, "ok")], None),
+            // Said to be a replay, whatever the bodies.
+            (
+                [
+                    plain(201, "ok"),
+                    answered(201, "ok", true),
+                    plain(201, "ok"),
+                ],
+                Some(true),
+            ),
+            (
+                [plain(201, "1"), plain(409, "busy"), plain(201, "3")],
+                Some(true),
+            ),
+            ([plain(403, "no"), plain(403, "no"), plain(403, "no")], None),
+            ([plain(201, "1"), Err("none".into()), plain(201, "3")], None),
+            ([plain(201, "1"), plain(500, "x"), plain(201, "3")], None),
+        ];
+        for (answers, expected) in cases {
+            let (deduplicates, verdict) = verdict(&answers, &IDEMPOTENCY_KEY);
+            assert_eq!(deduplicates, expected, "{verdict}");
+        }
+    }
 }

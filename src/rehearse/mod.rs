@@ -64,8 +64,9 @@ pub enum RehearseError {
 /// Writes each case sends to the destination, in order.
 pub const CASE_WRITES: [u64; 5] = [1, 1, 1, 2, 1];
 
-/// Writes `--check-destination` sends straight to the destination.
-pub const CHECK_WRITES: u64 = 2;
+/// Writes `--check-destination` sends straight to the destination: one
+/// key twice, and a control key once.
+pub const CHECK_WRITES: u64 = 3;
 
 /// Runs the rehearsal `args` describes, reading environment variables
 /// through `env`, printing the report to `out` (as JSON with `--json`).

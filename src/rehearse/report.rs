@@ -10,8 +10,8 @@ use std::io::Write;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::Plan;
 use super::destination::DestinationCheck;
+use super::{CHECK_WRITES, Plan};
 use crate::gateway_client::Answer;
 
 /// The whole rehearsal.
@@ -155,7 +155,9 @@ impl Report {
             None if plan.check_destination => {
                 "not checked: --writes left too few for --check-destination.".into()
             }
-            None => "not checked: --check-destination sends one key twice straight to the destination (2 more writes) to find whether it deduplicates on its own.".into(),
+            None => format!(
+                "not checked: --check-destination sends one key twice and a control key once straight to the destination ({CHECK_WRITES} more writes) to find whether it deduplicates on its own."
+            ),
         };
         self.ok = self.stopped.is_none()
             && self.cases.len() == super::CASE_WRITES.len()
@@ -238,7 +240,10 @@ pub fn write(out: &mut impl Write, report: &Report, json: bool) -> std::io::Resu
         wrap(out, "STOPPED: ", &format!("{stopped}."))?;
     }
     if let Some(check) = &report.destination_check {
-        writeln!(out, "\nStraight to the destination, one key twice:")?;
+        writeln!(
+            out,
+            "\nStraight to the destination, one key twice, then a control key:"
+        )?;
         for (n, answer) in check.answers.iter().enumerate() {
             writeln!(out, "   {}. {answer}", n + 1)?;
         }

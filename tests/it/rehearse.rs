@@ -106,12 +106,12 @@ async fn the_mock_api_gets_every_case_and_the_verdict_that_it_does_not_deduplica
     cmd.args(["rehearse", "--config"])
         .arg(&file)
         .args(["--route", "tasks", "--path", "/tasks", "--body", BODY])
-        .args(["--writes", "8", "--check-destination"])
+        .args(["--writes", "9", "--check-destination"])
         .args(["--header-env", &format!("authorization={TOKEN_VAR}")])
         .env(TOKEN_VAR, TOKEN);
     let (status, stdout, stderr) = run_to_exit(cmd).await;
     assert!(status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.starts_with("--writes 8: "), "{stdout}");
+    assert!(stdout.starts_with("--writes 9: "), "{stdout}");
     assert!(!stdout.contains("rehearse-secret") && !stderr.contains("rehearse-secret"));
     for title in [
         "1. Interrupted before the destination accepts",
@@ -128,20 +128,20 @@ async fn the_mock_api_gets_every_case_and_the_verdict_that_it_does_not_deduplica
         "{stdout}"
     );
     assert!(
-        stdout.contains("8 writes reached the destination"),
+        stdout.contains("9 writes reached the destination"),
         "{stdout}"
     );
     let effects = send(mock.addr, "GET", "/_effects", &[], bytes::Bytes::new()).await;
     assert_eq!(
         effects.json()["writes"],
-        8,
-        "6 by the cases, 2 by the check"
+        9,
+        "6 by the cases, 3 by the check"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_that_honours_keys_gets_the_other_verdict() {
-    let (upstream, report, text) = rehearse_fake("/dedup", 8, true, false).await;
+    let (upstream, report, text) = rehearse_fake("/dedup", 9, true, false).await;
     assert!(report.ok, "{text}");
     let check = report.destination_check.as_ref().expect("checked");
     assert_eq!(check.deduplicates, Some(true), "{text}");
@@ -152,8 +152,8 @@ async fn a_destination_that_honours_keys_gets_the_other_verdict() {
         "{}",
         report.verdict
     );
-    assert_sent_as_planned(&report, &upstream, 8);
-    assert_eq!(upstream.writes(), 7, "the repeat created nothing");
+    assert_sent_as_planned(&report, &upstream, 9);
+    assert_eq!(upstream.writes(), 8, "the repeat created nothing");
     // Without a probe the lost responses stay held for an operator.
     assert_eq!(states(&report, 1), ["unknown"]);
     assert!(
@@ -168,6 +168,26 @@ async fn a_destination_that_honours_keys_gets_the_other_verdict() {
         "resolved by the operator"
     );
     assert!(report.cases[4].notes[0].contains("/resolve"), "{text}");
+}
+
+/// A destination whose every answer is alike (here 201 with one fixed
+/// body) creates a record per write, repeat included: the same answer to
+/// the repeat proves nothing, and the control key says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_answering_every_write_alike_is_not_called_deduplicating() {
+    let (upstream, report, text) = rehearse_fake("/commit-then/201", 9, true, false).await;
+    let check = report.destination_check.as_ref().expect("checked");
+    assert_eq!(check.sent, 3, "{text}");
+    assert_eq!(check.deduplicates, None, "{text}");
+    assert!(
+        report
+            .verdict
+            .starts_with("not told: the destination answers every write alike"),
+        "{}",
+        report.verdict
+    );
+    assert_sent_as_planned(&report, &upstream, 9);
+    assert_eq!(upstream.writes(), 9, "the repeat created a record too");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,7 +225,7 @@ async fn with_a_probe_the_lost_responses_are_settled_by_it_and_shown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_refusing_every_write_is_said_so_and_never_retried_blindly() {
-    let (upstream, report, text) = rehearse_fake("/status/403", 8, true, false).await;
+    let (upstream, report, text) = rehearse_fake("/status/403", 9, true, false).await;
     assert!(report.ok, "{text}");
     for case in &report.cases {
         assert_eq!(case.destination_answered, Some(403), "case {}", case.number);
@@ -220,7 +240,7 @@ async fn a_destination_refusing_every_write_is_said_so_and_never_retried_blindly
             "{text}"
         );
     }
-    assert_sent_as_planned(&report, &upstream, 8);
+    assert_sent_as_planned(&report, &upstream, 9);
     assert_eq!(upstream.writes(), 0);
     assert_eq!(
         report.destination_check.as_ref().unwrap().deduplicates,
@@ -242,10 +262,10 @@ async fn over_a_tls_upstream_the_cases_hold() {
     let upstream = FakeUpstream::start_tls(server_config(&ca.server_cert(pki.path(), "api"))).await;
     let extra = format!("upstream_ca = \"{}\"", ca.pem.display());
     let file = config(pki.path(), &upstream.url(), &extra);
-    let (report, text) = rehearse(&args(file, "/tasks", 8, true)).await;
+    let (report, text) = rehearse(&args(file, "/tasks", 9, true)).await;
     assert!(report.ok, "{text}");
     assert!(report.destination.starts_with("https://"));
-    assert_sent_as_planned(&report, &upstream, 8);
+    assert_sent_as_planned(&report, &upstream, 9);
     assert_eq!(report.destination_check.unwrap().deduplicates, Some(false));
 }
 
@@ -265,11 +285,11 @@ async fn too_few_writes_stop_before_the_case_that_needs_more() {
     );
     assert_sent_as_planned(&report, &upstream, 3);
 
-    // The check's two writes are kept out of the cases' share of the bound.
-    let (report, text) = rehearse(&args(file.clone(), "/tasks", 7, true)).await;
+    // The check's three writes are kept out of the cases' share of the bound.
+    let (report, text) = rehearse(&args(file.clone(), "/tasks", 8, true)).await;
     assert_eq!(report.cases.len(), 4, "{text}");
     assert!(report.destination_check.is_some());
-    assert_eq!(upstream.write_requests().len(), 3 + 5 + 2);
+    assert_eq!(upstream.write_requests().len(), 3 + 5 + 3);
 
     // No credential for the route's scope header: refused before anything is sent.
     let mut bare = args(file, "/tasks", 8, false);
@@ -278,5 +298,5 @@ async fn too_few_writes_stop_before_the_case_that_needs_more() {
     let refused = idemgate::rehearse::run(&bare, &env, Vec::new()).await;
     let error = refused.expect_err("refused").to_string();
     assert!(error.contains("--header-env authorization="), "{error}");
-    assert_eq!(upstream.write_requests().len(), 10);
+    assert_eq!(upstream.write_requests().len(), 3 + 5 + 3, "none more");
 }
