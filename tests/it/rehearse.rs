@@ -77,6 +77,13 @@ async fn rehearse_fake(
     (upstream, report, text)
 }
 
+/// What `--check-destination` read, and how the verdict line starts.
+fn assert_verdict(report: &Report, deduplicates: Option<bool>, starts: &str) {
+    let check = report.destination_check.as_ref().expect("checked");
+    assert_eq!(check.deduplicates, deduplicates, "{}", report.verdict);
+    assert!(report.verdict.starts_with(starts), "{}", report.verdict);
+}
+
 fn states(report: &Report, case: usize) -> Vec<&str> {
     report.cases[case]
         .operations
@@ -143,15 +150,8 @@ async fn the_mock_api_gets_every_case_and_the_verdict_that_it_does_not_deduplica
 async fn a_destination_that_honours_keys_gets_the_other_verdict() {
     let (upstream, report, text) = rehearse_fake("/dedup", 9, true, false).await;
     assert!(report.ok, "{text}");
-    let check = report.destination_check.as_ref().expect("checked");
-    assert_eq!(check.deduplicates, Some(true), "{text}");
-    assert!(
-        report
-            .verdict
-            .starts_with("the destination deduplicates on `idempotency-key` itself"),
-        "{}",
-        report.verdict
-    );
+    let deduplicates = "the destination deduplicates on `idempotency-key` itself";
+    assert_verdict(&report, Some(true), deduplicates);
     assert_sent_as_planned(&report, &upstream, 9);
     assert_eq!(upstream.writes(), 8, "the repeat created nothing");
     // Without a probe the lost responses stay held for an operator.
@@ -176,16 +176,9 @@ async fn a_destination_that_honours_keys_gets_the_other_verdict() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_answering_every_write_alike_is_not_called_deduplicating() {
     let (upstream, report, text) = rehearse_fake("/commit-then/201", 9, true, false).await;
-    let check = report.destination_check.as_ref().expect("checked");
-    assert_eq!(check.sent, 3, "{text}");
-    assert_eq!(check.deduplicates, None, "{text}");
-    assert!(
-        report
-            .verdict
-            .starts_with("not told: the destination answers every write alike"),
-        "{}",
-        report.verdict
-    );
+    assert_eq!(report.destination_check.as_ref().unwrap().sent, 3, "{text}");
+    let alike = "not told: the destination answers every write alike";
+    assert_verdict(&report, None, alike);
     assert_sent_as_planned(&report, &upstream, 9);
     assert_eq!(upstream.writes(), 9, "the repeat created a record too");
 }
@@ -242,17 +235,7 @@ async fn a_destination_refusing_every_write_is_said_so_and_never_retried_blindly
     }
     assert_sent_as_planned(&report, &upstream, 9);
     assert_eq!(upstream.writes(), 0);
-    assert_eq!(
-        report.destination_check.as_ref().unwrap().deduplicates,
-        None
-    );
-    assert!(
-        report
-            .verdict
-            .starts_with("not told: the destination refused"),
-        "{}",
-        report.verdict
-    );
+    assert_verdict(&report, None, "not told: the destination refused");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
