@@ -49,7 +49,8 @@ struct Answered {
     body: Bytes,
 }
 
-/// Sends the plan's write twice under one new key, straight to the destination.
+/// Sends the plan's write twice under one new key and once under a control
+/// key, straight to the destination.
 pub async fn check(plan: &Plan) -> Result<DestinationCheck, RehearseError> {
     let client = plan.upstream_client()?;
     let new_key = || format!("rehearse-check-{}", uuid::Uuid::now_v7().simple());
