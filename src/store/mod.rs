@@ -179,7 +179,16 @@ impl ListFilter {
                 ..ListFilter::default()
             },
             ListFilter {
+                state: Some(State::InProgress),
+                ..ListFilter::default()
+            },
+            ListFilter {
                 state: Some(State::Completed),
+                route: Some("api".into()),
+                ..ListFilter::default()
+            },
+            ListFilter {
+                state: Some(State::InProgress),
                 route: Some("api".into()),
                 ..ListFilter::default()
             },
@@ -209,7 +218,10 @@ impl ListFilter {
                     limit: 50,
                     ..filter
                 };
-                (format!("list {:?}, {page}", filter.path()), filter)
+                let state = filter
+                    .state
+                    .map_or(String::new(), |s| format!(" {}", s.as_str()));
+                (format!("list {:?}{state}, {page}", filter.path()), filter)
             })
             .collect()
     }

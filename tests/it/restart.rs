@@ -158,12 +158,68 @@ async fn operations_survive_the_identity_index_rebuild() {
         index_names(&gw.store_path),
         [
             "operations_identity",
+            "operations_in_progress",
             "operations_route_state_id",
             "operations_state_id",
             "operations_state_updated",
             "operations_superseded",
         ]
     );
+}
+
+/// The state indexes without `in_progress` operations (migration 0012):
+/// the held operation is listed by state and by route as before, and no
+/// index that holds `state` keeps an operation in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_survive_the_state_indexes_becoming_partial() {
+    let gw = operations_survive_the_upgrade(|store| {
+        state_indexes_as_before_0012(store);
+        assert!(!index_names(store).contains(&"operations_in_progress".to_string()));
+    })
+    .await;
+    assert!(index_names(&gw.store_path).contains(&"operations_in_progress".to_string()));
+    let conn = rusqlite::Connection::open(&gw.store_path).unwrap();
+    let partial: Vec<(String, bool)> = conn
+        .prepare(
+            "SELECT name, partial FROM pragma_index_list('operations')
+             WHERE name IN ('operations_state_id', 'operations_route_state_id',
+                            'operations_state_updated') ORDER BY name",
+        )
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(partial.iter().all(|(_, partial)| *partial), "{partial:?}");
+    for path in [
+        "/admin/keys?state=unknown",
+        "/admin/keys?route=api&state=unknown",
+    ] {
+        let listed = gw.admin("GET", path, "").await;
+        let items = listed.json()["items"].as_array().unwrap().clone();
+        assert_eq!(items.len(), 1, "{path}: {items:?}");
+        assert_eq!(items[0]["key"], "lost-1", "{path}");
+    }
+}
+
+/// Puts the three state indexes back as the release before migration 0012
+/// had them (every operation in each, none of its own for those in
+/// flight), and forgets that 0012 ran.
+fn state_indexes_as_before_0012(store: &std::path::Path) {
+    let conn = rusqlite::Connection::open(store).unwrap();
+    conn.execute_batch(
+        "BEGIN;
+         DROP INDEX operations_in_progress;
+         DROP INDEX operations_state_id;
+         DROP INDEX operations_route_state_id;
+         DROP INDEX operations_state_updated;
+         CREATE INDEX operations_state_id ON operations (state, id);
+         CREATE INDEX operations_route_state_id ON operations (route, state, id);
+         CREATE INDEX operations_state_updated ON operations (state, updated_at);
+         DELETE FROM _sqlx_migrations WHERE version = 12;
+         COMMIT;",
+    )
+    .unwrap();
 }
 
 /// The indexes on `operations` that the migrations made, by name.

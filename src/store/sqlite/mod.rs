@@ -23,6 +23,16 @@
 //! two values in a CHECK (SQLite builds a temporary index for one on every
 //! write).
 
+/// The condition of the three indexes that hold `state` (migration 0012):
+/// they hold no `in_progress` operation, and SQLite reads a partial index
+/// only for a statement that states its condition, so each statement they
+/// serve repeats it. A macro, so that `concat!` takes it too.
+macro_rules! not_in_progress {
+    () => {
+        "state <> 'in_progress'"
+    };
+}
+
 mod inbox;
 mod outbox;
 mod reader;

@@ -21,9 +21,13 @@ const FORGET_PER_POLL: u32 = 500;
 /// it became `unknown`, since nothing else changes it while it is.
 macro_rules! aged_window {
     () => {
-        "FROM operations
-         WHERE state = 'unknown' AND updated_at >= ?1 AND (updated_at, id) > (?1, ?2)
+        concat!(
+            "FROM operations
+         WHERE state = 'unknown' AND ",
+            not_in_progress!(),
+            " AND updated_at >= ?1 AND (updated_at, id) > (?1, ?2)
            AND updated_at <= ?3"
+        )
     };
 }
 

@@ -329,12 +329,13 @@ pub fn trip_pause_latch(
     route: &str,
     threshold: u32,
 ) -> Result<bool, StoreError> {
-    conn.prepare_cached(
+    conn.prepare_cached(concat!(
         "INSERT INTO route_pauses (route, reason, paused_by, updated_at)
          SELECT ?1, 'pause_after_unknown: ' || ?2 || ' operations unknown', 'latch', ?3
-         WHERE (SELECT count(*) FROM operations WHERE route = ?1 AND state = 'unknown') >= ?2
-         ON CONFLICT (route) DO NOTHING",
-    )?
+         WHERE (SELECT count(*) FROM operations WHERE route = ?1 AND state = 'unknown' AND ",
+        not_in_progress!(),
+        ") >= ?2 ON CONFLICT (route) DO NOTHING"
+    ))?
     .execute(params![route, threshold, now])?;
     let paused = conn
         .prepare_cached("SELECT 1 FROM route_pauses WHERE route = ?1")?
@@ -421,15 +422,31 @@ fn list_sql(filter: &ListFilter) -> String {
             .collect();
         format!("{} ORDER BY id DESC LIMIT ?5", ranges.join(" UNION ALL "))
     };
+    // `in_progress` operations have an index of their own (migration
+    // 0012), by id: few, the ones in flight, so a route is filtered from
+    // its rows.
+    let in_flight = filter.state == Some(State::InProgress);
     match filter.path() {
         ListPath::All => newest("true"),
-        ListPath::State => newest("state = ?1"),
-        ListPath::RouteState => newest("route = ?2 AND state = ?1"),
+        ListPath::State if in_flight => newest(IN_PROGRESS),
+        ListPath::State => newest(concat!("state = ?1 AND ", not_in_progress!())),
+        ListPath::RouteState if in_flight => newest(&format!("{IN_PROGRESS} AND route = ?2")),
+        ListPath::RouteState => newest(concat!(
+            "route = ?2 AND state = ?1 AND ",
+            not_in_progress!()
+        )),
         // One range per state.
         ListPath::Route => merged(
             State::ALL
                 .iter()
-                .map(|state| format!("route = ?2 AND state = '{}'", state.as_str()))
+                .map(|state| match state {
+                    State::InProgress => format!("{IN_PROGRESS} AND route = ?2"),
+                    settled => format!(
+                        "route = ?2 AND state = '{}' AND {}",
+                        settled.as_str(),
+                        not_in_progress!()
+                    ),
+                })
                 .collect(),
         ),
         // The key's current operations (one per route and scope, by the
@@ -446,6 +463,9 @@ fn list_sql(filter: &ListFilter) -> String {
         ),
     }
 }
+
+/// The condition of `operations_in_progress`, the operations in flight.
+const IN_PROGRESS: &str = "state = 'in_progress'";
 
 /// [`list_sql`]'s parameters.
 fn list_params(filter: &ListFilter) -> [Param; 5] {
@@ -629,7 +649,10 @@ pub fn stats(conn: &Connection) -> Result<Stats, StoreError> {
 }
 
 /// Served by `operations_state_updated` alone (see the test below).
-const OLDEST_UNKNOWN: &str = "SELECT min(updated_at) FROM operations WHERE state = 'unknown'";
+const OLDEST_UNKNOWN: &str = concat!(
+    "SELECT min(updated_at) FROM operations WHERE state = 'unknown' AND ",
+    not_in_progress!()
+);
 
 /// Recounts `operation_counts` from the table, unless [`COUNTS_ROW`]
 /// says they are exact: whether it recounted. Run by the writer at open,
@@ -678,9 +701,12 @@ pub fn sweep(conn: &Connection, cutoff: i64, limit: u32) -> Result<u64, StoreErr
 }
 
 /// What [`sweep`] deletes: ?1 the cutoff, ?2 the limit.
-const SWEEP: &str = "SELECT id, route, state FROM operations
-        WHERE state IN ('completed', 'not_attempted') AND updated_at < ?1
-        LIMIT ?2";
+const SWEEP: &str = concat!(
+    "SELECT id, route, state FROM operations
+        WHERE state IN ('completed', 'not_attempted') AND ",
+    not_in_progress!(),
+    " AND updated_at < ?1 LIMIT ?2"
+);
 
 /// The statements of the admin API, the console and retention, with
 /// sample parameters ([`AccessPath`]); the alerts' are the outbox's.
@@ -691,7 +717,7 @@ pub fn access_paths() -> Vec<AccessPath> {
         .map(|(name, filter)| AccessPath {
             name,
             sql: list_sql(&filter),
-            index: list_index(filter.path()),
+            index: list_index(&filter),
             bound: filter.before.is_some().then_some("id<"),
             params: list_params(&filter).into(),
         })
@@ -729,10 +755,12 @@ pub fn access_paths() -> Vec<AccessPath> {
     paths
 }
 
-/// The index that serves `path` in SQLite's names.
-fn list_index(path: ListPath) -> &'static str {
-    match path {
+/// The index that serves `filter`'s path in SQLite's names.
+fn list_index(filter: &ListFilter) -> &'static str {
+    let in_flight = filter.state == Some(State::InProgress);
+    match filter.path() {
         ListPath::All => "sqlite_autoindex_operations_1",
+        ListPath::State | ListPath::RouteState if in_flight => "operations_in_progress",
         ListPath::State => "operations_state_id",
         ListPath::RouteState | ListPath::Route => "operations_route_state_id",
         // The superseded range is the one a next page bounds; the current
@@ -1040,6 +1068,7 @@ mod tests {
         for migration in [
             include_str!("../../../migrations/sqlite/0010_transitions_without_triggers.sql"),
             include_str!("../../../migrations/sqlite/0011_identity_key_first.sql"),
+            include_str!("../../../migrations/sqlite/0012_state_indexes_without_in_progress.sql"),
         ] {
             conn.execute_batch(migration).unwrap();
         }
@@ -1213,7 +1242,10 @@ mod tests {
     /// index that leads with its key (migration 0011); the others lead with
     /// a value that grows (`id`) or one of a few (`state`, `route`), so a
     /// batch's new operations share their pages. The superseded ones have
-    /// an index of their own, which no first write enters.
+    /// an index of their own, which no first write enters; the three that
+    /// hold `state` take no `in_progress` operation, which has its own
+    /// (migration 0012): a claim enters the primary key's index, the
+    /// identity index and the one of the operations in flight.
     #[test]
     fn a_new_key_enters_one_index_at_a_random_place() {
         let conn = migrated();
@@ -1237,9 +1269,10 @@ mod tests {
             indexes,
             [
                 ("operations_identity", "idem_key", true),
-                ("operations_route_state_id", "route", false),
-                ("operations_state_id", "state", false),
-                ("operations_state_updated", "state", false),
+                ("operations_in_progress", "id", true),
+                ("operations_route_state_id", "route", true),
+                ("operations_state_id", "state", true),
+                ("operations_state_updated", "state", true),
                 ("operations_superseded", "idem_key", true),
                 ("sqlite_autoindex_operations_1", "id", false),
             ]
