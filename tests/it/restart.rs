@@ -206,19 +206,26 @@ async fn operations_survive_the_state_indexes_becoming_partial() {
 /// had them (every operation in each, none of its own for those in
 /// flight), and forgets that 0012 ran.
 fn state_indexes_as_before_0012(store: &std::path::Path) {
-    let conn = rusqlite::Connection::open(store).unwrap();
-    conn.execute_batch(
-        "BEGIN;
-         DROP INDEX operations_in_progress;
+    undone(
+        store,
+        12,
+        "DROP INDEX operations_in_progress;
          DROP INDEX operations_state_id;
          DROP INDEX operations_route_state_id;
          DROP INDEX operations_state_updated;
          CREATE INDEX operations_state_id ON operations (state, id);
          CREATE INDEX operations_route_state_id ON operations (route, state, id);
-         CREATE INDEX operations_state_updated ON operations (state, updated_at);
-         DELETE FROM _sqlx_migrations WHERE version = 12;
-         COMMIT;",
-    )
+         CREATE INDEX operations_state_updated ON operations (state, updated_at);",
+    );
+}
+
+/// Runs `sql` on the stopped gateway's store and forgets that migration
+/// `version` ran, in one transaction: the next start runs it again.
+fn undone(store: &std::path::Path, version: u32, sql: &str) {
+    let conn = rusqlite::Connection::open(store).unwrap();
+    conn.execute_batch(&format!(
+        "BEGIN; {sql} DELETE FROM _sqlx_migrations WHERE version = {version}; COMMIT;"
+    ))
     .unwrap();
 }
 
@@ -240,18 +247,15 @@ fn index_names(store: &std::path::Path) -> Vec<String> {
 /// it (route first, `operations_key_id` beside it), and forgets that 0011
 /// ran.
 fn identity_as_before_0011(store: &std::path::Path) {
-    let conn = rusqlite::Connection::open(store).unwrap();
-    conn.execute_batch(
-        "BEGIN;
-         DROP INDEX operations_identity;
+    undone(
+        store,
+        11,
+        "DROP INDEX operations_identity;
          DROP INDEX operations_superseded;
          CREATE UNIQUE INDEX operations_identity ON operations (route, scope, idem_key)
             WHERE superseded_at IS NULL;
-         CREATE INDEX operations_key_id ON operations (idem_key, id);
-         DELETE FROM _sqlx_migrations WHERE version = 11;
-         COMMIT;",
-    )
-    .unwrap();
+         CREATE INDEX operations_key_id ON operations (idem_key, id);",
+    );
 }
 
 /// Puts the digests back as hex text, as the release before migration
