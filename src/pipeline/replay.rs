@@ -63,11 +63,13 @@ pub fn answer_existing(
 /// A stored response as a replay: nothing was sent upstream.
 pub fn respond(stored: &StoredResponse) -> Response<ProxyBody> {
     let mut response = rebuild(stored);
-    response
-        .headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    mark_replayed(response.headers_mut());
     response.extensions_mut().insert(Outcome::replayed);
     response
+}
+
+fn mark_replayed(headers: &mut http::HeaderMap) {
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
 }
 
 /// A stored response as an HTTP response: its status, its headers in
@@ -75,8 +77,18 @@ pub fn respond(stored: &StoredResponse) -> Response<ProxyBody> {
 pub fn rebuild(stored: &StoredResponse) -> Response<ProxyBody> {
     let body = stored.body.clone().unwrap_or_default();
     let mut response = Response::new(full(body));
-    *response.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-    let headers = response.headers_mut();
+    *response.status_mut() = status_of(stored);
+    *response.headers_mut() = headers_of(stored);
+    response
+}
+
+fn status_of(stored: &StoredResponse) -> StatusCode {
+    StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK)
+}
+
+/// A stored response's headers in order, `Content-Length` left out.
+fn headers_of(stored: &StoredResponse) -> http::HeaderMap {
+    let mut headers = http::HeaderMap::with_capacity(stored.headers.len() + 1);
     for (name, value) in &stored.headers {
         let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
@@ -88,7 +100,7 @@ pub fn rebuild(stored: &StoredResponse) -> Response<ProxyBody> {
             headers.append(name, value);
         }
     }
-    response
+    headers
 }
 
 /// The most memory the replay cache holds, as [`Cached::size`] counts it;
@@ -215,13 +227,16 @@ impl ReplayCache {
         if response.body.is_none() {
             return self.forget(identity);
         }
-        let (head, _) = respond(response).into_parts();
+        // What `respond` would answer, built without a response (and a
+        // second copy of the body) to take it apart again.
+        let mut headers = headers_of(response);
+        mark_replayed(&mut headers);
         let cached = Arc::new(Cached {
             operation_id: operation_id.to_string(),
             fingerprint: fingerprint.clone(),
             exact,
-            status: head.status,
-            headers: head.headers,
+            status: status_of(response),
+            headers,
             body: bytes::Bytes::from(response.body.clone().unwrap_or_default()),
             updated_at,
         });
