@@ -378,6 +378,10 @@ mod tests {
         cache.mirror("id-1", &op);
         let replay = cache.answer("id-1", &fp, 0).unwrap().unwrap();
         assert_eq!(replay.headers()[IDEMPOTENT_REPLAYED], "true");
+        // The cached replay is the one built from the store.
+        let built = respond(op.response.as_ref().unwrap());
+        assert_eq!(replay.status(), built.status());
+        assert_eq!(replay.headers(), built.headers());
         let body = replay.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"{\"id\":1}");
         // Another fingerprint is a reused key; an expired entry is not answered.
