@@ -86,7 +86,8 @@ fn status_of(stored: &StoredResponse) -> StatusCode {
     StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK)
 }
 
-/// A stored response's headers in order, `Content-Length` left out.
+/// A stored response's headers in order, `Content-Length` left out, with
+/// room for the replay marker.
 fn headers_of(stored: &StoredResponse) -> http::HeaderMap {
     let mut headers = http::HeaderMap::with_capacity(stored.headers.len() + 1);
     for (name, value) in &stored.headers {

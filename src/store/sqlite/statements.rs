@@ -426,11 +426,12 @@ fn list_sql(filter: &ListFilter) -> String {
     // 0012), by id: few, the ones in flight, so a route is filtered from
     // its rows.
     let in_flight = filter.state == Some(State::InProgress);
+    let in_flight_on_route = format!("{IN_PROGRESS} AND route = ?2");
     match filter.path() {
         ListPath::All => newest("true"),
         ListPath::State if in_flight => newest(IN_PROGRESS),
         ListPath::State => newest(concat!("state = ?1 AND ", not_in_progress!())),
-        ListPath::RouteState if in_flight => newest(&format!("{IN_PROGRESS} AND route = ?2")),
+        ListPath::RouteState if in_flight => newest(&in_flight_on_route),
         ListPath::RouteState => newest(concat!(
             "route = ?2 AND state = ?1 AND ",
             not_in_progress!()
@@ -440,7 +441,7 @@ fn list_sql(filter: &ListFilter) -> String {
             State::ALL
                 .iter()
                 .map(|state| match state {
-                    State::InProgress => format!("{IN_PROGRESS} AND route = ?2"),
+                    State::InProgress => in_flight_on_route.clone(),
                     settled => format!(
                         "route = ?2 AND state = '{}' AND {}",
                         settled.as_str(),
