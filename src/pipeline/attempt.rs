@@ -199,20 +199,28 @@ impl Attempt {
 
     /// What the duplicates of this attempt see once its outcome is
     /// recorded, while the in-flight guard still holds the identity: a
-    /// completed response goes to the replay cache; a released attempt's
-    /// answer goes to its waiters, who send nothing.
+    /// completed response goes to the replay cache if a duplicate came
+    /// meanwhile (a later retry is answered from the store, and cached
+    /// then); a released attempt's answer goes to its waiters, who send
+    /// nothing.
     fn hand_over(&mut self, settlement: &Settlement, released: Option<Released>, recorded_at: i64) {
         if let Settlement::Completed { response } = settlement {
             if let Some(quota) = &self.quota {
                 quota.count(&self.active.route, response, recorded_at);
             }
-            self.shared.replays.insert(
-                &self.identity,
-                &self.claim.operation_id,
-                (&self.fingerprint, Some(self.exact)),
-                response,
-                recorded_at,
-            );
+            if self
+                .in_flight
+                .as_ref()
+                .is_some_and(InFlightGuard::duplicated)
+            {
+                self.shared.replays.insert(
+                    &self.identity,
+                    &self.claim.operation_id,
+                    (&self.fingerprint, Some(self.exact)),
+                    response,
+                    recorded_at,
+                );
+            }
         }
         if let (Some(released), Some(guard)) = (released, self.in_flight.take()) {
             guard.release(&self.claim.operation_id, released);

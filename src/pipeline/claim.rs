@@ -27,7 +27,7 @@
 //! - no map guard is held across an `.await`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -39,6 +39,7 @@ use crate::body::ProxyBody;
 use crate::config::{InProgressMode, Route};
 use crate::operation::{Fingerprint, Operation, State};
 use crate::pipeline::error::{OperationRef, ProxyError};
+use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::quota::QuotaSpent;
 use crate::pipeline::record::Released;
 use crate::pipeline::replay::{self, ReplayCache};
@@ -123,6 +124,9 @@ struct Entry {
     fingerprint: Fingerprint,
     phase: watch::Sender<Phase>,
     waiters: AtomicUsize,
+    /// Another request of the identity arrived while this one held it: its
+    /// outcome is wanted again, so the attempt puts it in the replay cache.
+    duplicated: AtomicBool,
 }
 
 /// Held by the request that entered an identity: while it claims, then by
@@ -136,6 +140,12 @@ pub struct InFlightGuard {
 }
 
 impl InFlightGuard {
+    /// Whether a duplicate of this request arrived while it held the
+    /// identity (and may retry, or is waiting, for its outcome).
+    pub fn duplicated(&self) -> bool {
+        self.entry.duplicated.load(Ordering::SeqCst)
+    }
+
     fn promote(&self, operation_id: &str) {
         self.entry
             .phase
@@ -179,7 +189,8 @@ pub fn identity(route: &str, scope: &str, key: &str) -> String {
 
 impl InFlight {
     /// Enters `new`'s identity to claim it, or returns the entry of the
-    /// request already there (cloned out: no map guard outlives this call).
+    /// request already there (cloned out: no map guard outlives this call),
+    /// marked as duplicated.
     fn enter(
         self: &Arc<Self>,
         identity: &str,
@@ -187,12 +198,17 @@ impl InFlight {
     ) -> Result<InFlightGuard, Arc<Entry>> {
         let identity = identity.to_string();
         match self.entries.entry(identity.clone()) {
-            dashmap::Entry::Occupied(found) => Err(found.get().clone()),
+            dashmap::Entry::Occupied(found) => {
+                let entry = found.get().clone();
+                entry.duplicated.store(true, Ordering::SeqCst);
+                Err(entry)
+            }
             dashmap::Entry::Vacant(vacant) => {
                 let entry = Arc::new(Entry {
                     fingerprint: new.fingerprint.clone(),
                     phase: watch::channel(Phase::Claiming).0,
                     waiters: AtomicUsize::new(0),
+                    duplicated: AtomicBool::new(false),
                 });
                 vacant.insert(entry.clone());
                 Ok(InFlightGuard {
@@ -209,7 +225,8 @@ impl InFlight {
 /// answers it from the in-flight map, the store, or — after a wait — the
 /// replay cache (completed operations updated after `valid_after`); on a
 /// `wait` route a duplicate of an attempt in flight waits up to
-/// `wait_timeout`. Under a [`Hold`] nothing is claimed.
+/// `wait_timeout`. Under a [`Hold`] nothing is claimed. `exact` is the
+/// request as sent: a replay the store answers is cached under it.
 #[allow(clippy::too_many_arguments)] // the phase's inputs, each distinct
 pub async fn claim(
     store: &dyn Store,
@@ -217,7 +234,7 @@ pub async fn claim(
     cache: &ReplayCache,
     route: &Route,
     new: &NewOperation,
-    identity: &str,
+    (identity, exact): (&str, ExactDigest),
     valid_after: i64,
     hold: Option<Hold>,
 ) -> Result<Claimed, ProxyError> {
@@ -233,7 +250,7 @@ pub async fn claim(
         woke = true;
         let entry = match in_flight.enter(identity, new) {
             Ok(guard) => {
-                match claim_in_store(store, cache, route, new, identity, hold, guard).await? {
+                match claim_in_store(store, cache, route, new, exact, hold, guard).await? {
                     Stored::Decided(claimed) => return Ok(claimed),
                     Stored::Elsewhere(operation) => {
                         let now = Instant::now();
@@ -327,7 +344,7 @@ async fn claim_in_store(
     cache: &ReplayCache,
     route: &Route,
     new: &NewOperation,
-    identity: &str,
+    exact: ExactDigest,
     hold: Option<Hold>,
     guard: InFlightGuard,
 ) -> Result<Stored, ProxyError> {
@@ -348,17 +365,19 @@ async fn claim_in_store(
     let operation = match found {
         ClaimResult::Claimed(claim) => {
             // A new attempt: whatever was cached is no longer current.
-            cache.forget(identity);
+            cache.forget(&guard.identity);
             guard.promote(&claim.operation_id);
             return Ok(Stored::Decided(Claimed::Send(claim, guard)));
         }
         ClaimResult::Existing(operation) => operation,
     };
+    let same = operation.fingerprint == new.fingerprint;
     // Still under the guard, so no claim of this identity can come between.
-    cache.mirror(identity, &operation);
+    // A byte-for-byte copy of this request is the same request: its next
+    // retry is answered before its fingerprint is computed.
+    cache.mirror(&guard.identity, &operation, same.then_some(exact));
     // Not ours to send: free the identity for the duplicates right away.
     drop(guard);
-    let same = operation.fingerprint == new.fingerprint;
     if same && operation.state == State::Unknown {
         return Ok(Stored::Decided(Claimed::Held(operation)));
     }
@@ -409,11 +428,14 @@ mod tests {
         let in_flight = Arc::new(InFlight::default());
         let new = new_op("fp");
         let guard = in_flight.enter("id", &new).ok().expect("the first enters");
+        assert!(!guard.duplicated(), "alone so far");
         let seen = in_flight
             .enter("id", &new_op("other"))
             .err()
             .expect("taken");
         assert!(Arc::ptr_eq(&seen, &guard.entry));
+        // Its outcome is wanted again: the attempt will cache it.
+        assert!(guard.duplicated());
         // The entry carries the first request's fingerprint: a duplicate
         // with another payload is told the key was reused.
         assert_eq!(seen.fingerprint, new.fingerprint);

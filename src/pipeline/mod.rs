@@ -537,7 +537,7 @@ impl Proxy {
             &self.shared.replays,
             route,
             &new,
-            &identity,
+            (&identity, exact),
             valid_after,
             hold,
         );

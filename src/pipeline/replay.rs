@@ -120,6 +120,13 @@ const HEADER_OVERHEAD: usize = 64;
 /// Completed operations' responses by identity, so a replay needs no store
 /// read.
 ///
+/// An operation enters once it is asked for again: a duplicate arrived
+/// while it was in flight (its attempt puts the response here for it), or
+/// a retry was answered from the store (mirrored, with that retry's exact
+/// digest). A first write nobody repeats never enters: most are never
+/// retried, and caching each of them made every first write pay for an
+/// entry and, once the cache was full, for evicting a cold one.
+///
 /// Invariant: an entry is the operation the store holds now for its
 /// identity, or nothing. `completed` is final but for three things:
 /// retention deletes the operation and `derive_window` outdates it (every
@@ -194,13 +201,14 @@ impl ReplayCache {
     }
 
     /// Mirrors the operation the store holds now for `identity`: kept when
-    /// it is completed with a stored body, forgotten otherwise.
-    pub fn mirror(&self, identity: &str, operation: &Operation) {
+    /// it is completed with a stored body, forgotten otherwise. `exact` is
+    /// the digest of a request the operation replays for, when one asked.
+    pub fn mirror(&self, identity: &str, operation: &Operation, exact: Option<ExactDigest>) {
         match (operation.state, &operation.response) {
             (State::Completed, Some(response)) => self.insert(
                 identity,
                 &operation.id,
-                (&operation.fingerprint, None),
+                (&operation.fingerprint, exact),
                 response,
                 operation.updated_at,
             ),
@@ -370,13 +378,36 @@ mod tests {
         assert_eq!(status(&operation(State::Completed, Some(b"")), &other), 422);
     }
 
+    /// A replay answered from the store is cached under the retry's exact
+    /// digest: its next byte-for-byte copy needs no fingerprint.
+    #[test]
+    fn a_mirrored_entry_answers_the_exact_request_it_answered() {
+        let exact = |body: &[u8]| {
+            ExactDigest::compute(&crate::pipeline::fingerprint::FingerprintInput {
+                method: &http::Method::POST,
+                path_and_query: "/t",
+                headers: &http::HeaderMap::new(),
+                fingerprint_headers: &[],
+                ignore_fields: &[],
+                body,
+            })
+        };
+        let cache = ReplayCache::default();
+        let op = operation(State::Completed, Some(b"{}"));
+        cache.mirror("id", &op, None);
+        assert!(cache.answer_exact("id", &exact(b"a"), 0).is_none());
+        cache.mirror("id", &op, Some(exact(b"a")));
+        assert!(cache.answer_exact("id", &exact(b"a"), 0).is_some());
+        assert!(cache.answer_exact("id", &exact(b"b"), 0).is_none());
+    }
+
     #[tokio::test]
     async fn the_cache_replays_only_what_is_still_valid() {
         let cache = ReplayCache::default();
         let fp = Fingerprint::from_stored("f".into());
         let mut op = operation(State::Completed, Some(b"{\"id\":1}"));
         op.updated_at = 1_000;
-        cache.mirror("id-1", &op);
+        cache.mirror("id-1", &op, None);
         let replay = cache.answer("id-1", &fp, 0).unwrap().unwrap();
         assert_eq!(replay.headers()[IDEMPOTENT_REPLAYED], "true");
         // The cached replay is the one built from the store.
@@ -392,8 +423,8 @@ mod tests {
         assert!(cache.answer("id-1", &fp, 1_001).is_none());
         assert!(cache.answer("id-2", &fp, 0).is_none());
         // Only completed operations with a stored body are kept.
-        cache.mirror("id-3", &operation(State::Unknown, Some(b"x")));
-        cache.mirror("id-4", &operation(State::Completed, None));
+        cache.mirror("id-3", &operation(State::Unknown, Some(b"x")), None);
+        cache.mirror("id-4", &operation(State::Completed, None), None);
         assert!(cache.answer("id-3", &fp, 0).is_none());
         assert!(cache.answer("id-4", &fp, 0).is_none());
     }
@@ -403,7 +434,7 @@ mod tests {
         let fp = Fingerprint::from_stored("f".into());
         let body = vec![b'x'; 100];
         let probe = ReplayCache::default();
-        probe.mirror("k0", &operation(State::Completed, Some(&body)));
+        probe.mirror("k0", &operation(State::Completed, Some(&body)), None);
         let one = probe.bytes.load(Ordering::SeqCst);
         assert!(
             one > ENTRY_OVERHEAD + 100,
@@ -412,7 +443,11 @@ mod tests {
         let capacity = 3 * one + one / 2;
         let cache = ReplayCache::with_capacity(capacity);
         for i in 0..5 {
-            cache.mirror(&format!("k{i}"), &operation(State::Completed, Some(&body)));
+            cache.mirror(
+                &format!("k{i}"),
+                &operation(State::Completed, Some(&body)),
+                None,
+            );
         }
         assert!(
             cache.answer("k0", &fp, 0).is_none(),
@@ -421,7 +456,7 @@ mod tests {
         assert!(cache.answer("k4", &fp, 0).is_some());
         assert!(cache.bytes.load(Ordering::SeqCst) <= capacity);
         // Re-inserting a key replaces its entry; the bound still holds.
-        cache.mirror("k4", &operation(State::Completed, Some(&body)));
+        cache.mirror("k4", &operation(State::Completed, Some(&body)), None);
         assert!(cache.bytes.load(Ordering::SeqCst) <= capacity);
         assert!(cache.answer("k4", &fp, 0).is_some());
     }

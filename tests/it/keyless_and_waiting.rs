@@ -196,6 +196,40 @@ async fn waiting_duplicates_get_the_first_ones_response() {
     assert_replay_of(&after, original);
 }
 
+/// The store's write calls (claims, records, other writes) so far.
+async fn store_calls(gw: &TestGateway) -> f64 {
+    let text = scrape_metrics(gw.admin_addr()).await;
+    metric(&text, r#"idemgate_store_batch_calls_sum{batch="write"}"#).unwrap_or(0.0)
+}
+
+/// A write its duplicates waited on is in the replay cache once recorded:
+/// the waiters and the next retry are answered without a store call. A
+/// write nobody repeated is not cached: its first retry asks the store (a
+/// claim that finds it), and the retry after that is answered from the
+/// cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replay_cache_holds_what_was_asked_for_again() {
+    let gw = spawn_gateway_with(Setup::route(r#"in_progress = "wait""#).admin()).await;
+    let before = store_calls(&gw).await;
+    let calls = || async { store_calls(&gw).await - before };
+
+    let responses = concurrent_writes(gw.addr(), 4, "/slow?ms=400", "waited", ORDER).await;
+    let original = assert_one_fresh_rest_replayed(&responses);
+    let after = write(gw.addr(), "/slow?ms=400", Some("waited"), ORDER).await;
+    assert_replay_of(&after, original);
+    assert_eq!(calls().await, 2.0, "one claim, one record");
+
+    let alone = write(gw.addr(), "/orders", Some("alone"), ORDER).await;
+    assert_fresh_created(&alone);
+    assert_eq!(calls().await, 4.0);
+    let retry = || write(gw.addr(), "/orders", Some("alone"), ORDER);
+    assert_replay_of(&retry().await, &alone);
+    assert_eq!(calls().await, 5.0, "the first retry's claim");
+    assert_replay_of(&retry().await, &alone);
+    assert_eq!(calls().await, 5.0, "the next one from the cache");
+    assert_eq!(gw.upstream.writes(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_gets_409_when_wait_timeout_runs_out() {
     let gw = spawn_gateway("in_progress = \"wait\"\nwait_timeout = \"300ms\"").await;

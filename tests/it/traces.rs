@@ -30,6 +30,9 @@ const KEY: &str = "trace-key-7f3a";
 /// The client's trace and its span, as its `traceparent` names them.
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+/// The client spans of a write's first retry and of its next one.
+const STORE_REPLAY_SPAN: &str = "00f067aa0ba902b8";
+const CACHED_REPLAY_SPAN: &str = "00f067aa0ba902b9";
 
 /// One span as received, with its resource's `service.name`.
 #[derive(Debug, Clone)]
@@ -255,13 +258,15 @@ async fn a_first_write_and_its_replay_are_trees_in_the_clients_trace() {
     let gw = spawn_gateway_with(traced(Setup::route("").admin(), &receiver.url)).await;
     let first = traced_write(&gw, "/tasks", CLIENT_SPAN).await;
     assert_fresh_created(&first);
-    let replay = traced_write(&gw, "/tasks", "00f067aa0ba902b8").await;
+    let replay = traced_write(&gw, "/tasks", STORE_REPLAY_SPAN).await;
     assert!(replay.is_replay());
+    let again = traced_write(&gw, "/tasks", CACHED_REPLAY_SPAN).await;
+    assert!(again.is_replay());
 
     let spans = receiver
-        .until("the write's tree and the replay", |spans| {
+        .until("the write's tree and the two replays", |spans| {
             has_request(spans, "forwarded")
-                && has_request(spans, "replayed")
+                && replayed(spans).len() == 2
                 && [
                     "idemgate.claim",
                     "idemgate.store.claim",
@@ -325,19 +330,42 @@ async fn a_first_write_and_its_replay_are_trees_in_the_clients_trace() {
     assert_eq!(parent_named_by(told), hex::encode(&upstream.span_id));
     assert_eq!(sent.header("tracestate"), Some("vendor=opaque"));
 
-    // The replay: answered from the cache, nothing below it; the same key's hash.
-    let replayed = request(&spans, "replayed");
-    assert_eq!(hex::encode(&replayed.parent_span_id), "00f067aa0ba902b8");
-    assert_attrs(
-        replayed,
-        &[
-            ("idemgate.replayed", "true"),
-            ("idemgate.operation.state", "completed"),
-        ],
-    );
-    assert_eq!(attr(replayed, "idemgate.key.hash"), Some(key_hash));
-    assert!(children(&spans, replayed).is_empty(), "{spans:#?}");
+    // The replays, each with the same key's hash. Nobody had asked for the
+    // write again while it was in flight, so the first retry is answered
+    // from the store (a claim that finds it, nothing upstream) and cached
+    // then; the next one from the cache, with nothing below it.
+    let replays = replayed(&spans);
+    let by_parent = |parent: &str| {
+        *replays
+            .iter()
+            .find(|s| hex::encode(&s.parent_span_id) == parent)
+            .unwrap_or_else(|| panic!("a replay under {parent}: {spans:#?}"))
+    };
+    for replay in &replays {
+        assert_attrs(
+            replay,
+            &[
+                ("idemgate.replayed", "true"),
+                ("idemgate.operation.state", "completed"),
+            ],
+        );
+        assert_eq!(attr(replay, "idemgate.key.hash").as_ref(), Some(&key_hash));
+    }
+    let from_store = by_parent(STORE_REPLAY_SPAN);
+    let claim = child(&spans, from_store, "idemgate.claim");
+    child(&spans, claim, "idemgate.store.claim");
+    assert_eq!(children(&spans, from_store).len(), 1, "{spans:#?}");
+    let cached = by_parent(CACHED_REPLAY_SPAN);
+    assert!(children(&spans, cached).is_empty(), "{spans:#?}");
     assert_no_secrets(&spans);
+}
+
+/// The requests answered as replays.
+fn replayed(spans: &[Span]) -> Vec<&Span> {
+    named(spans, "idemgate.request")
+        .into_iter()
+        .filter(|s| attr(s, "idemgate.outcome").as_deref() == Some("replayed"))
+        .collect()
 }
 
 /// Writes `path`, whose response is lost (`status`, `outcome-unknown`),
