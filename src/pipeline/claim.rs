@@ -234,7 +234,8 @@ pub async fn claim(
     cache: &ReplayCache,
     route: &Route,
     new: &NewOperation,
-    (identity, exact): (&str, ExactDigest),
+    identity: &str,
+    exact: ExactDigest,
     valid_after: i64,
     hold: Option<Hold>,
 ) -> Result<Claimed, ProxyError> {

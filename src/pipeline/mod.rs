@@ -537,7 +537,8 @@ impl Proxy {
             &self.shared.replays,
             route,
             &new,
-            (&identity, exact),
+            &identity,
+            exact,
             valid_after,
             hold,
         );
