@@ -80,6 +80,7 @@ pub mod demo;
 pub mod error_chain;
 pub mod gateway_client;
 pub mod healthcheck;
+pub mod hex_text;
 pub mod http_client;
 pub mod keys_cli;
 pub mod log_format;

@@ -28,6 +28,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::config::{StoreConfig, StoreUrl};
+use crate::hex_text;
 
 /// Why no scope key could be had, or why the one given does not fit.
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +103,7 @@ impl ScopeKey {
         let mut mac = self.mac.clone();
         mac.update(b"idemgate-scope-v2\0");
         mac.update(digest.as_bytes());
-        hex::encode(mac.finalize().into_bytes())
+        hex_text::of(&mac.finalize().into_bytes())
     }
 
     /// An operation's identity (route, keyed scope, key) as traces show it:
@@ -112,7 +113,7 @@ impl ScopeKey {
         let mut mac = self.mac.clone();
         mac.update(b"idemgate-trace-key-v1\0");
         mac.update(identity.as_bytes());
-        hex::encode(&mac.finalize().into_bytes()[..16])
+        hex_text::of(&mac.finalize().into_bytes()[..16])
     }
 
     /// What the store keeps to recognise this key: a MAC of a constant,
@@ -120,7 +121,7 @@ impl ScopeKey {
     pub fn canary(&self) -> String {
         let mut mac = self.mac.clone();
         mac.update(b"idemgate-scope-canary-v1");
-        hex::encode(mac.finalize().into_bytes())
+        hex_text::of(&mac.finalize().into_bytes())
     }
 
     /// The error for a store whose canary is not this key's.

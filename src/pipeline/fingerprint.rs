@@ -123,18 +123,9 @@ pub fn is_json(headers: &HeaderMap) -> bool {
     media_type == "application/json" || media_type.ends_with("+json")
 }
 
-/// A SHA-256 as lower-case hex. Through a fixed buffer: `hex::encode`
-/// goes char by char, which showed in profiles of the replay path (every
-/// request hashes its scope and its fingerprint).
+/// A SHA-256 as lower-case hex.
 pub fn digest_hex(hasher: Sha256) -> String {
-    let mut text = [0u8; 64];
-    let digest = hasher.finalize();
-    // 32 bytes always fit 64 hex digits, and hex digits are ASCII.
-    let encoded = hex::encode_to_slice(digest, &mut text).map(|()| std::str::from_utf8(&text));
-    match encoded {
-        Ok(Ok(text)) => text.to_string(),
-        _ => hex::encode(digest),
-    }
+    crate::hex_text::of(&hasher.finalize())
 }
 
 #[cfg(test)]
