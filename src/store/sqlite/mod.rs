@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use rusqlite::Connection;
+use rusqlite::{Connection, OpenFlags};
 use sqlx::ConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
@@ -213,11 +213,20 @@ async fn migrate_file(path: &Path, store_name: &str) -> Result<(), StoreError> {
 /// The writer's connection: WAL, the durability asked for, temporary data
 /// in memory (multi-row work would otherwise create a temp file per
 /// statement), a busy timeout equal to the writer's queue timeout.
-fn connect(path: &Path, durability: Durability) -> Result<Connection, rusqlite::Error> {
-    let conn = Connection::open(path)?;
-    let synchronous = match durability {
-        Durability::Full => "FULL",
-        Durability::Normal => "NORMAL",
+///
+/// With `durability = "full"` it opens through `idemgate-wal-buffer`
+/// (`crates/wal-buffer`), which writes a commit's WAL frames as one write
+/// at its fsync instead of two per frame: correct only for a connection
+/// that syncs every commit, which `synchronous = FULL` does and `NORMAL`
+/// does not, so `"normal"` opens through the default VFS.
+fn connect(path: &Path, durability: Durability) -> Result<Connection, ConnectError> {
+    let (conn, synchronous) = match durability {
+        Durability::Full => {
+            let vfs = idemgate_wal_buffer::register()?;
+            let conn = Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs)?;
+            (conn, "FULL")
+        }
+        Durability::Normal => (Connection::open(path)?, "NORMAL"),
     };
     conn.busy_timeout(QUEUE_TIMEOUT)?;
     conn.execute_batch(&format!(
@@ -226,6 +235,15 @@ fn connect(path: &Path, durability: Durability) -> Result<Connection, rusqlite::
     ))?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
+}
+
+/// Why the writer's connection did not open.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    #[error(transparent)]
+    Vfs(#[from] idemgate_wal_buffer::RegisterError),
 }
 
 fn lock_file(path: &Path, store_name: &str) -> Result<File, StoreError> {
