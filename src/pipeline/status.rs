@@ -6,8 +6,10 @@
 //!
 //! Invariant: a client only ever sees operations in its own scope — the
 //! lookup hashes the caller's scope headers per route exactly as a write
-//! would — and never payloads: id, route, state, attempts, last update. A
-//! caller with none of any route's scope headers has no operations: 404.
+//! would, narrowed as the route's profile narrows a write's (the
+//! `Repeatability-Client-ID` sent, the write's path named by `?path=`) —
+//! and never payloads: id, route, state, attempts, last update. A caller
+//! with none of any route's scope headers has no operations: 404.
 
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
@@ -21,6 +23,7 @@ use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::key::{IdempotencyKey, KeyError, Scope};
+use crate::pipeline::path::{self, PathError};
 use crate::scope_key::ScopeKey;
 use crate::store::Operators;
 
@@ -47,17 +50,27 @@ pub async fn lookup<B>(
         .map_err(|_| ProxyError::InvalidKey(KeyError::BadCharacter))?;
     // Parsed exactly as the header is: `"k1"` and `k1` are one key.
     let key = IdempotencyKey::parse(&key)?;
+    let written_at = written_path(request.uri().query())?;
     let scopes: Vec<(String, String)> = routes
         .iter()
         .filter_map(|active| {
             let route = &active.route;
-            Scope::from_headers(
+            let wire = route.profile.wire();
+            // A route whose profile scopes a key by its endpoint (ACP) is
+            // searched only when the lookup names the write's path.
+            let path = match (wire.scope_path, written_at.as_deref()) {
+                (true, None) => return None,
+                (true, Some(path)) => path,
+                (false, _) => "",
+            };
+            let scope = Scope::from_headers(
                 request.headers(),
                 &route.scope_headers,
                 route.allow_anonymous,
                 scope_key,
-            )
-            .map(|scope| (route.name.clone(), scope.as_str().to_string()))
+            )?
+            .narrowed(wire, path, request.headers(), scope_key);
+            Some((route.name.clone(), scope.as_str().to_string()))
         })
         .collect();
     let found = store
@@ -80,4 +93,22 @@ pub async fn lookup<B>(
     response.extensions_mut().insert(Outcome::lookup);
     response.extensions_mut().insert(OperationId(found.id));
     Ok(response)
+}
+
+/// The `path` query parameter: the path a write was sent to, which an
+/// ACP route's scope holds (docs/requests.md, "Asking what became of a
+/// write"), percent-decoded once (it is a query value) and put in normal
+/// form, as the write's own path was before its scope was made.
+fn written_path(query: Option<&str>) -> Result<Option<String>, ProxyError> {
+    let Some(value) = query
+        .into_iter()
+        .flat_map(|query| query.split('&'))
+        .find_map(|pair| pair.strip_prefix("path="))
+    else {
+        return Ok(None);
+    };
+    let decoded = percent_decode_str(value)
+        .decode_utf8()
+        .map_err(|_| ProxyError::InvalidPath(PathError::Unrepresentable))?;
+    Ok(Some(path::normal_form(&decoded)?.into_owned()))
 }

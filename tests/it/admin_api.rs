@@ -1225,6 +1225,107 @@ async fn a_lookup_takes_the_key_in_either_header_form() {
     malformed.assert_problem(400, "invalid-key");
 }
 
+/// `GET /.idemgate/operations/{key}{query}` with `headers` beside
+/// Alice's authorization.
+async fn lookup_with(
+    gw: &TestGateway,
+    key: &str,
+    query: &str,
+    headers: &[(&str, &str)],
+) -> Response {
+    let path = format!("/.idemgate/operations/{key}{query}");
+    let mut all = vec![("authorization", ALICE)];
+    all.extend_from_slice(headers);
+    send(gw.addr(), "GET", &path, &all, Bytes::new()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oasis_lookup_finds_the_write_of_the_client_id_it_sends() {
+    let (gw, admin) = gateway(r#"profile = "oasis""#).await;
+    let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+    let written = send(
+        gw.addr(),
+        "POST",
+        "/orders",
+        &[
+            ("content-type", "application/json"),
+            ("authorization", ALICE),
+            ("repeatability-request-id", "req-1"),
+            ("repeatability-first-sent", &now),
+            ("repeatability-client-id", "client-a"),
+        ],
+        ORDER.to_owned(),
+    )
+    .await;
+    assert_eq!(
+        written.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&written.body)
+    );
+    let id = admin.id_of("req-1").await;
+
+    // The client id is part of the write's scope, so of the lookup's.
+    let mine = lookup_with(&gw, "req-1", "", &[("repeatability-client-id", "client-a")]).await;
+    assert_eq!(mine.status, 200, "{}", String::from_utf8_lossy(&mine.body));
+    assert_eq!(mine.json()["operation_id"], id.as_str());
+    for other in [&[][..], &[("repeatability-client-id", "client-b")][..]] {
+        lookup_with(&gw, "req-1", "", other)
+            .await
+            .assert_problem(404, "unknown-operation");
+    }
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acp_lookup_finds_the_write_on_the_path_it_names() {
+    let (gw, admin) = gateway(r#"profile = "acp""#).await;
+    let written = write(
+        gw.addr(),
+        "/orders/cs_1/complete?via=agent",
+        Some("k-acp"),
+        ORDER,
+    )
+    .await;
+    assert_eq!(
+        written.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&written.body)
+    );
+    let id = admin.id_of("k-acp").await;
+
+    // The endpoint is part of an ACP key's scope: named as the write's
+    // path (without its query), in any spelling of its normal form.
+    for query in [
+        "?path=/orders/cs_1/complete",
+        "?path=%2Forders%2Fcs_1%2F.%2Fcomplete",
+        "?x=1&path=//orders/cs_1/complete",
+    ] {
+        let found = lookup_with(&gw, "k-acp", query, &[]).await;
+        assert_eq!(
+            found.status,
+            200,
+            "{query}: {}",
+            String::from_utf8_lossy(&found.body)
+        );
+        assert_eq!(found.json()["operation_id"], id.as_str(), "{query}");
+    }
+    for query in [
+        "",
+        "?path=/orders/cs_2/complete",
+        "?path=/orders/cs_1/complete?via=agent",
+    ] {
+        lookup_with(&gw, "k-acp", query, &[])
+            .await
+            .assert_problem(404, "unknown-operation");
+    }
+    lookup_with(&gw, "k-acp", "?path=orders", &[])
+        .await
+        .assert_problem(400, "invalid-path");
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
 // ------------------------------------------------------------- metrics
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
