@@ -1257,12 +1257,7 @@ async fn an_oasis_lookup_finds_the_write_of_the_client_id_it_sends() {
         ORDER.to_owned(),
     )
     .await;
-    assert_eq!(
-        written.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&written.body)
-    );
+    assert_fresh_created(&written);
     let id = admin.id_of("req-1").await;
 
     // The client id is part of the write's scope, so of the lookup's.
@@ -1287,12 +1282,7 @@ async fn an_acp_lookup_finds_the_write_on_the_path_it_names() {
         ORDER,
     )
     .await;
-    assert_eq!(
-        written.status,
-        201,
-        "{}",
-        String::from_utf8_lossy(&written.body)
-    );
+    assert_fresh_created(&written);
     let id = admin.id_of("k-acp").await;
 
     // The endpoint is part of an ACP key's scope: named as the write's
