@@ -429,7 +429,7 @@ impl Proxy {
         let mut response = match cached {
             Some(answer) => answer.unwrap_or_else(|error| error.into_response_as(wire)),
             None => {
-                let new = NewOperation {
+                let new = Arc::new(NewOperation {
                     route: route.name.clone(),
                     scope: scope.as_str().to_string(),
                     key: key.as_str().to_string(),
@@ -447,7 +447,7 @@ impl Proxy {
                         body: route.store_request_body.then(|| body.to_vec()),
                     },
                     fresh_after,
-                };
+                });
                 let write = Write {
                     key: key.clone(),
                     new,
@@ -616,7 +616,7 @@ enum Next {
 /// and the request to forward.
 struct Write {
     key: IdempotencyKey,
-    new: NewOperation,
+    new: Arc<NewOperation>,
     /// The request exactly as sent, kept with its response for replays.
     exact: ExactDigest,
     identity: String,

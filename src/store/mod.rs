@@ -60,9 +60,9 @@ pub struct StoredEvent {
 /// a first attempt's claim is the row's creation, and a plain response —
 /// sent on the first try, recorded as `completed` with evidence
 /// `response` — is the row's response columns at its last update.
-fn is_implied_by_record(settlement: &Settlement, events: &[Event]) -> bool {
+fn is_implied_by_record(state: State, events: &[Event]) -> bool {
     let first_try = |e: &Event| e.kind == "sent" && e.detail["tries"] == 1;
-    matches!(settlement, Settlement::Completed { .. })
+    state == State::Completed
         && matches!(events, [sent, response] if first_try(sent) && response.kind == "response")
 }
 
@@ -556,8 +556,10 @@ impl<T: RequestPath + Operators + Outbox + Maintenance> Store for T {}
 #[async_trait]
 pub trait RequestPath: Send + Sync {
     /// Looks up `(route, scope, key)` and, in the same transaction, claims it
-    /// for this process when it is new or `not_attempted`.
-    async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError>;
+    /// for this process when it is new or `not_attempted`. (An `Arc`: a
+    /// store that claims on a thread or a batch of its own shares it, not
+    /// a copy of its strings.)
+    async fn claim(&self, new: &Arc<NewOperation>) -> Result<ClaimResult, StoreError>;
 
     /// Settles a claimed attempt, with its events, as one compare-and-set.
     /// Events the row itself proves are not stored ([`timeline`] shows

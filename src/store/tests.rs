@@ -119,10 +119,11 @@ fn only_a_plain_first_try_is_implied_by_its_record() {
         kind: "response",
         detail: serde_json::json!({}),
     };
-    assert!(is_implied_by_record(&response, &[sent(1), answer.clone()]));
-    assert!(!is_implied_by_record(&response, &[sent(2), answer.clone()]));
+    let response = response.state();
+    assert!(is_implied_by_record(response, &[sent(1), answer.clone()]));
+    assert!(!is_implied_by_record(response, &[sent(2), answer.clone()]));
     let held = Settlement::Unknown {
         evidence: "timeout".into(),
     };
-    assert!(!is_implied_by_record(&held, &[sent(1), answer]));
+    assert!(!is_implied_by_record(held.state(), &[sent(1), answer]));
 }

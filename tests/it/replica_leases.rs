@@ -41,8 +41,8 @@ async fn replica_at(url: String, owner: String) -> PostgresStore {
     .unwrap_or_else(|e| panic!("open {owner}: {e}"))
 }
 
-fn new_op(key: &str) -> NewOperation {
-    NewOperation {
+fn new_op(key: &str) -> Arc<NewOperation> {
+    Arc::new(NewOperation {
         route: "api".into(),
         scope: digest("s"),
         key: key.into(),
@@ -56,7 +56,7 @@ fn new_op(key: &str) -> NewOperation {
             body: None,
         },
         fresh_after: None,
-    }
+    })
 }
 
 async fn claim_id(store: &dyn Store, key: &str) -> String {

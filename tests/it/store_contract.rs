@@ -200,14 +200,14 @@ fn first_try() -> Vec<Event> {
 }
 
 async fn claimed(store: &dyn Store, new: &NewOperation) -> Claim {
-    match store.claim(new).await.expect("claim") {
+    match store.claim(&Arc::new(new.clone())).await.expect("claim") {
         ClaimResult::Claimed(claim) => claim,
         ClaimResult::Existing(op) => panic!("expected a claim, found {:?}", op.state),
     }
 }
 
 async fn existing(store: &dyn Store, new: &NewOperation) -> idemgate::operation::Operation {
-    match store.claim(new).await.expect("claim") {
+    match store.claim(&Arc::new(new.clone())).await.expect("claim") {
         ClaimResult::Existing(op) => *op,
         ClaimResult::Claimed(claim) => panic!("expected an existing operation, claimed {claim:?}"),
     }
@@ -441,7 +441,7 @@ async fn racing_claims_have_one_winner(bench: Bench) {
             (Some(peer), 1) => peer.clone(),
             _ => store.clone(),
         };
-        claims.spawn(async move { store.claim(&new_op("race", "fp")).await });
+        claims.spawn(async move { store.claim(&Arc::new(new_op("race", "fp"))).await });
     }
     let (mut won, mut lost) = (Vec::new(), Vec::new());
     while let Some(result) = claims.join_next().await {

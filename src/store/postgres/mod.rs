@@ -303,7 +303,7 @@ impl Drop for PostgresStore {
 
 #[async_trait]
 impl RequestPath for PostgresStore {
-    async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
+    async fn claim(&self, new: &Arc<NewOperation>) -> Result<ClaimResult, StoreError> {
         if !self.fence.holds() {
             return Err(StoreError::Busy(
                 "this replica could not renew its lease in the store".into(),

@@ -13,6 +13,7 @@
 //! statements that must change together when the schema does.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
@@ -36,7 +37,7 @@ const OWNER_ALIVE: &str = "EXISTS (SELECT 1 FROM replicas r
 /// gateway's clock).
 pub struct ClaimCall {
     pub now: i64,
-    pub new: NewOperation,
+    pub new: Arc<NewOperation>,
 }
 
 /// Claims each of `calls` for `owner` in one statement, through the
@@ -266,7 +267,7 @@ pub async fn record(
     .bind(ordered().map(|(_, c)| c.now).collect::<Vec<_>>())
     .bind(
         ordered()
-            .map(|(_, c)| is_implied_by_record(&c.settlement, &c.events))
+            .map(|(_, c)| is_implied_by_record(c.settlement.state(), &c.events))
             .collect::<Vec<_>>(),
     )
     .bind(&event_ords)

@@ -278,7 +278,7 @@ impl RequestPath for SqliteStore {
         self.fence.clone()
     }
 
-    async fn claim(&self, new: &NewOperation) -> Result<ClaimResult, StoreError> {
+    async fn claim(&self, new: &Arc<NewOperation>) -> Result<ClaimResult, StoreError> {
         let (owner, now, new) = (self.owner.clone(), self.clock.now_millis(), new.clone());
         let seal = self.seal.clone();
         self.writer
@@ -297,7 +297,8 @@ impl RequestPath for SqliteStore {
         let stored = (settlement.response()).map(|response| {
             (self.seal).stored_form(&claim.operation_id, &claim.identity, response)
         });
-        let (claim, settlement, events) = (claim.clone(), settlement.clone(), events.to_vec());
+        let settlement = statements::SettledRow::from(settlement);
+        let (claim, events) = (claim.clone(), events.to_vec());
         self.writer
             .run(move |conn| {
                 let stored = stored.as_ref();

@@ -12,6 +12,8 @@
 //! the other dialect) in one place; splitting it by caller would scatter
 //! the statements that must change together when the schema does.
 
+use std::borrow::Cow;
+
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::transitions::{self, Row as Changed};
@@ -202,6 +204,29 @@ fn digest_bytes(hex: &str) -> Result<[u8; 32], StoreError> {
     Ok(bytes)
 }
 
+/// What a settlement writes in the row's own columns. Its response goes
+/// apart, sealed ([`StoredForm`]), so the call queued for the writer
+/// carries no copy of the response's headers and body.
+pub struct SettledRow {
+    state: State,
+    evidence: Cow<'static, str>,
+    status: Option<u16>,
+}
+
+impl From<&Settlement> for SettledRow {
+    fn from(settlement: &Settlement) -> Self {
+        SettledRow {
+            state: settlement.state(),
+            evidence: match settlement {
+                // The one evidence of a response, and the happy path's.
+                Settlement::Completed { .. } => Cow::Borrowed("response"),
+                _ => Cow::Owned(settlement.evidence().to_string()),
+            },
+            status: settlement.response().map(|r| r.status),
+        }
+    }
+}
+
 /// Settles a claimed attempt with its events, as one compare-and-set.
 /// `stored` is the settlement's response as it is written
 /// ([`Seal::stored_form`], made before the call was queued).
@@ -210,14 +235,14 @@ pub fn record(
     owner: &str,
     now: i64,
     claim: &Claim,
-    settlement: &Settlement,
+    settlement: &SettledRow,
     stored: Option<&StoredForm>,
     events: &[Event],
 ) -> Result<Recorded, StoreError> {
     let updated = conn.prepare_cached(RECORD)?.execute(params![
-        settlement.state().as_str(),
-        settlement.evidence(),
-        settlement.response().map(|r| i64::from(r.status)),
+        settlement.state.as_str(),
+        settlement.evidence,
+        settlement.status.map(i64::from),
         stored.map(|s| s.headers.as_str()),
         stored.and_then(|s| s.body.as_deref()),
         now,
@@ -226,12 +251,12 @@ pub fn record(
         owner,
     ])?;
     if updated == 1 {
-        let (from, to) = (Some(State::InProgress), Some(settlement.state()));
-        transitions::moved(conn, claim.into(), from, to, now, settlement.evidence())?;
+        let (from, to) = (Some(State::InProgress), Some(settlement.state));
+        transitions::moved(conn, claim.into(), from, to, now, &settlement.evidence)?;
     }
     // A stale record keeps its evidence as events; an applied plain
     // response is proven by the row itself.
-    if updated == 0 || !is_implied_by_record(settlement, events) {
+    if updated == 0 || !is_implied_by_record(settlement.state, events) {
         for event in events {
             insert_event(conn, &claim.operation_id, now, event)?;
         }
