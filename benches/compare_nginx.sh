@@ -46,6 +46,9 @@
 #   - runq µs: the time the proxy's threads were ready to run but waited for
 #     a CPU (/proc/PID/task/*/schedstat): on a machine that wrk, the
 #     upstream and the proxy share, what a request loses to the others;
+#   - disk KB: the KiB the proxy's processes wrote to the storage device
+#     (`write_bytes` of /proc/PID/io, counted when a page is dirtied): the
+#     store's WAL, its checkpoints and the log;
 #   - machine CPU µs: the whole machine's busy time (/proc/stat), wrk and the
 #     upstream included, which is what the rate is bounded by.
 # The counters run during the measured run itself; perf's tracepoint costs
@@ -329,9 +332,10 @@ proc_set() {
     echo "$1" $(cat "/proc/$1/task/"*/children 2>/dev/null)
 }
 
-# /proc counters of the processes $@: "cpu_ticks ctx_switches runq_ns".
+# /proc counters of the processes $@: "cpu_ticks ctx_switches runq_ns
+# disk_bytes".
 proc_counters() {
-    local ticks=0 switches=0 runq=0 pid
+    local ticks=0 switches=0 runq=0 disk=0 pid
     for pid in "$@"; do
         # utime and stime: fields 14 and 15, counted after the command's ")".
         ticks=$((ticks + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }')))
@@ -340,8 +344,10 @@ proc_counters() {
         # schedstat: time on a CPU, time waiting for one (ns), time slices.
         runq=$((runq + $(cat "/proc/$pid/task/"*/schedstat 2>/dev/null |
             awk '{ n += $2 } END { printf "%d", n }')))
+        # Bytes the process had sent (or queued) to the storage device.
+        disk=$((disk + $(awk '/^write_bytes:/ { print $2 }' "/proc/$pid/io" 2>/dev/null || echo 0)))
     done
-    echo "$ticks $switches $runq"
+    echo "$ticks $switches $runq $disk"
 }
 
 # The whole machine's busy clock ticks so far (all CPUs, idle and iowait left out).
@@ -351,7 +357,7 @@ machine_ticks() {
 
 # One measured run of load $1 against $2 with the processes $3 (a list)
 # counted; prints "rps p50 p99 non2xx errors cpu_us switches syscalls runq_us
-# machine_us".
+# disk_kb machine_us".
 measure() {
     local mode=$1 addr=$2 counted=$3 hz
     hz=$(getconf CLK_TCK)
@@ -371,8 +377,8 @@ measure() {
     # shellcheck disable=SC2086
     after=$(proc_counters $counted)
     local cpu_ms switches syscalls=
-    read -r ticks_before switches_before runq_before <<<"$before"
-    read -r ticks_after switches_after runq_after <<<"$after"
+    read -r ticks_before switches_before runq_before disk_before <<<"$before"
+    read -r ticks_after switches_after runq_after disk_after <<<"$after"
     cpu_ms=$(((ticks_after - ticks_before) * 1000 / hz))
     switches=$((switches_after - switches_before))
     if [ -n "$perf_pid" ]; then
@@ -385,12 +391,12 @@ measure() {
     read -r rps p50 p99 non2xx errors requests <<<"$result"
     awk -v rps="$rps" -v p50="$p50" -v p99="$p99" -v non2xx="$non2xx" -v errors="$errors" \
         -v n="$requests" -v cpu_ms="$cpu_ms" -v sw="$switches" -v sc="$syscalls" \
-        -v runq=$((runq_after - runq_before)) \
+        -v runq=$((runq_after - runq_before)) -v disk=$((disk_after - disk_before)) \
         -v machine=$((machine_after - machine_before)) -v hz="$hz" 'BEGIN {
             n = n > 0 ? n : 1
-            printf "%s %s %s %s %s %.1f %.2f %s %.1f %.1f\n", rps, p50, p99, non2xx, errors,
+            printf "%s %s %s %s %s %.1f %.2f %s %.1f %.1f %.1f\n", rps, p50, p99, non2xx, errors,
                 cpu_ms * 1000 / n, sw / n, sc == "" ? "-" : sprintf("%.2f", sc / n),
-                runq / 1000 / n, machine * 1e6 / hz / n
+                runq / 1000 / n, disk / 1024 / n, machine * 1e6 / hz / n
         }'
 }
 
@@ -406,8 +412,8 @@ for durability in $DURABILITIES; do
     gateways+=("idemgate $durability=$started=$started_pid")
 done
 
-printf '\n%-22s %8s %7s %7s %7s %6s %8s  %8s %6s %8s %7s %8s\n' "load / proxy" "req/s" "p50 ms" \
-    "p99 ms" "non-2xx" "errors" "vs nginx" "CPU µs" "ctx sw" "syscalls" "runq µs" "machine"
+printf '\n%-22s %8s %7s %7s %7s %6s %8s  %8s %6s %8s %7s %7s %8s\n' "load / proxy" "req/s" "p50 ms" \
+    "p99 ms" "non-2xx" "errors" "vs nginx" "CPU µs" "ctx sw" "syscalls" "runq µs" "disk KB" "machine"
 for mode in $LOADS; do
     case $mode in
         off) echo "forwarding (key = \"off\", a new key per request)" ;;
@@ -417,7 +423,7 @@ for mode in $LOADS; do
     nginx_rps=
     for target in "nginx pass-through=127.0.0.1:$nginx_port=$nginx_pid" "${gateways[@]}"; do
         IFS== read -r proxy addr pid <<<"$target"
-        read -r rps p50 p99 non2xx errors cpu switches syscalls runq machine \
+        read -r rps p50 p99 non2xx errors cpu switches syscalls runq disk machine \
             <<<"$(measure "$mode" "$addr" "$(proc_set "$pid")")"
         if [ -z "$nginx_rps" ]; then
             nginx_rps=$rps
@@ -425,11 +431,11 @@ for mode in $LOADS; do
         else
             ratio=$(awk -v a="$rps" -v b="$nginx_rps" 'BEGIN { printf "%.3f", a / b }')
         fi
-        printf '  %-20s %8.0f %7.2f %7.2f %7d %6d %7s×  %8s %6s %8s %7s %8s\n' "$proxy" "$rps" "$p50" \
-            "$p99" "$non2xx" "$errors" "$ratio" "$cpu" "$switches" "$syscalls" "$runq" "$machine"
+        printf '  %-20s %8.0f %7.2f %7.2f %7d %6d %7s×  %8s %6s %8s %7s %7s %8s\n' "$proxy" "$rps" "$p50" \
+            "$p99" "$non2xx" "$errors" "$ratio" "$cpu" "$switches" "$syscalls" "$runq" "$disk" "$machine"
     done
 done
-echo "  (per request: the proxy's CPU µs, context switches, system calls and µs waiting for a CPU; the machine's CPU µs)"
+echo "  (per request: the proxy's CPU µs, context switches, system calls, µs waiting for a CPU and KiB sent to the disk; the machine's CPU µs)"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # System calls by name, per request: strace -c on a short run of each load
