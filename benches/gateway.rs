@@ -41,6 +41,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use idemgate::config::Config;
 use idemgate::server::Gateway;
+use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
@@ -260,10 +261,16 @@ async fn exchange(client: &HttpClient, req: Request<Full<Bytes>>) -> Reply {
         .expect("request timed out")
 }
 
-/// A key no earlier request in this run used.
+/// A key no earlier request in this run used. It starts with 16 hex digits
+/// of a digest of its number, so keys land at random places in the store's
+/// identity index as SDKs' UUIDs do (a counter's keys would share a few
+/// index pages and understate a first write's cost).
 fn fresh_key(label: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("bench-{label}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let digest = Sha256::digest(n.to_be_bytes());
+    let spread = u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"));
+    format!("{spread:016x}-{label}-{n}")
 }
 
 // ------------------------------------------------------------------ storms
