@@ -10,6 +10,7 @@
 #   IDEMGATE=path/to/idemgate benches/compare_nginx.sh   # skip the release build
 #   DURABILITIES="full normal" benches/compare_nginx.sh  # also durability "normal"
 #   LOADS="first" benches/compare_nginx.sh  # only some of the loads: off, first, replay
+#   ROUNDS=3 benches/compare_nginx.sh     # each load 3 times, nginx and idemgate in turn, + the median ratio
 #   TOKIO_WORKER_THREADS=2 benches/compare_nginx.sh      # the gateway's async workers
 #   STRACE=1 benches/compare_nginx.sh     # + system calls by name (strace -c, short runs)
 #   CALLGRIND=1 benches/compare_nginx.sh  # + instructions per request (valgrind, ~3 min)
@@ -34,6 +35,13 @@
 #     plain writes: it does not deduplicate).
 # Every run is preceded by a 2 s warm-up on the same load (connections,
 # caches) whose figures are discarded.
+#
+# ROUNDS=N measures each load N times, nginx and the gateway in turn
+# (nginx, idemgate, nginx, idemgate…), each round's ratio against the
+# nginx run just before it, and prints the median ratio. On a shared VM
+# the host's speed drifts over minutes (nginx's own CPU per request moved
+# from 22 to 30 µs between two runs here), so a ratio of two runs taken
+# back to back, and the median of several such, is what carries.
 #
 # Per-request costs, over each measured run, divided by the requests wrk
 # completed in it:
@@ -74,6 +82,8 @@ DURATION=${DURATION:-10s}
 CALLGRIND_DURATION=${CALLGRIND_DURATION:-10s}
 DURABILITIES=${DURABILITIES:-full}
 LOADS=${LOADS:-off first replay}
+ROUNDS=${ROUNDS:-1}
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a whole number of at least 1, not '$ROUNDS'" >&2; exit 2; }
 THREADS=2
 CONNECTIONS=64
 REPLAY_KEYS=64
@@ -433,20 +443,37 @@ for mode in $LOADS; do
         first) echo "first writes (a new key per request)" ;;
         replay) echo "replays ($REPLAY_KEYS keys, created in the warm-up)" ;;
     esac
-    nginx_rps=
-    for target in "nginx pass-through=127.0.0.1:$nginx_port=$nginx_pid" "${gateways[@]}"; do
-        IFS== read -r proxy addr pid <<<"$target"
-        read -r rps p50 p99 non2xx errors cpu switches syscalls runq disk machine \
-            <<<"$(measure "$mode" "$addr" "$(proc_set "$pid")")"
-        if [ -z "$nginx_rps" ]; then
-            nginx_rps=$rps
-            ratio=1
-        else
-            ratio=$(awk -v a="$rps" -v b="$nginx_rps" 'BEGIN { printf "%.3f", a / b }')
-        fi
-        printf '  %-20s %8.0f %7.2f %7.2f %7d %6d %7s×  %8s %6s %8s %7s %7s %8s\n' "$proxy" "$rps" "$p50" \
-            "$p99" "$non2xx" "$errors" "$ratio" "$cpu" "$switches" "$syscalls" "$runq" "$disk" "$machine"
+    # Each gateway's ratios over the rounds, space-separated.
+    declare -A ratios=()
+    for round in $(seq "$ROUNDS"); do
+        nginx_rps=
+        for target in "nginx pass-through=127.0.0.1:$nginx_port=$nginx_pid" "${gateways[@]}"; do
+            IFS== read -r proxy addr pid <<<"$target"
+            read -r rps p50 p99 non2xx errors cpu switches syscalls runq disk machine \
+                <<<"$(measure "$mode" "$addr" "$(proc_set "$pid")")"
+            if [ -z "$nginx_rps" ]; then
+                nginx_rps=$rps
+                ratio=1
+            else
+                ratio=$(awk -v a="$rps" -v b="$nginx_rps" 'BEGIN { printf "%.3f", a / b }')
+                ratios[$proxy]+="$ratio "
+            fi
+            label=$proxy
+            if [ "$ROUNDS" -gt 1 ]; then label="$proxy #$round"; fi
+            printf '  %-21s%8.0f %7.2f %7.2f %7d %6d %7s×  %8s %6s %8s %7s %7s %8s\n' "$label" "$rps" "$p50" \
+                "$p99" "$non2xx" "$errors" "$ratio" "$cpu" "$switches" "$syscalls" "$runq" "$disk" "$machine"
+        done
     done
+    if [ "$ROUNDS" -gt 1 ]; then
+        for target in "${gateways[@]}"; do
+            IFS== read -r proxy _ <<<"$target"
+            # shellcheck disable=SC2086 # a list of ratios
+            printf '  %-20s median of %d rounds: %s×\n' "$proxy" "$ROUNDS" \
+                "$(printf '%s\n' ${ratios[$proxy]} | sort -n | awk '{ r[NR] = $1 } END {
+                    printf "%.3f", NR % 2 ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2 }')"
+        done
+    fi
+    unset ratios
 done
 echo "  (per request: the proxy's CPU µs, context switches, system calls, µs waiting for a CPU and KiB sent to the disk; the machine's CPU µs)"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
