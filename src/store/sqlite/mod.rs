@@ -280,9 +280,9 @@ impl RequestPath for SqliteStore {
 
     async fn claim(&self, new: &Arc<NewOperation>) -> Result<ClaimResult, StoreError> {
         let (owner, now, new) = (self.owner.clone(), self.clock.now_millis(), new.clone());
-        let seal = self.seal.clone();
+        let (seal, identity) = (self.seal.clone(), new.identity());
         self.writer
-            .run(move |conn| statements::claim(conn, &seal, &owner, now, &new))
+            .run(move |conn| statements::claim(conn, &seal, &owner, now, &new, identity))
             .await
     }
 

@@ -63,16 +63,19 @@ const RECORD: &str = "UPDATE operations SET state = ?1, evidence = ?2, response_
 /// Claims `new`'s identity when it is new, outdated or `not_attempted` with
 /// the same fingerprint; otherwise answers with the operation that holds it.
 /// A new identity — every first write — costs one statement: the insert is
-/// tried first and only a conflict looks the holder up.
+/// tried first and only a conflict looks the holder up. `identity` is
+/// `new.identity()`, a digest its caller makes on the request's task so
+/// that the writer thread, which every first write waits on, does not.
 pub fn claim(
     conn: &Connection,
     seal: &Seal,
     owner: &str,
     now: i64,
     new: &NewOperation,
+    identity: Identity,
 ) -> Result<ClaimResult, StoreError> {
     // The row's creation is the first attempt's claim (see `timeline`).
-    if let Some(claim) = insert(conn, seal, owner, now, new)? {
+    if let Some(claim) = insert(conn, seal, owner, now, new, identity)? {
         return Ok(ClaimResult::Claimed(claim));
     }
     let held = || StoreError::Failed("an identity is taken by no operation".into());
@@ -86,7 +89,7 @@ pub fn claim(
         };
         insert_event(conn, &operation.id, now, &event)?;
         return Ok(ClaimResult::Claimed(
-            insert(conn, seal, owner, now, new)?.ok_or_else(held)?,
+            insert(conn, seal, owner, now, new, identity)?.ok_or_else(held)?,
         ));
     } else if operation.state == State::NotAttempted && operation.fingerprint == new.fingerprint {
         let attempt = operation.attempt + 1;
@@ -109,7 +112,7 @@ pub fn claim(
         let claim = Claim {
             operation_id: operation.id,
             attempt,
-            identity: new.identity(),
+            identity,
             route: new.route.clone(),
             key: new.key.clone(),
         };
@@ -153,9 +156,9 @@ fn insert(
     owner: &str,
     now: i64,
     new: &NewOperation,
+    identity: Identity,
 ) -> Result<Option<Claim>, StoreError> {
     let id = operation_id::new_id();
-    let identity = new.identity();
     let request = &new.request;
     let inserted = conn.prepare_cached(INSERT_CLAIMED)?.execute(params![
         id,
