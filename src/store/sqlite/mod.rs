@@ -280,9 +280,10 @@ impl RequestPath for SqliteStore {
 
     async fn claim(&self, new: &Arc<NewOperation>) -> Result<ClaimResult, StoreError> {
         let (owner, now, new) = (self.owner.clone(), self.clock.now_millis(), new.clone());
-        let (seal, identity) = (self.seal.clone(), new.identity());
+        // Made here, on the request's task: the writer thread is shared.
+        let (seal, digests) = (self.seal.clone(), statements::ClaimDigests::of(&new)?);
         self.writer
-            .run(move |conn| statements::claim(conn, &seal, &owner, now, &new, identity))
+            .run(move |conn| statements::claim(conn, &seal, &owner, now, &new, &digests))
             .await
     }
 

@@ -60,22 +60,45 @@ const RECORD: &str = "UPDATE operations SET state = ?1, evidence = ?2, response_
                 response_headers = ?4, response_body = ?5, updated_at = ?6
              WHERE id = ?7 AND state = 'in_progress' AND attempt = ?8 AND owner = ?9";
 
+/// What a claim's statements bind that is made from `new` alone: its
+/// sealed identity and its digests as the bytes a row keeps. Made by the
+/// caller on the request's task ([`ClaimDigests::of`]), so that the writer
+/// thread, which every first write waits on, does not.
+pub struct ClaimDigests {
+    /// `new.identity()`.
+    identity: Identity,
+    scope: [u8; 32],
+    fingerprint: [u8; 32],
+    body_sha256: [u8; 32],
+}
+
+impl ClaimDigests {
+    pub fn of(new: &NewOperation) -> Result<ClaimDigests, StoreError> {
+        Ok(ClaimDigests {
+            identity: new.identity(),
+            scope: digest_bytes(&new.scope)?,
+            fingerprint: digest_bytes(new.fingerprint.as_str())?,
+            body_sha256: digest_bytes(&new.request.body_sha256)?,
+        })
+    }
+}
+
 /// Claims `new`'s identity when it is new, outdated or `not_attempted` with
 /// the same fingerprint; otherwise answers with the operation that holds it.
 /// A new identity — every first write — costs one statement: the insert is
-/// tried first and only a conflict looks the holder up. `identity` is
-/// `new.identity()`, a digest its caller makes on the request's task so
-/// that the writer thread, which every first write waits on, does not.
+/// tried first and only a conflict looks the holder up. `digests` are
+/// `new`'s ([`ClaimDigests::of`]).
 pub fn claim(
     conn: &Connection,
     seal: &Seal,
     owner: &str,
     now: i64,
     new: &NewOperation,
-    identity: Identity,
+    digests: &ClaimDigests,
 ) -> Result<ClaimResult, StoreError> {
+    let identity = digests.identity;
     // The row's creation is the first attempt's claim (see `timeline`).
-    if let Some(claim) = insert(conn, seal, owner, now, new, identity)? {
+    if let Some(claim) = insert(conn, seal, owner, now, new, digests)? {
         return Ok(ClaimResult::Claimed(claim));
     }
     let held = || StoreError::Failed("an identity is taken by no operation".into());
@@ -89,7 +112,7 @@ pub fn claim(
         };
         insert_event(conn, &operation.id, now, &event)?;
         return Ok(ClaimResult::Claimed(
-            insert(conn, seal, owner, now, new, identity)?.ok_or_else(held)?,
+            insert(conn, seal, owner, now, new, digests)?.ok_or_else(held)?,
         ));
     } else if operation.state == State::NotAttempted && operation.fingerprint == new.fingerprint {
         let attempt = operation.attempt + 1;
@@ -156,22 +179,22 @@ fn insert(
     owner: &str,
     now: i64,
     new: &NewOperation,
-    identity: Identity,
+    digests: &ClaimDigests,
 ) -> Result<Option<Claim>, StoreError> {
-    let id = operation_id::new_id();
+    let (id, identity) = (operation_id::new_id(), digests.identity);
     let request = &new.request;
     let inserted = conn.prepare_cached(INSERT_CLAIMED)?.execute(params![
         id,
         new.route,
-        &digest_bytes(&new.scope)?[..],
+        &digests.scope[..],
         new.key,
-        &digest_bytes(new.fingerprint.as_str())?[..],
+        &digests.fingerprint[..],
         owner,
         request.method,
         request.path,
         request.content_type,
         request.body_size as i64,
-        &digest_bytes(&request.body_sha256)?[..],
+        &digests.body_sha256[..],
         seal.request_body(&id, &identity, request.body.as_deref()),
         now,
     ])?;
@@ -197,9 +220,10 @@ fn insert(
 }
 
 /// A digest the gateway holds as hex, as the 32 bytes a row keeps
-/// (migration 0007). Decoded here, not by SQL's `unhex`: on the writer
-/// thread, every first write's three digests cost SQLite ~4,000
-/// instructions as function calls on bound text (callgrind).
+/// (migration 0007). Decoded in Rust, not by SQL's `unhex`: every first
+/// write's three digests cost SQLite ~4,000 instructions as function calls
+/// on bound text (callgrind), and off the writer thread
+/// ([`ClaimDigests`]).
 fn digest_bytes(hex: &str) -> Result<[u8; 32], StoreError> {
     let mut bytes = [0; 32];
     hex::decode_to_slice(hex, &mut bytes)
