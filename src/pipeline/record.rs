@@ -452,6 +452,7 @@ mod tests {
             identity: Identity::of("api", "scope", "k", "fp"),
             route: "api".into(),
             key: "k".into(),
+            row: None,
         }
     }
 

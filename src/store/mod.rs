@@ -433,6 +433,11 @@ pub struct Claim {
     /// counts, an alert) without reading it either.
     pub route: String,
     pub key: String,
+    /// Where the store keeps the operation's row, when it has a handle
+    /// cheaper to find than the id: SQLite's rowid, known from the claim's
+    /// insert. Only a hint: a record checks the id beside it, and looks the
+    /// id up when the hint names no such row.
+    pub row: Option<i64>,
 }
 
 /// What settles a held operation after the fact ([`Store::settle_held`]).

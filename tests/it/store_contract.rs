@@ -111,6 +111,7 @@ macro_rules! contract {
 contract!(
     a_claim_is_won_once_and_then_answered,
     records_are_compare_and_sets,
+    a_record_finds_its_row_whatever_the_row_hint,
     not_attempted_gives_its_next_attempt_to_the_same_payload,
     the_derive_window_supersedes_what_it_outdates,
     racing_claims_have_one_winner,
@@ -322,6 +323,36 @@ async fn records_are_compare_and_sets(bench: Bench) {
     if let Some(peer) = peer {
         peer.close().await;
     }
+}
+
+/// A claim's row hint ([`Claim::row`]) only spares the record a lookup:
+/// one that names no row, or another operation's, still records the
+/// claim's own operation, and nothing else.
+async fn a_record_finds_its_row_whatever_the_row_hint(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let other = claimed(store.as_ref(), &new_op("other", "fp")).await;
+    for (key, hint) in [
+        ("none", Some(i64::MAX)),
+        ("another", other.row),
+        ("no-hint", None),
+    ] {
+        let claim = claimed(store.as_ref(), &new_op(key, "fp")).await;
+        let hinted = Claim {
+            row: hint,
+            ..claim.clone()
+        };
+        let recorded = store.record(&hinted, &completed(key), &first_try()).await;
+        assert_eq!(recorded.unwrap(), Recorded::Applied, "{key}");
+        let (op, _) = store.get(&claim.operation_id).await.unwrap().unwrap();
+        assert_eq!(op.state, State::Completed, "{key}");
+    }
+    let (op, _) = store.get(&other.operation_id).await.unwrap().unwrap();
+    assert_eq!(
+        op.state,
+        State::InProgress,
+        "the other operation is untouched"
+    );
+    store.close().await;
 }
 
 impl Bench {

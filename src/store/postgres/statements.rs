@@ -127,6 +127,7 @@ pub async fn claim(
                     identity: new.identity(),
                     route: new.route.clone(),
                     key: new.key.clone(),
+                    row: None,
                 })
             } else {
                 ClaimResult::Existing(Box::new(operation))

@@ -54,11 +54,21 @@ const INSERT_CLAIMED: &str =
             ?10, ?11, ?12, ?13, ?13)
          ON CONFLICT (idem_key, route, scope) WHERE superseded_at IS NULL DO NOTHING";
 
-/// A claimed attempt's outcome, as a compare-and-set. Every write that was
-/// sent runs it.
+/// A claimed attempt's outcome, as a compare-and-set, its row found by id.
 const RECORD: &str = "UPDATE operations SET state = ?1, evidence = ?2, response_status = ?3,
                 response_headers = ?4, response_body = ?5, updated_at = ?6
              WHERE id = ?7 AND state = 'in_progress' AND attempt = ?8 AND owner = ?9";
+
+/// [`RECORD`] with the row found by the rowid its claim's insert gave it
+/// (`?10`, [`Claim::row`]): every write that was sent runs it. It seeks no
+/// index, where `id = ?` first seeks the index of the ids (UUIDs as text).
+/// The id is compared still: a rowid that no longer names the claim's row
+/// (SQLite renumbers rows only in a VACUUM, which the gateway never runs)
+/// matches nothing, and the record is tried again by id ([`record`]).
+const RECORD_BY_ROW: &str = "UPDATE operations SET state = ?1, evidence = ?2,
+                response_status = ?3, response_headers = ?4, response_body = ?5, updated_at = ?6
+             WHERE rowid = ?10 AND id = ?7 AND state = 'in_progress' AND attempt = ?8
+                AND owner = ?9";
 
 /// What a claim's statements bind that is made from `new` alone: its
 /// sealed identity and its digests as the bytes a row keeps. Made by the
@@ -138,6 +148,7 @@ pub fn claim(
             identity,
             route: new.route.clone(),
             key: new.key.clone(),
+            row: None,
         };
         let (from, to) = (Some(State::NotAttempted), Some(State::InProgress));
         transitions::moved(conn, (&claim).into(), from, to, now, "claimed")?;
@@ -207,6 +218,7 @@ fn insert(
         identity,
         route: new.route.clone(),
         key: new.key.clone(),
+        row: Some(conn.last_insert_rowid()),
     };
     transitions::moved(
         conn,
@@ -266,17 +278,34 @@ pub fn record(
     stored: Option<&StoredForm>,
     events: &[Event],
 ) -> Result<Recorded, StoreError> {
-    let updated = conn.prepare_cached(RECORD)?.execute(params![
-        settlement.state.as_str(),
-        settlement.evidence,
-        settlement.status.map(i64::from),
-        stored.map(|s| s.headers.as_str()),
-        stored.and_then(|s| s.body.as_deref()),
-        now,
-        claim.operation_id,
-        claim.attempt,
-        owner,
-    ])?;
+    let update = |statement: &str, row: Option<i64>| {
+        let mut statement = conn.prepare_cached(statement)?;
+        let values = params![
+            settlement.state.as_str(),
+            settlement.evidence,
+            settlement.status.map(i64::from),
+            stored.map(|s| s.headers.as_str()),
+            stored.and_then(|s| s.body.as_deref()),
+            now,
+            claim.operation_id,
+            claim.attempt,
+            owner,
+        ];
+        for (index, value) in values.iter().enumerate() {
+            statement.raw_bind_parameter(index + 1, value)?;
+        }
+        if let Some(row) = row {
+            statement.raw_bind_parameter(10, row)?;
+        }
+        statement.raw_execute()
+    };
+    let updated = match claim.row {
+        Some(row) => match update(RECORD_BY_ROW, Some(row))? {
+            0 => update(RECORD, None)?,
+            updated => updated,
+        },
+        None => update(RECORD, None)?,
+    };
     if updated == 1 {
         let (from, to) = (Some(State::InProgress), Some(settlement.state));
         transitions::moved(conn, claim.into(), from, to, now, &settlement.evidence)?;
@@ -1362,6 +1391,27 @@ mod tests {
         );
     }
 
+    /// A first write's record finds its row by the rowid its claim gave it,
+    /// without seeking the index of the ids.
+    #[test]
+    fn a_first_writes_record_seeks_no_index() {
+        let conn = migrated();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", super::RECORD_BY_ROW))
+            .unwrap()
+            .query_map(
+                rusqlite::params_from_iter([rusqlite::types::Null; 10]),
+                |row| row.get(3),
+            )
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            plan,
+            ["SEARCH operations USING INTEGER PRIMARY KEY (rowid=?)"]
+        );
+    }
+
     /// The statements every first write runs, on the schema the migrations
     /// make, build no temporary b-tree: SQLite would build one per row for
     /// an IN list of more than two values in a CHECK, which once cost a
@@ -1369,7 +1419,7 @@ mod tests {
     #[test]
     fn hot_statements_build_no_temporary_index() {
         let conn = migrated();
-        for sql in [super::INSERT_CLAIMED, super::RECORD] {
+        for sql in [super::INSERT_CLAIMED, super::RECORD_BY_ROW, super::RECORD] {
             let mut explain = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
             let unbound = vec![rusqlite::types::Null; explain.parameter_count()];
             let opcodes: Vec<String> = explain
