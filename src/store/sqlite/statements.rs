@@ -278,8 +278,12 @@ pub fn record(
     stored: Option<&StoredForm>,
     events: &[Event],
 ) -> Result<Recorded, StoreError> {
-    let update = |statement: &str, row: Option<i64>| {
-        let mut statement = conn.prepare_cached(statement)?;
+    // By the claim's rowid when it has one, else by id.
+    let update = |row: Option<i64>| {
+        let mut statement = conn.prepare_cached(match row {
+            Some(_) => RECORD_BY_ROW,
+            None => RECORD,
+        })?;
         let values = params![
             settlement.state.as_str(),
             settlement.evidence,
@@ -299,12 +303,9 @@ pub fn record(
         }
         statement.raw_execute()
     };
-    let updated = match claim.row {
-        Some(row) => match update(RECORD_BY_ROW, Some(row))? {
-            0 => update(RECORD, None)?,
-            updated => updated,
-        },
-        None => update(RECORD, None)?,
+    let updated = match claim.row.map(|row| update(Some(row))).transpose()? {
+        Some(0) | None => update(None)?,
+        Some(updated) => updated,
     };
     if updated == 1 {
         let (from, to) = (Some(State::InProgress), Some(settlement.state));
@@ -1373,18 +1374,23 @@ mod tests {
         );
     }
 
+    /// The steps of `sql`'s query plan, its parameters all NULL.
+    fn query_plan(conn: &Connection, sql: &str) -> Vec<String> {
+        let mut explain = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let unbound = vec![rusqlite::types::Null; explain.parameter_count()];
+        explain
+            .query_map(rusqlite::params_from_iter(unbound), |row| row.get(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
     /// The oldest unknown operation is read from `operations_state_updated`
     /// alone, never from the table's rows.
     #[test]
     fn the_oldest_unknown_is_read_from_the_state_index() {
         let conn = migrated();
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {}", super::OLDEST_UNKNOWN))
-            .unwrap()
-            .query_map([], |row| row.get(3))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let plan = query_plan(&conn, super::OLDEST_UNKNOWN);
         assert_eq!(
             plan,
             ["SEARCH operations USING COVERING INDEX operations_state_updated (state=?)"]
@@ -1396,16 +1402,7 @@ mod tests {
     #[test]
     fn a_first_writes_record_seeks_no_index() {
         let conn = migrated();
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {}", super::RECORD_BY_ROW))
-            .unwrap()
-            .query_map(
-                rusqlite::params_from_iter([rusqlite::types::Null; 10]),
-                |row| row.get(3),
-            )
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let plan = query_plan(&conn, super::RECORD_BY_ROW);
         assert_eq!(
             plan,
             ["SEARCH operations USING INTEGER PRIMARY KEY (rowid=?)"]
