@@ -54,10 +54,22 @@ const INSERT_CLAIMED: &str =
             ?10, ?11, ?12, ?13, ?13)
          ON CONFLICT (idem_key, route, scope) WHERE superseded_at IS NULL DO NOTHING";
 
-/// A claimed attempt's outcome, as a compare-and-set, its row found by id.
-const RECORD: &str = "UPDATE operations SET state = ?1, evidence = ?2, response_status = ?3,
+/// A claimed attempt's outcome, as a compare-and-set on the row whose id
+/// follows: what [`RECORD`] and [`RECORD_BY_ROW`] share.
+macro_rules! record {
+    ($row:literal) => {
+        concat!(
+            "UPDATE operations SET state = ?1, evidence = ?2, response_status = ?3,
                 response_headers = ?4, response_body = ?5, updated_at = ?6
-             WHERE id = ?7 AND state = 'in_progress' AND attempt = ?8 AND owner = ?9";
+             WHERE ",
+            $row,
+            "id = ?7 AND state = 'in_progress' AND attempt = ?8 AND owner = ?9"
+        )
+    };
+}
+
+/// A claimed attempt's outcome, as a compare-and-set, its row found by id.
+const RECORD: &str = record!("");
 
 /// [`RECORD`] with the row found by the rowid its claim's insert gave it
 /// (`?10`, [`Claim::row`]): every write that was sent runs it. It seeks no
@@ -65,10 +77,7 @@ const RECORD: &str = "UPDATE operations SET state = ?1, evidence = ?2, response_
 /// The id is compared still: a rowid that no longer names the claim's row
 /// (SQLite renumbers rows only in a VACUUM, which the gateway never runs)
 /// matches nothing, and the record is tried again by id ([`record`]).
-const RECORD_BY_ROW: &str = "UPDATE operations SET state = ?1, evidence = ?2,
-                response_status = ?3, response_headers = ?4, response_body = ?5, updated_at = ?6
-             WHERE rowid = ?10 AND id = ?7 AND state = 'in_progress' AND attempt = ?8
-                AND owner = ?9";
+const RECORD_BY_ROW: &str = record!("rowid = ?10 AND ");
 
 /// What a claim's statements bind that is made from `new` alone: its
 /// sealed identity and its digests as the bytes a row keeps. Made by the
