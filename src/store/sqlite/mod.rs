@@ -33,6 +33,7 @@ macro_rules! not_in_progress {
     };
 }
 
+mod held;
 mod inbox;
 mod outbox;
 mod reader;
@@ -134,7 +135,11 @@ impl SqliteStore {
             store.writer.stop().await;
             return Err(error);
         }
-        match store.writer.run(statements::recount_if_untrusted).await {
+        match store
+            .writer
+            .run(|db| statements::recount_if_untrusted(db))
+            .await
+        {
             Ok(true) => tracing::warn!("operation counts were not known to be exact: recounted"),
             Ok(false) => {}
             Err(error) => {

@@ -1,7 +1,10 @@
 //! The SQL of the SQLite store, one function per store call, each run by
 //! the writer thread inside its batch's transaction (and, when the batch
 //! is run again after a failure, its own savepoint). Statements are prepared once per connection
-//! (`prepare_cached`) and reused by every batch.
+//! (`prepare_cached`) and reused by every batch; the two every first write
+//! runs, the claim's insert and the record's update, are held by the
+//! writer's connection itself ([`Db::prepared`]), which finds them without
+//! hashing their text.
 //!
 //! Every state change is a compare-and-set on (id, state, attempt, owner):
 //! a stale writer changes no row and learns it from the row count.
@@ -16,6 +19,7 @@ use std::borrow::Cow;
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use super::held::Db;
 use super::transitions::{self, Row as Changed};
 use crate::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
 use crate::scope_key::{self, ScopeKey};
@@ -108,7 +112,7 @@ impl ClaimDigests {
 /// tried first and only a conflict looks the holder up. `digests` are
 /// `new`'s ([`ClaimDigests::of`]).
 pub fn claim(
-    conn: &Connection,
+    db: &Db,
     seal: &Seal,
     owner: &str,
     now: i64,
@@ -117,25 +121,25 @@ pub fn claim(
 ) -> Result<ClaimResult, StoreError> {
     let identity = digests.identity;
     // The row's creation is the first attempt's claim (see `timeline`).
-    if let Some(claim) = insert(conn, seal, owner, now, new, digests)? {
+    if let Some(claim) = insert(db, seal, owner, now, new, digests)? {
         return Ok(ClaimResult::Claimed(claim));
     }
     let held = || StoreError::Failed("an identity is taken by no operation".into());
-    let operation = find(conn, seal, new)?.ok_or_else(held)?;
+    let operation = find(db, seal, new)?.ok_or_else(held)?;
     let claim = if new.outdates(&operation) {
-        conn.prepare_cached("UPDATE operations SET superseded_at = ?1 WHERE id = ?2")?
+        db.prepare_cached("UPDATE operations SET superseded_at = ?1 WHERE id = ?2")?
             .execute(params![now, operation.id])?;
         let event = Event {
             kind: "superseded",
             detail: serde_json::json!({ "reason": "derive-window" }),
         };
-        insert_event(conn, &operation.id, now, &event)?;
+        insert_event(db, &operation.id, now, &event)?;
         return Ok(ClaimResult::Claimed(
-            insert(conn, seal, owner, now, new, digests)?.ok_or_else(held)?,
+            insert(db, seal, owner, now, new, digests)?.ok_or_else(held)?,
         ));
     } else if operation.state == State::NotAttempted && operation.fingerprint == new.fingerprint {
         let attempt = operation.attempt + 1;
-        let taken = conn
+        let taken = db
             .prepare_cached(
                 "UPDATE operations SET state = 'in_progress', attempt = ?1, owner = ?2,
                     evidence = 'claimed', updated_at = ?3
@@ -160,7 +164,7 @@ pub fn claim(
             row: None,
         };
         let (from, to) = (Some(State::NotAttempted), Some(State::InProgress));
-        transitions::moved(conn, (&claim).into(), from, to, now, "claimed")?;
+        transitions::moved(db, (&claim).into(), from, to, now, "claimed")?;
         claim
     } else {
         return Ok(ClaimResult::Existing(Box::new(operation)));
@@ -169,7 +173,7 @@ pub fn claim(
         kind: "claimed",
         detail: serde_json::json!({ "attempt": claim.attempt, "owner": owner }),
     };
-    insert_event(conn, &claim.operation_id, now, &event)?;
+    insert_event(db, &claim.operation_id, now, &event)?;
     Ok(ClaimResult::Claimed(claim))
 }
 
@@ -194,7 +198,7 @@ pub fn find(
 /// Inserts a new operation, claimed for its first attempt, unless an
 /// operation that is not superseded holds its identity (`None`).
 fn insert(
-    conn: &Connection,
+    db: &Db,
     seal: &Seal,
     owner: &str,
     now: i64,
@@ -203,7 +207,7 @@ fn insert(
 ) -> Result<Option<Claim>, StoreError> {
     let (id, identity) = (operation_id::new_id(), digests.identity);
     let request = &new.request;
-    let inserted = conn.prepare_cached(INSERT_CLAIMED)?.execute(params![
+    let inserted = db.prepared(INSERT_CLAIMED)?.execute(params![
         id,
         new.route,
         &digests.scope[..],
@@ -227,10 +231,10 @@ fn insert(
         identity,
         route: new.route.clone(),
         key: new.key.clone(),
-        row: Some(conn.last_insert_rowid()),
+        row: Some(db.last_insert_rowid()),
     };
     transitions::moved(
-        conn,
+        db,
         (&claim).into(),
         None,
         Some(State::InProgress),
@@ -279,7 +283,7 @@ impl From<&Settlement> for SettledRow {
 /// `stored` is the settlement's response as it is written
 /// ([`Seal::stored_form`], made before the call was queued).
 pub fn record(
-    conn: &Connection,
+    db: &Db,
     owner: &str,
     now: i64,
     claim: &Claim,
@@ -289,7 +293,7 @@ pub fn record(
 ) -> Result<Recorded, StoreError> {
     // By the claim's rowid when it has one, else by id.
     let update = |row: Option<i64>| {
-        let mut statement = conn.prepare_cached(match row {
+        let mut statement = db.prepared(match row {
             Some(_) => RECORD_BY_ROW,
             None => RECORD,
         })?;
@@ -318,13 +322,13 @@ pub fn record(
     };
     if updated == 1 {
         let (from, to) = (Some(State::InProgress), Some(settlement.state));
-        transitions::moved(conn, claim.into(), from, to, now, &settlement.evidence)?;
+        transitions::moved(db, claim.into(), from, to, now, &settlement.evidence)?;
     }
     // A stale record keeps its evidence as events; an applied plain
     // response is proven by the row itself.
     if updated == 0 || !is_implied_by_record(settlement.state, events) {
         for event in events {
-            insert_event(conn, &claim.operation_id, now, event)?;
+            insert_event(db, &claim.operation_id, now, event)?;
         }
     }
     Ok(if updated == 1 {

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::held::Db;
 use super::inbox::{Answer, Answers, Inbox, Inboxes};
 use super::transitions::Deferred;
 use crate::store::StoreBatches;
@@ -51,7 +52,7 @@ trait Work: Answer {
     fn deadline(&self) -> Instant;
     /// Runs the statements, keeping their result (a second run replaces
     /// the first's); `false` when they failed.
-    fn run(&mut self, conn: &Connection) -> bool;
+    fn run(&mut self, db: &Db) -> bool;
     /// Settles the result: `failed` when the batch did not commit.
     fn settle(&mut self, failed: Option<&str>);
     /// Where the caller waits for it.
@@ -70,17 +71,17 @@ struct Task<T, F> {
 impl<T, F> Work for Task<T, F>
 where
     T: Send,
-    F: Fn(&Connection) -> Result<T, StoreError> + Send,
+    F: Fn(&Db) -> Result<T, StoreError> + Send,
 {
     fn deadline(&self) -> Instant {
         self.deadline
     }
 
-    fn run(&mut self, conn: &Connection) -> bool {
+    fn run(&mut self, db: &Db) -> bool {
         let statements = &self.statements;
         // A panic fails this call alone (its writes are rolled back); the
         // thread, and every other caller, goes on.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| statements(conn)))
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| statements(db)))
             .unwrap_or_else(|_| Err(StoreError::Failed("a store call panicked".into())));
         let ok = result.is_ok();
         self.result = Some(result);
@@ -146,7 +147,7 @@ impl Writer {
     pub async fn run<T, F>(&self, statements: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: Fn(&Db) -> Result<T, StoreError> + Send + 'static,
     {
         let deadline = Instant::now() + QUEUE_TIMEOUT;
         let (reply, answer) = oneshot::channel();
@@ -195,6 +196,7 @@ impl Drop for Writer {
 /// The thread: take whatever is queued, commit it as one transaction,
 /// answer everyone in it, repeat.
 fn write_batches(conn: &Connection, mut receiver: mpsc::Receiver<Message>, batches: &StoreBatches) {
+    let db = Db::new(conn);
     let mut batch: Vec<Box<dyn Work>> = Vec::with_capacity(MAX_BATCH);
     let mut stopping = false;
     while !stopping {
@@ -213,7 +215,7 @@ fn write_batches(conn: &Connection, mut receiver: mpsc::Receiver<Message>, batch
             }
         }
         let started = Instant::now();
-        let failed = commit(conn, &mut batch).err().map(|e| e.to_string());
+        let failed = commit(&db, &mut batch).err().map(|e| e.to_string());
         batches.observe(BATCH, batch.len(), started.elapsed());
         if let Some(error) = &failed {
             // Every caller hears 503. A COMMIT that failed in its fsync may
@@ -245,19 +247,19 @@ fn answer(batch: &mut Vec<Box<dyn Work>>, failed: Option<&str>) {
 /// Runs `batch` in one transaction: first without savepoints; if a job
 /// failed, the transaction is rolled back and run again with each job in
 /// a savepoint of its own, so that job fails alone.
-fn commit(conn: &Connection, batch: &mut [Box<dyn Work>]) -> Result<(), rusqlite::Error> {
+fn commit(db: &Db, batch: &mut [Box<dyn Work>]) -> Result<(), rusqlite::Error> {
     // One instant for both runs: they run the same jobs.
     let now = Instant::now();
-    let result = run_once(conn, batch, now, false).and_then(|all_ran| {
+    let result = run_once(db, batch, now, false).and_then(|all_ran| {
         if all_ran {
             return Ok(());
         }
-        conn.prepare_cached("ROLLBACK")?.execute([])?;
-        run_once(conn, batch, now, true).map(drop)
+        db.prepare_cached("ROLLBACK")?.execute([])?;
+        run_once(db, batch, now, true).map(drop)
     });
-    if result.is_err() && !conn.is_autocommit() {
+    if result.is_err() && !db.is_autocommit() {
         // Nothing of this batch happened; the connection is clean for the next.
-        let _ = conn.execute_batch("ROLLBACK");
+        let _ = db.execute_batch("ROLLBACK");
     }
     result
 }
@@ -267,32 +269,32 @@ fn commit(conn: &Connection, batch: &mut [Box<dyn Work>]) -> Result<(), rusqlite
 /// without a savepoint to undo it alone: then the transaction is left open
 /// for the caller to roll back, and the answer is `false`.
 fn run_once(
-    conn: &Connection,
+    db: &Db,
     batch: &mut [Box<dyn Work>],
     now: Instant,
     isolated: bool,
 ) -> Result<bool, rusqlite::Error> {
-    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    db.prepared("BEGIN IMMEDIATE")?.execute([])?;
     // The batch's count changes, written just before its commit.
     let counts = Deferred::begin();
     for job in batch.iter_mut().filter(|job| job.deadline() >= now) {
         if !isolated {
-            if !job.run(conn) {
+            if !job.run(db) {
                 return Ok(false);
             }
             continue;
         }
         let mark = counts.mark();
-        conn.prepare_cached("SAVEPOINT job")?.execute([])?;
-        if !job.run(conn) {
-            conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
+        db.prepare_cached("SAVEPOINT job")?.execute([])?;
+        if !job.run(db) {
+            db.prepare_cached("ROLLBACK TO job")?.execute([])?;
             counts.undo_to(mark);
         }
-        conn.prepare_cached("RELEASE job")?.execute([])?;
+        db.prepare_cached("RELEASE job")?.execute([])?;
     }
     // Failing, it fails the batch as a failed COMMIT would.
-    counts.write(conn)?;
-    conn.prepare_cached("COMMIT")?.execute([])?;
+    counts.write(db)?;
+    db.prepared("COMMIT")?.execute([])?;
     Ok(true)
 }
 
@@ -316,7 +318,7 @@ mod tests {
         let (reply, answer) = oneshot::channel();
         let task = Task {
             deadline,
-            statements: move |conn: &Connection| {
+            statements: move |conn: &Db| {
                 for &x in &xs {
                     conn.execute("INSERT INTO t (x) VALUES (?1)", [x])?;
                 }
@@ -351,7 +353,7 @@ mod tests {
         let (second, b) = inserts(&[2, 1], later);
         let (third, c) = inserts(&[3], later);
         let mut batch = vec![first, second, third];
-        commit(&conn, &mut batch).unwrap();
+        commit(&Db::new(&conn), &mut batch).unwrap();
         for mut job in batch {
             job.settle(None);
             job.deliver();
@@ -370,7 +372,7 @@ mod tests {
         let (reply, b) = oneshot::channel::<Result<(), StoreError>>();
         let panicking = Task {
             deadline: later,
-            statements: |conn: &Connection| -> Result<(), StoreError> {
+            statements: |conn: &Db| -> Result<(), StoreError> {
                 conn.execute("INSERT INTO t (x) VALUES (2)", [])?;
                 panic!("a bug in a store call");
             },
@@ -380,7 +382,7 @@ mod tests {
         };
         let (third, c) = inserts(&[3], later);
         let mut batch: Vec<Box<dyn Work>> = vec![first, Box::new(panicking), third];
-        commit(&conn, &mut batch).unwrap();
+        commit(&Db::new(&conn), &mut batch).unwrap();
         for mut job in batch {
             job.settle(None);
             job.deliver();
@@ -397,7 +399,7 @@ mod tests {
         let (late, a) = inserts(&[1], Instant::now() - Duration::from_millis(1));
         let (timely, b) = inserts(&[2], Instant::now() + QUEUE_TIMEOUT);
         let mut batch = vec![late, timely];
-        commit(&conn, &mut batch).unwrap();
+        commit(&Db::new(&conn), &mut batch).unwrap();
         for mut job in batch {
             job.settle(None);
             job.deliver();
@@ -422,7 +424,7 @@ mod tests {
         let (first, a) = inserts(&[1], later);
         let (second, b) = inserts(&[2], later);
         let mut batch = vec![first, second];
-        let failed = commit(&conn, &mut batch).unwrap_err().to_string();
+        let failed = commit(&Db::new(&conn), &mut batch).unwrap_err().to_string();
         for mut job in batch {
             job.settle(Some(&failed));
             job.deliver();
