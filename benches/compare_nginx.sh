@@ -15,6 +15,7 @@
 #   STRACE=1 benches/compare_nginx.sh     # + system calls by name (strace -c, short runs)
 #   CALLGRIND=1 benches/compare_nginx.sh  # + instructions per request (valgrind, ~3 min)
 #   CALLGRIND=1 CALLGRIND_KEEP=DIR benches/compare_nginx.sh  # and keep each load's profile in DIR
+#   TMPDIR=/dev/shm LOADS=first benches/compare_nginx.sh  # the store on tmpfs: what the disk's syncs cost (not a deployment)
 #
 # The upstream is an nginx of its own, answering every request 201 with a
 # small JSON body: the fastest upstream at hand, so neither proxy waits on it
