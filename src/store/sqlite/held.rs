@@ -63,15 +63,17 @@ impl<'c> Db<'c> {
         let Ok(mut statement) = slot.statement.try_borrow_mut() else {
             return self.conn.prepare_cached(sql).map(Prepared::Cached);
         };
-        if statement.is_none() {
-            *statement = Some(self.conn.prepare(sql)?);
-            slot.sql.set(Some(sql));
-        }
-        match RefMut::filter_map(statement, Option::as_mut) {
-            Ok(statement) => Ok(Prepared::Held(statement)),
-            // Not reached: the slot was filled just above.
-            Err(_) => self.conn.prepare_cached(sql).map(Prepared::Cached),
-        }
+        let prepared = match statement.take() {
+            Some(prepared) => prepared,
+            None => {
+                let prepared = self.conn.prepare(sql)?;
+                slot.sql.set(Some(sql));
+                prepared
+            }
+        };
+        Ok(Prepared::Held(RefMut::map(statement, |held| {
+            held.insert(prepared)
+        })))
     }
 }
 
