@@ -36,9 +36,30 @@
 //!
 //! A process that dies holding frames loses a commit that had not synced,
 //! which is a commit that had not happened: no caller was told it had.
+//!
+//! # Deferred syncs
+//!
+//! A thread may run its transactions inside [`deferring_syncs`]: then a
+//! sync that SQLite asks of a WAL file on that thread writes out what is
+//! held, as always, but leaves the `fsync` to the caller, who is told that
+//! one is owed ([`Deferred::owed`]) and where the log ends
+//! ([`Deferred::log_end`]). SQLite goes on as if the log were synced: it
+//! publishes the commit to the other connections, whose reads see frames
+//! that are written but not yet durable. So the caller must make the log
+//! durable (an `fdatasync` of the WAL file, on any descriptor of it)
+//! before it tells anyone of the commit, must not let a checkpoint copy a
+//! frame into the database before that frame is durable (a connection
+//! that syncs its checkpoints, such as one with `synchronous = NORMAL`,
+//! syncs the log before it copies anything), and must not checkpoint on
+//! the deferring connection. A sync after a write of the log's header
+//! (the first write of a log SQLite has just restarted) is never
+//! deferred: SQLite syncs a new header before the frames that follow it,
+//! so that a frame of the old log can never be read as one of the new
+//! (SQLite's own comment in `sqlite3WalFrames`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
 use std::fmt;
 use std::sync::OnceLock;
@@ -62,6 +83,67 @@ const LIMIT: usize = 4 << 20;
 /// write is at most 0x1ffff bytes, and masks the length to that in a
 /// release build. 31 frames of a 4 KiB page.
 pub(crate) const CHUNK: usize = 0x1ffff;
+
+/// The WAL file's header: a sync after a write into it is never deferred.
+const WAL_HEADER: i64 = 32;
+
+thread_local! {
+    /// Whether this thread's WAL syncs are deferred ([`deferring_syncs`]).
+    static DEFERRING: Cell<bool> = const { Cell::new(false) };
+    /// What the syncs this thread deferred left to do.
+    static DEFERRED: Cell<Deferred> = const { Cell::new(Deferred::NONE) };
+}
+
+/// What the WAL syncs deferred by one [`deferring_syncs`] call left to the
+/// caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deferred {
+    /// A sync was deferred: the log holds written frames that are not yet
+    /// durable.
+    pub owed: bool,
+    /// Where the log ended at the last write handed to the file (its size
+    /// in use, from the header on), if any was.
+    pub log_end: Option<u64>,
+}
+
+impl Deferred {
+    const NONE: Deferred = Deferred {
+        owed: false,
+        log_end: None,
+    };
+}
+
+/// Runs `transactions` with this thread's WAL syncs deferred (the module
+/// doc says what the caller then owes), and returns their result with what
+/// was deferred. Not reentrant: a nested call ends the deferral early.
+pub fn deferring_syncs<R>(transactions: impl FnOnce() -> R) -> (R, Deferred) {
+    /// Ends the deferral even if `transactions` unwinds.
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            DEFERRING.with(|d| d.set(false));
+        }
+    }
+    DEFERRED.with(|d| d.set(Deferred::NONE));
+    DEFERRING.with(|d| d.set(true));
+    let reset = Reset;
+    let result = transactions();
+    drop(reset);
+    (result, DEFERRED.with(|d| d.replace(Deferred::NONE)))
+}
+
+/// Notes where the log ends after a write handed to the file on a
+/// deferring thread.
+fn note_log_end(end: i64) {
+    if DEFERRING.with(Cell::get) {
+        DEFERRED.with(|d| {
+            d.set(Deferred {
+                log_end: u64::try_from(end).ok(),
+                ..d.get()
+            })
+        });
+    }
+}
 
 /// The default VFS this one wraps, set before registration: the only way
 /// to this VFS's `xOpen` is a connection opened after it.
@@ -138,6 +220,9 @@ struct WalFile {
     /// False on a device without powersafe overwrite: every write goes
     /// straight through (see the module doc).
     holds: bool,
+    /// The log's header was written and not synced since: the next sync
+    /// is not deferred.
+    header_unsynced: bool,
 }
 
 const HEADER: usize = mem::size_of::<WalFile>().next_multiple_of(16);
@@ -209,6 +294,7 @@ unsafe extern "C" fn open(
         held: Vec::new(),
         at: 0,
         holds: characteristics & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE != 0,
+        header_unsynced: false,
     };
     // SAFETY: the first HEADER bytes of `file` are ours, uninitialised.
     unsafe { ptr::write(file.cast::<WalFile>(), wal) };
@@ -256,6 +342,9 @@ impl WalFile {
             if rc != ffi::SQLITE_OK {
                 break;
             }
+        }
+        if rc == ffi::SQLITE_OK && !self.held.is_empty() {
+            note_log_end(self.end());
         }
         // Cleared whatever the result: a failed write fails the call that
         // needed it (a sync, so the commit), and SQLite writes the
@@ -335,14 +424,21 @@ unsafe extern "C" fn write(
 ) -> c_int {
     // SAFETY: SQLite calls this method on a WAL file `open` set up.
     let wal = unsafe { wal(file) };
+    if offset < WAL_HEADER {
+        wal.header_unsynced = true;
+    }
     if !wal.holds || amount <= 0 {
         // SAFETY: `real` is open while the WAL file is.
-        return unsafe {
+        let rc = unsafe {
             match call(wal.real, |m| m.xWrite) {
                 Some(write) => write(wal.real, data, amount, offset),
                 None => ffi::SQLITE_IOERR_WRITE,
             }
         };
+        if rc == ffi::SQLITE_OK {
+            note_log_end(offset + i64::from(amount.max(0)));
+        }
+        return rc;
     }
     // SAFETY: SQLite passes `amount` readable bytes at `data`.
     let bytes = unsafe { slice::from_raw_parts(data.cast::<u8>(), amount as usize) };
@@ -370,7 +466,36 @@ unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite3_i
 }
 
 unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-    flushed!(file, xSync, flags)
+    // SAFETY: SQLite calls this method on a WAL file `open` set up.
+    let wal = unsafe { wal(file) };
+    let rc = wal.flush();
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    if !wal.header_unsynced && DEFERRING.with(Cell::get) {
+        DEFERRED.with(|d| {
+            d.set(Deferred {
+                owed: true,
+                ..d.get()
+            })
+        });
+        #[cfg(test)]
+        tests::DEFERRED_SYNCS.with(|n| n.set(n.get() + 1));
+        return ffi::SQLITE_OK;
+    }
+    #[cfg(test)]
+    tests::SYNCS.with(|n| n.set(n.get() + 1));
+    // SAFETY: `real` is open while the WAL file is.
+    let rc = unsafe {
+        match call(wal.real, |m| m.xSync) {
+            Some(sync) => sync(wal.real, flags),
+            None => ffi::SQLITE_IOERR_FSYNC,
+        }
+    };
+    if rc == ffi::SQLITE_OK {
+        wal.header_unsynced = false;
+    }
+    rc
 }
 
 unsafe extern "C" fn file_size(

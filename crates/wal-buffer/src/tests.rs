@@ -10,10 +10,19 @@ use rusqlite::{Connection, OpenFlags, params};
 thread_local! {
     /// Writes the VFS handed to the file on this thread.
     pub(super) static WRITES: Cell<usize> = const { Cell::new(0) };
+    /// WAL syncs handed to the default VFS on this thread.
+    pub(super) static SYNCS: Cell<usize> = const { Cell::new(0) };
+    /// WAL syncs left to the caller on this thread.
+    pub(super) static DEFERRED_SYNCS: Cell<usize> = const { Cell::new(0) };
 }
 
 fn writes() -> usize {
     WRITES.with(Cell::get)
+}
+
+/// (syncs made, syncs deferred) on this thread so far.
+fn syncs() -> (usize, usize) {
+    (SYNCS.with(Cell::get), DEFERRED_SYNCS.with(Cell::get))
 }
 
 /// A fresh database path of this test's own.
@@ -142,6 +151,69 @@ fn the_log_restarts_after_a_checkpoint_and_survives_a_reopen() {
     let mut want = want;
     want.push((150, value(150, 0)));
     assert_eq!(read_back(&path), want);
+}
+
+#[test]
+fn a_deferred_sync_writes_the_frames_out_and_leaves_the_fsync_to_the_caller() {
+    let path = path("deferred");
+    let conn = writer(&path);
+    insert(&conn, 0..1, 0);
+    let (synced, deferred) = syncs();
+    let ((), owed) = super::deferring_syncs(|| insert(&conn, 1..50, 0));
+    assert!(owed.owed, "{owed:?}");
+    let log = std::fs::metadata(path.with_extension("sqlite-wal"))
+        .unwrap()
+        .len();
+    assert_eq!(
+        owed.log_end,
+        Some(log),
+        "the log ends where its last frame does"
+    );
+    assert_eq!(
+        syncs(),
+        (synced, deferred + 49),
+        "no fsync, one deferral a commit"
+    );
+    // Another connection reads the commits: the frames are in the file.
+    assert_eq!(read_back(&path), expected(0..50, |_| 0));
+    // Outside the deferral a commit syncs again, and owes nothing after.
+    insert(&conn, 50..51, 0);
+    assert_eq!(syncs(), (synced + 1, deferred + 49));
+    let ((), nothing) = super::deferring_syncs(|| ());
+    assert_eq!(
+        nothing,
+        super::Deferred {
+            owed: false,
+            log_end: None
+        }
+    );
+}
+
+#[test]
+fn a_sync_after_the_log_restarts_is_made_even_while_deferring() {
+    let path = path("deferred-restart");
+    let conn = writer(&path);
+    insert(&conn, 0..100, 0);
+    let _: i64 = conn
+        .query_row("PRAGMA wal_checkpoint(RESTART)", [], |row| row.get(0))
+        .unwrap();
+    let (synced, deferred) = syncs();
+    // The first commit after the restart writes a new header at the
+    // log's start: SQLite syncs it before the frames, for real.
+    let ((), owed) = super::deferring_syncs(|| insert(&conn, 100..101, 0));
+    let (synced_after, deferred_after) = syncs();
+    assert!(synced_after > synced, "the new header was synced");
+    assert_eq!(
+        deferred_after,
+        deferred + 1,
+        "the commit's own sync was deferred"
+    );
+    assert!(owed.owed);
+    // The next commit continues the log: deferred alone.
+    let ((), owed) = super::deferring_syncs(|| insert(&conn, 101..102, 0));
+    assert!(owed.owed);
+    assert_eq!(syncs(), (synced_after, deferred_after + 1));
+    assert_eq!(read_back(&path), expected(0..102, |_| 0));
 }
 
 #[test]
