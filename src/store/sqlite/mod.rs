@@ -14,8 +14,12 @@
 //!   connections ([`reader`]), each in one WAL snapshot, and never wait
 //!   in the writer's queue; readiness (`ping`) asks the writer, since
 //!   ready means a write can commit;
-//! - WAL journal; `durability = "full"` fsyncs every commit (so every
-//!   batch), `"normal"` survives a process crash but not a power loss.
+//! - WAL journal; `durability = "full"` answers a batch only once the log
+//!   holding it is synced (one `fdatasync` over every batch committed
+//!   before it, on a thread of its own: [`syncer`]), `"normal"` answers at
+//!   the commit and survives a process crash but not a power loss; the
+//!   log is copied into the database by a thread of its own
+//!   ([`checkpointer`]), never by the writer.
 //!
 //! Migrations run through sqlx (`migrations/sqlite`, embedded in the
 //! binary) on a connection that is closed before the writer opens its own.
@@ -33,11 +37,13 @@ macro_rules! not_in_progress {
     };
 }
 
+mod checkpointer;
 mod held;
 mod inbox;
 mod outbox;
 mod reader;
 mod statements;
+mod syncer;
 mod transitions;
 mod writer;
 
@@ -62,7 +68,7 @@ use crate::config::Durability;
 use crate::operation::{Event, Operation, Settlement};
 use crate::scope_key::ScopeKey;
 use reader::Readers;
-use writer::{QUEUE_TIMEOUT, Writer};
+use writer::{LogSyncs, QUEUE_TIMEOUT, Writer};
 
 use crate::store::StoreBatches;
 
@@ -111,10 +117,16 @@ impl SqliteStore {
             reason,
         };
         migrate_file(path, &store_name).await?;
-        let conn = connect(path, durability).map_err(|e| open_error(e.to_string()))?;
-        let batches = StoreBatches::new(&[writer::BATCH]);
-        let writer = Writer::start(conn, batches.clone())?;
-        let readers = match Readers::open(path) {
+        let conn = connect(path).map_err(|e| open_error(e.to_string()))?;
+        let batches = StoreBatches::new(&[writer::BATCH, syncer::SYNC]);
+        let log = LogSyncs {
+            store: path.to_path_buf(),
+            sync: (durability == Durability::Full)
+                .then(|| Box::new(syncer::WalFile::of_store(path)) as Box<dyn syncer::SyncLog>),
+            checkpoints: checkpointer::Thresholds::default(),
+        };
+        let writer = Writer::start(conn, batches.clone(), log)?;
+        let readers = match Readers::open(path, writer.horizon()) {
             Ok(readers) => readers,
             Err(error) => {
                 writer.stop().await;
@@ -215,29 +227,25 @@ async fn migrate_file(path: &Path, store_name: &str) -> Result<(), StoreError> {
         .map_err(|e| open_error(e.to_string()))
 }
 
-/// The writer's connection: WAL, the durability asked for, temporary data
-/// in memory (multi-row work would otherwise create a temp file per
-/// statement), a busy timeout equal to the writer's queue timeout.
+/// The writer's connection: WAL, temporary data in memory (multi-row work
+/// would otherwise create a temp file per statement), a busy timeout equal
+/// to the writer's queue timeout.
 ///
-/// With `durability = "full"` it opens through `idemgate-wal-buffer`
+/// Whatever the durability, it opens through `idemgate-wal-buffer`
 /// (`crates/wal-buffer`), which writes a commit's WAL frames as one write
-/// at its fsync instead of two per frame: correct only for a connection
-/// that syncs every commit, which `synchronous = FULL` does and `NORMAL`
-/// does not, so `"normal"` opens through the default VFS.
-fn connect(path: &Path, durability: Durability) -> Result<Connection, ConnectError> {
-    let (conn, synchronous) = match durability {
-        Durability::Full => {
-            let vfs = idemgate_wal_buffer::register()?;
-            let conn = Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs)?;
-            (conn, "FULL")
-        }
-        Durability::Normal => (Connection::open(path)?, "NORMAL"),
-    };
+/// at its sync instead of two per frame, at `synchronous = FULL`, whose
+/// syncs the writer defers ([`writer::LogSyncs`]): the log is
+/// synced by [`syncer`] (`"full"`) or at the checkpoints alone
+/// (`"normal"`), and checkpointed by [`checkpointer`], so this connection
+/// never checkpoints by itself (`wal_autocheckpoint = 0`).
+fn connect(path: &Path) -> Result<Connection, ConnectError> {
+    let vfs = idemgate_wal_buffer::register()?;
+    let conn = Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs)?;
     conn.busy_timeout(QUEUE_TIMEOUT)?;
-    conn.execute_batch(&format!(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = {synchronous};
-         PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY;"
-    ))?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 0;
+         PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY;",
+    )?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }

@@ -14,6 +14,11 @@
 //!   was told about is visible to every read that starts afterwards; a
 //!   read can miss only a batch still committing as it starts — the same
 //!   answer a moment earlier, never an outcome that did not happen;
+//! - a read answers only with what is durable: the writer's commits are
+//!   visible before their log is synced ([`super::syncer`]), so a read
+//!   that found its answer waits until every batch that may have
+//!   committed before it ended is durable (at most one sync, and nothing
+//!   when no write is in flight);
 //! - at most [`READERS`] reads run at once, each on the blocking pool; a
 //!   read that cannot start within the writer's queue timeout is refused
 //!   (503), like a write.
@@ -24,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::Semaphore;
 
+use super::syncer::Horizon;
 use super::writer::QUEUE_TIMEOUT;
 use crate::store::StoreError;
 
@@ -38,17 +44,20 @@ pub struct Readers {
     idle: Mutex<Vec<Connection>>,
     /// One per read running; a read takes an idle connection or opens one.
     running: Arc<Semaphore>,
+    /// How far the log is durable: a read answers only with what is.
+    horizon: Arc<Horizon>,
 }
 
 impl Readers {
     /// Readers of the store at `path`, which the writer has opened (in WAL
     /// mode) already; the first connection is opened here, to fail early.
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
+    pub fn open(path: &Path, horizon: Arc<Horizon>) -> Result<Self, StoreError> {
         let first = connect(path)?;
         Ok(Readers {
             path: path.to_path_buf(),
             idle: Mutex::new(vec![first]),
             running: Arc::new(Semaphore::new(READERS)),
+            horizon,
         })
     }
 
@@ -79,7 +88,11 @@ impl Readers {
                 if let Ok(mut idle) = self.idle.lock() {
                     idle.push(conn);
                 }
-                result
+                let result = result?;
+                // After the snapshot: whatever it held began to commit
+                // before this.
+                self.horizon.durable().await?;
+                Ok(result)
             }
             // A read that panicked takes its connection with it; the next
             // read opens another.
