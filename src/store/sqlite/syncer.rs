@@ -206,7 +206,8 @@ impl Queue {
 /// The handle the writer hands its committed batches to.
 pub struct Syncer {
     queue: Arc<Queue>,
-    thread: JoinHandle<()>,
+    /// `None` once stopped.
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Syncer {
@@ -223,7 +224,10 @@ impl Syncer {
             .name("idemgate-sync".into())
             .spawn(move || sync_batches(log, &taken, &horizon, &batches))
             .map_err(|e| StoreError::Failed(format!("cannot start the sync thread: {e}")))?;
-        Ok(Syncer { queue, thread })
+        Ok(Syncer {
+            queue,
+            thread: Some(thread),
+        })
     }
 
     /// Hands over batch `number`, which owes a sync of the log if `owed`.
@@ -264,11 +268,21 @@ impl Syncer {
     }
 
     /// Answers everything handed over, then ends the thread.
-    pub fn stop(self) {
+    pub fn stop(mut self) {
         self.queue.close();
-        if self.thread.join().is_err() {
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
             tracing::error!("the SQLite sync thread ended abnormally");
         }
+    }
+}
+
+impl Drop for Syncer {
+    /// Dropped unstopped (a writer that never started): the thread
+    /// answers what it holds and ends by itself.
+    fn drop(&mut self) {
+        self.queue.close();
     }
 }
 

@@ -243,12 +243,15 @@ impl AfterCommit {
         horizon: &Arc<Horizon>,
         batches: &StoreBatches,
     ) -> Result<AfterCommit, StoreError> {
+        // The checkpointer first: it stops when dropped, should the sync
+        // thread fail to start; nothing fallible follows the sync thread.
+        let checkpoints = Checkpoints::start(&log.store, log.checkpoints)?;
         let syncer = match log.sync {
             Some(sync) => Some(Syncer::start(sync, horizon.clone(), batches.clone())?),
             None => None,
         };
         Ok(AfterCommit {
-            checkpoints: Checkpoints::start(&log.store, log.checkpoints)?,
+            checkpoints,
             horizon: horizon.clone(),
             syncer,
         })
