@@ -145,11 +145,7 @@ impl Checkpoints {
     /// Ends the thread after the checkpoint it may be running.
     pub fn stop(&mut self) {
         self.wake.take();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the SQLite checkpoint thread ended abnormally");
-        }
+        super::join(self.thread.take(), "checkpoint");
     }
 }
 

@@ -250,6 +250,15 @@ fn connect(path: &Path) -> Result<Connection, ConnectError> {
     Ok(conn)
 }
 
+/// Waits for one of the store's threads (`name`) to end, if it ran.
+fn join(thread: Option<std::thread::JoinHandle<()>>, name: &str) {
+    if let Some(thread) = thread
+        && thread.join().is_err()
+    {
+        tracing::error!("the SQLite {name} thread ended abnormally");
+    }
+}
+
 /// Why the writer's connection did not open.
 #[derive(Debug, thiserror::Error)]
 enum ConnectError {

@@ -270,11 +270,7 @@ impl Syncer {
     /// Answers everything handed over, then ends the thread.
     pub fn stop(mut self) {
         self.queue.close();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the SQLite sync thread ended abnormally");
-        }
+        super::join(self.thread.take(), "sync");
     }
 }
 
