@@ -101,9 +101,15 @@ impl Horizon {
         self.synced.send_replace(u64::MAX);
     }
 
-    /// Why the log stopped being durable, if it has.
+    /// Why the log stopped being durable, if it has: the reason every
+    /// call is failed with from then on.
+    pub fn failure_reason(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
+    }
+
+    /// The same as the error a read fails with.
     pub fn failure(&self) -> Option<StoreError> {
-        (self.failure.get()).map(|reason| StoreError::Failed(reason.clone()))
+        (self.failure_reason()).map(|reason| StoreError::Failed(reason.to_string()))
     }
 
     /// Waits until every batch that may have committed before now is
@@ -305,7 +311,7 @@ fn sync_batches(mut log: impl SyncLog, queue: &Queue, horizon: &Horizon, batches
         }
         drop(waiting);
         queue.changed.notify_all();
-        if horizon.failure().is_none() && ready.iter().any(|c| c.owed) {
+        if horizon.failure_reason().is_none() && ready.iter().any(|c| c.owed) {
             let started = Instant::now();
             let synced = log.sync();
             let calls = ready.iter().map(|c| c.batch.calls()).sum();
@@ -319,10 +325,10 @@ fn sync_batches(mut log: impl SyncLog, queue: &Queue, horizon: &Horizon, batches
                 horizon.fail(reason);
             }
         }
-        let failure = horizon.failure.get();
+        let failure = horizon.failure_reason();
         let last = ready.last().map_or(0, |c| c.number);
         for c in ready {
-            let failed = failure.map(String::as_str).or(c.failed.as_deref());
+            let failed = failure.or(c.failed.as_deref());
             c.batch.deliver(failed);
         }
         if failure.is_none() {

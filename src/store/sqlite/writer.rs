@@ -259,9 +259,9 @@ impl AfterCommit {
 
     /// Commits `batch` and sees to its answers.
     fn commit(&mut self, db: &Db, batch: &mut Vec<Box<dyn Work>>) -> Option<String> {
-        if let Some(failure) = self.horizon.failure() {
-            // Unrun: the sync thread logged the failure once.
-            answer(batch, Some(&failure.to_string()));
+        if let Some(failure) = self.horizon.failure_reason() {
+            // Unrun, with the reason the sync thread gave (and logged once).
+            answer(batch, Some(failure));
             return None;
         }
         // Numbered once it holds the write lock (a batch waiting for the
