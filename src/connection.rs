@@ -152,6 +152,10 @@ impl Http {
             streams: streams.clone(),
         };
         let mut connection = pin!(self.builder.serve_connection(io, counted));
+        // The connection's own token: `select!` below polls it at every wake
+        // of the connection, and the shared one's lock and waiter list
+        // would pass between the workers' cores at each of them.
+        let stop = stop.child_token();
         let mut idle = pin!(tokio::time::sleep(self.idle));
         let (mut closing, mut watching) = (false, true);
         loop {

@@ -36,7 +36,8 @@
 //! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal;
 //!   [`rekey`]: `idemgate rekey`, stored payloads sealed again under the current key.
 //! - [`log_sink`]: log lines batched in memory, written by a thread of their own;
-//!   [`log_format`]: the text line, written without per-field formatting.
+//!   [`log_format`]: the text line, written without per-field formatting;
+//!   [`request_log`]: a request's own line, straight into the sink.
 //! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
@@ -94,6 +95,7 @@ pub mod profile;
 pub mod rehearse;
 pub mod rekey;
 pub mod replicas;
+pub mod request_log;
 pub mod retention;
 pub mod scope_key;
 pub mod server;

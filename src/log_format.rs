@@ -99,7 +99,7 @@ fn write_line(line: &mut String, event: &Event<'_>, now: SystemTime) -> bool {
 
 /// `now` as `Full`'s timer writes it: RFC 3339 in UTC with microseconds;
 /// `false` for a clock before 1970 (not worth a fast path).
-fn timestamp(line: &mut String, now: SystemTime) -> bool {
+pub(crate) fn timestamp(line: &mut String, now: SystemTime) -> bool {
     let Ok(since) = now.duration_since(UNIX_EPOCH) else {
         return false;
     };
@@ -197,15 +197,8 @@ impl Visit for Fields<'_> {
         }
         if field.name() == "message" {
             let _ = Escaping(self.line).write_str(value);
-        } else if value
-            .bytes()
-            .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
-        {
-            self.line.push('"');
-            self.line.push_str(value);
-            self.line.push('"');
         } else {
-            let _ = write!(self.line, "{value:?}");
+            push_str_value(self.line, value);
         }
     }
 
@@ -240,6 +233,21 @@ impl Visit for Fields<'_> {
         } else {
             write!(self.line, "{value:?}")
         };
+    }
+}
+
+/// A string field's value as `Full` writes it: its `Debug`, which for
+/// printable ASCII without quotes or backslashes is the text in quotes.
+pub(crate) fn push_str_value(line: &mut String, value: &str) {
+    if value
+        .bytes()
+        .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
+    {
+        line.push('"');
+        line.push_str(value);
+        line.push('"');
+    } else {
+        let _ = write!(line, "{value:?}");
     }
 }
 

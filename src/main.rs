@@ -9,6 +9,7 @@ use idemgate::config::{Config, StoreUrl};
 use idemgate::log_format::TextLine;
 use idemgate::log_sink::{FlushGuard, LogSink};
 use idemgate::mock_upstream::MockUpstream;
+use idemgate::request_log;
 use idemgate::server::{Gateway, StartOptions};
 use idemgate::store::{PostgresStore, SqliteStore};
 use idemgate::systemd::Notifier;
@@ -254,12 +255,19 @@ fn init_logging(format: LogFormat) -> anyhow::Result<FlushGuard> {
     let (sink, guard) =
         LogSink::start(std::io::stderr()).context("cannot start the log writer thread")?;
     // Colours only for a person at a terminal, never into log files.
+    let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(sink);
+        .with_ansi(ansi)
+        .with_writer(sink.clone());
     match format {
-        LogFormat::Text => builder.event_format(TextLine::default()).init(),
+        LogFormat::Text => {
+            builder.event_format(TextLine::default()).init();
+            // A request's line is the text format's, colours aside.
+            if !ansi {
+                request_log::write_directly(sink);
+            }
+        }
         LogFormat::Json => builder.json().init(),
     }
     Ok(guard)

@@ -23,8 +23,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::store::Operators;
@@ -91,6 +91,36 @@ pub enum Outcome {
     lookup,
 }
 
+impl Outcome {
+    /// Every outcome, in declaration order (`outcome as usize` indexes it).
+    pub const ALL: [Outcome; 9] = [
+        Outcome::forwarded,
+        Outcome::replayed,
+        Outcome::conflict,
+        Outcome::mismatch,
+        Outcome::rejected,
+        Outcome::unknown,
+        Outcome::released,
+        Outcome::proxied,
+        Outcome::lookup,
+    ];
+
+    /// The outcome as its label and the request log write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::forwarded => "forwarded",
+            Outcome::replayed => "replayed",
+            Outcome::conflict => "conflict",
+            Outcome::mismatch => "mismatch",
+            Outcome::rejected => "rejected",
+            Outcome::unknown => "unknown",
+            Outcome::released => "released",
+            Outcome::proxied => "proxied",
+            Outcome::lookup => "lookup",
+        }
+    }
+}
+
 /// A background task of the gateway, for the count of its passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
 #[allow(non_camel_case_types)] // label values are written as they appear
@@ -152,6 +182,38 @@ struct DeliveryLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct TaskLabels {
     task: Task,
+}
+
+/// One route's series on the request path, looked up once: a request is
+/// counted with one atomic add, with no label hashed, no `String` made and
+/// no lock taken on the family's map, which both workers' requests
+/// otherwise share (a cache line passed between the cores per request).
+/// A request counter is created at its first request, as through
+/// [`Metrics::request`], so `/metrics` lists the same series.
+pub struct RouteSeries {
+    route: String,
+    requests: Family<RequestLabels, Counter>,
+    by_outcome: [OnceLock<Counter>; Outcome::ALL.len()],
+    upstream_seconds: Histogram,
+}
+
+impl RouteSeries {
+    pub fn request(&self, outcome: Outcome) {
+        self.by_outcome[outcome as usize]
+            .get_or_init(|| {
+                self.requests
+                    .get_or_create(&RequestLabels {
+                        route: self.route.clone(),
+                        outcome,
+                    })
+                    .clone()
+            })
+            .inc();
+    }
+
+    pub fn upstream_duration(&self, seconds: f64) {
+        self.upstream_seconds.observe(seconds);
+    }
 }
 
 pub struct Metrics {
@@ -293,6 +355,21 @@ impl Metrics {
         self.trace_spans_dropped.clone()
     }
 
+    /// `route`'s request counters and upstream histogram, for the request
+    /// path to count through without a look-up per request.
+    pub fn route_series(&self, route: &str) -> RouteSeries {
+        RouteSeries {
+            route: route.to_string(),
+            requests: self.requests.clone(),
+            by_outcome: Default::default(),
+            upstream_seconds: self
+                .upstream_seconds
+                .get_or_create(&RouteLabels::of(route))
+                .clone(),
+        }
+    }
+
+    /// A request on no route (or one counted without its [`RouteSeries`]).
     pub fn request(&self, route: &str, outcome: Outcome) {
         self.requests
             .get_or_create(&RequestLabels {
@@ -300,12 +377,6 @@ impl Metrics {
                 outcome,
             })
             .inc();
-    }
-
-    pub fn upstream_duration(&self, route: &str, seconds: f64) {
-        self.upstream_seconds
-            .get_or_create(&RouteLabels::of(route))
-            .observe(seconds);
     }
 
     pub fn late_response(&self, route: &str) {
@@ -455,6 +526,39 @@ mod tests {
     use crate::operation::State;
 
     #[test]
+    fn a_routes_series_counts_where_a_look_up_counts() {
+        let metrics = Metrics::new(&StoreBatches::new(&["write"]));
+        let series = metrics.route_series("api");
+        series.request(Outcome::replayed);
+        series.request(Outcome::replayed);
+        metrics.request("api", Outcome::replayed);
+        metrics.request("other", Outcome::forwarded);
+        series.upstream_duration(0.5);
+        metrics.route_series("api").upstream_duration(0.25);
+        let text = metrics.render(None, 0);
+        assert!(
+            text.contains(r#"idemgate_requests_total{route="api",outcome="replayed"} 3"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"idemgate_requests_total{route="other",outcome="forwarded"} 1"#));
+        assert!(text.contains(r#"idemgate_upstream_duration_seconds_count{route="api"} 2"#));
+        assert!(text.contains(r#"idemgate_upstream_duration_seconds_sum{route="api"} 0.75"#));
+        // A counter appears at its first request, not before.
+        assert!(
+            !text.contains(r#"route="api",outcome="forwarded""#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_outcome_is_named_as_its_debug_writes_it_and_indexes_all() {
+        for (index, outcome) in Outcome::ALL.into_iter().enumerate() {
+            assert_eq!(outcome.name(), format!("{outcome:?}"));
+            assert_eq!(outcome as usize, index);
+        }
+    }
+
+    #[test]
     fn renders_counters_and_gauges() {
         let batches = StoreBatches::new(&["write"]);
         let metrics = Metrics::new(&batches);
@@ -462,7 +566,7 @@ mod tests {
         metrics.request("api", Outcome::forwarded);
         metrics.request("api", Outcome::forwarded);
         metrics.request("api", Outcome::replayed);
-        metrics.upstream_duration("api", 0.02);
+        metrics.route_series("api").upstream_duration(0.02);
         metrics.late_response("api");
         metrics.refused_connection("admin");
         metrics.store_error("api");

@@ -87,9 +87,9 @@ impl Attempt {
             sent
         };
         let sent = traces::child(Step::Upstream, exchange).await;
-        self.shared
-            .metrics
-            .upstream_duration(&route.name, started.elapsed().as_secs_f64());
+        self.active
+            .series
+            .upstream_duration(started.elapsed().as_secs_f64());
         let fenced = matches!(sent.exchange, Exchange::Fenced { .. });
         let Settled {
             settlement,

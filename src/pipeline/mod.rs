@@ -64,8 +64,9 @@ use tokio_util::task::TaskTracker;
 use crate::body::{BoxError, ProxyBody, declared_length};
 use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, Route};
-use crate::metrics::{Metrics, OperationId, Outcome, StoreFailure};
+use crate::metrics::{Metrics, OperationId, Outcome, RouteSeries, StoreFailure};
 use crate::operation::{Fingerprint, RequestSummary};
+use crate::request_log::{self, RequestLine};
 use crate::scope_key::ScopeKey;
 use crate::store::{NewOperation, Store, StoreError};
 use crate::tls::TlsError;
@@ -97,6 +98,8 @@ pub struct ActiveRoute {
     paused: AtomicBool,
     /// Faults injected into its writes: a rehearsal's gateway only.
     drill: Option<Arc<drill::Drill>>,
+    /// Its request counters and upstream histogram.
+    series: RouteSeries,
 }
 
 /// The proxy: routes, the store, and the forward tasks in flight.
@@ -165,6 +168,7 @@ impl Proxy {
                     probes: forward::probe_client(route)?,
                     paused: AtomicBool::new(paused.contains(&route.name)),
                     drill: drill.clone(),
+                    series: metrics.route_series(&route.name),
                 }))
             })
             .collect::<Result<_, TlsError>>()?;
@@ -304,7 +308,10 @@ impl Proxy {
             .copied()
             .unwrap_or(Outcome::rejected);
         let route = active.as_ref().map_or("", |a| a.route.name.as_str());
-        self.shared.metrics.request(route, outcome);
+        match &active {
+            Some(active) => active.series.request(outcome),
+            None => self.shared.metrics.request(route, outcome),
+        }
         if response.extensions().get::<StoreFailure>().is_some() {
             self.shared.metrics.store_error(route);
         }
@@ -320,16 +327,15 @@ impl Proxy {
             operation_id,
             replayed: outcome == Outcome::replayed,
         });
-        tracing::info!(
+        request_log::log(&RequestLine {
             route,
-            %method,
-            %path,
+            method: &method,
+            path: &path,
             operation_id,
-            outcome = ?outcome,
-            status = response.status().as_u16(),
-            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "request"
-        );
+            outcome,
+            status: response.status().as_u16(),
+            latency: started.elapsed(),
+        });
         response
     }
 

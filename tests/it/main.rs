@@ -35,6 +35,7 @@ mod real_clients;
 mod rehearse;
 mod replica_leases;
 mod replicas;
+mod request_log;
 mod resource_bounds;
 mod restart;
 mod retention_and_shutdown;
