@@ -184,7 +184,16 @@ impl Drop for InFlightGuard {
 /// The key of an operation's identity in the in-flight map and the replay
 /// cache.
 pub fn identity(route: &str, scope: &str, key: &str) -> String {
-    format!("{route}\0{scope}\0{key}")
+    // Pushed, not `format!`ed: every write makes one (~1,200 instructions
+    // through `core::fmt`).
+    let mut identity = String::with_capacity(route.len() + scope.len() + key.len() + 2);
+    for (i, part) in [route, scope, key].into_iter().enumerate() {
+        if i > 0 {
+            identity.push('\0');
+        }
+        identity.push_str(part);
+    }
+    identity
 }
 
 impl InFlight {
@@ -450,6 +459,12 @@ mod tests {
             in_flight.enter("id", &new).is_ok(),
             "and the next may enter"
         );
+    }
+
+    #[test]
+    fn an_identity_joins_route_scope_and_key_with_nul() {
+        assert_eq!(identity("api", "ab12", "key-1"), "api\0ab12\0key-1");
+        assert_eq!(identity("", "", ""), "\0\0");
     }
 
     #[test]
