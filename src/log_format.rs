@@ -286,37 +286,14 @@ impl Write for Escaping<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use crate::log_sink::Kept;
     use std::time::Duration;
-    use tracing_subscriber::fmt::MakeWriter;
-
-    /// What a subscriber wrote, shared with the test.
-    #[derive(Clone, Default)]
-    struct Kept(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Kept {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Kept {
-        type Writer = Kept;
-        fn make_writer(&'a self) -> Kept {
-            self.clone()
-        }
-    }
 
     /// Every event `log` emits, as `Full` and as `TextLine` write it, with
     /// the timestamps cut off (they are two readings of the clock).
     fn both(log: fn()) -> (Vec<String>, Vec<String>) {
         let lines = |kept: &Kept| -> Vec<String> {
-            String::from_utf8(kept.0.lock().unwrap().clone())
-                .unwrap()
+            kept.text()
                 .lines()
                 .map(|line| line[27..].to_string())
                 .collect()

@@ -164,31 +164,44 @@ fn write_out<W: Write>(shared: &Shared, mut output: W) {
     }
 }
 
+/// An output that keeps what it is given, shared with the test that
+/// reads it: a sink's output, or a subscriber's writer.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct Kept(Arc<Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl Kept {
+    /// Everything written so far.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+#[cfg(test)]
+impl Write for Kept {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl<'a> MakeWriter<'a> for Kept {
+    type Writer = Kept;
+    fn make_writer(&'a self) -> Kept {
+        self.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::mpsc;
     use std::time::Instant;
-
-    /// An output that keeps what it is given, shared with the test.
-    #[derive(Clone, Default)]
-    struct Kept(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Kept {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Kept {
-        fn text(&self) -> String {
-            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-        }
-    }
 
     fn log(sink: &LogSink, line: &str) {
         sink.make_writer().write_all(line.as_bytes()).unwrap();

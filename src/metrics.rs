@@ -536,13 +536,14 @@ mod tests {
         series.upstream_duration(0.5);
         metrics.route_series("api").upstream_duration(0.25);
         let text = metrics.render(None, 0);
-        assert!(
-            text.contains(r#"idemgate_requests_total{route="api",outcome="replayed"} 3"#),
-            "{text}"
-        );
-        assert!(text.contains(r#"idemgate_requests_total{route="other",outcome="forwarded"} 1"#));
-        assert!(text.contains(r#"idemgate_upstream_duration_seconds_count{route="api"} 2"#));
-        assert!(text.contains(r#"idemgate_upstream_duration_seconds_sum{route="api"} 0.75"#));
+        for counted in [
+            r#"idemgate_requests_total{route="api",outcome="replayed"} 3"#,
+            r#"idemgate_requests_total{route="other",outcome="forwarded"} 1"#,
+            r#"idemgate_upstream_duration_seconds_count{route="api"} 2"#,
+            r#"idemgate_upstream_duration_seconds_sum{route="api"} 0.75"#,
+        ] {
+            assert!(text.contains(counted), "{counted} not in {text}");
+        }
         // A counter appears at its first request, not before.
         assert!(
             !text.contains(r#"route="api",outcome="forwarded""#),

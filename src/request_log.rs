@@ -160,29 +160,8 @@ fn push_millis(text: &mut String, micros: u64) {
 mod tests {
     use super::*;
     use crate::log_format::TextLine;
-    use std::sync::{Arc, Mutex};
+    use crate::log_sink::Kept;
     use std::time::UNIX_EPOCH;
-
-    /// What a subscriber wrote, shared with the test.
-    #[derive(Clone, Default)]
-    struct Kept(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Kept {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Kept {
-        type Writer = Kept;
-        fn make_writer(&'a self) -> Kept {
-            self.clone()
-        }
-    }
 
     /// `line` as the tracing event writes it, under the text format.
     fn through_tracing(line: &RequestLine<'_>) -> String {
@@ -195,7 +174,7 @@ mod tests {
         // No sink was handed to `write_directly` in this process's tests
         // but this module's own: the fallback is what runs.
         tracing::subscriber::with_default(subscriber, || log(line));
-        String::from_utf8(kept.0.lock().unwrap().clone()).unwrap()
+        kept.text()
     }
 
     fn direct(line: &RequestLine<'_>) -> String {
