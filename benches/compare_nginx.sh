@@ -219,10 +219,12 @@ pids+=($!)
 "$NGINX" -p "$dir/nginx" -c "$dir/nginx.conf" -g 'daemon off;' \
     2>"$dir/nginx/logs/stderr.log" &
 nginx_pid=$!
-pids+=($nginx_pid)
+pids+=("$nginx_pid")
 # A machine that sat idle may take a while to start them (seen: > 10 s).
-wait_port "$upstream_port" 60 && wait_port "$nginx_port" 60 ||
-    { cat "$dir"/upstream/logs/*.log "$dir"/nginx/logs/*.log >&2; exit 1; }
+if ! { wait_port "$upstream_port" 60 && wait_port "$nginx_port" 60; }; then
+    cat "$dir"/upstream/logs/*.log "$dir"/nginx/logs/*.log >&2
+    exit 1
+fi
 
 # The gateway's config for durability $1: `/orders` requires a key, `/plain`
 # is `key = "off"` (forwarding only).
@@ -259,7 +261,7 @@ start_idemgate() {
     "$@" serve --config "$dir/idemgate-$durability.toml" \
         >"$dir/$name.out" 2>"$dir/$name.log" &
     started_pid=$!
-    pids+=($started_pid)
+    pids+=("$started_pid")
     started=
     for _ in $(seq $((within * 10))); do
         started=$(sed -n 's/^listening proxy=\([^ ]*\) .*/\1/p' "$dir/$name.out")
@@ -353,7 +355,9 @@ warm_up() {
 # The processes of a proxy whose main process is $1: itself and its children
 # (nginx's workers).
 proc_set() {
-    echo "$1" $(cat "/proc/$1/task/"*/children 2>/dev/null)
+    local children
+    read -ra children <<<"$(cat "/proc/$1/task/"*/children 2>/dev/null | tr '\n' ' ')"
+    echo "$1" "${children[@]}"
 }
 
 # /proc counters of the processes $@: "cpu_ticks ctx_switches runq_ns
@@ -386,7 +390,7 @@ measure() {
     local mode=$1 addr=$2 counted=$3 hz
     hz=$(getconf CLK_TCK)
     warm_up "$mode" "$addr"
-    local perf_pid= before machine_before result after machine_after
+    local perf_pid='' before machine_before result after machine_after
     if [ "$use_perf" = 1 ]; then
         perf stat -x, -e task-clock,context-switches,raw_syscalls:sys_enter \
             -p "${counted// /,}" -o "$dir/perf.csv" 2>/dev/null &
@@ -449,7 +453,7 @@ for mode in $LOADS; do
     for round in $(seq "$ROUNDS"); do
         nginx_rps=
         for target in "nginx pass-through=127.0.0.1:$nginx_port=$nginx_pid" "${gateways[@]}"; do
-            IFS== read -r proxy addr pid <<<"$target"
+            IFS='=' read -r proxy addr pid <<<"$target"
             read -r rps p50 p99 non2xx errors cpu switches syscalls runq disk machine \
                 <<<"$(measure "$mode" "$addr" "$(proc_set "$pid")")"
             if [ -z "$nginx_rps" ]; then
@@ -467,7 +471,7 @@ for mode in $LOADS; do
     done
     if [ "$ROUNDS" -gt 1 ]; then
         for target in "${gateways[@]}"; do
-            IFS== read -r proxy _ <<<"$target"
+            IFS='=' read -r proxy _ <<<"$target"
             # shellcheck disable=SC2086 # a list of ratios
             printf '  %-20s median of %d rounds: %s×\n' "$proxy" "$ROUNDS" \
                 "$(printf '%s\n' ${ratios[$proxy]} | sort -n | awk '{ r[NR] = $1 } END {
@@ -486,7 +490,7 @@ if [ "${STRACE:-0}" = 1 ]; then
     echo "system calls per request by name (strace -c -f, 3 s per load, 16 connections)"
     for mode in $LOADS; do
         for target in "nginx pass-through=127.0.0.1:$nginx_port=$nginx_pid" "${gateways[@]}"; do
-            IFS== read -r proxy addr pid <<<"$target"
+            IFS='=' read -r proxy addr pid <<<"$target"
             warm_up "$mode" "$addr" 16
             traced=()
             for p in $(proc_set "$pid"); do traced+=(-p "$p"); done
@@ -522,7 +526,8 @@ callgrind_window() {
     read -r _ _ _ _ _ requests <<<"$result"
     # The newest dump is this window's.
     local dump
-    dump=$(ls -t "$out".* | head -1)
+    dump=$(find "$(dirname "$out")" -maxdepth 1 -name "$(basename "$out").*" -printf '%T@ %p\n' |
+        sort -n | tail -1 | cut -d' ' -f2-)
     if [ -n "${CALLGRIND_KEEP:-}" ]; then
         mkdir -p "$CALLGRIND_KEEP"
         cp "$dump" "$CALLGRIND_KEEP/$(basename "$out" .cg)-$mode.callgrind"
@@ -555,7 +560,7 @@ if [ "${CALLGRIND:-0}" = 1 ]; then
         "$NGINX" -p "$dir/nginx-vg" -c "$dir/nginx-vg.conf" -g 'daemon off;' \
         2>"$dir/nginx-vg/logs/stderr.log" &
     vg_pid=$!
-    pids+=($vg_pid)
+    pids+=("$vg_pid")
     wait_port "$vg_port" 60
     callgrind_window "$vg_pid" off "127.0.0.1:$vg_port" "$dir/nginx.cg"
     kill "$vg_pid"

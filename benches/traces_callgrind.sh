@@ -100,7 +100,7 @@ EOF
         "$IDEMGATE" serve --config "$dir/$traces.toml" \
         >"$dir/$traces.out" 2>"$dir/$traces.err" &
     gateway=$!
-    pids+=($gateway)
+    pids+=("$gateway")
     proxy=$(listening_line "$dir/$traces.out" | sed 's/.*proxy=\([^ ]*\).*/\1/')
     admin=$(listening_line "$dir/$traces.out" | sed 's/.*admin=\([^ ]*\).*/\1/')
     for load in forward first; do
@@ -118,7 +118,8 @@ EOF
         sleep 1
         callgrind_control -i off "$gateway" >/dev/null 2>&1
         callgrind_control -d "$load" "$gateway" >/dev/null 2>&1
-        dump=$(ls -t "$dir/$traces.cg".* | head -1)
+        dump=$(find "$dir" -maxdepth 1 -name "$traces.cg.*" -printf '%T@ %p\n' |
+            sort -n | tail -1 | cut -d' ' -f2-)
         # The exporter's thread: the SDK's batch processor and what it calls.
         callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null |
             awk -v n="$REQUESTS" -v what="traces $traces, $load" '
