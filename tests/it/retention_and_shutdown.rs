@@ -5,7 +5,8 @@
 //!   operation), but never an `unknown` one;
 //! - graceful shutdown: listeners close at once, a request in flight still
 //!   gets its response, and it is replayed after a restart; one still in
-//!   flight when `shutdown_grace` runs out is `unknown` after the restart.
+//!   flight when `shutdown_grace` runs out is `unknown` after the restart;
+//!   a keep-alive connection with nothing in progress is closed at once.
 
 use std::time::Duration;
 
@@ -152,4 +153,46 @@ async fn request_still_in_flight_after_the_grace_is_unknown_after_restart() {
     assert_held_unknown(&retry);
     assert_eq!(gw.upstream.writes(), 1, "never re-sent");
     assert_eq!(gw.upstream.write_requests().len(), 1);
+}
+
+/// A keep-alive connection with no request in progress is closed as soon
+/// as a shutdown starts: neither `header_read_timeout` nor
+/// `shutdown_grace` (both far past the test's bound) is waited out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_an_idle_keep_alive_connection_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut gw = spawn_gateway_with(
+        Setup::route("").server("header_read_timeout = \"300s\"\nshutdown_grace = \"300s\""),
+    )
+    .await;
+    let mut connection = tokio::net::TcpStream::connect(gw.addr())
+        .await
+        .expect("connect");
+    connection
+        .write_all(b"GET /orders/1 HTTP/1.1\r\nhost: gateway\r\n\r\n")
+        .await
+        .expect("send");
+    // The answer's head, read until the connection has said something.
+    let mut answer = vec![0; 4096];
+    let read = connection.read(&mut answer).await.expect("answer");
+    assert!(
+        answer[..read].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer[..read])
+    );
+
+    let shutdown = gw.begin_shutdown();
+    // Whatever is left of the answer, then the end of the connection.
+    let closed = tokio::time::timeout(WAIT, async {
+        loop {
+            match connection.read(&mut answer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the idle connection was left open");
+    shutdown.await.expect("shutdown task");
 }
