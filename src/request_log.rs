@@ -171,8 +171,8 @@ mod tests {
             .with_writer(kept.clone())
             .event_format(TextLine::default())
             .finish();
-        // No sink was handed to `write_directly` in this process's tests
-        // but this module's own: the fallback is what runs.
+        // No test hands a sink to `write_directly`: in this process the
+        // fallback, the tracing event, is what runs.
         tracing::subscriber::with_default(subscriber, || log(line));
         kept.text()
     }
