@@ -244,7 +244,7 @@ impl AfterCommit {
         batches: &StoreBatches,
     ) -> Result<AfterCommit, StoreError> {
         // The checkpointer first: it stops when dropped, should the sync
-        // thread fail to start; nothing fallible follows the sync thread.
+        // threads fail to start; nothing fallible follows them.
         let checkpoints = Checkpoints::start(&log.store, log.checkpoints)?;
         let syncer = match log.sync {
             Some(sync) => Some(Syncer::start(sync, horizon.clone(), batches.clone())?),
@@ -260,7 +260,7 @@ impl AfterCommit {
     /// Commits `batch` and sees to its answers.
     fn commit(&mut self, db: &Db, batch: &mut Vec<Box<dyn Work>>) -> Option<String> {
         if let Some(failure) = self.horizon.failure_reason() {
-            // Unrun, with the reason the sync thread gave (and logged once).
+            // Unrun, with the reason a sync thread gave (and logged once).
             answer(batch, Some(failure));
             return None;
         }
@@ -628,16 +628,18 @@ mod tests {
             .await
     }
 
-    /// A log whose sync says when it is entered and returns when opened.
+    /// A log whose sync says when it is entered and returns when opened
+    /// (one open returns one sync).
     struct Gate {
         entered: std::sync::mpsc::Sender<()>,
-        open: std::sync::mpsc::Receiver<()>,
+        open: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
     }
 
     impl SyncLog for Gate {
-        fn sync(&mut self) -> std::io::Result<()> {
+        fn sync(&self) -> std::io::Result<()> {
             let _ = self.entered.send(());
-            self.open.recv().map_err(std::io::Error::other)
+            let open = self.open.lock().unwrap();
+            open.recv().map_err(std::io::Error::other)
         }
     }
 
@@ -655,7 +657,7 @@ mod tests {
         let (open, gate) = std::sync::mpsc::channel();
         let sync = Gate {
             entered,
-            open: gate,
+            open: std::sync::Mutex::new(gate),
         };
         let (writer, path) = writer_on_file(dir, Some(Box::new(sync)), Thresholds::default());
         let writer = Arc::new(writer);
@@ -719,7 +721,7 @@ mod tests {
     struct Broken;
 
     impl SyncLog for Broken {
-        fn sync(&mut self) -> std::io::Result<()> {
+        fn sync(&self) -> std::io::Result<()> {
             Err(std::io::Error::other("injected EIO"))
         }
     }
