@@ -91,20 +91,12 @@ REPLAY_KEYS=64
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 
-need_packages() {
-    local missing=()
-    command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-    command -v wrk >/dev/null || missing+=(wrk)
-    [ "${CALLGRIND:-0}" = 1 ] && ! command -v valgrind >/dev/null && missing+=(valgrind)
-    [ "${STRACE:-0}" = 1 ] && ! command -v strace >/dev/null && missing+=(strace)
-    [ ${#missing[@]} -eq 0 ] && return
-    echo "installing ${missing[*]} (apt-get)" >&2
-    local sudo=
-    [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get install -y "${missing[@]}" >&2 ||
-        { $sudo apt-get update >&2 && $sudo apt-get install -y "${missing[@]}" >&2; }
-}
-need_packages
+# shellcheck source=benches/rig.sh
+. "$here/rig.sh"
+wanted=(nginx wrk)
+[ "${CALLGRIND:-0}" = 1 ] && wanted+=(valgrind)
+[ "${STRACE:-0}" = 1 ] && wanted+=(strace)
+need_commands "${wanted[@]}"
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 # perf counts system calls and task time only where the kernel lets it.
@@ -121,82 +113,11 @@ if [ -z "${IDEMGATE:-}" ]; then
     IDEMGATE=$repo/target/release/idemgate
 fi
 
-dir=$(mktemp -d -t idemgate-compare.XXXXXX)
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# A port nothing listens on (a connect refused), tried at most 100 times.
-# Below the kernel's ephemeral range: a port there may be the local end of
-# a connection (wrk's, a database client's), which no probe sees and which
-# makes a listener's bind fail.
-free_port() {
-    local port low
-    read -r low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || low=32768
-    [ "$low" -gt 11000 ] || low=32768
-    for _ in $(seq 100); do
-        port=$((10000 + RANDOM % (low - 10000)))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            echo "$port"
-            return
-        fi
-    done
-    echo "no free port found" >&2
-    return 1
-}
-
-# Waits up to $2 seconds (10 by default) for something to accept on 127.0.0.1:$1.
-wait_port() {
-    for _ in $(seq $((${2:-10} * 10))); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
-        sleep 0.1
-    done
-    echo "nothing listens on 127.0.0.1:$1 after ${2:-10} s" >&2
-    return 1
-}
-
-# Writes an nginx config $1 for prefix $2: `worker_processes` $3, the
-# server block $4.
-nginx_config() {
-    local file=$1 prefix=$2 workers=$3 server=$4
-    mkdir -p "$prefix/logs"
-    cat >"$file" <<EOF
-worker_processes $workers;
-pid $prefix/nginx.pid;
-error_log $prefix/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $prefix/body;
-    proxy_temp_path $prefix/proxy;
-    fastcgi_temp_path $prefix/fastcgi;
-    uwsgi_temp_path $prefix/uwsgi;
-    scgi_temp_path $prefix/scgi;
-    keepalive_requests 1000000;
-$server
-}
-EOF
-}
+rig_start idemgate-compare
 
 upstream_port=$(free_port)
 nginx_port=$(free_port)
-# The upstream: every request is a created resource.
-upstream_server="    server {
-        listen 127.0.0.1:$upstream_port;
-        location / {
-            default_type application/json;
-            return 201 '{\"id\":1,\"status\":\"created\"}';
-        }
-    }"
+upstream_server=$(upstream_block "$upstream_port")
 # The pass-through proxy, with keep-alive connections to the upstream (as
 # idemgate pools its own).
 proxy_server="    upstream api {
@@ -226,27 +147,9 @@ if ! { wait_port "$upstream_port" 60 && wait_port "$nginx_port" 60; }; then
     exit 1
 fi
 
-# The gateway's config for durability $1: `/orders` requires a key, `/plain`
-# is `key = "off"` (forwarding only).
+# The gateway's config for durability $1 (`rig.sh`'s `idemgate_toml`).
 idemgate_config() {
-    local durability=$1
-    cat >"$dir/idemgate-$durability.toml" <<EOF
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-[store]
-url = "sqlite://$dir/idemgate-$durability.db"
-durability = "$durability"
-[[routes]]
-name = "plain"
-path_prefix = "/plain"
-upstream = "http://127.0.0.1:$upstream_port"
-key = "off"
-[[routes]]
-name = "orders"
-path_prefix = "/"
-upstream = "http://127.0.0.1:$upstream_port"
-EOF
+    idemgate_toml "$dir/idemgate-$1.toml" "$dir/idemgate-$1.db" "$upstream_port" "$1"
 }
 
 # Starts `$@ serve` (idemgate, or valgrind running it) with durability
@@ -273,63 +176,6 @@ start_idemgate() {
     return 1
 }
 
-# The wrk script: forwarding (a new key per request, on the `key = "off"`
-# route), first writes (a new key per request) or replays (the keys cycle
-# over REPLAY_KEYS). Keys carry a per-run prefix, so no run replays another's
-# keys. A new key starts with 16 random hex digits, as the UUIDs SDKs send
-# do, so that it lands at a random place in the store's identity index:
-# keys from a counter sort next to each other, share a few index pages and
-# understate what a first write costs the disk (by 40 % here). The thread
-# and counter after it keep keys unique whatever the random digits.
-cat >"$dir/load.lua" <<'EOF'
-local mode = os.getenv("MODE")
-local prefix = os.getenv("PREFIX")
-local replay_keys = tonumber(os.getenv("REPLAY_KEYS"))
-local body = '{"amount":1000,"currency":"eur","description":"bench order","customer":"cus_42"}'
-local path = mode == "off" and "/plain/orders" or "/orders"
-local threads = 0
-local counter = 0
--- `id` is a global each thread gets from setup().
-
-function setup(thread)
-    thread:set("id", threads)
-    threads = threads + 1
-end
-
-function init(args)
-    math.randomseed(os.time() * 16 + id)
-end
-
-local function random_hex()
-    return string.format("%04x%04x%04x%04x", math.random(0, 65535), math.random(0, 65535),
-        math.random(0, 65535), math.random(0, 65535))
-end
-
-request = function()
-    counter = counter + 1
-    local key
-    if mode == "replay" then
-        key = prefix .. "-" .. (counter % replay_keys)
-    else
-        key = random_hex() .. "-" .. prefix .. "-" .. id .. "-" .. counter
-    end
-    return wrk.format("POST", path, {
-        ["Authorization"] = "Bearer bench",
-        ["Idempotency-Key"] = key,
-        ["Content-Type"] = "application/json",
-    }, body)
-end
-
-done = function(summary, latency, requests)
-    local non2xx = summary.errors.status
-    local errors = summary.errors.connect + summary.errors.read + summary.errors.write
-        + summary.errors.timeout
-    io.write(string.format("RESULT %.1f %.3f %.3f %d %d %d\n",
-        summary.requests / (summary.duration / 1e6),
-        latency:percentile(50) / 1000, latency:percentile(99) / 1000, non2xx, errors,
-        summary.requests))
-end
-EOF
 
 # Runs wrk with load $1 against $2 (host:port) for $3 with key prefix $4 and
 # $5 connections; prints "rps p50_ms p99_ms non2xx errors requests".
@@ -337,7 +183,7 @@ wrk_run() {
     local mode=$1 addr=$2 duration=$3 prefix=$4 connections=${5:-$CONNECTIONS}
     MODE=$mode PREFIX=$prefix REPLAY_KEYS=$REPLAY_KEYS \
         timeout 300 wrk -t "$THREADS" -c "$connections" -d "$duration" \
-        -s "$dir/load.lua" "http://$addr/" | sed -n 's/^RESULT //p'
+        -s "$here/load.lua" "http://$addr/" | sed -n 's/^RESULT //p'
 }
 
 # The warm-up before a measured run: replays warm up on the run's own keys

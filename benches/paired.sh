@@ -10,15 +10,15 @@
 #   benches/paired.sh OLD_BINARY NEW_BINARY
 #   ROUNDS=6 DURATION=8s LOAD=first benches/paired.sh old new
 #
-# Rounds alternate which build listens where and whose wrk starts first.
+# Rounds alternate which build, and whose load, starts first.
 # Each round prints both rates, p99 latencies and the CPU µs each process
 # spent per request it answered, then the NEW/OLD ratio; the end, the
 # median ratio. A build that spends more CPU per request yet runs faster
 # is taking CPU from the other (more runnable threads): read the CPU
 # column beside the ratio.
 #
-# LOAD is a `compare_nginx.sh` load: `first` (a new key per request, the
-# default), `replay` or `off` (forwarding). Installs nginx and wrk from
+# LOAD is one of `load.lua`'s, as in compare_nginx.sh: `first` (a new key
+# per request, the default), `replay` or `off` (forwarding). Installs nginx and wrk from
 # Debian's packages if missing; everything listens on 127.0.0.1 on free
 # ports, every process started is stopped on exit and the temporary
 # directory removed.
@@ -34,97 +34,23 @@ LOAD=${LOAD:-first}
 case $LOAD in first | replay | off) ;; *) echo "LOAD is first, replay or off" >&2; exit 2 ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 
-missing=()
-command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-command -v wrk >/dev/null || missing+=(wrk)
-if [ ${#missing[@]} -gt 0 ]; then
-    sudo=
-    [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get install -y "${missing[@]}" >&2 ||
-        { $sudo apt-get update >&2 && $sudo apt-get install -y "${missing[@]}" >&2; }
-fi
+# shellcheck source=benches/rig.sh
+. "$here/rig.sh"
+need_commands nginx wrk
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+rig_start idemgate-paired
 
-dir=$(mktemp -d -t idemgate-paired.XXXXXX)
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# A port nothing listens on, below the ephemeral range (as compare_nginx.sh).
-free_port() {
-    local port low
-    read -r low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || low=32768
-    [ "$low" -gt 11000 ] || low=32768
-    for _ in $(seq 100); do
-        port=$((10000 + RANDOM % (low - 10000)))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            echo "$port"
-            return
-        fi
-    done
-    echo "no free port found" >&2
-    return 1
-}
-
-# The upstream: every request is a created resource.
 upstream_port=$(free_port)
-mkdir -p "$dir/upstream/logs"
-cat >"$dir/upstream.conf" <<EOF
-worker_processes 2;
-pid $dir/upstream/nginx.pid;
-error_log $dir/upstream/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $dir/upstream/body;
-    proxy_temp_path $dir/upstream/proxy;
-    fastcgi_temp_path $dir/upstream/fastcgi;
-    uwsgi_temp_path $dir/upstream/uwsgi;
-    scgi_temp_path $dir/upstream/scgi;
-    keepalive_requests 1000000;
-    server {
-        listen 127.0.0.1:$upstream_port;
-        location / {
-            default_type application/json;
-            return 201 '{"id":1,"status":"created"}';
-        }
-    }
-}
-EOF
+nginx_config "$dir/upstream.conf" "$dir/upstream" 2 "$(upstream_block "$upstream_port")"
 "$NGINX" -p "$dir/upstream" -c "$dir/upstream.conf" -g 'daemon off;' 2>"$dir/upstream/logs/stderr.log" &
 pids+=($!)
-
-# compare_nginx.sh's wrk script, so that the loads are the same.
-# shellcheck disable=SC2016 # the `$dir` is compare_nginx.sh's text, matched
-sed -n '/^cat >"\$dir\/load.lua" <<.EOF.$/,/^EOF$/p' "$here/compare_nginx.sh" | sed '1d;$d' >"$dir/load.lua"
-[ -s "$dir/load.lua" ] || { echo "no wrk script found in compare_nginx.sh" >&2; exit 1; }
+wait_port "$upstream_port" 60
 
 # Starts build $2 as $1 on a fresh store; sets $addr and $pid.
 start() {
     local name=$1 binary=$2
     rm -rf "${dir:?}/$name" && mkdir -p "$dir/$name"
-    cat >"$dir/$name/idemgate.toml" <<EOF
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-[store]
-url = "sqlite://$dir/$name/idemgate.db"
-durability = "full"
-[[routes]]
-name = "plain"
-path_prefix = "/plain"
-upstream = "http://127.0.0.1:$upstream_port"
-key = "off"
-[[routes]]
-name = "orders"
-path_prefix = "/"
-upstream = "http://127.0.0.1:$upstream_port"
-EOF
+    idemgate_toml "$dir/$name/idemgate.toml" "$dir/$name/idemgate.db" "$upstream_port" full
     "$binary" serve --config "$dir/$name/idemgate.toml" >"$dir/$name/out" 2>"$dir/$name/log" &
     pid=$!
     pids+=("$pid")
@@ -142,7 +68,7 @@ EOF
 # wrk with $LOAD against $1 for $2, key prefix $3; prints wrk's RESULT line.
 load() {
     MODE=$LOAD PREFIX=$3 REPLAY_KEYS=64 timeout 300 \
-        wrk -t 1 -c 32 -d "$2" -s "$dir/load.lua" "http://$1/" | sed -n 's/^RESULT //p'
+        wrk -t 1 -c 32 -d "$2" -s "$here/load.lua" "http://$1/" | sed -n 's/^RESULT //p'
 }
 
 cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'; }
