@@ -165,15 +165,7 @@ start_idemgate() {
         >"$dir/$name.out" 2>"$dir/$name.log" &
     started_pid=$!
     pids+=("$started_pid")
-    started=
-    for _ in $(seq $((within * 10))); do
-        started=$(sed -n 's/^listening proxy=\([^ ]*\) .*/\1/p' "$dir/$name.out")
-        [ -n "$started" ] && return
-        sleep 0.1
-    done
-    echo "idemgate ($name) did not start within $within s:" >&2
-    cat "$dir/$name.log" >&2
-    return 1
+    started=$(listening_address "$dir/$name.out" "$dir/$name.log" "$within")
 }
 
 

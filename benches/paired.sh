@@ -54,15 +54,7 @@ start() {
     "$binary" serve --config "$dir/$name/idemgate.toml" >"$dir/$name/out" 2>"$dir/$name/log" &
     pid=$!
     pids+=("$pid")
-    addr=
-    for _ in $(seq 100); do
-        addr=$(sed -n 's/^listening proxy=\([^ ]*\) .*/\1/p' "$dir/$name/out")
-        [ -n "$addr" ] && return
-        sleep 0.1
-    done
-    echo "$binary did not start:" >&2
-    cat "$dir/$name/log" >&2
-    return 1
+    addr=$(listening_address "$dir/$name/out" "$dir/$name/log" 10)
 }
 
 # wrk with $LOAD against $1 for $2, key prefix $3; prints wrk's RESULT line.

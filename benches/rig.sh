@@ -71,6 +71,24 @@ wait_port() {
     return 1
 }
 
+# Prints the proxy address a gateway started with its output in $1 gives
+# on its `listening` line, once there, waiting up to $3 seconds; else says
+# so, with the gateway's log $2, and fails.
+listening_address() {
+    local address
+    for _ in $(seq $(($3 * 10))); do
+        address=$(sed -n 's/^listening proxy=\([^ ]*\) .*/\1/p' "$1")
+        if [ -n "$address" ]; then
+            echo "$address"
+            return
+        fi
+        sleep 0.1
+    done
+    echo "the gateway did not start within $3 s:" >&2
+    cat "$2" >&2
+    return 1
+}
+
 # Writes an nginx config $1 for prefix $2: `worker_processes` $3, the
 # server block $4.
 nginx_config() {
