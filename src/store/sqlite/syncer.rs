@@ -140,18 +140,21 @@ struct Committed {
 
 /// Makes a log durable: `fdatasync` of the WAL file in the gateway; a
 /// stand-in in the tests that make it fail or hold it. Shared by the sync
-/// threads, which may call it at once.
+/// threads, which may call it at once; `thread` names the caller.
 pub trait SyncLog: Send + Sync + 'static {
-    fn sync(&self) -> std::io::Result<()>;
+    fn sync(&self, thread: usize) -> std::io::Result<()>;
 }
 
-/// The WAL file of the store at `path`, opened at its first sync (the
-/// writer's connection creates it and keeps it for its life, so the file
-/// opened is the one SQLite writes). Any descriptor of a file syncs all of
-/// it, and two syncs may run on one descriptor at once.
+/// The WAL file of the store at `path`, opened by each sync thread at its
+/// first sync (the writer's connection creates it and keeps it for its
+/// life, so the file opened is the one SQLite writes). Any descriptor of a
+/// file syncs all of it, but each thread has its own: Linux reports a
+/// writeback error once per open file, so two syncs running on one
+/// descriptor could hear of one failed page write only once, and the
+/// other would answer its batches as durable.
 pub struct WalFile {
     path: PathBuf,
-    file: OnceLock<File>,
+    files: [OnceLock<File>; SYNC_THREADS],
 }
 
 impl WalFile {
@@ -160,28 +163,32 @@ impl WalFile {
         path.push("-wal");
         WalFile {
             path: path.into(),
-            file: OnceLock::new(),
+            files: Default::default(),
+        }
+    }
+
+    /// Sync thread `thread`'s descriptor, opened at its first use.
+    fn file(&self, thread: usize) -> std::io::Result<&File> {
+        let file = &self.files[thread];
+        match file.get() {
+            Some(opened) => Ok(opened),
+            None => {
+                let opened = File::open(&self.path)?;
+                Ok(file.get_or_init(|| opened))
+            }
         }
     }
 }
 
 impl SyncLog for Box<dyn SyncLog> {
-    fn sync(&self) -> std::io::Result<()> {
-        (**self).sync()
+    fn sync(&self, thread: usize) -> std::io::Result<()> {
+        (**self).sync(thread)
     }
 }
 
 impl SyncLog for WalFile {
-    fn sync(&self) -> std::io::Result<()> {
-        let file = match self.file.get() {
-            Some(file) => file,
-            None => {
-                // Two threads may open it at once; one descriptor is kept.
-                let opened = File::open(&self.path)?;
-                self.file.get_or_init(|| opened)
-            }
-        };
-        file.sync_data()
+    fn sync(&self, thread: usize) -> std::io::Result<()> {
+        self.file(thread)?.sync_data()
     }
 }
 
@@ -307,7 +314,7 @@ impl Syncer {
             );
             let thread = std::thread::Builder::new()
                 .name(format!("idemgate-sync-{n}"))
-                .spawn(move || sync_batches(&*log, &queue, &horizon, &batches))
+                .spawn(move || sync_batches(n, &*log, &queue, &horizon, &batches))
                 // Dropped, `syncer` closes the queue: the threads started end.
                 .map_err(|e| StoreError::Failed(format!("cannot start a sync thread: {e}")))?;
             syncer.threads.push(thread);
@@ -377,7 +384,13 @@ impl Drop for Syncer {
 /// dirtied or being written before the call, so a later sync that returns
 /// first makes an earlier thread's batches durable too, and they are
 /// answered then.
-fn sync_batches(log: &dyn SyncLog, queue: &Queue, horizon: &Horizon, batches: &StoreBatches) {
+fn sync_batches(
+    thread: usize,
+    log: &dyn SyncLog,
+    queue: &Queue,
+    horizon: &Horizon,
+    batches: &StoreBatches,
+) {
     /// Closes the queue however the thread ends, so the writer never
     /// waits on it in vain.
     struct Closing<'a>(&'a Queue);
@@ -405,7 +418,7 @@ fn sync_batches(log: &dyn SyncLog, queue: &Queue, horizon: &Horizon, batches: &S
         let mut synced = false;
         if owed && horizon.failure_reason().is_none() {
             let started = Instant::now();
-            let result = log.sync();
+            let result = log.sync(thread);
             batches.observe(SYNC, calls, started.elapsed());
             match result {
                 Ok(()) => synced = true,
@@ -424,20 +437,37 @@ fn sync_batches(log: &dyn SyncLog, queue: &Queue, horizon: &Horizon, batches: &S
             waiting.durable = waiting.durable.max(covers);
         }
         waiting.take_answerable(horizon.failure_reason().is_some());
+        // A batch that owed no sync, or met a failed log, may have been
+        // covered just now without a sync: the writer may wait for that.
+        queue.changed.notify_all();
         if waiting.answering {
             // The thread answering takes these after its own, in order.
             continue;
         }
         waiting.answering = true;
+        let _answering = Answering(queue);
         loop {
             let answers = std::mem::take(&mut waiting.answers);
             if answers.is_empty() {
-                waiting.answering = false;
                 break;
             }
             drop(waiting);
             answer(answers, horizon);
             waiting = queue.lock();
+        }
+        waiting.answering = false;
+    }
+}
+
+/// Hands the answering over should an answer panic on the way: the thread
+/// ends, and the other one answers what is left instead of leaving it to
+/// a thread that is gone.
+struct Answering<'a>(&'a Queue);
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.lock().answering = false;
         }
     }
 }
@@ -473,7 +503,7 @@ mod tests {
     }
 
     impl SyncLog for Log {
-        fn sync(&self) -> std::io::Result<()> {
+        fn sync(&self, _: usize) -> std::io::Result<()> {
             *self.syncs.lock().unwrap() += 1;
             if self.fail.load(Ordering::SeqCst) {
                 return Err(std::io::Error::other("injected EIO"));
@@ -579,7 +609,7 @@ mod tests {
     struct Held(Mutex<mpsc::Sender<mpsc::Sender<std::io::Result<()>>>>);
 
     impl SyncLog for Held {
-        fn sync(&self) -> std::io::Result<()> {
+        fn sync(&self, _: usize) -> std::io::Result<()> {
             let (release, released) = mpsc::channel();
             self.0
                 .lock()
@@ -644,6 +674,66 @@ mod tests {
         waiter.join().unwrap();
         Arc::into_inner(syncer).unwrap().stop();
         assert_eq!(answers.try_iter().count(), SYNC_THREADS + 1);
+    }
+
+    /// The writer waits for a batch that owes nothing while both syncs
+    /// run; a sync returning (well or not) answers it without covering it
+    /// by a sync of its own, and that frees the writer too.
+    #[test]
+    fn the_writer_is_freed_when_a_batch_is_answered_without_a_sync() {
+        for outcome in [Ok(()), Err(std::io::Error::other("injected EIO"))] {
+            let (syncer, horizon, syncs) = held();
+            let syncer = Arc::new(syncer);
+            let (log, (told, answers)) = (Log::default(), mpsc::channel());
+            let mut running = Vec::new();
+            for _ in 0..SYNC_THREADS {
+                hand(&syncer, &horizon, &log, &told, true);
+                running.push(syncs.recv_timeout(WAIT).expect("a sync begins"));
+            }
+            hand(&syncer, &horizon, &log, &told, false);
+            let (free, freed) = mpsc::channel();
+            let waiter = std::thread::spawn({
+                let syncer = syncer.clone();
+                move || {
+                    syncer.wait_until_taken();
+                    free.send(()).unwrap();
+                }
+            });
+            assert!(
+                freed.recv_timeout(NONE_WITHIN).is_err(),
+                "free while a batch waits"
+            );
+            running.pop().unwrap().send(outcome).unwrap();
+            for _ in 0..=SYNC_THREADS {
+                answers.recv_timeout(WAIT).expect("every batch answered");
+            }
+            freed
+                .recv_timeout(WAIT)
+                .expect("free once every batch is answered");
+            for release in running {
+                release.send(Ok(())).unwrap();
+            }
+            waiter.join().unwrap();
+            Arc::into_inner(syncer).unwrap().stop();
+        }
+    }
+
+    #[test]
+    fn each_sync_thread_syncs_through_a_descriptor_of_its_own() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store.db");
+        std::fs::write(dir.path().join("store.db-wal"), b"frames").unwrap();
+        let wal = WalFile::of_store(&store);
+        for thread in 0..SYNC_THREADS {
+            wal.sync(thread).unwrap();
+        }
+        let descriptors: std::collections::HashSet<_> = wal
+            .files
+            .iter()
+            .map(|file| file.get().expect("opened at its first sync").as_raw_fd())
+            .collect();
+        assert_eq!(descriptors.len(), SYNC_THREADS);
     }
 
     #[test]

@@ -636,7 +636,7 @@ mod tests {
     }
 
     impl SyncLog for Gate {
-        fn sync(&self) -> std::io::Result<()> {
+        fn sync(&self, _: usize) -> std::io::Result<()> {
             let _ = self.entered.send(());
             let open = self.open.lock().unwrap();
             open.recv().map_err(std::io::Error::other)
@@ -721,7 +721,7 @@ mod tests {
     struct Broken;
 
     impl SyncLog for Broken {
-        fn sync(&self) -> std::io::Result<()> {
+        fn sync(&self, _: usize) -> std::io::Result<()> {
             Err(std::io::Error::other("injected EIO"))
         }
     }
