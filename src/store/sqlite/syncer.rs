@@ -197,7 +197,7 @@ impl SyncLog for WalFile {
 /// running one to end and then for its own: a call waits for about one
 /// sync rather than one and a half. Measured on 2 CPUs side by side with
 /// one thread (`benches/paired.sh`; benches/README.md, "Two syncs at
-/// once"): 1.075–1.135× the first writes at the same CPU a request, p99
+/// once"): 1.07–1.14× the first writes at the same CPU a request, p99
 /// lower. Three ran 1.017–1.046× the first writes of two at a little more
 /// CPU a request, no more than an extra thread's share of the CPUs
 /// explains.
