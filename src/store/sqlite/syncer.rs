@@ -209,8 +209,8 @@ const SYNC_THREADS: usize = 2;
 #[derive(Default)]
 struct Queue {
     state: Mutex<Waiting>,
-    /// A batch was handed over, or the waiting ones taken, or the queue
-    /// closed.
+    /// A batch was handed over, or covered (by a sync, or answered without
+    /// one), or the queue closed.
     changed: Condvar,
 }
 
