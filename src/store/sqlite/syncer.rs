@@ -606,7 +606,7 @@ mod tests {
 
     /// A log whose every sync tells the test it began, with the handle
     /// that makes it return.
-    struct Held(Mutex<mpsc::Sender<mpsc::Sender<std::io::Result<()>>>>);
+    struct Held(Mutex<mpsc::Sender<Release>>);
 
     impl SyncLog for Held {
         fn sync(&self, _: usize) -> std::io::Result<()> {
@@ -637,20 +637,27 @@ mod tests {
     /// A negative check: a wrong answer would come at once.
     const NONE_WITHIN: Duration = Duration::from_millis(50);
 
-    #[test]
-    fn the_writer_waits_while_a_batch_waits_for_a_free_sync() {
-        let (syncer, horizon, syncs) = held();
-        let syncer = Arc::new(syncer);
-        let (log, (told, answers)) = (Log::default(), mpsc::channel());
-        // One sync per thread, each held.
-        let mut running = Vec::new();
-        for _ in 0..SYNC_THREADS {
-            hand(&syncer, &horizon, &log, &told, true);
-            running.push(syncs.recv_timeout(WAIT).expect("a sync begins"));
-        }
-        syncer.wait_until_taken();
-        // Waits for a free thread, untaken.
-        hand(&syncer, &horizon, &log, &told, true);
+    type Release = mpsc::Sender<std::io::Result<()>>;
+
+    /// Hands one batch owing a sync per thread; their syncs, held.
+    fn every_thread_busy(
+        syncer: &Syncer,
+        horizon: &Horizon,
+        log: &Log,
+        told: &mpsc::Sender<(u64, Option<String>, usize)>,
+        syncs: &mpsc::Receiver<Release>,
+    ) -> Vec<Release> {
+        (0..SYNC_THREADS)
+            .map(|_| {
+                hand(syncer, horizon, log, told, true);
+                syncs.recv_timeout(WAIT).expect("a sync begins")
+            })
+            .collect()
+    }
+
+    /// A thread of the writer's waiting in `wait_until_taken`, and word
+    /// once it returns; checked that it waits.
+    fn writer_waiting(syncer: &Arc<Syncer>) -> (std::thread::JoinHandle<()>, mpsc::Receiver<()>) {
         let (free, freed) = mpsc::channel();
         let waiter = std::thread::spawn({
             let syncer = syncer.clone();
@@ -663,6 +670,19 @@ mod tests {
             freed.recv_timeout(NONE_WITHIN).is_err(),
             "free while a batch waits"
         );
+        (waiter, freed)
+    }
+
+    #[test]
+    fn the_writer_waits_while_a_batch_waits_for_a_free_sync() {
+        let (syncer, horizon, syncs) = held();
+        let syncer = Arc::new(syncer);
+        let (log, (told, answers)) = (Log::default(), mpsc::channel());
+        let mut running = every_thread_busy(&syncer, &horizon, &log, &told, &syncs);
+        syncer.wait_until_taken();
+        // Waits for a free thread, untaken.
+        hand(&syncer, &horizon, &log, &told, true);
+        let (waiter, freed) = writer_waiting(&syncer);
         running.remove(0).send(Ok(())).unwrap();
         freed
             .recv_timeout(WAIT)
@@ -685,24 +705,9 @@ mod tests {
             let (syncer, horizon, syncs) = held();
             let syncer = Arc::new(syncer);
             let (log, (told, answers)) = (Log::default(), mpsc::channel());
-            let mut running = Vec::new();
-            for _ in 0..SYNC_THREADS {
-                hand(&syncer, &horizon, &log, &told, true);
-                running.push(syncs.recv_timeout(WAIT).expect("a sync begins"));
-            }
+            let mut running = every_thread_busy(&syncer, &horizon, &log, &told, &syncs);
             hand(&syncer, &horizon, &log, &told, false);
-            let (free, freed) = mpsc::channel();
-            let waiter = std::thread::spawn({
-                let syncer = syncer.clone();
-                move || {
-                    syncer.wait_until_taken();
-                    free.send(()).unwrap();
-                }
-            });
-            assert!(
-                freed.recv_timeout(NONE_WITHIN).is_err(),
-                "free while a batch waits"
-            );
+            let (waiter, freed) = writer_waiting(&syncer);
             running.pop().unwrap().send(outcome).unwrap();
             for _ in 0..=SYNC_THREADS {
                 answers.recv_timeout(WAIT).expect("every batch answered");
