@@ -203,8 +203,7 @@ proc_set() {
 proc_counters() {
     local ticks=0 switches=0 runq=0 disk=0 pid
     for pid in "$@"; do
-        # utime and stime: fields 14 and 15, counted after the command's ")".
-        ticks=$((ticks + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }')))
+        ticks=$((ticks + $(cpu_ticks "$pid")))
         switches=$((switches + $(cat "/proc/$pid/task/"*/status |
             awk '/ctxt_switches/ { n += $2 } END { print n + 0 }')))
         # schedstat: time on a CPU, time waiting for one (ns), time slices.
@@ -311,9 +310,7 @@ for mode in $LOADS; do
         for target in "${gateways[@]}"; do
             IFS='=' read -r proxy _ <<<"$target"
             # shellcheck disable=SC2086 # a list of ratios
-            printf '  %-20s median of %d rounds: %s×\n' "$proxy" "$ROUNDS" \
-                "$(printf '%s\n' ${ratios[$proxy]} | sort -n | awk '{ r[NR] = $1 } END {
-                    printf "%.3f", NR % 2 ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2 }')"
+            printf '  %-20s median of %d rounds: %s×\n' "$proxy" "$ROUNDS" "$(median ${ratios[$proxy]})"
         done
     fi
     unset ratios

@@ -63,7 +63,6 @@ load() {
         wrk -t 1 -c 32 -d "$2" -s "$here/load.lua" "http://$1/" | sed -n 's/^RESULT //p'
 }
 
-cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'; }
 
 hz=$(getconf CLK_TCK)
 ratios=()
@@ -110,5 +109,4 @@ for round in $(seq "$ROUNDS"); do
     printf '%-5s %-4s %9s %8s %9s   %-4s %9s %8s %9s   %s\n' "#$round" old "${rate[old]}" "${p99[old]}" "${cpu[old]}" \
         new "${rate[new]}" "${p99[new]}" "${cpu[new]}" "$ratio"
 done
-median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
-echo "$LOAD: new/old median of $ROUNDS rounds: ${median}×"
+echo "$LOAD: new/old median of $ROUNDS rounds: $(median "${ratios[@]}")×"

@@ -89,6 +89,18 @@ listening_address() {
     return 1
 }
 
+# The CPU clock ticks process $1 has run so far: utime and stime, fields
+# 14 and 15 of its stat, counted after the command's ")".
+cpu_ticks() {
+    sed 's/.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
+}
+
+# The median of the numbers $@, to three decimals.
+median() {
+    printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END {
+        printf "%.3f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
 # Writes an nginx config $1 for prefix $2: `worker_processes` $3, the
 # server block $4.
 nginx_config() {

@@ -256,7 +256,8 @@ impl Waiting {
     /// no sync (all before it are answered) or the log has failed.
     fn take_answerable(&mut self, failed: bool) {
         while let Some(front) = self.batches.front() {
-            if !(failed || !front.owed || self.answered < self.durable) {
+            let durable = self.answered < self.durable;
+            if !(failed || durable || !front.owed) {
                 break;
             }
             self.answers
