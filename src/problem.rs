@@ -33,6 +33,7 @@ pub enum ProblemKind {
     // Refused before anything was claimed: the request itself is wrong.
     NoRoute,
     InvalidPath,
+    InvalidHost,
     HeadersTooLarge,
     UnknownOperation,
     MissingKey,
@@ -90,7 +91,7 @@ impl ProblemKind {
     pub fn status(self) -> StatusCode {
         use ProblemKind::*;
         match self {
-            InvalidPath | MissingKey | InvalidKey | MissingScope | InvalidBody => {
+            InvalidPath | InvalidHost | MissingKey | InvalidKey | MissingScope | InvalidBody => {
                 StatusCode::BAD_REQUEST
             }
             AmbiguousCredentials | InvalidCursor | InvalidRequest | InvalidResolution => {
@@ -126,6 +127,7 @@ impl ProblemKind {
         match self {
             NoRoute => ("no-route", "No route"),
             InvalidPath => ("invalid-path", "Invalid request path"),
+            InvalidHost => ("invalid-host", "Invalid request host"),
             HeadersTooLarge => ("headers-too-large", "Request head too large"),
             UnknownOperation => ("unknown-operation", "Unknown operation"),
             MissingKey => ("missing-key", "Idempotency-Key required"),
@@ -322,9 +324,10 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 36] = [
+    const CASES: [(ProblemKind, u16, &str); 37] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
+        (InvalidHost, 400, "invalid-host"),
         (HeadersTooLarge, 431, "headers-too-large"),
         (UnknownOperation, 404, "unknown-operation"),
         (MissingKey, 400, "missing-key"),

@@ -167,6 +167,8 @@ pub struct Wire {
     /// read; when several are present they must agree.
     pub key_headers: &'static [&'static str],
     pub key_syntax: KeySyntax,
+    /// The key header as the profile's problem titles and details name it.
+    pub key_name: &'static str,
     /// The endpoint path is part of the scope: one key on two paths is two
     /// operations (ACP §6.1).
     pub scope_path: bool,
@@ -174,8 +176,10 @@ pub struct Wire {
     /// route's scope headers (OASIS `Repeatability-Client-ID`).
     pub scope_header: Option<&'static str>,
     /// A header that must accompany the key and say when the request was
-    /// first sent (IMF-fixdate); older than the store's retention, the
-    /// request is refused 412 (OASIS `Repeatability-First-Sent`).
+    /// first sent (an HTTP-date); older than the store's retention, the
+    /// request is refused 412, and further ahead of the gateway's clock
+    /// than the route's `first_sent_skew`, 400 (OASIS
+    /// `Repeatability-First-Sent`). Spelled as problem details name it.
     pub first_sent: Option<&'static str>,
     /// The route's `fingerprint_headers` when the file sets none; `None`:
     /// idemgate's default.
@@ -236,6 +240,7 @@ const IDEMGATE: Wire = Wire {
     name: "idemgate",
     key_headers: &[IDEMPOTENCY_KEY],
     key_syntax: KeySyntax::TokenOrString,
+    key_name: "Idempotency-Key",
     scope_path: false,
     scope_header: None,
     first_sent: None,
@@ -345,15 +350,30 @@ const OASIS: Wire = Wire {
     name: "oasis",
     key_headers: &["repeatability-request-id"],
     key_syntax: KeySyntax::Opaque,
+    key_name: "Repeatability-Request-ID",
     scope_header: Some("repeatability-client-id"),
-    first_sent: Some("repeatability-first-sent"),
+    first_sent: Some("Repeatability-First-Sent"),
     release_5xx: true,
     replayed_header: false,
     repeatability_result: true,
-    answers: &[Answer {
-        status: Some(400),
-        ..Answer::of("key-reused", "Repeatability-Result (rejected)")
-    }],
+    answers: &[
+        Answer {
+            title: Some("Repeatability-Request-ID required"),
+            ..Answer::of("missing-key", "Repeatability-Request-ID")
+        },
+        Answer {
+            title: Some("Invalid repeatability headers"),
+            ..Answer::of(
+                "invalid-key",
+                "Repeatability-Request-ID, Repeatability-First-Sent",
+            )
+        },
+        Answer {
+            status: Some(400),
+            title: Some("Repeatability-Request-ID reused with a different request"),
+            ..Answer::of("key-reused", "Repeatability-Result (rejected)")
+        },
+    ],
     ..IDEMGATE
 };
 

@@ -47,6 +47,8 @@ pub mod route {
     pub const CONNECT_TIMEOUT: &str = "5s";
     pub const UPSTREAM_TIMEOUT: &str = "30s";
     pub const LATE_WINDOW: &str = "60s";
+    /// Only read under a profile with a first-sent header (`oasis`).
+    pub const FIRST_SENT_SKEW: &str = "5m";
     pub const CONNECT_RETRIES: u32 = 2;
     pub const RELEASE_STATUSES: &[u16] = &[429, 503];
     pub const UNKNOWN_STATUSES: &[u16] = &[502, 504];

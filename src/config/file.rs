@@ -90,6 +90,7 @@ pub(super) struct RawRoute {
     pub(super) connect_timeout: Option<String>,
     pub(super) upstream_timeout: Option<String>,
     pub(super) late_window: Option<String>,
+    pub(super) first_sent_skew: Option<String>,
     pub(super) connect_retries: Option<u32>,
     pub(super) release_statuses: Option<Vec<u16>>,
     pub(super) unknown_statuses: Option<Vec<u16>>,

@@ -341,6 +341,11 @@ pub struct Route {
     /// After `upstream_timeout`, how long the exchange is kept open for a
     /// late response that settles an `unknown` operation.
     pub late_window: Duration,
+    /// How far ahead of the gateway's clock a first-sent time (OASIS
+    /// `Repeatability-First-Sent`) may be: a client clock that runs
+    /// further ahead would push its request out of the tracking window
+    /// and have a retry sent again once the operation is deleted.
+    pub first_sent_skew: Duration,
     /// Pause the route when this many of its operations are `unknown`; 0 = never.
     pub pause_after_unknown: u32,
     pub reconcile: Option<Reconcile>,

@@ -613,6 +613,11 @@ impl Validator<'_> {
                 raw.late_window.as_deref(),
                 route::LATE_WINDOW,
             )?,
+            first_sent_skew: self.duration(
+                &field("first_sent_skew"),
+                raw.first_sent_skew.as_deref(),
+                route::FIRST_SENT_SKEW,
+            )?,
             pause_after_unknown: raw
                 .pause_after_unknown
                 .unwrap_or(route::PAUSE_AFTER_UNKNOWN),

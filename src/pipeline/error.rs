@@ -13,6 +13,7 @@ use http::Response;
 use crate::body::ProxyBody;
 use crate::metrics::{OperationId, Outcome, StoreFailure};
 use crate::operation::{Operation, State};
+use crate::pipeline::host::HostError;
 use crate::pipeline::key::KeyError;
 use crate::pipeline::path::PathError;
 use crate::pipeline::quota::QuotaSpent;
@@ -44,11 +45,13 @@ pub enum ProxyError {
     NoRoute { path: String },
     #[error(transparent)]
     InvalidPath(#[from] PathError),
+    #[error(transparent)]
+    InvalidHost(#[from] HostError),
     #[error("the request head is larger than {limit} bytes")]
     HeadersTooLarge { limit: usize },
     #[error("no operation with this key in your scope")]
     UnknownOperation,
-    #[error("this write needs an Idempotency-Key header")]
+    #[error("{}", missing_key(Profile::Idemgate.wire().key_name))]
     MissingKey,
     #[error(transparent)]
     InvalidKey(#[from] KeyError),
@@ -68,9 +71,9 @@ pub enum ProxyError {
     BodyTimeout { after: std::time::Duration },
     #[error("the request body could not be read: {reason}")]
     BodyRead { reason: String },
-    #[error("this Idempotency-Key was used for a different request")]
+    #[error("{}", key_reused(Profile::Idemgate.wire().key_name))]
     KeyReused { operation: OperationRef },
-    #[error("a request with this Idempotency-Key is still in progress")]
+    #[error("{}", in_progress(Profile::Idemgate.wire().key_name))]
     InProgress { operation: OperationRef },
     #[error("{detail}")]
     OutcomeUnknown {
@@ -123,13 +126,38 @@ pub enum ProxyError {
     Internal { reason: String },
 }
 
+fn missing_key(key: &str) -> String {
+    format!("this write needs a {key} header")
+}
+
+fn key_reused(key: &str) -> String {
+    format!("this {key} was used for a different request")
+}
+
+fn in_progress(key: &str) -> String {
+    format!("a request with this {key} is still in progress")
+}
+
 impl ProxyError {
+    /// The problem's detail, naming the key header `key` where it is about
+    /// the key: the header the route's profile reads, never one it ignores.
+    fn detail(&self, key: &str) -> String {
+        match self {
+            ProxyError::MissingKey => missing_key(key),
+            ProxyError::InvalidKey(error) => error.describe(key),
+            ProxyError::KeyReused { .. } => key_reused(key),
+            ProxyError::InProgress { .. } => in_progress(key),
+            other => other.to_string(),
+        }
+    }
+
     /// Which problem this error is, and the operation it is about.
     fn kind(&self) -> (ProblemKind, Option<&OperationRef>) {
         use ProxyError::*;
         match self {
             NoRoute { .. } => (ProblemKind::NoRoute, None),
             InvalidPath(_) => (ProblemKind::InvalidPath, None),
+            InvalidHost(_) => (ProblemKind::InvalidHost, None),
             HeadersTooLarge { .. } => (ProblemKind::HeadersTooLarge, None),
             UnknownOperation => (ProblemKind::UnknownOperation, None),
             MissingKey => (ProblemKind::MissingKey, None),
@@ -163,9 +191,15 @@ impl ProxyError {
         }
     }
 
-    /// The problem body: its kind's status, name and title
-    /// ([`ProblemKind`]), the operation it is about, and how long to wait.
+    /// The problem body as idemgate's own profile words it.
     pub fn problem(&self) -> Problem {
+        self.problem_as(Profile::Idemgate.wire())
+    }
+
+    /// The problem body: its kind's status, name and title
+    /// ([`ProblemKind`]), the operation it is about, how long to wait, and
+    /// a detail naming the key header as `wire`'s profile reads it.
+    fn problem_as(&self, wire: &Wire) -> Problem {
         use ProxyError::*;
         let (kind, operation) = self.kind();
         let retry_after = match self {
@@ -180,7 +214,7 @@ impl ProxyError {
             operation_id: operation.map(|op| op.id.clone()),
             state: operation.map(|op| op.state.as_str()),
             retry_after,
-            ..Problem::new(kind, self.to_string())
+            ..Problem::new(kind, self.detail(wire.key_name))
         }
     }
 
@@ -211,6 +245,7 @@ impl ProxyError {
             | UpstreamFailed { .. } => Outcome::proxied,
             NoRoute { .. }
             | InvalidPath(_)
+            | InvalidHost(_)
             | UnknownOperation
             | HeadersTooLarge { .. }
             | MissingKey
@@ -247,7 +282,7 @@ impl ProxyError {
                 | ProxyError::StoreUnavailableAfterSend { .. }
                 | ProxyError::LeaseLost { .. }
         );
-        let problem = self.problem();
+        let problem = self.problem_as(wire);
         let operation = problem.operation_id.clone();
         let mut response = problem.into_response_as(wire);
         response.extensions_mut().insert(outcome);
@@ -303,6 +338,11 @@ mod tests {
         check(ProxyError::NoRoute { path: "/x".into() }, 404, "no-route");
         let bad_path = PathError::BadPercentEncoding { at: 1 };
         check(ProxyError::InvalidPath(bad_path), 400, "invalid-path");
+        check(
+            ProxyError::InvalidHost(HostError::Several),
+            400,
+            "invalid-host",
+        );
         check(ProxyError::MissingKey, 400, "missing-key");
         let slow = ProxyError::BodyTimeout {
             after: std::time::Duration::from_secs(1),

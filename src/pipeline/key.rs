@@ -38,31 +38,75 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 pub struct IdempotencyKey(String);
 
 /// Why a key header was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyError {
-    #[error("several Idempotency-Key headers were sent; send one")]
     Several,
-    #[error("the Idempotency-Key is empty")]
     Empty,
-    #[error("the Idempotency-Key is longer than 255 characters")]
     TooLong,
-    #[error("the Idempotency-Key has a character outside 0x21-0x7E (space, control or non-ASCII)")]
     BadCharacter,
-    #[error("the quoted Idempotency-Key is not a valid sf-string")]
     BadQuoting,
-    #[error(
-        "the Idempotency-Key starts with a quote after unquoting; its bare form would read as a quoted key"
-    )]
     LeadingQuote,
-    #[error("the Idempotency-Key must be an sf-string (\"…\"), as the IETF draft's §2.1 says")]
     NotString,
-    #[error("the request's key headers ({headers}) name different keys; send one")]
-    Disagree { headers: String },
-    #[error("a repeatable request needs {header} (an IMF-fixdate) beside its request id")]
-    FirstSentMissing { header: &'static str },
-    #[error("{header} is not an IMF-fixdate (e.g. `Tue, 01 Dec 2026 12:00:00 GMT`)")]
-    FirstSentInvalid { header: &'static str },
+    Disagree {
+        headers: String,
+    },
+    FirstSentMissing {
+        header: &'static str,
+    },
+    FirstSentInvalid {
+        header: &'static str,
+    },
+    /// The first-sent time is further ahead of the gateway's clock than
+    /// the route's `first_sent_skew` allows.
+    FirstSentAhead {
+        header: &'static str,
+        skew: std::time::Duration,
+    },
 }
+
+impl KeyError {
+    /// What is wrong, naming the key header as `key` (the header the
+    /// route's profile reads: `Idempotency-Key`, `Repeatability-Request-ID`).
+    pub fn describe(&self, key: &str) -> String {
+        use KeyError::*;
+        match self {
+            Several => format!("several {key} headers were sent; send one"),
+            Empty => format!("the {key} is empty"),
+            TooLong => format!("the {key} is longer than 255 characters"),
+            BadCharacter => {
+                format!("the {key} has a character outside 0x21-0x7E (space, control or non-ASCII)")
+            }
+            BadQuoting => format!("the quoted {key} is not a valid sf-string"),
+            LeadingQuote => format!(
+                "the {key} starts with a quote after unquoting; its bare form would read as a quoted key"
+            ),
+            NotString => {
+                format!("the {key} must be an sf-string (\"…\"), as the IETF draft's §2.1 says")
+            }
+            Disagree { headers } => {
+                format!("the request's key headers ({headers}) name different keys; send one")
+            }
+            FirstSentMissing { header } => {
+                format!("a repeatable request needs {header} (an HTTP-date) beside its {key}")
+            }
+            FirstSentInvalid { header } => {
+                format!("{header} is not an HTTP-date (e.g. `Tue, 01 Dec 2026 12:00:00 GMT`)")
+            }
+            FirstSentAhead { header, skew } => format!(
+                "{header} is more than {} ahead of the gateway's clock: a request cannot have been sent in the future, and a time kept ahead would outlive the window in which its {key} is tracked; send the time it was first sent",
+                humantime::format_duration(*skew)
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe(Profile::Idemgate.wire().key_name))
+    }
+}
+
+impl std::error::Error for KeyError {}
 
 impl IdempotencyKey {
     /// A new key for `assign` mode: a UUIDv7, time-ordered for operators.
@@ -200,6 +244,11 @@ fn unquote(quoted: &str) -> Result<String, KeyError> {
     Err(KeyError::BadQuoting)
 }
 
+/// A header value that is empty or only spaces and tabs.
+fn is_blank(value: &http::HeaderValue) -> bool {
+    value.as_bytes().iter().all(|b| matches!(b, b' ' | b'\t'))
+}
+
 /// A SHA-256 over a route's scope header values: two clients with different
 /// credentials never share keys or see each other's stored responses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -215,20 +264,24 @@ pub struct Scope {
 impl Scope {
     /// The scope of a request, or `None` when it carries none of `names`.
     /// An anonymous route gives requests without them one shared scope.
+    /// A value that is empty or only whitespace counts as absent: an empty
+    /// `Authorization` is no credential, and clients sending one must not
+    /// share a scope (and each other's stored responses).
     pub fn from_headers(
         headers: &HeaderMap,
         names: &[HeaderName],
         allow_anonymous: bool,
         key: &ScopeKey,
     ) -> Option<Self> {
-        let present = names.iter().any(|n| headers.contains_key(n));
+        let given = |name| headers.get_all(name).iter().filter(|v| !is_blank(v));
+        let present = names.iter().any(|n| given(n).next().is_some());
         if !present && !allow_anonymous {
             return None;
         }
         let mut hasher = Sha256::new();
         hasher.update(b"idemgate-scope-v1");
         for name in names {
-            let values: Vec<_> = headers.get_all(name).iter().collect();
+            let values: Vec<_> = given(name).collect();
             hasher.update((values.len() as u64).to_be_bytes());
             for value in values {
                 hasher.update((value.len() as u64).to_be_bytes());
@@ -517,5 +570,28 @@ mod tests {
         );
         assert!(Scope::from_headers(&empty, &names, true, &test_key()).is_some());
         assert!(Scope::from_headers(&empty, &[], true, &test_key()).is_some());
+    }
+
+    #[test]
+    fn an_empty_or_blank_credential_is_no_credential() {
+        let names = [http::header::AUTHORIZATION];
+        let with = |values: &[&str], anonymous| {
+            let mut h = HeaderMap::new();
+            for value in values {
+                h.append(
+                    http::header::AUTHORIZATION,
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            Scope::from_headers(&h, &names, anonymous, &test_key())
+        };
+        for blank in ["", " ", "\t \t"] {
+            assert_eq!(with(&[blank], false), None, "{blank:?}");
+            // On an anonymous route: the anonymous scope, not one of its own.
+            assert_eq!(with(&[blank], true), with(&[], true), "{blank:?}");
+        }
+        // A blank value beside a credential does not change its scope.
+        assert_eq!(with(&["", "Bearer a"], false), with(&["Bearer a"], false));
+        assert!(with(&["Bearer a"], false).is_some());
     }
 }

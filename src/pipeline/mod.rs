@@ -3,7 +3,10 @@
 //! 0. [`path`]: the request path in normal form (RFC 3986 §6.2.2), rewritten
 //!    in place, so everything after it — the reserved `/.idemgate/` prefix
 //!    ([`status`]), routing, the fingerprint and the upstream's request line —
-//!    sees one spelling; a path that has none → 400 `invalid-path`.
+//!    sees one spelling; a path that has none → 400 `invalid-path`. [`host`]:
+//!    the host likewise, one `host` header from `:authority` or `Host`
+//!    whichever version brought it; a `Host` that disagrees with the
+//!    authority → 400 `invalid-host`.
 //! 1. [`route`]: longest `path_prefix`; none → 404 `no-route`; a path that
 //!    another upstream's reading (`;` stripped, `%2F` decoded) puts on another
 //!    route → 400 `invalid-path`. A method the route does not intercept is
@@ -36,6 +39,7 @@ pub mod drill;
 pub mod error;
 pub mod fingerprint;
 pub mod forward;
+pub mod host;
 pub mod key;
 pub mod path;
 pub mod pool;
@@ -264,6 +268,7 @@ impl Proxy {
         let head_bytes = head_size(&request);
         // Phase 0, once: from here on the request's path is in normal form.
         let normalized = path::normalize(request.uri_mut());
+        let host = host::normalize(&mut request);
         let path = request.uri().path().to_string();
         let reserved = normalized.is_ok() && path.starts_with(status::PREFIX);
         let routed = normalized.and_then(|()| {
@@ -279,6 +284,8 @@ impl Proxy {
                 limit: self.max_header_bytes,
             })
         } else if let Err(error) = routed {
+            Err(error.into())
+        } else if let Err(error) = host {
             Err(error.into())
         } else if reserved {
             status::lookup(
@@ -371,7 +378,11 @@ impl Proxy {
         }
         if sent_key.is_some() {
             let now = self.shared.clock.now_millis();
-            wire::check_first_sent(wire, request.headers(), now, self.retention)?;
+            let window = wire::FirstSentWindow {
+                retention: self.retention,
+                skew: route.first_sent_skew,
+            };
+            wire::check_first_sent(wire, request.headers(), now, window)?;
         }
         let scope = Scope::from_headers(
             request.headers(),

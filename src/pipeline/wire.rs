@@ -13,22 +13,34 @@ use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Response};
 
 use crate::body::ProxyBody;
+use crate::clock;
 use crate::metrics::Outcome;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::key::KeyError;
 use crate::pipeline::replay::IDEMPOTENT_REPLAYED;
 use crate::profile::{EchoKey, REPEATABILITY_RESULT, Wire};
 
+/// How long a first-sent time may be behind and ahead of the gateway's
+/// clock: the store's retention behind, the route's `first_sent_skew`
+/// ahead.
+#[derive(Debug, Clone, Copy)]
+pub struct FirstSentWindow {
+    pub retention: Duration,
+    pub skew: Duration,
+}
+
 /// Refuses a repeatable request whose `Repeatability-First-Sent` is
-/// missing, unreadable, or older than `retention` before `now` (ms since
-/// the epoch): whether it already happened cannot be told once its
-/// operation may have been deleted. A profile without the header passes
-/// everything.
+/// missing, unreadable, older than the retention before `now` (ms since
+/// the epoch), or further ahead of `now` than the skew. Older, its
+/// operation may have been deleted, so whether it already happened cannot
+/// be told; ahead, it would still look recent once its operation is
+/// deleted, and a retry would be sent again. A profile without the header
+/// passes everything.
 pub fn check_first_sent(
     wire: &Wire,
     headers: &HeaderMap,
     now: i64,
-    retention: Duration,
+    window: FirstSentWindow,
 ) -> Result<(), ProxyError> {
     let Some(header) = wire.first_sent else {
         return Ok(());
@@ -38,19 +50,107 @@ pub fn check_first_sent(
         .ok_or(KeyError::FirstSentMissing { header })?
         .to_str()
         .map_err(|_| KeyError::FirstSentInvalid { header })?;
-    let sent =
-        httpdate::parse_http_date(text).map_err(|_| KeyError::FirstSentInvalid { header })?;
-    let sent_ms = sent
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-    if now.saturating_sub(sent_ms) > retention_ms {
-        return Err(ProxyError::FirstSentTooOld {
-            first_sent: text.to_string(),
-            retention,
-        });
+    let too_old = || ProxyError::FirstSentTooOld {
+        first_sent: text.to_string(),
+        retention: window.retention,
+    };
+    let sent_ms = match http_date_millis(text, now) {
+        Ok(ms) => ms,
+        Err(HttpDateError::BeforeTheEpoch) => return Err(too_old()),
+        Err(HttpDateError::Invalid) => return Err(KeyError::FirstSentInvalid { header }.into()),
+    };
+    if now.saturating_sub(sent_ms) > clock::millis(window.retention) {
+        return Err(too_old());
+    }
+    if sent_ms.saturating_sub(now) > clock::millis(window.skew) {
+        return Err(KeyError::FirstSentAhead {
+            header,
+            skew: window.skew,
+        }
+        .into());
     }
     Ok(())
+}
+
+/// Why an HTTP-date was not read.
+#[derive(Debug, PartialEq, Eq)]
+enum HttpDateError {
+    Invalid,
+    /// A valid date before 1970 (a two-digit year read as the last century).
+    BeforeTheEpoch,
+}
+
+/// An HTTP-date in any of the three forms RFC 9110 §5.6.7 makes recipients
+/// accept (IMF-fixdate, RFC 850, asctime), as ms since the epoch. An RFC
+/// 850 date's two-digit year is read as §5.6.7 says: in this century unless
+/// that is more than 50 years after `now`, else in the last one.
+fn http_date_millis(text: &str, now: i64) -> Result<i64, HttpDateError> {
+    let imf = match rfc850_as_imf_fixdate(text, now) {
+        Some(Ok(imf)) => imf,
+        Some(Err(error)) => return Err(error),
+        None => text.to_string(),
+    };
+    let sent = httpdate::parse_http_date(&imf).map_err(|_| HttpDateError::Invalid)?;
+    let ms = sent
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| HttpDateError::BeforeTheEpoch)?
+        .as_millis();
+    Ok(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
+/// An RFC 850 date (`Sunday, 06-Nov-94 08:49:37 GMT`) rewritten as the
+/// IMF-fixdate of the year §5.6.7 reads it as; `None` when `text` is not
+/// in that form.
+fn rfc850_as_imf_fixdate(text: &str, now: i64) -> Option<Result<String, HttpDateError>> {
+    const WEEKDAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let (weekday, rest) = text.split_once(", ")?;
+    let rest = rest.as_bytes();
+    // `06-Nov-94 08:49:37 GMT`
+    if rest.len() != 22 || rest[2] != b'-' || rest[6] != b'-' {
+        return None;
+    }
+    let (Some(day), Some(month), Some(two_digits), Some(time)) = (
+        text.get(weekday.len() + 2..weekday.len() + 4),
+        text.get(weekday.len() + 5..weekday.len() + 8),
+        text.get(weekday.len() + 9..weekday.len() + 11),
+        text.get(weekday.len() + 12..),
+    ) else {
+        return Some(Err(HttpDateError::Invalid));
+    };
+    let Ok(yy) = two_digits.parse::<i64>() else {
+        return Some(Err(HttpDateError::Invalid));
+    };
+    let this_year = year_of(now);
+    let mut year = this_year / 100 * 100 + yy;
+    if year > this_year + 50 {
+        year -= 100;
+    }
+    if !WEEKDAYS.contains(&weekday) {
+        return Some(Err(HttpDateError::Invalid));
+    }
+    if year < 1970 {
+        return Some(Err(HttpDateError::BeforeTheEpoch));
+    }
+    let short = &weekday[..3];
+    Some(Ok(format!("{short}, {day} {month} {year} {time}")))
+}
+
+/// The UTC year of `now` (ms since the epoch).
+fn year_of(now: i64) -> i64 {
+    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(now).unwrap_or(0));
+    // `Sun, 06 Nov 1994 08:49:37 GMT`: the year is at 12..16.
+    httpdate::fmt_http_date(at)
+        .get(12..16)
+        .and_then(|year| year.parse().ok())
+        .unwrap_or(1970)
 }
 
 /// The request's headers a profile echoes on its answer, taken before the
@@ -101,6 +201,12 @@ impl Echoed {
 mod tests {
     use super::*;
     use crate::profile::Profile;
+    use http_body_util::BodyExt;
+
+    const WINDOW: FirstSentWindow = FirstSentWindow {
+        retention: Duration::from_secs(300),
+        skew: Duration::from_secs(60),
+    };
 
     fn first_sent(value: Option<&str>, now: i64) -> Result<(), ProxyError> {
         let mut headers = HeaderMap::new();
@@ -110,42 +216,126 @@ mod tests {
                 HeaderValue::from_str(value).unwrap(),
             );
         }
-        check_first_sent(
-            Profile::Oasis.wire(),
-            &headers,
-            now,
-            Duration::from_secs(300),
-        )
+        check_first_sent(Profile::Oasis.wire(), &headers, now, WINDOW)
     }
+
+    // Tue, 01 Dec 2026 12:00:00 GMT
+    const SENT: i64 = 1_796_126_400_000;
+    const DATE: &str = "Tue, 01 Dec 2026 12:00:00 GMT";
 
     #[test]
     fn first_sent_is_required_readable_and_recent() {
-        // Tue, 01 Dec 2026 12:00:00 GMT
-        let sent = 1_796_126_400_000;
-        let date = "Tue, 01 Dec 2026 12:00:00 GMT";
-        assert!(first_sent(Some(date), sent + 300_000).is_ok());
-        assert!(
-            first_sent(Some(date), sent - 60_000).is_ok(),
-            "a client clock ahead"
-        );
+        assert!(first_sent(Some(DATE), SENT + 300_000).is_ok());
         assert!(matches!(
-            first_sent(Some(date), sent + 300_001),
+            first_sent(Some(DATE), SENT + 300_001),
             Err(ProxyError::FirstSentTooOld { .. })
         ));
         assert!(matches!(
-            first_sent(None, sent),
+            first_sent(None, SENT),
             Err(ProxyError::InvalidKey(KeyError::FirstSentMissing { .. }))
         ));
         assert!(matches!(
-            first_sent(Some("2026-12-01T12:00:00Z"), sent),
+            first_sent(Some("2026-12-01T12:00:00Z"), SENT),
             Err(ProxyError::InvalidKey(KeyError::FirstSentInvalid { .. }))
         ));
         let idemgate = check_first_sent(
             Profile::Idemgate.wire(),
             &HeaderMap::new(),
             0,
-            Duration::ZERO,
+            FirstSentWindow {
+                retention: Duration::ZERO,
+                skew: Duration::ZERO,
+            },
         );
         assert!(idemgate.is_ok());
+    }
+
+    #[test]
+    fn first_sent_ahead_of_the_clock_only_within_the_skew() {
+        // A client clock a minute ahead is taken; one further ahead would
+        // keep its request "recent" past the retention (a second send).
+        assert!(first_sent(Some(DATE), SENT - 60_000).is_ok());
+        assert!(matches!(
+            first_sent(Some(DATE), SENT - 60_001),
+            Err(ProxyError::InvalidKey(KeyError::FirstSentAhead { .. }))
+        ));
+        let a_day_ahead = first_sent(Some(DATE), SENT - 86_400_000).unwrap_err();
+        let problem = a_day_ahead.into_response_as(Profile::Oasis.wire());
+        assert_eq!(problem.status(), 400);
+        assert_eq!(
+            problem.headers()[crate::profile::REPEATABILITY_RESULT],
+            "rejected"
+        );
+    }
+
+    #[test]
+    fn first_sent_is_read_in_all_three_http_date_forms() {
+        for form in [
+            DATE,
+            "Tuesday, 01-Dec-26 12:00:00 GMT",
+            "Tue Dec  1 12:00:00 2026",
+        ] {
+            assert!(first_sent(Some(form), SENT).is_ok(), "{form}");
+        }
+        assert_eq!(
+            http_date_millis("Tuesday, 01-Dec-26 12:00:00 GMT", SENT),
+            Ok(SENT)
+        );
+        // The weekday must be the date's, and spelled out.
+        assert!(first_sent(Some("Monday, 01-Dec-26 12:00:00 GMT"), SENT).is_err());
+        assert!(first_sent(Some("Tuesxx, 01-Dec-26 12:00:00 GMT"), SENT).is_err());
+    }
+
+    #[test]
+    fn two_digit_years_more_than_50_years_ahead_are_the_last_century() {
+        // 2076 is 50 years after 2026: this century. 2077 is further: 1977.
+        let year = |text: &str| {
+            let ms = http_date_millis(text, SENT).unwrap();
+            year_of(ms)
+        };
+        assert_eq!(year("Sunday, 01-Nov-76 00:00:00 GMT"), 2076);
+        assert_eq!(year("Tuesday, 01-Nov-77 00:00:00 GMT"), 1977);
+        assert_eq!(year("Friday, 01-Nov-69 00:00:00 GMT"), 2069);
+        // Read as this century, 69 is far ahead: refused, never taken as recent.
+        assert!(matches!(
+            first_sent(Some("Friday, 01-Nov-69 00:00:00 GMT"), SENT),
+            Err(ProxyError::InvalidKey(KeyError::FirstSentAhead { .. }))
+        ));
+        // In 2015, 69 is 2069 - 54 years ahead - so 1969, before the
+        // epoch: older than any retention.
+        let now_2015 = 1_433_116_800_000;
+        assert_eq!(
+            http_date_millis("Wednesday, 01-Jan-69 00:00:00 GMT", now_2015),
+            Err(HttpDateError::BeforeTheEpoch)
+        );
+    }
+
+    #[tokio::test]
+    async fn oasis_answers_name_the_headers_it_reads() {
+        use crate::operation::State;
+        use crate::pipeline::error::OperationRef;
+        let operation = || OperationRef {
+            id: "op".into(),
+            state: State::InProgress,
+        };
+        let errors = [
+            ProxyError::MissingKey,
+            ProxyError::InvalidKey(KeyError::Empty),
+            ProxyError::InvalidKey(KeyError::Several),
+            ProxyError::KeyReused {
+                operation: operation(),
+            },
+            ProxyError::InProgress {
+                operation: operation(),
+            },
+        ];
+        for error in errors {
+            let shown = format!("{error:?}");
+            let problem = error.into_response_as(Profile::Oasis.wire());
+            let body = problem.into_body().collect().await.unwrap().to_bytes();
+            let body = String::from_utf8(body.to_vec()).unwrap();
+            assert!(!body.contains("Idempotency-Key"), "{shown}: {body}");
+            assert!(body.contains("Repeatability-Request-ID"), "{shown}: {body}");
+        }
     }
 }

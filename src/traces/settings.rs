@@ -175,7 +175,23 @@ fn first_set(
     }
 }
 
+/// An http(s) URL with a host and no userinfo: a password there would be
+/// printed by the exporter's own logging (at `RUST_LOG=trace`) and by any
+/// error that shows the URL; credentials go in `OTEL_EXPORTER_OTLP_HEADERS`,
+/// which is never printed. Refused without echoing the value, which may
+/// hold one.
 fn checked_url(variable: &'static str, url: &str) -> Result<String, TraceSettingError> {
+    let authority = url.split_once("://").map_or("", |(_, rest)| {
+        rest.split(['/', '?', '#']).next().unwrap_or_default()
+    });
+    if authority.contains('@') {
+        return Err(invalid(
+            variable,
+            "the URL names a user or password (`user:password@`); put credentials in \
+             OTEL_EXPORTER_OTLP_HEADERS (`authorization=Basic%20…`) instead"
+                .into(),
+        ));
+    }
     let uri: http::Uri = url
         .parse()
         .map_err(|e| invalid(variable, format!("`{url}` is not a URL: {e}")))?;
@@ -390,5 +406,28 @@ mod tests {
             let error = read(&vars).expect_err(variable);
             assert_eq!(error.variable, variable, "{error}");
         }
+    }
+
+    #[test]
+    fn an_endpoint_with_a_password_is_refused_without_showing_it() {
+        for (variable, url) in [
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "https://u:s3cret@c:4318/v1/traces",
+            ),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://s3cret@c:4318"),
+        ] {
+            let error = read(&[(variable, url)]).expect_err(url);
+            assert_eq!(error.variable, variable, "{error}");
+            let shown = error.to_string();
+            assert!(shown.contains("OTEL_EXPORTER_OTLP_HEADERS"), "{shown}");
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        // An `@` in the path or query is no userinfo.
+        let at_in_path = read(&[(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://c:4318/v1/traces?for=a@b",
+        )]);
+        assert!(at_in_path.is_ok());
     }
 }

@@ -5,6 +5,8 @@ response carrying connection-specific headers); the others write frames
 themselves (hyperframe, hpack) to do what no library lets a client do:
 
   same-key PORT N KEY      N concurrent streams writing with one key
+  write PORT HEADERS       one write whose headers (a JSON object) replace the
+                           defaults of the same name; null leaves one out
   reset PORT KEY           a write whose stream is reset (RST_STREAM) at once
   stream-flood PORT N      N streams opened at once, past the server's limit
   rapid-reset PORT N       N streams each opened and reset at once (CVE-2023-44487)
@@ -64,14 +66,36 @@ def write_headers(key, path="/tasks", body=BODY):
 
 def same_key(port, n, key):
     """N streams at once with one key and body; every answer read whole."""
+    return writes(port, [write_headers(key)] * n)
+
+
+def write(port, replaced):
+    """One write with the default headers, those named in `replaced` (a
+    JSON object) replaced or, when null, left out; added at the end when
+    not among the defaults (a `host` beside `:authority`)."""
+    replaced = json.loads(replaced)
+    headers = [
+        (name, replaced.get(name, value))
+        for name, value in write_headers("h2-write")
+    ]
+    headers += [(n, v) for n, v in replaced.items() if n not in dict(headers)]
+    return writes(port, [[(n, v) for n, v in headers if v is not None]])
+
+
+def writes(port, streams_headers):
+    """A stream per header list at once, each with the body; every answer
+    read whole."""
+    n = len(streams_headers)
     sock = connect(port)
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    # The library would refuse to send a `host` that disagrees with `:authority`.
+    config = h2.config.H2Configuration(client_side=True, validate_outbound_headers=False)
+    conn = h2.connection.H2Connection(config)
     conn.initiate_connection()
     sock.sendall(conn.data_to_send())
     streams = []
-    for _ in range(n):
+    for headers in streams_headers:
         stream = conn.get_next_available_stream_id()
-        conn.send_headers(stream, write_headers(key))
+        conn.send_headers(stream, headers)
         conn.send_data(stream, BODY, end_stream=True)
         streams.append(stream)
     sock.sendall(conn.data_to_send())
@@ -302,6 +326,8 @@ def main():
     command, port = sys.argv[1], int(sys.argv[2])
     if command == "same-key":
         report = same_key(port, int(sys.argv[3]), sys.argv[4])
+    elif command == "write":
+        report = write(port, sys.argv[3])
     elif command == "reset":
         report = reset(port, sys.argv[3])
     elif command == "stream-flood":

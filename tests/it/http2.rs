@@ -21,9 +21,6 @@
 //! The client tests need curl and the Python venv of `tests/clients`
 //! (`.ci/run` installs it) and are `#[ignore]`d for a plain `cargo test`.
 
-use std::path::Path;
-use std::process::Command;
-
 use crate::common::*;
 use bytes::Bytes;
 use http::StatusCode;
@@ -41,27 +38,6 @@ const CONNECTION_SPECIFIC: [&str; 5] = [
     "transfer-encoding",
     "upgrade",
 ];
-
-const CURL: &str = "/usr/bin/curl";
-
-/// `curl` with `args`, to its end; its stdout (`-i`: the head too).
-async fn curl(args: &[&str]) -> String {
-    require_installed(Path::new(CURL), "`apt-get install curl` (with HTTP2)");
-    let mut cmd = Command::new(CURL);
-    cmd.args(["-sS", "-i", "--max-time", "20"]).args(args);
-    let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
-    assert!(status.success(), "curl {args:?} failed: {stderr}");
-    stdout
-}
-
-/// The head lines of a `curl -i` output, lower-cased.
-fn head_lines(output: &str) -> Vec<String> {
-    output
-        .lines()
-        .take_while(|line| !line.trim().is_empty())
-        .map(str::to_ascii_lowercase)
-        .collect()
-}
 
 fn assert_no_connection_headers(head: &[String]) {
     for name in CONNECTION_SPECIFIC {

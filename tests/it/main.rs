@@ -47,4 +47,5 @@ mod store_contract;
 mod store_faults;
 mod tls;
 mod traces;
+mod wire_identity;
 mod write_path;

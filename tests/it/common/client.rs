@@ -142,7 +142,8 @@ pub async fn try_send(
         .unwrap_or(Err(Exchange::TimedOut))
 }
 
-/// A request to `uri` (absolute, or a path with a `host` header added).
+/// A request to `uri` (absolute, or a path with a `host` header added
+/// unless `headers` name one).
 pub fn build_request(
     method: &str,
     uri: &str,
@@ -150,7 +151,8 @@ pub fn build_request(
     body: impl Into<Bytes>,
 ) -> Result<Request<Full<Bytes>>, http::Error> {
     let mut req = Request::builder().method(method).uri(uri);
-    if uri.starts_with('/') {
+    let names_host = headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host"));
+    if uri.starts_with('/') && !names_host {
         req = req.header("host", "idemgate.test");
     }
     for (name, value) in headers {

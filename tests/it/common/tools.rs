@@ -57,3 +57,24 @@ pub async fn run_client(script: &str, args: &[&str]) -> Value {
         panic!("{script} printed no JSON report ({e}); stdout:\n{stdout}\nstderr:\n{stderr}")
     })
 }
+
+pub const CURL: &str = "/usr/bin/curl";
+
+/// `curl` with `args`, to its end; its stdout (`-i`: the head too).
+pub async fn curl(args: &[&str]) -> String {
+    require_installed(Path::new(CURL), "`apt-get install curl` (with HTTP2)");
+    let mut cmd = Command::new(CURL);
+    cmd.args(["-sS", "-i", "--max-time", "20"]).args(args);
+    let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
+    assert!(status.success(), "curl {args:?} failed: {stderr}");
+    stdout
+}
+
+/// The head lines of a `curl -i` output, lower-cased.
+pub fn head_lines(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect()
+}

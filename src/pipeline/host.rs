@@ -1,0 +1,177 @@
+//! Phase 0, beside the path: the request's host, one spelling for both
+//! HTTP versions.
+//!
+//! HTTP/2 carries the host in `:authority` (hyper puts it in the request's
+//! URI) and rarely a `Host` header; HTTP/1.1 in `Host`, or in an
+//! absolute-form target. What reads `host` — a route's `scope_headers` and
+//! `fingerprint_headers` — must see one value for one host however it came,
+//! or a write made over one version and retried over the other is a new
+//! operation (a second write upstream) or no operation at all.
+//!
+//! Invariant: after [`normalize`], a request carries at most one `host`
+//! header: its authority's host and port, lower-cased, without the port
+//! its scheme implies (80 for `http`, 443 for `https`); and a request whose
+//! `Host` names another authority than its `:authority` (RFC 9113 §8.3.1)
+//! or absolute-form target, that has several `Host` lines, or whose host
+//! is no authority, is refused ([`HostError`], 400 `invalid-host`) before
+//! anything reads it.
+
+use http::Request;
+use http::header::{HOST, HeaderValue};
+use http::uri::{Authority, Scheme};
+
+use crate::pipeline::forward::ViaTls;
+
+/// Why a request's host was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error("several Host headers were sent; send one")]
+    Several,
+    #[error("the Host header is not a host[:port]")]
+    Invalid,
+    #[error("the request's host names a user (userinfo), which no request may carry")]
+    UserInfo,
+    #[error(
+        "the Host header ({host}) names another host than the request's authority ({authority}); nothing was sent"
+    )]
+    Disagree { host: String, authority: String },
+}
+
+/// Brings the request's host into its one spelling, in place, as the
+/// module doc says.
+pub fn normalize<B>(request: &mut Request<B>) -> Result<(), HostError> {
+    let tls = request.extensions().get::<ViaTls>().is_some();
+    let scheme = match request.uri().scheme() {
+        Some(scheme) => scheme.clone(),
+        None if tls => Scheme::HTTPS,
+        None => Scheme::HTTP,
+    };
+    let from_target = request
+        .uri()
+        .authority()
+        .map(|authority| spelled(authority, &scheme))
+        .transpose()?;
+    let mut hosts = request.headers().get_all(HOST).iter();
+    let from_header = match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => return Err(HostError::Several),
+        (Some(value), None) => {
+            let authority =
+                Authority::try_from(value.as_bytes()).map_err(|_| HostError::Invalid)?;
+            Some(spelled(&authority, &scheme)?)
+        }
+        (None, _) => None,
+    };
+    let host = match (from_target, from_header) {
+        (Some(authority), Some(host)) if authority != host => {
+            return Err(HostError::Disagree { host, authority });
+        }
+        (Some(host), _) | (None, Some(host)) => host,
+        (None, None) => return Ok(()),
+    };
+    let value = HeaderValue::try_from(host).map_err(|_| HostError::Invalid)?;
+    request.headers_mut().insert(HOST, value);
+    Ok(())
+}
+
+/// `authority` as one host is spelled: lower-cased, without the port
+/// `scheme` implies (nor an empty one: `host:` is `host`).
+fn spelled(authority: &Authority, scheme: &Scheme) -> Result<String, HostError> {
+    if authority.as_str().contains('@') {
+        return Err(HostError::UserInfo);
+    }
+    let host = authority.host().to_ascii_lowercase();
+    let default = if *scheme == Scheme::HTTPS { 443 } else { 80 };
+    Ok(match authority.port_u16() {
+        Some(port) if port != default => format!("{host}:{port}"),
+        _ => host,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Uri;
+
+    /// The `host` a request to `uri` with `host` leaves [`normalize`] with.
+    fn of(uri: &str, host: Option<&str>, tls: bool) -> Result<Option<String>, HostError> {
+        let mut request = Request::builder().uri(uri.parse::<Uri>().unwrap());
+        if let Some(host) = host {
+            request = request.header(HOST, host);
+        }
+        let mut request = request.body(()).unwrap();
+        if tls {
+            request.extensions_mut().insert(ViaTls);
+        }
+        normalize(&mut request)?;
+        Ok(request
+            .headers()
+            .get(HOST)
+            .map(|v| v.to_str().unwrap().to_string()))
+    }
+
+    fn host(value: &str) -> Result<Option<String>, HostError> {
+        Ok(Some(value.to_string()))
+    }
+
+    #[test]
+    fn one_host_has_one_spelling_over_either_version() {
+        // HTTP/1.1: `Host`; HTTP/2: `:authority` (in the URI).
+        assert_eq!(of("/a", Some("API.Example"), false), host("api.example"));
+        assert_eq!(of("http://API.example/a", None, false), host("api.example"));
+        assert_eq!(of("/a", Some("api.example:80"), false), host("api.example"));
+        assert_eq!(of("/a", Some("api.example:"), false), host("api.example"));
+        assert_eq!(
+            of("https://api.example:443/a", None, false),
+            host("api.example")
+        );
+        assert_eq!(of("/a", Some("api.example:443"), true), host("api.example"));
+        // A port that is not the scheme's stays.
+        assert_eq!(
+            of("/a", Some("api.example:443"), false),
+            host("api.example:443")
+        );
+        assert_eq!(
+            of("http://api.example:8080/a", None, false),
+            host("api.example:8080")
+        );
+        assert_eq!(of("/a", Some("[::1]:80"), false), host("[::1]"));
+        assert_eq!(of("/a", None, false), Ok(None));
+    }
+
+    #[test]
+    fn a_host_that_disagrees_with_the_authority_is_refused() {
+        // The same host spelled otherwise agrees.
+        assert_eq!(
+            of("http://api.example/a", Some("API.example:80"), false),
+            host("api.example")
+        );
+        assert!(matches!(
+            of("http://api.example/a", Some("other.example"), false),
+            Err(HostError::Disagree { .. })
+        ));
+        assert!(matches!(
+            of("http://api.example/a", Some("api.example:8080"), false),
+            Err(HostError::Disagree { .. })
+        ));
+    }
+
+    #[test]
+    fn malformed_hosts_are_refused() {
+        assert_eq!(of("/a", Some("a b"), false), Err(HostError::Invalid));
+        assert_eq!(
+            of("/a", Some("u:p@api.example"), false),
+            Err(HostError::UserInfo)
+        );
+        assert_eq!(
+            of("http://u@api.example/a", None, false),
+            Err(HostError::UserInfo)
+        );
+        let mut request = Request::builder()
+            .uri("/a")
+            .header(HOST, "a.example")
+            .header(HOST, "b.example")
+            .body(())
+            .unwrap();
+        assert_eq!(normalize(&mut request), Err(HostError::Several));
+    }
+}
