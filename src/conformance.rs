@@ -447,6 +447,8 @@ pub fn cases(profile: Profile) -> Vec<Case> {
         Profile::Stripe => [&STRIPE[..], &[STRIPE_ECHO]].concat(),
         Profile::Acp => [&ACP[..], &[ACP_ECHO, ACP_PATHS, ACP_5XX]].concat(),
         Profile::Oasis => OASIS.to_vec(),
+        // Tool calls, not HTTP writes: the MCP conformance suite's.
+        Profile::Mcp => Vec::new(),
     }
 }
 
@@ -710,6 +712,12 @@ pub async fn command(
     mut out: impl std::io::Write,
 ) -> Result<bool, RefusedRun> {
     let profile: Profile = args.profile.parse().map_err(RefusedRun::Arguments)?;
+    if !Profile::HTTP.contains(&profile) {
+        return Err(RefusedRun::Arguments(format!(
+            "profile `{}` has no HTTP cases: an MCP route is checked with MCP's own conformance suite (docs/mcp.md)",
+            profile.name()
+        )));
+    }
     let cases = cases(profile);
     let requests: usize = cases.iter().map(Case::requests).sum();
     if !args.writes {

@@ -32,15 +32,30 @@ pub enum Profile {
     Acp,
     /// OASIS Repeatable Requests 1.0.
     Oasis,
+    /// Model Context Protocol tool calls (`tools/call`) over Streamable
+    /// HTTP: JSON-RPC in, JSON-RPC out (docs/mcp.md, `pipeline::mcp`).
+    Mcp,
 }
 
 impl Profile {
-    pub const ALL: [Profile; 5] = [
+    /// The profiles of plain HTTP writes: each has a conformance suite
+    /// (the `conformance` module) of HTTP requests and answers.
+    pub const HTTP: [Profile; 5] = [
         Profile::Idemgate,
         Profile::Ietf,
         Profile::Stripe,
         Profile::Acp,
         Profile::Oasis,
+    ];
+
+    /// Every profile a route may speak.
+    pub const ALL: [Profile; 6] = [
+        Profile::Idemgate,
+        Profile::Ietf,
+        Profile::Stripe,
+        Profile::Acp,
+        Profile::Oasis,
+        Profile::Mcp,
     ];
 
     /// The name a config file and `idemgate conformance` use.
@@ -56,6 +71,7 @@ impl Profile {
             Profile::Stripe => &STRIPE,
             Profile::Acp => &ACP,
             Profile::Oasis => &OASIS,
+            Profile::Mcp => &MCP,
         }
     }
 }
@@ -377,6 +393,19 @@ const OASIS: Wire = Wire {
     ..IDEMGATE
 };
 
+/// An MCP route's wire for what is still HTTP: the key header it reads
+/// beside `params._meta` and a key argument, no headers in the
+/// fingerprint (tool name and arguments are), and `release_5xx` as a
+/// JSON-RPC server's 5xx is no outcome. Its answers to a protected call
+/// are JSON-RPC responses (`pipeline::mcp::answer`), never these bodies.
+const MCP: Wire = Wire {
+    profile: Profile::Mcp,
+    name: "mcp",
+    key_name: "idempotency key",
+    fingerprint_headers: Some(&[]),
+    ..IDEMGATE
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,7 +417,10 @@ mod tests {
             assert_eq!(profile.wire().profile, profile);
         }
         let err = "soap".parse::<Profile>().unwrap_err();
-        assert!(err.contains("idemgate, ietf, stripe, acp, oasis"), "{err}");
+        assert!(
+            err.contains("idemgate, ietf, stripe, acp, oasis, mcp"),
+            "{err}"
+        );
     }
 
     #[test]

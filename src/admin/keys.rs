@@ -233,6 +233,16 @@ struct ResolutionBody {
     reference: Option<String>,
     #[serde(default, deserialize_with = "object_or_null")]
     response: Option<ResolutionResponse>,
+    /// An MCP tool result (`{"content": [...], "isError": false}`) retries
+    /// of a tool call get; `null` is no result, and refused.
+    #[serde(default, deserialize_with = "present")]
+    result: Option<Value>,
+}
+
+/// A member that is there, even as `null` (which `Option` would read as
+/// absent).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
 }
 
 /// The `response` of a resolution: an object or `null`, never the
@@ -367,6 +377,17 @@ fn decision(resolution: &ResolutionBody) -> Result<Decision, AdminError> {
             "`note` is at most 4000 characters, `reference` at most 400",
         ));
     }
+    if let Some(result) = &resolution.result {
+        return match (resolution.outcome.as_str(), &resolution.response) {
+            ("completed", None) => Ok(Decision::Completed {
+                response: tool_result(result)?,
+            }),
+            ("completed", Some(_)) => Err(invalid(
+                "a resolution takes a `response` (an HTTP route's) or a `result` (an MCP tool call's), not both",
+            )),
+            _ => Err(invalid("only a completed resolution takes a `result`")),
+        };
+    }
     match (resolution.outcome.as_str(), &resolution.response) {
         ("not_attempted", None) => Ok(Decision::NotAttempted),
         ("not_attempted", Some(_)) => Err(invalid("a not_attempted resolution takes no `response`")),
@@ -388,6 +409,35 @@ fn decision(resolution: &ResolutionBody) -> Result<Decision, AdminError> {
             "outcome `{other}`: expected completed or not_attempted"
         ))),
     }
+}
+
+/// The answer later retries of an MCP tool call get: the tool `result`
+/// (an object whose `content` is an array of content objects, with
+/// `isError` a boolean if given), stored as the JSON-RPC response each
+/// retry gets under its own id (`pipeline::mcp::answer`).
+fn tool_result(result: &Value) -> Result<StoredResponse, AdminError> {
+    let invalid = |reason: &str| AdminError::InvalidResolution(reason.to_string());
+    let Value::Object(members) = result else {
+        return Err(invalid(
+            "`result` is a tool result object: {\"content\": [...]}",
+        ));
+    };
+    let content_ok = members
+        .get("content")
+        .and_then(Value::as_array)
+        .is_some_and(|items| items.iter().all(Value::is_object));
+    if !content_ok {
+        return Err(invalid("`result.content` is an array of content objects"));
+    }
+    if members.get("isError").is_some_and(|e| !e.is_boolean()) {
+        return Err(invalid("`result.isError` is true or false"));
+    }
+    let body = json!({"jsonrpc": "2.0", "id": null, "result": result});
+    Ok(StoredResponse {
+        status: 200,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: Some(body.to_string().into_bytes()),
+    })
 }
 
 /// The response later replays get, checked like a real one: a valid

@@ -57,6 +57,11 @@ pub mod route {
     pub const STORE_REQUEST_BODY: bool = false;
     pub const UPSTREAM_HTTP2: bool = false;
     pub const PAUSE_AFTER_UNKNOWN: u32 = 100;
+    /// `key` under `profile = "mcp"`: identical keyless tool calls are one.
+    pub const MCP_KEY: &str = "derive";
+    /// `in_progress` under `profile = "mcp"`: an agent's retry of a call
+    /// still running gets its result, not a refusal it would retry again.
+    pub const MCP_IN_PROGRESS: &str = "wait";
 }
 
 /// `[routes.reconcile]`.

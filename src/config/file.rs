@@ -99,6 +99,15 @@ pub(super) struct RawRoute {
     pub(super) store_request_body: Option<bool>,
     pub(super) pause_after_unknown: Option<u32>,
     pub(super) reconcile: Option<RawReconcile>,
+    pub(super) mcp: Option<RawMcp>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMcp {
+    pub(super) read_only_tools: Option<Vec<String>>,
+    pub(super) protected_tools: Option<Vec<String>>,
+    pub(super) key_argument: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -349,6 +349,9 @@ pub struct Route {
     /// Pause the route when this many of its operations are `unknown`; 0 = never.
     pub pause_after_unknown: u32,
     pub reconcile: Option<Reconcile>,
+    /// `profile = "mcp"` routes only: which tools are protected and where
+    /// a call's key may be.
+    pub mcp: Option<McpTools>,
     pub connect_timeout: Duration,
     pub upstream_timeout: Duration,
     pub connect_retries: u32,
@@ -364,6 +367,18 @@ impl Route {
     pub fn intercepts(&self, method: &Method) -> bool {
         self.key != KeyMode::Off && self.methods.contains(method)
     }
+}
+
+/// An MCP route's `[routes.mcp]`: which `tools/call`s are protected
+/// writes. Every tool is, unless it is read-only — named here, or
+/// annotated `readOnlyHint: true` by the server's own `tools/list` — and
+/// a tool named in `protected` is whatever its annotation says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct McpTools {
+    pub read_only: Vec<String>,
+    pub protected: Vec<String>,
+    /// The argument that carries a call's key, when the tool has one.
+    pub key_argument: Option<String>,
 }
 
 /// What an upstream connection trusts and presents.

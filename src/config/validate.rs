@@ -19,10 +19,10 @@ use tokio::sync::Semaphore;
 
 use super::ConfigError;
 use super::defaults::{alert, reconcile, route, server, store};
-use super::file::{RawAlert, RawConfig, RawReconcile, RawRoute, RawServer, RawStore};
+use super::file::{RawAlert, RawConfig, RawMcp, RawReconcile, RawRoute, RawServer, RawStore};
 use super::runtime::{
     AlertConfig, AlertEvent, CertPair, ClientTls, Config, Durability, InProgressMode, KeyMode,
-    Quota, Reconcile, Route, ServerConfig, StoreConfig, StoreUrl, Upstream,
+    McpTools, Quota, Reconcile, Route, ServerConfig, StoreConfig, StoreUrl, Upstream,
 };
 use crate::profile::Profile;
 
@@ -482,6 +482,7 @@ impl Validator<'_> {
         let wire = profile.wire();
         let methods =
             raw.methods
+                .clone()
                 .unwrap_or_else(|| route::METHODS.iter().map(|m| m.to_string()).collect())
                 .iter()
                 .map(|m| {
@@ -501,12 +502,26 @@ impl Validator<'_> {
                     Ok(method)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
+        let mcp = profile == Profile::Mcp;
+        if mcp && raw.methods.is_some() {
+            return Err(self.invalid(
+                field("methods"),
+                "an mcp route protects tools/call, which is always a POST: leave methods out",
+            ));
+        }
+        let key_default = if mcp { route::MCP_KEY } else { route::KEY };
         let key = raw
             .key
             .as_deref()
-            .unwrap_or(route::KEY)
+            .unwrap_or(key_default)
             .parse()
             .map_err(|reason: String| self.invalid(field("key"), reason))?;
+        if mcp && key == KeyMode::Assign {
+            return Err(self.invalid(
+                field("key"),
+                "an mcp route cannot assign keys: an agent never sees one to retry with; use derive or require",
+            ));
+        }
         let scope_headers = self.headers(
             &field("scope_headers"),
             raw.scope_headers,
@@ -524,11 +539,29 @@ impl Validator<'_> {
         if !derive_from.is_empty() && key != KeyMode::Derive {
             return Err(self.invalid(field("derive_from"), "only with key = \"derive\""));
         }
+        if mcp && !derive_from.is_empty() {
+            return Err(self.invalid(
+                field("derive_from"),
+                "an mcp route derives a keyless call's key from its tool and arguments; name a key argument in [routes.mcp] key_argument instead",
+            ));
+        }
+        let mcp_tools = match (mcp, raw.mcp) {
+            (true, raw) => Some(self.mcp_tools(&field("mcp"), raw.unwrap_or_default())?),
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(self.invalid(field("mcp"), "only on a route with profile = \"mcp\""));
+            }
+        };
         let reconcile = raw
             .reconcile
             .map(|r| self.reconcile(&field("reconcile"), r, &upstream))
             .transpose()?;
-        let in_progress = match raw.in_progress.as_deref().unwrap_or(route::IN_PROGRESS) {
+        let in_progress_default = if mcp {
+            route::MCP_IN_PROGRESS
+        } else {
+            route::IN_PROGRESS
+        };
+        let in_progress = match raw.in_progress.as_deref().unwrap_or(in_progress_default) {
             "reject" => InProgressMode::Reject,
             "wait" => InProgressMode::Wait,
             other => {
@@ -622,6 +655,7 @@ impl Validator<'_> {
                 .pause_after_unknown
                 .unwrap_or(route::PAUSE_AFTER_UNKNOWN),
             reconcile,
+            mcp: mcp_tools,
             wait_timeout: self.duration(
                 &field("wait_timeout"),
                 raw.wait_timeout.as_deref(),
@@ -715,6 +749,36 @@ impl Validator<'_> {
             stored_bytes,
             window: self.duration(&field("quota_window"), window, route::QUOTA_WINDOW)?,
         }))
+    }
+
+    /// `[routes.mcp]`: tool names as the server lists them; a tool both
+    /// read-only and protected is refused, as it cannot be both.
+    fn mcp_tools(&self, field: &str, raw: RawMcp) -> Result<McpTools, ConfigError> {
+        let read_only = raw.read_only_tools.unwrap_or_default();
+        let protected = raw.protected_tools.unwrap_or_default();
+        if let Some(both) = read_only.iter().find(|t| protected.contains(t)) {
+            return Err(self.invalid(
+                format!("{field}.protected_tools"),
+                format!("`{both}` is also in read_only_tools"),
+            ));
+        }
+        if let Some(empty) = read_only.iter().chain(&protected).find(|t| t.is_empty()) {
+            return Err(self.invalid(
+                format!("{field}.read_only_tools"),
+                format!("`{empty}` is not a tool name"),
+            ));
+        }
+        let key_argument = match raw.key_argument {
+            Some(name) if name.is_empty() => {
+                return Err(self.invalid(format!("{field}.key_argument"), "is empty"));
+            }
+            other => other,
+        };
+        Ok(McpTools {
+            read_only,
+            protected,
+            key_argument,
+        })
     }
 
     fn reconcile(

@@ -26,6 +26,7 @@ use crate::operation::{Event, Fingerprint, Settlement, StoredResponse};
 use crate::pipeline::claim::InFlightGuard;
 use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
+use crate::pipeline::mcp;
 use crate::pipeline::quota::StoredCharge;
 use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::{ActiveRoute, Shared};
@@ -60,6 +61,10 @@ pub struct Attempt {
     /// Where the response it stores is counted, on a route with a byte
     /// quota.
     pub(super) quota: Option<StoredCharge>,
+    /// An MCP tool call, counted in flight while this attempt runs: the
+    /// upstream's answer settles it as JSON-RPC says for its id
+    /// ([`mcp::outcome::settle`]).
+    pub(super) call: Option<mcp::cancel::Pending>,
 }
 
 impl Attempt {
@@ -86,7 +91,10 @@ impl Attempt {
             traces::upstream_ended(sent.tries, how, status);
             sent
         };
-        let sent = traces::child(Step::Upstream, exchange).await;
+        let mut sent = traces::child(Step::Upstream, exchange).await;
+        if let Some(call) = &self.call {
+            sent.exchange = mcp::outcome::settle(sent.exchange, &call.id);
+        }
         self.active
             .series
             .upstream_duration(started.elapsed().as_secs_f64());
@@ -281,6 +289,10 @@ impl Attempt {
 
     /// A response that came after the operation was held.
     async fn record_late(&self, exchange: Exchange) {
+        let exchange = match &self.call {
+            Some(call) => mcp::outcome::settle(exchange, &call.id),
+            None => exchange,
+        };
         let response = match late_arrival(exchange) {
             LateArrival::Settles(response) => response,
             LateArrival::Evidence { detail, counted } => {

@@ -57,6 +57,16 @@ impl Fingerprint {
 pub struct ExactDigest([u8; 32]);
 
 impl ExactDigest {
+    /// The exact digest of a request whose fingerprint already says all
+    /// that makes it the same (an MCP tool call: its tool and arguments,
+    /// never its JSON-RPC id), so the replay cache's fast path takes it.
+    pub fn of(fingerprint: &Fingerprint) -> Self {
+        let mut hasher = Sha256::new();
+        part(&mut hasher, b"idemgate-exact-of-fingerprint");
+        part(&mut hasher, fingerprint.as_str().as_bytes());
+        ExactDigest(hasher.finalize().into())
+    }
+
     pub fn compute(input: &FingerprintInput<'_>) -> Self {
         let mut hasher = Sha256::new();
         hash_request_head(&mut hasher, b"idemgate-exact-v1", input);

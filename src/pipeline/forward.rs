@@ -22,7 +22,6 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Request, Response, Uri, request};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -251,12 +250,12 @@ fn forwarded_for(headers: &HeaderMap, peer: &Peer) -> HeaderValue {
 pub async fn pass_through(
     pool: &Arc<Pool>,
     route: &Route,
-    request: Request<Incoming>,
+    request: Request<ProxyBody>,
     peer: &Peer,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (mut parts, body) = request.into_parts();
     upstream_head(route, &mut parts, peer);
-    let upstream = Request::from_parts(parts, stream(body));
+    let upstream = Request::from_parts(parts, body);
     let sent = tokio::time::timeout(route.upstream_timeout, pool.send(upstream)).await;
     let response = match sent {
         Err(_) => return Err(ProxyError::UpstreamTimeout),
@@ -392,6 +391,10 @@ pub enum LostCause {
     Timeout,
     /// Reset, closed or truncated after writing (answered 502).
     Broken,
+    /// Answered, but with a failure that does not say whether the write
+    /// ran: an MCP server's JSON-RPC error other than those that say the
+    /// call never started, or its 5xx (answered 502).
+    Failed,
 }
 
 impl LostCause {
@@ -399,6 +402,7 @@ impl LostCause {
         match self {
             LostCause::Timeout => "timeout",
             LostCause::Broken => "reset",
+            LostCause::Failed => "error-answer",
         }
     }
 }

@@ -41,6 +41,7 @@ pub mod fingerprint;
 pub mod forward;
 pub mod host;
 pub mod key;
+pub mod mcp;
 pub mod path;
 pub mod pool;
 pub mod quota;
@@ -57,7 +58,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{Request, Response, request};
+use http::{Method, Request, Response, request};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
@@ -70,6 +71,7 @@ use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, Route};
 use crate::metrics::{Metrics, OperationId, Outcome, RouteSeries, StoreFailure};
 use crate::operation::{Fingerprint, RequestSummary};
+use crate::profile::Profile;
 use crate::request_log::{self, RequestLine};
 use crate::scope_key::ScopeKey;
 use crate::store::{NewOperation, Store, StoreError};
@@ -104,6 +106,11 @@ pub struct ActiveRoute {
     drill: Option<Arc<drill::Drill>>,
     /// Its request counters and upstream histogram.
     series: RouteSeries,
+    /// An MCP route's: which tools its server lists as read-only.
+    learned: mcp::tools::Learned,
+    /// An MCP route's protected calls in flight, whose cancellations the
+    /// gateway takes.
+    calls: Arc<mcp::cancel::InFlightCalls>,
 }
 
 /// The proxy: routes, the store, and the forward tasks in flight.
@@ -173,6 +180,8 @@ impl Proxy {
                     paused: AtomicBool::new(paused.contains(&route.name)),
                     drill: drill.clone(),
                     series: metrics.route_series(&route.name),
+                    learned: mcp::tools::Learned::default(),
+                    calls: Arc::default(),
                 }))
             })
             .collect::<Result<_, TlsError>>()?;
@@ -301,7 +310,12 @@ impl Proxy {
             // copied whole wherever it moves.
             if active.route.intercepts(request.method()) {
                 Box::pin(self.handle_write(active, request, peer)).await
+            } else if request.method() == Method::DELETE
+                && active.calls.session_busy(request.headers())
+            {
+                Ok(self.end_session_later(active, request, peer))
             } else {
+                let request = request.map(crate::body::stream);
                 let pass = forward::pass_through(&active.client, &active.route, request, &peer);
                 Box::pin(pass).await
             }
@@ -348,18 +362,142 @@ impl Proxy {
 
     /// A write the route intercepts, answered as the route's profile
     /// speaks (docs/profiles.md): its errors rendered, its headers echoed.
+    /// An MCP route's POSTs are JSON-RPC messages, some of them tool calls
+    /// ([`mcp`]).
     async fn handle_write(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
         request: Request<Incoming>,
         peer: Peer,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        if active.route.profile == Profile::Mcp {
+            return Ok(Box::pin(self.handle_mcp(active, request, peer)).await);
+        }
         let wire = active.route.profile.wire();
         let echoed = wire::Echoed::of(wire, request.headers());
         let answered = self.write_answer(active, request, peer).await;
         let mut response = answered.unwrap_or_else(|error| error.into_response_as(wire));
         echoed.apply(wire, &mut response);
         Ok(response)
+    }
+
+    /// A POST to an MCP route: read whole, then a protected tool call is a
+    /// write whose every answer is a JSON-RPC response, and anything else
+    /// is sent on as it came (a `tools/list` answer read for its tools'
+    /// annotations on the way back).
+    async fn handle_mcp(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        request: Request<Incoming>,
+        peer: Peer,
+    ) -> Response<ProxyBody> {
+        let route = &active.route;
+        let (parts, body) = request.into_parts();
+        let (body, reservation) = match read_body(&parts, body, route, &self.body_budget).await {
+            Ok(read) => read,
+            Err(error) => return error.into_response(),
+        };
+        if active.calls.absorbs(&parts.headers, &body) {
+            return mcp::answer::accepted();
+        }
+        let tools = route.mcp.clone().unwrap_or_default();
+        match mcp::call::classify(&parts.headers, &body, &tools, &active.learned) {
+            mcp::call::Classified::Refused(refusal) => mcp::answer::refused(refusal),
+            mcp::call::Classified::Protected(call) => {
+                let write = self.mcp_write(active, parts, (body, reservation), peer, &call);
+                let answered = Box::pin(write).await;
+                mcp::answer::finish(answered, &call).await
+            }
+            mcp::call::Classified::PassThrough { listing } => {
+                drop(reservation);
+                let request = Request::from_parts(parts, crate::body::full(body));
+                let pass = forward::pass_through(&active.client, route, request, &peer);
+                match Box::pin(pass).await {
+                    Ok(response) if listing => {
+                        mcp::tools::read_listing(response, route, &active.learned).await
+                    }
+                    Ok(response) => response,
+                    Err(error) => error.into_response(),
+                }
+            }
+        }
+    }
+
+    /// An MCP session's DELETE while its protected calls are in flight:
+    /// answered at once, and sent on once they have ended (or after the
+    /// route's `upstream_timeout`), so that the server does not cancel
+    /// them ([`mcp::cancel`]).
+    fn end_session_later(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        request: Request<Incoming>,
+        peer: Peer,
+    ) -> Response<ProxyBody> {
+        let active = active.clone();
+        self.tasks.spawn(async move {
+            let bound = active.route.upstream_timeout;
+            active.calls.session_idle(request.headers(), bound).await;
+            let request = request.map(crate::body::stream);
+            let sent = forward::pass_through(&active.client, &active.route, request, &peer);
+            if let Err(error) = sent.await {
+                tracing::warn!(route = %active.route.name, %error, "an MCP session's DELETE held back for its calls failed");
+            }
+        });
+        let mut response = Response::new(crate::body::full(Bytes::new()));
+        response.extensions_mut().insert(Outcome::proxied);
+        response
+    }
+
+    /// A protected tool call as a write: its scope, key and fingerprint
+    /// ([`mcp::identity`]), then the write phases as for any route.
+    async fn mcp_write(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        parts: request::Parts,
+        body: (Bytes, Reservation),
+        peer: Peer,
+        call: &mcp::call::Call,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let route = &active.route;
+        let scope = self.scope_of(route, &parts)?;
+        let identified = mcp::identity::identify(call, &parts.headers, &body.0, route, &scope)?;
+        let parts_headers = parts.headers.clone();
+        let exact = ExactDigest::of(&identified.fingerprint);
+        let keyed = Keyed {
+            key: identified.key,
+            announced: identified.source == mcp::identity::KeySource::Derived,
+            scope,
+            fingerprint: identified.fingerprint,
+            exact,
+            parts,
+            body,
+            peer,
+            call: Some(active.calls.track(&parts_headers, &call.id)),
+        };
+        self.write_keyed(active, keyed).await
+    }
+
+    /// The scope of a write on `route`: its scope headers, narrowed as its
+    /// profile says.
+    fn scope_of(&self, route: &Route, parts: &request::Parts) -> Result<Scope, ProxyError> {
+        let scope = Scope::from_headers(
+            &parts.headers,
+            &route.scope_headers,
+            route.allow_anonymous,
+            &self.scope_key,
+        )
+        .ok_or_else(|| {
+            let names: Vec<&str> = route.scope_headers.iter().map(|h| h.as_str()).collect();
+            ProxyError::MissingScope {
+                headers: names.join(", "),
+            }
+        })?;
+        Ok(scope.narrowed(
+            route.profile.wire(),
+            parts.uri.path(),
+            &parts.headers,
+            &self.scope_key,
+        ))
     }
 
     /// Phases 2–4 for a write the route intercepts: key and scope, body,
@@ -384,30 +522,11 @@ impl Proxy {
             };
             wire::check_first_sent(wire, request.headers(), now, window)?;
         }
-        let scope = Scope::from_headers(
-            request.headers(),
-            &route.scope_headers,
-            route.allow_anonymous,
-            &self.scope_key,
-        )
-        .ok_or_else(|| {
-            let names: Vec<&str> = route.scope_headers.iter().map(|h| h.as_str()).collect();
-            ProxyError::MissingScope {
-                headers: names.join(", "),
-            }
-        })?
-        .narrowed(
-            wire,
-            request.uri().path(),
-            request.headers(),
-            &self.scope_key,
-        );
         let (parts, body) = request.into_parts();
+        let scope = self.scope_of(route, &parts)?;
         // Goes with the body to the attempt, which may hold it longest.
         let (body, reservation) = read_body(&parts, body, route, &self.body_budget).await?;
-        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let now = self.shared.clock.now_millis();
-        let retained_after = now - clock::millis(self.retention);
+        let retained_after = self.shared.clock.now_millis() - clock::millis(self.retention);
         let exact = digest_of(route, &parts, &body, ExactDigest::compute).await?;
         // Most retries are replays sent byte for byte: answered here, from
         // the cache, before their JSON is parsed for the fingerprint.
@@ -427,6 +546,49 @@ impl Proxy {
             Some(key) => (key, false),
             None => (made_key(route, &scope, &fingerprint, &body)?, true),
         };
+        let keyed = Keyed {
+            key: key.clone(),
+            announced,
+            scope,
+            fingerprint,
+            exact,
+            parts,
+            body: (body, reservation),
+            peer,
+            call: None,
+        };
+        let answered = self.write_keyed(active, keyed).await;
+        let mut response = answered.unwrap_or_else(|error| error.into_response_as(wire));
+        // A key the gateway made is the one the client must retry with,
+        // whatever the answer.
+        if announced && let Ok(value) = HeaderValue::from_str(key.as_str()) {
+            response.headers_mut().insert(IDEMPOTENCY_KEY, value);
+        }
+        Ok(response)
+    }
+
+    /// Phase 5 on for a write whose key and fingerprint are known: the
+    /// replay cache, else the claim and the attempt.
+    async fn write_keyed(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        keyed: Keyed,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let route = &active.route;
+        let Keyed {
+            key,
+            announced,
+            scope,
+            fingerprint,
+            exact,
+            parts,
+            body: (body, reservation),
+            peer,
+            call,
+        } = keyed;
+        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let now = self.shared.clock.now_millis();
+        let retained_after = now - clock::millis(self.retention);
         // An identical request is the same derived operation only within the window.
         let fresh_after =
             (announced && route.key == KeyMode::Derive && route.derive_from.is_empty())
@@ -443,8 +605,8 @@ impl Proxy {
             .shared
             .replays
             .answer(&identity, &fingerprint, valid_after);
-        let mut response = match cached {
-            Some(answer) => answer.unwrap_or_else(|error| error.into_response_as(wire)),
+        match cached {
+            Some(answer) => answer,
             None => {
                 let new = Arc::new(NewOperation {
                     route: route.name.clone(),
@@ -466,7 +628,7 @@ impl Proxy {
                     fresh_after,
                 });
                 let write = Write {
-                    key: key.clone(),
+                    key,
                     new,
                     exact,
                     identity,
@@ -474,14 +636,11 @@ impl Proxy {
                     parts,
                     body: (body, reservation),
                     peer,
+                    call,
                 };
                 self.spawn_write(active, write).await
             }
-        };
-        if announced && let Ok(value) = HeaderValue::from_str(key.as_str()) {
-            response.headers_mut().insert(IDEMPOTENCY_KEY, value);
         }
-        Ok(response)
     }
 
     /// Runs a write in a task of its own from the claim on: a client that
@@ -493,8 +652,7 @@ impl Proxy {
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
         write: Write,
-    ) -> Response<ProxyBody> {
-        let wire = active.route.profile.wire();
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         let (reply_tx, reply_rx) = oneshot::channel();
         let (this, active) = (self.clone(), active.clone());
         // Each phase's future boxed: inline, the task's future was ~18 KiB,
@@ -506,14 +664,11 @@ impl Proxy {
                 Err(error) => drop(reply_tx.send(Err(error))),
             }
         }));
-        reply_rx
-            .await
-            .unwrap_or_else(|_| {
-                Err(ProxyError::Internal {
-                    reason: "the write task ended without a reply".into(),
-                })
+        reply_rx.await.unwrap_or_else(|_| {
+            Err(ProxyError::Internal {
+                reason: "the write task ended without a reply".into(),
             })
-            .unwrap_or_else(|error| error.into_response_as(wire))
+        })
     }
 
     /// Phase 5: the claim decides whether the write is sent (the attempt
@@ -533,6 +688,7 @@ impl Proxy {
             parts,
             body,
             peer,
+            call,
         } = write;
         let credentials = reconcile::credentials(&parts.headers, route);
         let hold = if active.paused.load(Ordering::SeqCst) {
@@ -615,6 +771,7 @@ impl Proxy {
             fingerprint: new.fingerprint.clone(),
             exact,
             quota: StoredCharge::new(&self.shared.quotas, route, &new.scope),
+            call,
         })))
     }
 }
@@ -643,6 +800,24 @@ struct Write {
     /// The body, and its bytes in the shared budget.
     body: (Bytes, Reservation),
     peer: Peer,
+    /// An MCP tool call, in flight: its upstream answer is read as
+    /// JSON-RPC for its id ([`mcp::outcome`]).
+    call: Option<mcp::cancel::Pending>,
+}
+
+/// A write whose key and fingerprint are known, on its way to the replay
+/// cache and the claim.
+struct Keyed {
+    key: IdempotencyKey,
+    /// The gateway made the key (assigned or derived): the answer says it.
+    announced: bool,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    exact: ExactDigest,
+    parts: request::Parts,
+    body: (Bytes, Reservation),
+    peer: Peer,
+    call: Option<mcp::cancel::Pending>,
 }
 
 /// Bodies larger than this are digested on the blocking pool: hashing and

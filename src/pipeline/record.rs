@@ -161,11 +161,16 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
         Exchange::Lost { cause, reason } => {
             let since = match cause {
                 LostCause::Timeout => UnknownSince::Timeout,
-                LostCause::Broken => UnknownSince::Broken,
+                LostCause::Broken | LostCause::Failed => UnknownSince::Broken,
             };
-            let detail = format!(
-                "the request was sent but no complete response came back ({reason}); it may have happened, so retries are held until it is reconciled"
-            );
+            let detail = match cause {
+                LostCause::Failed => format!(
+                    "the request was sent and the upstream answered a failure that does not say whether it ran ({reason}); it may have happened, so retries are held until it is reconciled"
+                ),
+                _ => format!(
+                    "the request was sent but no complete response came back ({reason}); it may have happened, so retries are held until it is reconciled"
+                ),
+            };
             (
                 Settlement::Unknown {
                     evidence: cause.evidence().into(),

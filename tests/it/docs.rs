@@ -654,6 +654,9 @@ fn context(key: &str) -> toml::Table {
     if key.starts_with("alerts[].") {
         set(&mut config, "alerts[].url", text("http://127.0.0.1:9/hook"));
     }
+    if key.starts_with("routes[].mcp") || key.starts_with("routes.mcp.") {
+        set(&mut config, "routes[].profile", text("mcp"));
+    }
     config
 }
 
@@ -687,6 +690,7 @@ fn accepted_keys() -> BTreeSet<String> {
         ("store", "store."),
         ("routes", "routes[]."),
         ("routes.reconcile", "routes[].reconcile."),
+        ("routes.mcp", "routes[].mcp."),
         ("alerts", "alerts[]."),
     ] {
         for name in accepted(table_path) {

@@ -23,6 +23,7 @@ mod keys_and_scope;
 mod keys_cli;
 mod layout;
 mod limits;
+mod mcp;
 mod mock_and_demo;
 mod monitoring;
 mod no_secrets;

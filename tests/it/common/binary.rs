@@ -88,7 +88,7 @@ impl Drop for BinaryGateway {
 
 /// Spawns `cmd`, stderr into `stderr_path`, and waits (up to [`WAIT`]) for
 /// the first line on its stdout; the reader stays open with the child.
-async fn spawn_until_first_line(
+pub async fn spawn_until_first_line(
     mut cmd: Command,
     stderr_path: &Path,
 ) -> (Child, std::io::BufReader<std::process::ChildStdout>, String) {

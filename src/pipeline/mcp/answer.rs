@@ -1,0 +1,269 @@
+//! Every answer to a protected tool call, as an MCP client reads it
+//! (docs/mcp.md, "What the agent sees").
+//!
+//! Invariants:
+//! - an answer is a JSON-RPC response under the id of the request being
+//!   answered — a first answer, a replay stored under another request's
+//!   id, a released attempt's answer to its waiters alike — as JSON, or as
+//!   an event stream when the client takes only that, or when the
+//!   upstream's notifications are relayed before it;
+//! - a replay's result carries `_meta["dev.idemgate/replayed"] = true`
+//!   (and the `Idempotent-Replayed: true` header), and under the modern
+//!   revision every result carries the `resultType` it requires;
+//! - the gateway's own answers are tool results a model reads (HTTP 200,
+//!   `isError: true`, one text saying what happened and what not to do,
+//!   and `_meta` naming the problem, the operation and its state), never
+//!   JSON-RPC errors, which agents tend to retry; only a request refused
+//!   before it is classified (a header mismatch) is a JSON-RPC error, as
+//!   the specification says.
+
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Map, Value, json};
+
+use crate::body::{ProxyBody, full};
+use crate::metrics::{OperationId, Outcome};
+use crate::pipeline::error::ProxyError;
+use crate::pipeline::mcp::call::{Call, Refusal};
+use crate::pipeline::mcp::outcome::{Message, Relayed};
+use crate::pipeline::mcp::sse;
+use crate::profile::Profile;
+
+/// The `_meta` keys of the gateway's own.
+pub mod meta {
+    pub const REPLAYED: &str = "dev.idemgate/replayed";
+    pub const PROBLEM: &str = "dev.idemgate/problem";
+    pub const OPERATION_ID: &str = "dev.idemgate/operation-id";
+    pub const STATE: &str = "dev.idemgate/state";
+}
+
+/// The answer to `call`, from what the write phases answered.
+pub async fn finish(
+    answered: Result<Response<ProxyBody>, ProxyError>,
+    call: &Call,
+) -> Response<ProxyBody> {
+    let response = match answered {
+        Ok(response) => response,
+        Err(error) => return problem(error, call).await,
+    };
+    let outcome = response.extensions().get::<Outcome>().copied();
+    if outcome == Some(Outcome::unknown) {
+        // An upstream status held as unknown (502, 504), passed on as it
+        // streamed: the call's answer is that it is held.
+        let operation = response.extensions().get::<OperationId>().cloned();
+        return held(operation, call);
+    }
+    let read = outcome == Some(Outcome::replayed)
+        || outcome == Some(Outcome::released)
+        || response.extensions().get::<Message>().is_some();
+    if !read {
+        // Too large to store: streamed as the upstream wrote it, under
+        // this very request's id.
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = body.collect().await.map(|c| c.to_bytes()) else {
+        let error = ProxyError::Internal {
+            reason: "a stored answer could not be read".into(),
+        };
+        return problem(error, call).await;
+    };
+    let message = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .filter(|m| m.get("jsonrpc").is_some());
+    let replayed = outcome == Some(Outcome::replayed);
+    let mut message = match message {
+        Some(message) => message,
+        // Stored otherwise (an operator's resolution with an HTTP
+        // response): its text is the tool's result.
+        None if replayed => {
+            let text = String::from_utf8_lossy(&bytes);
+            json!({"jsonrpc": "2.0", "id": null, "result": {
+                "content": [{"type": "text", "text": text}], "isError": false,
+            }})
+        }
+        // Not JSON-RPC (an upstream's 4xx page): as it came.
+        None => return Response::from_parts(parts, full(bytes)),
+    };
+    message["id"] = call.id.clone();
+    if let Some(result) = message.get_mut("result").and_then(Value::as_object_mut) {
+        complete(result, call);
+        if replayed {
+            add_meta(result, [(meta::REPLAYED, Value::Bool(true))]);
+        }
+    }
+    let relayed = parts.extensions.remove::<Relayed>().unwrap_or_default();
+    parts.headers.remove(CONTENT_LENGTH);
+    render(parts, &message, &relayed.0, call)
+}
+
+/// HTTP 400 with the JSON-RPC error a request refused before it was
+/// classified gets.
+pub fn refused(refusal: Refusal) -> Response<ProxyBody> {
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": refusal.id,
+        "error": {"code": refusal.code, "message": refusal.message},
+    });
+    let mut response = Response::new(full(serde_json::to_vec(&body).unwrap_or_default()));
+    *response.status_mut() = StatusCode::BAD_REQUEST;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.extensions_mut().insert(Outcome::rejected);
+    response
+}
+
+/// 202 Accepted, no body: a notification the gateway took.
+pub fn accepted() -> Response<ProxyBody> {
+    let mut response = Response::new(full(Bytes::new()));
+    *response.status_mut() = StatusCode::ACCEPTED;
+    response.extensions_mut().insert(Outcome::rejected);
+    response
+}
+
+/// A result as the request's revision requires it: `resultType` under
+/// the modern one.
+fn complete(result: &mut Map<String, Value>, call: &Call) {
+    if call.modern && !result.contains_key("resultType") {
+        result.insert("resultType".into(), Value::from("complete"));
+    }
+}
+
+/// Adds `entries` to the result's `_meta` (made an object if it was none).
+fn add_meta<'a>(
+    result: &mut Map<String, Value>,
+    entries: impl IntoIterator<Item = (&'a str, Value)>,
+) {
+    let mut meta = match result.remove("_meta") {
+        Some(Value::Object(meta)) => meta,
+        _ => Map::new(),
+    };
+    for (key, value) in entries {
+        meta.insert(key.to_string(), value);
+    }
+    result.insert("_meta".into(), Value::Object(meta));
+}
+
+/// `message` as the client takes it: an event stream, after the relayed
+/// notifications, when it takes one and there are some to relay (or it
+/// takes nothing else); JSON otherwise.
+fn render(
+    mut parts: http::response::Parts,
+    message: &Value,
+    relayed: &[Bytes],
+    call: &Call,
+) -> Response<ProxyBody> {
+    let text = serde_json::to_vec(message).unwrap_or_default();
+    let streamed = call.accepts_stream && (!relayed.is_empty() || !call.accepts_json);
+    let body = if streamed {
+        let mut out = Vec::new();
+        for data in relayed.iter().map(|d| d.as_ref()).chain([text.as_slice()]) {
+            out.extend_from_slice(&sse::event(data));
+        }
+        parts
+            .headers
+            .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        parts
+            .headers
+            .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        Bytes::from(out)
+    } else {
+        parts
+            .headers
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Bytes::from(text)
+    };
+    parts.status = StatusCode::OK;
+    Response::from_parts(parts, full(body))
+}
+
+/// The gateway's own answer to `call`, for `error`: a tool result with
+/// `isError: true` (the module doc says why), carrying what the error's
+/// problem carries (its outcome for the log, its operation, `Retry-After`).
+async fn problem(error: ProxyError, call: &Call) -> Response<ProxyBody> {
+    let response = error.into_response_as(Profile::Mcp.wire());
+    let (parts, body) = response.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let problem: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let name = problem["type"]
+        .as_str()
+        .and_then(|t| t.strip_prefix("urn:idemgate:problem:"))
+        .unwrap_or("internal");
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    let operation = problem["operation_id"].as_str();
+    let message = own_result(call, name, detail, operation, problem["state"].as_str());
+    render(parts, &message, &[], call)
+}
+
+/// The gateway's own tool result for problem `name` about `operation` in
+/// `state`, under `call`'s id.
+fn own_result(
+    call: &Call,
+    name: &str,
+    detail: &str,
+    operation: Option<&str>,
+    state: Option<&str>,
+) -> Value {
+    let text = guidance(name, detail, operation);
+    let mut result = Map::new();
+    result.insert("content".into(), json!([{"type": "text", "text": text}]));
+    result.insert("isError".into(), Value::Bool(true));
+    let about = [
+        (meta::PROBLEM, Some(name)),
+        (meta::OPERATION_ID, operation),
+        (meta::STATE, state),
+    ];
+    add_meta(
+        &mut result,
+        about
+            .into_iter()
+            .filter_map(|(key, value)| Some((key, Value::from(value?)))),
+    );
+    complete(&mut result, call);
+    json!({"jsonrpc": "2.0", "id": call.id, "result": result})
+}
+
+/// The held answer to `call` for an operation `unknown` by an upstream
+/// status.
+fn held(operation: Option<OperationId>, call: &Call) -> Response<ProxyBody> {
+    let id = operation.as_ref().map(|o| o.0.as_str());
+    let message = own_result(call, "outcome-unknown", "", id, Some("unknown"));
+    let mut response = Response::new(full(Bytes::new()));
+    response.extensions_mut().insert(Outcome::unknown);
+    if let Some(operation) = operation {
+        response.extensions_mut().insert(operation);
+    }
+    let (parts, _) = response.into_parts();
+    render(parts, &message, &[], call)
+}
+
+/// What a model should read for problem `name`: what happened, and what it
+/// must not do about it.
+fn guidance(name: &str, detail: &str, operation: Option<&str>) -> String {
+    let held_as = operation.map_or(String::new(), |id| format!(" (operation {id})"));
+    match name {
+        "outcome-unknown" => format!(
+            "This action may already have happened: the tool was called, but its result was lost. \
+             Do not call it again, not with another idempotency key nor with other wording: \
+             it is held for an operator to review{held_as}. Calling this same tool with the same \
+             arguments again returns its result once it is settled."
+        ),
+        "request-in-progress" => format!(
+            "This same call is still running{held_as}. Do not call it with another key or other \
+             wording; call it again unchanged shortly to get its result."
+        ),
+        "key-reused" => format!(
+            "This idempotency key was already used for a call of this tool with other arguments{held_as}, \
+             so this call was not made. A new action needs a new key; a retry of the earlier one \
+             needs its own arguments."
+        ),
+        _ => format!("The gateway did not make this call: {detail}."),
+    }
+}

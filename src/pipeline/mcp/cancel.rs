@@ -1,0 +1,159 @@
+//! A client that goes away does not cancel a protected call (docs/mcp.md,
+//! "A client that goes away").
+//!
+//! Under 2025-11-25 a client that stops waiting (its timeout) sends
+//! `notifications/cancelled` for the call's request id, and the server
+//! stops the tool — perhaps halfway through its effect. For a protected
+//! call in flight, the gateway takes that notification itself (202) and
+//! sends nothing on: the call goes on upstream and into the store, so the
+//! agent's retry gets its real result. Under 2026-07-28 the cancellation
+//! is the client closing its stream, which never reaches the upstream:
+//! the call runs in a task of its own.
+//!
+//! A 2025-11-25 client that is done ends its session with a DELETE, and
+//! the server cancels what the session still runs: a DELETE of a session
+//! with protected calls in flight is answered at once and sent on once
+//! they have ended.
+//!
+//! Invariants: a cancellation is kept from the upstream only while the
+//! call it names (by session and request id) is in flight here; any other
+//! one is sent on. A session's DELETE is held back only while one of its
+//! calls is in flight, and never past the bound its caller sets.
+
+use std::sync::Arc;
+
+use std::time::Duration;
+
+use dashmap::DashMap;
+use http::HeaderMap;
+use serde_json::Value;
+use tokio::sync::Notify;
+
+/// Protected calls in flight on a route, by session and request id.
+#[derive(Debug, Default)]
+pub struct InFlightCalls {
+    calls: DashMap<(String, String), usize>,
+    /// Told each time a call ends.
+    ended: Notify,
+}
+
+/// A call counted in flight until dropped.
+#[derive(Debug)]
+pub struct Tracked {
+    calls: Arc<InFlightCalls>,
+    key: (String, String),
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.calls.calls.remove_if_mut(&self.key, |_, count| {
+            *count -= 1;
+            *count == 0
+        });
+        self.calls.ended.notify_waiters();
+    }
+}
+
+/// A protected call on its way: its request id, and its place in flight.
+#[derive(Debug)]
+pub struct Pending {
+    pub id: Value,
+    _tracked: Tracked,
+}
+
+impl InFlightCalls {
+    /// Counts the call `id` of the request with `headers` in flight, for as
+    /// long as the returned [`Pending`] lives.
+    pub fn track(self: &Arc<Self>, headers: &HeaderMap, id: &Value) -> Pending {
+        let key = (session(headers), id.to_string());
+        *self.calls.entry(key.clone()).or_default() += 1;
+        Pending {
+            id: id.clone(),
+            _tracked: Tracked {
+                calls: self.clone(),
+                key,
+            },
+        }
+    }
+
+    /// Whether `body` is a `notifications/cancelled` for a call in flight
+    /// in the session of `headers`: the gateway takes it.
+    pub fn absorbs(&self, headers: &HeaderMap, body: &[u8]) -> bool {
+        let Ok(message) = serde_json::from_slice::<Value>(body) else {
+            return false;
+        };
+        if message.get("method").and_then(Value::as_str) != Some("notifications/cancelled") {
+            return false;
+        }
+        let Some(id) = message.pointer("/params/requestId") else {
+            return false;
+        };
+        self.calls.contains_key(&(session(headers), id.to_string()))
+    }
+}
+
+impl InFlightCalls {
+    /// Whether the session of `headers` (a 2025-11-25 one) has a call in
+    /// flight.
+    pub fn session_busy(&self, headers: &HeaderMap) -> bool {
+        let session = session(headers);
+        !session.is_empty() && self.calls.iter().any(|entry| entry.key().0 == session)
+    }
+
+    /// Returns once the session of `headers` has no call in flight, or
+    /// after `bound`.
+    pub async fn session_idle(&self, headers: &HeaderMap, bound: Duration) {
+        let wait = async {
+            loop {
+                let ended = self.ended.notified();
+                if !self.session_busy(headers) {
+                    return;
+                }
+                ended.await;
+            }
+        };
+        let _ = tokio::time::timeout(bound, wait).await;
+    }
+}
+
+/// The request's 2025-11-25 session, `""` without one.
+fn session(headers: &HeaderMap) -> String {
+    headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn in_session(id: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("mcp-session-id", id.parse().unwrap());
+        headers
+    }
+
+    const CANCEL_7: &[u8] =
+        br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}"#;
+
+    #[test]
+    fn only_a_call_in_flight_keeps_its_cancellation() {
+        let calls = Arc::new(InFlightCalls::default());
+        let (a, b) = (in_session("a"), in_session("b"));
+        assert!(!calls.absorbs(&a, CANCEL_7));
+        let first = calls.track(&a, &Value::from(7));
+        let again = calls.track(&a, &Value::from(7));
+        assert!(calls.absorbs(&a, CANCEL_7));
+        // Another session's request 7, or request "7", is another call.
+        assert!(!calls.absorbs(&b, CANCEL_7));
+        let quoted =
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"7"}}"#;
+        assert!(!calls.absorbs(&a, quoted));
+        drop(first);
+        assert!(calls.absorbs(&a, CANCEL_7));
+        drop(again);
+        assert!(!calls.absorbs(&a, CANCEL_7));
+    }
+}

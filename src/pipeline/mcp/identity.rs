@@ -1,0 +1,229 @@
+//! A protected tool call's identity and fingerprint (docs/mcp.md,
+//! "Which calls are one").
+//!
+//! Invariants:
+//! - the key is taken, in this order, from `params._meta`
+//!   (`dev.idemgate/idempotency-key`), the `Idempotency-Key` header, the
+//!   route's `key_argument`, or derived from the tool and its arguments;
+//!   the operation's key is `<tool>/<key>`, so one key names one operation
+//!   per tool;
+//! - the fingerprint is the tool and the canonical JSON of its arguments:
+//!   never the JSON-RPC id, `_meta`, a session, a continuation
+//!   (`inputResponses`, `requestState`) nor the key argument when it is
+//!   the key; arguments canonical JSON would merge with others are hashed
+//!   as sent.
+
+use sha2::{Digest, Sha256};
+
+use crate::canonical_json;
+use crate::config::{KeyMode, Route};
+use crate::operation::Fingerprint;
+use crate::pipeline::error::ProxyError;
+use crate::pipeline::fingerprint::digest_hex;
+use crate::pipeline::key::{IdempotencyKey, KeyError, Scope, url_component};
+use crate::pipeline::mcp::call::Call;
+
+/// Where the arguments are in a `tools/call` request.
+const ARGUMENTS: &str = "/params/arguments";
+
+/// Where a call's key came from, and so whether the gateway made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// `params._meta`, the header, or the key argument.
+    Sent,
+    /// Derived from the tool and its arguments.
+    Derived,
+}
+
+/// A call's operation: its key as stored (`<tool>/<key>`), where the key
+/// came from, and its fingerprint.
+#[derive(Debug, Clone)]
+pub struct Identified {
+    pub key: IdempotencyKey,
+    pub source: KeySource,
+    pub fingerprint: Fingerprint,
+}
+
+/// The call's key and fingerprint, in `scope`.
+pub fn identify(
+    call: &Call,
+    headers: &http::HeaderMap,
+    body: &[u8],
+    route: &Route,
+    scope: &Scope,
+) -> Result<Identified, ProxyError> {
+    let key_argument = route.mcp.as_ref().and_then(|m| m.key_argument.as_deref());
+    let (sent, from_argument) = match &call.meta_key {
+        Some(key) => (Some(IdempotencyKey::new(key)?), false),
+        None => match IdempotencyKey::from_headers(headers)? {
+            Some(key) => (Some(key), false),
+            None => {
+                let text = key_argument.and_then(|name| argument_text(body, name));
+                let key = text.map(|t| IdempotencyKey::new(&t)).transpose()?;
+                let from_argument = key.is_some();
+                (key, from_argument)
+            }
+        },
+    };
+    let left_out = key_argument.filter(|_| from_argument);
+    let fingerprint = fingerprint(call, body, left_out);
+    let (key, source) = match sent {
+        Some(key) => (key, KeySource::Sent),
+        None if route.key == KeyMode::Derive => (
+            IdempotencyKey::derive_from_fingerprint(scope, &fingerprint),
+            KeySource::Derived,
+        ),
+        None => return Err(ProxyError::MissingKey),
+    };
+    let stored = format!("{}/{}", url_component(&call.tool), key.as_str());
+    let key = IdempotencyKey::new(&stored).map_err(|_| KeyError::TooLong)?;
+    Ok(Identified {
+        key,
+        source,
+        fingerprint,
+    })
+}
+
+/// The call's fingerprint: its tool and arguments as RFC 8785 canonical
+/// JSON, without the argument `left_out` (the one that carried the key).
+fn fingerprint(call: &Call, body: &[u8], left_out: Option<&str>) -> Fingerprint {
+    let mut hasher = Sha256::new();
+    part(&mut hasher, b"idemgate-mcp-v1");
+    part(&mut hasher, call.tool.as_bytes());
+    let raw = canonical_json::raw_at(body, ARGUMENTS).unwrap_or(b"null");
+    match canonical_json::parse_exact(raw) {
+        Ok(mut arguments) => {
+            if let Some(name) = left_out {
+                canonical_json::remove_pointer(&mut arguments, &pointer_to(name));
+            }
+            part(&mut hasher, b"json");
+            part(&mut hasher, &canonical_json::canonicalize(&arguments));
+        }
+        Err(_) => {
+            part(&mut hasher, b"raw");
+            part(&mut hasher, raw);
+        }
+    }
+    Fingerprint::from_stored(digest_hex(hasher))
+}
+
+/// The argument `name` as key text: a string as it is, an integer in
+/// decimal; anything else is no key.
+fn argument_text(body: &[u8], name: &str) -> Option<String> {
+    let raw = canonical_json::raw_at(body, &format!("{ARGUMENTS}{}", pointer_to(name)))?;
+    match canonical_json::parse_exact(raw).ok()? {
+        serde_json::Value::String(text) => Some(text),
+        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The RFC 6901 pointer to member `name`.
+fn pointer_to(name: &str) -> String {
+    format!("/{}", name.replace('~', "~0").replace('/', "~1"))
+}
+
+fn part(hasher: &mut Sha256, bytes: &[u8]) {
+    hasher.update((bytes.len() as u64).to_be_bytes());
+    hasher.update(bytes);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::McpTools;
+    use crate::scope_key::ScopeKey;
+
+    fn route(key_argument: Option<&str>) -> Route {
+        let toml = r#"
+            [[routes]]
+            name = "mcp"
+            profile = "mcp"
+            upstream = "http://127.0.0.1:9"
+        "#;
+        let mut route = crate::config::Config::from_toml_str(toml, "t.toml")
+            .unwrap()
+            .routes
+            .remove(0);
+        route.mcp = Some(McpTools {
+            key_argument: key_argument.map(str::to_string),
+            ..McpTools::default()
+        });
+        route
+    }
+
+    fn call(meta_key: Option<&str>) -> Call {
+        Call {
+            id: 1.into(),
+            tool: "create_task".into(),
+            meta_key: meta_key.map(str::to_string),
+            modern: false,
+            accepts_json: true,
+            accepts_stream: true,
+        }
+    }
+
+    fn scope() -> Scope {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("authorization", "Bearer a".parse().unwrap());
+        let names = [http::header::AUTHORIZATION];
+        Scope::from_headers(&headers, &names, false, &ScopeKey::new(&[1; 32], "t")).unwrap()
+    }
+
+    fn body(arguments: &str) -> Vec<u8> {
+        format!(r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"create_task","arguments":{arguments},"_meta":{{"progressToken":3}}}}}}"#).into_bytes()
+    }
+
+    fn identify_as(
+        call: &Call,
+        headers: &[(&'static str, &str)],
+        arguments: &str,
+        route: &Route,
+    ) -> Identified {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in headers {
+            map.insert(*name, value.parse().unwrap());
+        }
+        identify(call, &map, &body(arguments), route, &scope()).unwrap()
+    }
+
+    #[test]
+    fn the_key_comes_from_meta_then_the_header_then_the_argument() {
+        let route = route(Some("request_id"));
+        let args = r#"{"title":"a","request_id":"r-1"}"#;
+        let header = [("idempotency-key", "h-1")];
+        let meta = identify_as(&call(Some("m-1")), &header, args, &route);
+        assert_eq!(meta.key.as_str(), "create_task/m-1");
+        let from_header = identify_as(&call(None), &header, args, &route);
+        assert_eq!(from_header.key.as_str(), "create_task/h-1");
+        let from_argument = identify_as(&call(None), &[], args, &route);
+        assert_eq!(from_argument.key.as_str(), "create_task/r-1");
+        assert_eq!(from_argument.source, KeySource::Sent);
+        // The key argument is left out of the fingerprint only when it is
+        // the key: another request id with the same title is the same call.
+        let other_id = identify_as(
+            &call(None),
+            &[],
+            r#"{"request_id":"r-2","title":"a"}"#,
+            &route,
+        );
+        assert_eq!(other_id.fingerprint, from_argument.fingerprint);
+        assert_ne!(meta.fingerprint, from_argument.fingerprint);
+    }
+
+    #[test]
+    fn a_keyless_call_is_derived_from_its_tool_and_arguments() {
+        let route = route(None);
+        let a = identify_as(&call(None), &[], r#"{"title":"a","n":1}"#, &route);
+        assert_eq!(a.source, KeySource::Derived);
+        // Key order, `1.0` for `1`, the id and `_meta` do not count.
+        let same = identify_as(&call(None), &[], r#"{"n":1.0,"title":"a"}"#, &route);
+        assert_eq!(
+            (same.key.as_str(), &same.fingerprint),
+            (a.key.as_str(), &a.fingerprint)
+        );
+        let other = identify_as(&call(None), &[], r#"{"title":"b","n":1}"#, &route);
+        assert_ne!(other.key, a.key);
+        assert!(a.key.as_str().starts_with("create_task/derived-"));
+    }
+}

@@ -1,0 +1,124 @@
+//! What an MCP server says of its own tools: which are read-only, as the
+//! `tools/list` answers passing through its route report them
+//! (`annotations.readOnlyHint`).
+//!
+//! Invariants: an annotation is a hint from the server, so it only decides
+//! for a tool the route's `[routes.mcp]` names in neither list
+//! (`pipeline::mcp::call`); the latest list that names a tool decides for
+//! it, so a tool whose hint is withdrawn is protected again; what is
+//! learned is kept in memory per route, never stored.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use bytes::BytesMut;
+use http::Response;
+use http_body_util::BodyExt;
+use serde_json::Value;
+
+use crate::body::{Prefixed, ProxyBody, full, stream};
+use crate::config::Route;
+use crate::pipeline::mcp::sse;
+
+/// The tools whose latest listing said `readOnlyHint: true`.
+#[derive(Debug, Default)]
+pub struct Learned {
+    read_only: RwLock<HashMap<String, bool>>,
+}
+
+/// Tools remembered per route at most: a server listing more (or a
+/// hostile one inventing names) cannot grow the map without bound.
+const MAX_TOOLS: usize = 4096;
+
+impl Learned {
+    /// Whether the server's latest listing of `tool` hinted it read-only.
+    pub fn read_only(&self, tool: &str) -> bool {
+        let learned = self.read_only.read().unwrap_or_else(|e| e.into_inner());
+        learned.get(tool).copied().unwrap_or(false)
+    }
+
+    /// Notes the tools an answer to `tools/list` lists: a JSON-RPC
+    /// response, or an event stream holding one.
+    pub fn note_list(&self, answer: &[u8]) {
+        let messages = match serde_json::from_slice::<Value>(answer) {
+            Ok(message) => vec![message],
+            Err(_) => sse::messages(answer)
+                .iter()
+                .filter_map(|data| serde_json::from_str(data).ok())
+                .collect(),
+        };
+        let mut learned = self.read_only.write().unwrap_or_else(|e| e.into_inner());
+        for message in messages {
+            let Some(tools) = message.pointer("/result/tools").and_then(Value::as_array) else {
+                continue;
+            };
+            for tool in tools {
+                let Some(name) = tool.get("name").and_then(Value::as_str) else {
+                    continue;
+                };
+                let read_only =
+                    tool.pointer("/annotations/readOnlyHint") == Some(&Value::Bool(true));
+                if learned.len() < MAX_TOOLS || learned.contains_key(name) {
+                    learned.insert(name.to_string(), read_only);
+                }
+            }
+        }
+    }
+}
+
+/// The answer to a `tools/list` passing through `route`, noted in
+/// `learned` when it is read whole within the route's
+/// `max_stored_response` and `upstream_timeout`; answered as it came
+/// either way (a larger one streamed on, unread).
+pub async fn read_listing(
+    response: Response<ProxyBody>,
+    route: &Route,
+    learned: &Learned,
+) -> Response<ProxyBody> {
+    let (parts, body) = response.into_parts();
+    let mut body = body;
+    let mut read = BytesMut::new();
+    let deadline = tokio::time::Instant::now() + route.upstream_timeout;
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => frame,
+            Ok(None) => break,
+            // Cut, late or failed: what was read goes on first, then the rest.
+            _ => return Response::from_parts(parts, stream(Prefixed::new(read.freeze(), body))),
+        };
+        if let Ok(data) = frame.into_data() {
+            read.extend_from_slice(&data);
+        }
+        if read.len() > route.max_stored_response {
+            return Response::from_parts(parts, stream(Prefixed::new(read.freeze(), body)));
+        }
+    }
+    let read = read.freeze();
+    learned.note_list(&read);
+    Response::from_parts(parts, full(read))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_latest_listing_decides() {
+        let learned = Learned::default();
+        learned.note_list(
+            br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[
+            {"name":"list_tasks","annotations":{"readOnlyHint":true}},
+            {"name":"create_task","annotations":{"readOnlyHint":false}},
+            {"name":"plain"}]}}"#,
+        );
+        assert!(learned.read_only("list_tasks"));
+        assert!(!learned.read_only("create_task"));
+        assert!(!learned.read_only("plain"));
+        assert!(!learned.read_only("unlisted"));
+        // Listed again without the hint, over an event stream.
+        learned.note_list(
+            b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"tools\":[{\"name\":\"list_tasks\"}]}}\n\n",
+        );
+        assert!(!learned.read_only("list_tasks"));
+    }
+}

@@ -1,0 +1,174 @@
+"""An MCP test server (Python SDK `mcp`, pinned in requirements.txt) over
+Streamable HTTP, used as the upstream behind idemgate's `mcp` route profile.
+
+    python server.py --port 0 --effects /tmp/effects.jsonl [--stateless] [--json-response]
+
+Listens on 127.0.0.1 (``--host``), endpoint ``/mcp``. With ``--port 0`` the
+kernel picks a port. The server prints ``listening PORT`` on stdout (one
+line, flushed) once the socket is bound, before serving.
+
+Every execution of a side-effecting tool appends one JSON line to the effects
+file: {"seq": N, "tool": NAME, "arguments": {...}, "pid": PID, "ts": UNIX_TS}.
+`slow_create` also appends its arguments to EFFECTS.started as it begins, so a
+test can act while the call is running.
+``GET /_effects`` returns that file as a JSON array.
+
+Tools:
+  create_task(title)        non-idempotent; records an effect, returns "created task N"
+  slow_create(title, ms)    sleeps ms (reporting progress if the client asked for it),
+                            then records an effect like create_task
+  die_after_effect(title)   records the effect, then os._exit(17) before answering
+  list_tasks()              readOnlyHint=true; returns the titles recorded so far
+
+The SDK answers both protocol eras on the same endpoint: 2025-11-25 and older
+(initialize handshake, Mcp-Session-Id unless --stateless) and 2026-07-28
+(per-request _meta envelope, server/discover, no sessions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.types import ToolAnnotations
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+
+def _parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True, help="0: pick a free port; 'listening PORT' is printed")
+    p.add_argument("--effects", required=True, help="JSON-lines file, one line per tool side effect")
+    p.add_argument("--stateless", action="store_true", help="no Mcp-Session-Id on the 2025-11-25 path")
+    p.add_argument("--json-response", action="store_true", help="answer requests with application/json, not SSE")
+    p.add_argument(
+        "--no-dns-rebinding-protection",
+        action="store_true",
+        help="accept any Host/Origin header (the SDK otherwise allows only localhost/127.0.0.1 hosts)",
+    )
+    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
+    return p.parse_args()
+
+
+ARGS = _parse_args()
+EFFECTS = os.path.abspath(ARGS.effects)
+CREATING_TOOLS = ("create_task", "slow_create", "die_after_effect")
+
+
+def _read_effects() -> list[dict[str, Any]]:
+    try:
+        with open(EFFECTS, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def _record_effect(tool: str, arguments: dict[str, Any]) -> int:
+    """Append one effect line under an exclusive lock and return its 1-based sequence number."""
+    with open(EFFECTS, "a+", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            f.seek(0)
+            seq = sum(1 for line in f if line.strip()) + 1
+            entry = {"seq": seq, "tool": tool, "arguments": arguments, "pid": os.getpid(), "ts": time.time()}
+            f.seek(0, os.SEEK_END)
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+    return seq
+
+
+mcp = MCPServer(
+    name="idemgate-mcp-test-server",
+    version="1.0.0",
+    instructions="Test upstream for idemgate's mcp route profile; every create records one effect.",
+    log_level=ARGS.log_level,
+)
+
+NON_IDEMPOTENT = ToolAnnotations(
+    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+)
+
+
+@mcp.tool(annotations=NON_IDEMPOTENT, structured_output=False)
+def create_task(title: str) -> str:
+    """Create a task (not idempotent: every call creates another one)."""
+    n = _record_effect("create_task", {"title": title})
+    return f"created task {n}"
+
+
+@mcp.tool(annotations=NON_IDEMPOTENT, structured_output=False)
+async def slow_create(title: str, ms: int, ctx: Context) -> str:
+    """Wait `ms` milliseconds, then create a task like create_task."""
+    with open(EFFECTS + ".started", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"title": title, "ms": ms}) + "\n")
+    await ctx.report_progress(0, ms, "started")
+    await asyncio.sleep(ms / 1000)
+    n = _record_effect("slow_create", {"title": title, "ms": ms})
+    await ctx.report_progress(ms, ms, "done")
+    return f"created task {n}"
+
+
+@mcp.tool(annotations=NON_IDEMPOTENT, structured_output=False)
+def die_after_effect(title: str) -> str:
+    """Record the effect, then kill this server process before any answer is sent."""
+    _record_effect("die_after_effect", {"title": title})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(17)
+
+
+@mcp.tool(
+    annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, destructive_hint=False, open_world_hint=False),
+    structured_output=False,
+)
+def list_tasks() -> str:
+    """List the titles of the tasks created so far (read-only), as a JSON array."""
+    titles = [e["arguments"].get("title") for e in _read_effects() if e.get("tool") in CREATING_TOOLS]
+    return json.dumps(titles)
+
+
+@mcp.custom_route("/_effects", methods=["GET"])
+async def effects_route(_request: Request) -> Response:
+    return JSONResponse(_read_effects())
+
+
+async def _serve() -> None:
+    security = (
+        TransportSecuritySettings(enable_dns_rebinding_protection=False) if ARGS.no_dns_rebinding_protection else None
+    )
+    app = mcp.streamable_http_app(
+        streamable_http_path="/mcp",
+        json_response=ARGS.json_response,
+        stateless_http=ARGS.stateless,
+        transport_security=security,
+        host=ARGS.host,
+    )
+    family = socket.AF_INET6 if ":" in ARGS.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((ARGS.host, ARGS.port))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level=ARGS.log_level.lower(), lifespan="on")
+    server = uvicorn.Server(config)
+    print(f"listening {port}", flush=True)
+    await server.serve(sockets=[sock])
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve())

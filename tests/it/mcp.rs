@@ -1,0 +1,481 @@
+//! AI agents' tool calls through an `mcp` route (docs/mcp.md), with the
+//! official SDKs, unmodified (`tests/clients/mcp`): an MCP server written
+//! with the Python SDK (`server.py`: a non-idempotent `create_task`, a
+//! `slow_create`, a `die_after_effect` that exits after its effect, a
+//! read-only `list_tasks`) counts every execution in a file; clients
+//! through the gateway are the Python SDK's `ClientSession` over
+//! Streamable HTTP (`client.py`, at 2025-11-25 and at 2026-07-28) and the
+//! TypeScript SDK (`client.mjs`).
+//!
+//! - a retried call (a new JSON-RPC id, a new session) executes once and
+//!   is replayed under its own id with the replay marker;
+//! - a key reused with other arguments is `key-reused`, not executed;
+//!   keyless identical calls execute once;
+//! - a client that times out during a slow call, then retries, gets the
+//!   real result of one execution (its cancellation and its session's end
+//!   do not reach the server while the call runs);
+//! - a server that dies mid-call leaves the call `unknown`: its retry is
+//!   the `outcome-unknown` tool result, and an operator's resolution is
+//!   what the next retry gets;
+//! - a read-only tool runs every time;
+//! - the gateway killed (SIGKILL) mid-call recovers it to `unknown` and
+//!   never executes it again;
+//! - headers that disagree with the body are refused, nothing sent.
+//!
+//! They need `tests/clients/mcp` installed (`.ci/run` does) and are
+//! `#[ignore]`d for a plain `cargo test`, but the last, which needs none.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+use crate::common::*;
+use serde_json::{Value, json};
+
+/// `tests/clients/mcp`.
+fn mcp_dir() -> PathBuf {
+    clients_dir().join("mcp")
+}
+
+fn python() -> PathBuf {
+    let python = mcp_dir().join(".venv/bin/python");
+    require_installed(
+        &python,
+        "`python3 -m venv .venv && .venv/bin/pip install -r requirements.txt` in tests/clients/mcp",
+    );
+    python
+}
+
+/// The Python SDK's MCP server, killed when dropped.
+struct McpServer {
+    child: Child,
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+    port: u16,
+    effects: PathBuf,
+    dir: PathBuf,
+}
+
+impl McpServer {
+    /// `server.py` on a free port, counting effects in `dir`.
+    async fn start(dir: &Path) -> McpServer {
+        McpServer::on_port(dir, 0).await
+    }
+
+    async fn on_port(dir: &Path, port: u16) -> McpServer {
+        let effects = dir.join("effects.jsonl");
+        let mut cmd = Command::new(python());
+        cmd.arg(mcp_dir().join("server.py"))
+            .args(["--port", &port.to_string()])
+            .arg("--effects")
+            .arg(&effects);
+        let stderr = dir.join(format!("mcp-server-{port}.err"));
+        let (child, reader, line) = spawn_until_first_line(cmd, &stderr).await;
+        let port = line
+            .trim()
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("server.py's first line: {line:?}"));
+        McpServer {
+            child,
+            _stdout: reader,
+            port,
+            effects,
+            dir: dir.to_owned(),
+        }
+    }
+
+    /// Starts it again on its port (after `die_after_effect`).
+    async fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let again = McpServer::on_port(&self.dir, self.port).await;
+        *self = again;
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// How many times `tool` ran with `title`.
+    fn executions(&self, tool: &str, title: &str) -> usize {
+        read_to_string(&self.effects)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|e| e["tool"] == tool && e["arguments"]["title"] == title)
+            .count()
+    }
+}
+
+impl Drop for McpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A gateway whose `mcp` route at `/mcp` fronts `server`.
+async fn gateway(server: &McpServer) -> TestGateway {
+    let setup = Setup::route("profile = \"mcp\"")
+        .at("/mcp")
+        .upstream_url(server.url())
+        .admin();
+    spawn_gateway_with(setup).await
+}
+
+/// Which SDK client, speaking which revision.
+#[derive(Clone, Copy, Debug)]
+enum Client {
+    /// The Python SDK's `initialize` handshake: 2025-11-25.
+    Python,
+    /// The Python SDK's default (`auto`): 2026-07-28.
+    PythonModern,
+    /// The TypeScript SDK: 2025-11-25.
+    TypeScript,
+}
+
+const CLIENTS: [Client; 3] = [Client::Python, Client::PythonModern, Client::TypeScript];
+
+/// One client process calling `tool` with `args` through `gw`, `times`
+/// times, with `extra` flags (`--header`, `--timeout`): one JSON line per
+/// call, as the client prints it.
+async fn call(
+    client: Client,
+    gw: &TestGateway,
+    tool: &str,
+    args: &Value,
+    times: u32,
+    extra: &[&str],
+) -> Vec<Value> {
+    let url = format!("http://{}/mcp", gw.addr());
+    let mut cmd = match client {
+        Client::TypeScript => {
+            require_installed(
+                &mcp_dir().join("node_modules/@modelcontextprotocol/sdk"),
+                "`npm ci` in tests/clients/mcp",
+            );
+            let mut cmd = Command::new("node");
+            cmd.arg(mcp_dir().join("client.mjs"));
+            cmd
+        }
+        Client::Python | Client::PythonModern => {
+            let mut cmd = Command::new(python());
+            cmd.arg(mcp_dir().join("client.py"));
+            let mode = if matches!(client, Client::Python) {
+                "legacy"
+            } else {
+                "auto"
+            };
+            cmd.args(["--mode", mode]);
+            cmd
+        }
+    };
+    cmd.args(["--url", &url, "--tool", tool, "--args", &args.to_string()])
+        .args(["--times", &times.to_string()])
+        .args(["--header", &format!("Authorization: {ALICE}")])
+        .args(extra);
+    let (_, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
+    let lines: Vec<Value> = stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    assert!(
+        !lines.is_empty(),
+        "{client:?} printed nothing; stderr:\n{stderr}"
+    );
+    eprintln!("{client:?}: {lines:?}");
+    lines
+}
+
+fn replayed(line: &Value) -> bool {
+    line["meta"]["dev.idemgate/replayed"] == true
+}
+
+fn text(line: &Value) -> &str {
+    line["content"][0]["text"].as_str().unwrap_or_default()
+}
+
+fn key(value: &str) -> [String; 2] {
+    ["--header".into(), format!("Idempotency-Key: {value}")]
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn a_retried_call_runs_once_and_is_replayed_under_its_new_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = McpServer::start(dir.path()).await;
+    let gw = gateway(&server).await;
+    for client in CLIENTS {
+        let title = format!("retried-{client:?}");
+        let args = json!({ "title": title });
+        let key = key(&title);
+        // Two calls in one session (two ids), then a new session.
+        let first = call(client, &gw, "create_task", &args, 2, &strs(&key)).await;
+        let again = call(client, &gw, "create_task", &args, 1, &strs(&key)).await;
+        assert_eq!(first.len(), 2, "{first:?}");
+        assert!(!replayed(&first[0]), "{first:?}");
+        assert!(text(&first[0]).starts_with("created task"), "{first:?}");
+        for replay in [&first[1], &again[0]] {
+            assert!(replayed(replay), "{client:?}: {replay}");
+            assert_eq!(replay["content"], first[0]["content"]);
+            assert_eq!(replay["isError"], false);
+        }
+        assert_eq!(server.executions("create_task", &title), 1, "{client:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn a_key_reused_with_other_arguments_is_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = McpServer::start(dir.path()).await;
+    let gw = gateway(&server).await;
+    for client in [Client::Python, Client::PythonModern] {
+        let key = key(&format!("reused-{client:?}"));
+        let first = json!({ "title": format!("first-{client:?}") });
+        let changed = json!({ "title": format!("changed-{client:?}") });
+        call(client, &gw, "create_task", &first, 1, &strs(&key)).await;
+        let refused = call(client, &gw, "create_task", &changed, 1, &strs(&key)).await;
+        assert_eq!(refused[0]["isError"], true, "{refused:?}");
+        assert_eq!(refused[0]["meta"]["dev.idemgate/problem"], "key-reused");
+        assert_eq!(
+            server.executions("create_task", &format!("changed-{client:?}")),
+            0
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn keyless_identical_calls_run_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = McpServer::start(dir.path()).await;
+    let gw = gateway(&server).await;
+    for client in CLIENTS {
+        let title = format!("keyless-{client:?}");
+        let args = json!({ "title": title });
+        let first = call(client, &gw, "create_task", &args, 1, &[]).await;
+        let again = call(client, &gw, "create_task", &args, 1, &[]).await;
+        assert!(!replayed(&first[0]) && replayed(&again[0]), "{again:?}");
+        assert_eq!(server.executions("create_task", &title), 1, "{client:?}");
+        // Other arguments are another call.
+        let other = json!({ "title": format!("{title}-other") });
+        call(client, &gw, "create_task", &other, 1, &[]).await;
+        assert_eq!(
+            server.executions("create_task", &format!("{title}-other")),
+            1
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn a_read_only_tool_runs_every_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = McpServer::start(dir.path()).await;
+    let gw = gateway(&server).await;
+    // The server's tools/list says list_tasks is read-only, and the
+    // gateway reads it on the way.
+    let list = ["--list-first"];
+    let before = call(Client::Python, &gw, "list_tasks", &json!({}), 2, &list).await;
+    assert!(!before.iter().any(replayed), "{before:?}");
+    call(
+        Client::Python,
+        &gw,
+        "create_task",
+        &json!({"title": "listed"}),
+        1,
+        &[],
+    )
+    .await;
+    let after = call(Client::Python, &gw, "list_tasks", &json!({}), 1, &list).await;
+    assert!(!replayed(&after[0]), "{after:?}");
+    assert!(text(&after[0]).contains("listed"), "ran again: {after:?}");
+    assert!(!text(&before[0]).contains("listed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn a_client_that_times_out_and_retries_gets_the_one_real_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = McpServer::start(dir.path()).await;
+    let gw = gateway(&server).await;
+    for client in CLIENTS {
+        let title = format!("slow-{client:?}");
+        let args = json!({ "title": title, "ms": 1500 });
+        let key = key(&title);
+        let mut impatient = strs(&key);
+        impatient.extend(["--timeout", "0.4"]);
+        let gave_up = call(client, &gw, "slow_create", &args, 1, &impatient).await;
+        assert!(gave_up[0]["error"].is_string(), "timed out: {gave_up:?}");
+        let retried = call(client, &gw, "slow_create", &args, 1, &strs(&key)).await;
+        assert_eq!(retried[0]["isError"], false, "{retried:?}");
+        assert!(text(&retried[0]).starts_with("created task"), "{retried:?}");
+        assert_eq!(server.executions("slow_create", &title), 1, "{client:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn a_call_whose_server_died_is_held_until_an_operator_resolves_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = McpServer::start(dir.path()).await;
+    let gw = gateway(&server).await;
+    let args = json!({ "title": "died" });
+    let key = key("died-1");
+    let lost = call(
+        Client::Python,
+        &gw,
+        "die_after_effect",
+        &args,
+        1,
+        &strs(&key),
+    )
+    .await;
+    assert_eq!(
+        lost[0]["meta"]["dev.idemgate/problem"], "outcome-unknown",
+        "{lost:?}"
+    );
+    server.restart().await;
+    for client in CLIENTS {
+        let held = call(client, &gw, "die_after_effect", &args, 1, &strs(&key)).await;
+        assert_eq!(held[0]["isError"], true, "{held:?}");
+        assert_eq!(held[0]["meta"]["dev.idemgate/state"], "unknown");
+        assert!(text(&held[0]).contains("may already have happened"));
+    }
+    assert_eq!(server.executions("die_after_effect", "died"), 1);
+    let id = gw.operation("die_after_effect/died-1").await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let resolution = json!({
+        "outcome": "completed",
+        "operator": "ops",
+        "result": {"content": [{"type": "text", "text": "created task 42"}], "isError": false},
+    });
+    let resolved = gw.resolve(&id, &resolution).await;
+    assert_eq!(
+        resolved.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&resolved.body)
+    );
+    for client in CLIENTS {
+        let settled = call(client, &gw, "die_after_effect", &args, 1, &strs(&key)).await;
+        assert_eq!(
+            text(&settled[0]),
+            "created task 42",
+            "{client:?}: {settled:?}"
+        );
+        assert!(replayed(&settled[0]), "{settled:?}");
+    }
+    assert_eq!(server.executions("die_after_effect", "died"), 1);
+}
+
+/// `client.py` through the gateway at `proxy`, calling `slow_create`
+/// with `args` under `key`, at 2025-11-25.
+fn slow_call(proxy: std::net::SocketAddr, args: &Value, key: &str) -> Command {
+    let url = format!("http://{proxy}/mcp");
+    let mut cmd = Command::new(python());
+    cmd.arg(mcp_dir().join("client.py"))
+        .args([
+            "--url",
+            &url,
+            "--tool",
+            "slow_create",
+            "--args",
+            &args.to_string(),
+        ])
+        .args(["--header", &format!("Authorization: {ALICE}")])
+        .args([
+            "--header",
+            &format!("Idempotency-Key: {key}"),
+            "--mode",
+            "legacy",
+        ]);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn the_gateway_killed_mid_call_holds_it_and_never_runs_it_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = McpServer::start(dir.path()).await;
+    let toml = gateway_toml(
+        &dir.path().join("gw.db"),
+        &server.url(),
+        "/mcp",
+        "profile = \"mcp\"",
+    );
+    let config = write_config(dir.path(), "gw.toml", &toml);
+    let stderr = dir.path().join("gw.err");
+    let mut gw = BinaryGateway::start(&config, &stderr).await;
+    let args = json!({ "title": "killed", "ms": 1000 });
+    let pending = tokio::spawn(run_to_exit_within(
+        slow_call(gw.proxy, &args, "killed-1"),
+        CLIENT_RUN,
+    ));
+    // Killed while the server runs the call: claimed, sent, unanswered.
+    let started = PathBuf::from(format!("{}.started", server.effects.display()));
+    eventually("the server to begin the call", || async {
+        read_to_string(&started).contains("killed").then_some(())
+    })
+    .await;
+    gw.kill();
+    drop(pending.await);
+    // The server finishes it: one execution, whose answer nobody heard.
+    eventually("the call to finish at the server", || async {
+        (server.executions("slow_create", "killed") == 1).then_some(())
+    })
+    .await;
+    let gw = BinaryGateway::start(&config, &stderr).await;
+    let (_, stdout, stderr_text) =
+        run_to_exit_within(slow_call(gw.proxy, &args, "killed-1"), CLIENT_RUN).await;
+    let line: Value = serde_json::from_str(stdout.lines().next().unwrap_or_default())
+        .unwrap_or_else(|_| panic!("{stdout}\n{stderr_text}"));
+    assert_eq!(
+        line["meta"]["dev.idemgate/problem"], "outcome-unknown",
+        "{line}"
+    );
+    assert_eq!(line["meta"]["dev.idemgate/state"], "unknown", "{line}");
+    assert_eq!(server.executions("slow_create", "killed"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_that_disagree_with_the_body_are_refused_and_nothing_is_sent() {
+    let gw = spawn_gateway_at("/mcp", "profile = \"mcp\"").await;
+    let body = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"create_task","arguments":{"title":"x"}}}"#;
+    let post = |headers: Vec<(&'static str, &'static str)>| {
+        let addr = gw.addr();
+        async move {
+            let mut all = vec![
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+                ("authorization", ALICE),
+            ];
+            all.extend(headers);
+            send(addr, "POST", "/mcp", &all, body).await
+        }
+    };
+    for headers in [
+        vec![("mcp-method", "tools/list")],
+        vec![
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "delete_everything"),
+        ],
+        // The modern revision requires both.
+        vec![
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+        ],
+    ] {
+        let refused = post(headers.clone()).await;
+        assert_eq!(refused.status, 400, "{headers:?}");
+        let error = refused.json();
+        assert_eq!(error["error"]["code"], -32020, "{error}");
+        assert_eq!(error["id"], 3, "{error}");
+    }
+    assert_eq!(gw.upstream.writes(), 0);
+}
