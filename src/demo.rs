@@ -138,6 +138,11 @@ async fn tour(out: impl Write, dir: &std::path::Path) -> Result<(), DemoError> {
             upstream = "http://{mock}"
             key = "derive"
             derive_from = ["/event_id"]
+            [[routes]]
+            name = "agent"
+            profile = "mcp"
+            path_prefix = "/agent"
+            upstream = "http://{mock}"
             "#,
             store = store.display(),
             mock = mock.addr(),
@@ -258,6 +263,7 @@ async fn steps<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
 
     reconciled(t).await?;
     resolved_by_an_operator(t).await?;
+    agent_tool_call(t).await?;
 
     let (requests, writes) = (t.requests, t.mock.writes());
     t.say(&format!(
@@ -324,4 +330,82 @@ async fn resolved_by_an_operator<W: Write>(t: &mut Tour<W>) -> Result<(), DemoEr
     );
     let ok = resolved.status == StatusCode::OK && retry.replayed;
     t.show(8, &got, ok, "the operator's resolution replayed", 5)
+}
+
+/// Step 9: an AI agent's MCP tool call whose answer is lost, held, and
+/// settled by an operator with the tool result its retries then get.
+async fn agent_tool_call<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
+    t.say("\n9. An AI agent calls a tool on an MCP server through the `agent` route\n   (profile mcp). The server creates the task, then the connection drops:\n   tools/call create_task, _meta key agent-1, JSON-RPC id 1 (POST /agent/mcp/drop)")?;
+    let call = |id: u32| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"create_task","arguments":{{"title":"book the venue"}},"_meta":{{"dev.idemgate/idempotency-key":"agent-1"}}}}}}"#
+        )
+    };
+    let lost = tool_result(
+        t.send(Method::POST, "/agent/mcp/drop", None, &call(1))
+            .await?,
+    );
+    let retry = tool_result(
+        t.send(Method::POST, "/agent/mcp/drop", None, &call(2))
+            .await?,
+    );
+    let got = format!(
+        "id {}: isError {}, {}; the agent's retry, id {}: {}",
+        lost.id, lost.is_error, lost.problem, retry.id, retry.problem
+    );
+    let ok = lost.id == 1
+        && lost.is_error
+        && lost.problem == "outcome-unknown"
+        && retry.id == 2
+        && retry.problem == "outcome-unknown";
+    t.show(9, &got, ok, "two outcome-unknown tool results", 6)?;
+    t.say("   The agent reads a tool result, not an error to retry: \"This action may already\n   have happened … Do not call it again, not with another idempotency key nor\n   with other wording\". Nothing was sent again.")?;
+    let resolution = r#"{"outcome":"completed","operator":"demo-operator","result":{"content":[{"type":"text","text":"created task 6"}],"isError":false}}"#;
+    let id = lost.operation.clone();
+    let resolved = t
+        .admin(
+            Method::POST,
+            &format!("/admin/keys/{id}/resolve"),
+            resolution,
+        )
+        .await?;
+    t.say(&format!(
+        "   An operator checks the API and resolves it with the tool result:\n   POST /admin/keys/{id}/resolve → {}",
+        resolved.status.as_u16()
+    ))?;
+    let settled = tool_result(
+        t.send(Method::POST, "/agent/mcp/drop", None, &call(3))
+            .await?,
+    );
+    let got = format!(
+        "id {}: \"{}\" (dev.idemgate/replayed: {})",
+        settled.id, settled.text, settled.replayed
+    );
+    let ok = settled.id == 3 && settled.text == "created task 6" && settled.replayed;
+    t.show(9, &got, ok, "the resolved result, under the new id", 6)
+}
+
+/// What an MCP client reads of a tool call's answer.
+struct ToolResult {
+    id: u64,
+    is_error: bool,
+    text: String,
+    problem: String,
+    operation: String,
+    replayed: bool,
+}
+
+fn tool_result(answer: Answer) -> ToolResult {
+    let message: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
+    let result = &message["result"];
+    let meta = &result["_meta"];
+    let text = |value: &serde_json::Value| value.as_str().unwrap_or_default().to_string();
+    ToolResult {
+        id: message["id"].as_u64().unwrap_or_default(),
+        is_error: result["isError"] == true,
+        text: text(&result["content"][0]["text"]),
+        problem: text(&meta["dev.idemgate/problem"]),
+        operation: text(&meta["dev.idemgate/operation-id"]),
+        replayed: meta["dev.idemgate/replayed"] == true,
+    }
 }

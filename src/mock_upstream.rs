@@ -12,10 +12,18 @@
 //! | `/truncate` | commit, announce a body and close after part of it |
 //! | `/status/{code}` | answer `code` without committing (a refusal) |
 //! | `/once-429/…` | the first write per `Idempotency-Key` gets 429 uncommitted; later ones commit |
+//! | `/mcp`, `/mcp/{fault}` | a small MCP server (below) |
 //! | anything else | commit, answer 201 `{"id": n, "path": …}` |
 //!
 //! The behaviour is chosen by the end of the path (`/orders/drop` drops too),
 //! so one mock can stand behind several routes.
+//!
+//! A POST to a path ending in `/mcp` is a JSON-RPC message to a stateless
+//! MCP server over Streamable HTTP, answered as JSON: `initialize`, `ping`,
+//! `tools/list` (`create_task`, which commits an effect, and the read-only
+//! `count_tasks`), `tools/call`; a notification gets 202. After `/mcp/`
+//! comes a fault for `create_task`'s calls, as above: `/mcp/drop` commits
+//! and drops the connection, `/mcp/slow?ms=N` waits.
 //!
 //! `GET /_effects` answers `{"writes": n, "keys": m}`, m the distinct
 //! `Idempotency-Key`s writes were committed under: `writes == keys` means
@@ -132,6 +140,9 @@ async fn respond(
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    if let Some(fault) = mcp_fault(&path) {
+        return mcp::respond(&effects, request, key, fault, &query).await;
+    }
     if let Some((_, code)) = path.rsplit_once("/status/") {
         let status = code.parse().ok().and_then(|c| StatusCode::from_u16(c).ok());
         return Ok(match status {
@@ -164,16 +175,126 @@ async fn respond(
             Ok(response)
         }
         "slow" => {
-            let ms = query
-                .split('&')
-                .find_map(|pair| pair.strip_prefix("ms="))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            tokio::time::sleep(Duration::from_millis(ms).min(MAX_SLOW)).await;
+            tokio::time::sleep(slow(&query)).await;
             Ok(json_response(StatusCode::CREATED, created))
         }
         _ => Ok(json_response(StatusCode::CREATED, created)),
     }
+}
+
+/// The fault of an MCP endpoint's path (`""` for `/mcp` itself), or
+/// `None` when the path is no MCP endpoint.
+fn mcp_fault(path: &str) -> Option<&str> {
+    if path.ends_with("/mcp") {
+        return Some("");
+    }
+    let (endpoint, fault) = path.rsplit_once('/')?;
+    endpoint.ends_with("/mcp").then_some(fault)
+}
+
+/// What the mock's MCP server answers.
+mod mcp {
+    use super::*;
+    use http_body_util::{BodyExt, Limited};
+    use serde_json::Value;
+
+    /// The most a JSON-RPC message may hold here.
+    const MAX_MESSAGE: usize = 1 << 20;
+
+    pub(super) async fn respond(
+        effects: &Mutex<Effects>,
+        request: Request<Incoming>,
+        key: Option<String>,
+        fault: &str,
+        query: &str,
+    ) -> Result<Response<ProxyBody>, BoxError> {
+        let modern = request
+            .headers()
+            .get("mcp-protocol-version")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v >= "2026-07-28");
+        let body = Limited::new(request.into_body(), MAX_MESSAGE)
+            .collect()
+            .await?
+            .to_bytes();
+        let Ok(message) = serde_json::from_slice::<Value>(&body) else {
+            return Ok(error(
+                StatusCode::BAD_REQUEST,
+                Value::Null,
+                -32700,
+                "Parse error",
+            ));
+        };
+        let Some(id) = message.get("id").cloned() else {
+            // A notification, or a client's answer: taken.
+            let mut accepted = Response::new(full(Bytes::new()));
+            *accepted.status_mut() = StatusCode::ACCEPTED;
+            return Ok(accepted);
+        };
+        let method = message["method"].as_str().unwrap_or_default();
+        let mut result = match method {
+            "initialize" => json!({
+                "protocolVersion": message["params"]["protocolVersion"].as_str().unwrap_or("2025-11-25"),
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "idemgate-mock", "version": env!("CARGO_PKG_VERSION")},
+            }),
+            "ping" => json!({}),
+            "tools/list" => json!({"tools": [
+                {"name": "create_task", "description": "Create a task (not idempotent).",
+                 "inputSchema": {"type": "object", "properties": {"title": {"type": "string"}}},
+                 "annotations": {"readOnlyHint": false}},
+                {"name": "count_tasks", "description": "How many tasks exist.",
+                 "inputSchema": {"type": "object"},
+                 "annotations": {"readOnlyHint": true}},
+            ]}),
+            "tools/call" => match message["params"]["name"].as_str() {
+                Some("create_task") => {
+                    let id = commit(effects, key);
+                    match fault {
+                        "drop" => return Err("dropped after commit".into()),
+                        "hang" => std::future::pending().await,
+                        "slow" => tokio::time::sleep(slow(query)).await,
+                        _ => {}
+                    }
+                    text(&format!("created task {id}"))
+                }
+                Some("count_tasks") => {
+                    let writes = effects.lock().map_or(0, |e| e.writes);
+                    text(&format!("{writes} tasks"))
+                }
+                _ => return Ok(error(StatusCode::OK, id, -32602, "Unknown tool")),
+            },
+            _ => return Ok(error(StatusCode::NOT_FOUND, id, -32601, "Method not found")),
+        };
+        if modern {
+            result["resultType"] = Value::from("complete");
+        }
+        Ok(json_response(
+            StatusCode::OK,
+            json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        ))
+    }
+
+    fn text(text: &str) -> Value {
+        json!({"content": [{"type": "text", "text": text}], "isError": false})
+    }
+
+    fn error(status: StatusCode, id: Value, code: i64, message: &str) -> Response<ProxyBody> {
+        json_response(
+            status,
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
+        )
+    }
+}
+
+/// `/slow`'s wait: `ms=N` from the query, at most [`MAX_SLOW`].
+fn slow(query: &str) -> Duration {
+    let ms = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("ms="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Duration::from_millis(ms).min(MAX_SLOW)
 }
 
 fn commit(effects: &Mutex<Effects>, key: Option<String>) -> u64 {

@@ -81,6 +81,7 @@ impl Attempt {
             &self.request,
             &self.permit,
             &self.shared.metrics,
+            self.call.as_ref().and_then(mcp::cancel::Pending::events),
         );
         let exchange = async {
             let sent = match &self.active.drill {

@@ -37,6 +37,7 @@ use crate::pipeline::budget::Reservation;
 use crate::pipeline::connector::{FenceDown, UpstreamConnector};
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::pool::{self, Pool, PooledBody, SendError};
+use crate::pipeline::sse;
 use crate::store::{Fence, Permit};
 use crate::tls::TlsError;
 use crate::traces;
@@ -424,12 +425,16 @@ pub struct Sent {
 /// holding (`pool`'s connector), or nothing is written.
 /// On `upstream_timeout` the exchange is not dropped: [`Sent::late`] goes on
 /// listening, for the caller to bound by `late_window`.
+/// With `answer`, a response that is an event stream is read event by
+/// event ([`read_events`]): its answer kept, the rest handed over as it
+/// comes.
 pub async fn send_write(
     pool: &Arc<Pool>,
     route: &Arc<Route>,
     request: &WriteRequest,
     permit: &Permit,
     metrics: &Metrics,
+    mut answer: Option<Box<dyn EventAnswer>>,
 ) -> Sent {
     let mut tries = 0;
     loop {
@@ -448,9 +453,10 @@ pub async fn send_write(
         let (exchange, late) = match timeout_at(deadline, pending.as_mut()).await {
             Err(_) => {
                 let route = route.clone();
+                let answer = answer.take();
                 let late: Late = Box::pin(async move {
                     match pending.await {
-                        Ok(response) => read_response(response, &route, None).await.0,
+                        Ok(response) => read_response(response, &route, None, answer).await.0,
                         Err(e) => lost(LostCause::Broken, error_chain(&e)),
                     }
                 });
@@ -459,7 +465,7 @@ pub async fn send_write(
                     Some(late),
                 )
             }
-            Ok(Ok(response)) => read_response(response, route, Some(deadline)).await,
+            Ok(Ok(response)) => read_response(response, route, Some(deadline), answer.take()).await,
             Ok(Err(e)) if fenced_off(&e) => return fenced,
             Ok(Err(e)) if not_written(&e) && tries <= route.connect_retries => {
                 traces::connect_retry(tries, || error_chain(&e));
@@ -544,6 +550,25 @@ fn handshake_refused(error: &(dyn std::error::Error + 'static)) -> bool {
         })
 }
 
+/// The next frame of `body`, by `deadline` if any (`Err` past it).
+async fn next_frame(
+    body: &mut PooledBody,
+    deadline: Option<Instant>,
+) -> Result<
+    Option<Result<http_body::Frame<Bytes>, <PooledBody as http_body::Body>::Error>>,
+    tokio::time::error::Elapsed,
+> {
+    match deadline {
+        Some(deadline) => timeout_at(deadline, body.frame()).await,
+        None => Ok(body.frame().await),
+    }
+}
+
+/// An answer larger than a route stores: what was read, and the rest.
+fn oversized(head: http::response::Parts, prefix: Bytes, rest: PooledBody) -> Exchange {
+    Exchange::Oversized { head, prefix, rest }
+}
+
 fn lost(cause: LostCause, reason: String) -> Exchange {
     Exchange::Lost { cause, reason }
 }
@@ -554,6 +579,7 @@ async fn read_response(
     response: Response<PooledBody>,
     route: &Arc<Route>,
     deadline: Option<Instant>,
+    answer: Option<Box<dyn EventAnswer>>,
 ) -> (Exchange, Option<Late>) {
     {
         let (mut head, body) = response.into_parts();
@@ -577,6 +603,14 @@ async fn read_response(
         if route.unknown_statuses.contains(&status) {
             return (Exchange::Classified { head, body }, None);
         }
+        let streamed = head
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.trim_start().starts_with("text/event-stream"));
+        if let (Some(answer), true) = (answer, streamed) {
+            return read_events(head, body, route, deadline, answer, sse::Events::default()).await;
+        }
         let declared = head
             .headers
             .get(header::CONTENT_LENGTH)
@@ -594,6 +628,67 @@ async fn read_response(
         }
         read_body(head, BytesMut::new(), body, route, deadline).await
     }
+}
+
+/// What reads an event stream for a write's answer (an MCP tool call's
+/// JSON-RPC response among the server's notifications and requests).
+pub trait EventAnswer: Send + 'static {
+    /// Takes one complete `event`, as sent: `Some` when it is the answer
+    /// (to keep), `None` when it is not (the taker relays it).
+    fn take(&mut self, event: Bytes) -> Option<Bytes>;
+}
+
+/// Reads an event stream by `deadline` until the event `answer` keeps: a
+/// `Complete` exchange whose body is that event. A stream that ends
+/// first completes empty (no answer in it); one that times out comes back
+/// `Lost` with its continuation; an event growing past
+/// `max_stored_response` is `Oversized`, the rest streamed on. Boxed: its
+/// continuation is itself.
+fn read_events(
+    head: http::response::Parts,
+    mut body: PooledBody,
+    route: &Arc<Route>,
+    deadline: Option<Instant>,
+    mut answer: Box<dyn EventAnswer>,
+    mut events: sse::Events,
+) -> Pin<Box<dyn Future<Output = (Exchange, Option<Late>)> + Send + '_>> {
+    Box::pin(async move {
+        loop {
+            let next = next_frame(&mut body, deadline).await;
+            let frame = match next {
+                Err(_) => {
+                    let route = route.clone();
+                    let late: Late = Box::pin(async move {
+                        read_events(head, body, &route, None, answer, events)
+                            .await
+                            .0
+                    });
+                    let reason = "no answer in the event stream in time".to_string();
+                    return (lost(LostCause::Timeout, reason), Some(late));
+                }
+                Ok(None) => {
+                    let body = Bytes::new();
+                    return (Exchange::Complete { head, body }, None);
+                }
+                Ok(Some(Err(e))) => {
+                    let reason = format!("event stream cut: {}", error_chain(&e));
+                    return (lost(LostCause::Broken, reason), None);
+                }
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            for event in events.push(&data) {
+                if let Some(kept) = answer.take(event) {
+                    return (Exchange::Complete { head, body: kept }, None);
+                }
+            }
+            if events.pending() > route.max_stored_response {
+                return (oversized(head, events.into_pending(), body), None);
+            }
+        }
+    })
 }
 
 /// A release status's body, read whole by `deadline` and within
@@ -630,10 +725,7 @@ fn read_body(
 ) -> Pin<Box<dyn Future<Output = (Exchange, Option<Late>)> + Send + '_>> {
     Box::pin(async move {
         loop {
-            let next = match deadline {
-                Some(deadline) => timeout_at(deadline, body.frame()).await,
-                None => Ok(body.frame().await),
-            };
+            let next = next_frame(&mut body, deadline).await;
             match next {
                 Err(_) => {
                     let reason = format!("response body incomplete after {} bytes", buffer.len());
@@ -665,15 +757,7 @@ fn read_body(
                     if let Ok(data) = frame.into_data() {
                         buffer.extend_from_slice(&data);
                         if buffer.len() > route.max_stored_response {
-                            let prefix = buffer.freeze();
-                            return (
-                                Exchange::Oversized {
-                                    head,
-                                    prefix,
-                                    rest: body,
-                                },
-                                None,
-                            );
+                            return (oversized(head, buffer.freeze(), body), None);
                         }
                     }
                 }

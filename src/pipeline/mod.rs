@@ -49,6 +49,7 @@ pub mod reconcile;
 pub mod record;
 pub mod replay;
 pub mod route;
+pub mod sse;
 pub mod status;
 pub mod wire;
 
@@ -404,9 +405,7 @@ impl Proxy {
         match mcp::call::classify(&parts.headers, &body, &tools, &active.learned) {
             mcp::call::Classified::Refused(refusal) => mcp::answer::refused(refusal),
             mcp::call::Classified::Protected(call) => {
-                let write = self.mcp_write(active, parts, (body, reservation), peer, &call);
-                let answered = Box::pin(write).await;
-                mcp::answer::finish(answered, &call).await
+                Box::pin(self.mcp_call(active, parts, (body, reservation), peer, call)).await
             }
             mcp::call::Classified::PassThrough { listing } => {
                 drop(reservation);
@@ -448,6 +447,49 @@ impl Proxy {
         response
     }
 
+    /// A protected tool call, answered as JSON-RPC. When the client takes
+    /// an event stream and the server sends something before its response
+    /// (progress, a request the client must answer), the answer is
+    /// streamed from that first event on ([`mcp::relay`]), its response
+    /// last, once recorded.
+    async fn mcp_call(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        parts: request::Parts,
+        body: (Bytes, Reservation),
+        peer: Peer,
+        call: mcp::call::Call,
+    ) -> Response<ProxyBody> {
+        let (relay, relayed) = match call.accepts_stream {
+            true => {
+                let (relay, relayed) = mcp::relay::Relay::new(active.route.max_stored_response);
+                (Some(relay), Some(relayed))
+            }
+            false => (None, None),
+        };
+        let (this, route, called) = (self.clone(), active.clone(), call.clone());
+        let mut write = Box::pin(async move {
+            this.mcp_write(&route, parts, body, peer, &called, relay)
+                .await
+        });
+        let Some(mut relayed) = relayed else {
+            return mcp::answer::finish(write.await, &call).await;
+        };
+        // Whatever is relayed is sent before the response is recorded: if
+        // both are ready, the relayed event is first.
+        let first = tokio::select! {
+            biased;
+            Some(first) = relayed.recv() => first,
+            answered = &mut write => return mcp::answer::finish(answered, &call).await,
+        };
+        let (tail, tail_rx) = oneshot::channel();
+        self.tasks.spawn(async move {
+            let answered = write.await;
+            drop(tail.send(mcp::answer::finish_streamed(answered, &call).await));
+        });
+        mcp::answer::streamed(mcp::relay::Streamed::new(first, relayed, tail_rx))
+    }
+
     /// A protected tool call as a write: its scope, key and fingerprint
     /// ([`mcp::identity`]), then the write phases as for any route.
     async fn mcp_write(
@@ -457,6 +499,7 @@ impl Proxy {
         body: (Bytes, Reservation),
         peer: Peer,
         call: &mcp::call::Call,
+        relay: Option<mcp::relay::Relay>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let route = &active.route;
         let scope = self.scope_of(route, &parts)?;
@@ -472,7 +515,7 @@ impl Proxy {
             parts,
             body,
             peer,
-            call: Some(active.calls.track(&parts_headers, &call.id)),
+            call: Some(active.calls.track(&parts_headers, &call.id, relay)),
         };
         self.write_keyed(active, keyed).await
     }

@@ -123,6 +123,14 @@ async fn gateway(server: &McpServer) -> TestGateway {
     spawn_gateway_with(setup).await
 }
 
+/// A server in a directory of its own and a gateway in front of it.
+async fn started() -> (tempfile::TempDir, McpServer, TestGateway) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = McpServer::start(dir.path()).await;
+    let gw = gateway(&server).await;
+    (dir, server, gw)
+}
+
 /// Which SDK client, speaking which revision.
 #[derive(Clone, Copy, Debug)]
 enum Client {
@@ -147,6 +155,18 @@ async fn call(
     times: u32,
     extra: &[&str],
 ) -> Vec<Value> {
+    call_seen(client, gw, tool, args, times, extra).await.0
+}
+
+/// Like [`call`], with what the client printed on stderr (its progress).
+async fn call_seen(
+    client: Client,
+    gw: &TestGateway,
+    tool: &str,
+    args: &Value,
+    times: u32,
+    extra: &[&str],
+) -> (Vec<Value>, String) {
     let url = format!("http://{}/mcp", gw.addr());
     let mut cmd = match client {
         Client::TypeScript => {
@@ -184,7 +204,7 @@ async fn call(
         "{client:?} printed nothing; stderr:\n{stderr}"
     );
     eprintln!("{client:?}: {lines:?}");
-    lines
+    (lines, stderr)
 }
 
 fn replayed(line: &Value) -> bool {
@@ -206,9 +226,7 @@ fn strs(args: &[String]) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs tests/clients/mcp installed (.ci/run)"]
 async fn a_retried_call_runs_once_and_is_replayed_under_its_new_id() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = McpServer::start(dir.path()).await;
-    let gw = gateway(&server).await;
+    let (_dir, server, gw) = started().await;
     for client in CLIENTS {
         let title = format!("retried-{client:?}");
         let args = json!({ "title": title });
@@ -231,9 +249,7 @@ async fn a_retried_call_runs_once_and_is_replayed_under_its_new_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs tests/clients/mcp installed (.ci/run)"]
 async fn a_key_reused_with_other_arguments_is_not_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = McpServer::start(dir.path()).await;
-    let gw = gateway(&server).await;
+    let (_dir, server, gw) = started().await;
     for client in [Client::Python, Client::PythonModern] {
         let key = key(&format!("reused-{client:?}"));
         let first = json!({ "title": format!("first-{client:?}") });
@@ -252,9 +268,7 @@ async fn a_key_reused_with_other_arguments_is_not_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs tests/clients/mcp installed (.ci/run)"]
 async fn keyless_identical_calls_run_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = McpServer::start(dir.path()).await;
-    let gw = gateway(&server).await;
+    let (_dir, server, gw) = started().await;
     for client in CLIENTS {
         let title = format!("keyless-{client:?}");
         let args = json!({ "title": title });
@@ -275,9 +289,7 @@ async fn keyless_identical_calls_run_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs tests/clients/mcp installed (.ci/run)"]
 async fn a_read_only_tool_runs_every_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = McpServer::start(dir.path()).await;
-    let gw = gateway(&server).await;
+    let (_dir, _server, gw) = started().await;
     // The server's tools/list says list_tasks is read-only, and the
     // gateway reads it on the way.
     let list = ["--list-first"];
@@ -301,9 +313,7 @@ async fn a_read_only_tool_runs_every_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs tests/clients/mcp installed (.ci/run)"]
 async fn a_client_that_times_out_and_retries_gets_the_one_real_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = McpServer::start(dir.path()).await;
-    let gw = gateway(&server).await;
+    let (_dir, server, gw) = started().await;
     for client in CLIENTS {
         let title = format!("slow-{client:?}");
         let args = json!({ "title": title, "ms": 1500 });
@@ -316,6 +326,47 @@ async fn a_client_that_times_out_and_retries_gets_the_one_real_result() {
         assert_eq!(retried[0]["isError"], false, "{retried:?}");
         assert!(text(&retried[0]).starts_with("created task"), "{retried:?}");
         assert_eq!(server.executions("slow_create", &title), 1, "{client:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn a_server_that_asks_the_client_mid_call_is_answered_through_the_gateway() {
+    let (_dir, server, gw) = started().await;
+    // Under 2025-11-25 the server's elicitation request comes on the
+    // call's own event stream, and the tool waits for the client's
+    // answer: held back until the call's response, it never would.
+    let args = json!({ "title": "confirmed" });
+    let confirm = ["--confirm"];
+    let answers = call(Client::Python, &gw, "confirm_create", &args, 2, &confirm).await;
+    assert_eq!(text(&answers[0]), text(&answers[1]), "{answers:?}");
+    assert!(text(&answers[0]).starts_with("created task"), "{answers:?}");
+    assert!(
+        !replayed(&answers[0]) && replayed(&answers[1]),
+        "{answers:?}"
+    );
+    assert_eq!(server.executions("confirm_create", "confirmed"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn progress_is_relayed_and_never_replayed() {
+    let (_dir, server, gw) = started().await;
+    for client in [Client::Python, Client::PythonModern] {
+        let title = format!("progress-{client:?}");
+        let args = json!({ "title": title, "ms": 300 });
+        let flags = ["--progress", "--times", "1"];
+        let (first, progress) = call_seen(client, &gw, "slow_create", &args, 1, &flags).await;
+        assert!(
+            progress.contains("progress 0.0/300.0 started"),
+            "{client:?}: {progress}"
+        );
+        assert!(progress.contains("progress 300.0/300.0 done"), "{progress}");
+        let (again, replay_progress) =
+            call_seen(client, &gw, "slow_create", &args, 1, &flags).await;
+        assert!(replayed(&again[0]) && !replayed(&first[0]));
+        assert!(!replay_progress.contains("progress "), "{replay_progress}");
+        assert_eq!(server.executions("slow_create", &title), 1);
     }
 }
 

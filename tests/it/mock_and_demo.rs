@@ -8,7 +8,8 @@
 //! commits and cuts its body short; `/status/{code}` answers `code` without
 //! committing; `/once-429/…` refuses the first write per key (429,
 //! uncommitted); `GET /_effects` counts writes, `GET /_effects/{key}` finds
-//! the write committed under a key.
+//! the write committed under a key; `/mcp` answers JSON-RPC as a small MCP
+//! server whose `create_task` commits, `/mcp/drop` committing and closing.
 //!
 //! No in-process gateway restarts here: this binary spawns children.
 
@@ -208,6 +209,33 @@ async fn mock_binary_behind_a_gateway_holds_a_dropped_write() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mock_mcp_endpoint_answers_json_rpc_and_commits_tool_calls() {
+    let mock = start_mock().await;
+    let addr = mock.addr();
+    let rpc = |path: &'static str, body: &'static str| async move {
+        let headers = [("content-type", "application/json")];
+        try_send(addr, "POST", path, &headers, body, WAIT).await
+    };
+    let listed = rpc("/mcp", r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+        .await
+        .expect("answered");
+    assert_eq!(
+        listed.json()["result"]["tools"][1]["annotations"]["readOnlyHint"],
+        true
+    );
+    let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    assert_eq!(rpc("/mcp", note).await.expect("answered").status, 202);
+    let call = r#"{"jsonrpc":"2.0","id":"c1","method":"tools/call","params":{"name":"create_task","arguments":{}}}"#;
+    let called = rpc("/agent/mcp", call).await.expect("answered").json();
+    assert_eq!(called["id"], "c1");
+    assert_eq!(called["result"]["content"][0]["text"], "created task 1");
+    assert!(rpc("/agent/mcp/drop", call).await.is_err(), "dropped");
+    assert_eq!(effects(mock.addr()).await, 2, "both calls committed");
+    let unknown = rpc("/mcp", r#"{"jsonrpc":"2.0","id":2,"method":"nope"}"#).await;
+    assert_eq!(unknown.expect("answered").json()["error"]["code"], -32601);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_tells_its_tour_and_exits_0() {
     let mut demo = binary();
     demo.arg("demo");
@@ -219,6 +247,10 @@ async fn demo_tells_its_tour_and_exits_0() {
         "demo exited {status}\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
     assert!(stdout.contains("writes at the API: 4"), "stdout:\n{stdout}");
+    assert!(
+        stdout.contains(r#"id 3: "created task 6" (dev.idemgate/replayed: true)"#),
+        "the agent's act: {stdout}"
+    );
     let last = stdout
         .lines()
         .rev()

@@ -28,7 +28,7 @@ use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::mcp::call::{Call, Refusal};
 use crate::pipeline::mcp::outcome::{Message, Relayed};
-use crate::pipeline::mcp::sse;
+use crate::pipeline::sse;
 use crate::profile::Profile;
 
 /// The `_meta` keys of the gateway's own.
@@ -97,6 +97,33 @@ pub async fn finish(
     let relayed = parts.extensions.remove::<Relayed>().unwrap_or_default();
     parts.headers.remove(CONTENT_LENGTH);
     render(parts, &message, &relayed.0, call)
+}
+
+/// The tail of an answer already streaming ([`super::relay::Streamed`]):
+/// the answer as its last event, or the rest of one too large to store.
+pub async fn finish_streamed(
+    answered: Result<Response<ProxyBody>, ProxyError>,
+    call: &Call,
+) -> ProxyBody {
+    let streaming = Call {
+        accepts_json: false,
+        accepts_stream: true,
+        ..call.clone()
+    };
+    finish(answered, &streaming).await.into_body()
+}
+
+/// The answer to a call whose server relays events before its response:
+/// an event stream, from the first relayed event on.
+pub fn streamed(body: super::relay::Streamed) -> Response<ProxyBody> {
+    let mut response = Response::new(crate::body::stream(body));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Its outcome is recorded after this head is sent: the log and the
+    // request counters see it as the first answer it mostly is.
+    response.extensions_mut().insert(Outcome::forwarded);
+    response
 }
 
 /// HTTP 400 with the JSON-RPC error a request refused before it was

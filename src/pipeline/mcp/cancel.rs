@@ -29,6 +29,9 @@ use http::HeaderMap;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+use crate::pipeline::forward::EventAnswer;
+use crate::pipeline::mcp::relay::{CallEvents, Relay};
+
 /// Protected calls in flight on a route, by session and request id.
 #[derive(Debug, Default)]
 pub struct InFlightCalls {
@@ -54,21 +57,42 @@ impl Drop for Tracked {
     }
 }
 
-/// A protected call on its way: its request id, and its place in flight.
+/// A protected call on its way: its request id, where what its server
+/// sends before the response is relayed (when the client takes an event
+/// stream), and its place in flight.
 #[derive(Debug)]
 pub struct Pending {
     pub id: Value,
+    relay: Option<Relay>,
     _tracked: Tracked,
+}
+
+impl Pending {
+    /// How the call's answer is read when it is an event stream: for its
+    /// response, the rest relayed.
+    pub fn events(&self) -> Option<Box<dyn EventAnswer>> {
+        let relay = self.relay.clone()?;
+        Some(Box::new(CallEvents {
+            id: self.id.clone(),
+            relay,
+        }))
+    }
 }
 
 impl InFlightCalls {
     /// Counts the call `id` of the request with `headers` in flight, for as
     /// long as the returned [`Pending`] lives.
-    pub fn track(self: &Arc<Self>, headers: &HeaderMap, id: &Value) -> Pending {
+    pub fn track(
+        self: &Arc<Self>,
+        headers: &HeaderMap,
+        id: &Value,
+        relay: Option<Relay>,
+    ) -> Pending {
         let key = (session(headers), id.to_string());
         *self.calls.entry(key.clone()).or_default() += 1;
         Pending {
             id: id.clone(),
+            relay,
             _tracked: Tracked {
                 calls: self.clone(),
                 key,
@@ -143,8 +167,8 @@ mod tests {
         let calls = Arc::new(InFlightCalls::default());
         let (a, b) = (in_session("a"), in_session("b"));
         assert!(!calls.absorbs(&a, CANCEL_7));
-        let first = calls.track(&a, &Value::from(7));
-        let again = calls.track(&a, &Value::from(7));
+        let first = calls.track(&a, &Value::from(7), None);
+        let again = calls.track(&a, &Value::from(7), None);
         assert!(calls.absorbs(&a, CANCEL_7));
         // Another session's request 7, or request "7", is another call.
         assert!(!calls.absorbs(&b, CANCEL_7));

@@ -28,5 +28,5 @@ pub mod call;
 pub mod cancel;
 pub mod identity;
 pub mod outcome;
-pub mod sse;
+pub mod relay;
 pub mod tools;

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::pipeline::forward::{Exchange, LostCause};
 use crate::pipeline::mcp::call::code;
-use crate::pipeline::mcp::sse;
+use crate::pipeline::sse;
 
 /// The 2025-11-25 revision's session header.
 const SESSION: &str = "mcp-session-id";

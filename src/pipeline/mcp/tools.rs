@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::body::{Prefixed, ProxyBody, full, stream};
 use crate::config::Route;
-use crate::pipeline::mcp::sse;
+use crate::pipeline::sse;
 
 /// The tools whose latest listing said `readOnlyHint: true`.
 #[derive(Debug, Default)]

@@ -3,7 +3,7 @@ a `ClientSession` over the SDK's Streamable HTTP client transport.
 
     python client.py --url http://127.0.0.1:PORT/mcp --tool create_task --args '{"title":"a"}' \
         [--times N] [--header 'Idempotency-Key: k1' ...] [--timeout SECONDS] \
-        [--mode auto|legacy|2026-07-28] [--list-first] [--progress]
+        [--mode auto|legacy|2026-07-28] [--list-first] [--progress] [--confirm]
 
 --mode picks how the session negotiates, as the SDK's own `Client(mode=...)` does:
   auto        (the SDK default) `server/discover` at 2026-07-28, falling back to the
@@ -53,6 +53,7 @@ def _parse_args() -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=None, help="read timeout per call, seconds")
     p.add_argument("--mode", default="auto", help="auto (default), legacy, or 2026-07-28")
     p.add_argument("--list-first", action="store_true", help="send tools/list before the calls")
+    p.add_argument("--confirm", action="store_true", help="accept every elicitation with {confirm: true}")
     p.add_argument(
         "--progress",
         action="store_true",
@@ -89,6 +90,12 @@ def _error_report(exc: BaseException) -> dict[str, Any]:
     return {"error": str(exc) or repr(exc), "code": None, "kind": type(exc).__name__}
 
 
+async def _confirm(_context: Any, _params: Any) -> Any:
+    import mcp_types
+
+    return mcp_types.ElicitResult(action="accept", content={"confirm": True})
+
+
 async def _print_progress(progress: float, total: float | None, message: str | None) -> None:
     print(f"progress {progress}/{total} {message or ''}", file=sys.stderr)
 
@@ -122,7 +129,10 @@ async def _run(ns: argparse.Namespace) -> int:
     failures = 0
     async with http_client, streamable_http_client(ns.url, http_client=http_client) as (read, write):
         async with ClientSession(
-            read, write, client_info=Implementation(name="idemgate-mcp-python-client", version="1.0.0")
+            read,
+            write,
+            client_info=Implementation(name="idemgate-mcp-python-client", version="1.0.0"),
+            elicitation_callback=_confirm if ns.confirm else None,
         ) as session:
             await _negotiate(session, ns.mode)
             print(f"negotiated protocol version {session.protocol_version}", file=sys.stderr)

@@ -18,6 +18,8 @@ Tools:
   slow_create(title, ms)    sleeps ms (reporting progress if the client asked for it),
                             then records an effect like create_task
   die_after_effect(title)   records the effect, then os._exit(17) before answering
+  confirm_create(title)     asks the client to confirm (elicitation), then records an
+                            effect like create_task
   list_tasks()              readOnlyHint=true; returns the titles recorded so far
 
 The SDK answers both protocol eras on the same endpoint: 2025-11-25 and older
@@ -41,6 +43,7 @@ import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -129,6 +132,20 @@ def die_after_effect(title: str) -> str:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(17)
+
+
+class Confirmation(BaseModel):
+    confirm: bool
+
+
+@mcp.tool(annotations=NON_IDEMPOTENT, structured_output=False)
+async def confirm_create(title: str, ctx: Context) -> str:
+    """Ask the client to confirm, then create a task like create_task."""
+    answer = await ctx.elicit(message=f"Create task {title!r}?", schema=Confirmation)
+    if answer.action != "accept" or not answer.data.confirm:
+        return "not created"
+    n = _record_effect("confirm_create", {"title": title})
+    return f"created task {n}"
 
 
 @mcp.tool(

@@ -1,0 +1,147 @@
+//! Server-sent events (the HTML Living Standard's event stream format), as
+//! MCP servers answer over Streamable HTTP: the events of a stream as they
+//! arrive ([`Events`]), the `data` of each, and events written back.
+//!
+//! Invariant: an event is complete only once a blank line ends it; what
+//! comes after the last blank line of a stream that ended (a cut stream)
+//! is no event.
+
+use bytes::{Bytes, BytesMut};
+
+/// A stream's complete events as its bytes arrive.
+#[derive(Debug, Default)]
+pub struct Events {
+    pending: BytesMut,
+}
+
+impl Events {
+    /// Takes `bytes` of the stream; returns the events they complete, each
+    /// as sent, its ending blank line included.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<Bytes> {
+        self.pending.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some(end) = event_end(&self.pending) {
+            events.push(self.pending.split_to(end).freeze());
+        }
+        events
+    }
+
+    /// How many bytes of an event not yet complete it holds.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The bytes of an event not yet complete.
+    pub fn into_pending(self) -> Bytes {
+        self.pending.freeze()
+    }
+}
+
+/// Where the first event in `bytes` ends (after its blank line): the
+/// first line end followed at once by another (`\n\n`, `\r\n\r\n`,
+/// `\r\r`, or mixed).
+fn event_end(bytes: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    let mut previous_was_line_end = false;
+    while i < bytes.len() {
+        let line_end = match bytes[i] {
+            b'\r' if bytes.get(i + 1) == Some(&b'\n') => 2,
+            // A lone CR at the very end may be half of a CRLF still
+            // coming, unless it ends the blank line anyway.
+            b'\r' if i + 1 == bytes.len() && !previous_was_line_end => return None,
+            b'\r' | b'\n' => 1,
+            _ => 0,
+        };
+        if line_end == 0 {
+            previous_was_line_end = false;
+            i += 1;
+            continue;
+        }
+        i += line_end;
+        if previous_was_line_end {
+            return Some(i);
+        }
+        previous_was_line_end = true;
+    }
+    None
+}
+
+/// The data of each complete event in `stream`, in order: its `data`
+/// lines joined by `\n`. Comments, `event`, `id` and `retry` lines, and
+/// events without data, carry none.
+pub fn messages(stream: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(stream);
+    let mut events = Vec::new();
+    let mut data: Option<String> = None;
+    // Lines end in CRLF, LF or CR; a trailing piece without an end is cut.
+    let normalized = text.replace("\r\n", "\n").replace('\r', "\n");
+    let mut lines: Vec<&str> = normalized.split('\n').collect();
+    // The text after the last line end is no complete line.
+    lines.pop();
+    for line in lines {
+        if line.is_empty() {
+            if let Some(event) = data.take() {
+                events.push(event);
+            }
+            continue;
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        if field == "data" {
+            match &mut data {
+                Some(joined) => {
+                    joined.push('\n');
+                    joined.push_str(value);
+                }
+                None => data = Some(value.to_string()),
+            }
+        }
+    }
+    events
+}
+
+/// One event carrying `data` (a JSON text: it holds no line end).
+pub fn event(data: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(data.len() + 24);
+    out.extend_from_slice(b"event: message\ndata: ");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_read_whatever_their_line_ends() {
+        let stream = b": keep-alive\r\n\r\nevent: message\r\ndata: {\"a\":1}\r\n\r\nid: 7\ndata: x\ndata: y\n\nretry: 5\n\ndata: cut";
+        assert_eq!(messages(stream), vec!["{\"a\":1}", "x\ny"]);
+        assert_eq!(messages(b"data:{}\r\r"), vec!["{}"]);
+    }
+
+    #[test]
+    fn events_complete_as_their_bytes_arrive() {
+        let mut events = Events::default();
+        assert!(events.push(b"event: message\r\ndata: {\"a\"").is_empty());
+        // A lone CR may be half a CRLF, unless the line before it ended.
+        assert!(events.push(b":1}\r").is_empty(), "half a CRLF");
+        let first = events.push(b"\n\r");
+        assert_eq!(first.len(), 1);
+        assert_eq!(messages(&first[0]), vec!["{\"a\":1}"]);
+        // The LF after that CR is an empty line of its own: no event.
+        let second = events.push(b"\ndata: b\n\ndata: c");
+        assert_eq!(second.len(), 1);
+        assert_eq!(messages(&second[0]), vec!["b"]);
+        assert_eq!(events.pending(), b"data: c".len());
+        assert_eq!(
+            events.push(b"\r\r"),
+            vec![Bytes::from_static(b"data: c\r\r")]
+        );
+    }
+
+    #[test]
+    fn a_written_event_reads_back() {
+        assert_eq!(messages(&event(b"{\"id\":1}")), vec!["{\"id\":1}"]);
+    }
+}
