@@ -67,6 +67,12 @@ impl<W: Write> Tour<W> {
         Ok(self.client.admin(method, path, body).await?)
     }
 
+    /// An operator's resolution of operation `id`.
+    async fn resolve(&mut self, id: &str, resolution: &str) -> Result<Answer, DemoError> {
+        let path = format!("/admin/keys/{id}/resolve");
+        self.admin(Method::POST, &path, resolution).await
+    }
+
     fn say(&mut self, text: &str) -> Result<(), DemoError> {
         writeln!(self.out, "{text}")?;
         Ok(())
@@ -311,13 +317,7 @@ async fn resolved_by_an_operator<W: Write>(t: &mut Tour<W>) -> Result<(), DemoEr
         "   GET /admin/keys?state=unknown → {id} (key demo-3)"
     ))?;
     let resolution = r#"{"outcome":"completed","operator":"demo-operator","reference":"task 4 exists at the API"}"#;
-    let resolved = t
-        .admin(
-            Method::POST,
-            &format!("/admin/keys/{id}/resolve"),
-            resolution,
-        )
-        .await?;
+    let resolved = t.resolve(&id, resolution).await?;
     t.say(&format!(
         "   POST /admin/keys/{id}/resolve {resolution} → {}",
         resolved.status.as_u16()
@@ -362,13 +362,7 @@ async fn agent_tool_call<W: Write>(t: &mut Tour<W>) -> Result<(), DemoError> {
     t.say("   The agent reads a tool result, not an error to retry: \"This action may already\n   have happened … Do not call it again, not with another idempotency key nor\n   with other wording\". Nothing was sent again.")?;
     let resolution = r#"{"outcome":"completed","operator":"demo-operator","result":{"content":[{"type":"text","text":"created task 6"}],"isError":false}}"#;
     let id = lost.operation.clone();
-    let resolved = t
-        .admin(
-            Method::POST,
-            &format!("/admin/keys/{id}/resolve"),
-            resolution,
-        )
-        .await?;
+    let resolved = t.resolve(&id, resolution).await?;
     t.say(&format!(
         "   An operator checks the API and resolves it with the tool result:\n   POST /admin/keys/{id}/resolve → {}",
         resolved.status.as_u16()
