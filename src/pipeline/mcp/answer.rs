@@ -176,7 +176,9 @@ fn add_meta<'a>(
 
 /// `message` as the client takes it: an event stream, after the relayed
 /// notifications, when it takes one and there are some to relay (or it
-/// takes nothing else); JSON otherwise.
+/// takes nothing else); JSON otherwise. The status is `parts`' own: 200
+/// for a result, the upstream's for a refusal it answered (a 400 with
+/// `-32602`).
 fn render(
     mut parts: http::response::Parts,
     message: &Value,
@@ -203,7 +205,6 @@ fn render(
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         Bytes::from(text)
     };
-    parts.status = StatusCode::OK;
     Response::from_parts(parts, full(body))
 }
 
@@ -226,6 +227,9 @@ async fn problem(error: ProxyError, call: &Call) -> Response<ProxyBody> {
     let detail = problem["detail"].as_str().unwrap_or_default();
     let operation = problem["operation_id"].as_str();
     let message = own_result(call, name, detail, operation, problem["state"].as_str());
+    let mut parts = parts;
+    // A tool result, whatever the problem's own status.
+    parts.status = StatusCode::OK;
     render(parts, &message, &[], call)
 }
 
@@ -292,5 +296,110 @@ fn guidance(name: &str, detail: &str, operation: Option<&str>) -> String {
              needs its own arguments."
         ),
         _ => format!("The gateway did not make this call: {detail}."),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operation::State;
+    use crate::pipeline::error::OperationRef;
+    use crate::pipeline::replay;
+
+    fn call(modern: bool) -> Call {
+        Call {
+            id: Value::from("req-9"),
+            tool: "create_task".into(),
+            meta_key: None,
+            modern,
+            accepts_json: true,
+            accepts_stream: true,
+        }
+    }
+
+    async fn json_of(response: Response<ProxyBody>) -> (StatusCode, Value) {
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    fn stored(body: &str) -> crate::operation::StoredResponse {
+        crate::operation::StoredResponse {
+            status: 200,
+            headers: vec![("content-type".into(), b"application/json".to_vec())],
+            body: Some(body.as_bytes().to_vec()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replay_answers_under_the_new_id_with_the_marker() {
+        let response = replay::respond(&stored(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}"#,
+        ));
+        for modern in [false, true] {
+            let replayed = replay::respond(&stored(
+                r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}"#,
+            ));
+            let (status, message) = json_of(finish(Ok(replayed), &call(modern)).await).await;
+            assert_eq!(status, 200);
+            assert_eq!(message["id"], "req-9");
+            assert_eq!(message["result"]["_meta"][meta::REPLAYED], true);
+            let result_type = message["result"].get("resultType");
+            assert_eq!(result_type.is_some(), modern, "{message}");
+        }
+        assert_eq!(response.headers()[replay::IDEMPOTENT_REPLAYED], "true");
+    }
+
+    #[tokio::test]
+    async fn the_gateways_own_answers_are_tool_results() {
+        let held = ProxyError::OutcomeUnknown {
+            operation: OperationRef {
+                id: "op-1".into(),
+                state: State::Unknown,
+            },
+            since: crate::problem::UnknownSince::Earlier,
+            detail: "held".into(),
+        };
+        let (status, message) = json_of(finish(Err(held), &call(true)).await).await;
+        assert_eq!(status, 200, "a tool result, not the problem's 409");
+        let result = &message["result"];
+        assert_eq!(result["isError"], true);
+        assert_eq!(result["resultType"], "complete");
+        assert_eq!(result["_meta"][meta::PROBLEM], "outcome-unknown");
+        assert_eq!(result["_meta"][meta::OPERATION_ID], "op-1");
+        assert_eq!(result["_meta"][meta::STATE], "unknown");
+        let text = result["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains("may already have happened"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_upstream_refusal_keeps_its_status() {
+        let mut refused = Response::new(full(
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"bad"}}"#,
+        ));
+        *refused.status_mut() = StatusCode::BAD_REQUEST;
+        refused.extensions_mut().insert(Outcome::released);
+        let (status, message) = json_of(finish(Ok(refused), &call(false)).await).await;
+        assert_eq!(status, 400);
+        assert_eq!(message["id"], "req-9");
+        assert_eq!(message["error"]["code"], -32602);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_takes_only_a_stream_gets_one() {
+        let replayed = replay::respond(&stored(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#,
+        ));
+        let streaming = Call {
+            accepts_json: false,
+            ..call(false)
+        };
+        let response = finish(Ok(replayed), &streaming).await;
+        assert_eq!(response.headers()[CONTENT_TYPE], "text/event-stream");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let events = sse::messages(&body);
+        assert_eq!(events.len(), 1);
+        let message: Value = serde_json::from_str(&events[0]).unwrap();
+        assert_eq!(message["id"], "req-9");
     }
 }
