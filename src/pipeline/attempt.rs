@@ -94,7 +94,7 @@ impl Attempt {
         };
         let mut sent = traces::child(Step::Upstream, exchange).await;
         if let Some(call) = &self.call {
-            sent.exchange = mcp::outcome::settle(sent.exchange, &call.id);
+            sent.exchange = mcp::outcome::settle(sent.exchange, &call.id, call.spoke());
         }
         self.active
             .series
@@ -291,7 +291,7 @@ impl Attempt {
     /// A response that came after the operation was held.
     async fn record_late(&self, exchange: Exchange) {
         let exchange = match &self.call {
-            Some(call) => mcp::outcome::settle(exchange, &call.id),
+            Some(call) => mcp::outcome::settle(exchange, &call.id, call.spoke()),
             None => exchange,
         };
         let response = match late_arrival(exchange) {

@@ -564,6 +564,11 @@ async fn next_frame(
     }
 }
 
+/// Why an event stream's call is held: an event larger than it stores.
+fn too_large(bytes: usize) -> String {
+    format!("an event of the answer's stream is over max_stored_response ({bytes} bytes and more)")
+}
+
 /// An answer larger than a route stores: what was read, and the rest.
 fn oversized(head: http::response::Parts, prefix: Bytes, rest: PooledBody) -> Exchange {
     Exchange::Oversized { head, prefix, rest }
@@ -641,9 +646,9 @@ pub trait EventAnswer: Send + 'static {
 /// Reads an event stream by `deadline` until the event `answer` keeps: a
 /// `Complete` exchange whose body is that event. A stream that ends
 /// first completes empty (no answer in it); one that times out comes back
-/// `Lost` with its continuation; an event growing past
-/// `max_stored_response` is `Oversized`, the rest streamed on. Boxed: its
-/// continuation is itself.
+/// `Lost` with its continuation; an event past `max_stored_response`
+/// (the answer, or one before it) is `Lost` too: what the call did cannot
+/// be stored, so it is held. Boxed: its continuation is itself.
 fn read_events(
     head: http::response::Parts,
     mut body: PooledBody,
@@ -680,12 +685,16 @@ fn read_events(
                 continue;
             };
             for event in events.push(&data) {
-                if let Some(kept) = answer.take(event) {
-                    return (Exchange::Complete { head, body: kept }, None);
+                let Some(kept) = answer.take(event) else {
+                    continue;
+                };
+                if kept.len() > route.max_stored_response {
+                    return (lost(LostCause::Failed, too_large(kept.len())), None);
                 }
+                return (Exchange::Complete { head, body: kept }, None);
             }
             if events.pending() > route.max_stored_response {
-                return (oversized(head, events.into_pending(), body), None);
+                return (lost(LostCause::Failed, too_large(events.pending())), None);
             }
         }
     })

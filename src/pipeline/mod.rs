@@ -424,8 +424,8 @@ impl Proxy {
 
     /// An MCP session's DELETE while its protected calls are in flight:
     /// answered at once, and sent on once they have ended (or after the
-    /// route's `upstream_timeout`), so that the server does not cancel
-    /// them ([`mcp::cancel`]).
+    /// route's `upstream_timeout` and `late_window`), so that the server
+    /// does not cancel them ([`mcp::cancel`]); one per session.
     fn end_session_later(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
@@ -433,8 +433,17 @@ impl Proxy {
         peer: Peer,
     ) -> Response<ProxyBody> {
         let active = active.clone();
+        // One held back per session: a client repeating its DELETE adds
+        // nothing to wait for.
+        let Some(held) = active.calls.hold_end(request.headers()) else {
+            let mut response = Response::new(crate::body::full(Bytes::new()));
+            response.extensions_mut().insert(Outcome::proxied);
+            return response;
+        };
         self.tasks.spawn(async move {
-            let bound = active.route.upstream_timeout;
+            let _held = held;
+            // As long as a call may run: its exchange, then a late answer.
+            let bound = active.route.upstream_timeout + active.route.late_window;
             active.calls.session_idle(request.headers(), bound).await;
             let request = request.map(crate::body::stream);
             let sent = forward::pass_through(&active.client, &active.route, request, &peer);
@@ -480,7 +489,17 @@ impl Proxy {
         let first = tokio::select! {
             biased;
             Some(first) = relayed.recv() => first,
-            answered = &mut write => return mcp::answer::finish(answered, &call).await,
+            answered = &mut write => {
+                // An event relayed as the answer came is still the client's.
+                let answered = answered.map(|mut response| {
+                    let early: Vec<Bytes> = std::iter::from_fn(|| relayed.try_recv()).collect();
+                    if !early.is_empty() {
+                        response.extensions_mut().insert(mcp::outcome::Relayed(early));
+                    }
+                    response
+                });
+                return mcp::answer::finish(answered, &call).await;
+            }
         };
         let (tail, tail_rx) = oneshot::channel();
         self.tasks.spawn(async move {

@@ -12,6 +12,11 @@ use bytes::{Bytes, BytesMut};
 #[derive(Debug, Default)]
 pub struct Events {
     pending: BytesMut,
+    /// How far into `pending` the scan for an event's end got, and whether
+    /// the byte before there ended a line: each byte is scanned once, so a
+    /// large event arriving in small pieces costs its length, not more.
+    scanned: usize,
+    after_line_end: bool,
 }
 
 impl Events {
@@ -20,50 +25,48 @@ impl Events {
     pub fn push(&mut self, bytes: &[u8]) -> Vec<Bytes> {
         self.pending.extend_from_slice(bytes);
         let mut events = Vec::new();
-        while let Some(end) = event_end(&self.pending) {
+        while let Some(end) = self.event_end() {
             events.push(self.pending.split_to(end).freeze());
+            self.scanned = 0;
+            self.after_line_end = false;
         }
         events
+    }
+
+    /// Where the first pending event ends (after its blank line: a line
+    /// end followed at once by another — `\n\n`, `\r\n\r\n`, `\r\r`,
+    /// or mixed), scanning on from where the last scan stopped.
+    fn event_end(&mut self) -> Option<usize> {
+        let bytes = &self.pending;
+        let mut i = self.scanned;
+        while i < bytes.len() {
+            let line_end = match bytes[i] {
+                b'\r' if bytes.get(i + 1) == Some(&b'\n') => 2,
+                // A lone CR at the very end may be half of a CRLF still
+                // coming, unless it ends the blank line anyway.
+                b'\r' if i + 1 == bytes.len() && !self.after_line_end => break,
+                b'\r' | b'\n' => 1,
+                _ => 0,
+            };
+            if line_end == 0 {
+                self.after_line_end = false;
+                i += 1;
+                continue;
+            }
+            i += line_end;
+            if self.after_line_end {
+                return Some(i);
+            }
+            self.after_line_end = true;
+        }
+        self.scanned = i;
+        None
     }
 
     /// How many bytes of an event not yet complete it holds.
     pub fn pending(&self) -> usize {
         self.pending.len()
     }
-
-    /// The bytes of an event not yet complete.
-    pub fn into_pending(self) -> Bytes {
-        self.pending.freeze()
-    }
-}
-
-/// Where the first event in `bytes` ends (after its blank line): the
-/// first line end followed at once by another (`\n\n`, `\r\n\r\n`,
-/// `\r\r`, or mixed).
-fn event_end(bytes: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    let mut previous_was_line_end = false;
-    while i < bytes.len() {
-        let line_end = match bytes[i] {
-            b'\r' if bytes.get(i + 1) == Some(&b'\n') => 2,
-            // A lone CR at the very end may be half of a CRLF still
-            // coming, unless it ends the blank line anyway.
-            b'\r' if i + 1 == bytes.len() && !previous_was_line_end => return None,
-            b'\r' | b'\n' => 1,
-            _ => 0,
-        };
-        if line_end == 0 {
-            previous_was_line_end = false;
-            i += 1;
-            continue;
-        }
-        i += line_end;
-        if previous_was_line_end {
-            return Some(i);
-        }
-        previous_was_line_end = true;
-    }
-    None
 }
 
 /// The data of each complete event in `stream`, in order: its `data`
@@ -138,6 +141,19 @@ mod tests {
             events.push(b"\r\r"),
             vec![Bytes::from_static(b"data: c\r\r")]
         );
+    }
+
+    #[test]
+    fn events_split_in_any_pieces_are_the_same_events() {
+        let stream = b"event: message\r\ndata: {\"a\":1}\r\n\r\n: comment\n\ndata: x\ndata: y\r\rdata: z\n\n";
+        let whole = Events::default().push(stream);
+        for size in 1..stream.len() {
+            let mut events = Events::default();
+            let pieces: Vec<Bytes> = stream.chunks(size).flat_map(|c| events.push(c)).collect();
+            let data: Vec<Vec<String>> = pieces.iter().map(|e| messages(e)).collect();
+            let expected: Vec<Vec<String>> = whole.iter().map(|e| messages(e)).collect();
+            assert_eq!(data, expected, "pieces of {size}");
+        }
     }
 
     #[test]

@@ -242,7 +242,7 @@ fn own_result(
     operation: Option<&str>,
     state: Option<&str>,
 ) -> Value {
-    let text = guidance(name, detail, operation);
+    let text = guidance(name, state, detail, operation);
     let mut result = Map::new();
     result.insert("content".into(), json!([{"type": "text", "text": text}]));
     result.insert("isError".into(), Value::Bool(true));
@@ -275,25 +275,37 @@ fn held(operation: Option<OperationId>, call: &Call) -> Response<ProxyBody> {
     render(parts, &message, &[], call)
 }
 
-/// What a model should read for problem `name`: what happened, and what it
-/// must not do about it.
-fn guidance(name: &str, detail: &str, operation: Option<&str>) -> String {
+/// What a model should read for problem `name` about an operation in
+/// `state`: what happened, and what it must not do about it. Only a
+/// refusal before anything was sent says the call was not made.
+fn guidance(name: &str, state: Option<&str>, detail: &str, operation: Option<&str>) -> String {
     let held_as = operation.map_or(String::new(), |id| format!(" (operation {id})"));
-    match name {
-        "outcome-unknown" => format!(
-            "This action may already have happened: the tool was called, but its result was lost. \
-             Do not call it again, not with another idempotency key nor with other wording: \
-             it is held for an operator to review{held_as}. Calling this same tool with the same \
-             arguments again returns its result once it is settled."
-        ),
-        "request-in-progress" => format!(
+    let unknown = format!(
+        "This action may already have happened: the tool was called, but its result was lost. \
+         Do not call it again, not with another idempotency key nor with other wording: \
+         it is held for an operator to review{held_as}. Calling this same tool with the same \
+         arguments again returns its result once it is settled."
+    );
+    match (name, state) {
+        ("outcome-unknown", _) | (_, Some("unknown")) => unknown,
+        ("request-in-progress", _) => format!(
             "This same call is still running{held_as}. Do not call it with another key or other \
              wording; call it again unchanged shortly to get its result."
         ),
-        "key-reused" => format!(
+        ("key-reused", _) => format!(
             "This idempotency key was already used for a call of this tool with other arguments{held_as}, \
              so this call was not made. A new action needs a new key; a retry of the earlier one \
              needs its own arguments."
+        ),
+        ("response-not-stored", _) => format!(
+            "This action happened{held_as}, but its result was too large for the gateway to keep, \
+             so it cannot be shown again. Do not call it again."
+        ),
+        // Sent, and its outcome not recorded yet (the store), or the
+        // gateway failed after the call was claimed: it may have run.
+        (_, Some("in_progress")) | ("internal", _) => format!(
+            "This call may have reached the tool{held_as}, and its outcome is not known yet ({detail}). \
+             Do not call it with another key or other wording; call it again unchanged shortly."
         ),
         _ => format!("The gateway did not make this call: {detail}."),
     }

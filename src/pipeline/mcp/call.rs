@@ -34,6 +34,7 @@ pub mod code {
     pub const HEADER_MISMATCH: i64 = -32020;
     pub const MISSING_CAPABILITY: i64 = -32021;
     pub const UNSUPPORTED_VERSION: i64 = -32022;
+    pub const URL_ELICITATION_REQUIRED: i64 = -32042;
 }
 
 /// A protected `tools/call`, as the rest of the write needs it.
@@ -126,7 +127,11 @@ pub fn classify(
         // A notification, or an id no request may have: the server's to refuse.
         return PASS;
     }
-    for member in ["/method", "/id", "/params/name"] {
+    let arguments = object
+        .get("params")
+        .is_some_and(|p| p.get("arguments").is_some());
+    let read = ["/method", "/id", "/params/name", "/params/arguments"];
+    for member in &read[..if arguments { 4 } else { 3 }] {
         if canonical_json::raw_at(body, member).is_none() {
             return Classified::Refused(Refusal {
                 id,
@@ -346,6 +351,11 @@ mod tests {
         assert_eq!(refusal.code, code::INVALID_REQUEST);
         let twice = r#"{"jsonrpc":"2.0","id":7,"method":"ping","method":"tools/call","params":{"name":"create_task"}}"#;
         assert!(matches!(classify_as(&[], twice), Classified::Refused(_)));
+        let arguments_twice = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"create_task","arguments":{"a":1},"arguments":{"a":2}}}"#;
+        assert!(matches!(
+            classify_as(&[], arguments_twice),
+            Classified::Refused(_)
+        ));
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub struct InFlightCalls {
     calls: DashMap<(String, String), usize>,
     /// Told each time a call ends.
     ended: Notify,
+    /// Sessions whose DELETE is held back: one each, however many come.
+    ending: DashMap<String, ()>,
 }
 
 /// A call counted in flight until dropped.
@@ -68,6 +70,12 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// Whether the server already sent something for this call before its
+    /// response (relayed): it had begun on it.
+    pub fn spoke(&self) -> bool {
+        self.relay.as_ref().is_some_and(Relay::spoke)
+    }
+
     /// How the call's answer is read when it is an event stream: for its
     /// response, the rest relayed.
     pub fn events(&self) -> Option<Box<dyn EventAnswer>> {
@@ -124,6 +132,22 @@ impl InFlightCalls {
         !session.is_empty() && self.calls.iter().any(|entry| entry.key().0 == session)
     }
 
+    /// Holds back the DELETE of the session of `headers`: `None` when one
+    /// already is (this one is answered and dropped: the first goes on).
+    pub fn hold_end(self: &Arc<Self>, headers: &HeaderMap) -> Option<HeldEnd> {
+        let session = session(headers);
+        match self.ending.entry(session.clone()) {
+            dashmap::mapref::entry::Entry::Occupied(_) => None,
+            dashmap::mapref::entry::Entry::Vacant(vacant) => {
+                vacant.insert(());
+                Some(HeldEnd {
+                    calls: self.clone(),
+                    session,
+                })
+            }
+        }
+    }
+
     /// Returns once the session of `headers` has no call in flight, or
     /// after `bound`.
     pub async fn session_idle(&self, headers: &HeaderMap, bound: Duration) {
@@ -137,6 +161,19 @@ impl InFlightCalls {
             }
         };
         let _ = tokio::time::timeout(bound, wait).await;
+    }
+}
+
+/// A session's DELETE held back, until dropped.
+#[derive(Debug)]
+pub struct HeldEnd {
+    calls: Arc<InFlightCalls>,
+    session: String,
+}
+
+impl Drop for HeldEnd {
+    fn drop(&mut self) {
+        self.calls.ending.remove(&self.session);
     }
 }
 

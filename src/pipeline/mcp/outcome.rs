@@ -10,7 +10,8 @@
 //! - it is released (`not_attempted`) only by an answer that says it never
 //!   ran: a JSON-RPC error of the protocol's own refusals (parse, invalid
 //!   request, unknown method, invalid params, header mismatch, missing
-//!   capability, unsupported version), an HTTP 4xx, or an
+//!   capability, unsupported version, URL elicitation required) when the
+//!   server sent nothing for the call before it, an HTTP 4xx, or an
 //!   `input_required` result (a multi-round-trip call's interim answer,
 //!   not its outcome: its continuation is the same call, sent again);
 //! - anything else after the call was sent — another JSON-RPC error, a
@@ -38,10 +39,17 @@ pub struct Relayed(pub Vec<Bytes>);
 pub struct Message;
 
 /// `exchange`, the upstream's answer to the call with JSON-RPC id `id`,
-/// settled as the module doc says.
-pub fn settle(exchange: Exchange, id: &Value) -> Exchange {
-    let Exchange::Complete { mut head, body } = exchange else {
-        return exchange;
+/// settled as the module doc says; `spoke` when the server already sent
+/// something for the call (relayed as it came).
+pub fn settle(exchange: Exchange, id: &Value, spoke: bool) -> Exchange {
+    let (mut head, body) = match exchange {
+        Exchange::Complete { head, body } => (head, body),
+        // A 429 or 503: its waiters may be of other sessions.
+        Exchange::Released { mut head, body } => {
+            head.headers.remove(SESSION);
+            return Exchange::Released { head, body };
+        }
+        other => return other,
     };
     let status = head.status.as_u16();
     match status {
@@ -92,10 +100,13 @@ pub fn settle(exchange: Exchange, id: &Value) -> Exchange {
     head.headers
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     head.extensions.insert(Message);
+    let spoke = spoke || !relayed.is_empty();
     head.extensions.insert(Relayed(relayed));
     if let Some(error) = message.get("error") {
         let code = error.get("code").and_then(Value::as_i64).unwrap_or(0);
-        if never_ran(code) {
+        // A server that sent something for the call before its error had
+        // begun on it: its refusal code no longer says it never ran.
+        if never_ran(code) && !spoke {
             return Exchange::Released { head, body: text };
         }
         let said = error.get("message").and_then(Value::as_str).unwrap_or("");
@@ -109,7 +120,9 @@ pub fn settle(exchange: Exchange, id: &Value) -> Exchange {
     Exchange::Complete { head, body: text }
 }
 
-/// A JSON-RPC error that says the request was refused before any tool ran.
+/// A JSON-RPC error that says the request was refused before any tool ran
+/// (2025-11-25's "URL elicitation required" too: the tool waits for the
+/// user's authorisation before it acts, and its retry is the way on).
 fn never_ran(code: i64) -> bool {
     matches!(
         code,
@@ -120,6 +133,7 @@ fn never_ran(code: i64) -> bool {
             | code::HEADER_MISMATCH
             | code::MISSING_CAPABILITY
             | code::UNSUPPORTED_VERSION
+            | code::URL_ELICITATION_REQUIRED
     )
 }
 
@@ -150,7 +164,7 @@ mod tests {
     }
 
     fn settled(status: u16, content_type: &str, body: &str) -> Exchange {
-        settle(answer(status, content_type, body), &Value::from(7))
+        settle(answer(status, content_type, body), &Value::from(7), false)
     }
 
     const RESULT: &str = r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"ok"}],"isError":false}}"#;
@@ -200,7 +214,9 @@ mod tests {
 
     #[test]
     fn only_refusals_release_the_call() {
-        for refused in [-32700, -32600, -32601, -32602, -32020, -32021, -32022] {
+        for refused in [
+            -32700, -32600, -32601, -32602, -32020, -32021, -32022, -32042,
+        ] {
             let error = format!(
                 r#"{{"jsonrpc":"2.0","id":7,"error":{{"code":{refused},"message":"no"}}}}"#
             );
@@ -216,6 +232,20 @@ mod tests {
                 Exchange::Released { .. }
             ));
         }
+        // Once the server spoke for the call, a refusal code is no proof.
+        let late_refusal = r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"no"}}"#;
+        let spoken = settle(
+            answer(200, "application/json", late_refusal),
+            &Value::from(7),
+            true,
+        );
+        assert!(matches!(
+            spoken,
+            Exchange::Lost {
+                cause: LostCause::Failed,
+                ..
+            }
+        ));
         let interim = r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"input_required","requestState":"s"}}"#;
         assert!(matches!(
             settled(200, "application/json", interim),

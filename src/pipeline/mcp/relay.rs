@@ -7,9 +7,13 @@
 //! - the response itself is never relayed: it is recorded first, and the
 //!   client hears it last, after every relayed event (one channel, in
 //!   order);
-//! - relayed events are never stored, and what one call relays is bounded
-//!   (the route's `max_stored_response`): past it they are dropped, the
-//!   call goes on;
+//! - an event is relayed as its data alone, never with the upstream's
+//!   `id` or `retry`: a client that reconnected with `Last-Event-ID` would
+//!   have the server replay the response past the store;
+//! - relayed events are never stored, and what one call holds unread is
+//!   bounded (the route's `max_stored_response`): past it a notification
+//!   is dropped, never a request of the server's (the tool waits on its
+//!   answer), and the call goes on;
 //! - a client that stopped reading, or went away, never holds up the
 //!   upstream read: relaying never waits.
 
@@ -33,26 +37,75 @@ use crate::pipeline::sse;
 pub struct Relay {
     events: mpsc::UnboundedSender<Bytes>,
     left: Arc<AtomicUsize>,
+    /// Set once the server sent anything for the call before its response.
+    spoke: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// The client's side of a [`Relay`].
-pub type Relayed = mpsc::UnboundedReceiver<Bytes>;
+/// The client's side of a [`Relay`]: what it takes gives the budget back.
+#[derive(Debug)]
+pub struct Relayed {
+    events: mpsc::UnboundedReceiver<Bytes>,
+    left: Arc<AtomicUsize>,
+}
+
+impl Relayed {
+    /// The next relayed event, once there is one; `None` once the relay
+    /// is gone.
+    pub async fn recv(&mut self) -> Option<Bytes> {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// A relayed event already there, if any.
+    pub fn try_recv(&mut self) -> Option<Bytes> {
+        let event = self.events.try_recv().ok()?;
+        self.left.fetch_add(event.len(), Ordering::SeqCst);
+        Some(event)
+    }
+
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        let polled = self.events.poll_recv(cx);
+        if let Poll::Ready(Some(event)) = &polled {
+            self.left.fetch_add(event.len(), Ordering::SeqCst);
+        }
+        polled
+    }
+}
 
 impl Relay {
-    /// A relay that carries at most `budget` bytes, and its receiver.
+    /// A relay that holds at most `budget` bytes unread, and its receiver.
     pub fn new(budget: usize) -> (Relay, Relayed) {
         let (events, relayed) = mpsc::unbounded_channel();
         let left = Arc::new(AtomicUsize::new(budget));
-        (Relay { events, left }, relayed)
+        let receiver = Relayed {
+            events: relayed,
+            left: left.clone(),
+        };
+        let spoke = Arc::default();
+        (
+            Relay {
+                events,
+                left,
+                spoke,
+            },
+            receiver,
+        )
     }
 
-    /// Relays `event` if the budget has room; never waits.
-    fn send(&self, event: Bytes) {
+    /// Whether the server sent anything for the call before its response.
+    pub fn spoke(&self) -> bool {
+        self.spoke.load(Ordering::SeqCst)
+    }
+
+    /// Relays `event` (one event's data, written anew) if the budget has
+    /// room, or whatever the budget if it is a request the client must
+    /// answer; never waits.
+    fn send(&self, event: Bytes, request: bool) {
+        self.spoke.store(true, Ordering::SeqCst);
         let size = event.len();
         let taken = self
             .left
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
-                left.checked_sub(size)
+                left.checked_sub(size).or(request.then_some(0))
             });
         if taken.is_ok() {
             // A client gone is no reason to stop reading the upstream.
@@ -70,16 +123,25 @@ pub struct CallEvents {
 
 impl EventAnswer for CallEvents {
     fn take(&mut self, event: Bytes) -> Option<Bytes> {
-        let answers = sse::messages(&event).iter().any(|data| {
-            serde_json::from_str::<Value>(data).is_ok_and(|message| {
-                message.get("id") == Some(&self.id)
-                    && (message.get("result").is_some() || message.get("error").is_some())
-            })
+        let messages = sse::messages(&event);
+        let parsed: Vec<Option<Value>> = messages
+            .iter()
+            .map(|data| serde_json::from_str(data).ok())
+            .collect();
+        let answers = parsed.iter().flatten().any(|message| {
+            message.get("id") == Some(&self.id)
+                && (message.get("result").is_some() || message.get("error").is_some())
         });
         if answers {
             return Some(event);
         }
-        self.relay.send(event);
+        for (data, message) in messages.iter().zip(&parsed) {
+            // A request of the server's: it has a method and an id.
+            let request = message
+                .as_ref()
+                .is_some_and(|m| m.get("method").is_some() && m.get("id").is_some());
+            self.relay.send(sse::event(data.as_bytes()), request);
+        }
         None
     }
 }
@@ -134,7 +196,7 @@ impl Body for Streamed {
                 this.tail = None;
                 // Everything relayed was sent before the response was
                 // recorded: it goes first.
-                while let Ok(event) = this.relayed.try_recv() {
+                while let Some(event) = this.relayed.try_recv() {
                     this.queued.push_back(event);
                 }
                 this.rest = tail.ok();
@@ -181,17 +243,31 @@ mod tests {
         assert_eq!(relayed.try_recv().unwrap(), progress);
         assert_eq!(relayed.try_recv().unwrap(), asking);
         assert_eq!(relayed.try_recv().unwrap(), other);
+        // Relayed as data alone: no upstream `id` or `retry` goes on.
+        let with_id = Bytes::from_static(
+            b"id: 41\nretry: 5\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"n\"}\n\n",
+        );
+        assert_eq!(call.take(with_id), None);
+        assert_eq!(
+            relayed.try_recv().unwrap(),
+            event(r#"{"jsonrpc":"2.0","method":"n"}"#)
+        );
     }
 
     #[test]
-    fn what_one_call_relays_is_bounded() {
+    fn what_one_call_holds_unread_is_bounded_but_requests_pass() {
         let (relay, mut relayed) = Relay::new(10);
-        relay.send(Bytes::from_static(b"123456"));
-        relay.send(Bytes::from_static(b"123456"));
-        relay.send(Bytes::from_static(b"1234"));
+        relay.send(Bytes::from_static(b"123456"), false);
+        relay.send(Bytes::from_static(b"123456"), false);
+        relay.send(Bytes::from_static(b"1234"), false);
+        relay.send(Bytes::from_static(b"request"), true);
         assert_eq!(relayed.try_recv().unwrap(), "123456");
         assert_eq!(relayed.try_recv().unwrap(), "1234");
-        assert!(relayed.try_recv().is_err());
+        assert_eq!(relayed.try_recv().unwrap(), "request");
+        assert!(relayed.try_recv().is_none());
+        // What the client took is room again.
+        relay.send(Bytes::from_static(b"123456789"), false);
+        assert_eq!(relayed.try_recv().unwrap(), "123456789");
     }
 
     #[tokio::test]
@@ -199,10 +275,10 @@ mod tests {
         let (relay, relayed) = Relay::new(1024);
         let (tail_tx, tail_rx) = oneshot::channel();
         let body = Streamed::new(Bytes::from_static(b"a"), relayed, tail_rx);
-        relay.send(Bytes::from_static(b"b"));
-        relay.send(Bytes::from_static(b"c"));
+        relay.send(Bytes::from_static(b"b"), false);
+        relay.send(Bytes::from_static(b"c"), false);
         tail_tx.send(full("z")).unwrap();
-        relay.send(Bytes::from_static(b"late"));
+        relay.send(Bytes::from_static(b"late"), false);
         drop(relay);
         let all = body.collect().await.unwrap().to_bytes();
         // Whatever was queued when the tail came goes first; the tail ends it.

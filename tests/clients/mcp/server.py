@@ -34,12 +34,11 @@ import asyncio
 import fcntl
 import json
 import os
-import socket
 import sys
 import time
 from typing import Any
 
-import uvicorn
+import listen
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
@@ -51,7 +50,7 @@ from starlette.responses import JSONResponse, Response
 def _parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True, help="0: pick a free port; 'listening PORT' is printed")
+    listen.add_arguments(p)
     p.add_argument("--effects", required=True, help="JSON-lines file, one line per tool side effect")
     p.add_argument("--stateless", action="store_true", help="no Mcp-Session-Id on the 2025-11-25 path")
     p.add_argument("--json-response", action="store_true", help="answer requests with application/json, not SSE")
@@ -60,7 +59,6 @@ def _parse_args() -> argparse.Namespace:
         action="store_true",
         help="accept any Host/Origin header (the SDK otherwise allows only localhost/127.0.0.1 hosts)",
     )
-    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
     return p.parse_args()
 
 
@@ -174,18 +172,7 @@ async def _serve() -> None:
         transport_security=security,
         host=ARGS.host,
     )
-    family = socket.AF_INET6 if ":" in ARGS.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((ARGS.host, ARGS.port))
-    sock.listen(128)
-    sock.set_inheritable(True)
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level=ARGS.log_level.lower(), lifespan="on")
-    server = uvicorn.Server(config)
-    print(f"listening {port}", flush=True)
-    await server.serve(sockets=[sock])
-
+    await listen.serve(app, ARGS.host, ARGS.port, ARGS.log_level)
 
 if __name__ == "__main__":
     asyncio.run(_serve())
