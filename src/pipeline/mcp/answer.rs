@@ -384,6 +384,26 @@ mod tests {
         assert!(text.contains("may already have happened"), "{text}");
     }
 
+    #[test]
+    fn only_a_refusal_before_sending_says_the_call_was_not_made() {
+        let not_made = "The gateway did not make this call";
+        let says = |name, state| guidance(name, state, "why", Some("op-1"));
+        assert!(says("route-paused", None).starts_with(not_made));
+        assert!(says("upstream-unreachable", Some("not_attempted")).starts_with(not_made));
+        // Sent, or maybe sent: never "not made".
+        for (name, state) in [
+            ("store-unavailable", Some("in_progress")),
+            ("internal", None),
+            ("response-not-stored", Some("completed")),
+            ("outcome-unknown", Some("unknown")),
+            ("lease-lost", Some("unknown")),
+        ] {
+            let text = says(name, state);
+            assert!(!text.contains(not_made), "{name}: {text}");
+            assert!(text.contains("op-1"), "{name}: {text}");
+        }
+    }
+
     #[tokio::test]
     async fn an_upstream_refusal_keeps_its_status() {
         let mut refused = Response::new(full(

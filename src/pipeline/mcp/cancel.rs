@@ -217,4 +217,15 @@ mod tests {
         drop(again);
         assert!(!calls.absorbs(&a, CANCEL_7));
     }
+
+    #[test]
+    fn one_delete_is_held_back_per_session() {
+        let calls = Arc::new(InFlightCalls::default());
+        let (a, b) = (in_session("a"), in_session("b"));
+        let held = calls.hold_end(&a).expect("the first is held");
+        assert!(calls.hold_end(&a).is_none(), "a second adds nothing");
+        assert!(calls.hold_end(&b).is_some(), "another session's is its own");
+        drop(held);
+        assert!(calls.hold_end(&a).is_some());
+    }
 }

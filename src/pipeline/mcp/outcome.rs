@@ -204,6 +204,26 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_keeps_no_session_for_the_waiters_of_others() {
+        let (head, ()) = Response::builder()
+            .status(429)
+            .header(SESSION, "s-1")
+            .header("retry-after", "1")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let released = Exchange::Released {
+            head,
+            body: Bytes::new(),
+        };
+        let Exchange::Released { head, .. } = settle(released, &Value::from(7), false) else {
+            panic!("still released");
+        };
+        assert!(head.headers.get(SESSION).is_none());
+        assert_eq!(head.headers["retry-after"], "1");
+    }
+
+    #[test]
     fn a_tool_error_result_is_an_outcome() {
         let tool_failed = r#"{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":true}}"#;
         assert!(matches!(
