@@ -7,7 +7,9 @@
 //! - `GET /livez` (and `GET /healthz`, its older name) — 200 while the
 //!   process serves, draining included; no token, no payload data.
 //! - `GET /readyz` — 200 when the store answers; 503 `store-unavailable`
-//!   when it does not, and 503 `draining` from the moment a shutdown starts
+//!   when it does not within 900 ms (whatever the store does, the probe
+//!   answers within a second), and 503 `draining` from the moment a
+//!   shutdown starts
 //!   (the listener keeps answering until the proxy has drained, so a load
 //!   balancer sees the gateway leave before its connections are refused);
 //!   no token.
@@ -59,6 +61,9 @@ use crate::store::{Store, StoreError};
 /// bounded like a stored response plus room for the envelope; a declared
 /// length over it is refused before `100 Continue`.
 const MAX_ADMIN_BODY: usize = 4 * 1024 * 1024;
+
+/// The longest `/readyz` waits for the store before it answers 503.
+const READY_WITHIN: Duration = Duration::from_millis(900);
 
 /// What the admin handlers share.
 pub struct Admin {
@@ -274,7 +279,15 @@ async fn route(
             if admin.draining.is_cancelled() {
                 return Err(AdminError::Draining);
             }
-            admin.store.ping().await?;
+            // A load balancer's probe has its own timeout, often a second:
+            // a store that does not answer is a 503 within that, not a hang.
+            let answered = tokio::time::timeout(READY_WITHIN, admin.store.ping()).await;
+            answered.map_err(|_| {
+                StoreError::Busy(format!(
+                    "the store did not answer within {} ms",
+                    READY_WITHIN.as_millis()
+                ))
+            })??;
             Ok(json_response(StatusCode::OK, &json!({ "status": "ready" })))
         }
         Endpoint::Metrics => {

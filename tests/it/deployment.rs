@@ -4,6 +4,8 @@
 //! - the probes: `/livez` answers while the process serves, draining
 //!   included; `/readyz` says 503 `draining` from the moment a shutdown
 //!   starts, while the request in flight still finishes;
+//! - `/readyz` answers within a second whatever the store does: 503
+//!   `store-unavailable` when it does not answer within 900 ms;
 //! - `idemgate healthcheck` exits 0 only when `/readyz` says ready, plain
 //!   or over TLS, and gives up within its bound on a silent listener;
 //! - systemd's notify protocol, received on a `NOTIFY_SOCKET` of the
@@ -40,6 +42,28 @@ async fn drain_around_a_write(
         tokio::spawn(async move { write(addr, "/scripted", Some("drain-1"), r#"{"n":1}"#).await });
     gw.upstream.wait_for_writes(1).await;
     (in_flight, gw.begin_shutdown())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_answers_within_a_second_when_the_store_does_not() {
+    let gw = spawn_gateway("").await;
+    // The store's writer waits out its 5 s busy timeout behind this lock.
+    let lock = WriteLock::take(&gw).await;
+    let within = Duration::from_millis(1500);
+    let ready = try_send(
+        gw.admin_addr(),
+        "GET",
+        "/readyz",
+        &[],
+        bytes::Bytes::new(),
+        within,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("/readyz did not answer within {within:?}: {e:?}"));
+    ready.assert_problem_mentioning(503, "store-unavailable", "did not answer within");
+    lock.release().await;
+    let ready = probe(gw.admin_addr(), "/readyz").await;
+    assert_eq!(ready.status, 200, "ready again once the store answers");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
