@@ -147,11 +147,20 @@ impl StoreUrl {
             ),
             Some(p) => Ok(StoreUrl::Sqlite(PathBuf::from(p))),
             None if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                postgres_options(url)?;
                 Ok(StoreUrl::Postgres(url.to_string()))
             }
             None => Err("expected sqlite://FILE or postgres://…".into()),
         }
     }
+}
+
+/// The connection options a `postgres://` URL names, as the store connects
+/// with them: the one reading of such a URL, so that `check-config`
+/// accepts exactly what `serve` can open.
+pub fn postgres_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, String> {
+    url.parse::<sqlx::postgres::PgConnectOptions>()
+        .map_err(|e| format!("not a PostgreSQL URL the store can open: {e}"))
 }
 
 impl std::fmt::Display for StoreUrl {

@@ -350,6 +350,14 @@ fn store_urls() {
     assert!(StoreUrl::parse("sqlite://").is_err());
     assert!(StoreUrl::parse("sqlite::memory:").is_err());
     assert!(StoreUrl::parse("mysql://x").is_err());
+    // What `serve` cannot open, `check-config` does not accept: one reading.
+    for refused in [
+        "postgres://gw@h1:5432,h2:5432/db?target_session_attrs=read-write",
+        "postgres://gw@db:notaport/x",
+    ] {
+        let error = StoreUrl::parse(refused).expect_err(refused);
+        assert!(error.contains("not a PostgreSQL URL the store can open"), "{error}");
+    }
     assert_eq!(
         StoreUrl::parse("postgresql://db/x"),
         Ok(StoreUrl::Postgres("postgresql://db/x".into()))

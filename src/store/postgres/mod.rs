@@ -39,7 +39,6 @@ mod batch;
 mod outbox;
 mod statements;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -100,9 +99,9 @@ pub struct PostgresStore {
 
 /// The options `url` names, with the durability asked for.
 fn options(url: &str, durability: Durability) -> Result<PgConnectOptions, StoreError> {
-    let options = PgConnectOptions::from_str(url).map_err(|e| StoreError::Open {
+    let options = crate::config::postgres_options(url).map_err(|reason| StoreError::Open {
         store: crate::config::redact_url(url),
-        reason: e.to_string(),
+        reason,
     })?;
     Ok(match durability {
         Durability::Full => options,
