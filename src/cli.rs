@@ -340,11 +340,19 @@ pub struct Rehearse {
     pub route: String,
     /// The JSON body of each synthetic write; `{key}` in it becomes the
     /// write's own key.
-    #[arg(long, value_name = "JSON", required_unless_present = "body_file")]
+    #[arg(long, value_name = "JSON", required_unless_present_any = ["body_file", "tool"])]
     pub body: Option<String>,
     /// The body from a file instead.
     #[arg(long, value_name = "FILE", conflicts_with = "body")]
     pub body_file: Option<PathBuf>,
+    /// On an `mcp` route: the tool each synthetic write calls, instead of a
+    /// body (docs/rehearse.md, "An MCP route").
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["body", "body_file"])]
+    pub tool: Option<String>,
+    /// With --tool: its arguments, a JSON object; `{key}` in it becomes the
+    /// call's own key.
+    #[arg(long, value_name = "JSON", requires = "tool", default_value = "{}")]
+    pub arguments: String,
     /// The most writes that may reach the destination (required: they
     /// create real records). Printed first; the rehearsal stops before a
     /// case that would need more.

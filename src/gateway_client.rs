@@ -43,12 +43,31 @@ pub struct Answer {
 impl Answer {
     /// The problem's name (`outcome-unknown`) when idemgate answered an
     /// error itself.
+    /// On an MCP route it is the tool result's `dev.idemgate/problem`.
     pub fn problem(&self) -> Option<String> {
         let value = serde_json::from_str::<Value>(&self.body).ok()?;
+        if let Some(name) = value["result"]["_meta"]["dev.idemgate/problem"].as_str() {
+            return Some(name.to_string());
+        }
         let name = value["type"]
             .as_str()?
             .strip_prefix("urn:idemgate:problem:")?;
         Some(name.to_string())
+    }
+
+    /// Whether this answer repeats `other`: the same status and body, but
+    /// for a replay's own marker in an MCP result (`_meta`).
+    pub fn repeats(&self, other: &Answer) -> bool {
+        let result = |answer: &Answer| {
+            let mut value = serde_json::from_str::<Value>(&answer.body).ok()?;
+            let result = value.get_mut("result")?.as_object_mut()?;
+            if let Some(Value::Object(meta)) = result.get_mut("_meta") {
+                meta.remove("dev.idemgate/replayed");
+            }
+            Some(value)
+        };
+        self.status == other.status
+            && (self.body == other.body || result(self).is_some_and(|r| Some(r) == result(other)))
     }
 
     /// `201 {"id":1}`, or `409 outcome-unknown` for an error idemgate answered.

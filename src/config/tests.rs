@@ -356,7 +356,10 @@ fn store_urls() {
         "postgres://gw@db:notaport/x",
     ] {
         let error = StoreUrl::parse(refused).expect_err(refused);
-        assert!(error.contains("not a PostgreSQL URL the store can open"), "{error}");
+        assert!(
+            error.contains("not a PostgreSQL URL the store can open"),
+            "{error}"
+        );
     }
     assert_eq!(
         StoreUrl::parse("postgresql://db/x"),

@@ -35,6 +35,8 @@ use crate::config::{Config, ConfigError, Durability, KeyMode, Overrides, Route};
 use crate::gateway_client::{CallError, GatewayClient};
 use crate::pipeline::drill::Drill;
 use crate::pipeline::forward::{self, ProbeClient};
+use crate::pipeline::key::url_component;
+use crate::profile::Profile;
 use crate::server::{Gateway, StartError, StartOptions};
 use crate::tls::TlsError;
 use report::Report;
@@ -102,6 +104,8 @@ pub struct Plan {
     pub header_sources: Vec<String>,
     pub writes: u64,
     pub check_destination: bool,
+    /// On an MCP route, the tool each write calls.
+    pub tool: Option<String>,
 }
 
 impl Plan {
@@ -144,9 +148,17 @@ impl Plan {
                     .join(", ")
             )));
         }
-        let body = match (&args.body, &args.body_file) {
-            (Some(body), None) => body.clone(),
-            (None, Some(file)) => std::fs::read_to_string(file)?,
+        let mcp = route.profile == Profile::Mcp;
+        let (body, call_headers) = match (&args.body, &args.body_file, &args.tool) {
+            (Some(body), None, None) if !mcp => (body.clone(), HeaderMap::new()),
+            (None, Some(file), None) if !mcp => (std::fs::read_to_string(file)?, HeaderMap::new()),
+            (None, None, Some(tool)) if mcp => mcp_call(tool, &args.arguments).map_err(usage)?,
+            _ if mcp => {
+                return Err(usage(format!(
+                    "route `{}` is an mcp route: give --tool NAME (and --arguments JSON), not a body",
+                    route.name
+                )));
+            }
             _ => return Err(usage("give --body JSON or --body-file FILE".into())),
         };
         if serde_json::from_str::<serde_json::Value>(&body).is_err() {
@@ -159,7 +171,8 @@ impl Plan {
         if !path.starts_with('/') {
             return Err(usage(format!("--path {path}: give a path starting with /")));
         }
-        let (headers, header_sources) = headers_from_env(&args.header_env, env)?;
+        let (mut headers, header_sources) = headers_from_env(&args.header_env, env)?;
+        headers.extend(call_headers);
         for name in &route.scope_headers {
             if !headers.contains_key(name) && !route.allow_anonymous {
                 return Err(usage(format!(
@@ -177,6 +190,7 @@ impl Plan {
             header_sources,
             writes: args.writes,
             check_destination: args.check_destination,
+            tool: args.tool.clone().filter(|_| mcp),
         })
     }
 
@@ -193,6 +207,16 @@ impl Plan {
         }
     }
 
+    /// The key the operation for a write under `key` is stored with: on an
+    /// MCP route, `<tool>/<key>` (docs/mcp.md, "Which calls are one"),
+    /// URL-component encoded for the admin API's query.
+    pub fn stored_key(&self, key: &str) -> String {
+        match &self.tool {
+            Some(tool) => url_component(&format!("{}/{key}", url_component(tool))),
+            None => url_component(key),
+        }
+    }
+
     /// The body for `key`.
     pub fn body_for(&self, key: &str) -> String {
         self.body.replace("{key}", key)
@@ -204,6 +228,54 @@ impl Plan {
         forward::probe_client(&self.route)
     }
 }
+
+/// An MCP route's synthetic write: one `tools/call` of `tool` with
+/// `arguments` (`{key}` in them the case's key), as a 2026-07-28 client
+/// sends it — stateless, so it needs no session — and the request-metadata
+/// headers that revision requires. Every call carries JSON-RPC id 1: an
+/// id is never part of a call's identity, and one id keeps two answers
+/// comparable.
+fn mcp_call(tool: &str, arguments: &str) -> Result<(String, HeaderMap), String> {
+    let arguments: serde_json::Value =
+        serde_json::from_str(arguments).map_err(|e| format!("--arguments is not JSON: {e}"))?;
+    if !arguments.is_object() {
+        return Err("--arguments is a JSON object".into());
+    }
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": tool,
+            "arguments": arguments,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": MCP_REVISION,
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": {
+                    "name": "idemgate-rehearse",
+                    "version": env!("CARGO_PKG_VERSION"),
+                },
+            },
+        },
+    });
+    let name = HeaderValue::from_str(tool)
+        .map_err(|_| format!("--tool {tool}: not a name a header can carry"))?;
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "mcp-protocol-version",
+        HeaderValue::from_static(MCP_REVISION),
+    );
+    headers.insert("mcp-method", HeaderValue::from_static("tools/call"));
+    headers.insert("mcp-name", name);
+    headers.insert(
+        http::header::ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    Ok((body.to_string(), headers))
+}
+
+/// The MCP revision a rehearsal's calls speak.
+const MCP_REVISION: &str = "2026-07-28";
 
 /// `NAME=VAR` pairs read from the environment.
 fn headers_from_env(

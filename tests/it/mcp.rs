@@ -21,6 +21,8 @@
 //! - the gateway killed (SIGKILL) mid-call recovers it to `unknown` and
 //!   never executes it again;
 //! - headers that disagree with the body are refused, nothing sent;
+//! - `idemgate rehearse` runs its five cases against the server with tool
+//!   calls, every case as expected, and counts the writes it sent;
 //! - `@modelcontextprotocol/conformance`, run against a reference server
 //!   (`everything.py`, the fixtures its scenarios expect) directly and
 //!   through the gateway, passes every scenario both ways.
@@ -607,4 +609,41 @@ async fn the_conformance_suite_gives_the_same_verdicts_through_the_gateway() {
     let failed: Vec<_> = direct.values().filter(|v| !v.starts_with('✓')).collect();
     assert!(failed.is_empty(), "directly: {failed:?}");
     assert_eq!(through, direct, "through the gateway against directly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn rehearse_runs_its_cases_with_tool_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = McpServer::start(dir.path()).await;
+    let toml = format!(
+        "[[routes]]\nname = \"tools\"\nprofile = \"mcp\"\npath_prefix = \"/mcp\"\nupstream = \"{}\"\n",
+        server.url()
+    );
+    let config = write_config(dir.path(), "rehearse.toml", &toml);
+    let mut cmd = binary();
+    cmd.arg("rehearse")
+        .arg("--config")
+        .arg(&config)
+        .args(["--route", "tools", "--tool", "create_task"])
+        .args(["--arguments", r#"{"title":"rehearsal {key}"}"#])
+        .args(["--writes", "9", "--check-destination", "--json"])
+        .args(["--header-env", "authorization=REHEARSE_TOKEN"])
+        .env("REHEARSE_TOKEN", ALICE);
+    let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
+    assert!(status.success(), "rehearse failed:\n{stdout}\n{stderr}");
+    let report: Value = serde_json::from_str(&stdout).expect("one JSON report");
+    assert_eq!(report["ok"], true, "{report}");
+    let cases = report["cases"].as_array().expect("cases");
+    assert_eq!(cases.len(), 5, "{report}");
+    for case in cases {
+        assert_eq!(case["ok"], true, "{case}");
+    }
+    assert_eq!(
+        report["destination_check"]["deduplicates"], false,
+        "{report}"
+    );
+    // Every write the report counts reached the server, and no other.
+    let executed = read_to_string(&server.effects).lines().count() as u64;
+    assert_eq!(Some(executed), report["writes_sent"].as_u64(), "{report}");
 }

@@ -31,6 +31,8 @@ fn args(config: PathBuf, path: &str, writes: u64, check: bool) -> Rehearse {
         route: "tasks".into(),
         body: Some(BODY.into()),
         body_file: None,
+        tool: None,
+        arguments: "{}".into(),
         writes,
         path: Some(path.into()),
         method: None,
@@ -282,4 +284,39 @@ async fn too_few_writes_stop_before_the_case_that_needs_more() {
     let error = refused.expect_err("refused").to_string();
     assert!(error.contains("--header-env authorization="), "{error}");
     assert_eq!(upstream.write_requests().len(), 3 + 5 + 3, "none more");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_for_an_mcp_route_and_bodies_for_the_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let upstream = FakeUpstream::start().await;
+    let env = |name: &str| (name == TOKEN_VAR).then(|| TOKEN.to_string());
+    // A body for an mcp route: refused, nothing sent.
+    let mcp = config(dir.path(), &upstream.url(), "profile = \"mcp\"");
+    let refused =
+        idemgate::rehearse::run(&args(mcp.clone(), "/", 9, false), &env, Vec::new()).await;
+    let error = refused.expect_err("refused").to_string();
+    assert!(error.contains("give --tool NAME"), "{error}");
+    // Arguments that are no object: refused too.
+    let mut calls = args(mcp, "/", 9, false);
+    (calls.body, calls.tool, calls.arguments) = (None, Some("create_task".into()), "[1]".into());
+    let refused = idemgate::rehearse::run(&calls, &env, Vec::new()).await;
+    assert!(
+        refused
+            .expect_err("refused")
+            .to_string()
+            .contains("--arguments is a JSON object")
+    );
+    // A tool for an HTTP route: refused.
+    let http = config(dir.path(), &upstream.url(), "");
+    let mut tool = args(http, "/tasks", 9, false);
+    (tool.body, tool.tool) = (None, Some("create_task".into()));
+    let refused = idemgate::rehearse::run(&tool, &env, Vec::new()).await;
+    assert!(
+        refused
+            .expect_err("refused")
+            .to_string()
+            .contains("give --body JSON")
+    );
+    assert!(upstream.write_requests().is_empty());
 }
