@@ -448,3 +448,23 @@ fn a_profile_sets_its_defaults_and_its_retention_floor() {
     let unknown = error_of(&format!("{MINIMAL}profile = \"soap\"\n"));
     assert!(unknown.contains("routes[0].profile"), "{unknown}");
 }
+
+#[test]
+fn an_mcp_route_intercepts_its_posts_alone() {
+    let config = Config::from_toml_str(
+        "[[routes]]\nname = \"tools\"\nprofile = \"mcp\"\nupstream = \"http://127.0.0.1:9\"\n",
+        "t.toml",
+    )
+    .unwrap();
+    let route = &config.routes[0];
+    assert_eq!(route.methods, vec![http::Method::POST]);
+    assert_eq!(route.key, KeyMode::Derive);
+    assert_eq!(route.in_progress, InProgressMode::Wait);
+    assert!(route.mcp.is_some());
+    let refused = Config::from_toml_str(
+        "[[routes]]\nname = \"tools\"\nprofile = \"mcp\"\nupstream = \"http://127.0.0.1:9\"\nmethods = [\"PATCH\"]\n",
+        "t.toml",
+    );
+    assert!(refused.unwrap_err().to_string().contains("always a POST"));
+}
+

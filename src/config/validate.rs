@@ -480,10 +480,17 @@ impl Validator<'_> {
             .parse()
             .map_err(|reason: String| self.invalid(field("profile"), reason))?;
         let wire = profile.wire();
+        // An MCP endpoint takes its JSON-RPC messages as POSTs: the only
+        // method an mcp route intercepts.
+        let methods_default: &[&str] = if profile == Profile::Mcp {
+            &["POST"]
+        } else {
+            route::METHODS
+        };
         let methods =
             raw.methods
                 .clone()
-                .unwrap_or_else(|| route::METHODS.iter().map(|m| m.to_string()).collect())
+                .unwrap_or_else(|| methods_default.iter().map(|m| m.to_string()).collect())
                 .iter()
                 .map(|m| {
                     let method = Method::from_bytes(m.as_bytes()).map_err(|_| {
