@@ -70,6 +70,11 @@ pub mod reconcile {
     pub const TIMEOUT: &str = "5s";
 }
 
+/// `[routes.mcp.reconcile]` (its `timeout` is `reconcile::TIMEOUT`).
+pub mod mcp_reconcile {
+    pub const ARGUMENTS: &str = "{}";
+}
+
 /// `[[alerts]]` (`events` defaults to every event).
 pub mod alert {
     pub const AGED_AFTER: &str = "1h";

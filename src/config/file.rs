@@ -108,6 +108,16 @@ pub(super) struct RawMcp {
     pub(super) read_only_tools: Option<Vec<String>>,
     pub(super) protected_tools: Option<Vec<String>>,
     pub(super) key_argument: Option<String>,
+    pub(super) reconcile: Option<RawMcpReconcile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMcpReconcile {
+    pub(super) tool: String,
+    pub(super) arguments: Option<String>,
+    pub(super) found_json_pointer: Option<String>,
+    pub(super) timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

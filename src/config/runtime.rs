@@ -376,6 +376,12 @@ impl Route {
     pub fn intercepts(&self, method: &Method) -> bool {
         self.key != KeyMode::Off && self.methods.contains(method)
     }
+
+    /// Whether a held operation of this route may be proved by a probe:
+    /// an HTTP route's `[routes.reconcile]`, an MCP route's read-only tool.
+    pub fn has_probe(&self) -> bool {
+        self.reconcile.is_some() || self.mcp.as_ref().is_some_and(|m| m.reconcile.is_some())
+    }
 }
 
 /// An MCP route's `[routes.mcp]`: which `tools/call`s are protected
@@ -388,6 +394,108 @@ pub struct McpTools {
     pub protected: Vec<String>,
     /// The argument that carries a call's key, when the tool has one.
     pub key_argument: Option<String>,
+    /// The read-only tool that may prove a held call happened.
+    pub reconcile: Option<McpReconcile>,
+}
+
+impl McpReconcile {
+    /// The probe's arguments for a held call with key `key` whose
+    /// arguments `argument` gives by name: each string of the template
+    /// that is `{argument:NAME}` becomes that argument's value, and
+    /// `{key}` or `{argument:NAME}` within a longer string its text.
+    pub fn arguments_for(
+        &self,
+        key: &str,
+        argument: impl Fn(&str) -> Option<serde_json::Value>,
+    ) -> Result<serde_json::Value, String> {
+        fill_template(&self.arguments, key, argument)
+    }
+}
+
+/// [`McpReconcile::arguments_for`] of any template.
+pub fn fill_template(
+    template: &str,
+    key: &str,
+    argument: impl Fn(&str) -> Option<serde_json::Value>,
+) -> Result<serde_json::Value, String> {
+    fn fill(
+        value: &mut serde_json::Value,
+        key: &str,
+        argument: &dyn Fn(&str) -> Option<serde_json::Value>,
+    ) -> Result<(), String> {
+        use serde_json::Value;
+        match value {
+            Value::String(text) => {
+                let whole = text
+                    .strip_prefix("{argument:")
+                    .and_then(|rest| rest.strip_suffix('}'))
+                    .filter(|name| !name.contains('{') && !name.contains('}'));
+                if let Some(name) = whole {
+                    *value =
+                        argument(name).ok_or(format!("the held call has no argument `{name}`"))?;
+                    return Ok(());
+                }
+                // Left to right, each placeholder of the template once: what
+                // an argument holds is never read as a placeholder.
+                let mut out = String::with_capacity(text.len());
+                let mut rest = text.as_str();
+                while let Some(start) = rest.find('{') {
+                    out.push_str(&rest[..start]);
+                    let after = &rest[start..];
+                    if let Some(tail) = after.strip_prefix("{key}") {
+                        out.push_str(key);
+                        rest = tail;
+                    } else if let Some(tail) = after.strip_prefix("{argument:") {
+                        let end = tail
+                            .find('}')
+                            .ok_or("an {argument:NAME} without its closing brace")?;
+                        let name = &tail[..end];
+                        let found = argument(name)
+                            .ok_or(format!("the held call has no argument `{name}`"))?;
+                        match found {
+                            Value::String(text) => out.push_str(&text),
+                            other => out.push_str(&other.to_string()),
+                        }
+                        rest = &tail[end + 1..];
+                    } else {
+                        out.push('{');
+                        rest = &after[1..];
+                    }
+                }
+                out.push_str(rest);
+                *text = out;
+            }
+            Value::Array(items) => {
+                for item in items {
+                    fill(item, key, argument)?;
+                }
+            }
+            Value::Object(members) => {
+                for member in members.values_mut() {
+                    fill(member, key, argument)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+    let mut value: serde_json::Value =
+        serde_json::from_str(template).map_err(|e| format!("is not JSON: {e}"))?;
+    fill(&mut value, key, &argument)?;
+    Ok(value)
+}
+
+/// An MCP route's reconcile probe: a call of a read-only `tool` with
+/// `arguments`, a JSON object template (`{key}`: the held call's key;
+/// `{argument:NAME}`: its argument NAME, from the stored request body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpReconcile {
+    pub tool: String,
+    pub arguments: String,
+    /// The result must have a non-null value here too (after `isError` is
+    /// not true).
+    pub found_json_pointer: Option<String>,
+    pub timeout: Duration,
 }
 
 /// What an upstream connection trusts and presents.

@@ -468,3 +468,28 @@ fn an_mcp_route_intercepts_its_posts_alone() {
     assert!(refused.unwrap_err().to_string().contains("always a POST"));
 }
 
+#[test]
+fn a_probe_template_is_filled_from_the_held_call() {
+    use serde_json::json;
+    let args = json!({"title": "a {argument:title}", "n": 7, "nested": {"x": "{key}"}});
+    let argument = |name: &str| args.get(name).cloned();
+    let filled = fill_template(
+        r##"{"title": "{argument:title}", "n": "{argument:n}", "label": "#{argument:n} {key}", "deep": ["{argument:nested}"]}"##,
+        "k-1",
+        argument,
+    )
+    .unwrap();
+    assert_eq!(
+        filled,
+        json!({
+            "title": "a {argument:title}",
+            "n": 7,
+            "label": "#7 k-1",
+            "deep": [{"x": "{key}"}],
+        }),
+        "whole strings take the value; what an argument holds is never a placeholder"
+    );
+    assert!(fill_template(r#"{"t": "{argument:missing}"}"#, "k", argument).is_err());
+    assert!(fill_template(r#"{"t": "{argument:open"}"#, "k", argument).is_err());
+    assert!(fill_template("not json", "k", argument).is_err());
+}

@@ -18,11 +18,13 @@ use http::{Method, Uri};
 use tokio::sync::Semaphore;
 
 use super::ConfigError;
-use super::defaults::{alert, reconcile, route, server, store};
-use super::file::{RawAlert, RawConfig, RawMcp, RawReconcile, RawRoute, RawServer, RawStore};
+use super::defaults::{alert, mcp_reconcile, reconcile, route, server, store};
+use super::file::{
+    RawAlert, RawConfig, RawMcp, RawMcpReconcile, RawReconcile, RawRoute, RawServer, RawStore,
+};
 use super::runtime::{
     AlertConfig, AlertEvent, CertPair, ClientTls, Config, Durability, InProgressMode, KeyMode,
-    McpTools, Quota, Reconcile, Route, ServerConfig, StoreConfig, StoreUrl, Upstream,
+    McpReconcile, McpTools, Quota, Reconcile, Route, ServerConfig, StoreConfig, StoreUrl, Upstream,
 };
 use crate::profile::Profile;
 
@@ -552,8 +554,11 @@ impl Validator<'_> {
                 "an mcp route derives a keyless call's key from its tool and arguments; name a key argument in [routes.mcp] key_argument instead",
             ));
         }
+        let keeps_bodies = raw.store_request_body.unwrap_or(route::STORE_REQUEST_BODY);
         let mcp_tools = match (mcp, raw.mcp) {
-            (true, raw) => Some(self.mcp_tools(&field("mcp"), raw.unwrap_or_default())?),
+            (true, raw) => {
+                Some(self.mcp_tools(&field("mcp"), raw.unwrap_or_default(), keeps_bodies)?)
+            }
             (false, None) => None,
             (false, Some(_)) => {
                 return Err(self.invalid(field("mcp"), "only on a route with profile = \"mcp\""));
@@ -760,7 +765,12 @@ impl Validator<'_> {
 
     /// `[routes.mcp]`: tool names as the server lists them; a tool both
     /// read-only and protected is refused, as it cannot be both.
-    fn mcp_tools(&self, field: &str, raw: RawMcp) -> Result<McpTools, ConfigError> {
+    fn mcp_tools(
+        &self,
+        field: &str,
+        raw: RawMcp,
+        keeps_bodies: bool,
+    ) -> Result<McpTools, ConfigError> {
         let read_only = raw.read_only_tools.unwrap_or_default();
         let protected = raw.protected_tools.unwrap_or_default();
         if let Some(both) = read_only.iter().find(|t| protected.contains(t)) {
@@ -781,10 +791,67 @@ impl Validator<'_> {
             }
             other => other,
         };
+        let reconcile = raw
+            .reconcile
+            .map(|probe| {
+                self.mcp_reconcile(
+                    &format!("{field}.reconcile"),
+                    probe,
+                    &protected,
+                    keeps_bodies,
+                )
+            })
+            .transpose()?;
         Ok(McpTools {
             read_only,
             protected,
             key_argument,
+            reconcile,
+        })
+    }
+
+    /// `[routes.mcp.reconcile]`: a read-only tool, arguments that are a
+    /// JSON object once filled, `{argument:…}` only where bodies are kept.
+    fn mcp_reconcile(
+        &self,
+        field: &str,
+        raw: RawMcpReconcile,
+        protected: &[String],
+        keeps_bodies: bool,
+    ) -> Result<McpReconcile, ConfigError> {
+        if raw.tool.is_empty() {
+            return Err(self.invalid(format!("{field}.tool"), "is empty"));
+        }
+        if protected.contains(&raw.tool) {
+            return Err(self.invalid(
+                format!("{field}.tool"),
+                format!("`{}` is in protected_tools: a probe only reads", raw.tool),
+            ));
+        }
+        let arguments = raw
+            .arguments
+            .unwrap_or_else(|| mcp_reconcile::ARGUMENTS.to_string());
+        let filled =
+            super::runtime::fill_template(&arguments, "k", |_| Some(serde_json::Value::from("v")))
+                .map_err(|reason| self.invalid(format!("{field}.arguments"), reason))?;
+        if !filled.is_object() {
+            return Err(self.invalid(format!("{field}.arguments"), "is a JSON object"));
+        }
+        if arguments.contains("{argument:") && !keeps_bodies {
+            return Err(self.invalid(
+                format!("{field}.arguments"),
+                "{argument:…} reads the held call's arguments, which the route keeps only with store_request_body = true",
+            ));
+        }
+        Ok(McpReconcile {
+            tool: raw.tool,
+            arguments,
+            found_json_pointer: raw.found_json_pointer,
+            timeout: self.duration(
+                &format!("{field}.timeout"),
+                raw.timeout.as_deref(),
+                reconcile::TIMEOUT,
+            )?,
         })
     }
 

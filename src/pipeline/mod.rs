@@ -790,7 +790,7 @@ impl Proxy {
         let (claim, in_flight) = match claimed {
             Claimed::Send(claim, guard) => (claim, guard),
             Claimed::Answer(response) => return Ok(Next::Answer(response)),
-            Claimed::Held(operation) if route.reconcile.is_none() => {
+            Claimed::Held(operation) if !route.has_probe() => {
                 return replay::answer_existing(&operation, &new.fingerprint).map(Next::Answer);
             }
             Claimed::Held(operation) => {

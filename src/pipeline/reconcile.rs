@@ -1,5 +1,6 @@
 //! Reconcile probes (docs/requests.md, "After a lost response"): a read-only GET to the route's own
-//! upstream that may prove an `unknown` operation happened.
+//! upstream that may prove an `unknown` operation happened, or on an MCP
+//! route a call of a read-only tool (docs/mcp.md, "Reconcile").
 //!
 //! Invariants:
 //! - a probe only ever *upgrades* an operation: a match settles it
@@ -21,17 +22,18 @@ use std::time::Duration;
 use bytes::BytesMut;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
-use http::header::{ACCEPT, AUTHORIZATION, HeaderName, HeaderValue};
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Request};
 use http_body_util::BodyExt;
 use serde_json::json;
 use tokio::sync::watch;
 
 use crate::body::full;
-use crate::config::{Reconcile, Route};
+use crate::config::{McpReconcile, Reconcile, Route};
 use crate::operation::{Event, StoredResponse};
 use crate::pipeline::forward::{ProbeClient, strip_hop_by_hop};
 use crate::pipeline::key::url_component;
+use crate::pipeline::sse;
 use crate::store::{LateEvidence, LateSource, Store};
 use crate::traces::{self, Step};
 
@@ -120,10 +122,19 @@ impl Reconciler {
         key: &str,
         credentials: &HeaderMap,
     ) {
-        let Some(reconcile) = route.reconcile.as_ref() else {
-            return;
+        let tool = route.mcp.as_ref().and_then(|m| m.reconcile.as_ref());
+        let (reconcile, tool) = match (route.reconcile.as_ref(), tool) {
+            (Some(reconcile), _) => (Some(reconcile), None),
+            (None, Some(tool)) => (None, Some(tool)),
+            (None, None) => return,
         };
-        let Some(url) = url_for(reconcile, key) else {
+        let timeout =
+            reconcile.map_or_else(|| tool.map_or(Duration::ZERO, |t| t.timeout), |r| r.timeout);
+        let url = match (reconcile, tool) {
+            (Some(reconcile), _) => url_for(reconcile, key),
+            (None, _) => Some(String::new()),
+        };
+        let Some(url) = url else {
             let event = Event {
                 kind: "probe",
                 detail: json!({ "skipped": "the key is a dot-segment: no probe URL can name its resource" }),
@@ -145,7 +156,7 @@ impl Reconciler {
             Ok(done) => done,
             Err(mut running) => {
                 // `changed` ends when the running probe drops its sender.
-                let _ = tokio::time::timeout(reconcile.timeout, running.changed()).await;
+                let _ = tokio::time::timeout(timeout, running.changed()).await;
                 return;
             }
         };
@@ -155,11 +166,23 @@ impl Reconciler {
             _done: done,
         };
         let probe = async {
-            let result = within(
-                reconcile.timeout,
-                fetch(client, route, reconcile, &url, credentials),
-            )
-            .await;
+            let result = match (reconcile, tool) {
+                (Some(reconcile), _) => {
+                    let fetched = fetch(client, route, reconcile, &url, credentials);
+                    within(timeout, fetched).await
+                }
+                (None, Some(tool)) => {
+                    let called =
+                        call_tool(store, client, route, tool, operation_id, key, credentials);
+                    within(timeout, called).await
+                }
+                (None, None) => {
+                    return ProbeResult::NotMatched {
+                        status: None,
+                        error: None,
+                    };
+                }
+            };
             match &result {
                 ProbeResult::Matched(response) => traces::probe_ended(true, Some(response.status)),
                 ProbeResult::NotMatched { status, .. } => traces::probe_ended(false, *status),
@@ -167,7 +190,11 @@ impl Reconciler {
             result
         };
         let result = traces::child(Step::Probe, probe).await;
-        let event = result.event(&url);
+        let asked = match tool {
+            Some(tool) => format!("tools/call {}", tool.tool),
+            None => url,
+        };
+        let event = result.event(&asked);
         let written = match result {
             ProbeResult::Matched(response) => {
                 let late = LateEvidence {
@@ -282,11 +309,143 @@ async fn fetch(
     ))
 }
 
+/// An MCP route's probe: one call of its read-only tool, its arguments
+/// filled from the held call ([`McpReconcile::arguments_for`]), as a
+/// stateless 2026-07-28 request to the endpoint the held call went to. It
+/// matches when the tool's result is no error and, with
+/// `found_json_pointer`, holds a non-null value there; the result, marked
+/// `dev.idemgate/reconciled-by`, is then what retries of the held call get.
+async fn call_tool(
+    store: &dyn Store,
+    client: &ProbeClient,
+    route: &Route,
+    probe: &McpReconcile,
+    operation_id: &str,
+    key: &str,
+    credentials: &HeaderMap,
+) -> ProbeResult {
+    let not_matched = |status, error: String| ProbeResult::NotMatched {
+        status,
+        error: Some(error),
+    };
+    let held = match store.get(operation_id).await {
+        Ok(Some((operation, _))) => operation,
+        Ok(None) => return not_matched(None, "the operation is gone".into()),
+        Err(e) => return not_matched(None, format!("the store: {e}")),
+    };
+    let sent: serde_json::Value = held
+        .request
+        .body
+        .as_deref()
+        .and_then(|body| serde_json::from_slice(body).ok())
+        .unwrap_or_default();
+    // The operation's key is `<tool>/<key>`: the call's own key is after it.
+    let call_key = key.split_once('/').map_or(key, |(_, own)| own);
+    let arguments = match probe.arguments_for(call_key, |name| {
+        sent.pointer("/params/arguments")?.get(name).cloned()
+    }) {
+        Ok(arguments) => arguments,
+        Err(e) => return not_matched(None, e),
+    };
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": probe.tool,
+            "arguments": arguments,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": PROBE_REVISION,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        },
+    });
+    let uri = match route.upstream.uri_for(&held.request.path) {
+        Ok(uri) => uri,
+        Err(e) => return not_matched(None, e.to_string()),
+    };
+    let mut request = Request::post(uri).body(full(body.to_string()));
+    if let Ok(request) = &mut request {
+        let headers = request.headers_mut();
+        *headers = credentials.clone();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        headers.insert(
+            "mcp-protocol-version",
+            HeaderValue::from_static(PROBE_REVISION),
+        );
+        headers.insert("mcp-method", HeaderValue::from_static("tools/call"));
+        if let Ok(name) = HeaderValue::from_str(&probe.tool) {
+            headers.insert("mcp-name", name);
+        }
+        traces::inject(headers);
+    }
+    let request = match request {
+        Ok(request) => request,
+        Err(e) => return not_matched(None, e.to_string()),
+    };
+    let response = match client.request(request).await {
+        Ok(response) => response,
+        Err(e) => return not_matched(None, e.to_string()),
+    };
+    let status = response.status().as_u16();
+    let streamed = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.trim_start().starts_with("text/event-stream"));
+    let limited = http_body_util::Limited::new(response.into_body(), route.max_stored_response);
+    let read = match limited.collect().await {
+        Ok(read) => read.to_bytes(),
+        Err(e) => return not_matched(Some(status), format!("probe answer unread: {e}")),
+    };
+    let messages: Vec<serde_json::Value> = if streamed {
+        sse::messages(&read)
+            .iter()
+            .filter_map(|data| serde_json::from_str(data).ok())
+            .collect()
+    } else {
+        serde_json::from_slice(&read).into_iter().collect()
+    };
+    let answer = messages
+        .into_iter()
+        .find(|m| m.get("id") == Some(&serde_json::Value::from(1)));
+    let Some(mut result) = answer.and_then(|mut m| m.get_mut("result").map(std::mem::take)) else {
+        return not_matched(Some(status), "no result for the probe's call".into());
+    };
+    if result["isError"] == true {
+        return not_matched(Some(status), "the tool answered an error".into());
+    }
+    if let Some(pointer) = &probe.found_json_pointer
+        && result.pointer(pointer).is_none_or(|v| v.is_null())
+    {
+        return not_matched(Some(status), format!("nothing at {pointer}"));
+    }
+    if let Some(members) = result.as_object_mut() {
+        let meta = members.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.insert("dev.idemgate/reconciled-by".into(), json!(probe.tool));
+        }
+    }
+    let stored = json!({"jsonrpc": "2.0", "id": null, "result": result});
+    ProbeResult::Matched(StoredResponse {
+        status: 200,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: Some(stored.to_string().into_bytes()),
+    })
+}
+
+/// The MCP revision an MCP probe speaks: stateless, so it needs no session.
+const PROBE_REVISION: &str = "2026-07-28";
+
 /// Keeps only the headers a probe may carry: `authorization` and the
 /// route's scope headers.
 pub fn credentials(headers: &HeaderMap, route: &Route) -> HeaderMap {
     let mut kept = HeaderMap::new();
-    if route.reconcile.is_none() {
+    if !route.has_probe() {
         // No probe will ever present them.
         return kept;
     }

@@ -657,6 +657,13 @@ fn context(key: &str) -> toml::Table {
     if key.starts_with("routes[].mcp") || key.starts_with("routes.mcp.") {
         set(&mut config, "routes[].profile", text("mcp"));
     }
+    if key.starts_with("routes[].mcp.reconcile.") || key.starts_with("routes.mcp.reconcile.") {
+        set(
+            &mut config,
+            "routes[].mcp.reconcile.tool",
+            text("find_task"),
+        );
+    }
     config
 }
 
@@ -691,6 +698,7 @@ fn accepted_keys() -> BTreeSet<String> {
         ("routes", "routes[]."),
         ("routes.reconcile", "routes[].reconcile."),
         ("routes.mcp", "routes[].mcp."),
+        ("routes.mcp.reconcile", "routes[].mcp.reconcile."),
         ("alerts", "alerts[]."),
     ] {
         for name in accepted(table_path) {

@@ -21,6 +21,9 @@
 //! - the gateway killed (SIGKILL) mid-call recovers it to `unknown` and
 //!   never executes it again;
 //! - headers that disagree with the body are refused, nothing sent;
+//! - a held call is proved by the route's read-only probe tool, its
+//!   arguments filled from the held call: completed with the probe's
+//!   result; a probe that finds nothing leaves it held;
 //! - `idemgate rehearse` runs its five cases against the server with tool
 //!   calls, every case as expected, and counts the writes it sent;
 //! - `@modelcontextprotocol/conformance`, run against a reference server
@@ -646,4 +649,86 @@ async fn rehearse_runs_its_cases_with_tool_calls() {
     // Every write the report counts reached the server, and no other.
     let executed = read_to_string(&server.effects).lines().count() as u64;
     assert_eq!(Some(executed), report["writes_sent"].as_u64(), "{report}");
+}
+
+/// A gateway whose `mcp` route keeps bodies and probes with `find_task`
+/// for the held call's title with `suffix` added.
+async fn probing_gateway(server: &McpServer, suffix: &str) -> TestGateway {
+    let route = format!(
+        "profile = \"mcp\"\nstore_request_body = true\n\
+         [routes.mcp.reconcile]\ntool = \"find_task\"\n\
+         arguments = '{{\"title\": \"{{argument:title}}{suffix}\"}}'\n\
+         found_json_pointer = \"/structuredContent/seq\"\n"
+    );
+    let setup = Setup::route(&route)
+        .at("/mcp")
+        .upstream_url(server.url())
+        .admin();
+    spawn_gateway_with(setup).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn a_held_call_is_proved_by_the_routes_probe_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = McpServer::start(dir.path()).await;
+    let gw = probing_gateway(&server, "").await;
+    let elsewhere = probing_gateway(&server, "-never").await;
+    let args = json!({ "title": "probed" });
+    let other = json!({ "title": "never-found" });
+    for (gateway, arguments) in [(&gw, &args), (&elsewhere, &other)] {
+        let lost = call(
+            Client::Python,
+            gateway,
+            "die_after_effect",
+            arguments,
+            1,
+            &[],
+        )
+        .await;
+        assert_eq!(
+            lost[0]["meta"]["dev.idemgate/problem"], "outcome-unknown",
+            "{lost:?}"
+        );
+        server.restart().await;
+    }
+    // The retry of a held call probes again, now that the server is back.
+    let settled = call(Client::PythonModern, &gw, "die_after_effect", &args, 1, &[]).await;
+    assert!(replayed(&settled[0]), "{settled:?}");
+    assert_eq!(settled[0]["isError"], false, "{settled:?}");
+    assert!(
+        text(&settled[0]).contains("\"seq\""),
+        "the probe's result: {settled:?}"
+    );
+    assert_eq!(
+        settled[0]["meta"]["dev.idemgate/reconciled-by"],
+        "find_task"
+    );
+    // Not found is no proof: still held, and the probe on the timeline.
+    let held = call(
+        Client::PythonModern,
+        &elsewhere,
+        "die_after_effect",
+        &other,
+        1,
+        &[],
+    )
+    .await;
+    assert_eq!(held[0]["meta"]["dev.idemgate/state"], "unknown", "{held:?}");
+    let key = held[0]["meta"]["dev.idemgate/operation-id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let shown = elsewhere
+        .admin("GET", &format!("/admin/keys/{key}"), "")
+        .await
+        .json();
+    let probes = events_of(&shown, "probe");
+    assert!(!probes.is_empty(), "{shown}");
+    assert!(
+        probes.iter().all(|p| p["matched"] == false),
+        "{probes:?}"
+    );
+    assert_eq!(server.executions("die_after_effect", "probed"), 1);
+    assert_eq!(server.executions("die_after_effect", "never-found"), 1);
 }

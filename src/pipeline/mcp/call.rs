@@ -281,7 +281,7 @@ mod tests {
         McpTools {
             read_only: vec!["list_tasks".into()],
             protected: vec!["search".into()],
-            key_argument: None,
+            ..McpTools::default()
         }
     }
 

@@ -21,6 +21,8 @@ Tools:
   confirm_create(title)     asks the client to confirm (elicitation), then records an
                             effect like create_task
   list_tasks()              readOnlyHint=true; returns the titles recorded so far
+  find_task(title)          readOnlyHint=true; structuredContent {"seq": N} of the
+                            latest effect with that title, {"seq": null} if none
 
 The SDK answers both protocol eras on the same endpoint: 2025-11-25 and older
 (initialize handshake, Mcp-Session-Id unless --stateless) and 2026-07-28
@@ -154,6 +156,20 @@ def list_tasks() -> str:
     """List the titles of the tasks created so far (read-only), as a JSON array."""
     titles = [e["arguments"].get("title") for e in _read_effects() if e.get("tool") in CREATING_TOOLS]
     return json.dumps(titles)
+
+
+class Found(BaseModel):
+    seq: int | None
+
+
+@mcp.tool(
+    annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, destructive_hint=False, open_world_hint=False),
+    structured_output=True,
+)
+def find_task(title: str) -> Found:
+    """The latest task created with this title (read-only): its sequence number, or null."""
+    found = [e["seq"] for e in _read_effects() if e.get("arguments", {}).get("title") == title]
+    return Found(seq=found[-1] if found else None)
 
 
 @mcp.custom_route("/_effects", methods=["GET"])
