@@ -45,7 +45,7 @@ impl Answer {
     /// error itself.
     /// On an MCP route it is the tool result's `dev.idemgate/problem`.
     pub fn problem(&self) -> Option<String> {
-        let value = serde_json::from_str::<Value>(&self.body).ok()?;
+        let value = self.message()?;
         if let Some(name) = value["result"]["_meta"]["dev.idemgate/problem"].as_str() {
             return Some(name.to_string());
         }
@@ -59,15 +59,27 @@ impl Answer {
     /// for a replay's own marker in an MCP result (`_meta`).
     pub fn repeats(&self, other: &Answer) -> bool {
         let result = |answer: &Answer| {
-            let mut value = serde_json::from_str::<Value>(&answer.body).ok()?;
+            let mut value = answer.message()?;
             let result = value.get_mut("result")?.as_object_mut()?;
             if let Some(Value::Object(meta)) = result.get_mut("_meta") {
                 meta.remove("dev.idemgate/replayed");
+                if meta.is_empty() {
+                    result.remove("_meta");
+                }
             }
             Some(value)
         };
         self.status == other.status
             && (self.body == other.body || result(self).is_some_and(|r| Some(r) == result(other)))
+    }
+
+    /// The body as JSON: the body itself, or an event stream's last
+    /// message (an MCP answer streamed after relayed events).
+    fn message(&self) -> Option<Value> {
+        serde_json::from_str::<Value>(&self.body).ok().or_else(|| {
+            let messages = crate::pipeline::sse::messages(self.body.as_bytes());
+            serde_json::from_str(messages.last()?).ok()
+        })
     }
 
     /// `201 {"id":1}`, or `409 outcome-unknown` for an error idemgate answered.
@@ -230,4 +242,41 @@ where
         results.push(handle.await.map_err(|e| E::from(CallError::new(e)))??);
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(body: &str, replayed: bool) -> Answer {
+        Answer {
+            status: StatusCode::OK,
+            replayed,
+            key: None,
+            body: body.into(),
+        }
+    }
+
+    #[test]
+    fn an_mcp_answer_reads_alike_streamed_or_not() {
+        let result =
+            r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}]}}"#;
+        let streamed = answer(
+            &format!(
+                "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"p\"}}\n\nevent: message\ndata: {result}\n\n"
+            ),
+            false,
+        );
+        let replay = answer(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}],"_meta":{"dev.idemgate/replayed":true}}}"#,
+            true,
+        );
+        assert!(replay.repeats(&streamed));
+        let held = answer(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"isError":true,"_meta":{"dev.idemgate/problem":"outcome-unknown"}}}"#,
+            false,
+        );
+        assert_eq!(held.problem().as_deref(), Some("outcome-unknown"));
+        assert_eq!(streamed.problem(), None);
+    }
 }

@@ -493,3 +493,15 @@ fn a_probe_template_is_filled_from_the_held_call() {
     assert!(fill_template(r#"{"t": "{argument:open"}"#, "k", argument).is_err());
     assert!(fill_template("not json", "k", argument).is_err());
 }
+
+#[test]
+fn a_first_sent_skew_is_less_than_the_retention() {
+    let toml = "[store]\nretention = \"10m\"\n[[routes]]\nname = \"sms\"\nprofile = \"oasis\"\nupstream = \"http://127.0.0.1:9\"\nfirst_sent_skew = \"10m\"\n";
+    let error = Config::from_toml_str(toml, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("first_sent_skew"), "{error}");
+    // A profile that reads no first-sent time does not care.
+    let plain = toml.replace("profile = \"oasis\"\n", "");
+    assert!(Config::from_toml_str(&plain, "t.toml").is_ok());
+}

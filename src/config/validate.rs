@@ -213,6 +213,17 @@ impl Validator<'_> {
                     format!("path_prefix `{}` is used twice", route.path_prefix),
                 ));
             }
+            let reads_first_sent = route.profile.wire().first_sent.is_some();
+            if reads_first_sent && route.first_sent_skew >= store.retention {
+                return Err(self.invalid(
+                    format!("routes[{i}].first_sent_skew"),
+                    format!(
+                        "is {}, not less than store.retention ({}): a request first sent that far ahead would be tracked for no time at all",
+                        humantime::format_duration(route.first_sent_skew),
+                        humantime::format_duration(store.retention),
+                    ),
+                ));
+            }
             let floor = route.profile.wire().retention_floor;
             if let Some(floor) = floor.filter(|floor| store.retention < *floor) {
                 return Err(self.invalid(

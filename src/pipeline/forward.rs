@@ -685,13 +685,13 @@ fn read_events(
                 continue;
             };
             for event in events.push(&data) {
-                let Some(kept) = answer.take(event) else {
-                    continue;
-                };
-                if kept.len() > route.max_stored_response {
-                    return (lost(LostCause::Failed, too_large(kept.len())), None);
+                // However the bytes were split: one rule for an event too large.
+                if event.len() > route.max_stored_response {
+                    return (lost(LostCause::Failed, too_large(event.len())), None);
                 }
-                return (Exchange::Complete { head, body: kept }, None);
+                if let Some(kept) = answer.take(event) {
+                    return (Exchange::Complete { head, body: kept }, None);
+                }
             }
             if events.pending() > route.max_stored_response {
                 return (lost(LostCause::Failed, too_large(events.pending())), None);

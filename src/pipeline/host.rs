@@ -11,10 +11,12 @@
 //! Invariant: after [`normalize`], a request carries at most one `host`
 //! header: its authority's host and port, lower-cased, without the port
 //! its scheme implies (80 for `http`, 443 for `https`); and a request whose
-//! `Host` names another authority than its `:authority` (RFC 9113 §8.3.1)
-//! or absolute-form target, that has several `Host` lines, or whose host
-//! is no authority, is refused ([`HostError`], 400 `invalid-host`) before
-//! anything reads it.
+//! `host` names another authority than its HTTP/2 `:authority` (RFC 9113
+//! §8.3.1), that has several `Host` lines, or whose host is no
+//! `host[:port]`, is refused ([`HostError`], 400 `invalid-host`) before
+//! anything reads it. An HTTP/1.1 absolute-form target's authority is the
+//! host, whatever `Host` says (RFC 9112 §3.2.2), and an empty `Host` names
+//! none.
 
 use http::Request;
 use http::header::{HOST, HeaderValue};
@@ -54,6 +56,8 @@ pub fn normalize<B>(request: &mut Request<B>) -> Result<(), HostError> {
     let mut hosts = request.headers().get_all(HOST).iter();
     let from_header = match (hosts.next(), hosts.next()) {
         (Some(_), Some(_)) => return Err(HostError::Several),
+        // An empty Host names no authority (RFC 9112 §3.2).
+        (Some(value), None) if value.is_empty() => None,
         (Some(value), None) => {
             let authority =
                 Authority::try_from(value.as_bytes()).map_err(|_| HostError::Invalid)?;
@@ -61,10 +65,15 @@ pub fn normalize<B>(request: &mut Request<B>) -> Result<(), HostError> {
         }
         (None, _) => None,
     };
+    let http2 = request.version() == http::Version::HTTP_2;
     let host = match (from_target, from_header) {
-        (Some(authority), Some(host)) if authority != host => {
+        // HTTP/2: a `host` that names another authority makes the request
+        // malformed (RFC 9113 §8.3.1).
+        (Some(authority), Some(host)) if http2 && authority != host => {
             return Err(HostError::Disagree { host, authority });
         }
+        // HTTP/1.1 in absolute form: the target's authority, Host ignored
+        // (RFC 9112 §3.2.2).
         (Some(host), _) | (None, Some(host)) => host,
         (None, None) => return Ok(()),
     };
@@ -79,7 +88,18 @@ fn spelled(authority: &Authority, scheme: &Scheme) -> Result<String, HostError> 
     if authority.as_str().contains('@') {
         return Err(HostError::UserInfo);
     }
-    let host = authority.host().to_ascii_lowercase();
+    // After the host only `:` and a port may come, the port a number.
+    let after = &authority.as_str()[authority.host().len()..];
+    let port_ok = match after.strip_prefix(':') {
+        None => after.is_empty(),
+        Some("") => true,
+        Some(digits) => digits.bytes().all(|b| b.is_ascii_digit()) && digits.parse::<u16>().is_ok(),
+    };
+    if !port_ok {
+        return Err(HostError::Invalid);
+    }
+    // `api.example.` is `api.example`: the root label spelled out.
+    let host = authority.host().trim_end_matches('.').to_ascii_lowercase();
     let default = if *scheme == Scheme::HTTPS { 443 } else { 80 };
     Ok(match authority.port_u16() {
         Some(port) if port != default => format!("{host}:{port}"),
@@ -139,25 +159,47 @@ mod tests {
     }
 
     #[test]
-    fn a_host_that_disagrees_with_the_authority_is_refused() {
+    fn an_http2_host_that_disagrees_with_the_authority_is_refused() {
+        let h2 = |host: &str| {
+            let mut request = Request::builder()
+                .version(http::Version::HTTP_2)
+                .uri("http://api.example/a")
+                .header(HOST, host)
+                .body(())
+                .unwrap();
+            normalize(&mut request).map(|()| request.headers()[HOST].clone())
+        };
         // The same host spelled otherwise agrees.
+        assert_eq!(h2("API.example:80").unwrap(), "api.example");
+        assert!(matches!(
+            h2("other.example"),
+            Err(HostError::Disagree { .. })
+        ));
+        assert!(matches!(
+            h2("api.example:8080"),
+            Err(HostError::Disagree { .. })
+        ));
+        // HTTP/1.1 in absolute form: the target names the host, Host is ignored.
         assert_eq!(
-            of("http://api.example/a", Some("API.example:80"), false),
+            of("http://api.example/a", Some("other.example"), false),
             host("api.example")
         );
-        assert!(matches!(
-            of("http://api.example/a", Some("other.example"), false),
-            Err(HostError::Disagree { .. })
-        ));
-        assert!(matches!(
-            of("http://api.example/a", Some("api.example:8080"), false),
-            Err(HostError::Disagree { .. })
-        ));
     }
 
     #[test]
     fn malformed_hosts_are_refused() {
         assert_eq!(of("/a", Some("a b"), false), Err(HostError::Invalid));
+        for bad_port in ["api.example:99999", "api.example:80x", "[::1]x"] {
+            assert_eq!(
+                of("/a", Some(bad_port), false),
+                Err(HostError::Invalid),
+                "{bad_port}"
+            );
+        }
+        // An empty Host names no host (left as sent: a scope reads it as
+        // absent); a trailing dot is the same host.
+        assert_eq!(of("/a", Some(""), false), Ok(Some(String::new())));
+        assert_eq!(of("/a", Some("API.example."), false), host("api.example"));
         assert_eq!(
             of("/a", Some("u:p@api.example"), false),
             Err(HostError::UserInfo)

@@ -264,13 +264,9 @@ async fn fetch(
             .insert(ACCEPT, HeaderValue::from_static("application/json"));
         traces::inject(request.headers_mut());
     }
-    let request = match request {
-        Ok(request) => request,
-        Err(e) => return not_matched(None, e.to_string()),
-    };
-    let response = match client.request(request).await {
+    let response = match send(client, request).await {
         Ok(response) => response,
-        Err(e) => return not_matched(None, e.to_string()),
+        Err(not_sent) => return not_sent,
     };
     let (mut head, mut body) = response.into_parts();
     strip_hop_by_hop(&mut head.headers);
@@ -383,13 +379,9 @@ async fn call_tool(
         }
         traces::inject(headers);
     }
-    let request = match request {
-        Ok(request) => request,
-        Err(e) => return not_matched(None, e.to_string()),
-    };
-    let response = match client.request(request).await {
+    let response = match send(client, request).await {
         Ok(response) => response,
-        Err(e) => return not_matched(None, e.to_string()),
+        Err(not_sent) => return not_sent,
     };
     let status = response.status().as_u16();
     let streamed = response
@@ -436,6 +428,22 @@ async fn call_tool(
         headers: vec![("content-type".into(), b"application/json".to_vec())],
         body: Some(stored.to_string().into_bytes()),
     })
+}
+
+/// A probe's request sent: its response, or no match saying why not.
+async fn send(
+    client: &ProbeClient,
+    request: Result<Request<crate::body::ProxyBody>, http::Error>,
+) -> Result<http::Response<hyper::body::Incoming>, ProbeResult> {
+    let not_sent = |error: String| ProbeResult::NotMatched {
+        status: None,
+        error: Some(error),
+    };
+    let request = request.map_err(|e| not_sent(e.to_string()))?;
+    client
+        .request(request)
+        .await
+        .map_err(|e| not_sent(e.to_string()))
 }
 
 /// The MCP revision an MCP probe speaks: stateless, so it needs no session.

@@ -30,8 +30,8 @@ pub struct FirstSentWindow {
 }
 
 /// Refuses a repeatable request whose `Repeatability-First-Sent` is
-/// missing, unreadable, older than the retention before `now` (ms since
-/// the epoch), or further ahead of `now` than the skew. Older, its
+/// missing, unreadable, older than the retention less the skew before
+/// `now` (ms since the epoch), or further ahead of `now` than the skew. Older, its
 /// operation may have been deleted, so whether it already happened cannot
 /// be told; ahead, it would still look recent once its operation is
 /// deleted, and a retry would be sent again. A profile without the header
@@ -59,7 +59,11 @@ pub fn check_first_sent(
         Err(HttpDateError::BeforeTheEpoch) => return Err(too_old()),
         Err(HttpDateError::Invalid) => return Err(KeyError::FirstSentInvalid { header }.into()),
     };
-    if now.saturating_sub(sent_ms) > clock::millis(window.retention) {
+    // A time up to the skew ahead was taken at the first send: its retries
+    // must stop looking recent the skew sooner, or the last of them would
+    // come after the operation was deleted.
+    let tracked = window.retention.saturating_sub(window.skew);
+    if now.saturating_sub(sent_ms) > clock::millis(tracked) {
         return Err(too_old());
     }
     if sent_ms.saturating_sub(now) > clock::millis(window.skew) {
@@ -125,14 +129,18 @@ fn rfc850_as_imf_fixdate(text: &str, now: i64) -> Option<Result<String, HttpDate
     ) else {
         return Some(Err(HttpDateError::Invalid));
     };
-    let Ok(yy) = two_digits.parse::<i64>() else {
+    let digits = two_digits.bytes().all(|b| b.is_ascii_digit());
+    let (true, Ok(yy), Some(b' ')) = (digits, two_digits.parse::<i64>(), rest.get(9)) else {
         return Some(Err(HttpDateError::Invalid));
     };
+    // The latest year with these two digits that is not more than 50
+    // years ahead of now.
     let this_year = year_of(now);
-    let mut year = this_year / 100 * 100 + yy;
-    if year > this_year + 50 {
-        year -= 100;
-    }
+    let century = this_year / 100 * 100;
+    let year = [century + 100 + yy, century + yy, century - 100 + yy]
+        .into_iter()
+        .find(|year| *year <= this_year + 50)
+        .unwrap_or(century - 100 + yy);
     if !WEEKDAYS.contains(&weekday) {
         return Some(Err(HttpDateError::Invalid));
     }
@@ -225,9 +233,11 @@ mod tests {
 
     #[test]
     fn first_sent_is_required_readable_and_recent() {
-        assert!(first_sent(Some(DATE), SENT + 300_000).is_ok());
+        // Tracked for the retention less the skew: a first send taken a
+        // skew ahead still has its operation when its last retry comes.
+        assert!(first_sent(Some(DATE), SENT + 240_000).is_ok());
         assert!(matches!(
-            first_sent(Some(DATE), SENT + 300_001),
+            first_sent(Some(DATE), SENT + 240_001),
             Err(ProxyError::FirstSentTooOld { .. })
         ));
         assert!(matches!(
@@ -301,6 +311,24 @@ mod tests {
             first_sent(Some("Friday, 01-Nov-69 00:00:00 GMT"), SENT),
             Err(ProxyError::InvalidKey(KeyError::FirstSentAhead { .. }))
         ));
+        // Near a century's end the next one is read: in 2099, 00 is 2100.
+        let in_2099 = 4_070_908_800_000; // 2099-01-01
+        assert_eq!(
+            year_of(http_date_millis("Friday, 01-Jan-00 00:00:00 GMT", in_2099).unwrap()),
+            2100
+        );
+        // Two digits, then a space: nothing else is a year.
+        for odd in [
+            "Tuesday, 01-Dec--6 12:00:00 GMT",
+            "Tuesday, 01-Dec-+6 12:00:00 GMT",
+            "Tuesday, 01-Dec-26x12:00:00 GMT",
+        ] {
+            assert_eq!(
+                http_date_millis(odd, SENT),
+                Err(HttpDateError::Invalid),
+                "{odd}"
+            );
+        }
         // In 2015, 69 is 2069 - 54 years ahead - so 1969, before the
         // epoch: older than any retention.
         let now_2015 = 1_433_116_800_000;

@@ -181,10 +181,10 @@ fn first_set(
 /// which is never printed. Refused without echoing the value, which may
 /// hold one.
 fn checked_url(variable: &'static str, url: &str) -> Result<String, TraceSettingError> {
-    let authority = url.split_once("://").map_or("", |(_, rest)| {
-        rest.split(['/', '?', '#']).next().unwrap_or_default()
-    });
-    if authority.contains('@') {
+    // Up to the query: a user or password may hold `/` (`u:pa/ss@host`),
+    // and a URL without a scheme is all authority.
+    let before_query = url.split(['?', '#']).next().unwrap_or_default();
+    if before_query.contains('@') {
         return Err(invalid(
             variable,
             "the URL names a user or password (`user:password@`); put credentials in \
@@ -192,14 +192,15 @@ fn checked_url(variable: &'static str, url: &str) -> Result<String, TraceSetting
                 .into(),
         ));
     }
+    // Not echoed: whatever it holds stays out of the logs.
     let uri: http::Uri = url
         .parse()
-        .map_err(|e| invalid(variable, format!("`{url}` is not a URL: {e}")))?;
+        .map_err(|e| invalid(variable, format!("it is not a URL: {e}")))?;
     match uri.scheme_str() {
         Some("http" | "https") if uri.authority().is_some() => Ok(url.to_string()),
         _ => Err(invalid(
             variable,
-            format!("`{url}` is not an http:// or https:// URL"),
+            "it is not an http:// or https:// URL".into(),
         )),
     }
 }

@@ -725,10 +725,7 @@ async fn a_held_call_is_proved_by_the_routes_probe_tool() {
         .json();
     let probes = events_of(&shown, "probe");
     assert!(!probes.is_empty(), "{shown}");
-    assert!(
-        probes.iter().all(|p| p["matched"] == false),
-        "{probes:?}"
-    );
+    assert!(probes.iter().all(|p| p["matched"] == false), "{probes:?}");
     assert_eq!(server.executions("die_after_effect", "probed"), 1);
     assert_eq!(server.executions("die_after_effect", "never-found"), 1);
 }

@@ -35,7 +35,9 @@ use crate::pipeline::sse;
 /// Where one call's relayed events go, within its byte budget.
 #[derive(Debug, Clone)]
 pub struct Relay {
-    events: mpsc::UnboundedSender<Bytes>,
+    /// Each event with the bytes it took from the budget (a request of the
+    /// server's takes what is left, however large it is).
+    events: mpsc::UnboundedSender<(Bytes, usize)>,
     left: Arc<AtomicUsize>,
     /// Set once the server sent anything for the call before its response.
     spoke: Arc<std::sync::atomic::AtomicBool>,
@@ -44,7 +46,7 @@ pub struct Relay {
 /// The client's side of a [`Relay`]: what it takes gives the budget back.
 #[derive(Debug)]
 pub struct Relayed {
-    events: mpsc::UnboundedReceiver<Bytes>,
+    events: mpsc::UnboundedReceiver<(Bytes, usize)>,
     left: Arc<AtomicUsize>,
 }
 
@@ -57,17 +59,17 @@ impl Relayed {
 
     /// A relayed event already there, if any.
     pub fn try_recv(&mut self) -> Option<Bytes> {
-        let event = self.events.try_recv().ok()?;
-        self.left.fetch_add(event.len(), Ordering::SeqCst);
+        let (event, took) = self.events.try_recv().ok()?;
+        self.left.fetch_add(took, Ordering::SeqCst);
         Some(event)
     }
 
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        let polled = self.events.poll_recv(cx);
-        if let Poll::Ready(Some(event)) = &polled {
-            self.left.fetch_add(event.len(), Ordering::SeqCst);
-        }
-        polled
+        self.events.poll_recv(cx).map(|received| {
+            let (event, took) = received?;
+            self.left.fetch_add(took, Ordering::SeqCst);
+            Some(event)
+        })
     }
 }
 
@@ -107,9 +109,12 @@ impl Relay {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
                 left.checked_sub(size).or(request.then_some(0))
             });
-        if taken.is_ok() {
+        if let Ok(left) = taken {
+            // What it took is given back when the client reads it: never
+            // more than the budget.
+            let took = size.min(left);
             // A client gone is no reason to stop reading the upstream.
-            let _ = self.events.send(event);
+            let _ = self.events.send((event, took));
         }
     }
 }
@@ -265,9 +270,13 @@ mod tests {
         assert_eq!(relayed.try_recv().unwrap(), "1234");
         assert_eq!(relayed.try_recv().unwrap(), "request");
         assert!(relayed.try_recv().is_none());
-        // What the client took is room again.
+        // What the client took is room again, and never more than there was.
+        assert_eq!(relay.left.load(Ordering::SeqCst), 10);
         relay.send(Bytes::from_static(b"123456789"), false);
         assert_eq!(relayed.try_recv().unwrap(), "123456789");
+        relay.send(Bytes::from_static(b"a request larger than ten"), true);
+        assert_eq!(relayed.try_recv().unwrap(), "a request larger than ten");
+        assert_eq!(relay.left.load(Ordering::SeqCst), 10);
     }
 
     #[tokio::test]
