@@ -47,6 +47,8 @@ pub enum ProblemKind {
     // About the operation a key already has.
     KeyReused,
     RequestInProgress,
+    /// An identical request under another key is in progress or held.
+    PossibleDuplicate,
     OutcomeUnknown(UnknownSince),
     ResponseNotStored,
     RoutePaused,
@@ -102,7 +104,9 @@ impl ProblemKind {
             NoRoute | UnknownOperation => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            RequestInProgress | ResponseNotStored | NotResolvable => StatusCode::CONFLICT,
+            RequestInProgress | ResponseNotStored | NotResolvable | PossibleDuplicate => {
+                StatusCode::CONFLICT
+            }
             OutcomeUnknown(UnknownSince::Earlier) => StatusCode::CONFLICT,
             BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -142,6 +146,7 @@ impl ProblemKind {
                 "Idempotency-Key reused with a different request",
             ),
             RequestInProgress => ("request-in-progress", "Request in progress"),
+            PossibleDuplicate => ("possible-duplicate", "Possible duplicate"),
             OutcomeUnknown(_) => ("outcome-unknown", "Outcome unknown"),
             ResponseNotStored => ("response-not-stored", "Response not stored"),
             RoutePaused => ("route-paused", "Route paused"),
@@ -324,7 +329,7 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 37] = [
+    const CASES: [(ProblemKind, u16, &str); 38] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (InvalidHost, 400, "invalid-host"),
@@ -339,6 +344,7 @@ mod tests {
         (InvalidBody, 400, "invalid-body"),
         (KeyReused, 422, "key-reused"),
         (RequestInProgress, 409, "request-in-progress"),
+        (PossibleDuplicate, 409, "possible-duplicate"),
         (
             OutcomeUnknown(UnknownSince::Earlier),
             409,

@@ -75,6 +75,11 @@ pub enum ProxyError {
     KeyReused { operation: OperationRef },
     #[error("{}", in_progress(Profile::Idemgate.wire().key_name))]
     InProgress { operation: OperationRef },
+    #[error(
+        "an identical request under another key is still in progress or held as unknown (operation {}): this one is most likely the same action, so nothing was sent; retry with that request's key",
+        operation.id
+    )]
+    PossibleDuplicate { operation: OperationRef },
     #[error("{detail}")]
     OutcomeUnknown {
         operation: OperationRef,
@@ -169,6 +174,7 @@ impl ProxyError {
             BodyRead { .. } => (ProblemKind::InvalidBody, None),
             KeyReused { operation } => (ProblemKind::KeyReused, Some(operation)),
             InProgress { operation } => (ProblemKind::RequestInProgress, Some(operation)),
+            PossibleDuplicate { operation } => (ProblemKind::PossibleDuplicate, Some(operation)),
             OutcomeUnknown {
                 operation, since, ..
             } => (ProblemKind::OutcomeUnknown(*since), Some(operation)),
@@ -232,7 +238,9 @@ impl ProxyError {
         use ProxyError::*;
         match self {
             KeyReused { .. } => Outcome::mismatch,
-            InProgress { .. } | ResponseNotStored { .. } => Outcome::conflict,
+            InProgress { .. } | ResponseNotStored { .. } | PossibleDuplicate { .. } => {
+                Outcome::conflict
+            }
             OutcomeUnknown { .. } | StoreUnavailableAfterSend { .. } => Outcome::unknown,
             UpstreamUnreachable {
                 operation: Some(_), ..

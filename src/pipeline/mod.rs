@@ -81,7 +81,7 @@ use crate::traces::{self, Step, Tracing};
 use attempt::Attempt;
 use budget::{BodyBudget, BudgetSpent, Reservation};
 use claim::{Claimed, Hold, InFlight};
-use error::ProxyError;
+use error::{OperationRef, ProxyError};
 use fingerprint::{ExactDigest, FingerprintInput};
 use forward::{Peer, ProbeClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
@@ -526,7 +526,7 @@ impl Proxy {
         let parts_headers = parts.headers.clone();
         let exact = ExactDigest::of(&identified.fingerprint);
         let keyed = Keyed {
-            key: identified.key,
+            key: identified.key.clone(),
             announced: identified.source == mcp::identity::KeySource::Derived,
             scope,
             fingerprint: identified.fingerprint,
@@ -535,6 +535,7 @@ impl Proxy {
             body,
             peer,
             call: Some(active.calls.track(&parts_headers, &call.id, relay)),
+            rotation_guard: identified.source == mcp::identity::KeySource::Sent,
         };
         self.write_keyed(active, keyed).await
     }
@@ -618,6 +619,7 @@ impl Proxy {
             body: (body, reservation),
             peer,
             call: None,
+            rotation_guard: false,
         };
         let answered = self.write_keyed(active, keyed).await;
         let mut response = answered.unwrap_or_else(|error| error.into_response_as(wire));
@@ -647,6 +649,7 @@ impl Proxy {
             body: (body, reservation),
             peer,
             call,
+            rotation_guard,
         } = keyed;
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let now = self.shared.clock.now_millis();
@@ -689,6 +692,9 @@ impl Proxy {
                     },
                     fresh_after,
                 });
+                if rotation_guard {
+                    self.refuse_rotated(&new).await?;
+                }
                 let write = Write {
                     key,
                     new,
@@ -702,6 +708,31 @@ impl Proxy {
                 };
                 self.spawn_write(active, write).await
             }
+        }
+    }
+
+    /// Refuses a write under a new key while an identical one under
+    /// another key is `in_progress` or `unknown` (docs/mcp.md, "Rotated
+    /// keys"): agents and retry loops mint a key per attempt, and such a
+    /// request is almost certainly the held one again. Asked before the
+    /// claim, not in its transaction: two identical requests under two
+    /// keys arriving within the same few milliseconds may both pass.
+    async fn refuse_rotated(&self, new: &NewOperation) -> Result<(), ProxyError> {
+        let store = self.shared.store.as_ref();
+        if store
+            .current(new)
+            .await
+            .map_err(ProxyError::store)?
+            .is_some()
+        {
+            // Its own key has an operation: the claim answers from it.
+            return Ok(());
+        }
+        match store.held_twin(new).await.map_err(ProxyError::store)? {
+            Some(twin) => Err(ProxyError::PossibleDuplicate {
+                operation: OperationRef::from(&twin),
+            }),
+            None => Ok(()),
         }
     }
 
@@ -880,6 +911,9 @@ struct Keyed {
     body: (Bytes, Reservation),
     peer: Peer,
     call: Option<mcp::cancel::Pending>,
+    /// A request that sent its own key: refused when an identical one
+    /// under another key is held ([`Proxy::refuse_rotated`]).
+    rotation_guard: bool,
 }
 
 /// Bodies larger than this are digested on the blocking pool: hashing and

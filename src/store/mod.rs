@@ -582,6 +582,13 @@ pub trait RequestPath: Send + Sync {
     /// would supersede it.
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError>;
 
+    /// An operation under another key of `new`'s route and scope, with its
+    /// fingerprint, that is `in_progress` or `unknown`: a request under a
+    /// rotated key would most likely repeat it (docs/mcp.md, "Rotated
+    /// keys"). `None` when there is none. Served by the route's state
+    /// index: only operations in flight or held are looked at.
+    async fn held_twin(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError>;
+
     /// Whether this process may still write the attempts it claimed
     /// ([`fence`]): checked right before each is written, since a claim's
     /// ownership can end while its attempt is on its way.

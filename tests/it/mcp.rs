@@ -21,6 +21,8 @@
 //! - the gateway killed (SIGKILL) mid-call recovers it to `unknown` and
 //!   never executes it again;
 //! - headers that disagree with the body are refused, nothing sent;
+//! - a call under a rotated key while an identical one is in progress or
+//!   held is `possible-duplicate`, not run; after it completed, it runs;
 //! - a held call is proved by the route's read-only probe tool, its
 //!   arguments filled from the held call: completed with the probe's
 //!   result; a probe that finds nothing leaves it held;
@@ -728,4 +730,96 @@ async fn a_held_call_is_proved_by_the_routes_probe_tool() {
     assert!(probes.iter().all(|p| p["matched"] == false), "{probes:?}");
     assert_eq!(server.executions("die_after_effect", "probed"), 1);
     assert_eq!(server.executions("die_after_effect", "never-found"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn a_rotated_key_is_a_possible_duplicate_while_the_first_is_unresolved() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = McpServer::start(dir.path()).await;
+    let gw = gateway(&server).await;
+    let problem = |line: &Value| line["meta"]["dev.idemgate/problem"].clone();
+    // In progress: a slow call, and the same call under another key.
+    let slow = json!({ "title": "rotated-slow", "ms": 1500 });
+    let first = {
+        let url = format!("http://{}/mcp", gw.addr());
+        let mut cmd = Command::new(python());
+        cmd.arg(mcp_dir().join("client.py"))
+            .args([
+                "--url",
+                &url,
+                "--tool",
+                "slow_create",
+                "--args",
+                &slow.to_string(),
+            ])
+            .args(["--header", &format!("Authorization: {ALICE}")])
+            .args(["--header", "Idempotency-Key: rot-a", "--mode", "legacy"]);
+        tokio::spawn(run_to_exit_within(cmd, CLIENT_RUN))
+    };
+    let started = PathBuf::from(format!("{}.started", server.effects.display()));
+    eventually("the first call to reach the server", || async {
+        read_to_string(&started)
+            .contains("rotated-slow")
+            .then_some(())
+    })
+    .await;
+    let rotated = call(
+        Client::Python,
+        &gw,
+        "slow_create",
+        &slow,
+        1,
+        &strs(&key("rot-b")),
+    )
+    .await;
+    assert_eq!(problem(&rotated[0]), "possible-duplicate", "{rotated:?}");
+    assert_eq!(rotated[0]["meta"]["dev.idemgate/state"], "in_progress");
+    drop(first.await);
+    // Completed: another key is a new action, and runs.
+    let after = call(
+        Client::Python,
+        &gw,
+        "slow_create",
+        &slow,
+        1,
+        &strs(&key("rot-c")),
+    )
+    .await;
+    assert!(text(&after[0]).starts_with("created task"), "{after:?}");
+    assert_eq!(server.executions("slow_create", "rotated-slow"), 2);
+    // Unknown: the server died with the call; a rotated key is not sent.
+    let died = json!({ "title": "rotated-died" });
+    call(
+        Client::Python,
+        &gw,
+        "die_after_effect",
+        &died,
+        1,
+        &strs(&key("rot-d")),
+    )
+    .await;
+    server.restart().await;
+    for client in CLIENTS {
+        let again = call(
+            client,
+            &gw,
+            "die_after_effect",
+            &died,
+            1,
+            &strs(&key(&format!("rot-{client:?}"))),
+        )
+        .await;
+        assert_eq!(
+            problem(&again[0]),
+            "possible-duplicate",
+            "{client:?}: {again:?}"
+        );
+        assert_eq!(again[0]["meta"]["dev.idemgate/state"], "unknown");
+        assert!(
+            text(&again[0]).contains("another idempotency key"),
+            "{again:?}"
+        );
+    }
+    assert_eq!(server.executions("die_after_effect", "rotated-died"), 1);
 }

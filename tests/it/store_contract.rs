@@ -125,6 +125,7 @@ contract!(
     access_paths_are_served_by_their_indexes,
     kept_counts_are_what_counting_the_table_says,
     counts_not_known_exact_are_recounted_at_open,
+    a_held_twin_is_an_identical_operation_in_flight_or_held,
 );
 
 async fn run<F, Fut>(backend: Backend, test: F)
@@ -1187,4 +1188,57 @@ async fn a_status_lookup_reads_a_few_pages_before_statistics_on_postgres() {
         "the lookup read {pages} pages of a 100,000-operation store:\n{plan:#}"
     );
     let _ = conn.close().await;
+}
+
+async fn a_held_twin_is_an_identical_operation_in_flight_or_held(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let twin_of = |key: &str| {
+        let store = store.clone();
+        let new = new_op(key, "fp");
+        async move { store.held_twin(&new).await.expect("held_twin") }
+    };
+    assert!(twin_of("k2").await.is_none(), "none yet");
+    // In flight: a twin for another key, never for its own.
+    let first = claimed(store.as_ref(), &new_op("k1", "fp")).await;
+    let twin = twin_of("k2").await.expect("in flight");
+    assert_eq!(
+        (twin.id.as_str(), twin.state),
+        (first.operation_id.as_str(), State::InProgress)
+    );
+    assert!(twin_of("k1").await.is_none(), "its own key is no twin");
+    // Other payload, route or scope: no twin.
+    assert!(
+        store
+            .held_twin(&new_op("k2", "other"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let mut elsewhere = new_op("k2", "fp");
+    elsewhere.route = "other".into();
+    assert!(store.held_twin(&elsewhere).await.unwrap().is_none());
+    let mut other_scope = new_op("k2", "fp");
+    other_scope.scope = digest("scope-b");
+    assert!(store.held_twin(&other_scope).await.unwrap().is_none());
+    // Held unknown: still a twin; completed: none.
+    let lost = Settlement::Unknown {
+        evidence: "timeout".into(),
+    };
+    assert_eq!(
+        store.record(&first, &lost, &[]).await.unwrap(),
+        Recorded::Applied
+    );
+    assert_eq!(twin_of("k2").await.expect("held").state, State::Unknown);
+    let decision = Decision::Completed {
+        response: response(201, "done"),
+    };
+    let event = Event {
+        kind: "resolved",
+        detail: serde_json::json!({}),
+    };
+    store
+        .resolve(&first.operation_id, &decision, &event)
+        .await
+        .unwrap();
+    assert!(twin_of("k2").await.is_none(), "settled: no twin");
 }

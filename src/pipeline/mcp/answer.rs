@@ -287,6 +287,12 @@ fn guidance(name: &str, state: Option<&str>, detail: &str, operation: Option<&st
          arguments again returns its result once it is settled."
     );
     match (name, state) {
+        ("possible-duplicate", _) => format!(
+            "An identical call of this tool under another idempotency key is still running or held \
+             as possibly done{held_as}, so this call was not made: it is almost certainly the same \
+             action. Do not call it again with yet another key; call it with that first key to get \
+             its result once it is settled."
+        ),
         ("outcome-unknown", _) | (_, Some("unknown")) => unknown,
         ("request-in-progress", _) => format!(
             "This same call is still running{held_as}. Do not call it with another key or other \
@@ -397,6 +403,7 @@ mod tests {
             ("response-not-stored", Some("completed")),
             ("outcome-unknown", Some("unknown")),
             ("lease-lost", Some("unknown")),
+            ("possible-duplicate", Some("unknown")),
         ] {
             let text = says(name, state);
             assert!(!text.contains(not_made), "{name}: {text}");

@@ -161,6 +161,37 @@ pub async fn find(
         .transpose()
 }
 
+/// [`RequestPath::held_twin`](crate::store::RequestPath::held_twin),
+/// through the route's state index.
+pub async fn held_twin(
+    pool: &PgPool,
+    seal: &Seal,
+    new: &NewOperation,
+) -> Result<Option<Operation>, StoreError> {
+    let row = sqlx::query(&held_twin_sql())
+        .bind(&new.route)
+        .bind(&new.scope)
+        .bind(new.fingerprint.as_str())
+        .bind(&new.key)
+        .fetch_optional(pool)
+        .await?;
+    row.as_ref()
+        .map(|row| operation_from_row(row, seal, &new.scope))
+        .transpose()
+}
+
+/// No `superseded_at IS NULL`: only settled operations are superseded,
+/// and without it the partial identity index, which would walk every
+/// operation of the scope, cannot serve the query.
+fn held_twin_sql() -> String {
+    format!(
+        "SELECT {OPERATION_COLUMNS} FROM operations
+         WHERE route = $1 AND state IN ('in_progress', 'unknown') AND scope = $2
+           AND fingerprint = $3 AND idem_key <> $4
+         LIMIT 1"
+    )
+}
+
 /// An attempt number or a batch position as an INTEGER column holds it.
 fn int(n: impl TryInto<i32>) -> i32 {
     n.try_into().unwrap_or(i32::MAX)
@@ -873,6 +904,18 @@ pub fn access_paths() -> Vec<AccessPath> {
             index: "operations_state_updated",
             bound: Some("updated_at < "),
             params: vec![Param::Int(1_000), Param::Int(i64::from(SWEEP_LIMIT))],
+        },
+        AccessPath {
+            name: "held_twin".into(),
+            sql: held_twin_sql(),
+            index: "operations_route_state_id",
+            bound: None,
+            params: vec![
+                Param::text("api"),
+                Param::text("scope"),
+                Param::text("fp"),
+                Param::text("k"),
+            ],
         },
     ]);
     paths

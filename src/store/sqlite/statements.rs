@@ -195,6 +195,40 @@ pub fn find(
     found.transpose()
 }
 
+/// [`RequestPath::held_twin`](crate::store::RequestPath::held_twin): the
+/// route's held operations through its state index, those in flight
+/// through theirs.
+pub fn held_twin(
+    conn: &Connection,
+    seal: &Seal,
+    new: &NewOperation,
+) -> Result<Option<Operation>, StoreError> {
+    let mut statement = conn.prepare_cached(&held_twin_sql())?;
+    let found = statement
+        .query_row(
+            params![new.route, new.scope, new.fingerprint.as_str(), new.key],
+            |row| operation_from_row(row, seal, &new.scope),
+        )
+        .optional()?;
+    found.transpose()
+}
+
+fn held_twin_sql() -> String {
+    // Only settled operations are ever superseded: no `superseded_at`
+    // condition, which would invite the identity index (every operation
+    // of the scope).
+    let twin = "scope = unhex(?2) AND fingerprint = unhex(?3) AND idem_key <> ?4";
+    format!(
+        "SELECT {OPERATION_COLUMNS} FROM operations
+         WHERE route = ?1 AND state = 'unknown' AND {} AND {twin}
+         UNION ALL
+         SELECT {OPERATION_COLUMNS} FROM operations
+         WHERE state = 'in_progress' AND route = ?1 AND {twin}
+         LIMIT 1",
+        not_in_progress!()
+    )
+}
+
 /// Inserts a new operation, claimed for its first attempt, unless an
 /// operation that is not superseded holds its identity (`None`).
 fn insert(
@@ -858,6 +892,18 @@ pub fn access_paths() -> Vec<AccessPath> {
             index: "operations_state_updated",
             bound: Some("updated_at<"),
             params: vec![Param::Int(1_000), Param::Int(i64::from(SWEEP_LIMIT))],
+        },
+        AccessPath {
+            name: "held_twin".into(),
+            sql: held_twin_sql(),
+            index: "operations_route_state_id",
+            bound: None,
+            params: vec![
+                Param::text("api"),
+                Param::text(&"0".repeat(64)),
+                Param::text(&"1".repeat(64)),
+                Param::text("k"),
+            ],
         },
     ]);
     paths
