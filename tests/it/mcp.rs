@@ -739,8 +739,9 @@ async fn a_rotated_key_is_a_possible_duplicate_while_the_first_is_unresolved() {
     let mut server = McpServer::start(dir.path()).await;
     let gw = gateway(&server).await;
     let problem = |line: &Value| line["meta"]["dev.idemgate/problem"].clone();
-    // In progress: a slow call, and the same call under another key.
-    let slow = json!({ "title": "rotated-slow", "ms": 1500 });
+    // In progress: a call the server holds until released, and the same
+    // call under another key meanwhile.
+    let held = json!({ "title": "rotated-held" });
     let first = {
         let url = format!("http://{}/mcp", gw.addr());
         let mut cmd = Command::new(python());
@@ -749,9 +750,9 @@ async fn a_rotated_key_is_a_possible_duplicate_while_the_first_is_unresolved() {
                 "--url",
                 &url,
                 "--tool",
-                "slow_create",
+                "held_create",
                 "--args",
-                &slow.to_string(),
+                &held.to_string(),
             ])
             .args(["--header", &format!("Authorization: {ALICE}")])
             .args(["--header", "Idempotency-Key: rot-a", "--mode", "legacy"]);
@@ -760,34 +761,36 @@ async fn a_rotated_key_is_a_possible_duplicate_while_the_first_is_unresolved() {
     let started = PathBuf::from(format!("{}.started", server.effects.display()));
     eventually("the first call to reach the server", || async {
         read_to_string(&started)
-            .contains("rotated-slow")
+            .contains("rotated-held")
             .then_some(())
     })
     .await;
     let rotated = call(
         Client::Python,
         &gw,
-        "slow_create",
-        &slow,
+        "held_create",
+        &held,
         1,
         &strs(&key("rot-b")),
     )
     .await;
     assert_eq!(problem(&rotated[0]), "possible-duplicate", "{rotated:?}");
     assert_eq!(rotated[0]["meta"]["dev.idemgate/state"], "in_progress");
+    let release = PathBuf::from(format!("{}.release", server.effects.display()));
+    std::fs::write(&release, "rotated-held\n").expect("release");
     drop(first.await);
     // Completed: another key is a new action, and runs.
     let after = call(
         Client::Python,
         &gw,
-        "slow_create",
-        &slow,
+        "held_create",
+        &held,
         1,
         &strs(&key("rot-c")),
     )
     .await;
     assert!(text(&after[0]).starts_with("created task"), "{after:?}");
-    assert_eq!(server.executions("slow_create", "rotated-slow"), 2);
+    assert_eq!(server.executions("held_create", "rotated-held"), 2);
     // Unknown: the server died with the call; a rotated key is not sent.
     let died = json!({ "title": "rotated-died" });
     call(

@@ -17,6 +17,9 @@ Tools:
   create_task(title)        non-idempotent; records an effect, returns "created task N"
   slow_create(title, ms)    sleeps ms (reporting progress if the client asked for it),
                             then records an effect like create_task
+  held_create(title)        notes its start like slow_create, then waits (at most 30 s)
+                            until EFFECTS.release holds a line with its title, then
+                            records an effect like create_task
   die_after_effect(title)   records the effect, then os._exit(17) before answering
   confirm_create(title)     asks the client to confirm (elicitation), then records an
                             effect like create_task
@@ -66,7 +69,7 @@ def _parse_args() -> argparse.Namespace:
 
 ARGS = _parse_args()
 EFFECTS = os.path.abspath(ARGS.effects)
-CREATING_TOOLS = ("create_task", "slow_create", "die_after_effect")
+CREATING_TOOLS = ("create_task", "slow_create", "held_create", "die_after_effect")
 
 
 def _read_effects() -> list[dict[str, Any]]:
@@ -122,6 +125,23 @@ async def slow_create(title: str, ms: int, ctx: Context) -> str:
     await asyncio.sleep(ms / 1000)
     n = _record_effect("slow_create", {"title": title, "ms": ms})
     await ctx.report_progress(ms, ms, "done")
+    return f"created task {n}"
+
+
+@mcp.tool(annotations=NON_IDEMPOTENT, structured_output=False)
+async def held_create(title: str) -> str:
+    """Wait until the test releases this title (EFFECTS.release), then create a task."""
+    with open(EFFECTS + ".started", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"title": title}) + "\n")
+    for _ in range(3000):
+        try:
+            with open(EFFECTS + ".release", encoding="utf-8") as f:
+                if any(line.strip() == title for line in f):
+                    break
+        except FileNotFoundError:
+            pass
+        await asyncio.sleep(0.01)
+    n = _record_effect("held_create", {"title": title})
     return f"created task {n}"
 
 
