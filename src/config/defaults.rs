@@ -40,6 +40,8 @@ pub mod route {
     pub const FINGERPRINT_HEADERS: &[&str] = &["content-type"];
     pub const FORWARD_KEY_HEADER: &str = "Idempotency-Key";
     pub const IN_PROGRESS: &str = "reject";
+    /// docs/decisions.md, "A rotated key".
+    pub const ROTATED_KEYS: &str = "off";
     pub const WAIT_TIMEOUT: &str = "10s";
     pub const MAX_WAITERS: usize = 256;
     /// Only with `quota_operations` or `quota_stored_bytes`.
@@ -62,6 +64,9 @@ pub mod route {
     /// `in_progress` under `profile = "mcp"`: an agent's retry of a call
     /// still running gets its result, not a refusal it would retry again.
     pub const MCP_IN_PROGRESS: &str = "wait";
+    /// `rotated_keys` under `profile = "mcp"`: agents mint a key per
+    /// attempt (docs/decisions.md, "A rotated key").
+    pub const MCP_ROTATED_KEYS: &str = "hold";
 }
 
 /// `[routes.reconcile]`.

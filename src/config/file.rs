@@ -82,6 +82,7 @@ pub(super) struct RawRoute {
     pub(super) ignore_fields: Option<Vec<String>>,
     pub(super) forward_key_header: Option<String>,
     pub(super) in_progress: Option<String>,
+    pub(super) rotated_keys: Option<String>,
     pub(super) wait_timeout: Option<String>,
     pub(super) max_waiters: Option<usize>,
     pub(super) quota_operations: Option<u32>,

@@ -214,6 +214,17 @@ pub enum InProgressMode {
     Wait,
 }
 
+/// What a write under its own key gets while an identical one (same
+/// route, scope and fingerprint) under another key is `in_progress` or
+/// `unknown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RotatedKeys {
+    /// 409 `possible-duplicate` naming the first operation; nothing sent.
+    Hold,
+    /// Sent as the new write its key says it is.
+    Off,
+}
+
 impl std::str::FromStr for KeyMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -341,6 +352,7 @@ pub struct Route {
     /// `None` when the file sets it to the empty string: the key is not forwarded.
     pub forward_key_header: Option<HeaderName>,
     pub in_progress: InProgressMode,
+    pub rotated_keys: RotatedKeys,
     pub wait_timeout: Duration,
     /// `wait` mode: duplicates waiting on one operation at once; more get
     /// 409 `request-in-progress` at once.

@@ -505,3 +505,28 @@ fn a_first_sent_skew_is_less_than_the_retention() {
     let plain = toml.replace("profile = \"oasis\"\n", "");
     assert!(Config::from_toml_str(&plain, "t.toml").is_ok());
 }
+
+#[test]
+fn rotated_keys_hold_on_mcp_routes_and_are_off_elsewhere_by_default() {
+    let route = |extra: &str| {
+        let toml = format!("[[routes]]\nname = \"r\"\nupstream = \"http://127.0.0.1:9\"\n{extra}");
+        Config::from_toml_str(&toml, "t.toml").map(|c| c.routes[0].rotated_keys)
+    };
+    assert_eq!(route("").unwrap(), RotatedKeys::Off);
+    assert_eq!(route("profile = \"mcp\"\n").unwrap(), RotatedKeys::Hold);
+    assert_eq!(
+        route("rotated_keys = \"hold\"\n").unwrap(),
+        RotatedKeys::Hold
+    );
+    assert_eq!(
+        route("profile = \"mcp\"\nrotated_keys = \"off\"\n").unwrap(),
+        RotatedKeys::Off
+    );
+    let error = route("rotated_keys = \"sometimes\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("rotated_keys") && error.contains("hold or off"),
+        "{error}"
+    );
+}

@@ -24,7 +24,8 @@ use super::file::{
 };
 use super::runtime::{
     AlertConfig, AlertEvent, CertPair, ClientTls, Config, Durability, InProgressMode, KeyMode,
-    McpReconcile, McpTools, Quota, Reconcile, Route, ServerConfig, StoreConfig, StoreUrl, Upstream,
+    McpReconcile, McpTools, Quota, Reconcile, RotatedKeys, Route, ServerConfig, StoreConfig,
+    StoreUrl, Upstream,
 };
 use crate::profile::Profile;
 
@@ -594,6 +595,21 @@ impl Validator<'_> {
                 ));
             }
         };
+        let rotated_keys_default = if mcp {
+            route::MCP_ROTATED_KEYS
+        } else {
+            route::ROTATED_KEYS
+        };
+        let rotated_keys = match raw.rotated_keys.as_deref().unwrap_or(rotated_keys_default) {
+            "hold" => RotatedKeys::Hold,
+            "off" => RotatedKeys::Off,
+            other => {
+                return Err(self.invalid(
+                    field("rotated_keys"),
+                    format!("`{other}`: expected hold or off"),
+                ));
+            }
+        };
         let forward_key_header = match raw
             .forward_key_header
             .as_deref()
@@ -664,6 +680,7 @@ impl Validator<'_> {
                 route::DERIVE_WINDOW,
             )?,
             in_progress,
+            rotated_keys,
             late_window: self.duration(
                 &field("late_window"),
                 raw.late_window.as_deref(),

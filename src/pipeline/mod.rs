@@ -69,7 +69,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::body::{BoxError, ProxyBody, declared_length};
 use crate::clock::{self, Clock};
-use crate::config::{Config, KeyMode, Route};
+use crate::config::{Config, KeyMode, RotatedKeys, Route};
 use crate::metrics::{Metrics, OperationId, Outcome, RouteSeries, StoreFailure};
 use crate::operation::{Fingerprint, RequestSummary};
 use crate::profile::Profile;
@@ -535,7 +535,8 @@ impl Proxy {
             body,
             peer,
             call: Some(active.calls.track(&parts_headers, &call.id, relay)),
-            rotation_guard: identified.source == mcp::identity::KeySource::Sent,
+            rotation_guard: identified.source == mcp::identity::KeySource::Sent
+                && route.rotated_keys == RotatedKeys::Hold,
         };
         self.write_keyed(active, keyed).await
     }
@@ -605,6 +606,7 @@ impl Proxy {
             }
         }
         let fingerprint = digest_of(route, &parts, &body, Fingerprint::compute).await?;
+        let rotation_guard = sent_key.is_some() && route.rotated_keys == RotatedKeys::Hold;
         let (key, announced) = match sent_key {
             Some(key) => (key, false),
             None => (made_key(route, &scope, &fingerprint, &body)?, true),
@@ -619,7 +621,7 @@ impl Proxy {
             body: (body, reservation),
             peer,
             call: None,
-            rotation_guard: false,
+            rotation_guard,
         };
         let answered = self.write_keyed(active, keyed).await;
         let mut response = answered.unwrap_or_else(|error| error.into_response_as(wire));
@@ -712,13 +714,18 @@ impl Proxy {
     }
 
     /// Refuses a write under a new key while an identical one under
-    /// another key is `in_progress` or `unknown` (docs/mcp.md, "Rotated
-    /// keys"): agents and retry loops mint a key per attempt, and such a
-    /// request is almost certainly the held one again. Asked before the
-    /// claim, not in its transaction: two identical requests under two
-    /// keys arriving within the same few milliseconds may both pass.
+    /// another key is `in_progress` or `unknown` (`rotated_keys = "hold"`,
+    /// docs/requests.md "A rotated key"): agents and retry loops mint a
+    /// key per attempt, and such a request is almost certainly the held
+    /// one again. Asked before the claim, not in its transaction: two
+    /// identical requests under two keys arriving within the same few
+    /// milliseconds may both pass. One read on the first-write path; a
+    /// second only when a twin is found.
     async fn refuse_rotated(&self, new: &NewOperation) -> Result<(), ProxyError> {
         let store = self.shared.store.as_ref();
+        let Some(twin) = store.held_twin(new).await.map_err(ProxyError::store)? else {
+            return Ok(());
+        };
         if store
             .current(new)
             .await
@@ -728,12 +735,9 @@ impl Proxy {
             // Its own key has an operation: the claim answers from it.
             return Ok(());
         }
-        match store.held_twin(new).await.map_err(ProxyError::store)? {
-            Some(twin) => Err(ProxyError::PossibleDuplicate {
-                operation: OperationRef::from(&twin),
-            }),
-            None => Ok(()),
-        }
+        Err(ProxyError::PossibleDuplicate {
+            operation: OperationRef::from(&twin),
+        })
     }
 
     /// Runs a write in a task of its own from the claim on: a client that

@@ -40,6 +40,7 @@ mod request_log;
 mod resource_bounds;
 mod restart;
 mod retention_and_shutdown;
+mod rotated_keys;
 mod routing_and_admin;
 mod schemathesis;
 mod sealed_store;
