@@ -133,6 +133,28 @@ impl Validator<'_> {
             .ok_or_else(|| self.invalid(field, "must be greater than zero"))
     }
 
+    /// One of a field's named values (`options`, in the order the error
+    /// names them), `default` when the file has none.
+    fn choice<T: Copy>(
+        &self,
+        field: &str,
+        value: Option<&str>,
+        default: &str,
+        options: &[(&str, T)],
+    ) -> Result<T, ConfigError> {
+        let written = value.unwrap_or(default);
+        if let Some((_, chosen)) = options.iter().find(|(name, _)| *name == written) {
+            return Ok(*chosen);
+        }
+        let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
+        let expected = match names.split_last() {
+            Some((last, [])) => (*last).to_string(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        Err(self.invalid(field, format!("`{written}`: expected {expected}")))
+    }
+
     fn count(
         &self,
         field: &str,
@@ -429,16 +451,12 @@ impl Validator<'_> {
         if lease < Duration::from_secs(1) {
             return Err(self.invalid("store.lease", "must be at least 1s"));
         }
-        let durability = match raw.durability.as_deref().unwrap_or(store::DURABILITY) {
-            "full" => Durability::Full,
-            "normal" => Durability::Normal,
-            other => {
-                return Err(self.invalid(
-                    "store.durability",
-                    format!("`{other}`: expected full or normal"),
-                ));
-            }
-        };
+        let durability = self.choice(
+            "store.durability",
+            raw.durability.as_deref(),
+            store::DURABILITY,
+            &[("full", Durability::Full), ("normal", Durability::Normal)],
+        )?;
         Ok(StoreConfig {
             url,
             durability,
@@ -580,36 +598,26 @@ impl Validator<'_> {
             .reconcile
             .map(|r| self.reconcile(&field("reconcile"), r, &upstream))
             .transpose()?;
-        let in_progress_default = if mcp {
-            route::MCP_IN_PROGRESS
+        let (in_progress_default, rotated_keys_default) = if mcp {
+            (route::MCP_IN_PROGRESS, route::MCP_ROTATED_KEYS)
         } else {
-            route::IN_PROGRESS
+            (route::IN_PROGRESS, route::ROTATED_KEYS)
         };
-        let in_progress = match raw.in_progress.as_deref().unwrap_or(in_progress_default) {
-            "reject" => InProgressMode::Reject,
-            "wait" => InProgressMode::Wait,
-            other => {
-                return Err(self.invalid(
-                    field("in_progress"),
-                    format!("`{other}`: expected reject or wait"),
-                ));
-            }
-        };
-        let rotated_keys_default = if mcp {
-            route::MCP_ROTATED_KEYS
-        } else {
-            route::ROTATED_KEYS
-        };
-        let rotated_keys = match raw.rotated_keys.as_deref().unwrap_or(rotated_keys_default) {
-            "hold" => RotatedKeys::Hold,
-            "off" => RotatedKeys::Off,
-            other => {
-                return Err(self.invalid(
-                    field("rotated_keys"),
-                    format!("`{other}`: expected hold or off"),
-                ));
-            }
-        };
+        let in_progress = self.choice(
+            &field("in_progress"),
+            raw.in_progress.as_deref(),
+            in_progress_default,
+            &[
+                ("reject", InProgressMode::Reject),
+                ("wait", InProgressMode::Wait),
+            ],
+        )?;
+        let rotated_keys = self.choice(
+            &field("rotated_keys"),
+            raw.rotated_keys.as_deref(),
+            rotated_keys_default,
+            &[("hold", RotatedKeys::Hold), ("off", RotatedKeys::Off)],
+        )?;
         let forward_key_header = match raw
             .forward_key_header
             .as_deref()
