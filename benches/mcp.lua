@@ -1,6 +1,9 @@
 -- The wrk script of mcp.sh: protected MCP tool calls, each a first call
 -- (a new key in params._meta, random at its start as in load.lua), one
--- JSON-RPC tools/call per request, answered as JSON. The environment
+-- JSON-RPC tools/call per request, answered as JSON. Its arguments
+-- carry the key too: identical calls under new keys while one is in
+-- flight would be refused as rotated keys (`rotated_keys = "hold"`, the
+-- mcp default), answered 200 with isError and never sent. The environment
 -- gives PREFIX. Each run ends with one RESULT line, as load.lua's.
 local prefix = os.getenv("PREFIX")
 local threads = 0
@@ -24,7 +27,7 @@ request = function()
     counter = counter + 1
     local key = random_hex() .. "-" .. prefix .. "-" .. id .. "-" .. counter
     local body = '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_task",'
-        .. '"arguments":{"title":"bench task","amount":1000,"currency":"eur"},'
+        .. '"arguments":{"title":"bench task ' .. key .. '","amount":1000,"currency":"eur"},'
         .. '"_meta":{"dev.idemgate/idempotency-key":"' .. key .. '"}}}'
     return wrk.format("POST", "/mcp", {
         ["Authorization"] = "Bearer bench",
