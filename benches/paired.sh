@@ -18,13 +18,15 @@
 # column beside the ratio.
 #
 # LOAD is one of `load.lua`'s, as in compare_nginx.sh: `first` (a new key
-# per request, the default), `replay` or `off` (forwarding). Installs nginx and wrk from
+# per request, the default), `replay` or `off` (forwarding). BODIES=distinct
+# gives each first write a body of its own, ROTATED_KEYS=hold both builds'
+# key route the rotated-key guard (docs/requests.md). Installs nginx and wrk from
 # Debian's packages if missing; everything listens on 127.0.0.1 on free
 # ports, every process started is stopped on exit and the temporary
 # directory removed.
 set -euo pipefail
 
-[ $# -eq 2 ] || { sed -n '2,24p' "$0" >&2; exit 2; }
+[ $# -eq 2 ] || { sed -n '2,26p' "$0" >&2; exit 2; }
 OLD=$(realpath "$1")
 NEW=$(realpath "$2")
 ROUNDS=${ROUNDS:-6}

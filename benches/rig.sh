@@ -140,7 +140,8 @@ CONF
 
 # Writes the gateway's config $1: the store at $2 with durability $4, and
 # two routes to the upstream on port $3: `/plain` with `key = "off"`
-# (forwarding only) and everything else requiring a key.
+# (forwarding only) and everything else requiring a key, with
+# `rotated_keys = "$ROTATED_KEYS"` when that is set.
 idemgate_toml() {
     cat >"$1" <<CONF
 [server]
@@ -158,5 +159,6 @@ key = "off"
 name = "orders"
 path_prefix = "/"
 upstream = "http://127.0.0.1:$3"
+${ROTATED_KEYS:+rotated_keys = \"$ROTATED_KEYS\"}
 CONF
 }

@@ -380,6 +380,12 @@ async fn claim_in_store(
             return Ok(Stored::Decided(Claimed::Send(claim, guard)));
         }
         ClaimResult::Existing(operation) => operation,
+        // Not this identity's: nothing is cached or mirrored for it.
+        ClaimResult::HeldTwin(twin) => {
+            return Err(ProxyError::PossibleDuplicate {
+                operation: OperationRef::from(twin.as_ref()),
+            });
+        }
     };
     let same = operation.fingerprint == new.fingerprint;
     // Still under the guard, so no claim of this identity can come between.
@@ -426,6 +432,7 @@ mod tests {
                 body: None,
             },
             fresh_after: None,
+            refuse_held_twin: false,
         }
     }
 

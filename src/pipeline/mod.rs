@@ -81,7 +81,7 @@ use crate::traces::{self, Step, Tracing};
 use attempt::Attempt;
 use budget::{BodyBudget, BudgetSpent, Reservation};
 use claim::{Claimed, Hold, InFlight};
-use error::{OperationRef, ProxyError};
+use error::ProxyError;
 use fingerprint::{ExactDigest, FingerprintInput};
 use forward::{Peer, ProbeClient, WriteRequest};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
@@ -693,10 +693,8 @@ impl Proxy {
                         body: route.store_request_body.then(|| body.to_vec()),
                     },
                     fresh_after,
+                    refuse_held_twin: rotation_guard,
                 });
-                if rotation_guard {
-                    self.refuse_rotated(&new).await?;
-                }
                 let write = Write {
                     key,
                     new,
@@ -711,33 +709,6 @@ impl Proxy {
                 self.spawn_write(active, write).await
             }
         }
-    }
-
-    /// Refuses a write under a new key while an identical one under
-    /// another key is `in_progress` or `unknown` (`rotated_keys = "hold"`,
-    /// docs/requests.md "A rotated key"): agents and retry loops mint a
-    /// key per attempt, and such a request is almost certainly the held
-    /// one again. Asked before the claim, not in its transaction: two
-    /// identical requests under two keys arriving within the same few
-    /// milliseconds may both pass. One read on the first-write path; a
-    /// second only when a twin is found.
-    async fn refuse_rotated(&self, new: &NewOperation) -> Result<(), ProxyError> {
-        let store = self.shared.store.as_ref();
-        let Some(twin) = store.held_twin(new).await.map_err(ProxyError::store)? else {
-            return Ok(());
-        };
-        if store
-            .current(new)
-            .await
-            .map_err(ProxyError::store)?
-            .is_some()
-        {
-            // Its own key has an operation: the claim answers from it.
-            return Ok(());
-        }
-        Err(ProxyError::PossibleDuplicate {
-            operation: OperationRef::from(&twin),
-        })
     }
 
     /// Runs a write in a task of its own from the claim on: a client that
@@ -916,7 +887,8 @@ struct Keyed {
     peer: Peer,
     call: Option<mcp::cancel::Pending>,
     /// A request that sent its own key: refused when an identical one
-    /// under another key is held ([`Proxy::refuse_rotated`]).
+    /// under another key is held, by the claim
+    /// ([`NewOperation::refuse_held_twin`]).
     rotation_guard: bool,
 }
 

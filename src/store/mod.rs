@@ -389,6 +389,12 @@ pub struct NewOperation {
     /// Derive mode without `derive_from`: a settled operation last updated
     /// before this time (ms) is superseded and the key starts a new one.
     pub fresh_after: Option<i64>,
+    /// The rotated-key guard (`rotated_keys = "hold"`, docs/requests.md "A
+    /// rotated key"): when no operation holds this write's own identity and
+    /// one under another key of its route and scope, with its fingerprint,
+    /// is `in_progress` or `unknown`, the claim answers
+    /// [`ClaimResult::HeldTwin`] and stores nothing.
+    pub refuse_held_twin: bool,
 }
 
 impl NewOperation {
@@ -487,6 +493,10 @@ pub enum ClaimResult {
     Claimed(Claim),
     /// Someone else's business: replay, refuse or hold per its state.
     Existing(Box<Operation>),
+    /// Refused by the rotated-key guard ([`NewOperation::refuse_held_twin`]):
+    /// the identical operation under another key, in flight or held;
+    /// nothing was stored.
+    HeldTwin(Box<Operation>),
 }
 
 /// What one [`Store::rekey`] batch did.
@@ -561,7 +571,9 @@ impl<T: RequestPath + Operators + Outbox + Maintenance> Store for T {}
 #[async_trait]
 pub trait RequestPath: Send + Sync {
     /// Looks up `(route, scope, key)` and, in the same transaction, claims it
-    /// for this process when it is new or `not_attempted`. (An `Arc`: a
+    /// for this process when it is new or `not_attempted` — unless the
+    /// rotated-key guard finds a held twin first
+    /// ([`NewOperation::refuse_held_twin`]). (An `Arc`: a
     /// store that claims on a thread or a batch of its own shares it, not
     /// a copy of its strings.)
     async fn claim(&self, new: &Arc<NewOperation>) -> Result<ClaimResult, StoreError>;
@@ -581,13 +593,6 @@ pub trait RequestPath: Send + Sync {
     /// is outdated for `new` ([`NewOperation::outdates`]) and the next claim
     /// would supersede it.
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError>;
-
-    /// An operation under another key of `new`'s route and scope, with its
-    /// fingerprint, that is `in_progress` or `unknown`: a request under a
-    /// rotated key would most likely repeat it (docs/mcp.md, "Rotated
-    /// keys"). `None` when there is none. Served by the route's state
-    /// index: only operations in flight or held are looked at.
-    async fn held_twin(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError>;
 
     /// Whether this process may still write the attempts it claimed
     /// ([`fence`]): checked right before each is written, since a claim's

@@ -56,13 +56,16 @@ fn new_op(key: &str) -> Arc<NewOperation> {
             body: None,
         },
         fresh_after: None,
+        refuse_held_twin: false,
     })
 }
 
 async fn claim_id(store: &dyn Store, key: &str) -> String {
     match store.claim(&new_op(key)).await.expect("claim") {
         ClaimResult::Claimed(claim) => claim.operation_id,
-        ClaimResult::Existing(op) => panic!("{key} exists: {:?}", op.state),
+        ClaimResult::Existing(op) | ClaimResult::HeldTwin(op) => {
+            panic!("{key} exists: {:?}", op.state)
+        }
     }
 }
 

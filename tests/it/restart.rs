@@ -114,7 +114,8 @@ async fn operations_survive_the_digests_becoming_bytes() {
 
 /// Puts the `operations` table back as migration 0001 made it (the CHECK
 /// with an IN list) and forgets that 0002 ran: the store as the previous
-/// release left it.
+/// release left it (after [`digests_as_before_0007`], which undoes what
+/// came after 0007 and names its columns).
 fn schema_as_before_0002(store: &std::path::Path) {
     let conn = rusqlite::Connection::open(store).unwrap();
     let created = include_str!("../../migrations/sqlite/0001_operations.sql");
@@ -157,6 +158,7 @@ async fn operations_survive_the_identity_index_rebuild() {
     assert_eq!(
         index_names(&gw.store_path),
         [
+            "operations_held_twins",
             "operations_identity",
             "operations_in_progress",
             "operations_route_state_id",
@@ -200,6 +202,36 @@ async fn operations_survive_the_state_indexes_becoming_partial() {
         assert_eq!(items.len(), 1, "{path}: {items:?}");
         assert_eq!(items[0]["key"], "lost-1", "{path}");
     }
+}
+
+/// The index of the operations in flight or held (migration 0013, the
+/// rotated-key guard's): built at the upgrade with the held operation in
+/// it, and the statement the guard runs reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_survive_the_held_twins_index() {
+    let gw = operations_survive_the_upgrade(|store| {
+        held_twins_as_before_0013(store);
+        assert!(!index_names(store).contains(&"operations_held_twins".to_string()));
+    })
+    .await;
+    let conn = rusqlite::Connection::open(&gw.store_path).unwrap();
+    let held: Vec<String> = conn
+        .prepare(
+            "SELECT idem_key FROM operations INDEXED BY operations_held_twins
+             WHERE state IN ('in_progress', 'unknown')",
+        )
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(held, ["lost-1"]);
+}
+
+/// Drops the index of the operations in flight or held, which names the
+/// columns the earlier schemas change, and forgets that 0013 ran.
+fn held_twins_as_before_0013(store: &std::path::Path) {
+    undone(store, 13, "DROP INDEX operations_held_twins;");
 }
 
 /// Puts the three state indexes back as the release before migration 0012
@@ -261,6 +293,7 @@ fn identity_as_before_0011(store: &std::path::Path) {
 /// Puts the digests back as hex text, as the release before migration
 /// 0007 kept them (before 0011 too), and forgets that 0007 ran.
 fn digests_as_before_0007(store: &std::path::Path) {
+    held_twins_as_before_0013(store);
     identity_as_before_0011(store);
     let conn = rusqlite::Connection::open(store).unwrap();
     let mut sql = String::from("BEGIN; DROP INDEX operations_identity;");

@@ -337,10 +337,6 @@ impl RequestPath for PostgresStore {
             .filter(|op| !new.outdates(op)))
     }
 
-    async fn held_twin(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
-        statements::held_twin(&self.pool, &self.seal, new).await
-    }
-
     fn fence(&self) -> Fence {
         self.fence.clone()
     }

@@ -41,8 +41,9 @@ pub struct ClaimCall {
 }
 
 /// Claims each of `calls` for `owner` in one statement, through the
-/// `idemgate_claim` function of the migrations (atomic on the unique
-/// identity), one row per call. The rows go in (route, scope, key) order,
+/// `idemgate_claim_unless_twin` function of the migrations (atomic on the
+/// unique identity; the rotated-key guard's look-up in the same
+/// statement), one row per call. The rows go in (route, scope, key) order,
 /// so replicas whose batches overlap take their row locks in one order and
 /// never deadlock; the results come back in the calls' order. An
 /// operation whose sealed payload does not open fails its own call only.
@@ -63,6 +64,10 @@ pub async fn claim(
     let ords: Vec<i32> = order.iter().map(|&i| int(i)).collect();
     let nows: Vec<i64> = order.iter().map(|&i| calls[i].now).collect();
     let fresh_after: Vec<Option<i64>> = order.iter().map(|&i| calls[i].new.fresh_after).collect();
+    let refuse_twin: Vec<bool> = order
+        .iter()
+        .map(|&i| calls[i].new.refuse_held_twin)
+        .collect();
     let content_types: Vec<Option<String>> = order
         .iter()
         .map(|&i| calls[i].new.request.content_type.clone())
@@ -85,12 +90,12 @@ pub async fn claim(
         "SELECT n.ord, c.*
          FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[],
                      $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::bigint[],
-                     $14::text[], $15::bytea[])
+                     $14::text[], $15::bytea[], $16::bool[])
               AS n(ord, now, fresh_after, new_id, route, scope, idem_key, fingerprint, method,
-                   path, content_type, body_size, body_sha256, body)
-         CROSS JOIN LATERAL idemgate_claim($1, n.now, n.fresh_after, n.new_id, n.route, n.scope,
-              n.idem_key, n.fingerprint, n.method, n.path, n.content_type, n.body_size,
-              n.body_sha256, n.body) AS c",
+                   path, content_type, body_size, body_sha256, body, refuse_twin)
+         CROSS JOIN LATERAL idemgate_claim_unless_twin(n.refuse_twin, $1, n.now, n.fresh_after,
+              n.new_id, n.route, n.scope, n.idem_key, n.fingerprint, n.method, n.path,
+              n.content_type, n.body_size, n.body_sha256, n.body) AS c",
     )
     .bind(owner)
     .bind(&ords)
@@ -107,6 +112,7 @@ pub async fn claim(
     .bind(&body_sizes)
     .bind(column(&|c| c.new.request.body_sha256.clone()))
     .bind(&bodies)
+    .bind(&refuse_twin)
     .fetch_all(pool)
     .await?;
     let mut results: Vec<Option<Result<ClaimResult, StoreError>>> =
@@ -117,10 +123,13 @@ pub async fn claim(
         let Some(i) = usize::try_from(ord).ok().filter(|&i| i < calls.len()) else {
             continue;
         };
-        // The row holds the call's identity: the claim selects by it.
+        // The row holds the call's identity, or, refused by the guard, its
+        // twin's under another key.
         let new = &calls[i].new;
         let result = operation_from_row(row, seal, &new.scope).map(|operation| {
-            if claimed {
+            if !claimed && operation.key != new.key {
+                ClaimResult::HeldTwin(Box::new(operation))
+            } else if claimed {
                 ClaimResult::Claimed(Claim {
                     operation_id: operation.id,
                     attempt: operation.attempt,
@@ -161,33 +170,14 @@ pub async fn find(
         .transpose()
 }
 
-/// [`RequestPath::held_twin`](crate::store::RequestPath::held_twin),
-/// through the route's state index.
-pub async fn held_twin(
-    pool: &PgPool,
-    seal: &Seal,
-    new: &NewOperation,
-) -> Result<Option<Operation>, StoreError> {
-    let row = sqlx::query(&held_twin_sql())
-        .bind(&new.route)
-        .bind(&new.scope)
-        .bind(new.fingerprint.as_str())
-        .bind(&new.key)
-        .fetch_optional(pool)
-        .await?;
-    row.as_ref()
-        .map(|row| operation_from_row(row, seal, &new.scope))
-        .transpose()
-}
-
-/// No `superseded_at IS NULL`: only settled operations are superseded,
-/// and without it the partial identity index, which would walk every
-/// operation of the scope, cannot serve the query.
+/// The rotated-key guard's look-up inside `idemgate_claim_unless_twin`
+/// (migration 0013), as the access-path catalogue checks it: the index of
+/// the operations in flight or held.
 fn held_twin_sql() -> String {
     format!(
         "SELECT {OPERATION_COLUMNS} FROM operations
-         WHERE route = $1 AND state IN ('in_progress', 'unknown') AND scope = $2
-           AND fingerprint = $3 AND idem_key <> $4
+         WHERE route = $1 AND scope = $2 AND fingerprint = $3
+           AND state IN ('in_progress', 'unknown') AND idem_key <> $4
          LIMIT 1"
     )
 }
@@ -908,7 +898,7 @@ pub fn access_paths() -> Vec<AccessPath> {
         AccessPath {
             name: "held_twin".into(),
             sql: held_twin_sql(),
-            index: "operations_route_state_id",
+            index: "operations_held_twins",
             bound: None,
             params: vec![
                 Param::text("api"),

@@ -339,13 +339,6 @@ impl RequestPath for SqliteStore {
             .await
     }
 
-    async fn held_twin(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
-        let (new, seal) = (new.clone(), self.seal.clone());
-        self.readers
-            .run(move |conn| statements::held_twin(conn, &seal, &new))
-            .await
-    }
-
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError> {
         let (now, id, event) = (
             self.clock.now_millis(),

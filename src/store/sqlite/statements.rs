@@ -109,8 +109,10 @@ impl ClaimDigests {
 /// Claims `new`'s identity when it is new, outdated or `not_attempted` with
 /// the same fingerprint; otherwise answers with the operation that holds it.
 /// A new identity — every first write — costs one statement: the insert is
-/// tried first and only a conflict looks the holder up. `digests` are
-/// `new`'s ([`ClaimDigests::of`]).
+/// tried first and only a conflict looks the holder up; under the
+/// rotated-key guard, one look-up of a held twin before it, and a twin
+/// found refuses the claim unless the identity has an operation of its
+/// own. `digests` are `new`'s ([`ClaimDigests::of`]).
 pub fn claim(
     db: &Db,
     seal: &Seal,
@@ -120,6 +122,12 @@ pub fn claim(
     digests: &ClaimDigests,
 ) -> Result<ClaimResult, StoreError> {
     let identity = digests.identity;
+    if new.refuse_held_twin
+        && let Some(twin) = held_twin(db, seal, new, digests)?
+        && find(db, seal, new)?.is_none()
+    {
+        return Ok(ClaimResult::HeldTwin(Box::new(twin)));
+    }
     // The row's creation is the first attempt's claim (see `timeline`).
     if let Some(claim) = insert(db, seal, owner, now, new, digests)? {
         return Ok(ClaimResult::Claimed(claim));
@@ -195,37 +203,40 @@ pub fn find(
     found.transpose()
 }
 
-/// [`RequestPath::held_twin`](crate::store::RequestPath::held_twin): the
-/// route's held operations through its state index, those in flight
-/// through theirs.
-pub fn held_twin(
-    conn: &Connection,
+/// The rotated-key guard's look-up ([`NewOperation::refuse_held_twin`]):
+/// an operation under another key of `new`'s route and scope, with its
+/// fingerprint, in flight or held. One seek in the index of those
+/// operations alone (migration 0013), on the writer, in the claim's own
+/// transaction: no claim can come between the look-up and its answer.
+fn held_twin(
+    db: &Db,
     seal: &Seal,
     new: &NewOperation,
+    digests: &ClaimDigests,
 ) -> Result<Option<Operation>, StoreError> {
-    let mut statement = conn.prepare_cached(&held_twin_sql())?;
-    let found = statement
+    let found = db
+        .prepare_cached(&held_twin_sql())?
         .query_row(
-            params![new.route, new.scope, new.fingerprint.as_str(), new.key],
+            params![
+                new.route,
+                &digests.scope[..],
+                &digests.fingerprint[..],
+                new.key
+            ],
             |row| operation_from_row(row, seal, &new.scope),
         )
         .optional()?;
     found.transpose()
 }
 
+/// States the condition of `operations_held_twins`, which SQLite reads
+/// only for a statement that does.
 fn held_twin_sql() -> String {
-    // Only settled operations are ever superseded: no `superseded_at`
-    // condition, which would invite the identity index (every operation
-    // of the scope).
-    let twin = "scope = unhex(?2) AND fingerprint = unhex(?3) AND idem_key <> ?4";
     format!(
         "SELECT {OPERATION_COLUMNS} FROM operations
-         WHERE route = ?1 AND state = 'unknown' AND {} AND {twin}
-         UNION ALL
-         SELECT {OPERATION_COLUMNS} FROM operations
-         WHERE state = 'in_progress' AND route = ?1 AND {twin}
-         LIMIT 1",
-        not_in_progress!()
+         WHERE state IN ('in_progress', 'unknown')
+           AND route = ?1 AND scope = ?2 AND fingerprint = ?3 AND idem_key <> ?4
+         LIMIT 1"
     )
 }
 
@@ -896,7 +907,7 @@ pub fn access_paths() -> Vec<AccessPath> {
         AccessPath {
             name: "held_twin".into(),
             sql: held_twin_sql(),
-            index: "operations_route_state_id",
+            index: "operations_held_twins",
             bound: None,
             params: vec![
                 Param::text("api"),
@@ -919,7 +930,7 @@ fn list_index(filter: &ListFilter) -> &'static str {
         ListPath::RouteState | ListPath::Route => "operations_route_state_id",
         // The superseded range is the one a next page bounds; the current
         // one is the identity index's, the only other index that leads
-        // with the key (`a_new_key_enters_one_index_at_a_random_place`).
+        // with the key (`a_new_key_enters_one_large_index_at_a_random_place`).
         ListPath::Key => "operations_superseded",
     }
 }
@@ -1223,6 +1234,7 @@ mod tests {
             include_str!("../../../migrations/sqlite/0010_transitions_without_triggers.sql"),
             include_str!("../../../migrations/sqlite/0011_identity_key_first.sql"),
             include_str!("../../../migrations/sqlite/0012_state_indexes_without_in_progress.sql"),
+            include_str!("../../../migrations/sqlite/0013_held_twins.sql"),
         ] {
             conn.execute_batch(migration).unwrap();
         }
@@ -1392,16 +1404,19 @@ mod tests {
         assert_eq!(triggers, Vec::<String>::new());
     }
 
-    /// A first write enters one index at a random place, the identity
-    /// index that leads with its key (migration 0011); the others lead with
-    /// a value that grows (`id`) or one of a few (`state`, `route`), so a
-    /// batch's new operations share their pages. The superseded ones have
-    /// an index of their own, which no first write enters; the three that
-    /// hold `state` take no `in_progress` operation, which has its own
-    /// (migration 0012): a claim enters the primary key's index, the
-    /// identity index and the one of the operations in flight.
+    /// A first write enters one large index at a random place, the
+    /// identity index that leads with its key (migration 0011); the others
+    /// lead with a value that grows (`id`) or one of a few (`state`,
+    /// `route`), so a batch's new operations share their pages, or hold
+    /// only the operations in flight or held (`operations_held_twins`,
+    /// migration 0013: a few pages however large the store). The superseded
+    /// ones have an index of their own, which no first write enters; the
+    /// three that hold `state` take no `in_progress` operation, which has
+    /// its own (migration 0012): a claim enters the primary key's index,
+    /// the identity index, the one of the operations in flight and the one
+    /// of those in flight or held.
     #[test]
-    fn a_new_key_enters_one_index_at_a_random_place() {
+    fn a_new_key_enters_one_large_index_at_a_random_place() {
         let conn = migrated();
         let indexes: Vec<(String, String, bool)> = conn
             .prepare(
@@ -1422,6 +1437,7 @@ mod tests {
         assert_eq!(
             indexes,
             [
+                ("operations_held_twins", "route", true),
                 ("operations_identity", "idem_key", true),
                 ("operations_in_progress", "id", true),
                 ("operations_route_state_id", "route", true),

@@ -1,0 +1,60 @@
+-- The rotated-key guard (`rotated_keys = "hold"`, docs/requests.md "A
+-- rotated key"): before a claim, whether an identical operation under
+-- another key of the route and scope is in flight or held. The index holds
+-- only those operations, by what the question names: one seek in a small
+-- index. A first write enters it with its claim and leaves it with its
+-- record.
+CREATE INDEX operations_held_twins ON operations (route, scope, fingerprint)
+    WHERE state IN ('in_progress', 'unknown');
+
+-- The claim with the guard in the same statement: when asked to, and no
+-- operation holds the write's own identity, an operation under another
+-- key that the index finds is returned (not claimed) instead of claiming.
+-- The caller tells the two apart by the returned key. Without a lock
+-- between the look-up and the claim, two replicas claiming identical
+-- writes under two keys in the same instant may both claim: the window is
+-- one statement's, not a round trip's. `idemgate_claim` itself is
+-- unchanged, for replicas of the previous release during an upgrade.
+CREATE FUNCTION idemgate_claim_unless_twin(
+    p_refuse_twin BOOLEAN,
+    p_owner TEXT, p_now BIGINT, p_fresh_after BIGINT, p_id TEXT,
+    p_route TEXT, p_scope TEXT, p_key TEXT, p_fingerprint TEXT,
+    p_method TEXT, p_path TEXT, p_content_type TEXT, p_body_size BIGINT,
+    p_body_sha256 TEXT, p_body BYTEA
+) RETURNS TABLE (
+    claimed BOOLEAN, id TEXT, route TEXT, idem_key TEXT, state TEXT, attempt INTEGER,
+    created_at BIGINT, updated_at BIGINT, owner TEXT, fingerprint TEXT, evidence TEXT,
+    response_status INTEGER, response_headers TEXT, response_body BYTEA,
+    request_method TEXT, request_path TEXT, request_content_type TEXT,
+    request_body_size BIGINT, request_body_sha256 TEXT, request_body BYTEA,
+    superseded_at BIGINT
+)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_twin TEXT;
+BEGIN
+    IF p_refuse_twin THEN
+        SELECT o.id INTO v_twin FROM operations o
+        WHERE o.route = p_route AND o.scope = p_scope AND o.fingerprint = p_fingerprint
+          AND o.state IN ('in_progress', 'unknown') AND o.idem_key <> p_key
+        LIMIT 1;
+        IF v_twin IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM operations o
+            WHERE o.route = p_route AND o.scope = p_scope AND o.idem_key = p_key
+              AND o.superseded_at IS NULL
+        ) THEN
+            RETURN QUERY SELECT false, o.id, o.route, o.idem_key, o.state, o.attempt,
+                o.created_at, o.updated_at, o.owner, o.fingerprint, o.evidence,
+                o.response_status, o.response_headers, o.response_body, o.request_method,
+                o.request_path, o.request_content_type, o.request_body_size,
+                o.request_body_sha256, o.request_body, o.superseded_at
+            FROM operations o WHERE o.id = v_twin;
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT * FROM idemgate_claim(p_owner, p_now, p_fresh_after, p_id, p_route,
+        p_scope, p_key, p_fingerprint, p_method, p_path, p_content_type, p_body_size,
+        p_body_sha256, p_body);
+END;
+$$;
