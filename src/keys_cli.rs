@@ -471,6 +471,13 @@ fn render_operation(op: &Value) -> Result<String, KeysError> {
         lines.push(("superseded", "yes: a newer operation took its key".into()));
     }
     lines.push(("next", get("next_action")));
+    if let Some(destination) = op.get("destination_key") {
+        let part = |name: &str| field(destination.get(name).unwrap_or(&Value::Null));
+        lines.push((
+            "destination key",
+            format!("{} (sent in {})", part("value"), part("header")),
+        ));
+    }
     let request = op.get("request").unwrap_or(&Value::Null);
     let part = |name: &str| field(request.get(name).unwrap_or(&Value::Null));
     lines.push((
@@ -705,5 +712,14 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
         }
         assert!(render_operation(&json!({"items": []})).is_err());
+        assert!(!text.contains("destination key"));
+        let mut keyed = op.clone();
+        keyed["destination_key"] = json!({"header": "idempotency-key", "value": "op-1"});
+        let text = render_operation(&keyed).unwrap();
+        assert!(
+            text.lines().any(|l| l.starts_with("destination key")
+                && l.ends_with("op-1 (sent in idempotency-key)")),
+            "{text}"
+        );
     }
 }

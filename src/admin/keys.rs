@@ -118,7 +118,21 @@ pub async fn show(admin: &Admin, id: &str) -> Result<Response<ProxyBody>, AdminE
         .get(id)
         .await?
         .ok_or(AdminError::NotFound("operation"))?;
-    Ok(json_response(StatusCode::OK, &detail(&operation, &events)))
+    let destination = admin
+        .proxy
+        .routes()
+        .find(|route| route.name == operation.route)
+        .and_then(|route| route.destination_key.as_ref());
+    let mut shown = detail(&operation, &events);
+    if let Some(destination) = destination {
+        // The operation's id, on the header its route sends it in
+        // (docs/requests.md, "A destination key").
+        shown["destination_key"] = json!({
+            "header": destination.header.as_str(),
+            "value": operation.id,
+        });
+    }
+    Ok(json_response(StatusCode::OK, &shown))
 }
 
 /// The operation as an operator reads it.

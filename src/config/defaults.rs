@@ -39,6 +39,10 @@ pub mod route {
     pub const ALLOW_ANONYMOUS: bool = false;
     pub const FINGERPRINT_HEADERS: &[&str] = &["content-type"];
     pub const FORWARD_KEY_HEADER: &str = "Idempotency-Key";
+    /// None: no destination key unless the route names its header.
+    pub const DESTINATION_KEY_HEADER: &str = "";
+    /// docs/decisions.md, "A destination key".
+    pub const RESEND_UNKNOWN: bool = false;
     pub const IN_PROGRESS: &str = "reject";
     /// docs/decisions.md, "A rotated key".
     pub const ROTATED_KEYS: &str = "off";

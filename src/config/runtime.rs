@@ -240,6 +240,21 @@ impl std::str::FromStr for KeyMode {
     }
 }
 
+/// A destination key (docs/requests.md, "A destination key"): the
+/// operation's id, sent in `header` with every attempt of the operation,
+/// so that a destination that deduplicates on it refuses a second record
+/// whatever the gateway does.
+#[derive(Debug, Clone)]
+pub struct DestinationKey {
+    pub header: HeaderName,
+    /// How long the destination documents that it keeps a key; `None`: not
+    /// given (then nothing is re-sent).
+    pub window: Option<Duration>,
+    /// Re-send an operation held `unknown`, under the same key, within
+    /// `window` (always set when this is).
+    pub resend_unknown: bool,
+}
+
 /// A route's reconcile probe (docs/requests.md, "After a lost response"): a read-only GET to the route's
 /// own upstream that may prove an `unknown` operation happened.
 #[derive(Debug, Clone)]
@@ -351,6 +366,9 @@ pub struct Route {
     pub ignore_fields: Vec<String>,
     /// `None` when the file sets it to the empty string: the key is not forwarded.
     pub forward_key_header: Option<HeaderName>,
+    /// The key the gateway sends the destination with every attempt, when
+    /// the route names a header for it.
+    pub destination_key: Option<DestinationKey>,
     pub in_progress: InProgressMode,
     pub rotated_keys: RotatedKeys,
     pub wait_timeout: Duration,

@@ -530,3 +530,61 @@ fn rotated_keys_hold_on_mcp_routes_and_are_off_elsewhere_by_default() {
         "{error}"
     );
 }
+
+#[test]
+fn a_destination_key_needs_its_header_and_a_resend_its_window() {
+    let route = |extra: &str| {
+        let toml = format!("[[routes]]\nname = \"r\"\nupstream = \"http://127.0.0.1:9\"\n{extra}");
+        Config::from_toml_str(&toml, "t.toml").map(|c| c.routes[0].destination_key.clone())
+    };
+    assert!(route("").unwrap().is_none(), "off by default");
+    let key = route("destination_key_header = \"Idempotency-Key\"\n")
+        .unwrap()
+        .expect("a destination key");
+    assert_eq!(
+        (key.header.as_str(), key.window, key.resend_unknown),
+        ("idempotency-key", None, false)
+    );
+    let resending = route(
+        "destination_key_header = \"X-Dest\"\ndestination_key_window = \"24h\"\nresend_unknown = true\n",
+    )
+    .unwrap()
+    .expect("a destination key");
+    assert_eq!(
+        (resending.window, resending.resend_unknown),
+        (Some(std::time::Duration::from_secs(86_400)), true)
+    );
+    for (extra, names, says) in [
+        (
+            "resend_unknown = true\n",
+            "resend_unknown",
+            "only with destination_key_header",
+        ),
+        (
+            "destination_key_window = \"24h\"\n",
+            "destination_key_window",
+            "only with destination_key_header",
+        ),
+        (
+            "destination_key_header = \"Idempotency-Key\"\nresend_unknown = true\n",
+            "destination_key_window",
+            "required with resend_unknown",
+        ),
+        (
+            "destination_key_header = \"Idempotency-Key\"\ndestination_key_window = \"0s\"\n",
+            "destination_key_window",
+            "greater than zero",
+        ),
+        (
+            "destination_key_header = \"bad header\"\n",
+            "destination_key_header",
+            "not a header name",
+        ),
+    ] {
+        let error = route(extra).unwrap_err().to_string();
+        assert!(
+            error.contains(names) && error.contains(says),
+            "{extra}: {error}"
+        );
+    }
+}

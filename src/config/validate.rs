@@ -23,9 +23,9 @@ use super::file::{
     RawAlert, RawConfig, RawMcp, RawMcpReconcile, RawReconcile, RawRoute, RawServer, RawStore,
 };
 use super::runtime::{
-    AlertConfig, AlertEvent, CertPair, ClientTls, Config, Durability, InProgressMode, KeyMode,
-    McpReconcile, McpTools, Quota, Reconcile, RotatedKeys, Route, ServerConfig, StoreConfig,
-    StoreUrl, Upstream,
+    AlertConfig, AlertEvent, CertPair, ClientTls, Config, DestinationKey, Durability,
+    InProgressMode, KeyMode, McpReconcile, McpTools, Quota, Reconcile, RotatedKeys, Route,
+    ServerConfig, StoreConfig, StoreUrl, Upstream,
 };
 use crate::profile::Profile;
 
@@ -631,6 +631,12 @@ impl Validator<'_> {
                 )
             })?),
         };
+        let destination_key = self.destination_key(
+            &field,
+            raw.destination_key_header.as_deref(),
+            raw.destination_key_window.as_deref(),
+            raw.resend_unknown,
+        )?;
         let unknown_statuses = self.statuses(
             &field("unknown_statuses"),
             raw.unknown_statuses,
@@ -681,6 +687,7 @@ impl Validator<'_> {
             )?,
             ignore_fields,
             forward_key_header,
+            destination_key,
             derive_from,
             derive_window: self.duration(
                 &field("derive_window"),
@@ -737,6 +744,57 @@ impl Validator<'_> {
             )?,
             store_request_body: raw.store_request_body.unwrap_or(route::STORE_REQUEST_BODY),
         })
+    }
+
+    /// `destination_key_header`, `destination_key_window` and
+    /// `resend_unknown`: the window only with a header, a re-send only
+    /// within a window.
+    fn destination_key(
+        &self,
+        field: &dyn Fn(&str) -> String,
+        header: Option<&str>,
+        window: Option<&str>,
+        resend_unknown: Option<bool>,
+    ) -> Result<Option<DestinationKey>, ConfigError> {
+        let resend_unknown = resend_unknown.unwrap_or(route::RESEND_UNKNOWN);
+        let header = match header.unwrap_or(route::DESTINATION_KEY_HEADER) {
+            "" => None,
+            name => Some(HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                self.invalid(
+                    field("destination_key_header"),
+                    format!("`{name}` is not a header name"),
+                )
+            })?),
+        };
+        let Some(header) = header else {
+            if window.is_some() {
+                return Err(self.invalid(
+                    field("destination_key_window"),
+                    "only with destination_key_header",
+                ));
+            }
+            if resend_unknown {
+                return Err(self.invalid(
+                    field("resend_unknown"),
+                    "only with destination_key_header: a re-send without a key the destination deduplicates on could write twice",
+                ));
+            }
+            return Ok(None);
+        };
+        let window = window
+            .map(|w| self.duration(&field("destination_key_window"), Some(w), ""))
+            .transpose()?;
+        if resend_unknown && window.is_none() {
+            return Err(self.invalid(
+                field("destination_key_window"),
+                "is required with resend_unknown: the destination's documented retention of its keys, past which nothing is re-sent",
+            ));
+        }
+        Ok(Some(DestinationKey {
+            header,
+            window,
+            resend_unknown,
+        }))
     }
 
     /// `upstream_ca` and the client certificate: https upstreams only; the

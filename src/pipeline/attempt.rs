@@ -8,21 +8,33 @@
 //! 2. the reconcile probe, if the route has one, runs once right away;
 //! 3. the exchange is kept open for `late_window`: a late response settles
 //!    the operation `completed` (evidence `late-response`) if it is still
-//!    `unknown`, and is kept as an event either way.
+//!    `unknown`, and is kept as an event either way;
+//! 4. on a route with `resend_unknown`, the request is sent again as it was
+//!    sent, under the same destination key (docs/requests.md, "A
+//!    destination key"): at most [`RESEND_TRIES`] tries on the shared
+//!    backoff, each only while the operation is still `unknown`, the route
+//!    is not paused and the try can end within the destination key's
+//!    window; an answer that would have completed the attempt settles it
+//!    `completed` (evidence `resent`), anything else is an event.
 //!
-//! Steps 2 and 3 stop when the gateway starts shutting down: they only ever
-//! upgrade what is held, so cutting them short loses no evidence.
+//! Steps 2 to 4 stop when the gateway starts shutting down: they only ever
+//! upgrade what is held, so cutting them short loses no evidence. Step 4
+//! needs the request with its credentials, which live in this task only: an
+//! operation held by a restart or a lost replica is never re-sent.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 use serde_json::json;
 use tokio::sync::oneshot;
 
+use crate::backoff::Backoff;
+use crate::clock;
+use crate::config::DestinationKey;
 use crate::metrics::OperationId;
-use crate::operation::{Event, Fingerprint, Settlement, StoredResponse};
+use crate::operation::{Event, Fingerprint, Settlement, State, StoredResponse};
 use crate::pipeline::claim::InFlightGuard;
 use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
@@ -32,6 +44,15 @@ use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Se
 use crate::pipeline::{ActiveRoute, Shared};
 use crate::store::{Claim, LateEvidence, LateSource, Permit, Recorded};
 use crate::traces::{self, Step};
+
+/// Re-sends of an `unknown` operation under its destination key, at most.
+pub const RESEND_TRIES: u32 = 6;
+
+/// The wait before each re-send: the first within two seconds, then a
+/// ceiling doubling up to a minute, fully jittered so that the operations
+/// an outage held are not re-sent together.
+const RESEND_BACKOFF: Backoff =
+    Backoff::full_jitter(Duration::from_secs(2), Duration::from_secs(60));
 
 /// One attempt, for its task: what is its own, and the proxy's shared
 /// parts (the store, the replay cache, the clock, shutdown's tokens…)
@@ -256,9 +277,100 @@ impl Attempt {
                 traces::child(Step::LateResponse, self.record_late(exchange)).await;
             }
         };
+        let resend = async {
+            if let Some(destination) = &route.destination_key
+                && destination.resend_unknown
+            {
+                self.resend_unknown(destination).await;
+            }
+        };
         tokio::select! {
             _ = self.shared.stopping.cancelled() => {}
-            _ = async { tokio::join!(probe, late) } => {}
+            _ = async { tokio::join!(probe, late, resend) } => {}
+        }
+    }
+
+    /// Step 4: the request sent again under its destination key until an
+    /// answer settles the operation, it is settled otherwise, the tries run
+    /// out or the next try could end past the destination key's window.
+    async fn resend_unknown(&self, destination: &DestinationKey) {
+        let Some(window) = destination.window else {
+            return;
+        };
+        let (store, route) = (self.shared.store.as_ref(), &self.active.route);
+        let id = &self.claim.operation_id;
+        for n in 0..RESEND_TRIES {
+            tokio::time::sleep(RESEND_BACKOFF.delay(n)).await;
+            let held = match store.get(id).await {
+                Ok(Some((operation, _))) => operation,
+                Ok(None) => return,
+                Err(error) => {
+                    tracing::warn!(operation_id = %id, %error, "cannot read a held operation before re-sending it");
+                    continue;
+                }
+            };
+            if held.state != State::Unknown {
+                return;
+            }
+            let ends_by = self.shared.clock.now_millis() + clock::millis(route.upstream_timeout);
+            if ends_by > held.created_at.saturating_add(clock::millis(window)) {
+                let detail = json!({ "skipped": "past the destination key's window" });
+                return self.add_event(&resend_event(n, detail)).await;
+            }
+            if self.active.paused.load(Ordering::SeqCst) {
+                let detail = json!({ "skipped": "the route is paused" });
+                self.add_event(&resend_event(n, detail)).await;
+                continue;
+            }
+            let sent = forward::send_write(
+                &self.active.writes,
+                route,
+                &self.request,
+                &self.permit,
+                &self.shared.metrics,
+                None,
+            )
+            .await;
+            let fenced = matches!(sent.exchange, Exchange::Fenced { .. });
+            let response = match resend_arrival(self.answered(sent.exchange)) {
+                LateArrival::Settles(response) => response,
+                LateArrival::Evidence { detail, .. } => {
+                    self.add_event(&resend_event(n, detail)).await;
+                    if fenced {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let detail = json!({ "status": response.status, "settles": true });
+            let resent = LateEvidence {
+                operation_id: id.clone(),
+                source: LateSource::Resent,
+                event: resend_event(n, detail),
+                response,
+            };
+            match store.settle_held(&resent).await {
+                Ok(settled) => {
+                    tracing::info!(operation_id = %id, settled, "a re-send under the destination key was answered");
+                    if settled && let Some(quota) = &self.quota {
+                        let now = self.shared.clock.now_millis();
+                        quota.count(route, &resent.response, now);
+                    }
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(operation_id = %id, %error, "cannot record a re-send's answer")
+                }
+            }
+        }
+    }
+
+    /// An exchange as this attempt's protocol reads it: an MCP tool call's
+    /// by what JSON-RPC says for its id.
+    fn answered(&self, exchange: Exchange) -> Exchange {
+        match &self.call {
+            Some(call) => mcp::outcome::settle(exchange, &call.id, call.spoke()),
+            None => exchange,
         }
     }
 
@@ -290,11 +402,7 @@ impl Attempt {
 
     /// A response that came after the operation was held.
     async fn record_late(&self, exchange: Exchange) {
-        let exchange = match &self.call {
-            Some(call) => mcp::outcome::settle(exchange, &call.id, call.spoke()),
-            None => exchange,
-        };
-        let response = match late_arrival(exchange) {
+        let response = match late_arrival(self.answered(exchange)) {
             LateArrival::Settles(response) => response,
             LateArrival::Evidence { detail, counted } => {
                 if counted {
@@ -393,6 +501,32 @@ fn late_arrival(exchange: Exchange) -> LateArrival {
             detail: json!({ "error": reason }),
             counted: false,
         },
+    }
+}
+
+/// A re-send's answer: as a late one's ([`late_arrival`]), except that a
+/// 409 or a 425 settles nothing — the destination saying it is still
+/// working on the first request under the key, as Stripe's does.
+fn resend_arrival(exchange: Exchange) -> LateArrival {
+    match late_arrival(exchange) {
+        LateArrival::Settles(response) if matches!(response.status, 409 | 425) => {
+            LateArrival::Evidence {
+                detail: json!({ "status": response.status, "settles": false }),
+                counted: false,
+            }
+        }
+        arrival => arrival,
+    }
+}
+
+/// The timeline entry of re-send `n` (0-based), with what came of it.
+fn resend_event(n: u32, mut detail: serde_json::Value) -> Event {
+    if let Some(members) = detail.as_object_mut() {
+        members.insert("try".into(), json!(n + 1));
+    }
+    Event {
+        kind: "resend",
+        detail,
     }
 }
 

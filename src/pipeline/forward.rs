@@ -291,21 +291,29 @@ pub struct WriteRequest {
 
 impl WriteRequest {
     /// Rewrites a buffered write: the bare key in `forward_key_header`, the
-    /// body sent with a Content-Length.
+    /// operation's id in the destination key's header (replacing the
+    /// client's key when both name one header: docs/requests.md, "A
+    /// destination key"), the body sent with a Content-Length.
     pub fn new(
         route: &Route,
         mut head: request::Parts,
         (body, budget): (Bytes, Reservation),
-        key: &str,
+        (key, operation_id): (&str, &str),
         peer: &Peer,
     ) -> Result<Self, ProxyError> {
         upstream_head(route, &mut head, peer);
         head.headers.remove(crate::pipeline::key::IDEMPOTENCY_KEY);
-        if let Some(name) = &route.forward_key_header {
-            let value = HeaderValue::from_str(key).map_err(|e| ProxyError::Internal {
+        let value = |text: &str| {
+            HeaderValue::from_str(text).map_err(|e| ProxyError::Internal {
                 reason: e.to_string(),
-            })?;
-            head.headers.insert(name.clone(), value);
+            })
+        };
+        if let Some(name) = &route.forward_key_header {
+            head.headers.insert(name.clone(), value(key)?);
+        }
+        if let Some(destination) = &route.destination_key {
+            head.headers
+                .insert(destination.header.clone(), value(operation_id)?);
         }
         head.headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));

@@ -2,7 +2,9 @@
 //! past the gateway, with the route's TLS and the writes' headers, then a
 //! control key once, to find whether the destination deduplicates on its
 //! own — what the verdict line says this destination needs from the
-//! gateway. The control tells a repeat answered from the first write
+//! gateway, and whether `resend_unknown` may re-send a lost response under
+//! the destination key (the lost-response case re-sent: one record or
+//! two). The control tells a repeat answered from the first write
 //! apart from a destination that answers every write alike (a fixed
 //! `{"ok":true}`): only an answer that differs for another key shows that
 //! the repeat's was the first write's.
@@ -27,7 +29,8 @@ use crate::pipeline::key::IDEMPOTENCY_KEY;
 #[derive(Debug, Serialize)]
 pub struct DestinationCheck {
     pub key: String,
-    /// The header the key went in: the route's `forward_key_header`.
+    /// The header the key went in: the route's `destination_key_header`,
+    /// else its `forward_key_header`.
     pub key_header: String,
     /// Writes sent straight to the destination (always 3).
     pub sent: u64,
@@ -55,11 +58,12 @@ pub async fn check(plan: &Plan) -> Result<DestinationCheck, RehearseError> {
     let client = plan.upstream_client()?;
     let new_key = || format!("rehearse-check-{}", uuid::Uuid::now_v7().simple());
     let (key, control_key) = (new_key(), new_key());
-    let header = plan
-        .route
-        .forward_key_header
-        .clone()
-        .unwrap_or(IDEMPOTENCY_KEY);
+    let route = &plan.route;
+    let header = match (&route.destination_key, &route.forward_key_header) {
+        (Some(destination), _) => destination.header.clone(),
+        (None, Some(forwarded)) => forwarded.clone(),
+        (None, None) => IDEMPOTENCY_KEY,
+    };
     let mut answers = Vec::new();
     for sent_under in [&key, &key, &control_key] {
         answers.push(send(plan, &client, &header, sent_under).await);
@@ -170,7 +174,7 @@ fn verdict(answers: &[Result<Answered, String>], header: &HeaderName) -> (Option
         return (
             Some(true),
             format!(
-                "the destination deduplicates on `{header}` itself: it answered the repeat ({}) instead of creating a second record. The gateway still adds what it cannot: a lost response held as unknown instead of guessed, duplicates in flight answered, a changed payload refused.",
+                "the destination deduplicates on `{header}` itself: it answered the repeat ({}) instead of creating a second record. The gateway still adds what it cannot: duplicates in flight answered, a changed payload refused, a lost response held as unknown — and with `destination_key_header = \"{header}\"`, `resend_unknown` may settle a lost response by sending it again within the key's retention.",
                 second.status.as_u16()
             ),
         );
@@ -178,7 +182,9 @@ fn verdict(answers: &[Result<Answered, String>], header: &HeaderName) -> (Option
     if second.status.is_success() {
         return (
             Some(false),
-            "the destination does not deduplicate on its own: the same key twice got two different answers, so a blind retry would have created a second record. Send every retry through the gateway.".into(),
+            format!(
+                "the destination does not deduplicate on its own (on `{header}`): the same key twice got two different answers, so a blind retry would have created a second record. Send every retry through the gateway, and leave `resend_unknown` off."
+            ),
         );
     }
     (

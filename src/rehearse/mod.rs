@@ -340,12 +340,17 @@ async fn rehearse(plan: &Plan, dir: &Path) -> Result<Report, RehearseError> {
 
 /// The user's config cut down to the one route, on free loopback ports,
 /// with a throw-away store and nothing that reaches beyond the rehearsal:
-/// no alerts, no pause latch (its own held cases would trip it), no quota.
+/// no alerts, no pause latch (its own held cases would trip it), no quota,
+/// no re-sends (`resend_unknown`: writes the drill would not count, and
+/// the held cases must stay held for what they show).
 fn gateway_config(plan: &Plan, dir: &Path) -> Result<Config, ConfigError> {
     let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut route = plan.route.clone();
     route.pause_after_unknown = 0;
     route.quota = None;
+    if let Some(destination) = &mut route.destination_key {
+        destination.resend_unknown = false;
+    }
     let mut config = Config::single_route(&route.upstream.origin.to_string(), route.key)?;
     config.apply(&Overrides {
         listen: Some(loopback),

@@ -466,6 +466,10 @@ pub enum LateSource {
     /// A reconcile probe found the write at the destination: settles the
     /// operation at whatever attempt it is.
     Reconciled,
+    /// The destination answered a re-send under the operation's destination
+    /// key (`resend_unknown`): settles it at whatever attempt it is, since
+    /// every attempt carried that key.
+    Resent,
 }
 
 impl LateSource {
@@ -473,7 +477,7 @@ impl LateSource {
     pub fn attempt(self) -> Option<u32> {
         match self {
             LateSource::LateResponse { attempt } => Some(attempt),
-            LateSource::Reconciled => None,
+            LateSource::Reconciled | LateSource::Resent => None,
         }
     }
 
@@ -482,6 +486,7 @@ impl LateSource {
         match self {
             LateSource::LateResponse { .. } => "late-response",
             LateSource::Reconciled => "reconciled",
+            LateSource::Resent => "resent",
         }
     }
 }

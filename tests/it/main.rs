@@ -12,6 +12,7 @@ mod conformance;
 mod console;
 mod current_operation;
 mod deployment;
+mod destination_key;
 mod docs;
 mod fingerprint_exactness;
 mod fuzz_regressions;

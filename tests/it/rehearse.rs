@@ -172,6 +172,56 @@ async fn a_destination_that_honours_keys_gets_the_other_verdict() {
     assert!(report.cases[4].notes[0].contains("/resolve"), "{text}");
 }
 
+/// A route with a destination key is checked on that key's header: a
+/// destination deduplicating on it may have lost responses re-sent, and
+/// the rehearsal itself re-sends nothing (`resend_unknown` on, the held
+/// cases held, no write past the plan). On another header, the same
+/// destination creates a second record, and the verdict says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_asks_on_the_destination_keys_header() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let upstream = FakeUpstream::start().await;
+    let resending = "destination_key_header = \"Idempotency-Key\"\ndestination_key_window = \"24h\"\nresend_unknown = true";
+    let file = config(dir.path(), &upstream.url(), resending);
+    let (report, text) = rehearse(&args(file, "/dedup", 9, true)).await;
+    assert!(report.ok, "{text}");
+    assert_verdict(
+        &report,
+        Some(true),
+        "the destination deduplicates on `idempotency-key` itself",
+    );
+    assert!(
+        report.verdict.contains("resend_unknown"),
+        "{}",
+        report.verdict
+    );
+    assert_sent_as_planned(&report, &upstream, 9);
+    assert_eq!(states(&report, 1), ["unknown"], "not re-sent");
+
+    let upstream = FakeUpstream::start().await;
+    let own_header = "destination_key_header = \"X-Destination-Key\"";
+    let file = config(dir.path(), &upstream.url(), own_header);
+    let (report, text) = rehearse(&args(file, "/dedup", 9, true)).await;
+    assert!(report.ok, "{text}");
+    assert_verdict(
+        &report,
+        Some(false),
+        "the destination does not deduplicate on its own (on `x-destination-key`)",
+    );
+    assert!(
+        report.verdict.contains("leave `resend_unknown` off"),
+        "{}",
+        report.verdict
+    );
+    let checked = &upstream.write_requests()[6..];
+    assert!(
+        checked
+            .iter()
+            .all(|w| w.header("x-destination-key").is_some()),
+        "the check's writes carry the key on the destination key's header"
+    );
+}
+
 /// A destination whose every answer is alike (here 201 with one fixed
 /// body) creates a record per write, repeat included: the same answer to
 /// the repeat proves nothing, and the control key says so.

@@ -398,6 +398,8 @@
       ...fact("Route", op.route),
       ...fact("Idempotency key", op.key),
       ...fact("Operation id", op.id),
+      ...(op.destination_key ? fact("Destination key",
+        op.destination_key.value + " (sent in " + op.destination_key.header + ")") : []),
       ...fact("Attempts", op.attempts),
       ...fact("Created", when(op.created_at) + " (" + age(op.created_at) + " ago)"),
       ...fact("Updated", when(op.updated_at)),

@@ -16,6 +16,9 @@
 //!   - `/dedup`: an upstream that honours `Idempotency-Key`: the first write
 //!     per key commits like the default, a repeat gets the same answer and
 //!     commits nothing;
+//!   - `/dedup-lost`: the same, but the first write's answer is lost (the
+//!     connection closed after the commit): what a re-send under the same
+//!     key then gets is the first write's answer;
 //!   - `/commit-then/{code}`: commit, then answer `code` (the write happened,
 //!     the answer says otherwise: a 502/504 from a proxy in front of the API);
 //!   - `/once/{code}[?ms=N]`: the first write per `Idempotency-Key` waits N

@@ -372,7 +372,7 @@ async fn handle(
         }
     }
 
-    if path == "/dedup" {
+    if matches!(path, "/dedup" | "/dedup-lost") {
         let first = key
             .as_ref()
             .and_then(|k| state.by_key.lock().expect("by_key lock").get(k).copied());
@@ -409,7 +409,7 @@ async fn handle(
             Ok(resp)
         }
         "/hold" => std::future::pending().await,
-        "/drop" => Err("dropped after commit".into()),
+        "/drop" | "/dedup-lost" => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Drop => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Hold => {
             state

@@ -1,0 +1,144 @@
+//! A destination key (docs/requests.md, "A destination key"): the
+//! operation's id sent with every attempt in `destination_key_header`, in
+//! the client key's place when both name one header; with
+//! `resend_unknown`, a lost response is sent again under that key and the
+//! destination's answer settles it — never past `destination_key_window`,
+//! never while the route is paused.
+
+use crate::common::*;
+
+const BODY: &str = r#"{"task":"write the report"}"#;
+
+/// The destination key each write the upstream received carried in `header`.
+fn sent_keys(gw: &TestGateway, header: &str) -> Vec<Option<String>> {
+    gw.upstream
+        .write_requests()
+        .iter()
+        .map(|r| {
+            r.headers
+                .get(header)
+                .map(|v| v.to_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_attempt_carries_the_operations_id_in_the_clients_keys_place() {
+    let gw =
+        spawn_gateway_with(Setup::route("destination_key_header = \"Idempotency-Key\"").admin())
+            .await;
+    // The first attempt is refused uncommitted (503: released), the next
+    // one, the same operation, commits.
+    let refused = write(gw.addr(), "/once/503", Some("client-key"), BODY).await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_fresh_created(&write(gw.addr(), "/once/503", Some("client-key"), BODY).await);
+    let operation = gw.operation("client-key").await;
+    let id = operation["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        operation["destination_key"],
+        serde_json::json!({ "header": "idempotency-key", "value": id }),
+        "operators see it"
+    );
+    assert_eq!(
+        sent_keys(&gw, "idempotency-key"),
+        [Some(id.clone()), Some(id)],
+        "both attempts, one key, never the client's"
+    );
+    // Another operation, another destination key.
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("other-key"), BODY).await);
+    let other = gw.operation("other-key").await;
+    assert_eq!(
+        sent_keys(&gw, "idempotency-key")[2].as_deref(),
+        other["id"].as_str()
+    );
+    assert_ne!(other["id"], operation["id"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_of_its_own_beside_no_client_key() {
+    let gw = spawn_gateway_with(
+        Setup::route("destination_key_header = \"X-Destination-Key\"\nforward_key_header = \"\"")
+            .admin(),
+    )
+    .await;
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("client-key"), BODY).await);
+    let id = gw.operation("client-key").await["id"].clone();
+    assert_eq!(
+        sent_keys(&gw, "x-destination-key"),
+        [id.as_str().map(str::to_string)]
+    );
+    assert_eq!(sent_keys(&gw, "idempotency-key"), [None], "no client key");
+}
+
+const RESENDING: &str = "destination_key_header = \"Idempotency-Key\"
+destination_key_window = \"24h\"
+resend_unknown = true";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_response_is_resent_and_settled_by_a_destination_that_deduplicates() {
+    let gw = spawn_gateway_with(Setup::route(RESENDING).admin()).await;
+    write(gw.addr(), "/dedup-lost", Some("k"), BODY)
+        .await
+        .assert_operation_problem(502, "outcome-unknown", "unknown");
+    let settled = eventually("the re-send to settle the operation", || async {
+        let operation = gw.operation("k").await;
+        (operation["state"] == "completed").then_some(operation)
+    })
+    .await;
+    assert_eq!(settled["evidence"], "resent");
+    let resends = events_of(&settled, "resend");
+    assert_eq!(resends.len(), 1, "{settled}");
+    assert_eq!(resends[0]["settles"], true, "{settled}");
+    assert_eq!(gw.upstream.writes(), 1, "one record at the destination");
+    let keys = sent_keys(&gw, "idempotency-key");
+    assert_eq!(keys.len(), 2, "the write and its re-send");
+    assert_eq!(keys[0], keys[1], "under one destination key");
+    // Retries get what the destination answered the re-send: its record.
+    let retry = write(gw.addr(), "/dedup-lost", Some("k"), BODY).await;
+    assert_eq!(
+        (retry.status.as_u16(), &retry.json()["id"]),
+        (201, &serde_json::json!(1))
+    );
+    assert_eq!(gw.upstream.write_requests().len(), 2, "nothing more sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_resent_past_the_destination_keys_window() {
+    // A try could end 30 s on (upstream_timeout): past a 1 s window.
+    let setup = RESENDING.replace("\"24h\"", "\"1s\"");
+    let gw = spawn_gateway_with(Setup::route(&setup).admin()).await;
+    write(gw.addr(), "/dedup-lost", Some("k"), BODY)
+        .await
+        .assert_operation_problem(502, "outcome-unknown", "unknown");
+    let skipped = eventually("the re-send to be skipped", || async {
+        let operation = gw.operation("k").await;
+        let resends = events_of(&operation, "resend");
+        (!resends.is_empty()).then_some((operation, resends))
+    })
+    .await;
+    assert_eq!(
+        skipped.1[0]["skipped"], "past the destination key's window",
+        "{}",
+        skipped.0
+    );
+    assert_eq!(skipped.0["state"], "unknown", "still held");
+    assert_eq!(gw.upstream.write_requests().len(), 1, "never re-sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_resent_while_the_route_is_paused() {
+    // The loss itself trips the latch.
+    let setup = format!("{RESENDING}\npause_after_unknown = 1");
+    let gw = spawn_gateway_with(Setup::route(&setup).admin()).await;
+    write(gw.addr(), "/dedup-lost", Some("k"), BODY)
+        .await
+        .assert_operation_problem(502, "outcome-unknown", "unknown");
+    let skipped = eventually("a re-send skipped on the paused route", || async {
+        let resends = events_of(&gw.operation("k").await, "resend");
+        (!resends.is_empty()).then_some(resends)
+    })
+    .await;
+    assert_eq!(skipped[0]["skipped"], "the route is paused");
+    assert_eq!(gw.operation("k").await["state"], "unknown");
+    assert_eq!(gw.upstream.write_requests().len(), 1, "never re-sent");
+}
