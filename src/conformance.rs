@@ -38,6 +38,7 @@ impl Write {
 /// What one request of a case sends.
 #[derive(Debug, Clone, Copy)]
 pub struct Step {
+    /// POST unless the case says otherwise.
     pub method: Write,
     /// The case's key number `n` (`Some(n)`), or no key.
     pub key: Option<u8>,
