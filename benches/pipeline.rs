@@ -119,6 +119,7 @@ fn fingerprint(c: &mut Criterion) {
                 headers: &headers,
                 fingerprint_headers: &fingerprint_headers,
                 ignore_fields: &ignore_fields,
+                body_as_sent: false,
                 body: &body,
             };
             group.bench_with_input(BenchmarkId::new(kind, name), &input, |b, input| {

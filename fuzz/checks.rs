@@ -209,6 +209,7 @@ fn input<'a>(headers: &'a HeaderMap, ignore: &'a [String], body: &'a [u8]) -> Fi
         headers,
         fingerprint_headers: &[],
         ignore_fields: ignore,
+        body_as_sent: false,
         body,
     }
 }

@@ -81,7 +81,7 @@ pub struct Conformance {
     /// The endpoint's base URL; each case appends its path (`/drop`, `/slow?ms=1500`, …).
     #[arg(long)]
     pub target: String,
-    /// idemgate, ietf, stripe, acp or oasis.
+    /// idemgate, ietf, stripe, acp, oasis or ucp.
     #[arg(long, default_value = "idemgate")]
     pub profile: String,
     /// Confirms that the target may be written to: every case sends writes.

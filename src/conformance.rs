@@ -18,9 +18,28 @@ use http_body_util::{BodyExt, Full, Limited};
 
 use crate::profile::{KeySyntax, Profile, Wire};
 
+/// The method of a step's write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    Post,
+    /// A replacing update (UCP's Update Checkout).
+    Put,
+}
+
+impl Write {
+    fn method(self) -> Method {
+        match self {
+            Write::Post => Method::POST,
+            Write::Put => Method::PUT,
+        }
+    }
+}
+
 /// What one request of a case sends.
 #[derive(Debug, Clone, Copy)]
 pub struct Step {
+    /// POST unless the case says otherwise.
+    pub method: Write,
     /// The case's key number `n` (`Some(n)`), or no key.
     pub key: Option<u8>,
     /// Appended to the target URL: `/slow?ms=1500` and the like are the
@@ -110,6 +129,7 @@ const fn expect(status: Status) -> Expect {
 
 const fn step(key: Option<u8>, payload: u8, expect: Expect) -> Step {
     Step {
+        method: Write::Post,
         key,
         path: "",
         payload,
@@ -310,6 +330,60 @@ const ACP_5XX: Case = Case {
     ],
 };
 
+/// A write with key 0 to `$path`, then the same key with the other
+/// payload: UCP's conflict cases, 409 `key_reused`, one write.
+macro_rules! ucp_conflict {
+    ($name:expr, $section:expr, $method:expr, $path:expr) => {
+        Case {
+            name: $name,
+            section: $section,
+            needs_layer: true,
+            writes: 1,
+            steps: &[
+                Step {
+                    method: $method,
+                    path: $path,
+                    ..step(Some(0), 0, expect(Status::Success))
+                },
+                Step {
+                    method: $method,
+                    path: $path,
+                    ..step(
+                        Some(0),
+                        1,
+                        Expect {
+                            code: Some(("/code", "key_reused")),
+                            ..expect(Status::Is(409))
+                        },
+                    )
+                },
+            ],
+        }
+    };
+}
+
+/// UCP's two conflict cases beside the create (`changed-payload`): an
+/// update (PUT) and a complete reusing their key with another body.
+const UCP_CONFLICTS: [Case; 2] = [
+    ucp_conflict!(
+        "update-changed-payload",
+        "checkout/rest.md: Update Checkout, Idempotency-Key",
+        Write::Put,
+        "/checkout-sessions/conformance"
+    ),
+    ucp_conflict!(
+        "complete-changed-payload",
+        "checkout/rest.md: Complete Checkout, Idempotency-Key",
+        Write::Post,
+        "/checkout-sessions/conformance/complete"
+    ),
+];
+
+const UCP_PATHS: Case = Case {
+    section: "signatures.md: Replay Protection (keys unique per operation type)",
+    ..ACP_PATHS
+};
+
 const ACCEPTED: (&str, Option<Value>) = ("repeatability-result", Some(Value::Text("accepted")));
 const REJECTED: (&str, Option<Value>) = ("repeatability-result", Some(Value::Text("rejected")));
 const SENT_NOW: (&str, Value) = ("repeatability-first-sent", Value::Now);
@@ -441,12 +515,19 @@ pub fn cases(profile: Profile) -> Vec<Case> {
         Some(("/code", "idempotency_key_required")),
         "§6.1–§6.4"
     );
+    const UCP: [Case; 5] = keyed_cases!(
+        409,
+        Some(("/code", "key_reused")),
+        Some(("/code", "missing_key")),
+        "checkout/rest.md: Idempotency-Key"
+    );
     match profile {
         Profile::Idemgate => IDEMGATE.to_vec(),
         Profile::Ietf => [&IETF[..], &[IETF_BARE_KEY]].concat(),
         Profile::Stripe => [&STRIPE[..], &[STRIPE_ECHO]].concat(),
         Profile::Acp => [&ACP[..], &[ACP_ECHO, ACP_PATHS, ACP_5XX]].concat(),
         Profile::Oasis => OASIS.to_vec(),
+        Profile::Ucp => [&UCP[..], &UCP_CONFLICTS, &[UCP_PATHS]].concat(),
         // Tool calls, not HTTP writes: the MCP conformance suite's.
         Profile::Mcp => Vec::new(),
     }
@@ -575,7 +656,7 @@ impl Runner {
             case.name, step.payload
         );
         let mut request = Request::builder()
-            .method(Method::POST)
+            .method(step.method.method())
             .uri(&url)
             .header("content-type", "application/json")
             .header("authorization", format!("Bearer conformance-{}", self.run));

@@ -300,6 +300,13 @@ impl Problem {
                 serde_json::to_vec(&serde_json::json!({ "error": envelope() })),
             ),
             BodyShape::Flat => ("application/json", serde_json::to_vec(&envelope())),
+            BodyShape::CodeContent => (
+                "application/json",
+                serde_json::to_vec(&serde_json::json!({
+                    "code": decided.code,
+                    "content": self.detail,
+                })),
+            ),
         };
         let mut response = Response::new(full(body.unwrap_or_default()));
         *response.status_mut() =

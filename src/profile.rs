@@ -4,7 +4,8 @@
 //! few places where the wire is decided: which request headers carry the
 //! key and how it is spelled (`pipeline::key`), what the scope adds (the
 //! path, a client id), the defaults a route's config takes
-//! (`config::validate`), how each problem is answered (status, body shape,
+//! (`config::validate`), whether a body is compared as JSON or as sent
+//! (`pipeline::fingerprint`), how each problem is answered (status, body shape,
 //! error code, headers: `pipeline::error`), and which headers a first
 //! answer and a replay carry (`pipeline::mod`).
 //!
@@ -35,27 +36,32 @@ pub enum Profile {
     /// Model Context Protocol tool calls (`tools/call`) over Streamable
     /// HTTP: JSON-RPC in, JSON-RPC out (docs/mcp.md, `pipeline::mcp`).
     Mcp,
+    /// The Universal Commerce Protocol's checkout REST binding
+    /// (`shopping/checkout/rest.md`).
+    Ucp,
 }
 
 impl Profile {
     /// The profiles of plain HTTP writes: each has a conformance suite
     /// (the `conformance` module) of HTTP requests and answers.
-    pub const HTTP: [Profile; 5] = [
+    pub const HTTP: [Profile; 6] = [
         Profile::Idemgate,
         Profile::Ietf,
         Profile::Stripe,
         Profile::Acp,
         Profile::Oasis,
+        Profile::Ucp,
     ];
 
     /// Every profile a route may speak.
-    pub const ALL: [Profile; 6] = [
+    pub const ALL: [Profile; 7] = [
         Profile::Idemgate,
         Profile::Ietf,
         Profile::Stripe,
         Profile::Acp,
         Profile::Oasis,
         Profile::Mcp,
+        Profile::Ucp,
     ];
 
     /// The name a config file and `idemgate conformance` use.
@@ -72,6 +78,7 @@ impl Profile {
             Profile::Acp => &ACP,
             Profile::Oasis => &OASIS,
             Profile::Mcp => &MCP,
+            Profile::Ucp => &UCP,
         }
     }
 }
@@ -120,6 +127,8 @@ pub enum BodyShape {
     StripeError,
     /// `application/json` flat `{"type", "code", "message"}` (ACP §3.1).
     Flat,
+    /// `application/json` `{"code", "content"}`: UCP's protocol errors.
+    CodeContent,
 }
 
 /// A profile's answer for one problem (by its name, as in
@@ -197,9 +206,19 @@ pub struct Wire {
     /// than the route's `first_sent_skew`, 400 (OASIS
     /// `Repeatability-First-Sent`). Spelled as problem details name it.
     pub first_sent: Option<&'static str>,
+    /// The route's `methods` (the writes it protects) when the file sets
+    /// none; `None`: idemgate's default.
+    pub methods: Option<&'static [&'static str]>,
+    /// The route's `scope_headers` when the file sets none; `None`:
+    /// idemgate's default.
+    pub scope_headers: Option<&'static [&'static str]>,
     /// The route's `fingerprint_headers` when the file sets none; `None`:
     /// idemgate's default.
     pub fingerprint_headers: Option<&'static [&'static str]>,
+    /// The body is compared byte for byte, JSON or not: re-serialising a
+    /// payload is a change (UCP: the SHA-256 of the raw body). `false`: a
+    /// JSON body is compared as JSON values (`pipeline::fingerprint`).
+    pub body_as_sent: bool,
     /// The route's `release_statuses` when the file sets none: `true` adds
     /// every 5xx not in `unknown_statuses` to 429 (ACP §6.5).
     pub release_5xx: bool,
@@ -226,8 +245,10 @@ impl Wire {
         let status = answer.and_then(|a| a.status).unwrap_or(status);
         let code = match answer.and_then(|a| a.code) {
             Some(code) => code.to_string(),
-            // Flat and Stripe bodies spell codes with underscores.
-            None if self.body == BodyShape::Flat => name.replace('-', "_"),
+            // Flat and UCP bodies spell codes with underscores.
+            None if matches!(self.body, BodyShape::Flat | BodyShape::CodeContent) => {
+                name.replace('-', "_")
+            }
             None => name.to_string(),
         };
         let error_type = answer
@@ -260,7 +281,10 @@ const IDEMGATE: Wire = Wire {
     scope_path: false,
     scope_header: None,
     first_sent: None,
+    methods: None,
+    scope_headers: None,
     fingerprint_headers: None,
+    body_as_sent: false,
     release_5xx: false,
     retention_floor: None,
     replayed_header: true,
@@ -394,15 +418,44 @@ const OASIS: Wire = Wire {
 };
 
 /// An MCP route's wire for what is still HTTP: the key header it reads
-/// beside `params._meta` and a key argument, no headers in the
-/// fingerprint (tool name and arguments are), and `release_5xx` as a
-/// JSON-RPC server's 5xx is no outcome. Its answers to a protected call
-/// are JSON-RPC responses (`pipeline::mcp::answer`), never these bodies.
+/// beside `params._meta` and a key argument, POST the one method it
+/// intercepts (an MCP endpoint takes its JSON-RPC messages as POSTs), no
+/// headers in the fingerprint (tool name and arguments are). Its answers
+/// to a protected call are JSON-RPC responses (`pipeline::mcp::answer`),
+/// never these bodies.
 const MCP: Wire = Wire {
     profile: Profile::Mcp,
     name: "mcp",
     key_name: "idempotency key",
+    methods: Some(&["POST"]),
     fingerprint_headers: Some(&[]),
+    ..IDEMGATE
+};
+
+/// UCP's checkout REST binding: its writes are POST (create, complete,
+/// cancel) and PUT (update); a key is the platform's per operation type,
+/// so the path is in the scope, with the platform's credentials and its
+/// `UCP-Agent` profile; the key is opaque and forwarded as sent, since a
+/// platform signs it; no header is in the fingerprint (a retry may carry a
+/// new `Request-Id` or signature) and the body counts byte for byte.
+const UCP: Wire = Wire {
+    profile: Profile::Ucp,
+    name: "ucp",
+    key_syntax: KeySyntax::Opaque,
+    scope_path: true,
+    methods: Some(&["POST", "PUT"]),
+    scope_headers: Some(&["authorization", "x-api-key", "ucp-agent"]),
+    fingerprint_headers: Some(&[]),
+    body_as_sent: true,
+    retention_floor: Some(Duration::from_secs(24 * 3600)),
+    body: BodyShape::CodeContent,
+    answers: &[Answer {
+        status: Some(409),
+        ..Answer::of(
+            "key-reused",
+            "checkout/rest.md: Idempotency-Key; signatures.md: Replay Protection",
+        )
+    }],
     ..IDEMGATE
 };
 
@@ -418,7 +471,7 @@ mod tests {
         }
         let err = "soap".parse::<Profile>().unwrap_err();
         assert!(
-            err.contains("idemgate, ietf, stripe, acp, oasis, mcp"),
+            err.contains("idemgate, ietf, stripe, acp, oasis, mcp, ucp"),
             "{err}"
         );
     }
@@ -455,5 +508,13 @@ mod tests {
         assert_eq!(stripe.status, 400);
         assert_eq!(stripe.headers, &[("stripe-should-retry", "false")]);
         assert_eq!(Profile::Oasis.wire().decide("key-reused", 422).status, 400);
+        let ucp = Profile::Ucp.wire();
+        let reused = ucp.decide("key-reused", 422);
+        assert_eq!((reused.status, reused.code.as_str()), (409, "key_reused"));
+        let busy = ucp.decide("request-in-progress", 409);
+        assert_eq!(
+            (busy.status, busy.code.as_str()),
+            (409, "request_in_progress")
+        );
     }
 }

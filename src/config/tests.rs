@@ -450,6 +450,30 @@ fn a_profile_sets_its_defaults_and_its_retention_floor() {
 }
 
 #[test]
+fn a_ucp_route_protects_updates_and_compares_bodies_as_sent() {
+    let with = |lines: &str| Config::from_toml_str(&format!("{MINIMAL}{lines}"), "test.toml");
+    let ucp = with("profile = \"ucp\"\n").unwrap();
+    let route = &ucp.routes[0];
+    assert_eq!(route.methods, [http::Method::POST, http::Method::PUT]);
+    let scope: Vec<_> = route.scope_headers.iter().map(|h| h.as_str()).collect();
+    assert_eq!(scope, ["authorization", "x-api-key", "ucp-agent"]);
+    assert!(route.fingerprint_headers.is_empty());
+    let set = with("profile = \"ucp\"\nmethods = [\"POST\"]\n").unwrap();
+    assert_eq!(set.routes[0].methods, [http::Method::POST]);
+    let error = error_of(&format!(
+        "{MINIMAL}profile = \"ucp\"\nignore_fields = [\"/nonce\"]\n"
+    ));
+    assert!(
+        error.contains("routes[0].ignore_fields") && error.contains("byte for byte"),
+        "{error}"
+    );
+    let error = error_of(&format!(
+        "[store]\nretention = \"23h\"\n{MINIMAL}profile = \"ucp\"\n"
+    ));
+    assert!(error.contains("`ucp`") && error.contains("24h"), "{error}");
+}
+
+#[test]
 fn an_mcp_route_intercepts_its_posts_alone() {
     let config = Config::from_toml_str(
         "[[routes]]\nname = \"tools\"\nprofile = \"mcp\"\nupstream = \"http://127.0.0.1:9\"\n",

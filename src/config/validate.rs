@@ -512,13 +512,7 @@ impl Validator<'_> {
             .parse()
             .map_err(|reason: String| self.invalid(field("profile"), reason))?;
         let wire = profile.wire();
-        // An MCP endpoint takes its JSON-RPC messages as POSTs: the only
-        // method an mcp route intercepts.
-        let methods_default: &[&str] = if profile == Profile::Mcp {
-            &["POST"]
-        } else {
-            route::METHODS
-        };
+        let methods_default = wire.methods.unwrap_or(route::METHODS);
         let methods =
             raw.methods
                 .clone()
@@ -564,7 +558,7 @@ impl Validator<'_> {
         let scope_headers = self.headers(
             &field("scope_headers"),
             raw.scope_headers,
-            route::SCOPE_HEADERS,
+            wire.scope_headers.unwrap_or(route::SCOPE_HEADERS),
         )?;
         let allow_anonymous = raw.allow_anonymous.unwrap_or(route::ALLOW_ANONYMOUS);
         if scope_headers.is_empty() && !allow_anonymous {
@@ -574,6 +568,15 @@ impl Validator<'_> {
             ));
         }
         let ignore_fields = self.pointers(&field("ignore_fields"), raw.ignore_fields)?;
+        if wire.body_as_sent && !ignore_fields.is_empty() {
+            return Err(self.invalid(
+                field("ignore_fields"),
+                format!(
+                    "the `{}` profile compares a body byte for byte, so no field of it can be ignored",
+                    profile.name()
+                ),
+            ));
+        }
         let derive_from = self.pointers(&field("derive_from"), raw.derive_from)?;
         if !derive_from.is_empty() && key != KeyMode::Derive {
             return Err(self.invalid(field("derive_from"), "only with key = \"derive\""));

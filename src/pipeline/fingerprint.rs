@@ -6,7 +6,9 @@
 //! (RFC 8785, after removing `ignore_fields`) so re-serialising the same
 //! payload is not a change; any other body, JSON that does not parse, or JSON
 //! that the canonical form would not keep apart from another payload (see
-//! `canonical_json`) is hashed as sent. So two requests with different bodies
+//! `canonical_json`) is hashed as sent — and so is every body on a route
+//! whose profile compares bodies as sent (`ucp`: UCP matches payloads by
+//! the SHA-256 of the raw bytes). So two requests with different bodies
 //! never share a fingerprint, and every part is length-prefixed, so no two
 //! different requests can run together into the same bytes.
 
@@ -24,6 +26,8 @@ pub struct FingerprintInput<'a> {
     pub headers: &'a HeaderMap,
     pub fingerprint_headers: &'a [HeaderName],
     pub ignore_fields: &'a [String],
+    /// The body is compared as sent, even JSON ([`crate::profile::Wire`]).
+    pub body_as_sent: bool,
     pub body: &'a [u8],
 }
 
@@ -109,7 +113,7 @@ fn hash_values(hasher: &mut Sha256, headers: &HeaderMap, name: &HeaderName) {
 /// named twice, a lone surrogate, a number a double cannot hold): hashed as
 /// sent, any change to it is a change.
 fn canonical_body(input: &FingerprintInput<'_>) -> Option<Vec<u8>> {
-    if !is_json(input.headers) {
+    if input.body_as_sent || !is_json(input.headers) {
         return None;
     }
     let mut value = canonical_json::parse_exact(input.body).ok()?;
@@ -162,6 +166,7 @@ mod tests {
             headers: &headers,
             fingerprint_headers: &[CONTENT_TYPE],
             ignore_fields: &ignore,
+            body_as_sent: false,
             body: body.as_bytes(),
         })
     }
@@ -200,6 +205,28 @@ mod tests {
                 r#"{"a":1}"#
             )
         );
+    }
+
+    #[test]
+    fn a_body_compared_as_sent_is_its_bytes() {
+        let as_sent = |body: &str| {
+            let headers = HeaderMap::from_iter([(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )]);
+            Fingerprint::compute(&FingerprintInput {
+                method: &Method::PUT,
+                path_and_query: "/checkout-sessions/c-1",
+                headers: &headers,
+                fingerprint_headers: &[],
+                ignore_fields: &[],
+                body_as_sent: true,
+                body: body.as_bytes(),
+            })
+        };
+        assert_eq!(as_sent(r#"{"a":1,"b":2}"#), as_sent(r#"{"a":1,"b":2}"#));
+        assert_ne!(as_sent(r#"{"a":1,"b":2}"#), as_sent(r#"{"b":2,"a":1}"#));
+        assert_ne!(as_sent(r#"{"a":1}"#), as_sent(r#"{"a":1.0}"#));
     }
 
     #[test]
@@ -331,6 +358,7 @@ mod tests {
             headers: &headers,
             fingerprint_headers: &[],
             ignore_fields: &[],
+            body_as_sent: false,
             body: body.as_bytes(),
         })
     }

@@ -915,6 +915,7 @@ fn fingerprint_input<'a>(
         headers: &parts.headers,
         fingerprint_headers: &route.fingerprint_headers,
         ignore_fields: &route.ignore_fields,
+        body_as_sent: route.profile.wire().body_as_sent,
         body,
     }
 }

@@ -389,6 +389,7 @@ mod tests {
                 headers: &http::HeaderMap::new(),
                 fingerprint_headers: &[],
                 ignore_fields: &[],
+                body_as_sent: false,
                 body,
             })
         };

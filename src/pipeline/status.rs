@@ -56,7 +56,7 @@ pub async fn lookup<B>(
         .filter_map(|active| {
             let route = &active.route;
             let wire = route.profile.wire();
-            // A route whose profile scopes a key by its endpoint (ACP) is
+            // A route whose profile scopes a key by its endpoint (ACP, UCP) is
             // searched only when the lookup names the write's path.
             let path = match (wire.scope_path, written_at.as_deref()) {
                 (true, None) => return None,
@@ -96,7 +96,7 @@ pub async fn lookup<B>(
 }
 
 /// The `path` query parameter: the path a write was sent to, which an
-/// ACP route's scope holds (docs/requests.md, "Asking what became of a
+/// ACP or UCP route's scope holds (docs/requests.md, "Asking what became of a
 /// write"), percent-decoded once (it is a query value) and put in normal
 /// form, as the write's own path was before its scope was made.
 fn written_path(query: Option<&str>) -> Result<Option<String>, ProxyError> {

@@ -90,7 +90,13 @@ async fn against_a_plain_api_exactly_the_cases_that_need_a_layer_fail() {
 async fn a_route_of_another_profile_fails_the_suite() {
     let mock = start_mock().await;
     let gw = gateway(Profile::Idemgate, &mock).await;
-    for profile in [Profile::Ietf, Profile::Stripe, Profile::Acp, Profile::Oasis] {
+    for profile in [
+        Profile::Ietf,
+        Profile::Stripe,
+        Profile::Acp,
+        Profile::Oasis,
+        Profile::Ucp,
+    ] {
         let runner = Runner::new(&format!("http://{}", gw.addr()), profile).unwrap();
         let mut failed = 0;
         for (index, case) in cases(profile).iter().enumerate() {

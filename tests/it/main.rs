@@ -50,5 +50,6 @@ mod store_contract;
 mod store_faults;
 mod tls;
 mod traces;
+mod ucp;
 mod wire_identity;
 mod write_path;
