@@ -517,6 +517,30 @@ fn store_registry(store: Option<&StoreGauges>, now: i64) -> Registry {
         "How long the longest-held operation whose outcome is unknown has been unknown (0 when none)",
         oldest_unknown_seconds,
     );
+    if let Some(replication) = &stats.replication {
+        let flag = |on: bool| {
+            let gauge = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+            gauge.set(i64::from(on));
+            gauge
+        };
+        registry.register(
+            "store_in_recovery",
+            "PostgreSQL: 1 when the server this replica writes to is in recovery (a standby, where nothing commits)",
+            flag(replication.in_recovery),
+        );
+        let standbys = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+        standbys.set(i64::from(replication.synchronous_standbys));
+        registry.register(
+            "store_synchronous_standbys",
+            "PostgreSQL: synchronous standbys streaming from the server this replica writes to",
+            standbys,
+        );
+        registry.register(
+            "store_synchronous_standby_required",
+            "PostgreSQL: 1 when writes are refused without a synchronous standby (store.require_synchronous_standby)",
+            flag(replication.required),
+        );
+    }
     registry
 }
 
@@ -577,6 +601,7 @@ mod tests {
             stats: Stats {
                 counts: vec![("api".into(), State::Unknown, 3)],
                 oldest_unknown_since: Some(1_000),
+                replication: None,
             },
             paused: vec!["api".into()],
         };

@@ -441,6 +441,12 @@ async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
             "oldest_unknown_age_seconds": oldest,
             "paused_routes": paused,
             "routes": routes,
+            "replication": stats.replication.as_ref().map(|r| json!({
+                "in_recovery": r.in_recovery,
+                "synchronous_standby_names": r.synchronous_standby_names,
+                "synchronous_standbys": r.synchronous_standbys,
+                "synchronous_standby_required": r.required,
+            })),
         }),
     ))
 }

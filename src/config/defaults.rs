@@ -26,6 +26,8 @@ pub mod store {
     pub const RETENTION: &str = "24h";
     /// PostgreSQL only.
     pub const LEASE: &str = "10s";
+    /// PostgreSQL only: docs/replicas.md, "Failover".
+    pub const REQUIRE_SYNCHRONOUS_STANDBY: bool = false;
 }
 
 /// `[[routes]]`.

@@ -59,6 +59,7 @@ pub(super) struct RawStore {
     pub(super) scope_key_env: Option<String>,
     pub(super) scope_key_file: Option<String>,
     pub(super) lease: Option<String>,
+    pub(super) require_synchronous_standby: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -108,6 +108,9 @@ pub struct StoreConfig {
     /// alive (the database's clock); its operations in flight become
     /// `unknown` after that.
     pub lease: Duration,
+    /// PostgreSQL: writes are refused unless the server is a primary with
+    /// a synchronous standby streaming (docs/replicas.md, "Failover").
+    pub require_synchronous_standby: bool,
     /// The environment variable holding the key (32 bytes, base64) that
     /// seals stored payloads; `None`: stored in clear.
     pub encryption_key_env: Option<String>,

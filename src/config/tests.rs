@@ -612,3 +612,26 @@ fn a_destination_key_needs_its_header_and_a_resend_its_window() {
         );
     }
 }
+
+#[test]
+fn a_synchronous_standby_is_required_only_of_a_durable_postgres_store() {
+    let store = |lines: &str| {
+        let toml = format!(
+            "[store]\n{lines}\n[[routes]]\nname = \"r\"\nupstream = \"http://127.0.0.1:9\"\n"
+        );
+        Config::from_toml_str(&toml, "t.toml").map(|c| c.store.require_synchronous_standby)
+    };
+    let postgres = "url = \"postgres://u@127.0.0.1:5432/db\"";
+    assert!(!store(postgres).unwrap(), "off by default");
+    assert!(store(&format!("{postgres}\nrequire_synchronous_standby = true")).unwrap());
+    let normal = store(&format!(
+        "{postgres}\ndurability = \"normal\"\nrequire_synchronous_standby = true"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(normal.contains("synchronous_commit = off"), "{normal}");
+    let sqlite = store("require_synchronous_standby = true")
+        .unwrap_err()
+        .to_string();
+    assert!(sqlite.contains("only a postgres:// store"), "{sqlite}");
+}

@@ -457,9 +457,25 @@ impl Validator<'_> {
             store::DURABILITY,
             &[("full", Durability::Full), ("normal", Durability::Normal)],
         )?;
+        let require_synchronous_standby = raw
+            .require_synchronous_standby
+            .unwrap_or(store::REQUIRE_SYNCHRONOUS_STANDBY);
+        if require_synchronous_standby && matches!(url, StoreUrl::Sqlite(_)) {
+            return Err(self.invalid(
+                "store.require_synchronous_standby",
+                "only a postgres:// store has standbys",
+            ));
+        }
+        if require_synchronous_standby && durability == Durability::Normal {
+            return Err(self.invalid(
+                "store.require_synchronous_standby",
+                "durability = \"normal\" sets synchronous_commit = off, which does not wait for the standby: use durability = \"full\"",
+            ));
+        }
         Ok(StoreConfig {
             url,
             durability,
+            require_synchronous_standby,
             retention: self.duration(
                 "store.retention",
                 raw.retention.as_deref(),

@@ -31,7 +31,7 @@ use crate::scope_key::{ScopeKey, ScopeKeyError};
 pub use batches::{BatchLabels, StoreBatches};
 pub use fence::{Fence, Permit};
 pub use outbox::{Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription};
-pub use postgres::PostgresStore;
+pub use postgres::{PostgresSettings, PostgresStore, ReplicationState};
 pub use seal::{Seal, SealError, StoreKey};
 pub use sqlite::SqliteStore;
 
@@ -319,6 +319,9 @@ pub struct Stats {
     /// last update, since an `unknown` operation is updated only to leave
     /// that state.
     pub oldest_unknown_since: Option<i64>,
+    /// A PostgreSQL store: its server's replication as last read (`None`
+    /// for SQLite, or when no fresh reading is at hand).
+    pub replication: Option<ReplicationState>,
 }
 
 /// The store-meta row that says the kept counts are exact (the value
@@ -752,7 +755,18 @@ pub async fn open(
             Arc::new(SqliteStore::open(path, config.durability, owner, clock, keys).await?)
         }
         StoreUrl::Postgres(url) => Arc::new(
-            PostgresStore::open(url, config.durability, config.lease, owner, clock, keys).await?,
+            PostgresStore::open(
+                url,
+                PostgresSettings {
+                    durability: config.durability,
+                    lease: config.lease,
+                    require_synchronous_standby: config.require_synchronous_standby,
+                },
+                owner,
+                clock,
+                keys,
+            )
+            .await?,
         ),
     })
 }

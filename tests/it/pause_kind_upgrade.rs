@@ -12,7 +12,8 @@ use crate::common::*;
 use idemgate::clock::{Clock, ManualClock};
 use idemgate::config::Durability;
 use idemgate::store::{
-    Maintenance, Operators, PausedBy, PostgresStore, RoutePause, SqliteStore, StoreError,
+    Maintenance, Operators, PausedBy, PostgresSettings, PostgresStore, RoutePause, SqliteStore,
+    StoreError,
 };
 use sqlx::Connection;
 use sqlx::migrate::Migrator;
@@ -116,8 +117,11 @@ async fn a_postgres_store_with_old_pauses_keeps_who_paused() {
     let (lease, owner) = (Duration::from_secs(10), "gw-1".to_string());
     let opened = PostgresStore::open(
         &schema.url,
-        Durability::Normal,
-        lease,
+        PostgresSettings {
+            durability: Durability::Normal,
+            lease,
+            require_synchronous_standby: false,
+        },
         owner,
         clock(),
         test_store_keys(),

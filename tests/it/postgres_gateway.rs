@@ -238,3 +238,55 @@ async fn a_replica_never_replays_what_a_peer_superseded() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// `store.require_synchronous_standby` on a server without one (the
+/// suite's: no `synchronous_standby_names`): every write is refused,
+/// nothing sent, `/readyz` is 503 saying why, and the stats and
+/// metrics show the replication read. Without it, the same server serves,
+/// and shows the same reading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn writes_wait_for_a_synchronous_standby_when_one_is_required() {
+    let schema = PgSchema::create().await;
+    let gw = spawn_gateway_with(
+        setup(&schema, "")
+            .durable()
+            .store("require_synchronous_standby = true"),
+    )
+    .await;
+    let refused = write(gw.addr(), "/orders", Some("k-1"), ORDER).await;
+    refused.assert_problem(503, "store-unavailable");
+    assert_eq!(gw.upstream.write_requests().len(), 0, "nothing sent");
+    let ready = admin_call(gw.admin_addr(), "GET", "/readyz", None, "").await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        String::from_utf8_lossy(&ready.body).contains("synchronous_standby_names"),
+        "{ready:?}"
+    );
+    let stats = gw.admin("GET", "/admin/stats", "").await.json();
+    assert_eq!(
+        stats["replication"],
+        serde_json::json!({
+            "in_recovery": false,
+            "synchronous_standby_names": "",
+            "synchronous_standbys": 0,
+            "synchronous_standby_required": true,
+        })
+    );
+    let token = gw.admin_token().to_string();
+    let metrics = admin_call(gw.admin_addr(), "GET", "/metrics", Some(&token), "").await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    for series in [
+        "idemgate_store_in_recovery 0",
+        "idemgate_store_synchronous_standbys 0",
+        "idemgate_store_synchronous_standby_required 1",
+    ] {
+        assert!(text.lines().any(|l| l == series), "{series} in:\n{text}");
+    }
+
+    let served = gateway(&schema, "").await;
+    assert_fresh_created(&write(served.addr(), "/orders", Some("k-2"), ORDER).await);
+    let stats = served.admin("GET", "/admin/stats", "").await.json();
+    assert_eq!(stats["replication"]["synchronous_standby_required"], false);
+    assert_eq!(stats["replication"]["in_recovery"], false);
+}

@@ -17,8 +17,8 @@ use idemgate::clock::{Clock, SystemClock};
 use idemgate::config::Durability;
 use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State};
 use idemgate::store::{
-    ClaimResult, Decision, Maintenance, NewOperation, Operators, PostgresStore, Recorded,
-    RequestPath, Resolved, Store, StoreError,
+    ClaimResult, Decision, Maintenance, NewOperation, Operators, PostgresSettings, PostgresStore,
+    Recorded, RequestPath, Resolved, Store, StoreError,
 };
 
 const LEASE: Duration = Duration::from_secs(2);
@@ -31,8 +31,11 @@ async fn replica_at(url: String, owner: String) -> PostgresStore {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     PostgresStore::open(
         &url,
-        Durability::Normal,
-        LEASE,
+        PostgresSettings {
+            durability: Durability::Normal,
+            lease: LEASE,
+            require_synchronous_standby: false,
+        },
         owner.clone(),
         clock,
         test_store_keys(),

@@ -27,7 +27,7 @@ use idemgate::config::Durability;
 use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State, StoredResponse};
 use idemgate::store::{
     Claim, ClaimResult, Decision, LateEvidence, LateSource, ListFilter, NewOperation, PausedBy,
-    PostgresStore, Recorded, Resolved, SqliteStore, Store,
+    PostgresSettings, PostgresStore, Recorded, Resolved, SqliteStore, Store,
 };
 use tempfile::TempDir;
 
@@ -76,8 +76,11 @@ impl Bench {
             Place::Postgres(schema) => Arc::new(
                 PostgresStore::open(
                     &schema.url,
-                    Durability::Normal,
-                    Duration::from_secs(10),
+                    PostgresSettings {
+                        durability: Durability::Normal,
+                        lease: Duration::from_secs(10),
+                        require_synchronous_standby: false,
+                    },
                     owner,
                     clock,
                     test_store_keys(),

@@ -37,7 +37,10 @@
 
 mod batch;
 mod outbox;
+mod replication;
 mod statements;
+
+pub use replication::ReplicationState;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,6 +62,7 @@ use crate::operation::{Event, Operation, Settlement};
 use crate::scope_key::ScopeKey;
 use crate::store::StoreBatches;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
+use replication::Replication;
 use statements::{ClaimCall, Owners, RecordCall};
 
 /// The statements `tests/it/store_contract.rs` explains ([`AccessPath`]).
@@ -95,18 +99,35 @@ pub struct PostgresStore {
     renewal: CancellationToken,
     /// Seals payloads on the way in, opens them on the way out.
     seal: Seal,
+    /// The server's replication as the lease renewals last read it.
+    replication: Arc<Replication>,
 }
 
-/// The options `url` names, with the durability asked for.
-fn options(url: &str, durability: Durability) -> Result<PgConnectOptions, StoreError> {
+/// How a replica uses its PostgreSQL store, from `[store]`.
+#[derive(Debug, Clone, Copy)]
+pub struct PostgresSettings {
+    pub durability: Durability,
+    pub lease: Duration,
+    pub require_synchronous_standby: bool,
+}
+
+/// The options `url` names, with the durability asked for; a commit
+/// waits for the synchronous standby when one is required, whatever the
+/// server's own default.
+fn options(
+    url: &str,
+    durability: Durability,
+    synchronous_standby: bool,
+) -> Result<PgConnectOptions, StoreError> {
     let options = crate::config::postgres_options(url).map_err(|reason| StoreError::Open {
         store: crate::config::redact_url(url),
         reason,
     })?;
-    Ok(match durability {
-        Durability::Full => options,
+    Ok(match (durability, synchronous_standby) {
+        (_, true) => options.options([("synchronous_commit", "on")]),
+        (Durability::Full, false) => options,
         // A commit is acknowledged before it is flushed on the server.
-        Durability::Normal => options.options([("synchronous_commit", "off")]),
+        (Durability::Normal, false) => options.options([("synchronous_commit", "off")]),
     })
 }
 
@@ -126,7 +147,7 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(options(url, Durability::Full)?)
+            .connect_with(options(url, Durability::Full, false)?)
             .await?;
         let migrated = run_migrations(&pool, url).await;
         pool.close().await;
@@ -139,16 +160,20 @@ impl PostgresStore {
     /// renewing it until [`Store::close`].
     pub async fn open(
         url: &str,
-        durability: Durability,
-        lease: Duration,
+        settings: PostgresSettings,
         owner: String,
         clock: Arc<dyn Clock>,
         keys: StoreKeys,
     ) -> Result<Self, StoreError> {
+        let PostgresSettings {
+            durability,
+            lease,
+            require_synchronous_standby,
+        } = settings;
         let pool = PgPoolOptions::new()
             .max_connections(POOL)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(options(url, durability)?)
+            .connect_with(options(url, durability, require_synchronous_standby)?)
             .await
             .map_err(|e| StoreError::Open {
                 store: crate::config::redact_url(url),
@@ -174,6 +199,8 @@ impl PostgresStore {
         let sent = Instant::now();
         statements::renew_lease(&pool, &owner, clock::millis(lease)).await?;
         fence.renewed(sent);
+        let replication = Arc::new(Replication::new(require_synchronous_standby, lease));
+        replication.read(&pool).await?;
         let owner: Arc<str> = owner.into();
         let renewal = CancellationToken::new();
         // A connection of its own: a renewal never queues for a connection
@@ -182,11 +209,11 @@ impl PostgresStore {
         let lease_link = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(lease * 4 / 5)
-            .connect_lazy_with(options(url, Durability::Full)?);
+            .connect_lazy_with(options(url, Durability::Full, false)?);
         tokio::spawn(renew(
             lease_link,
             owner.clone(),
-            (lease, fence.clone()),
+            (lease, fence.clone(), replication.clone()),
             renewal.clone(),
         ));
         let batches = StoreBatches::new(&["claim", "record"]);
@@ -214,6 +241,7 @@ impl PostgresStore {
             clock,
             renewal,
             seal,
+            replication,
         })
     }
 }
@@ -248,12 +276,13 @@ async fn check_keys(pool: &PgPool, seal: Seal, scope: &ScopeKey) -> Result<Seal,
 /// starts a third of a lease after the previous one started, however long
 /// that one took, and is given up once it could no longer extend the fence
 /// (four fifths of a lease after it started); meanwhile claims and sends
-/// stop once the last good one is too old ([`Fence::holds`]). `pool` is the
-/// lease's own connection, closed when renewing stops.
+/// stop once the last good one is too old ([`Fence::holds`]). Each good
+/// renewal reads the server's replication too ([`Replication`]). `pool` is
+/// the lease's own connection, closed when renewing stops.
 async fn renew(
     pool: PgPool,
     owner: Arc<str>,
-    (lease, fence): (Duration, Fence),
+    (lease, fence, replication): (Duration, Fence, Arc<Replication>),
     stop: CancellationToken,
 ) {
     let every = lease / 3;
@@ -276,6 +305,10 @@ async fn renew(
                 fence.renewed(sent);
                 if std::mem::take(&mut failing) {
                     tracing::info!("replica lease renewed again; claiming resumes");
+                }
+                let read = tokio::time::timeout(lease / 3, replication.read(&pool)).await;
+                if let Ok(Err(error)) = read {
+                    tracing::warn!(%error, "cannot read the store's replication");
                 }
             }
             Ok(Err(error)) => {
@@ -307,6 +340,9 @@ impl RequestPath for PostgresStore {
             return Err(StoreError::Busy(
                 "this replica could not renew its lease in the store".into(),
             ));
+        }
+        if let Some(reason) = self.replication.refusal() {
+            return Err(StoreError::Busy(reason));
         }
         let now = self.clock.now_millis();
         let call = ClaimCall {
@@ -398,7 +434,9 @@ impl Operators for PostgresStore {
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
-        statements::stats(&self.pool).await
+        let mut stats = statements::stats(&self.pool).await?;
+        stats.replication = self.replication.state();
+        Ok(stats)
     }
 
     async fn set_paused(&self, route: &str, reason: Option<&str>) -> Result<(), StoreError> {
@@ -471,7 +509,10 @@ impl Maintenance for PostgresStore {
                 "this replica could not renew its lease in the store".into(),
             ));
         }
-        Ok(())
+        match self.replication.refusal() {
+            Some(reason) => Err(StoreError::Busy(reason)),
+            None => Ok(()),
+        }
     }
 
     async fn close(&self) {

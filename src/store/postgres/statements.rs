@@ -773,6 +773,7 @@ pub async fn stats(pool: &PgPool) -> Result<Stats, StoreError> {
     Ok(Stats {
         counts,
         oldest_unknown_since,
+        replication: None,
     })
 }
 

@@ -798,6 +798,7 @@ pub fn stats(conn: &Connection) -> Result<Stats, StoreError> {
     Ok(Stats {
         counts,
         oldest_unknown_since,
+        replication: None,
     })
 }
 

@@ -27,7 +27,7 @@ admin_listen = "127.0.0.1:0"
 
 [store]
 url = "{store_url}"
-durability = "normal"
+durability = "{durability}"
 {scope_key}{store_extra}
 
 [[routes]]
@@ -41,6 +41,7 @@ upstream = "{upstream_url}"
             .clone()
             .unwrap_or_else(|| format!("sqlite://{}", store.display())),
         path_prefix = setup.path_prefix,
+        durability = setup.durability,
         scope_key = setup
             .scope_key_file
             .as_ref()
@@ -65,6 +66,9 @@ pub struct Setup {
     pub route: String,
     /// TOML lines for `[store]`.
     pub store: String,
+    /// `store.durability`: `normal` (a test's machine need not survive a
+    /// power loss) unless [`Setup::durable`].
+    pub durability: &'static str,
     /// The store's URL; a SQLite file in the test's directory when `None`.
     pub store_url: Option<String>,
     /// `store.scope_key_file`: the schema's, on PostgreSQL.
@@ -102,6 +106,7 @@ impl Setup {
             path_prefix: "/".into(),
             route: route_extra.into(),
             store: String::new(),
+            durability: "normal",
             store_url: None,
             scope_key_file: None,
             server: String::new(),
@@ -120,6 +125,12 @@ impl Setup {
 
     pub fn store(mut self, lines: &str) -> Setup {
         self.store = lines.into();
+        self
+    }
+
+    /// `store.durability = "full"`.
+    pub fn durable(mut self) -> Setup {
+        self.durability = "full";
         self
     }
 
