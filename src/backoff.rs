@@ -5,9 +5,11 @@
 //!
 //! Its callers, each with its own numbers on a named constant:
 //! connect retries (`pipeline/forward.rs`, full jitter), alert deliveries
-//! (`alerts/deliverer.rs`, full jitter) and outcomes the store refused to
-//! record (`pipeline/record.rs`, none: one operation's own retries, never
-//! in step with another's).
+//! (`alerts/deliverer.rs`, full jitter), re-sends of a held operation under
+//! its destination key (`pipeline/attempt.rs`, full jitter), outcomes the
+//! store refused to record (`pipeline/record.rs`, none: one operation's own
+//! retries, never in step with another's) and claims whose answer was lost
+//! (`store/postgres/mod.rs`, none, likewise).
 //!
 //! Invariant, for every `n`: `0 <= delay(n) <= ceiling(n) <= cap`, the
 //! ceiling never shrinks as `n` grows, and nothing overflows.

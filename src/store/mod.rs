@@ -540,6 +540,10 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     #[error("the store did not commit: {0}")]
     Failed(String),
+    /// The statement was sent but its answer never came (the connection
+    /// broke, or the database took too long): it may have committed.
+    #[error("the store's answer was lost, and it may have committed: {0}")]
+    Unanswered(String),
     #[error("the store is closed")]
     Closed,
     #[error("the store holds a value it cannot read: {0}")]

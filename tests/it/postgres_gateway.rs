@@ -290,3 +290,36 @@ async fn writes_wait_for_a_synchronous_standby_when_one_is_required() {
     assert_eq!(stats["replication"]["synchronous_standby_required"], false);
     assert_eq!(stats["replication"]["in_recovery"], false);
 }
+
+/// A claim whose answer never came (here: the database held it behind a
+/// table lock past the batch's bound, and committed it afterwards) is
+/// found out and released: the client heard 503, nothing was sent, and
+/// its retry is sent once — never `in_progress` under this replica's live
+/// lease with nobody working on it (409 forever, before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_claim_committed_after_its_answer_was_lost_is_released() {
+    use sqlx::Connection;
+    let schema = PgSchema::create().await;
+    let gw = gateway(&schema, "").await;
+    let mut lock = sqlx::PgConnection::connect(&schema.url)
+        .await
+        .expect("connect");
+    let mut held = lock.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE operations IN EXCLUSIVE MODE")
+        .execute(&mut *held)
+        .await
+        .expect("lock");
+    let lost = write(gw.addr(), "/orders", Some("k-lost"), ORDER).await;
+    lost.assert_problem(503, "store-unavailable");
+    held.commit().await.expect("unlock");
+    let released = eventually("the claim to be released", || async {
+        let operation = gw.operation("k-lost").await;
+        (operation["state"] == "not_attempted").then_some(operation)
+    })
+    .await;
+    assert_eq!(released["evidence"], "claim-unanswered", "{released}");
+    assert_eq!(gw.upstream.write_requests().len(), 0, "nothing sent");
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("k-lost"), ORDER).await);
+    assert_eq!(gw.upstream.writes(), 1);
+}

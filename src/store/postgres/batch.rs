@@ -14,8 +14,9 @@
 //! - a batch the database does not answer within [`BATCH_TIMEOUT`] fails
 //!   its calls (503) instead of holding every later one behind it (a
 //!   network partition). Such a batch may still commit on the server, as
-//!   any statement whose answer is lost: a claim of it then reads
-//!   `in_progress` until this replica stops or its lease runs out;
+//!   any statement whose connection broke after it was sent: its calls
+//!   fail with [`StoreError::Unanswered`], so that the caller can find out
+//!   afterwards what committed (`PostgresStore::claim`);
 //! - one batch at a time per kind, in the order the calls were queued.
 
 use std::future::Future;
@@ -111,7 +112,7 @@ async fn send_batches<J, R, F, Fut>(
         let answered = tokio::time::timeout(timeout, run(jobs)).await;
         batches.observe(kind, calls, started.elapsed());
         match answered.unwrap_or_else(|_| {
-            Err(StoreError::Busy(format!(
+            Err(StoreError::Unanswered(format!(
                 "the database did not answer within {}",
                 humantime::format_duration(timeout)
             )))
@@ -124,19 +125,38 @@ async fn send_batches<J, R, F, Fut>(
             Ok(results) => {
                 let reason = format!("a batch of {calls} calls returned {}", results.len());
                 tracing::error!(%reason, "a store batch answered wrongly");
-                fail_all(replies, &reason);
+                fail_all(replies, || StoreError::Failed(reason.clone()));
+            }
+            Err(error) if answer_lost(&error) => {
+                tracing::error!(%error, calls, "a store batch's answer was lost; it may have committed");
+                let reason = error.to_string();
+                fail_all(replies, || StoreError::Unanswered(reason.clone()));
             }
             Err(error) => {
                 tracing::error!(%error, calls, "a store batch did not commit");
-                fail_all(replies, &error.to_string());
+                let reason = error.to_string();
+                fail_all(replies, || StoreError::Failed(reason.clone()));
             }
         }
     }
 }
 
-fn fail_all<R>(replies: Vec<Reply<R>>, reason: &str) {
+/// Whether a batch that failed with `error` may have committed: its
+/// statement was (or may have been) sent, and the connection broke or the
+/// answer never came. An error the database answered with is a rollback.
+fn answer_lost(error: &StoreError) -> bool {
+    matches!(
+        error,
+        StoreError::Unanswered(_)
+            | StoreError::Unavailable(
+                sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed
+            )
+    )
+}
+
+fn fail_all<R>(replies: Vec<Reply<R>>, error: impl Fn() -> StoreError) {
     for reply in replies {
-        drop(reply.send(Err(StoreError::Failed(reason.to_string()))));
+        drop(reply.send(Err(error())));
     }
 }
 
@@ -214,9 +234,10 @@ mod tests {
                 }
             },
         );
+        // Sent and never answered: it may yet commit, and the caller hears so.
         let failed = batcher.call(1).await;
         assert!(
-            matches!(failed, Err(StoreError::Failed(reason)) if reason.contains("did not answer"))
+            matches!(failed, Err(StoreError::Unanswered(reason)) if reason.contains("did not answer"))
         );
         assert_eq!(batcher.call(2).await.unwrap(), 2);
     }

@@ -56,6 +56,7 @@ use super::{
     Maintenance, NewOperation, Operators, Outbox, Recorded, RekeyBatch, RequestPath, Resolved,
     RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
 };
+use crate::backoff::Backoff;
 use crate::clock::{self, Clock};
 use crate::config::Durability;
 use crate::operation::{Event, Operation, Settlement};
@@ -325,6 +326,43 @@ async fn renew(
     }
 }
 
+/// Finds out what became of a claim whose answer was lost, once the store
+/// answers again, and releases it if it committed
+/// ([`statements::release_unanswered_claim`]): its client heard 503 and
+/// nothing was sent, so no operation is left `in_progress` under this
+/// replica's live lease with nobody working on it. Tried on the shared
+/// backoff for a bounded while; a replica whose lease runs out meanwhile
+/// has its operations held `replica-lost` by a peer instead.
+async fn release_unanswered(
+    pool: PgPool,
+    owner: Arc<str>,
+    new: Arc<NewOperation>,
+    (claimed_at, clock): (i64, Arc<dyn Clock>),
+) {
+    for n in 0..RELEASE_TRIES {
+        tokio::time::sleep(RELEASE_BACKOFF.delay(n)).await;
+        let now = clock.now_millis();
+        match statements::release_unanswered_claim(&pool, &owner, &new, (claimed_at, now)).await {
+            Ok(Some(id)) => {
+                return tracing::warn!(operation_id = %id, "a claim whose answer was lost had committed: released as not_attempted, nothing was sent");
+            }
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%error, "cannot yet find out what became of a claim whose answer was lost")
+            }
+        }
+    }
+    tracing::error!(key = %new.key, route = %new.route, "gave up finding out what became of a claim whose answer was lost; it reads in_progress until this replica stops or its lease runs out");
+}
+
+/// Tries of [`release_unanswered`]: with [`RELEASE_BACKOFF`], about four
+/// minutes in all.
+const RELEASE_TRIES: u32 = 12;
+
+/// The waits between them: from 250 ms, doubling up to 30 s.
+const RELEASE_BACKOFF: Backoff =
+    Backoff::doubling(Duration::from_millis(250), Duration::from_secs(30));
+
 /// A store dropped without [`Store::close`] stops renewing: to its peers
 /// this replica is as good as dead once the lease runs out.
 impl Drop for PostgresStore {
@@ -349,7 +387,16 @@ impl RequestPath for PostgresStore {
             now,
             new: new.clone(),
         };
-        self.claims.call(call).await?
+        let claimed = self.claims.call(call).await;
+        if let Err(StoreError::Unanswered(_)) = &claimed {
+            tokio::spawn(release_unanswered(
+                self.pool.clone(),
+                self.owner.clone(),
+                new.clone(),
+                (now, self.clock.clone()),
+            ));
+        }
+        claimed?
     }
 
     async fn record(

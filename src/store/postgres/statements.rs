@@ -182,6 +182,43 @@ fn held_twin_sql() -> String {
     )
 }
 
+/// A claim this replica made whose answer was lost
+/// ([`StoreError::Unanswered`]): if it committed, nothing was sent for it,
+/// so it becomes `not_attempted` (evidence `claim-unanswered`) and the
+/// next retry is sent. Found by its identity, its owner and the time the
+/// claim wrote (`claimed_at`), so no later claim is taken for it. The id
+/// released, if any.
+pub async fn release_unanswered_claim(
+    pool: &PgPool,
+    owner: &str,
+    new: &NewOperation,
+    (claimed_at, now): (i64, i64),
+) -> Result<Option<String>, StoreError> {
+    let released = sqlx::query_scalar(
+        "WITH released AS (
+            UPDATE operations SET state = 'not_attempted', evidence = 'claim-unanswered',
+                updated_at = $6
+            WHERE route = $1 AND scope = $2 AND idem_key = $3 AND superseded_at IS NULL
+              AND state = 'in_progress' AND owner = $4 AND updated_at = $5
+            RETURNING id, attempt
+         ), kept AS (
+            INSERT INTO events (operation_id, at, kind, detail)
+            SELECT id, $6, 'claim-unanswered', json_build_object('attempt', attempt)::text
+            FROM released
+         )
+         SELECT id FROM released",
+    )
+    .bind(&new.route)
+    .bind(&new.scope)
+    .bind(&new.key)
+    .bind(owner)
+    .bind(claimed_at)
+    .bind(now)
+    .fetch_optional(pool)
+    .await?;
+    Ok(released)
+}
+
 /// An attempt number or a batch position as an INTEGER column holds it.
 fn int(n: impl TryInto<i32>) -> i32 {
     n.try_into().unwrap_or(i32::MAX)
