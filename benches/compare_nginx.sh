@@ -16,6 +16,17 @@
 #   CALLGRIND=1 benches/compare_nginx.sh  # + instructions per request (valgrind, ~3 min)
 #   CALLGRIND=1 CALLGRIND_KEEP=DIR benches/compare_nginx.sh  # and keep each load's profile in DIR
 #   TMPDIR=/dev/shm LOADS=first benches/compare_nginx.sh  # the store on tmpfs: what the disk's syncs cost (not a deployment)
+#   YARDSTICK=path/to/proto benches/compare_nginx.sh     # the yardstick's binary (else built from ../shared/ceiling)
+#   YARDSTICK=off benches/compare_nginx.sh               # without the yardstick
+#
+# The yardstick (../shared/ceiling, `--variant v1`: a minimal durable
+# idempotency proxy, one SQLite writer with group commit, synchronous=FULL)
+# runs in the same rounds on first writes and replays, between nginx and
+# idemgate: a measuring stick for what a durable first write costs on this
+# machine, nothing of it copied. Each idemgate row then says its rate as a
+# ratio of the yardstick's too ("vs yard"), and for both, per thread
+# (perf's --per-thread, by thread name), CPU µs, context switches and
+# system calls per request.
 #
 # The upstream is an nginx of its own, answering every request 201 with a
 # small JSON body: the fastest upstream at hand, so neither proxy waits on it
@@ -100,11 +111,27 @@ need_commands "${wanted[@]}"
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 # perf counts system calls and task time only where the kernel lets it.
+# (Its answer read whole: `| grep -q` may end first and, under pipefail,
+# fail the check with perf's SIGPIPE.)
 use_perf=0
-if command -v perf >/dev/null &&
-    perf stat -x, -e raw_syscalls:sys_enter,context-switches,task-clock true 2>&1 >/dev/null |
-    grep -q ',raw_syscalls:sys_enter'; then
-    use_perf=1
+if command -v perf >/dev/null; then
+    perf_probe=$(perf stat -x, -e raw_syscalls:sys_enter,context-switches,task-clock true 2>&1 >/dev/null || true)
+    case $perf_probe in *,raw_syscalls:sys_enter*) use_perf=1 ;; esac
+fi
+
+# The yardstick, built once (its own target directory, outside the repo).
+YARDSTICK=${YARDSTICK:-}
+if [ -z "$YARDSTICK" ]; then
+    ceiling=$(cd "$repo/.." && pwd)/shared/ceiling
+    if [ -f "$ceiling/Cargo.toml" ]; then
+        echo "building the yardstick (release)" >&2
+        cargo build --release --manifest-path "$ceiling/Cargo.toml" \
+            --target-dir "$HOME/.cache/ceiling-target" >&2
+        YARDSTICK=$HOME/.cache/ceiling-target/release/proto
+    else
+        echo "no yardstick at $ceiling: running without it" >&2
+        YARDSTICK=off
+    fi
 fi
 
 if [ -z "${IDEMGATE:-}" ]; then
@@ -222,14 +249,17 @@ machine_ticks() {
 
 # One measured run of load $1 against $2 with the processes $3 (a list)
 # counted; prints "rps p50 p99 non2xx errors cpu_us switches syscalls runq_us
-# disk_kb machine_us".
+# disk_kb machine_us". With perf, the counts per thread are left in
+# $dir/threads.csv ("name cpu_ms switches syscalls requests", one line per
+# thread name).
 measure() {
     local mode=$1 addr=$2 counted=$3 hz
     hz=$(getconf CLK_TCK)
     warm_up "$mode" "$addr"
     local perf_pid='' before machine_before result after machine_after
+    rm -f "$dir/threads.csv"
     if [ "$use_perf" = 1 ]; then
-        perf stat -x, -e task-clock,context-switches,raw_syscalls:sys_enter \
+        perf stat --per-thread -x, -e task-clock,context-switches,raw_syscalls:sys_enter \
             -p "${counted// /,}" -o "$dir/perf.csv" 2>/dev/null &
         perf_pid=$!
         sleep 0.3
@@ -246,14 +276,25 @@ measure() {
     read -r ticks_after switches_after runq_after disk_after <<<"$after"
     cpu_ms=$(((ticks_after - ticks_before) * 1000 / hz))
     switches=$((switches_after - switches_before))
+    read -r rps p50 p99 non2xx errors requests <<<"$result"
     if [ -n "$perf_pid" ]; then
         kill -INT "$perf_pid"
         wait "$perf_pid" || true
-        cpu_ms=$(awk -F, '$3 ~ /^task-clock/ { printf "%d", $1 }' "$dir/perf.csv")
-        switches=$(awk -F, '$3 == "context-switches" { print $1 }' "$dir/perf.csv")
-        syscalls=$(awk -F, '$3 == "raw_syscalls:sys_enter" { print $1 }' "$dir/perf.csv")
+        # --per-thread: "comm-tid,value,unit,event,…"; threads summed by name.
+        awk -F, -v n="$requests" '
+            $1 ~ /-[0-9]+$/ && $2 ~ /^[0-9.]+$/ {
+                name = $1; sub(/-[0-9]+$/, "", name)
+                if ($4 ~ /^task-clock/) cpu[name] += $2
+                else if ($4 == "context-switches") sw[name] += $2
+                else if ($4 == "raw_syscalls:sys_enter") sc[name] += $2
+                seen[name] = 1
+            }
+            END { for (name in seen) printf "%s %f %d %d %d\n", name, cpu[name], sw[name], sc[name], n }
+        ' "$dir/perf.csv" | sort >"$dir/threads.csv"
+        cpu_ms=$(awk '{ n += $2 } END { printf "%d", n }' "$dir/threads.csv")
+        switches=$(awk '{ n += $3 } END { print n + 0 }' "$dir/threads.csv")
+        syscalls=$(awk '{ n += $4 } END { print n + 0 }' "$dir/threads.csv")
     fi
-    read -r rps p50 p99 non2xx errors requests <<<"$result"
     awk -v rps="$rps" -v p50="$p50" -v p99="$p99" -v non2xx="$non2xx" -v errors="$errors" \
         -v n="$requests" -v cpu_ms="$cpu_ms" -v sw="$switches" -v sc="$syscalls" \
         -v runq=$((runq_after - runq_before)) -v disk=$((disk_after - disk_before)) \
@@ -277,22 +318,47 @@ for durability in $DURABILITIES; do
     gateways+=("idemgate $durability=$started=$started_pid")
 done
 
-printf '\n%-22s %8s %7s %7s %7s %6s %8s  %8s %6s %8s %7s %7s %8s\n' "load / proxy" "req/s" "p50 ms" \
-    "p99 ms" "non-2xx" "errors" "vs nginx" "CPU µs" "ctx sw" "syscalls" "runq µs" "disk KB" "machine"
+yardstick=()
+if [ "$YARDSTICK" != off ]; then
+    yardstick_port=$(free_port)
+    mkdir -p "$dir/yardstick"
+    "$YARDSTICK" --variant v1 --listen "$yardstick_port" --upstream "$upstream_port" \
+        --path "$dir/yardstick/store" --threads 2 >"$dir/yardstick/out" 2>&1 &
+    yardstick_pid=$!
+    pids+=("$yardstick_pid")
+    wait_port "$yardstick_port" 60 || { cat "$dir/yardstick/out" >&2; exit 1; }
+    yardstick=("yardstick v1=127.0.0.1:$yardstick_port=$yardstick_pid")
+fi
+
+# Per thread, from measure's $dir/threads.csv, under the row just printed.
+print_threads() {
+    [ -s "$dir/threads.csv" ] || return 0
+    awk '{ printf "      %-18s CPU µs %7.1f  ctx sw %5.2f  syscalls %6.2f\n",
+        $1, $2 * 1000 / ($5 > 0 ? $5 : 1), $3 / ($5 > 0 ? $5 : 1), $4 / ($5 > 0 ? $5 : 1) }' \
+        "$dir/threads.csv"
+}
+
+printf '\n%-22s %8s %7s %7s %7s %6s %8s %8s  %8s %6s %8s %7s %7s %8s\n' "load / proxy" "req/s" "p50 ms" \
+    "p99 ms" "non-2xx" "errors" "vs nginx" "vs yard" "CPU µs" "ctx sw" "syscalls" "runq µs" "disk KB" "machine"
 for mode in $LOADS; do
     case $mode in
         off) echo "forwarding (key = \"off\", a new key per request)" ;;
         first) echo "first writes (a new key per request)" ;;
         replay) echo "replays ($REPLAY_KEYS keys, created in the warm-up)" ;;
     esac
-    # Each gateway's ratios over the rounds, space-separated.
-    declare -A ratios=()
+    # The yardstick stores every write: on forwarding it would not compare.
+    measured=("${gateways[@]}")
+    [ "$mode" = off ] || measured=("${yardstick[@]}" "${gateways[@]}")
+    # Each target's ratios over the rounds, space-separated (vs nginx, and
+    # idemgate's vs the yardstick).
+    declare -A ratios=() yard_ratios=()
     for round in $(seq "$ROUNDS"); do
-        nginx_rps=
-        for target in "nginx pass-through=127.0.0.1:$nginx_port=$nginx_pid" "${gateways[@]}"; do
+        nginx_rps= yard_rps=
+        for target in "nginx pass-through=127.0.0.1:$nginx_port=$nginx_pid" "${measured[@]}"; do
             IFS='=' read -r proxy addr pid <<<"$target"
             read -r rps p50 p99 non2xx errors cpu switches syscalls runq disk machine \
                 <<<"$(measure "$mode" "$addr" "$(proc_set "$pid")")"
+            yard=-
             if [ -z "$nginx_rps" ]; then
                 nginx_rps=$rps
                 ratio=1
@@ -300,20 +366,32 @@ for mode in $LOADS; do
                 ratio=$(awk -v a="$rps" -v b="$nginx_rps" 'BEGIN { printf "%.3f", a / b }')
                 ratios[$proxy]+="$ratio "
             fi
+            case $proxy in
+                yardstick*) yard_rps=$rps ;;
+                idemgate*) if [ -n "$yard_rps" ]; then
+                    yard=$(awk -v a="$rps" -v b="$yard_rps" 'BEGIN { printf "%.3f", a / b }')
+                    yard_ratios[$proxy]+="$yard "
+                    yard+="×"
+                fi ;;
+            esac
             label=$proxy
             if [ "$ROUNDS" -gt 1 ]; then label="$proxy #$round"; fi
-            printf '  %-21s%8.0f %7.2f %7.2f %7d %6d %7s×  %8s %6s %8s %7s %7s %8s\n' "$label" "$rps" "$p50" \
-                "$p99" "$non2xx" "$errors" "$ratio" "$cpu" "$switches" "$syscalls" "$runq" "$disk" "$machine"
+            printf '  %-21s%8.0f %7.2f %7.2f %7d %6d %7s× %8s  %8s %6s %8s %7s %7s %8s\n' "$label" "$rps" "$p50" \
+                "$p99" "$non2xx" "$errors" "$ratio" "$yard" "$cpu" "$switches" "$syscalls" "$runq" "$disk" "$machine"
+            [ "$proxy" = "nginx pass-through" ] || print_threads
         done
     done
     if [ "$ROUNDS" -gt 1 ]; then
-        for target in "${gateways[@]}"; do
+        for target in "${measured[@]}"; do
             IFS='=' read -r proxy _ <<<"$target"
             # shellcheck disable=SC2086 # a list of ratios
-            printf '  %-20s median of %d rounds: %s×\n' "$proxy" "$ROUNDS" "$(median ${ratios[$proxy]})"
+            printf '  %-20s median of %d rounds: %s× nginx' "$proxy" "$ROUNDS" "$(median ${ratios[$proxy]})"
+            # shellcheck disable=SC2086
+            [ -z "${yard_ratios[$proxy]:-}" ] || printf ', %s× the yardstick' "$(median ${yard_ratios[$proxy]})"
+            echo
         done
     fi
-    unset ratios
+    unset ratios yard_ratios
 done
 echo "  (per request: the proxy's CPU µs, context switches, system calls, µs waiting for a CPU and KiB sent to the disk; the machine's CPU µs)"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
