@@ -77,7 +77,9 @@ wait_port() {
 listening_address() {
     local address
     for _ in $(seq $(($3 * 10))); do
-        address=$(sed -n 's/^listening proxy=\([^ ]*\) .*/\1/p' "$1")
+        # (The file may not be there yet: the shell that started the
+        # gateway makes it in the child.)
+        address=$(sed -n 's/^listening proxy=\([^ ]*\) .*/\1/p' "$1" 2>/dev/null)
         if [ -n "$address" ]; then
             echo "$address"
             return
