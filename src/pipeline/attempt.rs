@@ -11,7 +11,7 @@
 //!    `unknown`, and is kept as an event either way;
 //! 4. on a route with `resend_unknown`, the request is sent again as it was
 //!    sent, under the same destination key (docs/requests.md, "A
-//!    destination key"): at most [`RESEND_TRIES`] tries on the shared
+//!    destination key"): at most `RESEND_TRIES` tries on the shared
 //!    backoff, each only while the operation is still `unknown`, the route
 //!    is not paused and the try can end within the destination key's
 //!    window; an answer that would have completed the attempt settles it
@@ -46,7 +46,7 @@ use crate::store::{Claim, LateEvidence, LateSource, Permit, Recorded};
 use crate::traces::{self, Step};
 
 /// Re-sends of an `unknown` operation under its destination key, at most.
-pub const RESEND_TRIES: u32 = 6;
+const RESEND_TRIES: u32 = 6;
 
 /// The wait before each re-send: the first within two seconds, then a
 /// ceiling doubling up to a minute, fully jittered so that the operations
