@@ -21,6 +21,7 @@
 
 use crate::common::*;
 use http::StatusCode;
+use idemgate::clock::ManualClock;
 use idemgate::mock_upstream::MockUpstream;
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -83,7 +84,7 @@ async fn probe_events(gw: &TestGateway, key: &str) -> Vec<Value> {
 }
 
 /// What `/metrics` counts of `verdict` on route `api`.
-async fn verdicts(gw: &TestGateway, verdict: &str) -> f64 {
+async fn verdicts_counted(gw: &TestGateway, verdict: &str) -> f64 {
     let text = scrape_metrics(gw.admin_addr()).await;
     let series = format!("idemgate_probe_verdicts_total{{route=\"api\",verdict=\"{verdict}\"}}");
     metric(&text, &series).unwrap_or(0.0)
@@ -91,16 +92,24 @@ async fn verdicts(gw: &TestGateway, verdict: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consistent_lookup_releases_an_absent_write_and_the_retry_is_sent_once() {
-    let gw = probing(
-        "url = \"{up}/lookup?key={key}\"\nfound_json_pointer = \"/id\"\nabsent_status = 404\nmin_age = \"1s\"",
-        "",
-    )
-    .await;
+    let upstream = FakeUpstream::start().await;
+    // `min_age` at its default, a minute, on a clock the test moves.
+    let route = format!(
+        "[routes.reconcile]\nurl = \"{}/lookup?key={{key}}\"\nfound_json_pointer = \"/id\"\n\
+         absent_status = 404\n",
+        upstream.url()
+    );
+    let clock = ManualClock::new();
+    let setup = Setup::route(&route).clock(clock.clone()).admin();
+    let gw = spawn_gateway_on(upstream, setup).await;
     lost_uncommitted(&gw, "absent-1").await;
+    first_probe_done(&gw, "absent-1").await;
+    // Absent, but younger than a minute: held.
+    clock.advance(Duration::from_secs(59));
+    assert_held_unknown(&write(gw.addr(), "/scripted", Some("absent-1"), BODY).await);
 
-    // Held until the operation is a second old; then the retry whose probe
-    // found it absent is the one sent.
-    let sent = retried_while_held(&gw, "absent-1").await;
+    clock.advance(Duration::from_secs(2));
+    let sent = write(gw.addr(), "/scripted", Some("absent-1"), BODY).await;
 
     assert_fresh_created(&sent);
     assert_eq!(gw.upstream.writes(), 1, "one write committed");
@@ -115,41 +124,57 @@ async fn a_consistent_lookup_releases_an_absent_write_and_the_retry_is_sent_once
     assert_eq!(stored["state"], "completed");
     assert_eq!(stored["attempts"], 2);
     let probes = events_of(&stored, "probe");
-    let (last, earlier) = probes.split_last().expect("probes");
-    assert_eq!(last["verdict"], "absent", "{probes:?}");
-    assert_eq!(last["status"], 404);
+    let verdicts: Vec<&Value> = probes.iter().map(|p| &p["verdict"]).collect();
     assert_eq!(
-        last["url"],
-        format!("{}/lookup?key=absent-1", gw.upstream.url())
+        verdicts,
+        ["undetermined", "undetermined", "absent"],
+        "{probes:?}"
     );
     assert!(
-        !earlier.is_empty()
-            && earlier.iter().all(|p| p["verdict"] == "undetermined"
-                && p["reason"].as_str().is_some_and(|r| r.contains("min_age"))),
-        "too young to be believed: {earlier:?}"
+        probes[..2].iter().all(|p| p["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("min_age (1m)"))),
+        "too young to be believed: {probes:?}"
     );
-    assert_eq!(verdicts(&gw, "absent").await, 1.0);
-    assert_eq!(verdicts(&gw, "undetermined").await, earlier.len() as f64);
+    let released = &probes[2];
+    assert_eq!(released["status"], 404);
+    assert_eq!(
+        released["url"],
+        format!("{}/lookup?key=absent-1", gw.upstream.url())
+    );
+    assert_eq!(verdicts_counted(&gw, "absent").await, 1.0);
+    assert_eq!(verdicts_counted(&gw, "undetermined").await, 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_that_race_the_probe_that_releases_the_write_send_it_once() {
     let upstream = FakeUpstream::start().await;
-    // The lookup takes 300 ms: the retries arrive while the probe after the
-    // loss runs, and wait for it.
+    // The lookup takes 300 ms: the retries arrive while one of them
+    // probes, and wait for it.
     let route = format!(
         "in_progress = \"wait\"\n[routes.reconcile]\nurl = \"{}/lookup?key={{key}}&ms=300\"\n\
-         found_json_pointer = \"/id\"\nabsent_status = 404\nmin_age = \"1ms\"\n",
+         found_json_pointer = \"/id\"\nabsent_status = 404\nmin_age = \"1m\"\n",
         upstream.url()
     );
-    let gw = spawn_gateway_on(upstream, Setup::route(&route).admin()).await;
+    let clock = ManualClock::new();
+    let setup = Setup::route(&route).clock(clock.clone()).admin();
+    let gw = spawn_gateway_on(upstream, setup).await;
     lost_uncommitted(&gw, "race-1").await;
+    // The probe after the loss finds it absent, too young to believe.
+    first_probe_done(&gw, "race-1").await;
+    clock.advance(Duration::from_secs(61));
 
     let retries = concurrent_writes(gw.addr(), 5, "/scripted", "race-1", BODY).await;
 
     assert_one_fresh_rest_replayed(&retries);
     assert_eq!(gw.upstream.writes(), 1, "sent once");
-    assert_eq!(gw.operation("race-1").await["attempts"], 2);
+    let stored = gw.operation("race-1").await;
+    assert_eq!(stored["attempts"], 2);
+    let verdicts: Vec<Value> = events_of(&stored, "probe")
+        .iter()
+        .map(|p| p["verdict"].clone())
+        .collect();
+    assert_eq!(verdicts, ["undetermined", "absent"], "one probe per race");
 }
 
 /// A lookup on a lagging index (always 404), confirmed by a list that is
@@ -192,7 +217,7 @@ async fn a_lagging_lookup_that_the_confirm_request_contradicts_stays_held() {
             (&200.into(), &false.into())
         );
     }
-    assert_eq!(verdicts(&gw, "absent").await, 0.0);
+    assert_eq!(verdicts_counted(&gw, "absent").await, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,7 +311,7 @@ async fn a_write_held_twice_at_the_destination_is_alerted_pauses_the_route_and_i
         .collect();
     assert_eq!(keys, ["dup-1", "later-1"], "{held}");
     assert_eq!(held["items"][0]["duplicated_at_destination"], true);
-    assert_eq!(verdicts(&gw, "duplicated").await, 1.0);
+    assert_eq!(verdicts_counted(&gw, "duplicated").await, 1.0);
     assert_eq!(gw.upstream.writes(), 2, "nothing sent through the gateway");
 }
 
@@ -324,7 +349,7 @@ async fn a_confirm_request_past_its_timeout_is_never_absent() {
     }
     assert_eq!(gw.operation("hang-1").await["state"], "unknown");
     assert_eq!(gw.upstream.writes(), 0);
-    assert_eq!(verdicts(&gw, "absent").await, 0.0);
+    assert_eq!(verdicts_counted(&gw, "absent").await, 0.0);
 }
 
 /// A `tools/call` of `create_task` as a 2026-07-28 client sends it, to
