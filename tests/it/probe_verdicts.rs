@@ -256,6 +256,9 @@ async fn a_write_held_twice_at_the_destination_is_alerted_pauses_the_route_and_i
     // destination under either yet.
     lost_uncommitted(&gw, "dup-1").await;
     lost_uncommitted(&gw, "later-1").await;
+    for key in ["dup-1", "later-1"] {
+        first_probe_done(&gw, key).await;
+    }
     // Then the destination holds `dup-1` twice (written past the gateway).
     for _ in 0..2 {
         let direct = send(
