@@ -416,8 +416,13 @@ fn render_list(page: &Value) -> Result<String, KeysError> {
         let mut rows =
             vec![["ID", "ROUTE", "KEY", "STATE", "ATTEMPTS", "UPDATED"].map(String::from)];
         rows.extend(items.iter().map(|item| {
-            ["id", "route", "key", "state", "attempts", "updated_at"]
-                .map(|name| field(item.get(name).unwrap_or(&Value::Null)))
+            let mut row = ["id", "route", "key", "state", "attempts", "updated_at"]
+                .map(|name| field(item.get(name).unwrap_or(&Value::Null)));
+            // Listed first by the API: said so where the state is.
+            if item.get("duplicated_at_destination") == Some(&Value::Bool(true)) {
+                row[3].push_str(" (duplicated-at-destination)");
+            }
+            row
         }));
         out.push_str(&table(&rows));
     }
@@ -526,6 +531,9 @@ fn render_operation(op: &Value) -> Result<String, KeysError> {
             let detail = match event.get("detail") {
                 None | Some(Value::Null) => String::new(),
                 Some(Value::Object(map)) if map.is_empty() => String::new(),
+                Some(detail) if event.get("kind") == Some(&Value::from("probe")) => {
+                    printable(&probe_line(detail))
+                }
                 Some(detail) => printable(&detail.to_string()),
             };
             [
@@ -544,10 +552,68 @@ fn render_operation(op: &Value) -> Result<String, KeysError> {
     Ok(out)
 }
 
+/// A probe's timeline entry as a line: each question and its answer, and
+/// the verdict (`GET URL → 404; confirm GET URL → 200 [1], not absent →
+/// undetermined (reason)`); an entry of another shape as its JSON.
+fn probe_line(detail: &Value) -> String {
+    let Some(verdict) = detail.get("verdict").and_then(Value::as_str) else {
+        return detail.to_string();
+    };
+    let answer = |asked: &Value| {
+        let url = field(asked.get("url").unwrap_or(&Value::Null));
+        // An MCP probe's question is `tools/call NAME` already.
+        let question = if url.starts_with("tools/call ") {
+            url
+        } else {
+            format!("GET {url}")
+        };
+        let said = match asked.get("error").and_then(Value::as_str) {
+            Some(error) => format!("no answer ({error})"),
+            None => field(asked.get("status").unwrap_or(&Value::Null)),
+        };
+        match asked.get("count").and_then(Value::as_u64) {
+            Some(count) => format!("{question} → {said} [{count}]"),
+            None => format!("{question} → {said}"),
+        }
+    };
+    let mut line = answer(detail);
+    if let Some(confirm) = detail.get("confirm").filter(|c| c.is_object()) {
+        let agrees = confirm.get("absent").and_then(Value::as_bool) == Some(true);
+        let said = if agrees { "absent" } else { "not absent" };
+        line.push_str(&format!("; confirm {}, {said}", answer(confirm)));
+    }
+    line.push_str(&format!(" → {verdict}"));
+    if let Some(reason) = detail.get("reason").and_then(Value::as_str) {
+        line.push_str(&format!(" ({reason})"));
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cli::ResolveOutcome;
+
+    #[test]
+    fn a_probe_shows_its_questions_answers_and_verdict() {
+        let detail = json!({
+            "url": "http://api/lookup?key=k", "status": 404, "count": null, "error": null,
+            "matched": false, "verdict": "undetermined",
+            "reason": "the confirm request does not say absent",
+            "confirm": {"url": "http://api/records?key=k", "status": 200, "count": null,
+                        "error": null, "absent": false},
+        });
+        assert_eq!(
+            probe_line(&detail),
+            "GET http://api/lookup?key=k → 404; confirm GET http://api/records?key=k → 200, not absent → undetermined (the confirm request does not say absent)"
+        );
+        let timed_out = json!({"url": "tools/call find", "status": null, "error": "no answer within 1s",
+                               "count": null, "verdict": "undetermined"});
+        assert_eq!(
+            probe_line(&timed_out),
+            "tools/call find → no answer (no answer within 1s) → undetermined"
+        );
+    }
 
     fn resolve(status: Option<u16>) -> KeysResolve {
         KeysResolve {
@@ -677,6 +743,16 @@ mod tests {
         assert!(lines[2].starts_with(r"op-1  api     k\u{1b}[2J  completed  12"));
         assert!(text.contains("next cursor: op-1"), "{text}");
         assert!(!text.contains('\u{1b}'));
+        let duplicated = json!({"items": [
+            {"id": "op-3", "route": "orders", "key": "k-3", "state": "unknown", "attempts": 1,
+             "created_at": "2026-01-01T00:00:00.000Z", "updated_at": "2026-01-01T00:00:00.000Z",
+             "duplicated_at_destination": true},
+        ], "next_cursor": null});
+        assert!(
+            render_list(&duplicated)
+                .unwrap()
+                .contains("op-3  orders  k-3  unknown (duplicated-at-destination)  1")
+        );
         let empty = render_list(&json!({"items": [], "next_cursor": null})).unwrap();
         assert_eq!(empty, "No operations match.\n");
     }

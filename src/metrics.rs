@@ -164,6 +164,12 @@ impl RouteLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct VerdictLabels {
+    route: String,
+    verdict: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ListenerLabels {
     listener: &'static str,
 }
@@ -221,6 +227,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     upstream_seconds: Family<RouteLabels, Histogram>,
     late_responses: Family<RouteLabels, Counter>,
+    probe_verdicts: Family<VerdictLabels, Counter>,
     connect_retries: Family<RouteLabels, Counter>,
     refused_connections: Family<ListenerLabels, Counter>,
     store_errors: Family<RouteLabels, Counter>,
@@ -270,6 +277,12 @@ impl Metrics {
             "Responses that arrived after their operation had left in_progress",
             Family::default(),
         );
+        let probe_verdicts = registered(
+            &mut registry,
+            "probe_verdicts",
+            "Reconcile probes of held operations by route and verdict: found, absent, duplicated (more than once at the destination), undetermined",
+            Family::default(),
+        );
         let connect_retries = registered(
             &mut registry,
             "upstream_connect_retries",
@@ -311,6 +324,7 @@ impl Metrics {
             requests,
             upstream_seconds,
             late_responses,
+            probe_verdicts,
             connect_retries,
             refused_connections,
             store_errors,
@@ -382,6 +396,17 @@ impl Metrics {
     pub fn late_response(&self, route: &str) {
         self.late_responses
             .get_or_create(&RouteLabels::of(route))
+            .inc();
+    }
+
+    /// A probe of one of `route`'s held operations concluded `verdict`
+    /// (`found`, `absent`, `duplicated`, `undetermined`).
+    pub fn probe_verdict(&self, route: &str, verdict: &'static str) {
+        self.probe_verdicts
+            .get_or_create(&VerdictLabels {
+                route: route.to_string(),
+                verdict,
+            })
             .inc();
     }
 

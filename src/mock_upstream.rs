@@ -21,9 +21,12 @@
 //! A POST to a path ending in `/mcp` is a JSON-RPC message to a stateless
 //! MCP server over Streamable HTTP, answered as JSON: `initialize`, `ping`,
 //! `tools/list` (`create_task`, which commits an effect, and the read-only
-//! `count_tasks`), `tools/call`; a notification gets 202. After `/mcp/`
-//! comes a fault for `create_task`'s calls, as above: `/mcp/drop` commits
-//! and drops the connection, `/mcp/slow?ms=N` waits.
+//! `count_tasks`, whose `structuredContent` is `{"tasks": n}`), `tools/call`;
+//! a notification gets 202. After `/mcp/` comes a fault for `create_task`'s
+//! calls, as above: `/mcp/drop` commits and drops the connection,
+//! `/mcp/slow?ms=N` waits, and `/mcp/lose-once` drops the first call per
+//! `Idempotency-Key` without committing it (a call lost on its way: a
+//! probe finds it absent), later ones commit.
 //!
 //! `GET /_effects` answers `{"writes": n, "keys": m}`, m the distinct
 //! `Idempotency-Key`s writes were committed under: `writes == keys` means
@@ -249,6 +252,11 @@ mod mcp {
             ]}),
             "tools/call" => match message["params"]["name"].as_str() {
                 Some("create_task") => {
+                    if fault == "lose-once"
+                        && refuse_once(effects, key.as_deref().unwrap_or_default())
+                    {
+                        return Err("dropped before commit".into());
+                    }
                     let id = commit(effects, key);
                     match fault {
                         "drop" => return Err("dropped after commit".into()),
@@ -260,7 +268,9 @@ mod mcp {
                 }
                 Some("count_tasks") => {
                     let writes = effects.lock().map_or(0, |e| e.writes);
-                    text(&format!("{writes} tasks"))
+                    let mut counted = text(&format!("{writes} tasks"));
+                    counted["structuredContent"] = json!({ "tasks": writes });
+                    counted
                 }
                 _ => return Ok(error(StatusCode::OK, id, -32602, "Unknown tool")),
             },

@@ -57,15 +57,46 @@ pub async fn list(admin: &Admin, query: Option<&str>) -> Result<Response<ProxyBo
             }
         }
     }
-    let items = admin.store.list(&filter).await?;
-    let next_cursor = (items.len() == filter.limit as usize)
-        .then(|| items.last().map(|s| s.id.clone()))
+    let mut page = admin.store.list(&filter).await?;
+    let next_cursor = (page.len() == filter.limit as usize)
+        .then(|| page.last().map(|s| s.id.clone()))
         .flatten();
-    let items: Vec<Value> = items.iter().map(summary).collect();
+    let first = duplicated_first(admin, &filter, &mut page).await?;
+    let items: Vec<Value> = first.into_iter().chain(page.iter().map(summary)).collect();
     Ok(json_response(
         StatusCode::OK,
         &json!({ "items": items, "next_cursor": next_cursor }),
     ))
+}
+
+/// The held list puts the operations a probe found more than once at the
+/// destination first: on a list of `unknown` operations (not by key), they
+/// lead its first page, marked `duplicated_at_destination`, and are taken
+/// out of every page, so each is listed once.
+async fn duplicated_first(
+    admin: &Admin,
+    filter: &ListFilter,
+    page: &mut Vec<Summary>,
+) -> Result<Vec<Value>, AdminError> {
+    if filter.state != Some(State::Unknown) || filter.key.is_some() {
+        return Ok(Vec::new());
+    }
+    let duplicated = admin
+        .store
+        .duplicated(filter.route.as_deref(), MAX_LIMIT)
+        .await?;
+    page.retain(|s| !duplicated.iter().any(|d| d.id == s.id));
+    if filter.before.is_some() {
+        return Ok(Vec::new());
+    }
+    Ok(duplicated
+        .iter()
+        .map(|s| {
+            let mut item = summary(s);
+            item["duplicated_at_destination"] = json!(true);
+            item
+        })
+        .collect())
 }
 
 /// The operation id a `next_cursor` names, in the form ids are stored in.

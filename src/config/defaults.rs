@@ -79,9 +79,15 @@ pub mod route {
 pub mod reconcile {
     pub const FOUND_STATUS: u16 = 200;
     pub const TIMEOUT: &str = "5s";
+    /// How long after an attempt became `unknown` an answer of absence is
+    /// believed: the destination may still be committing a write whose
+    /// answer was lost, and its index catching up (docs/decisions.md,
+    /// "Probe verdicts"). Also `[routes.mcp.reconcile]`'s.
+    pub const MIN_AGE: &str = "1m";
 }
 
-/// `[routes.mcp.reconcile]` (its `timeout` is `reconcile::TIMEOUT`).
+/// `[routes.mcp.reconcile]` (its `timeout` and `min_age` are
+/// `reconcile`'s).
 pub mod mcp_reconcile {
     pub const ARGUMENTS: &str = "{}";
 }

@@ -122,6 +122,12 @@ pub(super) struct RawMcpReconcile {
     pub(super) tool: String,
     pub(super) arguments: Option<String>,
     pub(super) found_json_pointer: Option<String>,
+    pub(super) absent_json_pointer: Option<String>,
+    pub(super) count_json_pointer: Option<String>,
+    pub(super) min_age: Option<String>,
+    pub(super) confirm_tool: Option<String>,
+    pub(super) confirm_arguments: Option<String>,
+    pub(super) confirm_absent_json_pointer: Option<String>,
     pub(super) timeout: Option<String>,
 }
 
@@ -131,5 +137,12 @@ pub(super) struct RawReconcile {
     pub(super) url: String,
     pub(super) found_status: Option<u16>,
     pub(super) found_json_pointer: Option<String>,
+    pub(super) absent_status: Option<u16>,
+    pub(super) absent_json_pointer: Option<String>,
+    pub(super) count_json_pointer: Option<String>,
+    pub(super) min_age: Option<String>,
+    pub(super) confirm_url: Option<String>,
+    pub(super) confirm_absent_status: Option<u16>,
+    pub(super) confirm_absent_json_pointer: Option<String>,
     pub(super) timeout: Option<String>,
 }

@@ -48,13 +48,16 @@ pub enum AlertEvent {
     RoutePaused,
     /// An operation has been `unknown` for `aged_after`.
     UnknownAged,
+    /// A probe found an operation more than once at the destination.
+    DuplicatedAtDestination,
 }
 
 impl AlertEvent {
-    pub const ALL: [AlertEvent; 3] = [
+    pub const ALL: [AlertEvent; 4] = [
         AlertEvent::OperationUnknown,
         AlertEvent::RoutePaused,
         AlertEvent::UnknownAged,
+        AlertEvent::DuplicatedAtDestination,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -62,6 +65,7 @@ impl AlertEvent {
             AlertEvent::OperationUnknown => "operation-unknown",
             AlertEvent::RoutePaused => "route-paused",
             AlertEvent::UnknownAged => "unknown-aged",
+            AlertEvent::DuplicatedAtDestination => "duplicated-at-destination",
         }
     }
 }
@@ -259,17 +263,106 @@ pub struct DestinationKey {
 }
 
 /// A route's reconcile probe (docs/requests.md, "After a lost response"): a read-only GET to the route's
-/// own upstream that may prove an `unknown` operation happened.
+/// own upstream that may prove an `unknown` operation happened, or (with
+/// its [`Verdicts`]) that it did not, or that it happened more than once.
 #[derive(Debug, Clone)]
 pub struct Reconcile {
-    /// The URL with `{key}` where the bare key goes (URL-component encoded):
-    /// on the route's own upstream origin, `{key}` only in the path or the
-    /// query, and no fragment.
+    /// A URL template ([`url_pieces`]): `{key}` where the bare key goes,
+    /// `{body:/pointer}` where a field of the stored request body goes
+    /// (each URL-component encoded); on the route's own upstream origin,
+    /// placeholders only in the path or the query, and no fragment.
     pub url: String,
     pub found_status: u16,
     /// When set, the probe's JSON body must have a non-null value here.
     pub found_json_pointer: Option<String>,
+    /// Absence, more than once; a confirm request is another GET.
+    pub verdicts: Verdicts<String>,
     pub timeout: Duration,
+}
+
+/// What a probe may conclude beside "found" (docs/requests.md, "Probe
+/// verdicts"): absent, only from the rules set here, only once the attempt
+/// is `min_age` old and, with `confirm`, only when its answer says absent
+/// too; found more than once, from `count_json_pointer`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdicts<Q> {
+    /// `None`: no answer is ever taken for absence.
+    pub absent: Option<Absence>,
+    /// An array (its length) or a number: more than 1 is a duplicate.
+    pub count_json_pointer: Option<String>,
+    /// Measured from when the attempt became `unknown`.
+    pub min_age: Duration,
+    /// A second question whose answer must say absent too.
+    pub confirm: Option<Confirm<Q>>,
+}
+
+/// When an answer says the write is not at the destination: its status
+/// is `status`, and the value at `json_pointer` is an empty array, `0` or
+/// `null` (present: a missing member proves nothing); each when set, at
+/// least one set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Absence {
+    pub status: Option<u16>,
+    pub json_pointer: Option<String>,
+}
+
+/// A confirm request: the `question` (a URL template, or a tool call) and
+/// when its answer says absent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirm<Q> {
+    pub question: Q,
+    pub absent: Absence,
+}
+
+/// A call of a read-only MCP tool: its name and arguments template
+/// ([`fill_template`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    pub tool: String,
+    pub arguments: String,
+}
+
+/// One piece of a probe URL template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece<'a> {
+    Text(&'a str),
+    /// `{key}`.
+    Key,
+    /// `{body:/pointer}`: the pointer.
+    Body(&'a str),
+}
+
+/// The pieces of a probe URL template, left to right; `Err` says which
+/// `{…}` is not a placeholder (`{key}`, `{body:/pointer}`).
+pub fn url_pieces(template: &str) -> Result<Vec<Piece<'_>>, String> {
+    let mut pieces = Vec::new();
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        if start > 0 {
+            pieces.push(Piece::Text(&rest[..start]));
+        }
+        let after = &rest[start..];
+        let end = after
+            .find('}')
+            .ok_or("a `{` without its closing `}`: placeholders are {key} and {body:/pointer}")?;
+        let placeholder = &after[1..end];
+        pieces.push(match placeholder.strip_prefix("body:") {
+            None if placeholder == "key" => Piece::Key,
+            Some(pointer) if pointer.starts_with('/') && !pointer.contains('{') => {
+                Piece::Body(pointer)
+            }
+            _ => {
+                return Err(format!(
+                    "`{{{placeholder}}}` is not a placeholder: they are {{key}} and {{body:/pointer}}"
+                ));
+            }
+        });
+        rest = &after[end + 1..];
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Text(rest));
+    }
+    Ok(pieces)
 }
 
 /// A route's quota per scope: at most `operations` writes sent upstream
@@ -528,6 +621,9 @@ pub struct McpReconcile {
     /// The result must have a non-null value here too (after `isError` is
     /// not true).
     pub found_json_pointer: Option<String>,
+    /// Absence and counts over the tool's result (never a status); a
+    /// confirm request is another call.
+    pub verdicts: Verdicts<ToolCall>,
     pub timeout: Duration,
 }
 

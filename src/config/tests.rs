@@ -299,6 +299,135 @@ fn reconcile_probes_stay_on_the_upstream_origin() {
 }
 
 #[test]
+fn probe_verdicts_are_checked_at_load() {
+    let with = |route: &str, table: &str| {
+        let text = format!(
+            "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\n{route}[routes.reconcile]\n{table}"
+        );
+        Config::from_toml_str(&text, "t")
+    };
+    let lookup = "url = \"http://api:8000/v1/orders/{key}\"\nfound_json_pointer = \"/id\"\n";
+    let probe = with(
+        "store_request_body = true\n",
+        &format!(
+            "{lookup}absent_status = 404\ncount_json_pointer = \"/n\"\nmin_age = \"30s\"\n\
+             confirm_url = \"http://api:8000/v1/orders?title={{body:/title}}\"\n\
+             confirm_absent_json_pointer = \"/data\"\n"
+        ),
+    )
+    .unwrap()
+    .routes[0]
+        .reconcile
+        .clone()
+        .unwrap();
+    let verdicts = probe.verdicts;
+    assert_eq!(
+        verdicts.absent,
+        Some(Absence {
+            status: Some(404),
+            json_pointer: None
+        })
+    );
+    assert_eq!(verdicts.min_age, Duration::from_secs(30));
+    let confirm = verdicts.confirm.unwrap();
+    assert_eq!(
+        confirm.absent,
+        Absence {
+            status: Some(200),
+            json_pointer: Some("/data".into())
+        },
+        "a pointer alone is read at 200"
+    );
+    // Without rules for absence, nothing is absent; the default minimum age.
+    let plain = with("", lookup).unwrap().routes[0]
+        .reconcile
+        .clone()
+        .unwrap();
+    assert_eq!(plain.verdicts.absent, None);
+    assert_eq!(plain.verdicts.min_age, Duration::from_secs(60));
+    let err = |route: &str, table: &str| with(route, table).unwrap_err().to_string();
+    assert!(
+        err("", &format!("{lookup}confirm_url = \"http://api:8000/x?t={{body:/title}}\"\nconfirm_absent_status = 404\nabsent_status = 404\n"))
+            .contains("store_request_body")
+    );
+    assert!(
+        err(
+            "",
+            &format!(
+                "{lookup}confirm_url = \"http://api:8000/x/{{key}}\"\nconfirm_absent_status = 404\n"
+            )
+        )
+        .contains("only confirms an absence")
+    );
+    assert!(
+        err(
+            "",
+            &format!("{lookup}absent_status = 404\nconfirm_url = \"http://api:8000/x/{{key}}\"\n")
+        )
+        .contains("confirm_absent_status")
+    );
+    assert!(
+        err(
+            "",
+            &format!("{lookup}absent_status = 404\nconfirm_absent_status = 404\n")
+        )
+        .contains("confirm_url")
+    );
+    assert!(
+        err(
+            "",
+            "url = \"http://api:8000/x/{key}\"\nabsent_json_pointer = \"/data\"\n"
+        )
+        .contains("found_json_pointer"),
+        "absence at the found status needs a found pointer"
+    );
+    assert!(err("", "url = \"http://api:8000/x/{id}\"\n").contains("not a placeholder"));
+    assert!(err("", &format!("{lookup}count_json_pointer = \"n\"\n")).contains("JSON pointer"));
+}
+
+#[test]
+fn an_mcp_probe_takes_the_same_verdicts() {
+    let with = |table: &str| {
+        let text = format!(
+            "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\nprofile = \"mcp\"\n\
+             [routes.mcp.reconcile]\ntool = \"find\"\n{table}"
+        );
+        Config::from_toml_str(&text, "t")
+    };
+    let tools = with(
+        "absent_json_pointer = \"/structuredContent/n\"\nconfirm_tool = \"list\"\n\
+         confirm_absent_json_pointer = \"/structuredContent/items\"\n",
+    )
+    .unwrap()
+    .routes[0]
+        .mcp
+        .clone()
+        .unwrap();
+    let verdicts = tools.reconcile.unwrap().verdicts;
+    assert_eq!(
+        verdicts.absent.unwrap().status,
+        None,
+        "a tool's result has no status"
+    );
+    let confirm = verdicts.confirm.unwrap();
+    assert_eq!(
+        (
+            confirm.question.tool.as_str(),
+            confirm.question.arguments.as_str()
+        ),
+        ("list", "{}")
+    );
+    let err = |table: &str| with(table).unwrap_err().to_string();
+    assert!(
+        err("absent_json_pointer = \"/n\"\nconfirm_tool = \"list\"\n")
+            .contains("confirm_absent_json_pointer")
+    );
+    assert!(err("confirm_arguments = \"{}\"\n").contains("confirm_tool"));
+    assert!(err("absent_json_pointer = \"/n\"\nconfirm_tool = \"list\"\nconfirm_absent_json_pointer = \"/n\"\nconfirm_arguments = '{\"t\": \"{argument:title}\"}'\n")
+        .contains("store_request_body"));
+}
+
+#[test]
 fn reconcile_keys_go_in_the_path_or_the_query_only() {
     let with = |url: &str| {
         let text = format!(

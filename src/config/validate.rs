@@ -23,9 +23,9 @@ use super::file::{
     RawAlert, RawConfig, RawMcp, RawMcpReconcile, RawReconcile, RawRoute, RawServer, RawStore,
 };
 use super::runtime::{
-    AlertConfig, AlertEvent, CertPair, ClientTls, Config, DestinationKey, Durability,
-    InProgressMode, KeyMode, McpReconcile, McpTools, Quota, Reconcile, RotatedKeys, Route,
-    ServerConfig, StoreConfig, StoreUrl, Upstream,
+    Absence, AlertConfig, AlertEvent, CertPair, ClientTls, Config, Confirm, DestinationKey,
+    Durability, InProgressMode, KeyMode, McpReconcile, McpTools, Piece, Quota, Reconcile,
+    RotatedKeys, Route, ServerConfig, StoreConfig, StoreUrl, ToolCall, Upstream, Verdicts,
 };
 use crate::profile::Profile;
 
@@ -305,7 +305,7 @@ impl Validator<'_> {
                             self.invalid(
                                 field("events"),
                                 format!(
-                                    "`{name}`: expected operation-unknown, route-paused or unknown-aged"
+                                    "`{name}`: expected operation-unknown, route-paused, unknown-aged or duplicated-at-destination"
                                 ),
                             )
                         })
@@ -615,7 +615,7 @@ impl Validator<'_> {
         };
         let reconcile = raw
             .reconcile
-            .map(|r| self.reconcile(&field("reconcile"), r, &upstream))
+            .map(|r| self.reconcile(&field("reconcile"), r, &upstream, keeps_bodies))
             .transpose()?;
         let (in_progress_default, rotated_keys_default) = if mcp {
             (route::MCP_IN_PROGRESS, route::MCP_ROTATED_KEYS)
@@ -924,7 +924,8 @@ impl Validator<'_> {
     }
 
     /// `[routes.mcp.reconcile]`: a read-only tool, arguments that are a
-    /// JSON object once filled, `{argument:…}` only where bodies are kept.
+    /// JSON object once filled, `{argument:…}` only where bodies are kept;
+    /// the same for a confirm call.
     fn mcp_reconcile(
         &self,
         field: &str,
@@ -932,34 +933,66 @@ impl Validator<'_> {
         protected: &[String],
         keeps_bodies: bool,
     ) -> Result<McpReconcile, ConfigError> {
-        if raw.tool.is_empty() {
-            return Err(self.invalid(format!("{field}.tool"), "is empty"));
-        }
-        if protected.contains(&raw.tool) {
-            return Err(self.invalid(
-                format!("{field}.tool"),
-                format!("`{}` is in protected_tools: a probe only reads", raw.tool),
-            ));
-        }
-        let arguments = raw
-            .arguments
-            .unwrap_or_else(|| mcp_reconcile::ARGUMENTS.to_string());
-        let filled =
-            super::runtime::fill_template(&arguments, "k", |_| Some(serde_json::Value::from("v")))
-                .map_err(|reason| self.invalid(format!("{field}.arguments"), reason))?;
-        if !filled.is_object() {
-            return Err(self.invalid(format!("{field}.arguments"), "is a JSON object"));
-        }
-        if arguments.contains("{argument:") && !keeps_bodies {
-            return Err(self.invalid(
-                format!("{field}.arguments"),
-                "{argument:…} reads the held call's arguments, which the route keeps only with store_request_body = true",
-            ));
-        }
+        let call = self.tool_call(
+            (&format!("{field}.tool"), &format!("{field}.arguments")),
+            raw.tool,
+            raw.arguments,
+            protected,
+            keeps_bodies,
+        )?;
+        let found_json_pointer = self.pointer(
+            &format!("{field}.found_json_pointer"),
+            raw.found_json_pointer,
+        )?;
+        let absent = self
+            .pointer(
+                &format!("{field}.absent_json_pointer"),
+                raw.absent_json_pointer,
+            )?
+            .map(|pointer| Absence {
+                status: None,
+                json_pointer: Some(pointer),
+            });
+        let confirm_pointer = self.pointer(
+            &format!("{field}.confirm_absent_json_pointer"),
+            raw.confirm_absent_json_pointer,
+        )?;
+        let confirm = match (raw.confirm_tool, confirm_pointer) {
+            (None, None) if raw.confirm_arguments.is_none() => None,
+            (Some(tool), Some(pointer)) => Some(Confirm {
+                question: self.tool_call(
+                    (
+                        &format!("{field}.confirm_tool"),
+                        &format!("{field}.confirm_arguments"),
+                    ),
+                    tool,
+                    raw.confirm_arguments,
+                    protected,
+                    keeps_bodies,
+                )?,
+                absent: Absence {
+                    status: None,
+                    json_pointer: Some(pointer),
+                },
+            }),
+            (Some(_), None) => {
+                return Err(self.invalid(
+                    format!("{field}.confirm_absent_json_pointer"),
+                    "a confirm call needs it: where its result says absent",
+                ));
+            }
+            (None, _) => {
+                return Err(self.invalid(
+                    format!("{field}.confirm_tool"),
+                    "the confirm_* keys need the confirm call's tool",
+                ));
+            }
+        };
         Ok(McpReconcile {
-            tool: raw.tool,
-            arguments,
-            found_json_pointer: raw.found_json_pointer,
+            tool: call.tool,
+            arguments: call.arguments,
+            found_json_pointer,
+            verdicts: self.verdicts(field, absent, raw.count_json_pointer, raw.min_age, confirm)?,
             timeout: self.duration(
                 &format!("{field}.timeout"),
                 raw.timeout.as_deref(),
@@ -968,31 +1001,189 @@ impl Validator<'_> {
         })
     }
 
+    /// A read-only tool's call: not a protected tool, arguments a JSON
+    /// object once filled, `{argument:…}` only where bodies are kept.
+    fn tool_call(
+        &self,
+        (tool_field, arguments_field): (&str, &str),
+        tool: String,
+        arguments: Option<String>,
+        protected: &[String],
+        keeps_bodies: bool,
+    ) -> Result<ToolCall, ConfigError> {
+        if tool.is_empty() {
+            return Err(self.invalid(tool_field, "is empty"));
+        }
+        if protected.contains(&tool) {
+            return Err(self.invalid(
+                tool_field,
+                format!("`{tool}` is in protected_tools: a probe only reads"),
+            ));
+        }
+        let arguments = arguments.unwrap_or_else(|| mcp_reconcile::ARGUMENTS.to_string());
+        let filled =
+            super::runtime::fill_template(&arguments, "k", |_| Some(serde_json::Value::from("v")))
+                .map_err(|reason| self.invalid(arguments_field, reason))?;
+        if !filled.is_object() {
+            return Err(self.invalid(arguments_field, "is a JSON object"));
+        }
+        if arguments.contains("{argument:") && !keeps_bodies {
+            return Err(self.invalid(
+                arguments_field,
+                "{argument:…} reads the held call's arguments, which the route keeps only with store_request_body = true",
+            ));
+        }
+        Ok(ToolCall { tool, arguments })
+    }
+
+    /// The verdicts' shared keys: a count pointer, `min_age`, and a
+    /// confirm request only beside rules for absence.
+    fn verdicts<Q>(
+        &self,
+        field: &str,
+        absent: Option<Absence>,
+        count_json_pointer: Option<String>,
+        min_age: Option<String>,
+        confirm: Option<Confirm<Q>>,
+    ) -> Result<Verdicts<Q>, ConfigError> {
+        if confirm.is_some() && absent.is_none() {
+            return Err(self.invalid(
+                format!("{field}.absent_json_pointer"),
+                "a confirm request only confirms an absence: give the rules for one",
+            ));
+        }
+        Ok(Verdicts {
+            absent,
+            count_json_pointer: self
+                .pointer(&format!("{field}.count_json_pointer"), count_json_pointer)?,
+            min_age: self.duration(
+                &format!("{field}.min_age"),
+                min_age.as_deref(),
+                reconcile::MIN_AGE,
+            )?,
+            confirm,
+        })
+    }
+
     fn reconcile(
         &self,
         field: &str,
         raw: RawReconcile,
         upstream: &Upstream,
+        keeps_bodies: bool,
     ) -> Result<Reconcile, ConfigError> {
-        let url_field = format!("{field}.url");
+        self.probe_url(&format!("{field}.url"), &raw.url, upstream, keeps_bodies)?;
+        let found_status = self.status(
+            &format!("{field}.found_status"),
+            raw.found_status.unwrap_or(reconcile::FOUND_STATUS),
+        )?;
+        let found_json_pointer = self.pointer(
+            &format!("{field}.found_json_pointer"),
+            raw.found_json_pointer,
+        )?;
+        let absent = self.absence(
+            &format!("{field}.absent_status"),
+            raw.absent_status,
+            &format!("{field}.absent_json_pointer"),
+            raw.absent_json_pointer,
+            found_status,
+        )?;
+        if let Some(absent) = &absent
+            && absent.status == Some(found_status)
+            && found_json_pointer.is_none()
+        {
+            return Err(self.invalid(
+                format!("{field}.found_json_pointer"),
+                format!(
+                    "with absence told at status {found_status}, every such answer would be found: say where a found answer holds the write"
+                ),
+            ));
+        }
+        let confirm_absent = self.absence(
+            &format!("{field}.confirm_absent_status"),
+            raw.confirm_absent_status,
+            &format!("{field}.confirm_absent_json_pointer"),
+            raw.confirm_absent_json_pointer,
+            reconcile::FOUND_STATUS,
+        )?;
+        let confirm = match (raw.confirm_url, confirm_absent) {
+            (None, None) => None,
+            (Some(url), Some(absent)) => {
+                self.probe_url(
+                    &format!("{field}.confirm_url"),
+                    &url,
+                    upstream,
+                    keeps_bodies,
+                )?;
+                Some(Confirm {
+                    question: url,
+                    absent,
+                })
+            }
+            (Some(_), None) => {
+                return Err(self.invalid(
+                    format!("{field}.confirm_absent_status"),
+                    "a confirm request needs confirm_absent_status or confirm_absent_json_pointer: when its answer says absent",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(self.invalid(
+                    format!("{field}.confirm_url"),
+                    "the confirm_* keys need the confirm request's URL",
+                ));
+            }
+        };
+        Ok(Reconcile {
+            url: raw.url,
+            found_status,
+            found_json_pointer,
+            verdicts: self.verdicts(field, absent, raw.count_json_pointer, raw.min_age, confirm)?,
+            timeout: self.duration(
+                &format!("{field}.timeout"),
+                raw.timeout.as_deref(),
+                reconcile::TIMEOUT,
+            )?,
+        })
+    }
+
+    /// A probe's URL template: on the route's own upstream origin, its
+    /// placeholders ([`super::runtime::url_pieces`]) only in the path or the
+    /// query (at least one there), no fragment, and `{body:…}` only where
+    /// bodies are kept.
+    fn probe_url(
+        &self,
+        url_field: &str,
+        url: &str,
+        upstream: &Upstream,
+        keeps_bodies: bool,
+    ) -> Result<(), ConfigError> {
         // A fragment is never sent: `{key}` there would make every probe ask
         // the same question, and settle unrelated operations with one answer.
-        if raw.url.contains('#') {
+        if url.contains('#') {
             return Err(self.invalid(
                 url_field,
                 "a probe URL takes no fragment (`#…`): it is never sent, so the probe could not name the key; put {key} in the path or the query",
             ));
         }
-        let probe = Upstream::parse_any(&raw.url.replace("{key}", "k"))
-            .map_err(|reason| self.invalid(&url_field, reason))?;
-        // The key goes where it names a resource: the path or the query.
-        let after_scheme = raw.url.split_once("://").map_or("", |(_, rest)| rest);
+        let pieces =
+            super::runtime::url_pieces(url).map_err(|reason| self.invalid(url_field, reason))?;
+        let sample: String = pieces
+            .iter()
+            .map(|piece| match piece {
+                Piece::Text(text) => *text,
+                Piece::Key | Piece::Body(_) => "k",
+            })
+            .collect();
+        let probe =
+            Upstream::parse_any(&sample).map_err(|reason| self.invalid(url_field, reason))?;
+        // Placeholders go where they name a resource: the path or the query.
+        let after_scheme = url.split_once("://").map_or("", |(_, rest)| rest);
         let (authority, path_and_query) =
             after_scheme.split_at(after_scheme.find(['/', '?']).unwrap_or(after_scheme.len()));
-        if authority.contains("{key}") || !path_and_query.contains("{key}") {
+        if authority.contains('{') || !path_and_query.contains('{') {
             return Err(self.invalid(
                 url_field,
-                "must contain {key} in its path or query (only there), where the key goes",
+                "must contain {key} (or {body:/pointer}) in its path or query (only there), where the key goes",
             ));
         }
         if probe.scheme != upstream.scheme || probe.authority != upstream.authority {
@@ -1004,31 +1195,53 @@ impl Validator<'_> {
                 ),
             ));
         }
-        let found_status = raw.found_status.unwrap_or(reconcile::FOUND_STATUS);
-        if !(100..=599).contains(&found_status) {
+        if pieces.iter().any(|p| matches!(p, Piece::Body(_))) && !keeps_bodies {
             return Err(self.invalid(
-                format!("{field}.found_status"),
-                format!("{found_status} is not a status"),
+                url_field,
+                "{body:…} reads the stored request body, which the route keeps only with store_request_body = true",
             ));
         }
-        if let Some(pointer) = &raw.found_json_pointer
+        Ok(())
+    }
+
+    /// When an answer says absent: `status` and/or `json_pointer`; the
+    /// pointer alone is read from answers with `status_with_pointer`.
+    fn absence(
+        &self,
+        status_field: &str,
+        status: Option<u16>,
+        pointer_field: &str,
+        pointer: Option<String>,
+        status_with_pointer: u16,
+    ) -> Result<Option<Absence>, ConfigError> {
+        let pointer = self.pointer(pointer_field, pointer)?;
+        let status = status.map(|s| self.status(status_field, s)).transpose()?;
+        Ok(match (status, pointer) {
+            (None, None) => None,
+            (status, json_pointer) => Some(Absence {
+                status: status.or(Some(status_with_pointer)),
+                json_pointer,
+            }),
+        })
+    }
+
+    fn status(&self, field: &str, status: u16) -> Result<u16, ConfigError> {
+        if !(100..=599).contains(&status) {
+            return Err(self.invalid(field, format!("{status} is not a status")));
+        }
+        Ok(status)
+    }
+
+    fn pointer(&self, field: &str, pointer: Option<String>) -> Result<Option<String>, ConfigError> {
+        if let Some(pointer) = &pointer
             && !pointer.starts_with('/')
         {
             return Err(self.invalid(
-                format!("{field}.found_json_pointer"),
+                field,
                 format!("`{pointer}` is not a JSON pointer (e.g. \"/data/0/id\")"),
             ));
         }
-        Ok(Reconcile {
-            url: raw.url,
-            found_status,
-            found_json_pointer: raw.found_json_pointer,
-            timeout: self.duration(
-                &format!("{field}.timeout"),
-                raw.timeout.as_deref(),
-                reconcile::TIMEOUT,
-            )?,
-        })
+        Ok(pointer)
     }
 
     fn pointers(

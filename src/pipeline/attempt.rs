@@ -40,6 +40,7 @@ use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
 use crate::pipeline::mcp;
 use crate::pipeline::quota::StoredCharge;
+use crate::pipeline::reconcile;
 use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::{ActiveRoute, Shared};
 use crate::store::{Claim, LateEvidence, LateSource, Permit, Recorded};
@@ -262,10 +263,14 @@ impl Attempt {
         // may still settle it for their next retry.
         drop(self.in_flight.take());
         let route = &self.active.route;
+        let ctx = reconcile::Ctx {
+            store: self.shared.store.as_ref(),
+            metrics: &self.shared.metrics,
+            now: self.shared.clock.now_millis(),
+        };
         let probe = self.shared.reconciler.reconcile(
-            self.shared.store.as_ref(),
-            &self.active.probes,
-            route,
+            &ctx,
+            &self.active,
             &self.claim.operation_id,
             &self.key,
             &self.credentials,

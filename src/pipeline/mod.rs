@@ -26,7 +26,8 @@
 //!    `idemgate rehearse`'s own gateway alone, a [`drill`] breaks exchanges
 //!    on purpose.
 //! 7. [`replay`]: what a key that already has an operation gets; an `unknown`
-//!    one on a route with a probe is probed again first ([`reconcile`]).
+//!    one on a route with a probe is probed again first ([`reconcile`]), and
+//!    one the probe finds absent is claimed again and sent by this request.
 //!
 //! Errors from any phase are [`ProxyError`]s ([`error`]), mapped to a problem
 //! in one place and rendered as an RFC 9457 body ([`crate::problem`]).
@@ -759,71 +760,41 @@ impl Proxy {
             call,
         } = write;
         let credentials = reconcile::credentials(&parts.headers, route);
-        let hold = if active.paused.load(Ordering::SeqCst) {
-            Some(Hold::Paused)
-        } else {
-            let now = self.shared.clock.now_millis();
-            self.shared
-                .quotas
-                .check(route, &new.scope, now)
-                .err()
-                .map(Hold::OverQuota)
-        };
         // Taken before the claim is sent: a lease that lapses from here on
         // voids it, even once renewed (a peer may have taken over).
         let permit = self.shared.store.fence().permit();
-        let claimed = claim::claim(
-            self.shared.store.as_ref(),
-            &self.in_flight,
-            &self.shared.replays,
-            route,
-            &new,
-            &identity,
-            exact,
-            valid_after,
-            hold,
-        );
-        let claimed = traces::child(Step::Claim, claimed).await?;
-        if matches!(claimed, Claimed::Send(..)) {
-            let request_bytes = new.request.body.as_ref().map_or(0, Vec::len);
-            self.shared.quotas.count(
-                route,
-                &new.scope,
-                request_bytes,
-                self.shared.clock.now_millis(),
-            );
-        }
-        let (claim, in_flight) = match claimed {
-            Claimed::Send(claim, guard) => (claim, guard),
-            Claimed::Answer(response) => return Ok(Next::Answer(response)),
-            Claimed::Held(operation) if !route.has_probe() => {
-                return replay::answer_existing(&operation, &new.fingerprint).map(Next::Answer);
-            }
-            Claimed::Held(operation) => {
-                // Boxed: rare, and its future would make every claim's as large.
-                Box::pin(self.shared.reconciler.reconcile(
-                    self.shared.store.as_ref(),
-                    &active.probes,
-                    route,
-                    &operation.id,
-                    key.as_str(),
-                    &credentials,
-                ))
-                .await;
-                // Whatever settled it meanwhile (this probe, the one that
-                // was running, a late response, an operator), the answer
-                // comes from the operation the store holds now.
-                let current = self
-                    .shared
-                    .store
-                    .current(&new)
-                    .await
-                    .map_err(ProxyError::store)?;
-                return replay::answer_existing(
-                    current.as_ref().unwrap_or(&operation),
-                    &new.fingerprint,
-                )
-                .map(Next::Answer);
+        // A held operation is probed once, then claimed again: whatever
+        // settled it meanwhile (this probe, the one that was running, a late
+        // response, an operator) answers, and one the probe released
+        // (`not_attempted`) is this request's to send.
+        let mut probed = false;
+        let (claim, in_flight) = loop {
+            let claimed = self
+                .claim_once(active, &new, &identity, exact, valid_after)
+                .await?;
+            match claimed {
+                Claimed::Send(claim, guard) => break (claim, guard),
+                Claimed::Answer(response) => return Ok(Next::Answer(response)),
+                Claimed::Held(operation) if probed || !route.has_probe() => {
+                    return replay::answer_existing(&operation, &new.fingerprint).map(Next::Answer);
+                }
+                Claimed::Held(operation) => {
+                    probed = true;
+                    let ctx = reconcile::Ctx {
+                        store: self.shared.store.as_ref(),
+                        metrics: &self.shared.metrics,
+                        now: self.shared.clock.now_millis(),
+                    };
+                    // Boxed: rare, and its future would make every claim's as large.
+                    Box::pin(self.shared.reconciler.reconcile(
+                        &ctx,
+                        active,
+                        &operation.id,
+                        key.as_str(),
+                        &credentials,
+                    ))
+                    .await;
+                }
             }
         };
         Ok(Next::Send(Box::new(Attempt {
@@ -847,6 +818,52 @@ impl Proxy {
             quota: StoredCharge::new(&self.shared.quotas, route, &new.scope),
             call,
         })))
+    }
+
+    /// One claim of `new` (sent, answered, or held), under the route's
+    /// pause and the scope's quota as they stand now; a claim that sends
+    /// is counted against the quota.
+    async fn claim_once(
+        &self,
+        active: &ActiveRoute,
+        new: &Arc<NewOperation>,
+        identity: &str,
+        exact: ExactDigest,
+        valid_after: i64,
+    ) -> Result<Claimed, ProxyError> {
+        let route = &active.route;
+        let hold = if active.paused.load(Ordering::SeqCst) {
+            Some(Hold::Paused)
+        } else {
+            let now = self.shared.clock.now_millis();
+            self.shared
+                .quotas
+                .check(route, &new.scope, now)
+                .err()
+                .map(Hold::OverQuota)
+        };
+        let claimed = claim::claim(
+            self.shared.store.as_ref(),
+            &self.in_flight,
+            &self.shared.replays,
+            route,
+            new,
+            identity,
+            exact,
+            valid_after,
+            hold,
+        );
+        let claimed = traces::child(Step::Claim, claimed).await?;
+        if matches!(claimed, Claimed::Send(..)) {
+            let request_bytes = new.request.body.as_ref().map_or(0, Vec::len);
+            self.shared.quotas.count(
+                route,
+                &new.scope,
+                request_bytes,
+                self.shared.clock.now_millis(),
+            );
+        }
+        Ok(claimed)
     }
 }
 

@@ -443,8 +443,8 @@ impl Run<'_> {
                 &self.plan.headers,
             )
             .await;
-            if let Some((url, result)) = asked {
-                case.destination_holds.push(result.event(&url).detail);
+            if let Some(detail) = asked {
+                case.destination_holds.push(detail);
             }
         }
     }

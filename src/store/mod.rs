@@ -358,6 +358,9 @@ pub enum PausedBy {
     Operator,
     /// The route's `pause_after_unknown` latch (`trip_pause_latch`).
     Latch,
+    /// A probe found one of its operations more than once at the
+    /// destination ([`Finding::Duplicated`]).
+    Probe,
 }
 
 impl PausedBy {
@@ -366,6 +369,7 @@ impl PausedBy {
         match self {
             PausedBy::Operator => "operator",
             PausedBy::Latch => "latch",
+            PausedBy::Probe => "probe",
         }
     }
 
@@ -373,6 +377,7 @@ impl PausedBy {
         match stored {
             "operator" => Ok(PausedBy::Operator),
             "latch" => Ok(PausedBy::Latch),
+            "probe" => Ok(PausedBy::Probe),
             other => Err(StoreError::Corrupt(format!("route paused by `{other}`"))),
         }
     }
@@ -493,6 +498,47 @@ impl LateSource {
         }
     }
 }
+
+/// What a probe concluded that changes a held operation short of
+/// completing it ([`RequestPath::settle_probed`]).
+#[derive(Debug, Clone)]
+pub struct Probed {
+    pub operation_id: String,
+    /// The attempt the probe asked about: only an operation still
+    /// `unknown` at this attempt changes.
+    pub attempt: u32,
+    pub finding: Finding,
+    /// The timeline entry (each question and its answer), kept whether or
+    /// not the operation changes.
+    pub event: Event,
+}
+
+/// A probe's finding about a held operation (docs/requests.md, "Probe
+/// verdicts").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finding {
+    /// Authoritatively absent: `unknown` → `not_attempted`, so the next
+    /// request is sent as the next attempt.
+    Absent,
+    /// At the destination more than once: stays `unknown`, with its own
+    /// evidence, a `duplicated-at-destination` alert, and its route paused
+    /// ([`PausedBy::Probe`]) unless it is already; once per operation.
+    Duplicated,
+}
+
+impl Finding {
+    /// The operation's `evidence` once it applies.
+    pub fn evidence(self) -> &'static str {
+        match self {
+            Finding::Absent => "reconciled-absent",
+            Finding::Duplicated => DUPLICATED,
+        }
+    }
+}
+
+/// The evidence (and the alert event) of an operation a probe found more
+/// than once at the destination.
+pub const DUPLICATED: &str = "duplicated-at-destination";
 
 /// What [`Store::claim`] found.
 #[derive(Debug)]
@@ -628,6 +674,13 @@ pub trait RequestPath: Send + Sync {
     /// for a late response, no longer at its attempt).
     async fn settle_held(&self, late: &LateEvidence) -> Result<bool, StoreError>;
 
+    /// Applies a probe's [`Finding`] to an operation still `unknown` at the
+    /// probed attempt, as one compare-and-set with what goes with it (the
+    /// counts; for a duplicate its alert and its route's pause). The event
+    /// is kept either way; `false` when nothing changed (no longer
+    /// `unknown` at that attempt, or a duplicate already reported).
+    async fn settle_probed(&self, probed: &Probed) -> Result<bool, StoreError>;
+
     /// Pauses `route` if at least `threshold` of its operations are
     /// `unknown`; `true` when the route is paused afterwards.
     async fn trip_pause_latch(&self, route: &str, threshold: u32) -> Result<bool, StoreError>;
@@ -646,6 +699,12 @@ pub trait Operators: Send + Sync {
 
     /// Operations matching `filter`, newest first.
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError>;
+
+    /// The `unknown` operations a probe found more than once at the
+    /// destination ([`Finding::Duplicated`]), on `route` or any, newest
+    /// first, at most `limit`: what operators see first.
+    async fn duplicated(&self, route: Option<&str>, limit: u32)
+    -> Result<Vec<Summary>, StoreError>;
 
     /// One operation with its whole [`timeline`].
     async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError>;

@@ -471,10 +471,13 @@ pub fn upstream_ended(tries: u32, exchange: &'static str, status: Option<u16>) {
     });
 }
 
-/// What the current probe found: `matched`, and the status it got if any.
-pub fn probe_ended(matched: bool, status: Option<u16>) {
+/// What the current probe concluded: its `verdict` (`found`, `absent`,
+/// `duplicated`, `undetermined`; `matched` when found), and the status its
+/// first question got if any.
+pub fn probe_ended(verdict: &'static str, status: Option<u16>) {
     on_span(|span| {
-        span.set_attribute(KeyValue::new("idemgate.probe.matched", matched));
+        span.set_attribute(KeyValue::new("idemgate.probe.matched", verdict == "found"));
+        span.set_attribute(KeyValue::new("idemgate.probe.verdict", verdict));
         if let Some(status) = status {
             span.set_attribute(KeyValue::new(
                 "http.response.status_code",

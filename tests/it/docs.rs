@@ -651,6 +651,20 @@ fn context(key: &str) -> toml::Table {
             text("http://127.0.0.1:9/tasks/{key}"),
         );
     }
+    if key == "routes[].mcp.reconcile.confirm_arguments" {
+        // A confirm call confirms an absence.
+        for (key, value) in [
+            ("absent_json_pointer", "/structuredContent/tasks"),
+            ("confirm_tool", "list_tasks"),
+            ("confirm_absent_json_pointer", "/structuredContent/tasks"),
+        ] {
+            set(
+                &mut config,
+                &format!("routes[].mcp.reconcile.{key}"),
+                text(value),
+            );
+        }
+    }
     if key.starts_with("alerts[].") {
         set(&mut config, "alerts[].url", text("http://127.0.0.1:9/hook"));
     }

@@ -32,6 +32,7 @@ mod outcome_unknown;
 mod paths_and_probes;
 mod pause_kind_upgrade;
 mod postgres_gateway;
+mod probe_verdicts;
 mod process;
 mod real_clients;
 mod rehearse;

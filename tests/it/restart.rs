@@ -158,6 +158,7 @@ async fn operations_survive_the_identity_index_rebuild() {
     assert_eq!(
         index_names(&gw.store_path),
         [
+            "operations_duplicated",
             "operations_held_twins",
             "operations_identity",
             "operations_in_progress",

@@ -4,8 +4,8 @@
 //!
 //! - a claim is atomic on (route, scope, key): one winner among racing
 //!   claims, the others see the winner's operation;
-//! - record, settle, resolve are compare-and-sets: a stale writer changes
-//!   nothing and says so;
+//! - record, settle, resolve and a probe's findings are compare-and-sets:
+//!   a stale writer changes nothing and says so;
 //! - `not_attempted` gives its next attempt to the same payload only; the
 //!   derive window supersedes what it outdates;
 //! - pauses, the latch, listing, counts, retention and shutdown behave the
@@ -26,8 +26,8 @@ use idemgate::clock::{Clock, ManualClock};
 use idemgate::config::Durability;
 use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State, StoredResponse};
 use idemgate::store::{
-    Claim, ClaimResult, Decision, LateEvidence, LateSource, ListFilter, NewOperation, PausedBy,
-    PostgresSettings, PostgresStore, Recorded, Resolved, SqliteStore, Store,
+    Claim, ClaimResult, Decision, Finding, LateEvidence, LateSource, ListFilter, NewOperation,
+    PausedBy, PostgresSettings, PostgresStore, Probed, Recorded, Resolved, SqliteStore, Store,
 };
 use tempfile::TempDir;
 
@@ -121,6 +121,7 @@ contract!(
     concurrent_writes_each_get_their_own_answer,
     operators_resolve_only_held_operations,
     late_evidence_settles_only_unknown,
+    probe_findings_apply_only_to_unknown_at_their_attempt,
     pauses_and_the_latch,
     listing_and_counting,
     retention_keeps_unknown_operations,
@@ -708,6 +709,101 @@ async fn late_evidence_settles_only_unknown(bench: Bench) {
     store.close().await;
 }
 
+fn probed(operation_id: &str, attempt: u32, finding: Finding) -> Probed {
+    Probed {
+        operation_id: operation_id.into(),
+        attempt,
+        finding,
+        event: Event {
+            kind: "probe",
+            detail: serde_json::json!({ "verdict": finding.evidence() }),
+        },
+    }
+}
+
+async fn probe_findings_apply_only_to_unknown_at_their_attempt(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    // Absent: unknown → not_attempted at the probed attempt only, once.
+    let gone = held(store.as_ref(), "gone").await;
+    let id = &gone.operation_id;
+    let applied = |probed: Probed| {
+        let store = store.clone();
+        async move { store.settle_probed(&probed).await.unwrap() }
+    };
+    assert!(
+        !applied(probed(id, 2, Finding::Absent)).await,
+        "another attempt's"
+    );
+    assert!(applied(probed(id, 1, Finding::Absent)).await);
+    assert!(!applied(probed(id, 1, Finding::Absent)).await, "once");
+    let (op, events) = store.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (op.state, op.evidence.as_str()),
+        (State::NotAttempted, "reconciled-absent")
+    );
+    assert_eq!(
+        kinds(&events).iter().filter(|k| **k == "probe").count(),
+        3,
+        "kept either way"
+    );
+    bench
+        .assert_counts_exact(store.as_ref(), "an absence")
+        .await;
+    assert_eq!(
+        claimed(store.as_ref(), &new_op("gone", "fp")).await.attempt,
+        2,
+        "the next request is the next attempt"
+    );
+
+    // Duplicated: stays unknown with its evidence, one alert, the route
+    // paused by the probe; once per operation.
+    assert!(bench.alerts("duplicated-at-destination").await.is_empty());
+    let twice = held(store.as_ref(), "twice").await;
+    let id = &twice.operation_id;
+    let unknown_since = store.get(id).await.unwrap().unwrap().0.updated_at;
+    bench.clock.advance(Duration::from_secs(1));
+    assert!(!applied(probed(id, 2, Finding::Duplicated)).await);
+    assert!(applied(probed(id, 1, Finding::Duplicated)).await);
+    assert!(!applied(probed(id, 1, Finding::Duplicated)).await, "once");
+    let (op, _) = store.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (op.state, op.evidence.as_str()),
+        (State::Unknown, "duplicated-at-destination")
+    );
+    assert_eq!(op.updated_at, unknown_since, "unknown since then still");
+    assert_eq!(
+        bench.alerts("duplicated-at-destination").await,
+        [id.as_str()]
+    );
+    let pauses = store.pauses().await.unwrap();
+    assert_eq!(pauses.len(), 1);
+    assert_eq!(
+        (pauses[0].route.as_str(), pauses[0].by),
+        ("api", PausedBy::Probe)
+    );
+    assert!(pauses[0].reason.contains(id.as_str()), "{:?}", pauses[0]);
+    assert_eq!(bench.alerts("route-paused").await.len(), 1);
+    let listed = store.duplicated(Some("api"), 10).await.unwrap();
+    assert_eq!(listed.iter().map(|s| &s.id).collect::<Vec<_>>(), [id]);
+    assert!(
+        store
+            .duplicated(Some("other"), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    bench
+        .assert_counts_exact(store.as_ref(), "a duplicate")
+        .await;
+
+    // A route an operator paused stays theirs.
+    store.set_paused("api", Some("maintenance")).await.unwrap();
+    let again = held(store.as_ref(), "again").await;
+    assert!(applied(probed(&again.operation_id, 1, Finding::Duplicated)).await);
+    assert_eq!(store.pauses().await.unwrap()[0].by, PausedBy::Operator);
+    store.close().await;
+}
+
 async fn pauses_and_the_latch(bench: Bench) {
     let store = bench.open("gw-1").await;
     assert!(store.paused_routes().await.unwrap().is_empty());
@@ -1025,6 +1121,34 @@ impl Bench {
         rows.into_iter()
             .map(|(route, state, n)| (route, State::parse(&state).unwrap(), n as u64))
             .collect()
+    }
+
+    /// The operation ids of the alerts of `event` in the outbox, read on a
+    /// connection of the test's own.
+    async fn alerts(&self, event: &str) -> Vec<String> {
+        const ALERTS: &str = "SELECT coalesce(operation_id, '') FROM alert_outbox
+                              WHERE event = $1 ORDER BY id";
+        match &self.place {
+            Place::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("s.db")).unwrap();
+                let mut alerts = conn.prepare(ALERTS).unwrap();
+                alerts
+                    .query_map([event], |row| row.get(0))
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap()
+            }
+            Place::Postgres(schema) => {
+                let mut conn = admin_connection().await;
+                let alerts =
+                    ALERTS.replace("alert_outbox", &format!("{}.alert_outbox", schema.name));
+                sqlx::query_scalar(&alerts)
+                    .bind(event)
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap()
+            }
+        }
     }
 
     /// The store's stats count what the table holds.

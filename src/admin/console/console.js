@@ -203,6 +203,8 @@
     rows: [],
     offset: 0,
     truncated: false,
+    // How many of `rows` (first) a probe found more than once.
+    duplicated: 0,
     // Other states: the API's pages, newest first; cursors of pages seen.
     cursors: [null],
     page: 0,
@@ -239,7 +241,12 @@
         pages += 1;
       } while (cursor && pages < HELD_PAGES);
       list.truncated = Boolean(cursor);
-      list.rows = rows.reverse();
+      // Found more than once at the destination: first, as the API
+      // lists them; then the rest, oldest first.
+      const duplicated = rows.filter((row) => row.duplicated_at_destination);
+      const rest = rows.filter((row) => !row.duplicated_at_destination);
+      list.duplicated = duplicated.length;
+      list.rows = duplicated.concat(rest.reverse());
       list.offset = 0;
     } else {
       list.cursors = [null];
@@ -273,7 +280,10 @@
       const total = list.rows.length;
       summary = total === 0
         ? "No held operations: nothing is waiting for an operator."
-        : total + " held operation" + (total === 1 ? "" : "s") + ", oldest first; showing " +
+        : total + " held operation" + (total === 1 ? "" : "s") +
+          (list.duplicated
+            ? ", the " + list.duplicated + " found more than once at the destination first, then oldest first; showing "
+            : ", oldest first; showing ") +
           (list.offset + 1) + "–" + (list.offset + shown.length) + ".";
       if (list.truncated) {
         summary += " Only the newest " + HELD_PAGE * HELD_PAGES +
@@ -374,6 +384,28 @@
       .join("; ");
   }
 
+  // One probe question and its answer, in words.
+  function answerText(answer) {
+    const said = answer.error ? "no answer (" + answer.error + ")"
+      : "status " + answer.status + (answer.count !== null && answer.count !== undefined
+        ? ", count " + answer.count : "");
+    return "asked " + answer.url + ": " + said;
+  }
+
+  // A probe's timeline entry: its question and answer, the confirm
+  // request's, and what the probe concluded.
+  function probeText(detail) {
+    if (!detail.verdict) return detailText(detail);
+    let text = answerText(detail);
+    if (detail.confirm) {
+      text += "; confirm " + answerText(detail.confirm) +
+        (detail.confirm.absent ? " (says absent)" : " (does not say absent)");
+    }
+    text += " — verdict: " + detail.verdict;
+    if (detail.reason) text += " (" + detail.reason + ")";
+    return text;
+  }
+
   function fact(name, value) {
     return [el("dt", {}, name), el("dd", {}, value === null || value === undefined ? "—" : String(value))];
   }
@@ -420,7 +452,10 @@
           el("time", { datetime: event.at }, when(event.at)),
           " ",
           el("strong", {}, words(event.kind)),
-          event.detail && Object.keys(event.detail).length ? el("span", { class: "detail" }, " — " + detailText(event.detail)) : null,
+          event.detail && Object.keys(event.detail).length
+            ? el("span", { class: "detail" }, " — " +
+              (event.kind === "probe" ? probeText(event.detail) : detailText(event.detail)))
+            : null,
         ),
       ),
     );

@@ -53,8 +53,8 @@ use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
     AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, LateEvidence, ListFilter,
-    Maintenance, NewOperation, Operators, Outbox, Recorded, RekeyBatch, RequestPath, Resolved,
-    RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
+    Maintenance, NewOperation, Operators, Outbox, Probed, Recorded, RekeyBatch, RequestPath,
+    Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
 };
 use crate::backoff::Backoff;
 use crate::clock::{self, Clock};
@@ -438,6 +438,11 @@ impl RequestPath for PostgresStore {
         statements::settle_held(&self.pool, &self.seal, now, late).await
     }
 
+    async fn settle_probed(&self, probed: &Probed) -> Result<bool, StoreError> {
+        let now = self.clock.now_millis();
+        statements::settle_probed(&self.pool, now, probed).await
+    }
+
     async fn trip_pause_latch(&self, route: &str, threshold: u32) -> Result<bool, StoreError> {
         let now = self.clock.now_millis();
         statements::trip_pause_latch(&self.pool, now, route, threshold).await
@@ -456,6 +461,14 @@ impl Operators for PostgresStore {
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
         statements::list(&self.pool, filter).await
+    }
+
+    async fn duplicated(
+        &self,
+        route: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Summary>, StoreError> {
+        statements::duplicated(&self.pool, route, limit).await
     }
 
     async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {

@@ -23,10 +23,10 @@ use crate::scope_key::{self, ScopeKey};
 use crate::store::operation_id;
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, LateEvidence, ListFilter,
-    ListPath, NewOperation, OPERATION_COLUMNS, Param, PausedBy, Recorded, RekeyBatch, Resolved,
-    RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary,
-    is_implied_by_record, operation_count, timeline,
+    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, DUPLICATED, Decision, Finding,
+    LateEvidence, ListFilter, ListPath, NewOperation, OPERATION_COLUMNS, Param, PausedBy, Probed,
+    Recorded, RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError,
+    StoredEvent, Summary, is_implied_by_record, operation_count, timeline,
 };
 
 /// An owner is alive while its lease, in the database's clock, runs.
@@ -461,6 +461,65 @@ pub async fn settle_held(
     Ok(updated == 1)
 }
 
+/// A probe's finding about an operation still `unknown` at the probed
+/// attempt ([`Finding`]); the event is kept either way (when the operation
+/// exists). One statement: the change, and for a duplicate its alert and
+/// its route's pause, apply together or not at all.
+pub async fn settle_probed(pool: &PgPool, now: i64, probed: &Probed) -> Result<bool, StoreError> {
+    let Probed {
+        operation_id: id,
+        attempt,
+        finding,
+        event,
+    } = probed;
+    if identity(pool, id).await?.is_none() {
+        return Ok(false);
+    }
+    let sql = match finding {
+        Finding::Absent => {
+            "WITH updated AS (
+                UPDATE operations SET state = 'not_attempted', evidence = $1, updated_at = $2
+                WHERE id = $3 AND state = 'unknown' AND attempt = $4
+                RETURNING id
+             ), kept AS (
+                INSERT INTO events (operation_id, at, kind, detail) VALUES ($3, $2, $5, $6)
+             )
+             SELECT count(*) FROM updated"
+        }
+        // `updated_at` stays: an `unknown` operation's is when it became
+        // unknown (the stats' oldest, a probe's minimum age).
+        Finding::Duplicated => {
+            "WITH updated AS (
+                UPDATE operations SET evidence = $1
+                WHERE id = $3 AND state = 'unknown' AND attempt = $4 AND evidence <> $1
+                RETURNING id, route, idem_key
+             ), alerted AS (
+                INSERT INTO alert_outbox (event, at, route, operation_id, idem_key, state, evidence)
+                SELECT $1, $2, route, id, idem_key, 'unknown', $1 FROM updated
+             ), paused AS (
+                INSERT INTO route_pauses (route, reason, paused_by, updated_at)
+                SELECT route, 'a probe found operation ' || id || ' more than once at the destination',
+                    'probe', $2
+                FROM updated
+                ON CONFLICT (route) DO NOTHING
+             ), kept AS (
+                INSERT INTO events (operation_id, at, kind, detail) VALUES ($3, $2, $5, $6)
+             )
+             SELECT count(*) FROM updated"
+        }
+    };
+    let updated: i64 = sqlx::query_scalar(sql)
+        .bind(finding.evidence())
+        .bind(now)
+        .bind(id)
+        .bind(int(*attempt))
+        .bind(event.kind)
+        .bind(event.detail.to_string())
+        .fetch_one(pool)
+        .await?;
+    Ok(updated == 1)
+}
+
 /// Pauses `route` if at least `threshold` of its operations are `unknown`;
 /// whether it is paused afterwards.
 pub async fn trip_pause_latch(
@@ -539,6 +598,30 @@ pub async fn set_paused(
 pub async fn list(pool: &PgPool, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
     let (sql, params) = list_statement(filter);
     let rows = bound(sqlx::query(&sql), &params).fetch_all(pool).await?;
+    rows.iter().map(summary_from_row).collect()
+}
+
+/// [`duplicated`]'s statement: $1 a route or NULL, $2 a limit.
+fn duplicated_sql() -> String {
+    format!(
+        "SELECT {SUMMARY_COLUMNS} FROM operations
+         WHERE state = 'unknown' AND evidence = '{DUPLICATED}' AND ($1::text IS NULL OR route = $1)
+         ORDER BY id DESC LIMIT $2"
+    )
+}
+
+/// The `unknown` operations found more than once at the destination, on
+/// `route` or any, newest first.
+pub async fn duplicated(
+    pool: &PgPool,
+    route: Option<&str>,
+    limit: u32,
+) -> Result<Vec<Summary>, StoreError> {
+    let rows = sqlx::query(&duplicated_sql())
+        .bind(route)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await?;
     rows.iter().map(summary_from_row).collect()
 }
 
@@ -932,6 +1015,13 @@ pub fn access_paths() -> Vec<AccessPath> {
             index: "operations_state_updated",
             bound: Some("updated_at < "),
             params: vec![Param::Int(1_000), Param::Int(i64::from(SWEEP_LIMIT))],
+        },
+        AccessPath {
+            name: "duplicated".into(),
+            sql: duplicated_sql(),
+            index: "operations_duplicated",
+            bound: None,
+            params: vec![Param::text("api"), Param::Int(50)],
         },
         AccessPath {
             name: "held_twin".into(),

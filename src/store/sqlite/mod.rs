@@ -60,8 +60,8 @@ use super::fence::Fence;
 use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use super::{
     AccessPath, AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, LateEvidence,
-    ListFilter, Maintenance, NewOperation, Operators, Outbox, Recorded, RekeyBatch, RequestPath,
-    Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
+    ListFilter, Maintenance, NewOperation, Operators, Outbox, Probed, Recorded, RekeyBatch,
+    RequestPath, Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
 };
 use crate::clock::Clock;
 use crate::config::Durability;
@@ -357,6 +357,13 @@ impl RequestPath for SqliteStore {
             .await
     }
 
+    async fn settle_probed(&self, probed: &Probed) -> Result<bool, StoreError> {
+        let (now, probed) = (self.clock.now_millis(), probed.clone());
+        self.writer
+            .run(move |conn| statements::settle_probed(conn, now, &probed))
+            .await
+    }
+
     async fn trip_pause_latch(&self, route: &str, threshold: u32) -> Result<bool, StoreError> {
         let (now, route) = (self.clock.now_millis(), route.to_string());
         self.writer
@@ -379,6 +386,17 @@ impl Operators for SqliteStore {
         let filter = filter.clone();
         self.readers
             .run(move |conn| statements::list(conn, &filter))
+            .await
+    }
+
+    async fn duplicated(
+        &self,
+        route: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Summary>, StoreError> {
+        let route = route.map(str::to_string);
+        self.readers
+            .run(move |conn| statements::duplicated(conn, route.as_deref(), limit))
             .await
     }
 

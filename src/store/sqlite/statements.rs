@@ -26,10 +26,10 @@ use crate::scope_key::{self, ScopeKey};
 use crate::store::operation_id;
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
 use crate::store::{
-    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, Decision, LateEvidence, ListFilter,
-    ListPath, NewOperation, Param, PausedBy, Recorded, RekeyBatch, Resolved, RoutePause,
-    SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, is_implied_by_record,
-    operation_count, timeline,
+    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, DUPLICATED, Decision, Finding,
+    LateEvidence, ListFilter, ListPath, NewOperation, Param, PausedBy, Probed, Recorded,
+    RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent,
+    Summary, is_implied_by_record, operation_count, timeline,
 };
 
 /// The columns [`operation_from_row`] reads. The digests are stored as
@@ -473,6 +473,59 @@ pub fn settle_held(
     Ok(updated == 1)
 }
 
+/// A probe's finding about an operation still `unknown` at the probed
+/// attempt ([`Finding`]); the event is kept either way (when the operation
+/// exists).
+pub fn settle_probed(conn: &Connection, now: i64, probed: &Probed) -> Result<bool, StoreError> {
+    let Probed {
+        operation_id: id,
+        attempt,
+        finding,
+        event,
+    } = probed;
+    let Some(row) = stored_row(conn, id)? else {
+        return Ok(false);
+    };
+    let evidence = finding.evidence();
+    let applied = match finding {
+        Finding::Absent => {
+            let updated = conn
+                .prepare_cached(
+                    "UPDATE operations SET state = 'not_attempted', evidence = ?1, updated_at = ?2
+                     WHERE id = ?3 AND state = 'unknown' AND attempt = ?4",
+                )?
+                .execute(params![evidence, now, id, attempt])?;
+            if updated == 1 {
+                let (from, to) = (Some(State::Unknown), Some(State::NotAttempted));
+                transitions::moved(conn, row.changed(id), from, to, now, evidence)?;
+            }
+            updated == 1
+        }
+        Finding::Duplicated => {
+            // `updated_at` stays: an `unknown` operation's is when it
+            // became unknown (the stats' oldest, a probe's minimum age).
+            let updated = conn
+                .prepare_cached(
+                    "UPDATE operations SET evidence = ?1
+                     WHERE id = ?2 AND state = 'unknown' AND attempt = ?3 AND evidence <> ?1",
+                )?
+                .execute(params![evidence, id, attempt])?;
+            if updated == 1 {
+                transitions::duplicated(conn, row.changed(id), now)?;
+                conn.prepare_cached(
+                    "INSERT INTO route_pauses (route, reason, paused_by, updated_at)
+                     VALUES (?1, 'a probe found operation ' || ?2 || ' more than once at the destination', 'probe', ?3)
+                     ON CONFLICT (route) DO NOTHING",
+                )?
+                .execute(params![row.route, id, now])?;
+            }
+            updated == 1
+        }
+    };
+    insert_event(conn, id, now, event)?;
+    Ok(applied)
+}
+
 /// Pauses `route` if at least `threshold` of its operations are `unknown`;
 /// whether it is paused afterwards.
 pub fn trip_pause_latch(
@@ -546,6 +599,27 @@ pub fn set_paused(
 pub fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<Summary>, StoreError> {
     let mut statement = conn.prepare_cached(&list_sql(filter))?;
     let rows = statement.query_map(list_params(filter), summary_from_row)?;
+    rows.map(|row| row?).collect()
+}
+
+/// [`duplicated`]'s statement: ?1 a route or NULL, ?2 a limit.
+fn duplicated_sql() -> String {
+    format!(
+        "SELECT {SUMMARY_COLUMNS} FROM operations INDEXED BY operations_duplicated
+         WHERE state = 'unknown' AND evidence = '{DUPLICATED}' AND (?1 IS NULL OR route = ?1)
+         ORDER BY id DESC LIMIT ?2"
+    )
+}
+
+/// The `unknown` operations found more than once at the destination, on
+/// `route` or any, newest first.
+pub fn duplicated(
+    conn: &Connection,
+    route: Option<&str>,
+    limit: u32,
+) -> Result<Vec<Summary>, StoreError> {
+    let mut statement = conn.prepare_cached(&duplicated_sql())?;
+    let rows = statement.query_map(params![route, limit], summary_from_row)?;
     rows.map(|row| row?).collect()
 }
 
@@ -904,6 +978,13 @@ pub fn access_paths() -> Vec<AccessPath> {
             index: "operations_state_updated",
             bound: Some("updated_at<"),
             params: vec![Param::Int(1_000), Param::Int(i64::from(SWEEP_LIMIT))],
+        },
+        AccessPath {
+            name: "duplicated".into(),
+            sql: duplicated_sql(),
+            index: "operations_duplicated",
+            bound: None,
+            params: vec![Param::text("api"), Param::Int(50)],
         },
         AccessPath {
             name: "held_twin".into(),

@@ -70,6 +70,12 @@ const UNKNOWN_ALERT: &str =
     "INSERT INTO alert_outbox (event, at, route, operation_id, idem_key, state, evidence)
      VALUES ('operation-unknown', ?1, ?2, ?3, ?4, 'unknown', ?5)";
 
+/// A `duplicated-at-destination` alert (a probe found the write more than
+/// once); the operation stays `unknown`.
+const DUPLICATED_ALERT: &str =
+    "INSERT INTO alert_outbox (event, at, route, operation_id, idem_key, state, evidence)
+     VALUES ('duplicated-at-destination', ?1, ?2, ?3, ?4, 'unknown', 'duplicated-at-destination')";
+
 /// A count change waiting for its batch's commit.
 enum Pending {
     Add(String, State, i64),
@@ -214,6 +220,14 @@ pub fn moved(
         conn.prepare_cached(UNKNOWN_ALERT)?
             .execute(params![at, row.route, row.id, row.key, evidence])?;
     }
+    Ok(())
+}
+
+/// A probe found an `unknown` operation more than once at the
+/// destination, at `at`: its alert (its state, and so its counts, stay).
+pub fn duplicated(conn: &Connection, row: Row, at: i64) -> Result<(), StoreError> {
+    conn.prepare_cached(DUPLICATED_ALERT)?
+        .execute(params![at, row.route, row.id, row.key])?;
     Ok(())
 }
 

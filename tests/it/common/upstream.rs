@@ -32,6 +32,8 @@ struct UpstreamState {
     closed: watch::Sender<usize>,
     /// Upstream id of the write committed under each `Idempotency-Key`.
     by_key: Mutex<HashMap<String, usize>>,
+    /// Every write committed under each `Idempotency-Key`, in order.
+    records: Mutex<HashMap<String, Vec<usize>>>,
     /// Keys that already got their one refusal on `/once/{code}`.
     refused_once: Mutex<HashSet<String>>,
     /// What a write to `/scripted` does now ([`FakeUpstream::script`]).
@@ -139,6 +141,7 @@ impl FakeUpstream {
             connections: AtomicUsize::new(0),
             closed: watch::channel(0).0,
             by_key: Mutex::new(HashMap::new()),
+            records: Mutex::new(HashMap::new()),
             refused_once: Mutex::new(HashSet::new()),
             scripted: Mutex::new(Scripted::Create),
             held: tokio::sync::Semaphore::new(0),
@@ -346,6 +349,15 @@ async fn handle(
             tokio::time::sleep(Duration::from_millis(delay)).await;
             return Ok(lookup(&state, query_value(&parts.uri, "key")));
         }
+        if path == "/records" {
+            // `?ms=N`: a slow list.
+            let delay = query_number(&parts.uri, "ms").unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            return Ok(records(&state, query_value(&parts.uri, "key")));
+        }
+        if path == "/lagging" {
+            return Ok(lagging());
+        }
         if let Some(segment) = path.strip_prefix("/tasks/") {
             return Ok(task(&state, segment));
         }
@@ -389,6 +401,8 @@ async fn handle(
         id = *w;
     });
     if let Some(key) = key {
+        let mut records = state.records.lock().expect("records lock");
+        records.entry(key.clone()).or_default().push(id);
         state.by_key.lock().expect("by_key lock").insert(key, id);
     }
 
@@ -459,6 +473,34 @@ fn lookup(state: &UpstreamState, key: Option<&str>) -> hyper::Response<UpstreamB
         .header("content-type", "application/json")
         .header("x-upstream-tag", "lookup")
         .body(boxed(Full::new(Bytes::from(body.to_string()))))
+        .expect("response")
+}
+
+/// `GET /records?key=K`: every write committed under `K`, as a list
+/// (`{"data": [{"id": n}, …]}`, empty when there is none): a consistent
+/// index that shows a write held twice.
+fn records(state: &UpstreamState, key: Option<&str>) -> hyper::Response<UpstreamBody> {
+    let ids = key
+        .and_then(|k| state.records.lock().expect("records lock").get(k).cloned())
+        .unwrap_or_default();
+    let data: Vec<Value> = ids.into_iter().map(|id| json!({ "id": id })).collect();
+    let body = json!({ "data": data });
+    hyper::Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(boxed(Full::new(Bytes::from(body.to_string()))))
+        .expect("response")
+}
+
+/// `GET /lagging?key=K`: a by-key lookup on an index that has not caught
+/// up with any write: 404 whatever was committed.
+fn lagging() -> hyper::Response<UpstreamBody> {
+    hyper::Response::builder()
+        .status(StatusCode::NOT_FOUND)
+        .header("content-type", "application/json")
+        .body(boxed(Full::new(Bytes::from_static(
+            br#"{"error": "no such write (yet)"}"#,
+        ))))
         .expect("response")
 }
 

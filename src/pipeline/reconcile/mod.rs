@@ -1,0 +1,529 @@
+//! Reconcile probes (docs/requests.md, "After a lost response" and "Probe
+//! verdicts"): read-only questions to the route's own upstream — a GET
+//! ([`http`]), or on an MCP route a call of a read-only tool ([`tool`],
+//! docs/mcp.md, "Reconcile") — whose answers, read by the route's rules
+//! ([`verdict`]), may settle an `unknown` operation.
+//!
+//! Invariants:
+//! - four verdicts: *found* settles the operation `completed` (evidence
+//!   `reconciled`) with the probe's response as what later replays get;
+//!   *absent* settles it `not_attempted` (evidence `reconciled-absent`) so
+//!   the next request is sent; *more than once* keeps it `unknown` with
+//!   evidence `duplicated-at-destination`, raises an alert and pauses the
+//!   route; anything else leaves it `unknown`;
+//! - absence only from configured rules, after min age, confirmed: an
+//!   answer is taken for absence only by the route's `absent_*` rules, only
+//!   once `min_age` has passed since the write was last on its way
+//!   ([`last_sent`]: when the operation became `unknown`, after its attempt
+//!   was sent, or its last re-send), and, with a confirm request, only when
+//!   that answer says absent too. A question with no answer — not sent,
+//!   cut, past its timeout — is never absent;
+//! - each settlement is a compare-and-set from `unknown` (an absence at the
+//!   probed attempt), and each probe's questions and answers are on the
+//!   timeline whatever it concluded (never a body, nor a credential);
+//! - the probe carries the credential headers of the request that
+//!   triggered it, held in memory only for the probe's duration, never
+//!   stored;
+//! - at most one probe per operation is in flight, each question bounded by
+//!   the probe's `timeout`; a request that would probe while one is running
+//!   waits for that one instead (bounded by the probe's questions' bounds),
+//!   so that either way it can answer from what the probe left in the
+//!   store;
+//! - a probe asks about its own operation and nothing else:
+//!   [`http::url`] is the one place a probe URL is built.
+
+pub mod http;
+pub mod tool;
+pub mod verdict;
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ::http::header::{AUTHORIZATION, HeaderName};
+use ::http::{HeaderMap, Request};
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::config::{Absence, McpReconcile, Reconcile, Route};
+use crate::metrics::Metrics;
+use crate::operation::{Event, Operation, State};
+use crate::pipeline::ActiveRoute;
+use crate::pipeline::forward::ProbeClient;
+use crate::store::{Finding, LateEvidence, LateSource, Probed, Store, StoredEvent};
+use crate::traces::{self, Step};
+use verdict::{Answer, Rules, Verdict, classify};
+
+/// The probes in flight in this process, by operation id; each probe's
+/// receiver lets a request that comes meanwhile wait for it to end.
+#[derive(Default)]
+pub struct Reconciler {
+    running: DashMap<String, watch::Receiver<()>>,
+}
+
+/// Held while a probe runs: dropping it removes the operation from the
+/// running set and (dropping the sender) wakes whoever waits on it.
+struct Running<'a> {
+    reconciler: &'a Reconciler,
+    operation_id: &'a str,
+    _done: watch::Sender<()>,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.reconciler.running.remove(self.operation_id);
+    }
+}
+
+/// What a probe needs beside the route: the store, the clock's now, the
+/// metrics.
+pub struct Ctx<'a> {
+    pub store: &'a dyn Store,
+    pub metrics: &'a Metrics,
+    /// Now (ms), for the minimum age.
+    pub now: i64,
+}
+
+/// A route's probe, HTTP or MCP.
+#[derive(Clone, Copy)]
+enum Probe<'a> {
+    Http(&'a Reconcile),
+    Tool(&'a McpReconcile),
+}
+
+impl<'a> Probe<'a> {
+    fn of(route: &'a Route) -> Option<Self> {
+        let tool = route.mcp.as_ref().and_then(|m| m.reconcile.as_ref());
+        match (route.reconcile.as_ref(), tool) {
+            (Some(reconcile), _) => Some(Probe::Http(reconcile)),
+            (None, Some(tool)) => Some(Probe::Tool(tool)),
+            (None, None) => None,
+        }
+    }
+
+    fn timeout(self) -> Duration {
+        match self {
+            Probe::Http(r) => r.timeout,
+            Probe::Tool(t) => t.timeout,
+        }
+    }
+
+    /// The longest a probe runs: each of its questions within `timeout`.
+    fn bound(self) -> Duration {
+        let confirms = match self {
+            Probe::Http(r) => r.verdicts.confirm.is_some(),
+            Probe::Tool(t) => t.verdicts.confirm.is_some(),
+        };
+        self.timeout() * (1 + u32::from(confirms))
+    }
+
+    fn min_age(self) -> Duration {
+        match self {
+            Probe::Http(r) => r.verdicts.min_age,
+            Probe::Tool(t) => t.verdicts.min_age,
+        }
+    }
+
+    fn rules(self) -> Rules<'a> {
+        match self {
+            Probe::Http(r) => Rules {
+                found_status: Some(r.found_status),
+                found_json_pointer: r.found_json_pointer.as_deref(),
+                absent: r.verdicts.absent.as_ref(),
+                count_json_pointer: r.verdicts.count_json_pointer.as_deref(),
+            },
+            Probe::Tool(t) => Rules {
+                found_status: None,
+                found_json_pointer: t.found_json_pointer.as_deref(),
+                absent: t.verdicts.absent.as_ref(),
+                count_json_pointer: t.verdicts.count_json_pointer.as_deref(),
+            },
+        }
+    }
+
+    /// The confirm request's question (its URL template, or its tool and
+    /// arguments) and its rule for absence.
+    fn confirm(self) -> Option<(Question<'a>, &'a Absence)> {
+        match self {
+            Probe::Http(r) => {
+                let confirm = r.verdicts.confirm.as_ref()?;
+                Some((Question::Url(&confirm.question), &confirm.absent))
+            }
+            Probe::Tool(t) => {
+                let confirm = t.verdicts.confirm.as_ref()?;
+                let call = &confirm.question;
+                Some((Question::Tool(&call.tool, &call.arguments), &confirm.absent))
+            }
+        }
+    }
+
+    fn question(self) -> Question<'a> {
+        match self {
+            Probe::Http(r) => Question::Url(&r.url),
+            Probe::Tool(t) => Question::Tool(&t.tool, &t.arguments),
+        }
+    }
+}
+
+/// One question a probe asks.
+#[derive(Clone, Copy)]
+enum Question<'a> {
+    /// A GET to this URL template.
+    Url(&'a str),
+    /// A call of this tool with these arguments.
+    Tool(&'a str, &'a str),
+}
+
+/// The held operation a probe asks about, and what it asks with.
+struct Held<'a> {
+    operation: &'a Operation,
+    /// When (ms) the write could last have been on its way ([`last_sent`]):
+    /// what `min_age` counts from.
+    since: i64,
+    key: &'a str,
+    credentials: &'a HeaderMap,
+}
+
+impl Question<'_> {
+    /// Asks the question about `held`, within `timeout`.
+    async fn ask(
+        self,
+        client: &ProbeClient,
+        route: &Route,
+        held: &Held<'_>,
+        timeout: Duration,
+    ) -> Answer {
+        match self {
+            Question::Url(template) => {
+                let body = held
+                    .operation
+                    .request
+                    .body
+                    .as_deref()
+                    .and_then(|body| serde_json::from_slice(body).ok());
+                match http::url(template, held.key, body.as_ref()) {
+                    Ok(url) => {
+                        let asked = url.shown.clone();
+                        let answer = http::get(client, route, &url, held.credentials);
+                        within(timeout, &asked, answer).await
+                    }
+                    Err(reason) => Answer {
+                        asked: template.to_string(),
+                        status: None,
+                        got: Err(format!("not asked: {reason}")),
+                    },
+                }
+            }
+            Question::Tool(name, arguments) => {
+                let call = tool::Call {
+                    tool: name,
+                    arguments,
+                    held: held.operation,
+                    key: held.key,
+                };
+                let asked = format!("tools/call {name}");
+                let answer = tool::call(client, route, &call, held.credentials);
+                within(timeout, &asked, answer).await
+            }
+        }
+    }
+}
+
+/// A probe's conclusion with what the timeline shows of it.
+struct Concluded {
+    verdict: Verdict,
+    detail: Value,
+}
+
+impl Reconciler {
+    /// Probes for a held operation and settles it by the verdict; the
+    /// probe is on its timeline either way. When a probe for the operation
+    /// is already running, waits for it to end instead. Either way the
+    /// caller then reads the store, which holds whatever the probe (or
+    /// anything else) settled.
+    pub async fn reconcile(
+        &self,
+        ctx: &Ctx<'_>,
+        active: &ActiveRoute,
+        operation_id: &str,
+        key: &str,
+        credentials: &HeaderMap,
+    ) {
+        let route = &active.route;
+        let Some(probe) = Probe::of(route) else {
+            return;
+        };
+        let done = match self.running.entry(operation_id.to_string()) {
+            Entry::Occupied(running) => Err(running.get().clone()),
+            Entry::Vacant(vacant) => {
+                let (done, running) = watch::channel(());
+                vacant.insert(running);
+                Ok(done)
+            }
+        };
+        let done = match done {
+            Ok(done) => done,
+            Err(mut running) => {
+                // `changed` ends when the running probe drops its sender.
+                let _ = tokio::time::timeout(probe.bound(), running.changed()).await;
+                return;
+            }
+        };
+        let _running = Running {
+            reconciler: self,
+            operation_id,
+            _done: done,
+        };
+        let (held, events) = match ctx.store.get(operation_id).await {
+            Ok(Some((operation, events))) if operation.state == State::Unknown => {
+                (operation, events)
+            }
+            // Settled meanwhile, or gone: nothing to ask.
+            Ok(_) => return,
+            Err(error) => {
+                tracing::warn!(%operation_id, %error, "cannot read a held operation to probe it");
+                return;
+            }
+        };
+        let asking = Held {
+            operation: &held,
+            since: last_sent(&held, &events),
+            key,
+            credentials,
+        };
+        let concluded = traces::child(Step::Probe, async {
+            let concluded = conclude(ctx.now, probe, &active.probes, route, &asking).await;
+            traces::probe_ended(
+                concluded.verdict.name(),
+                concluded.detail["status"]
+                    .as_u64()
+                    .and_then(|s| u16::try_from(s).ok()),
+            );
+            concluded
+        })
+        .await;
+        ctx.metrics
+            .probe_verdict(&route.name, concluded.verdict.name());
+        settle(ctx.store, active, &held, concluded).await;
+    }
+}
+
+/// Asks `probe`'s question about `held` and, for an absence old enough,
+/// its confirm question: the verdict, and the timeline's detail of both.
+async fn conclude(
+    now: i64,
+    probe: Probe<'_>,
+    client: &ProbeClient,
+    route: &Route,
+    held: &Held<'_>,
+) -> Concluded {
+    let timeout = probe.timeout();
+    let rules = probe.rules();
+    let answer = probe.question().ask(client, route, held, timeout).await;
+    let mut verdict = classify(&answer, &rules);
+    let mut detail = answer.shown(answer.count(rules.count_json_pointer));
+    if matches!(verdict, Verdict::Absent) {
+        let age = Duration::from_millis(u64::try_from(now - held.since).unwrap_or(0));
+        let min_age = probe.min_age();
+        if age < min_age {
+            verdict = Verdict::Undetermined(format!(
+                "absent, but unknown for {} only: absence is believed after min_age ({})",
+                humantime::format_duration(Duration::from_secs(age.as_secs())),
+                humantime::format_duration(min_age)
+            ));
+        } else if let Some((question, absence)) = probe.confirm() {
+            let confirmed = question.ask(client, route, held, timeout).await;
+            let agrees = confirmed.says_absent(absence);
+            let mut shown = confirmed.shown(None);
+            shown["absent"] = json!(agrees);
+            detail["confirm"] = shown;
+            if !agrees {
+                verdict = Verdict::Undetermined("the confirm request does not say absent".into());
+            }
+        }
+    }
+    detail["matched"] = json!(matches!(verdict, Verdict::Found(_)));
+    detail["verdict"] = json!(verdict.name());
+    if let Verdict::Undetermined(reason) = &verdict {
+        detail["reason"] = json!(reason);
+    }
+    Concluded { verdict, detail }
+}
+
+/// When a held write could last have been on its way to the destination:
+/// when the operation became `unknown` (its last update, which comes after
+/// its attempt was sent), or a later re-send under its destination key
+/// (whose event is written once the re-send ended).
+fn last_sent(operation: &Operation, events: &[StoredEvent]) -> i64 {
+    events
+        .iter()
+        .filter(|event| event.kind == "resend")
+        .map(|event| event.at)
+        .fold(operation.updated_at, i64::max)
+}
+
+/// Writes what the probe concluded: a settlement, or its event alone.
+async fn settle(store: &dyn Store, active: &ActiveRoute, held: &Operation, concluded: Concluded) {
+    let event = Event {
+        kind: "probe",
+        detail: concluded.detail,
+    };
+    let operation_id = held.id.clone();
+    let probed = |finding| Probed {
+        operation_id: operation_id.clone(),
+        attempt: held.attempt,
+        finding,
+        event: event.clone(),
+    };
+    let written = match concluded.verdict {
+        Verdict::Found(response) => {
+            let late = LateEvidence {
+                operation_id: operation_id.clone(),
+                source: LateSource::Reconciled,
+                response,
+                event,
+            };
+            store.settle_held(&late).await.map(drop)
+        }
+        Verdict::Absent => store
+            .settle_probed(&probed(Finding::Absent))
+            .await
+            .map(drop),
+        Verdict::Duplicated(count) => {
+            let reported = store.settle_probed(&probed(Finding::Duplicated)).await;
+            if let Ok(true) = reported {
+                active.paused.store(true, Ordering::SeqCst);
+                tracing::error!(route = %active.route.name, %operation_id, count, "a probe found the write more than once at the destination: route paused");
+            }
+            reported.map(drop)
+        }
+        Verdict::Undetermined(_) => store.add_event(&operation_id, &event).await,
+    };
+    if let Err(error) = written {
+        tracing::warn!(%operation_id, %error, "cannot record a probe's result");
+    }
+}
+
+/// Asks the route's probe about `key` once and stores nothing: what the
+/// destination says it holds (`idemgate rehearse`, docs/rehearse.md), as a
+/// probe's timeline entry shows it. `None` without an HTTP probe.
+pub async fn ask(
+    client: &ProbeClient,
+    route: &Route,
+    key: &str,
+    credentials: &HeaderMap,
+) -> Option<Value> {
+    let reconcile = route.reconcile.as_ref()?;
+    let probe = Probe::Http(reconcile);
+    let rules = probe.rules();
+    let url = http::url(&reconcile.url, key, None).ok()?;
+    let asked = url.shown.clone();
+    let answer = within(
+        reconcile.timeout,
+        &asked,
+        http::get(client, route, &url, credentials),
+    )
+    .await;
+    let verdict = classify(&answer, &rules);
+    let mut detail = answer.shown(answer.count(rules.count_json_pointer));
+    detail["matched"] = json!(matches!(verdict, Verdict::Found(_)));
+    detail["verdict"] = json!(verdict.name());
+    Some(detail)
+}
+
+/// `question`'s answer, or none when it has no answer within `timeout`:
+/// a question past its timeout is never absent.
+async fn within(timeout: Duration, asked: &str, question: impl Future<Output = Answer>) -> Answer {
+    tokio::time::timeout(timeout, question)
+        .await
+        .unwrap_or_else(|_| Answer {
+            asked: asked.to_string(),
+            status: None,
+            got: Err(format!(
+                "no answer within {}",
+                humantime::format_duration(timeout)
+            )),
+        })
+}
+
+/// A probe's request sent: its response, or why not.
+async fn send(
+    client: &ProbeClient,
+    request: Result<Request<crate::body::ProxyBody>, ::http::Error>,
+) -> Result<::http::Response<hyper::body::Incoming>, String> {
+    let request = request.map_err(|e| e.to_string())?;
+    client.request(request).await.map_err(|e| e.to_string())
+}
+
+/// Keeps only the headers a probe may carry: `authorization` and the
+/// route's scope headers.
+pub fn credentials(headers: &HeaderMap, route: &Route) -> HeaderMap {
+    let mut kept = HeaderMap::new();
+    if !route.has_probe() {
+        // No probe will ever present them.
+        return kept;
+    }
+    let mut names: Vec<&HeaderName> = std::iter::once(&AUTHORIZATION)
+        .chain(&route.scope_headers)
+        .collect();
+    names.sort_by_key(|n| n.as_str());
+    names.dedup();
+    for name in names {
+        for value in headers.get_all(name) {
+            kept.append(name.clone(), value.clone());
+        }
+    }
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operation::{Fingerprint, RequestSummary};
+
+    fn event(at: i64, kind: &str) -> StoredEvent {
+        StoredEvent {
+            at,
+            kind: kind.into(),
+            detail: Value::Null,
+        }
+    }
+
+    #[test]
+    fn min_age_counts_from_the_last_time_the_write_was_on_its_way() {
+        let held = Operation {
+            id: "op".into(),
+            route: "api".into(),
+            key: "k".into(),
+            fingerprint: Fingerprint::from_stored("fp".into()),
+            state: State::Unknown,
+            attempt: 1,
+            owner: None,
+            evidence: "timeout".into(),
+            response: None,
+            request: RequestSummary {
+                method: "POST".into(),
+                path: "/x".into(),
+                content_type: None,
+                body_size: 0,
+                body_sha256: String::new(),
+                body: None,
+            },
+            superseded: false,
+            created_at: 1_000,
+            updated_at: 2_000,
+        };
+        // Became unknown at 2 s; probes and other events are no send.
+        let quiet = [event(1_000, "claimed"), event(2_500, "probe")];
+        assert_eq!(last_sent(&held, &quiet), 2_000);
+        // A re-send under the destination key ended at 7 s.
+        let resent = [
+            event(2_000, "timeout"),
+            event(7_000, "resend"),
+            event(9_000, "probe"),
+        ];
+        assert_eq!(last_sent(&held, &resent), 7_000);
+    }
+}

@@ -1,0 +1,156 @@
+//! An MCP route's probe questions: a call of a read-only tool, its
+//! arguments filled from the held call ([`fill_template`]), as a stateless
+//! 2026-07-28 request to the endpoint the held call went to. Its answer is
+//! the tool's result; a result that is an error is no answer at all.
+
+use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use http::{HeaderMap, Request};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+
+use super::send;
+use super::verdict::{Answer, Got};
+use crate::body::full;
+use crate::config::{Route, fill_template};
+use crate::operation::{Operation, StoredResponse};
+use crate::pipeline::forward::ProbeClient;
+use crate::pipeline::sse;
+use crate::traces;
+
+/// The MCP revision an MCP probe speaks: stateless, so it needs no session.
+const PROBE_REVISION: &str = "2026-07-28";
+
+/// One tool call and the held call it asks about.
+pub struct Call<'a> {
+    pub tool: &'a str,
+    /// The arguments template.
+    pub arguments: &'a str,
+    pub held: &'a Operation,
+    /// The operation's key (`<tool>/<key>`).
+    pub key: &'a str,
+}
+
+/// Calls the tool with `credentials`: its result, or why there is none.
+/// Whole, the result (marked `dev.idemgate/reconciled-by`) is what retries
+/// of the held call get if it proves the call happened.
+pub async fn call(
+    client: &ProbeClient,
+    route: &Route,
+    call: &Call<'_>,
+    credentials: &HeaderMap,
+) -> Answer {
+    let answer = |status, got| Answer {
+        asked: format!("tools/call {}", call.tool),
+        status,
+        got,
+    };
+    let sent: Value = call
+        .held
+        .request
+        .body
+        .as_deref()
+        .and_then(|body| serde_json::from_slice(body).ok())
+        .unwrap_or_default();
+    // The operation's key is `<tool>/<key>`: the call's own key is after it.
+    let call_key = call.key.split_once('/').map_or(call.key, |(_, own)| own);
+    let arguments = match fill_template(call.arguments, call_key, |name| {
+        sent.pointer("/params/arguments")?.get(name).cloned()
+    }) {
+        Ok(arguments) => arguments,
+        Err(e) => return answer(None, Err(e)),
+    };
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": call.tool,
+            "arguments": arguments,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": PROBE_REVISION,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        },
+    });
+    let uri = match route.upstream.uri_for(&call.held.request.path) {
+        Ok(uri) => uri,
+        Err(e) => return answer(None, Err(e.to_string())),
+    };
+    let mut request = Request::post(uri).body(full(body.to_string()));
+    if let Ok(request) = &mut request {
+        let headers = request.headers_mut();
+        *headers = credentials.clone();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        headers.insert(
+            "mcp-protocol-version",
+            HeaderValue::from_static(PROBE_REVISION),
+        );
+        headers.insert("mcp-method", HeaderValue::from_static("tools/call"));
+        if let Ok(name) = HeaderValue::from_str(call.tool) {
+            headers.insert("mcp-name", name);
+        }
+        traces::inject(headers);
+    }
+    let response = match send(client, request).await {
+        Ok(response) => response,
+        Err(error) => return answer(None, Err(error)),
+    };
+    let status = Some(response.status().as_u16());
+    let streamed = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.trim_start().starts_with("text/event-stream"));
+    let limited = http_body_util::Limited::new(response.into_body(), route.max_stored_response);
+    let read = match limited.collect().await {
+        Ok(read) => read.to_bytes(),
+        Err(e) => return answer(status, Err(format!("probe answer unread: {e}"))),
+    };
+    let messages: Vec<Value> = if streamed {
+        sse::messages(&read)
+            .iter()
+            .filter_map(|data| serde_json::from_str(data).ok())
+            .collect()
+    } else {
+        serde_json::from_slice(&read).into_iter().collect()
+    };
+    let reply = messages
+        .into_iter()
+        .find(|m| m.get("id") == Some(&Value::from(1)));
+    let Some(result) = reply.and_then(|mut m| m.get_mut("result").map(std::mem::take)) else {
+        return answer(status, Err("no result for the probe's call".into()));
+    };
+    if result["isError"] == true {
+        return answer(status, Err("the tool answered an error".into()));
+    }
+    let response = marked(&result, call.tool);
+    answer(
+        status,
+        Ok(Got {
+            json: Some(result),
+            response,
+        }),
+    )
+}
+
+/// The result as retries of the held call get it: marked
+/// `dev.idemgate/reconciled-by`, in a JSON-RPC response.
+fn marked(result: &Value, tool: &str) -> StoredResponse {
+    let mut result = result.clone();
+    if let Some(members) = result.as_object_mut() {
+        let meta = members.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.insert("dev.idemgate/reconciled-by".into(), json!(tool));
+        }
+    }
+    let stored = json!({"jsonrpc": "2.0", "id": null, "result": result});
+    StoredResponse {
+        status: 200,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: Some(stored.to_string().into_bytes()),
+    }
+}

@@ -1,0 +1,240 @@
+//! What one answer to a probe's question says, by the route's rules
+//! (docs/requests.md, "Probe verdicts"): a pure function of the answer.
+//!
+//! Invariants:
+//! - *absent* comes only from a rule the route configured ([`Absence`]),
+//!   over an answer that came back whole: a question with no answer (not
+//!   sent, cut, too large, past its timeout) or a tool's error is never
+//!   absent, nor found;
+//! - a JSON pointer proves absence only where its value is present and
+//!   empty (`[]`, `0`, `null`): a missing member proves nothing, since an
+//!   error body of another shape lacks it too;
+//! - *more than once* outranks *found*: a count above 1 at the found
+//!   status is a duplicate whatever else the answer holds.
+
+use serde_json::{Value, json};
+
+use crate::config::Absence;
+use crate::operation::StoredResponse;
+
+/// One answer to one probe question.
+pub struct Answer {
+    /// The question as the timeline shows it: the URL (with `{body:…}`
+    /// placeholders as configured, never the body's fields) or
+    /// `tools/call NAME`; never a credential.
+    pub asked: String,
+    /// The HTTP status, if an answer came.
+    pub status: Option<u16>,
+    /// What came back, or why nothing usable did.
+    pub got: Result<Got, String>,
+}
+
+/// A whole answer.
+pub struct Got {
+    /// Its JSON (an HTTP body, or a tool's result); `None`: not JSON.
+    pub json: Option<Value>,
+    /// What later replays get if it proves the write happened.
+    pub response: StoredResponse,
+}
+
+/// The rules an answer is read by.
+pub struct Rules<'a> {
+    /// `None`: any status (a tool's result, whose errors are no answer).
+    pub found_status: Option<u16>,
+    pub found_json_pointer: Option<&'a str>,
+    pub absent: Option<&'a Absence>,
+    pub count_json_pointer: Option<&'a str>,
+}
+
+/// What an answer says about the held write.
+pub enum Verdict {
+    /// It happened, once: this is what replays get.
+    Found(StoredResponse),
+    /// It is not at the destination.
+    Absent,
+    /// It is there this many times.
+    Duplicated(u64),
+    /// No proof either way, and why.
+    Undetermined(String),
+}
+
+impl Verdict {
+    /// As the timeline, the metrics and the traces name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Verdict::Found(_) => "found",
+            Verdict::Absent => "absent",
+            Verdict::Duplicated(_) => "duplicated",
+            Verdict::Undetermined(_) => "undetermined",
+        }
+    }
+}
+
+impl Answer {
+    /// The value at `pointer` in the answer's JSON, if it came whole.
+    fn at(&self, pointer: &str) -> Option<&Value> {
+        let got = self.got.as_ref().ok()?;
+        got.json.as_ref()?.pointer(pointer)
+    }
+
+    /// How many records the answer counts at `pointer`: an array's length,
+    /// or a number.
+    pub fn count(&self, pointer: Option<&str>) -> Option<u64> {
+        let value = self.at(pointer?)?;
+        value
+            .as_array()
+            .map(|items| items.len() as u64)
+            .or_else(|| value.as_u64())
+    }
+
+    /// Whether the answer says absent by `absence`.
+    pub fn says_absent(&self, absence: &Absence) -> bool {
+        self.got.is_ok()
+            && absence
+                .status
+                .is_none_or(|status| self.status == Some(status))
+            && absence
+                .json_pointer
+                .as_deref()
+                .is_none_or(|pointer| self.at(pointer).is_some_and(is_empty))
+    }
+
+    /// The answer as the timeline shows it: never its body.
+    pub fn shown(&self, count: Option<u64>) -> Value {
+        json!({
+            "url": self.asked,
+            "status": self.status,
+            "count": count,
+            "error": self.got.as_ref().err(),
+        })
+    }
+}
+
+/// What `answer` says by `rules`.
+pub fn classify(answer: &Answer, rules: &Rules) -> Verdict {
+    let got = match &answer.got {
+        Ok(got) => got,
+        Err(error) => return Verdict::Undetermined(error.clone()),
+    };
+    let at_found_status = rules
+        .found_status
+        .is_none_or(|status| answer.status == Some(status));
+    if at_found_status {
+        let count = answer.count(rules.count_json_pointer);
+        if let Some(n) = count.filter(|n| *n > 1) {
+            return Verdict::Duplicated(n);
+        }
+        let holds = rules
+            .found_json_pointer
+            .is_none_or(|pointer| answer.at(pointer).is_some_and(|v| !v.is_null()));
+        if holds && count != Some(0) {
+            return Verdict::Found(got.response.clone());
+        }
+    }
+    if rules
+        .absent
+        .is_some_and(|absent| answer.says_absent(absent))
+    {
+        return Verdict::Absent;
+    }
+    Verdict::Undetermined(match answer.status {
+        Some(status) => format!("status {status}: neither found nor absent by the route's rules"),
+        None => "neither found nor absent by the route's rules".into(),
+    })
+}
+
+/// An empty answer at a pointer: `[]`, `0` or `null`.
+fn is_empty(value: &Value) -> bool {
+    value.is_null() || value.as_array().is_some_and(Vec::is_empty) || value.as_f64() == Some(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, body: Value) -> Answer {
+        Answer {
+            asked: "http://api/x".into(),
+            status: Some(status),
+            got: Ok(Got {
+                json: Some(body),
+                response: StoredResponse {
+                    status,
+                    headers: Vec::new(),
+                    body: Some(Vec::new()),
+                },
+            }),
+        }
+    }
+
+    fn rules(absent: Option<&Absence>) -> Rules<'_> {
+        Rules {
+            found_status: Some(200),
+            found_json_pointer: Some("/data/0"),
+            absent,
+            count_json_pointer: Some("/data"),
+        }
+    }
+
+    fn list(status: Option<u16>) -> Absence {
+        Absence {
+            status,
+            json_pointer: Some("/data".into()),
+        }
+    }
+
+    #[test]
+    fn a_list_reads_as_found_absent_or_duplicated() {
+        let absence = list(Some(200));
+        let rules = rules(Some(&absence));
+        let verdict = |body| classify(&answer(200, body), &rules).name();
+        assert_eq!(verdict(json!({"data": [{"id": 1}]})), "found");
+        assert_eq!(verdict(json!({"data": []})), "absent");
+        assert_eq!(
+            verdict(json!({"data": [{"id": 1}, {"id": 2}]})),
+            "duplicated"
+        );
+        // A missing member proves nothing.
+        assert_eq!(verdict(json!({"error": "x"})), "undetermined");
+        assert_eq!(verdict(json!({"data": null})), "absent");
+    }
+
+    #[test]
+    fn without_rules_for_absence_nothing_is_absent() {
+        let rules = rules(None);
+        let verdict = classify(&answer(200, json!({"data": []})), &rules);
+        assert_eq!(verdict.name(), "undetermined");
+        let not_found = classify(&answer(404, json!({})), &rules);
+        assert_eq!(not_found.name(), "undetermined");
+    }
+
+    #[test]
+    fn a_status_rule_and_a_pointer_rule_must_both_hold() {
+        let absence = Absence {
+            status: Some(404),
+            json_pointer: Some("/count".into()),
+        };
+        assert!(answer(404, json!({"count": 0})).says_absent(&absence));
+        assert!(!answer(404, json!({"count": 1})).says_absent(&absence));
+        assert!(!answer(200, json!({"count": 0})).says_absent(&absence));
+    }
+
+    #[test]
+    fn no_answer_is_never_absent() {
+        let absence = Absence {
+            status: None,
+            json_pointer: None,
+        };
+        let timed_out = Answer {
+            asked: "http://api/x".into(),
+            status: None,
+            got: Err("no answer within 1s".into()),
+        };
+        assert!(!timed_out.says_absent(&absence));
+        let rules = Rules {
+            absent: Some(&absence),
+            ..rules(None)
+        };
+        assert_eq!(classify(&timed_out, &rules).name(), "undetermined");
+    }
+}

@@ -1,0 +1,436 @@
+//! Probe verdicts (docs/requests.md, "Probe verdicts"), against fake
+//! destinations that behave each way:
+//!
+//! - a by-key lookup that is consistent: its 404 is *absent* once the
+//!   operation is `min_age` old, which releases it (`not_attempted`,
+//!   evidence `reconciled-absent`), and the retry that probed is sent,
+//!   once — also when several retries race the probe; before `min_age`
+//!   the same 404 holds it;
+//! - a lookup on an index that lags, with a confirm request on one that
+//!   does not: the write that happened stays held (the confirm disagrees),
+//!   the one that did not is released (both say absent), each answer on
+//!   the timeline;
+//! - a destination that holds the record twice: `duplicated-at-destination`,
+//!   an alert, the route paused, and the operation first in the held list;
+//! - a confirm request that hangs past the probe's timeout is never
+//!   absent: the operation stays held;
+//! - an `mcp` route's probe tool reads by the same rules: a count of 0 is
+//!   absent, and the retried call is sent once.
+//!
+//! `/metrics` counts each verdict by route.
+
+use crate::common::*;
+use http::StatusCode;
+use idemgate::clock::ManualClock;
+use idemgate::mock_upstream::MockUpstream;
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+const BODY: &str = r#"{"title":"t"}"#;
+
+/// A gateway (admin API on) whose route `api` has `[routes.reconcile]`
+/// with `reconcile`'s lines, `{up}` standing for the upstream's URL, and
+/// `more` after it (other tables).
+async fn probing(reconcile: &str, more: &str) -> TestGateway {
+    let upstream = FakeUpstream::start().await;
+    let route = format!(
+        "[routes.reconcile]\n{}\n{more}",
+        reconcile.replace("{up}", &upstream.url())
+    );
+    spawn_gateway_on(upstream, Setup::route(&route).admin()).await
+}
+
+/// Writes to `/scripted` under `key` while the upstream refuses with 502
+/// without committing: the operation is `unknown` (until a probe says
+/// otherwise), and nothing happened.
+async fn lost_uncommitted(gw: &TestGateway, key: &str) {
+    gw.upstream.script(Scripted::Refuse(502));
+    let lost = write(gw.addr(), "/scripted", Some(key), BODY).await;
+    assert_eq!(lost.status, StatusCode::BAD_GATEWAY, "passed through");
+    gw.upstream.script(Scripted::Create);
+}
+
+/// Retries `key` on `/scripted` every 100 ms while it is held (409
+/// `outcome-unknown`), for at most 5 s: the first other answer.
+async fn retried_while_held(gw: &TestGateway, key: &str) -> Response {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let retry = write(gw.addr(), "/scripted", Some(key), BODY).await;
+        if retry.status != StatusCode::CONFLICT {
+            return retry;
+        }
+        assert_held_unknown(&retry);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still held after 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the probe that follows a lost response is on `key`'s
+/// timeline, so that a retry then runs a probe of its own.
+async fn first_probe_done(gw: &TestGateway, key: &str) {
+    eventually("the first probe", || async {
+        (!probe_events(gw, key).await.is_empty()).then_some(())
+    })
+    .await;
+}
+
+/// Each probe's timeline entry, in order.
+async fn probe_events(gw: &TestGateway, key: &str) -> Vec<Value> {
+    events_of(&gw.operation(key).await, "probe")
+}
+
+/// What `/metrics` counts of `verdict` on route `api`.
+async fn verdicts_counted(gw: &TestGateway, verdict: &str) -> f64 {
+    let text = scrape_metrics(gw.admin_addr()).await;
+    let series = format!("idemgate_probe_verdicts_total{{route=\"api\",verdict=\"{verdict}\"}}");
+    metric(&text, &series).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consistent_lookup_releases_an_absent_write_and_the_retry_is_sent_once() {
+    let upstream = FakeUpstream::start().await;
+    // `min_age` at its default, a minute, on a clock the test moves.
+    let route = format!(
+        "[routes.reconcile]\nurl = \"{}/lookup?key={{key}}\"\nfound_json_pointer = \"/id\"\n\
+         absent_status = 404\n",
+        upstream.url()
+    );
+    let clock = ManualClock::new();
+    let setup = Setup::route(&route).clock(clock.clone()).admin();
+    let gw = spawn_gateway_on(upstream, setup).await;
+    lost_uncommitted(&gw, "absent-1").await;
+    first_probe_done(&gw, "absent-1").await;
+    // Absent, but younger than a minute: held.
+    clock.advance(Duration::from_secs(59));
+    assert_held_unknown(&write(gw.addr(), "/scripted", Some("absent-1"), BODY).await);
+
+    clock.advance(Duration::from_secs(2));
+    let sent = write(gw.addr(), "/scripted", Some("absent-1"), BODY).await;
+
+    assert_fresh_created(&sent);
+    assert_eq!(gw.upstream.writes(), 1, "one write committed");
+    let to_scripted = gw
+        .upstream
+        .write_requests()
+        .iter()
+        .filter(|r| r.uri == "/scripted")
+        .count();
+    assert_eq!(to_scripted, 2, "the refused attempt and the released one");
+    let stored = gw.operation("absent-1").await;
+    assert_eq!(stored["state"], "completed");
+    assert_eq!(stored["attempts"], 2);
+    let probes = events_of(&stored, "probe");
+    let verdicts: Vec<&Value> = probes.iter().map(|p| &p["verdict"]).collect();
+    assert_eq!(
+        verdicts,
+        ["undetermined", "undetermined", "absent"],
+        "{probes:?}"
+    );
+    assert!(
+        probes[..2].iter().all(|p| p["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("min_age (1m)"))),
+        "too young to be believed: {probes:?}"
+    );
+    let released = &probes[2];
+    assert_eq!(released["status"], 404);
+    assert_eq!(
+        released["url"],
+        format!("{}/lookup?key=absent-1", gw.upstream.url())
+    );
+    assert_eq!(verdicts_counted(&gw, "absent").await, 1.0);
+    assert_eq!(verdicts_counted(&gw, "undetermined").await, 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_that_race_the_probe_that_releases_the_write_send_it_once() {
+    let upstream = FakeUpstream::start().await;
+    // The lookup takes 300 ms: the retries arrive while one of them
+    // probes, and wait for it.
+    let route = format!(
+        "in_progress = \"wait\"\n[routes.reconcile]\nurl = \"{}/lookup?key={{key}}&ms=300\"\n\
+         found_json_pointer = \"/id\"\nabsent_status = 404\nmin_age = \"1m\"\n",
+        upstream.url()
+    );
+    let clock = ManualClock::new();
+    let setup = Setup::route(&route).clock(clock.clone()).admin();
+    let gw = spawn_gateway_on(upstream, setup).await;
+    lost_uncommitted(&gw, "race-1").await;
+    // The probe after the loss finds it absent, too young to believe.
+    first_probe_done(&gw, "race-1").await;
+    clock.advance(Duration::from_secs(61));
+
+    let retries = concurrent_writes(gw.addr(), 5, "/scripted", "race-1", BODY).await;
+
+    assert_one_fresh_rest_replayed(&retries);
+    assert_eq!(gw.upstream.writes(), 1, "sent once");
+    let stored = gw.operation("race-1").await;
+    assert_eq!(stored["attempts"], 2);
+    let verdicts: Vec<Value> = events_of(&stored, "probe")
+        .iter()
+        .map(|p| p["verdict"].clone())
+        .collect();
+    assert_eq!(verdicts, ["undetermined", "absent"], "one probe per race");
+}
+
+/// A lookup on a lagging index (always 404), confirmed by a list that is
+/// consistent.
+const LAGGING: &str = "url = \"{up}/lagging?key={key}\"\nabsent_status = 404\nmin_age = \"1ms\"\n\
+    confirm_url = \"{up}/records?key={key}\"\nconfirm_absent_json_pointer = \"/data\"";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_lookup_that_the_confirm_request_contradicts_stays_held() {
+    let gw = probing(LAGGING, "").await;
+    // The write commits; its response is lost.
+    let lost = write(gw.addr(), "/drop", Some("lag-1"), BODY).await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    first_probe_done(&gw, "lag-1").await;
+
+    let retry = write(gw.addr(), "/drop", Some("lag-1"), BODY).await;
+
+    assert_held_unknown(&retry);
+    assert_eq!(gw.upstream.writes(), 1, "not sent again");
+    let stored = gw.operation("lag-1").await;
+    assert_eq!(stored["state"], "unknown");
+    let probes = events_of(&stored, "probe");
+    assert!(
+        probes.iter().all(|p| p["verdict"] == "undetermined"),
+        "{probes:?}"
+    );
+    // The retry's probe at least is past `min_age` and asks the confirm
+    // request.
+    let confirmed: Vec<&Value> = probes.iter().filter(|p| p["confirm"].is_object()).collect();
+    assert!(!confirmed.is_empty(), "{probes:?}");
+    for probe in confirmed {
+        assert_eq!(probe["status"], 404, "the lookup said absent: {probe}");
+        let confirm = &probe["confirm"];
+        assert_eq!(
+            confirm["url"],
+            format!("{}/records?key=lag-1", gw.upstream.url())
+        );
+        assert_eq!(
+            (&confirm["status"], &confirm["absent"]),
+            (&200.into(), &false.into())
+        );
+    }
+    assert_eq!(verdicts_counted(&gw, "absent").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_lookup_that_the_confirm_request_agrees_with_releases() {
+    let gw = probing(LAGGING, "").await;
+    lost_uncommitted(&gw, "lag-2").await;
+
+    let sent = retried_while_held(&gw, "lag-2").await;
+
+    assert_fresh_created(&sent);
+    assert_eq!(gw.upstream.writes(), 1);
+    let stored = gw.operation("lag-2").await;
+    assert_eq!(stored["state"], "completed");
+    let absent: Vec<Value> = events_of(&stored, "probe")
+        .into_iter()
+        .filter(|p| p["verdict"] == "absent")
+        .collect();
+    assert_eq!(absent.len(), 1, "{absent:?}");
+    assert_eq!(absent[0]["confirm"]["absent"], true);
+    assert_eq!(absent[0]["confirm"]["count"], Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_held_twice_at_the_destination_is_alerted_pauses_the_route_and_is_listed_first() {
+    let receiver = FakeUpstream::start().await;
+    let gw = probing(
+        "url = \"{up}/records?key={key}\"\nfound_json_pointer = \"/data/0\"\n\
+         count_json_pointer = \"/data\"",
+        &format!(
+            "[[alerts]]\nurl = \"{}/scripted\"\nevents = [\"duplicated-at-destination\"]",
+            receiver.url()
+        ),
+    )
+    .await;
+    // Two held operations, `dup-1` the older; nothing is at the
+    // destination under either yet.
+    lost_uncommitted(&gw, "dup-1").await;
+    lost_uncommitted(&gw, "later-1").await;
+    for key in ["dup-1", "later-1"] {
+        first_probe_done(&gw, key).await;
+    }
+    // Then the destination holds `dup-1` twice (written past the gateway).
+    for _ in 0..2 {
+        let direct = send(
+            gw.upstream.addr(),
+            "POST",
+            "/orders",
+            &[("idempotency-key", "dup-1")],
+            BODY,
+        )
+        .await;
+        assert_eq!(direct.status, StatusCode::CREATED);
+    }
+
+    let retry = write(gw.addr(), "/scripted", Some("dup-1"), BODY).await;
+
+    assert_held_unknown(&retry);
+    let stored = gw.operation("dup-1").await;
+    assert_eq!(
+        (&stored["state"], &stored["evidence"]),
+        (&"unknown".into(), &"duplicated-at-destination".into())
+    );
+    let duplicated = events_of(&stored, "probe")
+        .into_iter()
+        .find(|p| p["verdict"] == "duplicated")
+        .expect("the probe that found it twice");
+    assert_eq!(duplicated["count"], 2);
+    // The alert.
+    receiver.wait_for_writes(1).await;
+    let alert: Value = serde_json::from_slice(&receiver.requests()[0].body).expect("JSON");
+    assert_eq!(alert["event"], "duplicated-at-destination");
+    assert_eq!(alert["operation_id"], stored["id"]);
+    // The route is paused, by the probe: a new write is refused.
+    let routes = gw.admin("GET", "/admin/stats", "").await.json();
+    let api = &routes["routes"][0];
+    assert_eq!(
+        (&api["paused"], &api["paused_by"]),
+        (&true.into(), &"probe".into()),
+        "{routes}"
+    );
+    write(gw.addr(), "/orders", Some("new-1"), BODY)
+        .await
+        .assert_problem(503, "route-paused");
+    // First in the held list, though older.
+    let held = gw
+        .admin("GET", "/admin/keys?state=unknown", "")
+        .await
+        .json();
+    let keys: Vec<&str> = held["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|item| item["key"].as_str())
+        .collect();
+    assert_eq!(keys, ["dup-1", "later-1"], "{held}");
+    assert_eq!(held["items"][0]["duplicated_at_destination"], true);
+    assert_eq!(verdicts_counted(&gw, "duplicated").await, 1.0);
+    assert_eq!(gw.upstream.writes(), 2, "nothing sent through the gateway");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirm_request_past_its_timeout_is_never_absent() {
+    let gw = probing(
+        "url = \"{up}/lookup?key={key}\"\nfound_json_pointer = \"/id\"\nabsent_status = 404\n\
+         min_age = \"1ms\"\nconfirm_url = \"{up}/records?key={key}&ms=5000\"\n\
+         confirm_absent_json_pointer = \"/data\"\ntimeout = \"300ms\"",
+        "",
+    )
+    .await;
+    lost_uncommitted(&gw, "hang-1").await;
+    first_probe_done(&gw, "hang-1").await;
+
+    let retry = write(gw.addr(), "/scripted", Some("hang-1"), BODY).await;
+
+    assert_held_unknown(&retry);
+    let probes = probe_events(&gw, "hang-1").await;
+    assert!(
+        probes.iter().all(|p| p["verdict"] == "undetermined"),
+        "{probes:?}"
+    );
+    let confirmed: Vec<&Value> = probes.iter().filter(|p| p["confirm"].is_object()).collect();
+    assert!(!confirmed.is_empty(), "{probes:?}");
+    for probe in confirmed {
+        assert_eq!(probe["status"], 404, "the lookup said absent");
+        assert!(
+            probe["confirm"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("no answer within 300ms")),
+            "{probe}"
+        );
+        assert_eq!(probe["confirm"]["absent"], false);
+    }
+    assert_eq!(gw.operation("hang-1").await["state"], "unknown");
+    assert_eq!(gw.upstream.writes(), 0);
+    assert_eq!(verdicts_counted(&gw, "absent").await, 0.0);
+}
+
+/// A `tools/call` of `create_task` as a 2026-07-28 client sends it, to
+/// `path` through the gateway at `addr`, under `key`.
+async fn create_task(addr: SocketAddr, path: &str, key: &str) -> Response {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {
+            "name": "create_task",
+            "arguments": {"title": "probed"},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        },
+    });
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("authorization", ALICE),
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "create_task"),
+        ("idempotency-key", key),
+    ];
+    send(addr, "POST", path, &headers, body.to_string()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_probe_tool_that_counts_nothing_releases_the_call_and_it_is_sent_once() {
+    let mock = MockUpstream::start(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("mock starts");
+    let route = "profile = \"mcp\"\n[routes.mcp.reconcile]\ntool = \"count_tasks\"\n\
+        absent_json_pointer = \"/structuredContent/tasks\"\n\
+        count_json_pointer = \"/structuredContent/tasks\"\nmin_age = \"1s\"\n";
+    let setup = Setup::route(route)
+        .at("/mcp")
+        .upstream_url(format!("http://{}", mock.addr()))
+        .admin();
+    let gw = spawn_gateway_with(setup).await;
+    // Lost on its way: never committed.
+    let lost = create_task(gw.addr(), "/mcp/lose-once", "mcp-1").await;
+    assert_eq!(lost.json()["result"]["isError"], true, "{:?}", lost.json());
+    assert_eq!(mock.writes(), 0);
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let sent = loop {
+        let retry = create_task(gw.addr(), "/mcp/lose-once", "mcp-1").await;
+        if retry.json()["result"]["isError"] == false {
+            break retry;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still held after 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    assert_eq!(
+        sent.json()["result"]["content"][0]["text"],
+        "created task 1",
+        "{:?}",
+        sent.json()
+    );
+    assert_eq!(mock.writes(), 1, "sent once");
+    let stored = gw.operation("create_task/mcp-1").await;
+    assert_eq!(stored["state"], "completed");
+    let probes = events_of(&stored, "probe");
+    assert_eq!(
+        probes.last().expect("probes")["verdict"],
+        "absent",
+        "{probes:?}"
+    );
+    assert_eq!(
+        probes.last().expect("probes")["url"],
+        "tools/call count_tasks"
+    );
+    assert_eq!(probes.last().expect("probes")["count"], 0);
+    mock.stop().await;
+}
