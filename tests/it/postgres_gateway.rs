@@ -313,8 +313,9 @@ async fn a_claim_committed_after_its_answer_was_lost_is_released() {
     let lost = write(gw.addr(), "/orders", Some("k-lost"), ORDER).await;
     lost.assert_problem(503, "store-unavailable");
     held.commit().await.expect("unlock");
+    // The claim commits once the lock is gone: until then there is none.
     let released = eventually("the claim to be released", || async {
-        let operation = gw.operation("k-lost").await;
+        let operation = gw.try_operation("k-lost").await?;
         (operation["state"] == "not_attempted").then_some(operation)
     })
     .await;

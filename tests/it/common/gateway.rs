@@ -180,17 +180,32 @@ impl TestGateway {
     /// The newest operation with `key`, as `GET /admin/keys/{id}` shows it:
     /// `state`, `attempts`, `evidence`, `events` (`kind`, `detail`), …
     pub async fn operation(&self, key: &str) -> Value {
+        self.try_operation(key)
+            .await
+            .unwrap_or_else(|| panic!("no operation with key {key}"))
+    }
+
+    /// [`TestGateway::operation`], or `None` while the store holds none
+    /// with `key`.
+    pub async fn try_operation(&self, key: &str) -> Option<Value> {
         let token = self
             .admin_token
             .as_deref()
             .expect("operation() needs a gateway set up with Setup::admin()");
-        operation_at(self.admin_addr(), token, key).await
+        try_operation_at(self.admin_addr(), token, key).await
     }
 }
 
 /// The newest operation with `key`, as the admin API at `admin` shows it
 /// to `token`.
 pub async fn operation_at(admin: SocketAddr, token: &str, key: &str) -> Value {
+    try_operation_at(admin, token, key)
+        .await
+        .unwrap_or_else(|| panic!("no operation with key {key}"))
+}
+
+/// [`operation_at`], or `None` while there is none with `key`.
+async fn try_operation_at(admin: SocketAddr, token: &str, key: &str) -> Option<Value> {
     let list = admin_call(
         admin,
         "GET",
@@ -200,13 +215,10 @@ pub async fn operation_at(admin: SocketAddr, token: &str, key: &str) -> Value {
     )
     .await;
     assert_eq!(list.status, StatusCode::OK, "admin list: {:?}", list.body);
-    let id = list.json()["items"][0]["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no operation with key {key}"))
-        .to_owned();
+    let id = list.json()["items"][0]["id"].as_str()?.to_owned();
     let shown = admin_call(admin, "GET", &format!("/admin/keys/{id}"), Some(token), "").await;
     assert_eq!(shown.status, StatusCode::OK, "admin show: {:?}", shown.body);
-    shown.json()
+    Some(shown.json())
 }
 
 /// The `detail` of each event of `kind` in an operation's timeline.
