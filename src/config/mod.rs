@@ -6,6 +6,9 @@
 //!   [`defaults`] (each default written once, as the file spells it);
 //! - [`runtime`]: the validated types the rest of the gateway reads.
 //!
+//! Beside them, `postgres_url` is the one reading of a `postgres://` store
+//! URL, which `check-config` validates with and `serve` connects with.
+//!
 //! Invariant: a `Config` value is always valid. Every unknown field and bad
 //! value is refused with the file, the field and the reason, never
 //! silently ignored (docs/configuration.md, "Every key"). Nothing here
@@ -14,9 +17,11 @@
 
 pub mod defaults;
 mod file;
+mod postgres_url;
 pub mod runtime;
 mod validate;
 
+pub use postgres_url::{PostgresServers, postgres_options};
 pub use runtime::*;
 
 use std::net::SocketAddr;

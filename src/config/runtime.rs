@@ -13,6 +13,7 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::{Method, Uri};
 
+use super::postgres_options;
 use crate::profile::Profile;
 
 /// The validated configuration.
@@ -160,14 +161,6 @@ impl StoreUrl {
             None => Err("expected sqlite://FILE or postgres://…".into()),
         }
     }
-}
-
-/// The connection options a `postgres://` URL names, as the store connects
-/// with them: the one reading of such a URL, so that `check-config`
-/// accepts exactly what `serve` can open.
-pub fn postgres_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, String> {
-    url.parse::<sqlx::postgres::PgConnectOptions>()
-        .map_err(|e| format!("not a PostgreSQL URL the store can open: {e}"))
 }
 
 impl std::fmt::Display for StoreUrl {

@@ -481,7 +481,7 @@ fn store_urls() {
     assert!(StoreUrl::parse("mysql://x").is_err());
     // What `serve` cannot open, `check-config` does not accept: one reading.
     for refused in [
-        "postgres://gw@h1:5432,h2:5432/db?target_session_attrs=read-write",
+        "postgres://gw@h1:5432,h2:5432/db?target_session_attrs=read-only",
         "postgres://gw@db:notaport/x",
     ] {
         let error = StoreUrl::parse(refused).expect_err(refused);
@@ -493,6 +493,11 @@ fn store_urls() {
     assert_eq!(
         StoreUrl::parse("postgresql://db/x"),
         Ok(StoreUrl::Postgres("postgresql://db/x".into()))
+    );
+    let several = "postgres://gw@h1:5432,h2:5432/db?target_session_attrs=read-write";
+    assert_eq!(
+        StoreUrl::parse(several),
+        Ok(StoreUrl::Postgres(several.into()))
     );
 }
 

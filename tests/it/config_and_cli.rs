@@ -3,6 +3,8 @@
 //! files (an unknown field, a bad value, a probe URL with a fragment) are
 //! rejected naming file, field and reason, and `idemgate serve`
 //! runs from flags alone, announcing its addresses on stdout.
+//! `check-config` and `serve` accept the same store URLs, every one the
+//! documents show among them.
 
 use crate::common::*;
 use idemgate::config::Config;
@@ -136,4 +138,113 @@ async fn serve_from_flags_alone_proxies_writes() {
     assert_fresh_created(&first);
     assert_replay_of(&retry, &first);
     assert_eq!(upstream.writes(), 1);
+}
+
+/// Every store URL the documents show (docs/*.md and the example config):
+/// each `postgres://` or `postgresql://` to the end of its code span or
+/// word. A scheme alone (`a postgres:// store`) or elided
+/// (`postgres://…`) names no URL.
+fn documented_store_urls() -> Vec<String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![example_path()];
+    for entry in std::fs::read_dir(root.join("docs")).expect("docs/") {
+        let path = entry.expect("a docs/ entry").path();
+        if path.extension().is_some_and(|e| e == "md") {
+            files.push(path);
+        }
+    }
+    let mut urls = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("a document");
+        for scheme in ["postgres://", "postgresql://"] {
+            for (at, _) in text.match_indices(scheme) {
+                let url: String = text[at..]
+                    .chars()
+                    .take_while(|c| !c.is_whitespace() && !"`\"')|".contains(*c))
+                    .collect();
+                let rest = &url[scheme.len()..];
+                if !rest.is_empty() && !rest.starts_with('…') {
+                    urls.push(url);
+                }
+            }
+        }
+    }
+    urls.sort();
+    urls.dedup();
+    urls
+}
+
+/// What `idemgate check-config` and `idemgate serve` make of a config
+/// whose store is at `url`: accepted, or the line refusing the URL.
+/// `serve` accepts when it goes on to ask the servers, none of which is
+/// there.
+async fn check_config_and_serve_read(
+    url: String,
+) -> (String, Result<(), String>, Result<(), String>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, scope_key_file, _key_dir) = new_scope_key_file();
+    let setup = Setup::route("").shared_store(&url, &scope_key_file);
+    let toml = gateway_toml_with(
+        &dir.path().join("unused.db"),
+        "http://upstream.example",
+        &setup,
+    );
+    let path = write_config(dir.path(), "candidate.toml", &toml);
+    let refusal = |stderr: &str| {
+        stderr
+            .lines()
+            .find(|line| line.contains("not a PostgreSQL URL the store can open"))
+            .map(str::to_owned)
+    };
+
+    let mut check = binary();
+    check.arg("check-config").arg(&path);
+    let (status, _, stderr) = run_to_exit(check).await;
+    let checked = match (status.success(), refusal(&stderr)) {
+        (true, None) => Ok(()),
+        (false, Some(line)) => Err(line),
+        _ => panic!("check-config on {url}: {status}\n{stderr}"),
+    };
+
+    let mut serve = binary();
+    serve.arg("serve").arg("--config").arg(&path);
+    let (status, _, stderr) = run_to_exit(serve).await;
+    assert!(!status.success(), "serve started on {url}");
+    let served = match (refusal(&stderr), stderr.contains("cannot open the store")) {
+        (None, true) => Ok(()),
+        (Some(line), false) => Err(line),
+        _ => panic!("serve on {url}: {status}\n{stderr}"),
+    };
+    (url, checked, served)
+}
+
+/// One reading of a store URL: `check-config` accepts exactly the URLs
+/// `serve` goes on to open, every one the documents show among them, and
+/// both refuse the others for the same reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_and_serve_accept_the_same_store_urls() {
+    let documented = documented_store_urls();
+    assert!(
+        documented.iter().any(|url| url.contains(',')) && documented.len() >= 3,
+        "{documented:?}"
+    );
+    let refused = [
+        "postgres://gw@h1:5432,h2:5432/db?target_session_attrs=read-only",
+        "postgres://gw@h1:5432,,h2:5432/db",
+        "postgres://gw@h1,h2/db?port=5433",
+        "postgres://gw@db:notaport/x",
+    ];
+    let mut runs = tokio::task::JoinSet::new();
+    for url in documented.iter().cloned().chain(refused.map(String::from)) {
+        runs.spawn(check_config_and_serve_read(url));
+    }
+    while let Some(run) = runs.join_next().await {
+        let (url, checked, served) = run.expect("a run");
+        assert_eq!(checked, served, "{url}");
+        assert_eq!(
+            checked.is_ok(),
+            documented.contains(&url),
+            "{url}: {checked:?}"
+        );
+    }
 }

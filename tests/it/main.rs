@@ -34,6 +34,7 @@ mod pause_kind_upgrade;
 mod postgres_gateway;
 mod probe_verdicts;
 mod process;
+mod promotion;
 mod real_clients;
 mod rehearse;
 mod replica_leases;

@@ -2,6 +2,8 @@
 //! behind a load balancer (ARCHITECTURE.md §4).
 //!
 //! Invariants:
+//! - every statement runs on the primary among the servers the URL names,
+//!   followed across a promotion without a restart ([`primary`]);
 //! - the claim is one statement (`idemgate_claim`, in the migrations) on
 //!   the unique (route, scope, key) among operations not superseded: two
 //!   replicas racing for an identity meet in the index, and the loser reads
@@ -37,6 +39,7 @@
 
 mod batch;
 mod outbox;
+mod primary;
 mod replication;
 mod statements;
 
@@ -46,7 +49,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::fence::Fence;
@@ -63,6 +66,7 @@ use crate::operation::{Event, Operation, Settlement};
 use crate::scope_key::ScopeKey;
 use crate::store::StoreBatches;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
+use primary::{Primary, Session};
 use replication::Replication;
 use statements::{ClaimCall, Owners, RecordCall};
 
@@ -102,6 +106,8 @@ pub struct PostgresStore {
     seal: Seal,
     /// The server's replication as the lease renewals last read it.
     replication: Arc<Replication>,
+    /// The server the pools connect to ([`primary`]).
+    primary: Primary,
 }
 
 /// How a replica uses its PostgreSQL store, from `[store]`.
@@ -112,24 +118,26 @@ pub struct PostgresSettings {
     pub require_synchronous_standby: bool,
 }
 
-/// The options `url` names, with the durability asked for; a commit
-/// waits for the synchronous standby when one is required, whatever the
-/// server's own default.
-fn options(
-    url: &str,
-    durability: Durability,
-    synchronous_standby: bool,
-) -> Result<PgConnectOptions, StoreError> {
-    let options = crate::config::postgres_options(url).map_err(|reason| StoreError::Open {
-        store: crate::config::redact_url(url),
+/// The primary among the servers `url` names.
+async fn primary(url: &str) -> Result<Primary, StoreError> {
+    let store = crate::config::redact_url(url);
+    let servers = crate::config::postgres_options(url).map_err(|reason| StoreError::Open {
+        store: store.clone(),
         reason,
     })?;
-    Ok(match (durability, synchronous_standby) {
-        (_, true) => options.options([("synchronous_commit", "on")]),
-        (Durability::Full, false) => options,
+    Primary::find(servers, store).await
+}
+
+/// The sessions of the requests' pool: with the durability asked for; a
+/// commit waits for the synchronous standby when one is required,
+/// whatever the server's own default.
+fn commits(durability: Durability, synchronous_standby: bool) -> Session {
+    match (durability, synchronous_standby) {
+        (_, true) => &[("synchronous_commit", "on")],
+        (Durability::Full, false) => &[],
         // A commit is acknowledged before it is flushed on the server.
-        (Durability::Normal, false) => options.options([("synchronous_commit", "off")]),
-    })
+        (Durability::Normal, false) => &[("synchronous_commit", "off")],
+    }
 }
 
 async fn run_migrations(pool: &PgPool, url: &str) -> Result<(), StoreError> {
@@ -145,11 +153,12 @@ async fn run_migrations(pool: &PgPool, url: &str) -> Result<(), StoreError> {
 impl PostgresStore {
     /// Applies the migrations to the database `url` names.
     pub async fn migrate(url: &str) -> Result<(), StoreError> {
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(options(url, Durability::Full, false)?)
-            .await?;
+        let pool = primary(url).await?.pool(
+            PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(ACQUIRE_TIMEOUT),
+            &[],
+        );
         let migrated = run_migrations(&pool, url).await;
         pool.close().await;
         migrated
@@ -171,15 +180,13 @@ impl PostgresStore {
             lease,
             require_synchronous_standby,
         } = settings;
-        let pool = PgPoolOptions::new()
-            .max_connections(POOL)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(options(url, durability, require_synchronous_standby)?)
-            .await
-            .map_err(|e| StoreError::Open {
-                store: crate::config::redact_url(url),
-                reason: e.to_string(),
-            })?;
+        let primary = primary(url).await?;
+        let pool = primary.pool(
+            PgPoolOptions::new()
+                .max_connections(POOL)
+                .acquire_timeout(ACQUIRE_TIMEOUT),
+            commits(durability, require_synchronous_standby),
+        );
         run_migrations(&pool, url).await?;
         let seal = match check_keys(&pool, keys.seal, &keys.scope).await {
             Ok(seal) => seal,
@@ -207,29 +214,40 @@ impl PostgresStore {
         // A connection of its own: a renewal never queues for a connection
         // behind the requests' statements, whose load must not cost the
         // lease (and so every send, through the fence).
-        let lease_link = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(lease * 4 / 5)
-            .connect_lazy_with(options(url, Durability::Full, false)?);
+        let lease_link = primary.pool(
+            PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(lease * 4 / 5),
+            &[],
+        );
         tokio::spawn(renew(
-            lease_link,
+            (lease_link, primary.clone()),
             owner.clone(),
             (lease, fence.clone(), replication.clone()),
             renewal.clone(),
         ));
+        primary.follow(renewal.clone());
         let batches = StoreBatches::new(&["claim", "record"]);
         let claims = Batcher::start(BATCH_TIMEOUT, ("claim", batches.clone()), {
-            let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
+            let link = (pool.clone(), primary.clone());
+            let (owner, seal) = (owner.clone(), seal.clone());
             move |calls: Vec<ClaimCall>| {
-                let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
-                async move { statements::claim(&pool, &seal, &owner, &calls).await }
+                let ((pool, primary), owner, seal) = (link.clone(), owner.clone(), seal.clone());
+                async move {
+                    let claimed = statements::claim(&pool, &seal, &owner, &calls).await;
+                    claimed.inspect_err(|error| primary.suspect(error))
+                }
             }
         });
         let records = Batcher::start(BATCH_TIMEOUT, ("record", batches.clone()), {
-            let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
+            let link = (pool.clone(), primary.clone());
+            let (owner, seal) = (owner.clone(), seal.clone());
             move |calls: Vec<RecordCall>| {
-                let (pool, owner, seal) = (pool.clone(), owner.clone(), seal.clone());
-                async move { statements::record(&pool, &seal, &owner, &calls).await }
+                let ((pool, primary), owner, seal) = (link.clone(), owner.clone(), seal.clone());
+                async move {
+                    let recorded = statements::record(&pool, &seal, &owner, &calls).await;
+                    recorded.inspect_err(|error| primary.suspect(error))
+                }
             }
         });
         Ok(PostgresStore {
@@ -243,6 +261,7 @@ impl PostgresStore {
             renewal,
             seal,
             replication,
+            primary,
         })
     }
 }
@@ -279,9 +298,10 @@ async fn check_keys(pool: &PgPool, seal: Seal, scope: &ScopeKey) -> Result<Seal,
 /// (four fifths of a lease after it started); meanwhile claims and sends
 /// stop once the last good one is too old ([`Fence::holds`]). Each good
 /// renewal reads the server's replication too ([`Replication`]). `pool` is
-/// the lease's own connection, closed when renewing stops.
+/// the lease's own connection, closed when renewing stops; a renewal that
+/// fails wakes the search for the `primary`.
 async fn renew(
-    pool: PgPool,
+    (pool, primary): (PgPool, Primary),
     owner: Arc<str>,
     (lease, fence, replication): (Duration, Fence, Arc<Replication>),
     stop: CancellationToken,
@@ -314,10 +334,12 @@ async fn renew(
             }
             Ok(Err(error)) => {
                 failing = true;
+                primary.suspect(&error);
                 tracing::error!(%error, "cannot renew this replica's lease; writes get 503 once it runs low");
             }
             Err(_) => {
                 failing = true;
+                primary.wake();
                 tracing::error!(
                     "renewing this replica's lease timed out; writes get 503 once it runs low"
                 );
@@ -529,8 +551,9 @@ impl Maintenance for PostgresStore {
     async fn recover(&self) -> Result<Vec<String>, StoreError> {
         let lost = Owners::Lost { by: &self.owner };
         let now = self.clock.now_millis();
-        let routes =
-            statements::mark_in_progress_unknown(&self.pool, now, "replica-lost", lost).await?;
+        let routes = statements::mark_in_progress_unknown(&self.pool, now, "replica-lost", lost)
+            .await
+            .inspect_err(|error| self.primary.suspect(error))?;
         if !routes.is_empty() {
             tracing::warn!(
                 count = routes.len(),

@@ -135,9 +135,14 @@ impl Setup {
     }
 
     /// The shared store in `schema` instead of a SQLite file.
-    pub fn postgres(mut self, schema: &PgSchema) -> Setup {
-        self.store_url = Some(schema.url.clone());
-        self.scope_key_file = Some(schema.scope_key_file.clone());
+    pub fn postgres(self, schema: &PgSchema) -> Setup {
+        self.shared_store(&schema.url, &schema.scope_key_file)
+    }
+
+    /// The shared store at `url`, with the scope key in `scope_key_file`.
+    pub fn shared_store(mut self, url: &str, scope_key_file: &Path) -> Setup {
+        self.store_url = Some(url.into());
+        self.scope_key_file = Some(scope_key_file.into());
         self
     }
 

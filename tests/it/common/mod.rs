@@ -52,6 +52,9 @@
 //!   [`spawn_gateway_on_backend`] on either [`Backend`], and
 //!   [`on_each_backend!`] makes a scenario's test for each;
 //!   [`admin_connection`] is a test's own connection beside the gateway's.
+//! - [`PgPair`]: two PostgreSQL clusters of a test's own, a primary and a
+//!   streaming standby, to kill and promote; dropped with the test.
+//!   [`TcpRelay`]: a stable address in front of one of them that moves.
 //! - [`BinaryGateway`]: the real `idemgate serve` process; [`BinaryMock`]:
 //!   the real `idemgate mock-upstream`.
 //! - [`send`] / [`write`]: one request through a fresh hyper client;
@@ -128,8 +131,10 @@ mod children;
 mod client;
 mod config;
 mod gateway;
+mod pg_clusters;
 mod postgres;
 mod raw;
+mod relay;
 mod tls;
 mod tools;
 mod upstream;
@@ -141,8 +146,10 @@ pub use children::*;
 pub use client::*;
 pub use config::*;
 pub use gateway::*;
+pub use pg_clusters::*;
 pub use postgres::*;
 pub use raw::*;
+pub use relay::*;
 pub use tls::*;
 pub use tools::*;
 pub use upstream::*;

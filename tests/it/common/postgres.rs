@@ -84,10 +84,7 @@ impl PgSchema {
             .expect("create a test schema");
         let _ = conn.close().await;
         let url = format!("{server}?options[search_path]={name}");
-        let key_dir = tempfile::tempdir().expect("tempdir");
-        let scope_key = idemgate::store::StoreKey::generate_base64();
-        let scope_key_file = key_dir.path().join("scope-key");
-        std::fs::write(&scope_key_file, &scope_key).expect("scope key file");
+        let (scope_key, scope_key_file, key_dir) = new_scope_key_file();
         PgSchema {
             name,
             url,
@@ -96,6 +93,16 @@ impl PgSchema {
             _key_dir: key_dir,
         }
     }
+}
+
+/// A fresh scope key (base64), the file holding it, and the directory
+/// that holds the file as long as it is kept.
+pub fn new_scope_key_file() -> (String, PathBuf, TempDir) {
+    let key_dir = tempfile::tempdir().expect("tempdir");
+    let scope_key = idemgate::store::StoreKey::generate_base64();
+    let scope_key_file = key_dir.path().join("scope-key");
+    std::fs::write(&scope_key_file, &scope_key).expect("scope key file");
+    (scope_key, scope_key_file, key_dir)
 }
 
 /// A connection of the test's own to the server, beside any gateway's: to
