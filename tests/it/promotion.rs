@@ -2,8 +2,9 @@
 //! restart (docs/replicas.md, "Following a promotion"), on a store URL naming a primary
 //! and its standby, and on one stable address that moves from the one to
 //! the other: writes are served by the primary, refused (503, nothing
-//! sent, the standby not even read) while no server takes writes — a
-//! standby behind the address included — and served by the standby once
+//! sent, the standby not even read, `/readyz` 503 within a second) while
+//! no server takes writes — a standby behind the address included — and
+//! served by the standby once
 //! it is promoted; afterwards
 //! every key's retry is a replay, and no operation is left `in_progress`.
 //! The clusters are the test's own ([`PgPair`]).
@@ -54,6 +55,14 @@ async fn follows_a_promotion(pair: &PgPair, url: &str, killed: impl FnOnce()) {
     assert_eq!(gw.upstream.writes(), 3);
     let unread = gw.admin("GET", "/admin/keys?key=k-1", "").await;
     assert_eq!(unread.status, 503, "{:?}", unread.body);
+    let asked = std::time::Instant::now();
+    let ready = admin_call(gw.admin_addr(), "GET", "/readyz", None, "").await;
+    assert_eq!(ready.status, 503, "{:?}", ready.body);
+    assert!(
+        asked.elapsed() <= std::time::Duration::from_secs(1),
+        "{:?}",
+        asked.elapsed()
+    );
 
     pair.promote().await;
     let addr = gw.addr();

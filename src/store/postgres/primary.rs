@@ -212,12 +212,9 @@ async fn search(servers: &[PgConnectOptions], current: Option<usize>) -> Result<
             Err(panicked) => tracing::error!(%panicked, "a probe of a store server failed"),
         }
     }
-    let writable = |index: &usize| matches!(answers[*index], Some(Ok(())));
-    if let Some(current) = current.filter(writable) {
-        return Ok(current);
-    }
-    if let Some(first) = (0..servers.len()).find(writable) {
-        return Ok(first);
+    let writable: Vec<bool> = answers.iter().map(|a| matches!(a, Some(Ok(())))).collect();
+    if let Some(chosen) = choose(&writable, current) {
+        return Ok(chosen);
     }
     let reasons: Vec<String> = servers
         .iter()
@@ -231,6 +228,15 @@ async fn search(servers: &[PgConnectOptions], current: Option<usize>) -> Result<
         1 => reasons.concat(),
         _ => format!("no primary among the servers: {}", reasons.join("; ")),
     })
+}
+
+/// Of the servers `writable` says take writes: `current` if it does, else
+/// the first.
+fn choose(writable: &[bool], current: Option<usize>) -> Option<usize> {
+    let takes_writes = |index: &usize| writable.get(*index) == Some(&true);
+    current
+        .filter(takes_writes)
+        .or_else(|| (0..writable.len()).find(takes_writes))
 }
 
 /// The follower: on each wake, searches until it finds a writable server
@@ -297,5 +303,35 @@ fn name(server: &PgConnectOptions) -> String {
     match server.get_socket() {
         Some(socket) => socket.display().to_string(),
         None => format!("{}:{}", server.get_host(), server.get_port()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_current_primary_is_kept_while_it_takes_writes_else_the_first_that_does() {
+        assert_eq!(choose(&[true, true], Some(1)), Some(1));
+        assert_eq!(choose(&[true, true], None), Some(0));
+        assert_eq!(choose(&[false, true, true], Some(0)), Some(1));
+        assert_eq!(choose(&[false, false], Some(1)), None);
+        assert_eq!(choose(&[], None), None);
+    }
+
+    #[test]
+    fn only_a_connection_that_broke_or_could_not_be_made_wakes_the_search() {
+        let broken = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        for error in [sqlx::Error::Io(broken), sqlx::Error::PoolTimedOut] {
+            assert!(breaks_connection(&StoreError::Unavailable(error)));
+        }
+        for error in [
+            StoreError::Unavailable(sqlx::Error::RowNotFound),
+            StoreError::Unavailable(sqlx::Error::PoolClosed),
+            StoreError::Busy("the store's queue is full".into()),
+            StoreError::Closed,
+        ] {
+            assert!(!breaks_connection(&error), "{error}");
+        }
     }
 }
