@@ -54,8 +54,8 @@ fn read(url: &str) -> Result<PostgresServers, String> {
     let mut kept = Vec::new();
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = decode(value)?;
-        match decode(key)?.as_str() {
+        let value = decode(value);
+        match decode(key).as_str() {
             "target_session_attrs" => session_attrs(&value)?,
             key @ ("host" | "hostaddr" | "port") if hosts.len() > 1 || value.contains(',') => {
                 return Err(format!(
@@ -85,11 +85,12 @@ fn read(url: &str) -> Result<PostgresServers, String> {
     Ok(PostgresServers(servers))
 }
 
-fn decode(text: &str) -> Result<String, String> {
+/// `text` percent-decoded as the driver reads a query (`+` is a space,
+/// bytes that are not UTF-8 replaced).
+fn decode(text: &str) -> String {
     percent_decode_str(&text.replace('+', " "))
-        .decode_utf8()
-        .map(String::from)
-        .map_err(|e| format!("`{text}`: {e}"))
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// Whether `target_session_attrs=value` asks for a server the store can
@@ -156,9 +157,17 @@ mod tests {
             ("postgres://db/x?host=h1,h2", "`host=`"),
             ("postgres://h1:5432,h2:nope/db", "host `h2:nope`"),
             ("postgres://db:nope/x", "invalid port"),
+            (
+                "postgres://gw:s3cret@h1,h2/db?target_session_attrs=standby",
+                "standby",
+            ),
             ("mysql://db/x", "expected postgres"),
         ] {
             let error = postgres_options(url).expect_err(url);
+            assert!(
+                !error.contains("s3cret"),
+                "a password is never echoed: {error}"
+            );
             assert!(
                 error.starts_with("not a PostgreSQL URL the store can open: ")
                     && error.contains(reason),
