@@ -1,13 +1,14 @@
 //! A gateway follows its store's primary across a promotion without a
-//! restart (docs/replicas.md, "Following a promotion"), on a store URL naming a primary
-//! and its standby, and on one stable address that moves from the one to
-//! the other: writes are served by the primary, refused (503, nothing
-//! sent, the standby not even read, `/readyz` 503 within a second) while
-//! no server takes writes — a standby behind the address included — and
-//! served by the standby once
-//! it is promoted; afterwards
+//! restart (docs/replicas.md, "Following a promotion"), on a store URL
+//! naming a primary and its standby, and on one stable address that moves
+//! from the one to the other: writes are served by the primary, refused
+//! (503, nothing sent, the standby not even read, `/readyz` 503 within a
+//! second) while no server takes writes — a standby behind the address
+//! included — and served by the standby once it is promoted; afterwards
 //! every key's retry is a replay, and no operation is left `in_progress`.
-//! The clusters are the test's own ([`PgPair`]).
+//! A replica whose lease lapses meanwhile is treated as any lost replica:
+//! the peer that followed holds its write in flight `replica-lost`. The
+//! clusters are the test's own ([`PgPair`]).
 
 use crate::common::*;
 
@@ -28,6 +29,44 @@ async fn a_gateway_on_an_address_that_moves_never_claims_on_the_standby() {
     let url = format!("postgres://postgres@127.0.0.1:{}/test", address.port());
     // The address moves to the standby before it is promoted.
     follows_a_promotion(&pair, &url, || address.move_to(pair.standby.port)).await;
+}
+
+/// A replica left behind on the old primary (a URL naming it alone)
+/// never renews its lease again: the peer that followed the promotion
+/// holds its write in flight `unknown` (`replica-lost`) on the new
+/// primary, where the leases moved with the data, and never sends it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL 15 cluster tools (pg_createcluster, pg_basebackup) (.ci/run runs it)"]
+async fn a_replica_left_on_the_old_primary_is_lost_to_the_peer_that_followed() {
+    let pair = PgPair::create("test").await;
+    let lease = "lease = \"1s\"";
+    let left = Setup::route("")
+        .shared_store(&pair.primary.url("test"), &pair.scope_key_file)
+        .store(lease);
+    let left = spawn_gateway_with(left).await;
+    let follower = Setup::route("")
+        .shared_store(&pair.url("test"), &pair.scope_key_file)
+        .store(lease)
+        .upstream_url(left.upstream.url())
+        .admin()
+        .quick();
+    let follower = spawn_gateway_with(follower).await;
+    let addr = left.addr();
+    let in_flight = tokio::spawn(async move { write(addr, "/hold", Some("k-held"), ORDER).await });
+    left.upstream.wait_for_writes(1).await;
+    pair.wait_replayed().await;
+    pair.primary.stop_immediately().await;
+    pair.promote().await;
+
+    let held = write_until(follower.addr(), "/hold", "k-held", ORDER, WAIT, |r| {
+        r.status == 409 && r.json()["state"] == "unknown"
+    })
+    .await;
+    assert_held_unknown(&held);
+    let op = follower.operation("k-held").await;
+    assert_eq!(op["evidence"], "replica-lost", "{op}");
+    assert_eq!(left.upstream.writes(), 1, "never sent again");
+    in_flight.abort();
 }
 
 /// The scenario of the module doc on a gateway whose store is at `url`;
