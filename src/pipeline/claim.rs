@@ -361,7 +361,7 @@ async fn claim_in_store(
     let unavailable = ProxyError::store;
     let found = match hold {
         Some(hold) => match store.current(new).await.map_err(unavailable)? {
-            Some(operation) if !would_send(&operation, new) => {
+            Some(operation) if !new.would_send(&operation) => {
                 ClaimResult::Existing(Box::new(operation))
             }
             operation => {
@@ -404,11 +404,6 @@ async fn claim_in_store(
         .map(|response| Stored::Decided(Claimed::Answer(response)))
 }
 
-/// Whether a claim of `new` would send it: the operation is its own and
-/// `not_attempted`, so the next attempt is due.
-fn would_send(operation: &Operation, new: &NewOperation) -> bool {
-    operation.state == State::NotAttempted && operation.fingerprint == new.fingerprint
-}
 
 #[cfg(test)]
 mod tests {

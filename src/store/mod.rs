@@ -432,6 +432,13 @@ impl NewOperation {
                 .fresh_after
                 .is_some_and(|cutoff| operation.updated_at < cutoff)
     }
+
+    /// Whether a claim of this write would send it with `operation` the
+    /// store's current one for its identity: the operation is its own and
+    /// `not_attempted`, so the next attempt is due.
+    pub fn would_send(&self, operation: &Operation) -> bool {
+        operation.state == State::NotAttempted && operation.fingerprint == self.fingerprint
+    }
 }
 
 /// Proof that this process owns an attempt: the compare-and-set token for

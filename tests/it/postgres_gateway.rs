@@ -285,10 +285,16 @@ async fn writes_wait_for_a_synchronous_standby_when_one_is_required() {
     }
 
     let served = gateway(&schema, "").await;
-    assert_fresh_created(&write(served.addr(), "/orders", Some("k-2"), ORDER).await);
+    let first = write(served.addr(), "/orders", Some("k-2"), ORDER).await;
+    assert_fresh_created(&first);
     let stats = served.admin("GET", "/admin/stats", "").await.json();
     assert_eq!(stats["replication"]["synchronous_standby_required"], false);
     assert_eq!(stats["replication"]["in_recovery"], false);
+    // What the store holds is still answered where writes are refused.
+    assert_replay_of(&write(gw.addr(), "/orders", Some("k-2"), ORDER).await, &first);
+    let reused = write(gw.addr(), "/orders", Some("k-2"), r#"{"order":"o-9"}"#).await;
+    reused.assert_operation_problem(422, "key-reused", "completed");
+    assert_eq!(gw.upstream.write_requests().len(), 0, "nothing sent");
 }
 
 /// A claim whose answer never came (here: the database held it behind a

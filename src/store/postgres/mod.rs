@@ -402,7 +402,12 @@ impl RequestPath for PostgresStore {
             ));
         }
         if let Some(reason) = self.replication.refusal() {
-            return Err(StoreError::Busy(reason));
+            // Nothing is written, but what the store holds is answered: a
+            // replay, a held operation, a reused key.
+            return match self.current(new).await? {
+                Some(held) if !new.would_send(&held) => Ok(ClaimResult::Existing(Box::new(held))),
+                _ => Err(StoreError::Busy(reason)),
+            };
         }
         let now = self.clock.now_millis();
         let call = ClaimCall {
