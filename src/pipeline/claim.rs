@@ -404,7 +404,6 @@ async fn claim_in_store(
         .map(|response| Stored::Decided(Claimed::Answer(response)))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,7 @@ mod current_operation;
 mod deployment;
 mod destination_key;
 mod docs;
+mod failover;
 mod fingerprint_exactness;
 mod fuzz_regressions;
 mod http2;

@@ -291,7 +291,10 @@ async fn writes_wait_for_a_synchronous_standby_when_one_is_required() {
     assert_eq!(stats["replication"]["synchronous_standby_required"], false);
     assert_eq!(stats["replication"]["in_recovery"], false);
     // What the store holds is still answered where writes are refused.
-    assert_replay_of(&write(gw.addr(), "/orders", Some("k-2"), ORDER).await, &first);
+    assert_replay_of(
+        &write(gw.addr(), "/orders", Some("k-2"), ORDER).await,
+        &first,
+    );
     let reused = write(gw.addr(), "/orders", Some("k-2"), r#"{"order":"o-9"}"#).await;
     reused.assert_operation_problem(422, "key-reused", "completed");
     assert_eq!(gw.upstream.write_requests().len(), 0, "nothing sent");

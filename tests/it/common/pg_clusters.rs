@@ -239,6 +239,50 @@ impl PgPair {
         let _ = standby.into_inner().close().await;
     }
 
+    /// Streams the standby's replication through 127.0.0.1:`link` (a
+    /// relay in front of the primary) as `standby`, named by the primary's
+    /// `synchronous_standby_names` when `synchronous`; returns once it
+    /// streams so (as `sync` when synchronous).
+    pub async fn replicate_through(&self, link: u16, synchronous: bool) {
+        let mut standby = self.standby.connect("postgres").await;
+        let conninfo = format!("host=127.0.0.1 port={link} user=postgres application_name=standby");
+        sqlx::query(&format!("ALTER SYSTEM SET primary_conninfo = '{conninfo}'"))
+            .execute(&mut standby)
+            .await
+            .expect("primary_conninfo");
+        sqlx::query("SELECT pg_reload_conf()")
+            .execute(&mut standby)
+            .await
+            .expect("reload the standby");
+        let _ = standby.close().await;
+        let primary = tokio::sync::Mutex::new(self.primary.connect("postgres").await);
+        if synchronous {
+            let mut conn = primary.lock().await;
+            sqlx::query("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
+                .execute(&mut *conn)
+                .await
+                .expect("synchronous_standby_names");
+            sqlx::query("SELECT pg_reload_conf()")
+                .execute(&mut *conn)
+                .await
+                .expect("reload the primary");
+        }
+        let wanted = if synchronous { "sync" } else { "async" };
+        let asked = &primary;
+        eventually("the standby to stream through the link", || async move {
+            let state: Option<String> = sqlx::query_scalar(
+                "SELECT sync_state FROM pg_stat_replication
+                 WHERE application_name = 'standby' AND state = 'streaming'",
+            )
+            .fetch_optional(&mut *asked.lock().await)
+            .await
+            .expect("pg_stat_replication");
+            (state.as_deref() == Some(wanted)).then_some(())
+        })
+        .await;
+        let _ = primary.into_inner().close().await;
+    }
+
     /// Promotes the standby and returns once it is a primary.
     pub async fn promote(&self) {
         let mut standby = self.standby.connect("postgres").await;

@@ -1,0 +1,144 @@
+//! Exactly once across a PostgreSQL failover (docs/replicas.md,
+//! "Failover"): a primary and a standby of the test's own ([`PgPair`]),
+//! the replication link 20 ms each way ([`TcpRelay::start_delayed`]), a
+//! gateway on both (`store.require_synchronous_standby = true`) under
+//! writers that keep writing new keys while the primary is killed and the
+//! standby promoted. With synchronous replication no claim or record the
+//! gateway heard of is lost: every key told 201 is replayed afterwards,
+//! and no key reaches the API twice. With asynchronous replication the
+//! gateway refuses to write at all, so nothing can be lost or sent twice.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common::*;
+
+const ORDER: &str = r#"{"order":"o-1","amount":250}"#;
+
+/// Writers at once, and the keys each may write at most.
+const WRITERS: usize = 8;
+const KEYS_EACH: usize = 400;
+
+/// 20 ms each way: a standby in another zone.
+const LINK_DELAY: Duration = Duration::from_millis(20);
+
+/// What each key got, first time.
+type Answers = Arc<Mutex<Vec<(String, Response)>>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL 15 cluster tools (pg_createcluster, pg_basebackup) (.ci/run runs it)"]
+async fn synchronous_replication_loses_nothing_across_a_failover() {
+    let pair = PgPair::create("test").await;
+    let link = TcpRelay::start_delayed(pair.primary.port, LINK_DELAY).await;
+    pair.replicate_through(link.port(), true).await;
+    let gw = spawn_gateway_with(required(&pair)).await;
+
+    let (stop, answers) = (Arc::new(AtomicBool::new(false)), Answers::default());
+    let writers = write_new_keys(gw.addr(), &stop, &answers);
+    eventually("writes to be served on the first primary", || async {
+        (created(&answers) >= 40).then_some(())
+    })
+    .await;
+    pair.primary.stop_immediately().await;
+    pair.promote().await;
+    // The promoted server has no synchronous standby of its own: writes
+    // are refused there, and what it holds is answered.
+    let refused_on_the_new_primary = eventually("the gateway to follow the promotion", || async {
+        let ready = admin_call(gw.admin_addr(), "GET", "/readyz", None, "").await;
+        String::from_utf8_lossy(&ready.body)
+            .contains("synchronous_standby_names")
+            .then_some(())
+    });
+    refused_on_the_new_primary.await;
+    stop.store(true, Ordering::SeqCst);
+    for writer in writers {
+        writer.await.expect("writer");
+    }
+
+    let answered = std::mem::take(&mut *answers.lock().unwrap());
+    // Every key written once more after the failover: a key told 201 gets
+    // it replayed, and none reaches the API a second time.
+    let told_created: Vec<&(String, Response)> =
+        answered.iter().filter(|(_, r)| r.status == 201).collect();
+    assert!(told_created.len() >= 40, "{} created", told_created.len());
+    for (key, first) in &told_created {
+        let retry = write(gw.addr(), "/orders", Some(key), ORDER).await;
+        assert_replay_of(&retry, first);
+    }
+    let writes = writes_by_key(&gw);
+    let twice: Vec<_> = writes.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "keys written more than once: {twice:?}");
+    for (key, _) in &told_created {
+        assert_eq!(writes.get(key), Some(&1), "{key} was told 201");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL 15 cluster tools (pg_createcluster, pg_basebackup) (.ci/run runs it)"]
+async fn asynchronous_replication_is_refused_before_and_after_a_failover() {
+    let pair = PgPair::create("test").await;
+    let link = TcpRelay::start_delayed(pair.primary.port, LINK_DELAY).await;
+    pair.replicate_through(link.port(), false).await;
+    let gw = spawn_gateway_with(required(&pair)).await;
+    let refused = write(gw.addr(), "/orders", Some("k-1"), ORDER).await;
+    refused.assert_problem(503, "store-unavailable");
+    pair.primary.stop_immediately().await;
+    pair.promote().await;
+    let after = write_until(gw.addr(), "/orders", "k-1", ORDER, WAIT, |r| {
+        r.status == 503
+    })
+    .await;
+    after.assert_problem(503, "store-unavailable");
+    assert_eq!(gw.upstream.write_requests().len(), 0, "nothing ever sent");
+}
+
+/// A gateway on both servers that writes only with a synchronous standby.
+fn required(pair: &PgPair) -> Setup {
+    Setup::route("")
+        .shared_store(&pair.url("test"), &pair.scope_key_file)
+        .durable()
+        .store("require_synchronous_standby = true")
+        .admin()
+}
+
+/// [`WRITERS`] tasks writing new keys until `stop`, each key once; what
+/// each got goes to `answers`.
+fn write_new_keys(
+    addr: SocketAddr,
+    stop: &Arc<AtomicBool>,
+    answers: &Answers,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..WRITERS)
+        .map(|writer| {
+            let (stop, answers) = (stop.clone(), answers.clone());
+            tokio::spawn(async move {
+                for i in 0..KEYS_EACH {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let key = format!("w{writer}-{i}");
+                    let answer = write(addr, "/orders", Some(&key), ORDER).await;
+                    answers.lock().unwrap().push((key, answer));
+                }
+            })
+        })
+        .collect()
+}
+
+fn created(answers: &Answers) -> usize {
+    let answers = answers.lock().unwrap();
+    answers.iter().filter(|(_, r)| r.status == 201).count()
+}
+
+/// The writes that reached the API, by the key they carried.
+fn writes_by_key(gw: &TestGateway) -> HashMap<String, usize> {
+    let mut writes: HashMap<String, usize> = HashMap::new();
+    for request in gw.upstream.write_requests() {
+        let key = request.header("idempotency-key").unwrap_or("").to_string();
+        *writes.entry(key).or_default() += 1;
+    }
+    writes
+}
