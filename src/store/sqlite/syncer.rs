@@ -196,11 +196,8 @@ impl SyncLog for WalFile {
 /// begins its own at once on the other thread instead of waiting for the
 /// running one to end and then for its own: a call waits for about one
 /// sync rather than one and a half. Measured on 2 CPUs side by side with
-/// one thread (`benches/paired.sh`; benches/README.md, "Two syncs at
-/// once"): 1.07–1.14× the first writes at the same CPU a request, p99
-/// lower. Three ran 1.017–1.046× the first writes of two at a little more
-/// CPU a request, no more than an extra thread's share of the CPUs
-/// explains.
+/// one thread and with three (benches/README.md, "paired.sh: two builds
+/// at the same time"): two pay, three do not.
 const SYNC_THREADS: usize = 2;
 
 /// The batches handed to the sync threads and not yet answered.
