@@ -8,8 +8,9 @@
 //! (`alerts/deliverer.rs`, full jitter), re-sends of a held operation under
 //! its destination key (`pipeline/attempt.rs`, full jitter), outcomes the
 //! store refused to record (`pipeline/record.rs`, none: one operation's own
-//! retries, never in step with another's) and claims whose answer was lost
-//! (`store/postgres/mod.rs`, none, likewise).
+//! retries, never in step with another's) and looks for claims whose answer
+//! was lost (`store/postgres/mod.rs`, full jitter: a failed batch's calls
+//! look together otherwise).
 //!
 //! Invariant, for every `n`: `0 <= delay(n) <= ceiling(n) <= cap`, the
 //! ceiling never shrinks as `n` grows, and nothing overflows.

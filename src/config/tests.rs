@@ -395,8 +395,8 @@ fn an_mcp_probe_takes_the_same_verdicts() {
         Config::from_toml_str(&text, "t")
     };
     let tools = with(
-        "absent_json_pointer = \"/structuredContent/n\"\nconfirm_tool = \"list\"\n\
-         confirm_absent_json_pointer = \"/structuredContent/items\"\n",
+        "absent_json_pointer = \"/structuredContent/n\"\ncount_json_pointer = \"/structuredContent/n\"\n\
+         confirm_tool = \"list\"\nconfirm_absent_json_pointer = \"/structuredContent/items\"\n",
     )
     .unwrap()
     .routes[0]
@@ -768,4 +768,22 @@ fn a_synchronous_standby_is_required_only_of_a_durable_postgres_store() {
         .unwrap_err()
         .to_string();
     assert!(sqlite.contains("only a postgres:// store"), "{sqlite}");
+}
+
+#[test]
+fn an_mcp_probes_absence_needs_where_a_found_result_holds_the_write() {
+    let route = |extra: &str| {
+        let toml = format!(
+            "[[routes]]\nname = \"r\"\nupstream = \"http://127.0.0.1:9\"\nprofile = \"mcp\"\n[routes.mcp]\nread_only_tools = [\"count_tasks\"]\n[routes.mcp.reconcile]\ntool = \"count_tasks\"\n{extra}"
+        );
+        Config::from_toml_str(&toml, "t.toml").map(|_| ())
+    };
+    let error = route("absent_json_pointer = \"/structuredContent/tasks\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("found_json_pointer"), "{error}");
+    route("absent_json_pointer = \"/structuredContent/tasks\"\ncount_json_pointer = \"/structuredContent/tasks\"\n")
+        .expect("with a count");
+    route("absent_json_pointer = \"/structuredContent/tasks\"\nfound_json_pointer = \"/structuredContent/tasks/0\"\n")
+        .expect("with a found pointer");
 }

@@ -988,6 +988,14 @@ impl Validator<'_> {
                 ));
             }
         };
+        // Any result that is no error is found unless a pointer says
+        // where the write is, or how many there are.
+        if absent.is_some() && found_json_pointer.is_none() && raw.count_json_pointer.is_none() {
+            return Err(self.invalid(
+                format!("{field}.found_json_pointer"),
+                "with absence told by the result, every result would be found: say where a found result holds the write (found_json_pointer or count_json_pointer)",
+            ));
+        }
         Ok(McpReconcile {
             tool: call.tool,
             arguments: call.arguments,

@@ -43,7 +43,7 @@ use crate::pipeline::quota::StoredCharge;
 use crate::pipeline::reconcile;
 use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::{ActiveRoute, Shared};
-use crate::store::{Claim, LateEvidence, LateSource, Permit, Recorded};
+use crate::store::{Claim, DUPLICATED, LateEvidence, LateSource, Permit, Recorded};
 use crate::traces::{self, Step};
 
 /// Re-sends of an `unknown` operation under its destination key, at most.
@@ -314,10 +314,13 @@ impl Attempt {
                     continue;
                 }
             };
-            if held.state != State::Unknown {
+            // Settled, or found more than once: a destination that did not
+            // deduplicate is sent nothing more.
+            if held.state != State::Unknown || held.evidence == DUPLICATED {
                 return;
             }
-            let ends_by = self.shared.clock.now_millis() + clock::millis(route.upstream_timeout);
+            let ends_by =
+                self.shared.clock.now_millis() + clock::millis(forward::longest_write(route));
             if ends_by > held.created_at.saturating_add(clock::millis(window)) {
                 let detail = json!({ "skipped": "past the destination key's window" });
                 return self.add_event(&resend_event(n, detail)).await;
@@ -327,6 +330,12 @@ impl Attempt {
                 self.add_event(&resend_event(n, detail)).await;
                 continue;
             }
+            // On the timeline before anything is sent: a probe meanwhile
+            // counts the write as on its way from here (reconcile's
+            // `last_sent`), so it never takes a re-send in flight for an
+            // absence.
+            self.add_event(&resend_event(n, json!({ "sending": true })))
+                .await;
             let sent = forward::send_write(
                 &self.active.writes,
                 route,

@@ -427,6 +427,16 @@ pub struct Sent {
     pub late: Option<Late>,
 }
 
+/// The longest [`send_write`] may be writing to the destination after it
+/// began: every connect retry's try and wait, then the exchange itself,
+/// each try bounded by `upstream_timeout` (a late response, read on after
+/// that, is another matter: [`Sent::late`]).
+pub fn longest_write(route: &Route) -> Duration {
+    let retries = route.connect_retries;
+    route.upstream_timeout.saturating_mul(retries + 1)
+        + CONNECT_BACKOFF.ceiling(retries).saturating_mul(retries)
+}
+
 /// Sends a write and reads its response, retrying only connect failures.
 /// Before every try `permit` must hold (the fence, unlapsed since the
 /// claim), and every new connection must have come up with the fence

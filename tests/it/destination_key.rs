@@ -86,9 +86,11 @@ async fn a_lost_response_is_resent_and_settled_by_a_destination_that_deduplicate
     })
     .await;
     assert_eq!(settled["evidence"], "resent");
+    // Each try is on the timeline before it is sent, and with its answer.
     let resends = events_of(&settled, "resend");
-    assert_eq!(resends.len(), 1, "{settled}");
-    assert_eq!(resends[0]["settles"], true, "{settled}");
+    assert_eq!(resends.len(), 2, "{settled}");
+    assert_eq!(resends[0]["sending"], true, "{settled}");
+    assert_eq!(resends[1]["settles"], true, "{settled}");
     assert_eq!(gw.upstream.writes(), 1, "one record at the destination");
     let keys = sent_keys(&gw, "idempotency-key");
     assert_eq!(keys.len(), 2, "the write and its re-send");

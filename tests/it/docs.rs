@@ -655,6 +655,7 @@ fn context(key: &str) -> toml::Table {
         // A confirm call confirms an absence.
         for (key, value) in [
             ("absent_json_pointer", "/structuredContent/tasks"),
+            ("count_json_pointer", "/structuredContent/tasks"),
             ("confirm_tool", "list_tasks"),
             ("confirm_absent_json_pointer", "/structuredContent/tasks"),
         ] {

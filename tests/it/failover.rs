@@ -142,3 +142,61 @@ fn writes_by_key(gw: &TestGateway) -> HashMap<String, usize> {
     }
     writes
 }
+
+/// A claim whose commit waits for the synchronous standby past the batch's
+/// bound is answered 503, and is invisible until the standby is back: the
+/// gateway keeps looking for it and, once it committed, releases it
+/// (`claim-unanswered`), so the retry is sent once — never `in_progress`
+/// under a live lease with nobody working on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL 15 cluster tools (pg_createcluster, pg_basebackup) (.ci/run runs it)"]
+async fn a_claim_that_commits_once_the_standby_is_back_is_released() {
+    let pair = PgPair::create("test").await;
+    let link = TcpRelay::start(pair.primary.port).await;
+    pair.replicate_through(link.port(), true).await;
+    // Commits wait for the standby (the server's setting); writes are not
+    // refused without one, so the claim goes out and waits.
+    let setup = Setup::route("")
+        .shared_store(&pair.url("test"), &pair.scope_key_file)
+        .durable()
+        .admin();
+    let gw = spawn_gateway_with(setup).await;
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("k-1"), ORDER).await);
+    // The standby loses its link: nothing commits until it is back.
+    let nowhere = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    link.move_to(nowhere.local_addr().expect("address").port());
+    drop(nowhere);
+    let lost = write(gw.addr(), "/orders", Some("k-lost"), ORDER).await;
+    lost.assert_problem(503, "store-unavailable");
+    assert!(
+        gw.try_operation("k-lost").await.is_none(),
+        "not committed yet"
+    );
+    // The gateway's first look for the claim finds nothing (the claim is
+    // not committed): only then is the standby back.
+    let watcher = tokio::sync::Mutex::new(pair.primary.connect("test").await);
+    let watching = &watcher;
+    eventually("the gateway's first look for the claim", || async move {
+        let looked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE pid <> pg_backend_pid() AND state = 'idle'
+               AND query LIKE '%claim-unanswered%'",
+        )
+        .fetch_one(&mut *watching.lock().await)
+        .await
+        .expect("pg_stat_activity");
+        (looked > 0).then_some(())
+    })
+    .await;
+    link.move_to(pair.primary.port);
+    let released = eventually("the claim to commit and be released", || async {
+        let operation = gw.try_operation("k-lost").await?;
+        (operation["state"] == "not_attempted").then_some(operation)
+    })
+    .await;
+    assert_eq!(released["evidence"], "claim-unanswered", "{released}");
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("k-lost"), ORDER).await);
+    assert_eq!(writes_by_key(&gw).get("k-lost"), Some(&1));
+}

@@ -321,6 +321,24 @@ async fn a_claim_committed_after_its_answer_was_lost_is_released() {
         .expect("lock");
     let lost = write(gw.addr(), "/orders", Some("k-lost"), ORDER).await;
     lost.assert_problem(503, "store-unavailable");
+    // The gateway's first look for the claim waits behind the lock too,
+    // and, its snapshot taken before the claim commits, finds nothing: it
+    // must look again.
+    let mut watcher = sqlx::PgConnection::connect(&schema.url)
+        .await
+        .expect("connect");
+    let watching = tokio::sync::Mutex::new(&mut watcher);
+    eventually("the first look to wait behind the lock", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%claim-unanswered%'",
+        )
+        .fetch_one(&mut **watching.lock().await)
+        .await
+        .expect("pg_stat_activity");
+        (waiting > 0).then_some(())
+    })
+    .await;
     held.commit().await.expect("unlock");
     // The claim commits once the lock is gone: until then there is none.
     let released = eventually("the claim to be released", || async {

@@ -31,11 +31,13 @@ const BODY: &str = r#"{"title":"t"}"#;
 
 /// A gateway (admin API on) whose route `api` has `[routes.reconcile]`
 /// with `reconcile`'s lines, `{up}` standing for the upstream's URL, and
-/// `more` after it (other tables).
+/// `more` after it (other tables). Its late window is a millisecond: an
+/// absence is believed only once it is over too, and these writes' lost
+/// answers never come late.
 async fn probing(reconcile: &str, more: &str) -> TestGateway {
     let upstream = FakeUpstream::start().await;
     let route = format!(
-        "[routes.reconcile]\n{}\n{more}",
+        "late_window = \"1ms\"\n[routes.reconcile]\n{}\n{more}",
         reconcile.replace("{up}", &upstream.url())
     );
     spawn_gateway_on(upstream, Setup::route(&route).admin()).await
@@ -133,7 +135,7 @@ async fn a_consistent_lookup_releases_an_absent_write_and_the_retry_is_sent_once
     assert!(
         probes[..2].iter().all(|p| p["reason"]
             .as_str()
-            .is_some_and(|r| r.contains("min_age (1m)"))),
+            .is_some_and(|r| r.contains("min_age and the late window (1m)"))),
         "too young to be believed: {probes:?}"
     );
     let released = &probes[2];
@@ -386,7 +388,7 @@ async fn an_mcp_probe_tool_that_counts_nothing_releases_the_call_and_it_is_sent_
     let mock = MockUpstream::start(SocketAddr::from(([127, 0, 0, 1], 0)))
         .await
         .expect("mock starts");
-    let route = "profile = \"mcp\"\n[routes.mcp.reconcile]\ntool = \"count_tasks\"\n\
+    let route = "profile = \"mcp\"\nlate_window = \"1ms\"\n[routes.mcp.reconcile]\ntool = \"count_tasks\"\n\
         absent_json_pointer = \"/structuredContent/tasks\"\n\
         count_json_pointer = \"/structuredContent/tasks\"\nmin_age = \"1s\"\n";
     let setup = Setup::route(route)

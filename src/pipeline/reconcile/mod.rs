@@ -13,10 +13,12 @@
 //!   route; anything else leaves it `unknown`;
 //! - absence only from configured rules, after min age, confirmed: an
 //!   answer is taken for absence only by the route's `absent_*` rules, only
-//!   once `min_age` has passed since the write was last on its way
-//!   ([`last_sent`]: when the operation became `unknown`, after its attempt
-//!   was sent, or its last re-send), and, with a confirm request, only when
-//!   that answer says absent too. A question with no answer — not sent,
+//!   once `min_age`, and the route's `late_window` (while it runs the first
+//!   exchange may still land), have passed since the write was last on its
+//!   way ([`last_sent`]: when the operation became `unknown`, after its
+//!   attempt was sent, or the latest a re-send begun could still be
+//!   writing), and, with a confirm request, only when that answer says
+//!   absent too. A question with no answer — not sent,
 //!   cut, past its timeout — is never absent;
 //! - each settlement is a compare-and-set from `unknown` (an absence at the
 //!   probed attempt), and each probe's questions and answers are on the
@@ -47,11 +49,12 @@ use dashmap::mapref::entry::Entry;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use crate::clock;
 use crate::config::{Absence, McpReconcile, Reconcile, Route};
 use crate::metrics::Metrics;
 use crate::operation::{Event, Operation, State};
 use crate::pipeline::ActiveRoute;
-use crate::pipeline::forward::ProbeClient;
+use crate::pipeline::forward::{self, ProbeClient};
 use crate::store::{Finding, LateEvidence, LateSource, Probed, Store, StoredEvent};
 use crate::traces::{self, Step};
 use verdict::{Answer, Rules, Verdict, classify};
@@ -289,7 +292,7 @@ impl Reconciler {
         };
         let asking = Held {
             operation: &held,
-            since: last_sent(&held, &events),
+            since: last_sent(&held, &events, forward::longest_write(route)),
             key,
             credentials,
         };
@@ -326,10 +329,11 @@ async fn conclude(
     let mut detail = answer.shown(answer.count(rules.count_json_pointer));
     if matches!(verdict, Verdict::Absent) {
         let age = Duration::from_millis(u64::try_from(now - held.since).unwrap_or(0));
-        let min_age = probe.min_age();
+        // While the late window runs, the first exchange may still land.
+        let min_age = probe.min_age().max(route.late_window);
         if age < min_age {
             verdict = Verdict::Undetermined(format!(
-                "absent, but unknown for {} only: absence is believed after min_age ({})",
+                "absent, but unknown for {} only: absence is believed after min_age and the late window ({})",
                 humantime::format_duration(Duration::from_secs(age.as_secs())),
                 humantime::format_duration(min_age)
             ));
@@ -354,13 +358,15 @@ async fn conclude(
 
 /// When a held write could last have been on its way to the destination:
 /// when the operation became `unknown` (its last update, which comes after
-/// its attempt was sent), or a later re-send under its destination key
-/// (whose event is written once the re-send ended).
-fn last_sent(operation: &Operation, events: &[StoredEvent]) -> i64 {
+/// its attempt was sent), or the latest a re-send under its destination key
+/// could still be writing: each re-send's events (one is written before it
+/// is sent) plus `longest_write`, the most one may take.
+fn last_sent(operation: &Operation, events: &[StoredEvent], longest_write: Duration) -> i64 {
+    let writing = clock::millis(longest_write);
     events
         .iter()
         .filter(|event| event.kind == "resend")
-        .map(|event| event.at)
+        .map(|event| event.at.saturating_add(writing))
         .fold(operation.updated_at, i64::max)
 }
 
@@ -517,13 +523,15 @@ mod tests {
         };
         // Became unknown at 2 s; probes and other events are no send.
         let quiet = [event(1_000, "claimed"), event(2_500, "probe")];
-        assert_eq!(last_sent(&held, &quiet), 2_000);
-        // A re-send under the destination key ended at 7 s.
+        let writing = Duration::from_secs(30);
+        assert_eq!(last_sent(&held, &quiet, writing), 2_000);
+        // A re-send under the destination key began at 7 s: it may be
+        // writing until 37 s.
         let resent = [
             event(2_000, "timeout"),
             event(7_000, "resend"),
             event(9_000, "probe"),
         ];
-        assert_eq!(last_sent(&held, &resent), 7_000);
+        assert_eq!(last_sent(&held, &resent, writing), 37_000);
     }
 }

@@ -116,6 +116,9 @@ pub fn classify(answer: &Answer, rules: &Rules) -> Verdict {
         Ok(got) => got,
         Err(error) => return Verdict::Undetermined(error.clone()),
     };
+    let absent = rules
+        .absent
+        .is_some_and(|absent| answer.says_absent(absent));
     let at_found_status = rules
         .found_status
         .is_none_or(|status| answer.status == Some(status));
@@ -128,13 +131,16 @@ pub fn classify(answer: &Answer, rules: &Rules) -> Verdict {
             .found_json_pointer
             .is_none_or(|pointer| answer.at(pointer).is_some_and(|v| !v.is_null()));
         if holds && count != Some(0) {
+            if absent {
+                // Rules that read one answer both ways prove nothing.
+                return Verdict::Undetermined(
+                    "the answer is both found and absent by the route's rules".into(),
+                );
+            }
             return Verdict::Found(got.response.clone());
         }
     }
-    if rules
-        .absent
-        .is_some_and(|absent| answer.says_absent(absent))
-    {
+    if absent {
         return Verdict::Absent;
     }
     Verdict::Undetermined(match answer.status {
@@ -197,6 +203,22 @@ mod tests {
         // A missing member proves nothing.
         assert_eq!(verdict(json!({"error": "x"})), "undetermined");
         assert_eq!(verdict(json!({"data": null})), "absent");
+    }
+
+    /// A tool's result with no pointer for what is found: any result is
+    /// found, so an empty list the absence rule reads is neither.
+    #[test]
+    fn an_answer_read_both_ways_is_undetermined() {
+        let absence = list(None);
+        let rules = Rules {
+            found_status: None,
+            found_json_pointer: None,
+            absent: Some(&absence),
+            count_json_pointer: None,
+        };
+        let verdict = |body| classify(&answer(200, body), &rules).name();
+        assert_eq!(verdict(json!({"data": []})), "undetermined");
+        assert_eq!(verdict(json!({"data": [{"id": 1}]})), "found");
     }
 
     #[test]

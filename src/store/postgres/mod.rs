@@ -128,9 +128,9 @@ async fn primary(url: &str) -> Result<Primary, StoreError> {
     Primary::find(servers, store).await
 }
 
-/// The sessions of the requests' pool: with the durability asked for; a
-/// commit waits for the synchronous standby when one is required,
-/// whatever the server's own default.
+/// The sessions of a pool: with the durability asked for; a commit waits
+/// for the synchronous standby when one is required, whatever the
+/// server's own default.
 fn commits(durability: Durability, synchronous_standby: bool) -> Session {
     match (durability, synchronous_standby) {
         (_, true) => &[("synchronous_commit", "on")],
@@ -213,12 +213,15 @@ impl PostgresStore {
         let renewal = CancellationToken::new();
         // A connection of its own: a renewal never queues for a connection
         // behind the requests' statements, whose load must not cost the
-        // lease (and so every send, through the fence).
+        // lease (and so every send, through the fence). Always durable, and
+        // waiting for the synchronous standby where one is required: a
+        // renewal a failover lost would end the lease sooner than the fence
+        // counts on.
         let lease_link = primary.pool(
             PgPoolOptions::new()
                 .max_connections(1)
                 .acquire_timeout(lease * 4 / 5),
-            &[],
+            commits(Durability::Full, require_synchronous_standby),
         );
         tokio::spawn(renew(
             (lease_link, primary.clone()),
@@ -348,42 +351,52 @@ async fn renew(
     }
 }
 
-/// Finds out what became of a claim whose answer was lost, once the store
-/// answers again, and releases it if it committed
-/// ([`statements::release_unanswered_claim`]): its client heard 503 and
-/// nothing was sent, so no operation is left `in_progress` under this
-/// replica's live lease with nobody working on it. Tried on the shared
-/// backoff for a bounded while; a replica whose lease runs out meanwhile
-/// has its operations held `replica-lost` by a peer instead.
+/// Finds out what became of a claim whose answer was lost, and releases it
+/// if it committed ([`statements::release_unanswered_claim`]): its client
+/// heard 503 and nothing was sent, so no operation is left `in_progress`
+/// under this replica's live lease with nobody working on it. The claim
+/// may commit late (a statement behind a lock, a commit waiting for the
+/// synchronous standby), so finding nothing is no answer: it looks again
+/// on the backoff, fully jittered so that the calls of one failed batch do
+/// not look together, each look bounded like a batch, until the tries run
+/// out. A replica whose lease runs out meanwhile has its operations held
+/// `replica-lost` by a peer instead.
 async fn release_unanswered(
     pool: PgPool,
     owner: Arc<str>,
     new: Arc<NewOperation>,
     (claimed_at, clock): (i64, Arc<dyn Clock>),
 ) {
+    let mut unreachable = false;
     for n in 0..RELEASE_TRIES {
         tokio::time::sleep(RELEASE_BACKOFF.delay(n)).await;
         let now = clock.now_millis();
-        match statements::release_unanswered_claim(&pool, &owner, &new, (claimed_at, now)).await {
-            Ok(Some(id)) => {
+        let release = statements::release_unanswered_claim(&pool, &owner, &new, (claimed_at, now));
+        match tokio::time::timeout(BATCH_TIMEOUT, release).await {
+            Ok(Ok(Some(id))) => {
                 return tracing::warn!(operation_id = %id, "a claim whose answer was lost had committed: released as not_attempted, nothing was sent");
             }
-            Ok(None) => return,
-            Err(error) => {
+            Ok(Ok(None)) => unreachable = false,
+            Ok(Err(error)) => {
+                unreachable = true;
                 tracing::warn!(%error, "cannot yet find out what became of a claim whose answer was lost")
             }
+            Err(_) => unreachable = true,
         }
     }
-    tracing::error!(key = %new.key, route = %new.route, "gave up finding out what became of a claim whose answer was lost; it reads in_progress until this replica stops or its lease runs out");
+    if unreachable {
+        tracing::error!(key = %new.key, route = %new.route, "could not find out what became of a claim whose answer was lost; if it committed, it reads in_progress until this replica stops or its lease runs out");
+    }
 }
 
-/// Tries of [`release_unanswered`]: with [`RELEASE_BACKOFF`], about four
-/// minutes in all.
+/// Looks of [`release_unanswered`]: with [`RELEASE_BACKOFF`], up to about
+/// six minutes in all, three on average.
 const RELEASE_TRIES: u32 = 12;
 
-/// The waits between them: from 250 ms, doubling up to 30 s.
+/// The waits between them: below a ceiling from 500 ms, doubling up to a
+/// minute.
 const RELEASE_BACKOFF: Backoff =
-    Backoff::doubling(Duration::from_millis(250), Duration::from_secs(30));
+    Backoff::full_jitter(Duration::from_millis(500), Duration::from_secs(60));
 
 /// A store dropped without [`Store::close`] stops renewing: to its peers
 /// this replica is as good as dead once the lease runs out.
