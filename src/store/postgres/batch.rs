@@ -123,9 +123,11 @@ async fn send_batches<J, R, F, Fut>(
                 }
             }
             Ok(results) => {
+                // It committed, but which answer is whose cannot be told:
+                // the callers find out what became of their calls.
                 let reason = format!("a batch of {calls} calls returned {}", results.len());
                 tracing::error!(%reason, "a store batch answered wrongly");
-                fail_all(replies, || StoreError::Failed(reason.clone()));
+                fail_all(replies, || StoreError::Unanswered(reason.clone()));
             }
             Err(error) if answer_lost(&error) => {
                 tracing::error!(%error, calls, "a store batch's answer was lost; it may have committed");
@@ -210,12 +212,17 @@ mod tests {
         assert!(matches!(b, Err(StoreError::Failed(_))));
     }
 
+    /// Its statement committed: the calls hear that what became of them
+    /// is to be found out, not that nothing happened.
     #[tokio::test]
-    async fn a_batch_that_answers_wrongly_fails_its_calls() {
+    async fn a_batch_that_answers_wrongly_fails_its_calls_as_unanswered() {
         let batcher = Batcher::start(BATCH_TIMEOUT, unobserved(), |_: Vec<u32>| async {
             Ok(Vec::<u32>::new())
         });
-        assert!(matches!(batcher.call(1).await, Err(StoreError::Failed(_))));
+        assert!(matches!(
+            batcher.call(1).await,
+            Err(StoreError::Unanswered(_))
+        ));
     }
 
     #[tokio::test]
