@@ -38,7 +38,7 @@ use crate::pipeline::connector::{FenceDown, UpstreamConnector};
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::pool::{self, Pool, PooledBody, SendError};
 use crate::pipeline::sse;
-use crate::store::{Fence, Permit};
+use crate::store::{Claim, Fence, Permit};
 use crate::tls::TlsError;
 use crate::traces;
 
@@ -284,23 +284,29 @@ pub async fn pass_through(
 pub struct WriteRequest {
     head: request::Parts,
     body: Bytes,
+    /// A later attempt under a destination key: a 409 or a 425 is the
+    /// destination still working on an earlier attempt under that key (as
+    /// Stripe's says), no outcome, so the operation is held `unknown`.
+    busy_is_unknown: bool,
     /// The body's bytes in the shared budget, returned with the request:
     /// the attempt may hold it after the client has its answer.
     _budget: Reservation,
 }
 
 impl WriteRequest {
-    /// Rewrites a buffered write: the bare key in `forward_key_header`, the
-    /// operation's id in the destination key's header (replacing the
-    /// client's key when both name one header: docs/requests.md, "A
-    /// destination key"), the body sent with a Content-Length.
+    /// Rewrites a buffered write for `claim`'s attempt: the bare key in
+    /// `forward_key_header`, the operation's id in the destination key's
+    /// header (replacing the client's key when both name one header:
+    /// docs/requests.md, "A destination key"), the body sent with a
+    /// Content-Length.
     pub fn new(
         route: &Route,
         mut head: request::Parts,
         (body, budget): (Bytes, Reservation),
-        (key, operation_id): (&str, &str),
+        (key, claim): (&str, &Claim),
         peer: &Peer,
     ) -> Result<Self, ProxyError> {
+        let operation_id = claim.operation_id.as_str();
         upstream_head(route, &mut head, peer);
         head.headers.remove(crate::pipeline::key::IDEMPOTENCY_KEY);
         let value = |text: &str| {
@@ -320,6 +326,7 @@ impl WriteRequest {
         Ok(WriteRequest {
             head,
             body,
+            busy_is_unknown: route.destination_key.is_some() && claim.attempt > 1,
             _budget: budget,
         })
     }
@@ -466,6 +473,7 @@ pub async fn send_write(
             return fenced;
         }
         let deadline = Instant::now() + route.upstream_timeout;
+        let busy = request.busy_is_unknown;
         let (pool, upstream) = (pool.clone(), request.build());
         let mut pending = Box::pin(async move { pool.send(upstream).await });
         let (exchange, late) = match timeout_at(deadline, pending.as_mut()).await {
@@ -474,7 +482,11 @@ pub async fn send_write(
                 let answer = answer.take();
                 let late: Late = Box::pin(async move {
                     match pending.await {
-                        Ok(response) => read_response(response, &route, None, answer).await.0,
+                        Ok(response) => {
+                            read_response(response, &route, (None, busy), answer)
+                                .await
+                                .0
+                        }
                         Err(e) => lost(LostCause::Broken, error_chain(&e)),
                     }
                 });
@@ -483,7 +495,9 @@ pub async fn send_write(
                     Some(late),
                 )
             }
-            Ok(Ok(response)) => read_response(response, route, Some(deadline), answer.take()).await,
+            Ok(Ok(response)) => {
+                read_response(response, route, (Some(deadline), busy), answer.take()).await
+            }
             Ok(Err(e)) if fenced_off(&e) => return fenced,
             Ok(Err(e)) if not_written(&e) && tries <= route.connect_retries => {
                 traces::connect_retry(tries, || error_chain(&e));
@@ -601,7 +615,7 @@ fn lost(cause: LostCause, reason: String) -> Exchange {
 async fn read_response(
     response: Response<PooledBody>,
     route: &Arc<Route>,
-    deadline: Option<Instant>,
+    (deadline, busy_is_unknown): (Option<Instant>, bool),
     answer: Option<Box<dyn EventAnswer>>,
 ) -> (Exchange, Option<Late>) {
     {
@@ -623,7 +637,9 @@ async fn read_response(
             let body = read_released(&mut head, body, route, deadline).await;
             return (Exchange::Released { head, body }, None);
         }
-        if route.unknown_statuses.contains(&status) {
+        if route.unknown_statuses.contains(&status)
+            || (busy_is_unknown && matches!(status, 409 | 425))
+        {
             return (Exchange::Classified { head, body }, None);
         }
         let streamed = head

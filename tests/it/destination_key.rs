@@ -144,3 +144,40 @@ async fn nothing_is_resent_while_the_route_is_paused() {
     assert_eq!(gw.operation("k").await["state"], "unknown");
     assert_eq!(gw.upstream.write_requests().len(), 1, "never re-sent");
 }
+
+/// An operator (or a probe) releases a held write whose first request the
+/// destination is in fact still working on: the next attempt, under the
+/// same destination key, gets the destination's 409 "in progress". That is
+/// no outcome: the operation is held again, never stored `completed` with
+/// the 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_attempt_told_in_progress_by_the_destination_is_held_again() {
+    let gw =
+        spawn_gateway_with(Setup::route("destination_key_header = \"Idempotency-Key\"").admin())
+            .await;
+    write(gw.addr(), "/dedup-busy", Some("k"), BODY)
+        .await
+        .assert_operation_problem(502, "outcome-unknown", "unknown");
+    let held = gw.operation("k").await;
+    let id = held["id"].as_str().unwrap();
+    let released = gw
+        .resolve(
+            id,
+            &serde_json::json!({"outcome": "not_attempted", "operator": "ann"}),
+        )
+        .await;
+    assert_eq!(released.status, 200, "{released:?}");
+    let busy = write(gw.addr(), "/dedup-busy", Some("k"), BODY).await;
+    assert_eq!(
+        busy.status, 409,
+        "the destination's answer, relayed: {busy:?}"
+    );
+    let operation = gw.operation("k").await;
+    assert_eq!(
+        (operation["state"].as_str(), operation["attempts"].as_u64()),
+        (Some("unknown"), Some(2)),
+        "{operation}"
+    );
+    assert_held_unknown(&write(gw.addr(), "/dedup-busy", Some("k"), BODY).await);
+    assert_eq!(gw.upstream.writes(), 1, "one record");
+}

@@ -19,6 +19,8 @@
 //!   - `/dedup-lost`: the same, but the first write's answer is lost (the
 //!     connection closed after the commit): what a re-send under the same
 //!     key then gets is the first write's answer;
+//!   - `/dedup-busy`: the first write's answer is lost too, and a repeat
+//!     under its key gets 409 (still working on it), committing nothing;
 //!   - `/commit-then/{code}`: commit, then answer `code` (the write happened,
 //!     the answer says otherwise: a 502/504 from a proxy in front of the API);
 //!   - `/once/{code}[?ms=N]`: the first write per `Idempotency-Key` waits N

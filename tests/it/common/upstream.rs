@@ -384,10 +384,15 @@ async fn handle(
         }
     }
 
-    if matches!(path, "/dedup" | "/dedup-lost") {
+    if matches!(path, "/dedup" | "/dedup-lost" | "/dedup-busy") {
         let first = key
             .as_ref()
             .and_then(|k| state.by_key.lock().expect("by_key lock").get(k).copied());
+        if first.is_some() && path == "/dedup-busy" {
+            // Still working on the first request under the key, as
+            // Stripe's answer says.
+            return Ok(status_response("409"));
+        }
         if let Some(id) = first {
             // An upstream that honours Idempotency-Key: the repeat gets
             // the first write's answer and nothing is committed.
@@ -423,7 +428,7 @@ async fn handle(
             Ok(resp)
         }
         "/hold" => std::future::pending().await,
-        "/drop" | "/dedup-lost" => Err("dropped after commit".into()),
+        "/drop" | "/dedup-lost" | "/dedup-busy" => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Drop => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Hold => {
             state
