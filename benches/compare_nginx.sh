@@ -134,11 +134,7 @@ if [ -z "$YARDSTICK" ]; then
     fi
 fi
 
-if [ -z "${IDEMGATE:-}" ]; then
-    echo "building idemgate (release)" >&2
-    (cd "$repo" && cargo build --release --locked --bin idemgate >&2)
-    IDEMGATE=$repo/target/release/idemgate
-fi
+idemgate_binary "$repo"
 
 rig_start idemgate-compare
 

@@ -30,11 +30,7 @@ version=$(pg_lsclusters --no-header | awk '{ print $1; exit }')
 sudo=
 [ "$(id -u)" -eq 0 ] || sudo=sudo
 
-if [ -z "${IDEMGATE:-}" ]; then
-    echo "building idemgate (release)" >&2
-    (cd "$repo" && cargo build --release --locked --bin idemgate >&2)
-    IDEMGATE=$repo/target/release/idemgate
-fi
+idemgate_binary "$repo"
 
 rig_start idemgate-failover
 # The clusters' data directories are in it, owned by postgres.

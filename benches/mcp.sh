@@ -34,11 +34,7 @@ repo=$(dirname "$here")
 need_commands nginx wrk python3
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
-if [ -z "${IDEMGATE:-}" ]; then
-    echo "building idemgate (release)" >&2
-    (cd "$repo" && cargo build --release --locked --bin idemgate >&2)
-    IDEMGATE=$repo/target/release/idemgate
-fi
+idemgate_binary "$repo"
 
 rig_start idemgate-mcp
 

@@ -21,6 +21,16 @@ need_commands() {
         { $sudo apt-get update >&2 && $sudo apt-get install -y "${missing[@]}" >&2; }
 }
 
+# Sets $IDEMGATE to the binary to measure: as the environment gives it,
+# else the release build of the repository at $1, built now.
+idemgate_binary() {
+    if [ -z "${IDEMGATE:-}" ]; then
+        echo "building idemgate (release)" >&2
+        (cd "$1" && cargo build --release --locked --bin idemgate >&2)
+        IDEMGATE=$1/target/release/idemgate
+    fi
+}
+
 # Makes the temporary directory $dir (named after $1) and arranges that on
 # exit every process whose pid is added to $pids is stopped and $dir
 # removed.
