@@ -11,12 +11,12 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method};
-use idemgate::canonical_json::canonicalize;
-use idemgate::operation::{Fingerprint, StoredResponse};
-use idemgate::pipeline::fingerprint::FingerprintInput;
+use idemgate::pipeline::fingerprint::{self, FingerprintInput};
 use idemgate::pipeline::key::IdempotencyKey;
 use idemgate::store::seal::Identity;
 use idemgate::store::{Seal, StoreKey};
+use idemgate_model::canonical_json::canonicalize;
+use idemgate_model::operation::StoredResponse;
 use serde_json::{Value, json};
 
 /// A deterministic JSON document of at least `target` bytes when serialised:
@@ -123,7 +123,7 @@ fn fingerprint(c: &mut Criterion) {
                 body: &body,
             };
             group.bench_with_input(BenchmarkId::new(kind, name), &input, |b, input| {
-                b.iter(|| Fingerprint::compute(black_box(input)))
+                b.iter(|| fingerprint::compute(black_box(input)))
             });
         }
     }

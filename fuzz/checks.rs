@@ -11,14 +11,14 @@ use http::{Method, StatusCode};
 use serde_json::Value;
 
 use idemgate::admin::Resolution;
-use idemgate::canonical_json::{self, NotExact};
-use idemgate::clock::{self, Clock, SystemClock};
 use idemgate::config::Config;
-use idemgate::operation::Fingerprint;
-use idemgate::pipeline::fingerprint::{ExactDigest, FingerprintInput};
+use idemgate::pipeline::fingerprint::{self, ExactDigest, FingerprintInput};
 use idemgate::pipeline::key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope, url_component};
 use idemgate::scope_key::ScopeKey;
 use idemgate::store::Decision;
+use idemgate_model::canonical_json::{self, NotExact};
+use idemgate_model::clock::{self, Clock, SystemClock};
+use idemgate_model::operation::Fingerprint;
 
 /// `Idempotency-Key` parsing. Input: a header value's bytes.
 ///
@@ -221,7 +221,7 @@ fn json_headers() -> HeaderMap {
 }
 
 fn fingerprint(body: &[u8], ignore: &[String]) -> Fingerprint {
-    Fingerprint::compute(&input(&json_headers(), ignore, body))
+    fingerprint::compute(&input(&json_headers(), ignore, body))
 }
 
 fn exact_digest(body: &[u8]) -> ExactDigest {

@@ -3,7 +3,7 @@
 //! https through rustls with the webpki roots (plus a private CA where the
 //! caller gives one), a bounded connect.
 
-use crate::error_chain::error_chain;
+use idemgate_model::error_chain::error_chain;
 use std::time::Duration;
 
 use bytes::Bytes;

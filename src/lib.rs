@@ -13,8 +13,9 @@
 //!   SIGHUP) and what upstream connections trust and present.
 //! - [`pipeline`]: the life of a request, one module per phase (the
 //!   `unknown` operation's reconcile probes among them), and its error.
-//! - [`operation`]: the operation model (fingerprint, state, settlement,
-//!   events), below both the pipeline and the store.
+//! - The operation model (fingerprint, state, settlement, events), the
+//!   canonical JSON fingerprints read, the clock and the one backoff are the
+//!   crate below this one, [`idemgate_model`].
 //! - [`store`]: the only truth about operations (SQLite, or PostgreSQL shared
 //!   by several replicas); all SQL lives there. It imports neither the
 //!   pipeline nor the metrics exporter: [`metrics`] reads its counters.
@@ -22,10 +23,7 @@
 //! - [`retention`]: the background sweep of expired operations;
 //!   [`background`]: the background loops' one shape.
 //! - [`alerts`]: webhooks told about held work, from the store's outbox.
-//! - [`http_client`]: the client for the gateway's own calls (not proxied);
-//!   [`error_chain`]: an error and its causes as one line.
-//! - [`clock`]: the time the store keeps (a manual one for tests);
-//!   [`backoff`]: the one retry delay (connects, alerts, records).
+//! - [`http_client`]: the client for the gateway's own calls (not proxied).
 //! - [`scope_key`]: the secret scopes are keyed with before they are stored.
 //! - [`problem`]: the RFC 9457 problem+json body of every error idemgate
 //!   answers itself, on both listeners.
@@ -38,7 +36,6 @@
 //! - [`log_sink`]: log lines batched in memory, written by a thread of their own;
 //!   [`log_format`]: the text line, written without per-field formatting;
 //!   [`request_log`]: a request's own line, straight into the sink.
-//! - [`canonical_json`]: RFC 8785, so re-serialised JSON is the same request.
 //! - [`body`]: the body types the proxy sends.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
 //!   [`demo`]: the newcomer's tour against it; [`rehearse`]: the
@@ -68,27 +65,21 @@
 pub mod admin;
 pub mod alerts;
 pub mod background;
-pub mod backoff;
 pub mod bench;
 pub mod body;
-pub mod canonical_json;
 pub mod cli;
-pub mod clock;
 pub mod config;
 pub mod conformance;
 pub mod connection;
 pub mod demo;
-pub mod error_chain;
 pub mod gateway_client;
 pub mod healthcheck;
-pub mod hex_text;
 pub mod http_client;
 pub mod keys_cli;
 pub mod log_format;
 pub mod log_sink;
 pub mod metrics;
 pub mod mock_upstream;
-pub mod operation;
 pub mod pipeline;
 pub mod problem;
 pub mod profile;

@@ -572,7 +572,7 @@ fn store_registry(store: Option<&StoreGauges>, now: i64) -> Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operation::State;
+    use idemgate_model::operation::State;
 
     #[test]
     fn a_routes_series_counts_where_a_look_up_counts() {

@@ -14,10 +14,10 @@
 
 use std::sync::Arc;
 
-use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::scope_key::{ScopeKey, ScopeKeyError};
 use crate::store::{self, Seal, SealError, StoreError, StoreKeys};
+use idemgate_model::clock::SystemClock;
 
 /// Operations read and sealed again per store call.
 const BATCH: u32 = 500;

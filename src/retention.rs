@@ -19,10 +19,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::background;
-use crate::clock::{self, Clock};
 use crate::metrics::{Metrics, Task};
 use crate::store::Maintenance;
 use crate::store::SWEEP_LIMIT;
+use idemgate_model::clock::{self, Clock};
 
 /// Operations deleted per transaction.
 pub const BATCH: u32 = 500;

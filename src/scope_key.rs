@@ -31,7 +31,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::config::{StoreConfig, StoreUrl};
-use crate::hex_text;
+use idemgate_model::hex_text;
 
 /// Why no scope key could be had, or why the one given does not fit.
 #[derive(Debug, thiserror::Error)]

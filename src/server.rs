@@ -44,20 +44,21 @@ use crate::admin::Admin;
 use crate::admin::auth::{AdminToken, ExposedAdmin, UnusableToken};
 use crate::alerts::deliverer::Deliverer;
 use crate::alerts::{self, AlertError, Endpoint, Poster};
-use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, ServerConfig};
 use crate::connection::Http;
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
 use crate::pipeline::drill::Drill;
 use crate::pipeline::error::ProxyError;
-use crate::pipeline::forward::{Peer, ViaTls};
+use crate::pipeline::forward::Peer;
+use crate::pipeline::host::ViaTls;
 use crate::scope_key::{ScopeKey, ScopeKeyError};
 use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
 use crate::tls::{FieldError, ServerTls, TlsError};
 use crate::traces::settings::TraceSettings;
 use crate::traces::{TraceError, Tracing};
 use crate::{replicas, retention, tls};
+use idemgate_model::clock::{Clock, SystemClock};
 
 /// Why the gateway did not start.
 #[derive(Debug, thiserror::Error)]
@@ -454,7 +455,7 @@ impl Gateway {
         let held = stats
             .counts
             .iter()
-            .filter(|(_, state, _)| *state == crate::operation::State::Unknown)
+            .filter(|(_, state, _)| *state == idemgate_model::operation::State::Unknown)
             .map(|(_, _, count)| count)
             .sum();
         Ok(Health { held })

@@ -50,12 +50,12 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::body::{ProxyBody, declared_length, full};
-use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::operation::State;
 use crate::pipeline::Proxy;
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{Store, StoreError};
+use idemgate_model::clock::Clock;
+use idemgate_model::operation::State;
 
 /// Admin request bodies (a resolution with the response to replay) are
 /// bounded like a stored response plus room for the envelope; a declared

@@ -23,11 +23,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::alerts::{Endpoint, Poster, payload};
 use crate::background;
-use crate::backoff::Backoff;
-use crate::clock::{self, Clock};
 use crate::metrics::{Metrics, Task};
 use crate::store::Outbox;
 use crate::store::{AlertDelivery, AlertOutcome, AlertPoll};
+use idemgate_model::backoff::Backoff;
+use idemgate_model::clock::{self, Clock};
 
 /// How often the outbox is polled while endpoints are configured.
 pub const POLL: Duration = Duration::from_millis(500);

@@ -26,11 +26,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::clock::{Clock, SystemClock, rfc3339};
 use crate::config::{AlertConfig, AlertEvent, Config, ServerConfig};
-use crate::error_chain::error_chain;
 use crate::http_client;
 use crate::store::{Alert, AlertSubscription};
+use idemgate_model::clock::{Clock, SystemClock, rfc3339};
+use idemgate_model::error_chain::error_chain;
 
 /// The signature header.
 pub const SIGNATURE: HeaderName = HeaderName::from_static("x-idemgate-signature");
@@ -103,7 +103,7 @@ impl Endpoint {
             endpoint: self.id.clone(),
             event: event.as_str(),
             aged_after: match event {
-                AlertEvent::UnknownAged => crate::clock::millis(self.config.aged_after),
+                AlertEvent::UnknownAged => idemgate_model::clock::millis(self.config.aged_after),
                 _ => 0,
             },
         })

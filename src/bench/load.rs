@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -25,6 +25,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::task::JoinSet;
 
 use super::BenchError;
+use super::counters::Counters;
 use super::plan::{Plan, Shot};
 use super::progress::Progress;
 
@@ -100,17 +101,6 @@ pub struct Measured {
     pub latency: Histogram<u64>,
     /// Requests by outcome name (see [`outcome`]).
     pub outcomes: BTreeMap<String, u64>,
-}
-
-/// Counters the workers share with the progress line.
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// The next request of the plan to take.
-    next: AtomicU64,
-    /// Requests answered (or failed) so far.
-    pub done: AtomicU64,
-    /// Answers that were not a 2xx.
-    pub not_ok: AtomicU64,
 }
 
 /// Sends `plan` to `targets` and measures it.

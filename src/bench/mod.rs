@@ -23,6 +23,7 @@
 //! - [`measure`]: the upstream's counter, resident memory, store size;
 //! - [`report`]: the JSON and the text report.
 
+mod counters;
 pub mod load;
 pub mod local;
 pub mod measure;

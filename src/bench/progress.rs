@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::load::Counters;
+use super::counters::Counters;
 use super::plan::Plan;
 
 /// Where progress goes.

@@ -30,11 +30,8 @@ use http::HeaderMap;
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use crate::backoff::Backoff;
-use crate::clock;
 use crate::config::DestinationKey;
 use crate::metrics::OperationId;
-use crate::operation::{Event, Fingerprint, Settlement, State, StoredResponse};
 use crate::pipeline::claim::InFlightGuard;
 use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
@@ -45,6 +42,9 @@ use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Se
 use crate::pipeline::{ActiveRoute, Shared};
 use crate::store::{Claim, DUPLICATED, LateEvidence, LateSource, Permit, Recorded};
 use crate::traces::{self, Step};
+use idemgate_model::backoff::Backoff;
+use idemgate_model::clock;
+use idemgate_model::operation::{Event, Fingerprint, Settlement, State, StoredResponse};
 
 /// Re-sends of an `unknown` operation under its destination key, at most.
 const RESEND_TRIES: u32 = 6;

@@ -37,7 +37,6 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::body::ProxyBody;
 use crate::config::{InProgressMode, Route};
-use crate::operation::{Fingerprint, Operation, State};
 use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::quota::QuotaSpent;
@@ -45,6 +44,7 @@ use crate::pipeline::record::Released;
 use crate::pipeline::replay::{self, ReplayCache};
 use crate::store::{Claim, ClaimResult, NewOperation, Store, StoreError};
 use crate::traces::{self, Step};
+use idemgate_model::operation::{Fingerprint, Operation, State};
 
 /// How often a waiter looks again at an operation in progress that is not
 /// in this process's map (another gateway's).
@@ -408,8 +408,8 @@ async fn claim_in_store(
 mod tests {
     use super::*;
     use crate::config::{Config, KeyMode};
-    use crate::operation::RequestSummary;
     use crate::pipeline::quota::Used;
+    use idemgate_model::operation::RequestSummary;
 
     fn new_op(fingerprint: &str) -> NewOperation {
         NewOperation {

@@ -12,7 +12,6 @@ use http::Response;
 
 use crate::body::ProxyBody;
 use crate::metrics::{OperationId, Outcome, StoreFailure};
-use crate::operation::{Operation, State};
 use crate::pipeline::host::HostError;
 use crate::pipeline::key::KeyError;
 use crate::pipeline::path::PathError;
@@ -21,6 +20,7 @@ use crate::problem::{Problem, ProblemKind, UnknownSince};
 use crate::profile::{Profile, Wire};
 use crate::store::StoreError;
 use crate::traces;
+use idemgate_model::operation::{Operation, State};
 
 /// The operation a problem is about.
 #[derive(Debug, Clone)]

@@ -16,8 +16,8 @@ use http::header::{CONTENT_TYPE, HeaderName};
 use http::{HeaderMap, Method};
 use sha2::{Digest, Sha256};
 
-use crate::canonical_json;
-use crate::operation::Fingerprint;
+use idemgate_model::canonical_json;
+use idemgate_model::operation::Fingerprint;
 
 /// What the fingerprint is computed over.
 pub struct FingerprintInput<'a> {
@@ -31,24 +31,23 @@ pub struct FingerprintInput<'a> {
     pub body: &'a [u8],
 }
 
-// The type is the operation model's (`operation`), below the store that
-// keeps it; computing one is this phase's.
-impl Fingerprint {
-    pub fn compute(input: &FingerprintInput<'_>) -> Self {
-        let mut hasher = Sha256::new();
-        hash_request_head(&mut hasher, b"idemgate-fingerprint-v1", input);
-        match canonical_body(input) {
-            Some(canonical) => {
-                part(&mut hasher, b"json");
-                part(&mut hasher, &canonical);
-            }
-            None => {
-                part(&mut hasher, b"raw");
-                part(&mut hasher, input.body);
-            }
+/// A request's fingerprint. The type is the operation model's
+/// ([`Fingerprint`]), below the store that keeps it; computing one is this
+/// phase's.
+pub fn compute(input: &FingerprintInput<'_>) -> Fingerprint {
+    let mut hasher = Sha256::new();
+    hash_request_head(&mut hasher, b"idemgate-fingerprint-v1", input);
+    match canonical_body(input) {
+        Some(canonical) => {
+            part(&mut hasher, b"json");
+            part(&mut hasher, &canonical);
         }
-        Fingerprint::from_stored(digest_hex(hasher))
+        None => {
+            part(&mut hasher, b"raw");
+            part(&mut hasher, input.body);
+        }
     }
+    Fingerprint::from_stored(digest_hex(hasher))
 }
 
 /// A request exactly as sent: a SHA-256 over every input of its
@@ -139,7 +138,7 @@ pub fn is_json(headers: &HeaderMap) -> bool {
 
 /// A SHA-256 as lower-case hex.
 pub fn digest_hex(hasher: Sha256) -> String {
-    crate::hex_text::of(&hasher.finalize())
+    idemgate_model::hex_text::of(&hasher.finalize())
 }
 
 #[cfg(test)]
@@ -160,7 +159,7 @@ mod tests {
             headers.insert(CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
         }
         let ignore: Vec<String> = ignore.iter().map(|s| s.to_string()).collect();
-        Fingerprint::compute(&FingerprintInput {
+        compute(&FingerprintInput {
             method: &method,
             path_and_query: path,
             headers: &headers,
@@ -214,7 +213,7 @@ mod tests {
                 CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             )]);
-            Fingerprint::compute(&FingerprintInput {
+            compute(&FingerprintInput {
                 method: &Method::PUT,
                 path_and_query: "/checkout-sessions/c-1",
                 headers: &headers,

@@ -28,19 +28,20 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::{Instant, timeout_at};
 
-use crate::backoff::Backoff;
 use crate::body::{ProxyBody, full, stream};
 use crate::config::Route;
-use crate::error_chain::error_chain;
 use crate::metrics::{Metrics, Outcome};
 use crate::pipeline::budget::Reservation;
 use crate::pipeline::connector::{FenceDown, UpstreamConnector};
 use crate::pipeline::error::ProxyError;
+use crate::pipeline::host::ViaTls;
 use crate::pipeline::pool::{self, Pool, PooledBody, SendError};
 use crate::pipeline::sse;
 use crate::store::{Claim, Fence, Permit};
 use crate::tls::TlsError;
 use crate::traces;
+use idemgate_model::backoff::Backoff;
+use idemgate_model::error_chain::error_chain;
 
 /// The client of reconcile probes, whose URLs may name any host.
 pub type ProbeClient = Client<UpstreamConnector, ProxyBody>;
@@ -221,10 +222,6 @@ fn upstream_head(route: &Route, parts: &mut request::Parts, peer: &Peer) {
     parts.extensions.clear();
     parts.version = http::Version::HTTP_11;
 }
-
-/// Marks a request that came in on a TLS listener (`X-Forwarded-Proto: https`).
-#[derive(Debug, Clone, Copy)]
-pub struct ViaTls;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 

@@ -22,7 +22,9 @@ use http::Request;
 use http::header::{HOST, HeaderValue};
 use http::uri::{Authority, Scheme};
 
-use crate::pipeline::forward::ViaTls;
+/// Marks a request that came in on a TLS listener (`X-Forwarded-Proto: https`).
+#[derive(Debug, Clone, Copy)]
+pub struct ViaTls;
 
 /// Why a request's host was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -13,11 +13,11 @@ use http::header::HeaderName;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
-use crate::canonical_json::{self, NotExact};
-use crate::operation::Fingerprint;
 use crate::pipeline::fingerprint::digest_hex;
 use crate::profile::{KeySyntax, Profile, Wire};
 use crate::scope_key::ScopeKey;
+use idemgate_model::canonical_json::{self, NotExact};
+use idemgate_model::operation::Fingerprint;
 
 /// URL-component encoding: everything but the RFC 3986 unreserved
 /// characters, so a key (or any text) is one path segment or query value —

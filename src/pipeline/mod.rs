@@ -69,10 +69,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::body::{BoxError, ProxyBody, declared_length};
-use crate::clock::{self, Clock};
 use crate::config::{Config, KeyMode, RotatedKeys, Route};
 use crate::metrics::{Metrics, OperationId, Outcome, RouteSeries, StoreFailure};
-use crate::operation::{Fingerprint, RequestSummary};
 use crate::profile::Profile;
 use crate::request_log::{self, RequestLine};
 use crate::scope_key::ScopeKey;
@@ -85,6 +83,8 @@ use claim::{Claimed, Hold, InFlight};
 use error::ProxyError;
 use fingerprint::{ExactDigest, FingerprintInput};
 use forward::{Peer, ProbeClient, WriteRequest};
+use idemgate_model::clock::{self, Clock};
+use idemgate_model::operation::{Fingerprint, RequestSummary};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
 use pool::Pool;
 use quota::{Quotas, StoredCharge};
@@ -606,7 +606,7 @@ impl Proxy {
                 return Ok(replay);
             }
         }
-        let fingerprint = digest_of(route, &parts, &body, Fingerprint::compute).await?;
+        let fingerprint = digest_of(route, &parts, &body, fingerprint::compute).await?;
         let rotation_guard = sent_key.is_some() && route.rotated_keys == RotatedKeys::Hold;
         let (key, announced) = match sent_key {
             Some(key) => (key, false),
@@ -931,7 +931,7 @@ fn fingerprint_input<'a>(
     }
 }
 
-/// `digest` of the request ([`Fingerprint::compute`] or
+/// `digest` of the request ([`fingerprint::compute`] or
 /// [`ExactDigest::compute`]), computed where the body's size says.
 async fn digest_of<T: Send + 'static>(
     route: &Arc<Route>,

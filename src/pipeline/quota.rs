@@ -30,9 +30,9 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use crate::clock;
 use crate::config::Route;
-use crate::operation::StoredResponse;
+use idemgate_model::clock;
+use idemgate_model::operation::StoredResponse;
 
 /// Quotas below this many tracked scopes are never pruned.
 const PRUNE_FLOOR: usize = 1024;

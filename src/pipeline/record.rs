@@ -18,15 +18,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock;
-use crate::operation::{Event, Fingerprint, Operation, Settlement, State, StoredResponse};
 use crate::store::{Operators, RequestPath};
+use idemgate_model::clock;
+use idemgate_model::operation::{Event, Fingerprint, Operation, Settlement, State, StoredResponse};
 
 use http::Response;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::Backoff;
 use crate::body::{Prefixed, ProxyBody, full, stream};
 use crate::metrics::Outcome;
 use crate::pipeline::error::{OperationRef, ProxyError};
@@ -34,6 +33,7 @@ use crate::pipeline::forward::{Exchange, LostCause};
 use crate::pipeline::replay;
 use crate::problem::UnknownSince;
 use crate::store::{Claim, LateEvidence, LateSource, Recorded, Store};
+use idemgate_model::backoff::Backoff;
 
 /// Between attempts to record an outcome the store refused: 200 ms
 /// doubling up to 5 s, unjittered (one operation's own retries).

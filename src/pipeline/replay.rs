@@ -15,10 +15,10 @@ use http::{Response, StatusCode};
 
 use crate::body::{ProxyBody, full};
 use crate::metrics::{OperationId, Outcome};
-use crate::operation::{Fingerprint, Operation, State, StoredResponse};
 use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::fingerprint::ExactDigest;
 use crate::problem::UnknownSince;
+use idemgate_model::operation::{Fingerprint, Operation, State, StoredResponse};
 
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -337,7 +337,7 @@ mod tests {
                 ],
                 body: body.map(<[u8]>::to_vec),
             }),
-            request: crate::operation::RequestSummary {
+            request: idemgate_model::operation::RequestSummary {
                 method: "POST".into(),
                 path: "/".into(),
                 content_type: None,

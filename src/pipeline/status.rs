@@ -18,7 +18,6 @@ use serde_json::json;
 use std::sync::Arc;
 
 use crate::body::{ProxyBody, full};
-use crate::clock::rfc3339;
 use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::error::ProxyError;
@@ -26,6 +25,7 @@ use crate::pipeline::key::{IdempotencyKey, KeyError, Scope};
 use crate::pipeline::path::{self, PathError};
 use crate::scope_key::ScopeKey;
 use crate::store::Operators;
+use idemgate_model::clock::rfc3339;
 
 /// The path prefix idemgate reserves for itself on the proxy listener.
 pub const PREFIX: &str = "/.idemgate/";

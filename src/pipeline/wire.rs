@@ -13,12 +13,12 @@ use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Response};
 
 use crate::body::ProxyBody;
-use crate::clock;
 use crate::metrics::Outcome;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::key::KeyError;
 use crate::pipeline::replay::IDEMPOTENT_REPLAYED;
 use crate::profile::{EchoKey, REPEATABILITY_RESULT, Wire};
+use idemgate_model::clock;
 
 /// How long a first-sent time may be behind and ahead of the gateway's
 /// clock: the store's retention behind, the route's `first_sent_skew`
@@ -340,8 +340,8 @@ mod tests {
 
     #[tokio::test]
     async fn oasis_answers_name_the_headers_it_reads() {
-        use crate::operation::State;
         use crate::pipeline::error::OperationRef;
+        use idemgate_model::operation::State;
         let operation = || OperationRef {
             id: "op".into(),
             state: State::InProgress,

@@ -19,7 +19,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde::Serialize;
 
-use super::report::shorten;
+use super::text::shorten;
 use super::{CHECK_WRITES, Plan, RehearseError};
 use crate::body::full;
 use crate::pipeline::forward::ProbeClient;

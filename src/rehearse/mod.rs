@@ -21,6 +21,7 @@
 pub mod cases;
 pub mod destination;
 pub mod report;
+mod text;
 
 use std::io::Write;
 use std::net::SocketAddr;

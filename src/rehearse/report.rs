@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::destination::DestinationCheck;
+use super::text::{cut, shorten};
 use super::{CHECK_WRITES, Plan};
 use crate::gateway_client::Answer;
 
@@ -162,19 +163,6 @@ impl Report {
         self.ok = self.stopped.is_none()
             && self.cases.len() == super::CASE_WRITES.len()
             && self.cases.iter().all(|case| case.ok);
-    }
-}
-
-/// One line of at most 100 characters.
-pub(super) fn shorten(body: &str) -> String {
-    cut(&body.split_whitespace().collect::<Vec<_>>().join(" "), 100)
-}
-
-/// `text` cut to `width` characters, `…` marking the cut.
-fn cut(text: &str, width: usize) -> String {
-    match text.char_indices().nth(width.saturating_sub(1)) {
-        Some((at, _)) if text.chars().count() > width => format!("{}…", &text[..at]),
-        _ => text.to_string(),
     }
 }
 

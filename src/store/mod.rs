@@ -22,14 +22,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::clock::Clock;
 use crate::config::{StoreConfig, StoreUrl};
-use crate::operation::{
-    Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse, UnknownState,
-};
 use crate::scope_key::{ScopeKey, ScopeKeyError};
 pub use batches::{BatchLabels, StoreBatches};
 pub use fence::{Fence, Permit};
+use idemgate_model::clock::Clock;
+use idemgate_model::operation::{
+    Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse, UnknownState,
+};
 pub use outbox::{Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription};
 pub use postgres::{PostgresSettings, PostgresStore, ReplicationState};
 pub use seal::{Seal, SealError, StoreKey};

@@ -38,7 +38,7 @@ use sha2::{Digest, Sha256};
 
 use super::{StoreError, decode_headers, encode_headers};
 use crate::config::StoreConfig;
-use crate::operation::StoredResponse;
+use idemgate_model::operation::StoredResponse;
 
 /// The first bytes of every value sealed now (format version 2). A NUL
 /// first, so no JSON or text body written before sealing looks like one.

@@ -157,7 +157,7 @@ async fn a_paused_route_is_one_alert_with_its_reason() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operation_unknown_past_aged_after_is_alerted_once() {
-    let clock = idemgate::clock::ManualClock::new();
+    let clock = idemgate_model::clock::ManualClock::new();
     let receiver = FakeUpstream::start().await;
     let route = alerted(
         "",

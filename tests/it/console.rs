@@ -252,7 +252,7 @@ async fn assert_no_overflow(client: &Client, width: u64, what: &str) {
 #[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
 async fn an_operator_settles_a_lost_write_and_the_retry_gets_the_replay() {
     let driver = driver();
-    let clock = idemgate::clock::ManualClock::new();
+    let clock = idemgate_model::clock::ManualClock::new();
     let (gw, url) = console_gateway_with(Setup::route("").clock(clock.clone())).await;
     // Two lost writes (the older first) and one that completed.
     lose(&gw, "order-older").await;

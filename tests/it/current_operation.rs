@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use http::StatusCode;
-use idemgate::clock::ManualClock;
+use idemgate_model::clock::ManualClock;
 use serde_json::json;
 
 const ORDER: &str = r#"{"sku":"apple","qty":3}"#;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use http::StatusCode;
-use idemgate::clock::ManualClock;
+use idemgate_model::clock::ManualClock;
 
 const EVENT: &str = r#"{"event_id":"evt-1","title":"from the CRM"}"#;
 const ORDER: &str = r#"{"sku":"apple","qty":3}"#;

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
-use idemgate::clock::{Clock, ManualClock};
 use idemgate::config::Durability;
 use idemgate::store::{
     Maintenance, Operators, PausedBy, PostgresSettings, PostgresStore, RoutePause, SqliteStore,
     StoreError,
 };
+use idemgate_model::clock::{Clock, ManualClock};
 use sqlx::Connection;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::SqliteConnectOptions;

@@ -214,7 +214,7 @@ async fn a_replica_never_replays_what_a_peer_superseded() {
     let schema = PgSchema::create().await;
     let route = "key = \"derive\"\nderive_window = \"1s\"";
     // One clock for both replicas, moved by the test.
-    let clock = idemgate::clock::ManualClock::new();
+    let clock = idemgate_model::clock::ManualClock::new();
     let mut a = spawn_gateway_with(setup(&schema, route).clock(clock.clone())).await;
     let mut b = replica_of(&a, setup(&schema, route).clock(clock.clone())).await;
     let first = write(a.addr(), "/orders", None, ORDER).await;

@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
-use idemgate::clock::{Clock, SystemClock};
 use idemgate::config::Durability;
-use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State};
 use idemgate::store::{
     ClaimResult, Decision, Maintenance, NewOperation, Operators, PostgresSettings, PostgresStore,
     Recorded, RequestPath, Resolved, Store, StoreError,
 };
+use idemgate_model::clock::{Clock, SystemClock};
+use idemgate_model::operation::{Event, Fingerprint, RequestSummary, Settlement, State};
 
 const LEASE: Duration = Duration::from_secs(2);
 

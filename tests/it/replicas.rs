@@ -454,7 +454,7 @@ async fn freeze_a_replica_mid_write(route: &str, after: Duration) -> (Response, 
     .fetch_one(&mut database().await)
     .await
     .expect("the marked operation");
-    system_clock_past(marked + idemgate::clock::millis(after)).await;
+    system_clock_past(marked + idemgate_model::clock::millis(after)).await;
     replicas.a.signal("CONT");
     let first = tokio::time::timeout(WAIT, first)
         .await

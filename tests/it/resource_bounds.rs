@@ -304,7 +304,7 @@ async fn waiters_beyond_the_cap_are_answered_at_once_while_others_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scope_over_its_quota_gets_429_while_other_scopes_are_served() {
-    let clock = idemgate::clock::ManualClock::new();
+    let clock = idemgate_model::clock::ManualClock::new();
     let route = "quota_operations = 3\nquota_window = \"1m\"";
     let gw = spawn_gateway_with(Setup::route(route).clock(clock.clone())).await;
     // Three attempts sent: a lost one, a created one, one the upstream refused.
@@ -343,7 +343,7 @@ async fn a_scope_over_its_quota_gets_429_while_other_scopes_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scope_that_stored_its_bytes_gets_429_until_the_window_ends() {
-    let clock = idemgate::clock::ManualClock::new();
+    let clock = idemgate_model::clock::ManualClock::new();
     let route = "quota_stored_bytes = \"16KiB\"\nquota_window = \"1m\"";
     let gw = spawn_gateway_with(Setup::route(route).clock(clock.clone())).await;
     // 10 KiB stored, then 10 more: the crossing response is kept whole.

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use crate::common::*;
-use idemgate::clock::ManualClock;
+use idemgate_model::clock::ManualClock;
 
 const ORDER: &str = r#"{"sku":"apple","qty":3}"#;
 /// The retention, on a manual clock; the sweeps run at the [`QUICK`] pace.

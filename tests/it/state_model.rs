@@ -34,8 +34,8 @@ use std::time::Duration;
 
 use crate::common::*;
 use http::StatusCode;
-use idemgate::clock::{Clock, ManualClock};
 use idemgate::store::Store;
+use idemgate_model::clock::{Clock, ManualClock};
 use serde_json::json;
 use sqlx::Connection;
 

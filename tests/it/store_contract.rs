@@ -22,12 +22,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
-use idemgate::clock::{Clock, ManualClock};
 use idemgate::config::Durability;
-use idemgate::operation::{Event, Fingerprint, RequestSummary, Settlement, State, StoredResponse};
 use idemgate::store::{
     Claim, ClaimResult, Decision, Finding, LateEvidence, LateSource, ListFilter, NewOperation,
     PausedBy, PostgresSettings, PostgresStore, Probed, Recorded, Resolved, SqliteStore, Store,
+};
+use idemgate_model::clock::{Clock, ManualClock};
+use idemgate_model::operation::{
+    Event, Fingerprint, RequestSummary, Settlement, State, StoredResponse,
 };
 use tempfile::TempDir;
 
@@ -216,7 +218,7 @@ async fn claimed(store: &dyn Store, new: &NewOperation) -> Claim {
     }
 }
 
-async fn existing(store: &dyn Store, new: &NewOperation) -> idemgate::operation::Operation {
+async fn existing(store: &dyn Store, new: &NewOperation) -> idemgate_model::operation::Operation {
     match store.claim(&Arc::new(new.clone())).await.expect("claim") {
         ClaimResult::Existing(op) => *op,
         ClaimResult::Claimed(claim) => panic!("expected an existing operation, claimed {claim:?}"),

@@ -320,9 +320,9 @@ fn guidance(name: &str, state: Option<&str>, detail: &str, operation: Option<&st
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operation::State;
     use crate::pipeline::error::OperationRef;
     use crate::pipeline::replay;
+    use idemgate_model::operation::State;
 
     fn call(modern: bool) -> Call {
         Call {
@@ -341,8 +341,8 @@ mod tests {
         (status, serde_json::from_slice(&body).unwrap())
     }
 
-    fn stored(body: &str) -> crate::operation::StoredResponse {
-        crate::operation::StoredResponse {
+    fn stored(body: &str) -> idemgate_model::operation::StoredResponse {
+        idemgate_model::operation::StoredResponse {
             status: 200,
             headers: vec![("content-type".into(), b"application/json".to_vec())],
             body: Some(body.as_bytes().to_vec()),

@@ -14,9 +14,9 @@ use http::HeaderMap;
 use http::header::ACCEPT;
 use serde_json::Value;
 
-use crate::canonical_json;
 use crate::config::McpTools;
 use crate::pipeline::mcp::tools::Learned;
+use idemgate_model::canonical_json;
 
 /// The revision that made the request-metadata headers required, and a
 /// result's `resultType`: requests at it or later are "modern".

@@ -15,13 +15,13 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::canonical_json;
 use crate::config::{KeyMode, Route};
-use crate::operation::Fingerprint;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::fingerprint::digest_hex;
 use crate::pipeline::key::{IdempotencyKey, KeyError, Scope, url_component};
 use crate::pipeline::mcp::call::Call;
+use idemgate_model::canonical_json;
+use idemgate_model::operation::Fingerprint;
 
 /// Where the arguments are in a `tools/call` request.
 const ARGUMENTS: &str = "/params/arguments";

@@ -49,14 +49,14 @@ use dashmap::mapref::entry::Entry;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::clock;
 use crate::config::{Absence, McpReconcile, Reconcile, Route};
 use crate::metrics::Metrics;
-use crate::operation::{Event, Operation, State};
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::forward::{self, ProbeClient};
 use crate::store::{Finding, LateEvidence, LateSource, Probed, Store, StoredEvent};
 use crate::traces::{self, Step};
+use idemgate_model::clock;
+use idemgate_model::operation::{Event, Operation, State};
 use verdict::{Answer, Rules, Verdict, classify};
 
 /// The probes in flight in this process, by operation id; each probe's
@@ -487,7 +487,7 @@ pub fn credentials(headers: &HeaderMap, route: &Route) -> HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operation::{Fingerprint, RequestSummary};
+    use idemgate_model::operation::{Fingerprint, RequestSummary};
 
     fn event(at: i64, kind: &str) -> StoredEvent {
         StoredEvent {

@@ -12,10 +12,10 @@ use super::send;
 use super::verdict::{Answer, Got};
 use crate::body::full;
 use crate::config::{Route, fill_template};
-use crate::operation::{Operation, StoredResponse};
 use crate::pipeline::forward::ProbeClient;
 use crate::pipeline::sse;
 use crate::traces;
+use idemgate_model::operation::{Operation, StoredResponse};
 
 /// The MCP revision an MCP probe speaks: stateless, so it needs no session.
 const PROBE_REVISION: &str = "2026-07-28";

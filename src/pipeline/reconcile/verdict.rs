@@ -15,7 +15,7 @@
 use serde_json::{Value, json};
 
 use crate::config::Absence;
-use crate::operation::StoredResponse;
+use idemgate_model::operation::StoredResponse;
 
 /// One answer to one probe question.
 pub struct Answer {

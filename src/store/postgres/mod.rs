@@ -59,13 +59,13 @@ use super::{
     Maintenance, NewOperation, Operators, Outbox, Probed, Recorded, RekeyBatch, RequestPath,
     Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
 };
-use crate::backoff::Backoff;
-use crate::clock::{self, Clock};
 use crate::config::Durability;
-use crate::operation::{Event, Operation, Settlement};
 use crate::scope_key::ScopeKey;
 use crate::store::StoreBatches;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
+use idemgate_model::backoff::Backoff;
+use idemgate_model::clock::{self, Clock};
+use idemgate_model::operation::{Event, Operation, Settlement};
 use primary::{Primary, Session};
 use replication::Replication;
 use statements::{ClaimCall, Owners, RecordCall};

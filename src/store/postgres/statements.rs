@@ -18,7 +18,6 @@ use std::sync::Arc;
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
-use crate::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
 use crate::scope_key::{self, ScopeKey};
 use crate::store::operation_id;
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
@@ -28,6 +27,7 @@ use crate::store::{
     Recorded, RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError,
     StoredEvent, Summary, is_implied_by_record, operation_count, timeline,
 };
+use idemgate_model::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
 
 /// An owner is alive while its lease, in the database's clock, runs.
 const OWNER_ALIVE: &str = "EXISTS (SELECT 1 FROM replicas r

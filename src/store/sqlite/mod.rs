@@ -63,10 +63,10 @@ use super::{
     ListFilter, Maintenance, NewOperation, Operators, Outbox, Probed, Recorded, RekeyBatch,
     RequestPath, Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
 };
-use crate::clock::Clock;
 use crate::config::Durability;
-use crate::operation::{Event, Operation, Settlement};
 use crate::scope_key::ScopeKey;
+use idemgate_model::clock::Clock;
+use idemgate_model::operation::{Event, Operation, Settlement};
 use reader::Readers;
 use writer::{LogSyncs, QUEUE_TIMEOUT, Writer};
 

@@ -21,7 +21,6 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::held::Db;
 use super::transitions::{self, Row as Changed};
-use crate::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
 use crate::scope_key::{self, ScopeKey};
 use crate::store::operation_id;
 use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
@@ -31,6 +30,7 @@ use crate::store::{
     RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent,
     Summary, is_implied_by_record, operation_count, timeline,
 };
+use idemgate_model::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
 
 /// The columns [`operation_from_row`] reads. The digests are stored as
 /// their bytes (migration 0007) and read back as the lower-case hex the

@@ -35,8 +35,8 @@ use std::cell::RefCell;
 
 use rusqlite::{Connection, params};
 
-use crate::operation::State;
 use crate::store::{Claim, StoreError};
+use idemgate_model::operation::State;
 
 /// The operation a change is about, as the alert needs it.
 #[derive(Debug, Clone, Copy)]

@@ -124,7 +124,7 @@ impl TestGateway {
             clock: self
                 .clock
                 .clone()
-                .unwrap_or_else(|| Arc::new(idemgate::clock::SystemClock)),
+                .unwrap_or_else(|| Arc::new(idemgate_model::clock::SystemClock)),
             admin_token: self.admin_token.clone(),
             env: self.env.clone(),
             pace: self.pace,

@@ -63,7 +63,7 @@ pub async fn next_full_pass(admin: SocketAddr, task: &str) {
 /// late window), which a test cannot move as it moves a `ManualClock`.
 /// Panics if that is more than [`WAIT`] away.
 pub async fn system_clock_past(millis: i64) {
-    use idemgate::clock::{Clock, SystemClock};
+    use idemgate_model::clock::{Clock, SystemClock};
     let ahead = u64::try_from(millis - SystemClock.now_millis()).unwrap_or(0);
     assert!(
         Duration::from_millis(ahead) <= WAIT,
