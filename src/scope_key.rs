@@ -6,8 +6,13 @@
 //! - a stored scope is `hex(HMAC-SHA256(key, "idemgate-scope-v2\0" ||
 //!   digest))`, where `digest` is the SHA-256 scope of earlier versions:
 //!   a store written before keying is rewritten in place, once, in one
-//!   transaction (the backends' `key_scopes`), and its operations keep
-//!   their identities;
+//!   transaction (the backends' `key_scopes`; on PostgreSQL under an
+//!   advisory lock, so replicas starting together do it once), and its
+//!   operations keep their identities. The rewrite is a function of the
+//!   stored value alone, which is what lets it run in place;
+//! - the pipeline still computes the bare digest (`pipeline/key.rs`) and
+//!   holds it in memory only: a derived key hashes that digest, not its
+//!   HMAC, so keys derived before keying name the same operations;
 //! - the store keeps a canary ([`ScopeKey::canary`]): a store keyed with
 //!   another key refuses to start, instead of making every key a new
 //!   operation;

@@ -9,6 +9,37 @@
 //! proves the first claim and a plain response, and [`timeline`] puts those
 //! events back when an operator looks. All SQL lives in this module's
 //! backends.
+//!
+//! # Access paths
+//!
+//! Every read of the admin API, the console, the alerts and retention, and
+//! the claim's look-ups, is one statement per access path, a range of one
+//! index, so none costs more as `operations` grows (ARCHITECTURE.md §4,
+//! "Access paths"). Lists page by `id < cursor ORDER BY id DESC LIMIT n`
+//! inside the index; ids are UUIDv7, so id order is claim order. Each
+//! backend lists its statements with the index that must serve them
+//! (`sqlite_access_paths`, `postgres_access_paths`), and
+//! `tests/it/store_contract.rs` explains every one.
+//!
+//! | access path | who asks | index |
+//! |---|---|---|
+//! | list, no filter | `GET /admin/keys`, the console | primary key |
+//! | list by `state` | the console's held work (`state=unknown`) | `operations_state_id (state, id)`; `in_progress` on SQLite: `operations_in_progress (id)` |
+//! | list by `route` and `state` | the console, `idemgate keys` | `operations_route_state_id (route, state, id)`; `in_progress` on SQLite: `operations_in_progress`, the route filtered from its few rows |
+//! | list by `route` | the console | the same, one range per state, each ending at the limit, merged |
+//! | list by `key` (with any other filter) | the console, `idemgate keys` | SQLite: `operations_identity (idem_key, route, scope)` for the current operations and `operations_superseded (idem_key, id)` for the rest, merged; PostgreSQL: `operations_key_id (idem_key, id)`. A key names few operations, so the other filters only sort those out |
+//! | [`Operators::duplicated`] | the console's held work, first | `operations_duplicated (id)`: the held operations a probe found more than once |
+//! | [`Operators::get`] | `GET /admin/keys/{id}` | primary key |
+//! | [`Operators::find_newest`] | a client's status lookup | `operations_identity` for the current operation; under a pair that holds only superseded ones, `operations_superseded`: `(idem_key, id)` on SQLite, `(route, scope, idem_key, id)` on PostgreSQL |
+//! | the rotated-key guard | the claim (`rotated_keys = "hold"`) | `operations_held_twins (route, scope, fingerprint)`: operations in flight or held |
+//! | the `unknown-aged` scan | the alerts | `operations_state_updated (state, updated_at)`, from a cursor per threshold |
+//! | [`Maintenance::sweep`] | retention | `operations_state_updated`, at most [`SWEEP_LIMIT`] rows |
+//! | the pause latch's count | the latch | `operations_route_state_id` |
+//!
+//! Each index is one more b-tree every claim may write: each exists because
+//! it serves a filter no other index can. What the backends add to this
+//! (SQLite's partial indexes, PostgreSQL's plans before statistics) is in
+//! their own module docs.
 
 mod batches;
 pub mod fence;

@@ -1,8 +1,10 @@
 //! The sealed store: what operations keep of payloads — response headers
 //! and bodies, and request bodies where a route stores them — sealed with
 //! AES-256-GCM under a key kept outside the database (docs/deploying.md,
-//! "Sealed store"). Both backends call this module on the way in and out; the SQL
-//! never sees a key.
+//! "Sealed store"). Both backends call this module on the way in and out,
+//! sealing every payload they write and opening every one they read where
+//! they make an operation from its row (`operation_from_row`), so the SQL
+//! never sees a key and no path can skip it.
 //!
 //! Invariants:
 //! - with a key, every payload written is sealed: [`MAGIC`], the key's id,
@@ -15,7 +17,10 @@
 //!   status changed in clear, does not open;
 //! - a value that does not open is an error ([`SealError::Unreadable`]),
 //!   never handed out as bytes: a tampered or foreign value is reported,
-//!   not replayed;
+//!   not replayed. It fails its row alone: the request gets 500
+//!   `store-unreadable` (`ProxyError::store` tells it from a store that is
+//!   down, 503), and on PostgreSQL, whose claim batches answer per call,
+//!   one altered row fails its own claim, not the batch;
 //! - legacy values — written before a key was configured (they do not
 //!   start with a seal marker), or sealed in format version 1 (whose
 //!   associated data bound only the operation id and the field) — stay
@@ -95,6 +100,8 @@ impl Field {
 /// data of the operation's sealed values, so a sealed row given another
 /// row's identity does not open. None of them changes once the operation
 /// is stored (scopes are keyed, once, before a sealed store is written).
+/// A [`Claim`](crate::store::Claim) carries it, so a record seals its
+/// response without reading the row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity([u8; 32]);
 

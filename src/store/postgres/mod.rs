@@ -13,7 +13,8 @@
 //!   third of `store.lease` and measured by the database's clock. An owner
 //!   whose lease ran out is dead: a live replica marks its `in_progress`
 //!   operations `unknown` (`replica-lost`), each once (the update is the
-//!   compare-and-set), and never touches a live peer's;
+//!   compare-and-set), and never touches a live peer's; an operator may
+//!   resolve an `in_progress` operation only when its owner is dead;
 //! - a replica that could not renew stops claiming (503) at four fifths of
 //!   its lease, counted on its own monotonic clock from *before* the last
 //!   renewal was sent, so it stops before the database can see its lease
@@ -21,8 +22,11 @@
 //!   by the database's clock. An attempt already in flight when its lease
 //!   runs out may be marked lost by a peer: its record then loses its
 //!   compare-and-set and its client hears what the store holds
-//!   (ARCHITECTURE.md §4); an attempt not yet written when the
-//!   lease runs low is never written ([`Fence`]);
+//!   (`after_stale` in `pipeline/record.rs`); an attempt not yet written
+//!   when the lease runs low is never written ([`Fence`]);
+//! - what peers may change is read, not cached: the replay cache is off on
+//!   a shared store (a peer may supersede what it would mirror), and the
+//!   paused routes are re-read every second (`replicas.rs`);
 //! - a duplicate waiting (wait mode) for another replica's attempt polls
 //!   the store (the claim phase's bounded poll) instead of LISTEN/NOTIFY:
 //!   a notification would need a dedicated connection per replica and a
@@ -36,6 +40,41 @@
 //! Migrations (`migrations/postgres`, embedded) run at open and by
 //! `idemgate migrate`; sqlx's migrator holds a session advisory lock
 //! while it runs, so replicas starting together apply them once.
+//!
+//! # Counts
+//!
+//! The counts by (route, state) (ARCHITECTURE.md §4, "Counts") are kept by
+//! triggers on `operations`, so every statement is covered, whichever
+//! replica runs it. An updated row stays locked until its transaction
+//! commits, so one row per (route, state) would queue every replica's batch
+//! behind every other batch of the route, and two batches touching two
+//! states in opposite orders would deadlock. So the rows are sharded by the
+//! writing backend's pid (`slot`): a pid is one live backend, which runs
+//! one transaction at a time, so no two transactions share a row. `stats`
+//! sums the slots after folding the rows no transaction holds into slot 0
+//! (`FOR UPDATE SKIP LOCKED`: it never waits on a writer), which keeps the
+//! rows about one per (route, state) and backend that wrote since the last
+//! read. A recount at open runs under a lock on `operation_counts` that
+//! holds the replicas' writes until it commits, so none falls between the
+//! count and the mark.
+//!
+//! # Plans
+//!
+//! An index serves a statement only if the planner chooses it, and before a
+//! table has statistics (just filled, not yet analysed) the planner
+//! guesses: with only `operations_key_id` to serve it, the status lookup's
+//! superseded branch ([`Operators::find_newest`], run even when the
+//! current operation answered) is planned as that index intersected with
+//! every operation of the route, and grows with the store.
+//! `operations_superseded` (migration 0009), an index of the superseded
+//! operations alone by identity, serves that branch whole, costs a first
+//! write nothing (only derive mode supersedes), and no guess makes another
+//! index cheaper.
+//! `a_status_lookup_reads_a_few_pages_before_statistics_on_postgres`
+//! (`tests/it/store_contract.rs`) loads 100,000 operations with autovacuum
+//! off and fails if the lookup reads 40 pages or more. The indexes every
+//! read is served by are listed in the module docs of `store/mod.rs`
+//! ("Access paths").
 
 mod batch;
 mod outbox;

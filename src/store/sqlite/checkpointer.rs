@@ -1,5 +1,5 @@
-//! Checkpoints off the writer thread (ARCHITECTURE.md §4, "The writer and
-//! its batches").
+//! Checkpoints off the [writer](super::writer)'s thread (where this sits
+//! among the SQLite store's parts: the layout in [`super`]'s docs).
 //!
 //! SQLite copies the log's pages into the database file (a checkpoint) on
 //! the connection that commits, once the log holds 1,000 pages: reads of

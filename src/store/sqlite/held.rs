@@ -1,7 +1,6 @@
 //! The writer's connection as its jobs see it ([`Db`]): the connection
 //! itself, and the few statements every first write runs, held prepared
-//! for the thread's life (ARCHITECTURE.md §4, "The writer and its
-//! batches").
+//! for the thread's life by the [writer](super::writer).
 //!
 //! rusqlite's `prepare_cached` finds a statement by its SQL text: it trims
 //! and hashes the text, copies it into a new key, and on the statement's

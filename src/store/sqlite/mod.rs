@@ -21,11 +21,98 @@
 //!   log is copied into the database by a thread of its own
 //!   ([`checkpointer`]), never by the writer.
 //!
+//! The store's promises, and where this backend stands among them, are in
+//! ARCHITECTURE.md §4; this module and its submodules say how they are kept.
+//!
+//! # Layout
+//!
+//! The parts, each a module, in the order a write meets them, then reads:
+//! - [`writer`]: the thread that owns the only connection that writes. It
+//!   takes whatever calls are queued (up to 256), runs them in one
+//!   `BEGIN IMMEDIATE … COMMIT`, and hands the batch on; a call that waited
+//!   5 s is refused unrun, and a call that fails fails alone;
+//! - [`held`]: that connection as the writer's calls see it, with the
+//!   statements every first write runs held prepared;
+//! - [`statements`]: the SQL, one function per store call; [`transitions`]:
+//!   what a change to `operations` writes besides the row (the kept counts,
+//!   the `unknown` alert); [`outbox`]: the alert outbox's statements;
+//! - [`syncer`]: the two threads that make a committed batch's log durable
+//!   and then answer its calls, so the writer never waits for the disk;
+//! - [`inbox`]: where the answers go, one inbox per calling thread, one
+//!   wake-up per inbox per batch;
+//! - [`checkpointer`]: the thread that copies the log into the database, so
+//!   the writer never checkpoints;
+//! - [`reader`]: the read-only connections of every read that need not be
+//!   atomic with a write.
+//!
+//! With `durability = "full"` the writer's connection opens through the
+//! VFS of `crates/wal-buffer` (a crate apart because it needs `unsafe`):
+//! SQLite's default VFS, except that a commit's WAL frames are held and
+//! written in a few calls, not two per frame, when SQLite syncs the log,
+//! and the sync itself is left to the [`syncer`]. `"normal"`, which does
+//! not sync at each commit, opens through the default VFS. The batches and
+//! their syncs show in the metrics as `batch="write"` and `batch="sync"`
+//! (the calls each covered, and its duration).
+//!
+//! # Why rusqlite on a thread, not sqlx
+//!
+//! sqlx runs each statement as a round trip to a worker thread of its own,
+//! whose futex and epoll hand-offs cost more than SQLite's own work here,
+//! and a batch of per-row statements through it stays at several round
+//! trips per request. A thread that owns a rusqlite connection runs the
+//! same statements as plain function calls. rusqlite links the same
+//! `libsqlite3-sys` as sqlx, so one SQLite is in the binary; sqlx keeps the
+//! migrations and runs the PostgreSQL backend.
+//!
+//! # What a row costs
+//!
+//! A first write is one row insert (its claim) and one row update (its
+//! record), each writing the row and the index entries it adds or moves,
+//! and every page they dirty is a WAL frame at the commit. So the row and
+//! its indexes carry only what they must (ARCHITECTURE.md §4, "Bytes per
+//! operation"):
+//! - the three SHA-256 digests (`scope`, `fingerprint`,
+//!   `request_body_sha256`) are kept as their 32 bytes, not 64 hex
+//!   characters (migration 0007), in the row and in the identity index
+//!   every claim looks up; the store reads them back as the lower-case hex
+//!   the rest of the gateway compares and binds, and makes their bytes on
+//!   the request's task ([`statements::ClaimDigests`]);
+//! - a new operation enters one large index at a random place (migration
+//!   0011): every other index it enters leads with a value that grows
+//!   (`id`) or one of a few (`state`, `route`), or holds only the few
+//!   operations in flight or held (`operations_in_progress`,
+//!   `operations_held_twins`), so a batch's new operations share those
+//!   pages, while a random key dirties a page of its own, a 4 KiB frame.
+//!   The identity index, `(idem_key, route,
+//!   scope)`, leads with the key and also serves listing by key for the
+//!   current operations; the superseded ones, which only derive mode makes
+//!   and no first write enters, have a partial index of their own
+//!   (`operations_superseded`). A unit test lists every index on
+//!   `operations` with its leading column;
+//! - the three indexes that hold `state` hold no `in_progress` operation
+//!   (migration 0012): a claim enters only the small
+//!   `operations_in_progress (id)`, and its record leaves it and enters
+//!   each of the three once. SQLite reads a partial index only for a
+//!   statement that states its condition, so every statement they serve
+//!   spells it out (`not_in_progress!`);
+//! - the state CHECK is a chain of equalities, not an `IN` list of more
+//!   than two values, for which SQLite builds a temporary index on every
+//!   insert and update (migration 0002; a unit test EXPLAINs the hot
+//!   statements);
+//! - the id stays a 36-character text: it is what the admin API, the events
+//!   and the outbox name an operation by, and as 16 bytes it would save
+//!   little across the table and the indexes that hold it, at the cost of
+//!   a conversion at every boundary.
+//!
+//! The indexes every read is served by are listed in the module docs of
+//! `store/mod.rs` ("Access paths"). The counts by (route, state) are one
+//! row each here: the writer is alone, so no row is ever contended
+//! ([`transitions`]).
+//!
+//! # Migrations
+//!
 //! Migrations run through sqlx (`migrations/sqlite`, embedded in the
 //! binary) on a connection that is closed before the writer opens its own.
-//! The schema avoids what costs per written row: no `IN` list of more than
-//! two values in a CHECK (SQLite builds a temporary index for one on every
-//! write).
 
 /// The condition of the three indexes that hold `state` (migration 0012):
 /// they hold no `in_progress` operation, and SQLite reads a partial index

@@ -1,5 +1,5 @@
-//! The log's syncs, off the writer thread (ARCHITECTURE.md §4, "The
-//! writer and its batches").
+//! The log's syncs, off the [writer](super::writer)'s thread (where this
+//! sits among the SQLite store's parts: the layout in [`super`]'s docs).
 //!
 //! With `durability = "full"` the writer commits each batch with the WAL
 //! sync SQLite asks for deferred (`crates/wal-buffer`): the frames are

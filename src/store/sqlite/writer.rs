@@ -24,7 +24,16 @@
 //!   deferred (`crates/wal-buffer`) and hands the batch to the
 //!   [`Syncer`], which answers after one `fdatasync` over every batch
 //!   before it (`durability = "full"`), or answers at once (`"normal"`);
-//!   checkpoints run on a thread of their own ([`super::checkpointer`]).
+//!   checkpoints run on a thread of their own ([`super::checkpointer`]);
+//! - one batch per free sync: while a committed batch waits for a sync
+//!   thread, the writer lets its queue fill instead of committing again
+//!   ([`Syncer::wait_until_taken`]), since a batch committed then would
+//!   only wait for the same sync. So a batch holds the calls that came
+//!   while the syncs before it ran, and the pages every batch rewrites (the
+//!   table's last leaf, the index ends, the count rows) are written once
+//!   per sync, not once per smaller batch.
+//!
+//! Under load a call costs a share of one sync, not one of its own.
 
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
