@@ -4,16 +4,16 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::Context;
 use clap::Parser;
-use idemgate::cli::{AlertsCommand, Cli, Command, LogFormat};
 use idemgate::config::{Config, StoreUrl};
 use idemgate::log_format::TextLine;
 use idemgate::log_sink::{FlushGuard, LogSink};
-use idemgate::mock_upstream::MockUpstream;
 use idemgate::request_log;
 use idemgate::server::{Gateway, StartOptions};
 use idemgate::store::{PostgresStore, SqliteStore};
 use idemgate::systemd::Notifier;
 use idemgate::workers::Workers;
+use idemgate_tools::cli::{AlertsCommand, Cli, Command, LogFormat};
+use idemgate_tools::mock_upstream::MockUpstream;
 use tokio::signal::unix::{SignalKind, signal as unix_signal};
 use tracing_subscriber::EnvFilter;
 
@@ -105,7 +105,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("ok");
             Ok(())
         }
-        Command::Keys(keys) => match idemgate::keys_cli::run(&keys).await {
+        Command::Keys(keys) => match idemgate_tools::keys_cli::run(&keys).await {
             Ok(output) => {
                 let mut stdout = std::io::stdout().lock();
                 stdout.write_all(output.as_bytes())?;
@@ -119,7 +119,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         },
-        Command::Healthcheck(check) => match idemgate::healthcheck::run(&check).await {
+        Command::Healthcheck(check) => match idemgate_tools::healthcheck::run(&check).await {
             Ok(answer) => {
                 println!("ready: {answer}");
                 Ok(())
@@ -140,13 +140,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Demo => {
             init_quiet_logging();
-            idemgate::demo::run(std::io::stdout()).await?;
+            idemgate_tools::demo::run(std::io::stdout()).await?;
             Ok(())
         }
         Command::Rehearse(rehearse) => {
             init_quiet_logging();
             let env = |name: &str| std::env::var(name).ok();
-            let report = idemgate::rehearse::run(&rehearse, &env, std::io::stdout()).await?;
+            let report = idemgate_tools::rehearse::run(&rehearse, &env, std::io::stdout()).await?;
             std::io::stdout().flush()?;
             // The own gateway is shut down by now; exit 1 is the verdict.
             if !report.ok {
@@ -156,7 +156,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench(bench) => {
             init_quiet_logging();
-            let report = idemgate::bench::run(&bench, std::io::stdout()).await?;
+            let report = idemgate_tools::bench::run(&bench, std::io::stdout()).await?;
             std::io::stdout().flush()?;
             // The own gateway is shut down by now; exit 1 is the verdict.
             if report.exactly_once == Some(false) {
@@ -178,7 +178,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Conformance(args) => {
             init_quiet_logging();
-            let passed = idemgate::conformance::command(&args, std::io::stdout()).await?;
+            let passed = idemgate_tools::conformance::command(&args, std::io::stdout()).await?;
             std::io::stdout().flush()?;
             if !passed {
                 std::process::exit(1);

@@ -1,4 +1,4 @@
-//! Each profile's conformance suite (`idemgate::conformance`, one table of
+//! Each profile's conformance suite (`idemgate_tools::conformance`, one table of
 //! cases per profile; docs/profiles.md) run against the real gateway with
 //! a route of that profile in front of the real `idemgate mock-upstream`:
 //! every case passes, and the mock commits exactly the writes each case
@@ -13,9 +13,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::*;
-use idemgate::conformance::{Runner, cases};
-use idemgate::mock_upstream::MockUpstream;
 use idemgate::profile::Profile;
+use idemgate_tools::conformance::{Runner, cases};
+use idemgate_tools::mock_upstream::MockUpstream;
 
 /// A bound on one `idemgate conformance` run: its in-flight case waits
 /// 1.5 s upstream, the rest are quick.

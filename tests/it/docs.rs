@@ -21,8 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use idemgate::cli::Cli;
 use idemgate::config::Config;
+use idemgate_tools::cli::Cli;
 
 /// Fails with every finding at once, and when fewer than `at_least`
 /// things were read at all: a check that read nothing proves nothing.
@@ -255,8 +255,9 @@ fn every_relative_link_resolves_to_a_file_and_a_heading() {
 
 /// Where a backticked name is a path of this repository.
 fn repository_path(span: &str) -> Option<&str> {
-    const TOP: [&str; 9] = [
+    const TOP: [&str; 10] = [
         "src/",
+        "crates/",
         "tests/",
         "benches/",
         "config/",
@@ -283,10 +284,10 @@ fn every_repository_path_a_document_names_exists() {
         let (_, spans) = split_code_spans(&prose(&read(&doc)));
         for path in spans.iter().filter_map(|s| repository_path(s)) {
             checked += 1;
-            // Module paths (`pipeline/claim.rs`) are the crate's, under src/;
-            // what .gitignore names is made by running something.
+            // Module paths (`pipeline/claim.rs`) are a crate's, under its
+            // src/; what .gitignore names is made by running something.
             if !root().join(path).exists()
-                && !root().join("src").join(path).exists()
+                && !crate_sources().iter().any(|src| src.join(path).exists())
                 && !ignored(Path::new(path))
             {
                 missing.push(format!("{}: `{path}`", doc.display()));
@@ -300,6 +301,14 @@ fn every_repository_path_a_document_names_exists() {
         "paths named that do not exist",
         &missing,
     );
+}
+
+/// The src/ folders of the binary and of each crate of the workspace.
+fn crate_sources() -> Vec<PathBuf> {
+    let crates = std::fs::read_dir(root().join("crates")).expect("crates/");
+    let mut sources = vec![root().join("src")];
+    sources.extend(crates.map(|entry| entry.expect("a directory entry").path().join("src")));
+    sources
 }
 
 /// Whether a `.gitignore` of the repository (at the root or in one of

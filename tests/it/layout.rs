@@ -1,28 +1,39 @@
-//! The floor plan has no loops: no two top-level modules of the crate
-//! (`src/X.rs` or `src/X/`) reach each other through `crate::X` paths, so
-//! each can be changed alone (ARCHITECTURE.md §1, "The floor plan"). A path counts wherever
-//! it is written — a `use`, an expression, a doc link — except in a unit
-//! test module (`#[cfg(test)] mod tests { … }`, to the end of its file),
-//! which may reach anywhere.
+//! The floor plan has no loops. Between crates Cargo keeps it (a crate
+//! cannot depend on one that depends on it); inside a crate this test does:
+//! in every folder of `crates/*/src` (the crate root included), no two of
+//! its modules (`X.rs` or `X/`) reach each other through paths
+//! (`crate::…::X`, or `super::X` from a sibling), so each can be changed
+//! alone (ARCHITECTURE.md §1, "The floor plan"). A path counts wherever it
+//! is written — a `use`, an expression, a doc link — except in a unit test
+//! module (`#[cfg(test)] mod tests { … }`, to the end of its file), which
+//! may reach anywhere.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Each top-level module and the top-level modules it names.
+/// Each module of one folder and the modules of that folder it names.
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
 #[test]
-fn top_level_modules_import_each_other_one_way() {
-    let graph = graph_of(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
-    assert!(graph.len() > 10, "no modules read: {graph:?}");
-    let cycles: Vec<String> = cycles(&graph)
-        .iter()
-        .map(|cycle| format!("cycle: {}", cycle.join(" <-> ")))
-        .collect();
+fn the_modules_of_each_folder_import_each_other_one_way() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
+    let mut folders = 0;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&crates).expect("crates/") {
+        let src = entry.expect("a directory entry").path().join("src");
+        for folder in folders_of(&src) {
+            folders += 1;
+            let graph = graph_of(&src, &folder);
+            for cycle in cycles(&graph) {
+                found.push(format!("{}: {}", folder.display(), cycle.join(" <-> ")));
+            }
+        }
+    }
+    assert!(folders > 10, "no folders read under {}", crates.display());
     assert!(
-        cycles.is_empty(),
-        "top-level modules that import each other (make the arrows go one way):\n{}",
-        cycles.join("\n")
+        found.is_empty(),
+        "modules that import each other (make the arrows go one way):\n{}",
+        found.join("\n")
     );
 }
 
@@ -30,8 +41,15 @@ fn top_level_modules_import_each_other_one_way() {
 fn the_reader_sees_every_kind_of_path() {
     let text = "use crate::a::X;\n/// [`crate::b`]\nuse crate::{c, d::{e, f}, self};\n\
                 let x = crate::g::h(); notcrate::z;\n#[cfg(test)]\nmod tests {\n use crate::t;\n}";
-    let names: Vec<&str> = named_modules(text).into_iter().collect();
+    let names: Vec<&str> = named_modules(text, "crate::").into_iter().collect();
     assert_eq!(names, ["a", "b", "c", "d", "g", "self"]);
+    let nested = "use super::{load::Counters, plan};\nuse crate::bench::report::X;\n";
+    let names: Vec<&str> = named_modules(nested, "super::").into_iter().collect();
+    assert_eq!(names, ["load", "plan"]);
+    let names: Vec<&str> = named_modules(nested, "crate::bench::")
+        .into_iter()
+        .collect();
+    assert_eq!(names, ["report"]);
     let graph = Graph::from([
         ("a".into(), ["b".into()].into()),
         ("b".into(), ["c".into()].into()),
@@ -41,23 +59,56 @@ fn the_reader_sees_every_kind_of_path() {
     assert_eq!(cycles(&graph), [["a", "b", "c"]]);
 }
 
-/// The graph of `src`'s top-level modules (`main` and `lib` aside).
-fn graph_of(src: &Path) -> Graph {
+/// `src` and every folder under it.
+fn folders_of(src: &Path) -> Vec<PathBuf> {
+    let mut folders = vec![src.to_path_buf()];
+    let mut at = 0;
+    while at < folders.len() {
+        for entry in std::fs::read_dir(&folders[at]).expect("a readable directory") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                folders.push(path);
+            }
+        }
+        at += 1;
+    }
+    folders
+}
+
+/// The graph of `folder`'s modules (`mod.rs`, `lib.rs` and `main.rs` aside:
+/// they are the folder's parent, not one of its modules).
+fn graph_of(src: &Path, folder: &Path) -> Graph {
+    let within = folder.strip_prefix(src).expect("under src");
+    let mut prefix = String::from("crate::");
+    for segment in within.components() {
+        prefix.push_str(&segment.as_os_str().to_string_lossy());
+        prefix.push_str("::");
+    }
     let mut graph = Graph::new();
-    for file in rust_files(src) {
-        let relative = file.strip_prefix(src).expect("under src");
+    for file in rust_files(folder) {
+        let relative = file.strip_prefix(folder).expect("under its folder");
         let first = relative.components().next().expect("a path");
         let first = first.as_os_str().to_string_lossy();
-        let top = first.strip_suffix(".rs").unwrap_or(&first).to_string();
-        if top == "main" || top == "lib" {
+        let module = first.strip_suffix(".rs").unwrap_or(&first).to_string();
+        if ["mod", "lib", "main"].contains(&module.as_str()) {
             continue;
         }
         let text = std::fs::read_to_string(&file).expect("a readable source file");
-        let named = named_modules(&text);
-        graph
-            .entry(top)
-            .or_default()
-            .extend(named.into_iter().map(String::from));
+        let mut named: BTreeSet<String> = named_modules(&text, &prefix)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        // `super::` from `folder/X.rs` or `folder/X/mod.rs` is this folder.
+        let depth = relative.components().count();
+        let sibling = depth == 1 || (depth == 2 && relative.ends_with("mod.rs"));
+        if sibling {
+            named.extend(
+                named_modules(&text, "super::")
+                    .into_iter()
+                    .map(String::from),
+            );
+        }
+        graph.entry(module).or_default().extend(named);
     }
     let modules: BTreeSet<String> = graph.keys().cloned().collect();
     for (module, named) in &mut graph {
@@ -79,15 +130,16 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// The first segment of every `crate::` path in `text` before its unit
-/// test module, and of every item of a `crate::{…}` group.
-fn named_modules(text: &str) -> BTreeSet<&str> {
+/// The first segment after `prefix` (`crate::`, `crate::pipeline::`,
+/// `super::`) of every path in `text` before its unit test module, and of
+/// every item of a `prefix{…}` group.
+fn named_modules<'t>(text: &'t str, prefix: &str) -> BTreeSet<&'t str> {
     let text = &text[..unit_tests_start(text).unwrap_or(text.len())];
     let mut named = BTreeSet::new();
     let mut rest = text;
-    while let Some(at) = rest.find("crate::") {
+    while let Some(at) = rest.find(prefix) {
         let before = rest[..at].chars().next_back();
-        let after = &rest[at + "crate::".len()..];
+        let after = &rest[at + prefix.len()..];
         rest = after;
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
             continue;

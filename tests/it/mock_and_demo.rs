@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use bytes::Bytes;
 use http::StatusCode;
-use idemgate::mock_upstream::MockUpstream;
+use idemgate_tools::mock_upstream::MockUpstream;
 
 async fn start_mock() -> MockUpstream {
     MockUpstream::start(SocketAddr::from(([127, 0, 0, 1], 0)))

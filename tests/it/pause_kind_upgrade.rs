@@ -29,7 +29,7 @@ const OLD_PAUSES: &str = "INSERT INTO route_pauses (route, reason, updated_at) V
 fn migrations_before_pause_kind(backend: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     let source = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("migrations")
+        .join("crates/gateway/migrations")
         .join(backend);
     let mut copied = 0;
     for entry in std::fs::read_dir(&source).expect("the migrations folder") {

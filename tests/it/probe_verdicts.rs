@@ -21,8 +21,8 @@
 
 use crate::common::*;
 use http::StatusCode;
-use idemgate::mock_upstream::MockUpstream;
 use idemgate_model::clock::ManualClock;
+use idemgate_tools::mock_upstream::MockUpstream;
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::time::Duration;

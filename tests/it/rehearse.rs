@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
-use idemgate::cli::Rehearse;
-use idemgate::rehearse::report::Report;
+use idemgate_tools::cli::Rehearse;
+use idemgate_tools::rehearse::report::Report;
 
 const BODY: &str = r#"{"title":"rehearsal {key}"}"#;
 const TOKEN_VAR: &str = "REHEARSE_TEST_TOKEN";
@@ -46,7 +46,7 @@ fn args(config: PathBuf, path: &str, writes: u64, check: bool) -> Rehearse {
 async fn rehearse(args: &Rehearse) -> (Report, String) {
     let env = |name: &str| (name == TOKEN_VAR).then(|| TOKEN.to_string());
     let mut out = Vec::new();
-    let report = idemgate::rehearse::run(args, &env, &mut out)
+    let report = idemgate_tools::rehearse::run(args, &env, &mut out)
         .await
         .expect("the rehearsal runs");
     let text = String::from_utf8(out).expect("utf-8");
@@ -330,7 +330,7 @@ async fn too_few_writes_stop_before_the_case_that_needs_more() {
     let mut bare = args(file, "/tasks", 8, false);
     bare.header_env.clear();
     let env = |_: &str| None;
-    let refused = idemgate::rehearse::run(&bare, &env, Vec::new()).await;
+    let refused = idemgate_tools::rehearse::run(&bare, &env, Vec::new()).await;
     let error = refused.expect_err("refused").to_string();
     assert!(error.contains("--header-env authorization="), "{error}");
     assert_eq!(upstream.write_requests().len(), 3 + 5 + 3, "none more");
@@ -344,13 +344,13 @@ async fn tool_calls_for_an_mcp_route_and_bodies_for_the_others() {
     // A body for an mcp route: refused, nothing sent.
     let mcp = config(dir.path(), &upstream.url(), "profile = \"mcp\"");
     let refused =
-        idemgate::rehearse::run(&args(mcp.clone(), "/", 9, false), &env, Vec::new()).await;
+        idemgate_tools::rehearse::run(&args(mcp.clone(), "/", 9, false), &env, Vec::new()).await;
     let error = refused.expect_err("refused").to_string();
     assert!(error.contains("give --tool NAME"), "{error}");
     // Arguments that are no object: refused too.
     let mut calls = args(mcp, "/", 9, false);
     (calls.body, calls.tool, calls.arguments) = (None, Some("create_task".into()), "[1]".into());
-    let refused = idemgate::rehearse::run(&calls, &env, Vec::new()).await;
+    let refused = idemgate_tools::rehearse::run(&calls, &env, Vec::new()).await;
     assert!(
         refused
             .expect_err("refused")
@@ -361,7 +361,7 @@ async fn tool_calls_for_an_mcp_route_and_bodies_for_the_others() {
     let http = config(dir.path(), &upstream.url(), "");
     let mut tool = args(http, "/tasks", 9, false);
     (tool.body, tool.tool) = (None, Some("create_task".into()));
-    let refused = idemgate::rehearse::run(&tool, &env, Vec::new()).await;
+    let refused = idemgate_tools::rehearse::run(&tool, &env, Vec::new()).await;
     assert!(
         refused
             .expect_err("refused")

@@ -1,5 +1,5 @@
 //! A request's log line, from the real binary: the text format writes it
-//! straight into the log sink (src/request_log.rs), and it must read as the
+//! straight into the log sink (crates/gateway/src/request_log.rs), and it must read as the
 //! tracing event it stands in for, once per request, under the filter
 //! `RUST_LOG` sets.
 

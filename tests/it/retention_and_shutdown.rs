@@ -196,3 +196,59 @@ async fn shutdown_closes_an_idle_keep_alive_connection_at_once() {
     assert!(closed.is_ok(), "the idle connection was left open");
     shutdown.await.expect("shutdown task");
 }
+
+/// Connections spread over worker threads (a runtime each) are served, and
+/// the gateway drains them when it shuts down.
+#[tokio::test]
+async fn a_gateway_on_workers_serves_and_shuts_down() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use idemgate::config::Config;
+    use idemgate::server::{Gateway, StartOptions};
+    use idemgate::workers::Workers;
+    use idemgate_tools::mock_upstream::MockUpstream;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+         [store]\nurl = \"sqlite://{}\"\n\
+         [[routes]]\nname = \"api\"\npath_prefix = \"/\"\nupstream = \"http://{}\"\n",
+        dir.path().join("idemgate.db").display(),
+        mock.addr()
+    );
+    let workers = Workers::start(2).unwrap();
+    let options = StartOptions {
+        workers: workers.handles().to_vec(),
+        ..StartOptions::default()
+    };
+    let config = Config::from_toml_str(&toml, "test").unwrap();
+    let gateway = Gateway::start_with(config, options).await.unwrap();
+    let url = format!("http://{}/tasks", gateway.addr());
+    for n in 0..6 {
+        // A client each: a connection each, spread over the workers.
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+        for attempt in 0..2 {
+            let request = http::Request::post(&url)
+                .header("authorization", "Bearer t")
+                .header("idempotency-key", format!("k{n}"))
+                .header("content-type", "application/json")
+                .body(Full::from("{}"))
+                .unwrap();
+            let response = client.request(request).await.unwrap();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            assert_eq!(response.status(), 201, "write {n}, attempt {attempt}");
+            assert_eq!(replayed, attempt == 1);
+            response.into_body().collect().await.unwrap();
+        }
+    }
+    assert_eq!(mock.writes(), 6, "one upstream write per key");
+    tokio::time::timeout(std::time::Duration::from_secs(10), gateway.shutdown())
+        .await
+        .expect("shut down within its grace");
+    drop(workers);
+    mock.stop().await;
+}

@@ -183,7 +183,10 @@ impl Drop for PgSchema {
 
 /// How many PostgreSQL migrations the binary carries.
 pub fn postgres_migrations() -> i64 {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/postgres");
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crates/gateway/migrations/postgres"
+    );
     let count = std::fs::read_dir(dir).expect("migrations").count();
     i64::try_from(count).expect("a few migrations")
 }

@@ -1,0 +1,83 @@
+//! The idempotency gateway: automations point at it instead of an API whose
+//! writes are not idempotent; it makes every write safe to retry. The
+//! `idemgate` binary runs it (`serve`); the tools that talk to one from
+//! outside are the crate above this one, `idemgate_tools`.
+//!
+//! # Layout
+//! - [`config`]: the TOML file → validated [`config::Config`].
+//! - [`server`]: listeners, accept loops, graceful shutdown; [`workers`]: the
+//!   threads (a runtime each) proxy connections are spread over;
+//!   [`connection`]: one connection served as HTTP/1.1 or HTTP/2, with
+//!   the listener's limits.
+//! - [`systemd`]: readiness, reloads, the drain and a watchdog told to
+//!   systemd.
+//! - [`tls`]: certificates from PEM files: the listeners' (swapped on
+//!   SIGHUP) and what upstream connections trust and present.
+//! - [`pipeline`]: the life of a request, one module per phase (the
+//!   `unknown` operation's reconcile probes among them), and its error.
+//! - The operation model (fingerprint, state, settlement, events), the
+//!   canonical JSON fingerprints read, the clock and the one backoff are the
+//!   crate below this one, [`idemgate_model`].
+//! - [`store`]: the only truth about operations (SQLite, or PostgreSQL shared
+//!   by several replicas); all SQL lives there. It imports neither the
+//!   pipeline nor the metrics exporter: [`metrics`] reads its counters.
+//! - [`replicas`]: dead owners' operations, and keeping up with peer replicas.
+//! - [`retention`]: the background sweep of expired operations;
+//!   [`background`]: the background loops' one shape.
+//! - [`alerts`]: webhooks told about held work, from the store's outbox.
+//! - [`http_client`]: the client for the gateway's own calls (not proxied).
+//! - [`scope_key`]: the secret scopes are keyed with before they are stored.
+//! - [`problem`]: the RFC 9457 problem+json body of every error idemgate
+//!   answers itself, on both listeners.
+//! - [`traces`]: OpenTelemetry spans of each request's steps, exported over
+//!   OTLP when an `OTEL_*` endpoint is set.
+//! - [`admin`]: the operators' listener (the admin API and the operator
+//!   console at `/`); [`metrics`]: Prometheus counters.
+//! - [`rekey`]: `idemgate rekey`, stored payloads sealed again under the current key.
+//! - [`log_sink`]: log lines batched in memory, written by a thread of their own;
+//!   [`log_format`]: the text line, written without per-field formatting;
+//!   [`request_log`]: a request's own line, straight into the sink.
+//! - [`body`]: the body types the proxy sends.
+//!
+//! # Life of a write request
+//! path (normalized) → route → key and scope → body (bounded) → fingerprint
+//! → claim (one commit) → forward (own task) → record (one commit) →
+//! respond. A key that already has an operation is answered from the
+//! operation the store holds now for it instead (ARCHITECTURE.md §2):
+//!
+//! | state | what a request with the key gets |
+//! |---|---|
+//! | `in_progress` | 409 `request-in-progress` + `Retry-After` |
+//! | `completed` | the stored response, `Idempotent-Replayed: true` |
+//! | `unknown` | 409 `outcome-unknown`: nothing sent until it is resolved |
+//! | `not_attempted` | forwarded as a fresh attempt |
+//!
+//! A key reused with a different fingerprint is 422 `key-reused` in any state.
+//! The whole story, module by module, is in ARCHITECTURE.md. No two of
+//! these modules import each other (tests/it/layout.rs checks it).
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod alerts;
+pub mod background;
+pub mod body;
+pub mod config;
+pub mod connection;
+pub mod http_client;
+pub mod log_format;
+pub mod log_sink;
+pub mod metrics;
+pub mod pipeline;
+pub mod problem;
+pub mod profile;
+pub mod rekey;
+pub mod replicas;
+pub mod request_log;
+pub mod retention;
+pub mod scope_key;
+pub mod server;
+pub mod store;
+pub mod systemd;
+pub mod tls;
+pub mod traces;
+pub mod workers;

@@ -1,0 +1,476 @@
+//! The five interruption cases, in order, each with its own synthetic key
+//! (docs/rehearse.md, "The cases"). Each sends what a client would, lets
+//! the gateway's [`Drill`] break the exchange, then reads what the client
+//! got, what the store holds (through the admin API, as an operator
+//! would), how many writes reached the destination and, on a route with a
+//! probe, what the destination says it holds.
+//!
+//! A case's `ok` judges the gateway, never the destination: a destination
+//! that refuses every write still gets each case right, and each case says
+//! what the destination answered.
+
+use std::future::Future;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde_json::json;
+
+use super::report::{Case, Held, Report, Step};
+use super::{CASE_WRITES, Plan, RehearseError};
+use crate::gateway_client::{Answer, CallError, GatewayClient, join_all};
+use idemgate::config::InProgressMode;
+use idemgate::pipeline::drill::{Drill, Fault};
+use idemgate::pipeline::forward::ProbeClient;
+use idemgate::pipeline::reconcile;
+
+/// Concurrent duplicates sent in case 3.
+const DUPLICATES: usize = 5;
+
+/// On a route whose duplicates wait (`in_progress = "wait"`), how long
+/// the held write stays held after the duplicates were sent, for them to
+/// start waiting on it; they cannot be seen waiting from outside.
+const WAITERS_SETTLE: Duration = Duration::from_millis(200);
+
+/// Lookups 50 ms apart while a probe runs, beyond its own timeout.
+const PROBE_LOOKUPS_EXTRA: u32 = 40;
+
+/// One rehearsal's means: the plan, the gateway's two listeners, its
+/// drill, and a client of the destination for probes.
+struct Run<'a> {
+    plan: &'a Plan,
+    client: &'a GatewayClient,
+    drill: &'a Drill,
+    upstream: ProbeClient,
+    /// Makes this run's keys its own.
+    id: String,
+}
+
+/// Runs every case the `--writes` bound leaves room for.
+pub async fn run_all(
+    plan: &Plan,
+    client: &GatewayClient,
+    drill: &Drill,
+) -> Result<Report, RehearseError> {
+    let run = Run {
+        plan,
+        client,
+        drill,
+        upstream: plan.upstream_client()?,
+        id: uuid::Uuid::now_v7().simple().to_string()[..12].to_string(),
+    };
+    let mut report = Report {
+        writes_allowed: plan.writes,
+        writes_needed: plan.needs(),
+        writes_sent: 0,
+        route: plan.route.name.clone(),
+        destination: plan.route.upstream.origin.to_string(),
+        method: plan.method.to_string(),
+        path: plan.path.clone(),
+        probe: plan
+            .route
+            .reconcile
+            .as_ref()
+            .map(|r| r.url.clone())
+            .or_else(|| {
+                let tool = plan.route.mcp.as_ref()?.reconcile.as_ref()?;
+                Some(format!("tools/call {}", tool.tool))
+            }),
+        headers: plan.header_sources.clone(),
+        cases: Vec::new(),
+        stopped: None,
+        destination_check: None,
+        verdict: String::new(),
+        ok: false,
+    };
+    let budget = plan.writes.saturating_sub(plan.check_writes());
+    for (index, needs) in CASE_WRITES.iter().enumerate() {
+        let number = index as u32 + 1;
+        let left = budget.saturating_sub(drill.sent());
+        if *needs > left {
+            let kept = match plan.check_writes() {
+                0 => String::new(),
+                n => format!(", {n} kept for --check-destination"),
+            };
+            report.stop(format!(
+                "case {number} needs {needs} write(s) and {left} are left (--writes {}{kept}): it was not run, nor any after it",
+                plan.writes
+            ));
+            break;
+        }
+        let before = drill.sent();
+        drill.take_answered();
+        let mut case = match number {
+            1 => run.interrupted_before_accept().await?,
+            2 => run.response_lost().await?,
+            3 => run.duplicates_in_flight().await?,
+            4 => run.later_step_fails().await?,
+            _ => run.resumed_after_manual_completion().await?,
+        };
+        case.sent = drill.sent() - before;
+        case.destination_answered = drill.take_answered();
+        run.judge_sent(&mut case, *needs);
+        run.destination_says(&mut case).await;
+        report.cases.push(case);
+    }
+    report.writes_sent = drill.sent();
+    Ok(report)
+}
+
+/// A case's fixed text, before it runs.
+fn case(number: u32) -> Case {
+    let (name, title, fault, expected) = match number {
+        1 => (
+            "interrupted-before-accept",
+            "Interrupted before the destination accepts",
+            "the gateway fails the connection before writing a byte",
+            "not_attempted; the client's retry forwarded; one record",
+        ),
+        2 => (
+            "response-lost",
+            "Accepted, response lost",
+            "the gateway sends the write, reads the destination's whole response and withholds it",
+            "unknown; the retry held (nothing sent) until a probe or an operator settles it",
+        ),
+        3 => (
+            "duplicates-in-flight",
+            "The same event again while the first is in flight",
+            "the gateway holds the write open while duplicates arrive",
+            "one write sent; every duplicate told it is in progress or given its answer",
+        ),
+        4 => (
+            "later-step-fails",
+            "A later step fails after the create succeeded",
+            "a second write, its own key, has its response withheld",
+            "the first replayed, the second held; neither sent again",
+        ),
+        _ => (
+            "resumed-after-manual-completion",
+            "Resumed after an operator recorded manual completion",
+            "the write's response is withheld; an operator resolves it completed",
+            "the client's retry gets a replay; nothing sent",
+        ),
+    };
+    Case {
+        number,
+        name,
+        title,
+        fault,
+        expected,
+        requests: Vec::new(),
+        operations: Vec::new(),
+        sent: 0,
+        destination_answered: None,
+        destination_holds: Vec::new(),
+        notes: Vec::new(),
+        ok: false,
+    }
+}
+
+impl Run<'_> {
+    fn key(&self, case: u32, part: &str) -> String {
+        format!("rehearse-{}-{case}{part}", self.id)
+    }
+
+    /// The write of the case's `key`, as the client sends it.
+    async fn write(&self, key: &str) -> Result<Answer, RehearseError> {
+        self.owned_write(key).await
+    }
+
+    /// The write of `key`, owning what it needs, for a task of its own.
+    fn owned_write(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Answer, RehearseError>> + Send + 'static {
+        let (client, key) = (self.client.clone(), key.to_string());
+        let (method, path, body) = (
+            self.plan.method.clone(),
+            self.plan.path.clone(),
+            self.plan.body_for(&key),
+        );
+        async move { Ok(client.send(method, &path, Some(&key), &body).await?) }
+    }
+
+    /// What the store holds for `key`, as `GET /admin/keys/{id}` shows it.
+    async fn held(&self, key: &str) -> Result<Held, RehearseError> {
+        let stored = self.plan.stored_key(key);
+        let listed = self
+            .client
+            .admin(Method::GET, &format!("/admin/keys?key={stored}"), "")
+            .await?;
+        let id = listed.json()["items"][0]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let detail = match id.as_str() {
+            "" => {
+                json!({ "state": "none", "next_action": "the store holds no operation for this key" })
+            }
+            id => self
+                .client
+                .admin(Method::GET, &format!("/admin/keys/{id}"), "")
+                .await?
+                .json(),
+        };
+        Ok(Held::from_detail(key, &detail))
+    }
+
+    /// After a lost response on a route with a probe: waits (bounded) for
+    /// the gateway's probe to have run, then what the store holds.
+    async fn held_after_probe(&self, key: &str) -> Result<Held, RehearseError> {
+        let Some(probe) = &self.plan.route.reconcile else {
+            return self.held(key).await;
+        };
+        let lookups = (probe.timeout.as_millis() / 50) as u32 + PROBE_LOOKUPS_EXTRA;
+        let mut held = self.held(key).await?;
+        for _ in 0..lookups {
+            if !held.probes.is_empty() || held.state != "unknown" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            held = self.held(key).await?;
+        }
+        Ok(held)
+    }
+
+    /// The write of `key` with its response withheld, shown as `request`:
+    /// what the client got, and what the store holds once the route's
+    /// probe (if any) has run.
+    async fn lose_response(
+        &self,
+        case: &mut Case,
+        request: &str,
+        key: &str,
+    ) -> Result<(Answer, Held), RehearseError> {
+        self.drill.arm(Fault::LoseResponse);
+        let lost = self.write(key).await?;
+        case.requests.push(Step::new(request, key, &lost));
+        let held = self.held_after_probe(key).await?;
+        Ok((lost, held))
+    }
+
+    fn has_probe(&self) -> bool {
+        self.plan.route.has_probe()
+    }
+
+    /// Case 1.
+    async fn interrupted_before_accept(&self) -> Result<Case, RehearseError> {
+        let mut case = case(1);
+        let key = self.key(1, "");
+        self.drill.arm(Fault::FailConnect);
+        let first = self.write(&key).await?;
+        case.requests.push(Step::new("first write", &key, &first));
+        let between = self.held(&key).await?;
+        let unsent = self.drill.sent();
+        let retry = self.write(&key).await?;
+        case.requests
+            .push(Step::new("client's retry", &key, &retry));
+        let after = self.held(&key).await?;
+        case.ok = first.problem().as_deref() == Some("upstream-unreachable")
+            && between.state == "not_attempted"
+            && self.drill.sent() == unsent + 1
+            && retry.problem().is_none();
+        case.notes.push(format!(
+            "after the failed connection the store held `{}`: nothing had reached the destination, so the retry was forwarded",
+            between.state
+        ));
+        answered_note(&mut case, &retry, &self.plan.route.release_statuses);
+        case.operations.push(after);
+        Ok(case)
+    }
+
+    /// Case 2.
+    async fn response_lost(&self) -> Result<Case, RehearseError> {
+        let mut case = case(2);
+        let key = self.key(2, "");
+        let (lost, held) = self.lose_response(&mut case, "first write", &key).await?;
+        let retry = self.write(&key).await?;
+        case.requests
+            .push(Step::new("client's retry", &key, &retry));
+        let after = self.held(&key).await?;
+        case.ok = lost.problem().as_deref() == Some("outcome-unknown")
+            && (held.state == "unknown" || self.has_probe())
+            && settled_or_held(&retry, &after);
+        if after.state == "completed" {
+            case.notes.push(
+                "the route's probe found the write at the destination: the operation is completed with the probe's answer, and the retry got it replayed".into(),
+            );
+        } else {
+            case.notes.push(
+                "the write may have happened, so the retry was held (409 outcome-unknown) and not sent: an operator settles it, as `operator` says".into(),
+            );
+        }
+        case.operations.push(after);
+        Ok(case)
+    }
+
+    /// Case 3.
+    async fn duplicates_in_flight(&self) -> Result<Case, RehearseError> {
+        let mut case = case(3);
+        let key = self.key(3, "");
+        self.drill.arm(Fault::Hold);
+        let first = tokio::spawn(self.owned_write(&key));
+        let bound = self.plan.route.upstream_timeout + Duration::from_secs(5);
+        let holding = tokio::time::timeout(bound, self.drill.holding()).await;
+        let duplicates: Vec<_> = (0..DUPLICATES).map(|_| self.owned_write(&key)).collect();
+        let duplicates = duplicates.into_iter();
+        let answers = match self.plan.route.in_progress {
+            InProgressMode::Reject => {
+                let answers = join_all(duplicates).await;
+                self.drill.release();
+                answers?
+            }
+            InProgressMode::Wait => {
+                let waiting = tokio::spawn(join_all(duplicates));
+                tokio::time::sleep(WAITERS_SETTLE).await;
+                self.drill.release();
+                waiting.await.map_err(CallError::new)??
+            }
+        };
+        let first = first.await.map_err(CallError::new)??;
+        case.requests.push(Step::new("held write", &key, &first));
+        let mut told = 0;
+        for (n, answer) in answers.iter().enumerate() {
+            case.requests
+                .push(Step::new(format!("duplicate {}", n + 1), &key, answer));
+            if answer.problem().as_deref() == Some("request-in-progress")
+                || (answer.replayed && answer.repeats(&first))
+            {
+                told += 1;
+            }
+        }
+        case.ok = holding.is_ok() && told == DUPLICATES;
+        case.notes.push(format!(
+            "{told} of {DUPLICATES} duplicates were answered by the gateway (409 request-in-progress, or the first write's answer replayed) without reaching the destination"
+        ));
+        answered_note(&mut case, &first, &self.plan.route.release_statuses);
+        case.operations.push(self.held(&key).await?);
+        Ok(case)
+    }
+
+    /// Case 4.
+    async fn later_step_fails(&self) -> Result<Case, RehearseError> {
+        let mut case = case(4);
+        let (create, next) = (self.key(4, "-create"), self.key(4, "-next"));
+        let created = self.write(&create).await?;
+        case.requests.push(Step::new("create", &create, &created));
+        answered_note(&mut case, &created, &self.plan.route.release_statuses);
+        let (lost, held) = self.lose_response(&mut case, "later step", &next).await?;
+        let sent = self.drill.sent();
+        let create_again = self.write(&create).await?;
+        case.requests
+            .push(Step::new("create, retried", &create, &create_again));
+        let next_again = self.write(&next).await?;
+        case.requests
+            .push(Step::new("later step, retried", &next, &next_again));
+        let (create_held, next_held) = (self.held(&create).await?, self.held(&next).await?);
+        let replayed = create_again.replayed && create_again.repeats(&created);
+        case.ok = replayed
+            && lost.problem().as_deref() == Some("outcome-unknown")
+            && (held.state == "unknown" || self.has_probe())
+            && settled_or_held(&next_again, &next_held)
+            && self.drill.sent() == sent;
+        case.notes.push(
+            "the whole run retried: the create was answered from the store, the later step held, and neither was sent again".into(),
+        );
+        case.operations.push(create_held);
+        case.operations.push(next_held);
+        Ok(case)
+    }
+
+    /// Case 5.
+    async fn resumed_after_manual_completion(&self) -> Result<Case, RehearseError> {
+        let mut case = case(5);
+        let key = self.key(5, "");
+        let (lost, held) = self.lose_response(&mut case, "first write", &key).await?;
+        let resolved = if held.state == "unknown" {
+            let resolution = json!({
+                "outcome": "completed",
+                "operator": "idemgate rehearse",
+                "reference": "rehearsal: the destination answered the withheld write",
+            });
+            let answer = self
+                .client
+                .admin(
+                    Method::POST,
+                    &format!("/admin/keys/{}/resolve", held.id),
+                    &resolution.to_string(),
+                )
+                .await?;
+            case.notes.push(format!(
+                "an operator resolved it completed: POST /admin/keys/{}/resolve {resolution} → {}",
+                held.id,
+                answer.status.as_u16()
+            ));
+            answer.status == StatusCode::OK
+        } else {
+            case.notes.push(format!(
+                "the route's probe settled it ({}) before an operator had to",
+                held.state
+            ));
+            held.state == "completed"
+        };
+        let sent = self.drill.sent();
+        let retry = self.write(&key).await?;
+        case.requests
+            .push(Step::new("client's retry", &key, &retry));
+        case.ok = lost.problem().as_deref() == Some("outcome-unknown")
+            && resolved
+            && retry.replayed
+            && self.drill.sent() == sent;
+        case.operations.push(self.held(&key).await?);
+        Ok(case)
+    }
+
+    /// A case that sent other than it needed is wrong whatever else it did.
+    fn judge_sent(&self, case: &mut Case, needs: u64) {
+        if case.sent != needs {
+            case.ok = false;
+            case.notes.push(format!(
+                "{} write(s) reached the destination where {needs} should have",
+                case.sent
+            ));
+        }
+    }
+
+    /// On a route with a probe: what the destination says it holds for
+    /// each of the case's keys (reads, not counted as writes).
+    async fn destination_says(&self, case: &mut Case) {
+        for held in &case.operations {
+            let asked = reconcile::ask(
+                &self.upstream,
+                &self.plan.route,
+                &held.key,
+                &self.plan.headers,
+            )
+            .await;
+            if let Some(detail) = asked {
+                case.destination_holds.push(detail);
+            }
+        }
+    }
+}
+
+/// A retry of a held operation: replayed if it was settled meanwhile,
+/// else held (409 `outcome-unknown`); never forwarded.
+fn settled_or_held(retry: &Answer, after: &Held) -> bool {
+    match after.state.as_str() {
+        "completed" => retry.replayed,
+        "unknown" => retry.problem().as_deref() == Some("outcome-unknown"),
+        _ => false,
+    }
+}
+
+/// Says what the destination's answer to a delivered write was, when it
+/// refused it: a release status (`not_attempted`, the next retry is
+/// forwarded) or any other (kept and replayed).
+fn answered_note(case: &mut Case, answer: &Answer, release: &[u16]) {
+    let status = answer.status.as_u16();
+    if answer.problem().is_some() || answer.status.is_success() {
+        return;
+    }
+    case.notes.push(if release.contains(&status) {
+        format!("the destination answered {status}: it refused the write, and said so; the gateway records not_attempted, so the client's next retry is forwarded")
+    } else {
+        format!("the destination answered {status}: it refused the write; the gateway keeps that answer and gives it to every retry instead of sending the write again")
+    });
+}
