@@ -13,10 +13,10 @@ use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method};
 use idemgate::pipeline::fingerprint::{self, FingerprintInput};
 use idemgate::pipeline::key::IdempotencyKey;
-use idemgate::store::seal::Identity;
-use idemgate::store::{Seal, StoreKey};
 use idemgate_model::canonical_json::canonicalize;
 use idemgate_model::operation::StoredResponse;
+use idemgate_store::seal::Identity;
+use idemgate_store::{Seal, StoreKey};
 use serde_json::{Value, json};
 
 /// A deterministic JSON document of at least `target` bytes when serialised:

@@ -14,11 +14,11 @@ use idemgate::admin::Resolution;
 use idemgate::config::Config;
 use idemgate::pipeline::fingerprint::{self, ExactDigest, FingerprintInput};
 use idemgate::pipeline::key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope, url_component};
-use idemgate::scope_key::ScopeKey;
-use idemgate::store::Decision;
 use idemgate_model::canonical_json::{self, NotExact};
 use idemgate_model::clock::{self, Clock, SystemClock};
 use idemgate_model::operation::Fingerprint;
+use idemgate_store::Decision;
+use idemgate_store::scope_key::ScopeKey;
 
 /// `Idempotency-Key` parsing. Input: a header value's bytes.
 ///

@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use crate::common::*;
 use http::StatusCode;
-use idemgate::scope_key::ScopeKey;
+use idemgate_store::scope_key::ScopeKey;
 use sha2::{Digest, Sha256};
 
 const ORDER: &str = r#"{"id":"evt-1","sku":"apple"}"#;
@@ -46,7 +46,7 @@ fn key_in(path: &std::path::Path) -> ScopeKey {
 fn scope_key_file(gateway: &TestGateway, schema: Option<&PgSchema>) -> std::path::PathBuf {
     match schema {
         Some(schema) => schema.scope_key_file.clone(),
-        None => idemgate::scope_key::default_file(&gateway.store_path),
+        None => idemgate_store::scope_key::default_file(&gateway.store_path),
     }
 }
 
@@ -137,7 +137,7 @@ on_each_backend!(stored_scopes_are_keyed: stored_scopes_are_keyed_on_sqlite, sto
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sqlite_key_file_is_made_beside_the_store_with_mode_0600() {
     let (gateway, _) = gateway(Backend::Sqlite).await;
-    let file = idemgate::scope_key::default_file(&gateway.store_path);
+    let file = idemgate_store::scope_key::default_file(&gateway.store_path);
     assert!(file.to_string_lossy().ends_with("idemgate.db.scope-key"));
     let mode = std::fs::metadata(&file)
         .expect("key file")
@@ -172,7 +172,7 @@ async fn old_operations_survive_keying(backend: Backend) {
     )
     .await;
     if schema.is_none() {
-        std::fs::remove_file(idemgate::scope_key::default_file(&gateway.store_path))
+        std::fs::remove_file(idemgate_store::scope_key::default_file(&gateway.store_path))
             .expect("remove key file");
     }
     assert_eq!(
@@ -223,7 +223,7 @@ async fn another_key_is_refused(backend: Backend) {
     let (mut gateway, schema) = stopped_after_one_write(backend).await;
     let file = scope_key_file(&gateway, schema.as_ref());
     let original = std::fs::read(&file).expect("key file");
-    std::fs::write(&file, idemgate::store::StoreKey::generate_base64()).expect("other key");
+    std::fs::write(&file, idemgate_store::StoreKey::generate_base64()).expect("other key");
     let refused = gateway
         .try_start()
         .await

@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use crate::common::*;
 use idemgate::config::Durability;
-use idemgate::store::{
+use idemgate_model::clock::{Clock, SystemClock};
+use idemgate_model::operation::{Event, Fingerprint, RequestSummary, Settlement, State};
+use idemgate_store::{
     ClaimResult, Decision, Maintenance, NewOperation, Operators, PostgresSettings, PostgresStore,
     Recorded, RequestPath, Resolved, Store, StoreError,
 };
-use idemgate_model::clock::{Clock, SystemClock};
-use idemgate_model::operation::{Event, Fingerprint, RequestSummary, Settlement, State};
 
 const LEASE: Duration = Duration::from_secs(2);
 

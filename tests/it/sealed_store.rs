@@ -12,7 +12,7 @@
 use crate::common::*;
 use bytes::Bytes;
 use http::StatusCode;
-use idemgate::store::StoreKey;
+use idemgate_store::StoreKey;
 
 const KEY_ENV: &str = "IDEMGATE_STORE_KEY";
 const OLD_KEY_ENV: &str = "IDEMGATE_OLD_STORE_KEY";

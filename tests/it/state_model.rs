@@ -34,8 +34,8 @@ use std::time::Duration;
 
 use crate::common::*;
 use http::StatusCode;
-use idemgate::store::Store;
 use idemgate_model::clock::{Clock, ManualClock};
+use idemgate_store::Store;
 use serde_json::json;
 use sqlx::Connection;
 
@@ -796,15 +796,15 @@ async fn run_sequence(seed: u64, place: Place<'_>) {
         let second = newest_replica(&schema.name).await;
         gws.push(b);
         let config = parse_config(&gws[0].toml);
-        let scope = idemgate::scope_key::ScopeKey::load(&config.store, &|_| None)
+        let scope = idemgate_store::scope_key::ScopeKey::load(&config.store, &|_| None)
             .expect("the schema's scope key");
-        let keys = idemgate::store::StoreKeys {
-            seal: idemgate::store::Seal::plain(),
+        let keys = idemgate_store::StoreKeys {
+            seal: idemgate_store::Seal::plain(),
             scope,
         };
         // Registered before any restart: never the newest replica again.
         let owner = uuid::Uuid::now_v7().to_string();
-        let peer = idemgate::store::open(&config.store, owner, clock.clone(), keys)
+        let peer = idemgate_store::open(&config.store, owner, clock.clone(), keys)
             .await
             .expect("open the peer store");
         replicas = Some(Replicas {

@@ -23,13 +23,13 @@ use std::time::Duration;
 
 use crate::common::*;
 use idemgate::config::Durability;
-use idemgate::store::{
-    Claim, ClaimResult, Decision, Finding, LateEvidence, LateSource, ListFilter, NewOperation,
-    PausedBy, PostgresSettings, PostgresStore, Probed, Recorded, Resolved, SqliteStore, Store,
-};
 use idemgate_model::clock::{Clock, ManualClock};
 use idemgate_model::operation::{
     Event, Fingerprint, RequestSummary, Settlement, State, StoredResponse,
+};
+use idemgate_store::{
+    Claim, ClaimResult, Decision, Finding, LateEvidence, LateSource, ListFilter, NewOperation,
+    PausedBy, PostgresSettings, PostgresStore, Probed, Recorded, Resolved, SqliteStore, Store,
 };
 use tempfile::TempDir;
 
@@ -239,7 +239,7 @@ async fn held(store: &dyn Store, key: &str) -> Claim {
     claim
 }
 
-fn kinds(events: &[idemgate::store::StoredEvent]) -> Vec<&str> {
+fn kinds(events: &[idemgate_store::StoredEvent]) -> Vec<&str> {
     events.iter().map(|e| e.kind.as_str()).collect()
 }
 
@@ -446,7 +446,7 @@ async fn the_derive_window_supersedes_what_it_outdates(bench: Bench) {
         limit,
         ..list_all()
     };
-    let ids = |page: Vec<idemgate::store::Summary>| -> Vec<String> {
+    let ids = |page: Vec<idemgate_store::Summary>| -> Vec<String> {
         page.into_iter().map(|s| s.id).collect()
     };
     let both = store.list(&by_key(None, 10)).await.unwrap();
@@ -1017,9 +1017,9 @@ async fn access_paths_are_served_by_their_indexes(bench: Bench) {
     assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
 }
 
-fn sqlite_plans(file: &std::path::Path) -> Vec<(idemgate::store::AccessPath, String)> {
+fn sqlite_plans(file: &std::path::Path) -> Vec<(idemgate_store::AccessPath, String)> {
     let conn = rusqlite::Connection::open(file).expect("open the store file");
-    idemgate::store::sqlite_access_paths()
+    idemgate_store::sqlite_access_paths()
         .into_iter()
         .map(|path| {
             let mut explain = conn
@@ -1034,8 +1034,8 @@ fn sqlite_plans(file: &std::path::Path) -> Vec<(idemgate::store::AccessPath, Str
         .collect()
 }
 
-async fn postgres_plans(url: &str) -> Vec<(idemgate::store::AccessPath, String)> {
-    use idemgate::store::Param;
+async fn postgres_plans(url: &str) -> Vec<(idemgate_store::AccessPath, String)> {
+    use idemgate_store::Param;
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
     sqlx::raw_sql("SET enable_seqscan = off; SET plan_cache_mode = force_generic_plan")
@@ -1044,7 +1044,7 @@ async fn postgres_plans(url: &str) -> Vec<(idemgate::store::AccessPath, String)>
         .expect("set the planner");
     let literal = |text: &str| format!("'{}'", text.replace('\'', "''"));
     let mut plans = Vec::new();
-    for path in idemgate::store::postgres_access_paths() {
+    for path in idemgate_store::postgres_access_paths() {
         let (types, values): (Vec<&str>, Vec<String>) = path
             .params
             .iter()
@@ -1294,14 +1294,14 @@ async fn counts_not_known_exact_are_recounted_at_open(bench: Bench) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn a_status_lookup_reads_a_few_pages_before_statistics_on_postgres() {
-    use idemgate::store::Param;
+    use idemgate_store::Param;
     use sqlx::Connection;
     let bench = Bench::new(Backend::Postgres).await;
     let Place::Postgres(schema) = &bench.place else {
         unreachable!("a PostgreSQL bench")
     };
     bench.open("gw-1").await.close().await;
-    let path = idemgate::store::postgres_access_paths()
+    let path = idemgate_store::postgres_access_paths()
         .into_iter()
         .find(|path| path.name == "find_newest, superseded")
         .expect("the status lookup's access path");

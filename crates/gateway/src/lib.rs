@@ -18,15 +18,16 @@
 //! - The operation model (fingerprint, state, settlement, events), the
 //!   canonical JSON fingerprints read, the clock and the one backoff are the
 //!   crate below this one, [`idemgate_model`].
-//! - [`store`]: the only truth about operations (SQLite, or PostgreSQL shared
-//!   by several replicas); all SQL lives there. It imports neither the
-//!   pipeline nor the metrics exporter: [`metrics`] reads its counters.
+//! - The store, the only truth about operations (SQLite, or PostgreSQL
+//!   shared by several replicas; all SQL lives there), and the secret
+//!   scopes are keyed with, are the crate below this one, [`idemgate_store`].
+//!   It knows neither the pipeline nor the metrics exporter: [`metrics`]
+//!   reads its counters.
 //! - [`replicas`]: dead owners' operations, and keeping up with peer replicas.
 //! - [`retention`]: the background sweep of expired operations;
 //!   [`background`]: the background loops' one shape.
 //! - [`alerts`]: webhooks told about held work, from the store's outbox.
 //! - [`http_client`]: the client for the gateway's own calls (not proxied).
-//! - [`scope_key`]: the secret scopes are keyed with before they are stored.
 //! - [`problem`]: the RFC 9457 problem+json body of every error idemgate
 //!   answers itself, on both listeners.
 //! - [`traces`]: OpenTelemetry spans of each request's steps, exported over
@@ -74,9 +75,7 @@ pub mod rekey;
 pub mod replicas;
 pub mod request_log;
 pub mod retention;
-pub mod scope_key;
 pub mod server;
-pub mod store;
 pub mod systemd;
 pub mod tls;
 pub mod traces;

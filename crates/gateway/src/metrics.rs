@@ -27,8 +27,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::store::Operators;
-use crate::store::{Stats, StoreBatches, StoreError};
+use idemgate_store::Operators;
+use idemgate_store::{Stats, StoreBatches, StoreError};
 
 /// How long a scrape waits for the store's gauges before it answers
 /// without them (`idemgate_store_up 0`). A healthy store answers these two

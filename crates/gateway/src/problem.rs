@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use crate::body::{ProxyBody, full};
 use crate::profile::{BodyShape, Profile, REPEATABILITY_RESULT, Wire};
-use crate::store::StoreError;
+use idemgate_store::StoreError;
 
 /// Every problem idemgate answers, on either listener; one name each
 /// (`urn:idemgate:problem:<name>`), the same on both.
@@ -434,7 +434,7 @@ mod tests {
             ProblemKind::of_store(&corrupt),
             ProblemKind::StoreUnavailable
         );
-        let unreadable = StoreError::Seal(crate::store::SealError::Unreadable {
+        let unreadable = StoreError::Seal(idemgate_store::SealError::Unreadable {
             operation: "op".into(),
             field: "response_body",
             reason: "altered".into(),

@@ -15,9 +15,9 @@
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::scope_key::{ScopeKey, ScopeKeyError};
-use crate::store::{self, Seal, SealError, StoreError, StoreKeys};
 use idemgate_model::clock::SystemClock;
+use idemgate_store::scope_key::{ScopeKey, ScopeKeyError};
+use idemgate_store::{self as store, Seal, SealError, StoreError, StoreKeys};
 
 /// Operations read and sealed again per store call.
 const BATCH: u32 = 500;

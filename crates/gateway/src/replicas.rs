@@ -23,7 +23,7 @@ use crate::background;
 use crate::config::Route;
 use crate::metrics::{Metrics, Task};
 use crate::pipeline::Proxy;
-use crate::store::{Store, StoreError};
+use idemgate_store::{Store, StoreError};
 
 /// How often a replica looks for lost peers and re-reads the pauses.
 pub const WATCH_EVERY: Duration = Duration::from_secs(1);

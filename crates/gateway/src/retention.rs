@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background;
 use crate::metrics::{Metrics, Task};
-use crate::store::Maintenance;
-use crate::store::SWEEP_LIMIT;
 use idemgate_model::clock::{self, Clock};
+use idemgate_store::Maintenance;
+use idemgate_store::SWEEP_LIMIT;
 
 /// Operations deleted per transaction.
 pub const BATCH: u32 = 500;

@@ -52,13 +52,13 @@ use crate::pipeline::drill::Drill;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::forward::Peer;
 use crate::pipeline::host::ViaTls;
-use crate::scope_key::{ScopeKey, ScopeKeyError};
-use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
 use crate::tls::{FieldError, ServerTls, TlsError};
 use crate::traces::settings::TraceSettings;
 use crate::traces::{TraceError, Tracing};
 use crate::{replicas, retention, tls};
 use idemgate_model::clock::{Clock, SystemClock};
+use idemgate_store::scope_key::{ScopeKey, ScopeKeyError};
+use idemgate_store::{Seal, SealError, Store, StoreError, StoreKeys};
 
 /// Why the gateway did not start.
 #[derive(Debug, thiserror::Error)]
@@ -206,7 +206,7 @@ impl Gateway {
         };
         let owner = uuid::Uuid::now_v7().to_string();
         let scope_key = keys.scope.clone();
-        let store = crate::store::open(&config.store, owner, clock.clone(), keys).await?;
+        let store = idemgate_store::open(&config.store, owner, clock.clone(), keys).await?;
         let serving = Self::serve(
             config,
             listeners,

@@ -31,8 +31,8 @@ use sd_notify::NotifyState;
 use tokio::time::{MissedTickBehavior, interval, timeout};
 
 use crate::server::{Gateway, Health};
-use crate::store::StoreError;
 use crate::tls::TlsError;
+use idemgate_store::StoreError;
 
 /// How often the status is refreshed when no watchdog asks for more.
 pub const STATUS_EVERY: Duration = Duration::from_secs(30);

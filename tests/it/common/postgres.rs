@@ -99,7 +99,7 @@ impl PgSchema {
 /// that holds the file as long as it is kept.
 pub fn new_scope_key_file() -> (String, PathBuf, TempDir) {
     let key_dir = tempfile::tempdir().expect("tempdir");
-    let scope_key = idemgate::store::StoreKey::generate_base64();
+    let scope_key = idemgate_store::StoreKey::generate_base64();
     let scope_key_file = key_dir.path().join("scope-key");
     std::fs::write(&scope_key_file, &scope_key).expect("scope key file");
     (scope_key, scope_key_file, key_dir)
@@ -114,10 +114,10 @@ pub async fn admin_connection() -> sqlx::PgConnection {
 }
 
 /// Store keys for stores opened directly: no seal, a fixed scope key.
-pub fn test_store_keys() -> idemgate::store::StoreKeys {
-    idemgate::store::StoreKeys {
-        seal: idemgate::store::Seal::plain(),
-        scope: idemgate::scope_key::ScopeKey::new(&[5; 32], "the test scope key"),
+pub fn test_store_keys() -> idemgate_store::StoreKeys {
+    idemgate_store::StoreKeys {
+        seal: idemgate_store::Seal::plain(),
+        scope: idemgate_store::scope_key::ScopeKey::new(&[5; 32], "the test scope key"),
     }
 }
 
@@ -185,7 +185,7 @@ impl Drop for PgSchema {
 pub fn postgres_migrations() -> i64 {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/crates/gateway/migrations/postgres"
+        "/crates/store/migrations/postgres"
     );
     let count = std::fs::read_dir(dir).expect("migrations").count();
     i64::try_from(count).expect("a few migrations")

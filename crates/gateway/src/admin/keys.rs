@@ -14,9 +14,9 @@ use serde_json::{Value, json};
 
 use super::{Admin, AdminError, json_response};
 use crate::body::ProxyBody;
-use crate::store::{Decision, ListFilter, Resolved, StoredEvent, Summary};
 use idemgate_model::clock::rfc3339;
 use idemgate_model::operation::{Event, Operation, State, StoredResponse};
+use idemgate_store::{Decision, ListFilter, Resolved, StoredEvent, Summary};
 
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 500;

@@ -53,9 +53,9 @@ use crate::body::{ProxyBody, declared_length, full};
 use crate::metrics::Metrics;
 use crate::pipeline::Proxy;
 use crate::problem::{Problem, ProblemKind};
-use crate::store::{Store, StoreError};
 use idemgate_model::clock::Clock;
 use idemgate_model::operation::State;
+use idemgate_store::{Store, StoreError};
 
 /// Admin request bodies (a resolution with the response to replay) are
 /// bounded like a stored response plus room for the envelope; a declared
@@ -559,7 +559,7 @@ mod tests {
                 "store-unavailable",
             ),
             (
-                AdminError::Store(StoreError::Seal(crate::store::SealError::Unreadable {
+                AdminError::Store(StoreError::Seal(idemgate_store::SealError::Unreadable {
                     operation: "op".into(),
                     field: "response_body",
                     reason: "altered".into(),

@@ -24,10 +24,10 @@ use tokio_util::sync::CancellationToken;
 use crate::alerts::{Endpoint, Poster, payload};
 use crate::background;
 use crate::metrics::{Metrics, Task};
-use crate::store::Outbox;
-use crate::store::{AlertDelivery, AlertOutcome, AlertPoll};
 use idemgate_model::backoff::Backoff;
 use idemgate_model::clock::{self, Clock};
+use idemgate_store::Outbox;
+use idemgate_store::{AlertDelivery, AlertOutcome, AlertPoll};
 
 /// How often the outbox is polled while endpoints are configured.
 pub const POLL: Duration = Duration::from_millis(500);

@@ -28,9 +28,9 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{AlertConfig, AlertEvent, Config, ServerConfig};
 use crate::http_client;
-use crate::store::{Alert, AlertSubscription};
 use idemgate_model::clock::{Clock, SystemClock, rfc3339};
 use idemgate_model::error_chain::error_chain;
+use idemgate_store::{Alert, AlertSubscription};
 
 /// The signature header.
 pub const SIGNATURE: HeaderName = HeaderName::from_static("x-idemgate-signature");

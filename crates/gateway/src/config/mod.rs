@@ -6,8 +6,10 @@
 //!   [`defaults`] (each default written once, as the file spells it);
 //! - [`runtime`]: the validated types the rest of the gateway reads.
 //!
-//! Beside them, `postgres_url` is the one reading of a `postgres://` store
-//! URL, which `check-config` validates with and `serve` connects with.
+//! The `[store]` table's types are the store's own (`idemgate_store::config`:
+//! the store URL, `durability`, the one reading of a `postgres://` URL that
+//! `check-config` validates with and `serve` connects with), re-exported
+//! here beside the rest.
 //!
 //! Invariant: a `Config` value is always valid. Every unknown field and bad
 //! value is refused with the file, the field and the reason, never
@@ -17,11 +19,12 @@
 
 pub mod defaults;
 mod file;
-mod postgres_url;
 pub mod runtime;
 mod validate;
 
-pub use postgres_url::{PostgresServers, postgres_options};
+pub use idemgate_store::config::{
+    Durability, PostgresServers, StoreConfig, StoreUrl, postgres_options, redact_url,
+};
 pub use runtime::*;
 
 use std::net::SocketAddr;

@@ -17,16 +17,16 @@ use http::header::HeaderName;
 use http::{Method, Uri};
 use tokio::sync::Semaphore;
 
-use super::ConfigError;
 use super::defaults::{alert, mcp_reconcile, reconcile, route, server, store};
 use super::file::{
     RawAlert, RawConfig, RawMcp, RawMcpReconcile, RawReconcile, RawRoute, RawServer, RawStore,
 };
 use super::runtime::{
     Absence, AlertConfig, AlertEvent, CertPair, ClientTls, Config, Confirm, DestinationKey,
-    Durability, InProgressMode, KeyMode, McpReconcile, McpTools, Piece, Quota, Reconcile,
-    RotatedKeys, Route, ServerConfig, StoreConfig, StoreUrl, ToolCall, Upstream, Verdicts,
+    InProgressMode, KeyMode, McpReconcile, McpTools, Piece, Quota, Reconcile, RotatedKeys, Route,
+    ServerConfig, ToolCall, Upstream, Verdicts,
 };
+use super::{ConfigError, Durability, StoreConfig, StoreUrl};
 use crate::profile::Profile;
 
 /// The longest duration a field takes. Every duration is a deadline

@@ -40,11 +40,11 @@ use crate::pipeline::quota::StoredCharge;
 use crate::pipeline::reconcile;
 use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Settled};
 use crate::pipeline::{ActiveRoute, Shared};
-use crate::store::{Claim, DUPLICATED, LateEvidence, LateSource, Permit, Recorded};
 use crate::traces::{self, Step};
 use idemgate_model::backoff::Backoff;
 use idemgate_model::clock;
 use idemgate_model::operation::{Event, Fingerprint, Settlement, State, StoredResponse};
+use idemgate_store::{Claim, DUPLICATED, LateEvidence, LateSource, Permit, Recorded};
 
 /// Re-sends of an `unknown` operation under its destination key, at most.
 const RESEND_TRIES: u32 = 6;

@@ -42,9 +42,9 @@ use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::quota::QuotaSpent;
 use crate::pipeline::record::Released;
 use crate::pipeline::replay::{self, ReplayCache};
-use crate::store::{Claim, ClaimResult, NewOperation, Store, StoreError};
 use crate::traces::{self, Step};
 use idemgate_model::operation::{Fingerprint, Operation, State};
+use idemgate_store::{Claim, ClaimResult, NewOperation, Store, StoreError};
 
 /// How often a waiter looks again at an operation in progress that is not
 /// in this process's map (another gateway's).

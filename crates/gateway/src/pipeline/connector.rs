@@ -30,7 +30,7 @@ use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::store::Fence;
+use idemgate_store::Fence;
 
 /// [`HttpsConnector`] whose connections are [`WriteFirst`], checked
 /// against `fence` once up, if it has one.

@@ -18,9 +18,9 @@ use crate::pipeline::path::PathError;
 use crate::pipeline::quota::QuotaSpent;
 use crate::problem::{Problem, ProblemKind, UnknownSince};
 use crate::profile::{Profile, Wire};
-use crate::store::StoreError;
 use crate::traces;
 use idemgate_model::operation::{Operation, State};
+use idemgate_store::StoreError;
 
 /// The operation a problem is about.
 #[derive(Debug, Clone)]
@@ -429,7 +429,7 @@ mod tests {
         check(paused, 503, "route-paused");
         let store = StoreError::Corrupt("x".into());
         check(ProxyError::store(store), 503, "store-unavailable");
-        let unreadable = StoreError::Seal(crate::store::SealError::Unreadable {
+        let unreadable = StoreError::Seal(idemgate_store::SealError::Unreadable {
             operation: "op".into(),
             field: "response_body",
             reason: "altered".into(),

@@ -734,7 +734,7 @@ mod tests {
             &HeaderMap::new(),
             &[],
             true,
-            &crate::scope_key::ScopeKey::new(&[0; 32], "test"),
+            &idemgate_store::scope_key::ScopeKey::new(&[0; 32], "test"),
         )
         .unwrap();
         let (mut merged, mut apart) = (0, 0);

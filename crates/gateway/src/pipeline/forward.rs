@@ -37,11 +37,11 @@ use crate::pipeline::error::ProxyError;
 use crate::pipeline::host::ViaTls;
 use crate::pipeline::pool::{self, Pool, PooledBody, SendError};
 use crate::pipeline::sse;
-use crate::store::{Claim, Fence, Permit};
 use crate::tls::TlsError;
 use crate::traces;
 use idemgate_model::backoff::Backoff;
 use idemgate_model::error_chain::error_chain;
+use idemgate_store::{Claim, Fence, Permit};
 
 /// The client of reconcile probes, whose URLs may name any host.
 pub type ProbeClient = Client<UpstreamConnector, ProxyBody>;

@@ -15,9 +15,9 @@ use sha2::{Digest, Sha256};
 
 use crate::pipeline::fingerprint::digest_hex;
 use crate::profile::{KeySyntax, Profile, Wire};
-use crate::scope_key::ScopeKey;
 use idemgate_model::canonical_json::{self, NotExact};
 use idemgate_model::operation::Fingerprint;
+use idemgate_store::scope_key::ScopeKey;
 
 /// URL-component encoding: everything but the RFC 3986 unreserved
 /// characters, so a key (or any text) is one path segment or query value —

@@ -18,9 +18,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::{Operators, RequestPath};
 use idemgate_model::clock;
 use idemgate_model::operation::{Event, Fingerprint, Operation, Settlement, State, StoredResponse};
+use idemgate_store::{Operators, RequestPath};
 
 use http::Response;
 use serde_json::json;
@@ -32,8 +32,8 @@ use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::forward::{Exchange, LostCause};
 use crate::pipeline::replay;
 use crate::problem::UnknownSince;
-use crate::store::{Claim, LateEvidence, LateSource, Recorded, Store};
 use idemgate_model::backoff::Backoff;
+use idemgate_store::{Claim, LateEvidence, LateSource, Recorded, Store};
 
 /// Between attempts to record an outcome the store refused: 200 ms
 /// doubling up to 5 s, unjittered (one operation's own retries).
@@ -446,9 +446,9 @@ impl Drop for SettleGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::seal::Identity;
     use bytes::Bytes;
     use http::StatusCode;
+    use idemgate_store::seal::Identity;
 
     fn claim() -> Claim {
         Claim {

@@ -23,9 +23,9 @@ use crate::pipeline::ActiveRoute;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::key::{IdempotencyKey, KeyError, Scope};
 use crate::pipeline::path::{self, PathError};
-use crate::scope_key::ScopeKey;
-use crate::store::Operators;
 use idemgate_model::clock::rfc3339;
+use idemgate_store::Operators;
+use idemgate_store::scope_key::ScopeKey;
 
 /// The path prefix idemgate reserves for itself on the proxy listener.
 pub const PREFIX: &str = "/.idemgate/";

@@ -14,7 +14,7 @@ use crate::cli::BenchDurability;
 use crate::mock_upstream::MockUpstream;
 use idemgate::config::{Config, ConfigError, InProgressMode, KeyMode, Overrides};
 use idemgate::server::{Gateway, StartOptions};
-use idemgate::store::StoreKey;
+use idemgate_store::StoreKey;
 
 use super::BenchError;
 

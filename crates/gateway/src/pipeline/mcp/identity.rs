@@ -132,7 +132,7 @@ fn part(hasher: &mut Sha256, bytes: &[u8]) {
 mod tests {
     use super::*;
     use crate::config::McpTools;
-    use crate::scope_key::ScopeKey;
+    use idemgate_store::scope_key::ScopeKey;
 
     fn route(key_argument: Option<&str>) -> Route {
         let toml = r#"

@@ -53,10 +53,10 @@ use crate::config::{Absence, McpReconcile, Reconcile, Route};
 use crate::metrics::Metrics;
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::forward::{self, ProbeClient};
-use crate::store::{Finding, LateEvidence, LateSource, Probed, Store, StoredEvent};
 use crate::traces::{self, Step};
 use idemgate_model::clock;
 use idemgate_model::operation::{Event, Operation, State};
+use idemgate_store::{Finding, LateEvidence, LateSource, Probed, Store, StoredEvent};
 use verdict::{Answer, Rules, Verdict, classify};
 
 /// The probes in flight in this process, by operation id; each probe's

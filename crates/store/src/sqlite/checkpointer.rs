@@ -50,7 +50,11 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
-use crate::store::StoreError;
+use crate::StoreError;
+
+/// The target of this module's log lines: the gateway's (`idemgate::store…`),
+/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+const TARGET: &str = "idemgate::store::sqlite::checkpointer";
 
 /// When the log is copied and restarted, in bytes of log.
 #[derive(Debug, Clone, Copy)]
@@ -169,7 +173,7 @@ fn checkpoint(
             (database.sync_data()).map_err(|e| StoreError::Failed(format!("fdatasync: {e}")))
         });
         if let Err(error) = copied {
-            tracing::warn!(%error, "a checkpoint of the SQLite store failed; retried later");
+            tracing::warn!(target: TARGET, %error, "a checkpoint of the SQLite store failed; retried later");
             continue;
         }
         if log_end >= restart {

@@ -36,8 +36,12 @@ use sqlx::{ConnectOptions, Connection};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::StoreError;
 use crate::config::PostgresServers;
-use crate::store::StoreError;
+
+/// The target of this module's log lines: the gateway's (`idemgate::store…`),
+/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+const TARGET: &str = "idemgate::store::postgres::primary";
 
 /// How long a server may take to connect and answer the check before it
 /// counts as unreachable.
@@ -159,7 +163,7 @@ impl Primary {
         for (pool, session) in self.pools().iter() {
             pool.set_connect_options(server.clone().options(session.iter().copied()));
         }
-        tracing::warn!(
+        tracing::warn!(target: TARGET,
             primary = %name(server),
             was = %name(&self.0.servers[was]),
             "the store's primary moved; new connections go to it"
@@ -209,7 +213,9 @@ async fn search(servers: &[PgConnectOptions], current: Option<usize>) -> Result<
     while let Some(joined) = asked.join_next().await {
         match joined {
             Ok((index, answer)) => answers[index] = Some(answer),
-            Err(panicked) => tracing::error!(%panicked, "a probe of a store server failed"),
+            Err(panicked) => {
+                tracing::error!(target: TARGET, %panicked, "a probe of a store server failed")
+            }
         }
     }
     let writable: Vec<bool> = answers.iter().map(|a| matches!(a, Some(Ok(())))).collect();
@@ -255,12 +261,12 @@ async fn follow(primary: Primary, stop: CancellationToken) {
                 Ok(index) => {
                     primary.point_at(index);
                     if told {
-                        tracing::warn!(primary = %name(primary.current()), "the store has a primary again");
+                        tracing::warn!(target: TARGET, primary = %name(primary.current()), "the store has a primary again");
                     }
                     break;
                 }
                 Err(reasons) if !std::mem::replace(&mut told, true) => {
-                    tracing::error!(%reasons, "the store has no primary: writes get 503 until one is found");
+                    tracing::error!(target: TARGET, %reasons, "the store has no primary: writes get 503 until one is found");
                 }
                 Err(_) => {}
             }

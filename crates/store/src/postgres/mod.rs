@@ -37,7 +37,7 @@
 //! - the claims and records of the requests waiting at a moment go as one
 //!   statement each ([`batch`]): group commit, one round trip per batch.
 //!
-//! Migrations (`crates/gateway/migrations/postgres`, embedded) run at open and by
+//! Migrations (`crates/store/migrations/postgres`, embedded) run at open and by
 //! `idemgate migrate`; sqlx's migrator holds a session advisory lock
 //! while it runs, so replicas starting together apply them once.
 //!
@@ -73,7 +73,7 @@
 //! `a_status_lookup_reads_a_few_pages_before_statistics_on_postgres`
 //! (`tests/it/store_contract.rs`) loads 100,000 operations with autovacuum
 //! off and fails if the lookup reads 40 pages or more. The indexes every
-//! read is served by are listed in the module docs of `store/mod.rs`
+//! read is served by are listed in the module docs of `crates/store/src/lib.rs`
 //! ("Access paths").
 
 mod batch;
@@ -98,9 +98,9 @@ use super::{
     Maintenance, NewOperation, Operators, Outbox, Probed, Recorded, RekeyBatch, RequestPath,
     Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
 };
+use crate::StoreBatches;
 use crate::config::Durability;
 use crate::scope_key::ScopeKey;
-use crate::store::StoreBatches;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use idemgate_model::backoff::Backoff;
 use idemgate_model::clock::{self, Clock};
@@ -108,6 +108,10 @@ use idemgate_model::operation::{Event, Operation, Settlement};
 use primary::{Primary, Session};
 use replication::Replication;
 use statements::{ClaimCall, Owners, RecordCall};
+
+/// The target of this module's log lines: the gateway's (`idemgate::store…`),
+/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+const TARGET: &str = "idemgate::store::postgres";
 
 /// The statements `tests/it/store_contract.rs` explains ([`AccessPath`]).
 pub(super) fn access_paths() -> Vec<super::AccessPath> {
@@ -235,7 +239,9 @@ impl PostgresStore {
             }
         };
         match statements::recount_if_untrusted(&pool).await {
-            Ok(true) => tracing::warn!("operation counts were not known to be exact: recounted"),
+            Ok(true) => {
+                tracing::warn!(target: TARGET, "operation counts were not known to be exact: recounted")
+            }
             Ok(false) => {}
             Err(error) => {
                 pool.close().await;
@@ -317,7 +323,7 @@ impl PostgresStore {
 /// replica's next start).
 async fn check_keys(pool: &PgPool, seal: Seal, scope: &ScopeKey) -> Result<Seal, StoreError> {
     if let Some(keyed) = statements::key_scopes(pool, scope).await? {
-        tracing::info!(operations = keyed, "scopes are keyed from now on");
+        tracing::info!(target: TARGET, operations = keyed, "scopes are keyed from now on");
     }
     let stored = statements::meta(pool, CANARY_ROW).await?;
     if seal.check_canary(stored.as_deref())? == Canary::Missing
@@ -367,22 +373,22 @@ async fn renew(
             Ok(Ok(())) => {
                 fence.renewed(sent);
                 if std::mem::take(&mut failing) {
-                    tracing::info!("replica lease renewed again; claiming resumes");
+                    tracing::info!(target: TARGET, "replica lease renewed again; claiming resumes");
                 }
                 let read = tokio::time::timeout(lease / 3, replication.read(&pool)).await;
                 if let Ok(Err(error)) = read {
-                    tracing::warn!(%error, "cannot read the store's replication");
+                    tracing::warn!(target: TARGET, %error, "cannot read the store's replication");
                 }
             }
             Ok(Err(error)) => {
                 failing = true;
                 primary.suspect(&error);
-                tracing::error!(%error, "cannot renew this replica's lease; writes get 503 once it runs low");
+                tracing::error!(target: TARGET, %error, "cannot renew this replica's lease; writes get 503 once it runs low");
             }
             Err(_) => {
                 failing = true;
                 primary.wake();
-                tracing::error!(
+                tracing::error!(target: TARGET,
                     "renewing this replica's lease timed out; writes get 503 once it runs low"
                 );
             }
@@ -413,18 +419,18 @@ async fn release_unanswered(
         let release = statements::release_unanswered_claim(&pool, &owner, &new, (claimed_at, now));
         match tokio::time::timeout(BATCH_TIMEOUT, release).await {
             Ok(Ok(Some(id))) => {
-                return tracing::warn!(operation_id = %id, "a claim whose answer was lost had committed: released as not_attempted, nothing was sent");
+                return tracing::warn!(target: TARGET, operation_id = %id, "a claim whose answer was lost had committed: released as not_attempted, nothing was sent");
             }
             Ok(Ok(None)) => unreachable = false,
             Ok(Err(error)) => {
                 unreachable = true;
-                tracing::warn!(%error, "cannot yet find out what became of a claim whose answer was lost")
+                tracing::warn!(target: TARGET, %error, "cannot yet find out what became of a claim whose answer was lost")
             }
             Err(_) => unreachable = true,
         }
     }
     if unreachable {
-        tracing::error!(key = %new.key, route = %new.route, "could not find out what became of a claim whose answer was lost; if it committed, it reads in_progress until this replica stops or its lease runs out");
+        tracing::error!(target: TARGET, key = %new.key, route = %new.route, "could not find out what became of a claim whose answer was lost; if it committed, it reads in_progress until this replica stops or its lease runs out");
     }
 }
 
@@ -612,7 +618,7 @@ impl Maintenance for PostgresStore {
             .await
             .inspect_err(|error| self.primary.suspect(error))?;
         if !routes.is_empty() {
-            tracing::warn!(
+            tracing::warn!(target: TARGET,
                 count = routes.len(),
                 "operations left in flight by a lost replica are now unknown"
             );
@@ -662,16 +668,16 @@ impl Maintenance for PostgresStore {
         let this = Owners::This(&self.owner);
         match statements::mark_in_progress_unknown(&self.pool, now, "gateway-stopped", this).await {
             Ok(routes) if routes.is_empty() => {}
-            Ok(routes) => tracing::warn!(
+            Ok(routes) => tracing::warn!(target: TARGET,
                 count = routes.len(),
                 "operations still in flight at shutdown are now unknown"
             ),
             Err(error) => {
-                tracing::error!(%error, "cannot settle in-flight operations; they become unknown once this replica's lease runs out")
+                tracing::error!(target: TARGET, %error, "cannot settle in-flight operations; they become unknown once this replica's lease runs out")
             }
         }
         if let Err(error) = statements::end_lease(&self.pool, &self.owner).await {
-            tracing::warn!(%error, "cannot end this replica's lease; it runs out on its own");
+            tracing::warn!(target: TARGET, %error, "cannot end this replica's lease; it runs out on its own");
         }
         self.pool.close().await;
     }

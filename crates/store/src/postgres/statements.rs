@@ -18,10 +18,10 @@ use std::sync::Arc;
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
+use crate::operation_id;
 use crate::scope_key::{self, ScopeKey};
-use crate::store::operation_id;
-use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
-use crate::store::{
+use crate::seal::{Identity, Payloads, Seal, StoredForm};
+use crate::{
     AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, DUPLICATED, Decision, Finding,
     LateEvidence, ListFilter, ListPath, NewOperation, OPERATION_COLUMNS, Param, PausedBy, Probed,
     Recorded, RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError,

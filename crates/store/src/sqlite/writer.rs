@@ -48,8 +48,12 @@ use super::held::Db;
 use super::inbox::{Answer, Answers, Inbox, Inboxes};
 use super::syncer::{self, Horizon, SyncLog, Syncer};
 use super::transitions::Deferred;
-use crate::store::StoreBatches;
-use crate::store::StoreError;
+use crate::StoreBatches;
+use crate::StoreError;
+
+/// The target of this module's log lines: the gateway's (`idemgate::store…`),
+/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+const TARGET: &str = "idemgate::store::sqlite::writer";
 
 /// The most jobs one transaction takes; more wait for the next one.
 const MAX_BATCH: usize = 256;
@@ -222,7 +226,7 @@ impl Writer {
         if let Some(thread) = thread {
             let joined = tokio::task::spawn_blocking(move || thread.join()).await;
             if !matches!(joined, Ok(Ok(()))) {
-                tracing::error!("the SQLite writer thread ended abnormally");
+                tracing::error!(target: TARGET, "the SQLite writer thread ended abnormally");
             }
         }
         self.inboxes.close();
@@ -288,7 +292,7 @@ impl AfterCommit {
             // Outside the deferral: SQLite syncs the log before it copies,
             // and the database after.
             if let Err(error) = checkpointer::passive(db) {
-                tracing::debug!(%error, "the writer's checkpoint did not finish; retried later");
+                tracing::debug!(target: TARGET, %error, "the writer's checkpoint did not finish; retried later");
             }
         }
         match &self.syncer {
@@ -369,7 +373,7 @@ fn write_batches(
             // Every caller hears 503. A COMMIT that failed in its fsync may
             // still be in the WAL: such a claim comes back `in_progress` at
             // the next start and is held as `unknown`, never sent twice.
-            tracing::error!(%error, calls, "a store batch did not commit");
+            tracing::error!(target: TARGET, %error, calls, "a store batch did not commit");
         }
     }
     after.stop();

@@ -40,7 +40,11 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use crate::store::{StoreBatches, StoreError};
+use crate::{StoreBatches, StoreError};
+
+/// The target of this module's log lines: the gateway's (`idemgate::store…`),
+/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+const TARGET: &str = "idemgate::store::sqlite::syncer";
 
 /// The log's syncs in the store's metrics: the calls one sync answered,
 /// and how long the `fdatasync` took.
@@ -425,7 +429,7 @@ fn sync_batches(
                         "the store's log could not be made durable ({error}); \
                          restart the gateway to recover"
                     );
-                    tracing::error!(%error, "fdatasync of the SQLite log failed: the store takes no more work");
+                    tracing::error!(target: TARGET, %error, "fdatasync of the SQLite log failed: the store takes no more work");
                     horizon.fail(reason);
                 }
             }

@@ -2,13 +2,13 @@
 //! [`Store::settle_alert`] run on the writer's connection, each inside the
 //! writer's batch transaction (docs/operating.md, "Alerts").
 //!
-//! [`Store::take_alerts`]: crate::store::Store::take_alerts
-//! [`Store::settle_alert`]: crate::store::Store::settle_alert
+//! [`Store::take_alerts`]: crate::Store::take_alerts
+//! [`Store::settle_alert`]: crate::Store::settle_alert
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::store::outbox::{AGED_PER_PASS, aged_access_paths};
-use crate::store::{
+use crate::outbox::{AGED_PER_PASS, aged_access_paths};
+use crate::{
     AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription, StoreError,
 };
 

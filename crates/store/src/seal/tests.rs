@@ -1,4 +1,4 @@
-//! Unit tests of `store/seal.rs`: sealed values bound to their place,
+//! Unit tests of `crates/store/src/seal.rs`: sealed values bound to their place,
 //! older formats, key rotation and rekey, the canary, key files.
 
 use super::*;

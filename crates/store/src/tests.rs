@@ -1,4 +1,4 @@
-//! Unit tests of `store/mod.rs`: stored headers as bytes, and the timeline
+//! Unit tests of `crates/store/src/lib.rs`: stored headers as bytes, and the timeline
 //! an operation's row implies beside its stored events.
 
 use super::*;

@@ -24,8 +24,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::store::StoreBatches;
-use crate::store::StoreError;
+use crate::StoreBatches;
+use crate::StoreError;
+
+/// The target of this module's log lines: the gateway's (`idemgate::store…`),
+/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+const TARGET: &str = "idemgate::store::postgres::batch";
 
 /// The most calls one statement takes; more wait for the next one.
 const MAX_BATCH: usize = 256;
@@ -126,16 +130,16 @@ async fn send_batches<J, R, F, Fut>(
                 // It committed, but which answer is whose cannot be told:
                 // the callers find out what became of their calls.
                 let reason = format!("a batch of {calls} calls returned {}", results.len());
-                tracing::error!(%reason, "a store batch answered wrongly");
+                tracing::error!(target: TARGET, %reason, "a store batch answered wrongly");
                 fail_all(replies, || StoreError::Unanswered(reason.clone()));
             }
             Err(error) if answer_lost(&error) => {
-                tracing::error!(%error, calls, "a store batch's answer was lost; it may have committed");
+                tracing::error!(target: TARGET, %error, calls, "a store batch's answer was lost; it may have committed");
                 let reason = error.to_string();
                 fail_all(replies, || StoreError::Unanswered(reason.clone()));
             }
             Err(error) => {
-                tracing::error!(%error, calls, "a store batch did not commit");
+                tracing::error!(target: TARGET, %error, calls, "a store batch did not commit");
                 let reason = error.to_string();
                 fail_all(replies, || StoreError::Failed(reason.clone()));
             }

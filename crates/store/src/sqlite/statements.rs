@@ -21,10 +21,10 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::held::Db;
 use super::transitions::{self, Row as Changed};
+use crate::operation_id;
 use crate::scope_key::{self, ScopeKey};
-use crate::store::operation_id;
-use crate::store::seal::{Identity, Payloads, Seal, StoredForm};
-use crate::store::{
+use crate::seal::{Identity, Payloads, Seal, StoredForm};
+use crate::{
     AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, DUPLICATED, Decision, Finding,
     LateEvidence, ListFilter, ListPath, NewOperation, Param, PausedBy, Probed, Recorded,
     RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent,
@@ -1276,10 +1276,10 @@ mod tests {
     fn before_counts() -> Connection {
         let conn = Connection::open_in_memory().unwrap();
         for sql in [
-            include_str!("../../../migrations/sqlite/0001_operations.sql"),
-            include_str!("../../../migrations/sqlite/0002_state_check_without_in_list.sql"),
-            include_str!("../../../migrations/sqlite/0003_store_meta.sql"),
-            include_str!("../../../migrations/sqlite/0004_alert_outbox.sql"),
+            include_str!("../../migrations/sqlite/0001_operations.sql"),
+            include_str!("../../migrations/sqlite/0002_state_check_without_in_list.sql"),
+            include_str!("../../migrations/sqlite/0003_store_meta.sql"),
+            include_str!("../../migrations/sqlite/0004_alert_outbox.sql"),
         ] {
             conn.execute_batch(sql).unwrap();
         }
@@ -1287,20 +1287,19 @@ mod tests {
     }
 
     const COUNTS_MIGRATION: &str =
-        include_str!("../../../migrations/sqlite/0005_operation_counts.sql");
+        include_str!("../../migrations/sqlite/0005_operation_counts.sql");
 
     const DIGESTS_MIGRATION: &str =
-        include_str!("../../../migrations/sqlite/0007_digests_as_bytes.sql");
+        include_str!("../../migrations/sqlite/0007_digests_as_bytes.sql");
 
-    const PAUSE_KIND_MIGRATION: &str =
-        include_str!("../../../migrations/sqlite/0008_pause_kind.sql");
+    const PAUSE_KIND_MIGRATION: &str = include_str!("../../migrations/sqlite/0008_pause_kind.sql");
 
     /// Migrations 0001 to 0007: the schema before the pause kind.
     fn before_pause_kind() -> Connection {
         let conn = before_counts();
         for sql in [
             COUNTS_MIGRATION,
-            include_str!("../../../migrations/sqlite/0006_access_paths.sql"),
+            include_str!("../../migrations/sqlite/0006_access_paths.sql"),
             DIGESTS_MIGRATION,
         ] {
             conn.execute_batch(sql).unwrap();
@@ -1313,10 +1312,10 @@ mod tests {
         let conn = before_pause_kind();
         conn.execute_batch(PAUSE_KIND_MIGRATION).unwrap();
         for migration in [
-            include_str!("../../../migrations/sqlite/0010_transitions_without_triggers.sql"),
-            include_str!("../../../migrations/sqlite/0011_identity_key_first.sql"),
-            include_str!("../../../migrations/sqlite/0012_state_indexes_without_in_progress.sql"),
-            include_str!("../../../migrations/sqlite/0013_held_twins.sql"),
+            include_str!("../../migrations/sqlite/0010_transitions_without_triggers.sql"),
+            include_str!("../../migrations/sqlite/0011_identity_key_first.sql"),
+            include_str!("../../migrations/sqlite/0012_state_indexes_without_in_progress.sql"),
+            include_str!("../../migrations/sqlite/0013_held_twins.sql"),
         ] {
             conn.execute_batch(migration).unwrap();
         }

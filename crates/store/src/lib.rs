@@ -41,11 +41,16 @@
 //! (SQLite's partial indexes, PostgreSQL's plans before statistics) is in
 //! their own module docs.
 
+#![forbid(unsafe_code)]
+
 mod batches;
+pub mod config;
 pub mod fence;
 mod operation_id;
 mod outbox;
 mod postgres;
+mod postgres_url;
+pub mod scope_key;
 pub mod seal;
 mod sqlite;
 

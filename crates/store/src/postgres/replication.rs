@@ -17,7 +17,11 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgPool;
 
-use crate::store::StoreError;
+use crate::StoreError;
+
+/// The target of this module's log lines: the gateway's (`idemgate::store…`),
+/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+const TARGET: &str = "idemgate::store::postgres::replication";
 
 /// A reading older than this many leases is none: the renewals that take
 /// them have been failing, and the fence stops claims anyway.
@@ -73,7 +77,7 @@ impl Replication {
         if let Some(reason) = refusal_of(Some(&state), self.required) {
             let before = self.state();
             if before.is_none_or(|before| refusal_of(Some(&before), self.required).is_none()) {
-                tracing::warn!(%reason, "writes are refused");
+                tracing::warn!(target: TARGET, %reason, "writes are refused");
             }
         }
         *self.slot() = Some((Instant::now(), state));

@@ -105,13 +105,13 @@
 //!   a conversion at every boundary.
 //!
 //! The indexes every read is served by are listed in the module docs of
-//! `store/mod.rs` ("Access paths"). The counts by (route, state) are one
+//! `crates/store/src/lib.rs` ("Access paths"). The counts by (route, state) are one
 //! row each here: the writer is alone, so no row is ever contended
 //! ([`transitions`]).
 //!
 //! # Migrations
 //!
-//! Migrations run through sqlx (`crates/gateway/migrations/sqlite`, embedded in the
+//! Migrations run through sqlx (`crates/store/migrations/sqlite`, embedded in the
 //! binary) on a connection that is closed before the writer opens its own.
 
 /// The condition of the three indexes that hold `state` (migration 0012):
@@ -157,7 +157,11 @@ use idemgate_model::operation::{Event, Operation, Settlement};
 use reader::Readers;
 use writer::{LogSyncs, QUEUE_TIMEOUT, Writer};
 
-use crate::store::StoreBatches;
+use crate::StoreBatches;
+
+/// The target of this module's log lines: the gateway's (`idemgate::store…`),
+/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+const TARGET: &str = "idemgate::store::sqlite";
 
 pub struct SqliteStore {
     writer: Writer,
@@ -239,7 +243,9 @@ impl SqliteStore {
             .run(|db| statements::recount_if_untrusted(db))
             .await
         {
-            Ok(true) => tracing::warn!("operation counts were not known to be exact: recounted"),
+            Ok(true) => {
+                tracing::warn!(target: TARGET, "operation counts were not known to be exact: recounted")
+            }
             Ok(false) => {}
             Err(error) => {
                 store.writer.stop().await;
@@ -273,7 +279,7 @@ impl SqliteStore {
             .await?;
         self.seal = self.seal.clone().sealed_only(sealed_only.as_deref());
         if let Some(keyed) = keyed {
-            tracing::info!(operations = keyed, "scopes are keyed from now on");
+            tracing::info!(target: TARGET, operations = keyed, "scopes are keyed from now on");
         }
         Ok(())
     }
@@ -342,7 +348,7 @@ fn join(thread: Option<std::thread::JoinHandle<()>>, name: &str) {
     if let Some(thread) = thread
         && thread.join().is_err()
     {
-        tracing::error!("the SQLite {name} thread ended abnormally");
+        tracing::error!(target: TARGET, "the SQLite {name} thread ended abnormally");
     }
 }
 
@@ -576,7 +582,7 @@ impl Maintenance for SqliteStore {
             })
             .await?;
         if !routes.is_empty() {
-            tracing::warn!(
+            tracing::warn!(target: TARGET,
                 count = routes.len(),
                 "operations left in flight by a previous process are now unknown"
             );
@@ -622,12 +628,12 @@ impl Maintenance for SqliteStore {
             .await;
         match marked {
             Ok(routes) if routes.is_empty() => {}
-            Ok(routes) => tracing::warn!(
+            Ok(routes) => tracing::warn!(target: TARGET,
                 count = routes.len(),
                 "operations still in flight at shutdown are now unknown"
             ),
             Err(error) => {
-                tracing::error!(%error, "cannot settle in-flight operations; they become unknown at the next start")
+                tracing::error!(target: TARGET, %error, "cannot settle in-flight operations; they become unknown at the next start")
             }
         }
         self.writer.stop().await;

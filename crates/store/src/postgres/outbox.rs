@@ -4,13 +4,13 @@
 //! due deliveries are taken with `FOR UPDATE SKIP LOCKED` and a lease, so
 //! one replica delivers each at a time (docs/operating.md, "Alerts").
 //!
-//! [`Store::take_alerts`]: crate::store::Store::take_alerts
-//! [`Store::settle_alert`]: crate::store::Store::settle_alert
+//! [`Store::take_alerts`]: crate::Store::take_alerts
+//! [`Store::settle_alert`]: crate::Store::settle_alert
 
 use sqlx::{PgPool, Row};
 
-use crate::store::outbox::{AGED_PER_PASS, aged_access_paths};
-use crate::store::{AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, StoreError};
+use crate::outbox::{AGED_PER_PASS, aged_access_paths};
+use crate::{AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, StoreError};
 
 /// Finished alerts dropped per poll, so one poll stays short.
 const FORGET_PER_POLL: i64 = 500;

@@ -100,7 +100,7 @@ impl Field {
 /// data of the operation's sealed values, so a sealed row given another
 /// row's identity does not open. None of them changes once the operation
 /// is stored (scopes are keyed, once, before a sealed store is written).
-/// A [`Claim`](crate::store::Claim) carries it, so a record seals its
+/// A [`Claim`](crate::Claim) carries it, so a record seals its
 /// response without reading the row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity([u8; 32]);

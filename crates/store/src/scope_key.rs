@@ -38,6 +38,10 @@ use sha2::Sha256;
 use crate::config::{StoreConfig, StoreUrl};
 use idemgate_model::hex_text;
 
+/// The target of this module's log lines: the gateway's (`idemgate::store…`),
+/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+const TARGET: &str = "idemgate::scope_key";
+
 /// Why no scope key could be had, or why the one given does not fit.
 #[derive(Debug, thiserror::Error)]
 pub enum ScopeKeyError {
@@ -222,7 +226,7 @@ fn read_file(path: &Path, create: bool) -> Result<ScopeKey, ScopeKeyError> {
         .permissions()
         .mode();
     if mode & 0o077 != 0 {
-        tracing::warn!(
+        tracing::warn!(target: TARGET,
             path = %path.display(),
             mode = format!("{:o}", mode & 0o777),
             "the scope key file can be read by other users; chmod 600 it"
@@ -252,7 +256,7 @@ fn create_file(path: &Path) -> std::io::Result<bool> {
     OsRng.fill_bytes(&mut key);
     file.write_all(format!("{}\n", STANDARD.encode(key)).as_bytes())?;
     file.sync_all()?;
-    tracing::info!(path = %path.display(), "created a new scope key file");
+    tracing::info!(target: TARGET, path = %path.display(), "created a new scope key file");
     Ok(true)
 }
 

@@ -35,7 +35,7 @@ use std::cell::RefCell;
 
 use rusqlite::{Connection, params};
 
-use crate::store::{Claim, StoreError};
+use crate::{Claim, StoreError};
 use idemgate_model::operation::State;
 
 /// The operation a change is about, as the alert needs it.

@@ -1,0 +1,106 @@
+//! The store's own settings, as the gateway's configuration hands them
+//! over (`[store]`, docs/configuration.md): where operations are kept, how
+//! hard each commit is pushed to disk, and the keys' environment variables.
+//!
+//! Invariant: a [`StoreUrl`] that parsed names a store this crate can open:
+//! a SQLite file (never `:memory:`), or a PostgreSQL URL whose options
+//! [`postgres_options`] reads.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use crate::postgres_url::{PostgresServers, postgres_options};
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub url: StoreUrl,
+    pub durability: Durability,
+    /// `completed` and `not_attempted` operations are deleted this long after
+    /// their last update; `unknown` ones never expire on their own.
+    pub retention: Duration,
+    /// PostgreSQL: how long a replica that stopped renewing still counts as
+    /// alive (the database's clock); its operations in flight become
+    /// `unknown` after that.
+    pub lease: Duration,
+    /// PostgreSQL: writes are refused unless the server is a primary with
+    /// a synchronous standby streaming (docs/replicas.md, "Failover").
+    pub require_synchronous_standby: bool,
+    /// The environment variable holding the key (32 bytes, base64) that
+    /// seals stored payloads; `None`: stored in clear.
+    pub encryption_key_env: Option<String>,
+    /// The variable holding the key payloads were sealed with before a
+    /// rotation: read only, until `idemgate rekey` has sealed them again.
+    pub previous_key_env: Option<String>,
+    /// The variable holding the scope key (32 bytes, base64); before
+    /// `scope_key_file`.
+    pub scope_key_env: Option<String>,
+    /// The file holding the scope key; SQLite's default is
+    /// `<store file>.scope-key`, created at first start.
+    pub scope_key_file: Option<PathBuf>,
+}
+
+/// Where operations are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    Sqlite(PathBuf),
+    /// `postgres://…` or `postgresql://…`, as given (sqlx reads its options).
+    Postgres(String),
+}
+
+impl StoreUrl {
+    /// Parses `sqlite://PATH` (or `sqlite:PATH`), where `sqlite:///abs/path.db`
+    /// is absolute, or a `postgres://` URL.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"));
+        match path {
+            Some("") => Err("the sqlite URL names no file".into()),
+            Some(p) if p.contains('?') => {
+                Err("sqlite URL options are not supported; use the [store] fields".into())
+            }
+            Some(p) if p.starts_with(":memory:") => Err(
+                "an in-memory store would forget every operation on restart; name a file".into(),
+            ),
+            Some(p) => Ok(StoreUrl::Sqlite(PathBuf::from(p))),
+            None if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                postgres_options(url)?;
+                Ok(StoreUrl::Postgres(url.to_string()))
+            }
+            None => Err("expected sqlite://FILE or postgres://…".into()),
+        }
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
+            StoreUrl::Postgres(url) => f.write_str(&redact_url(url)),
+        }
+    }
+}
+
+/// `url` with its password (if any) replaced by `***`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+/// How hard each commit is pushed to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync every commit: survives a power loss.
+    Full,
+    /// Survives a process crash, not a power loss.
+    Normal,
+}
