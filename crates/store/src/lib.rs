@@ -45,7 +45,7 @@
 
 mod batches;
 pub mod config;
-pub mod fence;
+mod fence;
 mod operation_id;
 mod outbox;
 mod postgres;
