@@ -14,7 +14,7 @@ pub type ProxyBody = BoxBody<Bytes, BoxError>;
 /// The body length a request's head declares (`Content-Length`), if any:
 /// what lets a limit answer before the body is polled, and so before
 /// hyper sends `100 Continue`.
-pub fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+pub(crate) fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
     headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

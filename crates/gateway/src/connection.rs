@@ -72,18 +72,18 @@ use crate::pipeline::error::ProxyError;
 
 /// Streams a client may reset before the gateway accepted them, at once;
 /// more close the connection (GOAWAY `ENHANCE_YOUR_CALM`). h2's default.
-pub const PENDING_ACCEPT_RESETS: usize = 20;
+pub(crate) const PENDING_ACCEPT_RESETS: usize = 20;
 
 /// Streams the gateway may reset for a client's protocol errors on one
 /// connection; more close it.
-pub const LOCAL_ERROR_RESETS: usize = 256;
+pub(crate) const LOCAL_ERROR_RESETS: usize = 256;
 
 /// What one HTTP/2 stream may queue for sending before it waits for the
 /// client to read (hyper's default, written down).
-pub const SEND_BUFFER: usize = 400 * 1024;
+pub(crate) const SEND_BUFFER: usize = 400 * 1024;
 
 /// How connections are served: the builder with every limit set.
-pub struct Http {
+pub(crate) struct Http {
     builder: auto::Builder<TokioExecutor>,
     /// With no request in progress this long, the connection is closed.
     idle: Duration,

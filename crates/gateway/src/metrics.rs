@@ -137,12 +137,12 @@ pub enum Task {
 /// Marks a response that says the store failed (503 `store-unavailable`),
 /// for the store-errors counter.
 #[derive(Debug, Clone, Copy)]
-pub struct StoreFailure;
+pub(crate) struct StoreFailure;
 
 /// The operation a response is about, carried as a response extension for
 /// the request log.
 #[derive(Debug, Clone)]
-pub struct OperationId(pub String);
+pub(crate) struct OperationId(pub String);
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RequestLabels {
@@ -217,7 +217,7 @@ impl RouteSeries {
             .inc();
     }
 
-    pub fn upstream_duration(&self, seconds: f64) {
+    pub(crate) fn upstream_duration(&self, seconds: f64) {
         self.upstream_seconds.observe(seconds);
     }
 }
@@ -338,7 +338,7 @@ impl Metrics {
     /// Creates at zero every series whose labels are known at start (each
     /// route's, each listener's), so they are exported — and `rate()` over
     /// them works — before their first event.
-    pub fn start_at_zero<'a>(&self, routes: impl IntoIterator<Item = &'a str>) {
+    pub(crate) fn start_at_zero<'a>(&self, routes: impl IntoIterator<Item = &'a str>) {
         for route in routes {
             let labels = RouteLabels::of(route);
             // Creating the child is the point; its guard is dropped at once.
@@ -365,13 +365,13 @@ impl Metrics {
     }
 
     /// Where the traces' exporter counts the spans it could not export.
-    pub fn trace_spans_dropped(&self) -> Counter {
+    pub(crate) fn trace_spans_dropped(&self) -> Counter {
         self.trace_spans_dropped.clone()
     }
 
     /// `route`'s request counters and upstream histogram, for the request
     /// path to count through without a look-up per request.
-    pub fn route_series(&self, route: &str) -> RouteSeries {
+    pub(crate) fn route_series(&self, route: &str) -> RouteSeries {
         RouteSeries {
             route: route.to_string(),
             requests: self.requests.clone(),
@@ -401,7 +401,7 @@ impl Metrics {
 
     /// A probe of one of `route`'s held operations concluded `verdict`
     /// (`found`, `absent`, `duplicated`, `undetermined`).
-    pub fn probe_verdict(&self, route: &str, verdict: &'static str) {
+    pub(crate) fn probe_verdict(&self, route: &str, verdict: &'static str) {
         self.probe_verdicts
             .get_or_create(&VerdictLabels {
                 route: route.to_string(),
@@ -412,14 +412,14 @@ impl Metrics {
 
     /// A write's connect to `route`'s upstream failed unwritten and is
     /// tried again.
-    pub fn connect_retry(&self, route: &str) {
+    pub(crate) fn connect_retry(&self, route: &str) {
         self.connect_retries
             .get_or_create(&RouteLabels::of(route))
             .inc();
     }
 
     /// A connection refused on `listener` (`proxy` or `admin`) at its cap.
-    pub fn refused_connection(&self, listener: &'static str) {
+    pub(crate) fn refused_connection(&self, listener: &'static str) {
         self.refused_connections
             .get_or_create(&ListenerLabels { listener })
             .inc();
@@ -427,28 +427,31 @@ impl Metrics {
 
     /// One alert delivery attempt ended so (`delivered`, `failed`,
     /// `gave_up`).
-    pub fn alert_delivery(&self, outcome: &'static str) {
+    pub(crate) fn alert_delivery(&self, outcome: &'static str) {
         self.alert_deliveries
             .get_or_create(&DeliveryLabels { outcome })
             .inc();
     }
 
     /// A pass of `task` ran to its end without a store error.
-    pub fn background_pass(&self, task: Task) {
+    pub(crate) fn background_pass(&self, task: Task) {
         self.background_passes
             .get_or_create(&TaskLabels { task })
             .inc();
     }
 
     /// A request on `route` answered 503 `store-unavailable`.
-    pub fn store_error(&self, route: &str) {
+    pub(crate) fn store_error(&self, route: &str) {
         self.store_errors
             .get_or_create(&RouteLabels::of(route))
             .inc();
     }
 
     /// Reads the store's gauges for a scrape, within [`STORE_READ_BOUND`].
-    pub async fn read_store(&self, store: Arc<dyn Operators>) -> Result<StoreGauges, StoreUnread> {
+    pub(crate) async fn read_store(
+        &self,
+        store: Arc<dyn Operators>,
+    ) -> Result<StoreGauges, StoreUnread> {
         let slot = Arc::clone(&self.store_read)
             .try_lock_owned()
             .map_err(|_| StoreUnread::StillWaiting)?;

@@ -183,7 +183,7 @@ impl ProblemKind {
     /// A store call that failed: 500 `store-unreadable` when the store
     /// answered but holds a value that must not be used (a sealed payload
     /// that does not open), else 503 `store-unavailable`, worth a retry.
-    pub fn of_store(error: &StoreError) -> Self {
+    pub(crate) fn of_store(error: &StoreError) -> Self {
         if error.is_unreadable() {
             ProblemKind::StoreUnreadable
         } else {
@@ -265,14 +265,14 @@ impl Problem {
     }
 
     /// The answer as idemgate's own profile renders it.
-    pub fn into_response(self) -> Response<ProxyBody> {
+    pub(crate) fn into_response(self) -> Response<ProxyBody> {
         self.into_response_as(Profile::Idemgate.wire())
     }
 
     /// The answer as `wire`'s profile renders it (docs/profiles.md): its
     /// status, body shape, error code and headers; the problem's detail,
     /// operation and state whatever the shape.
-    pub fn into_response_as(mut self, wire: &Wire) -> Response<ProxyBody> {
+    pub(crate) fn into_response_as(mut self, wire: &Wire) -> Response<ProxyBody> {
         let decided = wire.decide(self.kind.name(), self.status);
         let retry_after = decided.retry_after.or(self.retry_after);
         // Refused outright, or about no operation: not taken as repeatable.

@@ -181,7 +181,7 @@ pub struct Decided {
 
 /// OASIS `Repeatability-Result`: whether the server took the request as
 /// repeatable.
-pub const REPEATABILITY_RESULT: &str = "repeatability-result";
+pub(crate) const REPEATABILITY_RESULT: &str = "repeatability-result";
 
 /// Everything a profile decides, as data.
 #[derive(Debug)]

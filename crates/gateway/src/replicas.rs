@@ -26,7 +26,7 @@ use crate::pipeline::Proxy;
 use idemgate_store::{Store, StoreError};
 
 /// How often a replica looks for lost peers and re-reads the pauses.
-pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// Marks dead owners' operations `unknown` and trips the latches of the
 /// routes they were on.

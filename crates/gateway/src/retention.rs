@@ -25,7 +25,7 @@ use idemgate_store::Maintenance;
 use idemgate_store::SWEEP_LIMIT;
 
 /// Operations deleted per transaction.
-pub const BATCH: u32 = 500;
+pub(crate) const BATCH: u32 = 500;
 const _: () = assert!(BATCH <= SWEEP_LIMIT);
 /// The pause between two batches of one sweep, for requests to get the writer.
 const BETWEEN_BATCHES: Duration = Duration::from_millis(20);

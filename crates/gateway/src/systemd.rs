@@ -35,7 +35,7 @@ use crate::tls::TlsError;
 use idemgate_store::StoreError;
 
 /// How often the status is refreshed when no watchdog asks for more.
-pub const STATUS_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const STATUS_EVERY: Duration = Duration::from_secs(30);
 
 /// The service manager, if one listens.
 #[derive(Debug, Clone, Copy)]
@@ -171,7 +171,7 @@ pub fn serving(gateway: &Gateway, health: &Result<Health, StoreError>) -> String
 }
 
 /// The status line after a SIGHUP: its outcome, then what `serving` says.
-pub fn reload_status(outcome: &Result<(), TlsError>, serving: &str) -> String {
+pub(crate) fn reload_status(outcome: &Result<(), TlsError>, serving: &str) -> String {
     match outcome {
         Ok(()) => format!("reloaded; {serving}"),
         Err(error) => format!("reload failed, the previous certificate stays: {error}; {serving}"),

@@ -77,7 +77,7 @@ impl Permit {
 
 impl Fence {
     /// A fence for a store no other process can take attempts from.
-    pub fn unshared() -> Self {
+    pub(crate) fn unshared() -> Self {
         Fence(Arc::new(Inner {
             lease: None,
             closed: AtomicBool::new(false),

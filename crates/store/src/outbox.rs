@@ -93,7 +93,7 @@ pub enum AlertOutcome {
 impl AlertPoll {
     /// The distinct `unknown-aged` thresholds (ms) to look for this poll:
     /// none unless it is `aging`.
-    pub fn aged_thresholds(&self) -> Vec<i64> {
+    pub(crate) fn aged_thresholds(&self) -> Vec<i64> {
         let mut thresholds: Vec<i64> = self
             .subscriptions
             .iter()

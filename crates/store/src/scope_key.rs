@@ -187,10 +187,10 @@ impl ScopeKey {
 }
 
 /// Where a PostgreSQL store's scope key is read when the config names none.
-pub const DEFAULT_POSTGRES_ENV: &str = "IDEMGATE_SCOPE_KEY";
+pub(crate) const DEFAULT_POSTGRES_ENV: &str = "IDEMGATE_SCOPE_KEY";
 
 /// The meta row the scope key's canary is kept in.
-pub const CANARY_ROW: &str = "scope-canary";
+pub(crate) const CANARY_ROW: &str = "scope-canary";
 
 /// `<store file>.scope-key`, beside the database.
 pub fn default_file(db: &Path) -> PathBuf {

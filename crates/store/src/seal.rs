@@ -310,13 +310,13 @@ pub struct StoredForm {
 }
 
 /// The name of the canary's row in the store's meta table.
-pub const CANARY_ROW: &str = "seal-canary";
+pub(crate) const CANARY_ROW: &str = "seal-canary";
 
 /// The meta row that makes a store sealed-only: written when a store is
 /// first sealed holding no operation, and when a rekey finishes. Its
 /// value names the one format the store holds.
-pub const SEALED_ONLY_ROW: &str = "sealed-only";
-pub const SEALED_ONLY_VALUE: &str = "igseal2";
+pub(crate) const SEALED_ONLY_ROW: &str = "sealed-only";
+pub(crate) const SEALED_ONLY_VALUE: &str = "igseal2";
 
 /// What [`Seal::check_canary`] found.
 #[derive(Debug, PartialEq, Eq)]
@@ -369,7 +369,7 @@ impl Seal {
     /// This seal for a store whose meta row [`SEALED_ONLY_ROW`] is
     /// `stored`: sealed-only when it is there and keys are set (a sealed
     /// store without a key does not open).
-    pub fn sealed_only(self, stored: Option<&str>) -> Self {
+    pub(crate) fn sealed_only(self, stored: Option<&str>) -> Self {
         Seal {
             sealed_only: stored.is_some() && self.keys.is_some(),
             ..self
@@ -426,7 +426,7 @@ impl Seal {
     }
 
     /// The stored request body of `operation` as it was written.
-    pub fn open_request_body(
+    pub(crate) fn open_request_body(
         &self,
         operation: &str,
         identity: &Identity,
@@ -511,7 +511,7 @@ impl Seal {
     /// Whether a stored value must be sealed again under the current key
     /// (`idemgate rekey`): it is plain, in format version 1, or sealed
     /// under another key.
-    pub fn is_stale(&self, stored: &[u8]) -> bool {
+    pub(crate) fn is_stale(&self, stored: &[u8]) -> bool {
         let Some(keys) = &self.keys else {
             return false;
         };
@@ -529,7 +529,7 @@ impl Seal {
     /// `stored` (of `operation`) sealed again under the current key, in
     /// the current format, or `None` when every value in it already is
     /// (`idemgate rekey`).
-    pub fn reseal(
+    pub(crate) fn reseal(
         &self,
         operation: &str,
         identity: &Identity,
@@ -576,7 +576,7 @@ impl Seal {
 
     /// Whether these keys fit a store whose canary is `stored` (`None`:
     /// never sealed).
-    pub fn check_canary(&self, stored: Option<&str>) -> Result<Canary, SealError> {
+    pub(crate) fn check_canary(&self, stored: Option<&str>) -> Result<Canary, SealError> {
         let (Some(stored), keys) = (stored, &self.keys) else {
             return Ok(if self.keys.is_some() {
                 Canary::Missing

@@ -98,7 +98,7 @@ impl Answer {
 
 /// A gateway's two listeners, as its client and its operator reach them.
 #[derive(Clone)]
-pub struct GatewayClient {
+pub(crate) struct GatewayClient {
     client: Client<HttpConnector, Full<Bytes>>,
     gateway: SocketAddr,
     admin: SocketAddr,
@@ -169,7 +169,7 @@ impl GatewayClient {
     /// The state the client's status lookup (`GET /.idemgate/operations/KEY`)
     /// gives, asked until it is `until` or `attempts` lookups, 50 ms
     /// apart, have passed; the last one seen.
-    pub async fn state_until(
+    pub(crate) async fn state_until(
         &self,
         key: &str,
         until: &str,

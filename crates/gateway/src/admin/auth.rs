@@ -138,7 +138,7 @@ impl AdminToken {
     }
 
     /// Refuses an admin listener off loopback without a token.
-    pub fn check_exposure(
+    pub(crate) fn check_exposure(
         &self,
         admin_listen: SocketAddr,
         variable: &str,

@@ -18,7 +18,7 @@ use http::header::{
 use crate::body::{ProxyBody, full};
 
 /// One file of the console.
-pub struct Asset {
+pub(crate) struct Asset {
     /// The path segment it is served at (`""` is `/`).
     name: &'static str,
     content_type: &'static str,
@@ -49,7 +49,7 @@ const POLICY: &str = "default-src 'self'; object-src 'none'; base-uri 'none'; \
                       form-action 'none'; frame-ancestors 'none'";
 
 /// The asset served at the path segment `name`, if any.
-pub fn asset(name: &str) -> Option<&'static Asset> {
+pub(crate) fn asset(name: &str) -> Option<&'static Asset> {
     ASSETS.iter().find(|asset| asset.name == name)
 }
 

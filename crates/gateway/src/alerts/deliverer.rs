@@ -30,9 +30,9 @@ use idemgate_store::Outbox;
 use idemgate_store::{AlertDelivery, AlertOutcome, AlertPoll};
 
 /// How often the outbox is polled while endpoints are configured.
-pub const POLL: Duration = Duration::from_millis(500);
+pub(crate) const POLL: Duration = Duration::from_millis(500);
 /// Without endpoints the outbox is only tidied, now and then.
-pub const IDLE_POLL: Duration = Duration::from_secs(60);
+pub(crate) const IDLE_POLL: Duration = Duration::from_secs(60);
 /// A taken delivery is not taken again for this long unless settled: more
 /// than a post can take.
 const LEASE: Duration = Duration::from_secs(30);
@@ -50,7 +50,7 @@ pub const AGING: Duration = Duration::from_secs(30);
 const KEEP: Duration = Duration::from_secs(3600);
 
 /// What the deliverer posts with and where it reads and settles alerts.
-pub struct Deliverer {
+pub(crate) struct Deliverer {
     pub store: Arc<dyn Outbox>,
     pub endpoints: Vec<Endpoint>,
     pub poster: Poster,

@@ -33,7 +33,7 @@ use idemgate_model::error_chain::error_chain;
 use idemgate_store::{Alert, AlertSubscription};
 
 /// The signature header.
-pub const SIGNATURE: HeaderName = HeaderName::from_static("x-idemgate-signature");
+pub(crate) const SIGNATURE: HeaderName = HeaderName::from_static("x-idemgate-signature");
 
 /// How long one delivery may take, connect included.
 const POST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,7 +52,7 @@ pub enum AlertError {
 
 /// One `[[alerts]]` endpoint, ready to post to.
 #[derive(Debug, Clone)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     /// What the store knows it by: a hash of its URL (URLs of webhooks
     /// often carry a token, and the store never holds one).
     pub id: String,
@@ -111,7 +111,7 @@ impl Endpoint {
 
     /// The URL for logs and output: without its query, where webhook
     /// tokens often are.
-    pub fn display_url(&self) -> String {
+    pub(crate) fn display_url(&self) -> String {
         let url = &self.config.url;
         format!(
             "{}://{}{}",
@@ -154,7 +154,7 @@ pub fn signature(secret: &[u8], unix: u64, body: &[u8]) -> String {
 
 /// Posts alerts.
 #[derive(Clone)]
-pub struct Poster {
+pub(crate) struct Poster {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
@@ -246,7 +246,7 @@ fn sample(now: i64) -> Alert {
 
 /// The console's base URL, as alerts link to it: the admin listener at
 /// `admin`, over https when `server` gives it a certificate.
-pub fn console_base(server: &ServerConfig, admin: std::net::SocketAddr) -> String {
+pub(crate) fn console_base(server: &ServerConfig, admin: std::net::SocketAddr) -> String {
     let scheme = if server.admin_tls.is_some() {
         "https"
     } else {

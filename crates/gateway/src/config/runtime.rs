@@ -223,7 +223,7 @@ pub struct ToolCall {
 
 /// One piece of a probe URL template.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Piece<'a> {
+pub(crate) enum Piece<'a> {
     Text(&'a str),
     /// `{key}`.
     Key,
@@ -233,7 +233,7 @@ pub enum Piece<'a> {
 
 /// The pieces of a probe URL template, left to right; `Err` says which
 /// `{…}` is not a placeholder (`{key}`, `{body:/pointer}`).
-pub fn url_pieces(template: &str) -> Result<Vec<Piece<'_>>, String> {
+pub(crate) fn url_pieces(template: &str) -> Result<Vec<Piece<'_>>, String> {
     let mut pieces = Vec::new();
     let mut rest = template;
     while let Some(start) = rest.find('{') {
@@ -423,22 +423,12 @@ pub struct McpTools {
     pub reconcile: Option<McpReconcile>,
 }
 
-impl McpReconcile {
-    /// The probe's arguments for a held call with key `key` whose
-    /// arguments `argument` gives by name: each string of the template
-    /// that is `{argument:NAME}` becomes that argument's value, and
-    /// `{key}` or `{argument:NAME}` within a longer string its text.
-    pub fn arguments_for(
-        &self,
-        key: &str,
-        argument: impl Fn(&str) -> Option<serde_json::Value>,
-    ) -> Result<serde_json::Value, String> {
-        fill_template(&self.arguments, key, argument)
-    }
-}
-
-/// [`McpReconcile::arguments_for`] of any template.
-pub fn fill_template(
+/// A probe's arguments from a template (a tool's `reconcile.arguments`)
+/// for a held call with key `key` whose arguments `argument` gives by
+/// name: each string of the template that is `{argument:NAME}` becomes
+/// that argument's value, and `{key}` or `{argument:NAME}` within a longer
+/// string its text.
+pub(crate) fn fill_template(
     template: &str,
     key: &str,
     argument: impl Fn(&str) -> Option<serde_json::Value>,

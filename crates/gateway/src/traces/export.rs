@@ -40,7 +40,7 @@ const MAX_ANSWER: usize = 64 * 1024;
 /// The OTLP exporter's HTTP client: the gateway's hyper client, driven on
 /// the gateway's runtime (the batch processor's thread has none).
 #[derive(Debug, Clone)]
-pub struct Collector {
+pub(crate) struct Collector {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     runtime: Handle,
     /// One export's bound, from connect to the answer's last byte.
@@ -108,7 +108,7 @@ impl Queue {
 /// The batch processor, behind a bound of its own that counts what it
 /// refuses.
 #[derive(Debug)]
-pub struct Gate {
+pub(crate) struct Gate {
     inner: BatchSpanProcessor,
     queue: Queue,
     capacity: usize,
@@ -162,7 +162,7 @@ impl SpanProcessor for Gate {
 /// failure after a success is logged, and the first success after it: one
 /// line per outage, not one per batch.
 #[derive(Debug)]
-pub struct Counted<E> {
+pub(crate) struct Counted<E> {
     inner: E,
     queue: Queue,
     failing: AtomicBool,

@@ -126,7 +126,7 @@ impl Step {
 }
 
 /// The request span's name.
-pub const REQUEST: &str = "idemgate.request";
+pub(crate) const REQUEST: &str = "idemgate.request";
 
 /// What a request span learns from deep in the pipeline, written on it
 /// once when it ends (an attribute set twice would be exported twice).
@@ -278,7 +278,7 @@ pub fn within<F: Future>(cx: Context, future: F) -> Traced<F> {
 
 /// `future` (a task being spawned) run in the current request's context,
 /// if any: the task's steps are the request's children.
-pub fn in_current<F: Future>(future: F) -> Traced<F> {
+pub(crate) fn in_current<F: Future>(future: F) -> Traced<F> {
     Traced {
         future,
         cx: with_request(|cx, _| cx.clone()),
@@ -351,7 +351,7 @@ impl<F: Future> Future for Traced<F> {
 /// Writes the current span's context as the `traceparent` (and
 /// `tracestate`) of a request idemgate sends, replacing the client's; off,
 /// the client's are left as they came.
-pub fn inject(headers: &mut HeaderMap) {
+pub(crate) fn inject(headers: &mut HeaderMap) {
     with_request(|cx, _| {
         headers.remove("traceparent");
         headers.remove("tracestate");
@@ -361,17 +361,17 @@ pub fn inject(headers: &mut HeaderMap) {
 
 /// The key of the current request, as a keyed hash (`hash` is called
 /// only when traced).
-pub fn note_key(hash: impl FnOnce() -> String) {
+pub(crate) fn note_key(hash: impl FnOnce() -> String) {
     note(|notes| notes.key = Some(hash()));
 }
 
 /// The state of the current request's operation, as it answered.
-pub fn note_state(state: &'static str) {
+pub(crate) fn note_state(state: &'static str) {
     note(|notes| notes.state = Some(state));
 }
 
 /// The attempt the current request made, and the state it left.
-pub fn note_attempt(attempt: u32, state: &'static str) {
+pub(crate) fn note_attempt(attempt: u32, state: &'static str) {
     note(|notes| {
         notes.attempt = Some(attempt);
         notes.state = Some(state);
@@ -440,7 +440,7 @@ pub fn answered<O: std::fmt::Debug>(answer: Answer<'_, O>) {
 
 /// A connect retry of the current upstream exchange (`reason`, an error
 /// chain, is made only when traced).
-pub fn connect_retry(retry: u32, reason: impl FnOnce() -> String) {
+pub(crate) fn connect_retry(retry: u32, reason: impl FnOnce() -> String) {
     on_span(|span| {
         span.add_event(
             "connect.retry",
@@ -455,7 +455,7 @@ pub fn connect_retry(retry: u32, reason: impl FnOnce() -> String) {
 /// How the current upstream exchange ended: after `tries` tries, as
 /// `exchange` (`complete`, `lost`, …), with the upstream's `status` if a
 /// response came.
-pub fn upstream_ended(tries: u32, exchange: &'static str, status: Option<u16>) {
+pub(crate) fn upstream_ended(tries: u32, exchange: &'static str, status: Option<u16>) {
     on_span(|span| {
         span.set_attribute(KeyValue::new("idemgate.upstream.tries", i64::from(tries)));
         span.set_attribute(KeyValue::new("idemgate.upstream.exchange", exchange));
@@ -474,7 +474,7 @@ pub fn upstream_ended(tries: u32, exchange: &'static str, status: Option<u16>) {
 /// What the current probe concluded: its `verdict` (`found`, `absent`,
 /// `duplicated`, `undetermined`; `matched` when found), and the status its
 /// first question got if any.
-pub fn probe_ended(verdict: &'static str, status: Option<u16>) {
+pub(crate) fn probe_ended(verdict: &'static str, status: Option<u16>) {
     on_span(|span| {
         span.set_attribute(KeyValue::new("idemgate.probe.matched", verdict == "found"));
         span.set_attribute(KeyValue::new("idemgate.probe.verdict", verdict));
@@ -488,6 +488,6 @@ pub fn probe_ended(verdict: &'static str, status: Option<u16>) {
 }
 
 /// Whether a late response settled its operation.
-pub fn late_ended(settled: bool) {
+pub(crate) fn late_ended(settled: bool) {
     on_span(|span| span.set_attribute(KeyValue::new("idemgate.late.settled", settled)));
 }

@@ -38,15 +38,15 @@ const MAX_BATCH: usize = 256;
 const QUEUE: usize = 4096;
 
 /// How long a call may wait for its batch before it is refused unrun.
-pub const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a batch may wait for the database's answer.
-pub const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Reply<R> = oneshot::Sender<Result<R, StoreError>>;
 
 /// The queue of one kind of call, and the task that sends its batches.
-pub struct Batcher<J, R> {
+pub(crate) struct Batcher<J, R> {
     queue: mpsc::Sender<(Instant, J, Reply<R>)>,
 }
 

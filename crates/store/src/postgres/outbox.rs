@@ -103,7 +103,7 @@ async fn add_aged(
 }
 
 /// The aging pass's reads of `operations` ([`AccessPath`]).
-pub fn access_paths() -> Vec<AccessPath> {
+pub(crate) fn access_paths() -> Vec<AccessPath> {
     aged_access_paths(AGED_END, AGED_INSERT, "updated_at >= ")
 }
 

@@ -60,7 +60,7 @@ pub type Session = &'static [(&'static str, &'static str)];
 /// The servers, which one the pools connect to, and the pools that follow
 /// it; cheap to clone.
 #[derive(Clone)]
-pub struct Primary(Arc<Inner>);
+pub(crate) struct Primary(Arc<Inner>);
 
 struct Inner {
     servers: Vec<PgConnectOptions>,
@@ -75,7 +75,7 @@ struct Inner {
 
 /// Why a server is not one the store writes to.
 #[derive(Debug, thiserror::Error)]
-pub enum NotPrimary {
+pub(crate) enum NotPrimary {
     #[error("in recovery (a standby)")]
     InRecovery,
     #[error("read-only (transaction_read_only is on)")]
@@ -134,7 +134,7 @@ impl Primary {
 
     /// Wakes the follower if `error` says the connection to the primary
     /// broke or could not be made.
-    pub fn suspect(&self, error: &StoreError) {
+    pub(crate) fn suspect(&self, error: &StoreError) {
         if breaks_connection(error) {
             self.wake();
         }

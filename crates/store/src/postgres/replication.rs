@@ -44,7 +44,7 @@ pub struct ReplicationState {
 
 /// The latest reading and what it allows; shared by the store and its
 /// lease renewal.
-pub struct Replication {
+pub(crate) struct Replication {
     required: bool,
     lease: Duration,
     latest: Mutex<Option<(Instant, ReplicationState)>>,

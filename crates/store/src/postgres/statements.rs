@@ -35,7 +35,7 @@ const OWNER_ALIVE: &str = "EXISTS (SELECT 1 FROM replicas r
 
 /// A claim waiting for its batch: the write, and when it came (the
 /// gateway's clock).
-pub struct ClaimCall {
+pub(crate) struct ClaimCall {
     pub now: i64,
     pub new: Arc<NewOperation>,
 }
@@ -188,7 +188,7 @@ fn held_twin_sql() -> String {
 /// next retry is sent. Found by its identity, its owner and the time the
 /// claim wrote (`claimed_at`), so no later claim is taken for it. The id
 /// released, if any.
-pub async fn release_unanswered_claim(
+pub(crate) async fn release_unanswered_claim(
     pool: &PgPool,
     owner: &str,
     new: &NewOperation,
@@ -225,7 +225,7 @@ fn int(n: impl TryInto<i32>) -> i32 {
 }
 
 /// A record waiting for its batch.
-pub struct RecordCall {
+pub(crate) struct RecordCall {
     pub now: i64,
     pub claim: Claim,
     pub settlement: Settlement,
@@ -355,7 +355,7 @@ pub async fn record(
 }
 
 /// Whose `in_progress` operations [`mark_in_progress_unknown`] takes.
-pub enum Owners<'a> {
+pub(crate) enum Owners<'a> {
     /// This replica's own, at shutdown.
     This(&'a str),
     /// Every owner without a running lease, by a replica whose own lease runs.
@@ -365,7 +365,7 @@ pub enum Owners<'a> {
 /// `in_progress` → `unknown` with `evidence`, each operation once (the
 /// update is the compare-and-set); the routes of the operations marked,
 /// one entry per operation.
-pub async fn mark_in_progress_unknown(
+pub(crate) async fn mark_in_progress_unknown(
     pool: &PgPool,
     now: i64,
     evidence: &str,
@@ -402,7 +402,7 @@ pub async fn mark_in_progress_unknown(
     Ok(routes)
 }
 
-pub async fn insert_event(
+pub(crate) async fn insert_event(
     pool: &PgPool,
     operation_id: &str,
     at: i64,
@@ -903,7 +903,7 @@ pub async fn stats(pool: &PgPool) -> Result<Stats, StoreError> {
 /// commits (it waits for the writes begun before it), so no write falls
 /// between the count and the mark; replicas opening together recount
 /// once.
-pub async fn recount_if_untrusted(pool: &PgPool) -> Result<bool, StoreError> {
+pub(crate) async fn recount_if_untrusted(pool: &PgPool) -> Result<bool, StoreError> {
     if meta(pool, COUNTS_ROW).await?.as_deref() == Some(COUNTS_EXACT) {
         return Ok(false);
     }
@@ -971,7 +971,7 @@ const SWEEP: &str = "DELETE FROM operations WHERE id IN (
 
 /// The statements of the admin API, the console and retention, with
 /// sample parameters ([`AccessPath`]); the alerts' are the outbox's.
-pub fn access_paths() -> Vec<AccessPath> {
+pub(crate) fn access_paths() -> Vec<AccessPath> {
     let mut paths: Vec<AccessPath> = ListFilter::samples()
         .into_iter()
         .map(|(name, filter)| {
@@ -1055,7 +1055,11 @@ const SWEEP_LOCK: &str =
 
 /// Registers `replica`, or renews its lease: `lease` from now in the
 /// database's clock.
-pub async fn renew_lease(pool: &PgPool, replica: &str, lease_ms: i64) -> Result<(), StoreError> {
+pub(crate) async fn renew_lease(
+    pool: &PgPool,
+    replica: &str,
+    lease_ms: i64,
+) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO replicas (id, lease_until)
          VALUES ($1, clock_timestamp() + $2 * interval '1 millisecond')
@@ -1080,7 +1084,7 @@ pub async fn lease_runs(pool: &PgPool, replica: &str) -> Result<bool, StoreError
 
 /// Ends `replica`'s lease, and forgets replicas whose lease ran out long
 /// ago and that own nothing in flight.
-pub async fn end_lease(pool: &PgPool, replica: &str) -> Result<(), StoreError> {
+pub(crate) async fn end_lease(pool: &PgPool, replica: &str) -> Result<(), StoreError> {
     sqlx::query(
         "DELETE FROM replicas r WHERE r.id = $1
             OR (r.lease_until < clock_timestamp() - interval '1 day'
@@ -1104,7 +1108,7 @@ pub async fn meta(pool: &PgPool, name: &str) -> Result<Option<String>, StoreErro
 }
 
 /// Whether the store holds any operation.
-pub async fn holds_operations(pool: &PgPool) -> Result<bool, StoreError> {
+pub(crate) async fn holds_operations(pool: &PgPool) -> Result<bool, StoreError> {
     Ok(
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM operations)")
             .fetch_one(pool)
@@ -1114,7 +1118,7 @@ pub async fn holds_operations(pool: &PgPool) -> Result<bool, StoreError> {
 
 /// Sets the meta row `name`; `replace = false` keeps a value a peer wrote
 /// first.
-pub async fn set_meta(
+pub(crate) async fn set_meta(
     pool: &PgPool,
     name: &str,
     value: &str,
@@ -1140,7 +1144,7 @@ pub async fn set_meta(
 /// replicas starting together key them once): the number of operations
 /// keyed then, `None` when the store was keyed already with `key`; an
 /// error for another key.
-pub async fn key_scopes(pool: &PgPool, key: &ScopeKey) -> Result<Option<u64>, StoreError> {
+pub(crate) async fn key_scopes(pool: &PgPool, key: &ScopeKey) -> Result<Option<u64>, StoreError> {
     let mut tx = pool.begin().await?;
     sqlx::query(
         "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':idemgate-scope-key'))",

@@ -58,7 +58,7 @@ const TARGET: &str = "idemgate::store::sqlite::checkpointer";
 
 /// When the log is copied and restarted, in bytes of log.
 #[derive(Debug, Clone, Copy)]
-pub struct Thresholds {
+pub(crate) struct Thresholds {
     /// The log's growth that wakes the checkpointer.
     pub passive: u64,
     /// A log this long is restarted after its passive checkpoint; one
@@ -84,7 +84,7 @@ impl Default for Thresholds {
 const BUSY_WAIT: Duration = Duration::from_secs(1);
 
 /// The writer's side: counts the log's growth and wakes the thread.
-pub struct Checkpoints {
+pub(crate) struct Checkpoints {
     thresholds: Thresholds,
     wake: Option<mpsc::SyncSender<u64>>,
     thread: Option<JoinHandle<()>>,
@@ -142,7 +142,7 @@ impl Checkpoints {
     /// batches (with its syncs not deferred): asked by the thread after a
     /// checkpoint of a long log, or the log has outgrown what the thread
     /// keeps up with.
-    pub fn catch_up(&self) -> bool {
+    pub(crate) fn catch_up(&self) -> bool {
         self.catch_up.swap(false, Ordering::Relaxed) || self.log_end >= 4 * self.thresholds.restart
     }
 
@@ -184,7 +184,7 @@ fn checkpoint(
 
 /// One passive checkpoint: copies what is committed, as far as no reader
 /// still needs the log; an error if it was kept from finishing.
-pub fn passive(conn: &Connection) -> Result<(), StoreError> {
+pub(crate) fn passive(conn: &Connection) -> Result<(), StoreError> {
     let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get(0))?;
     if busy != 0 {
         return Err(StoreError::Busy("a checkpoint found the store busy".into()));

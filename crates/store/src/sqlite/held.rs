@@ -24,7 +24,7 @@ use rusqlite::{CachedStatement, Connection, Statement};
 const SLOTS: usize = 6;
 
 /// The writer's connection and its held statements.
-pub struct Db<'c> {
+pub(crate) struct Db<'c> {
     conn: &'c Connection,
     slots: [Slot<'c>; SLOTS],
 }
@@ -86,7 +86,7 @@ impl<'c> Deref for Db<'c> {
 
 /// A statement from [`Db::prepared`]: held by the connection, or from
 /// rusqlite's cache.
-pub enum Prepared<'a, 'c> {
+pub(crate) enum Prepared<'a, 'c> {
     Held(RefMut<'a, Statement<'c>>),
     Cached(CachedStatement<'c>),
 }

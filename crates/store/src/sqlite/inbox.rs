@@ -37,7 +37,7 @@ pub type Answers = Vec<Box<dyn Answer>>;
 
 /// The inboxes of the threads that call one writer.
 #[derive(Default)]
-pub struct Inboxes {
+pub(crate) struct Inboxes {
     /// std Mutex: never held across `.await`.
     by_thread: Mutex<HashMap<ThreadId, Delivery>>,
 }
@@ -49,7 +49,7 @@ struct Delivery {
 }
 
 /// The answers waiting for one thread's delivery task.
-pub struct Inbox {
+pub(crate) struct Inbox {
     answers: Mutex<Answers>,
     arrived: Notify,
     closed: AtomicBool,
@@ -103,7 +103,7 @@ impl Inboxes {
 impl Inbox {
     /// An inbox no task delivers from, for tests that deliver by hand.
     #[cfg(test)]
-    pub fn unattended() -> Arc<Inbox> {
+    pub(crate) fn unattended() -> Arc<Inbox> {
         Arc::new(Inbox {
             answers: Mutex::default(),
             arrived: Notify::new(),

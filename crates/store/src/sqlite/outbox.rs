@@ -142,7 +142,7 @@ fn add_aged(conn: &Connection, now: i64, aged_after: i64) -> Result<(), StoreErr
 }
 
 /// The aging pass's reads of `operations` ([`AccessPath`]).
-pub fn access_paths() -> Vec<AccessPath> {
+pub(crate) fn access_paths() -> Vec<AccessPath> {
     aged_access_paths(AGED_END, AGED_INSERT, "updated_at>")
 }
 

@@ -38,7 +38,7 @@ use crate::StoreError;
 /// only hold more page caches.
 const READERS: usize = 4;
 
-pub struct Readers {
+pub(crate) struct Readers {
     path: PathBuf,
     /// Connections not in use. std Mutex: held only to push or pop.
     idle: Mutex<Vec<Connection>>,

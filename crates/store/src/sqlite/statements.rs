@@ -87,7 +87,7 @@ const RECORD_BY_ROW: &str = record!("rowid = ?10 AND ");
 /// sealed identity and its digests as the bytes a row keeps. Made by the
 /// caller on the request's task ([`ClaimDigests::of`]), so that the writer
 /// thread, which every first write waits on, does not.
-pub struct ClaimDigests {
+pub(crate) struct ClaimDigests {
     /// `new.identity()`.
     identity: Identity,
     scope: [u8; 32],
@@ -304,7 +304,7 @@ fn digest_bytes(hex: &str) -> Result<[u8; 32], StoreError> {
 /// What a settlement writes in the row's own columns. Its response goes
 /// apart, sealed ([`StoredForm`]), so the call queued for the writer
 /// carries no copy of the response's headers and body.
-pub struct SettledRow {
+pub(crate) struct SettledRow {
     state: State,
     evidence: Cow<'static, str>,
     status: Option<u16>,
@@ -385,7 +385,7 @@ pub fn record(
 
 /// `in_progress` → `unknown` with `evidence`, for one owner or for all;
 /// the routes of the operations marked, one entry per operation.
-pub fn mark_in_progress_unknown(
+pub(crate) fn mark_in_progress_unknown(
     conn: &Connection,
     now: i64,
     evidence: &str,
@@ -414,7 +414,7 @@ pub fn mark_in_progress_unknown(
     Ok(marked.into_iter().map(|(_, _, route, _)| route).collect())
 }
 
-pub fn insert_event(
+pub(crate) fn insert_event(
     conn: &Connection,
     operation_id: &str,
     at: i64,
@@ -885,7 +885,7 @@ const OLDEST_UNKNOWN: &str = concat!(
 /// Recounts `operation_counts` from the table, unless [`COUNTS_ROW`]
 /// says they are exact: whether it recounted. Run by the writer at open,
 /// so nothing writes between the count and the mark.
-pub fn recount_if_untrusted(conn: &Connection) -> Result<bool, StoreError> {
+pub(crate) fn recount_if_untrusted(conn: &Connection) -> Result<bool, StoreError> {
     if meta(conn, COUNTS_ROW)?.as_deref() == Some(COUNTS_EXACT) {
         return Ok(false);
     }
@@ -938,7 +938,7 @@ const SWEEP: &str = concat!(
 
 /// The statements of the admin API, the console and retention, with
 /// sample parameters ([`AccessPath`]); the alerts' are the outbox's.
-pub fn access_paths() -> Vec<AccessPath> {
+pub(crate) fn access_paths() -> Vec<AccessPath> {
     let pair = || vec![Param::text("api"), Param::text("scope"), Param::text("k")];
     let mut paths: Vec<AccessPath> = ListFilter::samples()
         .into_iter()
@@ -1026,13 +1026,13 @@ pub fn meta(conn: &Connection, name: &str) -> Result<Option<String>, StoreError>
 }
 
 /// Whether the store holds any operation.
-pub fn holds_operations(conn: &Connection) -> Result<bool, StoreError> {
+pub(crate) fn holds_operations(conn: &Connection) -> Result<bool, StoreError> {
     Ok(conn
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM operations)")?
         .query_row([], |row| row.get(0))?)
 }
 
-pub fn set_meta(conn: &Connection, name: &str, value: &str) -> Result<(), StoreError> {
+pub(crate) fn set_meta(conn: &Connection, name: &str, value: &str) -> Result<(), StoreError> {
     conn.prepare_cached(
         "INSERT INTO store_meta (name, value) VALUES (?1, ?2)
          ON CONFLICT (name) DO UPDATE SET value = excluded.value",
@@ -1044,7 +1044,7 @@ pub fn set_meta(conn: &Connection, name: &str, value: &str) -> Result<(), StoreE
 /// Keys the scopes of a store written before scopes were keyed, and
 /// keeps `key`'s canary: the number of operations keyed then, `None` when
 /// the store was keyed already with `key`; an error for another key.
-pub fn key_scopes(conn: &Connection, key: &ScopeKey) -> Result<Option<u64>, StoreError> {
+pub(crate) fn key_scopes(conn: &Connection, key: &ScopeKey) -> Result<Option<u64>, StoreError> {
     match meta(conn, scope_key::CANARY_ROW)? {
         Some(canary) if canary == key.canary() => return Ok(None),
         Some(_) => return Err(key.wrong().into()),

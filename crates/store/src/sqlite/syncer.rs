@@ -48,10 +48,10 @@ const TARGET: &str = "idemgate::store::sqlite::syncer";
 
 /// The log's syncs in the store's metrics: the calls one sync answered,
 /// and how long the `fdatasync` took.
-pub const SYNC: &str = "sync";
+pub(crate) const SYNC: &str = "sync";
 
 /// A committed batch's answers, given once the log holds it.
-pub trait Batch: Send + 'static {
+pub(crate) trait Batch: Send + 'static {
     /// The calls it answers.
     fn calls(&self) -> usize;
     /// Settles and delivers every answer: `failed` when the batch did not
@@ -61,7 +61,7 @@ pub trait Batch: Send + 'static {
 
 /// How far the log is durable, for the reads that must not get ahead of
 /// it. Batches are numbered in the order they commit.
-pub struct Horizon {
+pub(crate) struct Horizon {
     /// The last batch that began to commit (numbered before its `COMMIT`
     /// runs, so before any read can see it).
     committing: AtomicU64,
@@ -92,7 +92,7 @@ impl Horizon {
     }
 
     /// Batches through `batch` are durable.
-    pub fn synced(&self, batch: u64) {
+    pub(crate) fn synced(&self, batch: u64) {
         self.synced.send_if_modified(|synced| {
             let later = batch > *synced;
             if later {
@@ -111,7 +111,7 @@ impl Horizon {
 
     /// Why the log stopped being durable, if it has: the reason every
     /// call is failed with from then on.
-    pub fn failure_reason(&self) -> Option<&str> {
+    pub(crate) fn failure_reason(&self) -> Option<&str> {
         self.failure.get().map(String::as_str)
     }
 
@@ -145,7 +145,7 @@ struct Committed {
 /// Makes a log durable: `fdatasync` of the WAL file in the gateway; a
 /// stand-in in the tests that make it fail or hold it. Shared by the sync
 /// threads, which may call it at once; `thread` names the caller.
-pub trait SyncLog: Send + Sync + 'static {
+pub(crate) trait SyncLog: Send + Sync + 'static {
     fn sync(&self, thread: usize) -> std::io::Result<()>;
 }
 
@@ -156,7 +156,7 @@ pub trait SyncLog: Send + Sync + 'static {
 /// writeback error once per open file, so two syncs running on one
 /// descriptor could hear of one failed page write only once, and the
 /// other would answer its batches as durable.
-pub struct WalFile {
+pub(crate) struct WalFile {
     path: PathBuf,
     files: [OnceLock<File>; SYNC_THREADS],
 }
@@ -288,7 +288,7 @@ impl Queue {
 }
 
 /// The handle the writer hands its committed batches to.
-pub struct Syncer {
+pub(crate) struct Syncer {
     queue: Arc<Queue>,
     /// Empty once stopped.
     threads: Vec<JoinHandle<()>>,
@@ -355,7 +355,7 @@ impl Syncer {
     /// one batch per sync, as large as the calls that came while the
     /// syncs before ran, and the shared pages (the table's last leaf, the
     /// index ends, the counts) written once per sync.
-    pub fn wait_until_taken(&self) {
+    pub(crate) fn wait_until_taken(&self) {
         let mut waiting = self.queue.lock();
         while waiting.covered < waiting.handed && !waiting.closed {
             waiting = self.queue.wait(waiting);

@@ -40,7 +40,7 @@ use idemgate_model::operation::State;
 
 /// The operation a change is about, as the alert needs it.
 #[derive(Debug, Clone, Copy)]
-pub struct Row<'a> {
+pub(crate) struct Row<'a> {
     pub id: &'a str,
     pub route: &'a str,
     pub key: &'a str,
@@ -92,7 +92,7 @@ thread_local! {
 
 /// A writer batch's count changes, from its `BEGIN` to its `COMMIT`; on
 /// drop (a batch that fails or is rolled back) they are forgotten.
-pub struct Deferred(());
+pub(crate) struct Deferred(());
 
 impl Deferred {
     /// The batch starts: count changes wait from here.
@@ -107,7 +107,7 @@ impl Deferred {
     }
 
     /// Forgets the changes since `mark`: their job was rolled back.
-    pub fn undo_to(&self, mark: usize) {
+    pub(crate) fn undo_to(&self, mark: usize) {
         PENDING.with(|pending| {
             if let Some(changes) = pending.borrow_mut().as_mut() {
                 changes.truncate(mark);

@@ -65,7 +65,7 @@ const QUEUE: usize = 4096;
 
 /// How long a job may wait in the queue before it is refused unrun: the
 /// store counts as busy (503) past this.
-pub const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One request's statements and where their result goes.
 trait Work: Answer {
@@ -141,7 +141,7 @@ enum Message {
 /// Who syncs the writer's log and copies it into the database. The
 /// writer's connection defers its syncs (opened through
 /// `crates/wal-buffer`) and never checkpoints (`wal_autocheckpoint = 0`).
-pub struct LogSyncs {
+pub(crate) struct LogSyncs {
     /// The store, for the checkpointer's connection.
     pub store: std::path::PathBuf,
     /// What answers wait for: a sync of the log (`"full"`:
@@ -186,7 +186,7 @@ impl Writer {
     }
 
     /// How far the log is durable: reads wait on it (the readers, `reader.rs`).
-    pub fn horizon(&self) -> Arc<Horizon> {
+    pub(crate) fn horizon(&self) -> Arc<Horizon> {
         self.horizon.clone()
     }
 

@@ -34,7 +34,7 @@ pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 /// A request still unanswered after this is counted as `timeout`: longer
 /// than the gateway's default `wait_timeout` (10 s), so a waiting
 /// duplicate gets its answer first.
-pub const REQUEST_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const REQUEST_WAIT: Duration = Duration::from_secs(30);
 /// Latencies are recorded in µs up to this; longer ones are clamped to it.
 const LATENCY_MAX_US: u64 = 60_000_000;
 /// Problem bodies are small; the name is all the bench reads of them.

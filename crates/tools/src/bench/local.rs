@@ -37,7 +37,7 @@ pub struct Setup {
 }
 
 /// The running mock and gateway.
-pub struct Local {
+pub(crate) struct Local {
     mock: MockUpstream,
     gateway: Gateway,
     dir: PathBuf,
@@ -68,12 +68,12 @@ impl Local {
     }
 
     /// The mock's URL for the same writes, bypassing the gateway.
-    pub fn mock_target(&self) -> String {
+    pub(crate) fn mock_target(&self) -> String {
         format!("http://{}/orders", self.mock.addr())
     }
 
     /// The mock's write counter.
-    pub fn effects_url(&self) -> String {
+    pub(crate) fn effects_url(&self) -> String {
         format!("http://{}/_effects", self.mock.addr())
     }
 

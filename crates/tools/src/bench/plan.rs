@@ -59,7 +59,7 @@ pub struct Shot {
 
 impl Plan {
     /// Request `j` (0-based) of the run.
-    pub fn shot(&self, j: u64) -> Shot {
+    pub(crate) fn shot(&self, j: u64) -> Shot {
         let key_index = j / self.per_key;
         let retry = j % self.per_key;
         let changed = retry > 0 && (j as f64 * PHI).fract() < self.changed;
@@ -75,7 +75,7 @@ impl Plan {
     }
 
     /// The distinct keys among the first `sent` requests.
-    pub fn keys_in(&self, sent: u64) -> u64 {
+    pub(crate) fn keys_in(&self, sent: u64) -> u64 {
         sent.div_ceil(self.per_key)
     }
 

@@ -28,7 +28,7 @@ pub enum Progress {
 
 impl Progress {
     /// `Off` for `--json`, else as stderr is.
-    pub fn for_stderr(json: bool) -> Progress {
+    pub(crate) fn for_stderr(json: bool) -> Progress {
         match (json, std::io::stderr().is_terminal()) {
             (true, _) => Progress::Off,
             (false, true) => Progress::Live,

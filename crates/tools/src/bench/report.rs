@@ -120,12 +120,12 @@ impl Compared {
 }
 
 impl Report {
-    pub fn write_json(&self, mut out: impl Write) -> std::io::Result<()> {
+    pub(crate) fn write_json(&self, mut out: impl Write) -> std::io::Result<()> {
         serde_json::to_writer(&mut out, self)?;
         writeln!(out)
     }
 
-    pub fn write_text(&self, mut out: impl Write) -> std::io::Result<()> {
+    pub(crate) fn write_text(&self, mut out: impl Write) -> std::io::Result<()> {
         writeln!(out, "idemgate bench: {}", self.driven)?;
         let requests = if self.requests_per_key == 1 {
             "request"

@@ -46,7 +46,7 @@ struct Run<'a> {
 }
 
 /// Runs every case the `--writes` bound leaves room for.
-pub async fn run_all(
+pub(crate) async fn run_all(
     plan: &Plan,
     client: &GatewayClient,
     drill: &Drill,

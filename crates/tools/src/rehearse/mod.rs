@@ -65,11 +65,11 @@ pub enum RehearseError {
 }
 
 /// Writes each case sends to the destination, in order.
-pub const CASE_WRITES: [u64; 5] = [1, 1, 1, 2, 1];
+pub(crate) const CASE_WRITES: [u64; 5] = [1, 1, 1, 2, 1];
 
 /// Writes `--check-destination` sends straight to the destination: one
 /// key twice, and a control key once.
-pub const CHECK_WRITES: u64 = 3;
+pub(crate) const CHECK_WRITES: u64 = 3;
 
 /// Runs the rehearsal `args` describes, reading environment variables
 /// through `env`, printing the report to `out` (as JSON with `--json`).
@@ -200,7 +200,7 @@ impl Plan {
         CASE_WRITES.iter().sum::<u64>() + self.check_writes()
     }
 
-    pub fn check_writes(&self) -> u64 {
+    pub(crate) fn check_writes(&self) -> u64 {
         if self.check_destination {
             CHECK_WRITES
         } else {
@@ -211,7 +211,7 @@ impl Plan {
     /// The key the operation for a write under `key` is stored with: on an
     /// MCP route, `<tool>/<key>` (docs/mcp.md, "Which calls are one"),
     /// URL-component encoded for the admin API's query.
-    pub fn stored_key(&self, key: &str) -> String {
+    pub(crate) fn stored_key(&self, key: &str) -> String {
         match &self.tool {
             Some(tool) => url_component(&format!("{}/{key}", url_component(tool))),
             None => url_component(key),
@@ -219,13 +219,13 @@ impl Plan {
     }
 
     /// The body for `key`.
-    pub fn body_for(&self, key: &str) -> String {
+    pub(crate) fn body_for(&self, key: &str) -> String {
         self.body.replace("{key}", key)
     }
 
     /// A client of the route's upstream with its TLS, for probes and the
     /// destination check.
-    pub fn upstream_client(&self) -> Result<ProbeClient, TlsError> {
+    pub(crate) fn upstream_client(&self) -> Result<ProbeClient, TlsError> {
         forward::probe_client(&self.route)
     }
 }

@@ -121,7 +121,7 @@ pub struct Held {
 
 impl Held {
     /// From `GET /admin/keys/{id}`.
-    pub fn from_detail(key: &str, detail: &Value) -> Held {
+    pub(crate) fn from_detail(key: &str, detail: &Value) -> Held {
         let text = |field: &str| detail[field].as_str().map(str::to_string);
         Held {
             key: key.into(),
@@ -150,7 +150,7 @@ impl Report {
     }
 
     /// Sets the verdict and whether everything behaved as expected.
-    pub fn conclude(&mut self, plan: &Plan) {
+    pub(crate) fn conclude(&mut self, plan: &Plan) {
         self.verdict = match &self.destination_check {
             Some(check) => check.verdict.clone(),
             None if plan.check_destination => {
@@ -168,7 +168,7 @@ impl Report {
 
 /// The lines printed before anything is sent: what may reach the
 /// destination, first.
-pub fn preamble(out: &mut impl Write, plan: &Plan) -> std::io::Result<()> {
+pub(crate) fn preamble(out: &mut impl Write, plan: &Plan) -> std::io::Result<()> {
     let check = match plan.check_writes() {
         0 => String::new(),
         n => format!(", --check-destination {n} more"),
