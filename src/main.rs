@@ -4,10 +4,9 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::Context;
 use clap::Parser;
+use idemgate::access_log::{self, AccessLog};
 use idemgate::config::{Config, StoreUrl};
-use idemgate::log_format::TextLine;
 use idemgate::log_sink::{FlushGuard, LogSink};
-use idemgate::request_log;
 use idemgate::server::{Gateway, StartOptions};
 use idemgate::systemd::Notifier;
 use idemgate::workers::Workers;
@@ -42,7 +41,7 @@ fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(serve) => {
-            let _log = init_logging(serve.log_format)?;
+            let (access_log, _log) = init_logging(serve.log_format)?;
             let config = serve.config()?;
             // Taken over before the start: from then on a SIGHUP reloads
             // the TLS certificates instead of ending the process.
@@ -62,6 +61,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         .chain(workers.handles().iter().cloned())
                         .collect(),
                 },
+                access_log,
                 ..StartOptions::default()
             };
             let gateway = Gateway::start_with(config, options)
@@ -246,31 +246,36 @@ fn worker_threads() -> usize {
         .max(1)
 }
 
-/// Logs to stderr through [`LogSink`]: a request's line is a copy into
-/// memory, written out in batches by a thread of its own, so a slow reader
-/// of stderr never stalls a request (past a bound, lines are dropped and
-/// counted instead). Keep the guard until exit: it writes what is waiting.
-fn init_logging(format: LogFormat) -> anyhow::Result<FlushGuard> {
+/// Logs to stderr through [`LogSink`]: a line is a copy into memory,
+/// written out in batches by a thread of their own, so a slow reader of
+/// stderr never stalls a request (past a bound, lines are dropped and
+/// counted instead). Every line but the requests' is tracing-subscriber's
+/// (text or JSON); the requests' are the [`AccessLog`]'s, in the same
+/// format, when `RUST_LOG` lets INFO lines of [`access_log::TARGET`]
+/// through. Keep the guard until exit: it writes what is waiting.
+fn init_logging(format: LogFormat) -> anyhow::Result<(Option<AccessLog>, FlushGuard)> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let (sink, guard) =
         LogSink::start(std::io::stderr()).context("cannot start the log writer thread")?;
-    // Colours only for a person at a terminal, never into log files.
-    let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(ansi)
+        // Colours only for a person at a terminal, never into log files.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(sink.clone());
-    match format {
+    let format = match format {
         LogFormat::Text => {
-            builder.event_format(TextLine::default()).init();
-            // A request's line is the text format's, colours aside.
-            if !ansi {
-                request_log::write_directly(sink);
-            }
+            builder.init();
+            access_log::Format::Text
         }
-        LogFormat::Json => builder.json().init(),
-    }
-    Ok(guard)
+        LogFormat::Json => {
+            builder.json().init();
+            access_log::Format::Json
+        }
+    };
+    // Asked once: the filter is read once, at start.
+    let access_log = tracing::enabled!(target: access_log::TARGET, tracing::Level::INFO)
+        .then(|| AccessLog::new(sink, format));
+    Ok((access_log, guard))
 }
 
 /// Errors only: the command's own lines are the output, and a log line

@@ -4,6 +4,7 @@
 
 mod common;
 
+mod access_log;
 mod admin_api;
 mod alerts;
 mod bench_cli;
@@ -40,7 +41,6 @@ mod real_clients;
 mod rehearse;
 mod replica_leases;
 mod replicas;
-mod request_log;
 mod resource_bounds;
 mod restart;
 mod retention_and_shutdown;

@@ -36,8 +36,8 @@
 //!   console at `/`); [`metrics`]: Prometheus counters.
 //! - [`rekey`]: `idemgate rekey`, stored payloads sealed again under the current key.
 //! - [`log_sink`]: log lines batched in memory, written by a thread of their own;
-//!   [`log_format`]: the text line, written without per-field formatting;
-//!   [`request_log`]: a request's own line, straight into the sink.
+//!   [`access_log`]: a request's line, in a format of its own, straight into
+//!   the sink.
 //! - [`body`]: the body types the proxy sends.
 //!
 //! # Life of a write request
@@ -58,6 +58,7 @@
 //! these modules import each other (tests/it/layout.rs checks it).
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod alerts;
 mod background;
@@ -65,7 +66,6 @@ pub mod body;
 pub mod config;
 mod connection;
 pub mod http_client;
-pub mod log_format;
 pub mod log_sink;
 pub mod metrics;
 pub mod pipeline;
@@ -73,7 +73,6 @@ mod problem;
 pub mod profile;
 pub mod rekey;
 mod replicas;
-pub mod request_log;
 mod retention;
 pub mod server;
 pub mod systemd;

@@ -2,7 +2,7 @@
 //! out in batches, so logging never waits on stderr and never wakes a
 //! thread per line.
 //!
-//! A request's log line is one short copy into the buffer under a lock
+//! A request's access line is one short copy into the buffer under a lock
 //! (never held across a write to the output). The writer thread swaps the
 //! buffer out every [`FLUSH_EVERY`], or sooner once [`FLUSH_AT`] bytes are
 //! waiting, and writes it with one call. When the output is slower than the
@@ -46,7 +46,8 @@ impl Shared {
     }
 }
 
-/// The sink: hand it to `tracing_subscriber::fmt().with_writer(…)`.
+/// The sink: hand it to `tracing_subscriber::fmt().with_writer(…)` and to
+/// the access log (`access_log.rs`).
 #[derive(Clone)]
 pub struct LogSink {
     shared: Arc<Shared>,
@@ -80,7 +81,9 @@ impl LogSink {
         Ok((LogSink { shared }, guard))
     }
 
-    fn append(&self, line: &[u8]) {
+    /// Appends whole lines, or drops and counts them if [`MAX_PENDING`]
+    /// bytes already wait.
+    pub fn append(&self, line: &[u8]) {
         let mut pending = self.shared.pending();
         if pending.len() + line.len() > MAX_PENDING {
             self.shared.dropped.fetch_add(1, Ordering::Relaxed);

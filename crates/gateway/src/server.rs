@@ -40,6 +40,7 @@ use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::access_log::AccessLog;
 use crate::admin::Admin;
 use crate::admin::auth::{AdminToken, ExposedAdmin, UnusableToken};
 use crate::alerts::deliverer::Deliverer;
@@ -127,6 +128,9 @@ pub struct StartOptions {
     /// Faults injected into every route's writes, for `idemgate rehearse`'s
     /// own gateway; no config key can set one, and `serve` never does.
     pub drill: Option<Arc<Drill>>,
+    /// Where each proxied request's line goes (`serve`'s stderr, when
+    /// `RUST_LOG` lets them through); none: not written.
+    pub access_log: Option<AccessLog>,
 }
 
 /// How often the background tasks run: the defaults suit a deployment;
@@ -182,6 +186,7 @@ impl Default for StartOptions {
             pace: Pace::default(),
             workers: Vec::new(),
             drill: None,
+            access_log: None,
         }
     }
 }
@@ -234,6 +239,7 @@ impl Gateway {
     ) -> Result<Gateway, StartError> {
         let (clock, pace) = (options.clock, options.pace);
         let (workers, drill) = (options.workers, options.drill);
+        let access_log = options.access_log;
         let server = config.server.clone();
         let token = match options.admin_token {
             Some(token) => AdminToken::new(token, &server.admin_token_env),
@@ -302,7 +308,8 @@ impl Gateway {
                 give_up.clone(),
                 drill,
             )?
-            .traced(traces.clone()),
+            .traced(traces.clone())
+            .logged(access_log),
         );
         let admin = Arc::new(Admin {
             store: store.clone(),

@@ -68,11 +68,11 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::access_log::{AccessLine, AccessLog};
 use crate::body::{BoxError, ProxyBody, declared_length};
 use crate::config::{Config, KeyMode, RotatedKeys, Route};
 use crate::metrics::{Metrics, OperationId, Outcome, RouteSeries, StoreFailure};
 use crate::profile::Profile;
-use crate::request_log::{self, RequestLine};
 use crate::tls::TlsError;
 use crate::traces::{self, Step, Tracing};
 use attempt::Attempt;
@@ -134,6 +134,8 @@ pub struct Proxy {
     scope_key: ScopeKey,
     /// The gateway's traces; `None` when they are off.
     traces: Option<Arc<Tracing>>,
+    /// Where each request's line goes; `None`: not written.
+    access_log: Option<AccessLog>,
 }
 
 /// The proxy's parts that every request and every attempt uses, made once
@@ -214,12 +216,19 @@ impl Proxy {
             body_budget: BodyBudget::new(config.server.buffered_body_budget),
             scope_key,
             traces: None,
+            access_log: None,
         })
     }
 
     /// The proxy, each request traced with `traces` when some.
     pub fn traced(mut self, traces: Option<Arc<Tracing>>) -> Self {
         self.traces = traces;
+        self
+    }
+
+    /// The proxy, each request's line written to `access_log` when some.
+    pub fn logged(mut self, access_log: Option<AccessLog>) -> Self {
+        self.access_log = access_log;
         self
     }
 
@@ -350,15 +359,17 @@ impl Proxy {
             operation_id,
             replayed: outcome == Outcome::replayed,
         });
-        request_log::log(&RequestLine {
-            route,
-            method: &method,
-            path: &path,
-            operation_id,
-            outcome,
-            status: response.status().as_u16(),
-            latency: started.elapsed(),
-        });
+        if let Some(access_log) = &self.access_log {
+            access_log.write(&AccessLine {
+                route,
+                method: &method,
+                path: &path,
+                operation_id,
+                outcome,
+                status: response.status().as_u16(),
+                latency: started.elapsed(),
+            });
+        }
         response
     }
 

@@ -27,13 +27,10 @@
 //! - the collector never slows or fails a request ([`export`]).
 //!
 //! Why the OpenTelemetry API directly, not `tracing` spans bridged by
-//! tracing-opentelemetry: the request log is a `tracing` event written by
-//! `log_format::TextLine`, whose fast path is taken only outside any span
-//! (an event inside one goes to tracing-subscriber's full formatter, about
-//! three times the instructions); `tracing` spans would also cost every
-//! request the registry's span bookkeeping whether or not traces are on,
-//! and the subscriber is global to the process, where tests run gateways
-//! with and without traces side by side. Here each gateway owns its tracer
+//! tracing-opentelemetry: `tracing` spans would cost every request the
+//! registry's span bookkeeping whether or not traces are on, and the
+//! subscriber is global to the process, where tests run gateways with and
+//! without traces side by side. Here each gateway owns its tracer
 //! provider, and a request's context travels with its futures
 //! ([`Traced`]), so nothing is paid when traces are off.
 
