@@ -47,11 +47,11 @@ use crate::alerts::{self, AlertError, Endpoint, Poster};
 use crate::config::{Config, ServerConfig};
 use crate::connection::Http;
 use crate::metrics::Metrics;
-use crate::pipeline::Proxy;
 use crate::pipeline::drill::Drill;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::forward::Peer;
 use crate::pipeline::host::ViaTls;
+use crate::pipeline::{Proxy, Shutdown};
 use crate::scope_key::{ScopeKey, ScopeKeyError};
 use crate::store::{Seal, SealError, Store, StoreError, StoreKeys};
 use crate::tls::{FieldError, ServerTls, TlsError};
@@ -290,20 +290,21 @@ impl Gateway {
             pace.refusal,
             &metrics,
         );
-        let proxy = Arc::new(
-            Proxy::new(
-                &config,
-                store.clone(),
-                scope_key,
-                clock.clone(),
-                &paused,
-                metrics.clone(),
-                shutdown.clone(),
-                give_up.clone(),
-                drill,
-            )?
-            .traced(traces.clone()),
-        );
+        let proxy = Proxy::new(
+            &config,
+            store.clone(),
+            scope_key,
+            clock.clone(),
+            metrics.clone(),
+            Shutdown {
+                stopping: shutdown.clone(),
+                give_up: give_up.clone(),
+            },
+            drill,
+        )?
+        .traced(traces.clone());
+        proxy.follow_pauses(&paused);
+        let proxy = Arc::new(proxy);
         let admin = Arc::new(Admin {
             store: store.clone(),
             proxy: proxy.clone(),
