@@ -42,9 +42,11 @@
 //!
 //! # Life of a write request
 //! path (normalized) → route → key and scope → body (bounded) → fingerprint
-//! → claim (one commit) → forward (own task) → record (one commit) →
+//! (the write's identity, built once) → replay cache → claim (one commit;
+//! from here in a task of its own) → forward → record (one commit) →
 //! respond. A key that already has an operation is answered from the
-//! operation the store holds now for it instead (ARCHITECTURE.md §2):
+//! operation the store holds now for it instead: from the replay cache when
+//! it holds it, else by the claim (ARCHITECTURE.md §2):
 //!
 //! | state | what a request with the key gets |
 //! |---|---|

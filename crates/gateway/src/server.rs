@@ -48,11 +48,11 @@ use crate::alerts::{self, AlertError, Endpoint, Poster};
 use crate::config::{Config, ServerConfig};
 use crate::connection::Http;
 use crate::metrics::Metrics;
-use crate::pipeline::Proxy;
 use crate::pipeline::drill::Drill;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::forward::Peer;
 use crate::pipeline::host::ViaTls;
+use crate::pipeline::{Proxy, Shutdown};
 use crate::tls::{FieldError, ServerTls, TlsError};
 use crate::traces::settings::TraceSettings;
 use crate::traces::{TraceError, Tracing};
@@ -296,21 +296,22 @@ impl Gateway {
             pace.refusal,
             &metrics,
         );
-        let proxy = Arc::new(
-            Proxy::new(
-                &config,
-                store.clone(),
-                scope_key,
-                clock.clone(),
-                &paused,
-                metrics.clone(),
-                shutdown.clone(),
-                give_up.clone(),
-                drill,
-            )?
-            .traced(traces.clone())
-            .logged(access_log),
-        );
+        let proxy = Proxy::new(
+            &config,
+            store.clone(),
+            scope_key,
+            clock.clone(),
+            metrics.clone(),
+            Shutdown {
+                stopping: shutdown.clone(),
+                give_up: give_up.clone(),
+            },
+            drill,
+        )?
+        .traced(traces.clone())
+        .logged(access_log);
+        proxy.follow_pauses(&paused);
+        let proxy = Arc::new(proxy);
         let admin = Arc::new(Admin {
             store: store.clone(),
             proxy: proxy.clone(),

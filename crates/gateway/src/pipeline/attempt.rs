@@ -33,17 +33,15 @@ use tokio::sync::oneshot;
 use crate::config::DestinationKey;
 use crate::metrics::OperationId;
 use crate::pipeline::claim::InFlightGuard;
-use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::forward::{self, Exchange, Late, WriteRequest};
 use crate::pipeline::mcp;
 use crate::pipeline::quota::StoredCharge;
-use crate::pipeline::reconcile;
 use crate::pipeline::record::{self, AfterStale, Released, Reply, SettleGuard, Settled};
-use crate::pipeline::{ActiveRoute, Shared};
+use crate::pipeline::{ActiveRoute, Shared, Write};
 use crate::traces::{self, Step};
 use idemgate_model::backoff::Backoff;
 use idemgate_model::clock;
-use idemgate_model::operation::{Event, Fingerprint, Settlement, State, StoredResponse};
+use idemgate_model::operation::{Event, Settlement, State, StoredResponse};
 use idemgate_store::{Claim, DUPLICATED, LateEvidence, LateSource, Permit, Recorded};
 
 /// Re-sends of an `unknown` operation under its destination key, at most.
@@ -68,18 +66,16 @@ pub struct Attempt {
     /// The store's fence as it was before the claim: nothing is sent once
     /// it stops holding, nor after it lapsed, even if it holds again.
     pub(super) permit: Permit,
-    pub(super) key: String,
     /// The triggering request's credential headers, for a reconcile probe;
     /// in memory only.
     pub(super) credentials: HeaderMap,
     pub(super) request: WriteRequest,
     /// Dropped once the outcome is recorded, to wake waiting duplicates.
     pub(super) in_flight: Option<InFlightGuard>,
-    /// Where a completed response goes in the replay cache.
-    pub(super) identity: String,
-    pub(super) fingerprint: Fingerprint,
-    /// The request exactly as sent, for the replay cache's fast path.
-    pub(super) exact: ExactDigest,
+    /// The write's context: its key (for a probe), and its identity,
+    /// fingerprint and exact digest (where a completed response goes in
+    /// the replay cache, and what a stale record answers).
+    pub(super) write: Write,
     /// Where the response it stores is counted, on a route with a byte
     /// quota.
     pub(super) quota: Option<StoredCharge>,
@@ -175,10 +171,10 @@ impl Attempt {
             Ok(Recorded::Stale) => {
                 tracing::warn!(operation_id = %self.claim.operation_id, "the operation changed while its attempt was in flight");
                 let after = Box::pin(record::after_stale(
-                    self.shared.store.as_ref(),
+                    (self.shared.store.as_ref(), self.shared.operators.as_ref()),
                     &self.claim,
                     &settlement,
-                    &self.fingerprint,
+                    &self.write.fingerprint,
                     route.late_window,
                     self.shared.clock.now_millis(),
                 ))
@@ -223,7 +219,7 @@ impl Attempt {
             &self.claim,
             settlement,
             events,
-            &self.shared.give_up,
+            &self.shared.shutdown.give_up,
         )
         .await
     }
@@ -245,9 +241,9 @@ impl Attempt {
                 .is_some_and(InFlightGuard::duplicated)
             {
                 self.shared.replays.insert(
-                    &self.identity,
+                    &self.write.identity,
                     &self.claim.operation_id,
-                    (&self.fingerprint, Some(self.exact)),
+                    (&self.write.fingerprint, Some(self.write.exact)),
                     response,
                     recorded_at,
                 );
@@ -263,16 +259,12 @@ impl Attempt {
         // may still settle it for their next retry.
         drop(self.in_flight.take());
         let route = &self.active.route;
-        let ctx = reconcile::Ctx {
-            store: self.shared.store.as_ref(),
-            metrics: &self.shared.metrics,
-            now: self.shared.clock.now_millis(),
-        };
+        let ctx = self.shared.probe_ctx();
         let probe = self.shared.reconciler.reconcile(
             &ctx,
             &self.active,
             &self.claim.operation_id,
-            &self.key,
+            self.write.key.as_str(),
             &self.credentials,
         );
         let late = async {
@@ -290,7 +282,7 @@ impl Attempt {
             }
         };
         tokio::select! {
-            _ = self.shared.stopping.cancelled() => {}
+            _ = self.shared.shutdown.stopping.cancelled() => {}
             _ = async { tokio::join!(probe, late, resend) } => {}
         }
     }
@@ -306,7 +298,7 @@ impl Attempt {
         let id = &self.claim.operation_id;
         for n in 0..RESEND_TRIES {
             tokio::time::sleep(RESEND_BACKOFF.delay(n)).await;
-            let held = match store.get(id).await {
+            let held = match self.shared.operators.get(id).await {
                 Ok(Some((operation, _))) => operation,
                 Ok(None) => return,
                 Err(error) => {

@@ -37,6 +37,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::body::ProxyBody;
 use crate::config::{InProgressMode, Route};
+use crate::pipeline::Write;
 use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::quota::QuotaSpent;
@@ -44,7 +45,7 @@ use crate::pipeline::record::Released;
 use crate::pipeline::replay::{self, ReplayCache};
 use crate::traces::{self, Step};
 use idemgate_model::operation::{Fingerprint, Operation, State};
-use idemgate_store::{Claim, ClaimResult, NewOperation, Store, StoreError};
+use idemgate_store::{Claim, ClaimResult, NewOperation, RequestPath, StoreError};
 
 /// How often a waiter looks again at an operation in progress that is not
 /// in this process's map (another gateway's).
@@ -230,37 +231,46 @@ impl InFlight {
     }
 }
 
-/// Claims `new` (whose caller found no answer in the replay cache), or
-/// answers it from the in-flight map, the store, or — after a wait — the
-/// replay cache (completed operations updated after `valid_after`); on a
-/// `wait` route a duplicate of an attempt in flight waits up to
-/// `wait_timeout`. Under a [`Hold`] nothing is claimed. `exact` is the
-/// request as sent: a replay the store answers is cached under it.
-#[allow(clippy::too_many_arguments)] // the phase's inputs, each distinct
-pub async fn claim(
-    store: &dyn Store,
-    in_flight: &Arc<InFlight>,
-    cache: &ReplayCache,
+/// Where a claim's answer comes from: the store, and this process's own
+/// view of it.
+pub(super) struct Sources<'a> {
+    /// [`RequestPath::claim`], or under a [`Hold`] [`RequestPath::current`].
+    pub(super) store: &'a dyn RequestPath,
+    /// The identities this process is claiming or sending.
+    pub(super) in_flight: &'a Arc<InFlight>,
+    /// The replay cache: asked again by a request that waited, and told
+    /// what the store said.
+    pub(super) cache: &'a ReplayCache,
+}
+
+/// Claims `new`, the operation `write` would become (its caller found no
+/// answer in the replay cache), or answers it from the in-flight map, the
+/// store, or — after a wait — the replay cache (completed operations
+/// updated after the write's `valid_after`); on a `wait` route a duplicate
+/// of an attempt in flight waits up to `wait_timeout`. Under a [`Hold`]
+/// nothing is claimed. A replay the store answers is cached under the
+/// write's exact digest.
+pub(super) async fn claim(
+    sources: &Sources<'_>,
     route: &Route,
+    write: &Write,
     new: &Arc<NewOperation>,
-    identity: &str,
-    exact: ExactDigest,
-    valid_after: i64,
     hold: Option<Hold>,
 ) -> Result<Claimed, ProxyError> {
     let deadline = Instant::now() + route.wait_timeout;
     let waits = route.in_progress == InProgressMode::Wait;
+    let (identity, cache) = (write.identity.as_str(), sources.cache);
     // The caller asked the cache just before; a request that waited asks
     // it again each time it wakes, since what it waited on may be replayed.
     let mut woke = false;
     loop {
-        if woke && let Some(answer) = cache.answer(identity, &new.fingerprint, valid_after) {
+        if woke && let Some(answer) = cache.answer(identity, &new.fingerprint, write.valid_after) {
             return answer.map(Claimed::Answer);
         }
         woke = true;
-        let entry = match in_flight.enter(identity, new) {
+        let entry = match sources.in_flight.enter(identity, new) {
             Ok(guard) => {
-                match claim_in_store(store, cache, route, new, exact, hold, guard).await? {
+                match claim_in_store(sources, route, new, write.exact, hold, guard).await? {
                     Stored::Decided(claimed) => return Ok(claimed),
                     Stored::Elsewhere(operation) => {
                         let now = Instant::now();
@@ -350,14 +360,14 @@ enum Stored {
 }
 
 async fn claim_in_store(
-    store: &dyn Store,
-    cache: &ReplayCache,
+    sources: &Sources<'_>,
     route: &Route,
     new: &Arc<NewOperation>,
     exact: ExactDigest,
     hold: Option<Hold>,
     guard: InFlightGuard,
 ) -> Result<Stored, ProxyError> {
+    let (store, cache) = (sources.store, sources.cache);
     let unavailable = ProxyError::store;
     let found = match hold {
         Some(hold) => match store.current(new).await.map_err(unavailable)? {

@@ -12,22 +12,42 @@
 //!    route → 400 `invalid-path`. A method the route does not intercept is
 //!    streamed through ([`forward::pass_through`]), unchanged but for its
 //!    normalized path and hop-by-hop headers.
-//! 2. [`key`]: the `Idempotency-Key` (or an assigned one) and the scope.
+//! 2. [`key`]: the `Idempotency-Key` the client sent, if any (within its
+//!    first-sent window, on a profile that dates requests: [`wire`]), and
+//!    the scope.
 //! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`)
 //!    and by the bodies' shared [`budget`] (503 `overloaded`).
-//! 4. [`fingerprint`]: what makes a retry "the same request".
-//! 5. [`claim`]: one store transaction decides: send, replay, or refuse; a
-//!    paused route or a scope over its [`quota`] only looks up what exists.
-//! 6. [`forward`] + [`record`]: in a task of their own, so a client that hangs
-//!    up never cancels the upstream call nor leaves the operation `in_progress`;
-//!    upstream connections are made by [`connector`] and driven, from
-//!    [`pool`], by the request that uses them; after a lost response
-//!    ([`attempt`]) a route's [`reconcile`] probe may prove it happened; in
-//!    `idemgate rehearse`'s own gateway alone, a [`drill`] breaks exchanges
-//!    on purpose.
-//! 7. [`replay`]: what a key that already has an operation gets; an `unknown`
-//!    one on a route with a probe is probed again first ([`reconcile`]), and
-//!    one the probe finds absent is claimed again and sent by this request.
+//! 4. [`fingerprint`]: the digest of the request exactly as sent, then what
+//!    makes a retry "the same request"; a write that sent no key is given
+//!    one from them (assigned, or derived). The write's context, `Write`,
+//!    is then whole: built once, read by reference by every phase after.
+//! 5. [`replay`] from the cache: a completed operation the cache holds for
+//!    the write's identity answers at once, with no task and no store call.
+//!    A retry sent byte for byte under the client's key is looked up
+//!    between the two digests of phase 4, so that the most common retry
+//!    is answered before its JSON is parsed; any other write once its
+//!    fingerprint is known.
+//! 6. [`claim`]: one store transaction decides: send, replay what the store
+//!    holds ([`replay::answer_existing`]), or refuse; a paused route or a
+//!    scope over its [`quota`] only looks up what exists. A duplicate of a
+//!    claim in flight waits for it and asks the cache again when it wakes.
+//!    An `unknown` operation on a route with a probe is probed first
+//!    ([`reconcile`]) and claimed again: one the probe finds absent is sent
+//!    by this request.
+//! 7. [`forward`] + [`record`] ([`attempt`]): in the task the claim runs in,
+//!    so a client that hangs up never cancels the upstream call nor leaves
+//!    the operation `in_progress`; upstream connections are made by
+//!    [`connector`] and driven, from [`pool`], by the request that uses
+//!    them; after a lost response a route's [`reconcile`] probe may prove it
+//!    happened; in `idemgate rehearse`'s own gateway alone, a [`drill`]
+//!    breaks exchanges on purpose.
+//!
+//! Invariants: a write's identity — its key, scope, their joined name, its
+//! fingerprint and exact digest — is computed once, in its context, and
+//! every phase after phase 4 reads it there, so no two phases can disagree
+//! on which operation a write is; each phase calls the store through the
+//! narrow trait that holds its calls ([`RequestPath`]; [`Operators`] for
+//! what it reads as operators do), never the whole [`Store`].
 //!
 //! Errors from any phase are [`ProxyError`]s ([`error`]), mapped to a problem
 //! in one place and rendered as an RFC 9457 body ([`crate::problem`]).
@@ -60,7 +80,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{Method, Request, Response, request};
+use http::{HeaderMap, Method, Request, Response, request};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
@@ -84,7 +104,7 @@ use forward::{Peer, ProbeClient, WriteRequest};
 use idemgate_model::clock::{self, Clock};
 use idemgate_model::operation::{Fingerprint, RequestSummary};
 use idemgate_store::scope_key::ScopeKey;
-use idemgate_store::{NewOperation, Store, StoreError};
+use idemgate_store::{NewOperation, Operators, RequestPath, Store, StoreError};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
 use pool::Pool;
 use quota::{Quotas, StoredCharge};
@@ -141,7 +161,12 @@ pub struct Proxy {
 /// The proxy's parts that every request and every attempt uses, made once
 /// at start and held behind one `Arc`.
 struct Shared {
-    store: Arc<dyn Store>,
+    /// The store as a write's phases call it: claims, records, settlements.
+    store: Arc<dyn RequestPath>,
+    /// The same store, for what the request path reads as operators do:
+    /// a held operation with its timeline (a probe, a re-send, a record
+    /// that lost its compare-and-set), a client's status lookup, a pause.
+    operators: Arc<dyn Operators>,
     /// The probes running, so an operation is probed once at a time.
     reconciler: Reconciler,
     metrics: Arc<Metrics>,
@@ -150,26 +175,41 @@ struct Shared {
     replays: ReplayCache,
     /// Writes sent and bytes stored per scope, for routes with a quota.
     quotas: Arc<Quotas>,
+    shutdown: Shutdown,
+}
+
+impl Shared {
+    /// What a reconcile probe needs beside its route, as of now.
+    fn probe_ctx(&self) -> reconcile::Ctx<'_> {
+        reconcile::Ctx {
+            store: self.store.as_ref(),
+            operators: self.operators.as_ref(),
+            metrics: &self.metrics,
+            now: self.clock.now_millis(),
+        }
+    }
+}
+
+/// How shutdown reaches the writes in flight.
+pub struct Shutdown {
     /// Cancelled when shutdown starts: stop follow-ups of lost responses.
-    stopping: CancellationToken,
+    pub stopping: CancellationToken,
     /// Cancelled at the end of the shutdown grace: stop retrying records.
-    give_up: CancellationToken,
+    pub give_up: CancellationToken,
 }
 
 impl Proxy {
-    /// The proxy for `config`; `paused` names the routes the store holds
-    /// paused, `scope_key` the key its scopes are stored with, `drill` the
-    /// faults a rehearsal injects (none for `serve`).
-    #[allow(clippy::too_many_arguments)] // what the proxy is made of, each distinct
+    /// The proxy for `config`, every route running until it follows the
+    /// pauses the store holds ([`Proxy::follow_pauses`]); `scope_key` the
+    /// key its scopes are stored with, `drill` the faults a rehearsal
+    /// injects (none for `serve`).
     pub fn new(
         config: &Config,
         store: Arc<dyn Store>,
         scope_key: ScopeKey,
         clock: Arc<dyn Clock>,
-        paused: &[String],
         metrics: Arc<Metrics>,
-        stopping: CancellationToken,
-        give_up: CancellationToken,
+        shutdown: Shutdown,
         drill: Option<Arc<drill::Drill>>,
     ) -> Result<Self, TlsError> {
         let routes = config
@@ -181,7 +221,7 @@ impl Proxy {
                     client: forward::pool(route, None)?,
                     writes: forward::pool(route, Some(store.fence()))?,
                     probes: forward::probe_client(route)?,
-                    paused: AtomicBool::new(paused.contains(&route.name)),
+                    paused: AtomicBool::new(false),
                     drill: drill.clone(),
                     series: metrics.route_series(&route.name),
                     learned: mcp::tools::Learned::default(),
@@ -193,7 +233,8 @@ impl Proxy {
         Ok(Proxy {
             routes,
             shared: Arc::new(Shared {
-                store,
+                store: store.clone(),
+                operators: store,
                 reconciler: Reconciler::default(),
                 metrics,
                 clock,
@@ -206,8 +247,7 @@ impl Proxy {
                     ReplayCache::default()
                 },
                 quotas: Arc::default(),
-                stopping,
-                give_up,
+                shutdown,
             }),
             in_flight: Arc::default(),
             retention: config.store.retention,
@@ -238,7 +278,7 @@ impl Proxy {
         let Some(active) = self.routes.iter().find(|a| a.route.name == name) else {
             return Ok(false);
         };
-        self.shared.store.set_paused(name, reason).await?;
+        self.shared.operators.set_paused(name, reason).await?;
         active.paused.store(reason.is_some(), Ordering::SeqCst);
         Ok(true)
     }
@@ -309,7 +349,7 @@ impl Proxy {
             Err(error.into())
         } else if reserved {
             status::lookup(
-                self.shared.store.as_ref(),
+                self.shared.operators.as_ref(),
                 &self.routes,
                 &self.scope_key,
                 &request,
@@ -522,7 +562,8 @@ impl Proxy {
     }
 
     /// A protected tool call as a write: its scope, key and fingerprint
-    /// ([`mcp::identity`]), then the write phases as for any route.
+    /// ([`mcp::identity`]) make its context, then phases 5 to 7 as for any
+    /// route.
     async fn mcp_write(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
@@ -535,26 +576,91 @@ impl Proxy {
         let route = &active.route;
         let scope = self.scope_of(route, &parts)?;
         let identified = mcp::identity::identify(call, &parts.headers, &body.0, route, &scope)?;
-        let parts_headers = parts.headers.clone();
+        let sent = identified.source == mcp::identity::KeySource::Sent;
+        let named = self.name(route, &scope, identified.key, sent);
         let exact = ExactDigest::of(&identified.fingerprint);
-        let keyed = Keyed {
-            key: identified.key.clone(),
-            announced: identified.source == mcp::identity::KeySource::Derived,
-            scope,
-            fingerprint: identified.fingerprint,
-            exact,
+        let now = self.shared.clock.now_millis();
+        let write = self.identify(route, named, scope, (identified.fingerprint, exact), now);
+        let call = Some(active.calls.track(&parts.headers, &call.id, relay));
+        let payload = Payload {
             parts,
             body,
             peer,
-            call: Some(active.calls.track(&parts_headers, &call.id, relay)),
-            rotation_guard: identified.source == mcp::identity::KeySource::Sent
-                && route.rotated_keys == RotatedKeys::Hold,
+            call,
         };
-        self.write_keyed(active, keyed).await
+        self.replay_or_send(active, write, payload).await
     }
 
-    /// The scope of a write on `route`: its scope headers, narrowed as its
-    /// profile says.
+    /// Phases 2 to 4 for a write the route intercepts — key and scope,
+    /// body, fingerprint — with phase 5's look-up by exact digest between
+    /// the two digests; then phases 5 to 7. A key the gateway made is
+    /// announced on whatever answer the write gets.
+    async fn write_answer(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        request: Request<Incoming>,
+        peer: Peer,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let route = &active.route;
+        let sent_key = self.sent_key(route, request.headers())?;
+        let (parts, body) = request.into_parts();
+        let scope = self.scope_of(route, &parts)?;
+        // Goes with the body to the attempt, which may hold it longest.
+        let body = read_body(&parts, body, route, &self.body_budget).await?;
+        let now = self.shared.clock.now_millis();
+        let exact = digest_of(route, &parts, &body.0, ExactDigest::compute).await?;
+        let sent = sent_key.map(|key| self.name(route, &scope, key, true));
+        if let Some(replay) = self.replay_exact(sent.as_ref(), &exact, now) {
+            return Ok(replay);
+        }
+        let fingerprint = digest_of(route, &parts, &body.0, fingerprint::compute).await?;
+        let named = match sent {
+            Some(named) => named,
+            None => {
+                let key = made_key(route, &scope, &fingerprint, &body.0)?;
+                self.name(route, &scope, key, false)
+            }
+        };
+        let write = self.identify(route, named, scope, (fingerprint, exact), now);
+        let made = (!write.key_sent).then(|| write.key.clone());
+        let payload = Payload {
+            parts,
+            body,
+            peer,
+            call: None,
+        };
+        let answered = self.replay_or_send(active, write, payload).await;
+        let response =
+            answered.unwrap_or_else(|error| error.into_response_as(route.profile.wire()));
+        Ok(announce(response, made.as_ref()))
+    }
+
+    /// Phase 2, the key: the one the client sent, if any. Refused when the
+    /// route requires one and none came, or when the profile dates its
+    /// requests and this one's first-sent time is outside the window.
+    fn sent_key(
+        &self,
+        route: &Route,
+        headers: &HeaderMap,
+    ) -> Result<Option<IdempotencyKey>, ProxyError> {
+        let wire = route.profile.wire();
+        let sent = IdempotencyKey::from_wire(headers, wire)?;
+        if sent.is_none() && route.key == KeyMode::Require {
+            return Err(ProxyError::MissingKey);
+        }
+        if sent.is_some() {
+            let now = self.shared.clock.now_millis();
+            let window = wire::FirstSentWindow {
+                retention: self.retention,
+                skew: route.first_sent_skew,
+            };
+            wire::check_first_sent(wire, headers, now, window)?;
+        }
+        Ok(sent)
+    }
+
+    /// Phase 2, the scope of a write on `route`: its scope headers,
+    /// narrowed as its profile says.
     fn scope_of(&self, route: &Route, parts: &request::Parts) -> Result<Scope, ProxyError> {
         let scope = Scope::from_headers(
             &parts.headers,
@@ -576,150 +682,88 @@ impl Proxy {
         ))
     }
 
-    /// Phases 2–4 for a write the route intercepts: key and scope, body,
-    /// fingerprint; then the write.
-    async fn write_answer(
-        self: &Arc<Self>,
-        active: &Arc<ActiveRoute>,
-        request: Request<Incoming>,
-        peer: Peer,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
-        let route = &active.route;
-        let wire = route.profile.wire();
-        let sent_key = IdempotencyKey::from_wire(request.headers(), wire)?;
-        if sent_key.is_none() && route.key == KeyMode::Require {
-            return Err(ProxyError::MissingKey);
-        }
-        if sent_key.is_some() {
-            let now = self.shared.clock.now_millis();
-            let window = wire::FirstSentWindow {
-                retention: self.retention,
-                skew: route.first_sent_skew,
-            };
-            wire::check_first_sent(wire, request.headers(), now, window)?;
-        }
-        let (parts, body) = request.into_parts();
-        let scope = self.scope_of(route, &parts)?;
-        // Goes with the body to the attempt, which may hold it longest.
-        let (body, reservation) = read_body(&parts, body, route, &self.body_budget).await?;
-        let retained_after = self.shared.clock.now_millis() - clock::millis(self.retention);
-        let exact = digest_of(route, &parts, &body, ExactDigest::compute).await?;
-        // Most retries are replays sent byte for byte: answered here, from
-        // the cache, before their JSON is parsed for the fingerprint.
-        if let Some(key) = &sent_key {
-            let identity = claim::identity(&route.name, scope.as_str(), key.as_str());
-            traces::note_key(|| self.scope_key.trace_label(&identity));
-            if let Some(replay) =
-                self.shared
-                    .replays
-                    .answer_exact(&identity, &exact, retained_after)
-            {
-                return Ok(replay);
-            }
-        }
-        let fingerprint = digest_of(route, &parts, &body, fingerprint::compute).await?;
-        let rotation_guard = sent_key.is_some() && route.rotated_keys == RotatedKeys::Hold;
-        let (key, announced) = match sent_key {
-            Some(key) => (key, false),
-            None => (made_key(route, &scope, &fingerprint, &body)?, true),
-        };
-        let keyed = Keyed {
-            key: key.clone(),
-            announced,
-            scope,
-            fingerprint,
-            exact,
-            parts,
-            body: (body, reservation),
-            peer,
-            call: None,
-            rotation_guard,
-        };
-        let answered = self.write_keyed(active, keyed).await;
-        let mut response = answered.unwrap_or_else(|error| error.into_response_as(wire));
-        // A key the gateway made is the one the client must retry with,
-        // whatever the answer.
-        if announced && let Ok(value) = HeaderValue::from_str(key.as_str()) {
-            response.headers_mut().insert(IDEMPOTENCY_KEY, value);
-        }
-        Ok(response)
-    }
-
-    /// Phase 5 on for a write whose key and fingerprint are known: the
-    /// replay cache, else the claim and the attempt.
-    async fn write_keyed(
-        self: &Arc<Self>,
-        active: &Arc<ActiveRoute>,
-        keyed: Keyed,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
-        let route = &active.route;
-        let Keyed {
-            key,
-            announced,
-            scope,
-            fingerprint,
-            exact,
-            parts,
-            body: (body, reservation),
-            peer,
-            call,
-            rotation_guard,
-        } = keyed;
-        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let now = self.shared.clock.now_millis();
-        let retained_after = now - clock::millis(self.retention);
-        // An identical request is the same derived operation only within the window.
-        let fresh_after =
-            (announced && route.key == KeyMode::Derive && route.derive_from.is_empty())
-                .then(|| now - clock::millis(route.derive_window));
-        // Completed operations the store may have deleted (retention) or
-        // superseded (derive window) are never answered from the cache.
-        let valid_after = retained_after.max(fresh_after.unwrap_or(i64::MIN));
+    /// `key` with the identity it names on `route` in `scope` ([`Named`]),
+    /// once per write; `sent`: the client sent it.
+    fn name(&self, route: &Route, scope: &Scope, key: IdempotencyKey, sent: bool) -> Named {
         let identity = claim::identity(&route.name, scope.as_str(), key.as_str());
         traces::note_key(|| self.scope_key.trace_label(&identity));
-        // Other replays (the same payload spelled otherwise, or cached from
-        // the store) are answered here too, without a task or a store call
-        // (the claim phase asks the cache again, for waiters).
-        let cached = self
-            .shared
-            .replays
-            .answer(&identity, &fingerprint, valid_after);
+        Named {
+            key,
+            sent,
+            identity,
+        }
+    }
+
+    /// The end of phase 4: the write's context, built once its key and
+    /// fingerprint are known. `now` (ms, the store's clock) is read once,
+    /// when the body is whole.
+    fn identify(
+        &self,
+        route: &Route,
+        named: Named,
+        scope: Scope,
+        (fingerprint, exact): (Fingerprint, ExactDigest),
+        now: i64,
+    ) -> Write {
+        let Named {
+            key,
+            sent,
+            identity,
+        } = named;
+        // An identical request is the same derived operation only within the window.
+        let fresh_after = (!sent && route.key == KeyMode::Derive && route.derive_from.is_empty())
+            .then(|| now - clock::millis(route.derive_window));
+        // Completed operations the store may have deleted (retention) or
+        // superseded (derive window) are never answered from the cache.
+        let valid_after = self
+            .retained_after(now)
+            .max(fresh_after.unwrap_or(i64::MIN));
+        Write {
+            key,
+            key_sent: sent,
+            scope,
+            identity,
+            fingerprint,
+            exact,
+            valid_after,
+            fresh_after,
+        }
+    }
+
+    /// What the store may still hold at `now` (ms): operations updated
+    /// after this.
+    fn retained_after(&self, now: i64) -> i64 {
+        now - clock::millis(self.retention)
+    }
+
+    /// Phase 5, early: most retries are sent byte for byte under the key
+    /// the client sent, and are answered here, from the cache, before
+    /// their JSON is parsed for the fingerprint.
+    fn replay_exact(
+        &self,
+        sent: Option<&Named>,
+        exact: &ExactDigest,
+        now: i64,
+    ) -> Option<Response<ProxyBody>> {
+        let named = sent?;
+        let replays = &self.shared.replays;
+        replays.answer_exact(&named.identity, exact, self.retained_after(now))
+    }
+
+    /// Phase 5, then 6 and 7: other replays (the same payload spelled
+    /// otherwise, or cached from the store) are answered from the cache,
+    /// without a task or a store call; the rest are claimed and sent.
+    async fn replay_or_send(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        write: Write,
+        payload: Payload,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let replays = &self.shared.replays;
+        let cached = replays.answer(&write.identity, &write.fingerprint, write.valid_after);
         match cached {
             Some(answer) => answer,
-            None => {
-                let new = Arc::new(NewOperation {
-                    route: route.name.clone(),
-                    scope: scope.as_str().to_string(),
-                    key: key.as_str().to_string(),
-                    fingerprint,
-                    request: RequestSummary {
-                        method: parts.method.to_string(),
-                        path: path_and_query.to_string(),
-                        content_type: parts
-                            .headers
-                            .get(CONTENT_TYPE)
-                            .and_then(|v| v.to_str().ok())
-                            .map(str::to_string),
-                        body_size: body.len() as u64,
-                        body_sha256: fingerprint::digest_hex(Sha256::new_with_prefix(&body)),
-                        body: route.store_request_body.then(|| body.to_vec()),
-                    },
-                    fresh_after,
-                    refuse_held_twin: rotation_guard,
-                });
-                let write = Write {
-                    key,
-                    new,
-                    exact,
-                    identity,
-                    valid_after,
-                    parts,
-                    body: (body, reservation),
-                    peer,
-                    call,
-                };
-                self.spawn_write(active, write).await
-            }
+            None => self.spawn_write(active, write, payload).await,
         }
     }
 
@@ -732,13 +776,14 @@ impl Proxy {
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
         write: Write,
+        payload: Payload,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let (reply_tx, reply_rx) = oneshot::channel();
         let (this, active) = (self.clone(), active.clone());
         // Each phase's future boxed: inline, the task's future was ~18 KiB,
         // copied whole into the task as it was spawned.
         self.tasks.spawn(traces::in_current(async move {
-            match Box::pin(this.claim_write(&active, write)).await {
+            match Box::pin(this.claim(&active, write, payload)).await {
                 Ok(Next::Send(attempt)) => Box::pin(attempt.run(reply_tx)).await,
                 Ok(Next::Answer(response)) => drop(reply_tx.send(Ok(response))),
                 Err(error) => drop(reply_tx.send(Err(error))),
@@ -751,77 +796,67 @@ impl Proxy {
         })
     }
 
-    /// Phase 5: the claim decides whether the write is sent (the attempt
-    /// that forwards and records it) or answered from the store.
-    async fn claim_write(
+    /// Phase 6: the claim decides whether the write is sent (the attempt,
+    /// phase 7, which owns the write's context from then on) or answered
+    /// from the store. A held operation is probed once, then claimed
+    /// again: whatever settled it meanwhile (this probe, the one that was
+    /// running, a late response, an operator) answers, and one the probe
+    /// released (`not_attempted`) is this request's to send.
+    async fn claim(
         &self,
         active: &Arc<ActiveRoute>,
         write: Write,
+        payload: Payload,
     ) -> Result<Next, ProxyError> {
         let route = &active.route;
-        let Write {
-            key,
-            new,
-            exact,
-            identity,
-            valid_after,
-            parts,
-            body,
-            peer,
-            call,
-        } = write;
-        let credentials = reconcile::credentials(&parts.headers, route);
+        let new = Arc::new(write.new_operation(route, &payload.parts, &payload.body.0));
+        let credentials = reconcile::credentials(&payload.parts.headers, route);
         // Taken before the claim is sent: a lease that lapses from here on
         // voids it, even once renewed (a peer may have taken over).
         let permit = self.shared.store.fence().permit();
-        // A held operation is probed once, then claimed again: whatever
-        // settled it meanwhile (this probe, the one that was running, a late
-        // response, an operator) answers, and one the probe released
-        // (`not_attempted`) is this request's to send.
         let mut probed = false;
         let (claim, in_flight) = loop {
-            let claimed = self
-                .claim_once(active, &new, &identity, exact, valid_after)
-                .await?;
-            match claimed {
+            match self.claim_once(active, &write, &new).await? {
                 Claimed::Send(claim, guard) => break (claim, guard),
                 Claimed::Answer(response) => return Ok(Next::Answer(response)),
                 Claimed::Held(operation) if probed || !route.has_probe() => {
-                    return replay::answer_existing(&operation, &new.fingerprint).map(Next::Answer);
+                    return replay::answer_existing(&operation, &write.fingerprint)
+                        .map(Next::Answer);
                 }
                 Claimed::Held(operation) => {
                     probed = true;
-                    let ctx = reconcile::Ctx {
-                        store: self.shared.store.as_ref(),
-                        metrics: &self.shared.metrics,
-                        now: self.shared.clock.now_millis(),
-                    };
+                    let ctx = self.shared.probe_ctx();
+                    let key = write.key.as_str();
                     // Boxed: rare, and its future would make every claim's as large.
                     Box::pin(self.shared.reconciler.reconcile(
                         &ctx,
                         active,
                         &operation.id,
-                        key.as_str(),
+                        key,
                         &credentials,
                     ))
                     .await;
                 }
             }
         };
+        let Payload {
+            parts,
+            body,
+            peer,
+            call,
+        } = payload;
+        let request = WriteRequest::new(route, parts, body, (write.key.as_str(), &claim), &peer)?;
         Ok(Next::Send(Box::new(Attempt {
             shared: self.shared.clone(),
             active: active.clone(),
             in_flight: Some(in_flight),
-            request: WriteRequest::new(route, parts, body, (key.as_str(), &claim), &peer)?,
+            request,
             claim,
             permit,
-            key: key.as_str().to_string(),
             credentials,
-            identity,
-            fingerprint: new.fingerprint.clone(),
-            exact,
-            quota: StoredCharge::new(&self.shared.quotas, route, &new.scope),
+            quota: StoredCharge::new(&self.shared.quotas, route, write.scope.as_str()),
             call,
+            write,
         })))
     }
 
@@ -831,44 +866,36 @@ impl Proxy {
     async fn claim_once(
         &self,
         active: &ActiveRoute,
+        write: &Write,
         new: &Arc<NewOperation>,
-        identity: &str,
-        exact: ExactDigest,
-        valid_after: i64,
     ) -> Result<Claimed, ProxyError> {
         let route = &active.route;
-        let hold = if active.paused.load(Ordering::SeqCst) {
-            Some(Hold::Paused)
-        } else {
-            let now = self.shared.clock.now_millis();
-            self.shared
-                .quotas
-                .check(route, &new.scope, now)
-                .err()
-                .map(Hold::OverQuota)
+        let sources = claim::Sources {
+            store: self.shared.store.as_ref(),
+            in_flight: &self.in_flight,
+            cache: &self.shared.replays,
         };
-        let claimed = claim::claim(
-            self.shared.store.as_ref(),
-            &self.in_flight,
-            &self.shared.replays,
-            route,
-            new,
-            identity,
-            exact,
-            valid_after,
-            hold,
-        );
+        let hold = self.hold(active, write.scope.as_str());
+        let claimed = claim::claim(&sources, route, write, new, hold);
         let claimed = traces::child(Step::Claim, claimed).await?;
         if matches!(claimed, Claimed::Send(..)) {
             let request_bytes = new.request.body.as_ref().map_or(0, Vec::len);
-            self.shared.quotas.count(
-                route,
-                &new.scope,
-                request_bytes,
-                self.shared.clock.now_millis(),
-            );
+            let now = self.shared.clock.now_millis();
+            let scope = write.scope.as_str();
+            self.shared.quotas.count(route, scope, request_bytes, now);
         }
         Ok(claimed)
+    }
+
+    /// Why no write may be sent on `active` for `scope` now, if any: the
+    /// route is paused, or the scope has used its quota.
+    fn hold(&self, active: &ActiveRoute, scope: &str) -> Option<Hold> {
+        if active.paused.load(Ordering::SeqCst) {
+            return Some(Hold::Paused);
+        }
+        let now = self.shared.clock.now_millis();
+        let spent = self.shared.quotas.check(&active.route, scope, now).err();
+        spent.map(Hold::OverQuota)
     }
 }
 
@@ -881,19 +908,63 @@ enum Next {
     Answer(Response<ProxyBody>),
 }
 
-/// A write past its fingerprint, on its way to the claim: the operation it
-/// wants to become, its identity in the in-flight map and the replay cache,
-/// and the request to forward.
+/// A write's context, as pingora's `CTX`: who the write is, built once
+/// when its key and fingerprint are known (the end of phase 4), then read
+/// by reference by every phase after — the replay cache, the claim, and
+/// the attempt, which owns it once claimed.
 struct Write {
     key: IdempotencyKey,
-    new: Arc<NewOperation>,
+    /// The client sent the key, so the rotated-key guard applies
+    /// ([`NewOperation::refuse_held_twin`]); otherwise the gateway made it
+    /// (assigned or derived) and the answer says it.
+    key_sent: bool,
+    scope: Scope,
+    /// Route, scope and key joined ([`claim::identity`]): the write's name
+    /// in the in-flight map and the replay cache.
+    identity: String,
+    fingerprint: Fingerprint,
     /// The request exactly as sent, kept with its response for replays.
     exact: ExactDigest,
-    identity: String,
-    /// Cached completed operations updated before this (ms) are not answered.
+    /// Cached completed operations updated before this (ms, the store's
+    /// clock) are not answered.
     valid_after: i64,
+    /// A key derived from the fingerprint alone names the same operation
+    /// only within the route's `derive_window`: where the window starts
+    /// ([`NewOperation::fresh_after`]).
+    fresh_after: Option<i64>,
+}
+
+impl Write {
+    /// The operation this write would become, as the claim stores it:
+    /// made once the cache has no answer, since it hashes the body.
+    fn new_operation(&self, route: &Route, parts: &request::Parts, body: &[u8]) -> NewOperation {
+        NewOperation {
+            route: route.name.clone(),
+            scope: self.scope.as_str().to_string(),
+            key: self.key.as_str().to_string(),
+            fingerprint: self.fingerprint.clone(),
+            request: request_summary(route, parts, body),
+            fresh_after: self.fresh_after,
+            refuse_held_twin: self.key_sent && route.rotated_keys == RotatedKeys::Hold,
+        }
+    }
+}
+
+/// A write's key and the identity it names ([`claim::identity`]), made
+/// once per write as soon as the key is known: a key the client sent
+/// before the fingerprint, since the cache's look-up by exact digest
+/// needs it; a key the gateway makes from the fingerprint, after it.
+struct Named {
+    key: IdempotencyKey,
+    /// The client sent it.
+    sent: bool,
+    identity: String,
+}
+
+/// What a claimed write sends: its head, its body (and the body's bytes in
+/// the shared budget), the client's address for the forwarded headers.
+struct Payload {
     parts: request::Parts,
-    /// The body, and its bytes in the shared budget.
     body: (Bytes, Reservation),
     peer: Peer,
     /// An MCP tool call, in flight: its upstream answer is read as
@@ -901,23 +972,35 @@ struct Write {
     call: Option<mcp::cancel::Pending>,
 }
 
-/// A write whose key and fingerprint are known, on its way to the replay
-/// cache and the claim.
-struct Keyed {
-    key: IdempotencyKey,
-    /// The gateway made the key (assigned or derived): the answer says it.
-    announced: bool,
-    scope: Scope,
-    fingerprint: Fingerprint,
-    exact: ExactDigest,
-    parts: request::Parts,
-    body: (Bytes, Reservation),
-    peer: Peer,
-    call: Option<mcp::cancel::Pending>,
-    /// A request that sent its own key: refused when an identical one
-    /// under another key is held, by the claim
-    /// ([`NewOperation::refuse_held_twin`]).
-    rotation_guard: bool,
+/// What the store keeps of a write's request.
+fn request_summary(route: &Route, parts: &request::Parts, body: &[u8]) -> RequestSummary {
+    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    RequestSummary {
+        method: parts.method.to_string(),
+        path: path_and_query.to_string(),
+        content_type: parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        body_size: body.len() as u64,
+        body_sha256: fingerprint::digest_hex(Sha256::new_with_prefix(body)),
+        body: route.store_request_body.then(|| body.to_vec()),
+    }
+}
+
+/// `response` with the key the gateway `made`, if it made one: the key
+/// the client must retry with, whatever the answer.
+fn announce(
+    mut response: Response<ProxyBody>,
+    made: Option<&IdempotencyKey>,
+) -> Response<ProxyBody> {
+    if let Some(key) = made
+        && let Ok(value) = HeaderValue::from_str(key.as_str())
+    {
+        response.headers_mut().insert(IDEMPOTENCY_KEY, value);
+    }
+    response
 }
 
 /// Bodies larger than this are digested on the blocking pool: hashing and

@@ -33,7 +33,7 @@ use crate::pipeline::forward::{Exchange, LostCause};
 use crate::pipeline::replay;
 use crate::problem::UnknownSince;
 use idemgate_model::backoff::Backoff;
-use idemgate_store::{Claim, LateEvidence, LateSource, Recorded, Store};
+use idemgate_store::{Claim, LateEvidence, LateSource, Recorded};
 
 /// Between attempts to record an outcome the store refused: 200 ms
 /// doubling up to 5 s, unjittered (one operation's own retries).
@@ -286,14 +286,14 @@ pub enum AfterStale {
     Stored { reply: Reply, held: bool },
 }
 
-/// The one rule for an attempt whose [`Store::record`] came back
+/// The one rule for an attempt whose [`RequestPath::record`] came back
 /// [`Recorded::Stale`] at `now` (ms, the store's clock): the client hears
 /// what the store holds. A completed response may still settle a peer's
 /// `unknown` mark of this attempt by the late-response rule; otherwise the
 /// outcome the store refused is kept in the timeline, as evidence for
 /// the operator, and the client gets the store's answer.
 pub async fn after_stale(
-    store: &dyn Store,
+    (store, operators): (&dyn RequestPath, &dyn Operators),
     claim: &Claim,
     settlement: &Settlement,
     fingerprint: &Fingerprint,
@@ -301,7 +301,7 @@ pub async fn after_stale(
     now: i64,
 ) -> AfterStale {
     let held_here = |op: &Operation| op.state == State::Unknown && op.attempt == claim.attempt;
-    let mut current = match read_operation(store, claim).await {
+    let mut current = match read_operation(operators, claim).await {
         Ok(operation) => operation,
         Err(reply) => return AfterStale::Stored { reply, held: false },
     };
@@ -329,7 +329,7 @@ pub async fn after_stale(
             match settled {
                 Ok(true) => return AfterStale::SettledLate,
                 // Settled otherwise meanwhile (a probe, an operator).
-                Ok(false) => match read_operation(store, claim).await {
+                Ok(false) => match read_operation(operators, claim).await {
                     Ok(operation) => current = operation,
                     Err(reply) => return AfterStale::Stored { reply, held: false },
                 },
@@ -410,11 +410,11 @@ pub async fn keep_recording(
 /// Marks a claimed attempt `unknown` if the task forwarding it ends without
 /// recording an outcome (a panic): it may have been sent.
 pub struct SettleGuard {
-    armed: Option<(Arc<dyn Store>, Claim)>,
+    armed: Option<(Arc<dyn RequestPath>, Claim)>,
 }
 
 impl SettleGuard {
-    pub fn new(store: Arc<dyn Store>, claim: Claim) -> Self {
+    pub fn new(store: Arc<dyn RequestPath>, claim: Claim) -> Self {
         SettleGuard {
             armed: Some((store, claim)),
         }

@@ -56,7 +56,9 @@ use crate::pipeline::forward::{self, ProbeClient};
 use crate::traces::{self, Step};
 use idemgate_model::clock;
 use idemgate_model::operation::{Event, Operation, State};
-use idemgate_store::{Finding, LateEvidence, LateSource, Probed, Store, StoredEvent};
+use idemgate_store::{
+    Finding, LateEvidence, LateSource, Operators, Probed, RequestPath, StoredEvent,
+};
 use verdict::{Answer, Rules, Verdict, classify};
 
 /// The probes in flight in this process, by operation id; each probe's
@@ -83,7 +85,10 @@ impl Drop for Running<'_> {
 /// What a probe needs beside the route: the store, the clock's now, the
 /// metrics.
 pub struct Ctx<'a> {
-    pub store: &'a dyn Store,
+    /// Where the probe's conclusion is written.
+    pub store: &'a dyn RequestPath,
+    /// Where the held operation and its timeline are read.
+    pub operators: &'a dyn Operators,
     pub metrics: &'a Metrics,
     /// Now (ms), for the minimum age.
     pub now: i64,
@@ -279,7 +284,7 @@ impl Reconciler {
             operation_id,
             _done: done,
         };
-        let (held, events) = match ctx.store.get(operation_id).await {
+        let (held, events) = match ctx.operators.get(operation_id).await {
             Ok(Some((operation, events))) if operation.state == State::Unknown => {
                 (operation, events)
             }
@@ -371,7 +376,12 @@ fn last_sent(operation: &Operation, events: &[StoredEvent], longest_write: Durat
 }
 
 /// Writes what the probe concluded: a settlement, or its event alone.
-async fn settle(store: &dyn Store, active: &ActiveRoute, held: &Operation, concluded: Concluded) {
+async fn settle(
+    store: &dyn RequestPath,
+    active: &ActiveRoute,
+    held: &Operation,
+    concluded: Concluded,
+) {
     let event = Event {
         kind: "probe",
         detail: concluded.detail,
