@@ -123,7 +123,7 @@ fn canonical_body(input: &FingerprintInput<'_>) -> Option<Vec<u8>> {
 }
 
 /// `application/json` or any `+json` media type, parameters ignored.
-pub fn is_json(headers: &HeaderMap) -> bool {
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
     let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };
@@ -137,7 +137,7 @@ pub fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// A SHA-256 as lower-case hex.
-pub fn digest_hex(hasher: Sha256) -> String {
+pub(crate) fn digest_hex(hasher: Sha256) -> String {
     idemgate_model::hex_text::of(&hasher.finalize())
 }
 

@@ -47,7 +47,7 @@ use idemgate_store::{Claim, Fence, Permit};
 pub type ProbeClient = Client<UpstreamConnector, ProxyBody>;
 
 /// Before connect retry `n`: full jitter under 100 ms doubling, up to 2 s.
-pub const CONNECT_BACKOFF: Backoff =
+pub(crate) const CONNECT_BACKOFF: Backoff =
     Backoff::full_jitter(Duration::from_millis(100), Duration::from_secs(2));
 
 /// The connector for a route: plain http, or https via rustls trusting the
@@ -127,7 +127,7 @@ fn hop_by_hop_index(name: &str) -> Option<usize> {
 /// with none is not changed, and one whose `Connection` names only
 /// hop-by-hop tokens (`keep-alive`, `close`), as most do, is stripped
 /// without an allocation.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Bit i: HOP_BY_HOP[i] is present.
     let mut present = 0u16;
     for name in headers.keys() {
@@ -245,7 +245,7 @@ fn forwarded_for(headers: &HeaderMap, peer: &Peer) -> HeaderValue {
 
 /// Streams a request the gateway does not intercept to the upstream and its
 /// response back, unchanged but for hop-by-hop headers.
-pub async fn pass_through(
+pub(crate) async fn pass_through(
     pool: &Arc<Pool>,
     route: &Route,
     request: Request<ProxyBody>,
@@ -278,7 +278,7 @@ pub async fn pass_through(
 }
 
 /// A buffered write on its way upstream.
-pub struct WriteRequest {
+pub(crate) struct WriteRequest {
     head: request::Parts,
     body: Bytes,
     /// A later attempt under a destination key: a 409 or a 425 is the
@@ -328,7 +328,7 @@ impl WriteRequest {
         })
     }
 
-    pub fn body_len(&self) -> usize {
+    pub(crate) fn body_len(&self) -> usize {
         self.body.len()
     }
 
@@ -422,7 +422,7 @@ impl LostCause {
 
 /// The rest of an exchange that timed out: it resolves to how the exchange
 /// ended after all, if the upstream answers late.
-pub type Late = Pin<Box<dyn Future<Output = Exchange> + Send>>;
+pub(crate) type Late = Pin<Box<dyn Future<Output = Exchange> + Send>>;
 
 /// A write's exchange, and its continuation when it timed out.
 pub struct Sent {
@@ -435,7 +435,7 @@ pub struct Sent {
 /// began: every connect retry's try and wait, then the exchange itself,
 /// each try bounded by `upstream_timeout` (a late response, read on after
 /// that, is another matter: [`Sent::late`]).
-pub fn longest_write(route: &Route) -> Duration {
+pub(crate) fn longest_write(route: &Route) -> Duration {
     let retries = route.connect_retries;
     route.upstream_timeout.saturating_mul(retries + 1)
         + CONNECT_BACKOFF.ceiling(retries).saturating_mul(retries)
@@ -450,7 +450,7 @@ pub fn longest_write(route: &Route) -> Duration {
 /// With `answer`, a response that is an event stream is read event by
 /// event ([`read_events`]): its answer kept, the rest handed over as it
 /// comes.
-pub async fn send_write(
+pub(crate) async fn send_write(
     pool: &Arc<Pool>,
     route: &Arc<Route>,
     request: &WriteRequest,

@@ -149,7 +149,7 @@ impl IdempotencyKey {
 
     /// Derive mode without `derive_from`: the scope and the whole request's
     /// fingerprint, so identical requests are one operation.
-    pub fn derive_from_fingerprint(scope: &Scope, fingerprint: &Fingerprint) -> Self {
+    pub(crate) fn derive_from_fingerprint(scope: &Scope, fingerprint: &Fingerprint) -> Self {
         let mut hasher = Sha256::new();
         hasher.update(b"idemgate-derive-v1:fingerprint");
         hasher.update(scope.digest.as_bytes());
@@ -182,7 +182,7 @@ impl IdempotencyKey {
     /// The key a request carries under a route's profile: read from the
     /// profile's key headers in order, spelled as it says; when several
     /// are present they must name one key. `None` when it has none.
-    pub fn from_wire(headers: &HeaderMap, wire: &Wire) -> Result<Option<Self>, KeyError> {
+    pub(crate) fn from_wire(headers: &HeaderMap, wire: &Wire) -> Result<Option<Self>, KeyError> {
         let mut found: Option<Self> = None;
         for name in wire.key_headers {
             let mut values = headers.get_all(*name).iter();
@@ -304,7 +304,13 @@ impl Scope {
     /// endpoint path (ACP §6.1), a client id header (OASIS). Unchanged
     /// when the profile adds nothing, so idemgate's scopes (and the keys
     /// derived from them) stay what they were.
-    pub fn narrowed(self, wire: &Wire, path: &str, headers: &HeaderMap, key: &ScopeKey) -> Self {
+    pub(crate) fn narrowed(
+        self,
+        wire: &Wire,
+        path: &str,
+        headers: &HeaderMap,
+        key: &ScopeKey,
+    ) -> Self {
         let client = wire.scope_header.and_then(|name| headers.get(name));
         if !wire.scope_path && client.is_none() {
             return self;

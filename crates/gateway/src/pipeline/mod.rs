@@ -290,7 +290,7 @@ impl Proxy {
 
     /// Follows the routes the store holds paused (set through a peer
     /// replica, or its latch).
-    pub fn follow_pauses(&self, paused: &[String]) {
+    pub(crate) fn follow_pauses(&self, paused: &[String]) {
         for active in &self.routes {
             let now = paused.contains(&active.route.name);
             active.paused.store(now, Ordering::SeqCst);

@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 
 /// A stream's complete events as its bytes arrive.
 #[derive(Debug, Default)]
-pub struct Events {
+pub(crate) struct Events {
     pending: BytesMut,
     /// How far into `pending` the scan for an event's end got, and whether
     /// the byte before there ended a line: each byte is scanned once, so a

@@ -64,7 +64,7 @@ use verdict::{Answer, Rules, Verdict, classify};
 /// The probes in flight in this process, by operation id; each probe's
 /// receiver lets a request that comes meanwhile wait for it to end.
 #[derive(Default)]
-pub struct Reconciler {
+pub(crate) struct Reconciler {
     running: DashMap<String, watch::Receiver<()>>,
 }
 
@@ -84,7 +84,7 @@ impl Drop for Running<'_> {
 
 /// What a probe needs beside the route: the store, the clock's now, the
 /// metrics.
-pub struct Ctx<'a> {
+pub(crate) struct Ctx<'a> {
     /// Where the probe's conclusion is written.
     pub store: &'a dyn RequestPath,
     /// Where the held operation and its timeline are read.

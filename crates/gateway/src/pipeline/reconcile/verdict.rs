@@ -88,7 +88,7 @@ impl Answer {
     }
 
     /// Whether the answer says absent by `absence`.
-    pub fn says_absent(&self, absence: &Absence) -> bool {
+    pub(crate) fn says_absent(&self, absence: &Absence) -> bool {
         self.got.is_ok()
             && absence
                 .status
