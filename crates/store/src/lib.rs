@@ -4,8 +4,8 @@
 //! Store methods work on whole operations and return after a durable commit.
 //! Every state change is a compare-and-set on (id, state, attempt, owner), so a
 //! stale writer loses instead of overwriting. The happy path costs two store
-//! calls, each in a group commit: [`Store::claim`] inserts the row and
-//! [`Store::record`] updates it, and neither stores an event row: the row
+//! calls, each in a group commit: [`RequestPath::claim`] inserts the row and
+//! [`RequestPath::record`] updates it, and neither stores an event row: the row
 //! proves the first claim and a plain response, and [`timeline`] puts those
 //! events back when an operator looks. All SQL lives in this module's
 //! backends.
@@ -155,7 +155,7 @@ pub fn timeline(operation: &Operation, stored: Vec<StoredEvent>) -> Vec<StoredEv
     events
 }
 
-/// Which operations [`Store::list`] returns, newest first.
+/// Which operations [`Operators::list`] returns, newest first.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     pub state: Option<State>,
@@ -166,12 +166,12 @@ pub struct ListFilter {
     pub limit: u32,
 }
 
-/// The most operations one [`Store::sweep`] deletes: a transaction that
+/// The most operations one [`Maintenance::sweep`] deletes: a transaction that
 /// takes the writer (and, on PostgreSQL, row locks) for a few
 /// milliseconds, however much has expired.
 pub const SWEEP_LIMIT: u32 = 1000;
 
-/// The access paths of [`Store::list`]: one statement each, so that each
+/// The access paths of [`Operators::list`]: one statement each, so that each
 /// is served by its own index instead of one statement with optional
 /// filters that none serves (ARCHITECTURE.md §4, "Access paths"). Each
 /// pages by `id < cursor ORDER BY id DESC LIMIT n` inside its index.
@@ -335,7 +335,7 @@ impl Decision {
     }
 }
 
-/// What [`Store::resolve`] did.
+/// What [`Operators::resolve`] did.
 #[derive(Debug)]
 pub enum Resolved {
     Done,
@@ -459,8 +459,8 @@ impl NewOperation {
     /// `in_progress` ones always match, since they may still have happened.
     ///
     /// This is the one rule that decides "the operation the store holds now
-    /// for this identity": [`Store::claim`] supersedes what it outdates, and
-    /// [`Store::current`] does not return it, so a claim, the paused path
+    /// for this identity": [`RequestPath::claim`] supersedes what it outdates, and
+    /// [`RequestPath::current`] does not return it, so a claim, the paused path
     /// and a probe's answer all see the same operation.
     pub fn outdates(&self, operation: &Operation) -> bool {
         matches!(operation.state, State::Completed | State::NotAttempted)
@@ -478,7 +478,7 @@ impl NewOperation {
 }
 
 /// Proof that this process owns an attempt: the compare-and-set token for
-/// [`Store::record`].
+/// [`RequestPath::record`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     pub operation_id: String,
@@ -497,7 +497,7 @@ pub struct Claim {
     pub row: Option<i64>,
 }
 
-/// What settles a held operation after the fact ([`Store::settle_held`]).
+/// What settles a held operation after the fact ([`RequestPath::settle_held`]).
 #[derive(Debug, Clone)]
 pub struct LateEvidence {
     pub operation_id: String,
@@ -583,7 +583,7 @@ impl Finding {
 /// than once at the destination.
 pub const DUPLICATED: &str = "duplicated-at-destination";
 
-/// What [`Store::claim`] found.
+/// What [`RequestPath::claim`] found.
 #[derive(Debug)]
 pub enum ClaimResult {
     /// New, or a `not_attempted` one taken for its next attempt: send it.
@@ -596,7 +596,7 @@ pub enum ClaimResult {
     HeldTwin(Box<Operation>),
 }
 
-/// What one [`Store::rekey`] batch did.
+/// What one [`Maintenance::rekey`] batch did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RekeyBatch {
     /// The last operation id looked at; `None` when none was left.
@@ -607,7 +607,7 @@ pub struct RekeyBatch {
     pub resealed: u64,
 }
 
-/// Whether [`Store::record`] won its compare-and-set.
+/// Whether [`RequestPath::record`] won its compare-and-set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recorded {
     Applied,
@@ -701,7 +701,7 @@ pub trait RequestPath: Send + Sync {
     fn fence(&self) -> Fence;
 
     /// Whether other gateway processes (replicas) share this store: then
-    /// each replica calls [`Store::recover`] periodically, re-reads the
+    /// each replica calls [`Maintenance::recover`] periodically, re-reads the
     /// paused routes, and caches nothing the store holds, since a peer
     /// may change it.
     fn shared(&self) -> bool {
@@ -786,7 +786,7 @@ pub trait Outbox: Send + Sync {
     /// deliveries due, leasing them.
     async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError>;
 
-    /// Settles a delivery taken by [`Store::take_alerts`].
+    /// Settles a delivery taken by [`Outbox::take_alerts`].
     async fn settle_alert(
         &self,
         delivery: &AlertDelivery,
@@ -808,7 +808,7 @@ pub trait Maintenance: Send + Sync {
     /// Returns the routes of the operations it marked, for their pause
     /// latches.
     ///
-    /// [`shared`]: Store::shared
+    /// [`shared`]: RequestPath::shared
     async fn recover(&self) -> Result<Vec<String>, StoreError>;
 
     /// Its group commits' sizes and times, for the gateway's metrics.
@@ -825,7 +825,7 @@ pub trait Maintenance: Send + Sync {
     /// start) that are plain or sealed under another key.
     async fn rekey(&self, after: &str, limit: u32) -> Result<RekeyBatch, StoreError>;
 
-    /// After a whole [`Store::rekey`] pass: the canary is sealed under the
+    /// After a whole [`Maintenance::rekey`] pass: the canary is sealed under the
     /// current key, so only that key is needed from now on.
     async fn finish_rekey(&self) -> Result<(), StoreError>;
 

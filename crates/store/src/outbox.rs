@@ -118,7 +118,7 @@ impl AlertOutcome {
     }
 }
 
-/// What [`Store::take_alerts`](super::Store::take_alerts) does in one
+/// What [`Outbox::take_alerts`](crate::Outbox::take_alerts) does in one
 /// transaction.
 #[derive(Debug, Clone)]
 pub struct AlertPoll {

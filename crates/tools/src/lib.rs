@@ -1,8 +1,8 @@
-//! The commands that talk to a gateway from outside, or run one of their
-//! own to try it: they use the gateway's public API (`idemgate`)
-//! and nothing below it.
+//! The binary's command line, and the commands that talk to a gateway
+//! from outside or run one of their own to try it: they use the gateway's
+//! public API (the `idemgate` crate) and nothing below it.
 //!
-//! - [`args`]: their command-line arguments.
+//! - [`cli`]: the command line, `serve`'s arguments and each tool's.
 //! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal;
 //!   [`healthcheck`]: `idemgate healthcheck`, `/readyz` as an exit code.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;

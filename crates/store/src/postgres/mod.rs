@@ -210,7 +210,7 @@ impl PostgresStore {
     /// Connects, migrates, checks that `keys` fit the store (keying its
     /// scopes if it was written before),
     /// registers this replica (`owner`) with a lease of `lease` and keeps
-    /// renewing it until [`Store::close`].
+    /// renewing it until [`Maintenance::close`](crate::Maintenance::close).
     pub async fn open(
         url: &str,
         settings: PostgresSettings,
@@ -443,7 +443,7 @@ const RELEASE_TRIES: u32 = 12;
 const RELEASE_BACKOFF: Backoff =
     Backoff::full_jitter(Duration::from_millis(500), Duration::from_secs(60));
 
-/// A store dropped without [`Store::close`] stops renewing: to its peers
+/// A store dropped without [`Maintenance::close`](crate::Maintenance::close) stops renewing: to its peers
 /// this replica is as good as dead once the lease runs out.
 impl Drop for PostgresStore {
     fn drop(&mut self) {

@@ -1,11 +1,11 @@
-//! The alert outbox on PostgreSQL: what [`Store::take_alerts`] and
-//! [`Store::settle_alert`] run, each in one transaction. Replicas share the
+//! The alert outbox on PostgreSQL: what [`Outbox::take_alerts`] and
+//! [`Outbox::settle_alert`] run, each in one transaction. Replicas share the
 //! outbox: fanning out marks each alert once (its row lock decides), and
 //! due deliveries are taken with `FOR UPDATE SKIP LOCKED` and a lease, so
 //! one replica delivers each at a time (docs/operating.md, "Alerts").
 //!
-//! [`Store::take_alerts`]: crate::Store::take_alerts
-//! [`Store::settle_alert`]: crate::Store::settle_alert
+//! [`Outbox::take_alerts`]: crate::Outbox::take_alerts
+//! [`Outbox::settle_alert`]: crate::Outbox::settle_alert
 
 use sqlx::{PgPool, Row};
 

@@ -4,7 +4,7 @@
 //! - one process at a time: an exclusive `flock` on `<file>.lock`, held for the
 //!   store's life and released by the kernel when the process dies, so every
 //!   `in_progress` row found at open belongs to a dead owner and becomes
-//!   `unknown` (`gateway-restarted`, [`Store::recover`]) before the first
+//!   `unknown` (`gateway-restarted`, [`Maintenance::recover`](crate::Maintenance::recover)) before the first
 //!   request is served;
 //! - one writer: a thread of its own owns the only connection that writes
 //!   ([`writer`]), so transactions never race each other and a claim's
@@ -193,7 +193,7 @@ impl SqliteStore {
     /// Locks, opens (creating it if needed) and migrates the store, checks
     /// that `keys` fit it (keying its scopes if it was written before),
     /// and starts its writer; what a dead owner left `in_progress` waits
-    /// for [`Store::recover`].
+    /// for [`Maintenance::recover`](crate::Maintenance::recover).
     pub async fn open(
         path: &Path,
         durability: Durability,

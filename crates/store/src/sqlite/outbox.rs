@@ -1,9 +1,9 @@
-//! The alert outbox on SQLite: what [`Store::take_alerts`] and
-//! [`Store::settle_alert`] run on the writer's connection, each inside the
+//! The alert outbox on SQLite: what [`Outbox::take_alerts`] and
+//! [`Outbox::settle_alert`] run on the writer's connection, each inside the
 //! writer's batch transaction (docs/operating.md, "Alerts").
 //!
-//! [`Store::take_alerts`]: crate::Store::take_alerts
-//! [`Store::settle_alert`]: crate::Store::settle_alert
+//! [`Outbox::take_alerts`]: crate::Outbox::take_alerts
+//! [`Outbox::settle_alert`]: crate::Outbox::settle_alert
 
 use rusqlite::{Connection, OptionalExtension, params};
 
