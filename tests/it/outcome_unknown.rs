@@ -148,7 +148,7 @@ async fn refused_connect_is_retried_by_the_gateway_until_the_upstream_is_up() {
         (metric(&text, retries) >= Some(1.0)).then_some(())
     })
     .await;
-    let upstream = FakeUpstream::start_on(port).await;
+    let upstream = FakeUpstream::start_on(port.release()).await;
     let first = client.await.expect("client task");
 
     assert_fresh_created(&first);
@@ -186,7 +186,7 @@ async fn refused_write_is_not_attempted_and_the_client_retry_is_attempt_2() {
         "1 + connect_retries"
     );
 
-    let upstream = FakeUpstream::start_on(port).await;
+    let upstream = FakeUpstream::start_on(port.release()).await;
     let retry = write(gw.addr(), "/orders", Some("conn-2"), BODY).await;
     assert_fresh_created(&retry);
     assert_eq!(gw.operation("conn-2").await["attempts"], 2);

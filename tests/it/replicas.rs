@@ -410,7 +410,7 @@ async fn a_replica_past_its_lease_sends_nothing() {
 
     // The upstream comes up; the client's retry goes through B and sends
     // attempt 2, while A would still be retrying its connect.
-    let upstream = FakeUpstream::start_on(port).await;
+    let upstream = FakeUpstream::start_on(port.release()).await;
     let retried = write_until(b.proxy, "/orders", "fenced-1", BODY, WAIT, |r| {
         r.status == StatusCode::CREATED
     })

@@ -28,7 +28,6 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -333,8 +332,9 @@ struct Replicas {
     peer: Arc<dyn Store>,
     /// Each replica's owner id (`replicas.id`).
     owners: Vec<String>,
-    /// Where the gated route's upstream comes up, once, in a stall.
-    gated_at: SocketAddr,
+    /// Where the gated route's upstream comes up, once, in a stall:
+    /// refusing until then.
+    gated_at: Option<RefusingPort>,
     gated: Option<FakeUpstream>,
     /// The gated key's first answer, once told 201.
     gated_told: Option<Vec<u8>>,
@@ -647,7 +647,14 @@ impl Run {
             _ => return Err(format!("the fenced write's operation: {op}")),
         }
         let replicas = self.replicas.as_mut().expect("replicas");
-        let gated = FakeUpstream::start_on(replicas.gated_at).await;
+        let gated = FakeUpstream::start_on(
+            replicas
+                .gated_at
+                .take()
+                .expect("the gated upstream comes up once")
+                .release(),
+        )
+        .await;
         let retried = write(
             self.gws[peer].addr(),
             "/gated/orders",
@@ -811,7 +818,7 @@ async fn run_sequence(seed: u64, place: Place<'_>) {
             schema: schema.name.clone(),
             peer,
             owners: vec![first, second],
-            gated_at,
+            gated_at: Some(gated_at),
             gated: None,
             gated_told: None,
         });

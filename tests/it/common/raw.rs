@@ -142,10 +142,38 @@ pub fn chunked(body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// An unused loopback port: bound, then released.
-pub async fn closed_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    listener.local_addr().expect("addr")
+/// A loopback port that refuses every connection: a socket bound to it
+/// that never listens. It stays bound while the value lives, so no other
+/// test's server (a gateway on port 0, say) can take the port meanwhile and
+/// answer in its place.
+pub struct RefusingPort {
+    _socket: tokio::net::TcpSocket,
+    addr: SocketAddr,
+}
+
+impl RefusingPort {
+    /// Frees the port for a server the test starts on it now ("the
+    /// destination comes back").
+    pub fn release(self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl std::fmt::Display for RefusingPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.addr.fmt(f)
+    }
+}
+
+/// A port nothing answers on for as long as the returned value lives.
+pub async fn closed_port() -> RefusingPort {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.bind("127.0.0.1:0".parse().unwrap()).expect("bind");
+    let addr = socket.local_addr().expect("addr");
+    RefusingPort {
+        _socket: socket,
+        addr,
+    }
 }
 
 /// Asserts the gateway still proxies a plain GET after some abuse.
