@@ -18,7 +18,7 @@ pub mod bench;
 pub mod cli;
 pub mod conformance;
 pub mod demo;
-pub mod gateway_client;
+mod gateway_client;
 pub mod healthcheck;
 pub mod keys_cli;
 pub mod mock_upstream;

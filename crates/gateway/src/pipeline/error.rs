@@ -197,8 +197,10 @@ impl ProxyError {
         }
     }
 
-    /// The problem body as idemgate's own profile words it.
-    pub fn problem(&self) -> Problem {
+    /// The problem body as idemgate's own profile words it (what the
+    /// tests compare; requests are answered through their route's wire).
+    #[cfg(test)]
+    pub(crate) fn problem(&self) -> Problem {
         self.problem_as(Profile::Idemgate.wire())
     }
 

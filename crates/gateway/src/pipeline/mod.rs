@@ -52,27 +52,27 @@
 //! Errors from any phase are [`ProxyError`]s ([`error`]), mapped to a problem
 //! in one place and rendered as an RFC 9457 body ([`crate::problem`]).
 
-pub mod attempt;
-pub mod budget;
-pub mod claim;
-pub mod connector;
+pub(crate) mod attempt;
+pub(crate) mod budget;
+pub(crate) mod claim;
+pub(crate) mod connector;
 pub mod drill;
-pub mod error;
+pub(crate) mod error;
 pub mod fingerprint;
 pub mod forward;
-pub mod host;
+pub(crate) mod host;
 pub mod key;
-pub mod mcp;
-pub mod path;
-pub mod pool;
-pub mod quota;
+pub(crate) mod mcp;
+pub(crate) mod path;
+pub(crate) mod pool;
+pub(crate) mod quota;
 pub mod reconcile;
-pub mod record;
-pub mod replay;
-pub mod route;
+pub(crate) mod record;
+pub(crate) mod replay;
+pub(crate) mod route;
 pub mod sse;
-pub mod status;
-pub mod wire;
+pub(crate) mod status;
+pub(crate) mod wire;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -24,12 +24,12 @@
 //! - [`report`]: the JSON and the text report.
 
 mod counters;
-pub mod load;
-pub mod local;
-pub mod measure;
-pub mod plan;
-pub mod progress;
-pub mod report;
+mod load;
+mod local;
+mod measure;
+mod plan;
+mod progress;
+mod report;
 
 use std::io::Write;
 use std::time::Duration;

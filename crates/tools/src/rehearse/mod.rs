@@ -18,8 +18,8 @@
 //!   (`--header-env NAME=VAR`) and are never printed: the report names
 //!   the variable, never its value.
 
-pub mod cases;
-pub mod destination;
+mod cases;
+mod destination;
 pub mod report;
 mod text;
 

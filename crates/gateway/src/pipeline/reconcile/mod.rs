@@ -34,9 +34,9 @@
 //! - a probe asks about its own operation and nothing else:
 //!   [`http::url`] is the one place a probe URL is built.
 
-pub mod http;
-pub mod tool;
-pub mod verdict;
+pub(crate) mod http;
+pub(crate) mod tool;
+pub(crate) mod verdict;
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
