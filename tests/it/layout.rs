@@ -59,19 +59,13 @@ fn the_reader_sees_every_kind_of_path() {
     assert_eq!(cycles(&graph), [["a", "b", "c"]]);
 }
 
-/// `src` and every folder under it.
-fn folders_of(src: &Path) -> Vec<PathBuf> {
-    let mut folders = vec![src.to_path_buf()];
-    let mut at = 0;
-    while at < folders.len() {
-        for entry in std::fs::read_dir(&folders[at]).expect("a readable directory") {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                folders.push(path);
-            }
-        }
-        at += 1;
-    }
+/// `src` and every folder under it that holds Rust files.
+fn folders_of(src: &Path) -> BTreeSet<PathBuf> {
+    let mut folders: BTreeSet<PathBuf> = rust_files(src)
+        .iter()
+        .filter_map(|file| file.parent().map(Path::to_path_buf))
+        .collect();
+    folders.insert(src.to_path_buf());
     folders
 }
 

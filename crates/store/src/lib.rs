@@ -40,6 +40,14 @@
 //! it serves a filter no other index can. What the backends add to this
 //! (SQLite's partial indexes, PostgreSQL's plans before statistics) is in
 //! their own module docs.
+//!
+//! # Log targets
+//!
+//! The store's log lines keep the targets they had inside the gateway's
+//! crate (`idemgate::store::sqlite::writer`, `idemgate::scope_key`, …), so
+//! the `RUST_LOG` filters operators write (docs/configuration.md,
+//! "Environment") keep naming them: each module that logs states its own
+//! `TARGET` and passes it to every event.
 
 #![forbid(unsafe_code)]
 

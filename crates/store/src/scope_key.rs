@@ -38,8 +38,7 @@ use sha2::Sha256;
 use crate::config::{StoreConfig, StoreUrl};
 use idemgate_model::hex_text;
 
-/// The target of this module's log lines: the gateway's (`idemgate::store…`),
-/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+/// This module's log target (the crate docs, "Log targets").
 const TARGET: &str = "idemgate::scope_key";
 
 /// Why no scope key could be had, or why the one given does not fit.

@@ -27,8 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::StoreBatches;
 use crate::StoreError;
 
-/// The target of this module's log lines: the gateway's (`idemgate::store…`),
-/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+/// This module's log target (the crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::postgres::batch";
 
 /// The most calls one statement takes; more wait for the next one.

@@ -109,8 +109,7 @@ use primary::{Primary, Session};
 use replication::Replication;
 use statements::{ClaimCall, Owners, RecordCall};
 
-/// The target of this module's log lines: the gateway's (`idemgate::store…`),
-/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+/// This module's log target (the crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::postgres";
 
 /// The statements `tests/it/store_contract.rs` explains ([`AccessPath`]).

@@ -39,8 +39,7 @@ use tokio_util::sync::CancellationToken;
 use crate::StoreError;
 use crate::config::PostgresServers;
 
-/// The target of this module's log lines: the gateway's (`idemgate::store…`),
-/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+/// This module's log target (the crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::postgres::primary";
 
 /// How long a server may take to connect and answer the check before it

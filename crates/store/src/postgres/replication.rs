@@ -19,8 +19,7 @@ use sqlx::postgres::PgPool;
 
 use crate::StoreError;
 
-/// The target of this module's log lines: the gateway's (`idemgate::store…`),
-/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+/// This module's log target (the crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::postgres::replication";
 
 /// A reading older than this many leases is none: the renewals that take

@@ -52,8 +52,7 @@ use rusqlite::Connection;
 
 use crate::StoreError;
 
-/// The target of this module's log lines: the gateway's (`idemgate::store…`),
-/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+/// This module's log target (the crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::sqlite::checkpointer";
 
 /// When the log is copied and restarted, in bytes of log.

@@ -159,8 +159,7 @@ use writer::{LogSyncs, QUEUE_TIMEOUT, Writer};
 
 use crate::StoreBatches;
 
-/// The target of this module's log lines: the gateway's (`idemgate::store…`),
-/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+/// This module's log target (the crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::sqlite";
 
 pub struct SqliteStore {

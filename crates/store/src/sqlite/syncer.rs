@@ -42,8 +42,7 @@ use tokio::sync::watch;
 
 use crate::{StoreBatches, StoreError};
 
-/// The target of this module's log lines: the gateway's (`idemgate::store…`),
-/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+/// This module's log target (the crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::sqlite::syncer";
 
 /// The log's syncs in the store's metrics: the calls one sync answered,

@@ -51,8 +51,7 @@ use super::transitions::Deferred;
 use crate::StoreBatches;
 use crate::StoreError;
 
-/// The target of this module's log lines: the gateway's (`idemgate::store…`),
-/// which `RUST_LOG` filters name (docs/configuration.md, "Environment").
+/// This module's log target (the crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::sqlite::writer";
 
 /// The most jobs one transaction takes; more wait for the next one.
