@@ -10,7 +10,6 @@ use idemgate::log_sink::{FlushGuard, LogSink};
 use idemgate::server::{Gateway, StartOptions};
 use idemgate::systemd::Notifier;
 use idemgate::workers::Workers;
-use idemgate_store::{PostgresStore, SqliteStore};
 use idemgate_tools::cli::{AlertsCommand, Cli, Command, LogFormat};
 use idemgate_tools::mock_upstream::MockUpstream;
 use tokio::signal::unix::{SignalKind, signal as unix_signal};
@@ -202,10 +201,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let _log = init_logging(LogFormat::Text)?;
             let url =
                 StoreUrl::parse(&store).map_err(|reason| anyhow::anyhow!("--store: {reason}"))?;
-            match &url {
-                StoreUrl::Sqlite(path) => SqliteStore::migrate(path).await?,
-                StoreUrl::Postgres(postgres) => PostgresStore::migrate(postgres).await?,
-            }
+            idemgate::stores::migrate(&url).await?;
             println!("migrated {url}");
             Ok(())
         }

@@ -11,10 +11,9 @@ use std::time::Duration;
 use crate::common::*;
 use idemgate::config::Durability;
 use idemgate_model::clock::{Clock, ManualClock};
-use idemgate_store::{
-    Maintenance, Operators, PausedBy, PostgresSettings, PostgresStore, RoutePause, SqliteStore,
-    StoreError,
-};
+use idemgate_store::{Maintenance, Operators, PausedBy, RoutePause, StoreError};
+use idemgate_store_postgres::{PostgresSettings, PostgresStore};
+use idemgate_store_sqlite::SqliteStore;
 use sqlx::Connection;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::SqliteConnectOptions;
@@ -29,8 +28,8 @@ const OLD_PAUSES: &str = "INSERT INTO route_pauses (route, reason, updated_at) V
 fn migrations_before_pause_kind(backend: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     let source = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("crates/store/migrations")
-        .join(backend);
+        .join(format!("crates/store-{backend}"))
+        .join("migrations");
     let mut copied = 0;
     for entry in std::fs::read_dir(&source).expect("the migrations folder") {
         let path = entry.expect("a migration").path();

@@ -17,9 +17,10 @@ use idemgate::config::Durability;
 use idemgate_model::clock::{Clock, SystemClock};
 use idemgate_model::operation::{Event, Fingerprint, RequestSummary, Settlement, State};
 use idemgate_store::{
-    ClaimResult, Decision, Maintenance, NewOperation, Operators, PostgresSettings, PostgresStore,
-    Recorded, RequestPath, Resolved, Store, StoreError,
+    ClaimResult, Decision, Maintenance, NewOperation, Operators, Recorded, RequestPath, Resolved,
+    Store, StoreError,
 };
+use idemgate_store_postgres::{PostgresSettings, PostgresStore};
 
 const LEASE: Duration = Duration::from_secs(2);
 

@@ -118,7 +118,7 @@ async fn operations_survive_the_digests_becoming_bytes() {
 /// came after 0007 and names its columns).
 fn schema_as_before_0002(store: &std::path::Path) {
     let conn = rusqlite::Connection::open(store).unwrap();
-    let created = include_str!("../../crates/store/migrations/sqlite/0001_operations.sql");
+    let created = include_str!("../../crates/store-sqlite/migrations/0001_operations.sql");
     let table = &created[created.find("CREATE TABLE operations").unwrap()..];
     let table = &table[..table.find(") STRICT;").unwrap() + ") STRICT;".len()];
     assert!(table.contains("state IN ("), "0001's CHECK has an IN list");

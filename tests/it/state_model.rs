@@ -803,15 +803,15 @@ async fn run_sequence(seed: u64, place: Place<'_>) {
         let second = newest_replica(&schema.name).await;
         gws.push(b);
         let config = parse_config(&gws[0].toml);
-        let scope = idemgate_store::scope_key::ScopeKey::load(&config.store, &|_| None)
-            .expect("the schema's scope key");
+        let scope =
+            idemgate::stores::scope_key(&config.store, &|_| None).expect("the schema's scope key");
         let keys = idemgate_store::StoreKeys {
             seal: idemgate_store::Seal::plain(),
             scope,
         };
         // Registered before any restart: never the newest replica again.
         let owner = uuid::Uuid::now_v7().to_string();
-        let peer = idemgate_store::open(&config.store, owner, clock.clone(), keys)
+        let peer = idemgate::stores::open(&config.store, owner, clock.clone(), keys)
             .await
             .expect("open the peer store");
         replicas = Some(Replicas {

@@ -29,8 +29,10 @@ use idemgate_model::operation::{
 };
 use idemgate_store::{
     Claim, ClaimResult, Decision, Finding, LateEvidence, LateSource, ListFilter, NewOperation,
-    PausedBy, PostgresSettings, PostgresStore, Probed, Recorded, Resolved, SqliteStore, Store,
+    PausedBy, Probed, Recorded, Resolved, Store,
 };
+use idemgate_store_postgres::{PostgresSettings, PostgresStore};
+use idemgate_store_sqlite::SqliteStore;
 use tempfile::TempDir;
 
 /// Where a backend keeps its data for one test, removed at its end.
@@ -1019,7 +1021,7 @@ async fn access_paths_are_served_by_their_indexes(bench: Bench) {
 
 fn sqlite_plans(file: &std::path::Path) -> Vec<(idemgate_store::AccessPath, String)> {
     let conn = rusqlite::Connection::open(file).expect("open the store file");
-    idemgate_store::sqlite_access_paths()
+    idemgate_store_sqlite::access_paths()
         .into_iter()
         .map(|path| {
             let mut explain = conn
@@ -1044,7 +1046,7 @@ async fn postgres_plans(url: &str) -> Vec<(idemgate_store::AccessPath, String)> 
         .expect("set the planner");
     let literal = |text: &str| format!("'{}'", text.replace('\'', "''"));
     let mut plans = Vec::new();
-    for path in idemgate_store::postgres_access_paths() {
+    for path in idemgate_store_postgres::access_paths() {
         let (types, values): (Vec<&str>, Vec<String>) = path
             .params
             .iter()
@@ -1301,7 +1303,7 @@ async fn a_status_lookup_reads_a_few_pages_before_statistics_on_postgres() {
         unreachable!("a PostgreSQL bench")
     };
     bench.open("gw-1").await.close().await;
-    let path = idemgate_store::postgres_access_paths()
+    let path = idemgate_store_postgres::access_paths()
         .into_iter()
         .find(|path| path.name == "find_newest, superseded")
         .expect("the status lookup's access path");

@@ -77,6 +77,7 @@ pub mod rekey;
 mod replicas;
 mod retention;
 pub mod server;
+pub mod stores;
 pub mod systemd;
 pub mod tls;
 mod traces;

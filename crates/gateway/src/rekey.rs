@@ -15,9 +15,10 @@
 use std::sync::Arc;
 
 use crate::config::Config;
+use crate::stores;
 use idemgate_model::clock::SystemClock;
-use idemgate_store::scope_key::{ScopeKey, ScopeKeyError};
-use idemgate_store::{self as store, Seal, SealError, StoreError, StoreKeys};
+use idemgate_store::scope_key::ScopeKeyError;
+use idemgate_store::{self as store, SealError, StoreError, StoreKeys};
 
 /// Operations read and sealed again per store call.
 const BATCH: u32 = 500;
@@ -49,16 +50,16 @@ pub async fn run(
     config: &Config,
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Rekeyed, RekeyError> {
-    let seal = Seal::from_config(&config.store, lookup)?;
+    let seal = stores::seal(&config.store, lookup)?;
     if !seal.is_sealing() {
         return Err(RekeyError::NoKey);
     }
     let keys = StoreKeys {
         seal,
-        scope: ScopeKey::load(&config.store, lookup)?,
+        scope: stores::scope_key(&config.store, lookup)?,
     };
     let owner = format!("rekey-{}", uuid::Uuid::now_v7());
-    let store = store::open(&config.store, owner, Arc::new(SystemClock), keys).await?;
+    let store = stores::open(&config.store, owner, Arc::new(SystemClock), keys).await?;
     let result = pass(store.as_ref()).await;
     store.close().await;
     result

@@ -56,10 +56,10 @@ use crate::pipeline::{Proxy, Shutdown};
 use crate::tls::{FieldError, ServerTls, TlsError};
 use crate::traces::settings::TraceSettings;
 use crate::traces::{TraceError, Tracing};
-use crate::{replicas, retention, tls};
+use crate::{replicas, retention, stores, tls};
 use idemgate_model::clock::{Clock, SystemClock};
 use idemgate_store::scope_key::{ScopeKey, ScopeKeyError};
-use idemgate_store::{Seal, SealError, Store, StoreError, StoreKeys};
+use idemgate_store::{SealError, Store, StoreError, StoreKeys};
 
 /// Why the gateway did not start.
 #[derive(Debug, thiserror::Error)]
@@ -206,12 +206,12 @@ impl Gateway {
         let lookup = |name: &str| options.var(name);
         let trace_settings = TraceSettings::from_env(&lookup).map_err(TraceError::from)?;
         let keys = StoreKeys {
-            seal: Seal::from_config(&config.store, &lookup)?,
-            scope: ScopeKey::load(&config.store, &lookup)?,
+            seal: stores::seal(&config.store, &lookup)?,
+            scope: stores::scope_key(&config.store, &lookup)?,
         };
         let owner = uuid::Uuid::now_v7().to_string();
         let scope_key = keys.scope.clone();
-        let store = idemgate_store::open(&config.store, owner, clock.clone(), keys).await?;
+        let store = stores::open(&config.store, owner, clock.clone(), keys).await?;
         let serving = Self::serve(
             config,
             listeners,

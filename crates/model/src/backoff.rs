@@ -9,7 +9,7 @@
 //! its destination key (`pipeline/attempt.rs`, full jitter), outcomes the
 //! store refused to record (`pipeline/record.rs`, none: one operation's own
 //! retries, never in step with another's) and looks for claims whose answer
-//! was lost (`crates/store/src/postgres/mod.rs`, full jitter: a failed batch's calls
+//! was lost (`crates/store-postgres/src/lib.rs`, full jitter: a failed batch's calls
 //! look together otherwise).
 //!
 //! Invariant, for every `n`: `0 <= delay(n) <= ceiling(n) <= cap`, the

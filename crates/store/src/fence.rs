@@ -77,7 +77,7 @@ impl Permit {
 
 impl Fence {
     /// A fence for a store no other process can take attempts from.
-    pub(crate) fn unshared() -> Self {
+    pub fn unshared() -> Self {
         Fence(Arc::new(Inner {
             lease: None,
             closed: AtomicBool::new(false),

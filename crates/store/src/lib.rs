@@ -1,5 +1,7 @@
-//! The store: the only truth about operations (README "The states";
-//! ARCHITECTURE.md §4).
+//! The store's interface: the only truth about operations (README "The
+//! states"; ARCHITECTURE.md §4), as its callers see it. The backends are
+//! crates of their own (`idemgate-store-sqlite`, `idemgate-store-postgres`)
+//! that implement [`Store`]; [`backend`] is what they share.
 //!
 //! Store methods work on whole operations and return after a durable commit.
 //! Every state change is a compare-and-set on (id, state, attempt, owner), so a
@@ -7,8 +9,7 @@
 //! calls, each in a group commit: [`RequestPath::claim`] inserts the row and
 //! [`RequestPath::record`] updates it, and neither stores an event row: the row
 //! proves the first claim and a plain response, and [`timeline`] puts those
-//! events back when an operator looks. All SQL lives in this module's
-//! backends.
+//! events back when an operator looks. All SQL lives in the backends.
 //!
 //! # Access paths
 //!
@@ -18,7 +19,7 @@
 //! "Access paths"). Lists page by `id < cursor ORDER BY id DESC LIMIT n`
 //! inside the index; ids are UUIDv7, so id order is claim order. Each
 //! backend lists its statements with the index that must serve them
-//! (`sqlite_access_paths`, `postgres_access_paths`), and
+//! (each backend crate's `access_paths`), and
 //! `tests/it/store_contract.rs` explains every one.
 //!
 //! | access path | who asks | index |
@@ -43,41 +44,35 @@
 //!
 //! # Log targets
 //!
-//! The store's log lines keep the targets they had inside the gateway's
-//! crate (`idemgate::store::sqlite::writer`, `idemgate::scope_key`, …), so
+//! The store's log lines, this crate's and both backends', keep the
+//! targets they had inside the gateway's crate
+//! (`idemgate::store::sqlite::writer`, `idemgate::scope_key`, …), so
 //! the `RUST_LOG` filters operators write (docs/configuration.md,
 //! "Environment") keep naming them: each module that logs states its own
 //! `TARGET` and passes it to every event.
 
 #![forbid(unsafe_code)]
 
+pub mod backend;
 mod batches;
-pub mod config;
 mod fence;
 mod operation_id;
 mod outbox;
-mod postgres;
-mod postgres_url;
 pub mod scope_key;
 pub mod seal;
-mod sqlite;
-
-use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::config::{StoreConfig, StoreUrl};
+use std::sync::Arc;
+
 use crate::scope_key::{ScopeKey, ScopeKeyError};
 pub use batches::{BatchLabels, StoreBatches};
 pub use fence::{Fence, Permit};
-use idemgate_model::clock::Clock;
 use idemgate_model::operation::{
     Event, Fingerprint, Operation, RequestSummary, Settlement, State, StoredResponse, UnknownState,
 };
 pub use outbox::{Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription};
-pub use postgres::{PostgresSettings, PostgresStore, ReplicationState};
 pub use seal::{Seal, SealError, StoreKey};
-pub use sqlite::SqliteStore;
 
 /// An operation as listed for operators and clients: no payloads.
 #[derive(Debug, Clone)]
@@ -99,19 +94,8 @@ pub struct StoredEvent {
     pub detail: serde_json::Value,
 }
 
-/// Events the operation row itself proves, so the happy path need not
-/// store them (two fewer event rows, and their index entries, per write):
-/// a first attempt's claim is the row's creation, and a plain response —
-/// sent on the first try, recorded as `completed` with evidence
-/// `response` — is the row's response columns at its last update.
-fn is_implied_by_record(state: State, events: &[Event]) -> bool {
-    let first_try = |e: &Event| e.kind == "sent" && e.detail["tries"] == 1;
-    state == State::Completed
-        && matches!(events, [sent, response] if first_try(sent) && response.kind == "response")
-}
-
 /// An operation's whole timeline: the stored events with the ones its row
-/// implies (see [`is_implied_by_record`]) put back in their place.
+/// implies (see [`backend::is_implied_by_record`]) put back in their place.
 pub fn timeline(operation: &Operation, stored: Vec<StoredEvent>) -> Vec<StoredEvent> {
     let mut events = Vec::with_capacity(stored.len() + 3);
     let claimed_first = |e: &StoredEvent| e.kind == "claimed" && e.detail["attempt"] == 1;
@@ -215,7 +199,7 @@ impl ListFilter {
 
     /// One filter per access path, first page and next, named so: what
     /// the backends' [`AccessPath`] lists explain.
-    fn samples() -> Vec<(String, ListFilter)> {
+    pub fn samples() -> Vec<(String, ListFilter)> {
         let filters = [
             ListFilter::default(),
             ListFilter {
@@ -310,18 +294,23 @@ impl From<Option<&str>> for Param {
     }
 }
 
-/// The SQLite store's statements of the admin API, the console, the
-/// alerts and retention ([`AccessPath`]).
-#[doc(hidden)]
-pub fn sqlite_access_paths() -> Vec<AccessPath> {
-    sqlite::access_paths()
-}
-
-/// The PostgreSQL store's statements of the admin API, the console, the
-/// alerts and retention ([`AccessPath`]).
-#[doc(hidden)]
-pub fn postgres_access_paths() -> Vec<AccessPath> {
-    postgres::access_paths()
+/// SQLite binds a parameter as itself (an array it cannot take); the
+/// impl lives here, with the type, as the orphan rule requires.
+#[cfg(feature = "sqlite")]
+impl rusqlite::ToSql for Param {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, Value, ValueRef};
+        Ok(match self {
+            Param::Null => ToSqlOutput::Borrowed(ValueRef::Null),
+            Param::Int(n) => ToSqlOutput::Owned(Value::Integer(*n)),
+            Param::Text(text) => ToSqlOutput::Borrowed(ValueRef::Text(text.as_bytes())),
+            Param::Texts(_) => {
+                return Err(rusqlite::Error::ToSqlConversionFailure(
+                    "SQLite takes no arrays".into(),
+                ));
+            }
+        })
+    }
 }
 
 /// An operator's decision about a held operation.
@@ -335,7 +324,7 @@ pub enum Decision {
 
 impl Decision {
     /// The state it settles the operation in, and the response to replay.
-    fn outcome(&self) -> (State, Option<&StoredResponse>) {
+    pub fn outcome(&self) -> (State, Option<&StoredResponse>) {
         match self {
             Decision::Completed { response } => (State::Completed, Some(response)),
             Decision::NotAttempted => (State::NotAttempted, None),
@@ -368,21 +357,19 @@ pub struct Stats {
     pub replication: Option<ReplicationState>,
 }
 
-/// The store-meta row that says the kept counts are exact (the value
-/// [`COUNTS_EXACT`]). The migration that adds the counts writes it; one
-/// that changes `operations` around the statements that keep the counts
-/// deletes it, and the next open recounts.
-const COUNTS_ROW: &str = "operation-counts";
-const COUNTS_EXACT: &str = "exact";
-
-/// A kept count as stats report it. Below zero, the counts drifted from
-/// the table: said loudly, with the remedy, rather than reported as 0.
-fn operation_count(n: i64) -> Result<u64, StoreError> {
-    u64::try_from(n).map_err(|_| {
-        StoreError::Corrupt(format!(
-            "operation count {n}: delete the store_meta row `{COUNTS_ROW}` to recount at the next open"
-        ))
-    })
+/// One reading of a PostgreSQL server's replication, as `/metrics` and
+/// `/admin/stats` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicationState {
+    /// `pg_is_in_recovery()`: a standby, where no write can commit.
+    pub in_recovery: bool,
+    /// The server's `synchronous_standby_names` (empty: none).
+    pub synchronous_standby_names: String,
+    /// Standbys `pg_stat_replication` shows streaming as `sync` or
+    /// `quorum` (seen only with `pg_read_all_stats` or as a superuser).
+    pub synchronous_standbys: u32,
+    /// Whether writes wait for one (`store.require_synchronous_standby`).
+    pub required: bool,
 }
 
 /// A paused route, the reason stored with its pause, and who paused it.
@@ -631,8 +618,10 @@ pub enum StoreError {
     Open { store: String, reason: String },
     #[error("the store is busy: {0}")]
     Busy(String),
+    #[cfg(feature = "postgres")]
     #[error("the store is unavailable: {0}")]
     Unavailable(#[from] sqlx::Error),
+    #[cfg(feature = "sqlite")]
     #[error("the store is unavailable: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("the store did not commit: {0}")]
@@ -704,7 +693,7 @@ pub trait RequestPath: Send + Sync {
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError>;
 
     /// Whether this process may still write the attempts it claimed
-    /// ([`fence`]): checked right before each is written, since a claim's
+    /// ([`Fence`]): checked right before each is written, since a claim's
     /// ownership can end while its attempt is on its way.
     fn fence(&self) -> Fence;
 
@@ -846,6 +835,15 @@ pub trait Maintenance: Send + Sync {
     async fn close(&self);
 }
 
+/// How hard each commit is pushed to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync every commit: survives a power loss.
+    Full,
+    /// Survives a process crash, not a power loss.
+    Normal,
+}
+
 /// The secrets a store is opened with, kept outside it.
 #[derive(Clone)]
 pub struct StoreKeys {
@@ -855,73 +853,6 @@ pub struct StoreKeys {
     /// has its scopes keyed in place, once, and a store keyed with
     /// another key refuses to open.
     pub scope: ScopeKey,
-}
-
-/// Opens the store `config` names as `owner`, with `keys`.
-pub async fn open(
-    config: &StoreConfig,
-    owner: String,
-    clock: Arc<dyn Clock>,
-    keys: StoreKeys,
-) -> Result<Arc<dyn Store>, StoreError> {
-    Ok(match &config.url {
-        StoreUrl::Sqlite(path) => {
-            Arc::new(SqliteStore::open(path, config.durability, owner, clock, keys).await?)
-        }
-        StoreUrl::Postgres(url) => Arc::new(
-            PostgresStore::open(
-                url,
-                PostgresSettings {
-                    durability: config.durability,
-                    lease: config.lease,
-                    require_synchronous_standby: config.require_synchronous_standby,
-                },
-                owner,
-                clock,
-                keys,
-            )
-            .await?,
-        ),
-    })
-}
-
-/// The columns each backend's `operation_from_row` reads.
-const OPERATION_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at,
-    owner, fingerprint, evidence, response_status, response_headers, response_body, request_method,
-    request_path, request_content_type, request_body_size, request_body_sha256, request_body,
-    superseded_at";
-
-/// The columns each backend's `summary_from_row` reads.
-const SUMMARY_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at";
-
-/// Headers as JSON `[[name, value]]`, each value byte kept as one char
-/// U+0000–U+00FF (Latin-1), so values that are not UTF-8 survive unchanged.
-fn encode_headers(headers: &[(String, Vec<u8>)]) -> String {
-    let pairs: Vec<(&str, String)> = headers
-        .iter()
-        .map(|(name, value)| {
-            (
-                name.as_str(),
-                value.iter().map(|&b| char::from(b)).collect(),
-            )
-        })
-        .collect();
-    serde_json::to_string(&pairs).unwrap_or_default()
-}
-
-fn decode_headers(text: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-    let corrupt = || StoreError::Corrupt("response headers".into());
-    let pairs: Vec<(String, String)> = serde_json::from_str(text).map_err(|_| corrupt())?;
-    pairs
-        .into_iter()
-        .map(|(name, value)| {
-            let bytes = value
-                .chars()
-                .map(|c| u8::try_from(c).map_err(|_| corrupt()))
-                .collect::<Result<_, _>>()?;
-            Ok((name, bytes))
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ thread_local! {
 }
 
 /// A new id, in the canonical hyphenated form.
-pub(crate) fn new_id() -> String {
+pub fn new_id() -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);

@@ -9,13 +9,13 @@ use super::{AccessPath, Param};
 /// Operations an aging pass reports per threshold, at most: a backlog
 /// (the first pass over a store full of held work, or a new threshold) is
 /// reported over the passes that follow, and each stays short.
-pub(crate) const AGED_PER_PASS: i64 = 1000;
+pub const AGED_PER_PASS: i64 = 1000;
 
 /// A backend's aging statements as [`AccessPath`]s: `end` finds a pass's
 /// last operation, `insert` adds its alerts; both read the window through
 /// `operations_state_updated`, bounded by `updated_at` as the plan writes
 /// it (`bound`). The parameters are the backends' own order.
-pub(crate) fn aged_access_paths(end: &str, insert: &str, bound: &'static str) -> Vec<AccessPath> {
+pub fn aged_access_paths(end: &str, insert: &str, bound: &'static str) -> Vec<AccessPath> {
     let window = [Param::Int(0), Param::text(""), Param::Int(1_000)];
     let after_end = [Param::Int(AGED_PER_PASS - 1)];
     let after_insert = [
@@ -93,7 +93,7 @@ pub enum AlertOutcome {
 impl AlertPoll {
     /// The distinct `unknown-aged` thresholds (ms) to look for this poll:
     /// none unless it is `aging`.
-    pub(crate) fn aged_thresholds(&self) -> Vec<i64> {
+    pub fn aged_thresholds(&self) -> Vec<i64> {
         let mut thresholds: Vec<i64> = self
             .subscriptions
             .iter()

@@ -35,7 +35,6 @@ use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::config::{StoreConfig, StoreUrl};
 use idemgate_model::hex_text;
 
 /// This module's log target (the crate docs, "Log targets").
@@ -103,24 +102,21 @@ impl ScopeKey {
         }
     }
 
-    /// The key `store` names: `scope_key_env`, else `scope_key_file`, else
-    /// for SQLite `<store file>.scope-key`, created with a new random key
-    /// and mode 0600 when missing, and for PostgreSQL (whose replicas must
-    /// share it) the variable [`DEFAULT_POSTGRES_ENV`].
+    /// The key `source` names (the gateway's `[store]` decides which,
+    /// docs/deploying.md, "Keyed scope hashes"), read through `lookup`
+    /// (the environment).
     pub fn load(
-        store: &StoreConfig,
+        source: ScopeKeySource<'_>,
         lookup: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ScopeKeyError> {
-        if let Some(env) = &store.scope_key_env {
-            let text = lookup(env).ok_or_else(|| ScopeKeyError::MissingEnv(env.clone()))?;
-            let source_name = format!("the variable {env} (store.scope_key_env)");
-            return Ok(Self::new(&decode(&text, &source_name)?, &source_name));
-        }
-        match (&store.scope_key_file, &store.url) {
-            (Some(path), StoreUrl::Postgres(_)) => read_file(path, false),
-            (Some(path), StoreUrl::Sqlite(_)) => read_file(path, true),
-            (None, StoreUrl::Sqlite(db)) => read_file(&default_file(db), true),
-            (None, StoreUrl::Postgres(_)) => {
+        match source {
+            ScopeKeySource::Env(env) => {
+                let text = lookup(env).ok_or_else(|| ScopeKeyError::MissingEnv(env.into()))?;
+                let source_name = format!("the variable {env} (store.scope_key_env)");
+                Ok(Self::new(&decode(&text, &source_name)?, &source_name))
+            }
+            ScopeKeySource::File { path, create } => read_file(path, create),
+            ScopeKeySource::SharedDefault => {
                 let text =
                     lookup(DEFAULT_POSTGRES_ENV).ok_or(ScopeKeyError::SharedStoreNeedsKey)?;
                 let source_name = format!("the variable {DEFAULT_POSTGRES_ENV}");
@@ -130,7 +126,7 @@ impl ScopeKey {
     }
 
     /// The scope as stored: `digest` (the SHA-256 scope) keyed; from
-    /// [`RECENT`] when this thread keyed it lately.
+    /// `RECENT` when this thread keyed it lately.
     pub fn keyed(&self, digest: &str) -> String {
         RECENT.with(|recent| {
             let Ok(mut recent) = recent.try_borrow_mut() else {
@@ -185,11 +181,24 @@ impl ScopeKey {
     }
 }
 
+/// Where a scope key is read from.
+#[derive(Debug, Clone, Copy)]
+pub enum ScopeKeySource<'a> {
+    /// The variable `store.scope_key_env` names.
+    Env(&'a str),
+    /// A file; `create`: written with a new random key, mode 0600, when
+    /// missing (a key only this store's one process uses).
+    File { path: &'a Path, create: bool },
+    /// A shared store's key when the config names none: the variable
+    /// [`DEFAULT_POSTGRES_ENV`], never a file one replica would make alone.
+    SharedDefault,
+}
+
 /// Where a PostgreSQL store's scope key is read when the config names none.
-pub(crate) const DEFAULT_POSTGRES_ENV: &str = "IDEMGATE_SCOPE_KEY";
+pub const DEFAULT_POSTGRES_ENV: &str = "IDEMGATE_SCOPE_KEY";
 
 /// The meta row the scope key's canary is kept in.
-pub(crate) const CANARY_ROW: &str = "scope-canary";
+pub const CANARY_ROW: &str = "scope-canary";
 
 /// `<store file>.scope-key`, beside the database.
 pub fn default_file(db: &Path) -> PathBuf {

@@ -7,7 +7,7 @@
 //! never sees a key and no path can skip it.
 //!
 //! Invariants:
-//! - with a key, every payload written is sealed: [`MAGIC`], the key's id,
+//! - with a key, every payload written is sealed: `MAGIC`, the key's id,
 //!   a fresh random 96-bit nonce, then the ciphertext and its tag. The
 //!   associated data names the field, the operation's id and its
 //!   [`Identity`] (route, scope, key, fingerprint: what a replay finds and
@@ -41,8 +41,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use sha2::{Digest, Sha256};
 
-use super::{StoreError, decode_headers, encode_headers};
-use crate::config::StoreConfig;
+use crate::StoreError;
+use crate::backend::{decode_headers, encode_headers};
 use idemgate_model::operation::StoredResponse;
 
 /// The first bytes of every value sealed now (format version 2). A NUL
@@ -310,13 +310,13 @@ pub struct StoredForm {
 }
 
 /// The name of the canary's row in the store's meta table.
-pub(crate) const CANARY_ROW: &str = "seal-canary";
+pub const CANARY_ROW: &str = "seal-canary";
 
 /// The meta row that makes a store sealed-only: written when a store is
 /// first sealed holding no operation, and when a rekey finishes. Its
 /// value names the one format the store holds.
-pub(crate) const SEALED_ONLY_ROW: &str = "sealed-only";
-pub(crate) const SEALED_ONLY_VALUE: &str = "igseal2";
+pub const SEALED_ONLY_ROW: &str = "sealed-only";
+pub const SEALED_ONLY_VALUE: &str = "igseal2";
 
 /// What [`Seal::check_canary`] found.
 #[derive(Debug, PartialEq, Eq)]
@@ -345,17 +345,19 @@ impl Seal {
         }
     }
 
-    /// The keys `store` names, read through `lookup` (the environment):
-    /// none without `encryption_key_env`.
-    pub fn from_config(
-        store: &StoreConfig,
+    /// The keys the variables `store.encryption_key_env` (`current`) and
+    /// `store.previous_key_env` (`previous`) hold, read through `lookup`
+    /// (the environment): none without `current`.
+    pub fn from_env(
+        current: Option<&str>,
+        previous: Option<&str>,
         lookup: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, SealError> {
-        let Some(env) = &store.encryption_key_env else {
+        let Some(env) = current else {
             return Ok(Seal::plain());
         };
         let current = StoreKey::from_env(env, "store.encryption_key_env", lookup)?;
-        let previous = match &store.previous_key_env {
+        let previous = match previous {
             Some(previous) => Some(StoreKey::from_env(
                 previous,
                 "store.previous_key_env",
@@ -369,7 +371,7 @@ impl Seal {
     /// This seal for a store whose meta row [`SEALED_ONLY_ROW`] is
     /// `stored`: sealed-only when it is there and keys are set (a sealed
     /// store without a key does not open).
-    pub(crate) fn sealed_only(self, stored: Option<&str>) -> Self {
+    pub fn sealed_only(self, stored: Option<&str>) -> Self {
         Seal {
             sealed_only: stored.is_some() && self.keys.is_some(),
             ..self
@@ -426,7 +428,7 @@ impl Seal {
     }
 
     /// The stored request body of `operation` as it was written.
-    pub(crate) fn open_request_body(
+    pub fn open_request_body(
         &self,
         operation: &str,
         identity: &Identity,
@@ -511,7 +513,7 @@ impl Seal {
     /// Whether a stored value must be sealed again under the current key
     /// (`idemgate rekey`): it is plain, in format version 1, or sealed
     /// under another key.
-    pub(crate) fn is_stale(&self, stored: &[u8]) -> bool {
+    pub fn is_stale(&self, stored: &[u8]) -> bool {
         let Some(keys) = &self.keys else {
             return false;
         };
@@ -529,7 +531,7 @@ impl Seal {
     /// `stored` (of `operation`) sealed again under the current key, in
     /// the current format, or `None` when every value in it already is
     /// (`idemgate rekey`).
-    pub(crate) fn reseal(
+    pub fn reseal(
         &self,
         operation: &str,
         identity: &Identity,
@@ -567,7 +569,7 @@ impl Seal {
         }))
     }
 
-    /// The canary to store: [`CANARY_PLAIN`] sealed under the current key.
+    /// The canary to store: `CANARY_PLAIN` sealed under the current key.
     pub fn canary(&self) -> Option<String> {
         let keys = self.keys.as_ref()?;
         let sealed = seal(&keys.current, &canary_slot(), CANARY_PLAIN);
@@ -576,7 +578,7 @@ impl Seal {
 
     /// Whether these keys fit a store whose canary is `stored` (`None`:
     /// never sealed).
-    pub(crate) fn check_canary(&self, stored: Option<&str>) -> Result<Canary, SealError> {
+    pub fn check_canary(&self, stored: Option<&str>) -> Result<Canary, SealError> {
         let (Some(stored), keys) = (stored, &self.keys) else {
             return Ok(if self.keys.is_some() {
                 Canary::Missing

@@ -2,6 +2,7 @@
 //! an operation's row implies beside its stored events.
 
 use super::*;
+use crate::backend::{decode_headers, encode_headers, is_implied_by_record};
 
 #[test]
 fn headers_round_trip_bytes_exactly() {

@@ -185,7 +185,7 @@ impl Drop for PgSchema {
 pub fn postgres_migrations() -> i64 {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/crates/store/migrations/postgres"
+        "/crates/store-postgres/migrations"
     );
     let count = std::fs::read_dir(dir).expect("migrations").count();
     i64::try_from(count).expect("a few migrations")

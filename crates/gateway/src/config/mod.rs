@@ -6,10 +6,10 @@
 //!   [`defaults`] (each default written once, as the file spells it);
 //! - [`runtime`]: the validated types the rest of the gateway reads.
 //!
-//! The `[store]` table's types are the store's own (`idemgate_store::config`:
-//! the store URL, `durability`, the one reading of a `postgres://` URL that
-//! `check-config` validates with and `serve` connects with), re-exported
-//! here beside the rest.
+//! The `[store]` table is [`store`]'s; `durability` is the store
+//! interface's own type, and the one reading of a `postgres://` URL that
+//! `check-config` validates with and `serve` connects with is the
+//! PostgreSQL backend's, both re-exported here beside the rest.
 //!
 //! Invariant: a `Config` value is always valid. Every unknown field and bad
 //! value is refused with the file, the field and the reason, never
@@ -20,12 +20,13 @@
 pub mod defaults;
 mod file;
 pub mod runtime;
+mod store;
 mod validate;
 
-pub use idemgate_store::config::{
-    Durability, PostgresServers, StoreConfig, StoreUrl, postgres_options, redact_url,
-};
+pub use idemgate_store::Durability;
+pub use idemgate_store_postgres::redact_url;
 pub use runtime::*;
+pub use store::{StoreConfig, StoreUrl};
 
 use std::net::SocketAddr;
 use std::path::Path;

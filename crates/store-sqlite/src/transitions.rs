@@ -35,8 +35,8 @@ use std::cell::RefCell;
 
 use rusqlite::{Connection, params};
 
-use crate::{Claim, StoreError};
 use idemgate_model::operation::State;
+use idemgate_store::{Claim, StoreError};
 
 /// The operation a change is about, as the alert needs it.
 #[derive(Debug, Clone, Copy)]

@@ -24,10 +24,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::StoreBatches;
-use crate::StoreError;
+use idemgate_store::StoreBatches;
+use idemgate_store::StoreError;
 
-/// This module's log target (the crate docs, "Log targets").
+/// This module's log target (`idemgate_store`'s crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::postgres::batch";
 
 /// The most calls one statement takes; more wait for the next one.

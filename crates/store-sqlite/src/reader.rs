@@ -31,7 +31,7 @@ use tokio::sync::Semaphore;
 
 use super::syncer::Horizon;
 use super::writer::QUEUE_TIMEOUT;
-use crate::StoreError;
+use idemgate_store::StoreError;
 
 /// Reads at once: as many as this machine has cores to spare for them is
 /// plenty (a read is microseconds once its pages are cached); more would

@@ -21,16 +21,18 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::held::Db;
 use super::transitions::{self, Row as Changed};
-use crate::operation_id;
-use crate::scope_key::{self, ScopeKey};
-use crate::seal::{Identity, Payloads, Seal, StoredForm};
-use crate::{
-    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, DUPLICATED, Decision, Finding,
-    LateEvidence, ListFilter, ListPath, NewOperation, Param, PausedBy, Probed, Recorded,
-    RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError, StoredEvent,
-    Summary, is_implied_by_record, operation_count, timeline,
-};
 use idemgate_model::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
+use idemgate_store::backend::new_id;
+use idemgate_store::backend::{
+    COUNTS_EXACT, COUNTS_ROW, SUMMARY_COLUMNS, is_implied_by_record, operation_count,
+};
+use idemgate_store::scope_key::{self, ScopeKey};
+use idemgate_store::seal::{Identity, Payloads, Seal, StoredForm};
+use idemgate_store::{
+    AccessPath, Claim, ClaimResult, DUPLICATED, Decision, Finding, LateEvidence, ListFilter,
+    ListPath, NewOperation, Param, PausedBy, Probed, Recorded, RekeyBatch, Resolved, RoutePause,
+    SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, timeline,
+};
 
 /// The columns [`operation_from_row`] reads. The digests are stored as
 /// their bytes (migration 0007) and read back as the lower-case hex the
@@ -80,7 +82,7 @@ const RECORD: &str = record!("");
 /// index, where `id = ?` first seeks the index of the ids (UUIDs as text).
 /// The id is compared still: a rowid that no longer names the claim's row
 /// (SQLite renumbers rows only in a VACUUM, which the gateway never runs)
-/// matches nothing, and the record is tried again by id ([`record`]).
+/// matches nothing, and the record is tried again by id ([`record()`]).
 const RECORD_BY_ROW: &str = record!("rowid = ?10 AND ");
 
 /// What a claim's statements bind that is made from `new` alone: its
@@ -250,7 +252,7 @@ fn insert(
     new: &NewOperation,
     digests: &ClaimDigests,
 ) -> Result<Option<Claim>, StoreError> {
-    let (id, identity) = (operation_id::new_id(), digests.identity);
+    let (id, identity) = (new_id(), digests.identity);
     let request = &new.request;
     let inserted = db.prepared(INSERT_CLAIMED)?.execute(params![
         id,
@@ -703,22 +705,6 @@ fn list_params(filter: &ListFilter) -> [Param; 5] {
         filter.before.as_deref().into(),
         Param::Int(i64::from(filter.limit)),
     ]
-}
-
-impl rusqlite::ToSql for Param {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        use rusqlite::types::{ToSqlOutput, Value, ValueRef};
-        Ok(match self {
-            Param::Null => ToSqlOutput::Borrowed(ValueRef::Null),
-            Param::Int(n) => ToSqlOutput::Owned(Value::Integer(*n)),
-            Param::Text(text) => ToSqlOutput::Borrowed(ValueRef::Text(text.as_bytes())),
-            Param::Texts(_) => {
-                return Err(rusqlite::Error::ToSqlConversionFailure(
-                    "SQLite takes no arrays".into(),
-                ));
-            }
-        })
-    }
 }
 
 /// [`get`]'s operation: ?1 its id.
@@ -1276,30 +1262,28 @@ mod tests {
     fn before_counts() -> Connection {
         let conn = Connection::open_in_memory().unwrap();
         for sql in [
-            include_str!("../../migrations/sqlite/0001_operations.sql"),
-            include_str!("../../migrations/sqlite/0002_state_check_without_in_list.sql"),
-            include_str!("../../migrations/sqlite/0003_store_meta.sql"),
-            include_str!("../../migrations/sqlite/0004_alert_outbox.sql"),
+            include_str!("../migrations/0001_operations.sql"),
+            include_str!("../migrations/0002_state_check_without_in_list.sql"),
+            include_str!("../migrations/0003_store_meta.sql"),
+            include_str!("../migrations/0004_alert_outbox.sql"),
         ] {
             conn.execute_batch(sql).unwrap();
         }
         conn
     }
 
-    const COUNTS_MIGRATION: &str =
-        include_str!("../../migrations/sqlite/0005_operation_counts.sql");
+    const COUNTS_MIGRATION: &str = include_str!("../migrations/0005_operation_counts.sql");
 
-    const DIGESTS_MIGRATION: &str =
-        include_str!("../../migrations/sqlite/0007_digests_as_bytes.sql");
+    const DIGESTS_MIGRATION: &str = include_str!("../migrations/0007_digests_as_bytes.sql");
 
-    const PAUSE_KIND_MIGRATION: &str = include_str!("../../migrations/sqlite/0008_pause_kind.sql");
+    const PAUSE_KIND_MIGRATION: &str = include_str!("../migrations/0008_pause_kind.sql");
 
     /// Migrations 0001 to 0007: the schema before the pause kind.
     fn before_pause_kind() -> Connection {
         let conn = before_counts();
         for sql in [
             COUNTS_MIGRATION,
-            include_str!("../../migrations/sqlite/0006_access_paths.sql"),
+            include_str!("../migrations/0006_access_paths.sql"),
             DIGESTS_MIGRATION,
         ] {
             conn.execute_batch(sql).unwrap();
@@ -1312,10 +1296,10 @@ mod tests {
         let conn = before_pause_kind();
         conn.execute_batch(PAUSE_KIND_MIGRATION).unwrap();
         for migration in [
-            include_str!("../../migrations/sqlite/0010_transitions_without_triggers.sql"),
-            include_str!("../../migrations/sqlite/0011_identity_key_first.sql"),
-            include_str!("../../migrations/sqlite/0012_state_indexes_without_in_progress.sql"),
-            include_str!("../../migrations/sqlite/0013_held_twins.sql"),
+            include_str!("../migrations/0010_transitions_without_triggers.sql"),
+            include_str!("../migrations/0011_identity_key_first.sql"),
+            include_str!("../migrations/0012_state_indexes_without_in_progress.sql"),
+            include_str!("../migrations/0013_held_twins.sql"),
         ] {
             conn.execute_batch(migration).unwrap();
         }

@@ -2,13 +2,13 @@
 //! [`Outbox::settle_alert`] run on the writer's connection, each inside the
 //! writer's batch transaction (docs/operating.md, "Alerts").
 //!
-//! [`Outbox::take_alerts`]: crate::Outbox::take_alerts
-//! [`Outbox::settle_alert`]: crate::Outbox::settle_alert
+//! [`Outbox::take_alerts`]: idemgate_store::Outbox::take_alerts
+//! [`Outbox::settle_alert`]: idemgate_store::Outbox::settle_alert
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::outbox::{AGED_PER_PASS, aged_access_paths};
-use crate::{
+use idemgate_store::backend::{AGED_PER_PASS, aged_access_paths};
+use idemgate_store::{
     AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription, StoreError,
 };
 

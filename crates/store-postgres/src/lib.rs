@@ -3,7 +3,7 @@
 //!
 //! Invariants:
 //! - every statement runs on the primary among the servers the URL names,
-//!   followed across a promotion without a restart ([`primary`]);
+//!   followed across a promotion without a restart (`primary`);
 //! - the claim is one statement (`idemgate_claim`, in the migrations) on
 //!   the unique (route, scope, key) among operations not superseded: two
 //!   replicas racing for an identity meet in the index, and the loser reads
@@ -35,9 +35,9 @@
 //! - retention sweeps take a transaction-scoped advisory lock, so one
 //!   replica sweeps at a time;
 //! - the claims and records of the requests waiting at a moment go as one
-//!   statement each ([`batch`]): group commit, one round trip per batch.
+//!   statement each (`batch`): group commit, one round trip per batch.
 //!
-//! Migrations (`crates/store/migrations/postgres`, embedded) run at open and by
+//! Migrations (`crates/store-postgres/migrations`, embedded) run at open and by
 //! `idemgate migrate`; sqlx's migrator holds a session advisory lock
 //! while it runs, so replicas starting together apply them once.
 //!
@@ -81,8 +81,9 @@ mod outbox;
 mod primary;
 mod replication;
 mod statements;
+mod url;
 
-pub use replication::ReplicationState;
+pub use url::{PostgresServers, postgres_options, redact_url};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -91,29 +92,29 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::fence::Fence;
-use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
-use super::{
-    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, LateEvidence, ListFilter,
-    Maintenance, NewOperation, Operators, Outbox, Probed, Recorded, RekeyBatch, RequestPath,
-    Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
-};
-use crate::StoreBatches;
-use crate::config::Durability;
-use crate::scope_key::ScopeKey;
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use idemgate_model::backoff::Backoff;
 use idemgate_model::clock::{self, Clock};
 use idemgate_model::operation::{Event, Operation, Settlement};
+use idemgate_store::Durability;
+use idemgate_store::Fence;
+use idemgate_store::StoreBatches;
+use idemgate_store::scope_key::ScopeKey;
+use idemgate_store::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
+use idemgate_store::{
+    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, LateEvidence, ListFilter,
+    Maintenance, NewOperation, Operators, Outbox, Probed, Recorded, RekeyBatch, RequestPath,
+    Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
+};
 use primary::{Primary, Session};
 use replication::Replication;
 use statements::{ClaimCall, Owners, RecordCall};
 
-/// This module's log target (the crate docs, "Log targets").
+/// This module's log target (`idemgate_store`'s crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::postgres";
 
-/// The statements `tests/it/store_contract.rs` explains ([`AccessPath`]).
-pub(super) fn access_paths() -> Vec<super::AccessPath> {
+/// The statements `tests/it/store_contract.rs` explains.
+pub fn access_paths() -> Vec<idemgate_store::AccessPath> {
     let mut paths = statements::access_paths();
     paths.extend(outbox::access_paths());
     paths
@@ -148,7 +149,7 @@ pub struct PostgresStore {
     seal: Seal,
     /// The server's replication as the lease renewals last read it.
     replication: Arc<Replication>,
-    /// The server the pools connect to ([`primary`]).
+    /// The server the pools connect to ([`mod@primary`]).
     primary: Primary,
 }
 
@@ -162,8 +163,8 @@ pub struct PostgresSettings {
 
 /// The primary among the servers `url` names.
 async fn primary(url: &str) -> Result<Primary, StoreError> {
-    let store = crate::config::redact_url(url);
-    let servers = crate::config::postgres_options(url).map_err(|reason| StoreError::Open {
+    let store = crate::url::redact_url(url);
+    let servers = crate::url::postgres_options(url).map_err(|reason| StoreError::Open {
         store: store.clone(),
         reason,
     })?;
@@ -183,11 +184,11 @@ fn commits(durability: Durability, synchronous_standby: bool) -> Session {
 }
 
 async fn run_migrations(pool: &PgPool, url: &str) -> Result<(), StoreError> {
-    sqlx::migrate!("migrations/postgres")
+    sqlx::migrate!("./migrations")
         .run(pool)
         .await
         .map_err(|e| StoreError::Open {
-            store: crate::config::redact_url(url),
+            store: crate::url::redact_url(url),
             reason: format!("migration failed: {e}"),
         })
 }
@@ -209,7 +210,7 @@ impl PostgresStore {
     /// Connects, migrates, checks that `keys` fit the store (keying its
     /// scopes if it was written before),
     /// registers this replica (`owner`) with a lease of `lease` and keeps
-    /// renewing it until [`Maintenance::close`](crate::Maintenance::close).
+    /// renewing it until [`Maintenance::close`].
     pub async fn open(
         url: &str,
         settings: PostgresSettings,
@@ -442,7 +443,7 @@ const RELEASE_TRIES: u32 = 12;
 const RELEASE_BACKOFF: Backoff =
     Backoff::full_jitter(Duration::from_millis(500), Duration::from_secs(60));
 
-/// A store dropped without [`Maintenance::close`](crate::Maintenance::close) stops renewing: to its peers
+/// A store dropped without [`Maintenance::close`] stops renewing: to its peers
 /// this replica is as good as dead once the lease runs out.
 impl Drop for PostgresStore {
     fn drop(&mut self) {

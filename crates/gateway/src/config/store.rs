@@ -1,15 +1,16 @@
-//! The store's own settings, as the gateway's configuration hands them
-//! over (`[store]`, docs/configuration.md): where operations are kept, how
-//! hard each commit is pushed to disk, and the keys' environment variables.
+//! The `[store]` table as the gateway runs on it: where operations are
+//! kept, how hard each commit is pushed to disk, the lease and the keys'
+//! sources (docs/configuration.md, "[store]").
 //!
-//! Invariant: a [`StoreUrl`] that parsed names a store this crate can open:
+//! Invariant: a [`StoreUrl`] that parsed names a store a backend can open:
 //! a SQLite file (never `:memory:`), or a PostgreSQL URL whose options
 //! [`postgres_options`] reads.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use crate::postgres_url::{PostgresServers, postgres_options};
+use idemgate_store::Durability;
+use idemgate_store_postgres::{postgres_options, redact_url};
 
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
@@ -79,28 +80,4 @@ impl std::fmt::Display for StoreUrl {
             StoreUrl::Postgres(url) => f.write_str(&redact_url(url)),
         }
     }
-}
-
-/// `url` with its password (if any) replaced by `***`, for messages and logs.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => match rest[..at].split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
-    }
-}
-
-/// How hard each commit is pushed to disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    /// fsync every commit: survives a power loss.
-    Full,
-    /// Survives a process crash, not a power loss.
-    Normal,
 }

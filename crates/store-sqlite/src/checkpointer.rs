@@ -50,9 +50,9 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
-use crate::StoreError;
+use idemgate_store::StoreError;
 
-/// This module's log target (the crate docs, "Log targets").
+/// This module's log target (`idemgate_store`'s crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::sqlite::checkpointer";
 
 /// When the log is copied and restarted, in bytes of log.

@@ -40,9 +40,9 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use crate::{StoreBatches, StoreError};
+use idemgate_store::{StoreBatches, StoreError};
 
-/// This module's log target (the crate docs, "Log targets").
+/// This module's log target (`idemgate_store`'s crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::sqlite::syncer";
 
 /// The log's syncs in the store's metrics: the calls one sync answered,

@@ -48,10 +48,10 @@ use super::held::Db;
 use super::inbox::{Answer, Answers, Inbox, Inboxes};
 use super::syncer::{self, Horizon, SyncLog, Syncer};
 use super::transitions::Deferred;
-use crate::StoreBatches;
-use crate::StoreError;
+use idemgate_store::StoreBatches;
+use idemgate_store::StoreError;
 
-/// This module's log target (the crate docs, "Log targets").
+/// This module's log target (`idemgate_store`'s crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::sqlite::writer";
 
 /// The most jobs one transaction takes; more wait for the next one.
@@ -608,7 +608,7 @@ mod tests {
         checkpoints: Thresholds,
     ) -> (Writer, std::path::PathBuf) {
         let path = dir.path().join("writer.db");
-        let conn = super::super::connect(&path).unwrap();
+        let conn = crate::connect(&path).unwrap();
         conn.execute_batch("CREATE TABLE IF NOT EXISTS t (x INTEGER PRIMARY KEY, v BLOB)")
             .unwrap();
         let log = LogSyncs {
@@ -712,8 +712,7 @@ mod tests {
     async fn a_read_answers_only_once_what_it_saw_is_durable() {
         let dir = tempfile::tempdir().unwrap();
         let held = held_at_sync(&dir).await;
-        let readers =
-            super::super::reader::Readers::open(&held.path, held.writer.horizon()).unwrap();
+        let readers = crate::reader::Readers::open(&held.path, held.writer.horizon()).unwrap();
         // The read's snapshot holds the committed row; its answer waits.
         let read = readers
             .run(|conn| Ok(conn.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))?));

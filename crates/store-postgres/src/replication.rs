@@ -17,29 +17,14 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgPool;
 
-use crate::StoreError;
+use idemgate_store::{ReplicationState, StoreError};
 
-/// This module's log target (the crate docs, "Log targets").
+/// This module's log target (`idemgate_store`'s crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::postgres::replication";
 
 /// A reading older than this many leases is none: the renewals that take
 /// them have been failing, and the fence stops claims anyway.
 const FRESH_FOR: u32 = 1;
-
-/// One reading of the server's replication, as `/metrics` and
-/// `/admin/stats` show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplicationState {
-    /// `pg_is_in_recovery()`: a standby, where no write can commit.
-    pub in_recovery: bool,
-    /// The server's `synchronous_standby_names` (empty: none).
-    pub synchronous_standby_names: String,
-    /// Standbys `pg_stat_replication` shows streaming as `sync` or
-    /// `quorum` (seen only with `pg_read_all_stats` or as a superuser).
-    pub synchronous_standbys: u32,
-    /// Whether writes wait for one (`store.require_synchronous_standby`).
-    pub required: bool,
-}
 
 /// The latest reading and what it allows; shared by the store and its
 /// lease renewal.

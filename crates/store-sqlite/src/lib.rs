@@ -4,22 +4,22 @@
 //! - one process at a time: an exclusive `flock` on `<file>.lock`, held for the
 //!   store's life and released by the kernel when the process dies, so every
 //!   `in_progress` row found at open belongs to a dead owner and becomes
-//!   `unknown` (`gateway-restarted`, [`Maintenance::recover`](crate::Maintenance::recover)) before the first
+//!   `unknown` (`gateway-restarted`, [`Maintenance::recover`]) before the first
 //!   request is served;
 //! - one writer: a thread of its own owns the only connection that writes
-//!   ([`writer`]), so transactions never race each other and a claim's
+//!   (`writer`), so transactions never race each other and a claim's
 //!   look-up and insert are atomic; it commits the calls of every request
 //!   waiting at a moment in one transaction (group commit);
 //! - reads apart: lookups, lists, stats and pauses run on read-only
-//!   connections ([`reader`]), each in one WAL snapshot, and never wait
+//!   connections (`reader`), each in one WAL snapshot, and never wait
 //!   in the writer's queue; readiness (`ping`) asks the writer, since
 //!   ready means a write can commit;
 //! - WAL journal; `durability = "full"` answers a batch only once the log
 //!   holding it is synced (one `fdatasync` over every batch committed
-//!   before it, on a thread of its own: [`syncer`]), `"normal"` answers at
+//!   before it, on a thread of its own: `syncer`), `"normal"` answers at
 //!   the commit and survives a process crash but not a power loss; the
 //!   log is copied into the database by a thread of its own
-//!   ([`checkpointer`]), never by the writer.
+//!   (`checkpointer`), never by the writer.
 //!
 //! The store's promises, and where this backend stands among them, are in
 //! ARCHITECTURE.md §4; this module and its submodules say how they are kept.
@@ -27,29 +27,29 @@
 //! # Layout
 //!
 //! The parts, each a module, in the order a write meets them, then reads:
-//! - [`writer`]: the thread that owns the only connection that writes. It
+//! - `writer`: the thread that owns the only connection that writes. It
 //!   takes whatever calls are queued (up to 256), runs them in one
 //!   `BEGIN IMMEDIATE … COMMIT`, and hands the batch on; a call that waited
 //!   5 s is refused unrun, and a call that fails fails alone;
-//! - [`held`]: that connection as the writer's calls see it, with the
+//! - `held`: that connection as the writer's calls see it, with the
 //!   statements every first write runs held prepared;
-//! - [`statements`]: the SQL, one function per store call; [`transitions`]:
+//! - `statements`: the SQL, one function per store call; `transitions`:
 //!   what a change to `operations` writes besides the row (the kept counts,
-//!   the `unknown` alert); [`outbox`]: the alert outbox's statements;
-//! - [`syncer`]: the two threads that make a committed batch's log durable
+//!   the `unknown` alert); `outbox`: the alert outbox's statements;
+//! - `syncer`: the two threads that make a committed batch's log durable
 //!   and then answer its calls, so the writer never waits for the disk;
-//! - [`inbox`]: where the answers go, one inbox per calling thread, one
+//! - `inbox`: where the answers go, one inbox per calling thread, one
 //!   wake-up per inbox per batch;
-//! - [`checkpointer`]: the thread that copies the log into the database, so
+//! - `checkpointer`: the thread that copies the log into the database, so
 //!   the writer never checkpoints;
-//! - [`reader`]: the read-only connections of every read that need not be
+//! - `reader`: the read-only connections of every read that need not be
 //!   atomic with a write.
 //!
 //! With `durability = "full"` the writer's connection opens through the
 //! VFS of `crates/wal-buffer` (a crate apart because it needs `unsafe`):
 //! SQLite's default VFS, except that a commit's WAL frames are held and
 //! written in a few calls, not two per frame, when SQLite syncs the log,
-//! and the sync itself is left to the [`syncer`]. `"normal"`, which does
+//! and the sync itself is left to the `syncer`. `"normal"`, which does
 //! not sync at each commit, opens through the default VFS. The batches and
 //! their syncs show in the metrics as `batch="write"` and `batch="sync"`
 //! (the calls each covered, and its duration).
@@ -76,7 +76,7 @@
 //!   characters (migration 0007), in the row and in the identity index
 //!   every claim looks up; the store reads them back as the lower-case hex
 //!   the rest of the gateway compares and binds, and makes their bytes on
-//!   the request's task ([`statements::ClaimDigests`]);
+//!   the request's task (`statements::ClaimDigests`);
 //! - a new operation enters one large index at a random place (migration
 //!   0011): every other index it enters leads with a value that grows
 //!   (`id`) or one of a few (`state`, `route`), or holds only the few
@@ -107,11 +107,11 @@
 //! The indexes every read is served by are listed in the module docs of
 //! `crates/store/src/lib.rs` ("Access paths"). The counts by (route, state) are one
 //! row each here: the writer is alone, so no row is ever contended
-//! ([`transitions`]).
+//! (`transitions`).
 //!
 //! # Migrations
 //!
-//! Migrations run through sqlx (`crates/store/migrations/sqlite`, embedded in the
+//! Migrations run through sqlx (`crates/store-sqlite/migrations`, embedded in the
 //! binary) on a connection that is closed before the writer opens its own.
 
 /// The condition of the three indexes that hold `state` (migration 0012):
@@ -143,23 +143,23 @@ use rusqlite::{Connection, OpenFlags};
 use sqlx::ConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
-use super::fence::Fence;
-use super::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
-use super::{
+use idemgate_model::clock::Clock;
+use idemgate_model::operation::{Event, Operation, Settlement};
+use idemgate_store::Durability;
+use idemgate_store::Fence;
+use idemgate_store::scope_key::ScopeKey;
+use idemgate_store::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
+use idemgate_store::{
     AccessPath, AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, LateEvidence,
     ListFilter, Maintenance, NewOperation, Operators, Outbox, Probed, Recorded, RekeyBatch,
     RequestPath, Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
 };
-use crate::config::Durability;
-use crate::scope_key::ScopeKey;
-use idemgate_model::clock::Clock;
-use idemgate_model::operation::{Event, Operation, Settlement};
 use reader::Readers;
 use writer::{LogSyncs, QUEUE_TIMEOUT, Writer};
 
-use crate::StoreBatches;
+use idemgate_store::StoreBatches;
 
-/// This module's log target (the crate docs, "Log targets").
+/// This module's log target (`idemgate_store`'s crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::sqlite";
 
 pub struct SqliteStore {
@@ -192,7 +192,7 @@ impl SqliteStore {
     /// Locks, opens (creating it if needed) and migrates the store, checks
     /// that `keys` fit it (keying its scopes if it was written before),
     /// and starts its writer; what a dead owner left `in_progress` waits
-    /// for [`Maintenance::recover`](crate::Maintenance::recover).
+    /// for [`Maintenance::recover`].
     pub async fn open(
         path: &Path,
         durability: Durability,
@@ -285,7 +285,7 @@ impl SqliteStore {
 }
 
 /// The statements `tests/it/store_contract.rs` explains ([`AccessPath`]).
-pub(super) fn access_paths() -> Vec<AccessPath> {
+pub fn access_paths() -> Vec<AccessPath> {
     let mut paths = statements::access_paths();
     paths.extend(outbox::access_paths());
     paths
@@ -310,7 +310,7 @@ async fn migrate_file(path: &Path, store_name: &str) -> Result<(), StoreError> {
         .connect()
         .await
         .map_err(|e| open_error(e.to_string()))?;
-    sqlx::migrate!("migrations/sqlite")
+    sqlx::migrate!("./migrations")
         .run(&mut migrations)
         .await
         .map_err(|e| open_error(format!("migration failed: {e}")))?;

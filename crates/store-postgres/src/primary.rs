@@ -36,10 +36,10 @@ use sqlx::{ConnectOptions, Connection};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::StoreError;
-use crate::config::PostgresServers;
+use crate::url::PostgresServers;
+use idemgate_store::StoreError;
 
-/// This module's log target (the crate docs, "Log targets").
+/// This module's log target (`idemgate_store`'s crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::postgres::primary";
 
 /// How long a server may take to connect and answer the check before it

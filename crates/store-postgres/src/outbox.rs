@@ -4,13 +4,13 @@
 //! due deliveries are taken with `FOR UPDATE SKIP LOCKED` and a lease, so
 //! one replica delivers each at a time (docs/operating.md, "Alerts").
 //!
-//! [`Outbox::take_alerts`]: crate::Outbox::take_alerts
-//! [`Outbox::settle_alert`]: crate::Outbox::settle_alert
+//! [`Outbox::take_alerts`]: idemgate_store::Outbox::take_alerts
+//! [`Outbox::settle_alert`]: idemgate_store::Outbox::settle_alert
 
 use sqlx::{PgPool, Row};
 
-use crate::outbox::{AGED_PER_PASS, aged_access_paths};
-use crate::{AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, StoreError};
+use idemgate_store::backend::{AGED_PER_PASS, aged_access_paths};
+use idemgate_store::{AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, StoreError};
 
 /// Finished alerts dropped per poll, so one poll stays short.
 const FORGET_PER_POLL: i64 = 500;

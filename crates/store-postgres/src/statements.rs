@@ -18,16 +18,19 @@ use std::sync::Arc;
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
-use crate::operation_id;
-use crate::scope_key::{self, ScopeKey};
-use crate::seal::{Identity, Payloads, Seal, StoredForm};
-use crate::{
-    AccessPath, COUNTS_EXACT, COUNTS_ROW, Claim, ClaimResult, DUPLICATED, Decision, Finding,
-    LateEvidence, ListFilter, ListPath, NewOperation, OPERATION_COLUMNS, Param, PausedBy, Probed,
-    Recorded, RekeyBatch, Resolved, RoutePause, SUMMARY_COLUMNS, SWEEP_LIMIT, Stats, StoreError,
-    StoredEvent, Summary, is_implied_by_record, operation_count, timeline,
-};
 use idemgate_model::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
+use idemgate_store::backend::new_id;
+use idemgate_store::backend::{
+    COUNTS_EXACT, COUNTS_ROW, OPERATION_COLUMNS, SUMMARY_COLUMNS, is_implied_by_record,
+    operation_count,
+};
+use idemgate_store::scope_key::{self, ScopeKey};
+use idemgate_store::seal::{Identity, Payloads, Seal, StoredForm};
+use idemgate_store::{
+    AccessPath, Claim, ClaimResult, DUPLICATED, Decision, Finding, LateEvidence, ListFilter,
+    ListPath, NewOperation, Param, PausedBy, Probed, Recorded, RekeyBatch, Resolved, RoutePause,
+    SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, timeline,
+};
 
 /// An owner is alive while its lease, in the database's clock, runs.
 const OWNER_ALIVE: &str = "EXISTS (SELECT 1 FROM replicas r
@@ -76,7 +79,7 @@ pub async fn claim(
         .iter()
         .map(|&i| i64::try_from(calls[i].new.request.body_size).unwrap_or(i64::MAX))
         .collect();
-    let ids = column(&|_| operation_id::new_id());
+    let ids = column(&|_| new_id());
     let bodies: Vec<Option<Vec<u8>>> = order
         .iter()
         .zip(&ids)

@@ -7,7 +7,7 @@
 //! Everything else in it (user, password, database, `sslmode`,
 //! `options[…]`, …) is read by the driver (sqlx) and holds for every
 //! server alike. The store writes only to a primary, whatever the URL
-//! says (`store::postgres::primary`), so `target_session_attrs` may be
+//! says (`primary`), so `target_session_attrs` may be
 //! left out or be `read-write` or `primary`, all three meaning that; a URL
 //! asking for any other kind of server is refused, and so is one whose
 //! `host`, `hostaddr` or `port` parameter would name other servers than
@@ -102,6 +102,21 @@ fn session_attrs(value: &str) -> Result<(), String> {
             "target_session_attrs={other}: the store writes, so it connects only to a \
              primary; use read-write or primary, or leave it out"
         )),
+    }
+}
+
+/// `url` with its password (if any) replaced by `***`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
     }
 }
 
