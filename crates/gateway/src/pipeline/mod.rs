@@ -1,43 +1,43 @@
 //! The life of a request, as phases in a fixed order, one module each:
 //!
-//! 0. [`path`]: the request path in normal form (RFC 3986 §6.2.2), rewritten
+//! 0. `path`: the request path in normal form (RFC 3986 §6.2.2), rewritten
 //!    in place, so everything after it — the reserved `/.idemgate/` prefix
-//!    ([`status`]), routing, the fingerprint and the upstream's request line —
-//!    sees one spelling; a path that has none → 400 `invalid-path`. [`host`]:
+//!    (`status`), routing, the fingerprint and the upstream's request line —
+//!    sees one spelling; a path that has none → 400 `invalid-path`. `host`:
 //!    the host likewise, one `host` header from `:authority` or `Host`
 //!    whichever version brought it; a `Host` that disagrees with the
 //!    authority → 400 `invalid-host`.
-//! 1. [`route`]: longest `path_prefix`; none → 404 `no-route`; a path that
+//! 1. `route`: longest `path_prefix`; none → 404 `no-route`; a path that
 //!    another upstream's reading (`;` stripped, `%2F` decoded) puts on another
 //!    route → 400 `invalid-path`. A method the route does not intercept is
-//!    streamed through ([`forward::pass_through`]), unchanged but for its
+//!    streamed through (`forward::pass_through`), unchanged but for its
 //!    normalized path and hop-by-hop headers.
 //! 2. [`key`]: the `Idempotency-Key` the client sent, if any (within its
-//!    first-sent window, on a profile that dates requests: [`wire`]), and
+//!    first-sent window, on a profile that dates requests: `wire`), and
 //!    the scope.
 //! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`)
-//!    and by the bodies' shared [`budget`] (503 `overloaded`).
+//!    and by the bodies' shared `budget` (503 `overloaded`).
 //! 4. [`fingerprint`]: the digest of the request exactly as sent, then what
 //!    makes a retry "the same request"; a write that sent no key is given
 //!    one from them (assigned, or derived). The write's context, `Write`,
 //!    is then whole: built once, read by reference by every phase after.
-//! 5. [`replay`] from the cache: a completed operation the cache holds for
+//! 5. `replay` from the cache: a completed operation the cache holds for
 //!    the write's identity answers at once, with no task and no store call.
 //!    A retry sent byte for byte under the client's key is looked up
 //!    between the two digests of phase 4, so that the most common retry
 //!    is answered before its JSON is parsed; any other write once its
 //!    fingerprint is known.
-//! 6. [`claim`]: one store transaction decides: send, replay what the store
-//!    holds ([`replay::answer_existing`]), or refuse; a paused route or a
-//!    scope over its [`quota`] only looks up what exists. A duplicate of a
+//! 6. `claim`: one store transaction decides: send, replay what the store
+//!    holds (`replay::answer_existing`), or refuse; a paused route or a
+//!    scope over its `quota` only looks up what exists. A duplicate of a
 //!    claim in flight waits for it and asks the cache again when it wakes.
 //!    An `unknown` operation on a route with a probe is probed first
 //!    ([`reconcile`]) and claimed again: one the probe finds absent is sent
 //!    by this request.
-//! 7. [`forward`] + [`record`] ([`attempt`]): in the task the claim runs in,
+//! 7. [`forward`] + `record` (`attempt`): in the task the claim runs in,
 //!    so a client that hangs up never cancels the upstream call nor leaves
 //!    the operation `in_progress`; upstream connections are made by
-//!    [`connector`] and driven, from [`pool`], by the request that uses
+//!    `connector` and driven, from `pool`, by the request that uses
 //!    them; after a lost response a route's [`reconcile`] probe may prove it
 //!    happened; in `idemgate rehearse`'s own gateway alone, a [`drill`]
 //!    breaks exchanges on purpose.
@@ -49,8 +49,8 @@
 //! narrow trait that holds its calls ([`RequestPath`]; [`Operators`] for
 //! what it reads as operators do), never the whole [`Store`].
 //!
-//! Errors from any phase are [`ProxyError`]s ([`error`]), mapped to a problem
-//! in one place and rendered as an RFC 9457 body ([`crate::problem`]).
+//! Errors from any phase are `ProxyError`s (`error`), mapped to a problem
+//! in one place and rendered as an RFC 9457 body (`crate::problem`).
 
 pub(crate) mod attempt;
 pub(crate) mod budget;
@@ -200,7 +200,7 @@ pub struct Shutdown {
 
 impl Proxy {
     /// The proxy for `config`, every route running until it follows the
-    /// pauses the store holds ([`Proxy::follow_pauses`]); `scope_key` the
+    /// pauses the store holds (`Proxy::follow_pauses`); `scope_key` the
     /// key its scopes are stored with, `drill` the faults a rehearsal
     /// injects (none for `serve`).
     pub fn new(
