@@ -7,7 +7,7 @@
 //! - [`config`]: the TOML file → validated [`config::Config`].
 //! - [`server`]: listeners, accept loops, graceful shutdown; [`workers`]: the
 //!   threads (a runtime each) proxy connections are spread over;
-//!   [`connection`]: one connection served as HTTP/1.1 or HTTP/2, with
+//!   `connection`: one connection served as HTTP/1.1 or HTTP/2, with
 //!   the listener's limits.
 //! - [`systemd`]: readiness, reloads, the drain and a watchdog told to
 //!   systemd.
@@ -23,14 +23,14 @@
 //!   scopes are keyed with, are the crate below this one, [`idemgate_store`].
 //!   It knows neither the pipeline nor the metrics exporter: [`metrics`]
 //!   reads its counters.
-//! - [`replicas`]: dead owners' operations, and keeping up with peer replicas.
-//! - [`retention`]: the background sweep of expired operations;
-//!   [`background`]: the background loops' one shape.
+//! - `replicas`: dead owners' operations, and keeping up with peer replicas.
+//! - `retention`: the background sweep of expired operations;
+//!   `background`: the background loops' one shape.
 //! - [`alerts`]: webhooks told about held work, from the store's outbox.
 //! - [`http_client`]: the client for the gateway's own calls (not proxied).
-//! - [`problem`]: the RFC 9457 problem+json body of every error idemgate
+//! - `problem`: the RFC 9457 problem+json body of every error idemgate
 //!   answers itself, on both listeners.
-//! - [`traces`]: OpenTelemetry spans of each request's steps, exported over
+//! - `traces`: OpenTelemetry spans of each request's steps, exported over
 //!   OTLP when an `OTEL_*` endpoint is set.
 //! - [`admin`]: the operators' listener (the admin API and the operator
 //!   console at `/`); [`metrics`]: Prometheus counters.

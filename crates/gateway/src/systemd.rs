@@ -136,7 +136,7 @@ impl Notifier {
 
     /// How often [`Notifier::keep_watch`] looks: half the watchdog's
     /// timeout, as sd_watchdog_enabled(3) advises, at most
-    /// [`STATUS_EVERY`]; `None` without a service manager.
+    /// `STATUS_EVERY`; `None` without a service manager.
     pub fn period(&self) -> Option<Duration> {
         if !self.listening {
             return None;

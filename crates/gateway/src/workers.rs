@@ -4,7 +4,7 @@
 //!
 //! Measured against tokio's work-stealing scheduler on 2 CPUs (callgrind
 //! and wrk, `benches/README.md`): with every task of a connection — its
-//! HTTP/1 state machine, its upstream connection ([`crate::pipeline::pool`]),
+//! HTTP/1 state machine, its upstream connection (`pipeline::pool`),
 //! its write's attempt — on one thread and one I/O driver, a request's
 //! wake-ups stay on that thread (no work stealing, no cross-thread wakes
 //! between a connection and its upstream), which is how nginx's workers

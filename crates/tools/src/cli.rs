@@ -111,13 +111,13 @@ pub struct Serve {
     /// The TOML config file (docs/configuration.md, "Every key"). Without it: one catch-all route to --upstream.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Proxy listener, overriding [server].listen.
+    /// Proxy listener, overriding `server.listen`.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Admin listener, overriding [server].admin_listen.
+    /// Admin listener, overriding `server.admin_listen`.
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,
-    /// The store URL, overriding [store].url (default sqlite://idemgate.db).
+    /// The store URL, overriding `store.url` (default sqlite://idemgate.db).
     #[arg(long)]
     pub store: Option<String>,
     /// The API to protect, without a config file.

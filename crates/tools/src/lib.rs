@@ -8,8 +8,8 @@
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
 //!   [`demo`]: the newcomer's tour against it; [`rehearse`]: the
 //!   interruption drill against a route's real destination, faults
-//!   injected in a gateway of its own; [`gateway_client`]: the client side
-//!   of both; [`bench`]: a retry-storm load generator that checks the API
+//!   injected in a gateway of its own; `gateway_client`: the client side
+//!   of both; [`bench`](mod@bench): a retry-storm load generator that checks the API
 //!   saw one write per key; [`conformance`]: a profile's cases against any
 //!   endpoint.
 #![forbid(unsafe_code)]

@@ -14,7 +14,7 @@
 //! character outside printable ASCII ([`UnusableToken`]), rather than trim
 //! a secret behind the operator's back; and idemgate refuses to start with
 //! an admin listener off loopback and no token
-//! ([`AdminToken::check_exposure`]).
+//! (`AdminToken::check_exposure`).
 
 use std::net::SocketAddr;
 

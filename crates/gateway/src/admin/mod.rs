@@ -127,7 +127,7 @@ pub enum AdminError {
 }
 
 impl AdminError {
-    /// Which problem this error is ([`ProblemKind`] gives its status,
+    /// Which problem this error is (`ProblemKind` gives its status,
     /// name and title, the same as the proxy's for the same kind).
     pub fn kind(&self) -> ProblemKind {
         match self {

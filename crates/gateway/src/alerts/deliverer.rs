@@ -1,4 +1,4 @@
-//! The deliverer: one task per gateway that, every [`POLL`] (or the
+//! The deliverer: one task per gateway that, every `POLL` (or the
 //! period its caller names: tests shorten it), asks the store for the
 //! deliveries due (the store also ages `unknown` operations
 //! and fans new alerts out to the endpoints, in the same transaction),

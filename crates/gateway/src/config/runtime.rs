@@ -166,7 +166,7 @@ pub struct DestinationKey {
 /// its [`Verdicts`]) that it did not, or that it happened more than once.
 #[derive(Debug, Clone)]
 pub struct Reconcile {
-    /// A URL template ([`url_pieces`]): `{key}` where the bare key goes,
+    /// A URL template (`url_pieces`): `{key}` where the bare key goes,
     /// `{body:/pointer}` where a field of the stored request body goes
     /// (each URL-component encoded); on the route's own upstream origin,
     /// placeholders only in the path or the query, and no fragment.
@@ -214,7 +214,7 @@ pub struct Confirm<Q> {
 }
 
 /// A call of a read-only MCP tool: its name and arguments template
-/// ([`fill_template`]).
+/// (`fill_template`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolCall {
     pub tool: String,

@@ -1,5 +1,5 @@
 //! The `forward` phase: the rewriting of a request for the upstream, the
-//! exchange on the route's connections ([`pool`](super::pool)), and the
+//! exchange on the route's connections (`pool`), and the
 //! classification of how an exchange ended.
 //!
 //! Invariants:

@@ -1,46 +1,51 @@
 //! The life of a request, as phases in a fixed order, one module each:
 //!
-//! 0. [`path`]: the request path in normal form (RFC 3986 §6.2.2), rewritten
+//! 0. `path`: the request path in normal form (RFC 3986 §6.2.2), rewritten
 //!    in place, so everything after it — the reserved `/.idemgate/` prefix
-//!    ([`status`]), routing, the fingerprint and the upstream's request line —
-//!    sees one spelling; a path that has none → 400 `invalid-path`. [`host`]:
+//!    (`status`), routing, the fingerprint and the upstream's request line —
+//!    sees one spelling; a path that has none → 400 `invalid-path`. `host`:
 //!    the host likewise, one `host` header from `:authority` or `Host`
 //!    whichever version brought it; a `Host` that disagrees with the
 //!    authority → 400 `invalid-host`.
-//! 1. [`route`]: longest `path_prefix`; none → 404 `no-route`; a path that
+//! 1. `route`: longest `path_prefix`; none → 404 `no-route`; a path that
 //!    another upstream's reading (`;` stripped, `%2F` decoded) puts on another
 //!    route → 400 `invalid-path`. A method the route does not intercept is
-//!    streamed through ([`forward::pass_through`]), unchanged but for its
+//!    streamed through (`forward::pass_through`), unchanged but for its
 //!    normalized path and hop-by-hop headers.
 //! 2. [`key`]: the `Idempotency-Key` the client sent, if any (within its
-//!    first-sent window, on a profile that dates requests: [`wire`]), and
+//!    first-sent window, on a profile that dates requests: `wire`), and
 //!    the scope.
 //! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`)
-//!    and by the bodies' shared [`budget`] (503 `overloaded`).
+//!    and by the bodies' shared `budget` (503 `overloaded`).
 //! 4. [`fingerprint`]: the digest of the request exactly as sent, then what
 //!    makes a retry "the same request"; a write that sent no key is given
 //!    one from them (assigned, or derived). The write's context, `Write`,
 //!    is then whole: built once, read by reference by every phase after.
-//! 5. [`replay`] from the cache: a completed operation the cache holds for
+//! 5. `replay` from the cache: a completed operation the cache holds for
 //!    the write's identity answers at once, with no task and no store call.
 //!    A retry sent byte for byte under the client's key is looked up
 //!    between the two digests of phase 4, so that the most common retry
 //!    is answered before its JSON is parsed; any other write once its
 //!    fingerprint is known.
-//! 6. [`claim`]: one store transaction decides: send, replay what the store
-//!    holds ([`replay::answer_existing`]), or refuse; a paused route or a
-//!    scope over its [`quota`] only looks up what exists. A duplicate of a
+//! 6. `claim`: one store transaction decides: send, replay what the store
+//!    holds (`replay::answer_existing`), or refuse; a paused route or a
+//!    scope over its `quota` only looks up what exists. A duplicate of a
 //!    claim in flight waits for it and asks the cache again when it wakes.
 //!    An `unknown` operation on a route with a probe is probed first
 //!    ([`reconcile`]) and claimed again: one the probe finds absent is sent
 //!    by this request.
-//! 7. [`forward`] + [`record`] ([`attempt`]): in the task the claim runs in,
+//! 7. [`forward`] + `record` (`attempt`): in the task the claim runs in,
 //!    so a client that hangs up never cancels the upstream call nor leaves
 //!    the operation `in_progress`; upstream connections are made by
-//!    [`connector`] and driven, from [`pool`], by the request that uses
+//!    `connector` and driven, from `pool`, by the request that uses
 //!    them; after a lost response a route's [`reconcile`] probe may prove it
 //!    happened; in `idemgate rehearse`'s own gateway alone, a [`drill`]
 //!    breaks exchanges on purpose.
+//!
+//! An MCP route's POSTs are JSON-RPC messages (`mcp`), read whole (phase 3)
+//! first: a protected tool call's scope, key and fingerprint (phases 2
+//! and 4) come from its headers and its message, then phases 5 to 7 as
+//! above; anything else is streamed through.
 //!
 //! Invariants: a write's identity — its key, scope, their joined name, its
 //! fingerprint and exact digest — is computed once, in its context, and
@@ -49,8 +54,8 @@
 //! narrow trait that holds its calls ([`RequestPath`]; [`Operators`] for
 //! what it reads as operators do), never the whole [`Store`].
 //!
-//! Errors from any phase are [`ProxyError`]s ([`error`]), mapped to a problem
-//! in one place and rendered as an RFC 9457 body ([`crate::problem`]).
+//! Errors from any phase are `ProxyError`s (`error`), mapped to a problem
+//! in one place and rendered as an RFC 9457 body (`crate::problem`).
 
 pub(crate) mod attempt;
 pub(crate) mod budget;
@@ -200,7 +205,7 @@ pub struct Shutdown {
 
 impl Proxy {
     /// The proxy for `config`, every route running until it follows the
-    /// pauses the store holds ([`Proxy::follow_pauses`]); `scope_key` the
+    /// pauses the store holds (`Proxy::follow_pauses`); `scope_key` the
     /// key its scopes are stored with, `drill` the faults a rehearsal
     /// injects (none for `serve`).
     pub fn new(
@@ -432,163 +437,6 @@ impl Proxy {
         let mut response = answered.unwrap_or_else(|error| error.into_response_as(wire));
         echoed.apply(wire, &mut response);
         Ok(response)
-    }
-
-    /// A POST to an MCP route: read whole, then a protected tool call is a
-    /// write whose every answer is a JSON-RPC response, and anything else
-    /// is sent on as it came (a `tools/list` answer read for its tools'
-    /// annotations on the way back).
-    async fn handle_mcp(
-        self: &Arc<Self>,
-        active: &Arc<ActiveRoute>,
-        request: Request<Incoming>,
-        peer: Peer,
-    ) -> Response<ProxyBody> {
-        let route = &active.route;
-        let (parts, body) = request.into_parts();
-        let (body, reservation) = match read_body(&parts, body, route, &self.body_budget).await {
-            Ok(read) => read,
-            Err(error) => return error.into_response(),
-        };
-        if active.calls.absorbs(&parts.headers, &body) {
-            return mcp::answer::accepted();
-        }
-        let tools = route.mcp.clone().unwrap_or_default();
-        match mcp::call::classify(&parts.headers, &body, &tools, &active.learned) {
-            mcp::call::Classified::Refused(refusal) => mcp::answer::refused(refusal),
-            mcp::call::Classified::Protected(call) => {
-                Box::pin(self.mcp_call(active, parts, (body, reservation), peer, call)).await
-            }
-            mcp::call::Classified::PassThrough { listing } => {
-                drop(reservation);
-                let request = Request::from_parts(parts, crate::body::full(body));
-                let pass = forward::pass_through(&active.client, route, request, &peer);
-                match Box::pin(pass).await {
-                    Ok(response) if listing => {
-                        mcp::tools::read_listing(response, route, &active.learned).await
-                    }
-                    Ok(response) => response,
-                    Err(error) => error.into_response(),
-                }
-            }
-        }
-    }
-
-    /// An MCP session's DELETE while its protected calls are in flight:
-    /// answered at once, and sent on once they have ended (or after the
-    /// route's `upstream_timeout` and `late_window`), so that the server
-    /// does not cancel them ([`mcp::cancel`]); one per session.
-    fn end_session_later(
-        self: &Arc<Self>,
-        active: &Arc<ActiveRoute>,
-        request: Request<Incoming>,
-        peer: Peer,
-    ) -> Response<ProxyBody> {
-        let active = active.clone();
-        // One held back per session: a client repeating its DELETE adds
-        // nothing to wait for.
-        let Some(held) = active.calls.hold_end(request.headers()) else {
-            let mut response = Response::new(crate::body::full(Bytes::new()));
-            response.extensions_mut().insert(Outcome::proxied);
-            return response;
-        };
-        self.tasks.spawn(async move {
-            let _held = held;
-            // As long as a call may run: its exchange, then a late answer.
-            let bound = active.route.upstream_timeout + active.route.late_window;
-            active.calls.session_idle(request.headers(), bound).await;
-            let request = request.map(crate::body::stream);
-            let sent = forward::pass_through(&active.client, &active.route, request, &peer);
-            if let Err(error) = sent.await {
-                tracing::warn!(route = %active.route.name, %error, "an MCP session's DELETE held back for its calls failed");
-            }
-        });
-        let mut response = Response::new(crate::body::full(Bytes::new()));
-        response.extensions_mut().insert(Outcome::proxied);
-        response
-    }
-
-    /// A protected tool call, answered as JSON-RPC. When the client takes
-    /// an event stream and the server sends something before its response
-    /// (progress, a request the client must answer), the answer is
-    /// streamed from that first event on ([`mcp::relay`]), its response
-    /// last, once recorded.
-    async fn mcp_call(
-        self: &Arc<Self>,
-        active: &Arc<ActiveRoute>,
-        parts: request::Parts,
-        body: (Bytes, Reservation),
-        peer: Peer,
-        call: mcp::call::Call,
-    ) -> Response<ProxyBody> {
-        let (relay, relayed) = match call.accepts_stream {
-            true => {
-                let (relay, relayed) = mcp::relay::Relay::new(active.route.max_stored_response);
-                (Some(relay), Some(relayed))
-            }
-            false => (None, None),
-        };
-        let (this, route, called) = (self.clone(), active.clone(), call.clone());
-        let mut write = Box::pin(async move {
-            this.mcp_write(&route, parts, body, peer, &called, relay)
-                .await
-        });
-        let Some(mut relayed) = relayed else {
-            return mcp::answer::finish(write.await, &call).await;
-        };
-        // Whatever is relayed is sent before the response is recorded: if
-        // both are ready, the relayed event is first.
-        let first = tokio::select! {
-            biased;
-            Some(first) = relayed.recv() => first,
-            answered = &mut write => {
-                // An event relayed as the answer came is still the client's.
-                let answered = answered.map(|mut response| {
-                    let early: Vec<Bytes> = std::iter::from_fn(|| relayed.try_recv()).collect();
-                    if !early.is_empty() {
-                        response.extensions_mut().insert(mcp::outcome::Relayed(early));
-                    }
-                    response
-                });
-                return mcp::answer::finish(answered, &call).await;
-            }
-        };
-        let (tail, tail_rx) = oneshot::channel();
-        self.tasks.spawn(async move {
-            let answered = write.await;
-            drop(tail.send(mcp::answer::finish_streamed(answered, &call).await));
-        });
-        mcp::answer::streamed(mcp::relay::Streamed::new(first, relayed, tail_rx))
-    }
-
-    /// A protected tool call as a write: its scope, key and fingerprint
-    /// ([`mcp::identity`]) make its context, then phases 5 to 7 as for any
-    /// route.
-    async fn mcp_write(
-        self: &Arc<Self>,
-        active: &Arc<ActiveRoute>,
-        parts: request::Parts,
-        body: (Bytes, Reservation),
-        peer: Peer,
-        call: &mcp::call::Call,
-        relay: Option<mcp::relay::Relay>,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
-        let route = &active.route;
-        let scope = self.scope_of(route, &parts)?;
-        let identified = mcp::identity::identify(call, &parts.headers, &body.0, route, &scope)?;
-        let sent = identified.source == mcp::identity::KeySource::Sent;
-        let named = self.name(route, &scope, identified.key, sent);
-        let exact = ExactDigest::of(&identified.fingerprint);
-        let now = self.shared.clock.now_millis();
-        let write = self.identify(route, named, scope, (identified.fingerprint, exact), now);
-        let call = Some(active.calls.track(&parts.headers, &call.id, relay));
-        let payload = Payload {
-            parts,
-            body,
-            peer,
-            call,
-        };
-        self.replay_or_send(active, write, payload).await
     }
 
     /// Phases 2 to 4 for a write the route intercepts — key and scope,

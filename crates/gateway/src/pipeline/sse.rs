@@ -1,6 +1,6 @@
 //! Server-sent events (the HTML Living Standard's event stream format), as
 //! MCP servers answer over Streamable HTTP: the events of a stream as they
-//! arrive ([`Events`]), the `data` of each, and events written back.
+//! arrive (`Events`), the `data` of each, and events written back.
 //!
 //! Invariant: an event is complete only once a blank line ends it; what
 //! comes after the last blank line of a stream that ended (a cut stream)

@@ -189,7 +189,7 @@ impl Tracing {
 
     /// The context of a request's span, a child of the client's
     /// `traceparent` (and `tracestate`) if it sent one; run the request
-    /// [`within`] it and [`end`] it with the response.
+    /// [`within`] it, which ends it with the response.
     pub fn request(&self, method: &Method, headers: &HeaderMap) -> Context {
         let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
         let span = self

@@ -1,7 +1,7 @@
 //! `idemgate bench`: a retry-storm load generator in the spirit of pgbench
 //! and redis-benchmark (docs/performance.md, "Benchmarking"). K keys × R requests each
 //! (the first write and its retries) at concurrency C, against a gateway it
-//! starts itself in front of the mock API ([`local`]) or against
+//! starts itself in front of the mock API (`local`) or against
 //! `--target`s; then a report of throughput, latency percentiles, outcomes
 //! and the upstream's writes.
 //!
@@ -16,12 +16,12 @@
 //! to the given targets (or the own stack on 127.0.0.1), and the own stack
 //! is shut down and its store removed however the run ends.
 //!
-//! - [`plan`]: which request is which (key, path, body);
-//! - [`load`]: the workers, the pooled client, outcome names, latencies;
-//! - [`progress`]: the live line on stderr;
-//! - [`local`]: the own mock API and gateway;
-//! - [`measure`]: the upstream's counter, resident memory, store size;
-//! - [`report`]: the JSON and the text report.
+//! - `plan`: which request is which (key, path, body);
+//! - `load`: the workers, the pooled client, outcome names, latencies;
+//! - `progress`: the live line on stderr;
+//! - `local`: the own mock API and gateway;
+//! - `measure`: the upstream's counter, resident memory, store size;
+//! - `report`: the JSON and the text report.
 
 mod counters;
 mod load;

@@ -3,7 +3,7 @@
 //! in-process gateway built from one route of the user's config (its
 //! upstream, TLS, key mode, probe and timeouts) take synthetic writes, one
 //! key per case, while the gateway's [`Drill`] breaks them on purpose:
-//! [`cases`] runs the five cases, [`destination`] asks the destination
+//! `cases` runs the five cases, `destination` asks the destination
 //! itself whether it deduplicates, [`report`] says what happened, for a
 //! person or (`--json`) a pipeline.
 //!

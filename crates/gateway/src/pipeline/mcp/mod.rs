@@ -12,6 +12,12 @@
 //! first, replayed, or the gateway's own — is a JSON-RPC response under
 //! the id of the request being answered ([`answer`]).
 //!
+//! Here, the route's side of the pipeline's dispatch: a POST read whole
+//! and classified ([`Proxy::handle_mcp`]), a protected call's context made
+//! and handed to phases 5 to 7 as any write's ([`Proxy::mcp_write`]), and
+//! a session's DELETE held back while its calls run
+//! ([`Proxy::end_session_later`]).
+//!
 //! Invariants, beside the pipeline's own (claimed before anything is sent,
 //! recorded before the client hears, a lost answer held `unknown`):
 //! - a call's identity is its scope, route, tool and key, never its
@@ -30,3 +36,177 @@ pub mod identity;
 pub mod outcome;
 pub mod relay;
 pub mod tools;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, request};
+use hyper::body::Incoming;
+use tokio::sync::oneshot;
+
+use crate::body::ProxyBody;
+use crate::metrics::Outcome;
+use crate::pipeline::budget::Reservation;
+use crate::pipeline::error::ProxyError;
+use crate::pipeline::fingerprint::ExactDigest;
+use crate::pipeline::forward::{self, Peer};
+use crate::pipeline::{ActiveRoute, Payload, Proxy, read_body};
+
+impl Proxy {
+    /// A POST to an MCP route: read whole, then a protected tool call is a
+    /// write whose every answer is a JSON-RPC response, and anything else
+    /// is sent on as it came (a `tools/list` answer read for its tools'
+    /// annotations on the way back).
+    pub(super) async fn handle_mcp(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        request: Request<Incoming>,
+        peer: Peer,
+    ) -> Response<ProxyBody> {
+        let route = &active.route;
+        let (parts, body) = request.into_parts();
+        let (body, reservation) = match read_body(&parts, body, route, &self.body_budget).await {
+            Ok(read) => read,
+            Err(error) => return error.into_response(),
+        };
+        if active.calls.absorbs(&parts.headers, &body) {
+            return answer::accepted();
+        }
+        let tools = route.mcp.clone().unwrap_or_default();
+        match call::classify(&parts.headers, &body, &tools, &active.learned) {
+            call::Classified::Refused(refusal) => answer::refused(refusal),
+            call::Classified::Protected(call) => {
+                Box::pin(self.mcp_call(active, parts, (body, reservation), peer, call)).await
+            }
+            call::Classified::PassThrough { listing } => {
+                drop(reservation);
+                let request = Request::from_parts(parts, crate::body::full(body));
+                let pass = forward::pass_through(&active.client, route, request, &peer);
+                match Box::pin(pass).await {
+                    Ok(response) if listing => {
+                        tools::read_listing(response, route, &active.learned).await
+                    }
+                    Ok(response) => response,
+                    Err(error) => error.into_response(),
+                }
+            }
+        }
+    }
+
+    /// An MCP session's DELETE while its protected calls are in flight:
+    /// answered at once, and sent on once they have ended (or after the
+    /// route's `upstream_timeout` and `late_window`), so that the server
+    /// does not cancel them ([`cancel`]); one per session.
+    pub(super) fn end_session_later(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        request: Request<Incoming>,
+        peer: Peer,
+    ) -> Response<ProxyBody> {
+        let active = active.clone();
+        // One held back per session: a client repeating its DELETE adds
+        // nothing to wait for.
+        let Some(held) = active.calls.hold_end(request.headers()) else {
+            let mut response = Response::new(crate::body::full(Bytes::new()));
+            response.extensions_mut().insert(Outcome::proxied);
+            return response;
+        };
+        self.tasks.spawn(async move {
+            let _held = held;
+            // As long as a call may run: its exchange, then a late answer.
+            let bound = active.route.upstream_timeout + active.route.late_window;
+            active.calls.session_idle(request.headers(), bound).await;
+            let request = request.map(crate::body::stream);
+            let sent = forward::pass_through(&active.client, &active.route, request, &peer);
+            if let Err(error) = sent.await {
+                tracing::warn!(route = %active.route.name, %error, "an MCP session's DELETE held back for its calls failed");
+            }
+        });
+        let mut response = Response::new(crate::body::full(Bytes::new()));
+        response.extensions_mut().insert(Outcome::proxied);
+        response
+    }
+
+    /// A protected tool call, answered as JSON-RPC. When the client takes
+    /// an event stream and the server sends something before its response
+    /// (progress, a request the client must answer), the answer is
+    /// streamed from that first event on ([`relay`]), its response
+    /// last, once recorded.
+    async fn mcp_call(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        parts: request::Parts,
+        body: (Bytes, Reservation),
+        peer: Peer,
+        call: call::Call,
+    ) -> Response<ProxyBody> {
+        let (relay, relayed) = match call.accepts_stream {
+            true => {
+                let (relay, relayed) = relay::Relay::new(active.route.max_stored_response);
+                (Some(relay), Some(relayed))
+            }
+            false => (None, None),
+        };
+        let (this, route, called) = (self.clone(), active.clone(), call.clone());
+        let mut write = Box::pin(async move {
+            this.mcp_write(&route, parts, body, peer, &called, relay)
+                .await
+        });
+        let Some(mut relayed) = relayed else {
+            return answer::finish(write.await, &call).await;
+        };
+        // Whatever is relayed is sent before the response is recorded: if
+        // both are ready, the relayed event is first.
+        let first = tokio::select! {
+            biased;
+            Some(first) = relayed.recv() => first,
+            answered = &mut write => {
+                // An event relayed as the answer came is still the client's.
+                let answered = answered.map(|mut response| {
+                    let early: Vec<Bytes> = std::iter::from_fn(|| relayed.try_recv()).collect();
+                    if !early.is_empty() {
+                        response.extensions_mut().insert(outcome::Relayed(early));
+                    }
+                    response
+                });
+                return answer::finish(answered, &call).await;
+            }
+        };
+        let (tail, tail_rx) = oneshot::channel();
+        self.tasks.spawn(async move {
+            let answered = write.await;
+            drop(tail.send(answer::finish_streamed(answered, &call).await));
+        });
+        answer::streamed(relay::Streamed::new(first, relayed, tail_rx))
+    }
+
+    /// A protected tool call as a write: its scope, key and fingerprint
+    /// ([`identity`]) make its context, then phases 5 to 7 as for any
+    /// route.
+    async fn mcp_write(
+        self: &Arc<Self>,
+        active: &Arc<ActiveRoute>,
+        parts: request::Parts,
+        body: (Bytes, Reservation),
+        peer: Peer,
+        call: &call::Call,
+        relay: Option<relay::Relay>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let route = &active.route;
+        let scope = self.scope_of(route, &parts)?;
+        let identified = identity::identify(call, &parts.headers, &body.0, route, &scope)?;
+        let sent = identified.source == identity::KeySource::Sent;
+        let named = self.name(route, &scope, identified.key, sent);
+        let exact = ExactDigest::of(&identified.fingerprint);
+        let now = self.shared.clock.now_millis();
+        let write = self.identify(route, named, scope, (identified.fingerprint, exact), now);
+        let call = Some(active.calls.track(&parts.headers, &call.id, relay));
+        let payload = Payload {
+            parts,
+            body,
+            peer,
+            call,
+        };
+        self.replay_or_send(active, write, payload).await
+    }
+}

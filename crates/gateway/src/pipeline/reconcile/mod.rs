@@ -1,8 +1,8 @@
 //! Reconcile probes (docs/requests.md, "After a lost response" and "Probe
 //! verdicts"): read-only questions to the route's own upstream — a GET
-//! ([`http`]), or on an MCP route a call of a read-only tool ([`tool`],
+//! (`http`), or on an MCP route a call of a read-only tool (`tool`,
 //! docs/mcp.md, "Reconcile") — whose answers, read by the route's rules
-//! ([`verdict`]), may settle an `unknown` operation.
+//! (`verdict`), may settle an `unknown` operation.
 //!
 //! Invariants:
 //! - four verdicts: *found* settles the operation `completed` (evidence
@@ -15,7 +15,7 @@
 //!   answer is taken for absence only by the route's `absent_*` rules, only
 //!   once `min_age`, and the route's `late_window` (while it runs the first
 //!   exchange may still land), have passed since the write was last on its
-//!   way ([`last_sent`]: when the operation became `unknown`, after its
+//!   way (`last_sent`: when the operation became `unknown`, after its
 //!   attempt was sent, or the latest a re-send begun could still be
 //!   writing), and, with a confirm request, only when that answer says
 //!   absent too. A question with no answer — not sent,
@@ -32,7 +32,7 @@
 //!   so that either way it can answer from what the probe left in the
 //!   store;
 //! - a probe asks about its own operation and nothing else:
-//!   [`http::url`] is the one place a probe URL is built.
+//!   `http::url` is the one place a probe URL is built.
 
 pub(crate) mod http;
 pub(crate) mod tool;
