@@ -8,7 +8,7 @@
 //! nothing left under another key, in format 1, or plain, so such a store
 //! holds no payload that needs another key or is read in clear. In a
 //! store that is sealed-only already, a value in clear is refused, not
-//! sealed (it was planted). The pass goes in batches of [`BATCH`] operations in id
+//! sealed (it was planted). The pass goes in batches of `BATCH` operations in id
 //! order, each update a compare-and-set, so a replica writing meanwhile
 //! (under the current key) keeps its values.
 

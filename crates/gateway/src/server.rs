@@ -20,7 +20,7 @@
 //! under the cap, and must end within `header_read_timeout`, like a request
 //! head. [`Gateway::reload_tls`] swaps the certificates for new handshakes.
 //! Each connection is then served as HTTP/1.1 or HTTP/2, as the client
-//! speaks, with the listener's limits ([`crate::connection`]).
+//! speaks, with the listener's limits (`connection`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -138,17 +138,17 @@ pub struct StartOptions {
 /// counts its passes (`idemgate_background_passes_total{task}`).
 #[derive(Debug, Clone, Copy)]
 pub struct Pace {
-    /// Between two retention sweeps; `None`: [`retention::interval`] of
+    /// Between two retention sweeps; `None`: `retention::interval` of
     /// `store.retention`.
     pub sweep: Option<Duration>,
     /// Between two looks at the peers and the pauses, on a shared store
-    /// ([`replicas::WATCH_EVERY`]).
+    /// (`replicas::WATCH_EVERY`).
     pub watch: Duration,
     /// Between two polls of the alert outbox while endpoints are
-    /// configured ([`alerts::deliverer::POLL`]).
+    /// configured (`alerts::deliverer::POLL`).
     pub alert_poll: Duration,
     /// Between two polls without endpoints, which only tidy the outbox
-    /// ([`alerts::deliverer::IDLE_POLL`]).
+    /// (`alerts::deliverer::IDLE_POLL`).
     pub alert_idle: Duration,
     /// The longest a connection over its listener's cap is kept to read
     /// its request head and be answered 503 ([`REFUSAL_TIME`]).

@@ -6,7 +6,7 @@
 //!   [`defaults`] (each default written once, as the file spells it);
 //! - [`runtime`]: the validated types the rest of the gateway reads.
 //!
-//! The `[store]` table is [`store`]'s; `durability` is the store
+//! The `[store]` table is `store`'s ([`StoreConfig`]); `durability` is the store
 //! interface's own type, and the one reading of a `postgres://` URL that
 //! `check-config` validates with and `serve` connects with is the
 //! PostgreSQL backend's, both re-exported here beside the rest.

@@ -1,6 +1,6 @@
 //! The `[store]` table as the gateway runs on it: where operations are
 //! kept, how hard each commit is pushed to disk, the lease and the keys'
-//! sources (docs/configuration.md, "[store]").
+//! sources (docs/configuration.md, `[store]`).
 //!
 //! Invariant: a [`StoreUrl`] that parsed names a store a backend can open:
 //! a SQLite file (never `:memory:`), or a PostgreSQL URL whose options
