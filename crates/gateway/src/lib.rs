@@ -18,11 +18,13 @@
 //! - The operation model (fingerprint, state, settlement, events), the
 //!   canonical JSON fingerprints read, the clock and the one backoff are the
 //!   crate below this one, [`idemgate_model`].
-//! - The store, the only truth about operations (SQLite, or PostgreSQL
-//!   shared by several replicas; all SQL lives there), and the secret
-//!   scopes are keyed with, are the crate below this one, [`idemgate_store`].
-//!   It knows neither the pipeline nor the metrics exporter: [`metrics`]
-//!   reads its counters.
+//! - The store, the only truth about operations, and the secret scopes are
+//!   keyed with, are the crates below this one: the interface
+//!   [`idemgate_store`], with its backends [`idemgate_store_sqlite`] and
+//!   [`idemgate_store_postgres`] (shared by several replicas), where all
+//!   SQL lives. [`stores`] opens the one `[store]` names; everything else
+//!   holds the interface's traits. The store knows neither the pipeline nor
+//!   the metrics exporter: [`metrics`] reads its counters.
 //! - `replicas`: dead owners' operations, and keeping up with peer replicas.
 //! - `retention`: the background sweep of expired operations;
 //!   `background`: the background loops' one shape.
