@@ -25,8 +25,9 @@
 # idemgate: a measuring stick for what a durable first write costs on this
 # machine, nothing of it copied. Each idemgate row then says its rate as a
 # ratio of the yardstick's too ("vs yard"), and for both, per thread
-# (perf's --per-thread, by thread name), CPU µs, context switches and
-# system calls per request.
+# (perf's --per-thread, by thread name), CPU µs (and the share of it in
+# user space, from /proc's clock ticks), context switches and system calls
+# per request.
 #
 # The upstream is an nginx of its own, answering every request 201 with a
 # small JSON body: the fastest upstream at hand, so neither proxy waits on it
@@ -238,6 +239,19 @@ proc_counters() {
     echo "$ticks $switches $runq $disk"
 }
 
+# User and system clock ticks so far of each thread of the processes $@,
+# summed by thread name: "name user system", one line per name.
+thread_ticks() {
+    local pid task
+    for pid in "$@"; do
+        for task in "/proc/$pid/task/"*; do
+            # comm may hold spaces; utime and stime are fields 14 and 15.
+            printf '%s %s\n' "$(tr ' ' '_' <"$task/comm")" \
+                "$(sed 's/^.*) //' "$task/stat" | cut -d' ' -f12,13)" 2>/dev/null || true
+        done
+    done | awk '{ u[$1] += $2; s[$1] += $3 } END { for (n in u) print n, u[n], s[n] }' | sort
+}
+
 # The whole machine's busy clock ticks so far (all CPUs, idle and iowait left out).
 machine_ticks() {
     awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
@@ -246,7 +260,7 @@ machine_ticks() {
 # One measured run of load $1 against $2 with the processes $3 (a list)
 # counted; prints "rps p50 p99 non2xx errors cpu_us switches syscalls runq_us
 # disk_kb machine_us". With perf, the counts per thread are left in
-# $dir/threads.csv ("name cpu_ms switches syscalls requests", one line per
+# $dir/threads.csv ("name cpu_ms switches syscalls requests user_share", one line per
 # thread name).
 measure() {
     local mode=$1 addr=$2 counted=$3 hz
@@ -262,11 +276,15 @@ measure() {
     fi
     # shellcheck disable=SC2086 # a list of pids
     before=$(proc_counters $counted)
+    # shellcheck disable=SC2086
+    thread_ticks $counted >"$dir/ticks.before"
     machine_before=$(machine_ticks)
     result=$(wrk_run "$mode" "$addr" "$DURATION" "$prefix")
     machine_after=$(machine_ticks)
     # shellcheck disable=SC2086
     after=$(proc_counters $counted)
+    # shellcheck disable=SC2086
+    thread_ticks $counted >"$dir/ticks.after"
     local cpu_ms switches syscalls=
     read -r ticks_before switches_before runq_before disk_before <<<"$before"
     read -r ticks_after switches_after runq_after disk_after <<<"$after"
@@ -286,7 +304,13 @@ measure() {
                 seen[name] = 1
             }
             END { for (name in seen) printf "%s %f %d %d %d\n", name, cpu[name], sw[name], sc[name], n }
-        ' "$dir/perf.csv" | sort >"$dir/threads.csv"
+        ' "$dir/perf.csv" | sort >"$dir/threads.perf"
+        # The share of each thread's CPU time spent in user space, from
+        # /proc's clock ticks over the same run.
+        join -a 1 "$dir/ticks.before" "$dir/ticks.after" | join -a 1 "$dir/threads.perf" - |
+            awk '{ u = $8 - $6; t = u + $9 - $7
+                   printf "%s %s %s %s %s %s\n", $1, $2, $3, $4, $5, (t > 0 ? u / t : "-") }' \
+            >"$dir/threads.csv"
         cpu_ms=$(awk '{ n += $2 } END { printf "%d", n }' "$dir/threads.csv")
         switches=$(awk '{ n += $3 } END { print n + 0 }' "$dir/threads.csv")
         syscalls=$(awk '{ n += $4 } END { print n + 0 }' "$dir/threads.csv")
@@ -329,8 +353,9 @@ fi
 # Per thread, from measure's $dir/threads.csv, under the row just printed.
 print_threads() {
     [ -s "$dir/threads.csv" ] || return 0
-    awk '{ printf "      %-18s CPU µs %7.1f  ctx sw %5.2f  syscalls %6.2f\n",
-        $1, $2 * 1000 / ($5 > 0 ? $5 : 1), $3 / ($5 > 0 ? $5 : 1), $4 / ($5 > 0 ? $5 : 1) }' \
+    awk '{ n = $5 > 0 ? $5 : 1
+           printf "      %-18s CPU µs %7.1f  (user %s)  ctx sw %5.2f  syscalls %6.2f\n",
+        $1, $2 * 1000 / n, $6 == "-" ? "   -" : sprintf("%3.0f %%", $6 * 100), $3 / n, $4 / n }' \
         "$dir/threads.csv"
 }
 
