@@ -79,7 +79,8 @@
 # instrumentation off, warmed up, counters zeroed, instrumentation on for a
 # run of CALLGRIND_DURATION (8 connections: valgrind runs one thread at a
 # time), off again, dumped; instructions counted divided by the requests
-# wrk completed in that window. For idemgate the writer thread's share (the
+# wrk completed in that window; the yardstick too, under first writes and
+# replays. For both the writer thread's share (the
 # SQLite store's work) is given apart. Instruction counts repeat to within
 # a percent or two from run to run where rates move by ±10 %, so they are
 # the guide for changes; valgrind hides the CPU's SHA instructions and runs
@@ -469,8 +470,9 @@ callgrind_window() {
     callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null |
         awk -v n="$requests" -v mode="$mode" '
             /PROGRAM TOTALS/ { gsub(",", "", $1); total = $1 }
-            # The writer thread: its loop, or the thread entry it is inlined into.
-            /writer::write_batches|sqlite\/writer.rs:std::sys::backtrace::__rust_begin_short_backtrace/ && writer == "" {
+            # The writer thread: its loop, or the thread entry it is inlined
+            # into (the yardstick'"'"'s: `writer_loop`).
+            /writer::write_batches|sqlite\/writer.rs:std::sys::backtrace::__rust_begin_short_backtrace|store::writer_loop/ && writer == "" {
                 gsub(",", "", $1); writer = $1
             }
             /log_sink::write_out/ && logs == "" { gsub(",", "", $1); logs = $1 }
@@ -507,4 +509,21 @@ if [ "${CALLGRIND:-0}" = 1 ]; then
         done
         kill "$started_pid"
     done
+    if [ "$YARDSTICK" != off ]; then
+        echo " yardstick v1"
+        yardstick_vg_port=$(free_port)
+        mkdir -p "$dir/yardstick-vg"
+        "${valgrind[@]}" --callgrind-out-file="$dir/yardstick.cg" "$YARDSTICK" --variant v1 \
+            --listen "$yardstick_vg_port" --upstream "$upstream_port" \
+            --path "$dir/yardstick-vg/store" --threads 2 >"$dir/yardstick-vg/out" 2>&1 &
+        vg_pid=$!
+        pids+=("$vg_pid")
+        wait_port "$yardstick_vg_port" 120
+        for mode in $LOADS; do
+            # It stores every write: forwarding would not compare.
+            [ "$mode" = off ] ||
+                callgrind_window "$vg_pid" "$mode" "127.0.0.1:$yardstick_vg_port" "$dir/yardstick.cg"
+        done
+        kill "$vg_pid"
+    fi
 fi
