@@ -190,12 +190,12 @@ pub enum ScopeKeySource<'a> {
     /// missing (a key only this store's one process uses).
     File { path: &'a Path, create: bool },
     /// A shared store's key when the config names none: the variable
-    /// [`DEFAULT_POSTGRES_ENV`], never a file one replica would make alone.
+    /// `IDEMGATE_SCOPE_KEY`, never a file one replica would make alone.
     SharedDefault,
 }
 
 /// Where a PostgreSQL store's scope key is read when the config names none.
-pub const DEFAULT_POSTGRES_ENV: &str = "IDEMGATE_SCOPE_KEY";
+pub(crate) const DEFAULT_POSTGRES_ENV: &str = "IDEMGATE_SCOPE_KEY";
 
 /// The meta row the scope key's canary is kept in.
 pub const CANARY_ROW: &str = "scope-canary";

@@ -513,7 +513,7 @@ impl Seal {
     /// Whether a stored value must be sealed again under the current key
     /// (`idemgate rekey`): it is plain, in format version 1, or sealed
     /// under another key.
-    pub fn is_stale(&self, stored: &[u8]) -> bool {
+    pub(crate) fn is_stale(&self, stored: &[u8]) -> bool {
         let Some(keys) = &self.keys else {
             return false;
         };

@@ -129,7 +129,7 @@ pub enum AdminError {
 impl AdminError {
     /// Which problem this error is (`ProblemKind` gives its status,
     /// name and title, the same as the proxy's for the same kind).
-    pub fn kind(&self) -> ProblemKind {
+    pub(crate) fn kind(&self) -> ProblemKind {
         match self {
             AdminError::Unauthorized => ProblemKind::Unauthorized,
             AdminError::TokenUnset { .. } => ProblemKind::AdminTokenUnset,
