@@ -14,6 +14,60 @@ use std::path::{Path, PathBuf};
 /// Each module of one folder and the modules of that folder it names.
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
+/// Every dependency given by path, in every manifest of the repository
+/// (the workspace's, each crate's, and fuzz/'s, a workspace of its own
+/// that no `cargo test` builds), names the package found at that path: a
+/// crate renamed or moved breaks a manifest here, not at the next fuzzing
+/// run.
+#[test]
+fn every_path_dependency_names_the_package_at_its_path() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut manifests = vec![root.join("Cargo.toml"), root.join("fuzz/Cargo.toml")];
+    for entry in std::fs::read_dir(root.join("crates")).expect("crates/") {
+        manifests.push(entry.expect("a directory entry").path().join("Cargo.toml"));
+    }
+    let (mut checked, mut wrong) = (0, Vec::new());
+    for manifest in &manifests {
+        let text = std::fs::read_to_string(manifest).expect("a manifest");
+        let parsed: toml::Table = text.parse().expect("a manifest in TOML");
+        let workspace = parsed.get("workspace").and_then(|w| w.as_table());
+        let tables = ["dependencies", "dev-dependencies", "build-dependencies"]
+            .iter()
+            .filter_map(|name| parsed.get(*name))
+            .chain(workspace.and_then(|w| w.get("dependencies")));
+        for table in tables.filter_map(|t| t.as_table()) {
+            for (name, spec) in table {
+                let Some(path) = spec.get("path").and_then(|p| p.as_str()) else {
+                    continue;
+                };
+                checked += 1;
+                let wanted = spec.get("package").and_then(|p| p.as_str()).unwrap_or(name);
+                let at = manifest
+                    .parent()
+                    .expect("a folder")
+                    .join(path)
+                    .join("Cargo.toml");
+                let found = std::fs::read_to_string(&at)
+                    .ok()
+                    .and_then(|text| text.parse::<toml::Table>().ok())
+                    .and_then(|m| Some(m.get("package")?.get("name")?.as_str()?.to_string()));
+                if found.as_deref() != Some(wanted) {
+                    wrong.push(format!(
+                        "{}: `{name}` at {path} finds {found:?}",
+                        manifest.display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(checked >= 10, "only {checked} path dependencies read");
+    assert!(
+        wrong.is_empty(),
+        "path dependencies that name another package:\n{}",
+        wrong.join("\n")
+    );
+}
+
 #[test]
 fn the_modules_of_each_folder_import_each_other_one_way() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
