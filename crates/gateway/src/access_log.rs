@@ -61,17 +61,17 @@ pub struct AccessLog {
 /// What a request's line says.
 pub struct AccessLine<'a> {
     /// The route's name, empty when none matched.
-    pub route: &'a str,
-    pub method: &'a Method,
+    pub(crate) route: &'a str,
+    pub(crate) method: &'a Method,
     /// The path in normal form (never the query string).
-    pub path: &'a str,
+    pub(crate) path: &'a str,
     /// The operation the request claimed, was answered from or was
     /// refused for.
-    pub operation_id: Option<&'a str>,
-    pub outcome: Outcome,
-    pub status: u16,
+    pub(crate) operation_id: Option<&'a str>,
+    pub(crate) outcome: Outcome,
+    pub(crate) status: u16,
     /// From the request's head read to its response's head built.
-    pub latency: Duration,
+    pub(crate) latency: Duration,
 }
 
 /// A field's value, as each format writes it.

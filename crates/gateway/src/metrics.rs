@@ -42,8 +42,8 @@ pub const STORE_READ_BOUND: Duration = Duration::from_secs(1);
 /// What a scrape reads from the store: operation counts and paused routes.
 #[derive(Debug, Clone, Default)]
 pub struct StoreGauges {
-    pub stats: Stats,
-    pub paused: Vec<String>,
+    pub(crate) stats: Stats,
+    pub(crate) paused: Vec<String>,
 }
 
 /// Why a scrape exports no store gauges.

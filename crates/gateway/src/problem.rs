@@ -197,26 +197,26 @@ impl ProblemKind {
 pub struct Problem {
     /// Which problem: what a route's profile decides its answer by.
     #[serde(skip)]
-    pub kind: ProblemKind,
+    pub(crate) kind: ProblemKind,
     #[serde(rename = "type")]
-    pub problem_type: String,
-    pub title: &'static str,
-    pub status: u16,
-    pub detail: String,
+    pub(crate) problem_type: String,
+    pub(crate) title: &'static str,
+    pub(crate) status: u16,
+    pub(crate) detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub operation_id: Option<String>,
+    pub(crate) operation_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<&'static str>,
+    pub(crate) state: Option<&'static str>,
     /// An extension member (RFC 9457 §3.2) for Stripe-style SDKs, which
     /// raise only when a body carries an `error` object: without it
     /// stripe-node resolves a held 409 as if it were the created resource,
     /// and the automation believes a write happened whose outcome is unknown.
     /// `None` only under a profile whose bodies have no such member (`ietf`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorEnvelope>,
+    pub(crate) error: Option<ErrorEnvelope>,
     /// Seconds for the `Retry-After` header, not a member of the body.
     #[serde(skip)]
-    pub retry_after: Option<u32>,
+    pub(crate) retry_after: Option<u32>,
 }
 
 /// The `error` member: `{"type": "idempotency_error", "code": <problem
@@ -228,12 +228,12 @@ pub struct ErrorEnvelope {
     /// sent, never about the upstream's own business errors, which pass
     /// through untouched.
     #[serde(rename = "type")]
-    pub error_type: &'static str,
+    pub(crate) error_type: &'static str,
     /// The problem name, as in `urn:idemgate:problem:<name>`, unless a
     /// profile names it otherwise.
-    pub code: String,
+    pub(crate) code: String,
     /// The problem's `detail`.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl ErrorEnvelope {

@@ -135,18 +135,18 @@ pub enum BodyShape {
 /// `urn:idemgate:problem:<name>`), overriding what idemgate answers.
 #[derive(Debug, Clone, Copy)]
 pub struct Answer {
-    pub problem: &'static str,
+    pub(crate) problem: &'static str,
     /// Only for the answer with this idemgate status (`outcome-unknown`
     /// has three); `None`: any.
-    pub when_status: Option<u16>,
-    pub status: Option<u16>,
+    pub(crate) when_status: Option<u16>,
+    pub(crate) status: Option<u16>,
     /// The error code in the body; `None`: the problem name.
-    pub code: Option<&'static str>,
+    pub(crate) code: Option<&'static str>,
     /// The error `type` in a flat or Stripe body; `None`: the shape's own.
-    pub error_type: Option<&'static str>,
-    pub title: Option<&'static str>,
-    pub retry_after: Option<u32>,
-    pub headers: &'static [(&'static str, &'static str)],
+    pub(crate) error_type: Option<&'static str>,
+    pub(crate) title: Option<&'static str>,
+    pub(crate) retry_after: Option<u32>,
+    pub(crate) headers: &'static [(&'static str, &'static str)],
     /// Where the specification says so, for the docs' tables.
     pub section: &'static str,
 }
@@ -170,13 +170,13 @@ impl Answer {
 /// A problem's answer under a profile, everything decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decided {
-    pub status: u16,
-    pub code: String,
-    pub error_type: &'static str,
-    pub title: Option<&'static str>,
+    pub(crate) status: u16,
+    pub(crate) code: String,
+    pub(crate) error_type: &'static str,
+    pub(crate) title: Option<&'static str>,
     /// `Some(n)`: this `Retry-After`, over idemgate's own; `None`: idemgate's.
-    pub retry_after: Option<u32>,
-    pub headers: &'static [(&'static str, &'static str)],
+    pub(crate) retry_after: Option<u32>,
+    pub(crate) headers: &'static [(&'static str, &'static str)],
 }
 
 /// OASIS `Repeatability-Result`: whether the server took the request as
@@ -187,52 +187,52 @@ pub(crate) const REPEATABILITY_RESULT: &str = "repeatability-result";
 #[derive(Debug)]
 pub struct Wire {
     pub profile: Profile,
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// The request headers that carry the key, in the order they are
     /// read; when several are present they must agree.
     pub key_headers: &'static [&'static str],
     pub key_syntax: KeySyntax,
     /// The key header as the profile's problem titles and details name it.
-    pub key_name: &'static str,
+    pub(crate) key_name: &'static str,
     /// The endpoint path is part of the scope: one key on two paths is two
     /// operations (ACP §6.1).
-    pub scope_path: bool,
+    pub(crate) scope_path: bool,
     /// A request header whose value is part of the scope, beside the
     /// route's scope headers (OASIS `Repeatability-Client-ID`).
-    pub scope_header: Option<&'static str>,
+    pub(crate) scope_header: Option<&'static str>,
     /// A header that must accompany the key and say when the request was
     /// first sent (an HTTP-date); older than the store's retention, the
     /// request is refused 412, and further ahead of the gateway's clock
     /// than the route's `first_sent_skew`, 400 (OASIS
     /// `Repeatability-First-Sent`). Spelled as problem details name it.
-    pub first_sent: Option<&'static str>,
+    pub(crate) first_sent: Option<&'static str>,
     /// The route's `methods` (the writes it protects) when the file sets
     /// none; `None`: idemgate's default.
-    pub methods: Option<&'static [&'static str]>,
+    pub(crate) methods: Option<&'static [&'static str]>,
     /// The route's `scope_headers` when the file sets none; `None`:
     /// idemgate's default.
-    pub scope_headers: Option<&'static [&'static str]>,
+    pub(crate) scope_headers: Option<&'static [&'static str]>,
     /// The route's `fingerprint_headers` when the file sets none; `None`:
     /// idemgate's default.
-    pub fingerprint_headers: Option<&'static [&'static str]>,
+    pub(crate) fingerprint_headers: Option<&'static [&'static str]>,
     /// The body is compared byte for byte, JSON or not: re-serialising a
     /// payload is a change (UCP: the SHA-256 of the raw body). `false`: a
     /// JSON body is compared as JSON values (`pipeline::fingerprint`).
-    pub body_as_sent: bool,
+    pub(crate) body_as_sent: bool,
     /// The route's `release_statuses` when the file sets none: `true` adds
     /// every 5xx not in `unknown_statuses` to 429 (ACP §6.5).
-    pub release_5xx: bool,
+    pub(crate) release_5xx: bool,
     /// `check-config` refuses a `store.retention` shorter than this.
-    pub retention_floor: Option<Duration>,
+    pub(crate) retention_floor: Option<Duration>,
     /// Replays carry `Idempotent-Replayed: true`.
-    pub replayed_header: bool,
-    pub echo_key: EchoKey,
+    pub(crate) replayed_header: bool,
+    pub(crate) echo_key: EchoKey,
     /// Request headers echoed on every answer to a write (ACP `Request-Id`).
-    pub echo_request_headers: &'static [&'static str],
+    pub(crate) echo_request_headers: &'static [&'static str],
     /// Answers carry `Repeatability-Result` (OASIS).
-    pub repeatability_result: bool,
-    pub body: BodyShape,
-    pub answers: &'static [Answer],
+    pub(crate) repeatability_result: bool,
+    pub(crate) body: BodyShape,
+    pub(crate) answers: &'static [Answer],
 }
 
 impl Wire {

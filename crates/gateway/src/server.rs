@@ -106,7 +106,7 @@ pub struct Gateway {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Health {
     /// Operations held `unknown`, waiting for a probe or an operator.
-    pub held: u64,
+    pub(crate) held: u64,
 }
 
 /// What an embedding program (the demo, tests) may set beyond the config.

@@ -68,14 +68,14 @@ fn read_file(path: &Path) -> Result<Vec<u8>, TlsError> {
 #[derive(Debug, thiserror::Error)]
 #[error("field `{field}`: {error}")]
 pub struct FieldError {
-    pub field: String,
-    pub error: TlsError,
+    pub(crate) field: String,
+    pub(crate) error: TlsError,
 }
 
 /// The listeners' TLS, read whole at start.
 pub struct Listeners {
-    pub proxy: Option<ServerTls>,
-    pub admin: Option<ServerTls>,
+    pub(crate) proxy: Option<ServerTls>,
+    pub(crate) admin: Option<ServerTls>,
 }
 
 /// Reads every TLS file `config` names and checks it as it will be used:

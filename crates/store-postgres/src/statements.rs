@@ -39,8 +39,8 @@ const OWNER_ALIVE: &str = "EXISTS (SELECT 1 FROM replicas r
 /// A claim waiting for its batch: the write, and when it came (the
 /// gateway's clock).
 pub(crate) struct ClaimCall {
-    pub now: i64,
-    pub new: Arc<NewOperation>,
+    pub(crate) now: i64,
+    pub(crate) new: Arc<NewOperation>,
 }
 
 /// Claims each of `calls` for `owner` in one statement, through the
@@ -229,10 +229,10 @@ fn int(n: impl TryInto<i32>) -> i32 {
 
 /// A record waiting for its batch.
 pub(crate) struct RecordCall {
-    pub now: i64,
-    pub claim: Claim,
-    pub settlement: Settlement,
-    pub events: Vec<Event>,
+    pub(crate) now: i64,
+    pub(crate) claim: Claim,
+    pub(crate) settlement: Settlement,
+    pub(crate) events: Vec<Event>,
 }
 
 /// Settles each of `calls` with its events, each as one compare-and-set

@@ -59,12 +59,12 @@ const TARGET: &str = "idemgate::store::sqlite::checkpointer";
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Thresholds {
     /// The log's growth that wakes the checkpointer.
-    pub passive: u64,
+    pub(crate) passive: u64,
     /// A log this long is restarted after its passive checkpoint; one
     /// four times as long means the checkpointer has fallen behind (or
     /// keeps finding the store busy), and the writer catches up whatever
     /// it is told.
-    pub restart: u64,
+    pub(crate) restart: u64,
 }
 
 impl Default for Thresholds {

@@ -41,9 +41,9 @@ use idemgate_store::{Claim, StoreError};
 /// The operation a change is about, as the alert needs it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Row<'a> {
-    pub id: &'a str,
-    pub route: &'a str,
-    pub key: &'a str,
+    pub(crate) id: &'a str,
+    pub(crate) route: &'a str,
+    pub(crate) key: &'a str,
 }
 
 impl<'a> From<&'a Claim> for Row<'a> {

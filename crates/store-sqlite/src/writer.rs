@@ -142,12 +142,12 @@ enum Message {
 /// `crates/wal-buffer`) and never checkpoints (`wal_autocheckpoint = 0`).
 pub(crate) struct LogSyncs {
     /// The store, for the checkpointer's connection.
-    pub store: std::path::PathBuf,
+    pub(crate) store: std::path::PathBuf,
     /// What answers wait for: a sync of the log (`"full"`:
     /// [`syncer::WalFile`]), or nothing (`None`, `"normal"`).
-    pub sync: Option<Box<dyn SyncLog>>,
+    pub(crate) sync: Option<Box<dyn SyncLog>>,
     /// When the checkpointer copies and restarts the log.
-    pub checkpoints: Thresholds,
+    pub(crate) checkpoints: Thresholds,
 }
 
 /// The handle requests use to queue work for the writer thread.

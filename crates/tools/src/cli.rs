@@ -80,13 +80,13 @@ pub enum Command {
 pub struct Conformance {
     /// The endpoint's base URL; each case appends its path (`/drop`, `/slow?ms=1500`, …).
     #[arg(long)]
-    pub target: String,
+    pub(crate) target: String,
     /// idemgate, ietf, stripe, acp, oasis or ucp.
     #[arg(long, default_value = "idemgate")]
-    pub profile: String,
+    pub(crate) profile: String,
     /// Confirms that the target may be written to: every case sends writes.
     #[arg(long)]
-    pub writes: bool,
+    pub(crate) writes: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -110,23 +110,23 @@ pub enum LogFormat {
 pub struct Serve {
     /// The TOML config file (docs/configuration.md, "Every key"). Without it: one catch-all route to --upstream.
     #[arg(long)]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Proxy listener, overriding `server.listen`.
     #[arg(long)]
-    pub listen: Option<SocketAddr>,
+    pub(crate) listen: Option<SocketAddr>,
     /// Admin listener, overriding `server.admin_listen`.
     #[arg(long)]
-    pub admin_listen: Option<SocketAddr>,
+    pub(crate) admin_listen: Option<SocketAddr>,
     /// The store URL, overriding `store.url` (default sqlite://idemgate.db).
     #[arg(long)]
-    pub store: Option<String>,
+    pub(crate) store: Option<String>,
     /// The API to protect, without a config file.
     #[arg(long)]
-    pub upstream: Option<String>,
+    pub(crate) upstream: Option<String>,
     /// How writes without an Idempotency-Key are handled, without a config file:
     /// require, derive, assign or off.
     #[arg(long)]
-    pub key_mode: Option<String>,
+    pub(crate) key_mode: Option<String>,
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
 }
@@ -182,21 +182,21 @@ impl Serve {
 pub struct Keys {
     /// The admin API's base URL (the gateway's `admin_listen`).
     #[arg(long, global = true, default_value = "http://127.0.0.1:9090")]
-    pub admin: String,
+    pub(crate) admin: String,
     /// The environment variable holding the admin token (the gateway's
     /// `admin_token_env`). The token is never taken as a flag: flags end up
     /// in shell history and process listings.
     #[arg(long, global = true, default_value = defaults::server::ADMIN_TOKEN_ENV)]
-    pub token_env: String,
+    pub(crate) token_env: String,
     /// A PEM file of extra trust roots for an https admin listener whose
     /// certificate a private CA signed (`server.admin_tls_cert`).
     #[arg(long, global = true)]
-    pub ca: Option<std::path::PathBuf>,
+    pub(crate) ca: Option<std::path::PathBuf>,
     /// Print the API's JSON answer instead of the human-readable form.
     #[arg(long, global = true)]
-    pub json: bool,
+    pub(crate) json: bool,
     #[command(subcommand)]
-    pub command: KeysCommand,
+    pub(crate) command: KeysCommand,
 }
 
 /// `idemgate healthcheck`, run by `healthcheck`.
@@ -208,19 +208,19 @@ pub struct Healthcheck {
         default_value = "http://127.0.0.1:9090",
         conflicts_with = "config"
     )]
-    pub admin: String,
+    pub(crate) admin: String,
     /// Or the gateway's config file: its `admin_listen` (asked on loopback
     /// when it is an unspecified address such as 0.0.0.0), over https when
     /// `admin_tls_cert` is set.
     #[arg(long)]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// A PEM file of extra trust roots for an https admin listener whose
     /// certificate a private CA signed.
     #[arg(long)]
-    pub ca: Option<PathBuf>,
+    pub(crate) ca: Option<PathBuf>,
     /// Give up (exit 1) when no whole answer came within this long.
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
 }
 
 #[derive(Debug, Subcommand)]
@@ -240,19 +240,19 @@ pub enum KeysCommand {
 pub struct KeysList {
     /// Only operations in this state.
     #[arg(long, value_enum)]
-    pub state: Option<OperationState>,
+    pub(crate) state: Option<OperationState>,
     /// Only this route (its `name`).
     #[arg(long)]
-    pub route: Option<String>,
+    pub(crate) route: Option<String>,
     /// Only this exact idempotency key (bare, unquoted).
     #[arg(long)]
-    pub key: Option<String>,
+    pub(crate) key: Option<String>,
     /// At most this many (1 to 500; the API's default is 50).
     #[arg(long)]
-    pub limit: Option<u32>,
+    pub(crate) limit: Option<u32>,
     /// Continue after the previous page (its `next cursor`).
     #[arg(long)]
-    pub cursor: Option<String>,
+    pub(crate) cursor: Option<String>,
 }
 
 /// The states of an operation, spelled as the API spells them.
@@ -282,33 +282,33 @@ impl OperationState {
 #[derive(Debug, clap::Args)]
 pub struct KeysResolve {
     /// The operation id.
-    pub id: String,
+    pub(crate) id: String,
     /// completed: it happened (retries get the stored response); not_attempted:
     /// it did not (the next retry is forwarded).
     #[arg(long, value_enum)]
-    pub outcome: ResolveOutcome,
+    pub(crate) outcome: ResolveOutcome,
     /// Who decided, recorded in the operation's timeline.
     #[arg(long)]
-    pub operator: String,
+    pub(crate) operator: String,
     /// Why, in a sentence, recorded in the timeline.
     #[arg(long)]
-    pub note: Option<String>,
+    pub(crate) note: Option<String>,
     /// A ticket or the destination's own id for the write.
     #[arg(long)]
-    pub reference: Option<String>,
+    pub(crate) reference: Option<String>,
     /// The status later replays get (completed only). Without it, replays get
     /// 200 {"resolved_by", "reference"}.
     #[arg(long)]
-    pub status: Option<u16>,
+    pub(crate) status: Option<u16>,
     /// A header of the stored response, `name: value`; repeatable.
     #[arg(long = "header", value_name = "NAME: VALUE", requires = "status")]
-    pub headers: Vec<String>,
+    pub(crate) headers: Vec<String>,
     /// The stored response body, verbatim.
     #[arg(long, requires = "status", conflicts_with = "json_body")]
-    pub body: Option<String>,
+    pub(crate) body: Option<String>,
     /// The stored response body as JSON (stored with content-type: application/json).
     #[arg(long, value_name = "JSON", requires = "status")]
-    pub json_body: Option<String>,
+    pub(crate) json_body: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -388,67 +388,67 @@ pub struct Bench {
     /// http://127.0.0.1:8080/orders (default path /orders); repeatable: the
     /// requests are spread round-robin.
     #[arg(long, value_name = "URL")]
-    pub target: Vec<String>,
+    pub(crate) target: Vec<String>,
     /// With --target: the upstream's write counter (the mock API's
     /// `GET /_effects`, e.g. http://127.0.0.1:7000/_effects). Without it the
     /// exactly-once check is skipped.
     #[arg(long, value_name = "URL", requires = "target")]
-    pub upstream_effects: Option<String>,
+    pub(crate) upstream_effects: Option<String>,
     /// Distinct idempotency keys.
     #[arg(long, short = 'k', default_value_t = 1000, conflicts_with_all = ["requests", "duration", "populate"])]
-    pub keys: u64,
+    pub(crate) keys: u64,
     /// Requests per key: the first write and R-1 retries of it (1: first writes only).
     #[arg(long, short = 'r', default_value_t = 3, conflicts_with = "populate")]
-    pub retries: u64,
+    pub(crate) retries: u64,
     /// Requests in flight at once (connections in the keep-alive pool).
     #[arg(long, short = 'c', default_value_t = 64)]
-    pub concurrency: usize,
+    pub(crate) concurrency: usize,
     /// Run for this long (e.g. 10s), with new keys as needed, instead of K × R requests.
     #[arg(long, value_parser = humantime::parse_duration, conflicts_with_all = ["requests", "populate"])]
-    pub duration: Option<Duration>,
+    pub(crate) duration: Option<Duration>,
     /// Send this many requests (keys: N / R, rounded up) instead of K × R.
     #[arg(long, short = 'n', conflicts_with = "populate")]
-    pub requests: Option<u64>,
+    pub(crate) requests: Option<u64>,
     /// The own gateway's store durability.
     #[arg(long, value_enum, default_value = "full", conflicts_with = "target")]
-    pub durability: BenchDurability,
+    pub(crate) durability: BenchDurability,
     /// The size of each JSON request body in bytes.
     #[arg(long, default_value_t = 100)]
-    pub body_bytes: usize,
+    pub(crate) body_bytes: usize,
     /// The fraction (0 to 1) of retries sent with a changed payload, which
     /// a gateway answers 422 `key-reused`.
     #[arg(long, default_value_t = 0.0, conflicts_with = "populate")]
-    pub changed: f64,
+    pub(crate) changed: f64,
     /// The own gateway holds duplicates until the first attempt ends
     /// (`in_progress = "wait"`) instead of answering 409 `request-in-progress`.
     #[arg(long, conflicts_with = "target")]
-    pub wait: bool,
+    pub(crate) wait: bool,
     /// The own gateway's store is sealed (`store.encryption_key_env`) with a
     /// key made for the run: what sealing costs.
     #[arg(long, conflicts_with = "target")]
-    pub sealed: bool,
+    pub(crate) sealed: bool,
     /// Send 3 keys in 10 to the mock's fault paths: the write is committed,
     /// then the connection is dropped (`/drop`) or cut mid-body
     /// (`/truncate`), or the answer comes 50 ms late (`/slow`).
     #[arg(long, conflicts_with = "populate")]
-    pub faults: bool,
+    pub(crate) faults: bool,
     /// Run the same load against this URL too (a pass-through proxy, or
     /// `mock` for the own mock API directly) and print the ratios.
     #[arg(long, value_name = "URL|mock")]
-    pub compare: Option<String>,
+    pub(crate) compare: Option<String>,
     /// Store N completed operations as fast as possible (first writes only)
     /// and print the rate, the store's size and the gateway's resident memory.
     #[arg(long, value_name = "N")]
-    pub populate: Option<u64>,
+    pub(crate) populate: Option<u64>,
     /// With --target --populate: the gateway's process id, for its resident memory.
     #[arg(long, requires_all = ["target", "populate"])]
-    pub gateway_pid: Option<u32>,
+    pub(crate) gateway_pid: Option<u32>,
     /// With --target --populate: the gateway's SQLite file, for its size.
     #[arg(long, requires_all = ["target", "populate"])]
-    pub store_file: Option<PathBuf>,
+    pub(crate) store_file: Option<PathBuf>,
     /// Print the report as one JSON object (no progress line).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// `--durability`: the store's `durability` values.

@@ -39,19 +39,19 @@ impl Write {
 #[derive(Debug, Clone, Copy)]
 pub struct Step {
     /// POST unless the case says otherwise.
-    pub method: Write,
+    pub(crate) method: Write,
     /// The case's key number `n` (`Some(n)`), or no key.
-    pub key: Option<u8>,
+    pub(crate) key: Option<u8>,
     /// Appended to the target URL: `/slow?ms=1500` and the like are the
     /// fault paths `idemgate mock-upstream` understands.
-    pub path: &'static str,
+    pub(crate) path: &'static str,
     /// Which of the case's two payloads.
-    pub payload: u8,
+    pub(crate) payload: u8,
     /// Extra request headers.
-    pub headers: &'static [(&'static str, Value)],
+    pub(crate) headers: &'static [(&'static str, Value)],
     /// Sent at the same time as the next step (a pair).
-    pub together: bool,
-    pub expect: Expect,
+    pub(crate) together: bool,
+    pub(crate) expect: Expect,
 }
 
 /// A header value, some computed when the case runs.
@@ -70,13 +70,13 @@ pub enum Value {
 /// What an answer must be.
 #[derive(Debug, Clone, Copy)]
 pub struct Expect {
-    pub status: Status,
+    pub(crate) status: Status,
     /// Headers and their values (case-insensitive); `None`: absent.
-    pub headers: &'static [(&'static str, Option<Value>)],
+    pub(crate) headers: &'static [(&'static str, Option<Value>)],
     /// A JSON pointer into the body and the string it must hold.
-    pub code: Option<(&'static str, &'static str)>,
+    pub(crate) code: Option<(&'static str, &'static str)>,
     /// The body compared with an earlier step's.
-    pub body: Body,
+    pub(crate) body: Body,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -103,13 +103,13 @@ pub enum Body {
 pub struct Case {
     pub name: &'static str,
     /// The profile's specification section the case follows.
-    pub section: &'static str,
+    pub(crate) section: &'static str,
     /// Passes only where an idempotency layer honours the key: a plain API
     /// fails it.
     pub needs_layer: bool,
     /// Writes an `idemgate mock-upstream` behind an honouring layer commits.
     pub writes: u64,
-    pub steps: &'static [Step],
+    pub(crate) steps: &'static [Step],
 }
 
 impl Case {
@@ -536,7 +536,6 @@ pub fn cases(profile: Profile) -> Vec<Case> {
 /// How one case went.
 #[derive(Debug, Clone)]
 pub struct Verdict {
-    pub case: Case,
     /// Empty when it passed.
     pub failures: Vec<String>,
 }
@@ -617,10 +616,7 @@ impl Runner {
                 Err(error) => failures.push(format!("request {}: no answer ({error})", n + 1)),
             }
         }
-        Verdict {
-            case: *case,
-            failures,
-        }
+        Verdict { failures }
     }
 
     fn key(&self, index: usize, n: u8) -> String {

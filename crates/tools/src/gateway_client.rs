@@ -32,12 +32,12 @@ impl CallError {
 /// What the client got for one request.
 #[derive(Debug, Clone)]
 pub struct Answer {
-    pub status: StatusCode,
+    pub(crate) status: StatusCode,
     /// `Idempotent-Replayed: true`.
-    pub replayed: bool,
+    pub(crate) replayed: bool,
     /// The `Idempotency-Key` the gateway announced, if any.
-    pub key: Option<String>,
-    pub body: String,
+    pub(crate) key: Option<String>,
+    pub(crate) body: String,
 }
 
 impl Answer {

@@ -47,8 +47,8 @@ impl std::fmt::Debug for AdminToken {
     "server.admin_listen = {admin_listen} is not a loopback address and the admin token variable {variable} is not set: set it, or listen on 127.0.0.1"
 )]
 pub struct ExposedAdmin {
-    pub admin_listen: SocketAddr,
-    pub variable: String,
+    pub(crate) admin_listen: SocketAddr,
+    pub(crate) variable: String,
 }
 
 /// A configured token that no request could ever present: header values

@@ -67,16 +67,16 @@ const READY_WITHIN: Duration = Duration::from_millis(900);
 
 /// What the admin handlers share.
 pub struct Admin {
-    pub store: Arc<dyn Store>,
-    pub proxy: Arc<Proxy>,
-    pub metrics: Arc<Metrics>,
-    pub clock: Arc<dyn Clock>,
-    pub token: auth::AdminToken,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) proxy: Arc<Proxy>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) token: auth::AdminToken,
     /// How long a client may take to send a request body: the listener's
     /// `header_read_timeout`, since admin bodies are small.
-    pub body_timeout: Duration,
+    pub(crate) body_timeout: Duration,
     /// Cancelled when the gateway starts draining: `/readyz` says 503 from then on.
-    pub draining: CancellationToken,
+    pub(crate) draining: CancellationToken,
 }
 
 /// Why an admin request failed.

@@ -51,13 +51,13 @@ const KEEP: Duration = Duration::from_secs(3600);
 
 /// What the deliverer posts with and where it reads and settles alerts.
 pub(crate) struct Deliverer {
-    pub store: Arc<dyn Outbox>,
-    pub endpoints: Vec<Endpoint>,
-    pub poster: Poster,
-    pub clock: Arc<dyn Clock>,
-    pub metrics: Arc<Metrics>,
+    pub(crate) store: Arc<dyn Outbox>,
+    pub(crate) endpoints: Vec<Endpoint>,
+    pub(crate) poster: Poster,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) metrics: Arc<Metrics>,
     /// The console's base URL, for the alerts' links.
-    pub console: String,
+    pub(crate) console: String,
 }
 
 impl Deliverer {

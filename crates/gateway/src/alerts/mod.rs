@@ -55,8 +55,8 @@ pub enum AlertError {
 pub(crate) struct Endpoint {
     /// What the store knows it by: a hash of its URL (URLs of webhooks
     /// often carry a token, and the store never holds one).
-    pub id: String,
-    pub config: AlertConfig,
+    pub(crate) id: String,
+    pub(crate) config: AlertConfig,
     secret: Option<Vec<u8>>,
 }
 

@@ -23,21 +23,21 @@ pub struct Config {
     pub store: StoreConfig,
     pub routes: Vec<Route>,
     /// `[[alerts]]`: webhooks told about held work.
-    pub alerts: Vec<AlertConfig>,
+    pub(crate) alerts: Vec<AlertConfig>,
 }
 
 /// One validated `[[alerts]]` entry: a webhook and what it is told.
 #[derive(Debug, Clone)]
 pub struct AlertConfig {
     /// http or https; POSTed to as given.
-    pub url: Uri,
+    pub(crate) url: Uri,
     /// The environment variable holding the signing secret, if any.
-    pub secret_env: Option<String>,
-    pub events: Vec<AlertEvent>,
+    pub(crate) secret_env: Option<String>,
+    pub(crate) events: Vec<AlertEvent>,
     /// `unknown-aged`: an operation `unknown` for this long.
-    pub aged_after: Duration,
+    pub(crate) aged_after: Duration,
     /// A delivery still failing this long after its event is dropped.
-    pub give_up_after: Duration,
+    pub(crate) give_up_after: Duration,
 }
 
 /// What an alert reports.
@@ -76,9 +76,9 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     /// The environment variable holding the admin API's bearer token.
-    pub admin_token_env: String,
+    pub(crate) admin_token_env: String,
     /// The proxy listener's certificate and key: TLS when set.
-    pub tls: Option<CertPair>,
+    pub(crate) tls: Option<CertPair>,
     /// The admin listener's, set apart: operators may use another CA.
     pub admin_tls: Option<CertPair>,
     /// Slow or silent clients are cut off after this long without a full head.
@@ -99,7 +99,7 @@ pub struct ServerConfig {
     /// HTTP/2 streams one client connection may have in progress, those it
     /// reset whose work goes on included; one more is refused (h2's
     /// `REFUSED_STREAM`, or 503 `overloaded` while reset ones run).
-    pub http2_max_concurrent_streams: u32,
+    pub(crate) http2_max_concurrent_streams: u32,
 }
 
 /// Where a write's `Idempotency-Key` comes from when the client sends none.
@@ -155,7 +155,7 @@ pub struct DestinationKey {
     pub header: HeaderName,
     /// How long the destination documents that it keeps a key; `None`: not
     /// given (then nothing is re-sent).
-    pub window: Option<Duration>,
+    pub(crate) window: Option<Duration>,
     /// Re-send an operation held `unknown`, under the same key, within
     /// `window` (always set when this is).
     pub resend_unknown: bool,
@@ -173,9 +173,9 @@ pub struct Reconcile {
     pub url: String,
     pub found_status: u16,
     /// When set, the probe's JSON body must have a non-null value here.
-    pub found_json_pointer: Option<String>,
+    pub(crate) found_json_pointer: Option<String>,
     /// Absence, more than once; a confirm request is another GET.
-    pub verdicts: Verdicts<String>,
+    pub(crate) verdicts: Verdicts<String>,
     pub timeout: Duration,
 }
 
@@ -186,13 +186,13 @@ pub struct Reconcile {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdicts<Q> {
     /// `None`: no answer is ever taken for absence.
-    pub absent: Option<Absence>,
+    pub(crate) absent: Option<Absence>,
     /// An array (its length) or a number: more than 1 is a duplicate.
-    pub count_json_pointer: Option<String>,
+    pub(crate) count_json_pointer: Option<String>,
     /// Measured from when the attempt became `unknown`.
-    pub min_age: Duration,
+    pub(crate) min_age: Duration,
     /// A second question whose answer must say absent too.
-    pub confirm: Option<Confirm<Q>>,
+    pub(crate) confirm: Option<Confirm<Q>>,
 }
 
 /// When an answer says the write is not at the destination: its status
@@ -201,24 +201,24 @@ pub struct Verdicts<Q> {
 /// least one set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Absence {
-    pub status: Option<u16>,
-    pub json_pointer: Option<String>,
+    pub(crate) status: Option<u16>,
+    pub(crate) json_pointer: Option<String>,
 }
 
 /// A confirm request: the `question` (a URL template, or a tool call) and
 /// when its answer says absent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Confirm<Q> {
-    pub question: Q,
-    pub absent: Absence,
+    pub(crate) question: Q,
+    pub(crate) absent: Absence,
 }
 
 /// A call of a read-only MCP tool: its name and arguments template
 /// (`fill_template`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolCall {
-    pub tool: String,
-    pub arguments: String,
+    pub(crate) tool: String,
+    pub(crate) arguments: String,
 }
 
 /// One piece of a probe URL template.
@@ -269,20 +269,20 @@ pub(crate) fn url_pieces(template: &str) -> Result<Vec<Piece<'_>>, String> {
 /// scope (at least one of the two is set).
 #[derive(Debug, Clone)]
 pub struct Quota {
-    pub operations: Option<u32>,
-    pub stored_bytes: Option<u64>,
+    pub(crate) operations: Option<u32>,
+    pub(crate) stored_bytes: Option<u64>,
     pub window: Duration,
 }
 
 /// The origin a route forwards to: scheme and authority only.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    pub scheme: http::uri::Scheme,
-    pub authority: http::uri::Authority,
+    pub(crate) scheme: http::uri::Scheme,
+    pub(crate) authority: http::uri::Authority,
     /// `scheme://authority/`, what the route's connections connect to.
     pub origin: Uri,
     /// The `Host` header the upstream gets.
-    pub host: http::HeaderValue,
+    pub(crate) host: http::HeaderValue,
 }
 
 impl Upstream {
@@ -344,28 +344,28 @@ pub struct Route {
     pub path_prefix: String,
     pub upstream: Upstream,
     /// Extra trust roots and a client certificate for an https upstream.
-    pub upstream_tls: ClientTls,
+    pub(crate) upstream_tls: ClientTls,
     /// HTTP/2 to the upstream: with prior knowledge for `http://`, offered
     /// by ALPN beside HTTP/1.1 for `https://`; HTTP/1.1 only when `false`.
-    pub upstream_http2: bool,
+    pub(crate) upstream_http2: bool,
     pub methods: Vec<Method>,
     pub key: KeyMode,
     /// JSON pointers naming the business action (derive mode).
-    pub derive_from: Vec<String>,
+    pub(crate) derive_from: Vec<String>,
     /// Derive mode without `derive_from`: how long an identical request is
     /// the same operation after the earlier one's last update.
     pub derive_window: Duration,
     pub scope_headers: Vec<HeaderName>,
     pub allow_anonymous: bool,
-    pub fingerprint_headers: Vec<HeaderName>,
-    pub ignore_fields: Vec<String>,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) ignore_fields: Vec<String>,
     /// `None` when the file sets it to the empty string: the key is not forwarded.
     pub forward_key_header: Option<HeaderName>,
     /// The key the gateway sends the destination with every attempt, when
     /// the route names a header for it.
     pub destination_key: Option<DestinationKey>,
     pub in_progress: InProgressMode,
-    pub rotated_keys: RotatedKeys,
+    pub(crate) rotated_keys: RotatedKeys,
     pub wait_timeout: Duration,
     /// `wait` mode: duplicates waiting on one operation at once; more get
     /// 409 `request-in-progress` at once.
@@ -379,7 +379,7 @@ pub struct Route {
     /// `Repeatability-First-Sent`) may be: a client clock that runs
     /// further ahead would push its request out of the tracking window
     /// and have a retry sent again once the operation is deleted.
-    pub first_sent_skew: Duration,
+    pub(crate) first_sent_skew: Duration,
     /// Pause the route when this many of its operations are `unknown`; 0 = never.
     pub pause_after_unknown: u32,
     pub reconcile: Option<Reconcile>,
@@ -393,7 +393,7 @@ pub struct Route {
     pub unknown_statuses: Vec<u16>,
     pub max_body: usize,
     pub max_stored_response: usize,
-    pub store_request_body: bool,
+    pub(crate) store_request_body: bool,
 }
 
 impl Route {
@@ -415,10 +415,10 @@ impl Route {
 /// a tool named in `protected` is whatever its annotation says.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct McpTools {
-    pub read_only: Vec<String>,
-    pub protected: Vec<String>,
+    pub(crate) read_only: Vec<String>,
+    pub(crate) protected: Vec<String>,
     /// The argument that carries a call's key, when the tool has one.
-    pub key_argument: Option<String>,
+    pub(crate) key_argument: Option<String>,
     /// The read-only tool that may prove a held call happened.
     pub reconcile: Option<McpReconcile>,
 }
@@ -506,14 +506,14 @@ pub(crate) fn fill_template(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McpReconcile {
     pub tool: String,
-    pub arguments: String,
+    pub(crate) arguments: String,
     /// The result must have a non-null value here too (after `isError` is
     /// not true).
-    pub found_json_pointer: Option<String>,
+    pub(crate) found_json_pointer: Option<String>,
     /// Absence and counts over the tool's result (never a status); a
     /// confirm request is another call.
-    pub verdicts: Verdicts<ToolCall>,
-    pub timeout: Duration,
+    pub(crate) verdicts: Verdicts<ToolCall>,
+    pub(crate) timeout: Duration,
 }
 
 /// What an upstream connection trusts and presents.
@@ -528,6 +528,6 @@ pub struct ClientTls {
 /// A certificate chain file and its key file, both PEM.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertPair {
-    pub cert: PathBuf,
-    pub key: PathBuf,
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
 }

@@ -25,19 +25,19 @@ pub struct StoreConfig {
     pub lease: Duration,
     /// PostgreSQL: writes are refused unless the server is a primary with
     /// a synchronous standby streaming (docs/replicas.md, "Failover").
-    pub require_synchronous_standby: bool,
+    pub(crate) require_synchronous_standby: bool,
     /// The environment variable holding the key (32 bytes, base64) that
     /// seals stored payloads; `None`: stored in clear.
     pub encryption_key_env: Option<String>,
     /// The variable holding the key payloads were sealed with before a
     /// rotation: read only, until `idemgate rekey` has sealed them again.
-    pub previous_key_env: Option<String>,
+    pub(crate) previous_key_env: Option<String>,
     /// The variable holding the scope key (32 bytes, base64); before
     /// `scope_key_file`.
-    pub scope_key_env: Option<String>,
+    pub(crate) scope_key_env: Option<String>,
     /// The file holding the scope key; SQLite's default is
     /// `<store file>.scope-key`, created at first start.
-    pub scope_key_file: Option<PathBuf>,
+    pub(crate) scope_key_file: Option<PathBuf>,
 }
 
 /// Where operations are kept.

@@ -36,8 +36,8 @@ use idemgate_store::Fence;
 /// against `fence` once up, if it has one.
 #[derive(Clone)]
 pub struct UpstreamConnector {
-    pub https: HttpsConnector<HttpConnector>,
-    pub fence: Option<Fence>,
+    pub(crate) https: HttpsConnector<HttpConnector>,
+    pub(crate) fence: Option<Fence>,
 }
 
 /// The connect error of a connection refused by the fence: nothing was

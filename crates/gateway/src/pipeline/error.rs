@@ -25,8 +25,8 @@ use idemgate_store::StoreError;
 /// The operation a problem is about.
 #[derive(Debug, Clone)]
 pub struct OperationRef {
-    pub id: String,
-    pub state: State,
+    pub(crate) id: String,
+    pub(crate) state: State,
 }
 
 impl From<&Operation> for OperationRef {

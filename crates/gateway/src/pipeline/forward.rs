@@ -426,9 +426,9 @@ pub(crate) type Late = Pin<Box<dyn Future<Output = Exchange> + Send>>;
 
 /// A write's exchange, and its continuation when it timed out.
 pub struct Sent {
-    pub exchange: Exchange,
-    pub tries: u32,
-    pub late: Option<Late>,
+    pub(crate) exchange: Exchange,
+    pub(crate) tries: u32,
+    pub(crate) late: Option<Late>,
 }
 
 /// The longest [`send_write`] may be writing to the destination after it

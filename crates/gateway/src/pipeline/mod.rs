@@ -198,9 +198,9 @@ impl Shared {
 /// How shutdown reaches the writes in flight.
 pub struct Shutdown {
     /// Cancelled when shutdown starts: stop follow-ups of lost responses.
-    pub stopping: CancellationToken,
+    pub(crate) stopping: CancellationToken,
     /// Cancelled at the end of the shutdown grace: stop retrying records.
-    pub give_up: CancellationToken,
+    pub(crate) give_up: CancellationToken,
 }
 
 impl Proxy {

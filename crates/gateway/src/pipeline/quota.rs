@@ -68,9 +68,9 @@ struct Window {
 /// window ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaSpent {
-    pub used: Used,
-    pub window: Duration,
-    pub retry_after: u32,
+    pub(crate) used: Used,
+    pub(crate) window: Duration,
+    pub(crate) retry_after: u32,
 }
 
 /// Which of its quotas a scope has used up.

@@ -47,10 +47,10 @@ pub type Reply = Result<Response<ProxyBody>, ProxyError>;
 /// reply for the client, and for an attempt that ended `not_attempted`, the
 /// answer its waiting duplicates get.
 pub struct Settled {
-    pub settlement: Settlement,
-    pub events: Vec<Event>,
-    pub reply: Reply,
-    pub released: Option<Released>,
+    pub(crate) settlement: Settlement,
+    pub(crate) events: Vec<Event>,
+    pub(crate) reply: Reply,
+    pub(crate) released: Option<Released>,
 }
 
 /// What the duplicates that waited on an attempt get when it ended

@@ -25,8 +25,8 @@ use idemgate_model::clock;
 /// ahead.
 #[derive(Debug, Clone, Copy)]
 pub struct FirstSentWindow {
-    pub retention: Duration,
-    pub skew: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) skew: Duration,
 }
 
 /// Refuses a repeatable request whose `Repeatability-First-Sent` is

@@ -378,14 +378,14 @@ pub(crate) fn note_attempt(attempt: u32, state: &'static str) {
 /// How a request was answered.
 pub struct Answer<'a, O> {
     /// Its route's name, empty when it had none.
-    pub route: &'a str,
+    pub(crate) route: &'a str,
     /// Its path in normal form.
-    pub path: &'a str,
-    pub outcome: O,
-    pub status: u16,
-    pub operation_id: Option<&'a str>,
+    pub(crate) path: &'a str,
+    pub(crate) outcome: O,
+    pub(crate) status: u16,
+    pub(crate) operation_id: Option<&'a str>,
     /// Answered from a stored response.
-    pub replayed: bool,
+    pub(crate) replayed: bool,
 }
 
 /// How the current request was answered, written on its span with what

@@ -16,8 +16,8 @@ use percent_encoding::percent_decode_str;
 #[derive(Debug, thiserror::Error)]
 #[error("{variable}: {reason}")]
 pub struct TraceSettingError {
-    pub variable: &'static str,
-    pub reason: String,
+    pub(crate) variable: &'static str,
+    pub(crate) reason: String,
 }
 
 /// Which spans are kept (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`).
@@ -44,21 +44,21 @@ pub enum Root {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceSettings {
     /// The collector's URL for traces (`…/v1/traces`).
-    pub endpoint: String,
+    pub(crate) endpoint: String,
     /// Sent with every export (a collector's credentials): never logged.
-    pub headers: Vec<(String, String)>,
+    pub(crate) headers: Vec<(String, String)>,
     /// One export's bound, connect to the end of the collector's answer.
-    pub timeout: Duration,
-    pub service_name: String,
+    pub(crate) timeout: Duration,
+    pub(crate) service_name: String,
     /// `OTEL_RESOURCE_ATTRIBUTES`, as given.
-    pub resource: Vec<(String, String)>,
-    pub sampling: Sampling,
+    pub(crate) resource: Vec<(String, String)>,
+    pub(crate) sampling: Sampling,
     /// The longest an ended span waits before its batch is exported.
-    pub schedule_delay: Duration,
+    pub(crate) schedule_delay: Duration,
     /// Ended spans that wait for export at most; past it they are dropped
     /// (and counted), never waited for.
-    pub max_queue: usize,
-    pub max_batch: usize,
+    pub(crate) max_queue: usize,
+    pub(crate) max_batch: usize,
 }
 
 /// The sampler when none is named: the client's decision, else every trace.

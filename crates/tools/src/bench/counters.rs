@@ -12,7 +12,7 @@ pub struct Counters {
     /// The next request of the plan to take.
     pub(super) next: AtomicU64,
     /// Requests answered (or failed) so far.
-    pub done: AtomicU64,
+    pub(crate) done: AtomicU64,
     /// Answers that were not a 2xx.
-    pub not_ok: AtomicU64,
+    pub(crate) not_ok: AtomicU64,
 }

@@ -93,14 +93,14 @@ impl Target {
 /// What a run measured.
 #[derive(Debug)]
 pub struct Measured {
-    pub requests: u64,
+    pub(crate) requests: u64,
     /// Distinct keys among the requests sent.
-    pub keys: u64,
-    pub elapsed: Duration,
+    pub(crate) keys: u64,
+    pub(crate) elapsed: Duration,
     /// Latency of every request, whatever its outcome, in µs.
-    pub latency: Histogram<u64>,
+    pub(crate) latency: Histogram<u64>,
     /// Requests by outcome name (see [`outcome`]).
-    pub outcomes: BTreeMap<String, u64>,
+    pub(crate) outcomes: BTreeMap<String, u64>,
 }
 
 /// Sends `plan` to `targets` and measures it.

@@ -25,15 +25,15 @@ const STORE_KEY_ENV: &str = "IDEMGATE_BENCH_STORE_KEY";
 /// How the own gateway is set up.
 #[derive(Debug, Clone, Copy)]
 pub struct Setup {
-    pub durability: BenchDurability,
+    pub(crate) durability: BenchDurability,
     /// `in_progress = "wait"` instead of `"reject"`.
-    pub wait: bool,
+    pub(crate) wait: bool,
     /// The store sealed with a key made for the run.
-    pub sealed: bool,
+    pub(crate) sealed: bool,
     /// Forward the `Idempotency-Key` to the mock. Off for `--populate`: the
     /// mock keeps every key it sees in memory, which would swell the very
     /// resident memory that populating measures.
-    pub forward_key: bool,
+    pub(crate) forward_key: bool,
 }
 
 /// The running mock and gateway.

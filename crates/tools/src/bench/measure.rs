@@ -23,9 +23,9 @@ const COUNTER_MAX_BYTES: usize = 64 * 1024;
 /// The mock API's `GET /_effects` answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Effects {
-    pub writes: u64,
+    pub(crate) writes: u64,
     /// Distinct keys written under; absent from counters that do not say.
-    pub keys: Option<u64>,
+    pub(crate) keys: Option<u64>,
 }
 
 impl Effects {

@@ -34,27 +34,27 @@ const PHI: f64 = 0.618_033_988_749_894_9;
 #[derive(Debug, Clone)]
 pub struct Plan {
     /// Requests per key (R): the first write and R-1 retries.
-    pub per_key: u64,
+    pub(crate) per_key: u64,
     /// The run ends after this many requests…
-    pub requests: u64,
+    pub(crate) requests: u64,
     /// …or when this much time has passed, whichever comes first.
-    pub duration: Option<Duration>,
-    pub concurrency: usize,
-    pub body_bytes: usize,
+    pub(crate) duration: Option<Duration>,
+    pub(crate) concurrency: usize,
+    pub(crate) body_bytes: usize,
     /// The fraction of retries sent with a changed payload.
-    pub changed: f64,
-    pub faults: bool,
+    pub(crate) changed: f64,
+    pub(crate) faults: bool,
     /// Keeps this run's keys apart from every earlier run's on the same store.
-    pub run_id: String,
+    pub(crate) run_id: String,
 }
 
 /// One request of the plan.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shot {
-    pub key: String,
+    pub(crate) key: String,
     /// Appended to the target's path: a fault path, or nothing.
-    pub suffix: &'static str,
-    pub body: Bytes,
+    pub(crate) suffix: &'static str,
+    pub(crate) body: Bytes,
 }
 
 impl Plan {

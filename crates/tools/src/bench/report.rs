@@ -17,72 +17,72 @@ use super::load::Measured;
 #[derive(Debug, Serialize)]
 pub struct Report {
     /// What was driven, in words.
-    pub driven: String,
-    pub targets: Vec<String>,
-    pub concurrency: usize,
-    pub requests_per_key: u64,
-    pub body_bytes: usize,
+    pub(crate) driven: String,
+    pub(crate) targets: Vec<String>,
+    pub(crate) concurrency: usize,
+    pub(crate) requests_per_key: u64,
+    pub(crate) body_bytes: usize,
     #[serde(flatten)]
-    pub figures: Figures,
+    pub(crate) figures: Figures,
     /// Distinct keys among the requests sent: the writes expected upstream.
-    pub keys: u64,
+    pub(crate) keys: u64,
     /// Writes the upstream committed during the run; `null` without a counter.
-    pub upstream_writes: Option<u64>,
+    pub(crate) upstream_writes: Option<u64>,
     /// Distinct keys those writes were committed under; `null` when the
     /// counter does not say or the key is not forwarded.
-    pub upstream_keys: Option<u64>,
+    pub(crate) upstream_keys: Option<u64>,
     /// `upstream_writes == keys` (and `upstream_keys == keys` when counted);
     /// `null` when not checked.
     pub exactly_once: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub compare: Option<Compared>,
+    pub(crate) compare: Option<Compared>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub populate: Option<Populated>,
+    pub(crate) populate: Option<Populated>,
 }
 
 /// The figures of one load against one set of targets.
 #[derive(Debug, Serialize)]
 pub struct Figures {
-    pub requests: u64,
-    pub seconds: f64,
-    pub throughput_rps: f64,
-    pub latency_ms: Latency,
-    pub outcomes: BTreeMap<String, u64>,
+    pub(crate) requests: u64,
+    pub(crate) seconds: f64,
+    pub(crate) throughput_rps: f64,
+    pub(crate) latency_ms: Latency,
+    pub(crate) outcomes: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct Latency {
-    pub p50: f64,
-    pub p90: f64,
-    pub p99: f64,
-    pub p999: f64,
-    pub max: f64,
+    pub(crate) p50: f64,
+    pub(crate) p90: f64,
+    pub(crate) p99: f64,
+    pub(crate) p999: f64,
+    pub(crate) max: f64,
 }
 
 /// The same load against `--compare`, and how the run fared against it.
 #[derive(Debug, Serialize)]
 pub struct Compared {
-    pub target: String,
+    pub(crate) target: String,
     #[serde(flatten)]
-    pub figures: Figures,
+    pub(crate) figures: Figures,
     /// The run's throughput over this one's (1.0: as fast).
-    pub throughput_ratio: f64,
+    pub(crate) throughput_ratio: f64,
     /// The run's p50 and p99 latency over this one's (1.0: as fast).
-    pub p50_ratio: f64,
-    pub p99_ratio: f64,
+    pub(crate) p50_ratio: f64,
+    pub(crate) p99_ratio: f64,
 }
 
 /// `--populate`: how fast completed operations were stored, and what they cost.
 #[derive(Debug, Serialize)]
 pub struct Populated {
-    pub operations: u64,
-    pub rate_per_second: f64,
+    pub(crate) operations: u64,
+    pub(crate) rate_per_second: f64,
     /// The database file and its write-ahead log.
-    pub store_bytes: Option<u64>,
+    pub(crate) store_bytes: Option<u64>,
     /// `VmRSS` of the gateway's process.
-    pub resident_bytes: Option<u64>,
+    pub(crate) resident_bytes: Option<u64>,
     /// Whose memory that is, in words.
-    pub resident_of: String,
+    pub(crate) resident_of: String,
 }
 
 impl From<&Measured> for Figures {

@@ -28,21 +28,21 @@ use idemgate::pipeline::key::IDEMPOTENCY_KEY;
 /// What the destination did with one key sent twice.
 #[derive(Debug, Serialize)]
 pub struct DestinationCheck {
-    pub key: String,
+    pub(crate) key: String,
     /// The header the key went in: the route's `destination_key_header`,
     /// else its `forward_key_header`.
-    pub key_header: String,
+    pub(crate) key_header: String,
     /// Writes sent straight to the destination (always 3).
     pub sent: u64,
     /// Each answer, `STATUS BODY` on one line: the key's first write, its
     /// repeat, the control key's write.
-    pub answers: Vec<String>,
+    pub(crate) answers: Vec<String>,
     /// The control key, sent once after the repeat.
-    pub control_key: String,
+    pub(crate) control_key: String,
     /// `true`: it answered the repeat from the first; `false`: it created
     /// a second record; `null`: it could not be told.
     pub deduplicates: Option<bool>,
-    pub verdict: String,
+    pub(crate) verdict: String,
 }
 
 /// One answer, or why there was none.

@@ -94,19 +94,19 @@ pub async fn run(
 /// What a rehearsal does, checked before anything is sent.
 pub struct Plan {
     /// The user's route, as the rehearsal's gateway runs it.
-    pub route: Route,
-    pub method: Method,
-    pub path: String,
+    pub(crate) route: Route,
+    pub(crate) method: Method,
+    pub(crate) path: String,
     /// The body each write carries; `{key}` becomes the case's key.
-    pub body: String,
+    pub(crate) body: String,
     /// Sent with every write; values never shown.
-    pub headers: HeaderMap,
+    pub(crate) headers: HeaderMap,
     /// `NAME=VAR` of each header, as the report names them.
-    pub header_sources: Vec<String>,
-    pub writes: u64,
-    pub check_destination: bool,
+    pub(crate) header_sources: Vec<String>,
+    pub(crate) writes: u64,
+    pub(crate) check_destination: bool,
     /// On an MCP route, the tool each write calls.
-    pub tool: Option<String>,
+    pub(crate) tool: Option<String>,
 }
 
 impl Plan {

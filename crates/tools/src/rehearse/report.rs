@@ -19,22 +19,22 @@ use crate::gateway_client::Answer;
 #[derive(Debug, Serialize)]
 pub struct Report {
     /// `--writes`: the most requests that may write which reach the destination.
-    pub writes_allowed: u64,
+    pub(crate) writes_allowed: u64,
     /// What the cases and the destination check need together.
-    pub writes_needed: u64,
+    pub(crate) writes_needed: u64,
     /// Requests that may write which reached the destination.
     pub writes_sent: u64,
-    pub route: String,
+    pub(crate) route: String,
     pub destination: String,
-    pub method: String,
-    pub path: String,
+    pub(crate) method: String,
+    pub(crate) path: String,
     /// The reconcile probe's URL (with `{key}`), if the route has one.
-    pub probe: Option<String>,
+    pub(crate) probe: Option<String>,
     /// The headers every write carried, as `name from $VARIABLE`.
-    pub headers: Vec<String>,
+    pub(crate) headers: Vec<String>,
     pub cases: Vec<Case>,
     /// Why the rehearsal stopped short, if it did.
-    pub stopped: Option<String>,
+    pub(crate) stopped: Option<String>,
     pub destination_check: Option<DestinationCheck>,
     /// What this destination needs from the gateway.
     pub verdict: String,
@@ -47,12 +47,12 @@ pub struct Report {
 pub struct Case {
     pub number: u32,
     pub name: &'static str,
-    pub title: &'static str,
+    pub(crate) title: &'static str,
     /// What the gateway did on purpose.
-    pub fault: &'static str,
-    pub expected: &'static str,
+    pub(crate) fault: &'static str,
+    pub(crate) expected: &'static str,
     /// What the client got, request by request.
-    pub requests: Vec<Step>,
+    pub(crate) requests: Vec<Step>,
     /// What the store holds for each key, after the case.
     pub operations: Vec<Held>,
     /// Requests of this case that reached the destination.
@@ -64,21 +64,21 @@ pub struct Case {
     pub destination_holds: Vec<Value>,
     /// What the case shows, in sentences.
     pub notes: Vec<String>,
-    pub ok: bool,
+    pub(crate) ok: bool,
 }
 
 /// One request of a case and what the client got.
 #[derive(Debug, Serialize)]
 pub struct Step {
     /// Which request: `first write`, `client's retry`, `duplicate 3`, …
-    pub request: String,
-    pub key: String,
-    pub status: u16,
+    pub(crate) request: String,
+    pub(crate) key: String,
+    pub(crate) status: u16,
     /// The problem's name when idemgate answered itself.
-    pub problem: Option<String>,
-    pub replayed: bool,
+    pub(crate) problem: Option<String>,
+    pub(crate) replayed: bool,
     /// The body, shortened to one line.
-    pub body: String,
+    pub(crate) body: String,
 }
 
 impl Step {
@@ -108,13 +108,13 @@ impl Step {
 /// An operation as the admin API shows it to an operator.
 #[derive(Debug, Serialize)]
 pub struct Held {
-    pub key: String,
-    pub id: String,
+    pub(crate) key: String,
+    pub(crate) id: String,
     pub state: String,
     pub evidence: Option<String>,
     pub next_action: String,
     /// The status retries are replayed, when completed.
-    pub response_status: Option<u16>,
+    pub(crate) response_status: Option<u16>,
     /// The gateway's own probes of it, from its timeline.
     pub probes: Vec<Value>,
 }

@@ -41,16 +41,16 @@ pub mod code {
 #[derive(Debug, Clone)]
 pub struct Call {
     /// The JSON-RPC id of this request: every answer to it carries it.
-    pub id: Value,
-    pub tool: String,
+    pub(crate) id: Value,
+    pub(crate) tool: String,
     /// The key in `params._meta["dev.idemgate/idempotency-key"]`, if any.
-    pub meta_key: Option<String>,
+    pub(crate) meta_key: Option<String>,
     /// The request speaks [`MODERN`] or later (`MCP-Protocol-Version`).
-    pub modern: bool,
+    pub(crate) modern: bool,
     /// The client's `Accept` takes `application/json` (or anything).
-    pub accepts_json: bool,
+    pub(crate) accepts_json: bool,
     /// The client's `Accept` takes `text/event-stream`.
-    pub accepts_stream: bool,
+    pub(crate) accepts_stream: bool,
 }
 
 /// What a POST to an MCP route is.
@@ -69,9 +69,9 @@ pub enum Classified {
 /// error, as the 2026-07-28 revision answers a header mismatch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {
-    pub id: Value,
-    pub code: i64,
-    pub message: String,
+    pub(crate) id: Value,
+    pub(crate) code: i64,
+    pub(crate) message: String,
 }
 
 /// Sent on, not a listing.

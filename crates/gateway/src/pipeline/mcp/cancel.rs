@@ -64,7 +64,7 @@ impl Drop for Tracked {
 /// stream), and its place in flight.
 #[derive(Debug)]
 pub struct Pending {
-    pub id: Value,
+    pub(crate) id: Value,
     relay: Option<Relay>,
     _tracked: Tracked,
 }

@@ -39,9 +39,9 @@ pub enum KeySource {
 /// came from, and its fingerprint.
 #[derive(Debug, Clone)]
 pub struct Identified {
-    pub key: IdempotencyKey,
-    pub source: KeySource,
-    pub fingerprint: Fingerprint,
+    pub(crate) key: IdempotencyKey,
+    pub(crate) source: KeySource,
+    pub(crate) fingerprint: Fingerprint,
 }
 
 /// The call's key and fingerprint, in `scope`.

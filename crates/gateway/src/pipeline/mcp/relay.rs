@@ -122,8 +122,8 @@ impl Relay {
 /// Reads a call's event stream for its response (the one with its id),
 /// relaying every other event.
 pub struct CallEvents {
-    pub id: Value,
-    pub relay: Relay,
+    pub(crate) id: Value,
+    pub(crate) relay: Relay,
 }
 
 impl EventAnswer for CallEvents {

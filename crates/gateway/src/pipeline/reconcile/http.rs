@@ -31,10 +31,10 @@ use crate::traces;
 #[derive(Debug, PartialEq, Eq)]
 pub struct Filled {
     /// What is sent.
-    pub sent: String,
+    pub(crate) sent: String,
     /// What the timeline shows: `{body:…}` placeholders left as written,
     /// since the body's fields may be sealed in the store.
-    pub shown: String,
+    pub(crate) shown: String,
 }
 
 /// `template` filled with `key` and the fields of the stored request

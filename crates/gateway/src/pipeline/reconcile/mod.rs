@@ -86,12 +86,12 @@ impl Drop for Running<'_> {
 /// metrics.
 pub(crate) struct Ctx<'a> {
     /// Where the probe's conclusion is written.
-    pub store: &'a dyn RequestPath,
+    pub(crate) store: &'a dyn RequestPath,
     /// Where the held operation and its timeline are read.
-    pub operators: &'a dyn Operators,
-    pub metrics: &'a Metrics,
+    pub(crate) operators: &'a dyn Operators,
+    pub(crate) metrics: &'a Metrics,
     /// Now (ms), for the minimum age.
-    pub now: i64,
+    pub(crate) now: i64,
 }
 
 /// A route's probe, HTTP or MCP.

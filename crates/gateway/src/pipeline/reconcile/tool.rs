@@ -22,12 +22,12 @@ const PROBE_REVISION: &str = "2026-07-28";
 
 /// One tool call and the held call it asks about.
 pub struct Call<'a> {
-    pub tool: &'a str,
+    pub(crate) tool: &'a str,
     /// The arguments template.
-    pub arguments: &'a str,
-    pub held: &'a Operation,
+    pub(crate) arguments: &'a str,
+    pub(crate) held: &'a Operation,
     /// The operation's key (`<tool>/<key>`).
-    pub key: &'a str,
+    pub(crate) key: &'a str,
 }
 
 /// Calls the tool with `credentials`: its result, or why there is none.

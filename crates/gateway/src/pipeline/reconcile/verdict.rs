@@ -22,28 +22,28 @@ pub struct Answer {
     /// The question as the timeline shows it: the URL (with `{body:…}`
     /// placeholders as configured, never the body's fields) or
     /// `tools/call NAME`; never a credential.
-    pub asked: String,
+    pub(crate) asked: String,
     /// The HTTP status, if an answer came.
-    pub status: Option<u16>,
+    pub(crate) status: Option<u16>,
     /// What came back, or why nothing usable did.
-    pub got: Result<Got, String>,
+    pub(crate) got: Result<Got, String>,
 }
 
 /// A whole answer.
 pub struct Got {
     /// Its JSON (an HTTP body, or a tool's result); `None`: not JSON.
-    pub json: Option<Value>,
+    pub(crate) json: Option<Value>,
     /// What later replays get if it proves the write happened.
-    pub response: StoredResponse,
+    pub(crate) response: StoredResponse,
 }
 
 /// The rules an answer is read by.
 pub struct Rules<'a> {
     /// `None`: any status (a tool's result, whose errors are no answer).
-    pub found_status: Option<u16>,
-    pub found_json_pointer: Option<&'a str>,
-    pub absent: Option<&'a Absence>,
-    pub count_json_pointer: Option<&'a str>,
+    pub(crate) found_status: Option<u16>,
+    pub(crate) found_json_pointer: Option<&'a str>,
+    pub(crate) absent: Option<&'a Absence>,
+    pub(crate) count_json_pointer: Option<&'a str>,
 }
 
 /// What an answer says about the held write.
