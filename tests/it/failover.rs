@@ -191,10 +191,18 @@ async fn a_claim_that_commits_once_the_standby_is_back_is_released() {
     })
     .await;
     link.move_to(pair.primary.port);
-    let released = eventually("the claim to commit and be released", || async {
-        let operation = gw.try_operation("k-lost").await?;
-        (operation["state"] == "not_attempted").then_some(operation)
-    })
+    // The looks go on a fully jittered backoff whose ceiling doubles up to
+    // a minute (crates/store-postgres/src/lib.rs, `RELEASE_BACKOFF`): a
+    // claim that commits late, once the standby has caught up, is found
+    // at the next look, which may be up to a minute away.
+    let released = eventually_within(
+        "the claim to commit and be released",
+        Duration::from_secs(75),
+        || async {
+            let operation = gw.try_operation("k-lost").await?;
+            (operation["state"] == "not_attempted").then_some(operation)
+        },
+    )
     .await;
     assert_eq!(released["evidence"], "claim-unanswered", "{released}");
     assert_fresh_created(&write(gw.addr(), "/orders", Some("k-lost"), ORDER).await);

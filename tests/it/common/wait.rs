@@ -20,14 +20,37 @@ where
         .unwrap_or_else(|| panic!("waited {WAIT:?} for {what}"))
 }
 
-/// Like [`eventually`], `None` after [`WAIT`], for a caller that says
-/// more about what went wrong.
-pub async fn within_wait<T, F, Fut>(mut probe: F) -> Option<T>
+/// Like [`eventually`], for at most `limit`: for an event the gateway
+/// itself schedules further away than [`WAIT`] (a look on a backoff whose
+/// ceiling is longer), the limit being that schedule's bound.
+pub async fn eventually_within<T, F, Fut>(what: &str, limit: Duration, probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
+    poll_until(limit, probe)
+        .await
+        .unwrap_or_else(|| panic!("waited {limit:?} for {what}"))
+}
+
+/// Like [`eventually`], `None` after [`WAIT`], for a caller that says
+/// more about what went wrong.
+pub async fn within_wait<T, F, Fut>(probe: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    poll_until(WAIT, probe).await
+}
+
+/// The first value `probe` gives within `limit`, asking every
+/// [`POLL_EVERY`].
+async fn poll_until<T, F, Fut>(limit: Duration, mut probe: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         if let Some(value) = probe().await {
             return Some(value);
