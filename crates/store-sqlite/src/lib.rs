@@ -37,9 +37,8 @@
 //!   what a change to `operations` writes besides the row (the kept counts,
 //!   the `unknown` alert); `outbox`: the alert outbox's statements;
 //! - `syncer`: the two threads that make a committed batch's log durable
-//!   and then answer its calls, so the writer never waits for the disk;
-//! - `inbox`: where the answers go, one inbox per calling thread, one
-//!   wake-up per inbox per batch;
+//!   and then answer its calls (each caller's oneshot), so the writer
+//!   never waits for the disk nor wakes a caller;
 //! - `checkpointer`: the thread that copies the log into the database, so
 //!   the writer never checkpoints;
 //! - `reader`: the read-only connections of every read that need not be
@@ -126,7 +125,6 @@ macro_rules! not_in_progress {
 
 mod checkpointer;
 mod held;
-mod inbox;
 mod outbox;
 mod reader;
 mod statements;

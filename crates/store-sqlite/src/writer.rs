@@ -18,8 +18,10 @@
 //!   told "busy" never has its claim committed behind its back;
 //! - jobs run in the order they were queued, so one request's calls (a
 //!   claim, then its record) keep their order;
-//! - a batch's answers go to the inbox of each caller's thread, one
-//!   wake-up per inbox per batch ([`super::inbox`]);
+//! - each call's answer goes straight to its caller's oneshot, from the
+//!   thread that settles its batch (a per-thread inbox that woke each
+//!   caller's runtime once per batch measured no faster:
+//!   benches/README.md, "paired.sh: two builds at the same time");
 //! - the writer never waits for the disk: it commits with the log's sync
 //!   deferred (`crates/wal-buffer`) and hands the batch to the
 //!   [`Syncer`], which answers after one `fdatasync` over every batch
@@ -45,7 +47,6 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::checkpointer::{self, Checkpoints, Thresholds};
 use super::held::Db;
-use super::inbox::{Answer, Answers, Inbox, Inboxes};
 use super::syncer::{self, Horizon, SyncLog, Syncer};
 use super::transitions::Deferred;
 use idemgate_store::StoreBatches;
@@ -67,15 +68,15 @@ const QUEUE: usize = 4096;
 pub(crate) const QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One request's statements and where their result goes.
-trait Work: Answer {
+trait Work: Send {
     fn deadline(&self) -> Instant;
     /// Runs the statements, keeping their result (a second run replaces
     /// the first's); `false` when they failed.
     fn run(&mut self, db: &Db) -> bool;
     /// Settles the result: `failed` when the batch did not commit.
     fn settle(&mut self, failed: Option<&str>);
-    /// Where the caller waits for it.
-    fn inbox(&self) -> &Arc<Inbox>;
+    /// Sends the settled result to the caller.
+    fn deliver(self: Box<Self>);
 }
 
 struct Task<T, F> {
@@ -84,7 +85,6 @@ struct Task<T, F> {
     statements: F,
     result: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
-    inbox: Arc<Inbox>,
 }
 
 impl<T, F> Work for Task<T, F>
@@ -118,12 +118,6 @@ where
         });
     }
 
-    fn inbox(&self) -> &Arc<Inbox> {
-        &self.inbox
-    }
-}
-
-impl<T: Send, F: Send> Answer for Task<T, F> {
     fn deliver(self: Box<Self>) {
         if let Some(result) = self.result {
             drop(self.reply.send(result));
@@ -154,8 +148,6 @@ pub(crate) struct LogSyncs {
 pub struct Writer {
     queue: mpsc::Sender<Message>,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
-    /// Where the callers of each thread get their answers.
-    inboxes: Arc<Inboxes>,
     /// How far the log is durable, for the reads.
     horizon: Arc<Horizon>,
 }
@@ -179,7 +171,6 @@ impl Writer {
         Ok(Writer {
             queue,
             thread: std::sync::Mutex::new(Some(thread)),
-            inboxes: Arc::default(),
             horizon,
         })
     }
@@ -203,7 +194,6 @@ impl Writer {
             statements,
             result: None,
             reply,
-            inbox: self.inboxes.here(),
         };
         let queued =
             tokio::time::timeout(QUEUE_TIMEOUT, self.queue.send(Message::Job(Box::new(task))));
@@ -228,15 +218,6 @@ impl Writer {
                 tracing::error!(target: TARGET, "the SQLite writer thread ended abnormally");
             }
         }
-        self.inboxes.close();
-    }
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        // The thread ends once the queue's last sender is gone; what it
-        // hands over after this is dropped with the inboxes.
-        self.inboxes.close();
     }
 }
 
@@ -378,20 +359,11 @@ fn write_batches(
     after.stop();
 }
 
-/// Settles every job of `batch` and hands the answers to their callers'
-/// inboxes, each inbox once.
+/// Settles every job of `batch` and sends each its answer.
 fn answer(batch: &mut Vec<Box<dyn Work>>, failed: Option<&str>) {
-    let mut by_inbox: Vec<(Arc<Inbox>, Answers)> = Vec::new();
     for mut job in batch.drain(..) {
         job.settle(failed);
-        let inbox = job.inbox().clone();
-        match by_inbox.iter_mut().find(|(i, _)| Arc::ptr_eq(i, &inbox)) {
-            Some((_, answers)) => answers.push(job),
-            None => by_inbox.push((inbox, vec![job])),
-        }
-    }
-    for (inbox, answers) in by_inbox {
-        inbox.hand(answers);
+        job.deliver();
     }
 }
 
@@ -485,7 +457,6 @@ mod tests {
             },
             result: None,
             reply,
-            inbox: Inbox::unattended(),
         };
         (Box::new(task), answer)
     }
@@ -537,7 +508,6 @@ mod tests {
             },
             result: None,
             reply,
-            inbox: Inbox::unattended(),
         };
         let (third, c) = inserts(&[3], later);
         let mut batch: Vec<Box<dyn Work>> = vec![first, Box::new(panicking), third];
