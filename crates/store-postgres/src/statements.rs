@@ -19,10 +19,8 @@ use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
 use idemgate_model::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
-use idemgate_store::backend::new_id;
 use idemgate_store::backend::{
-    COUNTS_EXACT, COUNTS_ROW, OPERATION_COLUMNS, SUMMARY_COLUMNS, is_implied_by_record,
-    operation_count,
+    COUNTS_EXACT, COUNTS_ROW, SUMMARY_COLUMNS, is_implied_by_record, new_id, operation_count,
 };
 use idemgate_store::scope_key::{self, ScopeKey};
 use idemgate_store::seal::{Identity, Payloads, Seal, StoredForm};
@@ -31,6 +29,12 @@ use idemgate_store::{
     ListPath, NewOperation, Param, PausedBy, Probed, Recorded, RekeyBatch, Resolved, RoutePause,
     SWEEP_LIMIT, Stats, StoreError, StoredEvent, Summary, timeline,
 };
+
+/// The columns [`operation_from_row`] reads.
+const OPERATION_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at,
+    owner, fingerprint, evidence, response_status, response_headers, response_body, request_method,
+    request_path, request_content_type, request_body_size, request_body_sha256, request_body,
+    superseded_at";
 
 /// An owner is alive while its lease, in the database's clock, runs.
 const OWNER_ALIVE: &str = "EXISTS (SELECT 1 FROM replicas r

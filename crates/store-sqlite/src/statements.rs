@@ -22,9 +22,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::held::Db;
 use super::transitions::{self, Row as Changed};
 use idemgate_model::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
-use idemgate_store::backend::new_id;
 use idemgate_store::backend::{
-    COUNTS_EXACT, COUNTS_ROW, SUMMARY_COLUMNS, is_implied_by_record, operation_count,
+    COUNTS_EXACT, COUNTS_ROW, SUMMARY_COLUMNS, is_implied_by_record, new_id, operation_count,
 };
 use idemgate_store::scope_key::{self, ScopeKey};
 use idemgate_store::seal::{Identity, Payloads, Seal, StoredForm};

@@ -1,5 +1,5 @@
-//! What the backends share and nothing above them uses: the columns an
-//! operation is read from, response headers as stored, the kept counts'
+//! What the backends share and nothing above them uses: the columns a
+//! summary is read from, response headers as stored, the kept counts'
 //! row, the events a row implies, the aging scan's window and new
 //! operation ids. Public because each backend is a crate of its own; the
 //! gateway and the tools never name this module.
@@ -37,12 +37,6 @@ pub fn operation_count(n: i64) -> Result<u64, StoreError> {
         ))
     })
 }
-
-/// The columns each backend's `operation_from_row` reads.
-pub const OPERATION_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at,
-    owner, fingerprint, evidence, response_status, response_headers, response_body, request_method,
-    request_path, request_content_type, request_body_size, request_body_sha256, request_body,
-    superseded_at";
 
 /// The columns each backend's `summary_from_row` reads.
 pub const SUMMARY_COLUMNS: &str = "id, route, idem_key, state, attempt, created_at, updated_at";
