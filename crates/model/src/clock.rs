@@ -44,10 +44,16 @@ impl Clock for ManualClock {
     }
 }
 
-/// A store timestamp as RFC 3339 UTC with milliseconds.
+/// The last millisecond RFC 3339 can write (9999-12-31T23:59:59.999Z).
+const LAST_RFC3339_MILLIS: u64 = 253_402_300_800_000 - 1;
+
+/// A store timestamp as RFC 3339 UTC with milliseconds. The gateway never
+/// stores one outside 1970–9999, but a store edited by hand or damaged may
+/// hold any number: one before 1970 is written as 1970's first moment, one
+/// past 9999 as its last, so that reading it never fails.
 pub fn rfc3339(millis: i64) -> String {
-    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(millis).unwrap_or(0));
-    humantime::format_rfc3339_millis(at).to_string()
+    let millis = u64::try_from(millis).unwrap_or(0).min(LAST_RFC3339_MILLIS);
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(millis)).to_string()
 }
 
 /// A duration in the store's unit.
@@ -63,6 +69,14 @@ mod tests {
     fn timestamps_are_rfc3339_utc() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(1_796_000_000_123), "2026-11-30T00:53:20.123Z");
+    }
+
+    #[test]
+    fn a_timestamp_outside_rfc3339s_years_is_written_at_its_nearest_end() {
+        assert_eq!(rfc3339(-1), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(253_402_300_800_000), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(i64::MAX), "9999-12-31T23:59:59.999Z");
     }
 
     #[test]
