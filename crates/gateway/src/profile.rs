@@ -229,6 +229,10 @@ pub struct Wire {
     pub(crate) echo_key: EchoKey,
     /// Request headers echoed on every answer to a write (ACP `Request-Id`).
     pub(crate) echo_request_headers: &'static [&'static str],
+    /// Request headers the client signs (UCP `signatures.md`), lower case:
+    /// the destination must get each as sent, so no route option may drop
+    /// or replace one.
+    pub(crate) signed_headers: &'static [&'static str],
     /// Answers carry `Repeatability-Result` (OASIS).
     pub(crate) repeatability_result: bool,
     pub(crate) body: BodyShape,
@@ -290,6 +294,7 @@ const IDEMGATE: Wire = Wire {
     replayed_header: true,
     echo_key: EchoKey::Made,
     echo_request_headers: &[],
+    signed_headers: &[],
     repeatability_result: false,
     body: BodyShape::Problem { error_member: true },
     answers: &[],
@@ -448,6 +453,14 @@ const UCP: Wire = Wire {
     fingerprint_headers: Some(&[]),
     body_as_sent: true,
     retention_floor: Some(Duration::from_secs(24 * 3600)),
+    signed_headers: &[
+        IDEMPOTENCY_KEY,
+        "ucp-agent",
+        "request-id",
+        "signature",
+        "signature-input",
+        "content-digest",
+    ],
     body: BodyShape::CodeContent,
     answers: &[Answer {
         status: Some(409),

@@ -608,6 +608,40 @@ fn a_ucp_route_protects_updates_and_compares_bodies_as_sent() {
 }
 
 #[test]
+fn a_ucp_route_never_drops_or_replaces_a_signed_header() {
+    let ucp = |lines: &str| format!("{MINIMAL}profile = \"ucp\"\n{lines}");
+    for (lines, field) in [
+        ("forward_key_header = \"\"\n", "forward_key_header"),
+        ("forward_key_header = \"X-Key\"\n", "forward_key_header"),
+        (
+            "destination_key_header = \"Idempotency-Key\"\n",
+            "destination_key_header",
+        ),
+        (
+            "destination_key_header = \"signature\"\n",
+            "destination_key_header",
+        ),
+        (
+            "destination_key_header = \"Request-Id\"\n",
+            "destination_key_header",
+        ),
+    ] {
+        let error = error_of(&ucp(lines));
+        assert!(
+            error.contains(&format!("routes[0].{field}")) && error.contains("signed"),
+            "{lines}: {error}"
+        );
+    }
+    let own = Config::from_toml_str(&ucp("destination_key_header = \"X-Operation\"\n"), "t");
+    assert!(own.is_ok(), "a header of its own is fine");
+    let spelled = Config::from_toml_str(&ucp("forward_key_header = \"idempotency-key\"\n"), "t");
+    assert!(spelled.is_ok(), "the key's own name, in any case");
+    // Other profiles sign nothing: the key may go elsewhere.
+    let idemgate = format!("{MINIMAL}destination_key_header = \"Idempotency-Key\"\n");
+    assert!(Config::from_toml_str(&idemgate, "t").is_ok());
+}
+
+#[test]
 fn an_mcp_route_intercepts_its_posts_alone() {
     let config = Config::from_toml_str(
         "[[routes]]\nname = \"tools\"\nprofile = \"mcp\"\nupstream = \"http://127.0.0.1:9\"\n",

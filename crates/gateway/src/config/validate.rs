@@ -656,6 +656,33 @@ impl Validator<'_> {
             raw.destination_key_window.as_deref(),
             raw.resend_unknown,
         )?;
+        // A signed header reaches the destination as the client sent it:
+        // the client's key goes on under its own name, and the destination
+        // key takes a header of its own.
+        let signed = |name: &str| wire.signed_headers.contains(&name);
+        if let Some(key) = wire.key_headers.iter().find(|name| signed(name))
+            && forward_key_header.as_ref().map(HeaderName::as_str) != Some(key)
+        {
+            return Err(self.invalid(
+                field("forward_key_header"),
+                format!(
+                    "the `{}` profile forwards `{key}` as the client signed it, under its own name",
+                    profile.name()
+                ),
+            ));
+        }
+        if let Some(destination) = &destination_key
+            && signed(destination.header.as_str())
+        {
+            return Err(self.invalid(
+                field("destination_key_header"),
+                format!(
+                    "the `{}` profile forwards `{}` as the client signed it: name a header of the destination key's own",
+                    profile.name(),
+                    destination.header
+                ),
+            ));
+        }
         let unknown_statuses = self.statuses(
             &field("unknown_statuses"),
             raw.unknown_statuses,
