@@ -8,7 +8,8 @@
 //! and hands it each request through a channel, so a request and its
 //! response cross between two tasks, and with a runtime per thread a
 //! connection made on one thread served requests from another, every socket
-//! event a wake-up across threads. Here the request's own task polls the
+//! event a wake-up across threads (slower and costlier side by side:
+//! benches/README.md, "paired.sh"). Here the request's own task polls the
 //! connection: while it waits for the response head ([`Pool::send`]) and
 //! while the response body is read ([`PooledBody`]). Once the body has
 //! ended the connection goes back to the idle list of the thread it was
