@@ -13,6 +13,7 @@
 #   ROUNDS=3 benches/compare_nginx.sh     # each load 3 times, nginx and idemgate in turn, + the median ratio
 #   TOKIO_WORKER_THREADS=2 benches/compare_nginx.sh      # the gateway's async workers
 #   STRACE=1 benches/compare_nginx.sh     # + system calls by name (strace -c, short runs)
+#   ALLOCS=1 benches/compare_nginx.sh     # + idemgate's heap allocations per request by thread (perf probe)
 #   CALLGRIND=1 benches/compare_nginx.sh  # + instructions per request (valgrind, ~3 min)
 #   CALLGRIND=1 CALLGRIND_KEEP=DIR benches/compare_nginx.sh  # and keep each load's profile in DIR
 #   TMPDIR=/dev/shm LOADS=first benches/compare_nginx.sh  # the store on tmpfs: what the disk's syncs cost (not a deployment)
@@ -110,6 +111,10 @@ wanted=(nginx wrk)
 [ "${CALLGRIND:-0}" = 1 ] && wanted+=(valgrind)
 [ "${STRACE:-0}" = 1 ] && wanted+=(strace)
 need_commands "${wanted[@]}"
+if [ "${ALLOCS:-0}" = 1 ] && ! command -v perf >/dev/null; then
+    echo "ALLOCS=1 needs perf (Debian's linux-perf)" >&2
+    exit 2
+fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 # perf counts system calls and task time only where the kernel lets it.
@@ -443,6 +448,44 @@ if [ "${STRACE:-0}" = 1 ]; then
                     for (name in calls) if (calls[name] / n >= 0.01) printf " %s %.2f", name, calls[name] / n
                     print ""
                 }' "$dir/strace.txt"
+        done
+    done
+fi
+
+# idemgate's heap allocations per request, by thread: uprobes on the
+# entry points of its allocator (mimalloc's `mi_*_aligned`, which every
+# Rust allocation goes through; SQLite's own use the C library's malloc and
+# are not counted), on a short run of each load.
+if [ "${ALLOCS:-0}" = 1 ]; then
+    echo
+    echo "idemgate's heap allocations per request by thread (perf probe on mimalloc, 3 s per load, 16 connections)"
+    events=()
+    for fn in mi_malloc_aligned mi_zalloc_aligned mi_realloc_aligned; do
+        perf probe -q -x "$IDEMGATE" -a "idemgate_allocs:$fn=$fn"
+        events+=(-e "idemgate_allocs:$fn")
+    done
+    trap 'perf probe -q -d "idemgate_allocs:*" 2>/dev/null || true; rig_cleanup' EXIT
+    for mode in $LOADS; do
+        for target in "${gateways[@]}"; do
+            IFS='=' read -r proxy addr pid <<<"$target"
+            warm_up "$mode" "$addr" 16
+            perf stat --per-thread -x, "${events[@]}" -p "$pid" -o "$dir/allocs.csv" 2>/dev/null &
+            perf_pid=$!
+            sleep 0.3
+            read -r _ _ _ _ _ requests <<<"$(wrk_run "$mode" "$addr" 3s "$prefix" 16)"
+            kill -INT "$perf_pid"
+            wait "$perf_pid" || true
+            printf '  %-7s %-20s' "$mode" "$proxy"
+            # "comm-tid,count,,event,…"; threads summed by name.
+            awk -F, -v n="$requests" '$1 ~ /-[0-9]+$/ && $2 ~ /^[0-9]+$/ {
+                    name = $1; sub(/-[0-9]+$/, "", name); count[name] += $2; all += $2
+                }
+                END {
+                    n = n > 0 ? n : 1
+                    printf " %.1f:", all / n
+                    for (name in count) if (count[name] / n >= 0.05) printf " %s %.1f", name, count[name] / n
+                    print ""
+                }' "$dir/allocs.csv"
         done
     done
 fi
