@@ -374,3 +374,96 @@ async fn an_empty_credential_is_refused_over_both_versions() {
     }
     assert_eq!(gw.upstream.writes(), 0);
 }
+
+/// An HTTP/2 client may split its cookie into crumbs, one field each (RFC
+/// 9113 §8.2.3): they are one `Cookie`. A route scoped by `cookie` replays a
+/// write made over HTTP/1.1 to its retry over HTTP/2 in crumbs, and the
+/// upstream, which hears HTTP/1.1, gets one `Cookie` line.
+#[tokio::test]
+async fn http2_cookie_crumbs_are_one_cookie() {
+    let gw = spawn_gateway("scope_headers = [\"cookie\"]").await;
+    let json = ("content-type", "application/json");
+    let first = send(
+        gw.addr(),
+        "POST",
+        "/tasks",
+        &[
+            json,
+            ("idempotency-key", "crumbs-1"),
+            ("cookie", "theme=dark; session=abc"),
+        ],
+        BODY,
+    )
+    .await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let crumbs = [("cookie", "theme=dark"), ("cookie", "session=abc")];
+    let retry = send_h2(
+        gw.addr(),
+        "POST",
+        "/tasks",
+        &[json, ("idempotency-key", "crumbs-1"), crumbs[0], crumbs[1]],
+        BODY,
+    )
+    .await;
+    assert!(retry.is_replay(), "{:?} {:?}", retry.status, retry.body);
+    assert_eq!(gw.upstream.writes(), 1);
+
+    let fresh = send_h2(
+        gw.addr(),
+        "POST",
+        "/tasks",
+        &[json, ("idempotency-key", "crumbs-2"), crumbs[0], crumbs[1]],
+        BODY,
+    )
+    .await;
+    assert_eq!(fresh.status, 201, "{:?}", fresh.body);
+    let forwarded = &gw.upstream.write_requests()[1];
+    let cookies: Vec<_> = forwarded.headers.get_all("cookie").iter().collect();
+    assert_eq!(cookies, ["theme=dark; session=abc"]);
+}
+
+/// An HTTP/2 field value that starts or ends with whitespace makes the
+/// request malformed (RFC 9113 §8.2.1), and no intermediary forwards one:
+/// 400 `invalid-header`, nothing sent, on a write or a pass-through alike.
+/// HTTP/1.1's parser drops that whitespace, so a write made there with it
+/// is replayed to its retry sent without it over HTTP/2.
+#[tokio::test]
+async fn http2_field_values_with_whitespace_around_them_are_refused() {
+    let gw = spawn_gateway("").await;
+    let json = ("content-type", "application/json");
+    let padded = ("authorization", "Bearer alice-token ");
+    for key in ["ws-1", "ws-2"] {
+        let refused = send_h2(
+            gw.addr(),
+            "POST",
+            "/tasks",
+            &[json, ("idempotency-key", key), padded],
+            BODY,
+        )
+        .await;
+        refused.assert_problem_mentioning(400, "invalid-header", "authorization");
+    }
+    let read = send_h2(gw.addr(), "GET", "/tasks", &[("x-note", "\tsee")], "").await;
+    read.assert_problem(400, "invalid-header");
+    assert!(gw.upstream.requests().is_empty(), "nothing sent");
+
+    let first = send(
+        gw.addr(),
+        "POST",
+        "/tasks",
+        &[json, ("idempotency-key", "ws-1"), padded],
+        BODY,
+    )
+    .await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let clean = send_h2(
+        gw.addr(),
+        "POST",
+        "/tasks",
+        &[json, ("idempotency-key", "ws-1"), ("authorization", ALICE)],
+        BODY,
+    )
+    .await;
+    assert!(clean.is_replay(), "{:?} {:?}", clean.status, clean.body);
+    assert_eq!(gw.upstream.writes(), 1);
+}

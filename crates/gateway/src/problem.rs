@@ -34,6 +34,7 @@ pub enum ProblemKind {
     NoRoute,
     InvalidPath,
     InvalidHost,
+    InvalidHeader,
     HeadersTooLarge,
     UnknownOperation,
     MissingKey,
@@ -93,9 +94,8 @@ impl ProblemKind {
     pub fn status(self) -> StatusCode {
         use ProblemKind::*;
         match self {
-            InvalidPath | InvalidHost | MissingKey | InvalidKey | MissingScope | InvalidBody => {
-                StatusCode::BAD_REQUEST
-            }
+            InvalidPath | InvalidHost | InvalidHeader | MissingKey | InvalidKey | MissingScope
+            | InvalidBody => StatusCode::BAD_REQUEST,
             AmbiguousCredentials | InvalidCursor | InvalidRequest | InvalidResolution => {
                 StatusCode::BAD_REQUEST
             }
@@ -132,6 +132,7 @@ impl ProblemKind {
             NoRoute => ("no-route", "No route"),
             InvalidPath => ("invalid-path", "Invalid request path"),
             InvalidHost => ("invalid-host", "Invalid request host"),
+            InvalidHeader => ("invalid-header", "Malformed request header"),
             HeadersTooLarge => ("headers-too-large", "Request head too large"),
             UnknownOperation => ("unknown-operation", "Unknown operation"),
             MissingKey => ("missing-key", "Idempotency-Key required"),
@@ -336,10 +337,11 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 38] = [
+    const CASES: [(ProblemKind, u16, &str); 39] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (InvalidHost, 400, "invalid-host"),
+        (InvalidHeader, 400, "invalid-header"),
         (HeadersTooLarge, 431, "headers-too-large"),
         (UnknownOperation, 404, "unknown-operation"),
         (MissingKey, 400, "missing-key"),

@@ -1,6 +1,7 @@
 //! Requests through a fresh hyper client, and assertions on what came back.
 
 use super::*;
+use hyper_util::client::legacy::connect::HttpConnector;
 
 /// A response as the client saw it.
 #[derive(Debug)]
@@ -130,6 +131,36 @@ pub async fn try_send(
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let req =
         build_request(method, &format!("http://{addr}{path}"), headers, body).expect("request");
+    exchange(client, req, within).await
+}
+
+/// Like [`send`], over HTTP/2 with prior knowledge: the path's authority
+/// is `addr` (`:authority`), and each of `headers` is a field of its own,
+/// as sent (a name given twice is two fields).
+pub async fn send_h2(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Response {
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let req =
+        build_request(method, &format!("http://{addr}{path}"), headers, body).expect("request");
+    match exchange(client, req, WAIT).await {
+        Ok(resp) => resp,
+        Err(e) => panic!("{method} {path} over HTTP/2: {e:?}"),
+    }
+}
+
+/// One request on `client`, its whole response within `within`.
+async fn exchange(
+    client: Client<HttpConnector, Full<Bytes>>,
+    req: Request<Full<Bytes>>,
+    within: Duration,
+) -> Result<Response, Exchange> {
     let exchange = async {
         let resp = client
             .request(req)

@@ -12,6 +12,7 @@ use http::Response;
 
 use crate::body::ProxyBody;
 use crate::metrics::{OperationId, Outcome, StoreFailure};
+use crate::pipeline::fields::FieldError;
 use crate::pipeline::host::HostError;
 use crate::pipeline::key::KeyError;
 use crate::pipeline::path::PathError;
@@ -47,6 +48,8 @@ pub enum ProxyError {
     InvalidPath(#[from] PathError),
     #[error(transparent)]
     InvalidHost(#[from] HostError),
+    #[error(transparent)]
+    InvalidHeader(#[from] FieldError),
     #[error("the request head is larger than {limit} bytes")]
     HeadersTooLarge { limit: usize },
     #[error("no operation with this key in your scope")]
@@ -163,6 +166,7 @@ impl ProxyError {
             NoRoute { .. } => (ProblemKind::NoRoute, None),
             InvalidPath(_) => (ProblemKind::InvalidPath, None),
             InvalidHost(_) => (ProblemKind::InvalidHost, None),
+            InvalidHeader(_) => (ProblemKind::InvalidHeader, None),
             HeadersTooLarge { .. } => (ProblemKind::HeadersTooLarge, None),
             UnknownOperation => (ProblemKind::UnknownOperation, None),
             MissingKey => (ProblemKind::MissingKey, None),
@@ -256,6 +260,7 @@ impl ProxyError {
             NoRoute { .. }
             | InvalidPath(_)
             | InvalidHost(_)
+            | InvalidHeader(_)
             | UnknownOperation
             | HeadersTooLarge { .. }
             | MissingKey

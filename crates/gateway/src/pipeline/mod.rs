@@ -6,7 +6,9 @@
 //!    sees one spelling; a path that has none → 400 `invalid-path`. `host`:
 //!    the host likewise, one `host` header from `:authority` or `Host`
 //!    whichever version brought it; a `Host` that disagrees with the
-//!    authority → 400 `invalid-host`.
+//!    authority → 400 `invalid-host`. `fields`: an HTTP/2 request's cookie
+//!    crumbs joined into one `Cookie`; a value with whitespace around it
+//!    → 400 `invalid-header`.
 //! 1. `route`: longest `path_prefix`; none → 404 `no-route`; a path that
 //!    another upstream's reading (`;` stripped, `%2F` decoded) puts on another
 //!    route → 400 `invalid-path`. A method the route does not intercept is
@@ -63,6 +65,7 @@ pub(crate) mod claim;
 pub(crate) mod connector;
 pub mod drill;
 pub(crate) mod error;
+pub(crate) mod fields;
 pub mod fingerprint;
 pub mod forward;
 pub(crate) mod host;
@@ -334,6 +337,7 @@ impl Proxy {
         // Phase 0, once: from here on the request's path is in normal form.
         let normalized = path::normalize(request.uri_mut());
         let host = host::normalize(&mut request);
+        let fields = fields::normalize(&mut request);
         let path = request.uri().path().to_string();
         let reserved = normalized.is_ok() && path.starts_with(status::PREFIX);
         let routed = normalized.and_then(|()| {
@@ -351,6 +355,8 @@ impl Proxy {
         } else if let Err(error) = routed {
             Err(error.into())
         } else if let Err(error) = host {
+            Err(error.into())
+        } else if let Err(error) = fields {
             Err(error.into())
         } else if reserved {
             status::lookup(

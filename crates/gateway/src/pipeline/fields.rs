@@ -1,0 +1,113 @@
+//! Phase 0, beside the path and the host: an HTTP/2 request's fields as
+//! HTTP/1.1 would have brought them.
+//!
+//! HTTP/1.1's parser drops the whitespace around a field value, and a
+//! client sends its cookie on one `Cookie` line; an HTTP/2 client sends
+//! values as they are and may split its cookie into crumbs, one field each
+//! (RFC 9113 §8.2.3). What reads fields — a route's `scope_headers` and
+//! `fingerprint_headers`, the key, the upstream, which hears HTTP/1.1 —
+//! must see one value for one request however it came, or a write made
+//! over one version and retried over the other is a new operation (a
+//! second write upstream).
+//!
+//! Invariant: after [`normalize`], an HTTP/2 request carries at most one
+//! `cookie` field, its crumbs joined with `"; "` in the order sent; and an
+//! HTTP/2 request with a field value that starts or ends with a space or a
+//! tab, which RFC 9113 §8.2.1 makes malformed and no intermediary may
+//! forward, is refused ([`FieldError`], 400 `invalid-header`) before
+//! anything reads it. An HTTP/1.1 request is left as it came.
+
+use http::header::{COOKIE, HeaderValue};
+use http::{Request, Version};
+
+/// Why an HTTP/2 request's fields were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the value of the `{name}` header starts or ends with whitespace, which makes an HTTP/2 request malformed (RFC 9113 §8.2.1); nothing was sent"
+)]
+pub struct FieldError {
+    name: String,
+}
+
+/// Brings an HTTP/2 request's fields into HTTP/1.1's form, in place, as
+/// the module doc says.
+pub fn normalize<B>(request: &mut Request<B>) -> Result<(), FieldError> {
+    if request.version() != Version::HTTP_2 {
+        return Ok(());
+    }
+    let headers = request.headers_mut();
+    if let Some((name, _)) = headers.iter().find(|(_, value)| padded(value)) {
+        return Err(FieldError {
+            name: name.as_str().to_string(),
+        });
+    }
+    let mut crumbs = headers.get_all(COOKIE).iter();
+    if let (Some(_), Some(_)) = (crumbs.next(), crumbs.next()) {
+        let joined: Vec<&[u8]> = headers
+            .get_all(COOKIE)
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
+        // Made of valid values and "; ", it is always a valid value.
+        if let Ok(cookie) = HeaderValue::from_bytes(&joined.join(&b"; "[..])) {
+            headers.insert(COOKIE, cookie);
+        }
+    }
+    Ok(())
+}
+
+/// Whether a value starts or ends with a space or a tab.
+fn padded(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    let blank = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
+    blank(bytes.first()) || blank(bytes.last())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(version: Version, fields: &[(&str, &str)]) -> Request<()> {
+        let mut request = Request::builder().version(version);
+        for (name, value) in fields {
+            request = request.header(*name, *value);
+        }
+        request.body(()).unwrap()
+    }
+
+    fn cookies(request: &Request<()>) -> Vec<&str> {
+        let all = request.headers().get_all(COOKIE).iter();
+        all.map(|v| v.to_str().unwrap()).collect()
+    }
+
+    #[test]
+    fn http2_cookie_crumbs_become_one_cookie_in_their_order() {
+        let crumbs = [("cookie", "b=2"), ("x-other", "y"), ("cookie", "a=1")];
+        let mut h2 = request(Version::HTTP_2, &crumbs);
+        normalize(&mut h2).unwrap();
+        assert_eq!(cookies(&h2), ["b=2; a=1"]);
+        assert_eq!(h2.headers()["x-other"], "y");
+        let mut one = request(Version::HTTP_2, &[("cookie", "a=1; b=2")]);
+        normalize(&mut one).unwrap();
+        assert_eq!(cookies(&one), ["a=1; b=2"]);
+        // HTTP/1.1 as it came.
+        let mut h1 = request(Version::HTTP_11, &crumbs);
+        normalize(&mut h1).unwrap();
+        assert_eq!(cookies(&h1), ["b=2", "a=1"]);
+    }
+
+    #[test]
+    fn http2_values_with_whitespace_around_them_are_refused() {
+        for value in ["Bearer a ", " Bearer a", "\tBearer a", "Bearer a\t", " "] {
+            let mut h2 = request(Version::HTTP_2, &[("authorization", value)]);
+            let refused = normalize(&mut h2).unwrap_err();
+            assert!(refused.to_string().contains("`authorization`"), "{refused}");
+        }
+        for value in ["Bearer a", "", "a b"] {
+            let mut h2 = request(Version::HTTP_2, &[("authorization", value)]);
+            assert_eq!(normalize(&mut h2), Ok(()), "{value:?}");
+        }
+        let mut h1 = request(Version::HTTP_11, &[("authorization", "Bearer a ")]);
+        assert_eq!(normalize(&mut h1), Ok(()));
+    }
+}
