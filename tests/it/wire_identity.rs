@@ -215,12 +215,23 @@ async fn a_stream_whose_host_disagrees_with_its_authority_is_refused() {
 
 /// An OASIS write with request id `id` first sent at `first_sent`.
 async fn oasis_write(gw: &TestGateway, id: &str, first_sent: &str) -> Response {
-    let headers = [
+    oasis_write_with(gw, id, first_sent, &[]).await
+}
+
+/// [`oasis_write`] with `extra` headers after its own.
+async fn oasis_write_with(
+    gw: &TestGateway,
+    id: &str,
+    first_sent: &str,
+    extra: &[(&str, &str)],
+) -> Response {
+    let mut headers = vec![
         ("content-type", "application/json"),
         ("authorization", ALICE),
         ("repeatability-request-id", id),
         ("repeatability-first-sent", first_sent),
     ];
+    headers.extend_from_slice(extra);
     send(gw.addr(), "POST", "/tasks", &headers, BODY).await
 }
 
@@ -326,6 +337,33 @@ async fn oasis_problems_name_the_headers_the_route_reads() {
     .await;
     let body = changed.assert_problem(400, "key-reused");
     assert_names_only_the_oasis_header(&body.to_string());
+}
+
+/// OASIS `Repeatability-Client-ID` narrows the scope as a scope header
+/// does: empty or blank it is no client id, so a retry that sends it empty
+/// is the same client's (a replay, not a second write); and a request that
+/// names two client ids, or two first-sent times, says nothing certain
+/// about who sent it or when: 400 `invalid-key`, nothing sent.
+#[tokio::test]
+async fn oasis_client_ids_are_read_as_scope_headers_are() {
+    let gw = spawn_gateway(OASIS).await;
+    let now = date_from_now(0);
+    let id = assert_fresh_created(&oasis_write(&gw, "c-1", &now).await);
+    // OASIS marks no replay: the same answer, and one write upstream.
+    let blank = oasis_write_with(&gw, "c-1", &now, &[("repeatability-client-id", "")]).await;
+    assert_eq!(blank.json()["id"].as_u64(), Some(id), "{:?}", blank.body);
+    assert_eq!(gw.upstream.writes(), 1, "an empty client id is none");
+
+    let two = [
+        ("repeatability-client-id", "alice"),
+        ("repeatability-client-id", "bob"),
+    ];
+    let refused = oasis_write_with(&gw, "c-2", &now, &two).await;
+    refused.assert_problem_mentioning(400, "invalid-key", "Repeatability-Client-ID");
+    let dated_twice = [("repeatability-first-sent", "Sat, 31 Dec 2016 23:59:59 GMT")];
+    let refused = oasis_write_with(&gw, "c-3", &now, &dated_twice).await;
+    refused.assert_problem_mentioning(400, "invalid-key", "Repeatability-First-Sent");
+    assert_eq!(gw.upstream.writes(), 1, "nothing sent");
 }
 
 fn assert_names_only_the_oasis_header(body: &str) {

@@ -396,7 +396,7 @@ const OASIS: Wire = Wire {
     key_headers: &["repeatability-request-id"],
     key_syntax: KeySyntax::Opaque,
     key_name: "Repeatability-Request-ID",
-    scope_header: Some("repeatability-client-id"),
+    scope_header: Some("Repeatability-Client-ID"),
     first_sent: Some("Repeatability-First-Sent"),
     release_5xx: true,
     replayed_header: false,

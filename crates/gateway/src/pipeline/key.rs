@@ -50,6 +50,12 @@ pub enum KeyError {
     Disagree {
         headers: String,
     },
+    /// A header the profile reads beside the key (OASIS
+    /// `Repeatability-Client-ID`, `Repeatability-First-Sent`) came more
+    /// than once.
+    SeveralOf {
+        header: &'static str,
+    },
     FirstSentMissing {
         header: &'static str,
     },
@@ -86,6 +92,7 @@ impl KeyError {
             Disagree { headers } => {
                 format!("the request's key headers ({headers}) name different keys; send one")
             }
+            SeveralOf { header } => format!("several {header} headers were sent; send one"),
             FirstSentMissing { header } => {
                 format!("a repeatable request needs {header} (an HTTP-date) beside its {key}")
             }
@@ -301,19 +308,24 @@ impl Scope {
     }
 
     /// This scope narrowed by what a route's profile adds to it: the
-    /// endpoint path (ACP §6.1), a client id header (OASIS). Unchanged
-    /// when the profile adds nothing, so idemgate's scopes (and the keys
-    /// derived from them) stay what they were.
+    /// endpoint path (ACP §6.1), a client id header (OASIS), read as a
+    /// scope header is (empty or blank, it is none). Unchanged when the
+    /// profile adds nothing, so idemgate's scopes (and the keys derived
+    /// from them) stay what they were. Refused when the client id header
+    /// came more than once: the request names no one client.
     pub(crate) fn narrowed(
         self,
         wire: &Wire,
         path: &str,
         headers: &HeaderMap,
         key: &ScopeKey,
-    ) -> Self {
-        let client = wire.scope_header.and_then(|name| headers.get(name));
+    ) -> Result<Self, KeyError> {
+        let client = match wire.scope_header {
+            Some(header) => one_of(headers, header)?,
+            None => None,
+        };
         if !wire.scope_path && client.is_none() {
-            return self;
+            return Ok(self);
         }
         let mut hasher = Sha256::new();
         hasher.update(b"idemgate-scope-v1:narrowed");
@@ -327,10 +339,23 @@ impl Scope {
             }
         }
         let digest = digest_hex(hasher);
-        Scope {
+        Ok(Scope {
             keyed: key.keyed(&digest),
             digest,
-        }
+        })
+    }
+}
+
+/// The one value of `header` that is not empty or blank, if any; refused
+/// when there are several.
+pub(crate) fn one_of<'h>(
+    headers: &'h HeaderMap,
+    header: &'static str,
+) -> Result<Option<&'h http::HeaderValue>, KeyError> {
+    let mut given = headers.get_all(header).iter().filter(|v| !is_blank(v));
+    match (given.next(), given.next()) {
+        (Some(_), Some(_)) => Err(KeyError::SeveralOf { header }),
+        (one, _) => Ok(one),
     }
 }
 
@@ -418,24 +443,39 @@ mod tests {
         let base = scope("Bearer a");
         let same = base
             .clone()
-            .narrowed(Profile::Idemgate.wire(), "/a", &headers, &key);
+            .narrowed(Profile::Idemgate.wire(), "/a", &headers, &key)
+            .unwrap();
         assert_eq!(same, base);
         let acp = |path| {
             base.clone()
                 .narrowed(Profile::Acp.wire(), path, &headers, &key)
+                .unwrap()
         };
         assert_ne!(acp("/a"), base);
         assert_ne!(acp("/a"), acp("/b"));
         assert_eq!(acp("/a"), acp("/a"));
         let oasis = base
             .clone()
-            .narrowed(Profile::Oasis.wire(), "/a", &headers, &key);
+            .narrowed(Profile::Oasis.wire(), "/a", &headers, &key)
+            .unwrap();
         assert_ne!(oasis, base);
         assert_eq!(
             base.clone()
-                .narrowed(Profile::Oasis.wire(), "/a", &HeaderMap::new(), &key),
+                .narrowed(Profile::Oasis.wire(), "/a", &HeaderMap::new(), &key)
+                .unwrap(),
             base
         );
+        // A blank client id is none, as a blank scope header is; two name no one client.
+        let mut blank = HeaderMap::new();
+        blank.insert("repeatability-client-id", HeaderValue::from_static(" "));
+        let unnamed = base
+            .clone()
+            .narrowed(Profile::Oasis.wire(), "/a", &blank, &key);
+        assert_eq!(unnamed, Ok(base.clone()));
+        headers.append("repeatability-client-id", HeaderValue::from_static("c2"));
+        let two = base.narrowed(Profile::Oasis.wire(), "/a", &headers, &key);
+        let header = "Repeatability-Client-ID";
+        assert_eq!(two, Err(KeyError::SeveralOf { header }));
     }
 
     #[test]

@@ -528,12 +528,8 @@ impl Proxy {
                 headers: names.join(", "),
             }
         })?;
-        Ok(scope.narrowed(
-            route.profile.wire(),
-            parts.uri.path(),
-            &parts.headers,
-            &self.scope_key,
-        ))
+        let wire = route.profile.wire();
+        Ok(scope.narrowed(wire, parts.uri.path(), &parts.headers, &self.scope_key)?)
     }
 
     /// `key` with the identity it names on `route` in `scope` ([`Named`]),

@@ -70,9 +70,9 @@ pub async fn lookup<B>(
                 scope_key,
             )?
             .narrowed(wire, path, request.headers(), scope_key);
-            Some((route.name.clone(), scope.as_str().to_string()))
+            Some(scope.map(|scope| (route.name.clone(), scope.as_str().to_string())))
         })
-        .collect();
+        .collect::<Result<_, KeyError>>()?;
     let found = store
         .find_newest(&scopes, key.as_str())
         .await

@@ -15,7 +15,7 @@ use http::{HeaderMap, Response};
 use crate::body::ProxyBody;
 use crate::metrics::Outcome;
 use crate::pipeline::error::ProxyError;
-use crate::pipeline::key::KeyError;
+use crate::pipeline::key::{self, KeyError};
 use crate::pipeline::replay::IDEMPOTENT_REPLAYED;
 use crate::profile::{EchoKey, REPEATABILITY_RESULT, Wire};
 use idemgate_model::clock;
@@ -45,8 +45,7 @@ pub fn check_first_sent(
     let Some(header) = wire.first_sent else {
         return Ok(());
     };
-    let text = headers
-        .get(header)
+    let text = key::one_of(headers, header)?
         .ok_or(KeyError::FirstSentMissing { header })?
         .to_str()
         .map_err(|_| KeyError::FirstSentInvalid { header })?;
