@@ -71,6 +71,73 @@ async fn equivalent_spellings_of_a_protected_path_are_one_operation_on_it() {
     }
 }
 
+/// A character a path may not hold raw (non-ASCII, `{`, `}`, `"`) is one
+/// character however the client spells it: on an `acp` route, whose key
+/// is scoped by the endpoint's path, the same key and body sent raw and
+/// percent-encoded are one operation, and the upstream gets the encoded
+/// path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_spelled_raw_or_encoded_is_one_endpoint() {
+    let gw = spawn_gateway("profile = \"acp\"").await;
+    let spellings = [
+        (
+            "/checkout_sessions/caf\u{e9}/complete",
+            "/checkout_sessions/caf%C3%A9/complete",
+        ),
+        (
+            "/checkout_sessions/a{b}/complete",
+            "/checkout_sessions/a%7Bb%7D/complete",
+        ),
+        (
+            "/checkout_sessions/a\"b/complete",
+            "/checkout_sessions/a%22b/complete",
+        ),
+    ];
+    for (n, (raw, encoded)) in spellings.into_iter().enumerate() {
+        let key = format!("spelled-raw-{n}");
+        let head = raw_write_head(
+            raw,
+            "application/json",
+            &key,
+            &[&format!("content-length: {}", BODY.len())],
+        );
+        let mut request = head.into_bytes();
+        request.extend_from_slice(BODY.as_bytes());
+        let first = raw_exchange(gw.addr(), &request).await.expect("an answer");
+        assert_eq!(first.status, 201, "{raw}: {}", first.head);
+        let retry = write(gw.addr(), encoded, Some(&key), BODY).await;
+        assert!(
+            retry.is_replay(),
+            "{encoded}: {:?} {:?}",
+            retry.status,
+            retry.body
+        );
+        assert_eq!(gw.upstream.writes(), n + 1, "{raw}: one upstream write");
+        assert_eq!(gw.upstream.write_requests()[n].uri, encoded);
+    }
+    // Spellings an upstream may read as the same endpoint (a servlet
+    // container strips `;` parameters, most frameworks take a trailing
+    // `/`) are one endpoint for the key's scope: the retry is 422
+    // `key-reused`, not a second write.
+    let first = write(
+        gw.addr(),
+        "/checkout_sessions/cs_1/complete",
+        Some("loose"),
+        BODY,
+    )
+    .await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    for spelled in [
+        "/checkout_sessions/cs_1/complete;jsessionid=x",
+        "/checkout_sessions/cs_1/complete/",
+        "/checkout_sessions;v=1/cs_1/complete/",
+    ] {
+        let retry = write(gw.addr(), spelled, Some("loose"), BODY).await;
+        assert_eq!(retry.status, 422, "{spelled}: {:?}", retry.body);
+    }
+    assert_eq!(gw.upstream.writes(), spellings.len() + 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dot_segment_leaves_the_prefix_it_names() {
     let gw = protected_api_beside_a_catch_all().await;

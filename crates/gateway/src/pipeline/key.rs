@@ -14,6 +14,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
 use crate::pipeline::fingerprint::digest_hex;
+use crate::pipeline::path;
 use crate::profile::{KeySyntax, Profile, Wire};
 use idemgate_model::canonical_json::{self, NotExact};
 use idemgate_model::operation::Fingerprint;
@@ -330,7 +331,8 @@ impl Scope {
         let mut hasher = Sha256::new();
         hasher.update(b"idemgate-scope-v1:narrowed");
         hasher.update(self.digest.as_bytes());
-        let path = wire.scope_path.then_some(path.as_bytes());
+        let endpoint = wire.scope_path.then(|| path::endpoint(path));
+        let path = endpoint.as_deref().map(str::as_bytes);
         for (label, part) in [(b"path", path), (b"peer", client.map(|v| v.as_bytes()))] {
             if let Some(part) = part {
                 hasher.update(label);

@@ -14,7 +14,10 @@
 //! 1. percent-encoded unreserved characters (`A–Z a–z 0–9 - . _ ~`) are
 //!    decoded (`%61` → `a`, `%2E` → `.`); every other percent-encoding is
 //!    kept, with upper-case hex digits (`%2f` → `%2F`): a reserved character
-//!    stays data, `%2F` is never a `/`;
+//!    stays data, `%2F` is never a `/`; and a byte no path may hold as
+//!    itself, which a lenient parser (hyper's among them) takes — a
+//!    non-ASCII character's UTF-8, `"`, `{`, `}`, `|`… — is encoded, so
+//!    `/café` and `/caf%C3%A9` are one path;
 //! 2. empty segments are merged (`//` → `/`), as nginx's `merge_slashes` and
 //!    most frameworks do before they route: an upstream that merges would
 //!    perform `/o//prot/x` as `/o/prot/x`, so idemgate must route it there;
@@ -122,6 +125,24 @@ pub fn readings(path: &str) -> Vec<String> {
         .collect()
 }
 
+/// The endpoint the normal-form `path` names, as a profile that scopes
+/// keys by endpoint reads it (`Wire::scope_path`): every segment's `;`
+/// parameters stripped and a trailing `/` dropped, since some upstream
+/// reads each of those spellings as the same endpoint (a servlet
+/// container, most frameworks); a key reused across them is then one
+/// scope's, and its changed path a `key-reused`, never a second write.
+pub fn endpoint(path: &str) -> Cow<'_, str> {
+    let stripped = if path.contains(';') {
+        Cow::Owned(strip_parameters(path))
+    } else {
+        Cow::Borrowed(path)
+    };
+    match stripped.strip_suffix('/').filter(|p| !p.is_empty()) {
+        Some(trimmed) => Cow::Owned(trimmed.to_string()),
+        None => stripped,
+    }
+}
+
 /// `path` with each segment cut at its first `;`, as a servlet container
 /// does before it routes (`/a;x/b;y=1` → `/a/b`).
 fn strip_parameters(path: &str) -> String {
@@ -145,25 +166,49 @@ fn merge_empty_segments(path: &str) -> Option<String> {
     Some(out)
 }
 
-/// Step 1: unreserved characters decoded, other encodings upper-cased.
+/// The bytes a path holds as themselves (RFC 3986 §3.3: `pchar` and `/`),
+/// and `%`, which opens an encoding.
+const AS_SENT: [bool; 256] = {
+    let mut kept = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        kept[byte] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.' | b'_' | b'~' // unreserved
+                    | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' // sub-delims
+                    | b':' | b'@' | b'/' | b'%'
+            );
+        byte += 1;
+    }
+    kept
+};
+
+/// Step 1: unreserved characters decoded, other encodings upper-cased, and
+/// every byte a path may not hold as itself (a non-ASCII character's UTF-8
+/// bytes, `"`, `{`, `}`…, which lenient parsers take) encoded.
 fn normalize_percent_encodings(path: &str) -> Result<Cow<'_, str>, PathError> {
     let bytes = path.as_bytes();
-    let Some(first) = bytes.iter().position(|&b| b == b'%') else {
+    let Some(first) = bytes
+        .iter()
+        .position(|&b| b == b'%' || !AS_SENT[usize::from(b)])
+    else {
         return Ok(Cow::Borrowed(path));
     };
-    let mut out = String::with_capacity(path.len());
+    let mut out = String::with_capacity(path.len() + 8);
+    // ASCII up to `first`: a character boundary.
     out.push_str(&path[..first]);
     let mut i = first;
     while i < bytes.len() {
-        if bytes[i] != b'%' {
-            // Copy up to the next `%` whole: the path is valid UTF-8 and
-            // `%` is ASCII, so the slice ends on a character boundary.
-            let next = bytes[i..]
-                .iter()
-                .position(|&b| b == b'%')
-                .map_or(bytes.len(), |n| i + n);
-            out.push_str(&path[i..next]);
-            i = next;
+        let byte = bytes[i];
+        if byte != b'%' {
+            if AS_SENT[usize::from(byte)] {
+                out.push(char::from(byte));
+            } else {
+                push_encoded(&mut out, byte);
+            }
+            i += 1;
             continue;
         }
         let hex = |at: usize| bytes.get(at).and_then(|&b| (b as char).to_digit(16));
@@ -174,12 +219,7 @@ fn normalize_percent_encodings(path: &str) -> Result<Cow<'_, str>, PathError> {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
             out.push(char::from(byte));
         } else {
-            const HEX: &[u8; 16] = b"0123456789ABCDEF";
-            out.extend([
-                '%',
-                HEX[usize::from(byte >> 4)].into(),
-                HEX[usize::from(byte & 0xF)].into(),
-            ]);
+            push_encoded(&mut out, byte);
         }
         i += 3;
     }
@@ -189,6 +229,16 @@ fn normalize_percent_encodings(path: &str) -> Result<Cow<'_, str>, PathError> {
     } else {
         Cow::Owned(out)
     })
+}
+
+/// `%` and `byte` in two upper-case hex digits.
+fn push_encoded(out: &mut String, byte: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.extend([
+        '%',
+        HEX[usize::from(byte >> 4)].into(),
+        HEX[usize::from(byte & 0xF)].into(),
+    ]);
 }
 
 /// Step 3, RFC 3986 §5.2.4 for an absolute path: `.` segments vanish, `..`
@@ -276,6 +326,31 @@ mod tests {
         assert_eq!(normal("/a/b//"), "/a/b/");
         assert_eq!(normal("/api/../v1/x"), "/v1/x");
         assert_eq!(normal("/x/../api/echo"), "/api/echo");
+    }
+
+    #[test]
+    fn characters_a_path_may_not_hold_are_percent_encoded() {
+        // Non-ASCII (its UTF-8 bytes) and the ASCII outside RFC 3986's
+        // pchar: one spelling for what clients send raw or encoded.
+        assert_normal_forms(&[
+            ("/caf\u{e9}/x", "/caf%C3%A9/x"),
+            ("/caf%c3%a9/x", "/caf%C3%A9/x"),
+            ("/a{b}/x", "/a%7Bb%7D/x"),
+            ("/a\"b|c^d`e\\f<g>h", "/a%22b%7Cc%5Ed%60e%5Cf%3Cg%3Eh"),
+            ("/%7bb%7d", "/%7Bb%7D"),
+            // What a path may hold stays as sent.
+            ("/a:b@c!$&'()*+,;=d-._~", "/a:b@c!$&'()*+,;=d-._~"),
+        ]);
+    }
+
+    #[test]
+    fn an_endpoint_is_its_path_without_parameters_or_a_trailing_slash() {
+        assert_eq!(endpoint("/a/b"), "/a/b");
+        assert_eq!(endpoint("/a/b/"), "/a/b");
+        assert_eq!(endpoint("/a;x/b;y=1/"), "/a/b");
+        assert_eq!(endpoint("/"), "/");
+        assert_eq!(endpoint("/;x"), "/");
+        assert_eq!(endpoint("/a%3Bb"), "/a%3Bb");
     }
 
     #[test]
