@@ -191,6 +191,33 @@ async fn custom_scope_header_replaces_authorization() {
     assert_eq!(gw.upstream.writes(), 2);
 }
 
+/// Under the `ietf` profile a key is an sf-string on the wire (the draft's
+/// §2.1), the only spelling such a route takes: the upstream gets it so
+/// (quotes and backslashes escaped), and so does the client a key the
+/// gateway assigned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ietf_route_spells_the_key_as_an_sf_string_both_ways() {
+    let gw = spawn_gateway("profile = \"ietf\"").await;
+    let first = write(gw.addr(), "/payments", Some("\"pay-1\""), BODY).await;
+    assert_fresh_created(&first);
+    let escaped = write(gw.addr(), "/payments", Some(r#""a\"b\\c""#), BODY).await;
+    assert_fresh_created(&escaped);
+    let sent = gw.upstream.write_requests();
+    assert_eq!(sent[0].header("idempotency-key"), Some("\"pay-1\""));
+    assert_eq!(sent[1].header("idempotency-key"), Some(r#""a\"b\\c""#));
+
+    let assigning = spawn_gateway("profile = \"ietf\"\nkey = \"assign\"").await;
+    let made = write(assigning.addr(), "/payments", None, BODY).await;
+    assert_fresh_created(&made);
+    let key = made.header("idempotency-key").expect("the assigned key");
+    let bare = key.strip_prefix('"').and_then(|k| k.strip_suffix('"'));
+    assert_uuid_v7(bare.unwrap_or_else(|| panic!("not an sf-string: {key}")));
+    let sent = assigning.upstream.write_requests();
+    assert_eq!(sent[0].header("idempotency-key"), Some(key));
+    let retry = write(assigning.addr(), "/payments", Some(key), BODY).await;
+    assert_replay_of(&retry, &made);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assign_mode_returns_its_key() {
     let gw = spawn_gateway(r#"key = "assign""#).await;

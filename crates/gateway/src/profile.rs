@@ -18,6 +18,7 @@
 //! This module names nothing else of the crate, so that the configuration,
 //! the pipeline and the conformance suite can all read it.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// The conventions a route speaks (`routes[].profile`).
@@ -240,6 +241,26 @@ pub struct Wire {
 }
 
 impl Wire {
+    /// `key` as the profile writes it in an `Idempotency-Key` it sends (to
+    /// the upstream, or a key it made back to the client): an sf-string
+    /// where the key is only one ([`KeySyntax::String`], the IETF draft's
+    /// §2.1), its quotes and backslashes escaped; as it is otherwise.
+    pub(crate) fn spelled_key<'k>(&self, key: &'k str) -> Cow<'k, str> {
+        if self.key_syntax != KeySyntax::String {
+            return Cow::Borrowed(key);
+        }
+        let mut spelled = String::with_capacity(key.len() + 2);
+        spelled.push('"');
+        for c in key.chars() {
+            if matches!(c, '"' | '\\') {
+                spelled.push('\\');
+            }
+            spelled.push(c);
+        }
+        spelled.push('"');
+        Cow::Owned(spelled)
+    }
+
     /// The answer for problem `name` whose idemgate status is `status`.
     pub fn decide(&self, name: &str, status: u16) -> Decided {
         let answer = self

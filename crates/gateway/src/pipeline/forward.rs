@@ -291,10 +291,12 @@ pub(crate) struct WriteRequest {
 }
 
 impl WriteRequest {
-    /// Rewrites a buffered write for `claim`'s attempt: the bare key in
+    /// Rewrites a buffered write for `claim`'s attempt: the key in
     /// `forward_key_header`, the operation's id in the destination key's
     /// header (replacing the client's key when both name one header:
-    /// docs/requests.md, "A destination key"), the body sent with a
+    /// docs/requests.md, "A destination key"), each bare but in an
+    /// `Idempotency-Key` as the profile spells it there
+    /// ([`crate::profile::Wire::spelled_key`]); the body sent with a
     /// Content-Length.
     pub fn new(
         route: &Route,
@@ -306,17 +308,24 @@ impl WriteRequest {
         let operation_id = claim.operation_id.as_str();
         upstream_head(route, &mut head, peer);
         head.headers.remove(crate::pipeline::key::IDEMPOTENCY_KEY);
-        let value = |text: &str| {
-            HeaderValue::from_str(text).map_err(|e| ProxyError::Internal {
+        let wire = route.profile.wire();
+        let value = |name: &HeaderName, text: &str| {
+            let spelled = if name == crate::pipeline::key::IDEMPOTENCY_KEY {
+                wire.spelled_key(text)
+            } else {
+                text.into()
+            };
+            HeaderValue::from_str(&spelled).map_err(|e| ProxyError::Internal {
                 reason: e.to_string(),
             })
         };
         if let Some(name) = &route.forward_key_header {
-            head.headers.insert(name.clone(), value(key)?);
+            head.headers.insert(name.clone(), value(name, key)?);
         }
         if let Some(destination) = &route.destination_key {
+            let name = &destination.header;
             head.headers
-                .insert(destination.header.clone(), value(operation_id)?);
+                .insert(name.clone(), value(name, operation_id)?);
         }
         head.headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));

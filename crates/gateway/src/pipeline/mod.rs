@@ -100,7 +100,7 @@ use crate::access_log::{AccessLine, AccessLog};
 use crate::body::{BoxError, ProxyBody, declared_length};
 use crate::config::{Config, KeyMode, RotatedKeys, Route};
 use crate::metrics::{Metrics, OperationId, Outcome, RouteSeries, StoreFailure};
-use crate::profile::Profile;
+use crate::profile::{Profile, Wire};
 use crate::tls::TlsError;
 use crate::traces::{self, Step, Tracing};
 use attempt::Attempt;
@@ -486,7 +486,7 @@ impl Proxy {
         let answered = self.replay_or_send(active, write, payload).await;
         let response =
             answered.unwrap_or_else(|error| error.into_response_as(route.profile.wire()));
-        Ok(announce(response, made.as_ref()))
+        Ok(announce(response, route.profile.wire(), made.as_ref()))
     }
 
     /// Phase 2, the key: the one the client sent, if any. Refused when the
@@ -843,10 +843,11 @@ fn request_summary(route: &Route, parts: &request::Parts, body: &[u8]) -> Reques
 /// the client must retry with, whatever the answer.
 fn announce(
     mut response: Response<ProxyBody>,
+    wire: &Wire,
     made: Option<&IdempotencyKey>,
 ) -> Response<ProxyBody> {
     if let Some(key) = made
-        && let Ok(value) = HeaderValue::from_str(key.as_str())
+        && let Ok(value) = HeaderValue::from_str(&wire.spelled_key(key.as_str()))
     {
         response.headers_mut().insert(IDEMPOTENCY_KEY, value);
     }
