@@ -86,13 +86,20 @@ enum HttpDateError {
 /// An HTTP-date in any of the three forms RFC 9110 §5.6.7 makes recipients
 /// accept (IMF-fixdate, RFC 850, asctime), as ms since the epoch. An RFC
 /// 850 date's two-digit year is read as §5.6.7 says: in this century unless
-/// that is more than 50 years after `now`, else in the last one.
+/// that is more than 50 years after `now`, else in the last one. A leap
+/// second (second 60, which §5.6.7 allows and `httpdate` refuses) is read
+/// as the second before it.
 fn http_date_millis(text: &str, now: i64) -> Result<i64, HttpDateError> {
-    let imf = match rfc850_as_imf_fixdate(text, now) {
+    let mut imf = match rfc850_as_imf_fixdate(text, now) {
         Some(Ok(imf)) => imf,
         Some(Err(error)) => return Err(error),
         None => text.to_string(),
     };
+    // The seconds are the only part of a date that a space follows after
+    // a `:`, in every form.
+    if let Some(at) = imf.find(":60 ") {
+        imf.replace_range(at..at + 3, ":59");
+    }
     let sent = httpdate::parse_http_date(&imf).map_err(|_| HttpDateError::Invalid)?;
     let ms = sent
         .duration_since(UNIX_EPOCH)
@@ -293,6 +300,31 @@ mod tests {
         // The weekday must be the date's, and spelled out.
         assert!(first_sent(Some("Monday, 01-Dec-26 12:00:00 GMT"), SENT).is_err());
         assert!(first_sent(Some("Tuesxx, 01-Dec-26 12:00:00 GMT"), SENT).is_err());
+    }
+
+    #[test]
+    fn a_leap_second_is_read_as_the_second_before_it() {
+        // RFC 9110 §5.6.7: second 60 is a leap second, in every form.
+        let leap = [
+            (
+                "Sat, 31 Dec 2016 23:59:60 GMT",
+                "Sat, 31 Dec 2016 23:59:59 GMT",
+            ),
+            (
+                "Saturday, 31-Dec-16 23:59:60 GMT",
+                "Saturday, 31-Dec-16 23:59:59 GMT",
+            ),
+            ("Sat Dec 31 23:59:60 2016", "Sat Dec 31 23:59:59 2016"),
+        ];
+        for (leap, before) in leap {
+            let read = http_date_millis(leap, SENT);
+            assert_eq!(read, http_date_millis(before, SENT), "{leap}");
+            assert!(read.is_ok(), "{leap}");
+        }
+        assert_eq!(
+            http_date_millis("Sat, 31 Dec 2016 23:59:61 GMT", SENT),
+            Err(HttpDateError::Invalid)
+        );
     }
 
     #[test]
