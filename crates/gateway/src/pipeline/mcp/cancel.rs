@@ -70,7 +70,7 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Whether the server already sent something for this call before its
+    /// Whether the server already sent a message for this call before its
     /// response (relayed): it had begun on it.
     pub fn spoke(&self) -> bool {
         self.relay.as_ref().is_some_and(Relay::spoke)
