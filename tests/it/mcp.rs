@@ -37,7 +37,9 @@
 //! - a refusal after a priming event (an event id, empty data) releases
 //!   the call, its retry is sent, and the priming event is not relayed;
 //! - a relayed event whose data spans several lines reaches the client
-//!   whole, each line on a `data:` line of its own.
+//!   whole, each line on a `data:` line of its own;
+//! - a response whose id is the call's number written otherwise (`7` for
+//!   `7.0`) answers the call.
 //!
 //! And with the fake upstream's default path:
 //! - a body the gateway cannot read as JSON (a lone surrogate, a number
@@ -676,6 +678,25 @@ async fn a_relayed_event_of_several_lines_reaches_the_client_whole() {
     assert_eq!(messages[0]["id"], 0);
     assert_eq!(messages[1]["id"], 1, "{messages:?}");
     assert!(messages[1]["result"].is_object(), "{messages:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_to_the_same_number_written_otherwise_answers_the_call() {
+    let gw = events_gateway().await;
+    // The server echoes id 7.0 as 7, as JSON.parse and JSON.stringify do:
+    // the same JSON number.
+    let response = r#"data: {"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#;
+    for (round, accept) in [BOTH, "application/json"].into_iter().enumerate() {
+        let arguments = json!({ "title": accept, "events": [format!("{response}\n\n")] });
+        let first = call_with_id(&gw, "7.0", &arguments, accept).await;
+        let text = String::from_utf8_lossy(&first.body);
+        assert!(text.contains(r#""id":7.0"#), "under its own id: {text}");
+        assert_eq!(first.json()["result"]["content"], json!([]), "{text}");
+        let again = call_with_id(&gw, "8", &arguments, accept).await;
+        assert!(again.is_replay(), "{:?}", again.json());
+        assert_eq!(again.json()["id"], 8);
+        assert_eq!(gw.upstream.writes(), round + 1, "{accept}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -57,6 +57,19 @@ pub struct Call {
     pub(crate) accepts_stream: bool,
 }
 
+/// A JSON-RPC id as one text per id: a number by its value (`7`, `7.0`
+/// and `7e0` are one JSON number, and a server that reads ids as doubles
+/// echoes any of them as `7`), a string as itself.
+pub fn id_key(id: &Value) -> String {
+    match id.as_f64() {
+        // Below 1e38 an integral double is an i128 exactly.
+        Some(number) if id.is_f64() && number.fract() == 0.0 && number.abs() < 1e38 => {
+            (number as i128).to_string()
+        }
+        _ => id.to_string(),
+    }
+}
+
 /// What a POST to an MCP route is.
 #[derive(Debug)]
 pub enum Classified {
@@ -367,6 +380,20 @@ mod tests {
             classify_as(&[], arguments_twice),
             Classified::Refused(_)
         ));
+    }
+
+    #[test]
+    fn a_number_is_one_id_however_it_is_written() {
+        let key = |text: &str| id_key(&serde_json::from_str(text).unwrap());
+        for same in ["7.0", "7e0", "0.7e1", "70e-1"] {
+            assert_eq!(key(same), key("7"), "{same}");
+        }
+        assert_eq!(key("-0"), key("0"));
+        assert_eq!(key("1e2"), key("100"));
+        assert_eq!(key("18446744073709551615.0"), key("18446744073709551616"));
+        assert_ne!(key("7.5"), key("7"));
+        assert_ne!(key(r#""7""#), key("7"));
+        assert_ne!(key("1e300"), key("1"));
     }
 
     #[test]

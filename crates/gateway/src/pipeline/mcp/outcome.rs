@@ -4,9 +4,10 @@
 //!
 //! Invariants:
 //! - a call is `completed` only by the JSON-RPC response for its own id
-//!   carrying a `result` — a tool result with `isError: true` too, since
-//!   the tool ran — and what is stored is that response alone, without the
-//!   notifications that came before it (they are relayed, never stored);
+//!   (a number by its value: `7` answers `7.0`) carrying a `result` — a
+//!   tool result with `isError: true` too, since the tool ran — and what
+//!   is stored is that response alone, without the notifications that
+//!   came before it (they are relayed, never stored);
 //! - it is released (`not_attempted`) only by an answer that says it never
 //!   ran: a JSON-RPC error of the protocol's own refusals (parse, invalid
 //!   request, unknown method, invalid params, header mismatch, missing
@@ -24,7 +25,7 @@ use http::header::{CONTENT_TYPE, HeaderValue};
 use serde_json::Value;
 
 use crate::pipeline::forward::{Exchange, LostCause};
-use crate::pipeline::mcp::call::code;
+use crate::pipeline::mcp::call::{code, id_key};
 use crate::pipeline::sse;
 
 /// The 2025-11-25 revision's session header.
@@ -80,10 +81,7 @@ pub fn settle(exchange: Exchange, id: &Value, spoke: bool) -> Exchange {
     let mut response = None;
     for text in messages {
         match serde_json::from_slice::<Value>(&text) {
-            Ok(message)
-                if message.get("id") == Some(id)
-                    && (message.get("result").is_some() || message.get("error").is_some()) =>
-            {
+            Ok(message) if answers(&message, id) => {
                 response = Some((message, text));
                 break;
             }
@@ -122,6 +120,15 @@ pub fn settle(exchange: Exchange, id: &Value, spoke: bool) -> Exchange {
         return Exchange::Released { head, body: text };
     }
     Exchange::Complete { head, body: text }
+}
+
+/// Whether `message` is the JSON-RPC response to the request with id `id`
+/// (the same id by value: [`id_key`]).
+pub fn answers(message: &Value, id: &Value) -> bool {
+    (message.get("result").is_some() || message.get("error").is_some())
+        && message
+            .get("id")
+            .is_some_and(|answered| id_key(answered) == id_key(id))
 }
 
 /// A JSON-RPC error that says the request was refused before any tool ran
@@ -308,6 +315,12 @@ mod tests {
                 cause: LostCause::Failed,
                 ..
             }
+        ));
+        // The same number written otherwise is the same id.
+        let as_float = RESULT.replace(r#""id":7"#, r#""id":7.0"#);
+        assert!(matches!(
+            settled(200, "application/json", &as_float),
+            Exchange::Complete { .. }
         ));
         // Another id's response is not this call's.
         let elsewhere = r#"{"jsonrpc":"2.0","id":8,"result":{}}"#;

@@ -34,6 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::body::{BoxError, ProxyBody};
 use crate::pipeline::forward::EventAnswer;
+use crate::pipeline::mcp::outcome;
 use crate::pipeline::sse;
 
 /// Where one call's relayed events go, within its byte budget.
@@ -138,11 +139,11 @@ impl EventAnswer for CallEvents {
             .iter()
             .map(|data| serde_json::from_str(data).ok())
             .collect();
-        let answers = parsed.iter().flatten().any(|message| {
-            message.get("id") == Some(&self.id)
-                && (message.get("result").is_some() || message.get("error").is_some())
-        });
-        if answers {
+        if parsed
+            .iter()
+            .flatten()
+            .any(|message| outcome::answers(message, &self.id))
+        {
             return Some(event);
         }
         for (data, message) in messages.iter().zip(&parsed) {
@@ -245,7 +246,7 @@ mod tests {
         let progress = event(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#);
         let asking = event(r#"{"jsonrpc":"2.0","id":0,"method":"elicitation/create","params":{}}"#);
         let other = event(r#"{"jsonrpc":"2.0","id":8,"result":{}}"#);
-        let response = event(r#"{"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#);
+        let response = event(r#"{"jsonrpc":"2.0","id":7.0,"result":{"content":[]}}"#);
         for relayed_event in [&progress, &asking, &other] {
             assert_eq!(call.take(relayed_event.clone()), None);
         }
