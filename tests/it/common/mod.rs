@@ -25,8 +25,11 @@
 //!     the answer says otherwise: a 502/504 from a proxy in front of the API);
 //!   - `/once/{code}[?ms=N]`: the first write per `Idempotency-Key` waits N
 //!     ms and gets `code` uncommitted; later ones commit and wait N ms, then
-//!     answer like the default.
-//!
+//!     answer like the default;
+//!   - `/mcp-events`: commit, then answer 200 `text/event-stream` made of
+//!     the strings the JSON-RPC body's `params.arguments.events` lists, as
+//!     written, `{id}` in each replaced by the request's id (an MCP
+//!     server's answer to a tool call, exactly as a test wants its bytes);
 //!   - `/scripted`: what [`FakeUpstream::script`] says now (commit and
 //!     answer, commit and drop, commit and hold the answer until the test lets
 //!     it go, or refuse with a status), so identical

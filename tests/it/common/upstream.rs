@@ -428,6 +428,7 @@ async fn handle(
             Ok(resp)
         }
         "/hold" => std::future::pending().await,
+        "/mcp-events" => Ok(event_stream(&received)),
         "/drop" | "/dedup-lost" | "/dedup-busy" => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Drop => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Hold => {
@@ -527,6 +528,25 @@ fn task(state: &UpstreamState, segment: &str) -> hyper::Response<UpstreamBody> {
         .status(status)
         .header("content-type", "application/json")
         .body(boxed(Full::new(Bytes::from(body.to_string()))))
+        .expect("response")
+}
+
+/// `POST /mcp-events`: an MCP server answering a JSON-RPC request on an
+/// event stream: the events its `params.arguments.events` lists, byte for
+/// byte, `{id}` in each replaced by the request's id as JSON.
+fn event_stream(received: &Value) -> hyper::Response<UpstreamBody> {
+    let id = received["id"].to_string();
+    let events: String = received["params"]["arguments"]["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|event| event.replace("{id}", &id))
+        .collect();
+    hyper::Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "text/event-stream")
+        .body(boxed(Full::new(Bytes::from(events))))
         .expect("response")
 }
 

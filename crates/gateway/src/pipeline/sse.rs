@@ -1,6 +1,7 @@
 //! Server-sent events (the HTML Living Standard's event stream format), as
 //! MCP servers answer over Streamable HTTP: the events of a stream as they
-//! arrive (`Events`), the `data` of each, and events written back.
+//! arrive (`Events`), the messages they carry (their `data`), and events
+//! written back.
 //!
 //! Invariant: an event is complete only once a blank line ends it; what
 //! comes after the last blank line of a stream that ended (a cut stream)
@@ -69,9 +70,11 @@ impl Events {
     }
 }
 
-/// The data of each complete event in `stream`, in order: its `data`
-/// lines joined by `\n`. Comments, `event`, `id` and `retry` lines, and
-/// events without data, carry none.
+/// The message of each complete event in `stream` that carries one, in
+/// order: its `data` lines joined by `\n`. Comments, `event`, `id` and
+/// `retry` lines carry none, nor does an event without data or whose data
+/// is blank (a 2025-11-25 server's priming event: an `id` and `data: `,
+/// for a client to resume from), since no JSON text is blank.
 pub fn messages(stream: &[u8]) -> Vec<String> {
     let text = String::from_utf8_lossy(stream);
     let mut events = Vec::new();
@@ -83,9 +86,7 @@ pub fn messages(stream: &[u8]) -> Vec<String> {
     lines.pop();
     for line in lines {
         if line.is_empty() {
-            if let Some(event) = data.take() {
-                events.push(event);
-            }
+            events.extend(data.take().filter(|data| !is_blank(data)));
             continue;
         }
         let (field, value) = line.split_once(':').unwrap_or((line, ""));
@@ -103,12 +104,28 @@ pub fn messages(stream: &[u8]) -> Vec<String> {
     events
 }
 
-/// One event carrying `data` (a JSON text: it holds no line end).
+/// Empty, or only JSON's whitespace.
+fn is_blank(data: &str) -> bool {
+    data.trim_matches([' ', '\t', '\n', '\r']).is_empty()
+}
+
+/// One event carrying `data`: each of its lines (ended by LF, CR or CRLF,
+/// as a parser ends them) on a `data:` line of its own, since a parser
+/// reads a line without that prefix as another field.
 pub fn event(data: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(data.len() + 24);
-    out.extend_from_slice(b"event: message\ndata: ");
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\n\n");
+    let mut out = Vec::with_capacity(data.len() + 32);
+    out.extend_from_slice(b"event: message\n");
+    let mut rest = data;
+    loop {
+        let end = rest.iter().position(|b| matches!(b, b'\n' | b'\r'));
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(&rest[..end.unwrap_or(rest.len())]);
+        out.push(b'\n');
+        let Some(end) = end else { break };
+        let crlf = rest[end..].starts_with(b"\r\n");
+        rest = &rest[end + if crlf { 2 } else { 1 }..];
+    }
+    out.push(b'\n');
     Bytes::from(out)
 }
 
@@ -121,6 +138,12 @@ mod tests {
         let stream = b": keep-alive\r\n\r\nevent: message\r\ndata: {\"a\":1}\r\n\r\nid: 7\ndata: x\ndata: y\n\nretry: 5\n\ndata: cut";
         assert_eq!(messages(stream), vec!["{\"a\":1}", "x\ny"]);
         assert_eq!(messages(b"data:{}\r\r"), vec!["{}"]);
+    }
+
+    #[test]
+    fn an_event_with_blank_data_carries_no_message() {
+        let primed = b"id: ev-0\ndata: \n\nid: ev-1\ndata:\n\ndata: \ndata:  \n\ndata: {}\n\n";
+        assert_eq!(messages(primed), vec!["{}"]);
     }
 
     #[test]
@@ -159,5 +182,15 @@ mod tests {
     #[test]
     fn a_written_event_reads_back() {
         assert_eq!(messages(&event(b"{\"id\":1}")), vec!["{\"id\":1}"]);
+        // Each line of the data on a `data:` line of its own.
+        let pretty = "{\n \"id\": 1,\n\n \"a\": \"b\"\n}";
+        let written = event(pretty.as_bytes());
+        assert_eq!(
+            written,
+            "event: message\ndata: {\ndata:  \"id\": 1,\ndata: \ndata:  \"a\": \"b\"\ndata: }\n\n"
+        );
+        assert_eq!(messages(&written), vec![pretty]);
+        // A CR or CRLF ends a line as LF does.
+        assert_eq!(messages(&event(b"{\r\"a\":\r\n1}")), vec!["{\n\"a\":\n1}"]);
     }
 }

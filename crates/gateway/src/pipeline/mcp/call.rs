@@ -1,7 +1,11 @@
 //! What an MCP POST asks: a protected tool call, something to pass
 //! through, or a request refused before anything is sent.
 //!
-//! Invariants: only a single JSON-RPC request (with an id) whose method is
+//! Invariants: a body that is no JSON the gateway reads (serde_json's: no
+//! byte order mark, no lone surrogate escape, no number past a double's
+//! range) is refused as a parse error, since it may be a tool call that a
+//! laxer parser, the server's, would run unprotected; only a single
+//! JSON-RPC request (with an id) whose method is
 //! `tools/call` for a protected tool is a [`Call`]; a body that names a
 //! member the classification reads (`method`, `id`, `params.name`) twice
 //! is refused, since the server may read the other one; a batch holding a
@@ -53,6 +57,19 @@ pub struct Call {
     pub(crate) accepts_stream: bool,
 }
 
+/// A JSON-RPC id as one text per id: a number by its value (`7`, `7.0`
+/// and `7e0` are one JSON number, and a server that reads ids as doubles
+/// echoes any of them as `7`), a string as itself.
+pub fn id_key(id: &Value) -> String {
+    match id.as_f64() {
+        // Below 1e38 an integral double is an i128 exactly.
+        Some(number) if id.is_f64() && number.fract() == 0.0 && number.abs() < 1e38 => {
+            (number as i128).to_string()
+        }
+        _ => id.to_string(),
+    }
+}
+
 /// What a POST to an MCP route is.
 #[derive(Debug)]
 pub enum Classified {
@@ -66,7 +83,8 @@ pub enum Classified {
 }
 
 /// A request refused before it is classified: HTTP 400 with a JSON-RPC
-/// error, as the 2026-07-28 revision answers a header mismatch.
+/// error, as the Streamable HTTP transport answers input a server cannot
+/// accept (and the 2026-07-28 revision a header mismatch).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {
     pub(crate) id: Value,
@@ -85,9 +103,16 @@ pub fn classify(
     tools: &McpTools,
     learned: &Learned,
 ) -> Classified {
-    let Ok(message) = serde_json::from_slice::<Value>(body) else {
-        // Not JSON: the server answers its own parse error.
-        return PASS;
+    let message = match serde_json::from_slice::<Value>(body) {
+        Ok(message) => message,
+        // JSON-RPC 2.0 §5.1: no id could be read, so it is null.
+        Err(error) => {
+            return Classified::Refused(Refusal {
+                id: Value::Null,
+                code: code::PARSE_ERROR,
+                message: format!("Parse error: {error}"),
+            });
+        }
     };
     let object = match &message {
         Value::Object(object) => object,
@@ -332,7 +357,6 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
             r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"create_task"}}"#,
-            "not json",
             r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#,
         ] {
             assert!(
@@ -356,6 +380,33 @@ mod tests {
             classify_as(&[], arguments_twice),
             Classified::Refused(_)
         ));
+    }
+
+    #[test]
+    fn a_number_is_one_id_however_it_is_written() {
+        let key = |text: &str| id_key(&serde_json::from_str(text).unwrap());
+        for same in ["7.0", "7e0", "0.7e1", "70e-1"] {
+            assert_eq!(key(same), key("7"), "{same}");
+        }
+        assert_eq!(key("-0"), key("0"));
+        assert_eq!(key("1e2"), key("100"));
+        assert_eq!(key("18446744073709551615.0"), key("18446744073709551616"));
+        assert_ne!(key("7.5"), key("7"));
+        assert_ne!(key(r#""7""#), key("7"));
+        assert_ne!(key("1e300"), key("1"));
+    }
+
+    #[test]
+    fn a_body_that_is_no_json_is_a_parse_error() {
+        let bom = format!("\u{feff}{}", call_of("create_task"));
+        let surrogate = call_of("create_task").replace("{}", r#"{"t":"\ud83d"}"#);
+        let huge = call_of("create_task").replace("{}", r#"{"n":1e400}"#);
+        for body in ["not json", "", &bom, &surrogate, &huge] {
+            let Classified::Refused(refusal) = classify_as(&[], body) else {
+                panic!("{body}");
+            };
+            assert_eq!((refusal.code, refusal.id), (code::PARSE_ERROR, Value::Null));
+        }
     }
 
     #[test]

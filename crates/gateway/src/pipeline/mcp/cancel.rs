@@ -16,9 +16,10 @@
 //! they have ended.
 //!
 //! Invariants: a cancellation is kept from the upstream only while the
-//! call it names (by session and request id) is in flight here; any other
-//! one is sent on. A session's DELETE is held back only while one of its
-//! calls is in flight, and never past the bound its caller sets.
+//! call it names (by session and request id, a number by its value) is
+//! in flight here; any other one is sent on. A session's DELETE is held
+//! back only while one of its calls is in flight, and never past the
+//! bound its caller sets.
 
 use std::sync::Arc;
 
@@ -30,6 +31,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 use crate::pipeline::forward::EventAnswer;
+use crate::pipeline::mcp::call::id_key;
 use crate::pipeline::mcp::relay::{CallEvents, Relay};
 
 /// Protected calls in flight on a route, by session and request id.
@@ -70,7 +72,7 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Whether the server already sent something for this call before its
+    /// Whether the server already sent a message for this call before its
     /// response (relayed): it had begun on it.
     pub fn spoke(&self) -> bool {
         self.relay.as_ref().is_some_and(Relay::spoke)
@@ -96,7 +98,7 @@ impl InFlightCalls {
         id: &Value,
         relay: Option<Relay>,
     ) -> Pending {
-        let key = (session(headers), id.to_string());
+        let key = (session(headers), id_key(id));
         *self.calls.entry(key.clone()).or_default() += 1;
         Pending {
             id: id.clone(),
@@ -120,7 +122,7 @@ impl InFlightCalls {
         let Some(id) = message.pointer("/params/requestId") else {
             return false;
         };
-        self.calls.contains_key(&(session(headers), id.to_string()))
+        self.calls.contains_key(&(session(headers), id_key(id)))
     }
 }
 
@@ -204,7 +206,7 @@ mod tests {
         let calls = Arc::new(InFlightCalls::default());
         let (a, b) = (in_session("a"), in_session("b"));
         assert!(!calls.absorbs(&a, CANCEL_7));
-        let first = calls.track(&a, &Value::from(7), None);
+        let first = calls.track(&a, &Value::from(7.0), None);
         let again = calls.track(&a, &Value::from(7), None);
         assert!(calls.absorbs(&a, CANCEL_7));
         // Another session's request 7, or request "7", is another call.

@@ -23,6 +23,9 @@
 //! - a call's identity is its scope, route, tool and key, never its
 //!   JSON-RPC id nor a session id, so an agent's retry (a new id, perhaps
 //!   a new session) is the same operation;
+//! - a POST whose body is no JSON the gateway reads is refused as
+//!   JSON-RPC answers a parse error (400, `-32700`, id null), with nothing
+//!   sent: it cannot be told from a tool call;
 //! - a request whose `Mcp-Method`/`Mcp-Name` headers disagree with its
 //!   body is refused as the 2026-07-28 revision says (400, `-32020`), with
 //!   nothing sent, before it is classified;

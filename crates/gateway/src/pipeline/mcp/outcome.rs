@@ -4,14 +4,17 @@
 //!
 //! Invariants:
 //! - a call is `completed` only by the JSON-RPC response for its own id
-//!   carrying a `result` — a tool result with `isError: true` too, since
-//!   the tool ran — and what is stored is that response alone, without the
-//!   notifications that came before it (they are relayed, never stored);
+//!   (a number by its value: `7` answers `7.0`) carrying a `result` — a
+//!   tool result with `isError: true` too, since the tool ran — and what
+//!   is stored is that response alone, without the notifications that
+//!   came before it (they are relayed, never stored);
 //! - it is released (`not_attempted`) only by an answer that says it never
 //!   ran: a JSON-RPC error of the protocol's own refusals (parse, invalid
 //!   request, unknown method, invalid params, header mismatch, missing
 //!   capability, unsupported version, URL elicitation required) when the
-//!   server sent nothing for the call before it, an HTTP 4xx, or an
+//!   server sent no message for the call before it (an event that carries
+//!   none, such as a priming event, is nothing; one that does counts
+//!   whether or not it reads as JSON), an HTTP 4xx, or an
 //!   `input_required` result (a multi-round-trip call's interim answer,
 //!   not its outcome: its continuation is the same call, sent again);
 //! - anything else after the call was sent — another JSON-RPC error, a
@@ -22,7 +25,7 @@ use http::header::{CONTENT_TYPE, HeaderValue};
 use serde_json::Value;
 
 use crate::pipeline::forward::{Exchange, LostCause};
-use crate::pipeline::mcp::call::code;
+use crate::pipeline::mcp::call::{code, id_key};
 use crate::pipeline::sse;
 
 /// The 2025-11-25 revision's session header.
@@ -40,7 +43,7 @@ pub struct Message;
 
 /// `exchange`, the upstream's answer to the call with JSON-RPC id `id`,
 /// settled as the module doc says; `spoke` when the server already sent
-/// something for the call (relayed as it came).
+/// a message for the call (relayed as it came).
 pub fn settle(exchange: Exchange, id: &Value, spoke: bool) -> Exchange {
     let (mut head, body) = match exchange {
         Exchange::Complete { head, body } => (head, body),
@@ -77,15 +80,14 @@ pub fn settle(exchange: Exchange, id: &Value, spoke: bool) -> Exchange {
     let mut relayed = Vec::new();
     let mut response = None;
     for text in messages {
-        let Ok(message) = serde_json::from_slice::<Value>(&text) else {
-            continue;
-        };
-        let answers_call = message.get("id") == Some(id)
-            && (message.get("result").is_some() || message.get("error").is_some());
-        if answers_call && response.is_none() {
-            response = Some((message, text));
-        } else if response.is_none() {
-            relayed.push(text);
+        match serde_json::from_slice::<Value>(&text) {
+            Ok(message) if answers(&message, id) => {
+                response = Some((message, text));
+                break;
+            }
+            // Any other message for the call, read or not: the server
+            // spoke, as the relay counts it.
+            _ => relayed.push(text),
         }
     }
     let Some((message, text)) = response else {
@@ -104,7 +106,7 @@ pub fn settle(exchange: Exchange, id: &Value, spoke: bool) -> Exchange {
     head.extensions.insert(Relayed(relayed));
     if let Some(error) = message.get("error") {
         let code = error.get("code").and_then(Value::as_i64).unwrap_or(0);
-        // A server that sent something for the call before its error had
+        // A server that sent a message for the call before its error had
         // begun on it: its refusal code no longer says it never ran.
         if never_ran(code) && !spoke {
             return Exchange::Released { head, body: text };
@@ -118,6 +120,15 @@ pub fn settle(exchange: Exchange, id: &Value, spoke: bool) -> Exchange {
         return Exchange::Released { head, body: text };
     }
     Exchange::Complete { head, body: text }
+}
+
+/// Whether `message` is the JSON-RPC response to the request with id `id`
+/// (the same id by value: [`id_key`]).
+pub fn answers(message: &Value, id: &Value) -> bool {
+    (message.get("result").is_some() || message.get("error").is_some())
+        && message
+            .get("id")
+            .is_some_and(|answered| id_key(answered) == id_key(id))
 }
 
 /// A JSON-RPC error that says the request was refused before any tool ran
@@ -266,6 +277,21 @@ mod tests {
                 ..
             }
         ));
+        // A priming event carries no message; anything else is the server
+        // speaking, read or not.
+        let primed = format!("id: ev-0\ndata: \n\nid: ev-1\ndata: {late_refusal}\n\n");
+        assert!(matches!(
+            settled(200, "text/event-stream", &primed),
+            Exchange::Released { .. }
+        ));
+        let unread = format!("data: {{\"jsonrpc\n\ndata: {late_refusal}\n\n");
+        assert!(matches!(
+            settled(200, "text/event-stream", &unread),
+            Exchange::Lost {
+                cause: LostCause::Failed,
+                ..
+            }
+        ));
         let interim = r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"input_required","requestState":"s"}}"#;
         assert!(matches!(
             settled(200, "application/json", interim),
@@ -289,6 +315,12 @@ mod tests {
                 cause: LostCause::Failed,
                 ..
             }
+        ));
+        // The same number written otherwise is the same id.
+        let as_float = RESULT.replace(r#""id":7"#, r#""id":7.0"#);
+        assert!(matches!(
+            settled(200, "application/json", &as_float),
+            Exchange::Complete { .. }
         ));
         // Another id's response is not this call's.
         let elsewhere = r#"{"jsonrpc":"2.0","id":8,"result":{}}"#;

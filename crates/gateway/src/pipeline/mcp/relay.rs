@@ -10,6 +10,10 @@
 //! - an event is relayed as its data alone, never with the upstream's
 //!   `id` or `retry`: a client that reconnected with `Last-Event-ID` would
 //!   have the server replay the response past the store;
+//! - an event that carries no message (a comment, a `retry`, a 2025-11-25
+//!   server's priming event: an `id` and empty data) is not relayed — its
+//!   id withheld, it says nothing — and is not the server speaking for the
+//!   call; any other data is both, whether or not it reads as JSON;
 //! - relayed events are never stored, and what one call holds unread is
 //!   bounded (the route's `max_stored_response`): past it a notification
 //!   is dropped, never a request of the server's (the tool waits on its
@@ -30,6 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::body::{BoxError, ProxyBody};
 use crate::pipeline::forward::EventAnswer;
+use crate::pipeline::mcp::outcome;
 use crate::pipeline::sse;
 
 /// Where one call's relayed events go, within its byte budget.
@@ -39,7 +44,8 @@ pub struct Relay {
     /// server's takes what is left, however large it is).
     events: mpsc::UnboundedSender<(Bytes, usize)>,
     left: Arc<AtomicUsize>,
-    /// Set once the server sent anything for the call before its response.
+    /// Set once the server sent a message for the call before its
+    /// response.
     spoke: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -93,12 +99,12 @@ impl Relay {
         )
     }
 
-    /// Whether the server sent anything for the call before its response.
+    /// Whether the server sent a message for the call before its response.
     pub fn spoke(&self) -> bool {
         self.spoke.load(Ordering::SeqCst)
     }
 
-    /// Relays `event` (one event's data, written anew) if the budget has
+    /// Relays `event` (one message, written anew) if the budget has
     /// room, or whatever the budget if it is a request the client must
     /// answer; never waits.
     fn send(&self, event: Bytes, request: bool) {
@@ -120,7 +126,7 @@ impl Relay {
 }
 
 /// Reads a call's event stream for its response (the one with its id),
-/// relaying every other event.
+/// relaying every other message.
 pub struct CallEvents {
     pub(crate) id: Value,
     pub(crate) relay: Relay,
@@ -133,11 +139,11 @@ impl EventAnswer for CallEvents {
             .iter()
             .map(|data| serde_json::from_str(data).ok())
             .collect();
-        let answers = parsed.iter().flatten().any(|message| {
-            message.get("id") == Some(&self.id)
-                && (message.get("result").is_some() || message.get("error").is_some())
-        });
-        if answers {
+        if parsed
+            .iter()
+            .flatten()
+            .any(|message| outcome::answers(message, &self.id))
+        {
             return Some(event);
         }
         for (data, message) in messages.iter().zip(&parsed) {
@@ -240,7 +246,7 @@ mod tests {
         let progress = event(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#);
         let asking = event(r#"{"jsonrpc":"2.0","id":0,"method":"elicitation/create","params":{}}"#);
         let other = event(r#"{"jsonrpc":"2.0","id":8,"result":{}}"#);
-        let response = event(r#"{"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#);
+        let response = event(r#"{"jsonrpc":"2.0","id":7.0,"result":{"content":[]}}"#);
         for relayed_event in [&progress, &asking, &other] {
             assert_eq!(call.take(relayed_event.clone()), None);
         }
