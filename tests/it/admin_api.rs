@@ -6,8 +6,9 @@
 //!    loopback without a token refuses to start;
 //! 2. an `unknown` operation is listed, shown with its timeline, and no
 //!    credential appears in anything the API answers;
-//! 3. resolutions: completed with and without a response, `not_attempted`
-//!    (the retry is forwarded once), 409 for settled and live operations,
+//! 3. resolutions: completed with and without a response (none with a
+//!    body its status cannot carry), `not_attempted` (the retry is
+//!    forwarded once), 409 for settled and live operations,
 //!    and a resolution racing client retries never lets two through;
 //! 4. pause and resume (stored across a restart), stats, pagination;
 //! 5. `GET /.idemgate/operations/{key}` is scoped to the caller, and `HEAD`
@@ -562,6 +563,43 @@ async fn a_resolution_status_may_be_any_integral_number_but_not_a_fraction() {
     assert!(retry.is_replay(), "{retry:?}");
     assert_eq!(retry.status, 276);
     assert_eq!(&retry.body[..], b"ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_whose_status_has_no_content_takes_no_body() {
+    let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
+    let id = unknown_operation(&gw, &admin, "res-empty").await;
+    // RFC 9110: 204 and 304 cannot carry content, a 205 must not; a
+    // replay would send the status without the body.
+    for status in [204, 205, 304] {
+        let with_body = json!({
+            "outcome": "completed",
+            "operator": "ann",
+            "response": {"status": status, "body": {"id": 1}},
+        });
+        let refused = admin.resolve(&id, &with_body).await;
+        let problem = refused.assert_problem(400, "invalid-resolution");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains(&status.to_string()) && d.contains("no content")),
+            "{problem}"
+        );
+        assert_eq!(admin.show(&id).await["state"], "unknown", "{status}");
+    }
+
+    let without = json!({
+        "outcome": "completed",
+        "operator": "ann",
+        "response": {"status": 204, "headers": {"x-order": "o-9"}, "body": ""},
+    });
+    admin.resolved(&id, &without).await;
+    let retry = write(gw.addr(), "/hold", Some("res-empty"), ORDER).await;
+    assert!(retry.is_replay(), "{retry:?}");
+    assert_eq!(retry.status, 204);
+    assert!(retry.body.is_empty());
+    assert_eq!(retry.header("x-order"), Some("o-9"));
+    assert_eq!(gw.upstream.writes(), 1, "only the original write");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,8 @@
 //!   the timeline;
 //! - a destination that holds the record twice: `duplicated-at-destination`,
 //!   an alert, the route paused, and the operation first in the held list;
+//!   the write's own response, arriving late, is kept on the timeline and
+//!   counted, and the operation stays held until an operator settles it;
 //! - a confirm request that hangs past the probe's timeout is never
 //!   absent: the operation stays held;
 //! - an `mcp` route's probe tool reads by the same rules: a count of 0 is
@@ -318,6 +320,93 @@ async fn a_write_held_twice_at_the_destination_is_alerted_pauses_the_route_and_i
     assert_eq!(held["items"][0]["duplicated_at_destination"], true);
     assert_eq!(verdicts_counted(&gw, "duplicated").await, 1.0);
     assert_eq!(gw.upstream.writes(), 2, "nothing sent through the gateway");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_response_leaves_a_write_held_twice_at_the_destination_to_an_operator() {
+    let upstream = FakeUpstream::start().await;
+    // The write's answer can come after `upstream_timeout`, well within
+    // `late_window`.
+    let route = format!(
+        "upstream_timeout = \"300ms\"\nlate_window = \"30s\"\n[routes.reconcile]\n\
+         url = \"{}/records?key={{key}}\"\nfound_json_pointer = \"/data/0\"\n\
+         count_json_pointer = \"/data\"\n",
+        upstream.url()
+    );
+    let gw = spawn_gateway_on(upstream, Setup::route(&route).admin()).await;
+    // The destination holds one record under the key already (written
+    // past the gateway); the gateway's write makes it two, its answer held.
+    let direct = send(
+        gw.upstream.addr(),
+        "POST",
+        "/orders",
+        &[("idempotency-key", "late-dup")],
+        BODY,
+    )
+    .await;
+    assert_eq!(direct.status, StatusCode::CREATED);
+    gw.upstream.script(Scripted::Hold);
+    let lost = write(gw.addr(), "/scripted", Some("late-dup"), BODY).await;
+    lost.assert_operation_problem(504, "outcome-unknown", "unknown");
+    first_probe_done(&gw, "late-dup").await;
+    assert_eq!(
+        gw.operation("late-dup").await["evidence"],
+        "duplicated-at-destination"
+    );
+
+    gw.upstream.release_one();
+
+    let stored = eventually("the late response on the timeline", || async {
+        let stored = gw.operation("late-dup").await;
+        (!events_of(&stored, "late-response").is_empty()).then_some(stored)
+    })
+    .await;
+    assert_eq!(
+        (&stored["state"], &stored["evidence"]),
+        (&"unknown".into(), &"duplicated-at-destination".into()),
+        "{stored}"
+    );
+    assert_eq!(events_of(&stored, "late-response")[0]["status"], 201);
+    let text = scrape_metrics(gw.admin_addr()).await;
+    assert_eq!(
+        metric(&text, r#"idemgate_late_responses_total{route="api"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert_held_unknown(&write(gw.addr(), "/scripted", Some("late-dup"), BODY).await);
+    let held = gw
+        .admin("GET", "/admin/keys?state=unknown", "")
+        .await
+        .json();
+    assert_eq!(held["items"][0]["key"], "late-dup", "{held}");
+    assert_eq!(held["items"][0]["duplicated_at_destination"], true);
+
+    // An operator settles it; retries get what they decided.
+    let id = stored["id"].as_str().expect("id");
+    let resolution = serde_json::json!({
+        "outcome": "completed",
+        "operator": "ann",
+        "reference": "kept record 1, refunded record 2",
+        "response": {"status": 201, "body": {"id": 1}},
+    });
+    let resolved = gw
+        .admin(
+            "POST",
+            &format!("/admin/keys/{id}/resolve"),
+            &resolution.to_string(),
+        )
+        .await;
+    assert_eq!(
+        resolved.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&resolved.body)
+    );
+    let retry = write(gw.addr(), "/scripted", Some("late-dup"), BODY).await;
+    assert!(retry.is_replay(), "{retry:?}");
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.json(), serde_json::json!({"id": 1}));
+    assert_eq!(gw.upstream.writes(), 2, "nothing sent again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,8 @@
 //! - a claim is atomic on (route, scope, key): one winner among racing
 //!   claims, the others see the winner's operation;
 //! - record, settle, resolve and a probe's findings are compare-and-sets:
-//!   a stale writer changes nothing and says so;
+//!   a stale writer changes nothing and says so; a write a probe found
+//!   more than once at the destination is settled by an operator only;
 //! - `not_attempted` gives its next attempt to the same payload only; the
 //!   derive window supersedes what it outdates;
 //! - pauses, the latch, listing, counts, retention and shutdown behave the
@@ -126,6 +127,7 @@ contract!(
     operators_resolve_only_held_operations,
     late_evidence_settles_only_unknown,
     probe_findings_apply_only_to_unknown_at_their_attempt,
+    a_write_found_twice_is_settled_by_an_operator_only,
     pauses_and_the_latch,
     listing_and_counting,
     retention_keeps_unknown_operations,
@@ -805,6 +807,66 @@ async fn probe_findings_apply_only_to_unknown_at_their_attempt(bench: Bench) {
     let again = held(store.as_ref(), "again").await;
     assert!(applied(probed(&again.operation_id, 1, Finding::Duplicated)).await);
     assert_eq!(store.pauses().await.unwrap()[0].by, PausedBy::Operator);
+    store.close().await;
+}
+
+async fn a_write_found_twice_is_settled_by_an_operator_only(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let claim = held(store.as_ref(), "twice").await;
+    let id = &claim.operation_id;
+    let settles = |late: LateEvidence| {
+        let store = store.clone();
+        async move { store.settle_held(&late).await.unwrap() }
+    };
+    assert!(
+        store
+            .settle_probed(&probed(id, 1, Finding::Duplicated))
+            .await
+            .unwrap()
+    );
+
+    // Whatever comes after the fact: its late response, a probe that now
+    // finds it once or not at all, a re-send's answer.
+    let at_its_attempt = LateSource::LateResponse { attempt: 1 };
+    assert!(!settles(late(id, at_its_attempt, "late")).await);
+    assert!(!settles(late(id, LateSource::Reconciled, "found")).await);
+    assert!(!settles(late(id, LateSource::Resent, "resent")).await);
+    let absent = store.settle_probed(&probed(id, 1, Finding::Absent)).await;
+    assert!(!absent.unwrap());
+    let (op, events) = store.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (op.state, op.evidence.as_str(), op.response),
+        (State::Unknown, "duplicated-at-destination", None)
+    );
+    assert_eq!(
+        kinds(&events)
+            .iter()
+            .filter(|k| **k == "late-response")
+            .count(),
+        3,
+        "each kept on the timeline"
+    );
+    let listed = store.duplicated(None, 10).await.unwrap();
+    assert_eq!(listed.iter().map(|s| &s.id).collect::<Vec<_>>(), [id]);
+    bench
+        .assert_counts_exact(store.as_ref(), "evidence refused")
+        .await;
+
+    let decision = Decision::Completed {
+        response: response(201, "{\"id\":2}"),
+    };
+    let resolved = store.resolve(id, &decision, &operator_event()).await;
+    assert!(matches!(resolved.unwrap(), Resolved::Done));
+    let (op, _) = store.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (op.state, op.evidence.as_str()),
+        (State::Completed, "operator")
+    );
+    assert_eq!(op.response, Some(response(201, "{\"id\":2}")));
+    assert!(store.duplicated(None, 10).await.unwrap().is_empty());
+    bench
+        .assert_counts_exact(store.as_ref(), "the operator's resolution")
+        .await;
     store.close().await;
 }
 

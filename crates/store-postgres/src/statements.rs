@@ -425,8 +425,10 @@ pub(crate) async fn insert_event(
     Ok(())
 }
 
-/// `unknown` → `completed` with evidence that came after the fact; the
-/// event is kept either way (when the operation exists).
+/// `unknown` → `completed` with evidence that came after the fact, unless
+/// a probe found the write more than once at the destination (an
+/// operator's to settle); the event is kept either way (when the operation
+/// exists).
 pub async fn settle_held(
     pool: &PgPool,
     seal: &Seal,
@@ -448,6 +450,7 @@ pub async fn settle_held(
             UPDATE operations SET state = 'completed', evidence = $1, response_status = $2,
                 response_headers = $3, response_body = $4, updated_at = $5
             WHERE id = $6 AND state = 'unknown' AND ($7::integer IS NULL OR attempt = $7)
+                AND evidence <> $10
             RETURNING id
          ), kept AS (
             INSERT INTO events (operation_id, at, kind, detail) VALUES ($6, $5, $8, $9)
@@ -463,15 +466,17 @@ pub async fn settle_held(
     .bind(late.source.attempt().map(int))
     .bind(event.kind)
     .bind(event.detail.to_string())
+    .bind(DUPLICATED)
     .fetch_one(pool)
     .await?;
     Ok(updated == 1)
 }
 
 /// A probe's finding about an operation still `unknown` at the probed
-/// attempt ([`Finding`]); the event is kept either way (when the operation
-/// exists). One statement: the change, and for a duplicate its alert and
-/// its route's pause, apply together or not at all.
+/// attempt and not found more than once before ([`Finding`]); the event is
+/// kept either way (when the operation exists). One statement: the change,
+/// and for a duplicate its alert and its route's pause, apply together or
+/// not at all.
 pub async fn settle_probed(pool: &PgPool, now: i64, probed: &Probed) -> Result<bool, StoreError> {
     let Probed {
         operation_id: id,
@@ -486,7 +491,7 @@ pub async fn settle_probed(pool: &PgPool, now: i64, probed: &Probed) -> Result<b
         Finding::Absent => {
             "WITH updated AS (
                 UPDATE operations SET state = 'not_attempted', evidence = $1, updated_at = $2
-                WHERE id = $3 AND state = 'unknown' AND attempt = $4
+                WHERE id = $3 AND state = 'unknown' AND attempt = $4 AND evidence <> $7
                 RETURNING id
              ), kept AS (
                 INSERT INTO events (operation_id, at, kind, detail) VALUES ($3, $2, $5, $6)
@@ -498,7 +503,7 @@ pub async fn settle_probed(pool: &PgPool, now: i64, probed: &Probed) -> Result<b
         Finding::Duplicated => {
             "WITH updated AS (
                 UPDATE operations SET evidence = $1
-                WHERE id = $3 AND state = 'unknown' AND attempt = $4 AND evidence <> $1
+                WHERE id = $3 AND state = 'unknown' AND attempt = $4 AND evidence <> $7
                 RETURNING id, route, idem_key
              ), alerted AS (
                 INSERT INTO alert_outbox (event, at, route, operation_id, idem_key, state, evidence)
@@ -522,6 +527,7 @@ pub async fn settle_probed(pool: &PgPool, now: i64, probed: &Probed) -> Result<b
         .bind(int(*attempt))
         .bind(event.kind)
         .bind(event.detail.to_string())
+        .bind(DUPLICATED)
         .fetch_one(pool)
         .await?;
     Ok(updated == 1)

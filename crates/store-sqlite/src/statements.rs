@@ -433,8 +433,10 @@ pub(crate) fn insert_event(
     Ok(())
 }
 
-/// `unknown` → `completed` with evidence that came after the fact; the
-/// event is kept either way (when the operation exists).
+/// `unknown` → `completed` with evidence that came after the fact, unless
+/// a probe found the write more than once at the destination (an
+/// operator's to settle); the event is kept either way (when the operation
+/// exists).
 pub fn settle_held(
     conn: &Connection,
     seal: &Seal,
@@ -455,7 +457,8 @@ pub fn settle_held(
         .prepare_cached(
             "UPDATE operations SET state = 'completed', evidence = ?1, response_status = ?2,
                 response_headers = ?3, response_body = ?4, updated_at = ?5
-             WHERE id = ?6 AND state = 'unknown' AND (?7 IS NULL OR attempt = ?7)",
+             WHERE id = ?6 AND state = 'unknown' AND (?7 IS NULL OR attempt = ?7)
+                AND evidence <> ?8",
         )?
         .execute(params![
             evidence,
@@ -465,6 +468,7 @@ pub fn settle_held(
             now,
             operation_id,
             late.source.attempt(),
+            DUPLICATED,
         ])?;
     if updated == 1 {
         let (from, to) = (Some(State::Unknown), Some(State::Completed));
@@ -475,8 +479,8 @@ pub fn settle_held(
 }
 
 /// A probe's finding about an operation still `unknown` at the probed
-/// attempt ([`Finding`]); the event is kept either way (when the operation
-/// exists).
+/// attempt and not found more than once before ([`Finding`]); the event is
+/// kept either way (when the operation exists).
 pub fn settle_probed(conn: &Connection, now: i64, probed: &Probed) -> Result<bool, StoreError> {
     let Probed {
         operation_id: id,
@@ -493,9 +497,9 @@ pub fn settle_probed(conn: &Connection, now: i64, probed: &Probed) -> Result<boo
             let updated = conn
                 .prepare_cached(
                     "UPDATE operations SET state = 'not_attempted', evidence = ?1, updated_at = ?2
-                     WHERE id = ?3 AND state = 'unknown' AND attempt = ?4",
+                     WHERE id = ?3 AND state = 'unknown' AND attempt = ?4 AND evidence <> ?5",
                 )?
-                .execute(params![evidence, now, id, attempt])?;
+                .execute(params![evidence, now, id, attempt, DUPLICATED])?;
             if updated == 1 {
                 let (from, to) = (Some(State::Unknown), Some(State::NotAttempted));
                 transitions::moved(conn, row.changed(id), from, to, now, evidence)?;

@@ -561,6 +561,8 @@ pub enum Finding {
     /// At the destination more than once: stays `unknown`, with its own
     /// evidence, a `duplicated-at-destination` alert, and its route paused
     /// ([`PausedBy::Probe`]) unless it is already; once per operation.
+    /// From then on only an operator settles it: no late response, probe or
+    /// re-send's answer does.
     Duplicated,
 }
 
@@ -711,14 +713,17 @@ pub trait RequestPath: Send + Sync {
     /// Settles a held operation with evidence that came after the fact:
     /// `unknown` → `completed`, as a compare-and-set. The event is kept
     /// either way; `false` when the operation was no longer `unknown` (or,
-    /// for a late response, no longer at its attempt).
+    /// for a late response, no longer at its attempt), or a probe found it
+    /// more than once at the destination ([`Finding::Duplicated`]): that
+    /// one only an operator settles ([`Operators::resolve`]).
     async fn settle_held(&self, late: &LateEvidence) -> Result<bool, StoreError>;
 
     /// Applies a probe's [`Finding`] to an operation still `unknown` at the
     /// probed attempt, as one compare-and-set with what goes with it (the
     /// counts; for a duplicate its alert and its route's pause). The event
     /// is kept either way; `false` when nothing changed (no longer
-    /// `unknown` at that attempt, or a duplicate already reported).
+    /// `unknown` at that attempt, or already found more than once: no
+    /// absence releases it, and a duplicate is reported once).
     async fn settle_probed(&self, probed: &Probed) -> Result<bool, StoreError>;
 
     /// Pauses `route` if at least `threshold` of its operations are

@@ -485,8 +485,13 @@ fn tool_result(result: &Value) -> Result<StoredResponse, AdminError> {
     })
 }
 
+/// Statuses whose responses have no content (RFC 9110 §15.3.5, §15.3.6,
+/// §15.4.5): a replay sends them without a body.
+const WITHOUT_CONTENT: [u16; 3] = [204, 205, 304];
+
 /// The response later replays get, checked like a real one: a valid
-/// status, and end-to-end headers only.
+/// status, end-to-end headers only, and no body for a status that cannot
+/// carry one (a body accepted is a body replayed).
 fn stored_response(response: &ResolutionResponse) -> Result<StoredResponse, AdminError> {
     let invalid = |reason: String| AdminError::InvalidResolution(reason);
     if !(200..=599).contains(&response.status) {
@@ -537,6 +542,12 @@ fn stored_response(response: &ResolutionResponse) -> Result<StoredResponse, Admi
             other.to_string().into_bytes()
         }
     };
+    if !body.is_empty() && WITHOUT_CONTENT.contains(&response.status) {
+        return Err(invalid(format!(
+            "status {} has no content (RFC 9110), so a replay could not send this `body`: leave it out or empty",
+            response.status
+        )));
+    }
     Ok(StoredResponse {
         status: response.status,
         headers,
@@ -632,6 +643,9 @@ mod tests {
             r#"{"outcome":"completed","operator":" "}"#,
             r#"{"outcome":"not_attempted","operator":"ann","response":{"status":200}}"#,
             r#"{"outcome":"completed","operator":"ann","response":{"status":99}}"#,
+            r#"{"outcome":"completed","operator":"ann","response":{"status":204,"body":"x"}}"#,
+            r#"{"outcome":"completed","operator":"ann","response":{"status":205,"body":{}}}"#,
+            r#"{"outcome":"completed","operator":"ann","response":{"status":304,"body":[]}}"#,
             r#"{"outcome":"completed","operator":"ann","response":{"status":200,"headers":{"content-length":"3"}}}"#,
             r#"{"outcome":"completed","operator":"ann","response":{"status":200,"headers":{"transfer-encoding":"chunked"}}}"#,
             r#"{"outcome":"completed","operator":"ann","response":{"status":200,"headers":{"connection":"close"}}}"#,

@@ -8,7 +8,9 @@
 //! 2. the reconcile probe, if the route has one, runs once right away;
 //! 3. the exchange is kept open for `late_window`: a late response settles
 //!    the operation `completed` (evidence `late-response`) if it is still
-//!    `unknown`, and is kept as an event either way;
+//!    `unknown` and no probe found it more than once at the destination
+//!    (then it is an operator's to settle), and is kept as an event either
+//!    way;
 //! 4. on a route with `resend_unknown`, the request is sent again as it was
 //!    sent, under the same destination key (docs/requests.md, "A
 //!    destination key"): at most `RESEND_TRIES` tries on the shared
@@ -447,7 +449,7 @@ impl Attempt {
             Ok(false) => {
                 traces::late_ended(false);
                 self.shared.metrics.late_response(&self.active.route.name);
-                tracing::info!(operation_id = %self.claim.operation_id, "a late response came after the operation was settled; kept as an event")
+                tracing::info!(operation_id = %self.claim.operation_id, "a late response came after the operation was settled, or found more than once at the destination; kept as an event")
             }
             Err(error) => {
                 tracing::warn!(operation_id = %self.claim.operation_id, %error, "cannot record a late response")

@@ -328,7 +328,8 @@ pub async fn after_stale(
             let settled = store.settle_held(&late).await;
             match settled {
                 Ok(true) => return AfterStale::SettledLate,
-                // Settled otherwise meanwhile (a probe, an operator).
+                // Settled otherwise meanwhile (a probe, an operator), or
+                // found more than once at the destination: an operator's.
                 Ok(false) => match read_operation(operators, claim).await {
                     Ok(operation) => current = operation,
                     Err(reply) => return AfterStale::Stored { reply, held: false },

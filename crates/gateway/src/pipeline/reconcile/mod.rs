@@ -21,8 +21,9 @@
 //!   absent too. A question with no answer — not sent,
 //!   cut, past its timeout — is never absent;
 //! - each settlement is a compare-and-set from `unknown` (an absence at the
-//!   probed attempt), and each probe's questions and answers are on the
-//!   timeline whatever it concluded (never a body, nor a credential);
+//!   probed attempt), never of an operation found more than once (only an
+//!   operator settles that), and each probe's questions and answers are on
+//!   the timeline whatever it concluded (never a body, nor a credential);
 //! - the probe carries the credential headers of the request that
 //!   triggered it, held in memory only for the probe's duration, never
 //!   stored;
