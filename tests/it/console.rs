@@ -322,9 +322,23 @@ async fn an_operator_settles_a_lost_write_and_the_retry_gets_the_replay() {
     let timeline = wait_text(&client, "#timeline", "Claimed").await;
     assert!(timeline.contains("Sent upstream"), "{timeline}");
 
+    // A status that has no content with a body is refused on the page, as
+    // the API refuses it: a replay could not send that body.
+    type_into(&client, "#settle-operator", "ann").await;
+    type_into(&client, "#settle-status", "204").await;
+    type_into(&client, "#settle-body", "{\"id\": 1}").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(&client, "#settle-error", "has no content").await;
+    js(
+        &client,
+        "document.getElementById('settle-status').value = ''; \
+         document.getElementById('settle-body').value = ''; return null;",
+    )
+    .await;
+    assert_eq!(gw.operation("order-older").await["state"], "unknown");
+
     // Settle it as completed with a reference; the confirmation says what
     // the retry will get, before anything is stored.
-    type_into(&client, "#settle-operator", "ann").await;
     type_into(&client, "#settle-reference", "T-42").await;
     screenshot(&client, "operation").await;
     click(&client, "#settle-form button[type=submit]").await;

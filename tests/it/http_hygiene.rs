@@ -7,7 +7,10 @@
 //! - admin request bodies are bounded like the proxy's: a declared length
 //!   over the limit is 413 before `100 Continue`, and a body that never
 //!   finishes is 408 after `header_read_timeout`, the listener serving
-//!   others meanwhile.
+//!   others meanwhile;
+//! - an upstream's answer framed by both `Transfer-Encoding` and
+//!   `Content-Length` reaches the client framed by its body alone (RFC
+//!   9112 §6.3), written, replayed or passed through.
 
 use crate::common::*;
 use bytes::Bytes;
@@ -153,4 +156,57 @@ async fn an_admin_body_that_never_finishes_is_408() {
     assert!(body.contains("urn:idemgate:problem:body-timeout"), "{body}");
     // The timer that ended it is header_read_timeout's.
     assert!(body.contains("did not arrive within 500ms"), "{body}");
+}
+
+/// The body of [`framed_twice`]: to a client that trusts its
+/// `Content-Length`, `{}` and then a whole forged response.
+const SMUGGLED: &str = "{}HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Evil: 1\r\n\r\nEVIL!";
+
+/// An answer with both `Transfer-Encoding: chunked` and a `Content-Length`
+/// that disagrees: the chunks are the body (RFC 9112 §6.3), and the
+/// `Content-Length` must not reach the client, or it would read the body
+/// short and take the rest for the next answer on its connection.
+fn framed_twice() -> &'static [u8] {
+    let answer = format!(
+        "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\
+         transfer-encoding: chunked\r\n\r\n{:x}\r\n{SMUGGLED}\r\n0\r\n\r\n",
+        SMUGGLED.len()
+    );
+    Box::leak(answer.into_bytes().into_boxed_slice())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_framed_twice_reaches_the_client_framed_by_its_body() {
+    let raw = RawUpstream::start(Breakage::Answers(framed_twice())).await;
+    let gw = spawn_gateway_with(Setup::route("").upstream_url(raw.url())).await;
+    let body = r#"{"sku":"apple"}"#;
+    let mut write = raw_write_head(
+        "/orders",
+        "application/json",
+        "framed-twice",
+        &[&format!("content-length: {}", body.len())],
+    )
+    .into_bytes();
+    write.extend_from_slice(body.as_bytes());
+    // A GET: passed through, not intercepted.
+    let read = raw_post_head("/orders", &[]).replace("POST", "GET");
+    for (what, request) in [
+        ("the write", write.clone()),
+        ("its replay", write),
+        ("a pass-through", read.into_bytes()),
+    ] {
+        let answer = raw_exchange(gw.addr(), &request).await.expect("an answer");
+        assert!(
+            !answer.head.contains("content-length: 2\r\n"),
+            "{what}: {}",
+            answer.head
+        );
+        assert_eq!(
+            answer.content(),
+            SMUGGLED.as_bytes(),
+            "{what}: {}",
+            answer.head
+        );
+    }
+    assert_eq!(raw.requests(), 2, "the write once, the read once");
 }

@@ -93,6 +93,30 @@ pub async fn read_response(stream: &mut TcpStream) -> Option<RawResponse> {
     }
 }
 
+impl RawResponse {
+    /// The body as its framing gives it: the chunks' data, joined, when
+    /// it came chunked; as read otherwise.
+    pub fn content(&self) -> Vec<u8> {
+        if !self.head.contains("transfer-encoding: chunked") {
+            return self.body.clone();
+        }
+        let (mut content, mut rest) = (Vec::new(), &self.body[..]);
+        while let Some(line_end) = find(rest, b"\r\n") {
+            let size = std::str::from_utf8(&rest[..line_end])
+                .ok()
+                .and_then(|size| usize::from_str_radix(size.trim(), 16).ok())
+                .unwrap_or_else(|| panic!("bad chunk size in {:?}", self.body));
+            if size == 0 {
+                break;
+            }
+            let data = line_end + 2;
+            content.extend_from_slice(&rest[data..data + size]);
+            rest = &rest[data + size + 2..];
+        }
+        content
+    }
+}
+
 /// Every file in `dir` whose name starts with `prefix`, as bytes (a
 /// SQLite store's database, WAL, shared memory and lock files).
 pub fn files_starting_with(dir: &Path, prefix: &str) -> Vec<(String, Vec<u8>)> {

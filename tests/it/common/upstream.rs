@@ -591,6 +591,8 @@ pub enum Breakage {
     /// Read the whole request, answer `101 Switching Protocols` (to a
     /// request that asked for no upgrade), then close.
     SwitchProtocols,
+    /// Read the whole request, write these bytes as the answer, then close.
+    Answers(&'static [u8]),
 }
 
 /// A TCP listener that counts connections and breaks each one.
@@ -626,9 +628,13 @@ impl RawUpstream {
                     if matches!(read, Ok(true)) {
                         reqs.fetch_add(1, Ordering::SeqCst);
                     }
-                    if breakage == Breakage::SwitchProtocols {
-                        let head = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n";
-                        let _ = stream.write_all(head).await;
+                    let answer: &[u8] = match breakage {
+                        Breakage::SwitchProtocols => b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
+                        Breakage::Answers(bytes) => bytes,
+                        Breakage::CloseAtOnce | Breakage::ResetAfterRequest => b"",
+                    };
+                    if !answer.is_empty() {
+                        let _ = stream.write_all(answer).await;
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         return;
                     }

@@ -105,6 +105,9 @@ static HOP_BY_HOP: [HeaderName; 9] = [
     HeaderName::from_static("proxy-connection"),
 ];
 
+/// Where `Transfer-Encoding` is in [`HOP_BY_HOP`].
+const TRANSFER_ENCODING_AT: usize = 5;
+
 /// Where a (lower-case) header name is in [`HOP_BY_HOP`]: a match on the
 /// name, about three times quicker than comparing it with each entry.
 fn hop_by_hop_index(name: &str) -> Option<usize> {
@@ -114,7 +117,7 @@ fn hop_by_hop_index(name: &str) -> Option<usize> {
         "proxy-authorization" => 2,
         "te" => 3,
         "trailer" => 4,
-        "transfer-encoding" => 5,
+        "transfer-encoding" => TRANSFER_ENCODING_AT,
         "upgrade" => 6,
         "keep-alive" => 7,
         "proxy-connection" => 8,
@@ -123,10 +126,13 @@ fn hop_by_hop_index(name: &str) -> Option<usize> {
 }
 
 /// Removes hop-by-hop headers: the fixed RFC 9110 set and any the
-/// `Connection` header names. One pass over the names finds them; a head
-/// with none is not changed, and one whose `Connection` names only
-/// hop-by-hop tokens (`keep-alive`, `close`), as most do, is stripped
-/// without an allocation.
+/// `Connection` header names; and with `Transfer-Encoding`, which framed
+/// the message and overrides it, a `Content-Length` it came with (RFC 9112
+/// §6.3: a sender must remove it before forwarding; kept, it would frame
+/// the body for the next hop by a length it does not have). One pass over
+/// the names finds them; a head with none is not changed, and one whose
+/// `Connection` names only hop-by-hop tokens (`keep-alive`, `close`), as
+/// most do, is stripped without an allocation.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Bit i: HOP_BY_HOP[i] is present.
     let mut present = 0u16;
@@ -161,6 +167,9 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         if present & (1 << i) != 0 {
             headers.remove(name);
         }
+    }
+    if present & (1 << TRANSFER_ENCODING_AT) != 0 {
+        headers.remove(header::CONTENT_LENGTH);
     }
     for name in named {
         headers.remove(name);

@@ -490,6 +490,9 @@
         if (!Number.isInteger(code) || code < 200 || code > 599) {
           return "The response status is a whole number from 200 to 599.";
         }
+        if (text && [204, 205, 304].includes(code)) {
+          return "Status " + code + " has no content: a replay could not send a body. Leave the body empty.";
+        }
         const response = { status: code };
         if (text) {
           try {
