@@ -8,6 +8,8 @@
 //!   over the limit is 413 before `100 Continue`, and a body that never
 //!   finishes is 408 after `header_read_timeout`, the listener serving
 //!   others meanwhile;
+//! - a standard method spelled in another case (`post`, `Patch`) is that
+//!   method, as most upstreams read it: protected, and sent upper-case;
 //! - an upstream's answer framed by both `Transfer-Encoding` and
 //!   `Content-Length` reaches the client framed by its body alone (RFC
 //!   9112 §6.3), written, replayed or passed through.
@@ -209,4 +211,48 @@ async fn an_answer_framed_twice_reaches_the_client_framed_by_its_body() {
         );
     }
     assert_eq!(raw.requests(), 2, "the write once, the read once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_spelled_in_another_case_is_that_method() {
+    let gw = spawn_gateway("").await;
+    let body = r#"{"sku":"pear"}"#;
+    let write = |method: &str, key: &str| {
+        let head = raw_write_head(
+            "/orders",
+            "application/json",
+            key,
+            &[&format!("content-length: {}", body.len())],
+        );
+        let mut request = head.replacen("POST", method, 1).into_bytes();
+        request.extend_from_slice(body.as_bytes());
+        request
+    };
+    let first = raw_exchange(gw.addr(), &write("post", "cased-1"))
+        .await
+        .expect("an answer");
+    assert_eq!(first.status, 201, "{}", first.head);
+    for method in ["post", "Post", "POST"] {
+        let retry = raw_exchange(gw.addr(), &write(method, "cased-1"))
+            .await
+            .expect("an answer");
+        assert!(
+            retry.head.contains("idempotent-replayed: true"),
+            "{method}: {}",
+            retry.head
+        );
+    }
+    assert_eq!(gw.upstream.writes(), 1);
+    assert_eq!(gw.upstream.write_requests()[0].method, http::Method::POST);
+    // A method no standard names keeps its spelling.
+    let other = raw_exchange(gw.addr(), &write("purge", "cased-2"))
+        .await
+        .expect("an answer");
+    assert!(
+        !other.head.contains("idempotent-replayed"),
+        "{}",
+        other.head
+    );
+    let sent = gw.upstream.requests();
+    assert_eq!(sent.last().map(|r| r.method.as_str()), Some("purge"));
 }

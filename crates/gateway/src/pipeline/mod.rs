@@ -6,7 +6,8 @@
 //!    sees one spelling; a path that has none → 400 `invalid-path`. `host`:
 //!    the host likewise, one `host` header from `:authority` or `Host`
 //!    whichever version brought it; a `Host` that disagrees with the
-//!    authority → 400 `invalid-host`. `fields`: an HTTP/2 request's cookie
+//!    authority → 400 `invalid-host`. `method`: a standard method in any
+//!    case upper-case (`post` is `POST`). `fields`: an HTTP/2 request's cookie
 //!    crumbs joined into one `Cookie`; a value with whitespace around it
 //!    → 400 `invalid-header`.
 //! 1. `route`: longest `path_prefix`; none → 404 `no-route`; a path that
@@ -71,6 +72,7 @@ pub mod forward;
 pub(crate) mod host;
 pub mod key;
 pub(crate) mod mcp;
+pub(crate) mod method;
 pub(crate) mod path;
 pub(crate) mod pool;
 pub(crate) mod quota;
@@ -331,6 +333,8 @@ impl Proxy {
         peer: Peer,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
+        // Phase 0, once: from here on a standard method is upper-case.
+        method::normalize(&mut request);
         let method = request.method().clone();
         // The head as sent, before its path is normalized.
         let head_bytes = head_size(&request);

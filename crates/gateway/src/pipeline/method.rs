@@ -1,0 +1,71 @@
+//! Phase 0, beside the path: the request's method in one spelling.
+//!
+//! Methods are case-sensitive (RFC 9110 §9.1), but many upstreams read
+//! `post` as `POST` (Werkzeug and Django upper-case it, Fetch sends
+//! `patch` as written): a write spelled `post` would otherwise not be one
+//! the route intercepts, and would be passed through, unprotected, to an
+//! upstream that performs it as a `POST` each time it is retried.
+//!
+//! Invariant: after [`normalize`], a request whose method is a standard
+//! method (RFC 9110 §9.3 and `PATCH`, RFC 5789) in any case carries it
+//! upper-case, so routes intercept it, the fingerprint reads it and the
+//! upstream gets it so; any other method keeps its spelling.
+
+use http::{Method, Request};
+
+/// The standard methods, upper-case.
+const STANDARD: [Method; 9] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::CONNECT,
+    Method::OPTIONS,
+    Method::TRACE,
+    Method::PATCH,
+];
+
+/// Brings a standard method spelled in another case into upper case, in
+/// place.
+pub fn normalize<B>(request: &mut Request<B>) {
+    let method = request.method();
+    // hyper parses the standard methods, upper-case, into their own
+    // variants: only another spelling is an extension method here.
+    if STANDARD.contains(method) {
+        return;
+    }
+    let spelled = method.as_str();
+    if let Some(standard) = STANDARD
+        .iter()
+        .find(|m| m.as_str().eq_ignore_ascii_case(spelled))
+    {
+        *request.method_mut() = standard.clone();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn normal(method: &str) -> String {
+        let mut request = Request::builder().method(method).body(()).unwrap();
+        normalize(&mut request);
+        request.method().as_str().to_string()
+    }
+
+    #[test]
+    fn a_standard_method_in_any_case_is_upper_case() {
+        for (sent, read) in [
+            ("post", "POST"),
+            ("Post", "POST"),
+            ("patch", "PATCH"),
+            ("dElEtE", "DELETE"),
+            ("POST", "POST"),
+            ("purge", "purge"),
+            ("PROPFIND", "PROPFIND"),
+        ] {
+            assert_eq!(normal(sent), read, "{sent}");
+        }
+    }
+}
