@@ -207,3 +207,31 @@ async fn a_filter_that_drops_the_access_target_leaves_requests_unlogged() {
         "{logged}"
     );
 }
+
+/// A status lookup names its key in its path: the line writes the path
+/// with the key left out, as no line carries a key (SECURITY.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_lookup_is_logged_without_its_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let upstream = FakeUpstream::start().await;
+    let mut gateway = serve(dir.path(), &upstream, "text", None).await;
+    let key = "log-lookup-key-7f3a";
+    assert_fresh_created(&write(gateway.proxy, "/orders", Some(key), ORDER).await);
+    let found = send(
+        gateway.proxy,
+        "GET",
+        &format!("/.idemgate/operations/{key}"),
+        &[("authorization", ALICE)],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(found.status, 200, "{:?}", found.body);
+    send(gateway.proxy, "GET", "/elsewhere", &[], Bytes::new()).await;
+    let logged = gateway.wait_for_log("/elsewhere").await;
+    gateway.kill();
+    assert!(!logged.contains(key), "{logged}");
+    assert!(
+        logged.contains("path=/.idemgate/operations/{key}"),
+        "{logged}"
+    );
+}

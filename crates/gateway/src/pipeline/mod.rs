@@ -344,6 +344,13 @@ impl Proxy {
         let fields = fields::normalize(&mut request);
         let path = request.uri().path().to_string();
         let reserved = normalized.is_ok() && path.starts_with(status::PREFIX);
+        // What logs and traces write: never a lookup's key, even in a
+        // path that could not be normalized.
+        let logged = if path.contains(status::PREFIX) {
+            status::logged_path(&path)
+        } else {
+            path.as_str()
+        };
         let routed = normalized.and_then(|()| {
             if reserved {
                 return Ok(None);
@@ -408,7 +415,7 @@ impl Proxy {
             .map(|id| id.0.as_str());
         traces::answered(traces::Answer {
             route,
-            path: &path,
+            path: logged,
             outcome,
             status: response.status().as_u16(),
             operation_id,
@@ -418,7 +425,7 @@ impl Proxy {
             access_log.write(&AccessLine {
                 route,
                 method: &method,
-                path: &path,
+                path: logged,
                 operation_id,
                 outcome,
                 status: response.status().as_u16(),

@@ -30,6 +30,16 @@ use idemgate_store::scope_key::ScopeKey;
 /// The path prefix idemgate reserves for itself on the proxy listener.
 pub const PREFIX: &str = "/.idemgate/";
 
+/// A path under [`PREFIX`] as logs and traces write it: a lookup's key
+/// left out (`/.idemgate/operations/{key}`), as no line or span carries a
+/// key, and anything else under the prefix left out likewise.
+pub fn logged_path(path: &str) -> &'static str {
+    match path.split_once(PREFIX).map(|(_, rest)| rest) {
+        Some(rest) if rest.starts_with("operations/") => "/.idemgate/operations/{key}",
+        _ => "/.idemgate/{…}",
+    }
+}
+
 /// Answers a request under [`PREFIX`].
 pub async fn lookup<B>(
     store: &dyn Operators,
