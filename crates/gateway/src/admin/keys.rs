@@ -412,9 +412,12 @@ fn decision(resolution: &ResolutionBody) -> Result<Decision, AdminError> {
     let longer =
         |text: &Option<String>, max: usize| text.as_ref().is_some_and(|t| t.chars().count() > max);
     let operator = &resolution.operator;
-    if operator.trim().is_empty() || operator.chars().count() > 200 {
+    if operator.trim().is_empty()
+        || operator.chars().count() > 200
+        || operator.chars().any(char::is_control)
+    {
         return Err(invalid(
-            "`operator` names who decided: 1 to 200 characters, not all white space",
+            "`operator` names who decided: 1 to 200 characters, not all white space, no control character",
         ));
     }
     if longer(&resolution.note, 4000) || longer(&resolution.reference, 400) {
@@ -641,6 +644,10 @@ mod tests {
         for text in [
             r#"{"outcome":"maybe","operator":"ann"}"#,
             r#"{"outcome":"completed","operator":" "}"#,
+            // A control character would split the log line that names the
+            // operator, or drive the terminal that shows it.
+            r#"{"outcome":"completed","operator":"eve\n2026-12-07T06:50:00Z access route=x"}"#,
+            r#"{"outcome":"not_attempted","operator":"eve\u001b[31m"}"#,
             r#"{"outcome":"not_attempted","operator":"ann","response":{"status":200}}"#,
             r#"{"outcome":"completed","operator":"ann","response":{"status":99}}"#,
             r#"{"outcome":"completed","operator":"ann","response":{"status":204,"body":"x"}}"#,
