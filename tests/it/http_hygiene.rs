@@ -10,6 +10,8 @@
 //!   others meanwhile;
 //! - a standard method spelled in another case (`post`, `Patch`) is that
 //!   method, as most upstreams read it: protected, and sent upper-case;
+//! - a passed-through request's body of unknown length (sent chunked)
+//!   reaches the upstream whole, on a GET too;
 //! - an upstream's answer framed by both `Transfer-Encoding` and
 //!   `Content-Length` reaches the client framed by its body alone (RFC
 //!   9112 §6.3), written, replayed or passed through.
@@ -255,4 +257,26 @@ async fn a_method_spelled_in_another_case_is_that_method() {
     );
     let sent = gw.upstream.requests();
     assert_eq!(sent.last().map(|r| r.method.as_str()), Some("purge"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_body_is_passed_through_whole_on_any_method() {
+    let gw = spawn_gateway("").await;
+    for method in ["GET", "DELETE", "OPTIONS"] {
+        let mut request = raw_post_head("/search", &["transfer-encoding: chunked"])
+            .replacen("POST", method, 1)
+            .into_bytes();
+        request.extend_from_slice(&chunked(br#"{"q":1}"#));
+        let answer = raw_exchange(gw.addr(), &request).await.expect("an answer");
+        assert!(answer.status < 500, "{method}: {}", answer.head);
+        let sent = gw.upstream.requests();
+        let last = sent.last().expect("passed through");
+        assert_eq!(last.method.as_str(), method);
+        assert_eq!(
+            &last.body[..],
+            br#"{"q":1}"#,
+            "{method}: {:?}",
+            last.headers
+        );
+    }
 }

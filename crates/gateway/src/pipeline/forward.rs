@@ -21,6 +21,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Request, Response, Uri, request};
+use http_body::Body as _;
 use http_body_util::{BodyExt, Limited};
 use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::Client;
@@ -262,6 +263,14 @@ pub(crate) async fn pass_through(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (mut parts, body) = request.into_parts();
     upstream_head(route, &mut parts, peer);
+    // A body of unknown length (it came chunked, or as HTTP/2 frames
+    // without a Content-Length) goes chunked: on a GET, HEAD or CONNECT
+    // hyper would otherwise send none of it. An HTTP/2 upstream frames it
+    // itself (`pool`).
+    if !body.is_end_stream() && body.size_hint().exact().is_none() {
+        let chunked = HeaderValue::from_static("chunked");
+        parts.headers.insert(header::TRANSFER_ENCODING, chunked);
+    }
     let upstream = Request::from_parts(parts, body);
     let sent = tokio::time::timeout(route.upstream_timeout, pool.send(upstream)).await;
     let response = match sent {

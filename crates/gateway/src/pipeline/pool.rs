@@ -353,7 +353,10 @@ impl Pool {
         if let Ok(uri) = Uri::from_parts(target) {
             *request.uri_mut() = uri;
         }
-        request.headers_mut().remove(http::header::HOST);
+        let headers = request.headers_mut();
+        headers.remove(http::header::HOST);
+        // HTTP/2 frames the body itself; the header is not allowed there.
+        headers.remove(http::header::TRANSFER_ENCODING);
         *request.version_mut() = http::Version::HTTP_2;
         match sender.try_send_request(request).await {
             Ok(response) => Ok(response.map(|body| PooledBody {
