@@ -1480,6 +1480,21 @@ async fn a_held_twin_is_an_identical_operation_in_flight_or_held(bench: Bench) {
     );
     let held = refused_by(new_op("k6", "fp")).await.expect("held");
     assert_eq!(held.state, State::Unknown);
+    // A key whose own operation is `not_attempted` would be sent again:
+    // the twin held back holds it back too (its own operation only
+    // answers for itself when the answer is not "send").
+    let released = claimed(store.as_ref(), &new_op("k7", "fp")).await;
+    let refused = Settlement::NotAttempted {
+        evidence: "connect-failed".into(),
+    };
+    assert_eq!(
+        store.record(&released, &refused, &[]).await.unwrap(),
+        Recorded::Applied
+    );
+    let twin = refused_by(new_op("k7", "fp")).await.expect("held back");
+    assert_eq!(twin.id, first.operation_id);
+    let own = store.current(&new_op("k7", "fp")).await.unwrap().unwrap();
+    assert_eq!((own.state, own.attempt), (State::NotAttempted, 1));
     let decision = Decision::Completed {
         response: response(201, "done"),
     };

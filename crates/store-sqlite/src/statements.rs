@@ -123,9 +123,14 @@ pub fn claim(
     digests: &ClaimDigests,
 ) -> Result<ClaimResult, StoreError> {
     let identity = digests.identity;
+    // A key's own operation answers for it, unless the answer would be to
+    // send it again (`not_attempted`, the same payload): then a twin in
+    // flight or held holds it back as it holds back a new key.
     if new.refuse_held_twin
         && let Some(twin) = held_twin(db, seal, new, digests)?
-        && find(db, seal, new)?.is_none()
+        && find(db, seal, new)?.is_none_or(|own| {
+            own.state == State::NotAttempted && own.fingerprint == new.fingerprint
+        })
     {
         return Ok(ClaimResult::HeldTwin(Box::new(twin)));
     }
