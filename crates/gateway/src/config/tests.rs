@@ -699,6 +699,40 @@ fn a_first_sent_skew_is_less_than_the_retention() {
 }
 
 #[test]
+fn a_derive_window_is_no_longer_than_the_retention() {
+    // Deleted at `retention`, an operation could not make identical
+    // requests one operation for a longer window: the next is sent again.
+    let toml = "[store]\nretention = \"1h\"\n[[routes]]\nname = \"d\"\nupstream = \"http://127.0.0.1:9\"\nkey = \"derive\"\nderive_window = \"2h\"\n";
+    let error = Config::from_toml_str(toml, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("derive_window"), "{error}");
+    for fits in [
+        toml.replace("\"2h\"", "\"1h\""),
+        // Keys derived from named fields have no window.
+        toml.replace(
+            "key = \"derive\"\n",
+            "key = \"derive\"\nderive_from = [\"/id\"]\n",
+        ),
+        toml.replace("key = \"derive\"\n", ""),
+    ] {
+        assert!(Config::from_toml_str(&fits, "t.toml").is_ok(), "{fits}");
+    }
+}
+
+#[test]
+fn the_two_listeners_are_two_addresses() {
+    let toml = "[server]\nlisten = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:8080\"\n[[routes]]\nname = \"r\"\nupstream = \"http://127.0.0.1:9\"\n";
+    let error = Config::from_toml_str(toml, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("server.admin_listen"), "{error}");
+    // Port 0: each gets a port of its own.
+    let any = toml.replace("8080", "0");
+    assert!(Config::from_toml_str(&any, "t.toml").is_ok());
+}
+
+#[test]
 fn rotated_keys_hold_on_mcp_routes_and_are_off_elsewhere_by_default() {
     let route = |extra: &str| {
         let toml = format!("[[routes]]\nname = \"r\"\nupstream = \"http://127.0.0.1:9\"\n{extra}");

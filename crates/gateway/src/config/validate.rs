@@ -247,6 +247,17 @@ impl Validator<'_> {
                     ),
                 ));
             }
+            let windowed = route.key == KeyMode::Derive && route.derive_from.is_empty();
+            if windowed && route.derive_window > store.retention {
+                return Err(self.invalid(
+                    format!("routes[{i}].derive_window"),
+                    format!(
+                        "is {}, longer than store.retention ({}): an operation deleted before its window ends could not make an identical request a replay, and it would be sent again",
+                        humantime::format_duration(route.derive_window),
+                        humantime::format_duration(store.retention),
+                    ),
+                ));
+            }
             let floor = route.profile.wire().retention_floor;
             if let Some(floor) = floor.filter(|floor| store.retention < *floor) {
                 return Err(self.invalid(
@@ -358,13 +369,21 @@ impl Validator<'_> {
                 "must be at least 8KiB (hyper's smallest read buffer)",
             ));
         }
-        Ok(ServerConfig {
-            listen: self.addr("server.listen", raw.listen.as_deref(), server::LISTEN)?,
-            admin_listen: self.addr(
+        let listen = self.addr("server.listen", raw.listen.as_deref(), server::LISTEN)?;
+        let admin_listen = self.addr(
+            "server.admin_listen",
+            raw.admin_listen.as_deref(),
+            server::ADMIN_LISTEN,
+        )?;
+        if listen == admin_listen && listen.port() != 0 {
+            return Err(self.invalid(
                 "server.admin_listen",
-                raw.admin_listen.as_deref(),
-                server::ADMIN_LISTEN,
-            )?,
+                format!("is {admin_listen}, the proxy's own address (server.listen): give each listener its own"),
+            ));
+        }
+        Ok(ServerConfig {
+            listen,
+            admin_listen,
             admin_token_env,
             tls,
             admin_tls,
