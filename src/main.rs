@@ -45,6 +45,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // Taken over before the start: from then on a SIGHUP reloads
             // the TLS certificates instead of ending the process.
             let mut hangup = unix_signal(SignalKind::hangup())?;
+            // Likewise SIGTERM and SIGINT: one while the gateway starts
+            // stops it there, instead of the signal's default ending it.
+            let mut shutdown = Shutdown::listen()?;
             let store = config.store.url.to_string();
             let grace = config.server.shutdown_grace;
             let systemd = Notifier::from_env();
@@ -63,9 +66,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 access_log,
                 ..StartOptions::default()
             };
-            let gateway = Gateway::start_with(config, options)
-                .await
-                .with_context(|| format!("cannot start (store {store})"))?;
+            let gateway = tokio::select! {
+                started = Gateway::start_with(config, options) => {
+                    started.with_context(|| format!("cannot start (store {store})"))?
+                }
+                () = shutdown.recv() => {
+                    tracing::info!("stopped while starting");
+                    return Ok(());
+                }
+            };
             // One line on stdout that scripts and tests can wait for.
             println!(
                 "listening proxy={} admin={}",
@@ -75,12 +84,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             std::io::stdout().flush()?;
             systemd.ready(&gateway).await;
             {
-                let shutdown = shutdown_signal();
+                let shutdown = shutdown.recv();
                 let watch = systemd.keep_watch(&gateway);
                 tokio::pin!(shutdown, watch);
                 loop {
                     tokio::select! {
-                        result = &mut shutdown => break result?,
+                        () = &mut shutdown => break,
                         _ = hangup.recv() => {
                             systemd.reloading();
                             // Logged per listener; the old certificate stays on error.
@@ -133,7 +142,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let mock = MockUpstream::start(listen).await?;
             println!("listening mock={}", mock.addr());
             std::io::stdout().flush()?;
-            shutdown_signal().await?;
+            Shutdown::listen()?.recv().await;
             mock.stop().await;
             Ok(())
         }
@@ -285,11 +294,25 @@ fn init_quiet_logging() {
 }
 
 /// SIGINT or SIGTERM.
-async fn shutdown_signal() -> anyhow::Result<()> {
-    let mut terminate = unix_signal(SignalKind::terminate())?;
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result?,
-        _ = terminate.recv() => {}
+/// SIGTERM and SIGINT, listened for from when it is made.
+struct Shutdown {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Shutdown {
+    fn listen() -> anyhow::Result<Shutdown> {
+        Ok(Shutdown {
+            terminate: unix_signal(SignalKind::terminate())?,
+            interrupt: unix_signal(SignalKind::interrupt())?,
+        })
     }
-    Ok(())
+
+    /// The next of either.
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+    }
 }

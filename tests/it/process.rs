@@ -1,7 +1,10 @@
 //! The real `idemgate serve` process: a second process on the same store
 //! exits non-zero naming the store, an operation in flight when the process
 //! is SIGKILLed is `unknown` afterwards (409 `outcome-unknown`, never
-//! re-sent), and a completed one is still replayed.
+//! re-sent), and a completed one is still replayed; a SIGTERM while the
+//! process starts stops it (exit 0), not the signal's default.
+
+use std::process::{Command, Stdio};
 
 use crate::common::*;
 
@@ -80,4 +83,50 @@ async fn completed_operation_survives_sigkill() {
 
     assert_replay_of(&retry, &original);
     assert_eq!(upstream.writes(), 1);
+}
+
+/// A SIGTERM while the process starts (here, waiting on a PostgreSQL
+/// server that accepts and never answers) stops it, exit 0, instead of
+/// killing it before its handler is in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_while_it_starts_stops_it() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = format!(
+        "[store]\nurl = \"postgres://idemgate@127.0.0.1:{port}/test\"\n\
+         [[routes]]\nname = \"r\"\nupstream = \"http://127.0.0.1:9\"\n"
+    );
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let log = dir.path().join("serve.log");
+    let mut cmd = binary();
+    cmd.arg("serve").arg("--config").arg(&config);
+    // 32 bytes in base64, as a shared store needs.
+    cmd.env("IDEMGATE_SCOPE_KEY", "A".repeat(43) + "=");
+    let stderr = std::fs::File::create(&log).expect("stderr file");
+    let mut child = spawn_child(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr),
+    )
+    .expect("spawn");
+    // The process is starting: it asks the store's server, which says nothing.
+    let (_held, _) = tokio::time::timeout(WAIT, silent.accept())
+        .await
+        .expect("the process connects")
+        .expect("accept");
+    let kill = Command::new("kill")
+        .args(["-s", "TERM", &child.id().to_string()])
+        .status();
+    assert!(kill.expect("run kill").success());
+    let status = within_wait(|| {
+        let exited = child.try_wait().expect("wait");
+        async move { exited }
+    })
+    .await
+    .expect("the process exits");
+    let logged = read_to_string(&log);
+    assert_eq!(status.code(), Some(0), "{status:?}\n{logged}");
 }
