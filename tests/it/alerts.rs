@@ -12,6 +12,8 @@
 //! - the real binary, SIGKILLed between the state change and the alert's
 //!   delivery, delivers it after a restart, signed
 //!   (`X-Idemgate-Signature`, checked here with an HMAC of our own);
+//! - an operation that becomes `unknown` while the gateway drains is
+//!   alerted before it stops;
 //! - `idemgate alerts test` says what each endpoint answered.
 
 use std::time::Duration;
@@ -312,4 +314,33 @@ async fn alerts_link_the_console_over_https_when_the_admin_listener_has_a_certif
         link.starts_with(&format!("https://{}/#/op/", gw.admin_addr())),
         "{link}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_lost_while_draining_is_alerted_before_the_gateway_stops() {
+    let receiver = FakeUpstream::start().await;
+    receiver.script(Scripted::Create);
+    let route = alerted(
+        "upstream_timeout = \"1s\"",
+        &receiver,
+        "events = [\"operation-unknown\"]",
+    );
+    let setup = Setup::route(&route)
+        .quick()
+        .server("shutdown_grace = \"5s\"");
+    let mut gw = spawn_gateway_with(setup).await;
+    let addr = gw.addr();
+    let lost = tokio::spawn(async move { write(addr, "/hold", Some("drained-1"), "{}").await });
+    gw.upstream.wait_for_requests(1).await;
+    // Draining from here: the write's answer never comes, and its
+    // timeout makes it `unknown` while the gateway waits for it.
+    gw.begin_shutdown().await.expect("shutdown");
+    lost.await
+        .expect("the write's answer")
+        .assert_operation_problem(504, "outcome-unknown", "unknown");
+    let alerts = receiver.requests();
+    assert_eq!(alerts.len(), 1, "one alert, before the gateway stopped");
+    let alert = json_of(&alerts[0]);
+    assert_eq!(alert["event"], "operation-unknown");
+    assert_eq!(alert["key"], "drained-1");
 }

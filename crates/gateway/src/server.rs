@@ -344,6 +344,8 @@ impl Gateway {
             })
         };
         let stop_accepting = CancellationToken::new();
+        // Alerts go on while the proxy drains: a write lost then is alerted.
+        let stop_alerts = CancellationToken::new();
         // The admin listener stops last, after the proxy drained.
         let stop_admin = CancellationToken::new();
         let sweep = tokio::spawn(retention::run(
@@ -364,7 +366,7 @@ impl Gateway {
                 metrics: metrics.clone(),
                 console: alerts::console_base(&config.server, admin_addr),
             })
-            .run(pace.alert_poll, pace.alert_idle, stop_accepting.clone()),
+            .run(pace.alert_poll, pace.alert_idle, stop_alerts.clone()),
         );
         let watch = tokio::spawn({
             let (store, proxy, routes) = (store.clone(), proxy.clone(), config.routes.clone());
@@ -399,13 +401,22 @@ impl Gateway {
                 shutdown.cancelled().await;
                 let deadline = Instant::now() + server.shutdown_grace;
                 stop_accepting.cancel();
-                for task in [proxy_loop, sweep, watch, alerts] {
+                for task in [proxy_loop, sweep, watch] {
                     let _ = task.await;
                 }
                 // Connections are drained; forward tasks get the rest of the grace to record.
                 proxy.tasks().close();
                 if timeout_at(deadline, proxy.tasks().wait()).await.is_err() {
                     tracing::warn!("forward tasks still running at the end of the grace period");
+                }
+                // The alerts' last pass, within what is left of the grace.
+                stop_alerts.cancel();
+                let alerts_abort = alerts.abort_handle();
+                if timeout_at(deadline, alerts).await.is_err() {
+                    alerts_abort.abort();
+                    tracing::warn!(
+                        "alerts still being delivered at the end of the grace period: they are sent after the next start"
+                    );
                 }
                 give_up.cancel();
                 if let Some(traces) = &traces {

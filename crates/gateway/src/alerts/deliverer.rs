@@ -63,7 +63,10 @@ pub(crate) struct Deliverer {
 impl Deliverer {
     /// Polls every `every` ([`POLL`] unless a test says otherwise), or
     /// every `idle` ([`IDLE_POLL`]) without endpoints, until `stop`;
-    /// deliveries in flight then are due again after their lease.
+    /// deliveries in flight then are due again after their lease. Once
+    /// stopped it polls once more, so that what became due up to the stop
+    /// (an operation lost while the gateway drained) is sent before the
+    /// store closes: the caller bounds that pass.
     pub async fn run(self: Arc<Self>, every: Duration, idle: Duration, stop: CancellationToken) {
         let period = if self.endpoints.is_empty() {
             idle
@@ -79,10 +82,12 @@ impl Deliverer {
                 aged_at = now;
             }
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => break,
                 _ = self.clone().poll_once(now, aging) => {}
             }
         }
+        let now = self.clock.now_millis();
+        self.poll_once(now, false).await;
     }
 
     /// One poll at `now`, an aging pass with it if `aging`: take what is
