@@ -117,9 +117,7 @@ async fn a_sigterm_while_it_starts_stops_it() {
         .await
         .expect("the process connects")
         .expect("accept");
-    let kill = Command::new("kill")
-        .args(["-s", "TERM", &child.id().to_string()])
-        .status();
+    let kill = child_status(Command::new("kill").args(["-s", "TERM", &child.id().to_string()]));
     assert!(kill.expect("run kill").success());
     let status = within_wait(|| {
         let exited = child.try_wait().expect("wait");

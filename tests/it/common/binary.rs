@@ -67,17 +67,6 @@ impl BinaryGateway {
         .unwrap_or_else(|| panic!("{needle:?} never logged:\n{}", self.stderr()))
     }
 
-    /// How the process ended, once it has (bounded by [`WAIT`]).
-    pub async fn exit_status(&mut self) -> std::process::ExitStatus {
-        let child = &mut self.child;
-        within_wait(|| {
-            let exited = child.try_wait().expect("wait");
-            async move { exited }
-        })
-        .await
-        .expect("the process did not exit")
-    }
-
     /// Sends the process signal `name` (`HUP`, `TERM`, …) with `kill -s`.
     pub fn signal(&self, name: &str) {
         let status = child_status(
