@@ -128,6 +128,7 @@ contract!(
     late_evidence_settles_only_unknown,
     probe_findings_apply_only_to_unknown_at_their_attempt,
     a_write_found_twice_is_settled_by_an_operator_only,
+    a_write_found_twice_after_its_late_response_is_alerted_and_pauses_its_route,
     pauses_and_the_latch,
     listing_and_counting,
     retention_keeps_unknown_operations,
@@ -866,6 +867,43 @@ async fn a_write_found_twice_is_settled_by_an_operator_only(bench: Bench) {
     assert!(store.duplicated(None, 10).await.unwrap().is_empty());
     bench
         .assert_counts_exact(store.as_ref(), "the operator's resolution")
+        .await;
+    store.close().await;
+}
+
+/// Its late response settled it before the probe's answer came, and that
+/// answer finds it twice: the destination holds the write twice all the
+/// same, so the route is paused and alerted, once, as for a held one; its
+/// response still answers its retries.
+async fn a_write_found_twice_after_its_late_response_is_alerted_and_pauses_its_route(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let claim = held(store.as_ref(), "late-twice").await;
+    let id = &claim.operation_id;
+    let at_its_attempt = LateSource::LateResponse { attempt: 1 };
+    assert!(
+        store
+            .settle_held(&late(id, at_its_attempt, "late"))
+            .await
+            .unwrap()
+    );
+    let found_twice = probed(id, 1, Finding::Duplicated);
+    let twice = || store.settle_probed(&found_twice);
+    assert!(twice().await.unwrap(), "a finding that pauses");
+    let (op, _) = store.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (op.state, op.evidence.as_str()),
+        (State::Completed, "duplicated-at-destination")
+    );
+    assert!(op.response.is_some(), "its response still answers");
+    assert_eq!(store.paused_routes().await.unwrap(), [op.route.as_str()]);
+    assert_eq!(
+        bench.alerts("duplicated-at-destination").await,
+        [id.as_str()]
+    );
+    assert!(!twice().await.unwrap(), "once per operation");
+    assert_eq!(bench.alerts("duplicated-at-destination").await.len(), 1);
+    bench
+        .assert_counts_exact(store.as_ref(), "a finding after the fact")
         .await;
     store.close().await;
 }

@@ -500,14 +500,18 @@ pub async fn settle_probed(pool: &PgPool, now: i64, probed: &Probed) -> Result<b
         }
         // `updated_at` stays: an `unknown` operation's is when it became
         // unknown (the stats' oldest, a probe's minimum age).
+        // One its late response completed while the probe asked is at the
+        // destination twice all the same: paused and alerted too, its
+        // state (and response) kept.
         Finding::Duplicated => {
             "WITH updated AS (
                 UPDATE operations SET evidence = $1
-                WHERE id = $3 AND state = 'unknown' AND attempt = $4 AND evidence <> $7
-                RETURNING id, route, idem_key
+                WHERE id = $3 AND state IN ('unknown', 'completed') AND attempt = $4
+                  AND evidence <> $7
+                RETURNING id, route, idem_key, state
              ), alerted AS (
                 INSERT INTO alert_outbox (event, at, route, operation_id, idem_key, state, evidence)
-                SELECT $1, $2, route, id, idem_key, 'unknown', $1 FROM updated
+                SELECT $1, $2, route, id, idem_key, state, $1 FROM updated
              ), paused AS (
                 INSERT INTO route_pauses (route, reason, paused_by, updated_at)
                 SELECT route, 'a probe found operation ' || id || ' more than once at the destination',

@@ -514,14 +514,20 @@ pub fn settle_probed(conn: &Connection, now: i64, probed: &Probed) -> Result<boo
         Finding::Duplicated => {
             // `updated_at` stays: an `unknown` operation's is when it
             // became unknown (the stats' oldest, a probe's minimum age).
-            let updated = conn
+            // One its late response completed while the probe asked is at
+            // the destination twice all the same: paused and alerted too,
+            // its state (and response) kept.
+            let state: Option<String> = conn
                 .prepare_cached(
                     "UPDATE operations SET evidence = ?1
-                     WHERE id = ?2 AND state = 'unknown' AND attempt = ?3 AND evidence <> ?1",
+                     WHERE id = ?2 AND state IN ('unknown', 'completed') AND attempt = ?3
+                       AND evidence <> ?1
+                     RETURNING state",
                 )?
-                .execute(params![evidence, id, attempt])?;
-            if updated == 1 {
-                transitions::duplicated(conn, row.changed(id), now)?;
+                .query_row(params![evidence, id, attempt], |r| r.get(0))
+                .optional()?;
+            if let Some(state) = &state {
+                transitions::duplicated(conn, row.changed(id), state, now)?;
                 conn.prepare_cached(
                     "INSERT INTO route_pauses (route, reason, paused_by, updated_at)
                      VALUES (?1, 'a probe found operation ' || ?2 || ' more than once at the destination', 'probe', ?3)
@@ -529,7 +535,7 @@ pub fn settle_probed(conn: &Connection, now: i64, probed: &Probed) -> Result<boo
                 )?
                 .execute(params![row.route, id, now])?;
             }
-            updated == 1
+            state.is_some()
         }
     };
     insert_event(conn, id, now, event)?;

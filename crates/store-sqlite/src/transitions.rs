@@ -74,7 +74,7 @@ const UNKNOWN_ALERT: &str =
 /// once); the operation stays `unknown`.
 const DUPLICATED_ALERT: &str =
     "INSERT INTO alert_outbox (event, at, route, operation_id, idem_key, state, evidence)
-     VALUES ('duplicated-at-destination', ?1, ?2, ?3, ?4, 'unknown', 'duplicated-at-destination')";
+     VALUES ('duplicated-at-destination', ?1, ?2, ?3, ?4, ?5, 'duplicated-at-destination')";
 
 /// A count change waiting for its batch's commit.
 enum Pending {
@@ -223,11 +223,12 @@ pub fn moved(
     Ok(())
 }
 
-/// A probe found an `unknown` operation more than once at the
-/// destination, at `at`: its alert (its state, and so its counts, stay).
-pub fn duplicated(conn: &Connection, row: Row, at: i64) -> Result<(), StoreError> {
+/// A probe found an operation (in `state`: `unknown`, or `completed` by
+/// its late response meanwhile) more than once at the destination, at
+/// `at`: its alert (its state, and so its counts, stay).
+pub fn duplicated(conn: &Connection, row: Row, state: &str, at: i64) -> Result<(), StoreError> {
     conn.prepare_cached(DUPLICATED_ALERT)?
-        .execute(params![at, row.route, row.id, row.key])?;
+        .execute(params![at, row.route, row.id, row.key, state])?;
     Ok(())
 }
 
