@@ -1,5 +1,5 @@
 //! The real `idemgate serve` process: a second process on the same store
-//! exits non-zero naming the store, an operation in flight when the process
+//! (also through a symlink) exits non-zero naming the store, an operation in flight when the process
 //! is SIGKILLed is `unknown` afterwards (409 `outcome-unknown`, never
 //! re-sent), and a completed one is still replayed; a SIGTERM while the
 //! process starts stops it (exit 0), not the signal's default.
@@ -37,6 +37,29 @@ async fn second_process_on_same_store_exits_naming_the_store() {
         stderr.contains(store.to_str().expect("utf-8 path")),
         "stderr does not name {}:\n{stderr}",
         store.display()
+    );
+
+    // The same store reached through a symlink to its file is the same
+    // store: refused too.
+    let linked = tempfile::tempdir().expect("tempdir");
+    let alias = linked.path().join("alias.db");
+    std::os::unix::fs::symlink(&store, &alias).expect("symlink");
+    // Its scope key, as a deployment reaching it so would give it.
+    let key = dir.path().join("idemgate.db.scope-key");
+    std::fs::copy(&key, linked.path().join("alias.db.scope-key")).expect("scope key");
+    let toml = gateway_toml(&alias, &upstream.url(), "/", "");
+    let aliased = write_config(linked.path(), "idemgate.toml", &toml);
+    let mut third = binary();
+    third.arg("serve").arg("--config").arg(&aliased);
+    let (status, stdout, stderr) = run_to_exit(third).await;
+    assert!(
+        !status.success(),
+        "a process through a symlink exited {status}"
+    );
+    assert!(!stdout.contains("listening"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(".lock"),
+        "refused by the store's lock:\n{stderr}"
     );
 
     // The first process still serves.

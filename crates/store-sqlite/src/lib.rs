@@ -1,7 +1,8 @@
 //! The SQLite backend: the default store, for one gateway process.
 //!
 //! Invariants:
-//! - one process at a time: an exclusive `flock` on `<file>.lock`, held for the
+//! - one process at a time: an exclusive `flock` on `<file>.lock` (beside the
+//!   file with its symlinks resolved, so two paths to it are one lock), held for the
 //!   store's life and released by the kernel when the process dies, so every
 //!   `in_progress` row found at open belongs to a dead owner and becomes
 //!   `unknown` (`gateway-restarted`, [`Maintenance::recover`]) before the first
@@ -358,8 +359,17 @@ enum ConnectError {
     Vfs(#[from] idemgate_wal_buffer::RegisterError),
 }
 
+/// The store's lock, `<file>.lock` beside the file `path` names once its
+/// symlinks are resolved: two paths to one file (a symlink to it, or to a
+/// directory on its way) are one lock.
 fn lock_file(path: &Path, store_name: &str) -> Result<File, StoreError> {
-    let mut lock_path = PathBuf::from(path);
+    let resolved = std::fs::canonicalize(path).or_else(|_| {
+        // Not made yet: its directory resolved, and its own name.
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let directory = std::fs::canonicalize(parent.unwrap_or(Path::new(".")))?;
+        Ok::<_, std::io::Error>(directory.join(path.file_name().unwrap_or_default()))
+    });
+    let mut lock_path = resolved.unwrap_or_else(|_| PathBuf::from(path));
     lock_path.as_mut_os_string().push(".lock");
     let lock_name = lock_path.display().to_string();
     let file = File::options()
