@@ -12,6 +12,10 @@
 //!   method, as most upstreams read it: protected, and sent upper-case;
 //! - a passed-through request's body of unknown length (sent chunked)
 //!   reaches the upstream whole, on a GET too;
+//! - a transfer coding other than `chunked`, which the gateway would strip
+//!   without decoding, is refused: a request's 501, nothing sent; an
+//!   upstream's answer in one is no answer it can pass on (a write's is
+//!   `unknown`, a pass-through's 502);
 //! - an upstream's answer framed by both `Transfer-Encoding` and
 //!   `Content-Length` reaches the client framed by its body alone (RFC
 //!   9112 §6.3), written, replayed or passed through.
@@ -279,4 +283,41 @@ async fn a_chunked_body_is_passed_through_whole_on_any_method() {
             last.headers
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_a_transfer_coding_other_than_chunked_is_refused() {
+    let gw = spawn_gateway("").await;
+    for method in ["POST", "PUT"] {
+        let mut request = raw_write_head(
+            "/orders",
+            "application/json",
+            &format!("coded-{method}"),
+            &["transfer-encoding: gzip, chunked"],
+        )
+        .replacen("POST", method, 1)
+        .into_bytes();
+        request.extend_from_slice(&chunked(b"\x1f\x8b not json"));
+        let answer = raw_exchange(gw.addr(), &request).await.expect("an answer");
+        assert_eq!(answer.status, 501, "{method}: {}", answer.head);
+        assert!(
+            String::from_utf8_lossy(&answer.body).contains("unsupported-transfer-coding"),
+            "{method}: {:?}",
+            answer.body
+        );
+    }
+    assert!(gw.upstream.requests().is_empty(), "nothing sent");
+}
+
+const GZIP_CODED: &[u8] = b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n\
+transfer-encoding: gzip, chunked\r\n\r\n4\r\n\x1f\x8b\x08\x00\r\n0\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_in_a_transfer_coding_other_than_chunked_is_not_passed_on() {
+    let raw = RawUpstream::start(Breakage::Answers(GZIP_CODED)).await;
+    let gw = spawn_gateway_with(Setup::route("").upstream_url(raw.url())).await;
+    let lost = write(gw.addr(), "/orders", Some("coded-answer"), "{}").await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    let read = send(gw.addr(), "GET", "/orders", &[], "").await;
+    assert_eq!(read.status, 502, "{:?}", read.body);
 }

@@ -35,6 +35,7 @@ pub enum ProblemKind {
     InvalidPath,
     InvalidHost,
     InvalidHeader,
+    UnsupportedTransferCoding,
     HeadersTooLarge,
     UnknownOperation,
     MissingKey,
@@ -112,6 +113,7 @@ impl ProblemKind {
             KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
             // The gateway's own failures: 500 when retrying cannot help...
             StoreUnreadable | Internal => StatusCode::INTERNAL_SERVER_ERROR,
             // ...502/504 about the upstream, 503 when a retry soon may pass.
@@ -133,6 +135,10 @@ impl ProblemKind {
             InvalidPath => ("invalid-path", "Invalid request path"),
             InvalidHost => ("invalid-host", "Invalid request host"),
             InvalidHeader => ("invalid-header", "Malformed request header"),
+            UnsupportedTransferCoding => (
+                "unsupported-transfer-coding",
+                "Transfer coding not supported",
+            ),
             HeadersTooLarge => ("headers-too-large", "Request head too large"),
             UnknownOperation => ("unknown-operation", "Unknown operation"),
             MissingKey => ("missing-key", "Idempotency-Key required"),
@@ -337,11 +343,16 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 39] = [
+    const CASES: [(ProblemKind, u16, &str); 40] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (InvalidHost, 400, "invalid-host"),
         (InvalidHeader, 400, "invalid-header"),
+        (
+            UnsupportedTransferCoding,
+            501,
+            "unsupported-transfer-coding",
+        ),
         (HeadersTooLarge, 431, "headers-too-large"),
         (UnknownOperation, 404, "unknown-operation"),
         (MissingKey, 400, "missing-key"),

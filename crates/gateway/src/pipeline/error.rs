@@ -166,7 +166,10 @@ impl ProxyError {
             NoRoute { .. } => (ProblemKind::NoRoute, None),
             InvalidPath(_) => (ProblemKind::InvalidPath, None),
             InvalidHost(_) => (ProblemKind::InvalidHost, None),
-            InvalidHeader(_) => (ProblemKind::InvalidHeader, None),
+            InvalidHeader(FieldError::Padded { .. }) => (ProblemKind::InvalidHeader, None),
+            InvalidHeader(FieldError::Coded { .. }) => {
+                (ProblemKind::UnsupportedTransferCoding, None)
+            }
             HeadersTooLarge { .. } => (ProblemKind::HeadersTooLarge, None),
             UnknownOperation => (ProblemKind::UnknownOperation, None),
             MissingKey => (ProblemKind::MissingKey, None),

@@ -14,30 +14,42 @@
 //! `cookie` field, its crumbs joined with `"; "` in the order sent; and an
 //! HTTP/2 request with a field value that starts or ends with a space or a
 //! tab, which RFC 9113 §8.2.1 makes malformed and no intermediary may
-//! forward, is refused ([`FieldError`], 400 `invalid-header`) before
-//! anything reads it. An HTTP/1.1 request is left as it came.
+//! forward, is refused ([`FieldError::Padded`], 400 `invalid-header`)
+//! before anything reads it. An HTTP/1.1 request is left as it came, but
+//! for one whose body is in a transfer coding other than `chunked`, which
+//! hyper does not undo and the upstream would get still coded: refused
+//! ([`FieldError::Coded`], 501 `unsupported-transfer-coding`).
 
 use http::header::{COOKIE, HeaderValue};
 use http::{Request, Version};
 
-/// Why an HTTP/2 request's fields were refused.
+use crate::pipeline::forward::foreign_coding;
+
+/// Why a request's fields were refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the value of the `{name}` header starts or ends with whitespace, which makes an HTTP/2 request malformed (RFC 9113 §8.2.1); nothing was sent"
-)]
-pub struct FieldError {
-    name: String,
+pub enum FieldError {
+    #[error(
+        "the value of the `{name}` header starts or ends with whitespace, which makes an HTTP/2 request malformed (RFC 9113 §8.2.1); nothing was sent"
+    )]
+    Padded { name: String },
+    #[error(
+        "the request body is in the transfer coding `{coding}`, which the gateway does not decode (send it chunked, or with a Content-Length); nothing was sent"
+    )]
+    Coded { coding: String },
 }
 
 /// Brings an HTTP/2 request's fields into HTTP/1.1's form, in place, as
 /// the module doc says.
 pub fn normalize<B>(request: &mut Request<B>) -> Result<(), FieldError> {
     if request.version() != Version::HTTP_2 {
-        return Ok(());
+        return match foreign_coding(request.headers()) {
+            Some(coding) => Err(FieldError::Coded { coding }),
+            None => Ok(()),
+        };
     }
     let headers = request.headers_mut();
     if let Some((name, _)) = headers.iter().find(|(_, value)| padded(value)) {
-        return Err(FieldError {
+        return Err(FieldError::Padded {
             name: name.as_str().to_string(),
         });
     }

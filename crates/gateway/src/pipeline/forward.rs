@@ -177,6 +177,21 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The first transfer coding other than `chunked` a message's
+/// `Transfer-Encoding` names, if any. hyper undoes `chunked` only, and the
+/// header goes as hop-by-hop, so a body in another coding (`gzip,
+/// chunked`) would be passed on still coded, with nothing saying so: such a
+/// message is refused instead (RFC 9112 §6.1: 501 for a request).
+pub(crate) fn foreign_coding(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|value| value.to_str().unwrap_or("?").split(','))
+        .map(|coding| coding.split(';').next().unwrap_or_default().trim())
+        .find(|coding| !coding.eq_ignore_ascii_case("chunked"))
+        .map(str::to_ascii_lowercase)
+}
+
 /// The client end of a connection, with its `X-Forwarded-For` entry
 /// written once for all the connection's requests.
 #[derive(Clone)]
@@ -289,6 +304,13 @@ pub(crate) async fn pass_through(
         Ok(Ok(response)) => response,
     };
     let (mut parts, body) = response.into_parts();
+    if let Some(coding) = foreign_coding(&parts.headers) {
+        return Err(ProxyError::UpstreamFailed {
+            reason: format!(
+                "the answer is in the transfer coding `{coding}`, which the gateway does not decode"
+            ),
+        });
+    }
     strip_hop_by_hop(&mut parts.headers);
     let mut response = Response::from_parts(parts, stream(body));
     response.extensions_mut().insert(Outcome::proxied);
@@ -644,6 +666,14 @@ async fn read_response(
 ) -> (Exchange, Option<Late>) {
     {
         let (mut head, body) = response.into_parts();
+        if let Some(coding) = foreign_coding(&head.headers) {
+            // Answered, but in a form that cannot be passed on or stored:
+            // what it said is not known here.
+            let reason = format!(
+                "the upstream answered in the transfer coding `{coding}`, which the gateway does not decode"
+            );
+            return (lost(LostCause::Broken, reason), None);
+        }
         strip_hop_by_hop(&mut head.headers);
         let status = head.status.as_u16();
         if head.status.is_informational() {
