@@ -320,4 +320,15 @@ async fn an_answer_in_a_transfer_coding_other_than_chunked_is_not_passed_on() {
     lost.assert_operation_problem(502, "outcome-unknown", "unknown");
     let read = send(gw.addr(), "GET", "/orders", &[], "").await;
     assert_eq!(read.status, 502, "{:?}", read.body);
+    // A status that says nothing was done is taken in any coding.
+    let refused = RawUpstream::start(Breakage::Answers(GZIP_CODED_503)).await;
+    let gw = spawn_gateway_with(Setup::route("").upstream_url(refused.url())).await;
+    let released = write(gw.addr(), "/orders", Some("coded-503"), "{}").await;
+    assert_eq!(released.status, 503, "{:?}", released.body);
+    let again = write(gw.addr(), "/orders", Some("coded-503"), "{}").await;
+    assert_eq!(again.status, 503, "{:?}", again.body);
+    assert_eq!(refused.requests(), 2, "released: its retry is sent");
 }
+
+const GZIP_CODED_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+transfer-encoding: gzip, chunked\r\n\r\n4\r\n\x1f\x8b\x08\x00\r\n0\r\n\r\n";

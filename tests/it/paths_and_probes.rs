@@ -138,6 +138,32 @@ async fn a_path_spelled_raw_or_encoded_is_one_endpoint() {
     assert_eq!(gw.upstream.writes(), spellings.len() + 1);
 }
 
+/// A route's `path_prefix` is matched in the paths' normal form: one
+/// written with a character a path may not hold raw takes that character
+/// raw and encoded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_is_matched_in_normal_form() {
+    let gw = spawn_gateway_at("/caf\u{e9}", "").await;
+    let head = raw_write_head(
+        "/caf\u{e9}/orders",
+        "application/json",
+        "prefix-raw",
+        &[&format!("content-length: {}", BODY.len())],
+    );
+    let mut request = head.into_bytes();
+    request.extend_from_slice(BODY.as_bytes());
+    let raw = raw_exchange(gw.addr(), &request).await.expect("an answer");
+    assert_eq!(raw.status, 201, "{}", raw.head);
+    let encoded = write(gw.addr(), "/caf%C3%A9/orders", Some("prefix-raw"), BODY).await;
+    assert!(
+        encoded.is_replay(),
+        "{:?} {:?}",
+        encoded.status,
+        encoded.body
+    );
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dot_segment_leaves_the_prefix_it_names() {
     let gw = protected_api_beside_a_catch_all().await;

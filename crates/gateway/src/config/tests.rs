@@ -727,6 +727,13 @@ fn the_two_listeners_are_two_addresses() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("server.admin_listen"), "{error}");
+    let wildcard = toml.replacen("127.0.0.1:8080", "0.0.0.0:8080", 1);
+    assert!(
+        Config::from_toml_str(&wildcard, "t.toml").is_err(),
+        "{wildcard}"
+    );
+    let apart = toml.replacen("127.0.0.1:8080", "127.0.0.2:8080", 1);
+    assert!(Config::from_toml_str(&apart, "t.toml").is_ok(), "{apart}");
     // Port 0: each gets a port of its own.
     let any = toml.replace("8080", "0");
     assert!(Config::from_toml_str(&any, "t.toml").is_ok());

@@ -375,7 +375,12 @@ impl Validator<'_> {
             raw.admin_listen.as_deref(),
             server::ADMIN_LISTEN,
         )?;
-        if listen == admin_listen && listen.port() != 0 {
+        // One port on one address, or on a wildcard beside another: the
+        // second bind fails.
+        let overlap = listen.ip() == admin_listen.ip()
+            || listen.ip().is_unspecified()
+            || admin_listen.ip().is_unspecified();
+        if listen.port() == admin_listen.port() && listen.port() != 0 && overlap {
             return Err(self.invalid(
                 "server.admin_listen",
                 format!("is {admin_listen}, the proxy's own address (server.listen): give each listener its own"),

@@ -177,19 +177,27 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The first transfer coding other than `chunked` a message's
-/// `Transfer-Encoding` names, if any. hyper undoes `chunked` only, and the
-/// header goes as hop-by-hop, so a body in another coding (`gzip,
-/// chunked`) would be passed on still coded, with nothing saying so: such a
-/// message is refused instead (RFC 9112 §6.1: 501 for a request).
+/// A transfer coding a message's `Transfer-Encoding` names that hyper does
+/// not undo, if any: one other than `chunked` (and `identity`, which
+/// changes nothing), or `chunked` a second time. hyper undoes one
+/// `chunked` only, and the header goes as hop-by-hop, so a body in another
+/// coding (`gzip, chunked`) would be passed on still coded, with nothing
+/// saying so: such a message is refused instead (RFC 9112 §6.1: 501 for a
+/// request). Empty list elements are skipped (RFC 9110 §5.6.1).
 pub(crate) fn foreign_coding(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|value| value.to_str().unwrap_or("?").split(','))
-        .map(|coding| coding.split(';').next().unwrap_or_default().trim())
-        .find(|coding| !coding.eq_ignore_ascii_case("chunked"))
-        .map(str::to_ascii_lowercase)
+    let codings = || {
+        headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|value| value.to_str().unwrap_or("?").split(','))
+            .map(|coding| coding.split(';').next().unwrap_or_default().trim())
+            .filter(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case("identity"))
+    };
+    let chunked = |coding: &&str| coding.eq_ignore_ascii_case("chunked");
+    if let Some(coding) = codings().find(|coding| !chunked(coding)) {
+        return Some(coding.to_ascii_lowercase());
+    }
+    (codings().filter(chunked).count() > 1).then(|| "chunked, chunked".to_string())
 }
 
 /// The client end of a connection, with its `X-Forwarded-For` entry
@@ -277,12 +285,13 @@ pub(crate) async fn pass_through(
     peer: &Peer,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (mut parts, body) = request.into_parts();
+    // Read before the header goes as hop-by-hop.
+    let came_chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
     upstream_head(route, &mut parts, peer);
-    // A body of unknown length (it came chunked, or as HTTP/2 frames
-    // without a Content-Length) goes chunked: on a GET, HEAD or CONNECT
+    // A body that came chunked goes chunked: on a GET, HEAD or CONNECT
     // hyper would otherwise send none of it. An HTTP/2 upstream frames it
     // itself (`pool`).
-    if !body.is_end_stream() && body.size_hint().exact().is_none() {
+    if came_chunked && !body.is_end_stream() && body.size_hint().exact().is_none() {
         let chunked = HeaderValue::from_static("chunked");
         parts.headers.insert(header::TRANSFER_ENCODING, chunked);
     }
@@ -666,16 +675,28 @@ async fn read_response(
 ) -> (Exchange, Option<Late>) {
     {
         let (mut head, body) = response.into_parts();
-        if let Some(coding) = foreign_coding(&head.headers) {
-            // Answered, but in a form that cannot be passed on or stored:
-            // what it said is not known here.
+        let coded = foreign_coding(&head.headers);
+        strip_hop_by_hop(&mut head.headers);
+        let status = head.status.as_u16();
+        if let Some(coding) = coded {
+            // A status that says nothing was done says so in any coding:
+            // released, its body (which cannot be passed on) left out.
+            if route.release_statuses.contains(&status) {
+                return (
+                    Exchange::Released {
+                        head,
+                        body: Bytes::new(),
+                    },
+                    None,
+                );
+            }
+            // Any other answer cannot be passed on or stored: what it
+            // said is not known here.
             let reason = format!(
                 "the upstream answered in the transfer coding `{coding}`, which the gateway does not decode"
             );
             return (lost(LostCause::Broken, reason), None);
         }
-        strip_hop_by_hop(&mut head.headers);
-        let status = head.status.as_u16();
         if head.status.is_informational() {
             // hyper hands a 101 to the caller; to a write that asked for no
             // upgrade it is no final answer, and the request was written.
@@ -866,6 +887,31 @@ fn read_body(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_coding_hyper_does_not_undo_is_named() {
+        let coding = |values: &[&str]| {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                headers.append(header::TRANSFER_ENCODING, value.parse().unwrap());
+            }
+            foreign_coding(&headers)
+        };
+        for undone in [
+            &["chunked"][..],
+            &["identity"],
+            &[", chunked"],
+            &["identity, chunked"],
+            &["Chunked"],
+            &[],
+        ] {
+            assert_eq!(coding(undone), None, "{undone:?}");
+        }
+        assert_eq!(coding(&["gzip, chunked"]), Some("gzip".into()));
+        assert_eq!(coding(&["GZIP;q=1, chunked"]), Some("gzip".into()));
+        assert!(coding(&["chunked, chunked"]).is_some());
+        assert!(coding(&["chunked", "chunked"]).is_some());
+    }
 
     #[test]
     fn only_a_handshake_alert_proves_the_request_unread() {

@@ -9,7 +9,8 @@
 //!    authority → 400 `invalid-host`. `method`: a standard method in any
 //!    case upper-case (`post` is `POST`). `fields`: an HTTP/2 request's cookie
 //!    crumbs joined into one `Cookie`; a value with whitespace around it
-//!    → 400 `invalid-header`.
+//!    → 400 `invalid-header`; a body in a transfer coding other than
+//!    `chunked` → 501 `unsupported-transfer-coding`.
 //! 1. `route`: longest `path_prefix`; none → 404 `no-route`; a path that
 //!    another upstream's reading (`;` stripped, `%2F` decoded) puts on another
 //!    route → 400 `invalid-path`. A method the route does not intercept is
@@ -226,8 +227,16 @@ impl Proxy {
             .routes
             .iter()
             .map(|route| {
+                // Matched against paths in normal form: its prefix too.
+                let path_prefix = match path::normal_form(&route.path_prefix) {
+                    Ok(normal) => normal.into_owned(),
+                    Err(_) => route.path_prefix.clone(),
+                };
                 Ok(Arc::new(ActiveRoute {
-                    route: Arc::new(route.clone()),
+                    route: Arc::new(Route {
+                        path_prefix,
+                        ..route.clone()
+                    }),
                     client: forward::pool(route, None)?,
                     writes: forward::pool(route, Some(store.fence()))?,
                     probes: forward::probe_client(route)?,
