@@ -9,18 +9,18 @@
 //! Invariant: after [`normalize`], a request whose method is a standard
 //! method (RFC 9110 §9.3 and `PATCH`, RFC 5789) in any case carries it
 //! upper-case, so routes intercept it, the fingerprint reads it and the
-//! upstream gets it so; any other method keeps its spelling.
+//! upstream gets it so; any other method keeps its spelling. `HEAD` and
+//! `CONNECT` are left out: hyper frames the answer to a `head` it parsed
+//! as another method, and no route takes either as a write.
 
 use http::{Method, Request};
 
-/// The standard methods, upper-case.
-const STANDARD: [Method; 9] = [
+/// The standard methods, upper-case, but for `HEAD` and `CONNECT`.
+const STANDARD: [Method; 7] = [
     Method::GET,
-    Method::HEAD,
     Method::POST,
     Method::PUT,
     Method::DELETE,
-    Method::CONNECT,
     Method::OPTIONS,
     Method::TRACE,
     Method::PATCH,
@@ -32,7 +32,7 @@ pub fn normalize<B>(request: &mut Request<B>) {
     let method = request.method();
     // hyper parses the standard methods, upper-case, into their own
     // variants: only another spelling is an extension method here.
-    if STANDARD.contains(method) {
+    if STANDARD.contains(method) || method == Method::HEAD || method == Method::CONNECT {
         return;
     }
     let spelled = method.as_str();
@@ -61,6 +61,8 @@ mod tests {
             ("Post", "POST"),
             ("patch", "PATCH"),
             ("dElEtE", "DELETE"),
+            ("head", "head"),
+            ("connect", "connect"),
             ("POST", "POST"),
             ("purge", "purge"),
             ("PROPFIND", "PROPFIND"),
