@@ -226,6 +226,17 @@ async fn a_status_lookup_is_logged_without_its_key() {
     )
     .await;
     assert_eq!(found.status, 200, "{:?}", found.body);
+    // A lookup path that has no normal form (its `.` encoded, a bad `%`)
+    // names its key too.
+    let unread = send(
+        gateway.proxy,
+        "GET",
+        &format!("/%2Eidemgate/operations/{key}%zz"),
+        &[],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(unread.status, 400, "{:?}", unread.body);
     send(gateway.proxy, "GET", "/elsewhere", &[], Bytes::new()).await;
     let logged = gateway.wait_for_log("/elsewhere").await;
     gateway.kill();

@@ -354,8 +354,8 @@ impl Proxy {
         let path = request.uri().path().to_string();
         let reserved = normalized.is_ok() && path.starts_with(status::PREFIX);
         // What logs and traces write: never a lookup's key, even in a
-        // path that could not be normalized.
-        let logged = if path.contains(status::PREFIX) {
+        // path that could not be normalized (its `.` still encoded).
+        let logged = if status::names_a_lookup(&path) {
             status::logged_path(&path)
         } else {
             path.as_str()

@@ -30,6 +30,13 @@ use idemgate_store::scope_key::ScopeKey;
 /// The path prefix idemgate reserves for itself on the proxy listener.
 pub const PREFIX: &str = "/.idemgate/";
 
+/// Whether `path` may be a lookup's, so that logs and traces leave it out:
+/// under [`PREFIX`], or spelling it otherwise in a path with no normal
+/// form (`/%2Eidemgate/operations/…`).
+pub fn names_a_lookup(path: &str) -> bool {
+    path.contains(PREFIX) || path.contains("idemgate/operations/")
+}
+
 /// A path under [`PREFIX`] as logs and traces write it: a lookup's key
 /// left out (`/.idemgate/operations/{key}`), as no line or span carries a
 /// key, and anything else under the prefix left out likewise.
