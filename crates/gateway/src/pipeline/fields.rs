@@ -20,10 +20,8 @@
 //! hyper does not undo and the upstream would get still coded: refused
 //! ([`FieldError::Coded`], 501 `unsupported-transfer-coding`).
 
-use http::header::{COOKIE, HeaderValue};
-use http::{Request, Version};
-
-use crate::pipeline::forward::foreign_coding;
+use http::header::{self, COOKIE, HeaderValue};
+use http::{HeaderMap, Request, Version};
 
 /// Why a request's fields were refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +66,29 @@ pub fn normalize<B>(request: &mut Request<B>) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// A transfer coding a message's `Transfer-Encoding` names that hyper does
+/// not undo, if any: one other than `chunked` (and `identity`, which
+/// changes nothing), or `chunked` a second time. hyper undoes one
+/// `chunked` only, and the header goes as hop-by-hop, so a body in another
+/// coding (`gzip, chunked`) would be passed on still coded, with nothing
+/// saying so: such a message is refused instead (RFC 9112 §6.1: 501 for a
+/// request). Empty list elements are skipped (RFC 9110 §5.6.1).
+pub(crate) fn foreign_coding(headers: &HeaderMap) -> Option<String> {
+    let codings = || {
+        headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|value| value.to_str().unwrap_or("?").split(','))
+            .map(|coding| coding.split(';').next().unwrap_or_default().trim())
+            .filter(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case("identity"))
+    };
+    let chunked = |coding: &&str| coding.eq_ignore_ascii_case("chunked");
+    if let Some(coding) = codings().find(|coding| !chunked(coding)) {
+        return Some(coding.to_ascii_lowercase());
+    }
+    (codings().filter(chunked).count() > 1).then(|| "chunked, chunked".to_string())
+}
+
 /// Whether a value starts or ends with a space or a tab.
 fn padded(value: &HeaderValue) -> bool {
     let bytes = value.as_bytes();
@@ -78,6 +99,31 @@ fn padded(value: &HeaderValue) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_coding_hyper_does_not_undo_is_named() {
+        let coding = |values: &[&str]| {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                headers.append(header::TRANSFER_ENCODING, value.parse().unwrap());
+            }
+            foreign_coding(&headers)
+        };
+        for undone in [
+            &["chunked"][..],
+            &["identity"],
+            &[", chunked"],
+            &["identity, chunked"],
+            &["Chunked"],
+            &[],
+        ] {
+            assert_eq!(coding(undone), None, "{undone:?}");
+        }
+        assert_eq!(coding(&["gzip, chunked"]), Some("gzip".into()));
+        assert_eq!(coding(&["GZIP;q=1, chunked"]), Some("gzip".into()));
+        assert!(coding(&["chunked, chunked"]).is_some());
+        assert!(coding(&["chunked", "chunked"]).is_some());
+    }
 
     fn request(version: Version, fields: &[(&str, &str)]) -> Request<()> {
         let mut request = Request::builder().version(version);

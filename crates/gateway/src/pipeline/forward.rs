@@ -35,6 +35,7 @@ use crate::metrics::{Metrics, Outcome};
 use crate::pipeline::budget::Reservation;
 use crate::pipeline::connector::{FenceDown, UpstreamConnector};
 use crate::pipeline::error::ProxyError;
+use crate::pipeline::fields::foreign_coding;
 use crate::pipeline::host::ViaTls;
 use crate::pipeline::pool::{self, Pool, PooledBody, SendError};
 use crate::pipeline::sse;
@@ -175,29 +176,6 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-}
-
-/// A transfer coding a message's `Transfer-Encoding` names that hyper does
-/// not undo, if any: one other than `chunked` (and `identity`, which
-/// changes nothing), or `chunked` a second time. hyper undoes one
-/// `chunked` only, and the header goes as hop-by-hop, so a body in another
-/// coding (`gzip, chunked`) would be passed on still coded, with nothing
-/// saying so: such a message is refused instead (RFC 9112 §6.1: 501 for a
-/// request). Empty list elements are skipped (RFC 9110 §5.6.1).
-pub(crate) fn foreign_coding(headers: &HeaderMap) -> Option<String> {
-    let codings = || {
-        headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .flat_map(|value| value.to_str().unwrap_or("?").split(','))
-            .map(|coding| coding.split(';').next().unwrap_or_default().trim())
-            .filter(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case("identity"))
-    };
-    let chunked = |coding: &&str| coding.eq_ignore_ascii_case("chunked");
-    if let Some(coding) = codings().find(|coding| !chunked(coding)) {
-        return Some(coding.to_ascii_lowercase());
-    }
-    (codings().filter(chunked).count() > 1).then(|| "chunked, chunked".to_string())
 }
 
 /// The client end of a connection, with its `X-Forwarded-For` entry
@@ -887,31 +865,6 @@ fn read_body(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_coding_hyper_does_not_undo_is_named() {
-        let coding = |values: &[&str]| {
-            let mut headers = HeaderMap::new();
-            for value in values {
-                headers.append(header::TRANSFER_ENCODING, value.parse().unwrap());
-            }
-            foreign_coding(&headers)
-        };
-        for undone in [
-            &["chunked"][..],
-            &["identity"],
-            &[", chunked"],
-            &["identity, chunked"],
-            &["Chunked"],
-            &[],
-        ] {
-            assert_eq!(coding(undone), None, "{undone:?}");
-        }
-        assert_eq!(coding(&["gzip, chunked"]), Some("gzip".into()));
-        assert_eq!(coding(&["GZIP;q=1, chunked"]), Some("gzip".into()));
-        assert!(coding(&["chunked, chunked"]).is_some());
-        assert!(coding(&["chunked", "chunked"]).is_some());
-    }
 
     #[test]
     fn only_a_handshake_alert_proves_the_request_unread() {
