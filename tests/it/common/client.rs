@@ -103,11 +103,8 @@ pub async fn send(
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
 ) -> Response {
-    match try_send(addr, method, path, headers, body, WAIT).await {
-        Ok(resp) => resp,
-        Err(Exchange::Failed(e)) => panic!("request failed: {e}"),
-        Err(Exchange::TimedOut) => panic!("{method} {path} timed out"),
-    }
+    let sent = try_send(addr, method, path, headers, body, WAIT).await;
+    whole(sent, method, path)
 }
 
 /// Why [`try_send`] got no whole response.
@@ -149,9 +146,15 @@ pub async fn send_h2(
         .build_http::<Full<Bytes>>();
     let req =
         build_request(method, &format!("http://{addr}{path}"), headers, body).expect("request");
-    match exchange(client, req, WAIT).await {
+    whole(exchange(client, req, WAIT).await, method, path)
+}
+
+/// The response of `method path`, or a panic saying why there was none.
+fn whole(sent: Result<Response, Exchange>, method: &str, path: &str) -> Response {
+    match sent {
         Ok(resp) => resp,
-        Err(e) => panic!("{method} {path} over HTTP/2: {e:?}"),
+        Err(Exchange::Failed(e)) => panic!("{method} {path} failed: {e}"),
+        Err(Exchange::TimedOut) => panic!("{method} {path} timed out"),
     }
 }
 
