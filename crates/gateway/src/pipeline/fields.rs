@@ -1,5 +1,6 @@
-//! Phase 0, beside the path and the host: an HTTP/2 request's fields as
-//! HTTP/1.1 would have brought them.
+//! Phase 0, beside the path and the host: a request's fields as the
+//! gateway can pass them on — an HTTP/2 request's as HTTP/1.1 would have
+//! brought them, and a body in no transfer coding hyper cannot undo.
 //!
 //! HTTP/1.1's parser drops the whitespace around a field value, and a
 //! client sends its cookie on one `Cookie` line; an HTTP/2 client sends
@@ -36,8 +37,8 @@ pub enum FieldError {
     Coded { coding: String },
 }
 
-/// Brings an HTTP/2 request's fields into HTTP/1.1's form, in place, as
-/// the module doc says.
+/// Brings an HTTP/2 request's fields into HTTP/1.1's form, in place, and
+/// refuses what cannot be passed on, as the module doc says.
 pub fn normalize<B>(request: &mut Request<B>) -> Result<(), FieldError> {
     if request.version() != Version::HTTP_2 {
         return match foreign_coding(request.headers()) {
