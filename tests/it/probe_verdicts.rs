@@ -389,13 +389,7 @@ async fn a_late_response_leaves_a_write_held_twice_at_the_destination_to_an_oper
         "reference": "kept record 1, refunded record 2",
         "response": {"status": 201, "body": {"id": 1}},
     });
-    let resolved = gw
-        .admin(
-            "POST",
-            &format!("/admin/keys/{id}/resolve"),
-            &resolution.to_string(),
-        )
-        .await;
+    let resolved = gw.resolve(id, &resolution).await;
     assert_eq!(
         resolved.status,
         StatusCode::OK,
