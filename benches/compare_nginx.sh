@@ -423,6 +423,22 @@ done
 echo "  (per request: the proxy's CPU µs, context switches, system calls, µs waiting for a CPU and KiB sent to the disk; the machine's CPU µs)"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
+# A short run of load $1 against $2 (3 s, 16 connections, after a warm-up)
+# while the counter `$3 …` (started in the background, stopped with SIGINT)
+# counts; prints the requests the run made.
+counted_run() {
+    local mode=$1 addr=$2 counter_pid requests
+    shift 2
+    warm_up "$mode" "$addr" 16
+    "$@" 2>/dev/null &
+    counter_pid=$!
+    sleep 0.5
+    read -r _ _ _ _ _ requests <<<"$(wrk_run "$mode" "$addr" 3s "$prefix" 16)"
+    kill -INT "$counter_pid"
+    wait "$counter_pid" || true
+    echo "$requests"
+}
+
 # System calls by name, per request: strace -c on a short run of each load
 # (strace slows the proxy down several times; the counts per request hold).
 if [ "${STRACE:-0}" = 1 ]; then
@@ -431,15 +447,9 @@ if [ "${STRACE:-0}" = 1 ]; then
     for mode in $LOADS; do
         for target in "nginx pass-through=127.0.0.1:$nginx_port=$nginx_pid" "${gateways[@]}"; do
             IFS='=' read -r proxy addr pid <<<"$target"
-            warm_up "$mode" "$addr" 16
             traced=()
             for p in $(proc_set "$pid"); do traced+=(-p "$p"); done
-            strace -c -f -o "$dir/strace.txt" "${traced[@]}" 2>/dev/null &
-            strace_pid=$!
-            sleep 0.5
-            read -r _ _ _ _ _ requests <<<"$(wrk_run "$mode" "$addr" 3s "$prefix" 16)"
-            kill -INT "$strace_pid"
-            wait "$strace_pid" || true
+            requests=$(counted_run "$mode" "$addr" strace -c -f -o "$dir/strace.txt" "${traced[@]}")
             printf '  %-7s %-20s' "$mode" "$proxy"
             awk -v n="$requests" '$NF ~ /^[a-z_0-9]+$/ && $4 ~ /^[0-9]+$/ && $NF != "total" {
                     calls[$NF] = $4
@@ -468,13 +478,8 @@ if [ "${ALLOCS:-0}" = 1 ]; then
     for mode in $LOADS; do
         for target in "${gateways[@]}"; do
             IFS='=' read -r proxy addr pid <<<"$target"
-            warm_up "$mode" "$addr" 16
-            perf stat --per-thread -x, "${events[@]}" -p "$pid" -o "$dir/allocs.csv" 2>/dev/null &
-            perf_pid=$!
-            sleep 0.3
-            read -r _ _ _ _ _ requests <<<"$(wrk_run "$mode" "$addr" 3s "$prefix" 16)"
-            kill -INT "$perf_pid"
-            wait "$perf_pid" || true
+            requests=$(counted_run "$mode" "$addr" \
+                perf stat --per-thread -x, "${events[@]}" -p "$pid" -o "$dir/allocs.csv")
             printf '  %-7s %-20s' "$mode" "$proxy"
             # "comm-tid,count,,event,…"; threads summed by name.
             awk -F, -v n="$requests" '$1 ~ /-[0-9]+$/ && $2 ~ /^[0-9]+$/ {
