@@ -603,6 +603,39 @@ async fn a_resolution_whose_status_has_no_content_takes_no_body() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_keeps_to_its_routes_max_stored_response() {
+    let (gw, admin) = gateway("upstream_timeout = \"300ms\"\nmax_stored_response = \"64\"").await;
+    let id = unknown_operation(&gw, &admin, "res-large").await;
+    // The store keeps no upstream answer over the route's bound; an
+    // operator's is held to it too.
+    let large = json!({
+        "outcome": "completed",
+        "operator": "ann",
+        "response": {"status": 201, "body": "x".repeat(65)},
+    });
+    let refused = admin.resolve(&id, &large).await;
+    let problem = refused.assert_problem(400, "invalid-resolution");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("max_stored_response") && d.contains("65")),
+        "{problem}"
+    );
+    assert_eq!(admin.show(&id).await["state"], "unknown");
+
+    let fits = json!({
+        "outcome": "completed",
+        "operator": "ann",
+        "response": {"status": 201, "body": "x".repeat(64)},
+    });
+    admin.resolved(&id, &fits).await;
+    let retry = write(gw.addr(), "/hold", Some("res-large"), ORDER).await;
+    assert!(retry.is_replay(), "{retry:?}");
+    assert_eq!(retry.body.len(), 64);
+    assert_eq!(gw.upstream.writes(), 1, "only the original write");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolution_lengths_count_characters_not_bytes() {
     let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
     let id = unknown_operation(&gw, &admin, "res-chars").await;

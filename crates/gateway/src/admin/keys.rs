@@ -388,6 +388,7 @@ pub async fn resolve(
     body: &[u8],
 ) -> Result<Response<ProxyBody>, AdminError> {
     let resolution = Resolution::read(body)?;
+    check_size(admin, id, &resolution.decision).await?;
     match admin
         .store
         .resolve(id, &resolution.decision, &resolution.event)
@@ -402,6 +403,32 @@ pub async fn resolve(
             id: id.to_string(),
             state: state.as_str(),
         }),
+    }
+}
+
+/// Refuses a completed resolution whose body is larger than its route's
+/// `max_stored_response`: the store keeps no larger response from the
+/// upstream, and an operator's is no exception. An operation whose route
+/// is no longer configured keeps only the admin body's own bound.
+async fn check_size(admin: &Admin, id: &str, decision: &Decision) -> Result<(), AdminError> {
+    let Decision::Completed { response } = decision else {
+        return Ok(());
+    };
+    let length = response.body.as_ref().map_or(0, Vec::len);
+    let Some((operation, _)) = admin.store.get(id).await? else {
+        return Ok(());
+    };
+    let bound = admin
+        .proxy
+        .routes()
+        .find(|route| route.name == operation.route)
+        .map(|route| route.max_stored_response);
+    match bound {
+        Some(bound) if length > bound => Err(AdminError::InvalidResolution(format!(
+            "the response's body is {length} bytes, more than route `{}`'s max_stored_response ({bound} bytes)",
+            operation.route
+        ))),
+        _ => Ok(()),
     }
 }
 
