@@ -3,7 +3,9 @@
 //! by `admin_token_env`.
 //!
 //! Invariants: the comparison takes the same time wherever the first wrong
-//! byte is (`subtle`); a request with more than one `Authorization` line is
+//! byte is and whatever the presented token's length: what is compared is
+//! the SHA-256 of each, 32 bytes against 32 (`subtle`), and the token
+//! itself is not kept; a request with more than one `Authorization` line is
 //! refused (400 `ambiguous-credentials`) whatever the lines hold, never
 //! judged by one of them; with no token configured (the variable unset or
 //! empty) every `/admin/*` call is 401 `admin-token-unset`, which names the
@@ -20,13 +22,16 @@ use std::net::SocketAddr;
 
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::AdminError;
 
-/// The configured token, if any. Never logged or shown.
+/// The configured token, if any, as its SHA-256: never logged or shown,
+/// and compared digest to digest so that a presented token's length, which
+/// an attacker chooses, says nothing of the configured one's.
 pub struct AdminToken {
-    token: Option<Vec<u8>>,
+    token: Option<[u8; 32]>,
     /// The variable the token is read from, named when there is none.
     variable: String,
 }
@@ -95,9 +100,9 @@ pub fn token_fault(token: &str) -> Option<TokenFault> {
 }
 
 impl AdminToken {
-    fn set(token: Vec<u8>, variable: &str) -> Self {
+    fn set(token: &[u8], variable: &str) -> Self {
         AdminToken {
-            token: Some(token),
+            token: Some(Sha256::digest(token).into()),
             variable: variable.to_string(),
         }
     }
@@ -129,7 +134,7 @@ impl AdminToken {
             return Ok(AdminToken::unset(variable));
         }
         match token_fault(&token) {
-            None => Ok(AdminToken::set(token.into_bytes(), variable)),
+            None => Ok(AdminToken::set(token.as_bytes(), variable)),
             Some(fault) => Err(UnusableToken {
                 variable: variable.to_string(),
                 fault,
@@ -171,9 +176,9 @@ impl AdminToken {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim().as_bytes())
+            .map(|(_, token)| Sha256::digest(token.trim().as_bytes()))
             .ok_or(AdminError::Unauthorized)?;
-        if bool::from(presented.ct_eq(expected)) {
+        if bool::from(presented.as_slice().ct_eq(expected)) {
             Ok(())
         } else {
             Err(AdminError::Unauthorized)
@@ -194,7 +199,7 @@ mod tests {
 
     #[test]
     fn only_the_exact_bearer_token_passes() {
-        let token = AdminToken::set(b"s3cret".to_vec(), "V");
+        let token = AdminToken::set(b"s3cret", "V");
         assert!(token.check(&with("Bearer s3cret")).is_ok());
         assert!(token.check(&with("Bearer s3cre")).is_err());
         assert!(token.check(&with("Bearer s3cret2")).is_err());
@@ -212,7 +217,7 @@ mod tests {
 
     #[test]
     fn two_authorization_lines_are_refused_whatever_they_hold() {
-        let token = AdminToken::set(b"s3cret".to_vec(), "V");
+        let token = AdminToken::set(b"s3cret", "V");
         for pair in [
             ["Bearer s3cret", "Bearer wrong"],
             ["Bearer wrong", "Bearer s3cret"],
@@ -246,7 +251,7 @@ mod tests {
         );
         assert!(AdminToken::unset("V").check_exposure(local, "X").is_ok());
         assert!(
-            AdminToken::set(b"t".to_vec(), "V")
+            AdminToken::set(b"t", "V")
                 .check_exposure(exposed, "X")
                 .is_ok()
         );
