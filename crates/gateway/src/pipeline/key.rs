@@ -34,6 +34,9 @@ pub fn url_component(text: &str) -> String {
 /// The `Idempotency-Key` header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
+/// The longest key, in characters (bytes: a key is ASCII).
+pub const MAX_KEY_CHARS: usize = 255;
+
 /// A validated idempotency key, held bare (unquoted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyKey(String);
@@ -44,6 +47,12 @@ pub enum KeyError {
     Several,
     Empty,
     TooLong,
+    /// An MCP tool call's key, too long to be stored beside its tool's
+    /// name (`<tool>/<key>`, 255 characters in all): `room` is what the
+    /// name leaves.
+    TooLongBesideTool {
+        room: usize,
+    },
     BadCharacter,
     BadQuoting,
     LeadingQuote,
@@ -79,7 +88,10 @@ impl KeyError {
         match self {
             Several => format!("several {key} headers were sent; send one"),
             Empty => format!("the {key} is empty"),
-            TooLong => format!("the {key} is longer than 255 characters"),
+            TooLong => format!("the {key} is longer than {MAX_KEY_CHARS} characters"),
+            TooLongBesideTool { room } => format!(
+                "the {key} is longer than the {room} characters its tool's name leaves: a call is kept as `<tool>/<key>`, {MAX_KEY_CHARS} characters in all"
+            ),
             BadCharacter => {
                 format!("the {key} has a character outside 0x21-0x7E (space, control or non-ASCII)")
             }
@@ -175,7 +187,7 @@ impl IdempotencyKey {
     pub fn new(bare: &str) -> Result<Self, KeyError> {
         match bare.len() {
             0 => Err(KeyError::Empty),
-            256.. => Err(KeyError::TooLong),
+            n if n > MAX_KEY_CHARS => Err(KeyError::TooLong),
             _ if !bare.bytes().all(|b| (0x21..=0x7e).contains(&b)) => Err(KeyError::BadCharacter),
             _ if bare.starts_with('"') => Err(KeyError::LeadingQuote),
             _ => Ok(IdempotencyKey(bare.to_string())),

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use crate::config::{KeyMode, Route};
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::fingerprint::digest_hex;
-use crate::pipeline::key::{IdempotencyKey, KeyError, Scope, url_component};
+use crate::pipeline::key::{IdempotencyKey, KeyError, MAX_KEY_CHARS, Scope, url_component};
 use crate::pipeline::mcp::call::Call;
 use idemgate_model::canonical_json;
 use idemgate_model::operation::Fingerprint;
@@ -75,8 +75,11 @@ pub fn identify(
         ),
         None => return Err(ProxyError::MissingKey),
     };
-    let stored = format!("{}/{}", url_component(&call.tool), key.as_str());
-    let key = IdempotencyKey::new(&stored).map_err(|_| KeyError::TooLong)?;
+    let tool = url_component(&call.tool);
+    let stored = format!("{tool}/{}", key.as_str());
+    let key = IdempotencyKey::new(&stored).map_err(|_| KeyError::TooLongBesideTool {
+        room: MAX_KEY_CHARS.saturating_sub(tool.len() + 1),
+    })?;
     Ok(Identified {
         key,
         source,
@@ -225,5 +228,26 @@ mod tests {
         let other = identify_as(&call(None), &[], r#"{"title":"b","n":1}"#, &route);
         assert_ne!(other.key, a.key);
         assert!(a.key.as_str().starts_with("create_task/derived-"));
+    }
+
+    #[test]
+    fn a_key_too_long_beside_its_tool_names_the_room_left() {
+        let route = route(None);
+        // `create_task/` takes 12 of the 255 characters: 243 are left.
+        let fits = "k".repeat(243);
+        let key = identify_as(&call(Some(&fits)), &[], "{}", &route).key;
+        assert_eq!(key.as_str().len(), 255);
+        let long = "k".repeat(244);
+        let Err(ProxyError::InvalidKey(error)) = identify(
+            &call(Some(&long)),
+            &http::HeaderMap::new(),
+            &body("{}"),
+            &route,
+            &scope(),
+        ) else {
+            panic!("a 244-character key beside `create_task` was taken");
+        };
+        let said = error.describe("key");
+        assert!(said.contains("243 characters"), "{said}");
     }
 }
