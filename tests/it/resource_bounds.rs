@@ -4,8 +4,9 @@
 //!
 //! - open connections per listener (`server.max_connections`,
 //!   `server.admin_max_connections`): the request of one more is answered
-//!   503 `overloaded` and it is closed, the connections already open are
-//!   still served, and the other listener is untouched; the refusals are
+//!   503 `overloaded` and it is closed (but the admin listener's liveness
+//!   probe, answered 200), the connections already open are still served,
+//!   and the other listener is untouched; the refusals are
 //!   bounded too (a flood past them is closed at once);
 //! - request bodies held in memory, all writes together
 //!   (`server.buffered_body_budget`): a write that would overdraw it is 503
@@ -54,7 +55,13 @@ fn still_open(stream: &TcpStream) -> bool {
 /// A new connection to `addr` has its request answered 503 `overloaded`,
 /// to a raw client and to an HTTP client library alike.
 async fn assert_refused(addr: SocketAddr) {
-    let resp = raw_exchange(addr, b"GET /healthz HTTP/1.1\r\nhost: a\r\n\r\n")
+    assert_refused_at(addr, "/healthz").await;
+}
+
+/// [`assert_refused`], for a `GET` of `path`.
+async fn assert_refused_at(addr: SocketAddr, path: &str) {
+    let head = format!("GET {path} HTTP/1.1\r\nhost: a\r\n\r\n");
+    let resp = raw_exchange(addr, head.as_bytes())
         .await
         .expect("a 503, not a bare close");
     assert_eq!(resp.status, 503, "head: {}", resp.head);
@@ -69,7 +76,7 @@ async fn assert_refused(addr: SocketAddr) {
         "{}",
         String::from_utf8_lossy(&resp.body)
     );
-    let resp = send(addr, "GET", "/healthz", &[], Bytes::new()).await;
+    let resp = send(addr, "GET", path, &[], Bytes::new()).await;
     resp.assert_problem(503, "overloaded");
 }
 
@@ -174,12 +181,26 @@ async fn admin_connections_beyond_the_cap_leave_the_proxy_serving() {
     let gw = spawn_gateway_with(setup).await;
     let mut held = hold_connections(gw.admin_addr(), 2).await;
 
-    assert_refused(gw.admin_addr()).await;
+    assert_refused_at(gw.admin_addr(), "/readyz").await;
+    assert_refused_at(gw.admin_addr(), "/metrics").await;
+    // The liveness probe is answered all the same: the process is alive,
+    // only busy, and a probe that failed would have it restarted.
+    for path in ["/livez", "/healthz"] {
+        let resp = raw_exchange(
+            gw.admin_addr(),
+            format!("GET {path} HTTP/1.1\r\nhost: a\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("an answer");
+        assert_eq!(resp.status, 200, "{path}: {}", resp.head);
+        let resp = send(gw.admin_addr(), "GET", path, &[], Bytes::new()).await;
+        assert_eq!(resp.status, StatusCode::OK, "{path}");
+    }
 
     let resp = write(gw.addr(), "/orders", Some("beside-admin-1"), ORDER).await;
     assert_fresh_created(&resp);
     drop(held.pop());
-    served_again(gw.admin_addr(), "/healthz").await;
+    served_again(gw.admin_addr(), "/metrics").await;
 }
 
 /// Opens a write that declares `length` bytes and expects `100 Continue`;

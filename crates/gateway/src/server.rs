@@ -13,7 +13,10 @@
 //! Each listener holds at most its configured number of connections
 //! (`max_connections`, `admin_max_connections`, counted apart); a
 //! connection over the cap has its request answered 503 `overloaded` and
-//! is closed, and those refusals are bounded in number and time too.
+//! is closed, and those refusals are bounded in number and time too. Over
+//! the admin listener's cap the liveness probe is still answered 200: the
+//! process that answers it is alive, only busy, and a restart would cut
+//! every write in flight.
 //!
 //! A listener with a certificate (`tls_cert`, `admin_tls_cert`) speaks TLS
 //! only: the handshake runs in the connection's task, holding its place
@@ -41,8 +44,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::access_log::AccessLog;
-use crate::admin::Admin;
 use crate::admin::auth::{AdminToken, ExposedAdmin, UnusableToken};
+use crate::admin::{self, Admin};
 use crate::alerts::deliverer::Deliverer;
 use crate::alerts::{self, AlertError, Endpoint, Poster};
 use crate::config::{Config, ServerConfig};
@@ -518,6 +521,9 @@ struct ConnectionCap {
     refusing: Arc<Semaphore>,
     /// How long a refused connection is kept at most ([`Pace::refusal`]).
     refusal: Duration,
+    /// Whether a refused connection's liveness probe is answered 200 (the
+    /// admin listener's).
+    answers_liveness: bool,
     metrics: Arc<Metrics>,
 }
 
@@ -528,6 +534,7 @@ impl ConnectionCap {
             open: Arc::new(Semaphore::new(max)),
             refusing: Arc::new(Semaphore::new(REFUSING)),
             refusal,
+            answers_liveness: listener == "admin",
             metrics: metrics.clone(),
         }
     }
@@ -543,12 +550,15 @@ impl ConnectionCap {
             return;
         };
         let refusal_time = self.refusal;
+        let refusal = Refusal {
+            answers_liveness: self.answers_liveness,
+        };
         let http = Http::refusing(server, refusal_time);
         tokio::spawn(async move {
             let _ = tokio::time::timeout(refusal_time, async {
                 if let Some(stream) = open(stream, tls.as_ref(), refusal_time).await {
                     let never = CancellationToken::new();
-                    let _ = http.serve(TokioIo::new(stream), Refusal, &never).await;
+                    let _ = http.serve(TokioIo::new(stream), refusal, &never).await;
                 }
             })
             .await;
@@ -557,15 +567,21 @@ impl ConnectionCap {
     }
 }
 
-/// The service of a connection over the cap: 503 `overloaded` to anything.
-struct Refusal;
+/// The service of a connection over the cap: 503 `overloaded` to
+/// anything but, on the admin listener, the liveness probe.
+struct Refusal {
+    answers_liveness: bool,
+}
 
 impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Refusal {
     type Response = http::Response<crate::body::ProxyBody>;
     type Error = Infallible;
     type Future = std::future::Ready<Result<Self::Response, Infallible>>;
 
-    fn call(&self, _request: http::Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&self, request: http::Request<hyper::body::Incoming>) -> Self::Future {
+        if self.answers_liveness && admin::is_liveness_probe(&request) {
+            return std::future::ready(Ok(admin::alive()));
+        }
         let overloaded = ProxyError::Overloaded {
             what: "open connections",
         };

@@ -274,7 +274,7 @@ async fn route(
     }
     match endpoint {
         Endpoint::Console(asset) => Ok(console::response(asset)),
-        Endpoint::Livez => Ok(json_response(StatusCode::OK, &json!({ "status": "ok" }))),
+        Endpoint::Livez => Ok(alive()),
         Endpoint::Readyz => {
             if admin.draining.is_cancelled() {
                 return Err(AdminError::Draining);
@@ -319,6 +319,20 @@ async fn route(
         }
         Endpoint::OpenApi => Ok(openapi()),
     }
+}
+
+/// The liveness probe's answer: the process serves.
+pub(crate) fn alive() -> Response<ProxyBody> {
+    json_response(StatusCode::OK, &json!({ "status": "ok" }))
+}
+
+/// Whether `request` is the liveness probe (`GET /livez`, or `/healthz`,
+/// its older name), which the admin listener answers even over its
+/// connection cap: a probe that failed there would restart a gateway that
+/// is only busy.
+pub(crate) fn is_liveness_probe<B>(request: &Request<B>) -> bool {
+    matches!(*request.method(), Method::GET | Method::HEAD)
+        && matches!(request.uri().path(), "/livez" | "/healthz")
 }
 
 /// A request's body, whole: at most [`MAX_ADMIN_BODY`] (a declared length
