@@ -122,6 +122,39 @@ async fn different_credentials_with_one_key_are_two_operations() {
     assert_eq!(gw.upstream.writes(), 2);
 }
 
+/// Stripe Connect: a platform's requests made as a connected account name
+/// it in `Stripe-Account`. One key sent for two accounts is a write on
+/// each, never the first account's answer replayed to the second; the
+/// platform's own request (no `Stripe-Account`) is a third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stripe_key_sent_for_two_connected_accounts_is_two_writes() {
+    let gw = spawn_gateway("profile = \"stripe\"").await;
+    let addr = gw.addr();
+    let as_account = |account: &'static str| async move {
+        let mut headers = vec![
+            ("content-type", "application/json"),
+            ("authorization", ALICE),
+            ("idempotency-key", "k-connect"),
+        ];
+        if !account.is_empty() {
+            headers.push(("stripe-account", account));
+        }
+        send(addr, "POST", "/payments", &headers, BODY).await
+    };
+    let first = as_account("acct_1").await;
+    let second = as_account("acct_2").await;
+    let platform = as_account("").await;
+    let ids = [&first, &second, &platform].map(assert_fresh_created);
+    assert_ne!(ids[0], ids[1], "acct_2 must not get acct_1's object");
+    assert_ne!(ids[0], ids[2]);
+    assert_eq!(gw.upstream.writes(), 3);
+    // Each account's retry replays its own answer.
+    assert_replay_of(&as_account("acct_1").await, &first);
+    assert_replay_of(&as_account("acct_2").await, &second);
+    assert_replay_of(&as_account("").await, &platform);
+    assert_eq!(gw.upstream.writes(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_credentials_with_changed_body_are_not_key_reused() {
     // Scopes are separate key spaces: bob's body is not compared with alice's.

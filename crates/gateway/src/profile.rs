@@ -198,8 +198,9 @@ pub struct Wire {
     /// The endpoint path is part of the scope: one key on two paths is two
     /// operations (ACP §6.1).
     pub(crate) scope_path: bool,
-    /// A request header whose value is part of the scope, beside the
-    /// route's scope headers (OASIS `Repeatability-Client-ID`).
+    /// A request header whose value, when sent, is part of the scope,
+    /// beside the route's scope headers (OASIS `Repeatability-Client-ID`,
+    /// Stripe's `Stripe-Account`).
     pub(crate) scope_header: Option<&'static str>,
     /// A header that must accompany the key and say when the request was
     /// first sent (an HTTP-date); older than the store's retention, the
@@ -353,6 +354,11 @@ const IETF: Wire = Wire {
 const STRIPE: Wire = Wire {
     profile: Profile::Stripe,
     name: "stripe",
+    // Connect: a request made as a connected account names it here. One
+    // key sent for two accounts is two writes, one on each account; the
+    // first account's answer replayed to the second would tell its caller
+    // that an object exists on an account where none was made.
+    scope_header: Some("Stripe-Account"),
     echo_key: EchoKey::Always,
     body: BodyShape::StripeError,
     answers: &[
