@@ -28,6 +28,12 @@ use sha2::{Digest, Sha256};
 
 const ORDER: &str = r#"{"sku":"A-1","qty":2}"#;
 
+/// A route whose held writes an operator may resolve `not_attempted` at
+/// once: its late window is over a millisecond after the attempt
+/// (`not_attempted_waits_until_the_attempt_can_no_longer_land` tests the
+/// wait).
+const SETTLED_AT_ONCE: &str = "upstream_timeout = \"300ms\"\nlate_window = \"1ms\"";
+
 fn new_token() -> String {
     format!("adm-{}", uuid::Uuid::now_v7().simple())
 }
@@ -178,7 +184,7 @@ fn assert_unauthorized(resp: &Response, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_admin_route_needs_the_exact_bearer_token() {
-    let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
+    let (gw, admin) = gateway(SETTLED_AT_ONCE).await;
     let id = unknown_operation(&gw, &admin, "auth-1").await;
     let token = admin.token.clone();
     let wrong = [
@@ -635,6 +641,56 @@ async fn a_resolution_keeps_to_its_routes_max_stored_response() {
     assert_eq!(gw.upstream.writes(), 1, "only the original write");
 }
 
+/// While a held attempt may still land at the destination (the route's
+/// `late_window` after it was last on its way), a destination that shows
+/// nothing is no proof: `not_attempted` is refused 409
+/// `attempt-may-still-land` with `Retry-After`, and the retry is held, not
+/// sent a second time; `completed` is taken. Once the window is over,
+/// `not_attempted` is taken and the retry is the next attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_attempted_waits_until_the_attempt_can_no_longer_land() {
+    let (gw, admin) = gateway("upstream_timeout = \"300ms\"\nlate_window = \"3s\"").await;
+    let id = unknown_operation(&gw, &admin, "res-early").await;
+    let not_attempted = json!({"outcome": "not_attempted", "operator": "ann"});
+    let refused = admin.resolve(&id, &not_attempted).await;
+    let problem = refused.assert_problem(409, "attempt-may-still-land");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("late_window")),
+        "{problem}"
+    );
+    let wait: u64 = refused
+        .header("retry-after")
+        .and_then(|s| s.parse().ok())
+        .expect("Retry-After in seconds");
+    assert!((1..=4).contains(&wait), "Retry-After: {wait}");
+    let shown = admin.show(&id).await;
+    assert_eq!(shown["state"], "unknown");
+    assert!(
+        shown["next_action"]
+            .as_str()
+            .is_some_and(|a| a.contains("may still land")),
+        "{shown}"
+    );
+    let held = write(gw.addr(), "/hold", Some("res-early"), ORDER).await;
+    held.assert_operation_problem(409, "outcome-unknown", "unknown");
+    assert_eq!(gw.upstream.writes(), 1, "nothing sent a second time");
+
+    eventually(
+        "not_attempted taken once the late window is over",
+        || async { (admin.resolve(&id, &not_attempted).await.status == 200).then_some(()) },
+    )
+    .await;
+    assert_eq!(admin.show(&id).await["state"], "not_attempted");
+
+    // `completed` needs no wait: it lets nothing through.
+    let other = unknown_operation(&gw, &admin, "res-early-2").await;
+    admin
+        .resolved(&other, &json!({"outcome": "completed", "operator": "ann"}))
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolution_lengths_count_characters_not_bytes() {
     let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
@@ -786,7 +842,7 @@ async fn a_late_response_after_a_resolution_is_an_event_and_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolved_not_attempted_lets_the_retry_through_once() {
-    let (gw, admin) = gateway("").await;
+    let (gw, admin) = gateway(SETTLED_AT_ONCE).await;
     // The first write per key is refused with 504 before the upstream commits.
     let lost = write(gw.addr(), "/once/504", Some("na-1"), ORDER).await;
     assert_eq!(lost.status, 504);
@@ -816,7 +872,7 @@ async fn resolved_not_attempted_lets_the_retry_through_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resolution_racing_client_retries_lets_at_most_one_through() {
-    let (gw, admin) = gateway("").await;
+    let (gw, admin) = gateway(SETTLED_AT_ONCE).await;
     let admin = std::sync::Arc::new(admin);
     let mut orders_seen = [0usize; 2];
     for round in 0..30 {

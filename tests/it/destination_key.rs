@@ -152,9 +152,10 @@ async fn nothing_is_resent_while_the_route_is_paused() {
 /// the 409.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_later_attempt_told_in_progress_by_the_destination_is_held_again() {
-    let gw =
-        spawn_gateway_with(Setup::route("destination_key_header = \"Idempotency-Key\"").admin())
-            .await;
+    let gw = spawn_gateway_with(
+        Setup::route("destination_key_header = \"Idempotency-Key\"\nlate_window = \"1ms\"").admin(),
+    )
+    .await;
     write(gw.addr(), "/dedup-busy", Some("k"), BODY)
         .await
         .assert_operation_problem(502, "outcome-unknown", "unknown");

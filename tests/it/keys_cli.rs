@@ -29,7 +29,9 @@ impl Served {
         let unique = uuid::Uuid::now_v7().simple().to_string();
         let variable = format!("IDEMGATE_TEST_TOKEN_{unique}");
         let token = format!("cli-token-{unique}");
-        let setup = Setup::route("upstream_timeout = \"300ms\"")
+        // A late window short enough that `not_attempted` is taken at
+        // once (`attempt-may-still-land` has its own test in admin_api).
+        let setup = Setup::route("upstream_timeout = \"300ms\"\nlate_window = \"1ms\"")
             .server(&format!("admin_token_env = \"{variable}\""));
         let toml = gateway_toml_with(&dir.path().join("idemgate.db"), &upstream.url(), &setup);
         let config = write_config(dir.path(), "idemgate.toml", &toml);

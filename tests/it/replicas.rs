@@ -349,11 +349,13 @@ async fn a_replica_past_its_lease_sends_nothing() {
     let port = closed_port().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("http://{port}");
+    // A late window of a millisecond: the operator below may resolve the
+    // held write `not_attempted` as soon as B holds it.
     let config = replica_config(
         dir.path(),
         &schema,
         &url,
-        "connect_retries = 10",
+        "connect_retries = 10\nlate_window = \"1ms\"",
         SHORT_LEASE,
     );
     let a = start_replica(&config, &dir.path().join("a.log")).await;

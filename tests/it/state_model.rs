@@ -53,6 +53,9 @@ const STALLS: usize = 2;
 /// The shortest lease there is, for a stall to wait out.
 const LEASE: &str = "lease = \"1s\"";
 const LATE_WINDOW_MS: i64 = 5_000;
+/// What an operator waits before a `not_attempted` resolution: just past
+/// the late window; no sum of it and [`STEPS_MS`] is the window.
+const WAIT_OUT_LATE_MS: u64 = LATE_WINDOW_MS as u64 + 1;
 /// Past the late window; no sum of it and [`STEPS_MS`] is the window.
 const PAST_LATE_MS: u64 = 6_000;
 /// The key of the write to the route whose upstream is down.
@@ -382,6 +385,16 @@ impl Run {
         self.model.now = self.clock.now_millis() - self.start;
     }
 
+    /// An operator about to resolve a held write `not_attempted` waits
+    /// until its attempt can no longer land (the late window after it was
+    /// held; before, the gateway refuses it, as
+    /// `admin_api::not_attempted_waits_until_the_attempt_can_no_longer_land`
+    /// checks).
+    fn wait_out_the_late_window(&mut self) {
+        let _ = writeln!(self.log, "    (the operator waits {WAIT_OUT_LATE_MS} ms)");
+        self.advance(WAIT_OUT_LATE_MS);
+    }
+
     async fn step(&mut self, action: Action) -> Result<(), String> {
         match action {
             Action::Write {
@@ -497,6 +510,7 @@ impl Run {
             json!({"outcome": "completed", "operator": "model",
                    "response": {"status": 201, "body": body}})
         } else {
+            self.wait_out_the_late_window();
             json!({"outcome": "not_attempted", "operator": "model"})
         };
         let resp = self.gws[via].resolve(id, &resolution).await;
@@ -637,6 +651,7 @@ impl Run {
         match (op["state"].as_str(), op["evidence"].as_str()) {
             (Some("unknown"), Some("replica-lost")) => {
                 let id = op["id"].as_str().expect("operation id");
+                self.wait_out_the_late_window();
                 let resolution = json!({"outcome": "not_attempted", "operator": "model"});
                 let resp = self.gws[peer].resolve(id, &resolution).await;
                 if resp.status != StatusCode::OK {
@@ -772,7 +787,9 @@ enum Place<'a> {
 async fn run_sequence(seed: u64, place: Place<'_>) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let clock = ManualClock::new();
-    let mut route = format!("key = \"derive\"\nderive_window = \"{WINDOW_MS}ms\"\n");
+    let mut route = format!(
+        "key = \"derive\"\nderive_window = \"{WINDOW_MS}ms\"\nlate_window = \"{LATE_WINDOW_MS}ms\"\n"
+    );
     let mut model = Model::default();
     let gated_at = closed_port().await;
     if let Place::Replicas(_) = place {
@@ -780,8 +797,9 @@ async fn run_sequence(seed: u64, place: Place<'_>) {
         // watch, a second later.
         let _ = write!(
             route,
-            "late_window = \"{LATE_WINDOW_MS}ms\"\n\n[[routes]]\nname = \"gated\"\n\
-             path_prefix = \"/gated\"\nupstream = \"http://{gated_at}\"\nconnect_retries = 10\n"
+            "\n[[routes]]\nname = \"gated\"\n\
+             path_prefix = \"/gated\"\nupstream = \"http://{gated_at}\"\nconnect_retries = 10\n\
+             late_window = \"{LATE_WINDOW_MS}ms\"\n"
         );
     } else {
         let _ = write!(route, "pause_after_unknown = {LATCH}");

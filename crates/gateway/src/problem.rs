@@ -69,6 +69,8 @@ pub enum ProblemKind {
     Unauthorized,
     AdminTokenUnset,
     NotResolvable,
+    /// An operator's `not_attempted` while the held attempt may still land.
+    AttemptMayStillLand,
     AmbiguousCredentials,
     InvalidCursor,
     InvalidRequest,
@@ -105,9 +107,8 @@ impl ProblemKind {
             NoRoute | UnknownOperation => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            RequestInProgress | ResponseNotStored | NotResolvable | PossibleDuplicate => {
-                StatusCode::CONFLICT
-            }
+            RequestInProgress | ResponseNotStored | NotResolvable | AttemptMayStillLand
+            | PossibleDuplicate => StatusCode::CONFLICT,
             OutcomeUnknown(UnknownSince::Earlier) => StatusCode::CONFLICT,
             BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -170,6 +171,7 @@ impl ProblemKind {
             Unauthorized => ("unauthorized", "Unauthorized"),
             AdminTokenUnset => ("admin-token-unset", "No admin token configured"),
             NotResolvable => ("not-resolvable", "Not resolvable"),
+            AttemptMayStillLand => ("attempt-may-still-land", "Attempt may still land"),
             AmbiguousCredentials => ("ambiguous-credentials", "Ambiguous credentials"),
             InvalidCursor => ("invalid-cursor", "Invalid cursor"),
             InvalidRequest => ("invalid-request", "Invalid request"),
@@ -343,7 +345,7 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 40] = [
+    const CASES: [(ProblemKind, u16, &str); 41] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (InvalidHost, 400, "invalid-host"),
@@ -391,6 +393,7 @@ mod tests {
         (Unauthorized, 401, "unauthorized"),
         (AdminTokenUnset, 401, "admin-token-unset"),
         (NotResolvable, 409, "not-resolvable"),
+        (AttemptMayStillLand, 409, "attempt-may-still-land"),
         (AmbiguousCredentials, 400, "ambiguous-credentials"),
         (InvalidCursor, 400, "invalid-cursor"),
         (InvalidRequest, 400, "invalid-request"),

@@ -7,6 +7,8 @@
 //! is one store transaction that a concurrent client retry cannot interleave
 //! with.
 
+use std::time::Duration;
+
 use http::header::{HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use serde::Deserialize;
@@ -14,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::{Admin, AdminError, json_response};
 use crate::body::ProxyBody;
+use crate::pipeline::reconcile;
 use idemgate_model::clock::rfc3339;
 use idemgate_model::operation::{Event, Operation, State, StoredResponse};
 use idemgate_store::{Decision, ListFilter, Resolved, StoredEvent, Summary};
@@ -149,12 +152,25 @@ pub async fn show(admin: &Admin, id: &str) -> Result<Response<ProxyBody>, AdminE
         .get(id)
         .await?
         .ok_or(AdminError::NotFound("operation"))?;
-    let destination = admin
+    let route = admin
         .proxy
         .routes()
-        .find(|route| route.name == operation.route)
-        .and_then(|route| route.destination_key.as_ref());
+        .find(|route| route.name == operation.route);
+    let destination = route.and_then(|route| route.destination_key.as_ref());
     let mut shown = detail(&operation, &events);
+    if let Some(route) = route
+        && operation.state == State::Unknown
+    {
+        let until = reconcile::may_land_until(&operation, &events, route);
+        if admin.clock.now_millis() < until {
+            shown["next_action"] = json!(format!(
+                "Attempt {} may still land at the destination until {} (the route's late_window): until then a destination that shows nothing is no proof, and only a completed resolution is taken. Then check the destination for key `{}`: if the operation happened, resolve it as completed; if it did not, as not_attempted so the client's next retry is forwarded. Until then retries get 409 outcome-unknown and nothing is sent.",
+                operation.attempt,
+                rfc3339(until),
+                operation.key
+            ));
+        }
+    }
     if let Some(destination) = destination {
         // The operation's id, on the header its route sends it in
         // (docs/requests.md, "A destination key").
@@ -388,7 +404,7 @@ pub async fn resolve(
     body: &[u8],
 ) -> Result<Response<ProxyBody>, AdminError> {
     let resolution = Resolution::read(body)?;
-    check_size(admin, id, &resolution.decision).await?;
+    check(admin, id, &resolution.decision).await?;
     match admin
         .store
         .resolve(id, &resolution.decision, &resolution.event)
@@ -406,30 +422,56 @@ pub async fn resolve(
     }
 }
 
-/// Refuses a completed resolution whose body is larger than its route's
-/// `max_stored_response`: the store keeps no larger response from the
-/// upstream, and an operator's is no exception. An operation whose route
-/// is no longer configured keeps only the admin body's own bound.
-async fn check_size(admin: &Admin, id: &str, decision: &Decision) -> Result<(), AdminError> {
-    let Decision::Completed { response } = decision else {
+/// Refuses what the operation's route rules out, before the store is
+/// asked: a completed resolution whose body is larger than the route's
+/// `max_stored_response` (the store keeps no larger response from the
+/// upstream, and an operator's is no exception), and a `not_attempted`
+/// one while the held attempt may still land at the destination
+/// ([`reconcile::may_land_until`]: the next attempt it would let through
+/// could make the write twice). An operation whose route is no longer
+/// configured is held to neither; one that is gone is the store's 404.
+async fn check(admin: &Admin, id: &str, decision: &Decision) -> Result<(), AdminError> {
+    let Some((operation, events)) = admin.store.get(id).await? else {
         return Ok(());
     };
-    let length = response.body.as_ref().map_or(0, Vec::len);
-    let Some((operation, _)) = admin.store.get(id).await? else {
-        return Ok(());
-    };
-    let bound = admin
+    let Some(route) = admin
         .proxy
         .routes()
         .find(|route| route.name == operation.route)
-        .map(|route| route.max_stored_response);
-    match bound {
-        Some(bound) if length > bound => Err(AdminError::InvalidResolution(format!(
-            "the response's body is {length} bytes, more than route `{}`'s max_stored_response ({bound} bytes)",
-            operation.route
-        ))),
-        _ => Ok(()),
+    else {
+        return Ok(());
+    };
+    match decision {
+        Decision::Completed { response } => {
+            let length = response.body.as_ref().map_or(0, Vec::len);
+            if length > route.max_stored_response {
+                return Err(AdminError::InvalidResolution(format!(
+                    "the response's body is {length} bytes, more than route `{}`'s max_stored_response ({} bytes)",
+                    operation.route, route.max_stored_response
+                )));
+            }
+        }
+        Decision::NotAttempted if resolvable(&operation) => {
+            let until = reconcile::may_land_until(&operation, &events, route);
+            let now = admin.clock.now_millis();
+            if now < until {
+                return Err(AdminError::AttemptMayStillLand {
+                    attempt: operation.attempt,
+                    until,
+                    wait: Duration::from_millis(u64::try_from(until - now).unwrap_or(0)),
+                });
+            }
+        }
+        Decision::NotAttempted => {}
     }
+    Ok(())
+}
+
+/// Whether the store could take a resolution of `operation` (its own
+/// check, made again in the transaction): anything else is its 409
+/// `not-resolvable`, which says more than a wait would.
+fn resolvable(operation: &Operation) -> bool {
+    matches!(operation.state, State::Unknown | State::InProgress)
 }
 
 fn decision(resolution: &ResolutionBody) -> Result<Decision, AdminError> {

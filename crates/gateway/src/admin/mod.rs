@@ -96,6 +96,19 @@ pub enum AdminError {
         "operation {id} is {state} and cannot be resolved: only unknown operations, or in-progress ones whose gateway died, can be"
     )]
     NotResolvable { id: String, state: &'static str },
+    /// A `not_attempted` resolution while the held attempt's exchange may
+    /// still land at the destination (its `late_window`): the next attempt
+    /// it would let through could make the write twice.
+    #[error(
+        "attempt {attempt} may still land at the destination until {} (the route's late_window after it was last on its way): a destination that shows nothing yet may still make the write, and a retry let through now could make it twice. Resolve it as not_attempted after that time, or as completed now if it happened",
+        idemgate_model::clock::rfc3339(*until)
+    )]
+    AttemptMayStillLand {
+        attempt: u32,
+        until: i64,
+        /// From now to `until`, for `Retry-After`.
+        wait: Duration,
+    },
     /// RFC 6750 §3.1: a request that "uses more than one method for
     /// including an access token" is malformed (400 `invalid_request`), not
     /// unauthenticated; and which line a proxy in front would pick is
@@ -136,6 +149,7 @@ impl AdminError {
             AdminError::NotFound(_) => ProblemKind::UnknownOperation,
             AdminError::NoRoute(_) => ProblemKind::NoRoute,
             AdminError::NotResolvable { .. } => ProblemKind::NotResolvable,
+            AdminError::AttemptMayStillLand { .. } => ProblemKind::AttemptMayStillLand,
             AdminError::AmbiguousCredentials { .. } => ProblemKind::AmbiguousCredentials,
             AdminError::InvalidCursor => ProblemKind::InvalidCursor,
             AdminError::BadRequest(_) => ProblemKind::InvalidRequest,
@@ -166,6 +180,12 @@ impl AdminError {
                     http::header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer error=\"invalid_request\""),
                 );
+            }
+            AdminError::AttemptMayStillLand { wait, .. } => {
+                let seconds = wait.as_millis().div_ceil(1000).max(1);
+                response
+                    .headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from(seconds as u64));
             }
             // RFC 9110: a 405 lists the methods the path does accept.
             AdminError::MethodNotAllowed { allow, .. } => {

@@ -362,6 +362,15 @@ async fn conclude(
     Concluded { verdict, detail }
 }
 
+/// Until when (ms) a held write's exchange may still land at the
+/// destination: [`last_sent`] and the route's `late_window` after it. No
+/// absence is believed before — a probe's (which also waits its `min_age`)
+/// nor an operator's `not_attempted`.
+pub(crate) fn may_land_until(operation: &Operation, events: &[StoredEvent], route: &Route) -> i64 {
+    last_sent(operation, events, forward::longest_write(route))
+        .saturating_add(clock::millis(route.late_window))
+}
+
 /// When a held write could last have been on its way to the destination:
 /// when the operation became `unknown` (its last update, which comes after
 /// its attempt was sent), or the latest a re-send under its destination key
