@@ -155,6 +155,35 @@ async fn a_stripe_key_sent_for_two_connected_accounts_is_two_writes() {
     assert_eq!(gw.upstream.writes(), 3);
 }
 
+/// stripe-python and stripe-node retry any 409 unless `Stripe-Should-Retry`
+/// says `false`: every 409 no retry of theirs changes says so, or the SDK
+/// spends its retries (and, for a rotated key whose twin settles
+/// meanwhile, would send a second write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe_answers_no_retry_changes_say_stripe_should_retry_false() {
+    let gw = spawn_gateway_with(
+        Setup::route(
+            "profile = \"stripe\"\nmax_stored_response = \"16\"\nrotated_keys = \"hold\"\n\
+             upstream_timeout = \"300ms\"",
+        )
+        .admin(),
+    )
+    .await;
+    let first = write(gw.addr(), "/payments", Some("big-1"), BODY).await;
+    assert_fresh_created(&first);
+    let not_stored = write(gw.addr(), "/payments", Some("big-1"), BODY).await;
+    assert_eq!(not_stored.status, 409, "{not_stored:?}");
+    assert!(String::from_utf8_lossy(&not_stored.body).contains("response-not-stored"));
+    assert_eq!(not_stored.header("stripe-should-retry"), Some("false"));
+
+    let held = write(gw.addr(), "/hold", Some("rot-1"), BODY).await;
+    assert_eq!(held.status, 504, "{held:?}");
+    let rotated = write(gw.addr(), "/hold", Some("rot-2"), BODY).await;
+    assert_eq!(rotated.status, 409, "{rotated:?}");
+    assert!(String::from_utf8_lossy(&rotated.body).contains("possible-duplicate"));
+    assert_eq!(rotated.header("stripe-should-retry"), Some("false"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_credentials_with_changed_body_are_not_key_reused() {
     // Scopes are separate key spaces: bob's body is not compared with alice's.

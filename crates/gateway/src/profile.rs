@@ -380,6 +380,17 @@ const STRIPE: Wire = Wire {
             headers: &[("stripe-should-retry", "false")],
             ..Answer::of("outcome-unknown", "Errors: Stripe-Should-Retry")
         },
+        // Answers no retry of the SDK's changes: it would retry any 409
+        // without the header. A rotated key retried once its twin settles
+        // would even be sent, a second write.
+        Answer {
+            headers: &[("stripe-should-retry", "false")],
+            ..Answer::of("response-not-stored", "Errors: Stripe-Should-Retry")
+        },
+        Answer {
+            headers: &[("stripe-should-retry", "false")],
+            ..Answer::of("possible-duplicate", "Errors: Stripe-Should-Retry")
+        },
     ],
     ..IDEMGATE
 };
