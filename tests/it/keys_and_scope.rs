@@ -90,6 +90,23 @@ async fn quoted_and_bare_key_are_one_operation() {
     assert_eq!(gw.upstream.writes(), 1);
 }
 
+/// ACP keys are opaque (§6.1): a quoted key is never taken for its bare
+/// text (two clients' keys `"q-1"` and `q-1` were one operation, the
+/// second's write never made): it is refused, nothing sent, and the bare
+/// key reaches the upstream as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acp_key_is_opaque_never_unquoted() {
+    let gw = spawn_gateway("profile = \"acp\"").await;
+    let bare = write(gw.addr(), "/checkout_sessions", Some("q-1"), BODY).await;
+    assert_fresh_created(&bare);
+    let quoted = write(gw.addr(), "/checkout_sessions", Some("\"q-1\""), BODY).await;
+    assert_eq!(quoted.status, 400, "{quoted:?}");
+    assert!(String::from_utf8_lossy(&quoted.body).contains("invalid_key"));
+    let sent = gw.upstream.requests();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].header("idempotency-key"), Some("q-1"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bare_key_reaches_upstream_unquoted() {
     let gw = spawn_gateway("").await;

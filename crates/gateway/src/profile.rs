@@ -398,6 +398,10 @@ const STRIPE: Wire = Wire {
 const ACP: Wire = Wire {
     profile: Profile::Acp,
     name: "acp",
+    // §6.1: a string of at most 255 characters, opaque: `"k"` is never
+    // read as `k` (it is refused, as a leading quote is under every
+    // opaque profile).
+    key_syntax: KeySyntax::Opaque,
     scope_path: true,
     fingerprint_headers: Some(&[]),
     release_5xx: true,
