@@ -3,7 +3,8 @@
 //! the client key's place when both name one header; with
 //! `resend_unknown`, a lost response is sent again under that key and the
 //! destination's answer settles it — never past `destination_key_window`,
-//! never while the route is paused.
+//! never while the route is paused; a probe asks by `{destination_key}`,
+//! the key the destination got, and finds the write.
 
 use crate::common::*;
 
@@ -181,4 +182,47 @@ async fn a_later_attempt_told_in_progress_by_the_destination_is_held_again() {
     );
     assert_held_unknown(&write(gw.addr(), "/dedup-busy", Some("k"), BODY).await);
     assert_eq!(gw.upstream.writes(), 1, "one record");
+}
+
+/// The destination key takes the client key's place, so the destination
+/// files the write under the operation's id: a probe asking by
+/// `{destination_key}` finds the write whose response was lost, and the
+/// retry is replayed. The route also says how the destination tells
+/// absence, at once: a probe asking by a key the destination never got
+/// would have released the write, and the retry written it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_asks_by_the_destination_key_and_finds_the_write() {
+    let upstream = FakeUpstream::start().await;
+    let route = format!(
+        "destination_key_header = \"Idempotency-Key\"\nlate_window = \"1ms\"\n\
+         [routes.reconcile]\nurl = \"{}/lookup?key={{destination_key}}\"\n\
+         found_json_pointer = \"/id\"\nabsent_status = 404\nmin_age = \"1ms\"\n",
+        upstream.url()
+    );
+    let gw = spawn_gateway_on(upstream, Setup::route(&route).admin()).await;
+    write(gw.addr(), "/drop", Some("client-key"), BODY)
+        .await
+        .assert_operation_problem(502, "outcome-unknown", "unknown");
+    let settled = eventually("the probe to settle the operation", || async {
+        let operation = gw.operation("client-key").await;
+        (operation["state"] != "unknown").then_some(operation)
+    })
+    .await;
+    assert_eq!(
+        (settled["state"].as_str(), settled["evidence"].as_str()),
+        (Some("completed"), Some("reconciled")),
+        "{settled}"
+    );
+    let id = settled["id"].as_str().unwrap();
+    let probes = events_of(&settled, "probe");
+    assert!(
+        probes[0]["url"]
+            .as_str()
+            .is_some_and(|url| url.ends_with(&format!("/lookup?key={id}"))),
+        "asked by the operation's id: {probes:?}"
+    );
+    let retry = write(gw.addr(), "/drop", Some("client-key"), BODY).await;
+    assert!(retry.is_replay(), "{retry:?}");
+    assert_eq!(retry.json()["id"], 1, "the probe's answer: the one record");
+    assert_eq!(gw.upstream.writes(), 1, "one write at the destination");
 }

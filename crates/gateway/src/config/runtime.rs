@@ -166,10 +166,12 @@ pub struct DestinationKey {
 /// its [`Verdicts`]) that it did not, or that it happened more than once.
 #[derive(Debug, Clone)]
 pub struct Reconcile {
-    /// A URL template (`url_pieces`): `{key}` where the bare key goes,
-    /// `{body:/pointer}` where a field of the stored request body goes
-    /// (each URL-component encoded); on the route's own upstream origin,
-    /// placeholders only in the path or the query, and no fragment.
+    /// A URL template (`url_pieces`): `{key}` where the client's bare key
+    /// goes, `{destination_key}` the operation's destination key,
+    /// `{body:/pointer}` a field of the stored request body (each
+    /// URL-component encoded); on the route's own upstream origin,
+    /// placeholders only in the path or the query, and no fragment; only
+    /// the keys the route sends the destination (`config::validate`).
     pub url: String,
     pub found_status: u16,
     /// When set, the probe's JSON body must have a non-null value here.
@@ -221,18 +223,37 @@ pub struct ToolCall {
     pub(crate) arguments: String,
 }
 
+/// What a probe's key placeholders stand for: the two keys a held
+/// operation may be known by at its destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeKeys<'a> {
+    /// `{key}`: the client's key (in a probe tool's arguments, the MCP
+    /// call's own, without its tool), which the destination gets in
+    /// `forward_key_header` or a key header its profile passes on.
+    pub key: &'a str,
+    /// `{destination_key}`: the operation's id, which the destination
+    /// gets in `destination_key_header` (only a route with one asks by it).
+    pub destination_key: &'a str,
+}
+
 /// One piece of a probe URL template.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Piece<'a> {
     Text(&'a str),
     /// `{key}`.
     Key,
+    /// `{destination_key}`.
+    DestinationKey,
     /// `{body:/pointer}`: the pointer.
     Body(&'a str),
 }
 
+/// The placeholders of a probe URL template, as its errors name them.
+const URL_PLACEHOLDERS: &str = "{key}, {destination_key} and {body:/pointer}";
+
 /// The pieces of a probe URL template, left to right; `Err` says which
-/// `{…}` is not a placeholder (`{key}`, `{body:/pointer}`).
+/// `{…}` is not a placeholder (`{key}`, `{destination_key}`,
+/// `{body:/pointer}`).
 pub(crate) fn url_pieces(template: &str) -> Result<Vec<Piece<'_>>, String> {
     let mut pieces = Vec::new();
     let mut rest = template;
@@ -241,18 +262,19 @@ pub(crate) fn url_pieces(template: &str) -> Result<Vec<Piece<'_>>, String> {
             pieces.push(Piece::Text(&rest[..start]));
         }
         let after = &rest[start..];
-        let end = after
-            .find('}')
-            .ok_or("a `{` without its closing `}`: placeholders are {key} and {body:/pointer}")?;
+        let end = after.find('}').ok_or(format!(
+            "a `{{` without its closing `}}`: placeholders are {URL_PLACEHOLDERS}"
+        ))?;
         let placeholder = &after[1..end];
         pieces.push(match placeholder.strip_prefix("body:") {
             None if placeholder == "key" => Piece::Key,
+            None if placeholder == "destination_key" => Piece::DestinationKey,
             Some(pointer) if pointer.starts_with('/') && !pointer.contains('{') => {
                 Piece::Body(pointer)
             }
             _ => {
                 return Err(format!(
-                    "`{{{placeholder}}}` is not a placeholder: they are {{key}} and {{body:/pointer}}"
+                    "`{{{placeholder}}}` is not a placeholder: they are {URL_PLACEHOLDERS}"
                 ));
             }
         });
@@ -424,18 +446,18 @@ pub struct McpTools {
 }
 
 /// A probe's arguments from a template (a tool's `reconcile.arguments`)
-/// for a held call with key `key` whose arguments `argument` gives by
+/// for a held call known by `keys` whose arguments `argument` gives by
 /// name: each string of the template that is `{argument:NAME}` becomes
-/// that argument's value, and `{key}` or `{argument:NAME}` within a longer
-/// string its text.
+/// that argument's value, and `{key}`, `{destination_key}` or
+/// `{argument:NAME}` within a longer string its text.
 pub(crate) fn fill_template(
     template: &str,
-    key: &str,
+    keys: ProbeKeys<'_>,
     argument: impl Fn(&str) -> Option<serde_json::Value>,
 ) -> Result<serde_json::Value, String> {
     fn fill(
         value: &mut serde_json::Value,
-        key: &str,
+        keys: ProbeKeys<'_>,
         argument: &dyn Fn(&str) -> Option<serde_json::Value>,
     ) -> Result<(), String> {
         use serde_json::Value;
@@ -458,7 +480,10 @@ pub(crate) fn fill_template(
                     out.push_str(&rest[..start]);
                     let after = &rest[start..];
                     if let Some(tail) = after.strip_prefix("{key}") {
-                        out.push_str(key);
+                        out.push_str(keys.key);
+                        rest = tail;
+                    } else if let Some(tail) = after.strip_prefix("{destination_key}") {
+                        out.push_str(keys.destination_key);
                         rest = tail;
                     } else if let Some(tail) = after.strip_prefix("{argument:") {
                         let end = tail
@@ -482,12 +507,12 @@ pub(crate) fn fill_template(
             }
             Value::Array(items) => {
                 for item in items {
-                    fill(item, key, argument)?;
+                    fill(item, keys, argument)?;
                 }
             }
             Value::Object(members) => {
                 for member in members.values_mut() {
-                    fill(member, key, argument)?;
+                    fill(member, keys, argument)?;
                 }
             }
             _ => {}
@@ -496,12 +521,13 @@ pub(crate) fn fill_template(
     }
     let mut value: serde_json::Value =
         serde_json::from_str(template).map_err(|e| format!("is not JSON: {e}"))?;
-    fill(&mut value, key, &argument)?;
+    fill(&mut value, keys, &argument)?;
     Ok(value)
 }
 
 /// An MCP route's reconcile probe: a call of a read-only `tool` with
 /// `arguments`, a JSON object template (`{key}`: the held call's key;
+/// `{destination_key}`: its destination key, only on a route with one;
 /// `{argument:NAME}`: its argument NAME, from the stored request body).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McpReconcile {

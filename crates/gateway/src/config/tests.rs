@@ -665,9 +665,13 @@ fn a_probe_template_is_filled_from_the_held_call() {
     use serde_json::json;
     let args = json!({"title": "a {argument:title}", "n": 7, "nested": {"x": "{key}"}});
     let argument = |name: &str| args.get(name).cloned();
+    let keys = ProbeKeys {
+        key: "k-1",
+        destination_key: "op-1",
+    };
     let filled = fill_template(
-        r##"{"title": "{argument:title}", "n": "{argument:n}", "label": "#{argument:n} {key}", "deep": ["{argument:nested}"]}"##,
-        "k-1",
+        r##"{"title": "{argument:title}", "n": "{argument:n}", "label": "#{argument:n} {key}", "deep": ["{argument:nested}"], "sent_as": "{destination_key}"}"##,
+        keys,
         argument,
     )
     .unwrap();
@@ -678,12 +682,127 @@ fn a_probe_template_is_filled_from_the_held_call() {
             "n": 7,
             "label": "#7 k-1",
             "deep": [{"x": "{key}"}],
+            "sent_as": "op-1",
         }),
         "whole strings take the value; what an argument holds is never a placeholder"
     );
-    assert!(fill_template(r#"{"t": "{argument:missing}"}"#, "k", argument).is_err());
-    assert!(fill_template(r#"{"t": "{argument:open"}"#, "k", argument).is_err());
-    assert!(fill_template("not json", "k", argument).is_err());
+    assert!(fill_template(r#"{"t": "{argument:missing}"}"#, keys, argument).is_err());
+    assert!(fill_template(r#"{"t": "{argument:open"}"#, keys, argument).is_err());
+    assert!(fill_template("not json", keys, argument).is_err());
+}
+
+/// A probe asks by a key the destination got: `{destination_key}` only
+/// where `destination_key_header` sends the operation's id, `{key}` only
+/// where the client's key goes on — not with `forward_key_header = ""`,
+/// nor where the destination key takes its header. A probe asking by a
+/// key the destination never got finds nothing, and with rules for
+/// absence releases the write to be sent again.
+#[test]
+fn a_probe_asks_by_a_key_the_destination_gets() {
+    let route = |lines: &str, probe: &str| {
+        let text = format!(
+            "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\n{lines}\n\
+             [routes.reconcile]\n{probe}\n"
+        );
+        Config::from_toml_str(&text, "t.toml")
+    };
+    let by_key = "url = \"http://api:8000/v1/tasks?key={key}\"";
+    let by_destination_key = "url = \"http://api:8000/v1/tasks/{destination_key}\"";
+    let confirmed_by_key = "url = \"http://api:8000/v1/tasks/{destination_key}\"\n\
+         absent_status = 404\nconfirm_url = \"http://api:8000/v1/tasks?key={key}\"\n\
+         confirm_absent_status = 404";
+    let in_its_place = "destination_key_header = \"Idempotency-Key\"";
+    let own_header = "destination_key_header = \"X-Destination-Key\"";
+    let no_client_key = "forward_key_header = \"\"";
+    let oasis = "profile = \"oasis\"\nforward_key_header = \"\"";
+    for (lines, probe) in [
+        ("", by_key),
+        (own_header, by_key),
+        (in_its_place, by_destination_key),
+        (own_header, by_destination_key),
+        (
+            &format!("{own_header}\n{no_client_key}"),
+            by_destination_key,
+        ),
+        (
+            "forward_key_header = \"X-Client-Key\"\ndestination_key_header = \"Idempotency-Key\"",
+            by_key,
+        ),
+        // OASIS passes Repeatability-Request-ID on as the client sent it.
+        (oasis, by_key),
+    ] {
+        let loaded = route(lines, probe);
+        assert!(loaded.is_ok(), "{lines} / {probe}: {:?}", loaded.err());
+    }
+    for (lines, probe, field, says) in [
+        (in_its_place, by_key, "reconcile.url", "in its place"),
+        (
+            no_client_key,
+            by_key,
+            "reconcile.url",
+            "forward_key_header = \"\"",
+        ),
+        (
+            in_its_place,
+            confirmed_by_key,
+            "reconcile.confirm_url",
+            "in its place",
+        ),
+        (
+            &format!("{oasis}\ndestination_key_header = \"Repeatability-Request-ID\""),
+            by_key,
+            "reconcile.url",
+            "in its place",
+        ),
+        (
+            "",
+            by_destination_key,
+            "reconcile.url",
+            "set destination_key_header",
+        ),
+        (
+            no_client_key,
+            by_destination_key,
+            "reconcile.url",
+            "set destination_key_header",
+        ),
+    ] {
+        let error = route(lines, probe).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("routes[0].{field}")) && error.contains(says),
+            "{lines} / {probe}: {error}"
+        );
+        if says != "set destination_key_header" {
+            assert!(
+                error.contains("ask by {destination_key}") && error.contains("{body:/pointer}"),
+                "{error}"
+            );
+        }
+    }
+}
+
+/// An MCP route's probe tool may ask by `{destination_key}` where the
+/// route sends one; `{key}`, the call's own, reaches the server in the
+/// call itself (its `_meta` or key argument), so it is never refused.
+#[test]
+fn an_mcp_probe_asks_by_the_destination_key_only_where_one_is_sent() {
+    let route = |lines: &str, arguments: &str| {
+        let text = format!(
+            "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\nprofile = \"mcp\"\n{lines}\n\
+             [routes.mcp.reconcile]\ntool = \"find\"\narguments = '{arguments}'\n"
+        );
+        Config::from_toml_str(&text, "t.toml")
+    };
+    let by_destination_key = r#"{"sent_as": "{destination_key}"}"#;
+    let in_its_place = "destination_key_header = \"Idempotency-Key\"";
+    assert!(route(in_its_place, by_destination_key).is_ok());
+    assert!(route(in_its_place, r#"{"request_id": "{key}"}"#).is_ok());
+    let error = route("", by_destination_key).unwrap_err().to_string();
+    assert!(
+        error.contains("routes[0].mcp.reconcile.arguments")
+            && error.contains("set destination_key_header"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -23,11 +23,11 @@ use super::file::{
 };
 use super::runtime::{
     Absence, AlertConfig, AlertEvent, CertPair, ClientTls, Config, Confirm, DestinationKey,
-    InProgressMode, KeyMode, McpReconcile, McpTools, Piece, Quota, Reconcile, RotatedKeys, Route,
-    ServerConfig, ToolCall, Upstream, Verdicts,
+    InProgressMode, KeyMode, McpReconcile, McpTools, Piece, ProbeKeys, Quota, Reconcile,
+    RotatedKeys, Route, ServerConfig, ToolCall, Upstream, Verdicts,
 };
 use super::{ConfigError, Durability, StoreConfig, StoreUrl};
-use crate::profile::Profile;
+use crate::profile::{Profile, Wire};
 
 /// The longest duration a field takes. Every duration is a deadline
 /// somewhere (an `Instant`, or the store's milliseconds since 1970): one
@@ -39,6 +39,61 @@ const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
 /// The most HTTP/2 streams a connection may be allowed: each may hold a
 /// handler, a body and an upstream exchange.
 const MAX_HTTP2_STREAMS: u32 = 10_000;
+
+/// What a route's probes may ask a held operation by: the keys its
+/// destination got, and the request body if the store keeps it.
+struct Askable {
+    /// Why the destination never gets the client's key (`{key}`); `None`
+    /// when it does.
+    no_client_key: Option<String>,
+    /// The destination gets the operation's id (`{destination_key}`).
+    destination_key: bool,
+    /// `store_request_body`: `{body:…}` and `{argument:…}` have a body to read.
+    keeps_bodies: bool,
+}
+
+impl Askable {
+    /// A route's: the client's key reaches the destination in
+    /// `forward_key_header`, unless the destination key takes that header,
+    /// or in a key header the profile passes on as sent (OASIS
+    /// `Repeatability-Request-ID`) that the destination key does not take.
+    fn of(
+        wire: &Wire,
+        forward: Option<&HeaderName>,
+        destination: Option<&DestinationKey>,
+        keeps_bodies: bool,
+    ) -> Askable {
+        let taken = destination.map(|d| d.header.as_str());
+        let in_its_place = |name: &str| {
+            format!("destination_key_header puts the operation's id in `{name}`, in its place")
+        };
+        let (mut sent, mut not_sent) = (false, Vec::new());
+        match forward {
+            None => not_sent.push("forward_key_header = \"\" sends none".to_string()),
+            Some(name) if Some(name.as_str()) == taken => {
+                not_sent.push(in_its_place(name.as_str()))
+            }
+            Some(_) => sent = true,
+        }
+        for name in wire.key_headers {
+            // The client's `Idempotency-Key` is never passed on: the
+            // gateway writes its own (`pipeline::forward::WriteRequest`).
+            if *name == "idempotency-key" {
+                continue;
+            }
+            if Some(*name) == taken {
+                not_sent.push(in_its_place(name));
+            } else {
+                sent = true;
+            }
+        }
+        Askable {
+            no_client_key: (!sent).then(|| not_sent.join("; ")),
+            destination_key: destination.is_some(),
+            keeps_bodies,
+        }
+    }
+}
 
 pub(super) struct Validator<'a> {
     pub(super) source_name: &'a str,
@@ -627,20 +682,6 @@ impl Validator<'_> {
                 "an mcp route derives a keyless call's key from its tool and arguments; name a key argument in [routes.mcp] key_argument instead",
             ));
         }
-        let keeps_bodies = raw.store_request_body.unwrap_or(route::STORE_REQUEST_BODY);
-        let mcp_tools = match (mcp, raw.mcp) {
-            (true, raw) => {
-                Some(self.mcp_tools(&field("mcp"), raw.unwrap_or_default(), keeps_bodies)?)
-            }
-            (false, None) => None,
-            (false, Some(_)) => {
-                return Err(self.invalid(field("mcp"), "only on a route with profile = \"mcp\""));
-            }
-        };
-        let reconcile = raw
-            .reconcile
-            .map(|r| self.reconcile(&field("reconcile"), r, &upstream, keeps_bodies))
-            .transpose()?;
         let (in_progress_default, rotated_keys_default) = if mcp {
             (route::MCP_IN_PROGRESS, route::MCP_ROTATED_KEYS)
         } else {
@@ -707,6 +748,25 @@ impl Validator<'_> {
                 ),
             ));
         }
+        let askable = Askable::of(
+            wire,
+            forward_key_header.as_ref(),
+            destination_key.as_ref(),
+            raw.store_request_body.unwrap_or(route::STORE_REQUEST_BODY),
+        );
+        let mcp_tools = match (mcp, raw.mcp) {
+            (true, raw) => {
+                Some(self.mcp_tools(&field("mcp"), raw.unwrap_or_default(), &askable)?)
+            }
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(self.invalid(field("mcp"), "only on a route with profile = \"mcp\""));
+            }
+        };
+        let reconcile = raw
+            .reconcile
+            .map(|r| self.reconcile(&field("reconcile"), r, &upstream, &askable))
+            .transpose()?;
         let unknown_statuses = self.statuses(
             &field("unknown_statuses"),
             raw.unknown_statuses,
@@ -933,7 +993,7 @@ impl Validator<'_> {
         &self,
         field: &str,
         raw: RawMcp,
-        keeps_bodies: bool,
+        askable: &Askable,
     ) -> Result<McpTools, ConfigError> {
         let read_only = raw.read_only_tools.unwrap_or_default();
         let protected = raw.protected_tools.unwrap_or_default();
@@ -958,12 +1018,7 @@ impl Validator<'_> {
         let reconcile = raw
             .reconcile
             .map(|probe| {
-                self.mcp_reconcile(
-                    &format!("{field}.reconcile"),
-                    probe,
-                    &protected,
-                    keeps_bodies,
-                )
+                self.mcp_reconcile(&format!("{field}.reconcile"), probe, &protected, askable)
             })
             .transpose()?;
         Ok(McpTools {
@@ -982,14 +1037,14 @@ impl Validator<'_> {
         field: &str,
         raw: RawMcpReconcile,
         protected: &[String],
-        keeps_bodies: bool,
+        askable: &Askable,
     ) -> Result<McpReconcile, ConfigError> {
         let call = self.tool_call(
             (&format!("{field}.tool"), &format!("{field}.arguments")),
             raw.tool,
             raw.arguments,
             protected,
-            keeps_bodies,
+            askable,
         )?;
         let found_json_pointer = self.pointer(
             &format!("{field}.found_json_pointer"),
@@ -1019,7 +1074,7 @@ impl Validator<'_> {
                     tool,
                     raw.confirm_arguments,
                     protected,
-                    keeps_bodies,
+                    askable,
                 )?,
                 absent: Absence {
                     status: None,
@@ -1061,14 +1116,17 @@ impl Validator<'_> {
     }
 
     /// A read-only tool's call: not a protected tool, arguments a JSON
-    /// object once filled, `{argument:…}` only where bodies are kept.
+    /// object once filled, `{argument:…}` only where bodies are kept,
+    /// `{destination_key}` only where the route sends one. `{key}` is
+    /// the call's own, which reaches the server in the call itself when
+    /// it came in `_meta` or a key argument, so it is not refused here.
     fn tool_call(
         &self,
         (tool_field, arguments_field): (&str, &str),
         tool: String,
         arguments: Option<String>,
         protected: &[String],
-        keeps_bodies: bool,
+        askable: &Askable,
     ) -> Result<ToolCall, ConfigError> {
         if tool.is_empty() {
             return Err(self.invalid(tool_field, "is empty"));
@@ -1080,13 +1138,19 @@ impl Validator<'_> {
             ));
         }
         let arguments = arguments.unwrap_or_else(|| mcp_reconcile::ARGUMENTS.to_string());
+        let keys = ProbeKeys {
+            key: "k",
+            destination_key: "d",
+        };
         let filled =
-            super::runtime::fill_template(&arguments, "k", |_| Some(serde_json::Value::from("v")))
+            super::runtime::fill_template(&arguments, keys, |_| Some(serde_json::Value::from("v")))
                 .map_err(|reason| self.invalid(arguments_field, reason))?;
         if !filled.is_object() {
             return Err(self.invalid(arguments_field, "is a JSON object"));
         }
-        if arguments.contains("{argument:") && !keeps_bodies {
+        let asks = (false, arguments.contains("{destination_key}"));
+        self.asks_by_keys_sent(arguments_field, asks, askable)?;
+        if arguments.contains("{argument:") && !askable.keeps_bodies {
             return Err(self.invalid(
                 arguments_field,
                 "{argument:…} reads the held call's arguments, which the route keeps only with store_request_body = true",
@@ -1129,9 +1193,9 @@ impl Validator<'_> {
         field: &str,
         raw: RawReconcile,
         upstream: &Upstream,
-        keeps_bodies: bool,
+        askable: &Askable,
     ) -> Result<Reconcile, ConfigError> {
-        self.probe_url(&format!("{field}.url"), &raw.url, upstream, keeps_bodies)?;
+        self.probe_url(&format!("{field}.url"), &raw.url, upstream, askable)?;
         let found_status = self.status(
             &format!("{field}.found_status"),
             raw.found_status.unwrap_or(reconcile::FOUND_STATUS),
@@ -1168,12 +1232,7 @@ impl Validator<'_> {
         let confirm = match (raw.confirm_url, confirm_absent) {
             (None, None) => None,
             (Some(url), Some(absent)) => {
-                self.probe_url(
-                    &format!("{field}.confirm_url"),
-                    &url,
-                    upstream,
-                    keeps_bodies,
-                )?;
+                self.probe_url(&format!("{field}.confirm_url"), &url, upstream, askable)?;
                 Some(Confirm {
                     question: url,
                     absent,
@@ -1207,14 +1266,14 @@ impl Validator<'_> {
 
     /// A probe's URL template: on the route's own upstream origin, its
     /// placeholders ([`super::runtime::url_pieces`]) only in the path or the
-    /// query (at least one there), no fragment, and `{body:…}` only where
-    /// bodies are kept.
+    /// query (at least one there), no fragment, each key one the route
+    /// sends the destination, and `{body:…}` only where bodies are kept.
     fn probe_url(
         &self,
         url_field: &str,
         url: &str,
         upstream: &Upstream,
-        keeps_bodies: bool,
+        askable: &Askable,
     ) -> Result<(), ConfigError> {
         // A fragment is never sent: `{key}` there would make every probe ask
         // the same question, and settle unrelated operations with one answer.
@@ -1230,7 +1289,7 @@ impl Validator<'_> {
             .iter()
             .map(|piece| match piece {
                 Piece::Text(text) => *text,
-                Piece::Key | Piece::Body(_) => "k",
+                Piece::Key | Piece::DestinationKey | Piece::Body(_) => "k",
             })
             .collect();
         let probe =
@@ -1242,7 +1301,7 @@ impl Validator<'_> {
         if authority.contains('{') || !path_and_query.contains('{') {
             return Err(self.invalid(
                 url_field,
-                "must contain {key} (or {body:/pointer}) in its path or query (only there), where the key goes",
+                "must contain {key}, {destination_key} or {body:/pointer} in its path or query (only there), where the key goes",
             ));
         }
         if probe.scheme != upstream.scheme || probe.authority != upstream.authority {
@@ -1254,10 +1313,42 @@ impl Validator<'_> {
                 ),
             ));
         }
-        if pieces.iter().any(|p| matches!(p, Piece::Body(_))) && !keeps_bodies {
+        let asks = (
+            pieces.contains(&Piece::Key),
+            pieces.contains(&Piece::DestinationKey),
+        );
+        self.asks_by_keys_sent(url_field, asks, askable)?;
+        if pieces.iter().any(|p| matches!(p, Piece::Body(_))) && !askable.keeps_bodies {
             return Err(self.invalid(
                 url_field,
                 "{body:…} reads the stored request body, which the route keeps only with store_request_body = true",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A probe that asks by `{key}` and/or `{destination_key}` (`asks`)
+    /// asks by keys the destination got: a key it never got finds nothing,
+    /// and with rules for absence that nothing would release the write to
+    /// be sent again.
+    fn asks_by_keys_sent(
+        &self,
+        field: &str,
+        (key, destination_key): (bool, bool),
+        askable: &Askable,
+    ) -> Result<(), ConfigError> {
+        if destination_key && !askable.destination_key {
+            return Err(self.invalid(
+                field,
+                "{destination_key} is the operation's id as destination_key_header sends it, and this route sends none: set destination_key_header, or ask by {key}",
+            ));
+        }
+        if key && let Some(why) = &askable.no_client_key {
+            return Err(self.invalid(
+                field,
+                format!(
+                    "{{key}} is the client's key, which this route never sends the destination ({why}): ask by {{destination_key}}, the operation's id (sent with destination_key_header), or by {{body:/pointer}}"
+                ),
             ));
         }
         Ok(())

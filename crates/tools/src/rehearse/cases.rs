@@ -18,7 +18,7 @@ use serde_json::json;
 use super::report::{Case, Held, Report, Step};
 use super::{CASE_WRITES, Plan, RehearseError};
 use crate::gateway_client::{Answer, CallError, GatewayClient, join_all};
-use idemgate::config::InProgressMode;
+use idemgate::config::{InProgressMode, ProbeKeys};
 use idemgate::pipeline::drill::{Drill, Fault};
 use idemgate::pipeline::forward::ProbeClient;
 use idemgate::pipeline::reconcile;
@@ -436,13 +436,12 @@ impl Run<'_> {
     /// each of the case's keys (reads, not counted as writes).
     async fn destination_says(&self, case: &mut Case) {
         for held in &case.operations {
-            let asked = reconcile::ask(
-                &self.upstream,
-                &self.plan.route,
-                &held.key,
-                &self.plan.headers,
-            )
-            .await;
+            let keys = ProbeKeys {
+                key: &held.key,
+                destination_key: &held.id,
+            };
+            let asked =
+                reconcile::ask(&self.upstream, &self.plan.route, keys, &self.plan.headers).await;
             if let Some(detail) = asked {
                 case.destination_holds.push(detail);
             }

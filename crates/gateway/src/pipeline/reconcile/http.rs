@@ -1,5 +1,6 @@
 //! An HTTP route's probe questions: a GET to the route's own upstream,
-//! its URL filled from the held operation ([`url`]).
+//! its URL filled from the held operation ([`url`]): its keys (the
+//! client's, the destination key) and fields of its stored body.
 //!
 //! Invariant: [`url`] is the one place a probe URL is built. It names the
 //! operation's own resource and nothing else: the configured template has
@@ -21,7 +22,7 @@ use serde_json::Value;
 use super::send;
 use super::verdict::{Answer, Got};
 use crate::body::full;
-use crate::config::{Piece, Route, url_pieces};
+use crate::config::{Piece, ProbeKeys, Route, url_pieces};
 use crate::pipeline::forward::{ProbeClient, strip_hop_by_hop};
 use crate::pipeline::key::url_component;
 use crate::pipeline::record::stored_response;
@@ -37,13 +38,14 @@ pub struct Filled {
     pub(crate) shown: String,
 }
 
-/// `template` filled with `key` and the fields of the stored request
+/// `template` filled with `keys` and the fields of the stored request
 /// `body`; `Err` says why no URL can name the operation's resource.
-pub fn url(template: &str, key: &str, body: Option<&Value>) -> Result<Filled, String> {
+pub fn url(template: &str, keys: ProbeKeys<'_>, body: Option<&Value>) -> Result<Filled, String> {
     let pieces = url_pieces(template)?;
+    let room = template.len() + keys.key.len().max(keys.destination_key.len());
     let mut filled = Filled {
-        sent: String::with_capacity(template.len() + key.len()),
-        shown: String::with_capacity(template.len() + key.len()),
+        sent: String::with_capacity(room),
+        shown: String::with_capacity(room),
     };
     let mut in_path = true;
     for piece in pieces {
@@ -54,7 +56,8 @@ pub fn url(template: &str, key: &str, body: Option<&Value>) -> Result<Filled, St
                 filled.shown.push_str(text);
                 continue;
             }
-            Piece::Key => (key.to_string(), None),
+            Piece::Key => (keys.key.to_string(), None),
+            Piece::DestinationKey => (keys.destination_key.to_string(), None),
             Piece::Body(pointer) => {
                 let field = body
                     .and_then(|body| body.pointer(pointer))
@@ -133,8 +136,18 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Keys `key` and `op-1`.
+    fn keys(key: &str) -> ProbeKeys<'_> {
+        ProbeKeys {
+            key,
+            destination_key: "op-1",
+        }
+    }
+
     fn sent(template: &str, key: &str) -> Option<String> {
-        url(template, key, None).ok().map(|filled| filled.sent)
+        url(template, keys(key), None)
+            .ok()
+            .map(|filled| filled.sent)
     }
 
     #[test]
@@ -147,6 +160,18 @@ mod tests {
             .as_deref(),
             Some("http://api/v1/orders?idempotency_key=a%2Fb%3Fc%3Dd%26e%20f%23~x")
         );
+    }
+
+    #[test]
+    fn each_key_goes_where_its_placeholder_is() {
+        let filled = url(
+            "http://api/v1/orders/{destination_key}?client={key}",
+            keys("a b"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(filled.sent, "http://api/v1/orders/op-1?client=a%20b");
+        assert_eq!(filled.shown, filled.sent, "neither key is sealed");
     }
 
     #[test]
@@ -176,7 +201,7 @@ mod tests {
         let body = json!({"title": "a b", "n": 3, "nested": {"x": ".."}});
         let filled = url(
             "http://api/v1/orders?title={body:/title}&n={body:/n}&key={key}",
-            "k",
+            keys("k"),
             Some(&body),
         )
         .unwrap();
@@ -187,9 +212,9 @@ mod tests {
         );
         // A field that is missing or not a scalar names nothing; a dot
         // field in the path is refused as a dot key is.
-        assert!(url("http://api/x?t={body:/missing}", "k", Some(&body)).is_err());
-        assert!(url("http://api/x?t={body:/nested}", "k", Some(&body)).is_err());
-        assert!(url("http://api/x/{body:/nested/x}", "k", Some(&body)).is_err());
-        assert!(url("http://api/x?t={body:/title}", "k", None).is_err());
+        assert!(url("http://api/x?t={body:/missing}", keys("k"), Some(&body)).is_err());
+        assert!(url("http://api/x?t={body:/nested}", keys("k"), Some(&body)).is_err());
+        assert!(url("http://api/x/{body:/nested/x}", keys("k"), Some(&body)).is_err());
+        assert!(url("http://api/x?t={body:/title}", keys("k"), None).is_err());
     }
 }

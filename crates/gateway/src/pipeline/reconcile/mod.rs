@@ -33,7 +33,12 @@
 //!   so that either way it can answer from what the probe left in the
 //!   store;
 //! - a probe asks about its own operation and nothing else:
-//!   `http::url` is the one place a probe URL is built.
+//!   `http::url` is the one place a probe URL is built;
+//! - a probe asks by keys its destination got: `{key}` only where the
+//!   route sends it the client's key, `{destination_key}` (the operation's
+//!   id) only where it sends a destination key (checked at load, see
+//!   `config`), since a key the destination never saw finds nothing and,
+//!   with rules for absence, would release the write to be sent again.
 
 pub(crate) mod http;
 pub(crate) mod tool;
@@ -50,7 +55,7 @@ use dashmap::mapref::entry::Entry;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::config::{Absence, McpReconcile, Reconcile, Route};
+use crate::config::{Absence, McpReconcile, ProbeKeys, Reconcile, Route};
 use crate::metrics::Metrics;
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::forward::{self, ProbeClient};
@@ -191,8 +196,20 @@ struct Held<'a> {
     /// When (ms) the write could last have been on its way ([`last_sent`]):
     /// what `min_age` counts from.
     since: i64,
+    /// The operation's key (an MCP call's is `<tool>/<key>`).
     key: &'a str,
     credentials: &'a HeaderMap,
+}
+
+impl Held<'_> {
+    /// The keys the held operation may be known by at its destination:
+    /// its key, and its id (what `destination_key_header` sends).
+    fn keys(&self) -> ProbeKeys<'_> {
+        ProbeKeys {
+            key: self.key,
+            destination_key: &self.operation.id,
+        }
+    }
 }
 
 impl Question<'_> {
@@ -212,7 +229,7 @@ impl Question<'_> {
                     .body
                     .as_deref()
                     .and_then(|body| serde_json::from_slice(body).ok());
-                match http::url(template, held.key, body.as_ref()) {
+                match http::url(template, held.keys(), body.as_ref()) {
                     Ok(url) => {
                         let asked = url.shown.clone();
                         let answer = http::get(client, route, &url, held.credentials);
@@ -230,7 +247,7 @@ impl Question<'_> {
                     tool: name,
                     arguments,
                     held: held.operation,
-                    key: held.key,
+                    keys: held.keys(),
                 };
                 let asked = format!("tools/call {name}");
                 let answer = tool::call(client, route, &call, held.credentials);
@@ -432,19 +449,20 @@ async fn settle(
     }
 }
 
-/// Asks the route's probe about `key` once and stores nothing: what the
-/// destination says it holds (`idemgate rehearse`, docs/rehearse.md), as a
-/// probe's timeline entry shows it. `None` without an HTTP probe.
+/// Asks the route's probe about the operation known by `keys` once and
+/// stores nothing: what the destination says it holds (`idemgate
+/// rehearse`, docs/rehearse.md), as a probe's timeline entry shows it.
+/// `None` without an HTTP probe.
 pub async fn ask(
     client: &ProbeClient,
     route: &Route,
-    key: &str,
+    keys: ProbeKeys<'_>,
     credentials: &HeaderMap,
 ) -> Option<Value> {
     let reconcile = route.reconcile.as_ref()?;
     let probe = Probe::Http(reconcile);
     let rules = probe.rules();
-    let url = http::url(&reconcile.url, key, None).ok()?;
+    let url = http::url(&reconcile.url, keys, None).ok()?;
     let asked = url.shown.clone();
     let answer = within(
         reconcile.timeout,

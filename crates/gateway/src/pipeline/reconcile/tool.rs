@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::send;
 use super::verdict::{Answer, Got};
 use crate::body::full;
-use crate::config::{Route, fill_template};
+use crate::config::{ProbeKeys, Route, fill_template};
 use crate::pipeline::forward::ProbeClient;
 use crate::pipeline::sse;
 use crate::traces;
@@ -26,8 +26,8 @@ pub struct Call<'a> {
     /// The arguments template.
     pub(crate) arguments: &'a str,
     pub(crate) held: &'a Operation,
-    /// The operation's key (`<tool>/<key>`).
-    pub(crate) key: &'a str,
+    /// The operation's key (`<tool>/<key>`) and destination key.
+    pub(crate) keys: ProbeKeys<'a>,
 }
 
 /// Calls the tool with `credentials`: its result, or why there is none.
@@ -52,8 +52,12 @@ pub async fn call(
         .and_then(|body| serde_json::from_slice(body).ok())
         .unwrap_or_default();
     // The operation's key is `<tool>/<key>`: the call's own key is after it.
-    let call_key = call.key.split_once('/').map_or(call.key, |(_, own)| own);
-    let arguments = match fill_template(call.arguments, call_key, |name| {
+    let key = call.keys.key;
+    let keys = ProbeKeys {
+        key: key.split_once('/').map_or(key, |(_, own)| own),
+        ..call.keys
+    };
+    let arguments = match fill_template(call.arguments, keys, |name| {
         sent.pointer("/params/arguments")?.get(name).cloned()
     }) {
         Ok(arguments) => arguments,
