@@ -8,7 +8,10 @@
 //! - a route paused by an operator is one alert with the reason;
 //! - `unknown-aged` is reported once, after `aged_after` on the gateway's
 //!   clock;
-//! - on a PostgreSQL store too;
+//! - on a PostgreSQL store too, and there across replicas whose
+//!   `[[alerts]]` differ (as during a rollout that adds a webhook), one of
+//!   them with none: every alert reaches every endpoint some replica has,
+//!   once, and no replica gives up a delivery for an endpoint it lacks;
 //! - the real binary, SIGKILLed between the state change and the alert's
 //!   delivery, delivers it after a restart, signed
 //!   (`X-Idemgate-Signature`, checked here with an HMAC of our own);
@@ -203,6 +206,99 @@ async fn alerts_are_delivered_from_a_postgresql_store() {
     events.sort();
     events.dedup();
     assert_eq!(events, ["operation-unknown", "route-paused"]);
+}
+
+/// The keys of the alerts `receiver` was sent, sorted, repeats kept.
+fn alerted_keys(receiver: &FakeUpstream) -> Vec<String> {
+    let mut keys: Vec<String> = receiver
+        .write_requests()
+        .iter()
+        .map(|r| json_of(r)["key"].as_str().unwrap_or_default().to_string())
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// Writes `key` through `gw`, its response lost: an `unknown` operation.
+async fn lose(gw: &TestGateway, key: &str) {
+    let lost = write(gw.addr(), "/drop", Some(key), "{}").await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn replicas_with_different_alerts_reach_every_endpoint_once() {
+    let schema = PgSchema::create().await;
+    let (first, second) = (FakeUpstream::start().await, FakeUpstream::start().await);
+    // The second endpoint refuses at first: its deliveries come due again,
+    // and only the replica that has it may take them.
+    second.script(Scripted::Refuse(503));
+    let events = "events = [\"operation-unknown\"]";
+    let old = alerted("", &first, events);
+    let new = format!("{old}\n{}", alerted("", &second, events));
+    let setup = |route: &str| Setup::route(route).postgres(&schema).quick();
+    // Mid-rollout: a replica with the old config, one without alerts, and
+    // then one with the second webhook added, which hears nothing older.
+    let (old_replica, bare) = (
+        spawn_gateway_with(setup(&old)).await,
+        spawn_gateway_with(setup("")).await,
+    );
+    // Once the old replica has recorded its endpoint, whichever fans out.
+    next_full_pass(old_replica.admin_addr(), "alerts").await;
+    lose(&old_replica, "before").await;
+    first.wait_for_writes(1).await;
+    let replicas = [old_replica, bare, spawn_gateway_with(setup(&new)).await];
+    // Each has polled since (and so recorded its endpoints).
+    for gw in &replicas {
+        next_full_pass(gw.admin_addr(), "alerts").await;
+    }
+
+    let keys: Vec<String> = (0..9).map(|i| format!("rollout-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        lose(&replicas[i % replicas.len()], key).await;
+    }
+    eventually("every alert tried at the second endpoint", || async {
+        let mut tried = alerted_keys(&second);
+        tried.dedup();
+        (tried == keys).then_some(())
+    })
+    .await;
+    second.script(Scripted::Create);
+    first.wait_for_writes(1 + keys.len()).await;
+    second.wait_for_writes(keys.len()).await;
+    for gw in &replicas {
+        next_full_pass(gw.admin_addr(), "alerts").await;
+    }
+
+    let mut everything = keys.clone();
+    everything.insert(0, "before".to_string());
+    assert_eq!(
+        alerted_keys(&first),
+        everything,
+        "each alert once at the first"
+    );
+    assert_eq!(
+        second.writes(),
+        keys.len(),
+        "each later alert once at the second"
+    );
+    for gw in &replicas {
+        let scraped = scrape_metrics(gw.admin_addr()).await;
+        let gave_up = metric(
+            &scraped,
+            r#"idemgate_alert_deliveries_total{outcome="gave_up"}"#,
+        );
+        assert_eq!(gave_up.unwrap_or(0.0), 0.0, "{scraped}");
+    }
+    let outcomes: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT coalesce(outcome, 'pending'), count(*) FROM {}.alert_deliveries GROUP BY 1",
+        schema.name
+    ))
+    .fetch_all(&mut admin_connection().await)
+    .await
+    .expect("read the deliveries");
+    let every = i64::try_from(everything.len() + keys.len()).expect("a count");
+    assert_eq!(outcomes, [("delivered".to_string(), every)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

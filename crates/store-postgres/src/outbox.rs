@@ -1,8 +1,26 @@
 //! The alert outbox on PostgreSQL: what [`Outbox::take_alerts`] and
 //! [`Outbox::settle_alert`] run, each in one transaction. Replicas share the
-//! outbox: fanning out marks each alert once (its row lock decides), and
-//! due deliveries are taken with `FOR UPDATE SKIP LOCKED` and a lease, so
-//! one replica delivers each at a time (docs/operating.md, "Alerts").
+//! outbox, and their `[[alerts]]` may differ (a rollout that adds a webhook
+//! reaches them one at a time), so no replica's own list decides what an
+//! alert reaches (docs/operating.md, "Alerts"):
+//!
+//! - each poll first records the replica's subscriptions in
+//!   `alert_subscriptions` (`seen_at`: the poll's time), a statement of its
+//!   own so that peers never wait on the poll's transaction;
+//! - fanning out marks each alert once (its row lock decides) and gives it
+//!   a delivery for every subscription recorded at most [`SUBSCRIBED_FOR`]
+//!   before the alert was raised, whichever replica recorded it. An alert
+//!   committed after a subscription was recorded is fanned out by a
+//!   statement that sees the subscription, so an endpoint hears of
+//!   everything raised once a replica that has it has polled, and nothing
+//!   from before (a new webhook is not sent the history);
+//! - a replica takes only the due deliveries of its own endpoints (with
+//!   `FOR UPDATE SKIP LOCKED` and a lease, so one replica delivers each at
+//!   a time): another replica may have the others, and a replica without
+//!   `[[alerts]]` takes none;
+//! - an endpoint no replica has recorded for [`SUBSCRIBED_FOR`] gets no
+//!   new deliveries, and the ones it was left, which no replica takes, no
+//!   longer keep their alert: it is dropped as finished alerts are.
 //!
 //! [`Outbox::take_alerts`]: idemgate_store::Outbox::take_alerts
 //! [`Outbox::settle_alert`]: idemgate_store::Outbox::settle_alert
@@ -14,6 +32,23 @@ use idemgate_store::{AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, 
 
 /// Finished alerts dropped per poll, so one poll stays short.
 const FORGET_PER_POLL: i64 = 500;
+
+/// How long after a replica last polled with a subscription it still
+/// counts (ms): alerts raised that long after still reach its endpoint.
+/// Far longer than a poll (0.5 s) and than a replica's restart, so a
+/// rollout costs no endpoint an alert; short, since an endpoint taken out
+/// of every replica's config (or out of a subscription's events) is sent
+/// what is raised until then.
+const SUBSCRIBED_FOR: i64 = 5 * 60 * 1000;
+
+/// Records subscriptions ($1 endpoint, $2 event, $3 threshold) as polled
+/// with at $4, never moving `seen_at` back.
+const SUBSCRIBE: &str =
+    "INSERT INTO alert_subscriptions AS s (endpoint, event, aged_after, seen_at)
+     SELECT endpoint, event, aged_after, $4
+     FROM unnest($1::text[], $2::text[], $3::bigint[]) AS n(endpoint, event, aged_after)
+     ON CONFLICT (endpoint, event, aged_after) DO UPDATE SET seen_at = excluded.seen_at
+     WHERE s.seen_at < excluded.seen_at";
 
 /// The `unknown` operations of the next aging window, in
 /// `operations_state_updated`: after the cursor ($1 updated_at, $2 id) and
@@ -111,37 +146,45 @@ pub async fn take_alerts(
     pool: &PgPool,
     poll: &AlertPoll,
 ) -> Result<Vec<AlertDelivery>, StoreError> {
+    // Sorted and distinct: two replicas lock the rows they share in one
+    // order, and one statement updates a row once.
+    let mut subscriptions: Vec<(&str, &str, i64)> = poll
+        .subscriptions
+        .iter()
+        .map(|s| (s.endpoint.as_str(), s.event, s.aged_after))
+        .collect();
+    subscriptions.sort_unstable();
+    subscriptions.dedup();
+    let mut endpoints: Vec<&str> = subscriptions.iter().map(|s| s.0).collect();
+    endpoints.dedup();
+    if !subscriptions.is_empty() {
+        sqlx::query(SUBSCRIBE)
+            .bind(subscriptions.iter().map(|s| s.0).collect::<Vec<_>>())
+            .bind(subscriptions.iter().map(|s| s.1).collect::<Vec<_>>())
+            .bind(subscriptions.iter().map(|s| s.2).collect::<Vec<_>>())
+            .bind(poll.now)
+            .execute(pool)
+            .await?;
+    }
     let mut tx = pool.begin().await?;
     for aged_after in poll.aged_thresholds() {
         add_aged(&mut tx, poll.now, aged_after).await?;
     }
-    let subscriptions = &poll.subscriptions;
     sqlx::query(
         "WITH fresh AS (
             UPDATE alert_outbox SET fanned_out = true WHERE NOT fanned_out
-            RETURNING id, event, aged_after
+            RETURNING id, event, at, aged_after
          )
          INSERT INTO alert_deliveries (alert_id, endpoint, next_at)
-         SELECT f.id, s.endpoint, $4
+         SELECT f.id, s.endpoint, $1
          FROM fresh f
-         JOIN unnest($1::text[], $2::text[], $3::bigint[]) AS s(endpoint, event, aged_after)
+         JOIN alert_subscriptions s
            ON f.event = s.event AND (f.event <> 'unknown-aged' OR f.aged_after = s.aged_after)
+          AND s.seen_at >= f.at - $2
          ON CONFLICT DO NOTHING",
     )
-    .bind(
-        subscriptions
-            .iter()
-            .map(|s| s.endpoint.clone())
-            .collect::<Vec<_>>(),
-    )
-    .bind(subscriptions.iter().map(|s| s.event).collect::<Vec<_>>())
-    .bind(
-        subscriptions
-            .iter()
-            .map(|s| s.aged_after)
-            .collect::<Vec<_>>(),
-    )
     .bind(poll.now)
+    .bind(SUBSCRIBED_FOR)
     .execute(&mut *tx)
     .await?;
     sqlx::query(
@@ -149,6 +192,8 @@ pub async fn take_alerts(
             SELECT o.id FROM alert_outbox o
             WHERE o.at < $1 AND o.fanned_out
               AND NOT EXISTS (SELECT 1 FROM alert_deliveries d
+                              JOIN alert_subscriptions s
+                                ON s.endpoint = d.endpoint AND s.seen_at >= $3
                               WHERE d.alert_id = o.id AND d.done_at IS NULL)
               AND (o.event <> 'unknown-aged' OR NOT EXISTS (
                     SELECT 1 FROM operations p WHERE p.id = o.operation_id AND p.state = 'unknown'))
@@ -156,12 +201,13 @@ pub async fn take_alerts(
     )
     .bind(poll.forget_before)
     .bind(FORGET_PER_POLL)
+    .bind(poll.now - SUBSCRIBED_FOR)
     .execute(&mut *tx)
     .await?;
     let rows = sqlx::query(
         "WITH due AS (
             SELECT alert_id, endpoint FROM alert_deliveries
-            WHERE done_at IS NULL AND next_at <= $1
+            WHERE done_at IS NULL AND next_at <= $1 AND endpoint = ANY($4)
             ORDER BY next_at LIMIT $3
             FOR UPDATE SKIP LOCKED
          ), taken AS (
@@ -176,6 +222,7 @@ pub async fn take_alerts(
     .bind(poll.now)
     .bind(poll.lease_until)
     .bind(i64::from(poll.limit))
+    .bind(&endpoints)
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;

@@ -122,6 +122,7 @@ impl AlertOutcome {
 /// transaction.
 #[derive(Debug, Clone)]
 pub struct AlertPoll {
+    /// The polling gateway's: what it delivers to.
     pub subscriptions: Vec<AlertSubscription>,
     /// Whether to look for operations newly past an `unknown-aged`
     /// threshold (those that crossed it since the last pass, at most a

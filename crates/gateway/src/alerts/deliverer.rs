@@ -4,7 +4,9 @@
 //! and fans new alerts out to the endpoints, in the same transaction),
 //! POSTs them concurrently, and settles each: delivered; failed and due
 //! again after a full-jitter backoff; or given up once the alert is older
-//! than the endpoint's `give_up_after` (or the endpoint is gone).
+//! than the endpoint's `give_up_after` (or, on SQLite, its endpoint is no
+//! longer configured: a PostgreSQL store hands a replica only its own
+//! endpoints' deliveries, since a peer may have the others).
 //!
 //! It never runs on a request's path: a slow or failing endpoint costs
 //! this task time, never a client. A delivery is leased while it is being
@@ -31,7 +33,8 @@ use idemgate_store::{AlertDelivery, AlertOutcome, AlertPoll};
 
 /// How often the outbox is polled while endpoints are configured.
 pub(crate) const POLL: Duration = Duration::from_millis(500);
-/// Without endpoints the outbox is only tidied, now and then.
+/// Without endpoints the outbox is only tidied (and, on a shared store,
+/// fanned out for the replicas that have some), now and then.
 pub(crate) const IDLE_POLL: Duration = Duration::from_secs(60);
 /// A taken delivery is not taken again for this long unless settled: more
 /// than a post can take.
@@ -129,6 +132,8 @@ impl Deliverer {
 
     async fn deliver(self: Arc<Self>, delivery: AlertDelivery) {
         let outcome = match self.endpoints.iter().find(|e| e.id == delivery.endpoint) {
+            // Only a single-process store hands one out: configured before
+            // a restart, and gone since.
             None => AlertOutcome::GaveUp {
                 error: "the endpoint is no longer configured".into(),
             },
