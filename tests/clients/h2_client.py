@@ -8,6 +8,8 @@ themselves (hyperframe, hpack) to do what no library lets a client do:
   write PORT HEADERS       one write whose headers (a JSON object) replace the
                            defaults of the same name; null leaves one out
   reset PORT KEY           a write whose stream is reset (RST_STREAM) at once
+  split-length PORT KEY    a write whose content-length arrives in a first DATA
+                           frame and more DATA after it, ending the stream
   stream-flood PORT N      N streams opened at once, past the server's limit
   rapid-reset PORT N       N streams each opened and reset at once (CVE-2023-44487)
   reset-accepted PORT N    N streams each reset once the server has read it
@@ -23,6 +25,7 @@ hangs the client.
 import json
 import socket
 import sys
+import time
 
 import h2.config
 import h2.connection
@@ -80,6 +83,39 @@ def write(port, replaced):
     ]
     headers += [(n, v) for n, v in replaced.items() if n not in dict(headers)]
     return writes(port, [[(n, v) for n, v in headers if v is not None]])
+
+
+def split_length(port, key):
+    """One write declaring 8 bytes, sent as a first DATA frame of those 8
+    and, a moment later (the server has read them), a second one of 5 more
+    that ends the stream: a malformed request (RFC 9113 §8.1.1)."""
+    first, more = b'{"a":10}', b"0000}"
+    sock = connect(port)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    headers = write_headers(key, body=first)
+    conn.send_headers(1, headers)
+    conn.send_data(1, first)
+    sock.sendall(conn.data_to_send())
+    time.sleep(0.3)
+    conn.send_data(1, more, end_stream=True)
+    sock.sendall(conn.data_to_send())
+    status, reset = 0, False
+    for _ in range(1_000):
+        data = sock.recv(65536)
+        if not data:
+            break
+        events = conn.receive_data(data)
+        for event in events:
+            if isinstance(event, h2.events.ResponseReceived):
+                status = int(dict(event.headers)[b":status"])
+            elif isinstance(event, h2.events.StreamReset):
+                reset = True
+        sock.sendall(conn.data_to_send())
+        if reset or any(isinstance(e, h2.events.StreamEnded) for e in events):
+            break
+    sock.close()
+    return {"status": status, "reset": reset}
 
 
 def writes(port, streams_headers):
@@ -330,6 +366,8 @@ def main():
         report = write(port, sys.argv[3])
     elif command == "reset":
         report = reset(port, sys.argv[3])
+    elif command == "split-length":
+        report = split_length(port, sys.argv[3])
     elif command == "stream-flood":
         report = stream_flood(port, int(sys.argv[3]))
     elif command == "rapid-reset":

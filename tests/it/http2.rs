@@ -179,6 +179,23 @@ async fn a_reset_stream_is_a_hang_up_the_write_goes_on() {
     assert_eq!(gw.upstream.writes(), 1);
 }
 
+/// A stream whose DATA runs past its `content-length` (the declared bytes
+/// in a first frame, more in a second) is malformed (RFC 9113 §8.1.1):
+/// refused or reset, and nothing sent — not the write cut to its declared
+/// length, which is not the one the client sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/.venv (h2)"]
+async fn more_data_than_the_content_length_sends_nothing() {
+    let gw = spawn_gateway("").await;
+    let port = gw.addr().port().to_string();
+    let report = h2_client(&["split-length", &port, "h2-split"]).await;
+    assert!(
+        report["reset"] == true || report["status"] == 400,
+        "{report}"
+    );
+    assert_eq!(gw.upstream.writes(), 0, "{report}");
+}
+
 /// `[server]` lines: at most `streams` HTTP/2 streams per connection.
 fn streams(streams: u32) -> String {
     format!("http2_max_concurrent_streams = {streams}\n")

@@ -21,6 +21,13 @@ pub(crate) fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The HTTP/2 error under `error` (hyper's, a body's), if one caused it.
+pub(crate) fn h2_cause<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e h2::Error> {
+    std::iter::successors(Some(error), |e| e.source())
+        .take(16)
+        .find_map(|e| e.downcast_ref::<h2::Error>())
+}
+
 /// A body of bytes held in memory (hyper sends it with a Content-Length).
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into())

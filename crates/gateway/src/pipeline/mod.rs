@@ -1003,6 +1003,9 @@ async fn read_body(
                 chunks.push(data);
             }
         }
+        if parts.version == http::Version::HTTP_2 && declared.is_some() {
+            stream_ends(&mut body).await?;
+        }
         // A body that came in one chunk (most do) is not copied.
         Ok::<_, BoxError>(match chunks.as_slice() {
             [one] => one.clone(),
@@ -1024,6 +1027,34 @@ async fn read_body(
             reason: error.to_string(),
         }),
     }
+}
+
+/// Waits for the end of an HTTP/2 request stream whose declared length has
+/// arrived: it must end there (RFC 9113 §8.1.1), and one that brings more
+/// DATA is malformed — never forwarded cut to its length, a write other
+/// than the one sent. Trailers and empty DATA are no more content; a reset
+/// by the client once the whole body is in is a hang-up, the body whole.
+async fn stream_ends<B>(body: &mut B) -> Result<(), BoxError>
+where
+    B: http_body::Body<Data = Bytes, Error = BoxError> + Unpin,
+{
+    while !body.is_end_stream() {
+        match body.frame().await {
+            None => break,
+            Some(Ok(frame)) if frame.data_ref().is_none_or(Bytes::is_empty) => {}
+            Some(Ok(_)) => {
+                return Err("the stream brought more DATA than its content-length".into());
+            }
+            Some(Err(error)) => {
+                let cause: &(dyn std::error::Error + 'static) = &*error;
+                if crate::body::h2_cause(cause).is_some_and(|h2| h2.is_remote() && h2.is_reset()) {
+                    break;
+                }
+                return Err(error);
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -63,7 +63,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::body::{BoxError, ProxyBody};
+use crate::body::{BoxError, ProxyBody, h2_cause};
 use crate::pipeline::connector::{UpstreamConnector, WriteFirst};
 
 /// Idle connections are closed after this; upstreams commonly close at 60 s+.
@@ -458,15 +458,11 @@ impl Pool {
 /// not process the request (module doc): the stream reset by the upstream
 /// with `REFUSED_STREAM`, or failed by its GOAWAY.
 fn unprocessed(error: &hyper::Error) -> bool {
-    let causes: &(dyn std::error::Error + 'static) = error;
-    std::iter::successors(Some(causes), |e| e.source())
-        .take(16)
-        .filter_map(|e| e.downcast_ref::<h2::Error>())
-        .any(|h2| {
-            h2.is_remote()
-                && ((h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM))
-                    || h2.is_go_away())
-        })
+    h2_cause(error).is_some_and(|h2| {
+        h2.is_remote()
+            && ((h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM))
+                || h2.is_go_away())
+    })
 }
 
 /// Closes idle connections past their time every half [`IDLE_TIMEOUT`],
