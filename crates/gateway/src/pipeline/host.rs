@@ -12,8 +12,9 @@
 //! header: its authority's host and port, lower-cased, without the port
 //! its scheme implies (80 for `http`, 443 for `https`); and a request whose
 //! `host` names another authority than its HTTP/2 `:authority` (RFC 9113
-//! §8.3.1), that has several `Host` lines, or whose host is no
-//! `host[:port]`, is refused ([`HostError`], 400 `invalid-host`) before
+//! §8.3.1), that has several `Host` lines, that is HTTP/1.1 with no
+//! `Host` line and no absolute-form target (RFC 9112 §3.2: a server MUST
+//! answer it 400), or whose host is no `host[:port]`, is refused ([`HostError`], 400 `invalid-host`) before
 //! anything reads it. An HTTP/1.1 absolute-form target's authority is the
 //! host, whatever `Host` says (RFC 9112 §3.2.2), and an empty `Host` names
 //! none.
@@ -31,6 +32,8 @@ pub struct ViaTls;
 pub enum HostError {
     #[error("several Host headers were sent; send one")]
     Several,
+    #[error("an HTTP/1.1 request needs a Host header (RFC 9112 §3.2); nothing was sent")]
+    Missing,
     #[error("the Host header is not a host[:port]")]
     Invalid,
     #[error("the request's host names a user (userinfo), which no request may carry")]
@@ -56,6 +59,7 @@ pub fn normalize<B>(request: &mut Request<B>) -> Result<(), HostError> {
         .map(|authority| spelled(authority, &scheme))
         .transpose()?;
     let mut hosts = request.headers().get_all(HOST).iter();
+    let missing = request.headers().get(HOST).is_none();
     let from_header = match (hosts.next(), hosts.next()) {
         (Some(_), Some(_)) => return Err(HostError::Several),
         // An empty Host names no authority (RFC 9112 §3.2).
@@ -77,6 +81,9 @@ pub fn normalize<B>(request: &mut Request<B>) -> Result<(), HostError> {
         // HTTP/1.1 in absolute form: the target's authority, Host ignored
         // (RFC 9112 §3.2.2).
         (Some(host), _) | (None, Some(host)) => host,
+        (None, None) if request.version() == http::Version::HTTP_11 && missing => {
+            return Err(HostError::Missing);
+        }
         (None, None) => return Ok(()),
     };
     let value = HeaderValue::try_from(host).map_err(|_| HostError::Invalid)?;
@@ -157,7 +164,24 @@ mod tests {
             host("api.example:8080")
         );
         assert_eq!(of("/a", Some("[::1]:80"), false), host("[::1]"));
-        assert_eq!(of("/a", None, false), Ok(None));
+        // An empty Host names none, and is left as it came.
+        assert_eq!(of("/a", Some(""), false), host(""));
+    }
+
+    #[test]
+    fn an_http11_request_without_host_is_refused() {
+        assert_eq!(of("/a", None, false), Err(HostError::Missing));
+        // HTTP/1.0 needs none, nor HTTP/2 (its `:authority`, when sent, is
+        // in the URI).
+        for version in [http::Version::HTTP_10, http::Version::HTTP_2] {
+            let mut request = Request::builder()
+                .version(version)
+                .uri("/a")
+                .body(())
+                .unwrap();
+            assert_eq!(normalize(&mut request), Ok(()), "{version:?}");
+            assert!(request.headers().get(HOST).is_none());
+        }
     }
 
     #[test]
