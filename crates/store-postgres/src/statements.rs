@@ -957,13 +957,12 @@ pub(crate) async fn recount_if_untrusted(pool: &PgPool) -> Result<bool, StoreErr
     Ok(true)
 }
 
-/// Deletes up to `limit` settled operations last updated before `cutoff`,
-/// unless another replica is sweeping: one sweeper at a time, by a
-/// transaction-scoped advisory lock named after this store's schema (so
-/// stores in other schemas of the database do not wait on each other).
 /// Deletes up to `limit` (at most [`SWEEP_LIMIT`]) settled operations
-/// last updated before `cutoff`, found by `operations_state_updated`; one
-/// replica at a time.
+/// last updated before `cutoff`, found by `operations_state_updated`,
+/// none that a claim is taking meanwhile ([`SWEEP`]); unless another
+/// replica is sweeping: one sweeper at a time, by a transaction-scoped
+/// advisory lock named after this store's schema (so stores in other
+/// schemas of the database do not wait on each other).
 pub async fn sweep(pool: &PgPool, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
     let mut tx = pool.begin().await?;
     let ours: bool = sqlx::query_scalar(SWEEP_LOCK).fetch_one(&mut *tx).await?;
@@ -981,10 +980,24 @@ pub async fn sweep(pool: &PgPool, cutoff: i64, limit: u32) -> Result<u64, StoreE
 }
 
 /// [`sweep`]'s statement: $1 the cutoff, $2 the limit.
-const SWEEP: &str = "DELETE FROM operations WHERE id IN (
+///
+/// A claim may take a `not_attempted` operation for its next attempt
+/// while the sweep looks at it; deleted then, the attempt being sent
+/// would have no row, and a retry through a peer would send it again.
+/// Under READ COMMITTED a row that changed under a statement is checked
+/// again against that statement's own conditions only, never a
+/// subquery's: so the conditions are repeated on the deleted row. A row a
+/// claim (or a record's events) holds is passed by, left for the next
+/// sweep (`SKIP LOCKED`), so a sweep never waits on a request. The rows
+/// are locked once, in a CTE (`MATERIALIZED`: run once): a locking
+/// subquery run again for each row deleted would skip the rows deleted
+/// already and take as many more, past the limit.
+const SWEEP: &str = "WITH swept AS MATERIALIZED (
         SELECT id FROM operations
         WHERE state IN ('completed', 'not_attempted') AND updated_at < $1
-        LIMIT $2)";
+        LIMIT $2 FOR UPDATE SKIP LOCKED)
+    DELETE FROM operations WHERE id IN (SELECT id FROM swept)
+      AND state IN ('completed', 'not_attempted') AND updated_at < $1";
 
 /// The statements of the admin API, the console and retention, with
 /// sample parameters ([`AccessPath`]); the alerts' are the outbox's.
