@@ -244,6 +244,17 @@ pub(crate) struct RecordCall {
 /// for one lock order across replicas); whether each applied, in the
 /// calls' order. A stale record keeps its evidence as events; an applied
 /// plain response is proven by the row itself.
+///
+/// A stale record's operation may be gone (swept, once settled otherwise
+/// and old): its events go nowhere, and it is stale like any other. They
+/// would break the events' foreign key, and with it the statement, so the
+/// whole batch: every other call's record. So events go only to the
+/// operations updated here (locked by the update) and to the stale ones
+/// found and locked (`stale`, `FOR KEY SHARE`: a sweep deleting one
+/// meanwhile is waited for, and the row then passed by; a sweep passes
+/// by the rows locked here). The lock is taken only on rows this
+/// statement did not update: a row locked after its own update in the
+/// same statement would be skipped.
 pub async fn record(
     pool: &PgPool,
     seal: &Seal,
@@ -281,14 +292,19 @@ pub async fn record(
             FROM input i
             WHERE o.id = i.id AND o.state = 'in_progress' AND o.attempt = i.attempt
               AND o.owner = $1
-            RETURNING i.ord
+            RETURNING i.ord, o.id
+         ), stale AS (
+            SELECT o.id FROM operations o
+            WHERE o.id IN (SELECT id FROM input) AND o.id NOT IN (SELECT id FROM updated)
+            FOR KEY SHARE
          ), kept AS (
             INSERT INTO events (operation_id, at, kind, detail)
             SELECT i.id, i.now, e.kind, e.detail
             FROM unnest($12::int[], $13::text[], $14::text[]) WITH ORDINALITY
                 AS e(ord, kind, detail, seq)
             JOIN input i ON i.ord = e.ord
-            WHERE NOT i.implied OR i.ord NOT IN (SELECT ord FROM updated)
+            WHERE (i.id IN (SELECT id FROM updated) OR i.id IN (SELECT id FROM stale))
+              AND (NOT i.implied OR i.ord NOT IN (SELECT ord FROM updated))
             ORDER BY e.seq
          )
          SELECT i.ord, i.ord IN (SELECT ord FROM updated) AS applied FROM input i",
