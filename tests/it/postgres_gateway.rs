@@ -6,6 +6,11 @@
 //! ([`PgSchema`]); they are `#[ignore]`d, and `.ci/run` runs them.
 //! The multi-process scenarios (a replica killed, a restart) are in
 //! `tests/it/replicas.rs`.
+//!
+//! A replica whose database link drops with a write upstream records the
+//! outcome once the link is back; by then its peer may have held the
+//! attempt (`replica-lost`): the late-response rule applies as to a
+//! record refused at once, measured from when the response came.
 
 use std::time::Duration;
 
@@ -350,4 +355,105 @@ async fn a_claim_committed_after_its_answer_was_lost_is_released() {
     assert_eq!(gw.upstream.write_requests().len(), 0, "nothing sent");
     assert_fresh_created(&write(gw.addr(), "/orders", Some("k-lost"), ORDER).await);
     assert_eq!(gw.upstream.writes(), 1);
+}
+
+/// `url` (the test server's, or a schema's in it) through the relay on
+/// 127.0.0.1:`port`.
+fn through_relay(url: &str, port: u16) -> String {
+    let (user, rest) = url.split_once('@').expect("a user in the URL");
+    let (_, path) = rest.split_once('/').expect("a database in the URL");
+    format!("{user}@127.0.0.1:{port}/{path}")
+}
+
+/// The port of the test server's URL.
+fn server_port(url: &str) -> u16 {
+    let (_, rest) = url.split_once('@').expect("a user in the URL");
+    let (authority, _) = rest.split_once('/').expect("a database in the URL");
+    let (_, port) = authority.rsplit_once(':').unwrap_or(("", "5432"));
+    port.parse().expect("a port")
+}
+
+/// A's database link drops while its write is upstream. The response
+/// comes and cannot be recorded (its client hears 503); B marks the
+/// attempt `replica-lost` once A's lease runs out; the link comes back
+/// more than `late_window` after the mark. The response came within
+/// `late_window` of the mark, so A's late record settles the operation
+/// `completed` (`late-response`), as a record refused at once does: what
+/// docs/replicas.md, "A client hears what the store holds", says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_response_recorded_once_the_link_is_back_settles_what_a_peer_held() {
+    let schema = PgSchema::create().await;
+    let server = server_port(&postgres_url());
+    let link = TcpRelay::start(server).await;
+    let route = "late_window = \"2s\"";
+    let lease = "lease = \"1s\"";
+    let a_setup = Setup::route(route)
+        .shared_store(
+            &through_relay(&schema.url, link.port()),
+            &schema.scope_key_file,
+        )
+        .store(lease)
+        .quick()
+        .admin();
+    let mut a = spawn_gateway_with(a_setup).await;
+    let mut b = replica_of(&a, setup(&schema, route).store(lease)).await;
+
+    let first = tokio::spawn({
+        let addr = a.addr();
+        async move { write(addr, "/slow?ms=1000", Some("k-cut"), ORDER).await }
+    });
+    a.upstream.wait_for_requests(1).await;
+    let nowhere = closed_port().await;
+    link.move_to(nowhere.port());
+    let first = first.await.expect("first write");
+    first.assert_problem(503, "store-unavailable");
+
+    let held = eventually("B to hold A's attempt", || async {
+        let op = b.try_operation("k-cut").await?;
+        (op["state"] == "unknown").then_some(op)
+    })
+    .await;
+    assert_eq!(held["evidence"], "replica-lost", "{held}");
+    let marked: i64 = sqlx::query_scalar(&format!(
+        "SELECT updated_at FROM {}.operations WHERE idem_key = 'k-cut'",
+        schema.name
+    ))
+    .fetch_one(&mut admin_connection().await)
+    .await
+    .expect("the marked operation");
+    // Back later than the window after the mark: only when the response
+    // came decides.
+    system_clock_past(marked + 2_500).await;
+    link.move_to(server);
+
+    // A's record lands (stale: its events are kept), then the rule.
+    eventually("A's late record", || async {
+        let op = b.try_operation("k-cut").await?;
+        (!events_of(&op, "response").is_empty()).then_some(())
+    })
+    .await;
+    let settled = within_wait(|| async {
+        let op = b.try_operation("k-cut").await?;
+        (op["state"] != "unknown").then_some(op)
+    })
+    .await;
+    let settled = match settled {
+        Some(op) => op,
+        None => b.operation("k-cut").await,
+    };
+    assert_eq!(
+        (&settled["state"], &settled["evidence"]),
+        (&"completed".into(), &"late-response".into()),
+        "{settled}"
+    );
+    let late = events_of(&settled, "late-response");
+    assert_eq!(late.len(), 1, "{settled}");
+    assert_eq!(late[0]["held_as"], "replica-lost");
+    let retry = write(b.addr(), "/slow?ms=1000", Some("k-cut"), ORDER).await;
+    assert!(retry.is_replay(), "{:?}", retry.body);
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(a.upstream.writes(), 1);
+    a.shutdown().await;
+    b.shutdown().await;
 }

@@ -7,7 +7,10 @@
 //! - a live peer's operations are never touched, nor resolvable;
 //! - a replica that cannot renew stops claiming while the database still
 //!   counts its lease, and claims again once it renews;
-//! - one replica sweeps at a time; replicas starting together migrate once.
+//! - one replica sweeps at a time, and a sweep never deletes an operation
+//!   a claim takes for its next attempt meanwhile; a record of an
+//!   operation a sweep deletes meanwhile is stale; replicas starting
+//!   together migrate once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -224,6 +227,141 @@ async fn one_replica_sweeps_at_a_time() {
     assert_eq!(store.sweep(later, 100).await.unwrap(), 0);
     sqlx::query("COMMIT").execute(&mut other).await.unwrap();
     assert_eq!(store.sweep(later, 100).await.unwrap(), 3);
+    store.close().await;
+}
+
+/// An old `not_attempted` operation that a claim takes for its next
+/// attempt while a sweep looks at it: the claim's transaction is held
+/// open (as a claim that is slow to commit would be), the sweep runs
+/// beside it, and then the claim commits. The sweep leaves the
+/// operation: deleted, the attempt about to be sent would have no row,
+/// and a retry through a peer would find none and send it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_sweep_leaves_an_operation_a_claim_takes_meanwhile() {
+    let schema = PgSchema::create().await;
+    let store = Arc::new(replica(&schema, "a").await);
+    let ClaimResult::Claimed(claim) = store.claim(&new_op("k")).await.unwrap() else {
+        panic!("not claimed");
+    };
+    let refused = Settlement::NotAttempted {
+        evidence: "connect-failed".into(),
+    };
+    let recorded = store.record(&claim, &refused, &[]).await.unwrap();
+    assert_eq!(recorded, Recorded::Applied);
+    let later = SystemClock.now_millis() + 1000;
+
+    // The next attempt's claim (the update `idemgate_claim_unless_twin`
+    // makes), not committed yet.
+    let mut claiming = admin_connection().await;
+    sqlx::query("BEGIN").execute(&mut claiming).await.unwrap();
+    let take = format!("SET LOCAL search_path = {}", schema.name);
+    sqlx::query(&take).execute(&mut claiming).await.unwrap();
+    let claimer: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut claiming)
+        .await
+        .unwrap();
+    let taken = sqlx::query(
+        "UPDATE operations SET state = 'in_progress', attempt = attempt + 1, owner = 'a',
+            evidence = 'claimed', updated_at = $2
+         WHERE id = $1 AND state = 'not_attempted'",
+    )
+    .bind(&claim.operation_id)
+    .bind(SystemClock.now_millis())
+    .execute(&mut claiming)
+    .await
+    .unwrap();
+    assert_eq!(taken.rows_affected(), 1);
+
+    let sweeper = store.clone();
+    let sweeping = tokio::spawn(async move { sweeper.sweep(later, 100).await });
+    // The sweep passes the operation by, or waits on the claim's lock.
+    let observer = tokio::sync::Mutex::new(admin_connection().await);
+    let watched = (&observer, &sweeping);
+    eventually("the sweep to pass by or wait on the claim", || async move {
+        let (observer, sweeping) = watched;
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+        )
+        .bind(claimer)
+        .fetch_one(&mut *observer.lock().await)
+        .await
+        .unwrap();
+        (waiting > 0 || sweeping.is_finished()).then_some(())
+    })
+    .await;
+    sqlx::query("COMMIT").execute(&mut claiming).await.unwrap();
+
+    let swept = sweeping.await.expect("sweep task").unwrap();
+    assert_eq!(swept, 0, "the operation is in progress");
+    let (op, _) = store.get(&claim.operation_id).await.unwrap().expect("kept");
+    assert_eq!((op.state, op.attempt), (State::InProgress, 2));
+    store.close().await;
+}
+
+/// A stale record whose operation a sweep (a peer's) is deleting at that
+/// moment: the record waits for the delete to commit and is stale, its
+/// events dropped; they would break the events' foreign key, and with it
+/// every record of the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_record_of_an_operation_being_swept_is_stale() {
+    let schema = PgSchema::create().await;
+    let store = Arc::new(replica(&schema, "a").await);
+    let ClaimResult::Claimed(claim) = store.claim(&new_op("k")).await.unwrap() else {
+        panic!("not claimed");
+    };
+    let refused = Settlement::NotAttempted {
+        evidence: "connect-failed".into(),
+    };
+    let recorded = store.record(&claim, &refused, &[]).await.unwrap();
+    assert_eq!(recorded, Recorded::Applied);
+
+    let mut sweeping = admin_connection().await;
+    sqlx::query("BEGIN").execute(&mut sweeping).await.unwrap();
+    let take = format!("SET LOCAL search_path = {}", schema.name);
+    sqlx::query(&take).execute(&mut sweeping).await.unwrap();
+    let sweeper: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut sweeping)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM operations WHERE id = $1")
+        .bind(&claim.operation_id)
+        .execute(&mut sweeping)
+        .await
+        .unwrap();
+
+    let recorder = store.clone();
+    let late = claim.clone();
+    let recording = tokio::spawn(async move {
+        let lost = Settlement::Unknown {
+            evidence: "timeout".into(),
+        };
+        let event = Event {
+            kind: "timeout",
+            detail: serde_json::json!({}),
+        };
+        recorder.record(&late, &lost, &[event]).await
+    });
+    let observer = tokio::sync::Mutex::new(admin_connection().await);
+    let watched = (&observer, &recording);
+    eventually("the record to wait on the sweep, or end", || async move {
+        let (observer, recording) = watched;
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+        )
+        .bind(sweeper)
+        .fetch_one(&mut *observer.lock().await)
+        .await
+        .unwrap();
+        (waiting > 0 || recording.is_finished()).then_some(())
+    })
+    .await;
+    sqlx::query("COMMIT").execute(&mut sweeping).await.unwrap();
+
+    let recorded = recording.await.expect("record task");
+    assert_eq!(recorded.unwrap(), Recorded::Stale);
+    assert!(store.get(&claim.operation_id).await.unwrap().is_none());
     store.close().await;
 }
 

@@ -5,7 +5,8 @@
 //! - a claim is atomic on (route, scope, key): one winner among racing
 //!   claims, the others see the winner's operation;
 //! - record, settle, resolve and a probe's findings are compare-and-sets:
-//!   a stale writer changes nothing and says so; a write a probe found
+//!   a stale writer changes nothing and says so (a record of an operation
+//!   no longer stored too, failing no other record); a write a probe found
 //!   more than once at the destination is settled by an operator only;
 //! - `not_attempted` gives its next attempt to the same payload only; the
 //!   derive window supersedes what it outdates;
@@ -132,6 +133,7 @@ contract!(
     pauses_and_the_latch,
     listing_and_counting,
     retention_keeps_unknown_operations,
+    a_record_of_an_operation_no_longer_stored_is_stale_alone,
     shutdown_holds_what_was_in_flight,
     access_paths_are_served_by_their_indexes,
     kept_counts_are_what_counting_the_table_says,
@@ -1047,6 +1049,61 @@ async fn retention_keeps_unknown_operations(bench: Bench) {
     let keys: Vec<_> = left.iter().map(|s| s.key.as_str()).collect();
     assert_eq!(keys, ["fresh", "held"]);
     assert!(store.get(&unknown.operation_id).await.unwrap().is_some());
+    store.close().await;
+}
+
+/// A record retried after its operation was settled otherwise and swept
+/// (a record that kept failing while a peer held the attempt and an
+/// operator settled it, say): stale, and it alone. Its events have no
+/// operation to go to, and the records sharing its batch apply.
+async fn a_record_of_an_operation_no_longer_stored_is_stale_alone(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let gone = claimed(store.as_ref(), &new_op("gone", "fp")).await;
+    let refused = Settlement::NotAttempted {
+        evidence: "connect-failed".into(),
+    };
+    let recorded = store.record(&gone, &refused, &[]).await;
+    assert_eq!(recorded.unwrap(), Recorded::Applied);
+    bench.clock.advance(Duration::from_secs(10));
+    let cutoff = bench.clock.now_millis();
+    assert_eq!(store.sweep(cutoff, 100).await.unwrap(), 1);
+    assert!(store.get(&gone.operation_id).await.unwrap().is_none());
+
+    let mut others = Vec::new();
+    for i in 0..20 {
+        others.push(claimed(store.as_ref(), &new_op(&format!("k-{i}"), "fp")).await);
+    }
+    // All at once, the stale one amid the others, so that they share
+    // batches.
+    let mut records = tokio::task::JoinSet::new();
+    let mut claims = others.clone();
+    claims.insert(others.len() / 2, gone.clone());
+    for claim in claims {
+        let store = store.clone();
+        records.spawn(async move {
+            let recorded = store.record(&claim, &completed("x"), &first_try()).await;
+            (claim.operation_id, recorded)
+        });
+    }
+    let mut wrong = Vec::new();
+    while let Some(done) = records.join_next().await {
+        let (id, recorded) = done.unwrap();
+        let expected = if id == gone.operation_id {
+            Recorded::Stale
+        } else {
+            Recorded::Applied
+        };
+        match recorded {
+            Ok(recorded) if recorded == expected => {}
+            other => wrong.push(format!("{id}: {other:?}, not {expected:?}")),
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert!(store.get(&gone.operation_id).await.unwrap().is_none());
+    for claim in &others {
+        let (op, _) = store.get(&claim.operation_id).await.unwrap().unwrap();
+        assert_eq!(op.state, State::Completed);
+    }
     store.close().await;
 }
 

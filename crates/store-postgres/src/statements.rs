@@ -244,6 +244,17 @@ pub(crate) struct RecordCall {
 /// for one lock order across replicas); whether each applied, in the
 /// calls' order. A stale record keeps its evidence as events; an applied
 /// plain response is proven by the row itself.
+///
+/// A stale record's operation may be gone (swept, once settled otherwise
+/// and old): its events go nowhere, and it is stale like any other. They
+/// would break the events' foreign key, and with it the statement, so the
+/// whole batch: every other call's record. So events go only to the
+/// operations updated here (locked by the update) and to the stale ones
+/// found and locked (`stale`, `FOR KEY SHARE`: a sweep deleting one
+/// meanwhile is waited for, and the row then passed by; a sweep passes
+/// by the rows locked here). The lock is taken only on rows this
+/// statement did not update: a row locked after its own update in the
+/// same statement would be skipped.
 pub async fn record(
     pool: &PgPool,
     seal: &Seal,
@@ -281,14 +292,19 @@ pub async fn record(
             FROM input i
             WHERE o.id = i.id AND o.state = 'in_progress' AND o.attempt = i.attempt
               AND o.owner = $1
-            RETURNING i.ord
+            RETURNING i.ord, o.id
+         ), stale AS (
+            SELECT o.id FROM operations o
+            WHERE o.id IN (SELECT id FROM input) AND o.id NOT IN (SELECT id FROM updated)
+            FOR KEY SHARE
          ), kept AS (
             INSERT INTO events (operation_id, at, kind, detail)
             SELECT i.id, i.now, e.kind, e.detail
             FROM unnest($12::int[], $13::text[], $14::text[]) WITH ORDINALITY
                 AS e(ord, kind, detail, seq)
             JOIN input i ON i.ord = e.ord
-            WHERE NOT i.implied OR i.ord NOT IN (SELECT ord FROM updated)
+            WHERE (i.id IN (SELECT id FROM updated) OR i.id IN (SELECT id FROM stale))
+              AND (NOT i.implied OR i.ord NOT IN (SELECT ord FROM updated))
             ORDER BY e.seq
          )
          SELECT i.ord, i.ord IN (SELECT ord FROM updated) AS applied FROM input i",
@@ -957,13 +973,12 @@ pub(crate) async fn recount_if_untrusted(pool: &PgPool) -> Result<bool, StoreErr
     Ok(true)
 }
 
-/// Deletes up to `limit` settled operations last updated before `cutoff`,
-/// unless another replica is sweeping: one sweeper at a time, by a
-/// transaction-scoped advisory lock named after this store's schema (so
-/// stores in other schemas of the database do not wait on each other).
 /// Deletes up to `limit` (at most [`SWEEP_LIMIT`]) settled operations
-/// last updated before `cutoff`, found by `operations_state_updated`; one
-/// replica at a time.
+/// last updated before `cutoff`, found by `operations_state_updated`,
+/// none that a claim is taking meanwhile ([`SWEEP`]); unless another
+/// replica is sweeping: one sweeper at a time, by a transaction-scoped
+/// advisory lock named after this store's schema (so stores in other
+/// schemas of the database do not wait on each other).
 pub async fn sweep(pool: &PgPool, cutoff: i64, limit: u32) -> Result<u64, StoreError> {
     let mut tx = pool.begin().await?;
     let ours: bool = sqlx::query_scalar(SWEEP_LOCK).fetch_one(&mut *tx).await?;
@@ -981,10 +996,24 @@ pub async fn sweep(pool: &PgPool, cutoff: i64, limit: u32) -> Result<u64, StoreE
 }
 
 /// [`sweep`]'s statement: $1 the cutoff, $2 the limit.
-const SWEEP: &str = "DELETE FROM operations WHERE id IN (
+///
+/// A claim may take a `not_attempted` operation for its next attempt
+/// while the sweep looks at it; deleted then, the attempt being sent
+/// would have no row, and a retry through a peer would send it again.
+/// Under READ COMMITTED a row that changed under a statement is checked
+/// again against that statement's own conditions only, never a
+/// subquery's: so the conditions are repeated on the deleted row. A row a
+/// claim (or a record's events) holds is passed by, left for the next
+/// sweep (`SKIP LOCKED`), so a sweep never waits on a request. The rows
+/// are locked once, in a CTE (`MATERIALIZED`: run once): a locking
+/// subquery run again for each row deleted would skip the rows deleted
+/// already and take as many more, past the limit.
+const SWEEP: &str = "WITH swept AS MATERIALIZED (
         SELECT id FROM operations
         WHERE state IN ('completed', 'not_attempted') AND updated_at < $1
-        LIMIT $2)";
+        LIMIT $2 FOR UPDATE SKIP LOCKED)
+    DELETE FROM operations WHERE id IN (SELECT id FROM swept)
+      AND state IN ('completed', 'not_attempted') AND updated_at < $1";
 
 /// The statements of the admin API, the console and retention, with
 /// sample parameters ([`AccessPath`]); the alerts' are the outbox's.

@@ -375,9 +375,15 @@ pub fn record(
         let (from, to) = (Some(State::InProgress), Some(settlement.state));
         transitions::moved(db, claim.into(), from, to, now, &settlement.evidence)?;
     }
-    // A stale record keeps its evidence as events; an applied plain
-    // response is proven by the row itself.
-    if updated == 0 || !is_implied_by_record(settlement.state, events) {
+    // A stale record keeps its evidence as events, unless its operation
+    // is gone (swept once settled otherwise): then they have nowhere to
+    // go, and the record is stale all the same. An applied plain response
+    // is proven by the row itself.
+    let keep = match updated {
+        0 => operation_exists(db, &claim.operation_id)?,
+        _ => !is_implied_by_record(settlement.state, events),
+    };
+    if keep {
         for event in events {
             insert_event(db, &claim.operation_id, now, event)?;
         }
@@ -1213,6 +1219,13 @@ impl StoredRow {
 }
 
 /// Operation `id` as [`StoredRow`]; `None` when there is no such operation.
+/// Whether operation `id` is stored.
+fn operation_exists(conn: &Connection, id: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM operations WHERE id = ?1)")?
+        .query_row(params![id], |row| row.get(0))?)
+}
+
 fn stored_row(conn: &Connection, id: &str) -> Result<Option<StoredRow>, StoreError> {
     let row = conn
         .prepare_cached(&format!(

@@ -609,7 +609,8 @@ pub struct RekeyBatch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recorded {
     Applied,
-    /// The operation had already left this attempt's `in_progress`.
+    /// The operation had already left this attempt's `in_progress`, or is
+    /// no longer stored.
     Stale,
 }
 
@@ -681,7 +682,9 @@ pub trait RequestPath: Send + Sync {
 
     /// Settles a claimed attempt, with its events, as one compare-and-set.
     /// Events the row itself proves are not stored ([`timeline`] shows
-    /// them).
+    /// them). An operation no longer stored (settled otherwise, then
+    /// swept) is [`Recorded::Stale`] like any other, its events dropped,
+    /// and fails no other call.
     async fn record(
         &self,
         claim: &Claim,

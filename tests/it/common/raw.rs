@@ -176,6 +176,10 @@ pub struct RefusingPort {
 }
 
 impl RefusingPort {
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
     /// Frees the port for a server the test starts on it now ("the
     /// destination comes back").
     pub fn release(self) -> SocketAddr {

@@ -172,19 +172,8 @@ impl Attempt {
             }
             Ok(Recorded::Stale) => {
                 tracing::warn!(operation_id = %self.claim.operation_id, "the operation changed while its attempt was in flight");
-                let after = Box::pin(record::after_stale(
-                    (self.shared.store.as_ref(), self.shared.operators.as_ref()),
-                    &self.claim,
-                    &settlement,
-                    &self.write.fingerprint,
-                    route.late_window,
-                    self.shared.clock.now_millis(),
-                ))
-                .await;
-                match after {
+                match Box::pin(self.after_stale(&settlement, recorded_at)).await {
                     AfterStale::SettledLate => {
-                        tracing::info!(operation_id = %self.claim.operation_id, "a response that came after a peer held the operation settled it");
-                        self.hand_over(&settlement, None, recorded_at);
                         deliver(response);
                         false
                     }
@@ -197,12 +186,25 @@ impl Attempt {
             Err(error) => {
                 tracing::error!(operation_id = %self.claim.operation_id, %error, "cannot record the outcome; retrying");
                 deliver(Err(record::unrecorded(&self.claim)));
-                let recorded = Box::pin(self.keep_recording(&settlement, &events)).await;
-                let applied = recorded == Some(Recorded::Applied);
-                if held && applied {
-                    Box::pin(self.trip_pause_latch()).await;
+                match Box::pin(self.keep_recording(&settlement, &events)).await {
+                    Some(Recorded::Applied) => {
+                        if held {
+                            Box::pin(self.trip_pause_latch()).await;
+                        }
+                        held
+                    }
+                    // Its client heard 503 already; what the store holds
+                    // still follows the one rule, with the window measured
+                    // from when the response came, not from when the
+                    // store answered again.
+                    Some(Recorded::Stale) => {
+                        match Box::pin(self.after_stale(&settlement, recorded_at)).await {
+                            AfterStale::SettledLate => false,
+                            AfterStale::Stored { held: still, .. } => held && still,
+                        }
+                    }
+                    None => false,
                 }
-                held && applied
             }
         };
         guard.disarm();
@@ -211,6 +213,27 @@ impl Attempt {
         if follow {
             Box::pin(self.follow_up(sent.late)).await;
         }
+    }
+
+    /// [`record::after_stale`] for this attempt's `settlement`, whose
+    /// outcome came back at `arrived` (ms): the late-response window is
+    /// measured from then, however long the record took to be refused. A
+    /// late settlement is handed over as a recorded completion is.
+    async fn after_stale(&mut self, settlement: &Settlement, arrived: i64) -> AfterStale {
+        let after = record::after_stale(
+            (self.shared.store.as_ref(), self.shared.operators.as_ref()),
+            &self.claim,
+            settlement,
+            &self.write.fingerprint,
+            self.active.route.late_window,
+            arrived,
+        )
+        .await;
+        if let AfterStale::SettledLate = after {
+            tracing::info!(operation_id = %self.claim.operation_id, "a response that came after a peer held the operation settled it");
+            self.hand_over(settlement, None, arrived);
+        }
+        after
     }
 
     /// Records `settlement` in the background of a client already

@@ -12,8 +12,9 @@
 //! - an attempt is never left `in_progress` by a live process: if the store
 //!   refuses the record, the client gets 503 and recording is retried in the
 //!   background until it lands (or, at shutdown, left for the next start to
-//!   mark `unknown`); if the task itself dies, [`SettleGuard`] records
-//!   `unknown`.
+//!   mark `unknown`) — a record that lands stale then goes through
+//!   [`after_stale`] as one refused at once; if the task itself dies,
+//!   [`SettleGuard`] records `unknown`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -287,18 +288,20 @@ pub enum AfterStale {
 }
 
 /// The one rule for an attempt whose [`RequestPath::record`] came back
-/// [`Recorded::Stale`] at `now` (ms, the store's clock): the client hears
-/// what the store holds. A completed response may still settle a peer's
-/// `unknown` mark of this attempt by the late-response rule; otherwise the
-/// outcome the store refused is kept in the timeline, as evidence for
-/// the operator, and the client gets the store's answer.
+/// [`Recorded::Stale`], whether at once or after retries
+/// ([`keep_recording`]), for an outcome that came back at `arrived` (ms,
+/// the store's clock): the client hears what the store holds. A completed
+/// response that arrived within `late_window` of a peer's `unknown` mark
+/// of this attempt (or before it) settles it by the late-response rule;
+/// otherwise the outcome the store refused is kept in the timeline, as
+/// evidence for the operator, and the client gets the store's answer.
 pub async fn after_stale(
     (store, operators): (&dyn RequestPath, &dyn Operators),
     claim: &Claim,
     settlement: &Settlement,
     fingerprint: &Fingerprint,
     late_window: Duration,
-    now: i64,
+    arrived: i64,
 ) -> AfterStale {
     let held_here = |op: &Operation| op.state == State::Unknown && op.attempt == claim.attempt;
     let mut current = match read_operation(operators, claim).await {
@@ -308,7 +311,7 @@ pub async fn after_stale(
     match settlement {
         Settlement::Completed { response }
             if held_here(&current)
-                && now.saturating_sub(current.updated_at) <= clock::millis(late_window) =>
+                && arrived.saturating_sub(current.updated_at) <= clock::millis(late_window) =>
         {
             let late = LateEvidence {
                 operation_id: claim.operation_id.clone(),
