@@ -608,6 +608,36 @@ fn a_ucp_route_protects_updates_and_compares_bodies_as_sent() {
 }
 
 #[test]
+fn no_key_takes_a_header_that_frames_routes_or_authenticates_the_request() {
+    for field in ["forward_key_header", "destination_key_header"] {
+        for name in [
+            "Host",
+            "Content-Length",
+            "Transfer-Encoding",
+            "Connection",
+            "TE",
+            "Upgrade",
+            "Content-Type",
+            "Authorization",
+            "X-Forwarded-For",
+        ] {
+            let error = error_of(&format!("{MINIMAL}{field} = \"{name}\"\n"));
+            assert!(
+                error.contains(&format!("routes[0].{field}")) && error.contains("take its place"),
+                "{field} = {name}: {error}"
+            );
+        }
+        // A route's scope header is its credential too.
+        let error = error_of(&format!(
+            "{MINIMAL}scope_headers = [\"x-tenant\"]\n{field} = \"X-Tenant\"\n"
+        ));
+        assert!(error.contains("take its place"), "{error}");
+        let own = format!("{MINIMAL}{field} = \"X-Request-Key\"\n");
+        assert!(Config::from_toml_str(&own, "t").is_ok(), "{field}");
+    }
+}
+
+#[test]
 fn a_ucp_route_never_drops_or_replaces_a_signed_header() {
     let ucp = |lines: &str| format!("{MINIMAL}profile = \"ucp\"\n{lines}");
     for (lines, field) in [

@@ -29,6 +29,32 @@ use super::runtime::{
 use super::{ConfigError, Durability, StoreConfig, StoreUrl};
 use crate::profile::{Profile, Wire};
 
+/// Headers no key may be sent in ([`Validator::key_header`]): framing and
+/// hop-by-hop fields, the host, what describes the body, credentials, and
+/// the forwarding fields the gateway writes itself.
+const NOT_A_KEY_HEADER: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "content-type",
+    "content-encoding",
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "forwarded",
+    "via",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+];
+
 /// The longest duration a field takes. Every duration is a deadline
 /// somewhere (an `Instant`, or the store's milliseconds since 1970): one
 /// of 300 million years overflowed the store's clock (a quota window that
@@ -702,21 +728,16 @@ impl Validator<'_> {
             rotated_keys_default,
             &[("hold", RotatedKeys::Hold), ("off", RotatedKeys::Off)],
         )?;
-        let forward_key_header = match raw
-            .forward_key_header
-            .as_deref()
-            .unwrap_or(route::FORWARD_KEY_HEADER)
-        {
-            "" => None,
-            name => Some(HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                self.invalid(
-                    field("forward_key_header"),
-                    format!("`{name}` is not a header name"),
-                )
-            })?),
-        };
+        let forward_key_header = self.key_header(
+            &field("forward_key_header"),
+            raw.forward_key_header
+                .as_deref()
+                .unwrap_or(route::FORWARD_KEY_HEADER),
+            &scope_headers,
+        )?;
         let destination_key = self.destination_key(
             &field,
+            &scope_headers,
             raw.destination_key_header.as_deref(),
             raw.destination_key_window.as_deref(),
             raw.resend_unknown,
@@ -876,26 +897,51 @@ impl Validator<'_> {
         })
     }
 
+    /// A header a key is sent to the destination in (`forward_key_header`,
+    /// `destination_key_header`): none when empty. Never one that frames,
+    /// routes or describes the request, or carries its credentials or the
+    /// gateway's own forwarding fields: the key would replace it, and the
+    /// destination get another request than the one sent — or, for a
+    /// header the gateway writes after it, never get the key.
+    fn key_header(
+        &self,
+        field: &str,
+        name: &str,
+        scope_headers: &[HeaderName],
+    ) -> Result<Option<HeaderName>, ConfigError> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        let header = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| self.invalid(field, format!("`{name}` is not a header name")))?;
+        if NOT_A_KEY_HEADER.contains(&header.as_str()) || scope_headers.contains(&header) {
+            return Err(self.invalid(
+                field,
+                format!(
+                    "`{name}` frames, routes, describes or authenticates the request (or scopes the route's keys): the key would take its place; name a header of the key's own"
+                ),
+            ));
+        }
+        Ok(Some(header))
+    }
+
     /// `destination_key_header`, `destination_key_window` and
     /// `resend_unknown`: the window only with a header, a re-send only
     /// within a window.
     fn destination_key(
         &self,
         field: &dyn Fn(&str) -> String,
+        scope_headers: &[HeaderName],
         header: Option<&str>,
         window: Option<&str>,
         resend_unknown: Option<bool>,
     ) -> Result<Option<DestinationKey>, ConfigError> {
         let resend_unknown = resend_unknown.unwrap_or(route::RESEND_UNKNOWN);
-        let header = match header.unwrap_or(route::DESTINATION_KEY_HEADER) {
-            "" => None,
-            name => Some(HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                self.invalid(
-                    field("destination_key_header"),
-                    format!("`{name}` is not a header name"),
-                )
-            })?),
-        };
+        let header = self.key_header(
+            &field("destination_key_header"),
+            header.unwrap_or(route::DESTINATION_KEY_HEADER),
+            scope_headers,
+        )?;
         let Some(header) = header else {
             if window.is_some() {
                 return Err(self.invalid(
