@@ -254,7 +254,10 @@ async fn assert_no_overflow(client: &Client, width: u64, what: &str) {
 async fn an_operator_settles_a_lost_write_and_the_retry_gets_the_replay() {
     let driver = driver();
     let clock = idemgate_model::clock::ManualClock::new();
-    let (gw, url) = console_gateway_with(Setup::route("").clock(clock.clone())).await;
+    // A late window of a millisecond: the older write's next action is
+    // to check the destination, not to wait for its attempt to land.
+    let setup = Setup::route("late_window = \"1ms\"").clock(clock.clone());
+    let (gw, url) = console_gateway_with(setup).await;
     // Two lost writes (the older first) and one that completed.
     lose(&gw, "order-older").await;
     clock.advance(Duration::from_millis(20));
