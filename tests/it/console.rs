@@ -2,9 +2,10 @@
 //! driven through WebDriver (chromedriver, fantoccini) against an
 //! in-process gateway and its fake upstream. An operator signs in, finds
 //! the operation `/drop` left `unknown`, settles it, and the client's retry
-//! through the proxy gets the replay; a second operator's late settle shows
-//! the 409; a route is paused and resumed; the main flow works by keyboard;
-//! at 360 px nothing overflows sideways.
+//! through the proxy gets the replay (a body typed on settling, as typed);
+//! a second operator's late settle shows the 409; a route is paused and
+//! resumed; the main flow works by keyboard; at 360 px nothing overflows
+//! sideways.
 //!
 //! chromium and chromium-driver are Debian packages that `.ci/run`
 //! installs; the tests are `#[ignore]`d, `.ci/run` runs them
@@ -253,7 +254,10 @@ async fn assert_no_overflow(client: &Client, width: u64, what: &str) {
 async fn an_operator_settles_a_lost_write_and_the_retry_gets_the_replay() {
     let driver = driver();
     let clock = idemgate_model::clock::ManualClock::new();
-    let (gw, url) = console_gateway_with(Setup::route("").clock(clock.clone())).await;
+    // A late window of a millisecond: the older write's next action is
+    // to check the destination, not to wait for its attempt to land.
+    let setup = Setup::route("late_window = \"1ms\"").clock(clock.clone());
+    let (gw, url) = console_gateway_with(setup).await;
     // Two lost writes (the older first) and one that completed.
     lose(&gw, "order-older").await;
     clock.advance(Duration::from_millis(20));
@@ -405,6 +409,73 @@ async fn an_operator_settles_a_lost_write_and_the_retry_gets_the_replay() {
     screenshot(&client, "conflict").await;
     let op = gw.operation("order-newer").await;
     assert_eq!(op["state"], "completed", "bob's settlement stands");
+
+    client.close().await.expect("close");
+}
+
+/// The body an operator types is replayed as typed: one that parses as
+/// JSON byte for byte, as `application/json` — a JSON string with its
+/// quotes, `null`, and an object whose keys are out of order and whose
+/// number no double holds, none of which the API would store as that text
+/// if sent as a JSON value — and one that does not as text, with no type.
+/// The confirmation says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_typed_body_is_replayed_as_typed_json_or_text() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    let json = Some("application/json");
+    let cases = [
+        ("body-string", r#""hello""#, json, "as JSON"),
+        ("body-null", "null", json, "as JSON"),
+        (
+            "body-object",
+            r#"{"b": 1, "a": 12345678901234567890}"#,
+            json,
+            "as JSON",
+        ),
+        ("body-text", "hello", None, "as text"),
+    ];
+    let mut ids = Vec::new();
+    for (key, ..) in cases {
+        ids.push(lose(&gw, key).await);
+    }
+    let writes_before = gw.upstream.writes();
+
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "4 held operations").await;
+    for ((key, typed, content_type, kind), id) in cases.into_iter().zip(&ids) {
+        client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+        wait_text(&client, "#operation-title", key).await;
+        type_into(&client, "#settle-operator", "ann").await;
+        type_into(&client, "#settle-status", "201").await;
+        type_into(&client, "#settle-body", typed).await;
+        click(&client, "#settle-form button[type=submit]").await;
+        let confirm = wait_text(&client, "#confirm-text", "next retry").await;
+        click(&client, "#confirm-ok").await;
+        wait_text(&client, "#settle-result", "Settled as completed").await;
+
+        let retry = write(gw.addr(), "/drop", Some(key), ORDER).await;
+        assert_eq!(retry.status, 201, "{key}");
+        assert_eq!(retry.header("idempotent-replayed"), Some("true"), "{key}");
+        assert_eq!(
+            String::from_utf8_lossy(&retry.body),
+            typed,
+            "{key}: the replay is the body typed"
+        );
+        assert_eq!(retry.header("content-type"), content_type, "{key}");
+        assert!(
+            confirm.contains("status 201") && confirm.contains(kind),
+            "{key}: {confirm}"
+        );
+    }
+    assert_eq!(
+        gw.upstream.writes(),
+        writes_before,
+        "the retries sent nothing"
+    );
 
     client.close().await.expect("close");
 }

@@ -495,16 +495,27 @@
         }
         const response = { status: code };
         if (text) {
-          try {
-            response.body = JSON.parse(text);
-          } catch (_) {
-            response.body = text;
-          }
+          // Sent as a string, the body is stored as typed, with no content
+          // type; JSON gets its type here. Sent as the parsed value it
+          // would not be the JSON typed: a string is stored without its
+          // quotes, null as no body, and the rest re-serialised (numbers
+          // made doubles here, keys sorted by the API).
+          response.body = text;
+          if (parsesAsJson(text)) response.headers = { "content-type": "application/json" };
         }
         body.response = response;
       }
     }
     return body;
+  }
+
+  function parsesAsJson(text) {
+    try {
+      JSON.parse(text);
+      return true;
+    } catch (_) {
+      return false;
+    }
   }
 
   // What the client's next retry gets once `body` is stored, in words.
@@ -516,7 +527,8 @@
     }
     if (body.response) {
       const kind = body.response.body === undefined ? "an empty body" :
-        typeof body.response.body === "string" ? "the body you typed, as text" : "the body you typed, as JSON";
+        body.response.headers ? "the body you typed, as JSON (content-type: application/json)"
+          : "the body you typed, as text, with no content type";
       return retry + " will get status " + body.response.status + " with " + kind +
         ", replayed (Idempotent-Replayed: true); nothing is sent upstream.";
     }
