@@ -306,7 +306,8 @@ pub struct KeysResolve {
     /// The stored response body, verbatim.
     #[arg(long, requires = "status", conflicts_with = "json_body")]
     pub(crate) body: Option<String>,
-    /// The stored response body as JSON (stored with content-type: application/json).
+    /// The stored response body as JSON, replayed exactly as typed (with
+    /// content-type: application/json unless a --header sets one).
     #[arg(long, value_name = "JSON", requires = "status")]
     pub(crate) json_body: Option<String>,
 }

@@ -217,17 +217,15 @@ pub fn resolution(resolve: &KeysResolve) -> Result<Value, KeysError> {
     match (&resolve.body, &resolve.json_body) {
         (Some(text), _) => response["body"] = json!(text),
         (None, Some(text)) => {
-            let value: Value = serde_json::from_str(text).map_err(KeysError::JsonBody)?;
-            if let Value::String(_) = value {
-                // The API stores a string body verbatim; a JSON string is
-                // meant as JSON, so send its text, typed as JSON.
-                if !headers.contains_key("content-type") {
-                    headers.insert("content-type".into(), json!("application/json"));
-                }
-                response["body"] = json!(value.to_string());
-            } else {
-                response["body"] = value;
+            // Checked to be JSON, then sent as the text it is: the API
+            // stores a string body verbatim, where a JSON value would be
+            // stored as serde_json writes it again (`null` as no body, an
+            // object's members sorted, a string unquoted).
+            serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(KeysError::JsonBody)?;
+            if !headers.contains_key("content-type") {
+                headers.insert("content-type".into(), json!("application/json"));
             }
+            response["body"] = json!(text);
         }
         (None, None) => {}
     }
@@ -652,19 +650,27 @@ mod tests {
             body["response"],
             json!({
                 "status": 201,
-                "headers": {"x-tag": ["a", "b"], "location": "/orders/1"},
-                "body": {"id": 1},
+                "headers": {
+                    "x-tag": ["a", "b"],
+                    "location": "/orders/1",
+                    "content-type": "application/json",
+                },
+                "body": r#"{"id":1}"#,
             })
         );
         r.json_body = None;
         r.body = Some("plain text".into());
         assert_eq!(resolution(&r).unwrap()["response"]["body"], "plain text");
-        // A JSON string is sent as JSON text, not stored unquoted.
+        // JSON is sent as the text typed, so stored as typed: a string
+        // keeps its quotes, `null` is four letters, members keep their
+        // order and a large number its digits.
         r.body = None;
-        r.json_body = Some(r#""ok""#.into());
-        let response = &resolution(&r).unwrap()["response"];
-        assert_eq!(response["body"], r#""ok""#);
-        assert_eq!(response["headers"]["content-type"], "application/json");
+        for typed in [r#""ok""#, "null", r#"{"b":1,"a":12345678901234567890}"#] {
+            r.json_body = Some(typed.into());
+            let response = &resolution(&r).unwrap()["response"];
+            assert_eq!(response["body"], typed);
+            assert_eq!(response["headers"]["content-type"], "application/json");
+        }
     }
 
     #[test]
