@@ -24,17 +24,19 @@ use idemgate_store::{Decision, ListFilter, Resolved, StoredEvent, Summary};
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 500;
 
-/// `GET /admin/keys?state=&route=&key=&limit=&cursor=`. A parameter
-/// given empty is not given, as a form sends the fields left blank: no
-/// route, key or state is empty, so `route=` filters nothing out rather
-/// than everything.
+/// `GET /admin/keys?state=&route=&key=&limit=&cursor=`. A filter or
+/// limit given empty is not given, as a form sends the fields left blank:
+/// no route, key or state is empty, so `route=` filters nothing out rather
+/// than everything. An empty `cursor` stays refused: a loop that sent the
+/// last page's `next_cursor` (null) as empty would start over for ever.
 pub async fn list(admin: &Admin, query: Option<&str>) -> Result<Response<ProxyBody>, AdminError> {
     let mut filter = ListFilter {
         limit: DEFAULT_LIMIT,
         ..ListFilter::default()
     };
     let given = form_pairs(query.unwrap_or(""))?;
-    for (name, value) in given.into_iter().filter(|(_, value)| !value.is_empty()) {
+    let blank = |(name, value): &(String, String)| value.is_empty() && name != "cursor";
+    for (name, value) in given.into_iter().filter(|pair| !blank(pair)) {
         match name.as_str() {
             "state" => {
                 filter.state = Some(State::parse(&value).map_err(|_| {
