@@ -93,6 +93,29 @@ async fn upstream_502_after_commit_is_passed_through_and_held() {
     lost_and_held_once("", "/commit-then/502", passed_through(502)).await;
 }
 
+/// A response head longer than the gateway takes (its field of 500 KB) is
+/// no answer, whichever connection brings it: on a fresh one hyper
+/// refuses it, and on a reused one whose buffer took it whole in one read
+/// the pool refuses it alike — held `unknown` (a 502) both times, never
+/// stored and replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_head_too_large_is_held_on_any_connection() {
+    let gw = spawn_gateway_with(Setup::route("").admin()).await;
+    let huge = "/big-head?bytes=500000";
+    // Whether hyper's buffer takes the head in one read is the host's
+    // timing: ten rounds, so that it happens.
+    for round in 0..10 {
+        // A small answer first leaves the connection idle in the pool.
+        let warm = write(gw.addr(), "/orders", Some(&format!("warm-{round}")), BODY).await;
+        assert_fresh_created(&warm);
+        let key = format!("head-{round}");
+        let lost = write(gw.addr(), huge, Some(&key), BODY).await;
+        lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+        assert_held_unknown(&write(gw.addr(), huge, Some(&key), BODY).await);
+    }
+    assert_eq!(gw.upstream.writes(), 20, "each sent once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_cut_short_is_502_and_held() {
     lost_and_held_once("", "/truncate", lost_with(502)).await;

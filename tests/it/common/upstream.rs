@@ -428,6 +428,14 @@ async fn handle(
             Ok(resp)
         }
         "/hold" => std::future::pending().await,
+        // A 201 whose head carries a field of `bytes` bytes.
+        "/big-head" => {
+            let n = query_number(&parts.uri, "bytes").unwrap_or(4096) as usize;
+            let mut response = json_response(StatusCode::CREATED, id, received);
+            let value = http::HeaderValue::from_str(&"h".repeat(n)).expect("a header value");
+            response.headers_mut().insert("x-big", value);
+            Ok(response)
+        }
         "/mcp-events" => Ok(event_stream(&received)),
         "/drop" | "/dedup-lost" | "/dedup-busy" => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Drop => Err("dropped after commit".into()),

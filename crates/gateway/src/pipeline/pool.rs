@@ -76,8 +76,11 @@ pub const MAX_IDLE: usize = 256;
 /// is made, at most: each hands its request back untaken.
 const STALE_TRIES: usize = 8;
 
-/// The largest HTTP/2 response head taken from an upstream: what hyper's
-/// HTTP/1.1 client reads at most (its read buffer).
+/// The largest response head taken from an upstream, either version: what
+/// hyper's HTTP/1.1 client reads at most (its read buffer). hyper refuses
+/// a longer head only when it comes in more than one read, so one that a
+/// reused connection's grown buffer took whole is refused here alike
+/// ([`SendError::HeadTooLarge`]).
 const MAX_RESPONSE_HEAD: u32 = 8192 + 4096 * 100;
 
 /// Why a request got no response head.
@@ -95,6 +98,10 @@ pub enum SendError {
     /// written.
     #[error(transparent)]
     Exchange(#[from] hyper::Error),
+    /// The response head is longer than [`MAX_RESPONSE_HEAD`]: the request
+    /// was written, and its answer is none the gateway takes.
+    #[error("the upstream's response head is {bytes} bytes, more than {MAX_RESPONSE_HEAD}")]
+    HeadTooLarge { bytes: usize },
 }
 
 /// The connections to one upstream origin.
@@ -257,6 +264,12 @@ impl Pool {
             .await;
             match sent {
                 Ok(response) => {
+                    let bytes = head_bytes(&response);
+                    if bytes > MAX_RESPONSE_HEAD as usize {
+                        // The connection goes with `conn`: the rest of this
+                        // answer is never read.
+                        return Err(SendError::HeadTooLarge { bytes });
+                    }
                     let pool = Arc::downgrade(self);
                     return Ok(response.map(|body| PooledBody {
                         body,
@@ -452,6 +465,17 @@ impl Pool {
         }
         drop(expired);
     }
+}
+
+/// About what an HTTP/1.1 response head takes on the wire: its status line
+/// and each field's `name: value` line.
+fn head_bytes<B>(response: &Response<B>) -> usize {
+    "HTTP/1.1 200 \r\n\r\n".len()
+        + response
+            .headers()
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + ": \r\n".len())
+            .sum::<usize>()
 }
 
 /// Whether an HTTP/2 exchange failed in a way that proves the upstream did
