@@ -146,6 +146,22 @@ async fn healthcheck_gives_up_on_a_silent_listener_within_its_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_never_prints_a_password_in_its_url() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = silent.local_addr().expect("addr");
+    let url = format!("http://ops:s3cretpw@{addr}");
+    let (ready, stdout, stderr) = healthcheck(&["--admin", &url, "--timeout", "200ms"]).await;
+    assert!(!ready);
+    assert!(
+        !stderr.contains("s3cretpw") && !stdout.contains("s3cretpw"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("ops:***@"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthcheck_reads_the_admin_listener_from_the_config_and_speaks_its_tls() {
     let upstream = FakeUpstream::start().await;
     let dir = tempfile::tempdir().expect("tempdir");

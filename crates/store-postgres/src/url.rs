@@ -105,12 +105,45 @@ fn session_attrs(value: &str) -> Result<(), String> {
     }
 }
 
-/// `url` with its password (if any) replaced by `***`, for messages and logs.
+/// The query parameters that carry a secret (libpq's, which sqlx reads).
+const SECRET_PARAMETERS: [&str; 2] = ["password", "sslpassword"];
+
+/// `url` with its passwords replaced by `***`, for messages and logs: the
+/// one in its userinfo and those given as query parameters
+/// (`?password=`, `?sslpassword=`).
 pub fn redact_url(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let mut redacted = redact_userinfo(base);
+    if let Some(query) = query {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _))
+                    if SECRET_PARAMETERS
+                        .iter()
+                        .any(|s| name.eq_ignore_ascii_case(s)) =>
+                {
+                    format!("{name}=***")
+                }
+                _ => pair.to_string(),
+            })
+            .collect();
+        redacted.push('?');
+        redacted.push_str(&pairs.join("&"));
+    }
+    redacted
+}
+
+/// `url` (without its query) with the password of its userinfo, if any,
+/// replaced by `***`.
+fn redact_userinfo(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority_end = rest.find('/').unwrap_or(rest.len());
     match rest[..authority_end].rfind('@') {
         Some(at) => match rest[..at].split_once(':') {
             Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),

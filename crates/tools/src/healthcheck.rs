@@ -18,7 +18,7 @@ use http::{Request, StatusCode};
 use http_body_util::Empty;
 
 use crate::cli::Healthcheck;
-use idemgate::config::{ClientTls, Config, ConfigError};
+use idemgate::config::{ClientTls, Config, ConfigError, redact_url};
 use idemgate::http_client::{self, ExchangeError};
 use idemgate::tls::TlsError;
 
@@ -49,6 +49,8 @@ pub enum NotReady {
 /// Asks the gateway `check` names; `Ok` with its answer when it is ready.
 pub async fn run(check: &Healthcheck) -> Result<String, NotReady> {
     let url = readyz_url(check)?;
+    // What messages name: never a password in the URL's userinfo.
+    let shown = redact_url(&url);
     let tls = ClientTls {
         ca: check.ca.clone(),
         identity: None,
@@ -58,25 +60,25 @@ pub async fn run(check: &Healthcheck) -> Result<String, NotReady> {
     let request = Request::get(&url)
         .body(Empty::new())
         .map_err(|error| NotReady::Url {
-            url: url.clone(),
+            url: shown.clone(),
             reason: error.to_string(),
         })?;
     let (status, body) = http_client::exchange(&client, request, MAX_ANSWER, check.timeout)
         .await
         .map_err(|error| match error {
             ExchangeError::Failed(reason) => NotReady::Unreachable {
-                url: url.clone(),
+                url: shown.clone(),
                 reason,
             },
             ExchangeError::Timeout => NotReady::Timeout {
-                url: url.clone(),
+                url: shown.clone(),
                 within: check.timeout,
             },
         })?;
     let answer = String::from_utf8_lossy(&body).into_owned();
     if status != StatusCode::OK {
         return Err(NotReady::Status {
-            url,
+            url: shown,
             status,
             answer,
         });

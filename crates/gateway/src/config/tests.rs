@@ -519,6 +519,15 @@ fn postgres_stores_take_a_lease_and_hide_passwords() {
     );
     assert_eq!(default.unwrap().store.lease, Duration::from_secs(10));
     assert_eq!(redact_url("postgres://gw@db/x"), "postgres://gw@db/x");
+    // libpq's query parameters carry passwords too.
+    assert_eq!(
+        redact_url("postgres://gw@db/x?sslmode=require&password=s3cret&PassWord=b&sslpassword=k"),
+        "postgres://gw@db/x?sslmode=require&password=***&PassWord=***&sslpassword=***"
+    );
+    assert_eq!(
+        redact_url("postgres://gw:p@db/x?password=s3cret"),
+        "postgres://gw:***@db/x?password=***"
+    );
     let short = format!("[store]\nurl = \"postgres://db/x\"\nlease = \"500ms\"\n{MINIMAL}");
     assert!(error_of(&short).contains("at least 1s"));
     let sqlite = format!("[store]\nlease = \"10s\"\n{MINIMAL}");
@@ -605,6 +614,19 @@ fn a_ucp_route_protects_updates_and_compares_bodies_as_sent() {
         "[store]\nretention = \"23h\"\n{MINIMAL}profile = \"ucp\"\n"
     ));
     assert!(error.contains("`ucp`") && error.contains("24h"), "{error}");
+}
+
+#[test]
+fn no_route_takes_a_body_larger_than_the_bodies_budget() {
+    let error = error_of(&format!(
+        "[server]\nbuffered_body_budget = \"1KiB\"\n{MINIMAL}"
+    ));
+    assert!(
+        error.contains("routes[0].max_body") && error.contains("buffered_body_budget"),
+        "{error}"
+    );
+    let fits = format!("[server]\nbuffered_body_budget = \"1KiB\"\n{MINIMAL}max_body = \"1KiB\"\n");
+    assert!(Config::from_toml_str(&fits, "t").is_ok());
 }
 
 #[test]

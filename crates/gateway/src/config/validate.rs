@@ -317,6 +317,15 @@ impl Validator<'_> {
                     format!("path_prefix `{}` is used twice", route.path_prefix),
                 ));
             }
+            if route.max_body > server.buffered_body_budget {
+                return Err(self.invalid(
+                    format!("routes[{i}].max_body"),
+                    format!(
+                        "is {} bytes, more than server.buffered_body_budget ({} bytes), which every body being read must fit in: a write that large would be told to retry shortly, for ever",
+                        route.max_body, server.buffered_body_budget
+                    ),
+                ));
+            }
             let reads_first_sent = route.profile.wire().first_sent.is_some();
             if reads_first_sent && route.first_sent_skew >= store.retention {
                 return Err(self.invalid(
