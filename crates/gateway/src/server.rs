@@ -360,6 +360,7 @@ impl Gateway {
             metrics.clone(),
             stop_accepting.clone(),
         ));
+        let alerting = !config.alerts.is_empty();
         let alerts = tokio::spawn(
             Arc::new(Deliverer {
                 store: store.clone(),
@@ -417,9 +418,13 @@ impl Gateway {
                 let alerts_abort = alerts.abort_handle();
                 if timeout_at(deadline, alerts).await.is_err() {
                     alerts_abort.abort();
-                    tracing::warn!(
-                        "alerts still being delivered at the end of the grace period: they are sent after the next start"
-                    );
+                    // Without endpoints there is nothing to deliver (the
+                    // task only ages operations): nothing to warn of.
+                    if alerting {
+                        tracing::warn!(
+                            "alerts still being delivered at the end of the grace period: they are sent after the next start"
+                        );
+                    }
                 }
                 give_up.cancel();
                 if let Some(traces) = &traces {

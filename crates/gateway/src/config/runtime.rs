@@ -329,7 +329,9 @@ impl Upstream {
         }
         let authority = uri.authority().cloned().ok_or("the URL has no host")?;
         if authority.as_str().contains('@') {
-            return Err("credentials in the upstream URL are not allowed".into());
+            return Err(
+                "credentials in the URL are not allowed: its host is logged and shown".into(),
+            );
         }
         let origin = Uri::builder()
             .scheme(scheme.clone())
