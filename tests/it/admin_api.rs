@@ -691,16 +691,17 @@ async fn not_attempted_waits_until_the_attempt_can_no_longer_land() {
         .await;
 }
 
-/// The list's filters left empty, as a form sends its blank fields and
-/// operating.md spells the call, are not given: `route=` and `key=`
-/// filter nothing out (they emptied the page), `limit=` is the default.
-/// (An empty `cursor` stays refused: `a_cursor_the_api_never_gave_is_refused`.)
+/// A route or key left empty, as a form sends its blank fields and
+/// operating.md spells the call, is not given: `route=` and `key=` filter
+/// nothing out (they emptied the page). (An empty `cursor` stays refused:
+/// `a_cursor_the_api_never_gave_is_refused`; `state` and `limit` by their
+/// types.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_list_parameters_are_not_given() {
     let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
     let id = unknown_operation(&gw, &admin, "blank-1").await;
     let page = admin
-        .get_json("/admin/keys?state=unknown&route=&key=&limit=")
+        .get_json("/admin/keys?state=unknown&route=&key=")
         .await;
     let ids: Vec<&str> = page["items"]
         .as_array()

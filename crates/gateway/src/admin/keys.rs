@@ -24,10 +24,11 @@ use idemgate_store::{Decision, ListFilter, Resolved, StoredEvent, Summary};
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 500;
 
-/// `GET /admin/keys?state=&route=&key=&limit=&cursor=`. A filter or
-/// limit given empty is not given, as a form sends the fields left blank:
-/// no route, key or state is empty, so `route=` filters nothing out rather
-/// than everything. An empty `cursor` stays refused: a loop that sent the
+/// `GET /admin/keys?state=&route=&key=&limit=&cursor=`. A `route` or
+/// `key` given empty is not given, as a form sends the fields left blank:
+/// no route or key is empty, so `route=` filters nothing out rather than
+/// everything. The others are refused empty, as the OpenAPI document's
+/// types say: an empty `cursor` most of all, since a loop that sent the
 /// last page's `next_cursor` (null) as empty would start over for ever.
 pub async fn list(admin: &Admin, query: Option<&str>) -> Result<Response<ProxyBody>, AdminError> {
     let mut filter = ListFilter {
@@ -35,7 +36,9 @@ pub async fn list(admin: &Admin, query: Option<&str>) -> Result<Response<ProxyBo
         ..ListFilter::default()
     };
     let given = form_pairs(query.unwrap_or(""))?;
-    let blank = |(name, value): &(String, String)| value.is_empty() && name != "cursor";
+    let blank = |(name, value): &(String, String)| {
+        value.is_empty() && matches!(name.as_str(), "route" | "key")
+    };
     for (name, value) in given.into_iter().filter(|pair| !blank(pair)) {
         match name.as_str() {
             "state" => {
