@@ -166,8 +166,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             init_quiet_logging();
             let report = idemgate_tools::bench::run(&bench, std::io::stdout()).await?;
             std::io::stdout().flush()?;
-            // The own gateway is shut down by now; exit 1 is the verdict.
-            if report.exactly_once == Some(false) {
+            // The own gateway is shut down by now; exit 1 is the verdict,
+            // or a run in which nothing answered.
+            if report.exactly_once == Some(false) || !report.answered() {
                 std::process::exit(1);
             }
             Ok(())

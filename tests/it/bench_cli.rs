@@ -140,6 +140,13 @@ async fn a_target_gateway_is_checked_through_the_mocks_counter() {
     assert_eq!(code, 0, "{report}");
     assert!(report["exactly_once"].is_null(), "{report}");
     assert!(report["upstream_writes"].is_null(), "{report}");
+
+    // A target that never answers measured nothing: exit 1.
+    let port = closed_port().await;
+    let closed = format!("http://{port}/orders");
+    let (code, report) = bench(&[&SMALL[..], &["--target", &closed]].concat()).await;
+    assert_eq!(code, 1, "{report}");
+    assert_eq!(count(&report, "transport error"), 60, "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -185,7 +185,7 @@ impl Worker {
             let outcome =
                 tokio::time::timeout(REQUEST_WAIT, send(&self.client, target, self.plan.shot(j)))
                     .await
-                    .unwrap_or_else(|_| Outcome::failed("timeout"));
+                    .unwrap_or_else(|_| Outcome::failed(TIMEOUT));
             let micros = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
             self.latency
                 .saturating_record(micros.clamp(1, LATENCY_MAX_US));
@@ -211,6 +211,12 @@ struct Outcome {
     success: bool,
 }
 
+/// The outcome of a request that got no HTTP answer: no connection, or a
+/// broken one.
+pub(crate) const TRANSPORT_ERROR: &str = "transport error";
+/// The outcome of a request that got no answer in time.
+pub(crate) const TIMEOUT: &str = "timeout";
+
 impl Outcome {
     fn failed(name: &str) -> Outcome {
         Outcome {
@@ -233,7 +239,7 @@ async fn send(client: &HttpClient, target: &Target, shot: Shot) -> Outcome {
     };
     match client.request(request).await {
         Ok(response) => outcome(response).await,
-        Err(_) => Outcome::failed("transport error"),
+        Err(_) => Outcome::failed(TRANSPORT_ERROR),
     }
 }
 
@@ -259,7 +265,7 @@ async fn outcome(response: Response<Incoming>) -> Outcome {
             .collect()
             .await
         else {
-            return Outcome::failed("transport error");
+            return Outcome::failed(TRANSPORT_ERROR);
         };
         let value = serde_json::from_slice::<serde_json::Value>(&body.to_bytes()).ok();
         let name = value.as_ref().and_then(|v| {
@@ -275,7 +281,7 @@ async fn outcome(response: Response<Incoming>) -> Outcome {
         let mut body = response.into_body();
         while let Some(frame) = body.frame().await {
             if frame.is_err() {
-                return Outcome::failed("transport error");
+                return Outcome::failed(TRANSPORT_ERROR);
             }
         }
         match (status.is_success(), replayed) {

@@ -120,6 +120,15 @@ impl Compared {
 }
 
 impl Report {
+    /// Whether any request got an HTTP answer: a run whose every request
+    /// failed to connect or timed out measured nothing (exit 1).
+    pub fn answered(&self) -> bool {
+        self.figures
+            .outcomes
+            .keys()
+            .any(|name| name != super::load::TRANSPORT_ERROR && name != super::load::TIMEOUT)
+    }
+
     pub(crate) fn write_json(&self, mut out: impl Write) -> std::io::Result<()> {
         serde_json::to_writer(&mut out, self)?;
         writeln!(out)
