@@ -97,6 +97,14 @@ async fn rules_and_dashboard_query_only_exported_metrics() {
     assert_eq!(paused.status, StatusCode::OK, "{:?}", paused.body);
     let scraped = admin_call(gw.admin_addr(), "GET", "/metrics", None, "").await;
     assert_eq!(scraped.status, StatusCode::OK);
+    // The body is OpenMetrics (`# EOF`, a counter's family typed without
+    // its `_total`), and says so: read as the Prometheus text format its
+    // counters would be untyped.
+    assert_eq!(
+        scraped.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    assert!(String::from_utf8_lossy(&scraped.body).ends_with("# EOF\n"));
     let exported = exported_series(&String::from_utf8_lossy(&scraped.body));
     assert!(exported.contains("idemgate_route_paused"), "{exported:?}");
     assert!(

@@ -322,7 +322,12 @@ async fn route(
             let mut response = Response::new(full(text));
             response.headers_mut().insert(
                 CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                // What prometheus-client writes (`# EOF`, counters typed
+                // by their family name): labelled as the Prometheus text
+                // format, its counters were read untyped.
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
             );
             Ok(response)
         }
