@@ -1476,7 +1476,7 @@ async fn metrics_count_forwarded_and_replayed_writes() {
         assert_eq!(resp.status, 200);
         assert!(
             resp.header("content-type")
-                .is_some_and(|c| c.starts_with("text/plain")),
+                .is_some_and(|c| c.starts_with("application/openmetrics-text")),
             "{:?}",
             resp.header("content-type")
         );

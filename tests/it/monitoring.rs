@@ -84,6 +84,31 @@ fn the_alerting_rules_pass_promtool() {
     }
 }
 
+/// A lost attempt counts as `unknown` once; its retries, answered 409
+/// from the store with nothing sent, count as `conflict` — not as more
+/// upstream failures, which `IdemgateUpstreamErrors` would take for an
+/// upstream failing every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_retries_are_no_upstream_failures() {
+    let gw = spawn_gateway_with(Setup::route("").admin()).await;
+    write(gw.addr(), "/drop", Some("held-1"), "{}")
+        .await
+        .assert_operation_problem(502, "outcome-unknown", "unknown");
+    for _ in 0..3 {
+        assert_held_unknown(&write(gw.addr(), "/drop", Some("held-1"), "{}").await);
+    }
+    let metrics = scrape_metrics(gw.admin_addr()).await;
+    let count = |outcome: &str| {
+        metric(
+            &metrics,
+            &format!(r#"idemgate_requests_total{{route="api",outcome="{outcome}"}}"#),
+        )
+    };
+    assert_eq!(count("unknown"), Some(1.0), "{metrics}");
+    assert_eq!(count("conflict"), Some(3.0), "{metrics}");
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_and_dashboard_query_only_exported_metrics() {
     // A gateway that has written, held an operation and paused a route,

@@ -33,8 +33,10 @@
 use crate::common::*;
 use serde_json::{Value, json};
 
-/// Requests the gateway held as `unknown` (the lost attempt included).
-const HELD: &str = r#"idemgate_requests_total{route="api",outcome="unknown"}"#;
+/// Requests whose attempt was sent and lost (`unknown`).
+const LOST: &str = r#"idemgate_requests_total{route="api",outcome="unknown"}"#;
+/// Requests answered from a held operation (its retries: `conflict`).
+const HELD: &str = r#"idemgate_requests_total{route="api",outcome="conflict"}"#;
 
 /// The path every SDK here creates a customer on.
 const CUSTOMERS: &str = "/v1/customers";
@@ -60,8 +62,9 @@ async fn create_customer(
 }
 
 /// After a lost response: exactly one write reached the upstream, its
-/// operation is `unknown` after one attempt, and the gateway held
-/// `requests` requests for it (the client's first try and its retries).
+/// operation is `unknown` after one attempt, and the gateway answered
+/// `requests` requests for it (the client's first try, lost, and its
+/// retries, held).
 async fn assert_one_write_held(gw: &TestGateway, requests: f64) {
     assert_eq!(gw.upstream.writes(), 1, "exactly one write upstream");
     let sent = gw.upstream.write_requests();
@@ -73,7 +76,8 @@ async fn assert_one_write_held(gw: &TestGateway, requests: f64) {
     assert_eq!(operation["state"], "unknown", "{operation}");
     assert_eq!(operation["attempts"], 1, "{operation}");
     let metrics = scrape_metrics(gw.admin_addr()).await;
-    assert_eq!(metric(&metrics, HELD), Some(requests), "{metrics}");
+    assert_eq!(metric(&metrics, LOST), Some(1.0), "{metrics}");
+    assert_eq!(metric(&metrics, HELD), Some(requests - 1.0), "{metrics}");
 }
 
 /// What a Stripe SDK must end with when its customer's outcome is unknown:
@@ -205,7 +209,8 @@ async fn azure_sms_with_its_retry_policy_sends_one_message_when_the_response_is_
     );
     assert_eq!(gw.upstream.writes(), 1, "one message sent");
     let metrics = scrape_metrics(gw.admin_addr()).await;
-    assert_eq!(metric(&metrics, HELD), Some(2.0), "{metrics}");
+    assert_eq!(metric(&metrics, LOST), Some(1.0), "{metrics}");
+    assert_eq!(metric(&metrics, HELD), Some(1.0), "{metrics}");
 }
 
 // ---------------------------------------------- an ACP §6 client, `acp` route

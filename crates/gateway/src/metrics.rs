@@ -75,13 +75,15 @@ pub enum Outcome {
     forwarded,
     /// Answered from the store.
     replayed,
-    /// Another request with the key is in flight, or it cannot be replayed.
+    /// Another request with the key is in flight or held `unknown`, or it
+    /// cannot be replayed: answered from what exists, nothing sent.
     conflict,
     /// The key was used for a different request.
     mismatch,
-    /// Refused before anything was sent (bad input, paused, store down).
+    /// Refused before anything was sent (bad input, paused, store down,
+    /// a replica's lease lost).
     rejected,
-    /// Sent, outcome unknown (or held as unknown).
+    /// This attempt was sent, and its outcome is unknown.
     unknown,
     /// Nothing reached the upstream, or it released the key (429/503).
     released,

@@ -247,20 +247,28 @@ impl ProxyError {
         use ProxyError::*;
         match self {
             KeyReused { .. } => Outcome::mismatch,
-            InProgress { .. } | ResponseNotStored { .. } | PossibleDuplicate { .. } => {
-                Outcome::conflict
-            }
+            // A retry of a held operation is told what the store holds:
+            // nothing went upstream, so it is no upstream failure (the
+            // attempt that lost its answer counted as `unknown`).
+            InProgress { .. }
+            | ResponseNotStored { .. }
+            | PossibleDuplicate { .. }
+            | OutcomeUnknown {
+                since: UnknownSince::Earlier,
+                ..
+            } => Outcome::conflict,
             OutcomeUnknown { .. } | StoreUnavailableAfterSend { .. } => Outcome::unknown,
             UpstreamUnreachable {
                 operation: Some(_), ..
-            }
-            | LeaseLost { .. } => Outcome::released,
+            } => Outcome::released,
             UpstreamUnreachable {
                 operation: None, ..
             }
             | UpstreamTimeout
             | UpstreamFailed { .. } => Outcome::proxied,
-            NoRoute { .. }
+            // Nothing was sent: the replica could not prove its lease.
+            LeaseLost { .. }
+            | NoRoute { .. }
             | InvalidPath(_)
             | InvalidHost(_)
             | InvalidHeader(_)

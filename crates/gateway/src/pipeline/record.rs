@@ -494,7 +494,7 @@ mod tests {
     /// client hears; a "sent" event exactly when a byte may have left.
     #[test]
     fn each_exchange_settles_as_its_rule_says() {
-        use Outcome::{forwarded, released, unknown};
+        use Outcome::{forwarded, rejected, released, unknown};
         use State::{Completed, NotAttempted, Unknown};
         let lost = |cause| Exchange::Lost {
             cause,
@@ -527,7 +527,7 @@ mod tests {
                 "lease-lost",
                 &["lease-lost"],
                 503,
-                released,
+                rejected,
             ),
             (
                 lost(LostCause::Timeout),
