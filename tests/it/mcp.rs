@@ -46,6 +46,12 @@
 //!   past a double's range, a byte order mark) is refused as a parse
 //!   error, and nothing is sent.
 //!
+//! And with its `/drop` (a write whose answer is lost) and `/scripted`
+//! (one held until the test lets it go):
+//! - a keyless retry of a keyed call held or running is
+//!   `possible-duplicate`, not made; a keyed retry of a keyless call is
+//!   told to call again with no key.
+//!
 //! Those with the SDKs need `tests/clients/mcp` installed (`.ci/run`
 //! does) and are `#[ignore]`d for a plain `cargo test`; the header check
 //! and those with the fake upstream need none.
@@ -1007,4 +1013,150 @@ async fn a_rotated_key_is_a_possible_duplicate_while_the_first_is_unresolved() {
         );
     }
     assert_eq!(server.executions("die_after_effect", "rotated-died"), 1);
+}
+
+/// A 2025-11-25 `tools/call` through `gw` at `path` with `params` (the
+/// tool's `name`, its `arguments`, a `_meta`), JSON-RPC id `id`, and
+/// `extra` headers.
+async fn call_at(
+    gw: &TestGateway,
+    path: &str,
+    id: u64,
+    params: &Value,
+    extra: &[(&str, &str)],
+) -> Response {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("accept", BOTH),
+        ("authorization", ALICE),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    headers.extend_from_slice(extra);
+    send(gw.addr(), "POST", path, &headers, body.to_string()).await
+}
+
+/// The gateway's own `_meta` entry `name` (`problem`, `state`,
+/// `operation-id`) in a tool result answered as JSON.
+fn own_meta(answer: &Response, name: &str) -> Value {
+    answer.json()["result"]["_meta"][format!("dev.idemgate/{name}")].clone()
+}
+
+fn result_text(answer: &Response) -> String {
+    let result = answer.json();
+    result["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_retry_of_a_held_keyed_call_is_not_made() {
+    let route = "profile = \"mcp\"\n[routes.mcp]\nkey_argument = \"request_id\"";
+    let gw = spawn_gateway_at("/drop", route).await;
+    let keyless = |title: &str| json!({"name": "create_task", "arguments": {"title": title}});
+    // Each way a call sends its key; its answer lost, so it is held. A
+    // model that drops the key on its retry makes the same call keyless.
+    let keyed = [
+        (
+            json!({"name": "create_task", "arguments": {"title": "by-argument", "request_id": "r-1"}}),
+            None,
+        ),
+        (
+            json!({"name": "create_task", "arguments": {"title": "by-meta"},
+                   "_meta": {"dev.idemgate/idempotency-key": "m-1"}}),
+            None,
+        ),
+        (
+            json!({"name": "create_task", "arguments": {"title": "by-header"}}),
+            Some(("idempotency-key", "h-1")),
+        ),
+    ];
+    for (round, (params, header)) in keyed.iter().enumerate() {
+        let extra: Vec<(&str, &str)> = header.iter().copied().collect();
+        let lost = call_at(&gw, "/drop", 1, params, &extra).await;
+        assert_eq!(
+            own_meta(&lost, "problem"),
+            "outcome-unknown",
+            "{:?}",
+            lost.json()
+        );
+        let title = params["arguments"]["title"].as_str().unwrap();
+        for id in [2, 3] {
+            let again = call_at(&gw, "/drop", id, &keyless(title), &[]).await;
+            assert_eq!(
+                own_meta(&again, "problem"),
+                "possible-duplicate",
+                "{title}: {:?}",
+                again.json()
+            );
+            assert_eq!(own_meta(&again, "state"), "unknown");
+            assert_eq!(
+                own_meta(&again, "operation-id"),
+                own_meta(&lost, "operation-id")
+            );
+            let text = result_text(&again);
+            assert!(text.contains("call it with that first key"), "{text}");
+        }
+        assert_eq!(
+            gw.upstream.writes(),
+            round + 1,
+            "{title}: nothing sent again"
+        );
+    }
+    // Keyless first, then under a key: the retry is told to send no key,
+    // which finds the first (derived from the same tool and arguments).
+    let lost = call_at(&gw, "/drop", 4, &keyless("keyless-first"), &[]).await;
+    assert_eq!(own_meta(&lost, "problem"), "outcome-unknown");
+    let mut rotated = keyless("keyless-first");
+    rotated["_meta"] = json!({"dev.idemgate/idempotency-key": "m-2"});
+    let refused = call_at(&gw, "/drop", 5, &rotated, &[]).await;
+    assert_eq!(own_meta(&refused, "problem"), "possible-duplicate");
+    let text = result_text(&refused);
+    assert!(
+        text.contains("without an idempotency key") && text.contains("no idempotency key"),
+        "{text}"
+    );
+    assert!(!text.contains("that first key"), "{text}");
+    let held = call_at(&gw, "/drop", 6, &keyless("keyless-first"), &[]).await;
+    assert_eq!(
+        own_meta(&held, "problem"),
+        "outcome-unknown",
+        "its own operation answers"
+    );
+    assert_eq!(gw.upstream.writes(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_retry_of_a_keyed_call_still_running_is_not_made() {
+    let gw = spawn_gateway_at("/scripted", "profile = \"mcp\"").await;
+    gw.upstream.script(Scripted::Hold);
+    let args = json!({"name": "create_task", "arguments": {"title": "running"}});
+    let mut keyed = args.clone();
+    keyed["_meta"] = json!({"dev.idemgate/idempotency-key": "k-1"});
+    let first = {
+        let (addr, keyed) = (gw.addr(), keyed.to_string());
+        tokio::spawn(async move {
+            let body =
+                format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{keyed}}}"#);
+            let headers = [
+                ("content-type", "application/json"),
+                ("accept", BOTH),
+                ("authorization", ALICE),
+            ];
+            send(addr, "POST", "/scripted", &headers, body).await
+        })
+    };
+    gw.upstream.wait_for_writes(1).await;
+    let again = call_at(&gw, "/scripted", 2, &args, &[]).await;
+    assert_eq!(
+        own_meta(&again, "problem"),
+        "possible-duplicate",
+        "{:?}",
+        again.json()
+    );
+    assert_eq!(own_meta(&again, "state"), "in_progress");
+    assert_eq!(gw.upstream.writes(), 1);
+    gw.upstream.release_one();
+    first.await.expect("the first call");
 }

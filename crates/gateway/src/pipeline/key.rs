@@ -37,6 +37,9 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// The longest key, in characters (bytes: a key is ASCII).
 pub const MAX_KEY_CHARS: usize = 255;
 
+/// What every key the gateway derives starts with.
+const DERIVED: &str = "derived-";
+
 /// A validated idempotency key, held bare (unquoted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyKey(String);
@@ -178,7 +181,19 @@ impl IdempotencyKey {
     }
 
     fn derived(hasher: Sha256) -> Self {
-        IdempotencyKey(format!("derived-{}", digest_hex(hasher)))
+        IdempotencyKey(format!("{DERIVED}{}", digest_hex(hasher)))
+    }
+
+    /// Whether `stored`, an operation's key as a route of `profile` keeps
+    /// it (under `mcp`, `<tool>/<key>`), is one the gateway derived for a
+    /// request that sent none. A client may send a key spelled so too: this
+    /// words an answer, it decides nothing.
+    pub(crate) fn names_a_derived_key(stored: &str, profile: Profile) -> bool {
+        let own = match profile {
+            Profile::Mcp => stored.split_once('/').map_or(stored, |(_, key)| key),
+            _ => stored,
+        };
+        own.starts_with(DERIVED)
     }
 
     /// Validates an unquoted key. One that starts with `"` (sent as the
