@@ -39,7 +39,10 @@
 //! - a relayed event whose data spans several lines reaches the client
 //!   whole, each line on a `data:` line of its own;
 //! - a response whose id is the call's number written otherwise (`7` for
-//!   `7.0`) answers the call.
+//!   `7.0`) answers the call;
+//! - a `_meta` key that is an integer is its decimal text (two calls told
+//!   apart by 1001 and 1002 are two); any other value but a string is
+//!   refused as an invalid key, nothing sent.
 //!
 //! And with the fake upstream's default path:
 //! - a body the gateway cannot read as JSON (a lone surrogate, a number
@@ -1159,4 +1162,57 @@ async fn a_keyless_retry_of_a_keyed_call_still_running_is_not_made() {
     assert_eq!(gw.upstream.writes(), 1);
     gw.upstream.release_one();
     first.await.expect("the first call");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_meta_key_is_a_string_or_an_integer_and_nothing_else() {
+    let setup = Setup::route("profile = \"mcp\"").at("/mcp-events");
+    let gw = spawn_gateway_with(setup.admin()).await;
+    let response = r#"data: {"jsonrpc":"2.0","id":{id},"result":{"content":[]}}"#;
+    let arguments = json!({"title": "pay bob 10", "events": [format!("{response}\n\n")]});
+    let keyed = |key: Value| {
+        json!({"name": "create_task", "arguments": arguments,
+               "_meta": {"dev.idemgate/idempotency-key": key}})
+    };
+    // Two actions told apart by their numeric keys alone: two calls.
+    for (id, key) in [(1, json!(1001)), (2, json!(1002))] {
+        let answer = call_at(&gw, "/mcp-events", id, &keyed(key), &[]).await;
+        assert_eq!(
+            answer.json()["result"]["content"],
+            json!([]),
+            "{:?}",
+            answer.json()
+        );
+        assert!(!answer.is_replay(), "{:?}", answer.json());
+    }
+    assert_eq!(gw.upstream.writes(), 2);
+    // An integer is its decimal text: the key "1001" is the same call.
+    let again = call_at(&gw, "/mcp-events", 3, &keyed(json!("1001")), &[]).await;
+    assert!(again.is_replay(), "{:?}", again.json());
+    let operation = gw.operation("create_task/1001").await;
+    assert_eq!(operation["state"], "completed");
+    // Anything else is no key the gateway can read: refused, not sent
+    // as a keyless call.
+    for (id, key) in [
+        json!(1001.5),
+        json!(true),
+        json!(null),
+        json!({"k": 1}),
+        json!([1]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let refused = call_at(&gw, "/mcp-events", 10 + id as u64, &keyed(key.clone()), &[]).await;
+        assert_eq!(refused.status, 200, "{key}");
+        assert_eq!(
+            own_meta(&refused, "problem"),
+            "invalid-key",
+            "{key}: {:?}",
+            refused.json()
+        );
+        let text = result_text(&refused);
+        assert!(text.contains("must be a string or an integer"), "{text}");
+    }
+    assert_eq!(gw.upstream.writes(), 2);
 }

@@ -60,6 +60,11 @@ pub enum KeyError {
     BadQuoting,
     LeadingQuote,
     NotString,
+    /// A key sent in a JSON value (an MCP call's `_meta`) that is neither
+    /// a string nor an integer: no text the gateway could read as the key.
+    NotTextNorInteger {
+        at: &'static str,
+    },
     Disagree {
         headers: String,
     },
@@ -104,6 +109,9 @@ impl KeyError {
             ),
             NotString => {
                 format!("the {key} must be an sf-string (\"…\"), as the IETF draft's §2.1 says")
+            }
+            NotTextNorInteger { at } => {
+                format!("the {key} in {at} must be a string or an integer")
             }
             Disagree { headers } => {
                 format!("the request's key headers ({headers}) name different keys; send one")
