@@ -1216,3 +1216,59 @@ async fn a_meta_key_is_a_string_or_an_integer_and_nothing_else() {
     }
     assert_eq!(gw.upstream.writes(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_and_a_listing_are_asked_for_in_no_content_coding() {
+    let gw = events_gateway().await;
+    // As the Python SDK's client (httpx) sends every request; the fake
+    // server then gzips its answer, as one behind a compressing
+    // middleware does.
+    let gzip = [("accept-encoding", "gzip, deflate")];
+    let response = r#"data: {"jsonrpc":"2.0","id":{id},"result":{"content":[]}}"#;
+    let events = json!([format!("{response}\n\n")]);
+    let call = json!({"name": "create_task", "arguments": {"title": "gz", "events": events}});
+    let first = call_at(&gw, "/mcp-events", 1, &call, &gzip).await;
+    assert_eq!(
+        first.json()["result"]["content"],
+        json!([]),
+        "{:?}",
+        first.json()
+    );
+    assert!(!first.is_replay());
+    let again = call_at(&gw, "/mcp-events", 2, &call, &gzip).await;
+    assert!(again.is_replay(), "{:?}", again.json());
+    assert_eq!(gw.upstream.writes(), 1);
+    let sent = gw.upstream.requests();
+    assert_eq!(sent[0].header("accept-encoding"), Some("identity"));
+    // A listing is read for its tools' annotations: in no coding either.
+    let listing = r#"data: {"jsonrpc":"2.0","id":{id},"result":{"tools":[{"name":"lookup","annotations":{"readOnlyHint":true}}]}}"#;
+    let list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list",
+                      "params": {"arguments": {"events": [format!("{listing}\n\n")]}}});
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", BOTH),
+        ("authorization", ALICE),
+        ("accept-encoding", "gzip, deflate"),
+    ];
+    let listed = send(gw.addr(), "POST", "/mcp-events", &headers, list.to_string()).await;
+    assert_eq!(listed.status, 200);
+    assert_eq!(listed.header("content-encoding"), None);
+    assert!(String::from_utf8_lossy(&listed.body).contains("readOnlyHint"));
+    // Learned: the read-only tool runs every time, passed through as it
+    // came, the client's codings too.
+    let lookup = json!({"name": "lookup", "arguments": {"title": "gz", "events": events}});
+    for id in [4, 5] {
+        let answer = call_at(&gw, "/mcp-events", id, &lookup, &gzip).await;
+        assert_eq!(answer.status, 200);
+        assert!(!answer.is_replay());
+        assert_eq!(answer.header("content-encoding"), Some("gzip"));
+    }
+    assert_eq!(
+        gw.upstream.writes(),
+        4,
+        "the call, the listing, two lookups"
+    );
+    let sent = gw.upstream.requests();
+    assert_eq!(sent[1].header("accept-encoding"), Some("identity"));
+    assert_eq!(sent[3].header("accept-encoding"), Some("gzip, deflate"));
+}

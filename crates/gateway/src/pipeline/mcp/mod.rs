@@ -83,6 +83,11 @@ impl Proxy {
             }
             call::Classified::PassThrough { listing } => {
                 drop(reservation);
+                let mut parts = parts;
+                if listing {
+                    // Read for its tools' annotations on the way back.
+                    forward::ask_for_identity(&mut parts.headers);
+                }
                 let request = Request::from_parts(parts, crate::body::full(body));
                 let pass = forward::pass_through(&active.client, route, request, &peer);
                 match Box::pin(pass).await {
@@ -189,7 +194,7 @@ impl Proxy {
     async fn mcp_write(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
-        parts: request::Parts,
+        mut parts: request::Parts,
         body: (Bytes, Reservation),
         peer: Peer,
         call: &call::Call,
@@ -203,6 +208,8 @@ impl Proxy {
         let exact = ExactDigest::of(&identified.fingerprint);
         let now = self.shared.clock.now_millis();
         let write = self.identify(route, named, scope, (identified.fingerprint, exact), now);
+        // Its answer is read as JSON-RPC ([`outcome`]): in no coding.
+        forward::ask_for_identity(&mut parts.headers);
         let call = Some(active.calls.track(&parts.headers, &call.id, relay));
         let payload = Payload {
             parts,
