@@ -53,7 +53,9 @@
 //! (one held until the test lets it go):
 //! - a keyless retry of a keyed call held or running is
 //!   `possible-duplicate`, not made; a keyed retry of a keyless call is
-//!   told to call again with no key.
+//!   told to call again with no key;
+//! - a batch holding a `notifications/cancelled` for a call in flight is
+//!   refused whole (`-32600`), none of it sent, and the call runs on.
 //!
 //! Those with the SDKs need `tests/clients/mcp` installed (`.ci/run`
 //! does) and are `#[ignore]`d for a plain `cargo test`; the header check
@@ -1271,4 +1273,68 @@ async fn a_call_and_a_listing_are_asked_for_in_no_content_coding() {
     let sent = gw.upstream.requests();
     assert_eq!(sent[1].header("accept-encoding"), Some("identity"));
     assert_eq!(sent[3].header("accept-encoding"), Some("gzip, deflate"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_cancelling_a_call_in_flight_is_refused_and_the_call_runs_on() {
+    let gw = spawn_gateway_at("/scripted", "profile = \"mcp\"").await;
+    gw.upstream.script(Scripted::Hold);
+    let call = json!({"name": "create_task", "arguments": {"title": "cancelled?"}});
+    let running = {
+        let (gw_addr, call) = (gw.addr(), call.to_string());
+        tokio::spawn(async move {
+            let body =
+                format!(r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{call}}}"#);
+            let headers = [
+                ("content-type", "application/json"),
+                ("accept", BOTH),
+                ("authorization", ALICE),
+                ("mcp-session-id", "s-1"),
+            ];
+            send(gw_addr, "POST", "/scripted", &headers, body).await
+        })
+    };
+    gw.upstream.wait_for_writes(1).await;
+    let post = |body: Value| {
+        let addr = gw.addr();
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("accept", BOTH),
+                ("authorization", ALICE),
+                ("mcp-session-id", "s-1"),
+            ];
+            send(addr, "POST", "/scripted", &headers, body.to_string()).await
+        }
+    };
+    let cancel = |id: u64| {
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+               "params": {"requestId": id, "reason": "client timeout"}})
+    };
+    let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                          "params": {"progressToken": 1, "progress": 1}});
+    // Alone, the gateway takes it; in a batch, beside anything or not,
+    // the batch is refused whole: none of it reaches the server.
+    assert_eq!(post(cancel(5)).await.status, 202);
+    for batch in [json!([cancel(5)]), json!([progress, cancel(5)])] {
+        let refused = post(batch.clone()).await;
+        assert_eq!(refused.status, 400, "{batch}");
+        let error = refused.json();
+        assert_eq!(error["error"]["code"], -32600, "{error}");
+        assert_eq!(error["id"], Value::Null, "{error}");
+    }
+    assert_eq!(
+        gw.upstream.requests().len(),
+        1,
+        "only the call reached the server"
+    );
+    // A batch cancelling no call in flight goes on as it came (answered
+    // at once: the held call's fate was the script's when it came).
+    gw.upstream.script(Scripted::Create);
+    let elsewhere = post(json!([cancel(99)])).await;
+    assert_ne!(elsewhere.status, 400);
+    assert_eq!(gw.upstream.requests().len(), 2);
+    gw.upstream.release_one();
+    let answered = running.await.expect("the call");
+    assert_eq!(answered.status, 200);
 }

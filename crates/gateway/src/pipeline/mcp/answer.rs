@@ -15,8 +15,8 @@
 //!   and `_meta` naming the problem, the operation and its state), never
 //!   JSON-RPC errors, which agents tend to retry; only a request refused
 //!   before it is classified (a body that is no JSON, a header mismatch,
-//!   a batch holding a call) is a JSON-RPC error, as the specification
-//!   says.
+//!   a batch holding a call or cancelling one in flight) is a JSON-RPC
+//!   error, as the specification says.
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};

@@ -72,8 +72,18 @@ impl Proxy {
             Ok(read) => read,
             Err(error) => return error.into_response(),
         };
-        if active.calls.absorbs(&parts.headers, &body) {
-            return answer::accepted();
+        match active.calls.cancelling(&parts.headers, &body) {
+            cancel::Cancelling::Nothing => {}
+            cancel::Cancelling::Alone => return answer::accepted(),
+            cancel::Cancelling::InBatch => {
+                return answer::refused(call::Refusal {
+                    id: serde_json::Value::Null,
+                    code: call::code::INVALID_REQUEST,
+                    message: "a cancellation of a protected call in flight is taken one per \
+                              request: send it alone, not in a batch"
+                        .into(),
+                });
+            }
         }
         let tools = route.mcp.clone().unwrap_or_default();
         match call::classify(&parts.headers, &body, &tools, &active.learned) {
