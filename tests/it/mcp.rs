@@ -39,12 +39,23 @@
 //! - a relayed event whose data spans several lines reaches the client
 //!   whole, each line on a `data:` line of its own;
 //! - a response whose id is the call's number written otherwise (`7` for
-//!   `7.0`) answers the call.
+//!   `7.0`) answers the call;
+//! - a `_meta` key that is an integer is its decimal text (two calls told
+//!   apart by 1001 and 1002 are two); any other value but a string is
+//!   refused as an invalid key, nothing sent.
 //!
 //! And with the fake upstream's default path:
 //! - a body the gateway cannot read as JSON (a lone surrogate, a number
 //!   past a double's range, a byte order mark) is refused as a parse
 //!   error, and nothing is sent.
+//!
+//! And with its `/drop` (a write whose answer is lost) and `/scripted`
+//! (one held until the test lets it go):
+//! - a keyless retry of a keyed call held or running is
+//!   `possible-duplicate`, not made; a keyed retry of a keyless call is
+//!   told to call again with no key;
+//! - a batch holding a `notifications/cancelled` for a call in flight is
+//!   refused whole (`-32600`), none of it sent, and the call runs on.
 //!
 //! Those with the SDKs need `tests/clients/mcp` installed (`.ci/run`
 //! does) and are `#[ignore]`d for a plain `cargo test`; the header check
@@ -1007,4 +1018,323 @@ async fn a_rotated_key_is_a_possible_duplicate_while_the_first_is_unresolved() {
         );
     }
     assert_eq!(server.executions("die_after_effect", "rotated-died"), 1);
+}
+
+/// A 2025-11-25 `tools/call` through `gw` at `path` with `params` (the
+/// tool's `name`, its `arguments`, a `_meta`), JSON-RPC id `id`, and
+/// `extra` headers.
+async fn call_at(
+    gw: &TestGateway,
+    path: &str,
+    id: u64,
+    params: &Value,
+    extra: &[(&str, &str)],
+) -> Response {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("accept", BOTH),
+        ("authorization", ALICE),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    headers.extend_from_slice(extra);
+    send(gw.addr(), "POST", path, &headers, body.to_string()).await
+}
+
+/// The gateway's own `_meta` entry `name` (`problem`, `state`,
+/// `operation-id`) in a tool result answered as JSON.
+fn own_meta(answer: &Response, name: &str) -> Value {
+    answer.json()["result"]["_meta"][format!("dev.idemgate/{name}")].clone()
+}
+
+fn result_text(answer: &Response) -> String {
+    let result = answer.json();
+    result["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_retry_of_a_held_keyed_call_is_not_made() {
+    let route = "profile = \"mcp\"\n[routes.mcp]\nkey_argument = \"request_id\"";
+    let gw = spawn_gateway_at("/drop", route).await;
+    let keyless = |title: &str| json!({"name": "create_task", "arguments": {"title": title}});
+    // Each way a call sends its key; its answer lost, so it is held. A
+    // model that drops the key on its retry makes the same call keyless.
+    let keyed = [
+        (
+            json!({"name": "create_task", "arguments": {"title": "by-argument", "request_id": "r-1"}}),
+            None,
+        ),
+        (
+            json!({"name": "create_task", "arguments": {"title": "by-meta"},
+                   "_meta": {"dev.idemgate/idempotency-key": "m-1"}}),
+            None,
+        ),
+        (
+            json!({"name": "create_task", "arguments": {"title": "by-header"}}),
+            Some(("idempotency-key", "h-1")),
+        ),
+    ];
+    for (round, (params, header)) in keyed.iter().enumerate() {
+        let extra: Vec<(&str, &str)> = header.iter().copied().collect();
+        let lost = call_at(&gw, "/drop", 1, params, &extra).await;
+        assert_eq!(
+            own_meta(&lost, "problem"),
+            "outcome-unknown",
+            "{:?}",
+            lost.json()
+        );
+        let title = params["arguments"]["title"].as_str().unwrap();
+        for id in [2, 3] {
+            let again = call_at(&gw, "/drop", id, &keyless(title), &[]).await;
+            assert_eq!(
+                own_meta(&again, "problem"),
+                "possible-duplicate",
+                "{title}: {:?}",
+                again.json()
+            );
+            assert_eq!(own_meta(&again, "state"), "unknown");
+            assert_eq!(
+                own_meta(&again, "operation-id"),
+                own_meta(&lost, "operation-id")
+            );
+            let text = result_text(&again);
+            assert!(text.contains("call it with that first key"), "{text}");
+        }
+        assert_eq!(
+            gw.upstream.writes(),
+            round + 1,
+            "{title}: nothing sent again"
+        );
+    }
+    // Keyless first, then under a key: the retry is told to send no key,
+    // which finds the first (derived from the same tool and arguments).
+    let lost = call_at(&gw, "/drop", 4, &keyless("keyless-first"), &[]).await;
+    assert_eq!(own_meta(&lost, "problem"), "outcome-unknown");
+    let mut rotated = keyless("keyless-first");
+    rotated["_meta"] = json!({"dev.idemgate/idempotency-key": "m-2"});
+    let refused = call_at(&gw, "/drop", 5, &rotated, &[]).await;
+    assert_eq!(own_meta(&refused, "problem"), "possible-duplicate");
+    let text = result_text(&refused);
+    assert!(
+        text.contains("without an idempotency key") && text.contains("no idempotency key"),
+        "{text}"
+    );
+    assert!(!text.contains("that first key"), "{text}");
+    let held = call_at(&gw, "/drop", 6, &keyless("keyless-first"), &[]).await;
+    assert_eq!(
+        own_meta(&held, "problem"),
+        "outcome-unknown",
+        "its own operation answers"
+    );
+    assert_eq!(gw.upstream.writes(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_retry_of_a_keyed_call_still_running_is_not_made() {
+    let gw = spawn_gateway_at("/scripted", "profile = \"mcp\"").await;
+    gw.upstream.script(Scripted::Hold);
+    let args = json!({"name": "create_task", "arguments": {"title": "running"}});
+    let mut keyed = args.clone();
+    keyed["_meta"] = json!({"dev.idemgate/idempotency-key": "k-1"});
+    let first = {
+        let (addr, keyed) = (gw.addr(), keyed.to_string());
+        tokio::spawn(async move {
+            let body =
+                format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{keyed}}}"#);
+            let headers = [
+                ("content-type", "application/json"),
+                ("accept", BOTH),
+                ("authorization", ALICE),
+            ];
+            send(addr, "POST", "/scripted", &headers, body).await
+        })
+    };
+    gw.upstream.wait_for_writes(1).await;
+    let again = call_at(&gw, "/scripted", 2, &args, &[]).await;
+    assert_eq!(
+        own_meta(&again, "problem"),
+        "possible-duplicate",
+        "{:?}",
+        again.json()
+    );
+    assert_eq!(own_meta(&again, "state"), "in_progress");
+    assert_eq!(gw.upstream.writes(), 1);
+    gw.upstream.release_one();
+    first.await.expect("the first call");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_meta_key_is_a_string_or_an_integer_and_nothing_else() {
+    let setup = Setup::route("profile = \"mcp\"").at("/mcp-events");
+    let gw = spawn_gateway_with(setup.admin()).await;
+    let response = r#"data: {"jsonrpc":"2.0","id":{id},"result":{"content":[]}}"#;
+    let arguments = json!({"title": "pay bob 10", "events": [format!("{response}\n\n")]});
+    let keyed = |key: Value| {
+        json!({"name": "create_task", "arguments": arguments,
+               "_meta": {"dev.idemgate/idempotency-key": key}})
+    };
+    // Two actions told apart by their numeric keys alone: two calls.
+    for (id, key) in [(1, json!(1001)), (2, json!(1002))] {
+        let answer = call_at(&gw, "/mcp-events", id, &keyed(key), &[]).await;
+        assert_eq!(
+            answer.json()["result"]["content"],
+            json!([]),
+            "{:?}",
+            answer.json()
+        );
+        assert!(!answer.is_replay(), "{:?}", answer.json());
+    }
+    assert_eq!(gw.upstream.writes(), 2);
+    // An integer is its decimal text: the key "1001" is the same call.
+    let again = call_at(&gw, "/mcp-events", 3, &keyed(json!("1001")), &[]).await;
+    assert!(again.is_replay(), "{:?}", again.json());
+    let operation = gw.operation("create_task/1001").await;
+    assert_eq!(operation["state"], "completed");
+    // Anything else is no key the gateway can read: refused, not sent
+    // as a keyless call.
+    for (id, key) in [
+        json!(1001.5),
+        json!(true),
+        json!(null),
+        json!({"k": 1}),
+        json!([1]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let refused = call_at(&gw, "/mcp-events", 10 + id as u64, &keyed(key.clone()), &[]).await;
+        assert_eq!(refused.status, 200, "{key}");
+        assert_eq!(
+            own_meta(&refused, "problem"),
+            "invalid-key",
+            "{key}: {:?}",
+            refused.json()
+        );
+        let text = result_text(&refused);
+        assert!(text.contains("must be a string or an integer"), "{text}");
+    }
+    assert_eq!(gw.upstream.writes(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_and_a_listing_are_asked_for_in_no_content_coding() {
+    let gw = events_gateway().await;
+    // As the Python SDK's client (httpx) sends every request; the fake
+    // server then gzips its answer, as one behind a compressing
+    // middleware does.
+    let gzip = [("accept-encoding", "gzip, deflate")];
+    let response = r#"data: {"jsonrpc":"2.0","id":{id},"result":{"content":[]}}"#;
+    let events = json!([format!("{response}\n\n")]);
+    let call = json!({"name": "create_task", "arguments": {"title": "gz", "events": events}});
+    let first = call_at(&gw, "/mcp-events", 1, &call, &gzip).await;
+    assert_eq!(
+        first.json()["result"]["content"],
+        json!([]),
+        "{:?}",
+        first.json()
+    );
+    assert!(!first.is_replay());
+    let again = call_at(&gw, "/mcp-events", 2, &call, &gzip).await;
+    assert!(again.is_replay(), "{:?}", again.json());
+    assert_eq!(gw.upstream.writes(), 1);
+    let sent = gw.upstream.requests();
+    assert_eq!(sent[0].header("accept-encoding"), Some("identity"));
+    // A listing is read for its tools' annotations: in no coding either.
+    let listing = r#"data: {"jsonrpc":"2.0","id":{id},"result":{"tools":[{"name":"lookup","annotations":{"readOnlyHint":true}}]}}"#;
+    let list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list",
+                      "params": {"arguments": {"events": [format!("{listing}\n\n")]}}});
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", BOTH),
+        ("authorization", ALICE),
+        ("accept-encoding", "gzip, deflate"),
+    ];
+    let listed = send(gw.addr(), "POST", "/mcp-events", &headers, list.to_string()).await;
+    assert_eq!(listed.status, 200);
+    assert_eq!(listed.header("content-encoding"), None);
+    assert!(String::from_utf8_lossy(&listed.body).contains("readOnlyHint"));
+    // Learned: the read-only tool runs every time, passed through as it
+    // came, the client's codings too.
+    let lookup = json!({"name": "lookup", "arguments": {"title": "gz", "events": events}});
+    for id in [4, 5] {
+        let answer = call_at(&gw, "/mcp-events", id, &lookup, &gzip).await;
+        assert_eq!(answer.status, 200);
+        assert!(!answer.is_replay());
+        assert_eq!(answer.header("content-encoding"), Some("gzip"));
+    }
+    assert_eq!(
+        gw.upstream.writes(),
+        4,
+        "the call, the listing, two lookups"
+    );
+    let sent = gw.upstream.requests();
+    assert_eq!(sent[1].header("accept-encoding"), Some("identity"));
+    assert_eq!(sent[3].header("accept-encoding"), Some("gzip, deflate"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_cancelling_a_call_in_flight_is_refused_and_the_call_runs_on() {
+    let gw = spawn_gateway_at("/scripted", "profile = \"mcp\"").await;
+    gw.upstream.script(Scripted::Hold);
+    let call = json!({"name": "create_task", "arguments": {"title": "cancelled?"}});
+    let running = {
+        let (gw_addr, call) = (gw.addr(), call.to_string());
+        tokio::spawn(async move {
+            let body =
+                format!(r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{call}}}"#);
+            let headers = [
+                ("content-type", "application/json"),
+                ("accept", BOTH),
+                ("authorization", ALICE),
+                ("mcp-session-id", "s-1"),
+            ];
+            send(gw_addr, "POST", "/scripted", &headers, body).await
+        })
+    };
+    gw.upstream.wait_for_writes(1).await;
+    let post = |body: Value| {
+        let addr = gw.addr();
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("accept", BOTH),
+                ("authorization", ALICE),
+                ("mcp-session-id", "s-1"),
+            ];
+            send(addr, "POST", "/scripted", &headers, body.to_string()).await
+        }
+    };
+    let cancel = |id: u64| {
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+               "params": {"requestId": id, "reason": "client timeout"}})
+    };
+    let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                          "params": {"progressToken": 1, "progress": 1}});
+    // Alone, the gateway takes it; in a batch, beside anything or not,
+    // the batch is refused whole: none of it reaches the server.
+    assert_eq!(post(cancel(5)).await.status, 202);
+    for batch in [json!([cancel(5)]), json!([progress, cancel(5)])] {
+        let refused = post(batch.clone()).await;
+        assert_eq!(refused.status, 400, "{batch}");
+        let error = refused.json();
+        assert_eq!(error["error"]["code"], -32600, "{error}");
+        assert_eq!(error["id"], Value::Null, "{error}");
+    }
+    assert_eq!(
+        gw.upstream.requests().len(),
+        1,
+        "only the call reached the server"
+    );
+    // A batch cancelling no call in flight goes on as it came (answered
+    // at once: the held call's fate was the script's when it came).
+    gw.upstream.script(Scripted::Create);
+    let elsewhere = post(json!([cancel(99)])).await;
+    assert_ne!(elsewhere.status, 400);
+    assert_eq!(gw.upstream.requests().len(), 2);
+    gw.upstream.release_one();
+    let answered = running.await.expect("the call");
+    assert_eq!(answered.status, 200);
 }

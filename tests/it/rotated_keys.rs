@@ -2,8 +2,9 @@
 //! rotated key"): with `hold`, while an operation is `in_progress` or
 //! `unknown`, an identical write (same route, scope and fingerprint)
 //! under another key is 409 `possible-duplicate` naming it, nothing sent;
-//! once it completed, another key is a new write. Off (an HTTP route's
-//! default), another key is always a new write.
+//! once it completed, another key is a new write — a key the gateway
+//! derives or assigns a keyless retry too. Off (an HTTP route's default),
+//! another key is always a new write.
 
 use crate::common::*;
 
@@ -70,4 +71,52 @@ async fn off_an_http_route_sends_a_rotated_key_as_a_new_write() {
         .await
         .assert_operation_problem(502, "outcome-unknown", "unknown");
     assert_eq!(gw.upstream.writes(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_retry_is_a_rotated_key_whether_derived_or_assigned() {
+    for mode in ["derive", "assign"] {
+        let route = format!("key = \"{mode}\"\nrotated_keys = \"hold\"");
+        let gw = spawn_gateway_with(Setup::route(&route).admin()).await;
+        write(gw.addr(), "/drop", Some("first"), BODY)
+            .await
+            .assert_operation_problem(502, "outcome-unknown", "unknown");
+        let first = gw.operation("first").await;
+        // The client dropped its key on the retry: the gateway's key for
+        // it is another key of the same write.
+        let keyless = write(gw.addr(), "/drop", None, BODY).await;
+        assert_names(&keyless, &first, "unknown");
+        let detail = keyless.json()["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            detail.contains("retry with that request's key"),
+            "{mode}: {detail}"
+        );
+        assert_eq!(
+            gw.upstream.writes(),
+            1,
+            "{mode}: nothing sent for the retry"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_key_of_a_keyless_write_is_told_to_send_none() {
+    let gw =
+        spawn_gateway_with(Setup::route("key = \"derive\"\nrotated_keys = \"hold\"").admin()).await;
+    let lost = write(gw.addr(), "/drop", None, BODY).await;
+    let first = lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    let keyed = write(gw.addr(), "/drop", Some("second"), BODY).await;
+    let refused = keyed.assert_operation_problem(409, "possible-duplicate", "unknown");
+    assert_eq!(refused["operation_id"], first["operation_id"]);
+    let detail = refused["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("sent without a key: retry without one"),
+        "{detail}"
+    );
+    // Without one, the retry finds the first: held.
+    assert_held_unknown(&write(gw.addr(), "/drop", None, BODY).await);
+    assert_eq!(gw.upstream.writes(), 1);
 }

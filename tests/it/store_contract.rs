@@ -139,6 +139,7 @@ contract!(
     kept_counts_are_what_counting_the_table_says,
     counts_not_known_exact_are_recounted_at_open,
     a_held_twin_is_an_identical_operation_in_flight_or_held,
+    a_held_twin_holds_back_what_the_derive_window_outdates,
     racing_rotated_keys_have_one_winner,
 );
 
@@ -1606,4 +1607,43 @@ async fn a_held_twin_is_an_identical_operation_in_flight_or_held(bench: Bench) {
         "settled: no twin"
     );
     assert!(store.current(&new_op("k6", "fp")).await.unwrap().is_some());
+}
+
+/// A keyless write's derived key under the rotated-key guard: its own
+/// operation answers for it within the derive window, but past it that
+/// operation would be superseded and the write sent again, so an
+/// identical operation under a client's key, held, holds it back, and
+/// nothing is superseded.
+async fn a_held_twin_holds_back_what_the_derive_window_outdates(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let mut derived = NewOperation {
+        refuse_held_twin: true,
+        ..new_op("derived", "fp")
+    };
+    let old = claimed(store.as_ref(), &derived).await;
+    let recorded = store.record(&old, &completed("1"), &first_try()).await;
+    assert_eq!(recorded.unwrap(), Recorded::Applied);
+    let done_at = bench.clock.now_millis();
+    bench.clock.advance(Duration::from_secs(60));
+    // The same write under a client's key, its answer lost.
+    let keyed = held(store.as_ref(), "k1").await;
+    derived.fresh_after = Some(done_at - 1);
+    assert_eq!(
+        existing(store.as_ref(), &derived).await.id,
+        old.operation_id,
+        "within the window its own operation answers"
+    );
+    derived.fresh_after = Some(done_at + 1);
+    match store
+        .claim(&Arc::new(derived.clone()))
+        .await
+        .expect("claim")
+    {
+        ClaimResult::HeldTwin(twin) => assert_eq!(twin.id, keyed.operation_id),
+        ClaimResult::Claimed(claim) => panic!("sent beside its twin: {claim:?}"),
+        ClaimResult::Existing(op) => panic!("answered from {} {:?}", op.id, op.state),
+    }
+    let (own, _) = store.get(&old.operation_id).await.unwrap().unwrap();
+    assert!(!own.superseded, "refused: nothing superseded");
+    store.close().await;
 }

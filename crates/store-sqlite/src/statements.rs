@@ -124,13 +124,12 @@ pub fn claim(
 ) -> Result<ClaimResult, StoreError> {
     let identity = digests.identity;
     // A key's own operation answers for it, unless the answer would be to
-    // send it again (`not_attempted`, the same payload): then a twin in
-    // flight or held holds it back as it holds back a new key.
+    // send it again (`not_attempted`, the same payload; or outdated by the
+    // derive window): then a twin in flight or held holds it back as it
+    // holds back a new key.
     if new.refuse_held_twin
         && let Some(twin) = held_twin(db, seal, new, digests)?
-        && find(db, seal, new)?.is_none_or(|own| {
-            own.state == State::NotAttempted && own.fingerprint == new.fingerprint
-        })
+        && find(db, seal, new)?.is_none_or(|own| new.would_send(&own) || new.outdates(&own))
     {
         return Ok(ClaimResult::HeldTwin(Box::new(twin)));
     }

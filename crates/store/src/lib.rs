@@ -429,11 +429,12 @@ pub struct NewOperation {
     /// before this time (ms) is superseded and the key starts a new one.
     pub fresh_after: Option<i64>,
     /// The rotated-key guard (`rotated_keys = "hold"`, docs/requests.md "A
-    /// rotated key"): when no operation holds this write's own identity, or
-    /// the one that does would have it sent (`not_attempted`, with its
-    /// fingerprint), and one under another key of its route and scope, with
-    /// its fingerprint, is `in_progress` or `unknown`, the claim answers
-    /// [`ClaimResult::HeldTwin`] and stores nothing.
+    /// rotated key"), whoever named the key: when no operation holds this
+    /// write's own identity, or the one that does would have it sent
+    /// (`not_attempted` with its fingerprint, or outdated by `fresh_after`),
+    /// and one under another key of its route and scope, with its
+    /// fingerprint, is `in_progress` or `unknown`, the claim answers
+    /// [`ClaimResult::HeldTwin`] and stores (and supersedes) nothing.
     pub refuse_held_twin: bool,
 }
 

@@ -436,7 +436,7 @@ async fn handle(
             response.headers_mut().insert("x-big", value);
             Ok(response)
         }
-        "/mcp-events" => Ok(event_stream(&received)),
+        "/mcp-events" => Ok(event_stream(&received, &parts.headers)),
         "/drop" | "/dedup-lost" | "/dedup-busy" => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Drop => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Hold => {
@@ -541,8 +541,10 @@ fn task(state: &UpstreamState, segment: &str) -> hyper::Response<UpstreamBody> {
 
 /// `POST /mcp-events`: an MCP server answering a JSON-RPC request on an
 /// event stream: the events its `params.arguments.events` lists, byte for
-/// byte, `{id}` in each replaced by the request's id as JSON.
-fn event_stream(received: &Value) -> hyper::Response<UpstreamBody> {
+/// byte, `{id}` in each replaced by the request's id as JSON; gzipped when
+/// the request's `Accept-Encoding` takes gzip, as a server behind a
+/// compressing middleware answers.
+fn event_stream(received: &Value, headers: &HeaderMap) -> hyper::Response<UpstreamBody> {
     let id = received["id"].to_string();
     let events: String = received["params"]["arguments"]["events"]
         .as_array()
@@ -551,11 +553,56 @@ fn event_stream(received: &Value) -> hyper::Response<UpstreamBody> {
         .filter_map(Value::as_str)
         .map(|event| event.replace("{id}", &id))
         .collect();
-    hyper::Response::builder()
+    let takes_gzip = headers
+        .get_all("accept-encoding")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| coding.trim().starts_with("gzip"));
+    let response = hyper::Response::builder()
         .status(StatusCode::OK)
-        .header("content-type", "text/event-stream")
-        .body(boxed(Full::new(Bytes::from(events))))
+        .header("content-type", "text/event-stream");
+    let (response, body) = match takes_gzip {
+        true => (
+            response.header("content-encoding", "gzip"),
+            gzip(events.as_bytes()),
+        ),
+        false => (response, events.into_bytes()),
+    };
+    response
+        .body(boxed(Full::new(Bytes::from(body))))
         .expect("response")
+}
+
+/// `bytes` as gzip (RFC 1952) of stored deflate blocks (RFC 1951
+/// §3.2.4): what a compressing server sends, without a compressor.
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+    let mut blocks = bytes.chunks(usize::from(u16::MAX)).peekable();
+    if blocks.peek().is_none() {
+        out.extend_from_slice(&[1, 0, 0, 0xff, 0xff]);
+    }
+    while let Some(block) = blocks.next() {
+        out.push(u8::from(blocks.peek().is_none()));
+        let len = u16::try_from(block.len()).expect("a stored block");
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(!len).to_le_bytes());
+        out.extend_from_slice(block);
+    }
+    let mut crc = !0u32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    out.extend_from_slice(&(!crc).to_le_bytes());
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out
 }
 
 /// An answer with status `code` (a path segment) and a small JSON body.

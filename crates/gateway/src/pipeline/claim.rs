@@ -40,6 +40,7 @@ use crate::config::{InProgressMode, Route};
 use crate::pipeline::Write;
 use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::fingerprint::ExactDigest;
+use crate::pipeline::key::IdempotencyKey;
 use crate::pipeline::quota::QuotaSpent;
 use crate::pipeline::record::Released;
 use crate::pipeline::replay::{self, ReplayCache};
@@ -394,6 +395,7 @@ async fn claim_in_store(
         ClaimResult::HeldTwin(twin) => {
             return Err(ProxyError::PossibleDuplicate {
                 operation: OperationRef::from(twin.as_ref()),
+                first_keyless: IdempotencyKey::names_a_derived_key(&twin.key, route.profile),
             });
         }
     };

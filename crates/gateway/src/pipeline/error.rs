@@ -78,11 +78,13 @@ pub enum ProxyError {
     KeyReused { operation: OperationRef },
     #[error("{}", in_progress(Profile::Idemgate.wire().key_name))]
     InProgress { operation: OperationRef },
-    #[error(
-        "an identical request under another key is still in progress or held as unknown (operation {}): this one is most likely the same action, so nothing was sent; retry with that request's key",
-        operation.id
-    )]
-    PossibleDuplicate { operation: OperationRef },
+    #[error("{}", possible_duplicate(operation, *first_keyless))]
+    PossibleDuplicate {
+        operation: OperationRef,
+        /// The first request sent no key (its key was derived): a retry
+        /// finds its operation by sending none, not by a key it never had.
+        first_keyless: bool,
+    },
     #[error("{detail}")]
     OutcomeUnknown {
         operation: OperationRef,
@@ -146,6 +148,18 @@ fn in_progress(key: &str) -> String {
     format!("a request with this {key} is still in progress")
 }
 
+fn possible_duplicate(operation: &OperationRef, first_keyless: bool) -> String {
+    let retry = if first_keyless {
+        "that request was sent without a key: retry without one"
+    } else {
+        "retry with that request's key"
+    };
+    format!(
+        "an identical request under another key is still in progress or held as unknown (operation {}): this one is most likely the same action, so nothing was sent; {retry}",
+        operation.id
+    )
+}
+
 impl ProxyError {
     /// The problem's detail, naming the key header `key` where it is about
     /// the key: the header the route's profile reads, never one it ignores.
@@ -181,7 +195,9 @@ impl ProxyError {
             BodyRead { .. } => (ProblemKind::InvalidBody, None),
             KeyReused { operation } => (ProblemKind::KeyReused, Some(operation)),
             InProgress { operation } => (ProblemKind::RequestInProgress, Some(operation)),
-            PossibleDuplicate { operation } => (ProblemKind::PossibleDuplicate, Some(operation)),
+            PossibleDuplicate { operation, .. } => {
+                (ProblemKind::PossibleDuplicate, Some(operation))
+            }
             OutcomeUnknown {
                 operation, since, ..
             } => (ProblemKind::OutcomeUnknown(*since), Some(operation)),

@@ -254,6 +254,30 @@ fn forwarded_for(headers: &HeaderMap, peer: &Peer) -> HeaderValue {
     HeaderValue::from_maybe_shared(Bytes::from(list)).unwrap_or_else(|_| peer.entry.clone())
 }
 
+/// Asks for an answer in no content coding (RFC 9110 §12.5.3), in place
+/// of the codings the client takes, on a request whose answer the gateway
+/// reads — an MCP tool call, a `tools/list`, a reconcile probe — since it
+/// decodes none. Without an `Accept-Encoding` any coding is acceptable,
+/// so the field is sent, not dropped.
+pub(crate) fn ask_for_identity(headers: &mut HeaderMap) {
+    headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+}
+
+/// The content coding an answer is in (`Content-Encoding`), if any other
+/// than `identity`: what the gateway cannot read.
+pub(crate) fn content_coding(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|value| value.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .find(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case("identity"))
+        .map(str::to_ascii_lowercase)
+}
+
 /// Streams a request the gateway does not intercept to the upstream and its
 /// response back, unchanged but for hop-by-hop headers.
 pub(crate) async fn pass_through(
@@ -700,7 +724,11 @@ async fn read_response(
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|t| t.trim_start().starts_with("text/event-stream"));
-        if let (Some(answer), true) = (answer, streamed) {
+        // An event stream in a content coding (asked for none) is not read
+        // event by event: nothing of it is relayed, and its reader holds
+        // it ([`crate::pipeline::mcp::outcome`]).
+        let readable = streamed && content_coding(&head.headers).is_none();
+        if let (Some(answer), true) = (answer, readable) {
             return read_events(head, body, route, deadline, answer, sse::Events::default()).await;
         }
         let declared = head

@@ -37,6 +37,9 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// The longest key, in characters (bytes: a key is ASCII).
 pub const MAX_KEY_CHARS: usize = 255;
 
+/// What every key the gateway derives starts with.
+const DERIVED: &str = "derived-";
+
 /// A validated idempotency key, held bare (unquoted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyKey(String);
@@ -57,6 +60,11 @@ pub enum KeyError {
     BadQuoting,
     LeadingQuote,
     NotString,
+    /// A key sent in a JSON value (an MCP call's `_meta`) that is neither
+    /// a string nor an integer: no text the gateway could read as the key.
+    NotTextNorInteger {
+        at: &'static str,
+    },
     Disagree {
         headers: String,
     },
@@ -101,6 +109,9 @@ impl KeyError {
             ),
             NotString => {
                 format!("the {key} must be an sf-string (\"…\"), as the IETF draft's §2.1 says")
+            }
+            NotTextNorInteger { at } => {
+                format!("the {key} in {at} must be a string or an integer")
             }
             Disagree { headers } => {
                 format!("the request's key headers ({headers}) name different keys; send one")
@@ -178,7 +189,19 @@ impl IdempotencyKey {
     }
 
     fn derived(hasher: Sha256) -> Self {
-        IdempotencyKey(format!("derived-{}", digest_hex(hasher)))
+        IdempotencyKey(format!("{DERIVED}{}", digest_hex(hasher)))
+    }
+
+    /// Whether `stored`, an operation's key as a route of `profile` keeps
+    /// it (under `mcp`, `<tool>/<key>`), is one the gateway derived for a
+    /// request that sent none. A client may send a key spelled so too: this
+    /// words an answer, it decides nothing.
+    pub(crate) fn names_a_derived_key(stored: &str, profile: Profile) -> bool {
+        let own = match profile {
+            Profile::Mcp => stored.split_once('/').map_or(stored, |(_, key)| key),
+            _ => stored,
+        };
+        own.starts_with(DERIVED)
     }
 
     /// Validates an unquoted key. One that starts with `"` (sent as the

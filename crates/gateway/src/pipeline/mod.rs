@@ -784,9 +784,8 @@ enum Next {
 /// the attempt, which owns it once claimed.
 struct Write {
     key: IdempotencyKey,
-    /// The client sent the key, so the rotated-key guard applies
-    /// ([`NewOperation::refuse_held_twin`]); otherwise the gateway made it
-    /// (assigned or derived) and the answer says it.
+    /// The client sent the key; otherwise the gateway made it (assigned
+    /// or derived) and the answer says it.
     key_sent: bool,
     scope: Scope,
     /// Route, scope and key joined ([`claim::identity`]): the write's name
@@ -815,7 +814,10 @@ impl Write {
             fingerprint: self.fingerprint.clone(),
             request: request_summary(route, parts, body),
             fresh_after: self.fresh_after,
-            refuse_held_twin: self.key_sent && route.rotated_keys == RotatedKeys::Hold,
+            // Whoever named the key: a keyless retry of a keyed write
+            // (a model that drops an optional key) is a twin too, and so
+            // is an assigned key's write, new by construction as it is.
+            refuse_held_twin: route.rotated_keys == RotatedKeys::Hold,
         }
     }
 }

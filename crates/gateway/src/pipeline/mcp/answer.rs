@@ -15,8 +15,8 @@
 //!   and `_meta` naming the problem, the operation and its state), never
 //!   JSON-RPC errors, which agents tend to retry; only a request refused
 //!   before it is classified (a body that is no JSON, a header mismatch,
-//!   a batch holding a call) is a JSON-RPC error, as the specification
-//!   says.
+//!   a batch holding a call or cancelling one in flight) is a JSON-RPC
+//!   error, as the specification says.
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
@@ -213,6 +213,13 @@ fn render(
 /// `isError: true` (the module doc says why), carrying what the error's
 /// problem carries (its outcome for the log, its operation, `Retry-After`).
 async fn problem(error: ProxyError, call: &Call) -> Response<ProxyBody> {
+    let first = match &error {
+        ProxyError::PossibleDuplicate {
+            first_keyless: true,
+            ..
+        } => First::Keyless,
+        _ => First::Keyed,
+    };
     let response = error.into_response_as(Profile::Mcp.wire());
     let (parts, body) = response.into_parts();
     let body = body
@@ -227,30 +234,47 @@ async fn problem(error: ProxyError, call: &Call) -> Response<ProxyBody> {
         .unwrap_or("internal");
     let detail = problem["detail"].as_str().unwrap_or_default();
     let operation = problem["operation_id"].as_str();
-    let message = own_result(call, name, detail, operation, problem["state"].as_str());
+    let about = About {
+        operation,
+        state: problem["state"].as_str(),
+        first,
+    };
+    let message = own_result(call, name, detail, &about);
     let mut parts = parts;
     // A tool result, whatever the problem's own status.
     parts.status = StatusCode::OK;
     render(parts, &message, &[], call)
 }
 
-/// The gateway's own tool result for problem `name` about `operation` in
-/// `state`, under `call`'s id.
-fn own_result(
-    call: &Call,
-    name: &str,
-    detail: &str,
-    operation: Option<&str>,
-    state: Option<&str>,
-) -> Value {
-    let text = guidance(name, state, detail, operation);
+/// What a problem is about: its operation, the operation's state, and,
+/// for a `possible-duplicate`, how the first call was keyed.
+struct About<'a> {
+    operation: Option<&'a str>,
+    state: Option<&'a str>,
+    first: First,
+}
+
+/// How the first of two identical calls named its operation: what its
+/// retry must send to find it again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum First {
+    /// With a key (`_meta`, the header or the key argument).
+    Keyed,
+    /// With none: its key was derived from the tool and arguments.
+    Keyless,
+}
+
+/// The gateway's own tool result for problem `name` about `about`, under
+/// `call`'s id.
+fn own_result(call: &Call, name: &str, detail: &str, about: &About<'_>) -> Value {
+    let text = guidance(name, detail, about);
     let mut result = Map::new();
     result.insert("content".into(), json!([{"type": "text", "text": text}]));
     result.insert("isError".into(), Value::Bool(true));
     let about = [
         (meta::PROBLEM, Some(name)),
-        (meta::OPERATION_ID, operation),
-        (meta::STATE, state),
+        (meta::OPERATION_ID, about.operation),
+        (meta::STATE, about.state),
     ];
     add_meta(
         &mut result,
@@ -265,8 +289,12 @@ fn own_result(
 /// The held answer to `call` for an operation `unknown` by an upstream
 /// status.
 fn held(operation: Option<OperationId>, call: &Call) -> Response<ProxyBody> {
-    let id = operation.as_ref().map(|o| o.0.as_str());
-    let message = own_result(call, "outcome-unknown", "", id, Some("unknown"));
+    let about = About {
+        operation: operation.as_ref().map(|o| o.0.as_str()),
+        state: Some("unknown"),
+        first: First::Keyed,
+    };
+    let message = own_result(call, "outcome-unknown", "", &about);
     let mut response = Response::new(full(Bytes::new()));
     response.extensions_mut().insert(Outcome::unknown);
     if let Some(operation) = operation {
@@ -276,11 +304,14 @@ fn held(operation: Option<OperationId>, call: &Call) -> Response<ProxyBody> {
     render(parts, &message, &[], call)
 }
 
-/// What a model should read for problem `name` about an operation in
-/// `state`: what happened, and what it must not do about it. Only a
-/// refusal before anything was sent says the call was not made.
-fn guidance(name: &str, state: Option<&str>, detail: &str, operation: Option<&str>) -> String {
-    let held_as = operation.map_or(String::new(), |id| format!(" (operation {id})"));
+/// What a model should read for problem `name` about `about`: what
+/// happened, and what it must not do about it. Only a refusal before
+/// anything was sent says the call was not made.
+fn guidance(name: &str, detail: &str, about: &About<'_>) -> String {
+    let state = about.state;
+    let held_as = about
+        .operation
+        .map_or(String::new(), |id| format!(" (operation {id})"));
     let unknown = format!(
         "This action may already have happened: the tool was called, but its result was lost. \
          Do not call it again, not with another idempotency key nor with other wording: \
@@ -288,11 +319,17 @@ fn guidance(name: &str, state: Option<&str>, detail: &str, operation: Option<&st
          arguments again returns its result once it is settled."
     );
     match (name, state) {
+        ("possible-duplicate", _) if about.first == First::Keyless => format!(
+            "An identical call of this tool made without an idempotency key is still running or \
+             held as possibly done{held_as}, so this call was not made: it is almost certainly the \
+             same action. Do not call it again with yet another key; call it again with the same \
+             arguments and no idempotency key to get its result once it is settled."
+        ),
         ("possible-duplicate", _) => format!(
             "An identical call of this tool under another idempotency key is still running or held \
              as possibly done{held_as}, so this call was not made: it is almost certainly the same \
-             action. Do not call it again with yet another key; call it with that first key to get \
-             its result once it is settled."
+             action. Do not call it again with yet another key, nor without one; call it with that \
+             first key to get its result once it is settled."
         ),
         ("outcome-unknown", _) | (_, Some("unknown")) => unknown,
         ("request-in-progress", _) => format!(
@@ -394,7 +431,14 @@ mod tests {
     #[test]
     fn only_a_refusal_before_sending_says_the_call_was_not_made() {
         let not_made = "The gateway did not make this call";
-        let says = |name, state| guidance(name, state, "why", Some("op-1"));
+        let says = |name, state| {
+            let about = About {
+                operation: Some("op-1"),
+                state,
+                first: First::Keyed,
+            };
+            guidance(name, "why", &about)
+        };
         assert!(says("route-paused", None).starts_with(not_made));
         assert!(says("upstream-unreachable", Some("not_attempted")).starts_with(not_made));
         // Sent, or maybe sent: never "not made".

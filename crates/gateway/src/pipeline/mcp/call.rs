@@ -47,8 +47,9 @@ pub struct Call {
     /// The JSON-RPC id of this request: every answer to it carries it.
     pub(crate) id: Value,
     pub(crate) tool: String,
-    /// The key in `params._meta["dev.idemgate/idempotency-key"]`, if any.
-    pub(crate) meta_key: Option<String>,
+    /// The value of `params._meta["dev.idemgate/idempotency-key"]`, if
+    /// any, as sent: `identity` reads it as the key, or refuses it.
+    pub(crate) meta_key: Option<Value>,
     /// The request speaks [`MODERN`] or later (`MCP-Protocol-Version`).
     pub(crate) modern: bool,
     /// The client's `Accept` takes `application/json` (or anything).
@@ -178,8 +179,7 @@ pub fn classify(
         .get("params")
         .and_then(|p| p.get("_meta"))
         .and_then(|m| m.get(META_KEY))
-        .and_then(Value::as_str)
-        .map(str::to_string);
+        .cloned();
     let (accepts_json, accepts_stream) = accepts(headers);
     Classified::Protected(Call {
         id,

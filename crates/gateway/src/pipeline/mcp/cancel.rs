@@ -17,7 +17,8 @@
 //!
 //! Invariants: a cancellation is kept from the upstream only while the
 //! call it names (by session and request id, a number by its value) is
-//! in flight here; any other one is sent on. A session's DELETE is held
+//! in flight here, alone (taken) or in a batch (refused whole, as a batch
+//! holding a call is); any other one is sent on. A session's DELETE is held
 //! back only while one of its calls is in flight, and never past the
 //! bound its caller sets.
 
@@ -110,20 +111,49 @@ impl InFlightCalls {
         }
     }
 
-    /// Whether `body` is a `notifications/cancelled` for a call in flight
-    /// in the session of `headers`: the gateway takes it.
-    pub fn absorbs(&self, headers: &HeaderMap, body: &[u8]) -> bool {
+    /// What `body`, POSTed in the session of `headers`, is to the calls
+    /// in flight there: a `notifications/cancelled` for one, alone or in
+    /// a batch, or nothing to them.
+    pub fn cancelling(&self, headers: &HeaderMap, body: &[u8]) -> Cancelling {
         let Ok(message) = serde_json::from_slice::<Value>(body) else {
-            return false;
+            return Cancelling::Nothing;
         };
+        let session = session(headers);
+        match &message {
+            Value::Array(batch) if batch.iter().any(|m| self.cancels(&session, m)) => {
+                Cancelling::InBatch
+            }
+            message if self.cancels(&session, message) => Cancelling::Alone,
+            _ => Cancelling::Nothing,
+        }
+    }
+
+    /// Whether `message` is a `notifications/cancelled` for a call in
+    /// flight in `session`.
+    fn cancels(&self, session: &str, message: &Value) -> bool {
         if message.get("method").and_then(Value::as_str) != Some("notifications/cancelled") {
             return false;
         }
         let Some(id) = message.pointer("/params/requestId") else {
             return false;
         };
-        self.calls.contains_key(&(session(headers), id_key(id)))
+        self.calls.contains_key(&(session.to_string(), id_key(id)))
     }
+}
+
+/// What a POST is to the protected calls in flight
+/// ([`InFlightCalls::cancelling`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelling {
+    /// It cancels none: sent on as it came.
+    Nothing,
+    /// A `notifications/cancelled` for one: the gateway takes it (202),
+    /// and nothing is sent on.
+    Alone,
+    /// A batch holding one: refused whole, nothing sent. The revisions the
+    /// route speaks have no batches (2025-06-18 removed them), so this is
+    /// what a server of theirs may answer any batch; the call runs on.
+    InBatch,
 }
 
 impl InFlightCalls {
@@ -205,19 +235,41 @@ mod tests {
     fn only_a_call_in_flight_keeps_its_cancellation() {
         let calls = Arc::new(InFlightCalls::default());
         let (a, b) = (in_session("a"), in_session("b"));
-        assert!(!calls.absorbs(&a, CANCEL_7));
+        let taken =
+            |headers: &HeaderMap, body: &[u8]| calls.cancelling(headers, body) == Cancelling::Alone;
+        assert!(!taken(&a, CANCEL_7));
         let first = calls.track(&a, &Value::from(7.0), None);
         let again = calls.track(&a, &Value::from(7), None);
-        assert!(calls.absorbs(&a, CANCEL_7));
+        assert!(taken(&a, CANCEL_7));
         // Another session's request 7, or request "7", is another call.
-        assert!(!calls.absorbs(&b, CANCEL_7));
+        assert!(!taken(&b, CANCEL_7));
         let quoted =
             br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"7"}}"#;
-        assert!(!calls.absorbs(&a, quoted));
+        assert!(!taken(&a, quoted));
         drop(first);
-        assert!(calls.absorbs(&a, CANCEL_7));
+        assert!(taken(&a, CANCEL_7));
         drop(again);
-        assert!(!calls.absorbs(&a, CANCEL_7));
+        assert!(!taken(&a, CANCEL_7));
+    }
+
+    #[test]
+    fn a_batch_cancelling_a_call_in_flight_is_told_apart() {
+        let calls = Arc::new(InFlightCalls::default());
+        let a = in_session("a");
+        let cancel = std::str::from_utf8(CANCEL_7).unwrap();
+        let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+        let batch = format!("[{ping},{cancel}]");
+        assert_eq!(calls.cancelling(&a, batch.as_bytes()), Cancelling::Nothing);
+        let _call = calls.track(&a, &Value::from(7), None);
+        assert_eq!(calls.cancelling(&a, batch.as_bytes()), Cancelling::InBatch);
+        let alone = format!("[{cancel}]");
+        assert_eq!(calls.cancelling(&a, alone.as_bytes()), Cancelling::InBatch);
+        assert_eq!(
+            calls.cancelling(&in_session("b"), batch.as_bytes()),
+            Cancelling::Nothing
+        );
+        let other = format!("[{ping}]");
+        assert_eq!(calls.cancelling(&a, other.as_bytes()), Cancelling::Nothing);
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! - the key is taken, in this order, from `params._meta`
 //!   (`dev.idemgate/idempotency-key`), the `Idempotency-Key` header, the
 //!   route's `key_argument`, or derived from the tool and its arguments;
+//!   a `_meta` key is a string or an integer (its decimal text), and any
+//!   other value there is refused, never read as no key (it is left out
+//!   of the fingerprint, so calls told apart by it alone would merge);
 //!   the operation's key is `<tool>/<key>`, so one key names one operation
 //!   per tool;
 //! - the fingerprint is the tool and the canonical JSON of its arguments:
@@ -13,6 +16,7 @@
 //!   the key; arguments canonical JSON would merge with others are hashed
 //!   as sent.
 
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::config::{KeyMode, Route};
@@ -25,6 +29,9 @@ use idemgate_model::operation::Fingerprint;
 
 /// Where the arguments are in a `tools/call` request.
 const ARGUMENTS: &str = "/params/arguments";
+
+/// Where a call's `_meta` key is, as a refusal names it.
+const META_AT: &str = "params._meta[\"dev.idemgate/idempotency-key\"]";
 
 /// Where a call's key came from, and so whether the gateway made it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +61,12 @@ pub fn identify(
 ) -> Result<Identified, ProxyError> {
     let key_argument = route.mcp.as_ref().and_then(|m| m.key_argument.as_deref());
     let (sent, from_argument) = match &call.meta_key {
-        Some(key) => (Some(IdempotencyKey::new(key)?), false),
+        // Any other value is refused, never read as no key: the key is not
+        // in the fingerprint, so calls told apart only by it would merge.
+        Some(value) => {
+            let text = key_text(value).ok_or(KeyError::NotTextNorInteger { at: META_AT })?;
+            (Some(IdempotencyKey::new(&text)?), false)
+        }
         None => match IdempotencyKey::from_headers(headers)? {
             Some(key) => (Some(key), false),
             None => {
@@ -110,13 +122,18 @@ fn fingerprint(call: &Call, body: &[u8], left_out: Option<&str>) -> Fingerprint 
     Fingerprint::from_stored(digest_hex(hasher))
 }
 
-/// The argument `name` as key text: a string as it is, an integer in
-/// decimal; anything else is no key.
+/// The argument `name` as key text ([`key_text`]); anything else is no
+/// key, and the argument stays in the fingerprint.
 fn argument_text(body: &[u8], name: &str) -> Option<String> {
     let raw = canonical_json::raw_at(body, &format!("{ARGUMENTS}{}", pointer_to(name)))?;
-    match canonical_json::parse_exact(raw).ok()? {
-        serde_json::Value::String(text) => Some(text),
-        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+    key_text(&canonical_json::parse_exact(raw).ok()?)
+}
+
+/// A JSON value as key text: a string as it is, an integer in decimal.
+fn key_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(text) => Some(text.clone()),
+        Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
         _ => None,
     }
 }
@@ -159,7 +176,7 @@ mod tests {
         Call {
             id: 1.into(),
             tool: "create_task".into(),
-            meta_key: meta_key.map(str::to_string),
+            meta_key: meta_key.map(Value::from),
             modern: false,
             accepts_json: true,
             accepts_stream: true,
@@ -212,6 +229,41 @@ mod tests {
         );
         assert_eq!(other_id.fingerprint, from_argument.fingerprint);
         assert_ne!(meta.fingerprint, from_argument.fingerprint);
+    }
+
+    #[test]
+    fn a_meta_key_is_a_string_or_an_integer() {
+        let route = route(None);
+        let with = |key: Value| Call {
+            meta_key: Some(key),
+            ..call(None)
+        };
+        let number = identify_as(&with(Value::from(1001)), &[], "{}", &route);
+        assert_eq!(number.key.as_str(), "create_task/1001");
+        assert_eq!(number.source, KeySource::Sent);
+        let negative = identify_as(&with(Value::from(-7)), &[], "{}", &route);
+        assert_eq!(negative.key.as_str(), "create_task/-7");
+        for other in [
+            Value::from(1001.5),
+            Value::Bool(true),
+            Value::Null,
+            serde_json::json!({"k": 1}),
+        ] {
+            let refused = identify(
+                &with(other.clone()),
+                &http::HeaderMap::new(),
+                &body("{}"),
+                &route,
+                &scope(),
+            );
+            assert!(
+                matches!(
+                    refused,
+                    Err(ProxyError::InvalidKey(KeyError::NotTextNorInteger { .. }))
+                ),
+                "{other}: {refused:?}"
+            );
+        }
     }
 
     #[test]

@@ -72,8 +72,18 @@ impl Proxy {
             Ok(read) => read,
             Err(error) => return error.into_response(),
         };
-        if active.calls.absorbs(&parts.headers, &body) {
-            return answer::accepted();
+        match active.calls.cancelling(&parts.headers, &body) {
+            cancel::Cancelling::Nothing => {}
+            cancel::Cancelling::Alone => return answer::accepted(),
+            cancel::Cancelling::InBatch => {
+                return answer::refused(call::Refusal {
+                    id: serde_json::Value::Null,
+                    code: call::code::INVALID_REQUEST,
+                    message: "a cancellation of a protected call in flight is taken one per \
+                              request: send it alone, not in a batch"
+                        .into(),
+                });
+            }
         }
         let tools = route.mcp.clone().unwrap_or_default();
         match call::classify(&parts.headers, &body, &tools, &active.learned) {
@@ -83,6 +93,11 @@ impl Proxy {
             }
             call::Classified::PassThrough { listing } => {
                 drop(reservation);
+                let mut parts = parts;
+                if listing {
+                    // Read for its tools' annotations on the way back.
+                    forward::ask_for_identity(&mut parts.headers);
+                }
                 let request = Request::from_parts(parts, crate::body::full(body));
                 let pass = forward::pass_through(&active.client, route, request, &peer);
                 match Box::pin(pass).await {
@@ -189,7 +204,7 @@ impl Proxy {
     async fn mcp_write(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
-        parts: request::Parts,
+        mut parts: request::Parts,
         body: (Bytes, Reservation),
         peer: Peer,
         call: &call::Call,
@@ -203,6 +218,8 @@ impl Proxy {
         let exact = ExactDigest::of(&identified.fingerprint);
         let now = self.shared.clock.now_millis();
         let write = self.identify(route, named, scope, (identified.fingerprint, exact), now);
+        // Its answer is read as JSON-RPC ([`outcome`]): in no coding.
+        forward::ask_for_identity(&mut parts.headers);
         let call = Some(active.calls.track(&parts.headers, &call.id, relay));
         let payload = Payload {
             parts,

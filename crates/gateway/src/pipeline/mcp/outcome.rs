@@ -18,13 +18,14 @@
 //!   `input_required` result (a multi-round-trip call's interim answer,
 //!   not its outcome: its continuation is the same call, sent again);
 //! - anything else after the call was sent — another JSON-RPC error, a
-//!   5xx, a stream that ends without the response — is `unknown`.
+//!   5xx, a stream that ends without the response, an answer in a content
+//!   coding (the call asks for none) — is `unknown`.
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use serde_json::Value;
 
-use crate::pipeline::forward::{Exchange, LostCause};
+use crate::pipeline::forward::{Exchange, LostCause, content_coding};
 use crate::pipeline::mcp::call::{code, id_key};
 use crate::pipeline::sse;
 
@@ -66,6 +67,13 @@ pub fn settle(exchange: Exchange, id: &Value, spoke: bool) -> Exchange {
             head.headers.remove(SESSION);
             return Exchange::Released { head, body };
         }
+    }
+    if let Some(coding) = content_coding(&head.headers) {
+        // Asked for none (`forward::ask_for_identity`): its answer cannot
+        // be read, and the call was made.
+        return failed(format!(
+            "the MCP server answered in the content coding `{coding}`, which the gateway does not decode"
+        ));
     }
     let streamed = head
         .headers
@@ -212,6 +220,23 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn an_answer_in_a_content_coding_is_held() {
+        // A server that compresses though asked for `identity`: the call
+        // was made, and what it answered cannot be read.
+        let Exchange::Complete { mut head, body } = answer(200, "application/json", RESULT) else {
+            panic!("an answer");
+        };
+        head.headers
+            .insert("content-encoding", HeaderValue::from_static("gzip"));
+        let coded = Exchange::Complete { head, body };
+        let Exchange::Lost { cause, reason } = settle(coded, &Value::from(7), false) else {
+            panic!("held");
+        };
+        assert_eq!(cause, LostCause::Failed);
+        assert!(reason.contains("`gzip`"), "{reason}");
     }
 
     #[test]

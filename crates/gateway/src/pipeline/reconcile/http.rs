@@ -23,7 +23,7 @@ use super::send;
 use super::verdict::{Answer, Got};
 use crate::body::full;
 use crate::config::{Piece, ProbeKeys, Route, url_pieces};
-use crate::pipeline::forward::{ProbeClient, strip_hop_by_hop};
+use crate::pipeline::forward::{self, ProbeClient, strip_hop_by_hop};
 use crate::pipeline::key::url_component;
 use crate::pipeline::record::stored_response;
 use crate::traces;
@@ -103,6 +103,7 @@ pub async fn get(
         request
             .headers_mut()
             .insert(ACCEPT, HeaderValue::from_static("application/json"));
+        forward::ask_for_identity(request.headers_mut());
         traces::inject(request.headers_mut());
     }
     let response = match send(client, request).await {

@@ -12,7 +12,7 @@ use super::send;
 use super::verdict::{Answer, Got};
 use crate::body::full;
 use crate::config::{ProbeKeys, Route, fill_template};
-use crate::pipeline::forward::ProbeClient;
+use crate::pipeline::forward::{self, ProbeClient};
 use crate::pipeline::sse;
 use crate::traces;
 use idemgate_model::operation::{Operation, StoredResponse};
@@ -89,6 +89,7 @@ pub async fn call(
             ACCEPT,
             HeaderValue::from_static("application/json, text/event-stream"),
         );
+        forward::ask_for_identity(headers);
         headers.insert(
             "mcp-protocol-version",
             HeaderValue::from_static(PROBE_REVISION),
