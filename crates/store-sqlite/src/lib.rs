@@ -13,8 +13,10 @@
 //!   waiting at a moment in one transaction (group commit);
 //! - reads apart: lookups, lists, stats and pauses run on read-only
 //!   connections (`reader`), each in one WAL snapshot, and never wait
-//!   in the writer's queue; readiness (`ping`) asks the writer, since
-//!   ready means a write can commit;
+//!   in the writer's queue; readiness (`ping`) is a write, since ready
+//!   means a write can commit: it changes a `store_meta` row, so its
+//!   commit must append to the log (a transaction that writes nothing
+//!   commits on a full disk);
 //! - WAL journal; `durability = "full"` answers a batch only once the log
 //!   holding it is synced (one `fdatasync` over every batch committed
 //!   before it, on a thread of its own: `syncer`), `"normal"` answers at
@@ -573,10 +575,11 @@ impl Maintenance for SqliteStore {
         &self.batches
     }
 
-    /// On the writer: ready means a write can commit.
+    /// A write on the writer: ready means a write can commit, and reach
+    /// the log ([`statements::readiness_write`]).
     async fn ping(&self) -> Result<(), StoreError> {
         self.writer
-            .run(|conn| Ok(conn.prepare_cached("SELECT 1")?.query_row([], |_| Ok(()))?))
+            .run(|conn| statements::readiness_write(conn))
             .await
     }
 
