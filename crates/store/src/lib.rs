@@ -616,8 +616,12 @@ pub enum Recorded {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("the store {store} is in use by another idemgate process (lock file {lock})")]
-    Locked { store: String, lock: String },
+    #[error("the store {store} is in use by another idemgate process (it holds a lock on {lock})")]
+    Locked {
+        store: String,
+        /// The file locked, its symlinks resolved.
+        lock: String,
+    },
     #[error("cannot open the store {store}: {reason}")]
     Open { store: String, reason: String },
     #[error("the store is busy: {0}")]
