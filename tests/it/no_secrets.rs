@@ -2,7 +2,7 @@
 //! replays, a reused key, a lost response with its reconcile probe, client
 //! lookups, admin calls and a proxied read, all carrying a bearer token,
 //! at the most verbose log level in both log formats; then the store's
-//! files (database, WAL, shared memory, lock — read as a SIGKILL leaves
+//! files (database, WAL, shared memory — read as a SIGKILL leaves
 //! them, before any checkpoint) and everything it logged are searched for
 //! the token and the admin token, which must appear nowhere. The upstream
 //! must have received the token, so the search is not vacuous.

@@ -1,5 +1,6 @@
 //! The real `idemgate serve` process: a second process on the same store
-//! (also through a symlink) exits non-zero naming the store, an operation in flight when the process
+//! (also through a symlink, and with the empty files beside the store
+//! removed) exits non-zero naming the store, an operation in flight when the process
 //! is SIGKILLed is `unknown` afterwards (409 `outcome-unknown`, never
 //! re-sent), and a completed one is still replayed; a SIGTERM while the
 //! process starts stops it (exit 0), not the signal's default.
@@ -58,12 +59,56 @@ async fn second_process_on_same_store_exits_naming_the_store() {
     );
     assert!(!stdout.contains("listening"), "{stdout}\n{stderr}");
     assert!(
-        stderr.contains(".lock"),
+        stderr.contains("in use by another idemgate process"),
         "refused by the store's lock:\n{stderr}"
     );
 
     // The first process still serves.
     assert_fresh_created(&write(first.proxy, "/invoices", Some("inv-7"), BODY).await);
+}
+
+/// The lock is not a file beside the store: with the empty ones removed
+/// (what an operator tidying up may take for stale; releases before this
+/// one locked an empty `<file>.lock`, and a second process then started and
+/// marked the first's write in flight `unknown`), a second process is
+/// still refused, and the first's write in flight is its own to record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_is_refused_with_the_empty_files_beside_the_store_removed() {
+    let upstream = FakeUpstream::start().await;
+    upstream.script(Scripted::Hold);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = binary_config(dir.path(), &upstream);
+    let first = BinaryGateway::start(&config, &dir.path().join("first.log")).await;
+    let proxy = first.proxy;
+    let in_flight =
+        tokio::spawn(async move { write(proxy, "/scripted", Some("inv-8"), BODY).await });
+    upstream.wait_for_writes(1).await;
+
+    let store = dir.path().join("idemgate.db");
+    for entry in std::fs::read_dir(dir.path()).expect("read dir").flatten() {
+        let beside = entry.path() != store
+            && entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("idemgate.db");
+        if beside && entry.metadata().is_ok_and(|m| m.len() == 0) {
+            std::fs::remove_file(entry.path()).expect("remove");
+        }
+    }
+    let mut second = binary();
+    second.arg("serve").arg("--config").arg(&config);
+    let (status, stdout, stderr) = run_to_exit(second).await;
+    assert!(!status.success(), "second process exited {status}");
+    assert!(!stdout.contains("listening"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("in use by another idemgate process")
+            && stderr.contains(store.to_str().expect("utf-8 path")),
+        "{stderr}"
+    );
+
+    upstream.release_one();
+    assert_fresh_created(&in_flight.await.expect("client task"));
+    assert_eq!(upstream.writes(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,7 @@
 //!   retention reads `operations` through the index meant for it, never a
 //!   full scan, as the backend's own planner says.
 //!
-//! Backend-specific promises (SQLite's lock file, PostgreSQL's leases)
+//! Backend-specific promises (SQLite's lock, PostgreSQL's leases)
 //! have tests of their own.
 
 use std::sync::Arc;

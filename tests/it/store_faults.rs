@@ -6,7 +6,14 @@
 //! - After sending: the client gets 503 `store-unavailable` with the
 //!   operation id, idemgate keeps recording in the background, and once the
 //!   store is back the retry is a replay of the one write that happened.
+//!
+//! And the store's files refusing to grow (a full disk), in the real
+//! `idemgate serve`: every write is 503 `store-unavailable`, and so are
+//! `/readyz` and `idemgate healthcheck` (docs/operating.md, "Logs and
+//! health checks": ready is "the store can take a write"), until the
+//! files may grow again.
 
+use std::process::Command;
 use std::time::Duration;
 
 use crate::common::*;
@@ -93,4 +100,73 @@ async fn reads_answer_while_a_write_waits_for_the_store() {
     assert!(!waiting.is_finished(), "the reads came first");
     lock.release().await;
     assert_fresh_created(&waiting.await.expect("write task"));
+}
+
+/// Sets the soft limit on the size of the files process `pid` writes
+/// (`RLIMIT_FSIZE`, with util-linux's `prlimit`): `"0"`, every write to a
+/// file fails; `"unlimited"`, up to the hard limit, which stays as it was.
+fn limit_file_size(pid: u32, soft: &str) {
+    let status = child_status(
+        Command::new("prlimit")
+            .arg("--pid")
+            .arg(pid.to_string())
+            .arg(format!("--fsize={soft}:")),
+    )
+    .expect("run prlimit");
+    assert!(status.success(), "prlimit --fsize={soft}: failed");
+}
+
+/// `idemgate healthcheck --admin http://ADDR`: whether it exited 0.
+async fn healthcheck(admin: std::net::SocketAddr) -> bool {
+    let mut cmd = binary();
+    cmd.arg("healthcheck")
+        .arg("--admin")
+        .arg(format!("http://{admin}"));
+    run_to_exit(cmd).await.0.success()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_while_the_store_cannot_grow_its_files() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = gateway_toml(&dir.path().join("idemgate.db"), &upstream.url(), "/", "");
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    // Through `sh`, which leaves SIGXFSZ ignored across its `exec`: a
+    // write past the limit then fails (EFBIG) as one on a full disk does
+    // (ENOSPC), instead of killing the process. Reads go on.
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", r#"trap "" XFSZ; exec "$0" "$@""#])
+        .arg(env!("CARGO_BIN_EXE_idemgate"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&config);
+    let gw = BinaryGateway::spawn(cmd, &dir.path().join("gateway.log")).await;
+    let ready = || async { send(gw.admin, "GET", "/readyz", &[], bytes::Bytes::new()).await };
+    let done = write(gw.proxy, "/tasks", Some("full-1"), TASK).await;
+    assert_fresh_created(&done);
+    assert_eq!(ready().await.status, 200);
+    assert!(healthcheck(gw.admin).await, "ready before");
+
+    limit_file_size(gw.pid(), "0");
+    let refused = write(gw.proxy, "/tasks", Some("full-2"), TASK).await;
+    refused.assert_problem(503, "store-unavailable");
+    assert_eq!(upstream.writes(), 1, "nothing was sent");
+    // What the store held is still read.
+    assert_replay_of(
+        &write(gw.proxy, "/tasks", Some("full-1"), TASK).await,
+        &done,
+    );
+    // Readiness is a write too: it fails as the writes do. (A transaction
+    // that wrote nothing committed and said ready.)
+    ready().await.assert_problem(503, "store-unavailable");
+    assert!(!healthcheck(gw.admin).await, "ready while no write commits");
+
+    limit_file_size(gw.pid(), "unlimited");
+    eventually("/readyz to say ready again", || async {
+        (ready().await.status == 200).then_some(())
+    })
+    .await;
+    assert!(healthcheck(gw.admin).await, "ready after");
+    assert_fresh_created(&write(gw.proxy, "/tasks", Some("full-2"), TASK).await);
+    assert_eq!(upstream.writes(), 2);
 }

@@ -1,8 +1,9 @@
 //! The SQLite backend: the default store, for one gateway process.
 //!
 //! Invariants:
-//! - one process at a time: an exclusive `flock` on `<file>.lock` (beside the
-//!   file with its symlinks resolved, so two paths to it are one lock), held for the
+//! - one process at a time: an exclusive `flock` on the database file
+//!   itself (not on a file beside it, which an operator may delete as
+//!   stale; every path to the file is one lock), held for the
 //!   store's life and released by the kernel when the process dies, so every
 //!   `in_progress` row found at open belongs to a dead owner and becomes
 //!   `unknown` (`gateway-restarted`, [`Maintenance::recover`]) before the first
@@ -13,8 +14,10 @@
 //!   waiting at a moment in one transaction (group commit);
 //! - reads apart: lookups, lists, stats and pauses run on read-only
 //!   connections (`reader`), each in one WAL snapshot, and never wait
-//!   in the writer's queue; readiness (`ping`) asks the writer, since
-//!   ready means a write can commit;
+//!   in the writer's queue; readiness (`ping`) is a write, since ready
+//!   means a write can commit: it changes a `store_meta` row, so its
+//!   commit must append to the log (a transaction that writes nothing
+//!   commits on a full disk);
 //! - WAL journal; `durability = "full"` answers a batch only once the log
 //!   holding it is synced (one `fdatasync` over every batch committed
 //!   before it, on a thread of its own: `syncer`), `"normal"` answers at
@@ -134,6 +137,7 @@ mod transitions;
 mod writer;
 
 use std::fs::{File, TryLockError};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -169,7 +173,8 @@ pub struct SqliteStore {
     batches: StoreBatches,
     /// This process's instance id, written as `owner` on every claim.
     owner: Arc<str>,
-    /// The held lock file; `None` once closed. std Mutex: never held across `.await`.
+    /// The database file, locked ([`lock_database`]); `None` once closed.
+    /// std Mutex: never held across `.await`.
     lock: Mutex<Option<File>>,
     clock: Arc<dyn Clock>,
     /// Seals payloads on the way in, opens them on the way out.
@@ -184,7 +189,7 @@ impl SqliteStore {
     /// under its lock: `idemgate migrate`, which needs no keys.
     pub async fn migrate(path: &Path) -> Result<(), StoreError> {
         let store_name = format!("sqlite://{}", path.display());
-        let _lock = lock_file(path, &store_name)?;
+        let _lock = lock_database(path, &store_name)?;
         migrate_file(path, &store_name).await
     }
 
@@ -200,7 +205,7 @@ impl SqliteStore {
         keys: StoreKeys,
     ) -> Result<Self, StoreError> {
         let store_name = format!("sqlite://{}", path.display());
-        let lock = lock_file(path, &store_name)?;
+        let lock = lock_database(path, &store_name)?;
         let open_error = |reason: String| StoreError::Open {
             store: store_name.clone(),
             reason,
@@ -359,38 +364,44 @@ enum ConnectError {
     Vfs(#[from] idemgate_wal_buffer::RegisterError),
 }
 
-/// The store's lock, `<file>.lock` beside the file `path` names once its
-/// symlinks are resolved: two paths to one file (a symlink to it, or to a
-/// directory on its way) are one lock.
-fn lock_file(path: &Path, store_name: &str) -> Result<File, StoreError> {
-    let resolved = std::fs::canonicalize(path).or_else(|_| {
-        // Not made yet: its directory resolved, and its own name.
-        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-        let directory = std::fs::canonicalize(parent.unwrap_or(Path::new(".")))?;
-        Ok::<_, std::io::Error>(directory.join(path.file_name().unwrap_or_default()))
-    });
-    let mut lock_path = resolved.unwrap_or_else(|_| PathBuf::from(path));
-    lock_path.as_mut_os_string().push(".lock");
-    let lock_name = lock_path.display().to_string();
+/// The store's lock: an exclusive `flock` on the database file itself
+/// (made empty if missing, as SQLite would make it), on a descriptor of
+/// its own. Not on a file beside it: an empty `<file>.lock` looks stale,
+/// and were it deleted a second process would lock a new one and take the
+/// first's attempts for a dead owner's. Every path to the file (a
+/// symlink to it or to a directory on its way, a hard link) opens the
+/// same file, so they are one lock.
+///
+/// On Linux a `flock` and SQLite's own locks (`fcntl` byte ranges, on the
+/// same file) never see each other, so SQLite's connections work under
+/// it. Closing any descriptor of the file drops every `fcntl` lock this
+/// process holds on it, SQLite's too: the lock is let go only at
+/// [`Maintenance::close`], once the store's connections are closed.
+fn lock_database(path: &Path, store_name: &str) -> Result<File, StoreError> {
+    let open_error = |reason: String| StoreError::Open {
+        store: store_name.to_string(),
+        reason,
+    };
     let file = File::options()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
-        .open(&lock_path)
-        .map_err(|e| StoreError::Open {
-            store: store_name.to_string(),
-            reason: format!("lock file {lock_name}: {e}"),
-        })?;
+        // SQLite's own default mode for a database it makes.
+        .mode(0o644)
+        .open(path)
+        .map_err(|e| open_error(format!("cannot open it to lock it: {e}")))?;
+    let resolved = || {
+        let file = std::fs::canonicalize(path).unwrap_or_else(|_| PathBuf::from(path));
+        file.display().to_string()
+    };
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(TryLockError::WouldBlock) => Err(StoreError::Locked {
             store: store_name.to_string(),
-            lock: lock_name,
+            lock: resolved(),
         }),
-        Err(TryLockError::Error(e)) => Err(StoreError::Open {
-            store: store_name.to_string(),
-            reason: format!("lock file {lock_name}: {e}"),
-        }),
+        Err(TryLockError::Error(e)) => Err(open_error(format!("cannot lock {}: {e}", resolved()))),
     }
 }
 
@@ -573,10 +584,11 @@ impl Maintenance for SqliteStore {
         &self.batches
     }
 
-    /// On the writer: ready means a write can commit.
+    /// A write on the writer: ready means a write can commit, and reach
+    /// the log ([`statements::readiness_write`]).
     async fn ping(&self) -> Result<(), StoreError> {
         self.writer
-            .run(|conn| Ok(conn.prepare_cached("SELECT 1")?.query_row([], |_| Ok(()))?))
+            .run(|conn| statements::readiness_write(conn))
             .await
     }
 
@@ -644,6 +656,9 @@ impl Maintenance for SqliteStore {
             }
         }
         self.writer.stop().await;
+        // Before the lock: closing its descriptor drops this process's
+        // `fcntl` locks on the file, which SQLite's connections hold.
+        self.readers.close();
         // Dropping the file releases the flock for the next process.
         if let Ok(mut lock) = self.lock.lock() {
             lock.take();

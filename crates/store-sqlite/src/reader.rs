@@ -61,6 +61,13 @@ impl Readers {
         })
     }
 
+    /// Closes the connections not in use (a read after this opens one).
+    pub fn close(&self) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.clear();
+        }
+    }
+
     /// Runs `read` in one snapshot on a reader connection.
     pub async fn run<T, F>(&self, read: F) -> Result<T, StoreError>
     where

@@ -1046,6 +1046,25 @@ pub(crate) fn set_meta(conn: &Connection, name: &str, value: &str) -> Result<(),
     Ok(())
 }
 
+/// The `store_meta` row [`readiness_write`] counts in.
+const READINESS_ROW: &str = "readiness-writes";
+
+/// Readiness (`Maintenance::ping`): a write that must reach the log. A
+/// transaction that writes nothing commits even when the disk is full or
+/// the log cannot grow, while every claim fails; this one dirties a page,
+/// so its commit appends a frame to the log, and the writer answers it
+/// only once that frame is as durable as any write's. It counts, so the
+/// row changes every time: SQLite writes nothing for an update that
+/// leaves a row as it was.
+pub(crate) fn readiness_write(conn: &Connection) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO store_meta (name, value) VALUES (?1, '1')
+         ON CONFLICT (name) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)",
+    )?
+    .execute(params![READINESS_ROW])?;
+    Ok(())
+}
+
 /// Keys the scopes of a store written before scopes were keyed, and
 /// keeps `key`'s canary: the number of operations keyed then, `None` when
 /// the store was keyed already with `key`; an error for another key.

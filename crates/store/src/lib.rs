@@ -617,8 +617,12 @@ pub enum Recorded {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("the store {store} is in use by another idemgate process (lock file {lock})")]
-    Locked { store: String, lock: String },
+    #[error("the store {store} is in use by another idemgate process (it holds a lock on {lock})")]
+    Locked {
+        store: String,
+        /// The file locked, its symlinks resolved.
+        lock: String,
+    },
     #[error("cannot open the store {store}: {reason}")]
     Open { store: String, reason: String },
     #[error("the store is busy: {0}")]
@@ -841,7 +845,11 @@ pub trait Maintenance: Send + Sync {
     /// current key, so only that key is needed from now on.
     async fn finish_rekey(&self) -> Result<(), StoreError>;
 
-    /// Whether the store answers (readiness).
+    /// Whether the store can take a write now (readiness: `/readyz`, the
+    /// systemd watchdog). SQLite makes one, a row of its own committed
+    /// as any write is, since a transaction that writes nothing commits on
+    /// a full disk; PostgreSQL asks whether this replica's lease runs, which
+    /// only a renewal (a write) extends.
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// Marks what this process still has `in_progress` as `unknown`

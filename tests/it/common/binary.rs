@@ -57,6 +57,11 @@ impl BinaryGateway {
         read_to_string(&self.stderr_path)
     }
 
+    /// The process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Its stderr once it contains `needle` (bounded by [`WAIT`]).
     pub async fn wait_for_log(&self, needle: &str) -> String {
         within_wait(|| async {

@@ -1,6 +1,6 @@
 //! Child processes beside in-process stores. A forked child holds a copy
 //! of every descriptor of this process until it execs (close-on-exec),
-//! among them the `flock`ed lock file of each SQLite store open here; a
+//! among them the `flock`ed database file of each SQLite store open here; a
 //! store closed in process and opened again while such a child has not
 //! exec'd yet finds itself still locked. All the tests share one process,
 //! so a test that restarts its gateway runs beside tests that spawn

@@ -118,7 +118,7 @@ impl RawResponse {
 }
 
 /// Every file in `dir` whose name starts with `prefix`, as bytes (a
-/// SQLite store's database, WAL, shared memory and lock files).
+/// SQLite store's database, WAL and shared memory files).
 pub fn files_starting_with(dir: &Path, prefix: &str) -> Vec<(String, Vec<u8>)> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
