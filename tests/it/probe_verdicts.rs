@@ -6,6 +6,10 @@
 //!   evidence `reconciled-absent`), and the retry that probed is sent,
 //!   once — also when several retries race the probe; before `min_age`
 //!   the same 404 holds it;
+//! - a lookup whose answer settles nothing, retried without pause: probed
+//!   again only a second after the latest probe, then two, doubling up to
+//!   a minute, across a restart too, and the timeline keeps the first and
+//!   the latest of the probes in a row;
 //! - a lookup on an index that lags, with a confirm request on one that
 //!   does not: the write that happened stays held (the confirm disagrees),
 //!   the one that did not is released (both say absent), each answer on
@@ -27,6 +31,7 @@ use idemgate_model::clock::ManualClock;
 use idemgate_tools::mock_upstream::MockUpstream;
 use serde_json::Value;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 const BODY: &str = r#"{"title":"t"}"#;
@@ -37,12 +42,28 @@ const BODY: &str = r#"{"title":"t"}"#;
 /// absence is believed only once it is over too, and these writes' lost
 /// answers never come late.
 async fn probing(reconcile: &str, more: &str) -> TestGateway {
+    probing_with(reconcile, more, |setup| setup).await
+}
+
+/// [`probing`] on `clock`, which moves only when the test moves it: a
+/// retry probes again once the test has moved it past the spacing (a
+/// second after the first probe), and `min_age` counts on it too.
+async fn probing_on(clock: &Arc<ManualClock>, reconcile: &str, more: &str) -> TestGateway {
+    probing_with(reconcile, more, |setup| setup.clock(clock.clone())).await
+}
+
+/// [`probing`] with `setup` changed as the test needs.
+async fn probing_with(
+    reconcile: &str,
+    more: &str,
+    setup: impl FnOnce(Setup) -> Setup,
+) -> TestGateway {
     let upstream = FakeUpstream::start().await;
     let route = format!(
         "late_window = \"1ms\"\n[routes.reconcile]\n{}\n{more}",
         reconcile.replace("{up}", &upstream.url())
     );
-    spawn_gateway_on(upstream, Setup::route(&route).admin()).await
+    spawn_gateway_on(upstream, setup(Setup::route(&route).admin())).await
 }
 
 /// Writes to `/scripted` under `key` while the upstream refuses with 502
@@ -181,6 +202,97 @@ async fn retries_that_race_the_probe_that_releases_the_write_send_it_once() {
     assert_eq!(verdicts, ["undetermined", "absent"], "one probe per race");
 }
 
+/// The lookups `gw`'s probes sent its upstream.
+fn lookups(gw: &TestGateway) -> usize {
+    let requests = gw.upstream.requests();
+    requests
+        .iter()
+        .filter(|r| r.uri.starts_with("/lookup"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_of_a_held_write_are_probed_spaced_and_its_timeline_stays_short() {
+    let upstream = FakeUpstream::start().await;
+    // A lookup that never settles anything: its 404 proves nothing without
+    // rules for absence, so every answer is undetermined.
+    let route = format!(
+        "[routes.reconcile]\nurl = \"{}/lookup?key={{key}}\"\nfound_json_pointer = \"/id\"\n",
+        upstream.url()
+    );
+    let clock = ManualClock::new();
+    let setup = Setup::route(&route).clock(clock.clone()).admin();
+    let mut gw = spawn_gateway_on(upstream, setup).await;
+    lost_uncommitted(&gw, "spaced-1").await;
+    first_probe_done(&gw, "spaced-1").await;
+    let retry = || write(gw.addr(), "/scripted", Some("spaced-1"), BODY);
+
+    // A client that retries on 409 without pause: answered from the store.
+    for _ in 0..200 {
+        assert_held_unknown(&retry().await);
+    }
+    assert_eq!(lookups(&gw), 1, "the probe after the loss only");
+    // The spacing is on the timeline: a restarted gateway (or a replica)
+    // keeps it.
+    gw.restart().await;
+    let retry = || write(gw.addr(), "/scripted", Some("spaced-1"), BODY);
+    assert_held_unknown(&retry().await);
+    assert_eq!(lookups(&gw), 1, "not probed after a restart either");
+    // A second after the first probe, the next; two seconds after that
+    // one, the third.
+    clock.advance(Duration::from_millis(999));
+    assert_held_unknown(&retry().await);
+    assert_eq!(lookups(&gw), 1, "within a second of the first");
+    clock.advance(Duration::from_millis(1));
+    assert_held_unknown(&retry().await);
+    assert_eq!(lookups(&gw), 2, "a second after the first");
+    clock.advance(Duration::from_millis(1_999));
+    assert_held_unknown(&retry().await);
+    assert_eq!(lookups(&gw), 2, "within two seconds of the second");
+    clock.advance(Duration::from_millis(1));
+    assert_held_unknown(&retry().await);
+    assert_eq!(lookups(&gw), 3, "two seconds after the second");
+    // The spacing doubles up to a minute: a retry every minute is probed
+    // each time, and ten retries in that minute once.
+    for _ in 0..20 {
+        clock.advance(Duration::from_secs(60));
+        for _ in 0..10 {
+            assert_held_unknown(&retry().await);
+        }
+    }
+    assert_eq!(lookups(&gw), 23, "one probe a minute");
+
+    // Of 23 undetermined probes in a row the timeline keeps the first and
+    // the latest, which counts the ones it stands for.
+    let probes = probe_events(&gw, "spaced-1").await;
+    assert_eq!(probes.len(), 2, "{probes:?}");
+    assert!(
+        probes.iter().all(|p| p["verdict"] == "undetermined"),
+        "{probes:?}"
+    );
+    assert_eq!(probes[0].get("probes"), None, "{probes:?}");
+    assert_eq!(probes[1]["probes"], 22, "{probes:?}");
+    let stored = gw.operation("spaced-1").await;
+    // Timestamps of one format and length: their text sorts as they do.
+    let probed_at: Vec<&str> = stored["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["kind"] == "probe")
+        .filter_map(|e| e["at"].as_str())
+        .collect();
+    assert!(
+        probed_at[0] < probed_at[1],
+        "the latest is the latest: {probed_at:?}"
+    );
+    assert_eq!(
+        verdicts_counted(&gw, "undetermined").await,
+        22.0,
+        "since the restart"
+    );
+    assert_eq!(gw.upstream.writes(), 0);
+}
+
 /// A lookup on a lagging index (always 404), confirmed by a list that is
 /// consistent.
 const LAGGING: &str = "url = \"{up}/lagging?key={key}\"\nabsent_status = 404\nmin_age = \"1ms\"\n\
@@ -188,11 +300,13 @@ const LAGGING: &str = "url = \"{up}/lagging?key={key}\"\nabsent_status = 404\nmi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_lookup_that_the_confirm_request_contradicts_stays_held() {
-    let gw = probing(LAGGING, "").await;
+    let clock = ManualClock::new();
+    let gw = probing_on(&clock, LAGGING, "").await;
     // The write commits; its response is lost.
     let lost = write(gw.addr(), "/drop", Some("lag-1"), BODY).await;
     lost.assert_operation_problem(502, "outcome-unknown", "unknown");
     first_probe_done(&gw, "lag-1").await;
+    clock.advance(Duration::from_secs(1));
 
     let retry = write(gw.addr(), "/drop", Some("lag-1"), BODY).await;
 
@@ -205,8 +319,8 @@ async fn a_lagging_lookup_that_the_confirm_request_contradicts_stays_held() {
         probes.iter().all(|p| p["verdict"] == "undetermined"),
         "{probes:?}"
     );
-    // The retry's probe at least is past `min_age` and asks the confirm
-    // request.
+    // The retry's probe is past `min_age` (the first one was not: the
+    // clock had not moved) and asks the confirm request.
     let confirmed: Vec<&Value> = probes.iter().filter(|p| p["confirm"].is_object()).collect();
     assert!(!confirmed.is_empty(), "{probes:?}");
     for probe in confirmed {
@@ -247,7 +361,9 @@ async fn a_lagging_lookup_that_the_confirm_request_agrees_with_releases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_held_twice_at_the_destination_is_alerted_pauses_the_route_and_is_listed_first() {
     let receiver = FakeUpstream::start().await;
-    let gw = probing(
+    let clock = ManualClock::new();
+    let gw = probing_on(
+        &clock,
         "url = \"{up}/records?key={key}\"\nfound_json_pointer = \"/data/0\"\n\
          count_json_pointer = \"/data\"",
         &format!(
@@ -275,6 +391,8 @@ async fn a_write_held_twice_at_the_destination_is_alerted_pauses_the_route_and_i
         .await;
         assert_eq!(direct.status, StatusCode::CREATED);
     }
+    // Past the spacing: the retry probes again.
+    clock.advance(Duration::from_secs(1));
 
     let retry = write(gw.addr(), "/scripted", Some("dup-1"), BODY).await;
 
@@ -320,6 +438,29 @@ async fn a_write_held_twice_at_the_destination_is_alerted_pauses_the_route_and_i
     assert_eq!(held["items"][0]["duplicated_at_destination"], true);
     assert_eq!(verdicts_counted(&gw, "duplicated").await, 1.0);
     assert_eq!(gw.upstream.writes(), 2, "nothing sent through the gateway");
+
+    // Later probes settle nothing (an operator's to settle): the run of
+    // them after the finding keeps the finding and the latest.
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(60));
+        assert_held_unknown(&write(gw.addr(), "/scripted", Some("dup-1"), BODY).await);
+    }
+    let kept: Vec<(Value, Value)> = probe_events(&gw, "dup-1")
+        .await
+        .iter()
+        .map(|p| (p["verdict"].clone(), p["probes"].clone()))
+        .collect();
+    let entry = |verdict: &str, probes: Value| (Value::from(verdict), probes);
+    assert_eq!(
+        kept,
+        [
+            entry("undetermined", Value::Null),
+            entry("duplicated", Value::Null),
+            entry("duplicated", 3.into()),
+        ],
+        "the finding, then the latest of three more"
+    );
+    assert_eq!(verdicts_counted(&gw, "duplicated").await, 4.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -405,7 +546,9 @@ async fn a_late_response_leaves_a_write_held_twice_at_the_destination_to_an_oper
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirm_request_past_its_timeout_is_never_absent() {
-    let gw = probing(
+    let clock = ManualClock::new();
+    let gw = probing_on(
+        &clock,
         "url = \"{up}/lookup?key={key}\"\nfound_json_pointer = \"/id\"\nabsent_status = 404\n\
          min_age = \"1ms\"\nconfirm_url = \"{up}/records?key={key}&ms=5000\"\n\
          confirm_absent_json_pointer = \"/data\"\ntimeout = \"300ms\"",
@@ -414,6 +557,8 @@ async fn a_confirm_request_past_its_timeout_is_never_absent() {
     .await;
     lost_uncommitted(&gw, "hang-1").await;
     first_probe_done(&gw, "hang-1").await;
+    // Past the spacing, and the first probe's `min_age`.
+    clock.advance(Duration::from_secs(1));
 
     let retry = write(gw.addr(), "/scripted", Some("hang-1"), BODY).await;
 

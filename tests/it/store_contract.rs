@@ -8,6 +8,8 @@
 //!   a stale writer changes nothing and says so (a record of an operation
 //!   no longer stored too, failing no other record); a write a probe found
 //!   more than once at the destination is settled by an operator only;
+//! - probes in a row that settle nothing keep their run's first event and
+//!   its latest, which counts every probe of the run, also when they race;
 //! - `not_attempted` gives its next attempt to the same payload only; the
 //!   derive window supersedes what it outdates;
 //! - pauses, the latch, listing, counts, retention and shutdown behave the
@@ -130,6 +132,7 @@ contract!(
     probe_findings_apply_only_to_unknown_at_their_attempt,
     a_write_found_twice_is_settled_by_an_operator_only,
     a_write_found_twice_after_its_late_response_is_alerted_and_pauses_its_route,
+    probes_in_a_row_keep_their_first_and_latest_event,
     pauses_and_the_latch,
     listing_and_counting,
     retention_keeps_unknown_operations,
@@ -908,6 +911,108 @@ async fn a_write_found_twice_after_its_late_response_is_alerted_and_pauses_its_r
     bench
         .assert_counts_exact(store.as_ref(), "a finding after the fact")
         .await;
+    store.close().await;
+}
+
+/// A probe's event that settled nothing, with `verdict`, asking `url`.
+fn unsettled_probe(verdict: &str, url: &str) -> Event {
+    Event {
+        kind: "probe",
+        detail: serde_json::json!({ "verdict": verdict, "url": url }),
+    }
+}
+
+/// The stored probes' (url, probes they stand for), in order.
+async fn probes_kept(store: &dyn Store, id: &str) -> Vec<(String, u64)> {
+    let (_, events) = store.get(id).await.unwrap().unwrap();
+    events
+        .iter()
+        .filter(|e| e.kind == "probe")
+        .map(|e| {
+            (
+                e.detail["url"].as_str().unwrap_or("").to_string(),
+                e.probes(),
+            )
+        })
+        .collect()
+}
+
+async fn probes_in_a_row_keep_their_first_and_latest_event(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let claim = held(store.as_ref(), "probed").await;
+    let id = &claim.operation_id;
+    let add = |verdict: &'static str, url: &'static str| {
+        let store = store.clone();
+        async move {
+            let probe = unsettled_probe(verdict, url);
+            store.add_probe_event(id, &probe).await.unwrap();
+        }
+    };
+    for url in ["u1", "u2", "u3", "u4", "u5"] {
+        bench.clock.advance(Duration::from_secs(1));
+        add("undetermined", url).await;
+    }
+    let kept = |u: &str, n: u64| (u.to_string(), n);
+    assert_eq!(
+        probes_kept(store.as_ref(), id).await,
+        [kept("u1", 1), kept("u5", 4)],
+        "the first, and the latest standing for the rest"
+    );
+    let (_, events) = store.get(id).await.unwrap().unwrap();
+    let at: Vec<i64> = events
+        .iter()
+        .filter(|e| e.kind == "probe")
+        .map(|e| e.at)
+        .collect();
+    assert_eq!(at[1] - at[0], 4_000, "the latest's time: {at:?}");
+    // Another verdict starts a run of its own.
+    for url in ["d1", "d2", "d3"] {
+        add("duplicated", url).await;
+    }
+    // Another event ends a run.
+    let resend = Event {
+        kind: "resend",
+        detail: serde_json::json!({ "sending": true }),
+    };
+    store.add_event(id, &resend).await.unwrap();
+    for url in ["v1", "v2", "v3"] {
+        add("undetermined", url).await;
+    }
+    assert_eq!(
+        probes_kept(store.as_ref(), id).await,
+        [
+            kept("u1", 1),
+            kept("u5", 4),
+            kept("d1", 1),
+            kept("d3", 2),
+            kept("v1", 1),
+            kept("v3", 2),
+        ]
+    );
+    let (_, events) = store.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        kinds(&events[events.len() - 3..]),
+        ["resend", "probe", "probe"]
+    );
+
+    // Probes of another operation at once: each is counted.
+    let raced = held(store.as_ref(), "raced").await;
+    let raced = raced.operation_id.clone();
+    let mut adds = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let (store, raced) = (store.clone(), raced.clone());
+        adds.spawn(async move {
+            let probe = unsettled_probe("undetermined", "r");
+            store.add_probe_event(&raced, &probe).await.unwrap();
+        });
+    }
+    adds.join_all().await;
+    let counted: u64 = probes_kept(store.as_ref(), &raced)
+        .await
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(counted, 20);
     store.close().await;
 }
 

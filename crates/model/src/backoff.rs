@@ -8,9 +8,11 @@
 //! (`alerts/deliverer.rs`, full jitter), re-sends of a held operation under
 //! its destination key (`pipeline/attempt.rs`, full jitter), outcomes the
 //! store refused to record (`pipeline/record.rs`, none: one operation's own
-//! retries, never in step with another's) and looks for claims whose answer
-//! was lost (`crates/store-postgres/src/lib.rs`, full jitter: a failed batch's calls
-//! look together otherwise).
+//! retries, never in step with another's), the spacing of one held
+//! operation's probes (`pipeline/reconcile/mod.rs`, none: read back from
+//! its timeline, so it must be the same number every time) and looks for
+//! claims whose answer was lost (`crates/store-postgres/src/lib.rs`, full
+//! jitter: a failed batch's calls look together otherwise).
 //!
 //! Invariant, for every `n`: `0 <= delay(n) <= ceiling(n) <= cap`, the
 //! ceiling never shrinks as `n` grows, and nothing overflows.

@@ -518,6 +518,11 @@ impl RequestPath for PostgresStore {
         statements::insert_event(&self.pool, operation_id, now, event).await
     }
 
+    async fn add_probe_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError> {
+        let now = self.clock.now_millis();
+        statements::add_probe_event(&self.pool, operation_id, now, event).await
+    }
+
     async fn settle_held(&self, late: &LateEvidence) -> Result<bool, StoreError> {
         let now = self.clock.now_millis();
         statements::settle_held(&self.pool, &self.seal, now, late).await

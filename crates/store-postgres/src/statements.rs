@@ -441,6 +441,46 @@ pub(crate) async fn insert_event(
     Ok(())
 }
 
+/// A probe's event that settled nothing, in place of the latest of a run
+/// of probes with its verdict (`RequestPath::add_probe_event`): when the
+/// operation's two latest events are such probes, the latest takes this
+/// one's time and detail, its `probes` (`idemgate_store::PROBES`) one
+/// more than it stood for; otherwise the event is appended. One statement;
+/// two replicas that fold at once both count (the second update reads the
+/// row the first left).
+pub async fn add_probe_event(
+    pool: &PgPool,
+    operation_id: &str,
+    at: i64,
+    event: &Event,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "WITH latest AS (
+            SELECT id, kind, detail::jsonb ->> 'verdict' AS verdict FROM events
+            WHERE operation_id = $1 ORDER BY id DESC LIMIT 2
+         ), run AS (
+            SELECT max(id) AS id FROM latest
+            HAVING count(*) = 2 AND bool_and(coalesce(kind = $5 AND verdict = $4, false))
+         ), folded AS (
+            UPDATE events e SET at = $2,
+                detail = jsonb_set($3::jsonb, '{probes}',
+                    to_jsonb(coalesce((e.detail::jsonb ->> 'probes')::bigint, 1) + 1))::text
+            FROM run WHERE e.id = run.id
+            RETURNING e.id
+         )
+         INSERT INTO events (operation_id, at, kind, detail)
+         SELECT $1, $2, $5, $3 WHERE NOT EXISTS (SELECT 1 FROM folded)",
+    )
+    .bind(operation_id)
+    .bind(at)
+    .bind(event.detail.to_string())
+    .bind(event.detail["verdict"].as_str())
+    .bind(event.kind)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// `unknown` → `completed` with evidence that came after the fact, unless
 /// a probe found the write more than once at the destination (an
 /// operator's to settle); the event is kept either way (when the operation

@@ -461,6 +461,17 @@ impl RequestPath for SqliteStore {
             .await
     }
 
+    async fn add_probe_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError> {
+        let (now, id, event) = (
+            self.clock.now_millis(),
+            operation_id.to_string(),
+            event.clone(),
+        );
+        self.writer
+            .run(move |conn| statements::add_probe_event(conn, &id, now, &event))
+            .await
+    }
+
     async fn settle_held(&self, late: &LateEvidence) -> Result<bool, StoreError> {
         let (now, late, seal) = (self.clock.now_millis(), late.clone(), self.seal.clone());
         self.writer

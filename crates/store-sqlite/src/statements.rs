@@ -443,6 +443,42 @@ pub(crate) fn insert_event(
     Ok(())
 }
 
+/// A probe's event that settled nothing, in place of the latest of a run
+/// of probes with its verdict (`RequestPath::add_probe_event`): when the
+/// operation's two latest events are such probes, the latest takes this
+/// one's time and detail, its `probes` (`idemgate_store::PROBES`) one
+/// more than it stood for; otherwise the event is appended.
+pub fn add_probe_event(
+    conn: &Connection,
+    operation_id: &str,
+    at: i64,
+    event: &Event,
+) -> Result<(), StoreError> {
+    let verdict = event.detail["verdict"].as_str();
+    let folded = conn
+        .prepare_cached(
+            "UPDATE events SET at = ?2,
+                detail = json_set(?3, '$.probes', coalesce(json_extract(detail, '$.probes'), 1) + 1)
+             WHERE id = (SELECT max(id) FROM events WHERE operation_id = ?1)
+               AND ?4 IS NOT NULL
+               AND (SELECT count(*) FROM (
+                        SELECT kind, detail FROM events WHERE operation_id = ?1
+                        ORDER BY id DESC LIMIT 2)
+                    WHERE kind = ?5 AND json_extract(detail, '$.verdict') = ?4) = 2",
+        )?
+        .execute(params![
+            operation_id,
+            at,
+            event.detail.to_string(),
+            verdict,
+            event.kind
+        ])?;
+    if folded == 0 {
+        insert_event(conn, operation_id, at, event)?;
+    }
+    Ok(())
+}
+
 /// `unknown` → `completed` with evidence that came after the fact, unless
 /// a probe found the write more than once at the destination (an
 /// operator's to settle); the event is kept either way (when the operation

@@ -94,6 +94,21 @@ pub struct StoredEvent {
     pub detail: serde_json::Value,
 }
 
+/// The member of a `probe` event's detail that counts the probes it
+/// stands for when more than one ([`RequestPath::add_probe_event`]).
+pub const PROBES: &str = "probes";
+
+impl StoredEvent {
+    /// How many probes this event stands for: 0 for another kind, 1 for a
+    /// probe's own, more for the latest of a run that replaced others.
+    pub fn probes(&self) -> u64 {
+        match self.kind.as_str() {
+            "probe" => self.detail[PROBES].as_u64().unwrap_or(1).max(1),
+            _ => 0,
+        }
+    }
+}
+
 /// An operation's whole timeline: the stored events with the ones its row
 /// implies (see [`backend::is_implied_by_record`]) put back in their place.
 pub fn timeline(operation: &Operation, stored: Vec<StoredEvent>) -> Vec<StoredEvent> {
@@ -718,6 +733,17 @@ pub trait RequestPath: Send + Sync {
 
     /// Appends an event to an operation's timeline.
     async fn add_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError>;
+
+    /// Appends a `probe` event that settled nothing (an undetermined
+    /// answer, or any answer about a write found more than once already,
+    /// which only an operator settles), keeping a run of them short: when
+    /// the operation's two latest stored events are probes with this one's
+    /// `verdict`, the latest is replaced by this one, its [`PROBES`] the
+    /// replaced one's plus one. So a run of probes in a row with one
+    /// verdict keeps its first event and its latest, which counts the
+    /// probes it stands for: a client that retries a held operation for
+    /// days adds two events, not one per probe.
+    async fn add_probe_event(&self, operation_id: &str, event: &Event) -> Result<(), StoreError>;
 
     /// Settles a held operation with evidence that came after the fact:
     /// `unknown` → `completed`, as a compare-and-set. The event is kept

@@ -552,10 +552,16 @@ fn render_operation(op: &Value) -> Result<String, KeysError> {
 
 /// A probe's timeline entry as a line: each question and its answer, and
 /// the verdict (`GET URL → 404; confirm GET URL → 200 [1], not absent →
-/// undetermined (reason)`); an entry of another shape as its JSON.
+/// undetermined (reason)`), after how many probes it stands for when it is
+/// the latest of a run (`7 probes after the one above, the latest: …`);
+/// an entry of another shape as its JSON.
 fn probe_line(detail: &Value) -> String {
     let Some(verdict) = detail.get("verdict").and_then(Value::as_str) else {
         return detail.to_string();
+    };
+    let run = match detail.get("probes").and_then(Value::as_u64) {
+        Some(n) if n > 1 => format!("{n} probes after the one above, the latest: "),
+        _ => String::new(),
     };
     let answer = |asked: &Value| {
         let url = field(asked.get("url").unwrap_or(&Value::Null));
@@ -574,7 +580,7 @@ fn probe_line(detail: &Value) -> String {
             None => format!("{question} → {said}"),
         }
     };
-    let mut line = answer(detail);
+    let mut line = run + &answer(detail);
     if let Some(confirm) = detail.get("confirm").filter(|c| c.is_object()) {
         let agrees = confirm.get("absent").and_then(Value::as_bool) == Some(true);
         let said = if agrees { "absent" } else { "not absent" };
@@ -610,6 +616,12 @@ mod tests {
         assert_eq!(
             probe_line(&timed_out),
             "tools/call find → no answer (no answer within 1s) → undetermined"
+        );
+        let latest = json!({"url": "http://api/lookup?key=k", "status": 404, "count": null,
+                            "error": null, "verdict": "undetermined", "probes": 7});
+        assert_eq!(
+            probe_line(&latest),
+            "7 probes after the one above, the latest: GET http://api/lookup?key=k → 404 → undetermined"
         );
     }
 

@@ -36,8 +36,8 @@
 //!    scope over its `quota` only looks up what exists. A duplicate of a
 //!    claim in flight waits for it and asks the cache again when it wakes.
 //!    An `unknown` operation on a route with a probe is probed first
-//!    ([`reconcile`]) and claimed again: one the probe finds absent is sent
-//!    by this request.
+//!    ([`reconcile`], unless it was probed lately) and claimed again: one
+//!    the probe finds absent is sent by this request.
 //! 7. [`forward`] + `record` (`attempt`): in the task the claim runs in,
 //!    so a client that hangs up never cancels the upstream call nor leaves
 //!    the operation `in_progress`; upstream connections are made by
@@ -668,7 +668,8 @@ impl Proxy {
 
     /// Phase 6: the claim decides whether the write is sent (the attempt,
     /// phase 7, which owns the write's context from then on) or answered
-    /// from the store. A held operation is probed once, then claimed
+    /// from the store. A held operation is probed once (unless its latest
+    /// probe was too recent: the spacing is the reconciler's), then claimed
     /// again: whatever settled it meanwhile (this probe, the one that was
     /// running, a late response, an operator) answers, and one the probe
     /// released (`not_attempted`) is this request's to send.

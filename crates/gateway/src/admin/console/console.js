@@ -396,7 +396,9 @@
   // request's, and what the probe concluded.
   function probeText(detail) {
     if (!detail.verdict) return detailText(detail);
-    let text = answerText(detail);
+    // The latest of a run of probes stands for those after the run's first.
+    let text = detail.probes > 1 ? detail.probes + " probes after the one above, the latest: " : "";
+    text += answerText(detail);
     if (detail.confirm) {
       text += "; confirm " + answerText(detail.confirm) +
         (detail.confirm.absent ? " (says absent)" : " (does not say absent)");

@@ -32,6 +32,17 @@
 //!   waits for that one instead (bounded by the probe's questions' bounds),
 //!   so that either way it can answer from what the probe left in the
 //!   store;
+//! - probes of one operation are spaced ([`SPACING`], growing with each
+//!   probe in a row): a request that comes sooner after the operation's
+//!   latest probe is not probed, and answers from the store. The spacing
+//!   is read from the timeline (the latest probe's time, and how many came
+//!   in a row since another event), so replicas and restarts keep it, and
+//!   a client that retries without pause costs its destination a probe per
+//!   spacing's ceiling at most;
+//! - a run of probes in a row that settle nothing keeps two timeline
+//!   entries, its first and its latest, which counts the probes it stands
+//!   for (`RequestPath::add_probe_event`), so retries never grow a held
+//!   operation's timeline without bound;
 //! - a probe asks about its own operation and nothing else:
 //!   `http::url` is the one place a probe URL is built;
 //! - a probe asks by keys its destination got: `{key}` only where the
@@ -60,12 +71,23 @@ use crate::metrics::Metrics;
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::forward::{self, ProbeClient};
 use crate::traces::{self, Step};
+use idemgate_model::backoff::Backoff;
 use idemgate_model::clock;
 use idemgate_model::operation::{Event, Operation, State};
 use idemgate_store::{
-    Finding, LateEvidence, LateSource, Operators, Probed, RequestPath, StoredEvent,
+    DUPLICATED, Finding, LateEvidence, LateSource, Operators, Probed, RequestPath, StoredEvent,
 };
 use verdict::{Answer, Rules, Verdict, classify};
+
+/// How long after an operation's latest probe the next may be sent, by how
+/// many came in a row (since another event on its timeline): a second
+/// after the first, doubling with each one after it up to a minute. A
+/// retry before then answers from the store. Long enough that a client
+/// retrying on 409 in a loop costs the destination a GET a minute at most
+/// per held operation; short enough that a write the destination shows
+/// (or an absence `min_age` lets the probe believe) settles the next retry
+/// within a minute of it.
+const SPACING: Backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
 
 /// The probes in flight in this process, by operation id; each probe's
 /// receiver lets a request that comes meanwhile wait for it to end.
@@ -313,6 +335,10 @@ impl Reconciler {
                 return;
             }
         };
+        if next_probe_at(&events).is_some_and(|due| ctx.now < due) {
+            // Probed lately: the store holds what that probe concluded.
+            return;
+        }
         let asking = Held {
             operation: &held,
             since: last_sent(&held, &events, forward::longest_write(route)),
@@ -402,6 +428,25 @@ fn last_sent(operation: &Operation, events: &[StoredEvent], longest_write: Durat
         .fold(operation.updated_at, i64::max)
 }
 
+/// When (ms) the next probe of an operation whose timeline is `events` may
+/// be sent ([`SPACING`]): `None` when no probe came since its latest other
+/// event (a new loss, a claim, a re-send, an operator's note), so the
+/// probe after a loss is never held back.
+fn next_probe_at(events: &[StoredEvent]) -> Option<i64> {
+    let latest = events.last().filter(|event| event.kind == "probe")?;
+    let in_a_row = events
+        .iter()
+        .rev()
+        .take_while(|event| event.kind == "probe")
+        .fold(0u64, |n, probe| n.saturating_add(probe.probes()));
+    let after = u32::try_from(in_a_row.saturating_sub(1)).unwrap_or(u32::MAX);
+    Some(
+        latest
+            .at
+            .saturating_add(clock::millis(SPACING.ceiling(after))),
+    )
+}
+
 /// Writes what the probe concluded: a settlement, or its event alone.
 async fn settle(
     store: &dyn RequestPath,
@@ -421,6 +466,9 @@ async fn settle(
         event: event.clone(),
     };
     let written = match concluded.verdict {
+        // Found more than once before: an operator's to settle, so this
+        // probe settles nothing, whatever it says.
+        _ if held.evidence == DUPLICATED => store.add_probe_event(&operation_id, &event).await,
         Verdict::Found(response) => {
             let late = LateEvidence {
                 operation_id: operation_id.clone(),
@@ -442,7 +490,7 @@ async fn settle(
             }
             reported.map(drop)
         }
-        Verdict::Undetermined(_) => store.add_event(&operation_id, &event).await,
+        Verdict::Undetermined(_) => store.add_probe_event(&operation_id, &event).await,
     };
     if let Err(error) = written {
         tracing::warn!(%operation_id, %error, "cannot record a probe's result");
@@ -533,6 +581,38 @@ mod tests {
             kind: kind.into(),
             detail: Value::Null,
         }
+    }
+
+    #[test]
+    fn probes_are_spaced_by_how_many_came_in_a_row() {
+        // The latest of a run, standing for `n` probes.
+        let folded = |at, n: u64| StoredEvent {
+            at,
+            kind: "probe".into(),
+            detail: json!({ "verdict": "undetermined", "probes": n }),
+        };
+        let lost = event(2_000, "timeout");
+        // No probe since the loss: the probe after it goes at once.
+        assert_eq!(
+            next_probe_at(&[event(1_000, "claimed"), lost.clone()]),
+            None
+        );
+        // A second after the first, two after the second.
+        let first = event(3_000, "probe");
+        assert_eq!(next_probe_at(&[lost.clone(), first.clone()]), Some(4_000));
+        let second = [lost.clone(), first.clone(), event(4_500, "probe")];
+        assert_eq!(next_probe_at(&second), Some(6_500));
+        // Six in a row, the latest standing for five: 32 s after it.
+        let six = [lost.clone(), first.clone(), folded(40_000, 5)];
+        assert_eq!(next_probe_at(&six), Some(72_000));
+        // Never more than a minute.
+        let many = [lost.clone(), first.clone(), folded(900_000, 10_000)];
+        assert_eq!(next_probe_at(&many), Some(960_000));
+        let all = [first.clone(), folded(900_000, u64::MAX)];
+        assert_eq!(next_probe_at(&all), Some(960_000));
+        // Another event since (a re-send, a new loss): at once again.
+        let resent = [first, folded(9_000, 3), event(9_500, "resend")];
+        assert_eq!(next_probe_at(&resent), None);
     }
 
     #[test]
