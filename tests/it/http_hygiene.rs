@@ -183,6 +183,28 @@ fn framed_twice() -> &'static [u8] {
     Box::leak(answer.into_bytes().into_boxed_slice())
 }
 
+/// A passed-through answer's trailer fields reach an HTTP/1.1 client that
+/// takes them (`TE: trailers`): `Trailer`, which names them, is no
+/// hop-by-hop field (RFC 9110 §6.6.2, §7.6.1), and HTTP/1.1 sends only the
+/// trailer fields it names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_through_answer_keeps_its_trailers() {
+    let raw = RawUpstream::start(Breakage::Answers(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n\
+          5\r\nhello\r\n0\r\nx-sum: 42\r\n\r\n",
+    ))
+    .await;
+    let gw = spawn_gateway_with(Setup::route("").upstream_url(raw.url())).await;
+    let read = raw_post_head("/report", &["te: trailers"]).replace("POST", "GET");
+    let answer = raw_exchange(gw.addr(), read.as_bytes())
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status, 200, "{}", answer.head);
+    assert!(answer.head.contains("trailer: x-sum"), "{}", answer.head);
+    let body = String::from_utf8_lossy(&answer.body);
+    assert!(body.contains("x-sum: 42"), "{body:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_framed_twice_reaches_the_client_framed_by_its_body() {
     let raw = RawUpstream::start(Breakage::Answers(framed_twice())).await;

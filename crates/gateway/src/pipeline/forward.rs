@@ -94,13 +94,15 @@ pub fn probe_client(route: &Route) -> Result<ProbeClient, TlsError> {
 }
 
 /// The hop-by-hop headers of RFC 9110 §7.6.1 (and the pre-standard
-/// `Keep-Alive` and `Proxy-Connection`), in [`hop_by_hop_index`]'s order.
-static HOP_BY_HOP: [HeaderName; 9] = [
+/// `Keep-Alive` and `Proxy-Connection`, and the proxy's own credentials),
+/// in [`hop_by_hop_index`]'s order. Not `Trailer`: it names the trailer
+/// fields a message carries end to end, and HTTP/1.1 sends only the
+/// trailer fields it names.
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     HeaderName::from_static("keep-alive"),
@@ -108,7 +110,7 @@ static HOP_BY_HOP: [HeaderName; 9] = [
 ];
 
 /// Where `Transfer-Encoding` is in [`HOP_BY_HOP`].
-const TRANSFER_ENCODING_AT: usize = 5;
+const TRANSFER_ENCODING_AT: usize = 4;
 
 /// Where a (lower-case) header name is in [`HOP_BY_HOP`]: a match on the
 /// name, about three times quicker than comparing it with each entry.
@@ -118,11 +120,10 @@ fn hop_by_hop_index(name: &str) -> Option<usize> {
         "proxy-authenticate" => 1,
         "proxy-authorization" => 2,
         "te" => 3,
-        "trailer" => 4,
         "transfer-encoding" => TRANSFER_ENCODING_AT,
-        "upgrade" => 6,
-        "keep-alive" => 7,
-        "proxy-connection" => 8,
+        "upgrade" => 5,
+        "keep-alive" => 6,
+        "proxy-connection" => 7,
         _ => return None,
     })
 }
@@ -726,7 +727,7 @@ async fn read_response(
             .is_some_and(|t| t.trim_start().starts_with("text/event-stream"));
         // An event stream in a content coding (asked for none) is not read
         // event by event: nothing of it is relayed, and its reader holds
-        // it ([`crate::pipeline::mcp::outcome`]).
+        // it (the MCP outcome's reading).
         let readable = streamed && content_coding(&head.headers).is_none();
         if let (Some(answer), true) = (answer, readable) {
             return read_events(head, body, route, deadline, answer, sse::Events::default()).await;
