@@ -9,7 +9,10 @@
 //!   of it reached the upstream (a connect failure, a TLS handshake either
 //!   side refused): [`Exchange::NotSent`]. Every other failure may have
 //!   reached the upstream and is [`Exchange::Lost`];
-//! - a response is [`Exchange::Complete`] only when its whole body arrived.
+//! - a response is [`Exchange::Complete`] only when its whole body arrived;
+//! - an answer streamed to the client ([`Streamed`]: passed through, or a
+//!   write's not stored) is cut when the upstream sends nothing for
+//!   `upstream_timeout`, so a silent upstream holds neither connection.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -29,7 +32,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::{Instant, timeout_at};
 
-use crate::body::{ProxyBody, full, stream};
+use crate::body::{IdleTimeout, ProxyBody, full, stream};
 use crate::config::Route;
 use crate::metrics::{Metrics, Outcome};
 use crate::pipeline::budget::Reservation;
@@ -255,7 +258,9 @@ fn forwarded_for(headers: &HeaderMap, peer: &Peer) -> HeaderValue {
 }
 
 /// Streams a request the gateway does not intercept to the upstream and its
-/// response back, unchanged but for hop-by-hop headers.
+/// response back, unchanged but for hop-by-hop headers: the head within
+/// `upstream_timeout`, and the body as long as it keeps coming, cut when
+/// the upstream sends nothing for as long ([`Streamed`]).
 pub(crate) async fn pass_through(
     pool: &Arc<Pool>,
     route: &Route,
@@ -299,7 +304,8 @@ pub(crate) async fn pass_through(
         });
     }
     strip_hop_by_hop(&mut parts.headers);
-    let mut response = Response::from_parts(parts, stream(body));
+    let body = stream(IdleTimeout::new(body, route.upstream_timeout));
+    let mut response = Response::from_parts(parts, body);
     response.extensions_mut().insert(Outcome::proxied);
     Ok(response)
 }
@@ -393,7 +399,7 @@ pub enum Exchange {
     /// (502, 504): the write may have happened; passed through as it streams.
     Classified {
         head: http::response::Parts,
-        body: PooledBody,
+        body: Streamed,
     },
     /// A response whose status is one of the route's `release_statuses`
     /// (429, 503): the upstream refused the write. Its body is read whole
@@ -414,9 +420,15 @@ pub enum Exchange {
     Oversized {
         head: http::response::Parts,
         prefix: Bytes,
-        rest: PooledBody,
+        rest: Streamed,
     },
 }
+
+/// The rest of an upstream's answer, streamed to the client as it comes:
+/// it fails when the upstream sends nothing for `upstream_timeout` (the
+/// client's answer is cut, the upstream connection closed), however long
+/// the whole takes.
+pub type Streamed = IdleTimeout<PooledBody>;
 
 impl Exchange {
     /// How far the request got, in a word, and the upstream's status if
@@ -634,8 +646,14 @@ fn too_large(bytes: usize) -> String {
     format!("an event of the answer's stream is over max_stored_response ({bytes} bytes and more)")
 }
 
-/// An answer larger than a route stores: what was read, and the rest.
-fn oversized(head: http::response::Parts, prefix: Bytes, rest: PooledBody) -> Exchange {
+/// An answer larger than `route` stores: what was read, and the rest.
+fn oversized(
+    route: &Route,
+    head: http::response::Parts,
+    prefix: Bytes,
+    rest: PooledBody,
+) -> Exchange {
+    let rest = IdleTimeout::new(rest, route.upstream_timeout);
     Exchange::Oversized { head, prefix, rest }
 }
 
@@ -693,6 +711,7 @@ async fn read_response(
         if route.unknown_statuses.contains(&status)
             || (busy_is_unknown && matches!(status, 409 | 425))
         {
+            let body = IdleTimeout::new(body, route.upstream_timeout);
             return (Exchange::Classified { head, body }, None);
         }
         let streamed = head
@@ -709,14 +728,7 @@ async fn read_response(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > route.max_stored_response as u64) {
-            return (
-                Exchange::Oversized {
-                    head,
-                    prefix: Bytes::new(),
-                    rest: body,
-                },
-                None,
-            );
+            return (oversized(route, head, Bytes::new(), body), None);
         }
         read_body(head, BytesMut::new(), body, route, deadline).await
     }
@@ -853,7 +865,7 @@ fn read_body(
                     if let Ok(data) = frame.into_data() {
                         buffer.extend_from_slice(&data);
                         if buffer.len() > route.max_stored_response {
-                            return (oversized(head, buffer.freeze(), body), None);
+                            return (oversized(route, head, buffer.freeze(), body), None);
                         }
                     }
                 }
