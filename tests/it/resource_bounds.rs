@@ -28,7 +28,13 @@
 //!   silent (`routes[].upstream_timeout`, between two of its frames): it
 //!   is cut short, never ended as if whole, and the client's connection
 //!   and the upstream's are closed, a client that went away meanwhile
-//!   included; one that keeps coming, however slowly, goes on.
+//!   included; one that keeps coming, however slowly, goes on;
+//! - connections open to a route's upstream
+//!   (`routes[].max_upstream_connections`), whatever asks for them (here
+//!   the streams of one HTTP/2 client connection): past it a request waits
+//!   `connect_timeout` for one and is answered 503 `overloaded`, nothing
+//!   sent (a write claimed meanwhile is `not_attempted`), and once they
+//!   come free they are used again.
 //!
 //! Slow heads and slow bodies are bounded too (`tests/it/limits.rs`).
 
@@ -38,8 +44,12 @@ use std::time::Duration;
 use crate::common::*;
 use bytes::Bytes;
 use http::StatusCode;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::task::JoinSet;
 
 const ORDER: &str = r#"{"sku":"apple"}"#;
 
@@ -548,4 +558,63 @@ async fn a_passed_through_answer_that_keeps_coming_outlasts_upstream_timeout() {
         .expect("an answer");
     assert_eq!(whole.status, 200, "{}", whole.head);
     assert_eq!(whole.body, b"xxxxxxxx");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_of_http2_clients_hold_no_more_upstream_connections_than_the_route_may() {
+    // An upstream that reads each request and never answers.
+    let raw = RawUpstream::start(Breakage::Stalls(b"")).await;
+    let route =
+        "max_upstream_connections = 3\nconnect_timeout = \"300ms\"\nupstream_timeout = \"5s\"";
+    let gw = spawn_gateway_with(Setup::route(route).upstream_url(raw.url()).admin()).await;
+    // Ten streams of one HTTP/2 connection, each a GET passed through.
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let get = |n: usize| {
+        let request = build_request("GET", &format!("http://{}/files/{n}", gw.addr()), &[], "");
+        let (client, request) = (client.clone(), request.expect("request"));
+        async move {
+            let answer = client.request(request).await.expect("an answer");
+            read_whole(answer).await.expect("a whole answer")
+        }
+    };
+    let mut streams = JoinSet::new();
+    for n in 0..10 {
+        streams.spawn(get(n));
+    }
+    // Three get a connection (and wait for their answer); the seven others
+    // wait connect_timeout for one, and are refused.
+    for _ in 0..7 {
+        let refused = tokio::time::timeout(WAIT, streams.join_next())
+            .await
+            .expect("seven refused within WAIT")
+            .expect("a stream")
+            .expect("its task");
+        refused.assert_problem(503, "overloaded");
+    }
+    assert_eq!(raw.connections(), 3);
+
+    // A write meanwhile shares the bound: claimed, then nothing sent.
+    let busy = write(gw.addr(), "/orders", Some("no-connection"), ORDER).await;
+    busy.assert_operation_problem(503, "overloaded", "not_attempted");
+    assert_eq!((raw.connections(), raw.requests()), (3, 3), "nothing sent");
+    let op = gw.operation("no-connection").await;
+    assert_eq!(op["evidence"], "upstream-busy", "{op}");
+
+    // The three end at upstream_timeout, and their connections close: the
+    // next stream gets one of its own.
+    for _ in 0..3 {
+        let late = tokio::time::timeout(WAIT, streams.join_next())
+            .await
+            .expect("answered at upstream_timeout")
+            .expect("a stream")
+            .expect("its task");
+        late.assert_problem(504, "upstream-timeout");
+    }
+    streams.spawn(get(10));
+    eventually("a connection made for the next stream", || async {
+        (raw.connections() == 4).then_some(())
+    })
+    .await;
 }

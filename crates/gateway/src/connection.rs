@@ -307,6 +307,7 @@ where
         let Ok(slot) = self.streams.slots.clone().try_acquire_owned() else {
             let busy = ProxyError::Overloaded {
                 what: "streams of this HTTP/2 connection",
+                operation: None,
             };
             return Either::Right(Box::pin(std::future::ready(Ok(busy.into_response()))));
         };

@@ -128,8 +128,13 @@ pub enum ProxyError {
         spent: QuotaSpent,
         operation: Option<OperationRef>,
     },
+    /// About the `operation` a write claimed and then could not send (it
+    /// is `not_attempted`), if it got that far.
     #[error("the gateway is at its limit of {what}; nothing was sent, retry shortly")]
-    Overloaded { what: &'static str },
+    Overloaded {
+        what: &'static str,
+        operation: Option<OperationRef>,
+    },
     #[error("the request could not be handled: {reason}")]
     Internal { reason: String },
 }
@@ -199,7 +204,7 @@ impl ProxyError {
             UpstreamTimeout => (ProblemKind::UpstreamTimeout, None),
             UpstreamFailed { .. } => (ProblemKind::UpstreamFailed, None),
             QuotaExceeded { operation, .. } => (ProblemKind::QuotaExceeded, operation.as_ref()),
-            Overloaded { .. } => (ProblemKind::Overloaded, None),
+            Overloaded { operation, .. } => (ProblemKind::Overloaded, operation.as_ref()),
             Internal { .. } => (ProblemKind::Internal, None),
         }
     }
@@ -254,6 +259,9 @@ impl ProxyError {
             UpstreamUnreachable {
                 operation: Some(_), ..
             }
+            | Overloaded {
+                operation: Some(_), ..
+            }
             | LeaseLost { .. } => Outcome::released,
             UpstreamUnreachable {
                 operation: None, ..
@@ -276,7 +284,9 @@ impl ProxyError {
             | RoutePaused { .. }
             | StoreUnavailable { .. }
             | StoreUnreadable { .. }
-            | Overloaded { .. }
+            | Overloaded {
+                operation: None, ..
+            }
             | QuotaExceeded { .. }
             | Internal { .. } => Outcome::rejected,
         }
@@ -480,6 +490,7 @@ mod tests {
         let overloaded = check(
             ProxyError::Overloaded {
                 what: "open connections",
+                operation: None,
             },
             503,
             "overloaded",

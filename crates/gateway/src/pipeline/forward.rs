@@ -7,8 +7,10 @@
 //!   the upstream's; `X-Forwarded-For`/`-Proto` say who asked;
 //! - a write is re-sent by idemgate only when the client proves that no byte
 //!   of it reached the upstream (a connect failure, a TLS handshake either
-//!   side refused): [`Exchange::NotSent`]. Every other failure may have
-//!   reached the upstream and is [`Exchange::Lost`];
+//!   side refused): [`Exchange::NotSent`]. One that found every connection
+//!   its route may hold open in use ([`pool::Slots`]) is never written:
+//!   [`Exchange::Busy`]. Every other failure may have reached the upstream
+//!   and is [`Exchange::Lost`];
 //! - a response is [`Exchange::Complete`] only when its whole body arrived;
 //! - an answer streamed to the client ([`Streamed`]: passed through, or a
 //!   write's not stored) is cut when the upstream sends nothing for
@@ -37,10 +39,10 @@ use crate::config::Route;
 use crate::metrics::{Metrics, Outcome};
 use crate::pipeline::budget::Reservation;
 use crate::pipeline::connector::{FenceDown, UpstreamConnector};
-use crate::pipeline::error::ProxyError;
+use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::fields::foreign_coding;
 use crate::pipeline::host::ViaTls;
-use crate::pipeline::pool::{self, Pool, PooledBody, SendError};
+use crate::pipeline::pool::{self, Pool, PooledBody, SendError, Slots};
 use crate::pipeline::sse;
 use crate::tls::TlsError;
 use crate::traces;
@@ -79,13 +81,35 @@ fn connector(route: &Route, fence: Option<Fence>) -> Result<UpstreamConnector, T
 }
 
 /// The connections to the route's upstream (pass-through requests, or
-/// with the store's `fence`, claimed writes).
-pub fn pool(route: &Route, fence: Option<Fence>) -> Result<Arc<Pool>, TlsError> {
+/// with the store's `fence`, claimed writes), each holding one of the
+/// route's `slots`.
+pub fn pool(
+    route: &Route,
+    fence: Option<Fence>,
+    slots: &Arc<Slots>,
+) -> Result<Arc<Pool>, TlsError> {
     Ok(Pool::new(
         connector(route, fence)?,
         route.upstream.origin.clone(),
         route.upstream_http2,
+        slots.clone(),
     ))
+}
+
+/// The connections a route may hold open to its upstream at once, for
+/// its [`pool`]s to share: a request that finds them all in use waits
+/// `connect_timeout` for one.
+pub fn slots(route: &Route) -> Arc<Slots> {
+    Slots::new(route.max_upstream_connections, route.connect_timeout)
+}
+
+/// What a request that found every connection to its route's upstream in
+/// use gets, nothing sent: 503 `overloaded`, about `operation` if any.
+pub(crate) fn overloaded(operation: Option<OperationRef>) -> ProxyError {
+    ProxyError::Overloaded {
+        what: "connections to this route's upstream (max_upstream_connections)",
+        operation,
+    }
 }
 
 /// A pooled HTTP/1.1 client with the route's TLS configuration, for its
@@ -259,8 +283,10 @@ fn forwarded_for(headers: &HeaderMap, peer: &Peer) -> HeaderValue {
 
 /// Streams a request the gateway does not intercept to the upstream and its
 /// response back, unchanged but for hop-by-hop headers: the head within
-/// `upstream_timeout`, and the body as long as it keeps coming, cut when
-/// the upstream sends nothing for as long ([`Streamed`]).
+/// `upstream_timeout` of having a connection to send it on (503
+/// `overloaded` when none comes free in time), and the body as long as it
+/// keeps coming, cut when the upstream sends nothing for as long
+/// ([`Streamed`]).
 pub(crate) async fn pass_through(
     pool: &Arc<Pool>,
     route: &Route,
@@ -279,9 +305,11 @@ pub(crate) async fn pass_through(
         parts.headers.insert(header::TRANSFER_ENCODING, chunked);
     }
     let upstream = Request::from_parts(parts, body);
-    let sent = tokio::time::timeout(route.upstream_timeout, pool.send(upstream)).await;
+    let ticket = pool.ticket().await.map_err(|_| overloaded(None))?;
+    let sent = tokio::time::timeout(route.upstream_timeout, pool.send(upstream, ticket)).await;
     let response = match sent {
         Err(_) => return Err(ProxyError::UpstreamTimeout),
+        Ok(Err(SendError::Busy { .. })) => return Err(overloaded(None)),
         Ok(Err(e)) if not_written(&e) => {
             return Err(ProxyError::UpstreamUnreachable {
                 operation: None,
@@ -393,6 +421,9 @@ pub enum Exchange {
     /// No byte was written: before try `attempts` the store's fence no
     /// longer held, so this process may no longer own the operation.
     Fenced { attempts: u32 },
+    /// No byte was written: for try `attempts`, every connection the route
+    /// may hold open to its upstream stayed in use as long as it waits.
+    Busy { attempts: u32, reason: String },
     /// Written (or maybe written) but no complete response came back.
     Lost { cause: LostCause, reason: String },
     /// A response whose status is one of the route's `unknown_statuses`
@@ -437,6 +468,7 @@ impl Exchange {
         match self {
             Exchange::NotSent { .. } => ("not_sent", None),
             Exchange::Fenced { .. } => ("fenced", None),
+            Exchange::Busy { .. } => ("busy", None),
             Exchange::Lost { .. } => ("lost", None),
             Exchange::Classified { head, .. } => ("classified", Some(head.status.as_u16())),
             Exchange::Released { head, .. } => ("released", Some(head.status.as_u16())),
@@ -490,7 +522,9 @@ pub(crate) fn longest_write(route: &Route) -> Duration {
 }
 
 /// Sends a write and reads its response, retrying only connect failures.
-/// Before every try `permit` must hold (the fence, unlapsed since the
+/// Each try first takes what it sends on ([`Pool::ticket`]; none within
+/// the wait is [`Exchange::Busy`]), and its `upstream_timeout` runs from
+/// then. Before every try `permit` must hold (the fence, unlapsed since the
 /// claim), and every new connection must have come up with the fence
 /// holding (`pool`'s connector), or nothing is written.
 /// On `upstream_timeout` the exchange is not dropped: [`Sent::late`] goes on
@@ -514,13 +548,28 @@ pub(crate) async fn send_write(
             tries,
             late: None,
         };
+        let ticket = match pool.ticket().await {
+            Ok(ticket) => ticket,
+            Err(e) => {
+                let exchange = Exchange::Busy {
+                    attempts: tries,
+                    reason: error_chain(&e),
+                };
+                return Sent {
+                    exchange,
+                    tries,
+                    late: None,
+                };
+            }
+        };
+        // After the wait for a connection, which may have been long.
         if !permit.holds() {
             return fenced;
         }
         let deadline = Instant::now() + route.upstream_timeout;
         let busy = request.busy_is_unknown;
         let (pool, upstream) = (pool.clone(), request.build());
-        let mut pending = Box::pin(async move { pool.send(upstream).await });
+        let mut pending = Box::pin(async move { pool.send(upstream, ticket).await });
         let (exchange, late) = match timeout_at(deadline, pending.as_mut()).await {
             Err(_) => {
                 let route = route.clone();
@@ -544,6 +593,15 @@ pub(crate) async fn send_write(
                 read_response(response, route, (Some(deadline), busy), answer.take()).await
             }
             Ok(Err(e)) if fenced_off(&e) => return fenced,
+            // Its HTTP/2 connection closed before taking it, and no slot
+            // for a new one came free in time.
+            Ok(Err(e @ SendError::Busy { .. })) => (
+                Exchange::Busy {
+                    attempts: tries,
+                    reason: error_chain(&e),
+                },
+                None,
+            ),
             Ok(Err(e)) if not_written(&e) && tries <= route.connect_retries => {
                 traces::connect_retry(tries, || error_chain(&e));
                 metrics.connect_retry(&route.name);
