@@ -22,7 +22,19 @@
 //!   for themselves, other scopes are served, and the next window opens;
 //! - bytes stored per scope and window (`routes[].quota_stored_bytes`):
 //!   the write whose response crosses it is kept whole, the next new write
-//!   gets 429 `quota-exceeded`, and the store holds no more than that.
+//!   gets 429 `quota-exceeded`, and the store holds no more than that;
+//! - an answer streamed to the client (passed through, or a write's too
+//!   large to store, or one of its `unknown_statuses`) whose upstream goes
+//!   silent (`routes[].upstream_timeout`, between two of its frames): it
+//!   is cut short, never ended as if whole, and the client's connection
+//!   and the upstream's are closed, a client that went away meanwhile
+//!   included; one that keeps coming, however slowly, goes on;
+//! - connections open to a route's upstream
+//!   (`routes[].max_upstream_connections`), whatever asks for them (here
+//!   the streams of one HTTP/2 client connection): past it a request waits
+//!   `connect_timeout` for one and is answered 503 `overloaded`, nothing
+//!   sent (a write claimed meanwhile is `not_attempted`), and once they
+//!   come free they are used again.
 //!
 //! Slow heads and slow bodies are bounded too (`tests/it/limits.rs`).
 
@@ -32,8 +44,12 @@ use std::time::Duration;
 use crate::common::*;
 use bytes::Bytes;
 use http::StatusCode;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::task::JoinSet;
 
 const ORDER: &str = r#"{"sku":"apple"}"#;
 
@@ -426,4 +442,179 @@ async fn a_body_counts_against_the_budget_while_its_attempt_holds_it() {
     })
     .await;
     assert_fresh_created(&passed);
+}
+
+/// An answer that stops coming: a head announcing 1000 bytes, then ten.
+const STALLED: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\ncontent-type: text/plain\r\n\r\n0123456789";
+
+/// A GET of `path`: passed through (the route intercepts no GET).
+fn get_head(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nhost: idemgate.test\r\n\r\n").into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_through_answer_that_stops_coming_is_cut_after_upstream_timeout() {
+    let raw = RawUpstream::start(Breakage::Stalls(STALLED)).await;
+    let setup = Setup::route(r#"upstream_timeout = "1s""#).upstream_url(raw.url());
+    let gw = spawn_gateway_with(setup).await;
+
+    // Within WAIT (much longer than the timeout): cut short of its length.
+    let cut = raw_exchange(gw.addr(), &get_head("/files/1"))
+        .await
+        .expect("the head came");
+    assert_eq!(cut.status, 200, "{}", cut.head);
+    assert_eq!(cut.body, b"0123456789", "what came, and no more");
+    eventually("the silent upstream's connection closed", || async {
+        (raw.closed() == 1).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_gone_from_answers_that_stopped_coming_free_their_connections() {
+    let raw = RawUpstream::start(Breakage::Stalls(STALLED)).await;
+    let setup = Setup::route(r#"upstream_timeout = "1s""#)
+        .upstream_url(raw.url())
+        .server("max_connections = 2");
+    let gw = spawn_gateway_with(setup).await;
+    for _ in 0..2 {
+        let mut client = TcpStream::connect(gw.addr()).await.expect("connect");
+        client
+            .write_all(&get_head("/files/1"))
+            .await
+            .expect("write");
+        // The head and the first bytes, then the client hangs up mid-body.
+        let mut read = Vec::new();
+        while find(&read, b"0123456789").is_none() {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(WAIT, client.read(&mut chunk))
+                .await
+                .expect("the first bytes in time")
+                .expect("read");
+            assert!(n > 0, "closed before the first bytes");
+            read.extend_from_slice(&chunk[..n]);
+        }
+    }
+    eventually("both silent upstream connections closed", || async {
+        (raw.closed() == 2).then_some(())
+    })
+    .await;
+    // Their connection slots are free again: the next client is served.
+    let next = raw_exchange(gw.addr(), &get_head("/files/2"))
+        .await
+        .expect("an answer");
+    assert_eq!(next.status, 200, "{}", next.head);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_answer_streamed_unstored_that_stops_coming_is_cut_too() {
+    let oversized = format!(
+        "HTTP/1.1 201 Created\r\ncontent-length: 100000\r\n\r\n{}",
+        "x".repeat(2048)
+    );
+    let oversized: &'static [u8] = Box::leak(oversized.into_bytes().into_boxed_slice());
+    let held: &[u8] = b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 1000\r\n\r\n0123456789";
+    // Too large to store (streamed once), and an unknown status (streamed).
+    for (answer, status, came) in [(oversized, 201, 2048), (held, 502, 10)] {
+        let raw = RawUpstream::start(Breakage::Stalls(answer)).await;
+        let route = "upstream_timeout = \"1s\"\nmax_stored_response = \"1KiB\"";
+        let gw = spawn_gateway_with(Setup::route(route).upstream_url(raw.url())).await;
+        let mut request = raw_write_head(
+            "/orders",
+            "application/json",
+            &format!("stalled-{status}"),
+            &[&format!("content-length: {}", ORDER.len())],
+        )
+        .into_bytes();
+        request.extend_from_slice(ORDER.as_bytes());
+        let cut = raw_exchange(gw.addr(), &request)
+            .await
+            .expect("the head came");
+        assert_eq!(cut.status, status, "{}", cut.head);
+        assert_eq!(cut.body.len(), came, "{status}: what came, and no more");
+        eventually("the silent upstream's connection closed", || async {
+            (raw.closed() == 1).then_some(())
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_through_answer_that_keeps_coming_outlasts_upstream_timeout() {
+    // Eight bytes over two seconds, one every quarter: the whole answer
+    // takes twice the timeout, no silence in it a quarter of it.
+    let raw = RawUpstream::start(Breakage::Trickles {
+        head: b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\n",
+        chunk: b"x",
+        count: 8,
+        every: Duration::from_millis(250),
+    })
+    .await;
+    let setup = Setup::route(r#"upstream_timeout = "1s""#).upstream_url(raw.url());
+    let gw = spawn_gateway_with(setup).await;
+    let whole = raw_exchange(gw.addr(), &get_head("/files/slow"))
+        .await
+        .expect("an answer");
+    assert_eq!(whole.status, 200, "{}", whole.head);
+    assert_eq!(whole.body, b"xxxxxxxx");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_of_http2_clients_hold_no_more_upstream_connections_than_the_route_may() {
+    // An upstream that reads each request and never answers.
+    let raw = RawUpstream::start(Breakage::Stalls(b"")).await;
+    let route =
+        "max_upstream_connections = 3\nconnect_timeout = \"300ms\"\nupstream_timeout = \"5s\"";
+    let gw = spawn_gateway_with(Setup::route(route).upstream_url(raw.url()).admin()).await;
+    // Ten streams of one HTTP/2 connection, each a GET passed through.
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let get = |n: usize| {
+        let request = build_request("GET", &format!("http://{}/files/{n}", gw.addr()), &[], "");
+        let (client, request) = (client.clone(), request.expect("request"));
+        async move {
+            let answer = client.request(request).await.expect("an answer");
+            read_whole(answer).await.expect("a whole answer")
+        }
+    };
+    let mut streams = JoinSet::new();
+    for n in 0..10 {
+        streams.spawn(get(n));
+    }
+    // Three get a connection (and wait for their answer); the seven others
+    // wait connect_timeout for one, and are refused.
+    for _ in 0..7 {
+        let refused = tokio::time::timeout(WAIT, streams.join_next())
+            .await
+            .expect("seven refused within WAIT")
+            .expect("a stream")
+            .expect("its task");
+        refused.assert_problem(503, "overloaded");
+    }
+    assert_eq!(raw.connections(), 3);
+
+    // A write meanwhile shares the bound: claimed, then nothing sent.
+    let busy = write(gw.addr(), "/orders", Some("no-connection"), ORDER).await;
+    busy.assert_operation_problem(503, "overloaded", "not_attempted");
+    assert_eq!((raw.connections(), raw.requests()), (3, 3), "nothing sent");
+    let op = gw.operation("no-connection").await;
+    assert_eq!(op["evidence"], "upstream-busy", "{op}");
+
+    // The three end at upstream_timeout, and their connections close: the
+    // next stream gets one of its own.
+    for _ in 0..3 {
+        let late = tokio::time::timeout(WAIT, streams.join_next())
+            .await
+            .expect("answered at upstream_timeout")
+            .expect("a stream")
+            .expect("its task");
+        late.assert_problem(504, "upstream-timeout");
+    }
+    streams.spawn(get(10));
+    eventually("a connection made for the next stream", || async {
+        (raw.connections() == 4).then_some(())
+    })
+    .await;
 }

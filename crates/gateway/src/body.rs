@@ -86,6 +86,83 @@ where
     }
 }
 
+pin_project_lite::pin_project! {
+    /// A streamed body that fails ([`Stalled`]) when, while it is read, no
+    /// frame comes for `idle`: an upstream that went silent mid-answer
+    /// does not hold the client's connection, nor its own, for ever. The
+    /// clock runs only while the reader waits on the body (not while it
+    /// has not asked yet: the record before the client hears, or a client
+    /// that reads slowly), and starts again at every frame, so an answer
+    /// that keeps coming is never cut however long it takes in all.
+    pub struct IdleTimeout<B> {
+        #[pin]
+        body: B,
+        idle: std::time::Duration,
+        #[pin]
+        timer: tokio::time::Sleep,
+        // The timer runs for the frame being waited for.
+        armed: bool,
+    }
+}
+
+impl<B> IdleTimeout<B> {
+    /// `body`, failing after `idle` without a frame (made in a runtime).
+    pub fn new(body: B, idle: std::time::Duration) -> Self {
+        IdleTimeout {
+            body,
+            idle,
+            timer: tokio::time::sleep(idle),
+            armed: false,
+        }
+    }
+}
+
+/// Why an [`IdleTimeout`] body failed.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream sent nothing more for {}", humantime::format_duration(*idle))]
+pub struct Stalled {
+    idle: std::time::Duration,
+}
+
+impl<B> http_body::Body for IdleTimeout<B>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let mut this = self.project();
+        if let Poll::Ready(frame) = this.body.poll_frame(cx) {
+            *this.armed = false;
+            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
+        }
+        if !*this.armed {
+            let deadline = tokio::time::Instant::now() + *this.idle;
+            this.timer.as_mut().reset(deadline);
+            *this.armed = true;
+        }
+        match this.timer.poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(Stalled { idle: *this.idle }.into()))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// A body that sends one part and then fails, so hyper cuts the response
 /// short of its Content-Length: the mock upstream's (and the tests')
 /// truncated response.

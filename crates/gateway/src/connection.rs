@@ -112,6 +112,10 @@ impl Http {
             // A client may shut down its write side once its request is
             // sent (tools and shell pipes do): an EOF on read is no reason
             // to drop the answer, least of all for a write already forwarded.
+            // So a client gone mid-answer shows only when a write to it
+            // fails; while the upstream is silent, the streamed body's idle
+            // bound frees it (`body::IdleTimeout`, docs/requests.md,
+            // "Streamed answers").
             .half_close(true)
             .keep_alive(keep_alive);
         builder
@@ -303,6 +307,7 @@ where
         let Ok(slot) = self.streams.slots.clone().try_acquire_owned() else {
             let busy = ProxyError::Overloaded {
                 what: "streams of this HTTP/2 connection",
+                operation: None,
             };
             return Either::Right(Box::pin(std::future::ready(Ok(busy.into_response()))));
         };

@@ -589,6 +589,7 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Refusal {
         }
         let overloaded = ProxyError::Overloaded {
             what: "open connections",
+            operation: None,
         };
         std::future::ready(Ok(overloaded.into_response()))
     }

@@ -47,8 +47,9 @@
 //!   as one of these; [`FakeUpstream::start_http2`] serves them over
 //!   HTTP/2 (prior knowledge) and [`Recorded::version`] says which.
 //! - [`RawUpstream`]: a TCP listener that counts connections and breaks each
-//!   one on purpose (close at once, reset after reading the request, or a
-//!   `101` that no request asked for).
+//!   one on purpose (close at once, reset after reading the request, a
+//!   `101` that no request asked for, an answer that stops coming and
+//!   leaves the connection open), or drags its answer out slowly.
 //! - [`TestGateway`]: an in-process gateway on a per-test SQLite file;
 //!   [`Setup`] adds config lines, another upstream URL or a manual clock;
 //!   [`WriteLock`] holds its store's write lock from a second connection.

@@ -636,7 +636,7 @@ fn json_response(status: StatusCode, id: usize, received: Value) -> hyper::Respo
         .expect("response")
 }
 
-/// How a [`RawUpstream`] breaks each connection.
+/// How a [`RawUpstream`] breaks (or drags out) each connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Breakage {
     /// Accept, then close at once without reading.
@@ -648,6 +648,18 @@ pub enum Breakage {
     SwitchProtocols,
     /// Read the whole request, write these bytes as the answer, then close.
     Answers(&'static [u8]),
+    /// Read the whole request, write these bytes (a head and part of its
+    /// body, or nothing), then send nothing more and keep the connection
+    /// open until the gateway closes it ([`RawUpstream::closed`]).
+    Stalls(&'static [u8]),
+    /// Read the whole request, write `head`, then `chunk` `count` times,
+    /// one every `every`: an answer that keeps coming, slowly.
+    Trickles {
+        head: &'static [u8],
+        chunk: &'static [u8],
+        count: usize,
+        every: Duration,
+    },
 }
 
 /// A TCP listener that counts connections and breaks each one.
@@ -656,6 +668,8 @@ pub struct RawUpstream {
     connections: Arc<AtomicUsize>,
     /// Complete requests read (head and declared body).
     requests: Arc<AtomicUsize>,
+    /// Stalled connections the gateway closed.
+    closed: Arc<AtomicUsize>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -665,7 +679,8 @@ impl RawUpstream {
         let addr = listener.local_addr().expect("raw addr");
         let connections = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));
-        let (conns, reqs) = (connections.clone(), requests.clone());
+        let closed = Arc::new(AtomicUsize::new(0));
+        let (conns, reqs, ended) = (connections.clone(), requests.clone(), closed.clone());
         let accept = tokio::spawn(async move {
             let mut open = JoinSet::new();
             loop {
@@ -677,7 +692,7 @@ impl RawUpstream {
                     drop(stream);
                     continue;
                 }
-                let reqs = reqs.clone();
+                let (reqs, ended) = (reqs.clone(), ended.clone());
                 open.spawn(async move {
                     let read = tokio::time::timeout(WAIT, read_request(&mut stream)).await;
                     if matches!(read, Ok(true)) {
@@ -686,6 +701,31 @@ impl RawUpstream {
                     let answer: &[u8] = match breakage {
                         Breakage::SwitchProtocols => b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
                         Breakage::Answers(bytes) => bytes,
+                        Breakage::Stalls(bytes) => {
+                            let _ = stream.write_all(bytes).await;
+                            // Whatever the gateway sends is read and
+                            // ignored, until it closes the connection.
+                            let mut sink = [0u8; 4096];
+                            while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+                            ended.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
+                        Breakage::Trickles {
+                            head,
+                            chunk,
+                            count,
+                            every,
+                        } => {
+                            let _ = stream.write_all(head).await;
+                            for _ in 0..count {
+                                tokio::time::sleep(every).await;
+                                if stream.write_all(chunk).await.is_err() {
+                                    return;
+                                }
+                            }
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            return;
+                        }
                         Breakage::CloseAtOnce | Breakage::ResetAfterRequest => b"",
                     };
                     if !answer.is_empty() {
@@ -706,6 +746,7 @@ impl RawUpstream {
             addr,
             connections,
             requests,
+            closed,
             accept,
         }
     }
@@ -720,6 +761,11 @@ impl RawUpstream {
 
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
+    }
+
+    /// [`Breakage::Stalls`] connections the gateway has closed.
+    pub fn closed(&self) -> usize {
+        self.closed.load(Ordering::SeqCst)
     }
 }
 

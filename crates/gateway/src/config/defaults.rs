@@ -53,6 +53,11 @@ pub mod route {
     /// Only with `quota_operations` or `quota_stored_bytes`.
     pub const QUOTA_WINDOW: &str = "1m";
     pub const CONNECT_TIMEOUT: &str = "5s";
+    /// One for each of `server.max_connections`' default: HTTP/1.1 clients,
+    /// an exchange at a time per connection, never wait for one; HTTP/2
+    /// clients' streams (up to 100 a connection) are held to it
+    /// (docs/deploying.md, "File descriptors").
+    pub const MAX_UPSTREAM_CONNECTIONS: usize = 4096;
     pub const UPSTREAM_TIMEOUT: &str = "30s";
     pub const LATE_WINDOW: &str = "60s";
     /// Only read under a profile with a first-sent header (`oasis`).

@@ -93,6 +93,7 @@ pub(super) struct RawRoute {
     pub(super) quota_stored_bytes: Option<String>,
     pub(super) quota_window: Option<String>,
     pub(super) connect_timeout: Option<String>,
+    pub(super) max_upstream_connections: Option<usize>,
     pub(super) upstream_timeout: Option<String>,
     pub(super) late_window: Option<String>,
     pub(super) first_sent_skew: Option<String>,

@@ -411,6 +411,10 @@ pub struct Route {
     /// a call's key may be.
     pub mcp: Option<McpTools>,
     pub connect_timeout: Duration,
+    /// Connections to the upstream open at once, in use or idle, across
+    /// the route's pools and threads; a request that finds them all in use
+    /// waits `connect_timeout` for one, then gets 503 `overloaded`.
+    pub max_upstream_connections: usize,
     pub upstream_timeout: Duration,
     pub connect_retries: u32,
     pub release_statuses: Vec<u16>,

@@ -248,7 +248,8 @@ impl Validator<'_> {
         }
     }
 
-    /// A listener's connection cap: a count a semaphore can hold.
+    /// A connection cap (a listener's, a route's upstream's): a count a
+    /// semaphore can hold.
     fn connection_cap(
         &self,
         field: &str,
@@ -887,6 +888,11 @@ impl Validator<'_> {
                 &field("connect_timeout"),
                 raw.connect_timeout.as_deref(),
                 route::CONNECT_TIMEOUT,
+            )?,
+            max_upstream_connections: self.connection_cap(
+                &field("max_upstream_connections"),
+                raw.max_upstream_connections,
+                route::MAX_UPSTREAM_CONNECTIONS,
             )?,
             upstream_timeout: self.duration(
                 &field("upstream_timeout"),

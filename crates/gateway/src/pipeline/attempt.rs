@@ -528,7 +528,9 @@ fn late_arrival(exchange: Exchange) -> LateArrival {
             detail: json!({ "error": "not written: this gateway no longer held its lease" }),
             counted: false,
         },
-        Exchange::Lost { reason, .. } | Exchange::NotSent { reason, .. } => LateArrival::Evidence {
+        Exchange::Lost { reason, .. }
+        | Exchange::NotSent { reason, .. }
+        | Exchange::Busy { reason, .. } => LateArrival::Evidence {
             detail: json!({ "error": reason }),
             counted: false,
         },

@@ -130,8 +130,13 @@ pub enum ProxyError {
         spent: QuotaSpent,
         operation: Option<OperationRef>,
     },
+    /// About the `operation` a write claimed and then could not send (it
+    /// is `not_attempted`), if it got that far.
     #[error("the gateway is at its limit of {what}; nothing was sent, retry shortly")]
-    Overloaded { what: &'static str },
+    Overloaded {
+        what: &'static str,
+        operation: Option<OperationRef>,
+    },
     #[error("the request could not be handled: {reason}")]
     Internal { reason: String },
 }
@@ -215,7 +220,7 @@ impl ProxyError {
             UpstreamTimeout => (ProblemKind::UpstreamTimeout, None),
             UpstreamFailed { .. } => (ProblemKind::UpstreamFailed, None),
             QuotaExceeded { operation, .. } => (ProblemKind::QuotaExceeded, operation.as_ref()),
-            Overloaded { .. } => (ProblemKind::Overloaded, None),
+            Overloaded { operation, .. } => (ProblemKind::Overloaded, operation.as_ref()),
             Internal { .. } => (ProblemKind::Internal, None),
         }
     }
@@ -276,6 +281,9 @@ impl ProxyError {
             OutcomeUnknown { .. } | StoreUnavailableAfterSend { .. } => Outcome::unknown,
             UpstreamUnreachable {
                 operation: Some(_), ..
+            }
+            | Overloaded {
+                operation: Some(_), ..
             } => Outcome::released,
             UpstreamUnreachable {
                 operation: None, ..
@@ -300,7 +308,9 @@ impl ProxyError {
             | RoutePaused { .. }
             | StoreUnavailable { .. }
             | StoreUnreadable { .. }
-            | Overloaded { .. }
+            | Overloaded {
+                operation: None, ..
+            }
             | QuotaExceeded { .. }
             | Internal { .. } => Outcome::rejected,
         }
@@ -504,6 +514,7 @@ mod tests {
         let overloaded = check(
             ProxyError::Overloaded {
                 what: "open connections",
+                operation: None,
             },
             503,
             "overloaded",

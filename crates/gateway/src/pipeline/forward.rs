@@ -7,9 +7,14 @@
 //!   the upstream's; `X-Forwarded-For`/`-Proto` say who asked;
 //! - a write is re-sent by idemgate only when the client proves that no byte
 //!   of it reached the upstream (a connect failure, a TLS handshake either
-//!   side refused): [`Exchange::NotSent`]. Every other failure may have
-//!   reached the upstream and is [`Exchange::Lost`];
-//! - a response is [`Exchange::Complete`] only when its whole body arrived.
+//!   side refused): [`Exchange::NotSent`]. One that found every connection
+//!   its route may hold open in use ([`pool::Slots`]) is never written:
+//!   [`Exchange::Busy`]. Every other failure may have reached the upstream
+//!   and is [`Exchange::Lost`];
+//! - a response is [`Exchange::Complete`] only when its whole body arrived;
+//! - an answer streamed to the client ([`Streamed`]: passed through, or a
+//!   write's not stored) is cut when the upstream sends nothing for
+//!   `upstream_timeout`, so a silent upstream holds neither connection.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -29,15 +34,15 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::{Instant, timeout_at};
 
-use crate::body::{ProxyBody, full, stream};
+use crate::body::{IdleTimeout, ProxyBody, full, stream};
 use crate::config::Route;
 use crate::metrics::{Metrics, Outcome};
 use crate::pipeline::budget::Reservation;
 use crate::pipeline::connector::{FenceDown, UpstreamConnector};
-use crate::pipeline::error::ProxyError;
+use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::fields::foreign_coding;
 use crate::pipeline::host::ViaTls;
-use crate::pipeline::pool::{self, Pool, PooledBody, SendError};
+use crate::pipeline::pool::{self, Pool, PooledBody, SendError, Slots};
 use crate::pipeline::sse;
 use crate::tls::TlsError;
 use crate::traces;
@@ -76,13 +81,35 @@ fn connector(route: &Route, fence: Option<Fence>) -> Result<UpstreamConnector, T
 }
 
 /// The connections to the route's upstream (pass-through requests, or
-/// with the store's `fence`, claimed writes).
-pub fn pool(route: &Route, fence: Option<Fence>) -> Result<Arc<Pool>, TlsError> {
+/// with the store's `fence`, claimed writes), each holding one of the
+/// route's `slots`.
+pub fn pool(
+    route: &Route,
+    fence: Option<Fence>,
+    slots: &Arc<Slots>,
+) -> Result<Arc<Pool>, TlsError> {
     Ok(Pool::new(
         connector(route, fence)?,
         route.upstream.origin.clone(),
         route.upstream_http2,
+        slots.clone(),
     ))
+}
+
+/// The connections a route may hold open to its upstream at once, for
+/// its [`pool`]s to share: a request that finds them all in use waits
+/// `connect_timeout` for one.
+pub fn slots(route: &Route) -> Arc<Slots> {
+    Slots::new(route.max_upstream_connections, route.connect_timeout)
+}
+
+/// What a request that found every connection to its route's upstream in
+/// use gets, nothing sent: 503 `overloaded`, about `operation` if any.
+pub(crate) fn overloaded(operation: Option<OperationRef>) -> ProxyError {
+    ProxyError::Overloaded {
+        what: "connections to this route's upstream (max_upstream_connections)",
+        operation,
+    }
 }
 
 /// A pooled HTTP/1.1 client with the route's TLS configuration, for its
@@ -280,7 +307,11 @@ pub(crate) fn content_coding(headers: &HeaderMap) -> Option<String> {
 }
 
 /// Streams a request the gateway does not intercept to the upstream and its
-/// response back, unchanged but for hop-by-hop headers.
+/// response back, unchanged but for hop-by-hop headers: the head within
+/// `upstream_timeout` of having a connection to send it on (503
+/// `overloaded` when none comes free in time), and the body as long as it
+/// keeps coming, cut when the upstream sends nothing for as long
+/// ([`Streamed`]).
 pub(crate) async fn pass_through(
     pool: &Arc<Pool>,
     route: &Route,
@@ -299,9 +330,11 @@ pub(crate) async fn pass_through(
         parts.headers.insert(header::TRANSFER_ENCODING, chunked);
     }
     let upstream = Request::from_parts(parts, body);
-    let sent = tokio::time::timeout(route.upstream_timeout, pool.send(upstream)).await;
+    let ticket = pool.ticket().await.map_err(|_| overloaded(None))?;
+    let sent = tokio::time::timeout(route.upstream_timeout, pool.send(upstream, ticket)).await;
     let response = match sent {
         Err(_) => return Err(ProxyError::UpstreamTimeout),
+        Ok(Err(SendError::Busy { .. })) => return Err(overloaded(None)),
         Ok(Err(e)) if not_written(&e) => {
             return Err(ProxyError::UpstreamUnreachable {
                 operation: None,
@@ -324,7 +357,8 @@ pub(crate) async fn pass_through(
         });
     }
     strip_hop_by_hop(&mut parts.headers);
-    let mut response = Response::from_parts(parts, stream(body));
+    let body = stream(IdleTimeout::new(body, route.upstream_timeout));
+    let mut response = Response::from_parts(parts, body);
     response.extensions_mut().insert(Outcome::proxied);
     Ok(response)
 }
@@ -412,13 +446,16 @@ pub enum Exchange {
     /// No byte was written: before try `attempts` the store's fence no
     /// longer held, so this process may no longer own the operation.
     Fenced { attempts: u32 },
+    /// No byte was written: for try `attempts`, every connection the route
+    /// may hold open to its upstream stayed in use as long as it waits.
+    Busy { attempts: u32, reason: String },
     /// Written (or maybe written) but no complete response came back.
     Lost { cause: LostCause, reason: String },
     /// A response whose status is one of the route's `unknown_statuses`
     /// (502, 504): the write may have happened; passed through as it streams.
     Classified {
         head: http::response::Parts,
-        body: PooledBody,
+        body: Streamed,
     },
     /// A response whose status is one of the route's `release_statuses`
     /// (429, 503): the upstream refused the write. Its body is read whole
@@ -439,9 +476,15 @@ pub enum Exchange {
     Oversized {
         head: http::response::Parts,
         prefix: Bytes,
-        rest: PooledBody,
+        rest: Streamed,
     },
 }
+
+/// The rest of an upstream's answer, streamed to the client as it comes:
+/// it fails when the upstream sends nothing for `upstream_timeout` (the
+/// client's answer is cut, the upstream connection closed), however long
+/// the whole takes.
+pub type Streamed = IdleTimeout<PooledBody>;
 
 impl Exchange {
     /// How far the request got, in a word, and the upstream's status if
@@ -450,6 +493,7 @@ impl Exchange {
         match self {
             Exchange::NotSent { .. } => ("not_sent", None),
             Exchange::Fenced { .. } => ("fenced", None),
+            Exchange::Busy { .. } => ("busy", None),
             Exchange::Lost { .. } => ("lost", None),
             Exchange::Classified { head, .. } => ("classified", Some(head.status.as_u16())),
             Exchange::Released { head, .. } => ("released", Some(head.status.as_u16())),
@@ -503,7 +547,9 @@ pub(crate) fn longest_write(route: &Route) -> Duration {
 }
 
 /// Sends a write and reads its response, retrying only connect failures.
-/// Before every try `permit` must hold (the fence, unlapsed since the
+/// Each try first takes what it sends on ([`Pool::ticket`]; none within
+/// the wait is [`Exchange::Busy`]), and its `upstream_timeout` runs from
+/// then. Before every try `permit` must hold (the fence, unlapsed since the
 /// claim), and every new connection must have come up with the fence
 /// holding (`pool`'s connector), or nothing is written.
 /// On `upstream_timeout` the exchange is not dropped: [`Sent::late`] goes on
@@ -527,13 +573,28 @@ pub(crate) async fn send_write(
             tries,
             late: None,
         };
+        let ticket = match pool.ticket().await {
+            Ok(ticket) => ticket,
+            Err(e) => {
+                let exchange = Exchange::Busy {
+                    attempts: tries,
+                    reason: error_chain(&e),
+                };
+                return Sent {
+                    exchange,
+                    tries,
+                    late: None,
+                };
+            }
+        };
+        // After the wait for a connection, which may have been long.
         if !permit.holds() {
             return fenced;
         }
         let deadline = Instant::now() + route.upstream_timeout;
         let busy = request.busy_is_unknown;
         let (pool, upstream) = (pool.clone(), request.build());
-        let mut pending = Box::pin(async move { pool.send(upstream).await });
+        let mut pending = Box::pin(async move { pool.send(upstream, ticket).await });
         let (exchange, late) = match timeout_at(deadline, pending.as_mut()).await {
             Err(_) => {
                 let route = route.clone();
@@ -557,6 +618,15 @@ pub(crate) async fn send_write(
                 read_response(response, route, (Some(deadline), busy), answer.take()).await
             }
             Ok(Err(e)) if fenced_off(&e) => return fenced,
+            // Its HTTP/2 connection closed before taking it, and no slot
+            // for a new one came free in time.
+            Ok(Err(e @ SendError::Busy { .. })) => (
+                Exchange::Busy {
+                    attempts: tries,
+                    reason: error_chain(&e),
+                },
+                None,
+            ),
             Ok(Err(e)) if not_written(&e) && tries <= route.connect_retries => {
                 traces::connect_retry(tries, || error_chain(&e));
                 metrics.connect_retry(&route.name);
@@ -659,8 +729,14 @@ fn too_large(bytes: usize) -> String {
     format!("an event of the answer's stream is over max_stored_response ({bytes} bytes and more)")
 }
 
-/// An answer larger than a route stores: what was read, and the rest.
-fn oversized(head: http::response::Parts, prefix: Bytes, rest: PooledBody) -> Exchange {
+/// An answer larger than `route` stores: what was read, and the rest.
+fn oversized(
+    route: &Route,
+    head: http::response::Parts,
+    prefix: Bytes,
+    rest: PooledBody,
+) -> Exchange {
+    let rest = IdleTimeout::new(rest, route.upstream_timeout);
     Exchange::Oversized { head, prefix, rest }
 }
 
@@ -718,6 +794,7 @@ async fn read_response(
         if route.unknown_statuses.contains(&status)
             || (busy_is_unknown && matches!(status, 409 | 425))
         {
+            let body = IdleTimeout::new(body, route.upstream_timeout);
             return (Exchange::Classified { head, body }, None);
         }
         let streamed = head
@@ -738,14 +815,7 @@ async fn read_response(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > route.max_stored_response as u64) {
-            return (
-                Exchange::Oversized {
-                    head,
-                    prefix: Bytes::new(),
-                    rest: body,
-                },
-                None,
-            );
+            return (oversized(route, head, Bytes::new(), body), None);
         }
         read_body(head, BytesMut::new(), body, route, deadline).await
     }
@@ -882,7 +952,7 @@ fn read_body(
                     if let Ok(data) = frame.into_data() {
                         buffer.extend_from_slice(&data);
                         if buffer.len() > route.max_stored_response {
-                            return (oversized(head, buffer.freeze(), body), None);
+                            return (oversized(route, head, buffer.freeze(), body), None);
                         }
                     }
                 }

@@ -129,7 +129,9 @@ pub struct ActiveRoute {
     client: Arc<Pool>,
     /// Claimed writes: its connections are checked against the store's
     /// fence before anything is written to them. A pool of its own, so a
-    /// replica that lost its lease still passes reads through.
+    /// replica that lost its lease still passes reads through; the
+    /// connections both pools may hold open are counted together
+    /// (`max_upstream_connections`).
     writes: Arc<Pool>,
     /// Reconcile probes.
     probes: ProbeClient,
@@ -232,13 +234,14 @@ impl Proxy {
                     Ok(normal) => normal.into_owned(),
                     Err(_) => route.path_prefix.clone(),
                 };
+                let slots = forward::slots(route);
                 Ok(Arc::new(ActiveRoute {
                     route: Arc::new(Route {
                         path_prefix,
                         ..route.clone()
                     }),
-                    client: forward::pool(route, None)?,
-                    writes: forward::pool(route, Some(store.fence()))?,
+                    client: forward::pool(route, None, &slots)?,
+                    writes: forward::pool(route, Some(store.fence()), &slots)?,
                     probes: forward::probe_client(route)?,
                     paused: AtomicBool::new(false),
                     drill: drill.clone(),
@@ -981,6 +984,7 @@ async fn read_body(
     }
     let overloaded = |_| ProxyError::Overloaded {
         what: "buffered request bodies",
+        operation: None,
     };
     let mut reservation = budget.reservation();
     // Within `limit`, so it fits a usize.

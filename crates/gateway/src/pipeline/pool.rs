@@ -29,7 +29,17 @@
 //!   thread runs a runtime of its own), after [`IDLE_TIMEOUT`] it is
 //!   closed, and at most [`MAX_IDLE`] wait per thread;
 //! - a response body dropped before its end closes its connection: a
-//!   connection is only reused from a known state.
+//!   connection is only reused from a known state;
+//! - every connection open, in use or idle, either version, holds one of
+//!   its route's [`Slots`] (`routes[].max_upstream_connections`, counted
+//!   across the route's two pools and every thread) until it closes. A
+//!   request takes what it sends on before its exchange's clock starts
+//!   ([`Pool::ticket`]): this thread's idle (or HTTP/2) connection, or a
+//!   slot for a new one — one an idle connection of any thread gives up,
+//!   or one that comes free within the route's `connect_timeout`; past
+//!   that it gets [`SendError::Busy`], nothing written. So HTTP/2 clients'
+//!   streams, each its own upstream exchange, cannot open connections
+//!   (and file descriptors) past the bound.
 //!
 //! HTTP/2 (prior knowledge on `http://`, ALPN `h2` on `https://`; an
 //! https upstream that picks `http/1.1` gets the connections above)
@@ -60,6 +70,7 @@ use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper::client::conn::http2;
 use hyper_util::client::legacy::connect::Connection as _;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -102,11 +113,92 @@ pub enum SendError {
     /// was written, and its answer is none the gateway takes.
     #[error("the upstream's response head is {bytes} bytes, more than {MAX_RESPONSE_HEAD}")]
     HeadTooLarge { bytes: usize },
+    /// Every connection the route may hold open ([`Slots`]) stayed in use
+    /// for as long as a request waits for one: nothing was written.
+    #[error(
+        "all {max} connections the route may hold open to its upstream were in use for {}",
+        humantime::format_duration(*waited)
+    )]
+    Busy { max: usize, waited: Duration },
+}
+
+/// The connections one route may hold open to its upstream at once
+/// (`routes[].max_upstream_connections`), in use or idle, across its
+/// pools (pass-through and writes) and threads: a slot each.
+pub struct Slots {
+    open: Arc<Semaphore>,
+    max: usize,
+    /// How long a request waits for a slot when every one is taken: the
+    /// route's `connect_timeout`, what it would wait for a new connection.
+    wait: Duration,
+    /// The pools holding slots, whose idle connections give theirs up to a
+    /// request that needs one. std Mutex: never held across `.await`.
+    pools: Mutex<Vec<Weak<Pool>>>,
+}
+
+impl Slots {
+    /// `max` slots (at most `Semaphore::MAX_PERMITS`, as config checks), a
+    /// request waiting at most `wait` for one.
+    pub fn new(max: usize, wait: Duration) -> Arc<Slots> {
+        Arc::new(Slots {
+            open: Arc::new(Semaphore::new(max)),
+            max,
+            wait,
+            pools: Mutex::default(),
+        })
+    }
+
+    /// A slot for a new connection: a free one, one an idle connection
+    /// gives up (the oldest of a pool), or one that comes free within
+    /// `wait`.
+    async fn take(&self) -> Result<OwnedSemaphorePermit, SendError> {
+        loop {
+            match self.open.clone().try_acquire_owned() {
+                Ok(slot) => return Ok(slot),
+                Err(TryAcquireError::NoPermits) if self.close_an_idle() => continue,
+                Err(_) => break,
+            }
+        }
+        match tokio::time::timeout(self.wait, self.open.clone().acquire_owned()).await {
+            Ok(Ok(slot)) => Ok(slot),
+            _ => Err(SendError::Busy {
+                max: self.max,
+                waited: self.wait,
+            }),
+        }
+    }
+
+    /// Closes the oldest idle connection of the first pool that has one
+    /// (any thread's): `false` when none is idle.
+    fn close_an_idle(&self) -> bool {
+        let pools: Vec<Arc<Pool>> = {
+            let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
+            pools.retain(|pool| pool.strong_count() > 0);
+            pools.iter().filter_map(Weak::upgrade).collect()
+        };
+        pools.iter().any(|pool| pool.take_oldest_idle().is_some())
+    }
+}
+
+/// What a request sends on, taken before its exchange's clock starts
+/// ([`Pool::ticket`]), so that the wait for a slot is never taken for the
+/// upstream's silence.
+pub struct Ticket(Checkout);
+
+enum Checkout {
+    /// This thread's HTTP/2 connection.
+    Shared(http2::SendRequest<ProxyBody>),
+    /// An idle connection of this thread (it may have closed meanwhile).
+    Idle(Box<Conn>),
+    /// A slot for a new connection.
+    New(OwnedSemaphorePermit),
 }
 
 /// The connections to one upstream origin.
 pub struct Pool {
     connector: UpstreamConnector,
+    /// The route's slots, one for each connection open.
+    slots: Arc<Slots>,
     /// The upstream's origin, what the connector connects to.
     origin: Uri,
     /// HTTP/2 when the upstream takes it (`upstream_http2`).
@@ -155,6 +247,8 @@ struct Conn {
     /// back, and fails one it took) instead of waiting on a connection
     /// nobody polls.
     connection: Option<Connection<WriteFirst, ProxyBody>>,
+    /// Its route's slot, given back when it is dropped.
+    slot: OwnedSemaphorePermit,
 }
 
 impl Conn {
@@ -174,6 +268,12 @@ impl Conn {
     fn reusable(&self) -> bool {
         self.connection.is_some() && !self.sender.is_closed()
     }
+
+    /// Closes the connection, keeping its slot for another.
+    fn into_slot(self: Box<Self>) -> OwnedSemaphorePermit {
+        let Conn { slot, .. } = *self;
+        slot
+    }
 }
 
 thread_local! {
@@ -182,67 +282,113 @@ thread_local! {
 }
 
 impl Pool {
-    /// A pool of connections to `origin` made by `connector`; idle ones are
-    /// closed in the background after [`IDLE_TIMEOUT`] (when made inside a
-    /// runtime).
-    pub fn new(connector: UpstreamConnector, origin: Uri, http2: bool) -> Arc<Pool> {
+    /// A pool of connections to `origin` made by `connector`, each holding
+    /// one of `slots`; idle ones are closed in the background after
+    /// [`IDLE_TIMEOUT`] (when made inside a runtime).
+    pub fn new(
+        connector: UpstreamConnector,
+        origin: Uri,
+        http2: bool,
+        slots: Arc<Slots>,
+    ) -> Arc<Pool> {
         let pool = Arc::new(Pool {
             connector,
+            slots: slots.clone(),
             origin,
             http2,
             idle: Mutex::default(),
             shared: Mutex::default(),
         });
+        let mut pools = slots.pools.lock().unwrap_or_else(PoisonError::into_inner);
+        pools.push(Arc::downgrade(&pool));
+        drop(pools);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(close_expired(Arc::downgrade(&pool)));
         }
         pool
     }
 
-    /// Sends `request` (its URI in origin form) on an idle connection of
-    /// this thread, or a new one, and returns the response head; the body
-    /// drives the connection on and returns it to the pool at its end.
+    /// What the next request of this thread sends on: its HTTP/2
+    /// connection, its newest idle connection, or a slot for a new one
+    /// ([`Slots`]); [`SendError::Busy`] when none comes within the wait.
+    pub async fn ticket(&self) -> Result<Ticket, SendError> {
+        Ok(Ticket(self.next(0, None).await?))
+    }
+
+    /// What to send on after `stale` connections handed a request back:
+    /// this thread's HTTP/2 or idle connection while tries are left, or a
+    /// new one, on `slot` when one was freed for it.
+    async fn next(
+        &self,
+        stale: usize,
+        slot: Option<OwnedSemaphorePermit>,
+    ) -> Result<Checkout, SendError> {
+        if stale < STALE_TRIES {
+            if self.http2
+                && let Some(sender) = self.take_shared()
+            {
+                return Ok(Checkout::Shared(sender));
+            }
+            if let Some(conn) = self.take_idle() {
+                return Ok(Checkout::Idle(conn));
+            }
+        }
+        match slot {
+            Some(slot) => Ok(Checkout::New(slot)),
+            None => Ok(Checkout::New(self.slots.take().await?)),
+        }
+    }
+
+    /// Sends `request` (its URI in origin form) on what `ticket` holds, or
+    /// on another of this thread's connections, or a new one, if that one
+    /// closed meanwhile; returns the response head; the body drives the
+    /// connection on and returns it to the pool at its end.
     pub async fn send(
         self: &Arc<Self>,
         mut request: Request<ProxyBody>,
+        ticket: Ticket,
     ) -> Result<Response<PooledBody>, SendError> {
         let mut stale = 0;
+        let mut checkout = ticket.0;
         loop {
-            if self.http2
-                && stale < STALE_TRIES
-                && let Some(sender) = self.take_shared()
-            {
-                match self.send_shared(sender, request).await {
+            let reused = matches!(checkout, Checkout::Idle(_));
+            let mut conn = match checkout {
+                Checkout::Shared(sender) => match self.send_shared(sender, request).await {
                     Ok(response) => return Ok(response),
                     Err(SharedFailed::Untaken(untaken)) => {
                         stale += 1;
                         request = *untaken;
+                        checkout = self.next(stale, None).await?;
                         continue;
                     }
                     Err(SharedFailed::Failed(error)) => return Err(error),
-                }
-            }
-            let idle = if stale < STALE_TRIES {
-                self.take_idle()
-            } else {
-                None
-            };
-            let reused = idle.is_some();
-            let mut conn = match idle {
-                Some(conn) => conn,
-                // Boxed: the connect's futures hold the new socket inline.
-                None => match Box::pin(self.connect()).await? {
-                    Made::One(conn) => conn,
-                    Made::Shared(sender) => {
-                        return match self.send_shared(sender, request).await {
-                            Ok(response) => Ok(response),
-                            Err(SharedFailed::Untaken(_)) => Err(SendError::Connect(
-                                "the new connection closed before the request was sent".into(),
-                            )),
-                            Err(SharedFailed::Failed(error)) => Err(error),
-                        };
-                    }
                 },
+                Checkout::Idle(conn) => conn,
+                Checkout::New(slot) => {
+                    // Another request of this thread made its HTTP/2
+                    // connection while this one waited: one is enough.
+                    if self.http2
+                        && stale < STALE_TRIES
+                        && let Some(sender) = self.take_shared()
+                    {
+                        drop(slot);
+                        checkout = Checkout::Shared(sender);
+                        continue;
+                    }
+                    // Boxed: the connect's futures hold the new socket inline.
+                    match Box::pin(self.connect(slot)).await? {
+                        Made::One(conn) => conn,
+                        Made::Shared(sender) => {
+                            return match self.send_shared(sender, request).await {
+                                Ok(response) => Ok(response),
+                                Err(SharedFailed::Untaken(_)) => Err(SendError::Connect(
+                                    "the new connection closed before the request was sent".into(),
+                                )),
+                                Err(SharedFailed::Failed(error)) => Err(error),
+                            };
+                        }
+                    }
+                }
             };
             if reused {
                 // An upstream that closed it meanwhile shows now.
@@ -253,6 +399,7 @@ impl Pool {
                 .await;
                 if !conn.reusable() {
                     stale += 1;
+                    checkout = self.next(stale, Some(conn.into_slot())).await?;
                     continue;
                 }
             }
@@ -281,6 +428,7 @@ impl Pool {
                     Some(untaken) if reused => {
                         stale += 1;
                         request = untaken;
+                        checkout = self.next(stale, Some(conn.into_slot())).await?;
                     }
                     Some(_) => {
                         return Err(SendError::Connect(
@@ -293,9 +441,9 @@ impl Pool {
         }
     }
 
-    /// A new connection, through the connector (TCP, TLS, the fence): an
-    /// HTTP/2 one becomes this thread's shared connection.
-    async fn connect(&self) -> Result<Made, SendError> {
+    /// A new connection on `slot`, through the connector (TCP, TLS, the
+    /// fence): an HTTP/2 one becomes this thread's shared connection.
+    async fn connect(&self, slot: OwnedSemaphorePermit) -> Result<Made, SendError> {
         let mut connector = self.connector.clone();
         poll_fn(|cx| connector.poll_ready(cx))
             .await
@@ -312,8 +460,10 @@ impl Pool {
                 .handshake(io)
                 .await
                 .map_err(|error| SendError::Connect(error.into()))?;
-            // On this thread's runtime, like the requests that share it.
+            // On this thread's runtime, like the requests that share it;
+            // the slot is the connection's until it ends.
             tokio::spawn(async move {
+                let _slot = slot;
                 if let Err(error) = connection.await {
                     tracing::debug!(%error, "upstream HTTP/2 connection ended with an error");
                 }
@@ -333,6 +483,7 @@ impl Pool {
         Ok(Made::One(Box::new(Conn {
             sender,
             connection: Some(connection),
+            slot,
         })))
     }
 
@@ -420,6 +571,21 @@ impl Pool {
         };
         drop(expired);
         taken
+    }
+
+    /// The oldest idle connection of any thread, taken out (to be closed).
+    fn take_oldest_idle(&self) -> Option<Box<Conn>> {
+        let mut idle = self.idle();
+        let (thread, _) = idle
+            .iter()
+            .filter_map(|(thread, list)| Some((*thread, list.first()?.since)))
+            .min_by_key(|(_, since)| *since)?;
+        let list = idle.get_mut(&thread)?;
+        let Idle { conn, .. } = list.remove(0);
+        if list.is_empty() {
+            idle.remove(&thread);
+        }
+        Some(conn)
     }
 
     /// Keeps a connection whose exchange ended cleanly for this thread.
@@ -673,6 +839,10 @@ mod tests {
     }
 
     fn pool(origin: &Uri) -> Arc<Pool> {
+        pool_on(origin, Slots::new(MAX_IDLE * 4, Duration::from_secs(5)))
+    }
+
+    fn pool_on(origin: &Uri, slots: Arc<Slots>) -> Arc<Pool> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         let https = HttpsConnectorBuilder::new()
@@ -684,7 +854,17 @@ mod tests {
             UpstreamConnector { https, fence: None },
             origin.clone(),
             false,
+            slots,
         )
+    }
+
+    /// Sends `request` on `pool` (its ticket first).
+    async fn send(
+        pool: &Arc<Pool>,
+        request: Request<ProxyBody>,
+    ) -> Result<Response<PooledBody>, SendError> {
+        let ticket = pool.ticket().await?;
+        pool.send(request, ticket).await
     }
 
     fn get() -> Request<ProxyBody> {
@@ -695,7 +875,7 @@ mod tests {
     }
 
     async fn read_all(pool: &Arc<Pool>) -> Bytes {
-        let response = tokio::time::timeout(Duration::from_secs(5), pool.send(get()))
+        let response = tokio::time::timeout(Duration::from_secs(5), send(pool, get()))
             .await
             .expect("answered in time")
             .expect("sent");
@@ -723,7 +903,7 @@ mod tests {
         let upstream = upstream(After::KeepOpen, b"", false).await;
         let pool = pool(&upstream.origin);
         for _ in 0..3 {
-            let response = pool.send(get()).await.unwrap();
+            let response = send(&pool, get()).await.unwrap();
             assert!(response.body().is_end_stream());
             drop(response);
         }
@@ -734,7 +914,7 @@ mod tests {
     async fn a_body_dropped_before_its_end_closes_its_connection() {
         let upstream = upstream(After::KeepOpen, &[b'x'; 64 * 1024], false).await;
         let pool = pool(&upstream.origin);
-        let mut body = pool.send(get()).await.unwrap().into_body();
+        let mut body = send(&pool, get()).await.unwrap().into_body();
         let first = body.frame().await.unwrap().unwrap();
         assert!(first.data_ref().is_some_and(|d| d.len() < 64 * 1024));
         drop(body);
@@ -789,5 +969,47 @@ mod tests {
         });
         assert_eq!(upstream.connections.load(Ordering::SeqCst), 2);
         assert_eq!(pool.idle().len(), 2, "one idle list per thread");
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_routes_slots_wait_then_are_refused_unwritten() {
+        let upstream = upstream(After::KeepOpen, &[b'x'; 64 * 1024], false).await;
+        let slots = Slots::new(1, Duration::from_millis(200));
+        let (reads, writes) = (
+            pool_on(&upstream.origin, slots.clone()),
+            pool_on(&upstream.origin, slots),
+        );
+        // A body not read to its end keeps its connection, and its slot.
+        let held = send(&reads, get()).await.unwrap();
+        for pool in [&reads, &writes] {
+            let busy = send(pool, get()).await.err().expect("no slot");
+            assert!(matches!(busy, SendError::Busy { max: 1, .. }), "{busy}");
+        }
+        assert_eq!(upstream.connections.load(Ordering::SeqCst), 1);
+        // A slot that comes free within the wait is taken.
+        let waiting = tokio::spawn({
+            let writes = writes.clone();
+            async move { read_all(&writes).await }
+        });
+        // One turn of this (single-threaded) runtime: it waits by now.
+        tokio::task::yield_now().await;
+        drop(held);
+        assert_eq!(waiting.await.unwrap().len(), 64 * 1024);
+        assert_eq!(upstream.connections.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_gives_its_slot_up_to_another_pool() {
+        let upstream = upstream(After::KeepOpen, b"ok", false).await;
+        let slots = Slots::new(1, Duration::from_millis(200));
+        let (reads, writes) = (
+            pool_on(&upstream.origin, slots.clone()),
+            pool_on(&upstream.origin, slots),
+        );
+        assert_eq!(read_all(&reads).await, "ok".as_bytes());
+        assert_eq!(reads.idle().len(), 1, "idle, holding the one slot");
+        assert_eq!(read_all(&writes).await, "ok".as_bytes());
+        assert!(reads.idle().is_empty(), "closed for the other pool's slot");
+        assert_eq!(upstream.connections.load(Ordering::SeqCst), 2);
     }
 }

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::body::{Prefixed, ProxyBody, full, stream};
 use crate::metrics::Outcome;
 use crate::pipeline::error::{OperationRef, ProxyError};
-use crate::pipeline::forward::{Exchange, LostCause};
+use crate::pipeline::forward::{self, Exchange, LostCause};
 use crate::pipeline::replay;
 use crate::problem::UnknownSince;
 use idemgate_model::backoff::Backoff;
@@ -64,6 +64,8 @@ pub enum Released {
     Refused(StoredResponse),
     /// No byte reached the upstream.
     Unreachable { reason: String },
+    /// No connection to the upstream came free in time: nothing was sent.
+    Busy,
 }
 
 impl Released {
@@ -82,6 +84,10 @@ impl Released {
                 }),
                 reason: reason.clone(),
             }),
+            Released::Busy => Err(forward::overloaded(Some(OperationRef {
+                id: operation_id.to_string(),
+                state: State::NotAttempted,
+            }))),
         }
     }
 }
@@ -89,11 +95,15 @@ impl Released {
 /// The settlement, its events, and the reply for an exchange that took
 /// `tries` connection attempts to send `bytes` of body.
 pub fn settle(claim: &Claim, exchange: Exchange, tries: u32, bytes: usize) -> Settled {
-    let written = !matches!(exchange, Exchange::NotSent { .. } | Exchange::Fenced { .. });
+    let written = !matches!(
+        exchange,
+        Exchange::NotSent { .. } | Exchange::Fenced { .. } | Exchange::Busy { .. }
+    );
     let released = match &exchange {
         Exchange::NotSent { reason, .. } => Some(Released::Unreachable {
             reason: reason.clone(),
         }),
+        Exchange::Busy { .. } => Some(Released::Busy),
         Exchange::Released { head, body } => Some(Released::Refused(stored_response(
             head,
             Some(body.to_vec()),
@@ -158,6 +168,16 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
                 operation: Some(operation(State::NotAttempted)),
                 reason,
             }),
+        ),
+        Exchange::Busy { attempts, reason } => (
+            Settlement::NotAttempted {
+                evidence: "upstream-busy".into(),
+            },
+            vec![Event {
+                kind: "upstream-busy",
+                detail: json!({ "tries": attempts, "error": reason }),
+            }],
+            Err(forward::overloaded(Some(operation(State::NotAttempted)))),
         ),
         Exchange::Lost { cause, reason } => {
             let since = match cause {
@@ -530,6 +550,17 @@ mod tests {
                 rejected,
             ),
             (
+                Exchange::Busy {
+                    attempts: 1,
+                    reason: "all in use".into(),
+                },
+                NotAttempted,
+                "upstream-busy",
+                &["upstream-busy"],
+                503,
+                released,
+            ),
+            (
                 lost(LostCause::Timeout),
                 Unknown,
                 "timeout",
@@ -620,6 +651,20 @@ mod tests {
         assert_eq!(
             (waiter.status(), waiter.extensions().get::<Outcome>()),
             (StatusCode::SERVICE_UNAVAILABLE, Some(&Outcome::released))
+        );
+        let busy = Exchange::Busy {
+            attempts: 1,
+            reason: "all in use".into(),
+        };
+        let released = settle(&claim(), busy, 1, 0).released.expect("an answer");
+        let problem = released.answer("op-1").unwrap_err().problem();
+        assert_eq!(
+            (
+                problem.status,
+                problem.operation_id.as_deref(),
+                problem.state
+            ),
+            (503, Some("op-1"), Some("not_attempted"))
         );
         let fenced = settle(&claim(), Exchange::Fenced { attempts: 1 }, 1, 0);
         assert!(fenced.released.is_none());

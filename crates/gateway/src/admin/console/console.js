@@ -365,6 +365,7 @@
     resolved: "Resolved by an operator",
     superseded: "Superseded",
     "connect-failed": "Could not connect",
+    "upstream-busy": "Not sent: every upstream connection in use",
     "route-paused": "Route paused",
     "owner-lost": "Gateway lost",
     "forward-task-died": "Forwarding task died",
