@@ -57,6 +57,11 @@ impl StoreUrl {
             .or_else(|| url.strip_prefix("sqlite:"));
         match path {
             Some("") => Err("the sqlite URL names no file".into()),
+            // `sqlite:///` or `sqlite://dir/`: a directory, which SQLite
+            // cannot open as its file.
+            Some(p) if p.ends_with('/') => Err(format!(
+                "the sqlite URL names a directory ({p}), not a file: name the file, e.g. sqlite:///var/lib/idemgate/idemgate.db"
+            )),
             Some(p) if p.contains('?') => {
                 Err("sqlite URL options are not supported; use the [store] fields".into())
             }

@@ -477,6 +477,11 @@ fn store_urls() {
         Ok(StoreUrl::Sqlite("a.db".into()))
     );
     assert!(StoreUrl::parse("sqlite://").is_err());
+    // A directory is no file SQLite can open.
+    for directory in ["sqlite:///", "sqlite:///var/lib/idemgate/", "sqlite:data/"] {
+        let error = StoreUrl::parse(directory).expect_err(directory);
+        assert!(error.contains("directory"), "{directory}: {error}");
+    }
     assert!(StoreUrl::parse("sqlite::memory:").is_err());
     assert!(StoreUrl::parse("mysql://x").is_err());
     // What `serve` cannot open, `check-config` does not accept: one reading.
