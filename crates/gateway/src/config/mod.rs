@@ -119,6 +119,15 @@ impl Config {
         if let Some(admin) = overrides.admin_listen {
             self.server.admin_listen = admin;
         }
+        if let Some(reason) =
+            validate::listeners_clash(self.server.listen, self.server.admin_listen)
+        {
+            return Err(ConfigError::Invalid {
+                source_name: "--listen, --admin-listen".into(),
+                field: "server.admin_listen".into(),
+                reason,
+            });
+        }
         if let Some(url) = &overrides.store_url {
             self.store.url = StoreUrl::parse(url).map_err(|reason| ConfigError::Invalid {
                 source_name: "--store".into(),

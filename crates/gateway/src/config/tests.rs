@@ -566,6 +566,17 @@ fn overrides_replace_file_values() {
             .to_string()
             .contains("--store")
     );
+    // The command line's listeners are checked as the file's are: one
+    // address for both would fail at the second bind.
+    let clash = Overrides {
+        admin_listen: Some("0.0.0.0:1".parse().unwrap()),
+        ..Overrides::default()
+    };
+    let error = config.apply(&clash).unwrap_err().to_string();
+    assert!(
+        error.contains("--admin-listen") && error.contains("its own"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -127,6 +127,19 @@ pub(super) struct Validator<'a> {
     pub(super) base: &'a Path,
 }
 
+/// Why the two listeners cannot both bind, if they cannot: one port on one
+/// address, or on a wildcard beside another (the second bind fails).
+pub(super) fn listeners_clash(listen: SocketAddr, admin_listen: SocketAddr) -> Option<String> {
+    let overlap = listen.ip() == admin_listen.ip()
+        || listen.ip().is_unspecified()
+        || admin_listen.ip().is_unspecified();
+    (listen.port() == admin_listen.port() && listen.port() != 0 && overlap).then(|| {
+        format!(
+            "is {admin_listen}, the proxy's own address (server.listen): give each listener its own"
+        )
+    })
+}
+
 impl Validator<'_> {
     fn invalid(&self, field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
         ConfigError::Invalid {
@@ -466,16 +479,8 @@ impl Validator<'_> {
             raw.admin_listen.as_deref(),
             server::ADMIN_LISTEN,
         )?;
-        // One port on one address, or on a wildcard beside another: the
-        // second bind fails.
-        let overlap = listen.ip() == admin_listen.ip()
-            || listen.ip().is_unspecified()
-            || admin_listen.ip().is_unspecified();
-        if listen.port() == admin_listen.port() && listen.port() != 0 && overlap {
-            return Err(self.invalid(
-                "server.admin_listen",
-                format!("is {admin_listen}, the proxy's own address (server.listen): give each listener its own"),
-            ));
+        if let Some(reason) = listeners_clash(listen, admin_listen) {
+            return Err(self.invalid("server.admin_listen", reason));
         }
         Ok(ServerConfig {
             listen,
