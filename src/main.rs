@@ -7,7 +7,7 @@ use clap::Parser;
 use idemgate::access_log::{self, AccessLog};
 use idemgate::config::{Config, StoreUrl};
 use idemgate::log_sink::{FlushGuard, LogSink};
-use idemgate::server::{Gateway, StartOptions};
+use idemgate::server::{Gateway, StartError, StartOptions};
 use idemgate::systemd::Notifier;
 use idemgate::workers::Workers;
 use idemgate_tools::cli::{AlertsCommand, Cli, Command, LogFormat};
@@ -68,7 +68,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let gateway = tokio::select! {
                 started = Gateway::start_with(config, options) => {
-                    started.with_context(|| format!("cannot start (store {store})"))?
+                    // Named the store only where the store is what failed.
+                    started.map_err(|error| {
+                        let about = match &error {
+                            StartError::Store(_) | StartError::StoreKeys(_) => {
+                                format!("cannot start (store {store})")
+                            }
+                            _ => "cannot start".to_string(),
+                        };
+                        anyhow::Error::new(error).context(about)
+                    })?
                 }
                 () = shutdown.recv() => {
                     tracing::info!("stopped while starting");

@@ -72,6 +72,28 @@ async fn second_process_on_same_store_exits_naming_the_store() {
 /// one locked an empty `<file>.lock`, and a second process then started and
 /// marked the first's write in flight `unknown`), a second process is
 /// still refused, and the first's write in flight is its own to record.
+/// A start that fails for another reason than the store (here the proxy's
+/// port is taken) says what failed, and does not blame the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_failing_elsewhere_than_the_store_does_not_name_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("sqlite://{}", dir.path().join("idemgate.db").display());
+    let mut serve = binary();
+    serve
+        .args([
+            "serve",
+            "--listen",
+            &taken.local_addr().expect("addr").to_string(),
+        ])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(["--upstream", "http://127.0.0.1:9", "--store", &store]);
+    let (status, _, stderr) = run_to_exit(serve).await;
+    assert!(!status.success());
+    assert!(stderr.contains("cannot listen on"), "{stderr}");
+    assert!(!stderr.contains("(store"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_is_refused_with_the_empty_files_beside_the_store_removed() {
     let upstream = FakeUpstream::start().await;
