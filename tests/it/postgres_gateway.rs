@@ -373,6 +373,53 @@ fn server_port(url: &str) -> u16 {
     port.parse().expect("a port")
 }
 
+/// A released answer (503) that could be recorded only once the database
+/// link came back still goes to the duplicates waiting on its attempt, as
+/// one recorded at once does: they send nothing (docs/requests.md,
+/// "Waiting duplicates": an upstream that asked to back off sees one
+/// attempt per client retry, not one per waiter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn waiters_of_a_release_recorded_late_get_it_and_send_nothing() {
+    let schema = PgSchema::create().await;
+    let server = server_port(&postgres_url());
+    let link = TcpRelay::start(server).await;
+    let gw = spawn_gateway_with(
+        Setup::route("in_progress = \"wait\"\nwait_timeout = \"12s\"")
+            .shared_store(
+                &through_relay(&schema.url, link.port()),
+                &schema.scope_key_file,
+            )
+            .admin(),
+    )
+    .await;
+    let path = "/slow-then/503?ms=600";
+    let first = tokio::spawn({
+        let addr = gw.addr();
+        async move { write(addr, path, Some("k-released"), ORDER).await }
+    });
+    gw.upstream.wait_for_requests(1).await;
+    let nowhere = closed_port().await;
+    link.move_to(nowhere.port());
+    // A duplicate while the attempt is in flight waits on it.
+    let waiter = tokio::spawn({
+        let addr = gw.addr();
+        async move { write(addr, path, Some("k-released"), ORDER).await }
+    });
+    let first = first.await.expect("first write");
+    first.assert_problem(503, "store-unavailable");
+    link.move_to(server);
+    let waiter = waiter.await.expect("the waiter");
+    assert_eq!(waiter.status, StatusCode::SERVICE_UNAVAILABLE, "{waiter:?}");
+    assert_eq!(
+        gw.upstream.write_requests().len(),
+        1,
+        "the waiter sent nothing of its own"
+    );
+    let op = gw.operation("k-released").await;
+    assert_eq!(op["state"], "not_attempted", "{op}");
+}
+
 /// A's database link drops while its write is upstream. The response
 /// comes and cannot be recorded (its client hears 503); B marks the
 /// attempt `replica-lost` once A's lease runs out; the link comes back

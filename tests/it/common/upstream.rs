@@ -463,6 +463,12 @@ async fn handle(
             if let Some(code) = path.strip_prefix("/commit-then/") {
                 return Ok(status_response(code));
             }
+            // `/slow-then/503?ms=N`: that status, N ms after the request.
+            if let Some(code) = path.strip_prefix("/slow-then/") {
+                let ms = query_number(&parts.uri, "ms").unwrap_or(300);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                return Ok(status_response(code));
+            }
             tokio::time::sleep(delay).await;
             let mut response = json_response(StatusCode::CREATED, id, received);
             // A request's `x-echo` comes back as `x-echo-tag` (a stored

@@ -187,10 +187,14 @@ impl Attempt {
                 tracing::error!(operation_id = %self.claim.operation_id, %error, "cannot record the outcome; retrying");
                 deliver(Err(record::unrecorded(&self.claim)));
                 match Box::pin(self.keep_recording(&settlement, &events)).await {
+                    // Recorded late, handed over as if at once: a released
+                    // answer to the waiters (who send nothing), a
+                    // completion to the cache and the quota.
                     Some(Recorded::Applied) => {
                         if held {
                             Box::pin(self.trip_pause_latch()).await;
                         }
+                        self.hand_over(&settlement, released, recorded_at);
                         held
                     }
                     // Its client heard 503 already; what the store holds
