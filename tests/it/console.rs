@@ -413,6 +413,54 @@ async fn an_operator_settles_a_lost_write_and_the_retry_gets_the_replay() {
     client.close().await.expect("close");
 }
 
+/// A page read at attempt 1 settles nothing once a retry has moved the
+/// operation on: another operator releases attempt 1, the client's retry
+/// is lost again as attempt 2, and this page's `not_attempted` (decided on
+/// attempt 1) is refused, the page saying so and showing attempt 2; the
+/// next retry is not sent a third time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_settle_decided_on_a_stale_page_is_refused() {
+    let driver = driver();
+    let (gw, url) = console_gateway_with(Setup::route("late_window = \"1ms\"")).await;
+    let id = lose(&gw, "stale-page").await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "1 held operation").await;
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#operation-facts", "unknown").await;
+
+    let other = gw
+        .resolve(&id, &json!({"outcome": "not_attempted", "operator": "bob"}))
+        .await;
+    assert_eq!(other.status, 200);
+    let lost = write(gw.addr(), "/drop", Some("stale-page"), ORDER).await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    let writes = gw.upstream.writes();
+
+    type_into(&client, "#settle-operator", "ann").await;
+    click(&client, "#settle-form input[value=not_attempted]").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(&client, "#confirm-text", "as attempt 2").await;
+    click(&client, "#confirm-ok").await;
+    let refused = wait_text(&client, "#settle-result", "409").await;
+    assert!(
+        refused.contains("moved on") && refused.contains("attempt 2"),
+        "{refused}"
+    );
+    let op = gw.operation("stale-page").await;
+    assert_eq!(
+        (&op["state"], &op["attempts"]),
+        (&json!("unknown"), &json!(2))
+    );
+    let held = write(gw.addr(), "/drop", Some("stale-page"), ORDER).await;
+    held.assert_operation_problem(409, "outcome-unknown", "unknown");
+    assert_eq!(gw.upstream.writes(), writes, "attempt 3 never sent");
+
+    client.close().await.expect("close");
+}
+
 /// The body an operator types is replayed as typed: one that parses as
 /// JSON byte for byte, as `application/json` — a JSON string with its
 /// quotes, `null`, and an object whose keys are out of order and whose

@@ -265,6 +265,9 @@ fn next_action(op: &Operation) -> String {
 pub struct Resolution {
     pub decision: Decision,
     pub event: Event,
+    /// The attempt the operator checked, when the body names it: the
+    /// resolution is taken only while the operation is still at it.
+    pub attempt: Option<u32>,
     operator: String,
     outcome: String,
 }
@@ -288,6 +291,7 @@ impl Resolution {
         Ok(Resolution {
             decision,
             event,
+            attempt: body.attempt,
             operator: body.operator,
             outcome: body.outcome,
         })
@@ -301,6 +305,9 @@ struct ResolutionBody {
     operator: String,
     note: Option<String>,
     reference: Option<String>,
+    /// The attempt the operator checked (the one the page showed); absent,
+    /// whichever attempt the operation is at when the store takes it.
+    attempt: Option<u32>,
     #[serde(default, deserialize_with = "object_or_null")]
     response: Option<ResolutionResponse>,
     /// An MCP tool result (`{"content": [...], "isError": false}`) retries
@@ -413,10 +420,15 @@ pub async fn resolve(
     body: &[u8],
 ) -> Result<Response<ProxyBody>, AdminError> {
     let resolution = Resolution::read(body)?;
-    check(admin, id, &resolution.decision).await?;
+    check(admin, id, &resolution).await?;
     match admin
         .store
-        .resolve(id, &resolution.decision, &resolution.event)
+        .resolve(
+            id,
+            resolution.attempt,
+            &resolution.decision,
+            &resolution.event,
+        )
         .await?
     {
         Resolved::Done => {
@@ -426,6 +438,12 @@ pub async fn resolve(
         Resolved::NotFound => Err(AdminError::NotFound("operation")),
         Resolved::NotResolvable(state) => Err(AdminError::NotResolvable {
             id: id.to_string(),
+            state: state.as_str(),
+        }),
+        Resolved::OtherAttempt { attempt, state } => Err(AdminError::OperationChanged {
+            id: id.to_string(),
+            decided: resolution.attempt.unwrap_or(attempt),
+            attempt,
             state: state.as_str(),
         }),
     }
@@ -439,10 +457,23 @@ pub async fn resolve(
 /// ([`reconcile::may_land_until`]: the next attempt it would let through
 /// could make the write twice). An operation whose route is no longer
 /// configured is held to neither; one that is gone is the store's 404.
-async fn check(admin: &Admin, id: &str, decision: &Decision) -> Result<(), AdminError> {
+/// First, a resolution decided on another attempt than the one held now
+/// (the store checks it again in its transaction).
+async fn check(admin: &Admin, id: &str, resolution: &Resolution) -> Result<(), AdminError> {
     let Some((operation, events)) = admin.store.get(id).await? else {
         return Ok(());
     };
+    if let Some(decided) = resolution.attempt
+        && decided != operation.attempt
+    {
+        return Err(AdminError::OperationChanged {
+            id: id.to_string(),
+            decided,
+            attempt: operation.attempt,
+            state: operation.state.as_str(),
+        });
+    }
+    let decision = &resolution.decision;
     let Some(route) = admin
         .proxy
         .routes()

@@ -574,6 +574,9 @@
       show($("settle-result"), "Not settled: cancelled.");
       return;
     }
+    // The attempt this page shows, the one the operator checked: if a
+    // retry has moved the operation on since, the API refuses it.
+    body.attempt = op.attempts;
     try {
       const settled = await api("POST", "/admin/keys/" + segment(op.id) + "/resolve", body);
       current = settled;
@@ -583,7 +586,13 @@
           ? "The client's next retry gets the replay."
           : "The client's next retry is sent upstream."));
     } catch (error) {
-      if (error.status === 409) {
+      if (error.kind === "operation-changed") {
+        show($("settle-result"), "Not settled (409 Conflict): the operation moved on since this page " +
+          "was read — a client retry was sent again, as a later attempt nobody has checked. " +
+          sentence(error.message) + " Below is the operation as it is now: check that attempt " +
+          "at the destination before settling it.");
+        await openAgain(op.id);
+      } else if (error.status === 409) {
         show($("settle-result"), "Not settled (409 Conflict): someone else settled it first — " +
           "a client retry or another operator. " + sentence(error.message) +
           " Below is the operation as it is now.");
