@@ -461,6 +461,65 @@ async fn a_settle_decided_on_a_stale_page_is_refused() {
     client.close().await.expect("close");
 }
 
+/// A refused settle says why, by the API's problem: within the route's
+/// late window, when `not_attempted` will be taken and that `completed`
+/// is taken now (not "someone else settled it"); for an operation in
+/// flight with its gateway alive, the state it is in and that only one
+/// whose gateway died can be settled, which the form says beforehand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_refused_settle_says_why() {
+    let driver = driver();
+    let (gw, url) = console_gateway_with(Setup::route("late_window = \"1h\"")).await;
+    let id = lose(&gw, "early").await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "1 held operation").await;
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#operation-facts", "unknown").await;
+    type_into(&client, "#settle-operator", "ann").await;
+    click(&client, "#settle-form input[value=not_attempted]").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(&client, "#confirm-text", "attempt 2").await;
+    click(&client, "#confirm-ok").await;
+    let early = wait_text(&client, "#settle-result", "409").await;
+    assert!(
+        early.contains("may still land")
+            && early.contains("in about")
+            && early.contains("completed is taken now")
+            && !early.contains("another operator"),
+        "{early}"
+    );
+    assert_eq!(gw.operation("early").await["state"], "unknown");
+
+    let addr = gw.addr();
+    let in_flight =
+        tokio::spawn(async move { write(addr, "/slow?ms=4000", Some("flying"), ORDER).await });
+    gw.upstream.wait_for_writes(2).await;
+    let flying = gw.operation("flying").await;
+    let flying = flying["id"].as_str().expect("id").to_owned();
+    client
+        .goto(&format!("{url}#/op/{flying}"))
+        .await
+        .expect("open");
+    wait_text(&client, "#operation-facts", "in_progress").await;
+    wait_text(&client, "#settle-in-flight", "only if its gateway died").await;
+    type_into(&client, "#settle-operator", "ann").await;
+    click(&client, "#settle-form input[value=completed]").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(&client, "#confirm-text", "next retry").await;
+    click(&client, "#confirm-ok").await;
+    let live = wait_text(&client, "#settle-result", "409").await;
+    assert!(
+        live.contains("in_progress") && live.contains("gateway is alive"),
+        "{live}"
+    );
+    in_flight.await.expect("the write finishes");
+
+    client.close().await.expect("close");
+}
+
 /// The body an operator types is replayed as typed: one that parses as
 /// JSON byte for byte, as `application/json` — a JSON string with its
 /// quotes, `null`, and an object whose keys are out of order and whose

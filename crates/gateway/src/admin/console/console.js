@@ -70,10 +70,12 @@
   // ---------------------------------------------------------------- API
 
   class ApiError extends Error {
-    constructor(status, problem) {
+    constructor(status, problem, retryAfter) {
       super((problem && (problem.detail || problem.title)) || "HTTP " + status);
       this.status = status;
       this.problem = problem || {};
+      // Seconds, from `Retry-After` (attempt-may-still-land), or null.
+      this.retryAfter = retryAfter === undefined ? null : retryAfter;
     }
     // The problem's short name: `urn:idemgate:problem:<name>`.
     get kind() {
@@ -115,7 +117,8 @@
       data = { detail: text };
     }
     if (!response.ok) {
-      const error = new ApiError(response.status, data);
+      const wait = Number.parseInt(response.headers.get("Retry-After") || "", 10);
+      const error = new ApiError(response.status, data, Number.isNaN(wait) ? null : wait);
       // A refused token (or none configured) ends the session, whatever
       // the call: the sign-in form says why.
       if (response.status === 401) signedOut(error);
@@ -462,8 +465,11 @@
       ),
     );
     // Held operations can be settled: `unknown`, or `in_progress` whose
-    // gateway died (the API decides; a refusal is shown as it comes).
+    // gateway died. Which gateway is alive only the API knows: an
+    // in-flight one is offered with that said, and a refusal shown as it
+    // comes.
     $("settle").hidden = !(op.state === "unknown" || op.state === "in_progress");
+    $("settle-in-flight").hidden = op.state !== "in_progress";
     syncOutcome();
   }
 
@@ -592,9 +598,29 @@
           sentence(error.message) + " Below is the operation as it is now: check that attempt " +
           "at the destination before settling it.");
         await openAgain(op.id);
+      } else if (error.kind === "attempt-may-still-land") {
+        // The detail says until when; Retry-After, how long that is.
+        const wait = error.retryAfter === null ? "after that time"
+          : "in about " + waitText(error.retryAfter);
+        show($("settle-result"), "Not settled (409 Conflict): " + sentence(error.message) +
+          " not_attempted is taken " + wait + "; completed is taken now.");
+      } else if (error.kind === "not-resolvable") {
+        const now = await openAgain(op.id);
+        const state = now ? now.state : null;
+        let why;
+        if (state === "in_progress") {
+          why = "it is in_progress: in flight, and its gateway is alive. Only an in-progress " +
+            "operation whose gateway died can be settled; wait for it to finish or become unknown.";
+        } else if (state) {
+          why = "it is " + state + " now: settled first — by a client retry, evidence that " +
+            "came late, or another operator.";
+        } else {
+          why = sentence(error.message);
+        }
+        show($("settle-result"), "Not settled (409 Conflict): " + why +
+          (now ? " Below is the operation as it is now." : ""));
       } else if (error.status === 409) {
-        show($("settle-result"), "Not settled (409 Conflict): someone else settled it first — " +
-          "a client retry or another operator. " + sentence(error.message) +
+        show($("settle-result"), "Not settled (409 Conflict): " + sentence(error.message) +
           " Below is the operation as it is now.");
         await openAgain(op.id);
       } else if (error.status !== 401) {
@@ -604,13 +630,23 @@
     $("settle-result").focus();
   }
 
+  // Reads operation `id` again and shows it: the operation, or null.
   async function openAgain(id) {
     try {
       current = await api("GET", "/admin/keys/" + segment(id));
       renderOperation(current);
+      return current;
     } catch (_) {
       // The message above already says what happened.
+      return null;
     }
+  }
+
+  // A wait of `seconds`, in words.
+  function waitText(seconds) {
+    if (seconds < 120) return seconds + " s";
+    const minutes = Math.round(seconds / 60);
+    return minutes < 120 ? minutes + " min" : Math.round(minutes / 60) + " h";
   }
 
   // ---------------------------------------------------------------- routes
