@@ -520,6 +520,41 @@ async fn a_refused_settle_says_why() {
     client.close().await.expect("close");
 }
 
+/// An operation that cannot be read leaves nothing of the one shown
+/// before under its address: no facts, no timeline, no settle form that
+/// would settle the other one; the error is said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_failed_open_shows_nothing_of_the_previous_operation() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    let id = lose(&gw, "shown-first").await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "1 held operation").await;
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#operation-facts", "shown-first").await;
+
+    let missing = "00000000-0000-7000-8000-000000000000";
+    client
+        .goto(&format!("{url}#/op/{missing}"))
+        .await
+        .expect("open");
+    wait_text(&client, "#notice", "no such operation").await;
+    let left = js(
+        &client,
+        "return [document.getElementById('operation-facts').textContent,
+                 document.getElementById('timeline').textContent,
+                 document.getElementById('settle').hidden,
+                 document.getElementById('operation-title').textContent];",
+    )
+    .await;
+    assert_eq!(left, json!(["", "", true, "Operation"]), "{left}");
+
+    client.close().await.expect("close");
+}
+
 /// The body an operator types is replayed as typed: one that parses as
 /// JSON byte for byte, as `application/json` — a JSON string with its
 /// quotes, `null`, and an object whose keys are out of order and whose

@@ -415,10 +415,24 @@
     return [el("dt", {}, name), el("dd", {}, value === null || value === undefined ? "—" : String(value))];
   }
 
+  // Whether the address still names operation `id`: an answer that
+  // arrives after the operator moved on is not shown.
+  function showing(id) {
+    return location.hash.startsWith("#/op/") && decodeURIComponent(location.hash.slice(5)) === id;
+  }
+
   async function openOperation(id) {
     showView("operation", false);
     show($("settle-result"), "");
+    // Nothing of the operation shown before stays under this address,
+    // least of all its settle form, until this one is read.
+    current = null;
+    $("operation-title").textContent = "Operation";
+    $("operation-facts").replaceChildren();
+    $("timeline").replaceChildren();
+    $("settle").hidden = true;
     const op = await api("GET", "/admin/keys/" + segment(id));
+    if (!showing(id)) return;
     current = op;
     renderOperation(op);
     $("operation-title").focus();
@@ -585,8 +599,10 @@
     body.attempt = op.attempts;
     try {
       const settled = await api("POST", "/admin/keys/" + segment(op.id) + "/resolve", body);
-      current = settled;
-      renderOperation(settled);
+      if (showing(op.id)) {
+        current = settled;
+        renderOperation(settled);
+      }
       show($("settle-result"), "Settled as " + body.outcome + ". " +
         (body.outcome === "completed"
           ? "The client's next retry gets the replay."
@@ -633,7 +649,9 @@
   // Reads operation `id` again and shows it: the operation, or null.
   async function openAgain(id) {
     try {
-      current = await api("GET", "/admin/keys/" + segment(id));
+      const op = await api("GET", "/admin/keys/" + segment(id));
+      if (!showing(id)) return null;
+      current = op;
       renderOperation(current);
       return current;
     } catch (_) {
