@@ -555,6 +555,52 @@ async fn a_failed_open_shows_nothing_of_the_previous_operation() {
     client.close().await.expect("close");
 }
 
+/// The settle form belongs to the operation shown: what was typed for
+/// one (outcome, reference, note, status, body) is gone when another is
+/// shown, the operator's name kept; the confirmation quotes the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn the_settle_form_starts_empty_for_each_operation() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    let first = lose(&gw, "form-first").await;
+    let second = lose(&gw, "form-second").await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "2 held operations").await;
+    client
+        .goto(&format!("{url}#/op/{first}"))
+        .await
+        .expect("open");
+    wait_text(&client, "#operation-title", "form-first").await;
+    type_into(&client, "#settle-operator", "ann").await;
+    type_into(&client, "#settle-reference", "T-1").await;
+    type_into(&client, "#settle-note", "seen").await;
+    type_into(&client, "#settle-status", "201").await;
+    type_into(&client, "#settle-body", r#"{"id":"first-1"}"#).await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(&client, "#confirm-text", r#"“{"id":"first-1"}”"#).await;
+    click(&client, "#confirm-cancel").await;
+    click(&client, "#settle-form input[value=not_attempted]").await;
+
+    client
+        .goto(&format!("{url}#/op/{second}"))
+        .await
+        .expect("open");
+    wait_text(&client, "#operation-title", "form-second").await;
+    let form = js(
+        &client,
+        "return ['settle-operator', 'settle-reference', 'settle-note', 'settle-status', 'settle-body']
+                  .map((id) => document.getElementById(id).value)
+                  .concat([document.querySelector('input[name=outcome]:checked').value]);",
+    )
+    .await;
+    assert_eq!(form, json!(["ann", "", "", "", "", "completed"]), "{form}");
+
+    client.close().await.expect("close");
+}
+
 /// The body an operator types is replayed as typed: one that parses as
 /// JSON byte for byte, as `application/json` — a JSON string with its
 /// quotes, `null`, and an object whose keys are out of order and whose

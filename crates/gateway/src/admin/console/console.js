@@ -354,6 +354,20 @@
   // ---------------------------------------------------------------- one operation
 
   let current = null;
+  // The operation the settle form was last filled for: another one gets
+  // an empty form (the operator's name kept), never the last one's
+  // outcome, reference, note or response.
+  let formFor = null;
+
+  function resetSettleForm() {
+    for (const radio of document.querySelectorAll('input[name="outcome"]')) {
+      radio.checked = radio.value === "completed";
+    }
+    for (const field of ["settle-reference", "settle-note", "settle-status", "settle-body"]) {
+      $(field).value = "";
+    }
+    show($("settle-error"), "");
+  }
 
   const EVENT_WORDS = {
     claimed: "Claimed",
@@ -484,6 +498,8 @@
     // comes.
     $("settle").hidden = !(op.state === "unknown" || op.state === "in_progress");
     $("settle-in-flight").hidden = op.state !== "in_progress";
+    if (formFor !== op.id) resetSettleForm();
+    formFor = op.id;
     syncOutcome();
   }
 
@@ -548,9 +564,12 @@
         ". Choose this only if the destination shows the operation did not happen.";
     }
     if (body.response) {
-      const kind = body.response.body === undefined ? "an empty body" :
-        body.response.headers ? "the body you typed, as JSON (content-type: application/json)"
-          : "the body you typed, as text, with no content type";
+      const typed = body.response.body;
+      const quoted = typed === undefined ? "" : " “" +
+        (typed.length > 200 ? typed.slice(0, 200) + "…" : typed) + "”";
+      const kind = typed === undefined ? "an empty body" :
+        body.response.headers ? "the body you typed" + quoted + ", as JSON (content-type: application/json)"
+          : "the body you typed" + quoted + ", as text, with no content type";
       return retry + " will get status " + body.response.status + " with " + kind +
         ", replayed (Idempotent-Replayed: true); nothing is sent upstream.";
     }
