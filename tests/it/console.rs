@@ -601,6 +601,50 @@ async fn the_settle_form_starts_empty_for_each_operation() {
     client.close().await.expect("close");
 }
 
+/// A settle whose answer is lost may have been taken: the page says so
+/// rather than "Not settled", and shows the operation read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_settle_without_an_answer_may_have_been_taken() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    let id = lose(&gw, "lost-answer").await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "1 held operation").await;
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#operation-facts", "unknown").await;
+    // The POST arrives and is taken; its answer never reaches the page.
+    js(
+        &client,
+        "const sent = window.fetch;
+         window.fetch = async (url, init) => {
+           if (init && init.method === 'POST') {
+             await sent(url, init);
+             throw new TypeError('the connection was reset');
+           }
+           return sent(url, init);
+         };
+         return null;",
+    )
+    .await;
+    type_into(&client, "#settle-operator", "ann").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(&client, "#confirm-text", "next retry").await;
+    click(&client, "#confirm-ok").await;
+    let said = wait_text(&client, "#settle-result", "No answer").await;
+    assert!(
+        said.contains("may or may not be settled")
+            && said.contains("completed now")
+            && !said.contains("Not settled"),
+        "{said}"
+    );
+    wait_text(&client, "#operation-facts", "completed").await;
+
+    client.close().await.expect("close");
+}
+
 /// The body an operator types is replayed as typed: one that parses as
 /// JSON byte for byte, as `application/json` — a JSON string with its
 /// quotes, `null`, and an object whose keys are out of order and whose

@@ -658,8 +658,18 @@
         show($("settle-result"), "Not settled (409 Conflict): " + sentence(error.message) +
           " Below is the operation as it is now.");
         await openAgain(op.id);
+      } else if (error.status === 0) {
+        // The request may have reached the gateway and been taken: only
+        // the operation as stored says.
+        const now = await openAgain(op.id);
+        show($("settle-result"), "No answer: it may or may not be settled. " +
+          sentence(error.message) + " " + (now
+          ? "Read again: it is " + now.state + " now" + (now.state === op.state
+            ? ", so it was not settled; settle it again if you still mean to."
+            : " — see the timeline for who settled it.")
+          : "Read it again (reload) before settling it again."));
       } else if (error.status !== 401) {
-        show($("settle-result"), "Not settled (" + (error.status || "no answer") + "): " + error.message);
+        show($("settle-result"), "Not settled (" + error.status + "): " + error.message);
       }
     }
     $("settle-result").focus();
