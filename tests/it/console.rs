@@ -645,6 +645,40 @@ async fn a_settle_without_an_answer_may_have_been_taken() {
     client.close().await.expect("close");
 }
 
+/// A route a probe paused (it found a write twice at the destination) is
+/// shown as paused by the probe, not by an operator. The API's answer is
+/// rewritten in the page: a probe's finding is `probe_verdicts`' to make.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_route_a_probe_paused_is_shown_as_paused_by_the_probe() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "No held operations").await;
+    js(
+        &client,
+        "const sent = window.fetch;
+         window.fetch = async (url, init) => {
+           const answer = await sent(url, init);
+           if (!String(url).startsWith('/admin/stats')) return answer;
+           const stats = await answer.json();
+           Object.assign(stats.routes[0], {
+             paused: true, paused_by: 'probe', reason: 'order-1 found twice',
+           });
+           return new Response(JSON.stringify(stats), { status: 200 });
+         };
+         return null;",
+    )
+    .await;
+    click(&client, "#nav-routes").await;
+    let why = wait_text(&client, "#routes", "found twice").await;
+    assert!(why.contains("probe") && !why.contains("operator"), "{why}");
+
+    client.close().await.expect("close");
+}
+
 /// The body an operator types is replayed as typed: one that parses as
 /// JSON byte for byte, as `application/json` — a JSON string with its
 /// quotes, `null`, and an object whose keys are out of order and whose

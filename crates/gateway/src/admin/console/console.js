@@ -700,6 +700,13 @@
 
   let refreshTimer = null;
 
+  // Who paused a route (the API's `paused_by`), in words.
+  const PAUSED_BY = {
+    operator: "operator: ",
+    latch: "pause latch: ",
+    probe: "probe (a write found more than once at the destination): ",
+  };
+
   function stopRefresh() {
     if (refreshTimer !== null) clearInterval(refreshTimer);
     refreshTimer = null;
@@ -713,7 +720,7 @@
       ...routes.map((route) => {
         const counts = byRoute[route.name] || {};
         const why = route.paused
-          ? (route.paused_by === "latch" ? "pause latch: " : "operator: ") + (route.reason || "")
+          ? (PAUSED_BY[route.paused_by] || String(route.paused_by) + ": ") + (route.reason || "")
           : "—";
         return tableRow(
           ROUTE_COLUMNS,
