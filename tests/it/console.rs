@@ -837,6 +837,55 @@ async fn held_work_pages_oldest_first_and_other_states_page_by_cursor() {
     client.close().await.expect("close");
 }
 
+/// "Back to the list" returns to the page left; "Held work" shows held
+/// work, unfiltered, from its first page, even after another state was
+/// chosen (the address unchanged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn held_work_is_held_work_and_back_is_where_the_list_was() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    for n in 0..21 {
+        lose(&gw, &format!("held-{n:02}")).await;
+    }
+    let done = write(gw.addr(), "/orders", Some("done-00"), ORDER).await;
+    assert_eq!(done.status, 201);
+
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "showing 1–20").await;
+    click(&client, "#page-next").await;
+    wait_text(&client, "#list-summary", "showing 21–21").await;
+    click(&client, "#operations a.key").await;
+    wait_text(&client, "#operation-title", "held-20").await;
+    click(&client, "#back").await;
+    wait_text(&client, "#list-summary", "showing 21–21").await;
+    assert_eq!(listed_keys(&client).await, ["held-20"]);
+
+    client
+        .find(Locator::Id("filter-state"))
+        .await
+        .expect("state")
+        .select_by_value("completed")
+        .await
+        .expect("select");
+    click(&client, "#filter-form button[type=submit]").await;
+    wait_text(&client, "#list-summary", "page 1, 1 operation.").await;
+    click(&client, "#nav-held").await;
+    wait_text(&client, "#list-summary", "21 held operations").await;
+    wait_text(&client, "#list-summary", "showing 1–20").await;
+    wait_text(&client, "#list-title", "Held work").await;
+    let state = js(
+        &client,
+        "return document.getElementById('filter-state').value;",
+    )
+    .await;
+    assert_eq!(state, json!("unknown"));
+
+    client.close().await.expect("close");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
 async fn an_operator_pauses_and_resumes_a_route_and_counts_refresh() {

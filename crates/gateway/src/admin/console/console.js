@@ -228,7 +228,9 @@
     return list.filter.state === "unknown";
   }
 
-  async function loadList() {
+  // The list as filtered; `keepPlace` (back from an operation) stays on
+  // the page shown before, otherwise the first.
+  async function loadList(keepPlace) {
     $("list-title").textContent = held() ? "Held work" : "Operations";
     $("list-summary").textContent = "Loading…";
     if (held()) {
@@ -250,10 +252,13 @@
       const rest = rows.filter((row) => !row.duplicated_at_destination);
       list.duplicated = duplicated.length;
       list.rows = duplicated.concat(rest.reverse());
-      list.offset = 0;
+      const last = Math.max(0, Math.ceil(list.rows.length / PAGE) - 1) * PAGE;
+      list.offset = keepPlace ? Math.min(list.offset, last) : 0;
     } else {
-      list.cursors = [null];
-      list.page = 0;
+      if (!keepPlace) {
+        list.cursors = [null];
+        list.page = 0;
+      }
       await loadApiPage();
       return;
     }
@@ -334,7 +339,21 @@
       route: $("filter-route").value.trim(),
       key: $("filter-key").value.trim(),
     };
-    await guarded(loadList);
+    await guarded(() => loadList(false));
+  }
+
+  // The "Held work" link: held work, unfiltered, from its first page,
+  // whatever list was shown before (the address may not change, so no
+  // hashchange would say it).
+  function heldWork(event) {
+    list.filter = { state: "unknown", route: "", key: "" };
+    list.offset = 0;
+    $("filter-route").value = "";
+    $("filter-key").value = "";
+    if (location.hash === "#/held") {
+      event.preventDefault();
+      route();
+    }
   }
 
   async function pageBy(step) {
@@ -797,7 +816,8 @@
     } else {
       showView("list", true);
       $("filter-state").value = list.filter.state;
-      await guarded(loadList);
+      // `#/list` is the way back from an operation: the list as it was.
+      await guarded(() => loadList(hash === "#/list"));
     }
   }
 
@@ -812,6 +832,7 @@
     );
     $("sign-in-form").addEventListener("submit", signIn);
     $("sign-out").addEventListener("click", signOut);
+    $("nav-held").addEventListener("click", heldWork);
     $("filter-form").addEventListener("submit", filterList);
     $("page-previous").addEventListener("click", () => pageBy(-1));
     $("page-next").addEventListener("click", () => pageBy(1));
