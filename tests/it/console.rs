@@ -679,6 +679,68 @@ async fn a_route_a_probe_paused_is_shown_as_paused_by_the_probe() {
     client.close().await.expect("close");
 }
 
+/// A held MCP tool call is settled with a tool result: the form offers
+/// its text and isError (no HTTP status or body), the confirmation quotes
+/// it, and the agent's retry gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_held_tool_call_is_settled_with_a_tool_result() {
+    let driver = driver();
+    let (gw, url) = console_gateway_with(Setup::route("profile = \"mcp\"").at("/drop")).await;
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"create_task","arguments":{"title":"t"}}}"#;
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("authorization", ALICE),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    send(gw.addr(), "POST", "/drop", &headers, call.to_string()).await;
+    let held = gw
+        .admin("GET", "/admin/keys?state=unknown", "")
+        .await
+        .json();
+    let id = held["items"][0]["id"].as_str().expect("held").to_owned();
+
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "1 held operation").await;
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#operation-facts", "unknown").await;
+    let hidden = js(
+        &client,
+        "return [document.getElementById('settle-response').hidden,
+                 document.getElementById('settle-tool-result').hidden];",
+    )
+    .await;
+    assert_eq!(
+        hidden,
+        json!([true, false]),
+        "tool result offered, not an HTTP response"
+    );
+    type_into(&client, "#settle-operator", "ann").await;
+    type_into(&client, "#settle-tool-text", "created task 42").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(
+        &client,
+        "#confirm-text",
+        "tool result “created task 42” (isError: false)",
+    )
+    .await;
+    click(&client, "#confirm-ok").await;
+    wait_text(&client, "#settle-result", "Settled as completed").await;
+
+    let retry = send(gw.addr(), "POST", "/drop", &headers, call.to_string()).await;
+    assert_eq!(retry.status, 200);
+    let text = String::from_utf8_lossy(&retry.body);
+    assert!(
+        text.contains("created task 42") && text.contains("\"isError\":false"),
+        "{text}"
+    );
+
+    client.close().await.expect("close");
+}
+
 /// The body an operator types is replayed as typed: one that parses as
 /// JSON byte for byte, as `application/json` — a JSON string with its
 /// quotes, `null`, and an object whose keys are out of order and whose

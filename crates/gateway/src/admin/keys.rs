@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use super::{Admin, AdminError, json_response};
 use crate::body::ProxyBody;
 use crate::pipeline::reconcile;
+use crate::profile::Profile;
 use idemgate_model::clock::rfc3339;
 use idemgate_model::operation::{Event, Operation, State, StoredResponse};
 use idemgate_store::{Decision, ListFilter, Resolved, StoredEvent, Summary};
@@ -167,6 +168,9 @@ pub async fn show(admin: &Admin, id: &str) -> Result<Response<ProxyBody>, AdminE
         .find(|route| route.name == operation.route);
     let destination = route.and_then(|route| route.destination_key.as_ref());
     let mut shown = detail(&operation, &events);
+    // What a resolution of it takes: an MCP route's a tool `result`, the
+    // others' an HTTP `response` (null: its route is no longer configured).
+    shown["profile"] = json!(route.map(|route| route.profile.name()));
     if let Some(route) = route
         && operation.state == State::Unknown
     {
@@ -268,6 +272,9 @@ pub struct Resolution {
     /// The attempt the operator checked, when the body names it: the
     /// resolution is taken only while the operation is still at it.
     pub attempt: Option<u32>,
+    /// Whether the body gave an HTTP `response`: an MCP route's tool
+    /// call takes a `result` instead (see [`check`]).
+    http_response: bool,
     operator: String,
     outcome: String,
 }
@@ -292,6 +299,7 @@ impl Resolution {
             decision,
             event,
             attempt: body.attempt,
+            http_response: body.response.is_some(),
             operator: body.operator,
             outcome: body.outcome,
         })
@@ -459,6 +467,9 @@ pub async fn resolve(
 /// configured is held to neither; one that is gone is the store's 404.
 /// First, a resolution decided on another attempt than the one held now
 /// (the store checks it again in its transaction).
+/// And an HTTP `response` for an MCP route's tool call, which takes a
+/// `result`: a stored status is kept, and one other than 200 would reach
+/// the agent as an HTTP error carrying a success result.
 async fn check(admin: &Admin, id: &str, resolution: &Resolution) -> Result<(), AdminError> {
     let Some((operation, events)) = admin.store.get(id).await? else {
         return Ok(());
@@ -481,6 +492,12 @@ async fn check(admin: &Admin, id: &str, resolution: &Resolution) -> Result<(), A
     else {
         return Ok(());
     };
+    if route.profile == Profile::Mcp && resolution.http_response {
+        return Err(AdminError::InvalidResolution(format!(
+            "an MCP tool call takes a `result` ({{\"content\": [...], \"isError\": false}}), not an HTTP `response`: route `{}` answers its retries as JSON-RPC, and a stored status other than 200 would reach the agent as an HTTP error carrying a success",
+            operation.route
+        )));
+    }
     match decision {
         Decision::Completed { response } => {
             let length = response.body.as_ref().map_or(0, Vec::len);

@@ -382,9 +382,10 @@
     for (const radio of document.querySelectorAll('input[name="outcome"]')) {
       radio.checked = radio.value === "completed";
     }
-    for (const field of ["settle-reference", "settle-note", "settle-status", "settle-body"]) {
+    for (const field of ["settle-reference", "settle-note", "settle-status", "settle-body", "settle-tool-text"]) {
       $(field).value = "";
     }
+    $("settle-tool-error").checked = false;
     show($("settle-error"), "");
   }
 
@@ -527,8 +528,16 @@
     return checked ? checked.value : "completed";
   }
 
+  // Whether the operation shown is an MCP tool call: settled with a tool
+  // result, which the API requires of it, not an HTTP response.
+  function toolCall() {
+    return Boolean(current && current.profile === "mcp");
+  }
+
   function syncOutcome() {
-    $("settle-response").hidden = outcome() !== "completed";
+    const completed = outcome() === "completed";
+    $("settle-response").hidden = !completed || toolCall();
+    $("settle-tool-result").hidden = !completed || !toolCall();
   }
 
   // The resolution the form describes, or an error message.
@@ -539,7 +548,13 @@
     const note = $("settle-note").value.trim();
     if (reference) body.reference = reference;
     if (note) body.note = note;
-    if (body.outcome === "completed") {
+    if (body.outcome === "completed" && toolCall()) {
+      const text = $("settle-tool-text").value;
+      const isError = $("settle-tool-error").checked;
+      if (text || isError) {
+        body.result = { content: text ? [{ type: "text", text }] : [], isError };
+      }
+    } else if (body.outcome === "completed") {
       const status = $("settle-status").value.trim();
       const text = $("settle-body").value;
       if (status || text) {
@@ -581,6 +596,17 @@
     if (body.outcome === "not_attempted") {
       return retry + " will be sent to the upstream again, as attempt " + (op.attempts + 1) +
         ". Choose this only if the destination shows the operation did not happen.";
+    }
+    if (body.result) {
+      const text = body.result.content.length ? body.result.content[0].text : "";
+      return retry + " will get the tool result “" +
+        (text.length > 200 ? text.slice(0, 200) + "…" : text) + "” (isError: " +
+        body.result.isError + "), replayed; nothing is sent to the server.";
+    }
+    if (toolCall()) {
+      return retry + " will get a tool result whose text is {\"resolved_by\": \"" + body.operator +
+        "\", \"reference\": " + (body.reference ? "\"" + body.reference + "\"" : "null") +
+        "}, replayed; nothing is sent to the server.";
     }
     if (body.response) {
       const typed = body.response.body;
