@@ -784,7 +784,9 @@ async fn a_resolution_decided_on_an_earlier_attempt_is_refused() {
     held.assert_operation_problem(409, "outcome-unknown", "unknown");
     assert_eq!(gw.upstream.writes(), 2, "attempt 3 never sent");
 
-    admin.resolved(&id, &on_attempt(2)).await;
+    // 2.0 is the integer 2, as JSON Schema reads it.
+    let whole = json!({"outcome": "not_attempted", "operator": "ann", "attempt": 2.0});
+    admin.resolved(&id, &whole).await;
     assert_eq!(admin.show(&id).await["state"], "not_attempted");
 }
 

@@ -315,6 +315,7 @@ struct ResolutionBody {
     reference: Option<String>,
     /// The attempt the operator checked (the one the page showed); absent,
     /// whichever attempt the operation is at when the store takes it.
+    #[serde(default, deserialize_with = "integral_attempt")]
     attempt: Option<u32>,
     #[serde(default, deserialize_with = "object_or_null")]
     response: Option<ResolutionResponse>,
@@ -412,6 +413,29 @@ fn integral_status<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<
             "`status` must be a whole number from 200 to 599, not {number}"
         ))
     })
+}
+
+/// An attempt as JSON Schema's `integer` reads it, as [`integral_status`]
+/// reads a status: `2` or `2.0`.
+fn integral_attempt<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<u32>, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    let whole = number.as_u64().or_else(|| {
+        number
+            .as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= f64::from(u32::MAX))
+            .map(|f| f as u64)
+    });
+    whole
+        .and_then(|n| u32::try_from(n).ok())
+        .map(Some)
+        .ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "`attempt` must be a whole number from 1 to {}, not {number}",
+                u32::MAX
+            ))
+        })
 }
 
 #[derive(Debug, Deserialize)]
