@@ -756,6 +756,40 @@ async fn a_resolution_in_an_array_is_refused() {
     }
 }
 
+/// A resolution names the attempt its operator checked: one decided on a
+/// page that showed attempt 1, taken after a retry was let through and
+/// lost again as attempt 2, is refused 409 `operation-changed` naming
+/// attempt 2 (never checked: it may have landed), and nothing is let
+/// through a third time; one naming attempt 2 is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_decided_on_an_earlier_attempt_is_refused() {
+    let (gw, admin) = gateway(SETTLED_AT_ONCE).await;
+    let id = unknown_operation(&gw, &admin, "stale-1").await;
+    let on_attempt =
+        |attempt: u32| json!({"outcome": "not_attempted", "operator": "ann", "attempt": attempt});
+    admin.resolved(&id, &on_attempt(1)).await;
+    let lost = write(gw.addr(), "/hold", Some("stale-1"), ORDER).await;
+    lost.assert_operation_problem(504, "outcome-unknown", "unknown");
+    assert_eq!(admin.show(&id).await["attempts"], 2);
+
+    let stale = admin.resolve(&id, &on_attempt(1)).await;
+    let problem = stale.assert_problem(409, "operation-changed");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("attempt 2")),
+        "{problem}"
+    );
+    let held = write(gw.addr(), "/hold", Some("stale-1"), ORDER).await;
+    held.assert_operation_problem(409, "outcome-unknown", "unknown");
+    assert_eq!(gw.upstream.writes(), 2, "attempt 3 never sent");
+
+    // 2.0 is the integer 2, as JSON Schema reads it.
+    let whole = json!({"outcome": "not_attempted", "operator": "ann", "attempt": 2.0});
+    admin.resolved(&id, &whole).await;
+    assert_eq!(admin.show(&id).await["state"], "not_attempted");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settled_and_missing_operations_are_not_resolvable() {
     let (gw, admin) = gateway("").await;

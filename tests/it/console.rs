@@ -413,6 +413,334 @@ async fn an_operator_settles_a_lost_write_and_the_retry_gets_the_replay() {
     client.close().await.expect("close");
 }
 
+/// A page read at attempt 1 settles nothing once a retry has moved the
+/// operation on: another operator releases attempt 1, the client's retry
+/// is lost again as attempt 2, and this page's `not_attempted` (decided on
+/// attempt 1) is refused, the page saying so and showing attempt 2; the
+/// next retry is not sent a third time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_settle_decided_on_a_stale_page_is_refused() {
+    let driver = driver();
+    let (gw, url) = console_gateway_with(Setup::route("late_window = \"1ms\"")).await;
+    let id = lose(&gw, "stale-page").await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "1 held operation").await;
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#operation-facts", "unknown").await;
+
+    let other = gw
+        .resolve(&id, &json!({"outcome": "not_attempted", "operator": "bob"}))
+        .await;
+    assert_eq!(other.status, 200);
+    let lost = write(gw.addr(), "/drop", Some("stale-page"), ORDER).await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    let writes = gw.upstream.writes();
+
+    type_into(&client, "#settle-operator", "ann").await;
+    click(&client, "#settle-form input[value=not_attempted]").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(&client, "#confirm-text", "as attempt 2").await;
+    click(&client, "#confirm-ok").await;
+    let refused = wait_text(&client, "#settle-result", "409").await;
+    assert!(
+        refused.contains("moved on") && refused.contains("attempt 2"),
+        "{refused}"
+    );
+    let op = gw.operation("stale-page").await;
+    assert_eq!(
+        (&op["state"], &op["attempts"]),
+        (&json!("unknown"), &json!(2))
+    );
+    let held = write(gw.addr(), "/drop", Some("stale-page"), ORDER).await;
+    held.assert_operation_problem(409, "outcome-unknown", "unknown");
+    assert_eq!(gw.upstream.writes(), writes, "attempt 3 never sent");
+
+    client.close().await.expect("close");
+}
+
+/// A refused settle says why, by the API's problem: within the route's
+/// late window, when `not_attempted` will be taken and that `completed`
+/// is taken now (not "someone else settled it"); for an operation in
+/// flight with its gateway alive, the state it is in and that only one
+/// whose gateway died can be settled, which the form says beforehand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_refused_settle_says_why() {
+    let driver = driver();
+    let (gw, url) = console_gateway_with(Setup::route("late_window = \"1h\"")).await;
+    let id = lose(&gw, "early").await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "1 held operation").await;
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#operation-facts", "unknown").await;
+    type_into(&client, "#settle-operator", "ann").await;
+    click(&client, "#settle-form input[value=not_attempted]").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(&client, "#confirm-text", "attempt 2").await;
+    click(&client, "#confirm-ok").await;
+    let early = wait_text(&client, "#settle-result", "409").await;
+    assert!(
+        early.contains("may still land")
+            && early.contains("in about")
+            && early.contains("completed is taken now")
+            && !early.contains("another operator"),
+        "{early}"
+    );
+    assert_eq!(gw.operation("early").await["state"], "unknown");
+
+    let addr = gw.addr();
+    let in_flight =
+        tokio::spawn(async move { write(addr, "/slow?ms=4000", Some("flying"), ORDER).await });
+    gw.upstream.wait_for_writes(2).await;
+    let flying = gw.operation("flying").await;
+    let flying = flying["id"].as_str().expect("id").to_owned();
+    client
+        .goto(&format!("{url}#/op/{flying}"))
+        .await
+        .expect("open");
+    wait_text(&client, "#operation-facts", "in_progress").await;
+    wait_text(&client, "#settle-in-flight", "only if its gateway died").await;
+    type_into(&client, "#settle-operator", "ann").await;
+    click(&client, "#settle-form input[value=completed]").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(&client, "#confirm-text", "next retry").await;
+    click(&client, "#confirm-ok").await;
+    let live = wait_text(&client, "#settle-result", "409").await;
+    assert!(
+        live.contains("in_progress") && live.contains("gateway is alive"),
+        "{live}"
+    );
+    in_flight.await.expect("the write finishes");
+
+    client.close().await.expect("close");
+}
+
+/// An operation that cannot be read leaves nothing of the one shown
+/// before under its address: no facts, no timeline, no settle form that
+/// would settle the other one; the error is said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_failed_open_shows_nothing_of_the_previous_operation() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    let id = lose(&gw, "shown-first").await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "1 held operation").await;
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#operation-facts", "shown-first").await;
+
+    let missing = "00000000-0000-7000-8000-000000000000";
+    client
+        .goto(&format!("{url}#/op/{missing}"))
+        .await
+        .expect("open");
+    wait_text(&client, "#notice", "no such operation").await;
+    let left = js(
+        &client,
+        "return [document.getElementById('operation-facts').textContent,
+                 document.getElementById('timeline').textContent,
+                 document.getElementById('settle').hidden,
+                 document.getElementById('operation-title').textContent];",
+    )
+    .await;
+    assert_eq!(left, json!(["", "", true, "Operation"]), "{left}");
+
+    client.close().await.expect("close");
+}
+
+/// The settle form belongs to the operation shown: what was typed for
+/// one (outcome, reference, note, status, body) is gone when another is
+/// shown, the operator's name kept; the confirmation quotes the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn the_settle_form_starts_empty_for_each_operation() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    let first = lose(&gw, "form-first").await;
+    let second = lose(&gw, "form-second").await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "2 held operations").await;
+    client
+        .goto(&format!("{url}#/op/{first}"))
+        .await
+        .expect("open");
+    wait_text(&client, "#operation-title", "form-first").await;
+    type_into(&client, "#settle-operator", "ann").await;
+    type_into(&client, "#settle-reference", "T-1").await;
+    type_into(&client, "#settle-note", "seen").await;
+    type_into(&client, "#settle-status", "201").await;
+    type_into(&client, "#settle-body", r#"{"id":"first-1"}"#).await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(&client, "#confirm-text", r#"“{"id":"first-1"}”"#).await;
+    click(&client, "#confirm-cancel").await;
+    click(&client, "#settle-form input[value=not_attempted]").await;
+
+    client
+        .goto(&format!("{url}#/op/{second}"))
+        .await
+        .expect("open");
+    wait_text(&client, "#operation-title", "form-second").await;
+    let form = js(
+        &client,
+        "return ['settle-operator', 'settle-reference', 'settle-note', 'settle-status', 'settle-body']
+                  .map((id) => document.getElementById(id).value)
+                  .concat([document.querySelector('input[name=outcome]:checked').value]);",
+    )
+    .await;
+    assert_eq!(form, json!(["ann", "", "", "", "", "completed"]), "{form}");
+
+    client.close().await.expect("close");
+}
+
+/// A settle whose answer is lost may have been taken: the page says so
+/// rather than "Not settled", and shows the operation read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_settle_without_an_answer_may_have_been_taken() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    let id = lose(&gw, "lost-answer").await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "1 held operation").await;
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#operation-facts", "unknown").await;
+    // The POST arrives and is taken; its answer never reaches the page.
+    js(
+        &client,
+        "const sent = window.fetch;
+         window.fetch = async (url, init) => {
+           if (init && init.method === 'POST') {
+             await sent(url, init);
+             throw new TypeError('the connection was reset');
+           }
+           return sent(url, init);
+         };
+         return null;",
+    )
+    .await;
+    type_into(&client, "#settle-operator", "ann").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(&client, "#confirm-text", "next retry").await;
+    click(&client, "#confirm-ok").await;
+    let said = wait_text(&client, "#settle-result", "No answer").await;
+    assert!(
+        said.contains("may or may not be settled")
+            && said.contains("completed now")
+            && !said.contains("Not settled"),
+        "{said}"
+    );
+    wait_text(&client, "#operation-facts", "completed").await;
+
+    client.close().await.expect("close");
+}
+
+/// A route a probe paused (it found a write twice at the destination) is
+/// shown as paused by the probe, not by an operator. The API's answer is
+/// rewritten in the page: a probe's finding is `probe_verdicts`' to make.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_route_a_probe_paused_is_shown_as_paused_by_the_probe() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "No held operations").await;
+    js(
+        &client,
+        "const sent = window.fetch;
+         window.fetch = async (url, init) => {
+           const answer = await sent(url, init);
+           if (!String(url).startsWith('/admin/stats')) return answer;
+           const stats = await answer.json();
+           Object.assign(stats.routes[0], {
+             paused: true, paused_by: 'probe', reason: 'order-1 found twice',
+           });
+           return new Response(JSON.stringify(stats), { status: 200 });
+         };
+         return null;",
+    )
+    .await;
+    click(&client, "#nav-routes").await;
+    let why = wait_text(&client, "#routes", "found twice").await;
+    assert!(why.contains("probe") && !why.contains("operator"), "{why}");
+
+    client.close().await.expect("close");
+}
+
+/// A held MCP tool call is settled with a tool result: the form offers
+/// its text and isError (no HTTP status or body), the confirmation quotes
+/// it, and the agent's retry gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_held_tool_call_is_settled_with_a_tool_result() {
+    let driver = driver();
+    let (gw, url) = console_gateway_with(Setup::route("profile = \"mcp\"").at("/drop")).await;
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"create_task","arguments":{"title":"t"}}}"#;
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("authorization", ALICE),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    send(gw.addr(), "POST", "/drop", &headers, call.to_string()).await;
+    let held = gw
+        .admin("GET", "/admin/keys?state=unknown", "")
+        .await
+        .json();
+    let id = held["items"][0]["id"].as_str().expect("held").to_owned();
+
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "1 held operation").await;
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#operation-facts", "unknown").await;
+    let hidden = js(
+        &client,
+        "return [document.getElementById('settle-response').hidden,
+                 document.getElementById('settle-tool-result').hidden];",
+    )
+    .await;
+    assert_eq!(
+        hidden,
+        json!([true, false]),
+        "tool result offered, not an HTTP response"
+    );
+    type_into(&client, "#settle-operator", "ann").await;
+    type_into(&client, "#settle-tool-text", "created task 42").await;
+    click(&client, "#settle-form button[type=submit]").await;
+    wait_text(
+        &client,
+        "#confirm-text",
+        "tool result “created task 42” (isError: false)",
+    )
+    .await;
+    click(&client, "#confirm-ok").await;
+    wait_text(&client, "#settle-result", "Settled as completed").await;
+
+    let retry = send(gw.addr(), "POST", "/drop", &headers, call.to_string()).await;
+    assert_eq!(retry.status, 200);
+    let text = String::from_utf8_lossy(&retry.body);
+    assert!(
+        text.contains("created task 42") && text.contains("\"isError\":false"),
+        "{text}"
+    );
+
+    client.close().await.expect("close");
+}
+
 /// The body an operator types is replayed as typed: one that parses as
 /// JSON byte for byte, as `application/json` — a JSON string with its
 /// quotes, `null`, and an object whose keys are out of order and whose
@@ -568,6 +896,55 @@ async fn held_work_pages_oldest_first_and_other_states_page_by_cursor() {
     type_into(&client, "#filter-route", "elsewhere").await;
     click(&client, "#filter-form button[type=submit]").await;
     wait_text(&client, "#list-summary", "No held operations").await;
+    client.close().await.expect("close");
+}
+
+/// "Back to the list" returns to the page left; "Held work" shows held
+/// work, unfiltered, from its first page, even after another state was
+/// chosen (the address unchanged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn held_work_is_held_work_and_back_is_where_the_list_was() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    for n in 0..21 {
+        lose(&gw, &format!("held-{n:02}")).await;
+    }
+    let done = write(gw.addr(), "/orders", Some("done-00"), ORDER).await;
+    assert_eq!(done.status, 201);
+
+    let client = browser(&driver, 1280).await;
+    client.goto(&url).await.expect("open");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", "showing 1–20").await;
+    click(&client, "#page-next").await;
+    wait_text(&client, "#list-summary", "showing 21–21").await;
+    click(&client, "#operations a.key").await;
+    wait_text(&client, "#operation-title", "held-20").await;
+    click(&client, "#back").await;
+    wait_text(&client, "#list-summary", "showing 21–21").await;
+    assert_eq!(listed_keys(&client).await, ["held-20"]);
+
+    client
+        .find(Locator::Id("filter-state"))
+        .await
+        .expect("state")
+        .select_by_value("completed")
+        .await
+        .expect("select");
+    click(&client, "#filter-form button[type=submit]").await;
+    wait_text(&client, "#list-summary", "page 1, 1 operation.").await;
+    click(&client, "#nav-held").await;
+    wait_text(&client, "#list-summary", "21 held operations").await;
+    wait_text(&client, "#list-summary", "showing 1–20").await;
+    wait_text(&client, "#list-title", "Held work").await;
+    let state = js(
+        &client,
+        "return document.getElementById('filter-state').value;",
+    )
+    .await;
+    assert_eq!(state, json!("unknown"));
+
     client.close().await.expect("close");
 }
 

@@ -212,13 +212,26 @@ async fn an_unknown_operation_is_listed_shown_resolved_and_then_replayed() {
     assert_eq!(shown["state"], "unknown");
     assert!(shown["events"].as_array().is_some_and(|e| e.len() >= 3));
 
-    // resolve with the response retries get.
+    // A resolution decided on an attempt the operation is not at: refused.
+    let stale = served
+        .fails(served.keys(&resolve(&id, "completed", "ann", &["--attempt", "2"])))
+        .await;
+    assert_api_error(&stale, 409, "operation-changed");
+
+    // resolve with the response retries get, on the attempt checked.
     let resolved = served
         .ok(&resolve(
             &id,
             "completed",
             "ann",
-            &["--status", "201", "--json-body", r#"{"id":1}"#],
+            &[
+                "--attempt",
+                "1",
+                "--status",
+                "201",
+                "--json-body",
+                r#"{"id":1}"#,
+            ],
         ))
         .await;
     assert!(

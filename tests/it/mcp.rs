@@ -641,6 +641,55 @@ fn messages_of(answer: &Response) -> Vec<Value> {
 
 const BOTH: &str = "application/json, text/event-stream";
 
+/// A held tool call is settled with a tool result: its operation names
+/// its route's profile (`mcp`), an HTTP `response` is refused (a status
+/// other than 200 would reach the agent as an HTTP error carrying a
+/// success), and a `result` is what the retry gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_call_is_settled_with_a_tool_result_not_an_http_response() {
+    let setup = Setup::route("profile = \"mcp\"").at("/drop").admin();
+    let gw = spawn_gateway_with(setup).await;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_task","arguments":{"title":"t"}}}"#;
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", BOTH),
+        ("authorization", ALICE),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    send(gw.addr(), "POST", "/drop", &headers, body.to_string()).await;
+    let held = gw
+        .admin("GET", "/admin/keys?state=unknown", "")
+        .await
+        .json();
+    let id = held["items"][0]["id"].as_str().expect("held").to_owned();
+    let shown = gw
+        .admin("GET", &format!("/admin/keys/{id}"), "")
+        .await
+        .json();
+    assert_eq!(shown["profile"], "mcp", "{shown}");
+
+    let http = json!({"outcome": "completed", "operator": "ann",
+                      "response": {"status": 500, "body": "x"}});
+    let refused = gw.resolve(&id, &http).await;
+    let problem = refused.assert_problem(400, "invalid-resolution");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("takes a `result`")),
+        "{problem}"
+    );
+    let result = json!({"outcome": "completed", "operator": "ann",
+                        "result": {"content": [{"type": "text", "text": "created"}], "isError": false}});
+    assert_eq!(gw.resolve(&id, &result).await.status, 200);
+    let retry = send(gw.addr(), "POST", "/drop", &headers, body.to_string()).await;
+    assert_eq!(retry.status, 200);
+    let messages = messages_of(&retry);
+    assert_eq!(
+        messages[0]["result"]["content"][0]["text"], "created",
+        "{messages:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_after_a_priming_event_is_released_and_its_retry_sent() {
     let gw = events_gateway().await;

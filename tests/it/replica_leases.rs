@@ -94,7 +94,7 @@ async fn a_lost_replicas_operations_become_unknown_exactly_once() {
     // Not yet: its lease runs.
     assert!(b.recover().await.unwrap().is_empty());
     let early = b
-        .resolve(&ids[0], &Decision::NotAttempted, &operator())
+        .resolve(&ids[0], None, &Decision::NotAttempted, &operator())
         .await;
     assert!(matches!(
         early.unwrap(),
@@ -131,13 +131,15 @@ async fn a_lost_replicas_operations_become_unknown_exactly_once() {
     assert!(matches!(retry, ClaimResult::Existing(op) if op.state == State::Unknown));
     let (op, _) = c.get(&mine).await.unwrap().unwrap();
     assert_eq!(op.state, State::InProgress);
-    let live = c.resolve(&mine, &Decision::NotAttempted, &operator()).await;
+    let live = c
+        .resolve(&mine, None, &Decision::NotAttempted, &operator())
+        .await;
     assert!(matches!(
         live.unwrap(),
         Resolved::NotResolvable(State::InProgress)
     ));
     let settled = c
-        .resolve(&ids[1], &Decision::NotAttempted, &operator())
+        .resolve(&ids[1], None, &Decision::NotAttempted, &operator())
         .await;
     assert!(matches!(settled.unwrap(), Resolved::Done));
     b.close().await;

@@ -128,6 +128,7 @@ contract!(
     racing_claims_have_one_winner,
     concurrent_writes_each_get_their_own_answer,
     operators_resolve_only_held_operations,
+    a_resolution_decided_on_an_earlier_attempt_is_refused,
     late_evidence_settles_only_unknown,
     probe_findings_apply_only_to_unknown_at_their_attempt,
     a_write_found_twice_is_settled_by_an_operator_only,
@@ -632,10 +633,10 @@ async fn operators_resolve_only_held_operations(bench: Bench) {
         response: response(200, "{\"ref\":\"r-1\"}"),
     };
     let id = &claim.operation_id;
-    let done = store.resolve(id, &decision, &operator_event()).await;
+    let done = store.resolve(id, None, &decision, &operator_event()).await;
     assert!(matches!(done.unwrap(), Resolved::Done));
     let again = store
-        .resolve(id, &Decision::NotAttempted, &operator_event())
+        .resolve(id, None, &Decision::NotAttempted, &operator_event())
         .await;
     assert!(matches!(
         again.unwrap(),
@@ -653,6 +654,7 @@ async fn operators_resolve_only_held_operations(bench: Bench) {
     let refused = store
         .resolve(
             &live.operation_id,
+            None,
             &Decision::NotAttempted,
             &operator_event(),
         )
@@ -662,7 +664,7 @@ async fn operators_resolve_only_held_operations(bench: Bench) {
         Resolved::NotResolvable(State::InProgress)
     ));
     let missing = store
-        .resolve("nope", &Decision::NotAttempted, &operator_event())
+        .resolve("nope", None, &Decision::NotAttempted, &operator_event())
         .await;
     assert!(matches!(missing.unwrap(), Resolved::NotFound));
 
@@ -671,6 +673,7 @@ async fn operators_resolve_only_held_operations(bench: Bench) {
     let released = store
         .resolve(
             &other.operation_id,
+            None,
             &Decision::NotAttempted,
             &operator_event(),
         )
@@ -678,6 +681,59 @@ async fn operators_resolve_only_held_operations(bench: Bench) {
     assert!(matches!(released.unwrap(), Resolved::Done));
     let next = claimed(store.as_ref(), &new_op("released", "fp")).await;
     assert_eq!(next.attempt, 2);
+    store.close().await;
+}
+
+/// An operator who checked attempt 1 decides nothing about attempt 2: a
+/// retry let through and lost again between their read and their
+/// decision makes the decision stale, and taking it could let a third
+/// attempt through while the second may have landed.
+async fn a_resolution_decided_on_an_earlier_attempt_is_refused(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let first = held(store.as_ref(), "stale").await;
+    let id = &first.operation_id;
+    let released = store
+        .resolve(id, Some(1), &Decision::NotAttempted, &operator_event())
+        .await;
+    assert!(matches!(released.unwrap(), Resolved::Done));
+    let second = held(store.as_ref(), "stale").await;
+    assert_eq!((&second.operation_id, second.attempt), (id, 2));
+
+    let stale = store
+        .resolve(id, Some(1), &Decision::NotAttempted, &operator_event())
+        .await;
+    assert!(
+        matches!(
+            stale.unwrap(),
+            Resolved::OtherAttempt {
+                attempt: 2,
+                state: State::Unknown
+            }
+        ),
+        "decided on attempt 1, the operation at attempt 2"
+    );
+    let (op, events) = store.get(id).await.unwrap().unwrap();
+    assert_eq!((op.state, op.attempt), (State::Unknown, 2));
+    assert_eq!(
+        kinds(&events).iter().filter(|k| **k == "resolved").count(),
+        1
+    );
+
+    let current = store
+        .resolve(id, Some(2), &Decision::NotAttempted, &operator_event())
+        .await;
+    assert!(matches!(current.unwrap(), Resolved::Done));
+    // Settled now: a decision on another attempt is still named as such.
+    let late = store
+        .resolve(id, Some(1), &Decision::NotAttempted, &operator_event())
+        .await;
+    assert!(matches!(
+        late.unwrap(),
+        Resolved::OtherAttempt {
+            attempt: 2,
+            state: State::NotAttempted
+        }
+    ));
     store.close().await;
 }
 
@@ -862,7 +918,7 @@ async fn a_write_found_twice_is_settled_by_an_operator_only(bench: Bench) {
     let decision = Decision::Completed {
         response: response(201, "{\"id\":2}"),
     };
-    let resolved = store.resolve(id, &decision, &operator_event()).await;
+    let resolved = store.resolve(id, None, &decision, &operator_event()).await;
     assert!(matches!(resolved.unwrap(), Resolved::Done));
     let (op, _) = store.get(id).await.unwrap().unwrap();
     assert_eq!(
@@ -1465,7 +1521,7 @@ async fn kept_counts_are_what_counting_the_table_says(bench: Bench) {
     assert_eq!(claimed(store.as_ref(), &on("api", "k1")).await.attempt, 2);
     // unknown → not_attempted by an operator, → completed by late evidence.
     let resolved = store
-        .resolve(&ids[4], &Decision::NotAttempted, &operator_event())
+        .resolve(&ids[4], None, &Decision::NotAttempted, &operator_event())
         .await;
     assert!(matches!(resolved.unwrap(), Resolved::Done));
     let settled = store
@@ -1704,7 +1760,7 @@ async fn a_held_twin_is_an_identical_operation_in_flight_or_held(bench: Bench) {
         detail: serde_json::json!({}),
     };
     store
-        .resolve(&first.operation_id, &decision, &event)
+        .resolve(&first.operation_id, None, &decision, &event)
         .await
         .unwrap();
     assert!(

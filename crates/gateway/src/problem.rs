@@ -71,6 +71,9 @@ pub enum ProblemKind {
     NotResolvable,
     /// An operator's `not_attempted` while the held attempt may still land.
     AttemptMayStillLand,
+    /// An operator's resolution decided on an attempt the operation has
+    /// since left (a retry was let through and held again).
+    OperationChanged,
     AmbiguousCredentials,
     InvalidCursor,
     InvalidRequest,
@@ -108,7 +111,7 @@ impl ProblemKind {
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             RequestInProgress | ResponseNotStored | NotResolvable | AttemptMayStillLand
-            | PossibleDuplicate => StatusCode::CONFLICT,
+            | OperationChanged | PossibleDuplicate => StatusCode::CONFLICT,
             OutcomeUnknown(UnknownSince::Earlier) => StatusCode::CONFLICT,
             BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -172,6 +175,7 @@ impl ProblemKind {
             AdminTokenUnset => ("admin-token-unset", "No admin token configured"),
             NotResolvable => ("not-resolvable", "Not resolvable"),
             AttemptMayStillLand => ("attempt-may-still-land", "Attempt may still land"),
+            OperationChanged => ("operation-changed", "Operation changed"),
             AmbiguousCredentials => ("ambiguous-credentials", "Ambiguous credentials"),
             InvalidCursor => ("invalid-cursor", "Invalid cursor"),
             InvalidRequest => ("invalid-request", "Invalid request"),
@@ -345,7 +349,7 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 41] = [
+    const CASES: [(ProblemKind, u16, &str); 42] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (InvalidHost, 400, "invalid-host"),
@@ -394,6 +398,7 @@ mod tests {
         (AdminTokenUnset, 401, "admin-token-unset"),
         (NotResolvable, 409, "not-resolvable"),
         (AttemptMayStillLand, 409, "attempt-may-still-land"),
+        (OperationChanged, 409, "operation-changed"),
         (AmbiguousCredentials, 400, "ambiguous-credentials"),
         (InvalidCursor, 400, "invalid-cursor"),
         (InvalidRequest, 400, "invalid-request"),

@@ -576,11 +576,13 @@ impl Operators for PostgresStore {
     async fn resolve(
         &self,
         id: &str,
+        attempt: Option<u32>,
         decision: &Decision,
         event: &Event,
     ) -> Result<Resolved, StoreError> {
         let now = self.clock.now_millis();
-        statements::resolve(&self.pool, &self.seal, now, id, decision, event).await
+        let at = (now, id, attempt);
+        statements::resolve(&self.pool, &self.seal, at, decision, event).await
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {

@@ -869,12 +869,14 @@ fn find_newest_sql() -> String {
 }
 
 /// An operator's decision, allowed from `unknown` or from `in_progress`
-/// whose owner's lease has run out.
+/// whose owner's lease has run out, and, given (`at`'s third), only at
+/// the attempt the operator checked: one compare-and-set, so a retry's
+/// claim of the next attempt between the operator's read and this write
+/// makes it [`Resolved::OtherAttempt`].
 pub async fn resolve(
     pool: &PgPool,
     seal: &Seal,
-    now: i64,
-    id: &str,
+    (now, id, attempt): (i64, &str, Option<u32>),
     decision: &Decision,
     event: &Event,
 ) -> Result<Resolved, StoreError> {
@@ -888,6 +890,7 @@ pub async fn resolve(
             UPDATE operations SET state = $1, evidence = 'operator', response_status = $2,
                 response_headers = $3, response_body = $4, updated_at = $5
             WHERE id = $6 AND (state = 'unknown' OR (state = 'in_progress' AND NOT {OWNER_ALIVE}))
+              AND ($9::integer IS NULL OR attempt = $9)
             RETURNING id
          ), kept AS (
             INSERT INTO events (operation_id, at, kind, detail)
@@ -903,18 +906,29 @@ pub async fn resolve(
     .bind(id)
     .bind(event.kind)
     .bind(event.detail.to_string())
+    .bind(attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX)))
     .fetch_one(pool)
     .await?;
     if updated == 1 {
         return Ok(Resolved::Done);
     }
-    let state: Option<String> = sqlx::query_scalar("SELECT state FROM operations WHERE id = $1")
-        .bind(id)
-        .fetch_optional(pool)
-        .await?;
-    Ok(match state {
-        None => Resolved::NotFound,
-        Some(state) => Resolved::NotResolvable(State::parse(&state)?),
+    let now_at: Option<(String, i32)> =
+        sqlx::query_as("SELECT state, attempt FROM operations WHERE id = $1")
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+    let Some((state, current)) = now_at else {
+        return Ok(Resolved::NotFound);
+    };
+    let state = State::parse(&state)?;
+    let current =
+        u32::try_from(current).map_err(|_| StoreError::Corrupt(format!("attempt {current}")))?;
+    Ok(match attempt {
+        Some(given) if given != current => Resolved::OtherAttempt {
+            attempt: current,
+            state,
+        },
+        _ => Resolved::NotResolvable(state),
     })
 }
 

@@ -543,6 +543,7 @@ impl Operators for SqliteStore {
     async fn resolve(
         &self,
         id: &str,
+        attempt: Option<u32>,
         decision: &Decision,
         event: &Event,
     ) -> Result<Resolved, StoreError> {
@@ -550,7 +551,10 @@ impl Operators for SqliteStore {
         let (id, decision, event) = (id.to_string(), decision.clone(), event.clone());
         let seal = self.seal.clone();
         self.writer
-            .run(move |conn| statements::resolve(conn, &seal, &owner, now, &id, &decision, &event))
+            .run(move |conn| {
+                let at = (now, id.as_str(), attempt);
+                statements::resolve(conn, &seal, &owner, at, &decision, &event)
+            })
             .await
     }
 

@@ -838,13 +838,13 @@ fn find_newest_sql(superseded: bool) -> String {
 }
 
 /// An operator's decision, allowed from `unknown` or from `in_progress`
-/// whose owner is not this process (so is dead: one process per store).
+/// whose owner is not this process (so is dead: one process per store),
+/// and, given (`at`'s third), only at the attempt the operator checked.
 pub fn resolve(
     conn: &Connection,
     seal: &Seal,
     owner: &str,
-    now: i64,
-    id: &str,
+    (now, id, attempt): (i64, &str, Option<u32>),
     decision: &Decision,
     event: &Event,
 ) -> Result<Resolved, StoreError> {
@@ -852,13 +852,22 @@ pub fn resolve(
     let Some(row) = stored_row(conn, id)? else {
         return Ok(Resolved::NotFound);
     };
+    // Nothing writes between this read and the update: this call holds
+    // the writer.
+    if attempt.is_some_and(|a| a != row.attempt) {
+        return Ok(Resolved::OtherAttempt {
+            attempt: row.attempt,
+            state: row.state,
+        });
+    }
     let stored = response.map(|r| seal.stored_form(id, &row.identity, r));
     let updated = conn
         .prepare_cached(
             "UPDATE operations SET state = ?1, evidence = 'operator', response_status = ?2,
                 response_headers = ?3, response_body = ?4, updated_at = ?5
              WHERE id = ?6
-               AND (state = 'unknown' OR (state = 'in_progress' AND owner IS NOT ?7))",
+               AND (state = 'unknown' OR (state = 'in_progress' AND owner IS NOT ?7))
+               AND (?8 IS NULL OR attempt = ?8)",
         )?
         .execute(params![
             state.as_str(),
@@ -868,6 +877,7 @@ pub fn resolve(
             now,
             id,
             owner,
+            attempt,
         ])?;
     if updated == 0 {
         // Nothing wrote since the read: this call holds the writer.
@@ -1260,6 +1270,7 @@ struct StoredRow {
     route: String,
     key: String,
     state: State,
+    attempt: u32,
 }
 
 impl StoredRow {
@@ -1283,7 +1294,7 @@ fn operation_exists(conn: &Connection, id: &str) -> Result<bool, StoreError> {
 fn stored_row(conn: &Connection, id: &str) -> Result<Option<StoredRow>, StoreError> {
     let row = conn
         .prepare_cached(&format!(
-            "SELECT {IDENTITY_COLUMNS}, state FROM operations WHERE id = ?1"
+            "SELECT {IDENTITY_COLUMNS}, state, attempt FROM operations WHERE id = ?1"
         ))?
         .query_row(params![id], |row| {
             Ok((
@@ -1291,15 +1302,18 @@ fn stored_row(conn: &Connection, id: &str) -> Result<Option<StoredRow>, StoreErr
                 row.get::<_, String>("route")?,
                 row.get::<_, String>("idem_key")?,
                 row.get::<_, String>("state")?,
+                row.get::<_, i64>("attempt")?,
             ))
         })
         .optional()?;
-    row.map(|(identity, route, key, state)| {
+    row.map(|(identity, route, key, state, attempt)| {
         Ok(StoredRow {
             identity,
             route,
             key,
             state: State::parse(&state)?,
+            attempt: u32::try_from(attempt)
+                .map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))?,
         })
     })
     .transpose()

@@ -354,6 +354,13 @@ pub enum Resolved {
     NotFound,
     /// Settled already, or `in_progress` with a live owner.
     NotResolvable(State),
+    /// The operator decided on another attempt than the one the operation
+    /// is at now (a retry claimed it since the page was read): that
+    /// attempt was never checked, so the decision says nothing about it.
+    OtherAttempt {
+        attempt: u32,
+        state: State,
+    },
 }
 
 /// Counts for operators, read from counters the store keeps with every
@@ -799,9 +806,12 @@ pub trait Operators: Send + Sync {
     /// Settles a held operation by an operator's decision: allowed from
     /// `unknown`, or `in_progress` whose owner is dead. One transaction, so
     /// a concurrent client retry either sees the decision or claims first.
+    /// With `attempt`, only while the operation is at that attempt (the one
+    /// the operator checked), else [`Resolved::OtherAttempt`].
     async fn resolve(
         &self,
         id: &str,
+        attempt: Option<u32>,
         decision: &Decision,
         event: &Event,
     ) -> Result<Resolved, StoreError>;

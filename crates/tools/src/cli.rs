@@ -296,6 +296,11 @@ pub struct KeysResolve {
     /// A ticket or the destination's own id for the write.
     #[arg(long)]
     pub(crate) reference: Option<String>,
+    /// The attempt you checked at the destination (`keys show`'s
+    /// attempts): the resolution is refused (409 operation-changed) if a
+    /// retry has moved the operation to another attempt since.
+    #[arg(long)]
+    pub(crate) attempt: Option<u32>,
     /// The status later replays get (completed only). Without it, replays get
     /// 200 {"resolved_by", "reference"}.
     #[arg(long)]

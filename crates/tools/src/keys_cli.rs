@@ -198,6 +198,9 @@ pub fn resolution(resolve: &KeysResolve) -> Result<Value, KeysError> {
     if let Some(reference) = &resolve.reference {
         body["reference"] = json!(reference);
     }
+    if let Some(attempt) = resolve.attempt {
+        body["attempt"] = json!(attempt);
+    }
     let Some(status) = resolve.status else {
         return Ok(body);
     };
@@ -632,6 +635,7 @@ mod tests {
             operator: "ann".into(),
             note: None,
             reference: Some("T-1".into()),
+            attempt: None,
             status,
             headers: Vec::new(),
             body: None,
@@ -646,6 +650,13 @@ mod tests {
             body,
             json!({"outcome": "completed", "operator": "ann", "reference": "T-1"})
         );
+    }
+
+    #[test]
+    fn an_attempt_is_sent_as_checked() {
+        let mut r = resolve(None);
+        r.attempt = Some(2);
+        assert_eq!(resolution(&r).unwrap()["attempt"], 2);
     }
 
     #[test]

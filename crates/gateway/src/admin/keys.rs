@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use super::{Admin, AdminError, json_response};
 use crate::body::ProxyBody;
 use crate::pipeline::reconcile;
+use crate::profile::Profile;
 use idemgate_model::clock::rfc3339;
 use idemgate_model::operation::{Event, Operation, State, StoredResponse};
 use idemgate_store::{Decision, ListFilter, Resolved, StoredEvent, Summary};
@@ -167,6 +168,9 @@ pub async fn show(admin: &Admin, id: &str) -> Result<Response<ProxyBody>, AdminE
         .find(|route| route.name == operation.route);
     let destination = route.and_then(|route| route.destination_key.as_ref());
     let mut shown = detail(&operation, &events);
+    // What a resolution of it takes: an MCP route's a tool `result`, the
+    // others' an HTTP `response` (null: its route is no longer configured).
+    shown["profile"] = json!(route.map(|route| route.profile.name()));
     if let Some(route) = route
         && operation.state == State::Unknown
     {
@@ -265,6 +269,12 @@ fn next_action(op: &Operation) -> String {
 pub struct Resolution {
     pub decision: Decision,
     pub event: Event,
+    /// The attempt the operator checked, when the body names it: the
+    /// resolution is taken only while the operation is still at it.
+    pub attempt: Option<u32>,
+    /// Whether the body gave an HTTP `response`: an MCP route's tool
+    /// call takes a `result` instead (see [`check`]).
+    http_response: bool,
     operator: String,
     outcome: String,
 }
@@ -288,6 +298,8 @@ impl Resolution {
         Ok(Resolution {
             decision,
             event,
+            attempt: body.attempt,
+            http_response: body.response.is_some(),
             operator: body.operator,
             outcome: body.outcome,
         })
@@ -301,6 +313,10 @@ struct ResolutionBody {
     operator: String,
     note: Option<String>,
     reference: Option<String>,
+    /// The attempt the operator checked (the one the page showed); absent,
+    /// whichever attempt the operation is at when the store takes it.
+    #[serde(default, deserialize_with = "integral_attempt")]
+    attempt: Option<u32>,
     #[serde(default, deserialize_with = "object_or_null")]
     response: Option<ResolutionResponse>,
     /// An MCP tool result (`{"content": [...], "isError": false}`) retries
@@ -399,6 +415,29 @@ fn integral_status<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<
     })
 }
 
+/// An attempt as JSON Schema's `integer` reads it, as [`integral_status`]
+/// reads a status: `2` or `2.0`.
+fn integral_attempt<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<u32>, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    let whole = number.as_u64().or_else(|| {
+        number
+            .as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= f64::from(u32::MAX))
+            .map(|f| f as u64)
+    });
+    whole
+        .and_then(|n| u32::try_from(n).ok())
+        .map(Some)
+        .ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "`attempt` must be a whole number from 1 to {}, not {number}",
+                u32::MAX
+            ))
+        })
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum HeaderValues {
@@ -413,10 +452,15 @@ pub async fn resolve(
     body: &[u8],
 ) -> Result<Response<ProxyBody>, AdminError> {
     let resolution = Resolution::read(body)?;
-    check(admin, id, &resolution.decision).await?;
+    check(admin, id, &resolution).await?;
     match admin
         .store
-        .resolve(id, &resolution.decision, &resolution.event)
+        .resolve(
+            id,
+            resolution.attempt,
+            &resolution.decision,
+            &resolution.event,
+        )
         .await?
     {
         Resolved::Done => {
@@ -426,6 +470,12 @@ pub async fn resolve(
         Resolved::NotFound => Err(AdminError::NotFound("operation")),
         Resolved::NotResolvable(state) => Err(AdminError::NotResolvable {
             id: id.to_string(),
+            state: state.as_str(),
+        }),
+        Resolved::OtherAttempt { attempt, state } => Err(AdminError::OperationChanged {
+            id: id.to_string(),
+            decided: resolution.attempt.unwrap_or(attempt),
+            attempt,
             state: state.as_str(),
         }),
     }
@@ -439,10 +489,26 @@ pub async fn resolve(
 /// ([`reconcile::may_land_until`]: the next attempt it would let through
 /// could make the write twice). An operation whose route is no longer
 /// configured is held to neither; one that is gone is the store's 404.
-async fn check(admin: &Admin, id: &str, decision: &Decision) -> Result<(), AdminError> {
+/// First, a resolution decided on another attempt than the one held now
+/// (the store checks it again in its transaction).
+/// And an HTTP `response` for an MCP route's tool call, which takes a
+/// `result`: a stored status is kept, and one other than 200 would reach
+/// the agent as an HTTP error carrying a success result.
+async fn check(admin: &Admin, id: &str, resolution: &Resolution) -> Result<(), AdminError> {
     let Some((operation, events)) = admin.store.get(id).await? else {
         return Ok(());
     };
+    if let Some(decided) = resolution.attempt
+        && decided != operation.attempt
+    {
+        return Err(AdminError::OperationChanged {
+            id: id.to_string(),
+            decided,
+            attempt: operation.attempt,
+            state: operation.state.as_str(),
+        });
+    }
+    let decision = &resolution.decision;
     let Some(route) = admin
         .proxy
         .routes()
@@ -450,6 +516,12 @@ async fn check(admin: &Admin, id: &str, decision: &Decision) -> Result<(), Admin
     else {
         return Ok(());
     };
+    if route.profile == Profile::Mcp && resolution.http_response {
+        return Err(AdminError::InvalidResolution(format!(
+            "an MCP tool call takes a `result` ({{\"content\": [...], \"isError\": false}}), not an HTTP `response`: route `{}` answers its retries as JSON-RPC, and a stored status other than 200 would reach the agent as an HTTP error carrying a success",
+            operation.route
+        )));
+    }
     match decision {
         Decision::Completed { response } => {
             let length = response.body.as_ref().map_or(0, Vec::len);

@@ -109,6 +109,18 @@ pub enum AdminError {
         /// From now to `until`, for `Retry-After`.
         wait: Duration,
     },
+    /// A resolution decided on `decided` (its `attempt`) while the
+    /// operation is at `attempt` now: a retry was let through since, and
+    /// what the operator checked says nothing about the attempt now held.
+    #[error(
+        "operation {id} is at attempt {attempt} ({state}) now, not at attempt {decided} that the resolution was decided on: a retry was forwarded since. Read it again and check attempt {attempt} at the destination before resolving it"
+    )]
+    OperationChanged {
+        id: String,
+        decided: u32,
+        attempt: u32,
+        state: &'static str,
+    },
     /// RFC 6750 §3.1: a request that "uses more than one method for
     /// including an access token" is malformed (400 `invalid_request`), not
     /// unauthenticated; and which line a proxy in front would pick is
@@ -150,6 +162,7 @@ impl AdminError {
             AdminError::NoRoute(_) => ProblemKind::NoRoute,
             AdminError::NotResolvable { .. } => ProblemKind::NotResolvable,
             AdminError::AttemptMayStillLand { .. } => ProblemKind::AttemptMayStillLand,
+            AdminError::OperationChanged { .. } => ProblemKind::OperationChanged,
             AdminError::AmbiguousCredentials { .. } => ProblemKind::AmbiguousCredentials,
             AdminError::InvalidCursor => ProblemKind::InvalidCursor,
             AdminError::BadRequest(_) => ProblemKind::InvalidRequest,
@@ -563,6 +576,16 @@ mod tests {
                 },
                 409,
                 "not-resolvable",
+            ),
+            (
+                AdminError::OperationChanged {
+                    id: "a".into(),
+                    decided: 1,
+                    attempt: 2,
+                    state: "unknown",
+                },
+                409,
+                "operation-changed",
             ),
             (AdminError::BadRequest("x".into()), 400, "invalid-request"),
             (

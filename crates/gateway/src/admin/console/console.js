@@ -70,10 +70,12 @@
   // ---------------------------------------------------------------- API
 
   class ApiError extends Error {
-    constructor(status, problem) {
+    constructor(status, problem, retryAfter) {
       super((problem && (problem.detail || problem.title)) || "HTTP " + status);
       this.status = status;
       this.problem = problem || {};
+      // Seconds, from `Retry-After` (attempt-may-still-land), or null.
+      this.retryAfter = retryAfter === undefined ? null : retryAfter;
     }
     // The problem's short name: `urn:idemgate:problem:<name>`.
     get kind() {
@@ -115,7 +117,8 @@
       data = { detail: text };
     }
     if (!response.ok) {
-      const error = new ApiError(response.status, data);
+      const wait = Number.parseInt(response.headers.get("Retry-After") || "", 10);
+      const error = new ApiError(response.status, data, Number.isNaN(wait) ? null : wait);
       // A refused token (or none configured) ends the session, whatever
       // the call: the sign-in form says why.
       if (response.status === 401) signedOut(error);
@@ -225,7 +228,9 @@
     return list.filter.state === "unknown";
   }
 
-  async function loadList() {
+  // The list as filtered; `keepPlace` (back from an operation) stays on
+  // the page shown before, otherwise the first.
+  async function loadList(keepPlace) {
     $("list-title").textContent = held() ? "Held work" : "Operations";
     $("list-summary").textContent = "Loading…";
     if (held()) {
@@ -247,10 +252,13 @@
       const rest = rows.filter((row) => !row.duplicated_at_destination);
       list.duplicated = duplicated.length;
       list.rows = duplicated.concat(rest.reverse());
-      list.offset = 0;
+      const last = Math.max(0, Math.ceil(list.rows.length / PAGE) - 1) * PAGE;
+      list.offset = keepPlace ? Math.min(list.offset, last) : 0;
     } else {
-      list.cursors = [null];
-      list.page = 0;
+      if (!keepPlace) {
+        list.cursors = [null];
+        list.page = 0;
+      }
       await loadApiPage();
       return;
     }
@@ -331,7 +339,21 @@
       route: $("filter-route").value.trim(),
       key: $("filter-key").value.trim(),
     };
-    await guarded(loadList);
+    await guarded(() => loadList(false));
+  }
+
+  // The "Held work" link: held work, unfiltered, from its first page,
+  // whatever list was shown before (the address may not change, so no
+  // hashchange would say it).
+  function heldWork(event) {
+    list.filter = { state: "unknown", route: "", key: "" };
+    list.offset = 0;
+    $("filter-route").value = "";
+    $("filter-key").value = "";
+    if (location.hash === "#/held") {
+      event.preventDefault();
+      route();
+    }
   }
 
   async function pageBy(step) {
@@ -351,6 +373,21 @@
   // ---------------------------------------------------------------- one operation
 
   let current = null;
+  // The operation the settle form was last filled for: another one gets
+  // an empty form (the operator's name kept), never the last one's
+  // outcome, reference, note or response.
+  let formFor = null;
+
+  function resetSettleForm() {
+    for (const radio of document.querySelectorAll('input[name="outcome"]')) {
+      radio.checked = radio.value === "completed";
+    }
+    for (const field of ["settle-reference", "settle-note", "settle-status", "settle-body", "settle-tool-text"]) {
+      $(field).value = "";
+    }
+    $("settle-tool-error").checked = false;
+    show($("settle-error"), "");
+  }
 
   const EVENT_WORDS = {
     claimed: "Claimed",
@@ -413,10 +450,24 @@
     return [el("dt", {}, name), el("dd", {}, value === null || value === undefined ? "—" : String(value))];
   }
 
+  // Whether the address still names operation `id`: an answer that
+  // arrives after the operator moved on is not shown.
+  function showing(id) {
+    return location.hash.startsWith("#/op/") && decodeURIComponent(location.hash.slice(5)) === id;
+  }
+
   async function openOperation(id) {
     showView("operation", false);
     show($("settle-result"), "");
+    // Nothing of the operation shown before stays under this address,
+    // least of all its settle form, until this one is read.
+    current = null;
+    $("operation-title").textContent = "Operation";
+    $("operation-facts").replaceChildren();
+    $("timeline").replaceChildren();
+    $("settle").hidden = true;
     const op = await api("GET", "/admin/keys/" + segment(id));
+    if (!showing(id)) return;
     current = op;
     renderOperation(op);
     $("operation-title").focus();
@@ -463,8 +514,13 @@
       ),
     );
     // Held operations can be settled: `unknown`, or `in_progress` whose
-    // gateway died (the API decides; a refusal is shown as it comes).
+    // gateway died. Which gateway is alive only the API knows: an
+    // in-flight one is offered with that said, and a refusal shown as it
+    // comes.
     $("settle").hidden = !(op.state === "unknown" || op.state === "in_progress");
+    $("settle-in-flight").hidden = op.state !== "in_progress";
+    if (formFor !== op.id) resetSettleForm();
+    formFor = op.id;
     syncOutcome();
   }
 
@@ -473,8 +529,16 @@
     return checked ? checked.value : "completed";
   }
 
+  // Whether the operation shown is an MCP tool call: settled with a tool
+  // result, which the API requires of it, not an HTTP response.
+  function toolCall() {
+    return Boolean(current && current.profile === "mcp");
+  }
+
   function syncOutcome() {
-    $("settle-response").hidden = outcome() !== "completed";
+    const completed = outcome() === "completed";
+    $("settle-response").hidden = !completed || toolCall();
+    $("settle-tool-result").hidden = !completed || !toolCall();
   }
 
   // The resolution the form describes, or an error message.
@@ -485,7 +549,13 @@
     const note = $("settle-note").value.trim();
     if (reference) body.reference = reference;
     if (note) body.note = note;
-    if (body.outcome === "completed") {
+    if (body.outcome === "completed" && toolCall()) {
+      const text = $("settle-tool-text").value;
+      const isError = $("settle-tool-error").checked;
+      if (text || isError) {
+        body.result = { content: text ? [{ type: "text", text }] : [], isError };
+      }
+    } else if (body.outcome === "completed") {
       const status = $("settle-status").value.trim();
       const text = $("settle-body").value;
       if (status || text) {
@@ -528,10 +598,24 @@
       return retry + " will be sent to the upstream again, as attempt " + (op.attempts + 1) +
         ". Choose this only if the destination shows the operation did not happen.";
     }
+    if (body.result) {
+      const text = body.result.content.length ? body.result.content[0].text : "";
+      return retry + " will get the tool result “" +
+        (text.length > 200 ? text.slice(0, 200) + "…" : text) + "” (isError: " +
+        body.result.isError + "), replayed; nothing is sent to the server.";
+    }
+    if (toolCall()) {
+      return retry + " will get a tool result whose text is {\"resolved_by\": \"" + body.operator +
+        "\", \"reference\": " + (body.reference ? "\"" + body.reference + "\"" : "null") +
+        "}, replayed; nothing is sent to the server.";
+    }
     if (body.response) {
-      const kind = body.response.body === undefined ? "an empty body" :
-        body.response.headers ? "the body you typed, as JSON (content-type: application/json)"
-          : "the body you typed, as text, with no content type";
+      const typed = body.response.body;
+      const quoted = typed === undefined ? "" : " “" +
+        (typed.length > 200 ? typed.slice(0, 200) + "…" : typed) + "”";
+      const kind = typed === undefined ? "an empty body" :
+        body.response.headers ? "the body you typed" + quoted + ", as JSON (content-type: application/json)"
+          : "the body you typed" + quoted + ", as text, with no content type";
       return retry + " will get status " + body.response.status + " with " + kind +
         ", replayed (Idempotent-Replayed: true); nothing is sent upstream.";
     }
@@ -575,39 +659,99 @@
       show($("settle-result"), "Not settled: cancelled.");
       return;
     }
+    // The attempt this page shows, the one the operator checked: if a
+    // retry has moved the operation on since, the API refuses it.
+    body.attempt = op.attempts;
     try {
       const settled = await api("POST", "/admin/keys/" + segment(op.id) + "/resolve", body);
-      current = settled;
-      renderOperation(settled);
+      if (showing(op.id)) {
+        current = settled;
+        renderOperation(settled);
+      }
       show($("settle-result"), "Settled as " + body.outcome + ". " +
         (body.outcome === "completed"
           ? "The client's next retry gets the replay."
           : "The client's next retry is sent upstream."));
     } catch (error) {
-      if (error.status === 409) {
-        show($("settle-result"), "Not settled (409 Conflict): someone else settled it first — " +
-          "a client retry or another operator. " + sentence(error.message) +
+      if (error.kind === "operation-changed") {
+        show($("settle-result"), "Not settled (409 Conflict): the operation moved on since this page " +
+          "was read — a client retry was sent again, as a later attempt nobody has checked. " +
+          sentence(error.message) + " Below is the operation as it is now: check that attempt " +
+          "at the destination before settling it.");
+        await openAgain(op.id);
+      } else if (error.kind === "attempt-may-still-land") {
+        // The detail says until when; Retry-After, how long that is.
+        const wait = error.retryAfter === null ? "after that time"
+          : "in about " + waitText(error.retryAfter);
+        show($("settle-result"), "Not settled (409 Conflict): " + sentence(error.message) +
+          " not_attempted is taken " + wait + "; completed is taken now.");
+      } else if (error.kind === "not-resolvable") {
+        const now = await openAgain(op.id);
+        const state = now ? now.state : null;
+        let why;
+        if (state === "in_progress") {
+          why = "it is in_progress: in flight, and its gateway is alive. Only an in-progress " +
+            "operation whose gateway died can be settled; wait for it to finish or become unknown.";
+        } else if (state) {
+          why = "it is " + state + " now: settled first — by a client retry, evidence that " +
+            "came late, or another operator.";
+        } else {
+          why = sentence(error.message);
+        }
+        show($("settle-result"), "Not settled (409 Conflict): " + why +
+          (now ? " Below is the operation as it is now." : ""));
+      } else if (error.status === 409) {
+        show($("settle-result"), "Not settled (409 Conflict): " + sentence(error.message) +
           " Below is the operation as it is now.");
         await openAgain(op.id);
+      } else if (error.status === 0) {
+        // The request may have reached the gateway and been taken: only
+        // the operation as stored says.
+        const now = await openAgain(op.id);
+        show($("settle-result"), "No answer: it may or may not be settled. " +
+          sentence(error.message) + " " + (now
+          ? "Read again: it is " + now.state + " now" + (now.state === op.state
+            ? ", so it was not settled; settle it again if you still mean to."
+            : " — see the timeline for who settled it.")
+          : "Read it again (reload) before settling it again."));
       } else if (error.status !== 401) {
-        show($("settle-result"), "Not settled (" + (error.status || "no answer") + "): " + error.message);
+        show($("settle-result"), "Not settled (" + error.status + "): " + error.message);
       }
     }
     $("settle-result").focus();
   }
 
+  // Reads operation `id` again and shows it: the operation, or null.
   async function openAgain(id) {
     try {
-      current = await api("GET", "/admin/keys/" + segment(id));
+      const op = await api("GET", "/admin/keys/" + segment(id));
+      if (!showing(id)) return null;
+      current = op;
       renderOperation(current);
+      return current;
     } catch (_) {
       // The message above already says what happened.
+      return null;
     }
+  }
+
+  // A wait of `seconds`, in words.
+  function waitText(seconds) {
+    if (seconds < 120) return seconds + " s";
+    const minutes = Math.round(seconds / 60);
+    return minutes < 120 ? minutes + " min" : Math.round(minutes / 60) + " h";
   }
 
   // ---------------------------------------------------------------- routes
 
   let refreshTimer = null;
+
+  // Who paused a route (the API's `paused_by`), in words.
+  const PAUSED_BY = {
+    operator: "operator: ",
+    latch: "pause latch: ",
+    probe: "probe (a write found more than once at the destination): ",
+  };
 
   function stopRefresh() {
     if (refreshTimer !== null) clearInterval(refreshTimer);
@@ -622,7 +766,7 @@
       ...routes.map((route) => {
         const counts = byRoute[route.name] || {};
         const why = route.paused
-          ? (route.paused_by === "latch" ? "pause latch: " : "operator: ") + (route.reason || "")
+          ? (PAUSED_BY[route.paused_by] || String(route.paused_by) + ": ") + (route.reason || "")
           : "—";
         return tableRow(
           ROUTE_COLUMNS,
@@ -699,7 +843,8 @@
     } else {
       showView("list", true);
       $("filter-state").value = list.filter.state;
-      await guarded(loadList);
+      // `#/list` is the way back from an operation: the list as it was.
+      await guarded(() => loadList(hash === "#/list"));
     }
   }
 
@@ -714,6 +859,7 @@
     );
     $("sign-in-form").addEventListener("submit", signIn);
     $("sign-out").addEventListener("click", signOut);
+    $("nav-held").addEventListener("click", heldWork);
     $("filter-form").addEventListener("submit", filterList);
     $("page-previous").addEventListener("click", () => pageBy(-1));
     $("page-next").addEventListener("click", () => pageBy(1));
