@@ -397,37 +397,40 @@ fn in_order<'de, D: serde::Deserializer<'de>>(
     deserializer.deserialize_map(Members)
 }
 
-/// A status as JSON Schema's `integer` reads it: any number whose fraction
-/// is zero (`276` or `276.0`), so clients that send every number as a float
-/// are understood; `276.5` is refused by name.
-fn integral_status<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u16, D::Error> {
-    let number = serde_json::Number::deserialize(deserializer)?;
-    let whole = number.as_u64().or_else(|| {
-        number
-            .as_f64()
-            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= f64::from(u16::MAX))
-            .map(|f| f as u64)
-    });
-    whole.and_then(|n| u16::try_from(n).ok()).ok_or_else(|| {
-        serde::de::Error::custom(format!(
-            "`status` must be a whole number from 200 to 599, not {number}"
-        ))
-    })
+/// `number` as JSON Schema's `integer` reads it: any number whose
+/// fraction is zero (`276` or `276.0`), so clients that send every number
+/// as a float are understood; none for `276.5`, a negative or one past
+/// `max`.
+fn whole_number(number: &serde_json::Number, max: u64) -> Option<u64> {
+    number
+        .as_u64()
+        .or_else(|| {
+            number
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= max as f64)
+                .map(|f| f as u64)
+        })
+        .filter(|n| *n <= max)
 }
 
-/// An attempt as JSON Schema's `integer` reads it, as [`integral_status`]
-/// reads a status: `2` or `2.0`.
+/// A status, a [`whole_number`]; `276.5` is refused by name.
+fn integral_status<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u16, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    whole_number(&number, u64::from(u16::MAX))
+        .and_then(|n| u16::try_from(n).ok())
+        .ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "`status` must be a whole number from 200 to 599, not {number}"
+            ))
+        })
+}
+
+/// An attempt, a [`whole_number`]: `2` or `2.0`.
 fn integral_attempt<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<u32>, D::Error> {
     let number = serde_json::Number::deserialize(deserializer)?;
-    let whole = number.as_u64().or_else(|| {
-        number
-            .as_f64()
-            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= f64::from(u32::MAX))
-            .map(|f| f as u64)
-    });
-    whole
+    whole_number(&number, u64::from(u32::MAX))
         .and_then(|n| u32::try_from(n).ok())
         .map(Some)
         .ok_or_else(|| {
