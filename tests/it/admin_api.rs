@@ -528,6 +528,41 @@ async fn resolved_completed_without_a_response_replays_who_resolved_it() {
     assert_eq!(gw.upstream.write_requests().len(), 1);
 }
 
+/// A tool `result` is an MCP tool call's answer: an HTTP route's write
+/// held unknown refuses it (409, the operation's route rules it out),
+/// since its clients would be replayed a JSON-RPC message; nothing is
+/// settled, and a `response` is then taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_routes_operation_refuses_a_tool_result() {
+    let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;
+    let id = unknown_operation(&gw, &admin, "res-tool").await;
+    let tool = json!({"outcome": "completed", "operator": "ann",
+                      "result": {"content": [{"type": "text", "text": "done"}], "isError": false}});
+    let refused = admin
+        .post(&format!("/admin/keys/{id}/resolve"), &tool.to_string())
+        .await;
+    let problem = refused.assert_problem(409, "wrong-answer-kind");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("takes a `response`")),
+        "{problem}"
+    );
+    assert_eq!(
+        admin.show(&id).await["state"],
+        "unknown",
+        "nothing resolved"
+    );
+    let http = json!({"outcome": "completed", "operator": "ann",
+                      "response": {"status": 201, "body": "done"}});
+    admin.resolved(&id, &http).await;
+    let retry = write(gw.addr(), "/hold", Some("res-tool"), ORDER).await;
+    assert!(retry.is_replay(), "{retry:?}");
+    assert_eq!(retry.status, 201);
+    assert_eq!(&retry.body[..], b"done");
+    assert_eq!(gw.upstream.writes(), 1, "only the original write");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resolution_status_may_be_any_integral_number_but_not_a_fraction() {
     let (gw, admin) = gateway("upstream_timeout = \"300ms\"").await;

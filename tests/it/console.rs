@@ -226,6 +226,16 @@ async fn sign_in_by_keyboard(client: &Client, token: &str) {
     focused.send_keys(&Key::Enter).await.expect("enter");
 }
 
+/// A browser at 1280 px signed in to the console at `url` by keyboard,
+/// once its list says `summary`.
+async fn signed_in(driver: &Driver, gw: &TestGateway, url: &str, summary: &str) -> Client {
+    let client = browser(driver, 1280).await;
+    client.goto(url).await.expect("open the console");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    wait_text(&client, "#list-summary", summary).await;
+    client
+}
+
 /// The page is no wider than `width`, the window; on failure, names the
 /// elements that stick out.
 async fn assert_no_overflow(client: &Client, width: u64, what: &str) {
@@ -424,10 +434,7 @@ async fn a_settle_decided_on_a_stale_page_is_refused() {
     let driver = driver();
     let (gw, url) = console_gateway_with(Setup::route("late_window = \"1ms\"")).await;
     let id = lose(&gw, "stale-page").await;
-    let client = browser(&driver, 1280).await;
-    client.goto(&url).await.expect("open the console");
-    sign_in_by_keyboard(&client, gw.admin_token()).await;
-    wait_text(&client, "#list-summary", "1 held operation").await;
+    let client = signed_in(&driver, &gw, &url, "1 held operation").await;
     client.goto(&format!("{url}#/op/{id}")).await.expect("open");
     wait_text(&client, "#operation-facts", "unknown").await;
 
@@ -472,10 +479,7 @@ async fn a_refused_settle_says_why() {
     let driver = driver();
     let (gw, url) = console_gateway_with(Setup::route("late_window = \"1h\"")).await;
     let id = lose(&gw, "early").await;
-    let client = browser(&driver, 1280).await;
-    client.goto(&url).await.expect("open the console");
-    sign_in_by_keyboard(&client, gw.admin_token()).await;
-    wait_text(&client, "#list-summary", "1 held operation").await;
+    let client = signed_in(&driver, &gw, &url, "1 held operation").await;
     client.goto(&format!("{url}#/op/{id}")).await.expect("open");
     wait_text(&client, "#operation-facts", "unknown").await;
     type_into(&client, "#settle-operator", "ann").await;
@@ -529,10 +533,7 @@ async fn a_failed_open_shows_nothing_of_the_previous_operation() {
     let driver = driver();
     let (gw, url) = console_gateway().await;
     let id = lose(&gw, "shown-first").await;
-    let client = browser(&driver, 1280).await;
-    client.goto(&url).await.expect("open the console");
-    sign_in_by_keyboard(&client, gw.admin_token()).await;
-    wait_text(&client, "#list-summary", "1 held operation").await;
+    let client = signed_in(&driver, &gw, &url, "1 held operation").await;
     client.goto(&format!("{url}#/op/{id}")).await.expect("open");
     wait_text(&client, "#operation-facts", "shown-first").await;
 
@@ -565,10 +566,7 @@ async fn the_settle_form_starts_empty_for_each_operation() {
     let (gw, url) = console_gateway().await;
     let first = lose(&gw, "form-first").await;
     let second = lose(&gw, "form-second").await;
-    let client = browser(&driver, 1280).await;
-    client.goto(&url).await.expect("open the console");
-    sign_in_by_keyboard(&client, gw.admin_token()).await;
-    wait_text(&client, "#list-summary", "2 held operations").await;
+    let client = signed_in(&driver, &gw, &url, "2 held operations").await;
     client
         .goto(&format!("{url}#/op/{first}"))
         .await
@@ -609,10 +607,7 @@ async fn a_settle_without_an_answer_may_have_been_taken() {
     let driver = driver();
     let (gw, url) = console_gateway().await;
     let id = lose(&gw, "lost-answer").await;
-    let client = browser(&driver, 1280).await;
-    client.goto(&url).await.expect("open the console");
-    sign_in_by_keyboard(&client, gw.admin_token()).await;
-    wait_text(&client, "#list-summary", "1 held operation").await;
+    let client = signed_in(&driver, &gw, &url, "1 held operation").await;
     client.goto(&format!("{url}#/op/{id}")).await.expect("open");
     wait_text(&client, "#operation-facts", "unknown").await;
     // The POST arrives and is taken; its answer never reaches the page.
@@ -653,10 +648,7 @@ async fn a_settle_without_an_answer_may_have_been_taken() {
 async fn a_route_a_probe_paused_is_shown_as_paused_by_the_probe() {
     let driver = driver();
     let (gw, url) = console_gateway().await;
-    let client = browser(&driver, 1280).await;
-    client.goto(&url).await.expect("open the console");
-    sign_in_by_keyboard(&client, gw.admin_token()).await;
-    wait_text(&client, "#list-summary", "No held operations").await;
+    let client = signed_in(&driver, &gw, &url, "No held operations").await;
     js(
         &client,
         "const sent = window.fetch;
@@ -701,10 +693,7 @@ async fn a_held_tool_call_is_settled_with_a_tool_result() {
         .json();
     let id = held["items"][0]["id"].as_str().expect("held").to_owned();
 
-    let client = browser(&driver, 1280).await;
-    client.goto(&url).await.expect("open the console");
-    sign_in_by_keyboard(&client, gw.admin_token()).await;
-    wait_text(&client, "#list-summary", "1 held operation").await;
+    let client = signed_in(&driver, &gw, &url, "1 held operation").await;
     client.goto(&format!("{url}#/op/{id}")).await.expect("open");
     wait_text(&client, "#operation-facts", "unknown").await;
     let hidden = js(
@@ -770,10 +759,7 @@ async fn a_typed_body_is_replayed_as_typed_json_or_text() {
     }
     let writes_before = gw.upstream.writes();
 
-    let client = browser(&driver, 1280).await;
-    client.goto(&url).await.expect("open the console");
-    sign_in_by_keyboard(&client, gw.admin_token()).await;
-    wait_text(&client, "#list-summary", "4 held operations").await;
+    let client = signed_in(&driver, &gw, &url, "4 held operations").await;
     for ((key, typed, content_type, kind), id) in cases.into_iter().zip(&ids) {
         client.goto(&format!("{url}#/op/{id}")).await.expect("open");
         wait_text(&client, "#operation-title", key).await;
@@ -913,10 +899,7 @@ async fn held_work_is_held_work_and_back_is_where_the_list_was() {
     let done = write(gw.addr(), "/orders", Some("done-00"), ORDER).await;
     assert_eq!(done.status, 201);
 
-    let client = browser(&driver, 1280).await;
-    client.goto(&url).await.expect("open");
-    sign_in_by_keyboard(&client, gw.admin_token()).await;
-    wait_text(&client, "#list-summary", "showing 1–20").await;
+    let client = signed_in(&driver, &gw, &url, "showing 1–20").await;
     click(&client, "#page-next").await;
     wait_text(&client, "#list-summary", "showing 21–21").await;
     click(&client, "#operations a.key").await;

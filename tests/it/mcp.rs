@@ -642,7 +642,7 @@ fn messages_of(answer: &Response) -> Vec<Value> {
 const BOTH: &str = "application/json, text/event-stream";
 
 /// A held tool call is settled with a tool result: its operation names
-/// its route's profile (`mcp`), an HTTP `response` is refused (a status
+/// its route's profile (`mcp`), an HTTP `response` is refused 409 (a status
 /// other than 200 would reach the agent as an HTTP error carrying a
 /// success), and a `result` is what the retry gets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -671,7 +671,7 @@ async fn a_held_call_is_settled_with_a_tool_result_not_an_http_response() {
     let http = json!({"outcome": "completed", "operator": "ann",
                       "response": {"status": 500, "body": "x"}});
     let refused = gw.resolve(&id, &http).await;
-    let problem = refused.assert_problem(400, "invalid-resolution");
+    let problem = refused.assert_problem(409, "wrong-answer-kind");
     assert!(
         problem["detail"]
             .as_str()

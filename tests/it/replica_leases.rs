@@ -20,8 +20,8 @@ use idemgate::config::Durability;
 use idemgate_model::clock::{Clock, SystemClock};
 use idemgate_model::operation::{Event, Fingerprint, RequestSummary, Settlement, State};
 use idemgate_store::{
-    ClaimResult, Decision, Maintenance, NewOperation, Operators, Recorded, RequestPath, Resolved,
-    Store, StoreError,
+    Claim, ClaimResult, Decision, Maintenance, NewOperation, Operators, Recorded, RequestPath,
+    Resolved, Store, StoreError,
 };
 use idemgate_store_postgres::{PostgresSettings, PostgresStore};
 
@@ -81,6 +81,53 @@ fn operator() -> Event {
         kind: "resolved",
         detail: serde_json::json!({ "operator": "ann" }),
     }
+}
+
+/// Claims `key` and records it `not_attempted` (a refused connection):
+/// an operation a sweep may delete, and a claim take again.
+async fn refused_op(store: &PostgresStore, key: &str) -> Claim {
+    let ClaimResult::Claimed(claim) = store.claim(&new_op(key)).await.unwrap() else {
+        panic!("{key} not claimed");
+    };
+    let refused = Settlement::NotAttempted {
+        evidence: "connect-failed".into(),
+    };
+    let recorded = store.record(&claim, &refused, &[]).await.unwrap();
+    assert_eq!(recorded, Recorded::Applied);
+    claim
+}
+
+/// A connection of its own with a transaction open in `schema`, and its
+/// backend's pid (for whom it blocks); the caller commits.
+async fn transaction_in(schema: &PgSchema) -> (sqlx::PgConnection, i32) {
+    let mut connection = admin_connection().await;
+    sqlx::query("BEGIN").execute(&mut connection).await.unwrap();
+    let take = format!("SET LOCAL search_path = {}", schema.name);
+    sqlx::query(&take).execute(&mut connection).await.unwrap();
+    let pid = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+    (connection, pid)
+}
+
+/// Waits until some session waits on backend `blocker`'s locks, or
+/// `task` ended without waiting.
+async fn blocked_on<T>(blocker: i32, task: &tokio::task::JoinHandle<T>, what: &str) {
+    let observer = tokio::sync::Mutex::new(admin_connection().await);
+    let watched = (&observer, task);
+    eventually(what, || async move {
+        let (observer, task) = watched;
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+        )
+        .bind(blocker)
+        .fetch_one(&mut *observer.lock().await)
+        .await
+        .unwrap();
+        (waiting > 0 || task.is_finished()).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,22 +250,11 @@ async fn one_replica_sweeps_at_a_time() {
     let schema = PgSchema::create().await;
     let store = replica(&schema, "a").await;
     for i in 0..3 {
-        let new = new_op(&format!("k{i}"));
-        let ClaimResult::Claimed(claim) = store.claim(&new).await.unwrap() else {
-            panic!("not claimed");
-        };
-        let refused = Settlement::NotAttempted {
-            evidence: "connect-failed".into(),
-        };
-        let recorded = store.record(&claim, &refused, &[]).await.unwrap();
-        assert_eq!(recorded, Recorded::Applied);
+        refused_op(&store, &format!("k{i}")).await;
     }
     let later = SystemClock.now_millis() + 1000;
     // Another replica's sweep holds the lock: this one deletes nothing.
-    let mut other = admin_connection().await;
-    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
-    let take = format!("SET LOCAL search_path = {}", schema.name);
-    sqlx::query(&take).execute(&mut other).await.unwrap();
+    let (mut other, _) = transaction_in(&schema).await;
     let ours: bool = sqlx::query_scalar(
         "SELECT pg_try_advisory_xact_lock(hashtext(current_schema() || ':idemgate-sweep'))",
     )
@@ -243,26 +279,12 @@ async fn one_replica_sweeps_at_a_time() {
 async fn a_sweep_leaves_an_operation_a_claim_takes_meanwhile() {
     let schema = PgSchema::create().await;
     let store = Arc::new(replica(&schema, "a").await);
-    let ClaimResult::Claimed(claim) = store.claim(&new_op("k")).await.unwrap() else {
-        panic!("not claimed");
-    };
-    let refused = Settlement::NotAttempted {
-        evidence: "connect-failed".into(),
-    };
-    let recorded = store.record(&claim, &refused, &[]).await.unwrap();
-    assert_eq!(recorded, Recorded::Applied);
+    let claim = refused_op(&store, "k").await;
     let later = SystemClock.now_millis() + 1000;
 
     // The next attempt's claim (the update `idemgate_claim_unless_twin`
     // makes), not committed yet.
-    let mut claiming = admin_connection().await;
-    sqlx::query("BEGIN").execute(&mut claiming).await.unwrap();
-    let take = format!("SET LOCAL search_path = {}", schema.name);
-    sqlx::query(&take).execute(&mut claiming).await.unwrap();
-    let claimer: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut claiming)
-        .await
-        .unwrap();
+    let (mut claiming, claimer) = transaction_in(&schema).await;
     let taken = sqlx::query(
         "UPDATE operations SET state = 'in_progress', attempt = attempt + 1, owner = 'a',
             evidence = 'claimed', updated_at = $2
@@ -278,19 +300,11 @@ async fn a_sweep_leaves_an_operation_a_claim_takes_meanwhile() {
     let sweeper = store.clone();
     let sweeping = tokio::spawn(async move { sweeper.sweep(later, 100).await });
     // The sweep passes the operation by, or waits on the claim's lock.
-    let observer = tokio::sync::Mutex::new(admin_connection().await);
-    let watched = (&observer, &sweeping);
-    eventually("the sweep to pass by or wait on the claim", || async move {
-        let (observer, sweeping) = watched;
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
-        )
-        .bind(claimer)
-        .fetch_one(&mut *observer.lock().await)
-        .await
-        .unwrap();
-        (waiting > 0 || sweeping.is_finished()).then_some(())
-    })
+    blocked_on(
+        claimer,
+        &sweeping,
+        "the sweep to pass by or wait on the claim",
+    )
     .await;
     sqlx::query("COMMIT").execute(&mut claiming).await.unwrap();
 
@@ -310,23 +324,9 @@ async fn a_sweep_leaves_an_operation_a_claim_takes_meanwhile() {
 async fn a_record_of_an_operation_being_swept_is_stale() {
     let schema = PgSchema::create().await;
     let store = Arc::new(replica(&schema, "a").await);
-    let ClaimResult::Claimed(claim) = store.claim(&new_op("k")).await.unwrap() else {
-        panic!("not claimed");
-    };
-    let refused = Settlement::NotAttempted {
-        evidence: "connect-failed".into(),
-    };
-    let recorded = store.record(&claim, &refused, &[]).await.unwrap();
-    assert_eq!(recorded, Recorded::Applied);
+    let claim = refused_op(&store, "k").await;
 
-    let mut sweeping = admin_connection().await;
-    sqlx::query("BEGIN").execute(&mut sweeping).await.unwrap();
-    let take = format!("SET LOCAL search_path = {}", schema.name);
-    sqlx::query(&take).execute(&mut sweeping).await.unwrap();
-    let sweeper: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut sweeping)
-        .await
-        .unwrap();
+    let (mut sweeping, sweeper) = transaction_in(&schema).await;
     sqlx::query("DELETE FROM operations WHERE id = $1")
         .bind(&claim.operation_id)
         .execute(&mut sweeping)
@@ -345,19 +345,11 @@ async fn a_record_of_an_operation_being_swept_is_stale() {
         };
         recorder.record(&late, &lost, &[event]).await
     });
-    let observer = tokio::sync::Mutex::new(admin_connection().await);
-    let watched = (&observer, &recording);
-    eventually("the record to wait on the sweep, or end", || async move {
-        let (observer, recording) = watched;
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
-        )
-        .bind(sweeper)
-        .fetch_one(&mut *observer.lock().await)
-        .await
-        .unwrap();
-        (waiting > 0 || recording.is_finished()).then_some(())
-    })
+    blocked_on(
+        sweeper,
+        &recording,
+        "the record to wait on the sweep, or end",
+    )
     .await;
     sqlx::query("COMMIT").execute(&mut sweeping).await.unwrap();
 

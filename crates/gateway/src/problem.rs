@@ -74,6 +74,10 @@ pub enum ProblemKind {
     /// An operator's resolution decided on an attempt the operation has
     /// since left (a retry was let through and held again).
     OperationChanged,
+    /// An operator's resolution giving the answer another kind of route
+    /// takes: an HTTP `response` for an MCP tool call, a tool `result`
+    /// for an HTTP route's write.
+    WrongAnswerKind,
     AmbiguousCredentials,
     InvalidCursor,
     InvalidRequest,
@@ -111,7 +115,7 @@ impl ProblemKind {
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             RequestInProgress | ResponseNotStored | NotResolvable | AttemptMayStillLand
-            | OperationChanged | PossibleDuplicate => StatusCode::CONFLICT,
+            | OperationChanged | WrongAnswerKind | PossibleDuplicate => StatusCode::CONFLICT,
             OutcomeUnknown(UnknownSince::Earlier) => StatusCode::CONFLICT,
             BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -176,6 +180,7 @@ impl ProblemKind {
             NotResolvable => ("not-resolvable", "Not resolvable"),
             AttemptMayStillLand => ("attempt-may-still-land", "Attempt may still land"),
             OperationChanged => ("operation-changed", "Operation changed"),
+            WrongAnswerKind => ("wrong-answer-kind", "Wrong kind of answer"),
             AmbiguousCredentials => ("ambiguous-credentials", "Ambiguous credentials"),
             InvalidCursor => ("invalid-cursor", "Invalid cursor"),
             InvalidRequest => ("invalid-request", "Invalid request"),
@@ -349,7 +354,7 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 42] = [
+    const CASES: [(ProblemKind, u16, &str); 43] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (InvalidHost, 400, "invalid-host"),
@@ -399,6 +404,7 @@ mod tests {
         (NotResolvable, 409, "not-resolvable"),
         (AttemptMayStillLand, 409, "attempt-may-still-land"),
         (OperationChanged, 409, "operation-changed"),
+        (WrongAnswerKind, 409, "wrong-answer-kind"),
         (AmbiguousCredentials, 400, "ambiguous-credentials"),
         (InvalidCursor, 400, "invalid-cursor"),
         (InvalidRequest, 400, "invalid-request"),

@@ -272,9 +272,10 @@ pub struct Resolution {
     /// The attempt the operator checked, when the body names it: the
     /// resolution is taken only while the operation is still at it.
     pub attempt: Option<u32>,
-    /// Whether the body gave an HTTP `response`: an MCP route's tool
-    /// call takes a `result` instead (see [`check`]).
-    http_response: bool,
+    /// The kind of answer the body gave, if any: an MCP route's tool
+    /// call takes a `result`, any other route's write a `response` (see
+    /// [`check`]).
+    answer: Option<AnswerKind>,
     operator: String,
     outcome: String,
 }
@@ -299,11 +300,25 @@ impl Resolution {
             decision,
             event,
             attempt: body.attempt,
-            http_response: body.response.is_some(),
+            answer: if body.result.is_some() {
+                Some(AnswerKind::ToolResult)
+            } else if body.response.is_some() {
+                Some(AnswerKind::HttpResponse)
+            } else {
+                None
+            },
             operator: body.operator,
             outcome: body.outcome,
         })
     }
+}
+
+/// The answer a resolution gives retries: an HTTP route's `response`
+/// or an MCP tool call's `result`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AnswerKind {
+    HttpResponse,
+    ToolResult,
 }
 
 #[derive(Debug, Deserialize)]
@@ -494,9 +509,11 @@ pub async fn resolve(
 /// configured is held to neither; one that is gone is the store's 404.
 /// First, a resolution decided on another attempt than the one held now
 /// (the store checks it again in its transaction).
-/// And an HTTP `response` for an MCP route's tool call, which takes a
-/// `result`: a stored status is kept, and one other than 200 would reach
-/// the agent as an HTTP error carrying a success result.
+/// And the answer another kind of route takes (409 `wrong-answer-kind`):
+/// an HTTP `response` for an MCP route's tool call, which takes a
+/// `result` (a stored status is kept, and one other than 200 would reach
+/// the agent as an HTTP error carrying a success result); a tool `result`
+/// for an HTTP route's write, whose clients would be replayed JSON-RPC.
 async fn check(admin: &Admin, id: &str, resolution: &Resolution) -> Result<(), AdminError> {
     let Some((operation, events)) = admin.store.get(id).await? else {
         return Ok(());
@@ -519,11 +536,22 @@ async fn check(admin: &Admin, id: &str, resolution: &Resolution) -> Result<(), A
     else {
         return Ok(());
     };
-    if route.profile == Profile::Mcp && resolution.http_response {
-        return Err(AdminError::InvalidResolution(format!(
-            "an MCP tool call takes a `result` ({{\"content\": [...], \"isError\": false}}), not an HTTP `response`: route `{}` answers its retries as JSON-RPC, and a stored status other than 200 would reach the agent as an HTTP error carrying a success",
-            operation.route
-        )));
+    let mcp = route.profile == Profile::Mcp;
+    match resolution.answer {
+        Some(AnswerKind::HttpResponse) if mcp => {
+            return Err(AdminError::WrongAnswerKind(format!(
+                "an MCP tool call takes a `result` ({{\"content\": [...], \"isError\": false}}), not an HTTP `response`: route `{}` answers its retries as JSON-RPC, and a stored status other than 200 would reach the agent as an HTTP error carrying a success",
+                operation.route
+            )));
+        }
+        Some(AnswerKind::ToolResult) if !mcp => {
+            return Err(AdminError::WrongAnswerKind(format!(
+                "route `{}` (profile {}) answers its retries over HTTP and takes a `response`, not an MCP tool `result`: its clients would be replayed a JSON-RPC message",
+                operation.route,
+                route.profile.name()
+            )));
+        }
+        _ => {}
     }
     match decision {
         Decision::Completed { response } => {

@@ -121,6 +121,12 @@ pub enum AdminError {
         attempt: u32,
         state: &'static str,
     },
+    /// A resolution whose answer is not the kind the operation's route
+    /// replays: an MCP tool call takes a tool `result`, any other route's
+    /// write an HTTP `response` (or neither). 409, not 400: the body is
+    /// valid, it is the operation that rules it out.
+    #[error("{0}")]
+    WrongAnswerKind(String),
     /// RFC 6750 §3.1: a request that "uses more than one method for
     /// including an access token" is malformed (400 `invalid_request`), not
     /// unauthenticated; and which line a proxy in front would pick is
@@ -163,6 +169,7 @@ impl AdminError {
             AdminError::NotResolvable { .. } => ProblemKind::NotResolvable,
             AdminError::AttemptMayStillLand { .. } => ProblemKind::AttemptMayStillLand,
             AdminError::OperationChanged { .. } => ProblemKind::OperationChanged,
+            AdminError::WrongAnswerKind(_) => ProblemKind::WrongAnswerKind,
             AdminError::AmbiguousCredentials { .. } => ProblemKind::AmbiguousCredentials,
             AdminError::InvalidCursor => ProblemKind::InvalidCursor,
             AdminError::BadRequest(_) => ProblemKind::InvalidRequest,
@@ -586,6 +593,11 @@ mod tests {
                 },
                 409,
                 "operation-changed",
+            ),
+            (
+                AdminError::WrongAnswerKind("x".into()),
+                409,
+                "wrong-answer-kind",
             ),
             (AdminError::BadRequest("x".into()), 400, "invalid-request"),
             (
