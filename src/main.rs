@@ -239,26 +239,33 @@ fn runtime(serving: bool) -> std::io::Result<tokio::runtime::Runtime> {
             .enable_all()
             .build();
     }
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        builder.worker_threads(cpus.saturating_sub(1).max(1));
-    }
-    builder.enable_all().build()
+    // Always set here: left to tokio, a `TOKIO_WORKER_THREADS` that is not
+    // a positive number panics (`healthcheck` in a container would exit
+    // 101 while its gateway serves).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads_set().unwrap_or(cpus.saturating_sub(1).max(1)))
+        .enable_all()
+        .build()
 }
 
 /// The threads serving proxy connections: `TOKIO_WORKER_THREADS` if set
-/// (at least one), else one per CPU. Measured on 2 CPUs under wrk
+/// ([`threads_set`]), else one per CPU. Measured on 2 CPUs under wrk
 /// (`benches/README.md`), two beat one on every load even though the
 /// store's writer thread competes with them: forwarding 0.88× nginx
 /// against 0.74×, first writes 0.32× against 0.28×, replays 1.68×
 /// against 1.52×.
 fn worker_threads() -> usize {
-    let set = std::env::var("TOKIO_WORKER_THREADS")
+    threads_set().unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// `TOKIO_WORKER_THREADS` as docs/configuration.md reads it: a number, at
+/// least one (`0` is one); anything else leaves the default.
+fn threads_set() -> Option<usize> {
+    std::env::var("TOKIO_WORKER_THREADS")
         .ok()
-        .and_then(|n| n.parse::<usize>().ok());
-    set.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1)
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .map(|n| n.max(1))
 }
 
 /// Logs to stderr through [`LogSink`]: a line is a copy into memory,

@@ -133,6 +133,27 @@ async fn healthcheck_exits_zero_only_while_readyz_says_ready() {
     assert!(!ready && stderr.contains("no answer"), "{stderr}");
 }
 
+/// `TOKIO_WORKER_THREADS` is read as configuration.md says by every
+/// command, not only `serve`: `0` is one thread and what is not a number
+/// the default. Left to tokio, either panicked (exit 101), so a
+/// container's healthcheck failed while its gateway served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_takes_any_tokio_worker_threads() {
+    let gw = spawn_gateway("").await;
+    let url = format!("http://{}", gw.admin_addr());
+    for threads in ["0", "abc", "", "2"] {
+        let mut cmd = binary();
+        cmd.env("TOKIO_WORKER_THREADS", threads)
+            .args(["healthcheck", "--admin", &url]);
+        let (status, stdout, stderr) = run_to_exit(cmd).await;
+        assert!(
+            status.success(),
+            "TOKIO_WORKER_THREADS={threads:?}: {status}\n{stderr}"
+        );
+        assert!(stdout.starts_with("ready: "), "{stdout}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthcheck_gives_up_on_a_silent_listener_within_its_timeout() {
     // Accepts connections (the kernel does) and never answers.

@@ -119,6 +119,24 @@ async fn body_lacking_the_derive_field_is_missing_key() {
     assert!(gw.upstream.requests().is_empty(), "nothing sent upstream");
 }
 
+/// A keyless retry whose body carries a number a double cannot hold (a
+/// 64-bit id, hashed as sent) and a timestamp the route ignores is one
+/// operation: the ignored field is masked, not counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ignored_field_beside_a_64_bit_id_is_still_ignored() {
+    let (gw, _clock) = derive_by_fingerprint("ignore_fields = [\"/sent_at\"]").await;
+    let order =
+        |sent_at: u32| format!(r#"{{"account":1234567890123456789,"qty":3,"sent_at":{sent_at}}}"#);
+    let first = write(gw.addr(), "/orders", None, &order(1)).await;
+    assert_eq!(assert_fresh_created(&first), 1);
+    let retry = write(gw.addr(), "/orders", None, &order(2)).await;
+    assert_replay_of(&retry, &first);
+    assert_eq!(derived_key(&retry), derived_key(&first));
+    let other = r#"{"account":1234567890123456788,"qty":3,"sent_at":2}"#;
+    assert_fresh_created(&write(gw.addr(), "/orders", None, other).await);
+    assert_eq!(gw.upstream.writes(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identical_requests_are_one_operation_within_the_derive_window() {
     let (gw, clock) = derive_by_fingerprint("").await;

@@ -518,3 +518,23 @@ async fn a_collector_that_hangs_fails_no_request_and_the_full_queue_is_counted()
     hanging.abort();
     gw.shutdown().await;
 }
+
+/// A trace setting the gateway cannot take stops its start, saying why
+/// once (the reason was printed twice: as the message and as its cause).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_trace_setting_is_said_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = gateway_toml(&dir.path().join("g.db"), "http://127.0.0.1:9", "/", "");
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let mut cmd = binary();
+    cmd.arg("serve").arg("--config").arg(&config);
+    cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", "notaurl");
+    let (status, _, stderr) = run_to_exit(cmd).await;
+    assert!(!status.success(), "started: {stderr}");
+    assert_eq!(
+        stderr.matches("OTEL_EXPORTER_OTLP_ENDPOINT").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("traces: "), "{stderr}");
+}

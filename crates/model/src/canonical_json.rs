@@ -78,6 +78,37 @@ pub fn raw_at<'t>(text: &'t [u8], pointer: &str) -> Option<&'t [u8]> {
     Some(value.as_bytes())
 }
 
+/// `text` with the value each of `pointers` names written `null`: how a
+/// JSON body that is not exact (hashed as sent) still leaves out its
+/// ignored fields. A pointer that names nothing, or whose way is not one
+/// member (a name given twice), masks nothing: the bytes count as sent.
+/// A value inside another masked value is masked with it.
+pub fn mask_raw(text: &[u8], pointers: &[String]) -> Vec<u8> {
+    let mut spans: Vec<Range<usize>> = pointers
+        .iter()
+        .filter(|pointer| !pointer.is_empty())
+        .filter_map(|pointer| raw_at(text, pointer))
+        .map(|value| {
+            // `raw_at` gives a slice of `text` itself.
+            let start = value.as_ptr() as usize - text.as_ptr() as usize;
+            start..start + value.len()
+        })
+        .collect();
+    spans.sort_by_key(|span| (span.start, std::cmp::Reverse(span.end)));
+    let mut masked = Vec::with_capacity(text.len());
+    let mut written = 0;
+    for span in spans {
+        if span.start < written {
+            continue;
+        }
+        masked.extend_from_slice(&text[written..span.start]);
+        masked.extend_from_slice(b"null");
+        written = span.end;
+    }
+    masked.extend_from_slice(&text[written..]);
+    masked
+}
+
 /// The member or element `token` names in the object or array `container`.
 fn child<'t>(container: &'t str, token: &str) -> Option<&'t str> {
     let mut scanner = Scanner::new(container);

@@ -333,6 +333,15 @@ impl Upstream {
                 "credentials in the URL are not allowed: its host is logged and shown".into(),
             );
         }
+        // The `http` crate reads a port it cannot hold (`:99999`), or an
+        // empty one, as none: the scheme's default port would be dialled.
+        let after_host = authority.as_str().rsplit(']').next().unwrap_or_default();
+        if after_host.contains(':') && authority.port_u16().is_none_or(|port| port == 0) {
+            return Err(format!(
+                "port `{}` is not a port: a number from 1 to 65535, or none for the scheme's",
+                after_host.rsplit(':').next().unwrap_or_default()
+            ));
+        }
         let origin = Uri::builder()
             .scheme(scheme.clone())
             .authority(authority.clone())

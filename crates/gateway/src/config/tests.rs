@@ -152,6 +152,26 @@ fn upstream_must_be_an_origin() {
     assert!(with("http://x/v1").contains("origin only"));
     assert!(with("http://user:pw@x").contains("credentials"));
     assert!(with("x").contains("routes[0].upstream"));
+    // A port the URL cannot hold is not the scheme's default port.
+    for port in ["99999", "65536", "0", ""] {
+        let err = with(&format!("http://127.0.0.1:{port}"));
+        assert!(err.contains("is not a port"), "{port}: {err}");
+    }
+    assert!(with("http://[::1]:70000").contains("is not a port"));
+    let fine = |u: &str| {
+        let toml = format!("[[routes]]\nname = \"a\"\nupstream = \"{u}\"\n");
+        Config::from_toml_str(&toml, "t").map(|_| ())
+    };
+    for ok in [
+        "http://127.0.0.1:65535",
+        "http://[::1]:8080",
+        "https://[::1]",
+        "http://h",
+    ] {
+        assert!(fine(ok).is_ok(), "{ok}: {:?}", fine(ok).err());
+    }
+    let alert = format!("{MINIMAL}[[alerts]]\nurl = \"https://h.example:99999/x\"\n");
+    assert!(error_of(&alert).contains("is not a port"));
 }
 
 #[test]
@@ -871,6 +891,28 @@ fn an_mcp_probe_asks_by_the_destination_key_only_where_one_is_sent() {
             && error.contains("set destination_key_header"),
         "{error}"
     );
+}
+
+/// An MCP route's held calls are probed by a tool; an HTTP probe there
+/// was taken and the tool's ignored, its GET's body replayed to the agent
+/// as the tool's result.
+#[test]
+fn an_mcp_route_takes_no_http_probe() {
+    let text = "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\nprofile = \"mcp\"\n\
+                [routes.reconcile]\nurl = \"http://api:8000/find?k={key}\"\n";
+    let error = Config::from_toml_str(text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("routes[0].reconcile") && error.contains("[routes.mcp.reconcile]"),
+        "{error}"
+    );
+    let array = "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\nprofile = \"mcp\"\n\
+                 [routes.mcp.reconcile]\ntool = \"find\"\narguments = '[1]'\n";
+    let error = Config::from_toml_str(array, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("must be a JSON object"), "{error}");
 }
 
 #[test]

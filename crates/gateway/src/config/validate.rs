@@ -799,6 +799,15 @@ impl Validator<'_> {
                 return Err(self.invalid(field("mcp"), "only on a route with profile = \"mcp\""));
             }
         };
+        // An MCP tool call is proved by a tool of the server's own
+        // (`[routes.mcp.reconcile]`); an HTTP probe's answer would reach
+        // the agent as the tool's result.
+        if mcp && raw.reconcile.is_some() {
+            return Err(self.invalid(
+                field("reconcile"),
+                "not on a route with profile = \"mcp\": a held tool call is probed by a tool of the server's, [routes.mcp.reconcile] (docs/mcp.md)",
+            ));
+        }
         let reconcile = raw
             .reconcile
             .map(|r| self.reconcile(&field("reconcile"), r, &upstream, &askable))
@@ -1212,7 +1221,7 @@ impl Validator<'_> {
             super::runtime::fill_template(&arguments, keys, |_| Some(serde_json::Value::from("v")))
                 .map_err(|reason| self.invalid(arguments_field, reason))?;
         if !filled.is_object() {
-            return Err(self.invalid(arguments_field, "is a JSON object"));
+            return Err(self.invalid(arguments_field, "must be a JSON object once filled"));
         }
         let asks = (false, arguments.contains("{destination_key}"));
         self.asks_by_keys_sent(arguments_field, asks, askable)?;

@@ -6,7 +6,8 @@
 //! (RFC 8785, after removing `ignore_fields`) so re-serialising the same
 //! payload is not a change; any other body, JSON that does not parse, or JSON
 //! that the canonical form would not keep apart from another payload (see
-//! `canonical_json`) is hashed as sent — and so is every body on a route
+//! `canonical_json`; its `ignore_fields` values still masked) is hashed as
+//! sent — and so is every body on a route
 //! whose profile compares bodies as sent (`ucp`: UCP matches payloads by
 //! the SHA-256 of the raw bytes). So two requests with different bodies
 //! never share a fingerprint, and every part is length-prefixed, so no two
@@ -16,7 +17,9 @@ use http::header::{CONTENT_TYPE, HeaderName};
 use http::{HeaderMap, Method};
 use sha2::{Digest, Sha256};
 
-use idemgate_model::canonical_json;
+use std::borrow::Cow;
+
+use idemgate_model::canonical_json::{self, NotExact};
 use idemgate_model::operation::Fingerprint;
 
 /// What the fingerprint is computed over.
@@ -37,17 +40,26 @@ pub struct FingerprintInput<'a> {
 pub fn compute(input: &FingerprintInput<'_>) -> Fingerprint {
     let mut hasher = Sha256::new();
     hash_request_head(&mut hasher, b"idemgate-fingerprint-v1", input);
-    match canonical_body(input) {
-        Some(canonical) => {
+    match body(input) {
+        Body::Canonical(canonical) => {
             part(&mut hasher, b"json");
             part(&mut hasher, &canonical);
         }
-        None => {
+        Body::Raw(raw) => {
             part(&mut hasher, b"raw");
-            part(&mut hasher, input.body);
+            part(&mut hasher, &raw);
         }
     }
     Fingerprint::from_stored(digest_hex(hasher))
+}
+
+/// A body as the fingerprint takes it.
+enum Body<'a> {
+    /// JSON in its canonical form, `ignore_fields` removed.
+    Canonical(Vec<u8>),
+    /// Bytes as sent; JSON that is not exact has its `ignore_fields`
+    /// values written `null` ([`canonical_json::mask_raw`]).
+    Raw(Cow<'a, [u8]>),
 }
 
 /// A request exactly as sent: a SHA-256 over every input of its
@@ -107,19 +119,30 @@ fn hash_values(hasher: &mut Sha256, headers: &HeaderMap, name: &HeaderName) {
     }
 }
 
-/// The canonical JSON of a JSON body, or `None` for any other body — and for
-/// JSON that canonicalising could make equal to another payload (a member
-/// named twice, a lone surrogate, a number a double cannot hold): hashed as
-/// sent, any change to it is a change.
-fn canonical_body(input: &FingerprintInput<'_>) -> Option<Vec<u8>> {
+/// The canonical JSON of a JSON body; any other body as sent — and JSON
+/// that canonicalising could make equal to another payload (a member
+/// named twice, a lone surrogate, a number a double cannot hold) as sent
+/// but for its `ignore_fields`' values: any other change to it is a
+/// change, and a field the route ignores (a timestamp beside a 64-bit id)
+/// is still ignored.
+fn body<'a>(input: &FingerprintInput<'a>) -> Body<'a> {
     if input.body_as_sent || !is_json(input.headers) {
-        return None;
+        return Body::Raw(Cow::Borrowed(input.body));
     }
-    let mut value = canonical_json::parse_exact(input.body).ok()?;
-    for pointer in input.ignore_fields {
-        canonical_json::remove_pointer(&mut value, pointer);
+    match canonical_json::parse_exact(input.body) {
+        Ok(mut value) => {
+            for pointer in input.ignore_fields {
+                canonical_json::remove_pointer(&mut value, pointer);
+            }
+            Body::Canonical(canonical_json::canonicalize(&value))
+        }
+        Err(NotExact::Syntax) => Body::Raw(Cow::Borrowed(input.body)),
+        Err(_) if input.ignore_fields.is_empty() => Body::Raw(Cow::Borrowed(input.body)),
+        Err(_) => Body::Raw(Cow::Owned(canonical_json::mask_raw(
+            input.body,
+            input.ignore_fields,
+        ))),
     }
-    Some(canonical_json::canonicalize(&value))
 }
 
 /// `application/json` or any `+json` media type, parameters ignored.
@@ -291,12 +314,34 @@ mod tests {
         // Out of range both ways: no double at all, or a zero that was not 0.
         assert_apart("[1e400]", "[1e401]");
         assert_apart("[1e-400]", "[0]");
-        // Hashed as sent, such a body keeps its ignored fields: a change.
-        let with_nonce = |nonce: &str| {
-            let body = format!(r#"{{"id":12345678901234567890,"nonce":{nonce}}}"#);
-            fp(Method::POST, "/t", JSON, &["/nonce"], &body)
+    }
+
+    /// Hashed as sent, such a body still leaves out the route's ignored
+    /// fields (a keyless client's timestamp beside a 64-bit id must not
+    /// make its retry a second write); any other change is a change.
+    #[test]
+    fn a_body_hashed_as_sent_still_ignores_its_ignored_fields() {
+        let sent = |body: &str| fp(Method::POST, "/t", JSON, &["/nonce", "/meta/at"], body);
+        let with = |id: &str, nonce: &str, at: &str| {
+            sent(&format!(
+                r#"{{"id":{id},"nonce":{nonce},"meta":{{"at":{at},"n":1}}}}"#
+            ))
         };
-        assert_ne!(with_nonce("1"), with_nonce("2"));
+        let big = "12345678901234567890";
+        assert_eq!(with(big, "1", "\"x\""), with(big, "[2, {}]", "3"));
+        assert_ne!(with(big, "1", "2"), with("12345678901234567891", "1", "2"));
+        // Not merged with the canonical form, nor with one another's shape.
+        assert_ne!(with(big, "1", "2"), with("1", "1", "2"));
+        assert_ne!(
+            sent(r#"{"id":12345678901234567890,"nonce":1}"#),
+            sent(r#"{"id":12345678901234567890 ,"nonce":1}"#)
+        );
+        // A name given twice on the way masks nothing: the upstream may
+        // read either.
+        let twice = |nonce: &str| sent(&format!(r#"{{"a":1e400,"nonce":{nonce},"nonce":0}}"#));
+        assert_ne!(twice("1"), twice("2"));
+        // JSON that does not parse is bytes, ignored fields and all.
+        assert_ne!(sent(r#"{"nonce":1,"#), sent(r#"{"nonce":2,"#));
     }
 
     #[test]

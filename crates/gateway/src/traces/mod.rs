@@ -71,11 +71,12 @@ const SHUTDOWN_BOUND: Duration = Duration::from_secs(5);
 /// Why the traces could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("traces: {0}")]
+    // The cause is the source, which an error chain prints after this.
+    #[error("traces")]
     Setting(#[from] settings::TraceSettingError),
     #[error("traces: the OTLP exporter: {0}")]
     Exporter(String),
-    #[error("traces: the collector's TLS: {0}")]
+    #[error("traces: the collector's TLS")]
     Tls(#[from] rustls::Error),
 }
 
