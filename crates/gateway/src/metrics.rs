@@ -27,6 +27,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use idemgate_model::operation::State;
 use idemgate_store::Operators;
 use idemgate_store::{Stats, StoreBatches, StoreError};
 
@@ -241,6 +242,9 @@ pub struct Metrics {
     /// past [`STORE_READ_BOUND`]); tokio's Mutex for `try_lock_owned`, which
     /// moves the guard into the read's task.
     store_read: Arc<tokio::sync::Mutex<()>>,
+    /// The configured routes ([`Metrics::start_at_zero`]), whose store
+    /// gauges each scrape that reads the store exports, at zero if need be.
+    routes: std::sync::Mutex<Vec<String>>,
 }
 
 impl Metrics {
@@ -334,6 +338,7 @@ impl Metrics {
             background_passes,
             trace_spans_dropped,
             store_read: Arc::default(),
+            routes: std::sync::Mutex::default(),
         }
     }
 
@@ -341,7 +346,9 @@ impl Metrics {
     /// route's, each listener's), so they are exported — and `rate()` over
     /// them works — before their first event.
     pub(crate) fn start_at_zero<'a>(&self, routes: impl IntoIterator<Item = &'a str>) {
+        let mut known = self.routes.lock().unwrap_or_else(|e| e.into_inner());
         for route in routes {
+            known.push(route.to_string());
             let labels = RouteLabels::of(route);
             // Creating the child is the point; its guard is dropped at once.
             drop(self.upstream_seconds.get_or_create(&labels));
@@ -481,9 +488,10 @@ impl Metrics {
         let mut text = String::new();
         let encoded = prometheus_client::encoding::text::encode_registry(&mut text, &self.registry)
             .and_then(|()| {
+                let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
                 prometheus_client::encoding::text::encode_registry(
                     &mut text,
-                    &store_registry(store, now),
+                    &store_registry(store, &routes, now),
                 )
             })
             .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut text));
@@ -497,7 +505,9 @@ impl Metrics {
 /// The series of one scrape read from the store, in a registry of their
 /// own made per scrape: a gauge that was not read is absent rather than
 /// stale, and concurrent scrapes never share them.
-fn store_registry(store: Option<&StoreGauges>, now: i64) -> Registry {
+/// Each of `routes` (the configured ones) has its pause gauge and its
+/// count in each state, at zero when the store holds none.
+fn store_registry(store: Option<&StoreGauges>, routes: &[String], now: i64) -> Registry {
     let mut registry = Registry::with_prefix("idemgate");
     let up = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
     up.set(i64::from(store.is_some()));
@@ -510,6 +520,11 @@ fn store_registry(store: Option<&StoreGauges>, now: i64) -> Registry {
         return registry;
     };
     let route_paused = Family::<RouteLabels, Gauge>::default();
+    for route in routes {
+        drop(route_paused.get_or_create(&RouteLabels {
+            route: route.clone(),
+        }));
+    }
     for route in paused {
         route_paused
             .get_or_create(&RouteLabels {
@@ -523,6 +538,14 @@ fn store_registry(store: Option<&StoreGauges>, now: i64) -> Registry {
         route_paused,
     );
     let operations = Family::<StateLabels, Gauge>::default();
+    for route in routes {
+        for state in State::ALL {
+            drop(operations.get_or_create(&StateLabels {
+                route: route.clone(),
+                state: state.as_str().to_string(),
+            }));
+        }
+    }
     for (route, state, count) in &stats.counts {
         operations
             .get_or_create(&StateLabels {
@@ -577,7 +600,6 @@ fn store_registry(store: Option<&StoreGauges>, now: i64) -> Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idemgate_model::operation::State;
 
     #[test]
     fn a_routes_series_counts_where_a_look_up_counts() {
@@ -649,6 +671,15 @@ mod tests {
         assert!(text.contains(r#"idemgate_background_passes_total{task="alerts"} 1"#));
         assert!(text.contains(r#"idemgate_background_passes_total{task="retention"} 0"#));
         assert!(text.contains(r#"idemgate_route_paused{route="api"} 1"#));
+        // Another configured route: not paused, nothing stored, yet there.
+        metrics.start_at_zero(["other"]);
+        let text = metrics.render(Some(&read), 11_000);
+        assert!(
+            text.contains(r#"idemgate_route_paused{route="other"} 0"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"idemgate_operations{route="other",state="completed"} 0"#));
+        assert!(text.contains(r#"idemgate_operations{route="api",state="completed"} 0"#));
         assert!(text.contains("idemgate_oldest_unknown_age_seconds 10.0"));
         assert!(text.contains("idemgate_store_up 1\n"), "{text}");
         metrics.trace_spans_dropped().inc_by(2);

@@ -49,7 +49,7 @@ impl std::fmt::Debug for AdminToken {
 /// An admin listener reachable from other hosts with no token to guard it.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "server.admin_listen = {admin_listen} is not a loopback address and the admin token variable {variable} is not set: set it, or listen on 127.0.0.1"
+    "server.admin_listen = {admin_listen} is not a loopback address and the admin token variable {variable} is unset or empty: set it to a token, or listen on 127.0.0.1"
 )]
 pub struct ExposedAdmin {
     pub(crate) admin_listen: SocketAddr,

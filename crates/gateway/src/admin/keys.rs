@@ -447,6 +447,7 @@ fn integral_attempt<'de, D: serde::Deserializer<'de>>(
     let number = serde_json::Number::deserialize(deserializer)?;
     whole_number(&number, u64::from(u32::MAX))
         .and_then(|n| u32::try_from(n).ok())
+        .filter(|&attempt| attempt >= 1)
         .map(Some)
         .ok_or_else(|| {
             serde::de::Error::custom(format!(
@@ -804,6 +805,22 @@ mod tests {
             );
             assert!(Resolution::read(text.as_bytes()).is_err(), "{spelling}");
         }
+    }
+
+    /// Attempts count from 1: an attempt 0 never was, so a resolution
+    /// naming it is malformed (400), not one decided on an attempt the
+    /// operation has since left (409 operation-changed).
+    #[test]
+    fn attempts_count_from_one() {
+        let with = |attempt: &str| {
+            let text =
+                format!(r#"{{"outcome":"not_attempted","operator":"ann","attempt":{attempt}}}"#);
+            Resolution::read(text.as_bytes()).map(|r| r.attempt)
+        };
+        assert!(matches!(with("0"), Err(AdminError::InvalidResolution(_))));
+        assert!(matches!(with("0.0"), Err(AdminError::InvalidResolution(_))));
+        assert_eq!(with("1").unwrap(), Some(1));
+        assert_eq!(with("2.0").unwrap(), Some(2));
     }
 
     #[test]

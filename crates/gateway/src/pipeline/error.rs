@@ -142,7 +142,12 @@ pub enum ProxyError {
 }
 
 fn missing_key(key: &str) -> String {
-    format!("this write needs a {key} header")
+    let article = if key.starts_with(['A', 'E', 'I', 'O', 'U', 'a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    };
+    format!("this write needs {article} {key} header")
 }
 
 fn key_reused(key: &str) -> String {

@@ -85,6 +85,7 @@ pub enum Used {
 impl fmt::Display for Used {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Used::Operations(1) => write!(f, "had 1 write sent"),
             Used::Operations(n) => write!(f, "had {n} writes sent"),
             Used::StoredBytes(n) => {
                 write!(f, "stored its quota of {}", bytesize::ByteSize(*n))
@@ -277,6 +278,7 @@ mod tests {
         }
         let spent = quotas.check(&route, "bob", 6).unwrap_err();
         assert_eq!(spent.used.to_string(), "had 5 writes sent");
+        assert_eq!(Used::Operations(1).to_string(), "had 1 write sent");
     }
 
     #[test]
