@@ -55,6 +55,12 @@ pub enum ScopeKeyError {
     Malformed { source_name: String, reason: String },
     #[error("the scope key file {path}: {error}")]
     File { path: String, error: std::io::Error },
+    /// The directory a created key file (beside the SQLite store) would
+    /// go in does not exist: the store's own directory is missing.
+    #[error(
+        "the directory {0} does not exist: it holds the store and its scope key file; create it, or name another store path"
+    )]
+    MissingDirectory(String),
     #[error(
         "the store's scopes were hashed with another scope key than {source_name}: give the key this store was used with (operations would otherwise all be new, and sent again)"
     )]
@@ -227,6 +233,12 @@ fn read_file(path: &Path, create: bool) -> Result<ScopeKey, ScopeKeyError> {
         path: path.display().to_string(),
         error,
     };
+    if create
+        && let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(ScopeKeyError::MissingDirectory(dir.display().to_string()));
+    }
     let created = create && create_file(path).map_err(file_error)?;
     let text = std::fs::read_to_string(path).map_err(file_error)?;
     let mode = std::fs::metadata(path)
@@ -314,6 +326,22 @@ mod tests {
         // Not the stored scope's MAC cut short: another label goes in first.
         assert!(!a.keyed(identity).starts_with(&a.trace_label(identity)));
         assert_eq!(a.trace_label(identity).len(), 32);
+    }
+
+    /// A store path in a directory that does not exist says so, not that
+    /// the key file is missing.
+    #[test]
+    fn a_missing_store_directory_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nowhere/s.db.scope-key");
+        let Err(error) = read_file(&path, true) else {
+            panic!("a key file created in a missing directory");
+        };
+        let error = error.to_string();
+        assert!(
+            error.contains("nowhere") && error.contains("does not exist"),
+            "{error}"
+        );
     }
 
     #[test]
