@@ -1489,6 +1489,43 @@ async fn an_oasis_lookup_finds_the_write_of_the_client_id_it_sends() {
     assert_eq!(gw.upstream.writes(), 1);
 }
 
+/// A Stripe write made for a connected account is found by a lookup that
+/// names the account as the write did, in the same header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stripe_lookup_finds_the_write_of_the_account_it_names() {
+    let (gw, admin) = gateway(r#"profile = "stripe""#).await;
+    let written = send(
+        gw.addr(),
+        "POST",
+        "/orders",
+        &[
+            ("content-type", "application/json"),
+            ("authorization", ALICE),
+            ("idempotency-key", "k-ctx"),
+            ("stripe-context", "acct_1"),
+        ],
+        ORDER.to_owned(),
+    )
+    .await;
+    assert_fresh_created(&written);
+    let id = admin.id_of("k-ctx").await;
+
+    let mine = lookup_with(&gw, "k-ctx", "", &[("stripe-context", "acct_1")]).await;
+    assert_eq!(mine.status, 200, "{}", String::from_utf8_lossy(&mine.body));
+    assert_eq!(mine.json()["operation_id"], id.as_str());
+    let others = [
+        &[][..],
+        &[("stripe-context", "acct_2")][..],
+        &[("stripe-account", "acct_1")][..],
+    ];
+    for other in others {
+        lookup_with(&gw, "k-ctx", "", other)
+            .await
+            .assert_problem(404, "unknown-operation");
+    }
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acp_lookup_finds_the_write_on_the_path_it_names() {
     let (gw, admin) = gateway(r#"profile = "acp""#).await;

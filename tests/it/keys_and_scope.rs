@@ -145,31 +145,89 @@ async fn different_credentials_with_one_key_are_two_operations() {
 /// platform's own request (no `Stripe-Account`) is a third.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stripe_key_sent_for_two_connected_accounts_is_two_writes() {
+    one_write_per_connected_account("stripe-account").await;
+}
+
+/// `Stripe-Context` names the account as `Stripe-Account` does (and
+/// supersedes it): stripe-python sends it for its `stripe_context`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stripe_key_sent_in_two_contexts_is_two_writes() {
+    one_write_per_connected_account("stripe-context").await;
+}
+
+/// One key sent as `acct_1` and `acct_2` in `header`, then with no
+/// account: three writes, each retry replaying its own.
+async fn one_write_per_connected_account(header: &'static str) {
     let gw = spawn_gateway("profile = \"stripe\"").await;
     let addr = gw.addr();
-    let as_account = |account: &'static str| async move {
-        let mut headers = vec![
-            ("content-type", "application/json"),
-            ("authorization", ALICE),
-            ("idempotency-key", "k-connect"),
-        ];
-        if !account.is_empty() {
-            headers.push(("stripe-account", account));
-        }
-        send(addr, "POST", "/payments", &headers, BODY).await
+    let as_account = |account: &'static str| {
+        stripe_write(
+            addr,
+            "k-connect",
+            (!account.is_empty()).then_some((header, account)),
+        )
     };
     let first = as_account("acct_1").await;
     let second = as_account("acct_2").await;
     let platform = as_account("").await;
     let ids = [&first, &second, &platform].map(assert_fresh_created);
-    assert_ne!(ids[0], ids[1], "acct_2 must not get acct_1's object");
-    assert_ne!(ids[0], ids[2]);
-    assert_eq!(gw.upstream.writes(), 3);
+    assert_ne!(
+        ids[0], ids[1],
+        "{header}: acct_2 must not get acct_1's object"
+    );
+    assert_ne!(ids[0], ids[2], "{header}");
+    assert_eq!(gw.upstream.writes(), 3, "{header}");
     // Each account's retry replays its own answer.
     assert_replay_of(&as_account("acct_1").await, &first);
     assert_replay_of(&as_account("acct_2").await, &second);
     assert_replay_of(&as_account("").await, &platform);
-    assert_eq!(gw.upstream.writes(), 3);
+    assert_eq!(gw.upstream.writes(), 3, "{header}");
+}
+
+/// One account named in `Stripe-Account` and in `Stripe-Context` is two
+/// scopes: a value is read with the header that carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe_account_and_stripe_context_are_two_scopes() {
+    let gw = spawn_gateway("profile = \"stripe\"").await;
+    let account = stripe_write(gw.addr(), "k-named", Some(("stripe-account", "acct_1"))).await;
+    let context = stripe_write(gw.addr(), "k-named", Some(("stripe-context", "acct_1"))).await;
+    assert_ne!(
+        assert_fresh_created(&account),
+        assert_fresh_created(&context)
+    );
+    assert_eq!(gw.upstream.writes(), 2);
+    let twice = send(
+        gw.addr(),
+        "POST",
+        "/payments",
+        &[
+            ("content-type", "application/json"),
+            ("authorization", ALICE),
+            ("idempotency-key", "k-named"),
+            ("stripe-context", "acct_1"),
+            ("stripe-context", "acct_2"),
+        ],
+        BODY,
+    )
+    .await;
+    assert_eq!(twice.status, 400, "{:?}", twice.body);
+    assert_eq!(twice.json()["error"]["code"], "invalid-key");
+    assert_eq!(gw.upstream.writes(), 2, "nothing sent");
+}
+
+/// A Stripe write as [`ALICE`] with `key` and the account header, if any.
+async fn stripe_write(
+    addr: std::net::SocketAddr,
+    key: &str,
+    account: Option<(&str, &str)>,
+) -> Response {
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("authorization", ALICE),
+        ("idempotency-key", key),
+    ];
+    headers.extend(account);
+    send(addr, "POST", "/payments", &headers, BODY).await
 }
 
 /// stripe-python and stripe-node retry any 409 unless `Stripe-Should-Retry`

@@ -138,6 +138,52 @@ async fn a_path_spelled_raw_or_encoded_is_one_endpoint() {
     assert_eq!(gw.upstream.writes(), spellings.len() + 1);
 }
 
+/// An encoded `%2F` or `%3B`, in either case, is a `/` or `;` to an
+/// upstream that decodes before it routes: under a profile that scopes
+/// keys by endpoint (`acp`, `ucp`), a retry spelled so is the same
+/// endpoint's, so its changed path is the profile's `key-reused`, never a
+/// second write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_separators_name_the_same_endpoint() {
+    // (profile, collection, key-reused status and code)
+    let profiles = [
+        ("acp", "/checkout_sessions", 422, "idempotency_conflict"),
+        ("ucp", "/checkout-sessions", 409, "key_reused"),
+    ];
+    let pairs = [
+        ("/cs_1/complete", "/cs_1%2Fcomplete"),
+        ("/cs_1/complete", "/cs_1%2fcomplete"),
+        ("/cs_1;v=1/complete", "/cs_1%3Bv=1/complete"),
+        ("/cs_1;v=1/complete", "/cs_1%3bv=1/complete"),
+        ("/cs_1/complete", "/cs_1/complete%3B"),
+        ("/cs_1/complete", "/cs_1/complete%2F"),
+        ("/cs_2/complete", "/cs_1%2F..%2Fcs_2/complete"),
+    ];
+    for (profile, collection, status, code) in profiles {
+        let gw = spawn_gateway(&format!("profile = \"{profile}\"")).await;
+        for (n, (sent, spelled)) in pairs.into_iter().enumerate() {
+            let key = format!("{profile}-separators-{n}");
+            let headers = [
+                ("content-type", "application/json"),
+                ("authorization", ALICE),
+                ("idempotency-key", key.as_str()),
+            ];
+            let path = |p: &str| format!("{collection}{p}");
+            let first = send(gw.addr(), "POST", &path(sent), &headers, BODY).await;
+            assert_fresh_created(&first);
+            let retry = send(gw.addr(), "POST", &path(spelled), &headers, BODY).await;
+            let shown = String::from_utf8_lossy(&retry.body);
+            assert_eq!(retry.status, status, "{profile} {spelled}: {shown}");
+            assert_eq!(retry.json()["code"], code, "{profile} {spelled}: {shown}");
+            assert_eq!(
+                gw.upstream.writes(),
+                n + 1,
+                "{profile} {spelled}: one write"
+            );
+        }
+    }
+}
+
 /// A route's `path_prefix` is matched in the paths' normal form: one
 /// written with a character a path may not hold raw takes that character
 /// raw and encoded.

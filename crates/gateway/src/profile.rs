@@ -198,10 +198,12 @@ pub struct Wire {
     /// The endpoint path is part of the scope: one key on two paths is two
     /// operations (ACP §6.1).
     pub(crate) scope_path: bool,
-    /// A request header whose value, when sent, is part of the scope,
-    /// beside the route's scope headers (OASIS `Repeatability-Client-ID`,
-    /// Stripe's `Stripe-Account`).
-    pub(crate) scope_header: Option<&'static str>,
+    /// Request headers whose values, when sent, are part of the scope,
+    /// beside the route's scope headers, each under its own name: one
+    /// value sent in two of them is two scopes (OASIS
+    /// `Repeatability-Client-ID`; Stripe's `Stripe-Account` and
+    /// `Stripe-Context`).
+    pub(crate) narrowing_headers: &'static [&'static str],
     /// A header that must accompany the key and say when the request was
     /// first sent (an HTTP-date); older than the store's retention, the
     /// request is refused 412, and further ahead of the gateway's clock
@@ -305,7 +307,7 @@ const IDEMGATE: Wire = Wire {
     key_syntax: KeySyntax::TokenOrString,
     key_name: "Idempotency-Key",
     scope_path: false,
-    scope_header: None,
+    narrowing_headers: &[],
     first_sent: None,
     methods: None,
     scope_headers: None,
@@ -354,11 +356,13 @@ const IETF: Wire = Wire {
 const STRIPE: Wire = Wire {
     profile: Profile::Stripe,
     name: "stripe",
-    // Connect: a request made as a connected account names it here. One
-    // key sent for two accounts is two writes, one on each account; the
-    // first account's answer replayed to the second would tell its caller
-    // that an object exists on an account where none was made.
-    scope_header: Some("Stripe-Account"),
+    // Connect: a request made as a connected account names it in
+    // `Stripe-Account`, or in `Stripe-Context`, which supersedes it (the
+    // SDKs' `stripe_context`). One key sent for two accounts is two
+    // writes, one on each account; the first account's answer replayed to
+    // the second would tell its caller that an object exists on an
+    // account where none was made.
+    narrowing_headers: &["Stripe-Account", "Stripe-Context"],
     echo_key: EchoKey::Always,
     body: BodyShape::StripeError,
     answers: &[
@@ -438,7 +442,7 @@ const OASIS: Wire = Wire {
     key_headers: &["repeatability-request-id"],
     key_syntax: KeySyntax::Opaque,
     key_name: "Repeatability-Request-ID",
-    scope_header: Some("Repeatability-Client-ID"),
+    narrowing_headers: &["Repeatability-Client-ID"],
     first_sent: Some("Repeatability-First-Sent"),
     release_5xx: true,
     replayed_header: false,

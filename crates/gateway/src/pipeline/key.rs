@@ -344,11 +344,12 @@ impl Scope {
     }
 
     /// This scope narrowed by what a route's profile adds to it: the
-    /// endpoint path (ACP §6.1), a client id header (OASIS), read as a
-    /// scope header is (empty or blank, it is none). Unchanged when the
-    /// profile adds nothing, so idemgate's scopes (and the keys derived
-    /// from them) stay what they were. Refused when the client id header
-    /// came more than once: the request names no one client.
+    /// endpoint path (ACP §6.1), the client or account headers it names
+    /// (`Wire::narrowing_headers`), each read as a scope header is (empty
+    /// or blank, it is none). Unchanged when the profile adds nothing, so
+    /// idemgate's scopes (and the keys derived from them) stay what they
+    /// were. Refused when one of those headers came more than once: the
+    /// request names no one client or account.
     pub(crate) fn narrowed(
         self,
         wire: &Wire,
@@ -356,24 +357,30 @@ impl Scope {
         headers: &HeaderMap,
         key: &ScopeKey,
     ) -> Result<Self, KeyError> {
-        let client = match wire.scope_header {
-            Some(header) => one_of(headers, header)?,
-            None => None,
-        };
-        if !wire.scope_path && client.is_none() {
+        let mut sent = Vec::new();
+        for (n, header) in wire.narrowing_headers.iter().enumerate() {
+            if let Some(value) = one_of(headers, header)? {
+                // Each value under its header's name, so that one value in
+                // two headers, or in one and none, is never one scope. The
+                // first is labelled `peer`, as the stored scopes of a
+                // client header are: another label would leave their
+                // operations unfound, and their retries sent again.
+                let label = if n == 0 { "peer" } else { header };
+                sent.push((label.as_bytes(), value.as_bytes()));
+            }
+        }
+        if !wire.scope_path && sent.is_empty() {
             return Ok(self);
         }
         let mut hasher = Sha256::new();
         hasher.update(b"idemgate-scope-v1:narrowed");
         hasher.update(self.digest.as_bytes());
         let endpoint = wire.scope_path.then(|| path::endpoint(path));
-        let path = endpoint.as_deref().map(str::as_bytes);
-        for (label, part) in [(b"path", path), (b"peer", client.map(|v| v.as_bytes()))] {
-            if let Some(part) = part {
-                hasher.update(label);
-                hasher.update((part.len() as u64).to_be_bytes());
-                hasher.update(part);
-            }
+        let path = endpoint.as_deref().map(|p| (&b"path"[..], p.as_bytes()));
+        for (label, part) in path.into_iter().chain(sent) {
+            hasher.update(label);
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
         }
         let digest = digest_hex(hasher);
         Ok(Scope {
@@ -513,6 +520,44 @@ mod tests {
         let two = base.narrowed(Profile::Oasis.wire(), "/a", &headers, &key);
         let header = "Repeatability-Client-ID";
         assert_eq!(two, Err(KeyError::SeveralOf { header }));
+    }
+
+    #[test]
+    fn stripe_narrows_by_account_and_context_each_named() {
+        let key = test_key();
+        let base = scope("Bearer a");
+        let narrowed = |sent: &[(&'static str, &'static str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in sent {
+                headers.append(*name, HeaderValue::from_static(value));
+            }
+            base.clone()
+                .narrowed(Profile::Stripe.wire(), "/v1/charges", &headers, &key)
+        };
+        let (account, context) = ("stripe-account", "stripe-context");
+        assert_eq!(narrowed(&[]), Ok(base.clone()));
+        let scopes = [
+            narrowed(&[(context, "acct_1")]).unwrap(),
+            narrowed(&[(context, "acct_2")]).unwrap(),
+            narrowed(&[(account, "acct_1")]).unwrap(),
+            narrowed(&[(account, "acct_1"), (context, "acct_1")]).unwrap(),
+            base.clone(),
+        ];
+        for (i, a) in scopes.iter().enumerate() {
+            for b in &scopes[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_eq!(narrowed(&[(context, "acct_1")]).unwrap(), scopes[0]);
+        let two = narrowed(&[(context, "acct_1"), (context, "acct_2")]);
+        let header = "Stripe-Context";
+        assert_eq!(two, Err(KeyError::SeveralOf { header }));
+        // A scope narrowed by one account header is what it always was:
+        // stored operations keep theirs (pinned).
+        assert_eq!(
+            scopes[2].digest,
+            "cd87f7f982ebe9c85f08a5ede19de8f6d7ef6729cfc6f6246a1dfc4538ee17d4"
+        );
     }
 
     #[test]

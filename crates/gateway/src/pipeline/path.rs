@@ -37,7 +37,9 @@
 //! or `;` to an upstream that decodes before it routes, data to one that
 //! does not). They are kept as sent, and [`readings`] lists what other
 //! upstreams make of them, so that route selection can refuse a path whose
-//! route those readings would change (`route::select_unambiguous`).
+//! route those readings would change (`route::select_unambiguous`);
+//! [`endpoint`] reads them the widest way, so that a profile scoping keys
+//! by endpoint takes every spelling of one for one.
 use std::borrow::Cow;
 
 use http::Uri;
@@ -101,14 +103,10 @@ pub fn normal_form(path: &str) -> Result<Cow<'_, str>, PathError> {
 /// servlet container), and both (the first in front of the second).
 /// Empty for a path with neither spelling, as most are.
 pub fn readings(path: &str) -> Vec<String> {
-    // Byte scans first: a substring search costs hundreds of instructions
-    // even on a short path, and most paths hold neither `%` nor `;`.
-    let encoded = path.contains('%') && (path.contains("%2F") || path.contains("%3B"));
-    let parameters = path.contains(';');
-    if !encoded && !parameters {
+    let decoded = decode_separators(path);
+    if decoded.is_none() && !path.contains(';') {
         return Vec::new();
     }
-    let decoded = encoded.then(|| path.replace("%2F", "/").replace("%3B", ";"));
     let mut read: Vec<String> = decoded.iter().cloned().collect();
     read.extend(
         [Some(path), decoded.as_deref()]
@@ -117,29 +115,55 @@ pub fn readings(path: &str) -> Vec<String> {
             .filter(|p| p.contains(';'))
             .map(strip_parameters),
     );
-    // A reading is already percent-normal; only merging and dot-segments
-    // can still change it, and they cannot fail on a path that starts `/`.
     read.into_iter()
-        .filter_map(|p| normal_form(&p).ok().map(Cow::into_owned))
+        .map(renormalized)
         .filter(|p| p != path)
         .collect()
 }
 
 /// The endpoint the normal-form `path` names, as a profile that scopes
-/// keys by endpoint reads it (`Wire::scope_path`): every segment's `;`
-/// parameters stripped and a trailing `/` dropped, since some upstream
-/// reads each of those spellings as the same endpoint (a servlet
-/// container, most frameworks); a key reused across them is then one
-/// scope's, and its changed path a `key-reused`, never a second write.
+/// keys by endpoint reads it (`Wire::scope_path`): the path as the
+/// widest of its [`readings`] gives it — `%2F` and `%3B` decoded, then
+/// every segment's `;` parameters stripped — with a trailing `/` dropped,
+/// since some upstream reads each of those spellings as the same endpoint
+/// (one that decodes before it routes, a servlet container, most
+/// frameworks); a key reused across them is then one scope's, and its
+/// changed path a `key-reused`, never a second write.
 pub fn endpoint(path: &str) -> Cow<'_, str> {
-    let stripped = if path.contains(';') {
-        Cow::Owned(strip_parameters(path))
+    let decoded = decode_separators(path);
+    let with_parameters = decoded.as_deref().unwrap_or(path);
+    let read = if with_parameters.contains(';') {
+        Some(strip_parameters(with_parameters))
     } else {
-        Cow::Borrowed(path)
+        decoded
     };
-    match stripped.strip_suffix('/').filter(|p| !p.is_empty()) {
+    let read = read.map_or(Cow::Borrowed(path), |read| Cow::Owned(renormalized(read)));
+    match read.strip_suffix('/').filter(|p| !p.is_empty()) {
         Some(trimmed) => Cow::Owned(trimmed.to_string()),
-        None => stripped,
+        None => read,
+    }
+}
+
+/// The normal-form `path` with `%2F` and `%3B` decoded, as an upstream that
+/// decodes before it routes reads it (the normal form spells them
+/// upper-case, so `%2f` and `%3b` are these too); `None` when it holds
+/// neither.
+fn decode_separators(path: &str) -> Option<String> {
+    // Byte scans first: a substring search costs hundreds of instructions
+    // even on a short path, and most paths hold no `%`.
+    let encoded = path.contains('%') && (path.contains("%2F") || path.contains("%3B"));
+    encoded.then(|| path.replace("%2F", "/").replace("%3B", ";"))
+}
+
+/// A reading of a normal-form path in normal form again: decoding and
+/// stripping leave it percent-normal, so only merging and dot-segments can
+/// still change it.
+fn renormalized(read: String) -> String {
+    match normal_form(&read) {
+        Ok(Cow::Owned(normal)) => normal,
+        // Already normal; or refused, which a path that starts with `/`
+        // and holds only valid encodings never is.
+        Ok(Cow::Borrowed(_)) | Err(_) => read,
     }
 }
 
@@ -350,7 +374,27 @@ mod tests {
         assert_eq!(endpoint("/a;x/b;y=1/"), "/a/b");
         assert_eq!(endpoint("/"), "/");
         assert_eq!(endpoint("/;x"), "/");
-        assert_eq!(endpoint("/a%3Bb"), "/a%3Bb");
+        // A `..` a stripped parameter leaves is a dot-segment, as it is
+        // to the servlet container that strips it.
+        assert_eq!(endpoint("/a/b/..;x/c"), "/a/c");
+    }
+
+    #[test]
+    fn an_endpoint_reads_encoded_separators_as_an_upstream_that_decodes() {
+        // Normal form upper-cases `%2f` and `%3b` before any endpoint is read.
+        for (path, read) in [
+            ("/a%2Fb/c", "/a/b/c"),
+            ("/a/b%2F", "/a/b"),
+            ("/a%3Bv=1/b", "/a/b"),
+            ("/a/b%3B", "/a/b"),
+            ("/a%2F%2Fb", "/a/b"),
+            ("/a/x%2F..%2Fb", "/a/b"),
+            ("/a;p%2Fq/b", "/a/q/b"),
+        ] {
+            assert_eq!(endpoint(path), read, "{path}");
+            assert_eq!(endpoint(path), endpoint(read), "{path}");
+        }
+        assert!(matches!(endpoint("/a/b"), Cow::Borrowed(_)));
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //!
 //! Invariant: a client only ever sees operations in its own scope — the
 //! lookup hashes the caller's scope headers per route exactly as a write
-//! would, narrowed as the route's profile narrows a write's (the
-//! `Repeatability-Client-ID` sent, the write's path named by `?path=`) —
+//! would, narrowed as the route's profile narrows a write's (the client
+//! or account headers sent, `Repeatability-Client-ID`, `Stripe-Account`,
+//! `Stripe-Context`; the write's path named by `?path=`) —
 //! and never payloads: id, route, state, attempts, last update. A caller
 //! with none of any route's scope headers has no operations: 404.
 
