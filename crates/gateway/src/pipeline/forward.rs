@@ -117,6 +117,7 @@ pub(crate) fn overloaded(operation: Option<OperationRef>) -> ProxyError {
 pub fn probe_client(route: &Route) -> Result<ProbeClient, TlsError> {
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(pool::IDLE_TIMEOUT)
+        .http1_max_headers(pool::MAX_HEAD_FIELDS)
         .build(connector(route, None)?))
 }
 
