@@ -18,7 +18,11 @@
 //!   `unknown`, a pass-through's 502);
 //! - an upstream's answer framed by both `Transfer-Encoding` and
 //!   `Content-Length` reaches the client framed by its body alone (RFC
-//!   9112 §6.3), written, replayed or passed through.
+//!   9112 §6.3), written, replayed or passed through;
+//! - an upstream's answer reaches the client with the gateway's status
+//!   line (RFC 9110 §2.5): `HTTP/1.1` to an `HTTP/1.0` upstream's, the
+//!   canonical reason phrase to one of the upstream's own, first answer,
+//!   replay and pass-through alike.
 
 use crate::common::*;
 use bytes::Bytes;
@@ -239,6 +243,47 @@ async fn an_answer_framed_twice_reaches_the_client_framed_by_its_body() {
         );
     }
     assert_eq!(raw.requests(), 2, "the write once, the read once");
+}
+
+/// An answer in HTTP/1.0, its body framed by the connection's end.
+const HTTP_10: &[u8] = b"HTTP/1.0 201 Created\r\ncontent-type: application/json\r\n\r\n{}";
+
+/// An answer with a reason phrase of its own, to a status with none.
+const OWN_PHRASE: &[u8] = b"HTTP/1.1 299 Fine Indeed\r\ncontent-length: 2\r\n\r\n{}";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_goes_on_with_the_gateways_status_line() {
+    for (upstream, status_line) in [
+        (HTTP_10, "http/1.1 201 created"),
+        (OWN_PHRASE, "http/1.1 299 <none>"),
+    ] {
+        let raw = RawUpstream::start(Breakage::Answers(upstream)).await;
+        let gw = spawn_gateway_with(Setup::route("").upstream_url(raw.url())).await;
+        let write = raw_write_head(
+            "/orders",
+            "application/json",
+            "status-line",
+            &["content-length: 2", "connection: close"],
+        ) + "{}";
+        // A GET: passed through, not intercepted.
+        let read = raw_post_head("/orders", &["connection: close"]).replace("POST", "GET");
+        for (what, request) in [
+            ("the write", &write),
+            ("its replay", &write),
+            ("a pass-through", &read),
+        ] {
+            let answer = raw_exchange(gw.addr(), request.as_bytes())
+                .await
+                .expect("an answer");
+            assert_eq!(
+                answer.head.lines().next(),
+                Some(status_line),
+                "{what}: {}",
+                answer.head
+            );
+        }
+        assert_eq!(raw.requests(), 2, "the write once, the read once");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,9 @@
 //! Invariants:
 //! - hop-by-hop headers never cross idemgate in either direction; `Host` is
 //!   the upstream's; `X-Forwarded-For`/`-Proto` say who asked;
+//! - a response sent on is the gateway's own message: its status line is
+//!   `HTTP/1.1` with the status's canonical reason phrase, a replay's
+//!   alike, whatever version and phrase the upstream answered with;
 //! - a write is re-sent by idemgate only when the client proves that no byte
 //!   of it reached the upstream (a connect failure, a TLS handshake either
 //!   side refused): [`Exchange::NotSent`]. One that found every connection
@@ -283,6 +286,18 @@ fn forwarded_for(headers: &HeaderMap, peer: &Peer) -> HeaderValue {
     HeaderValue::from_maybe_shared(Bytes::from(list)).unwrap_or_else(|_| peer.entry.clone())
 }
 
+/// Makes an upstream's response head the gateway's own to send on (RFC
+/// 9110 §2.5: an intermediary answers in its own HTTP version): hop-by-hop
+/// fields stripped, the version the gateway's (an `HTTP/1.0` upstream's
+/// would close an HTTP/1.1 client's connection after the answer), and
+/// nothing hyper noted about the exchange kept — the upstream's reason
+/// phrase among it, so the status line is the canonical one a replay has.
+fn own_head(head: &mut http::response::Parts) {
+    strip_hop_by_hop(&mut head.headers);
+    head.version = http::Version::HTTP_11;
+    head.extensions.clear();
+}
+
 /// Asks for an answer in no content coding (RFC 9110 §12.5.3), in place
 /// of the codings the client takes, on a request whose answer the gateway
 /// reads — an MCP tool call, a `tools/list`, a reconcile probe — since it
@@ -357,7 +372,7 @@ pub(crate) async fn pass_through(
             ),
         });
     }
-    strip_hop_by_hop(&mut parts.headers);
+    own_head(&mut parts);
     let body = stream(IdleTimeout::new(body, route.upstream_timeout));
     let mut response = Response::from_parts(parts, body);
     response.extensions_mut().insert(Outcome::proxied);
@@ -756,7 +771,7 @@ async fn read_response(
     {
         let (mut head, body) = response.into_parts();
         let coded = foreign_coding(&head.headers);
-        strip_hop_by_hop(&mut head.headers);
+        own_head(&mut head);
         let status = head.status.as_u16();
         if let Some(coding) = coded {
             // A status that says nothing was done says so in any coding:
