@@ -10,8 +10,9 @@
 //!   others meanwhile;
 //! - a standard method spelled in another case (`post`, `Patch`) is that
 //!   method, as most upstreams read it: protected, and sent upper-case;
-//! - a passed-through request's body of unknown length (sent chunked)
-//!   reaches the upstream whole, on a GET too;
+//! - a passed-through request's body of unknown length (HTTP/1.1's
+//!   chunked, HTTP/2's without `content-length`; sent on chunked) reaches
+//!   the upstream whole, on a GET too;
 //! - a transfer coding other than `chunked`, which the gateway would strip
 //!   without decoding, is refused: a request's 501, nothing sent; an
 //!   upstream's answer in one is no answer it can pass on (a write's is
@@ -340,6 +341,24 @@ async fn a_chunked_body_is_passed_through_whole_on_any_method() {
         request.extend_from_slice(&chunked(br#"{"q":1}"#));
         let answer = raw_exchange(gw.addr(), &request).await.expect("an answer");
         assert!(answer.status < 500, "{method}: {}", answer.head);
+        let sent = gw.upstream.requests();
+        let last = sent.last().expect("passed through");
+        assert_eq!(last.method.as_str(), method);
+        assert_eq!(
+            &last.body[..],
+            br#"{"q":1}"#,
+            "{method}: {:?}",
+            last.headers
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_body_of_unknown_length_is_passed_through_whole() {
+    let gw = spawn_gateway("").await;
+    for method in ["GET", "DELETE", "OPTIONS"] {
+        let answer = send_h2_unsized(gw.addr(), method, "/search", &[], r#"{"q":1}"#).await;
+        assert!(answer.status.as_u16() < 500, "{method}: {answer:?}");
         let sent = gw.upstream.requests();
         let last = sent.last().expect("passed through");
         assert_eq!(last.method.as_str(), method);

@@ -335,13 +335,12 @@ pub(crate) async fn pass_through(
     peer: &Peer,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (mut parts, body) = request.into_parts();
-    // Read before the header goes as hop-by-hop.
-    let came_chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
     upstream_head(route, &mut parts, peer);
-    // A body that came chunked goes chunked: on a GET, HEAD or CONNECT
-    // hyper would otherwise send none of it. An HTTP/2 upstream frames it
-    // itself (`pool`).
-    if came_chunked && !body.is_end_stream() && body.size_hint().exact().is_none() {
+    // A body of unknown length — HTTP/1.1's chunked, HTTP/2's without a
+    // `content-length` (its HEADERS did not end the stream) — goes
+    // chunked: on a GET, HEAD or CONNECT hyper would otherwise send none
+    // of it. An HTTP/2 upstream frames it itself (`pool`).
+    if !body.is_end_stream() && body.size_hint().exact().is_none() {
         let chunked = HeaderValue::from_static("chunked");
         parts.headers.insert(header::TRANSFER_ENCODING, chunked);
     }
