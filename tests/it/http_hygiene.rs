@@ -23,7 +23,9 @@
 //! - an upstream's answer reaches the client with the gateway's status
 //!   line (RFC 9110 §2.5): `HTTP/1.1` to an `HTTP/1.0` upstream's, the
 //!   canonical reason phrase to one of the upstream's own, first answer,
-//!   replay and pass-through alike.
+//!   replay and pass-through alike;
+//! - a write's answer is kept without its trailer fields, and neither it
+//!   nor its replay announces any (`Trailer`).
 
 use crate::common::*;
 use bytes::Bytes;
@@ -208,6 +210,33 @@ async fn a_passed_through_answer_keeps_its_trailers() {
     assert!(answer.head.contains("trailer: x-sum"), "{}", answer.head);
     let body = String::from_utf8_lossy(&answer.body);
     assert!(body.contains("x-sum: 42"), "{body:?}");
+}
+
+/// A write's answer is stored without its trailer fields, so neither it
+/// nor its replay announces any (`Trailer`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writes_answer_announces_no_trailers() {
+    let raw = RawUpstream::start(Breakage::Answers(
+        b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ntrailer: x-sum\r\n\
+          transfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-sum: 42\r\n\r\n",
+    ))
+    .await;
+    let gw = spawn_gateway_with(Setup::route("").upstream_url(raw.url())).await;
+    let write = raw_write_head(
+        "/orders",
+        "application/json",
+        "trailers",
+        &["content-length: 2", "te: trailers", "connection: close"],
+    ) + "{}";
+    for what in ["the write", "its replay"] {
+        let answer = raw_exchange(gw.addr(), write.as_bytes())
+            .await
+            .expect("an answer");
+        assert_eq!(answer.status, 201, "{what}: {}", answer.head);
+        assert!(!answer.head.contains("trailer:"), "{what}: {}", answer.head);
+        assert_eq!(answer.content(), b"{}", "{what}: {}", answer.head);
+    }
+    assert_eq!(raw.requests(), 1, "sent once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -771,6 +771,9 @@ async fn read_response(
         let (mut head, body) = response.into_parts();
         let coded = foreign_coding(&head.headers);
         own_head(&mut head);
+        // Kept and replayed without its trailer fields (a stored response
+        // has none), a write's answer announces none.
+        head.headers.remove(header::TRAILER);
         let status = head.status.as_u16();
         if let Some(coding) = coded {
             // A status that says nothing was done says so in any coding:
