@@ -10,15 +10,22 @@
 //!   others meanwhile;
 //! - a standard method spelled in another case (`post`, `Patch`) is that
 //!   method, as most upstreams read it: protected, and sent upper-case;
-//! - a passed-through request's body of unknown length (sent chunked)
-//!   reaches the upstream whole, on a GET too;
+//! - a passed-through request's body of unknown length (HTTP/1.1's
+//!   chunked, HTTP/2's without `content-length`; sent on chunked) reaches
+//!   the upstream whole, on a GET too;
 //! - a transfer coding other than `chunked`, which the gateway would strip
 //!   without decoding, is refused: a request's 501, nothing sent; an
 //!   upstream's answer in one is no answer it can pass on (a write's is
 //!   `unknown`, a pass-through's 502);
 //! - an upstream's answer framed by both `Transfer-Encoding` and
 //!   `Content-Length` reaches the client framed by its body alone (RFC
-//!   9112 §6.3), written, replayed or passed through.
+//!   9112 §6.3), written, replayed or passed through;
+//! - an upstream's answer reaches the client with the gateway's status
+//!   line (RFC 9110 §2.5): `HTTP/1.1` to an `HTTP/1.0` upstream's, the
+//!   canonical reason phrase to one of the upstream's own, first answer,
+//!   replay and pass-through alike;
+//! - a write's answer is kept without its trailer fields, and neither it
+//!   nor its replay announces any (`Trailer`).
 
 use crate::common::*;
 use bytes::Bytes;
@@ -205,6 +212,33 @@ async fn a_passed_through_answer_keeps_its_trailers() {
     assert!(body.contains("x-sum: 42"), "{body:?}");
 }
 
+/// A write's answer is stored without its trailer fields, so neither it
+/// nor its replay announces any (`Trailer`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writes_answer_announces_no_trailers() {
+    let raw = RawUpstream::start(Breakage::Answers(
+        b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ntrailer: x-sum\r\n\
+          transfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-sum: 42\r\n\r\n",
+    ))
+    .await;
+    let gw = spawn_gateway_with(Setup::route("").upstream_url(raw.url())).await;
+    let write = raw_write_head(
+        "/orders",
+        "application/json",
+        "trailers",
+        &["content-length: 2", "te: trailers", "connection: close"],
+    ) + "{}";
+    for what in ["the write", "its replay"] {
+        let answer = raw_exchange(gw.addr(), write.as_bytes())
+            .await
+            .expect("an answer");
+        assert_eq!(answer.status, 201, "{what}: {}", answer.head);
+        assert!(!answer.head.contains("trailer:"), "{what}: {}", answer.head);
+        assert_eq!(answer.content(), b"{}", "{what}: {}", answer.head);
+    }
+    assert_eq!(raw.requests(), 1, "sent once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_framed_twice_reaches_the_client_framed_by_its_body() {
     let raw = RawUpstream::start(Breakage::Answers(framed_twice())).await;
@@ -239,6 +273,47 @@ async fn an_answer_framed_twice_reaches_the_client_framed_by_its_body() {
         );
     }
     assert_eq!(raw.requests(), 2, "the write once, the read once");
+}
+
+/// An answer in HTTP/1.0, its body framed by the connection's end.
+const HTTP_10: &[u8] = b"HTTP/1.0 201 Created\r\ncontent-type: application/json\r\n\r\n{}";
+
+/// An answer with a reason phrase of its own, to a status with none.
+const OWN_PHRASE: &[u8] = b"HTTP/1.1 299 Fine Indeed\r\ncontent-length: 2\r\n\r\n{}";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_goes_on_with_the_gateways_status_line() {
+    for (upstream, status_line) in [
+        (HTTP_10, "http/1.1 201 created"),
+        (OWN_PHRASE, "http/1.1 299 <none>"),
+    ] {
+        let raw = RawUpstream::start(Breakage::Answers(upstream)).await;
+        let gw = spawn_gateway_with(Setup::route("").upstream_url(raw.url())).await;
+        let write = raw_write_head(
+            "/orders",
+            "application/json",
+            "status-line",
+            &["content-length: 2", "connection: close"],
+        ) + "{}";
+        // A GET: passed through, not intercepted.
+        let read = raw_post_head("/orders", &["connection: close"]).replace("POST", "GET");
+        for (what, request) in [
+            ("the write", &write),
+            ("its replay", &write),
+            ("a pass-through", &read),
+        ] {
+            let answer = raw_exchange(gw.addr(), request.as_bytes())
+                .await
+                .expect("an answer");
+            assert_eq!(
+                answer.head.lines().next(),
+                Some(status_line),
+                "{what}: {}",
+                answer.head
+            );
+        }
+        assert_eq!(raw.requests(), 2, "the write once, the read once");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,6 +370,24 @@ async fn a_chunked_body_is_passed_through_whole_on_any_method() {
         request.extend_from_slice(&chunked(br#"{"q":1}"#));
         let answer = raw_exchange(gw.addr(), &request).await.expect("an answer");
         assert!(answer.status < 500, "{method}: {}", answer.head);
+        let sent = gw.upstream.requests();
+        let last = sent.last().expect("passed through");
+        assert_eq!(last.method.as_str(), method);
+        assert_eq!(
+            &last.body[..],
+            br#"{"q":1}"#,
+            "{method}: {:?}",
+            last.headers
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_body_of_unknown_length_is_passed_through_whole() {
+    let gw = spawn_gateway("").await;
+    for method in ["GET", "DELETE", "OPTIONS"] {
+        let answer = send_h2_unsized(gw.addr(), method, "/search", &[], r#"{"q":1}"#).await;
+        assert!(answer.status.as_u16() < 500, "{method}: {answer:?}");
         let sent = gw.upstream.requests();
         let last = sent.last().expect("passed through");
         assert_eq!(last.method.as_str(), method);

@@ -3,7 +3,10 @@
 //! a chunked body within the limit is forwarded with a Content-Length, a
 //! response too large to store is delivered once and never re-sent, and
 //! garbage or oversized request heads never take the gateway down, and a
-//! body that never finishes is cut off with 408.
+//! body that never finishes is cut off with 408. An HTTP/1.1 head of more
+//! fields than hyper's default of 100 (up to 1024) is taken both ways: a
+//! client's request is forwarded with all of them (more is a bare 431),
+//! an upstream's answer completes its write and is replayed whole.
 
 use crate::common::*;
 use http::StatusCode;
@@ -228,6 +231,84 @@ async fn huge_request_head_is_431_and_does_not_kill_the_gateway() {
         "oversized head was proxied"
     );
     assert_still_serving(&gw).await;
+}
+
+/// `count` header lines `x-field-{i}: {i}`, as a head's lines.
+fn numbered_fields(count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("x-field-{i}: {i}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_of_many_fields_is_taken_up_to_its_bound() {
+    let gw = spawn_gateway("").await;
+    let body = r#"{"sku":"fig"}"#;
+    let mut lines = numbered_fields(110);
+    lines.push(format!("content-length: {}", body.len()));
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let request = raw_write_head("/orders", "application/json", "many-fields", &lines) + body;
+    let taken = raw_exchange(gw.addr(), request.as_bytes())
+        .await
+        .expect("an answer");
+    assert_eq!(taken.status, 201, "{}", taken.head);
+    let sent = gw.upstream.write_requests();
+    assert_eq!(sent.len(), 1);
+    let forwarded = (0..110)
+        .filter(|i| sent[0].header(&format!("x-field-{i}")) == Some(&i.to_string()))
+        .count();
+    assert_eq!(forwarded, 110, "{:?}", sent[0].headers);
+    // Past the bound (1024 fields), hyper answers before the gateway reads
+    // the head: a 431 without a problem body.
+    let lines = numbered_fields(1100);
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let request = raw_post_head("/orders", &lines);
+    let refused = raw_exchange(gw.addr(), request.as_bytes())
+        .await
+        .expect("an answer");
+    assert_eq!(refused.status, 431, "{}", refused.head);
+    assert!(refused.body.is_empty(), "{:?}", refused.body);
+    assert_eq!(gw.upstream.write_requests().len(), 1, "nothing more sent");
+}
+
+/// A 201 whose head has `count` `Set-Cookie` lines (a session's cookies
+/// come to more than hyper's default of 100 fields).
+fn answer_with_cookies(count: usize) -> &'static [u8] {
+    let mut answer = String::from(
+        "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 2\r\n",
+    );
+    for i in 0..count {
+        answer.push_str(&format!("set-cookie: c{i}=1\r\n"));
+    }
+    answer.push_str("\r\n{}");
+    Box::leak(answer.into_bytes().into_boxed_slice())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_answer_of_many_fields_completes_its_write() {
+    let raw = RawUpstream::start(Breakage::Answers(answer_with_cookies(110))).await;
+    let gw = spawn_gateway_with(Setup::route("").upstream_url(raw.url())).await;
+    let write = raw_write_head(
+        "/orders",
+        "application/json",
+        "many-cookies",
+        &["content-length: 2", "connection: close"],
+    ) + "{}";
+    let first = raw_exchange(gw.addr(), write.as_bytes())
+        .await
+        .expect("an answer");
+    let replay = raw_exchange(gw.addr(), write.as_bytes())
+        .await
+        .expect("an answer");
+    for (what, answer) in [("the write", &first), ("its replay", &replay)] {
+        assert_eq!(answer.status, 201, "{what}: {}", answer.head);
+        let cookies = answer.head.matches("\r\nset-cookie: c").count();
+        assert_eq!(cookies, 110, "{what}: {}", answer.head);
+    }
+    assert!(
+        replay.head.contains("idempotent-replayed: true"),
+        "{}",
+        replay.head
+    );
+    assert_eq!(raw.requests(), 1, "sent once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

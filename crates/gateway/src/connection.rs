@@ -16,7 +16,8 @@
 //!   finish, the client may retry the others on a new connection);
 //! - a request head (HTTP/1.1's read buffer, HTTP/2's header list with its
 //!   CONTINUATION frames, `SETTINGS_MAX_HEADER_LIST_SIZE`) is at most
-//!   `max_header_bytes`;
+//!   `max_header_bytes`; an HTTP/1.1 head has at most [`MAX_HEAD_FIELDS`]
+//!   fields (hyper answers one with more a bare 431);
 //! - from the moment a shutdown starts, a connection finishes what is in
 //!   progress and closes; one with nothing in progress closes at once.
 //!   The stop token and the idle timer are polled after a wake of their
@@ -69,6 +70,7 @@ use tokio_util::sync::CancellationToken;
 use crate::body::ProxyBody;
 use crate::config::ServerConfig;
 use crate::pipeline::error::ProxyError;
+use crate::pipeline::pool::MAX_HEAD_FIELDS;
 
 /// Streams a client may reset before the gateway accepted them, at once;
 /// more close the connection (GOAWAY `ENHANCE_YOUR_CALM`). h2's default.
@@ -109,6 +111,7 @@ impl Http {
             .timer(TokioTimer::new())
             .header_read_timeout(idle)
             .max_buf_size(server.max_header_bytes)
+            .max_headers(MAX_HEAD_FIELDS)
             // A client may shut down its write side once its request is
             // sent (tools and shell pipes do): an EOF on read is no reason
             // to drop the answer, least of all for a write already forwarded.

@@ -149,6 +149,39 @@ pub async fn send_h2(
     whole(exchange(client, req, WAIT).await, method, path)
 }
 
+/// Like [`send_h2`], the body sent as one of unknown length: no
+/// `content-length`, and a HEADERS frame that does not end the stream.
+pub async fn send_h2_unsized(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Response {
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Unsized>();
+    let req = build_request(method, &format!("http://{addr}{path}"), headers, body)
+        .expect("request")
+        .map(Unsized);
+    whole(exchange(client, req, WAIT).await, method, path)
+}
+
+/// A body that does not say its length.
+struct Unsized(Full<Bytes>);
+
+impl hyper::body::Body for Unsized {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_frame(cx)
+    }
+}
+
 /// The response of `method path`, or a panic saying why there was none.
 fn whole(sent: Result<Response, Exchange>, method: &str, path: &str) -> Response {
     match sent {
@@ -159,11 +192,14 @@ fn whole(sent: Result<Response, Exchange>, method: &str, path: &str) -> Response
 }
 
 /// One request on `client`, its whole response within `within`.
-async fn exchange(
-    client: Client<HttpConnector, Full<Bytes>>,
-    req: Request<Full<Bytes>>,
+async fn exchange<B>(
+    client: Client<HttpConnector, B>,
+    req: Request<B>,
     within: Duration,
-) -> Result<Response, Exchange> {
+) -> Result<Response, Exchange>
+where
+    B: hyper::body::Body<Data = Bytes, Error = std::convert::Infallible> + Send + Unpin + 'static,
+{
     let exchange = async {
         let resp = client
             .request(req)

@@ -62,6 +62,11 @@ pub enum Scripted {
     Hold,
 }
 
+/// The most header fields a head the gateway takes may have (its
+/// `MAX_HEAD_FIELDS`, docs/requests.md), and so what the fake upstream
+/// takes, to see every field the gateway forwards.
+pub const MAX_HEAD_FIELDS: usize = 1024;
+
 /// A recording HTTP/1.1 (or HTTP/2) upstream; stops serving when dropped.
 pub struct FakeUpstream {
     addr: SocketAddr,
@@ -162,7 +167,8 @@ impl FakeUpstream {
                 connections.spawn(async move {
                     let closed = state.closed.clone();
                     let service = service_fn(move |req| handle(state.clone(), req));
-                    let http = hyper::server::conn::http1::Builder::new();
+                    let mut http = hyper::server::conn::http1::Builder::new();
+                    http.max_headers(MAX_HEAD_FIELDS);
                     match tls {
                         None if http2 => {
                             let http =

@@ -5,6 +5,9 @@
 //! Invariants:
 //! - hop-by-hop headers never cross idemgate in either direction; `Host` is
 //!   the upstream's; `X-Forwarded-For`/`-Proto` say who asked;
+//! - a response sent on is the gateway's own message: its status line is
+//!   `HTTP/1.1` with the status's canonical reason phrase, a replay's
+//!   alike, whatever version and phrase the upstream answered with;
 //! - a write is re-sent by idemgate only when the client proves that no byte
 //!   of it reached the upstream (a connect failure, a TLS handshake either
 //!   side refused): [`Exchange::NotSent`]. One that found every connection
@@ -117,6 +120,7 @@ pub(crate) fn overloaded(operation: Option<OperationRef>) -> ProxyError {
 pub fn probe_client(route: &Route) -> Result<ProbeClient, TlsError> {
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(pool::IDLE_TIMEOUT)
+        .http1_max_headers(pool::MAX_HEAD_FIELDS)
         .build(connector(route, None)?))
 }
 
@@ -282,6 +286,18 @@ fn forwarded_for(headers: &HeaderMap, peer: &Peer) -> HeaderValue {
     HeaderValue::from_maybe_shared(Bytes::from(list)).unwrap_or_else(|_| peer.entry.clone())
 }
 
+/// Makes an upstream's response head the gateway's own to send on (RFC
+/// 9110 §2.5: an intermediary answers in its own HTTP version): hop-by-hop
+/// fields stripped, the version the gateway's (an `HTTP/1.0` upstream's
+/// would close an HTTP/1.1 client's connection after the answer), and
+/// nothing hyper noted about the exchange kept — the upstream's reason
+/// phrase among it, so the status line is the canonical one a replay has.
+fn own_head(head: &mut http::response::Parts) {
+    strip_hop_by_hop(&mut head.headers);
+    head.version = http::Version::HTTP_11;
+    head.extensions.clear();
+}
+
 /// Asks for an answer in no content coding (RFC 9110 §12.5.3), in place
 /// of the codings the client takes, on a request whose answer the gateway
 /// reads — an MCP tool call, a `tools/list`, a reconcile probe — since it
@@ -319,13 +335,12 @@ pub(crate) async fn pass_through(
     peer: &Peer,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (mut parts, body) = request.into_parts();
-    // Read before the header goes as hop-by-hop.
-    let came_chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
     upstream_head(route, &mut parts, peer);
-    // A body that came chunked goes chunked: on a GET, HEAD or CONNECT
-    // hyper would otherwise send none of it. An HTTP/2 upstream frames it
-    // itself (`pool`).
-    if came_chunked && !body.is_end_stream() && body.size_hint().exact().is_none() {
+    // A body of unknown length — HTTP/1.1's chunked, HTTP/2's without a
+    // `content-length` (its HEADERS did not end the stream) — goes
+    // chunked: on a GET, HEAD or CONNECT hyper would otherwise send none
+    // of it. An HTTP/2 upstream frames it itself (`pool`).
+    if !body.is_end_stream() && body.size_hint().exact().is_none() {
         let chunked = HeaderValue::from_static("chunked");
         parts.headers.insert(header::TRANSFER_ENCODING, chunked);
     }
@@ -356,7 +371,7 @@ pub(crate) async fn pass_through(
             ),
         });
     }
-    strip_hop_by_hop(&mut parts.headers);
+    own_head(&mut parts);
     let body = stream(IdleTimeout::new(body, route.upstream_timeout));
     let mut response = Response::from_parts(parts, body);
     response.extensions_mut().insert(Outcome::proxied);
@@ -755,7 +770,10 @@ async fn read_response(
     {
         let (mut head, body) = response.into_parts();
         let coded = foreign_coding(&head.headers);
-        strip_hop_by_hop(&mut head.headers);
+        own_head(&mut head);
+        // Kept and replayed without its trailer fields (a stored response
+        // has none), a write's answer announces none.
+        head.headers.remove(header::TRAILER);
         let status = head.status.as_u16();
         if let Some(coding) = coded {
             // A status that says nothing was done says so in any coding:

@@ -94,6 +94,14 @@ const STALE_TRIES: usize = 8;
 /// ([`SendError::HeadTooLarge`]).
 const MAX_RESPONSE_HEAD: u32 = 8192 + 4096 * 100;
 
+/// The most fields an HTTP/1.1 head may have: a response from an upstream
+/// (here, and reconcile probes' answers) and a request from a client (the
+/// listeners, `connection.rs`). hyper's default, 100, is a count real
+/// heads pass (a session's `Set-Cookie` lines), and an HTTP/2 head is
+/// bounded by its bytes alone; those bound both versions' heads apart
+/// ([`MAX_RESPONSE_HEAD`], `server.max_header_bytes`).
+pub(crate) const MAX_HEAD_FIELDS: usize = 1024;
+
 /// Why a request got no response head.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -477,6 +485,7 @@ impl Pool {
             return Ok(Made::Shared(sender));
         }
         let (sender, connection) = http1::Builder::new()
+            .max_headers(MAX_HEAD_FIELDS)
             .handshake(io)
             .await
             .map_err(|error| SendError::Connect(error.into()))?;

@@ -264,7 +264,8 @@ fn response_event(status: u16) -> Event {
 
 /// A response as stored, from its head and, when it was small enough to
 /// keep, its body: end-to-end headers (the caller stripped the hop-by-hop
-/// ones), lower-case names, order and duplicates kept. A kept body's
+/// ones, and `Trailer`: no trailer field is kept), lower-case names, order
+/// and duplicates kept. A kept body's
 /// `Content-Length` is not stored: the body's own length says it, and a
 /// replay has hyper write it anew ([`crate::pipeline::replay::rebuild`]).
 /// Without a body it is kept, as what the operator learns of its size.
