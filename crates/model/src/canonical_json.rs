@@ -82,8 +82,9 @@ pub fn raw_at<'t>(text: &'t [u8], pointer: &str) -> Option<&'t [u8]> {
 /// JSON body that is not exact (hashed as sent) still leaves out its
 /// ignored fields. A pointer that names nothing, or whose way is not one
 /// member (a name given twice), masks nothing: the bytes count as sent.
-/// A value inside another masked value is masked with it.
-pub fn mask_raw(text: &[u8], pointers: &[String]) -> Vec<u8> {
+/// A value inside another masked value is masked with it. `None` when no
+/// pointer names a value.
+pub fn mask_raw(text: &[u8], pointers: &[String]) -> Option<Vec<u8>> {
     let mut spans: Vec<Range<usize>> = pointers
         .iter()
         .filter(|pointer| !pointer.is_empty())
@@ -94,6 +95,9 @@ pub fn mask_raw(text: &[u8], pointers: &[String]) -> Vec<u8> {
             start..start + value.len()
         })
         .collect();
+    if spans.is_empty() {
+        return None;
+    }
     spans.sort_by_key(|span| (span.start, std::cmp::Reverse(span.end)));
     let mut masked = Vec::with_capacity(text.len());
     let mut written = 0;
@@ -106,7 +110,7 @@ pub fn mask_raw(text: &[u8], pointers: &[String]) -> Vec<u8> {
         written = span.end;
     }
     masked.extend_from_slice(&text[written..]);
-    masked
+    Some(masked)
 }
 
 /// The member or element `token` names in the object or array `container`.

@@ -9,15 +9,15 @@
 //! `canonical_json`; its `ignore_fields` values still masked) is hashed as
 //! sent — and so is every body on a route
 //! whose profile compares bodies as sent (`ucp`: UCP matches payloads by
-//! the SHA-256 of the raw bytes). So two requests with different bodies
-//! never share a fingerprint, and every part is length-prefixed, so no two
+//! the SHA-256 of the raw bytes). So two requests whose bodies differ
+//! outside `ignore_fields` never share a fingerprint, and every part is length-prefixed, so no two
 //! different requests can run together into the same bytes.
+
+use std::borrow::Cow;
 
 use http::header::{CONTENT_TYPE, HeaderName};
 use http::{HeaderMap, Method};
 use sha2::{Digest, Sha256};
-
-use std::borrow::Cow;
 
 use idemgate_model::canonical_json::{self, NotExact};
 use idemgate_model::operation::Fingerprint;
@@ -40,16 +40,13 @@ pub struct FingerprintInput<'a> {
 pub fn compute(input: &FingerprintInput<'_>) -> Fingerprint {
     let mut hasher = Sha256::new();
     hash_request_head(&mut hasher, b"idemgate-fingerprint-v1", input);
-    match body(input) {
-        Body::Canonical(canonical) => {
-            part(&mut hasher, b"json");
-            part(&mut hasher, &canonical);
-        }
-        Body::Raw(raw) => {
-            part(&mut hasher, b"raw");
-            part(&mut hasher, &raw);
-        }
-    }
+    let (tag, bytes): (&[u8], Cow<'_, [u8]>) = match body(input) {
+        Body::Canonical(canonical) => (b"json", Cow::Owned(canonical)),
+        Body::Raw(raw) => (b"raw", raw),
+        Body::Masked(masked) => (b"json-masked", Cow::Owned(masked)),
+    };
+    part(&mut hasher, tag);
+    part(&mut hasher, &bytes);
     Fingerprint::from_stored(digest_hex(hasher))
 }
 
@@ -57,9 +54,11 @@ pub fn compute(input: &FingerprintInput<'_>) -> Fingerprint {
 enum Body<'a> {
     /// JSON in its canonical form, `ignore_fields` removed.
     Canonical(Vec<u8>),
-    /// Bytes as sent; JSON that is not exact has its `ignore_fields`
-    /// values written `null` ([`canonical_json::mask_raw`]).
+    /// Bytes as sent.
     Raw(Cow<'a, [u8]>),
+    /// JSON that is not exact, as sent but with the values of its
+    /// `ignore_fields` written `null` ([`canonical_json::mask_raw`]).
+    Masked(Vec<u8>),
 }
 
 /// A request exactly as sent: a SHA-256 over every input of its
@@ -119,29 +118,33 @@ fn hash_values(hasher: &mut Sha256, headers: &HeaderMap, name: &HeaderName) {
     }
 }
 
-/// The canonical JSON of a JSON body; any other body as sent — and JSON
-/// that canonicalising could make equal to another payload (a member
-/// named twice, a lone surrogate, a number a double cannot hold) as sent
-/// but for its `ignore_fields`' values: any other change to it is a
-/// change, and a field the route ignores (a timestamp beside a 64-bit id)
-/// is still ignored.
+/// The canonical JSON of a JSON body, `ignore_fields` removed; any other
+/// body as sent. JSON that canonicalising could make equal to another
+/// payload (a member named twice, a lone surrogate, a number a double
+/// cannot hold) is hashed as sent — but for its `ignore_fields`' values,
+/// masked first: a field the route ignores (a timestamp beside a 64-bit
+/// id) is still ignored, and a body whose only inexact number was in an
+/// ignored field is canonical, as it is when that number was exact.
 fn body<'a>(input: &FingerprintInput<'a>) -> Body<'a> {
     if input.body_as_sent || !is_json(input.headers) {
         return Body::Raw(Cow::Borrowed(input.body));
     }
-    match canonical_json::parse_exact(input.body) {
-        Ok(mut value) => {
-            for pointer in input.ignore_fields {
-                canonical_json::remove_pointer(&mut value, pointer);
-            }
-            Body::Canonical(canonical_json::canonicalize(&value))
+    let canonical = |mut value| {
+        for pointer in input.ignore_fields {
+            canonical_json::remove_pointer(&mut value, pointer);
         }
+        Body::Canonical(canonical_json::canonicalize(&value))
+    };
+    match canonical_json::parse_exact(input.body) {
+        Ok(value) => canonical(value),
         Err(NotExact::Syntax) => Body::Raw(Cow::Borrowed(input.body)),
-        Err(_) if input.ignore_fields.is_empty() => Body::Raw(Cow::Borrowed(input.body)),
-        Err(_) => Body::Raw(Cow::Owned(canonical_json::mask_raw(
-            input.body,
-            input.ignore_fields,
-        ))),
+        Err(_) => match canonical_json::mask_raw(input.body, input.ignore_fields) {
+            None => Body::Raw(Cow::Borrowed(input.body)),
+            Some(masked) => match canonical_json::parse_exact(&masked) {
+                Ok(value) => canonical(value),
+                Err(_) => Body::Masked(masked),
+            },
+        },
     }
 }
 
@@ -342,6 +345,26 @@ mod tests {
         assert_ne!(twice("1"), twice("2"));
         // JSON that does not parse is bytes, ignored fields and all.
         assert_ne!(sent(r#"{"nonce":1,"#), sent(r#"{"nonce":2,"#));
+        // An ignored field that alone was inexact leaves a canonical body,
+        // as one whose number a double holds does (nanoseconds from a
+        // millisecond clock: the first is a double's, the second not).
+        let at = |nanos: &str| sent(&format!(r#"{{"qty":3,"nonce":{nanos}}}"#));
+        assert_eq!(at("1733570000124000000"), at("1733570000123000000"));
+        assert_eq!(
+            at("1733570000123000000"),
+            sent(r#"{ "nonce": 1, "qty": 3 }"#)
+        );
+        // Masked JSON is not bytes that happen to read the same.
+        let masked = with(big, "1", "2");
+        let text = format!(r#"{{"id":{big},"nonce":null,"meta":{{"at":null,"n":1}}}}"#);
+        let plain = fp(
+            Method::POST,
+            "/t",
+            Some("text/plain"),
+            &["/nonce", "/meta/at"],
+            &text,
+        );
+        assert_ne!(masked, plain);
     }
 
     #[test]

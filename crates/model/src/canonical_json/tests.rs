@@ -153,6 +153,38 @@ fn nesting_is_bounded_as_serde_json_bounds_it() {
 }
 
 #[test]
+fn mask_raw_writes_each_named_value_null() {
+    let text = br#"{"a": [1, {"n": 9007199254740993}], "t~/x": {"d": [2]}, "z": 3}"#;
+    let masked = |pointers: &[&str]| {
+        let pointers: Vec<String> = pointers.iter().map(|p| p.to_string()).collect();
+        mask_raw(text, &pointers).map(|m| String::from_utf8(m).unwrap())
+    };
+    assert_eq!(
+        masked(&["/a/1/n", "/z"]).as_deref(),
+        Some(r#"{"a": [1, {"n": null}], "t~/x": {"d": [2]}, "z": null}"#)
+    );
+    // Array elements by their index as sent; escaped tokens; a container.
+    assert_eq!(
+        masked(&["/a/0", "/t~0~1x"]).as_deref(),
+        Some(r#"{"a": [null, {"n": 9007199254740993}], "t~/x": null, "z": 3}"#)
+    );
+    // A value inside another masked one goes with it, listed either way.
+    for pointers in [["/a", "/a/1/n"], ["/a/1/n", "/a"]] {
+        assert_eq!(
+            masked(&pointers).as_deref(),
+            Some(r#"{"a": null, "t~/x": {"d": [2]}, "z": 3}"#)
+        );
+    }
+    assert_eq!(masked(&["/x", "/a/2", ""]), None, "nothing named");
+    // Still JSON, and exact where only a masked value was not.
+    let exact = mask_raw(text, &["/a/1/n".to_string()]).unwrap();
+    assert_eq!(check_exact(&exact), Ok(()));
+    // A name given twice on the way masks nothing there.
+    let twice = br#"{"n":1,"n":2,"m":1e400}"#;
+    assert_eq!(mask_raw(twice, &["/n".to_string()]), None);
+}
+
+#[test]
 fn raw_at_finds_the_value_as_sent() {
     let text = br#" {"a": {"b~/c": [10, 9007199254740993 , {"d":null}]}, "e" : "\u0041"} "#;
     let at = |pointer: &str| raw_at(text, pointer).map(|raw| std::str::from_utf8(raw).unwrap());
