@@ -233,6 +233,10 @@ async fn check_config_and_serve_accept_the_same_store_urls() {
         "postgres://gw@h1:5432,,h2:5432/db",
         "postgres://gw@h1,h2/db?port=5433",
         "postgres://gw@db:notaport/x",
+        // TLS settings the driver cannot follow.
+        "postgres://gw@db/x?sslmode=allow",
+        "postgres://gw@db/x?sslmode=verify-full&sslrootcert=system",
+        "postgres://gw@db/x?sslmode=verify-full&sslkey=gw.key&sslpassword=k",
     ];
     let mut runs = tokio::task::JoinSet::new();
     for url in documented.iter().cloned().chain(refused.map(String::from)) {

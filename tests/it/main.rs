@@ -34,6 +34,7 @@ mod outcome_unknown;
 mod paths_and_probes;
 mod pause_kind_upgrade;
 mod postgres_gateway;
+mod postgres_tls;
 mod probe_verdicts;
 mod process;
 mod promotion;

@@ -12,9 +12,18 @@
 //! asking for any other kind of server is refused, and so is one whose
 //! `host`, `hostaddr` or `port` parameter would name other servers than
 //! its authority.
+//!
+//! TLS is the driver's too (rustls, trusting the public webpki roots plus
+//! `sslrootcert`), as libpq reads its settings except where the driver
+//! cannot follow: `sslmode=allow` (the driver never tries TLS after a
+//! clear attempt), `sslpassword` (it reads no encrypted key) and
+//! `sslrootcert=system` (it has the webpki roots, not the system's store)
+//! are refused, so that no URL passes `check-config` and then fails at
+//! `serve`; and `sslmode=require` with a root certificate is read as
+//! `verify-ca`, as libpq reads it (the driver alone would not verify).
 
 use percent_encoding::percent_decode_str;
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 /// The servers a store URL names, in its order (at least one), each with
 /// the URL's other options.
@@ -52,11 +61,26 @@ fn read(url: &str) -> Result<PostgresServers, String> {
     }
     let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
     let mut kept = Vec::new();
+    // libpq's environment variable, which the driver reads too, unless
+    // the URL names one.
+    let mut root_cert = std::env::var("PGSSLROOTCERT").ok();
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value = decode(value);
         match decode(key).as_str() {
             "target_session_attrs" => session_attrs(&value)?,
+            "sslpassword" => {
+                return Err(
+                    "sslpassword: encrypted client keys are not supported; give \
+                     `sslkey` an unencrypted PEM key (PKCS#8, PKCS#1 or SEC1) that only \
+                     idemgate's user can read"
+                        .into(),
+                );
+            }
+            "sslrootcert" | "ssl-root-cert" | "ssl-ca" => {
+                root_cert = Some(value);
+                kept.push(pair);
+            }
             key @ ("host" | "hostaddr" | "port") if hosts.len() > 1 || value.contains(',') => {
                 return Err(format!(
                     "`{key}=` would name other servers than the URL's hosts; \
@@ -80,9 +104,35 @@ fn read(url: &str) -> Result<PostgresServers, String> {
                     true => format!("host `{host}`: {e}"),
                     false => e.to_string(),
                 })
+                .and_then(|server| tls(server, root_cert.as_deref()))
         })
         .collect::<Result<_, _>>()?;
     Ok(PostgresServers(servers))
+}
+
+/// `server` with its TLS as libpq would make it (`root_cert`: the
+/// `sslrootcert` it trusts besides the webpki roots), or why the driver
+/// cannot make it so.
+fn tls(server: PgConnectOptions, root_cert: Option<&str>) -> Result<PgConnectOptions, String> {
+    if root_cert == Some("system") {
+        return Err(
+            "sslrootcert=system: idemgate trusts the public (webpki) roots built \
+             into it, not the system's store; leave sslrootcert out to use them, or name \
+             a PEM file of the CA that signed the server's certificate"
+                .into(),
+        );
+    }
+    match (server.get_ssl_mode(), root_cert) {
+        (PgSslMode::Allow, _) => Err("sslmode=allow: the driver never retries over TLS, \
+             so this connects in clear or not at all; use disable for clear, or \
+             verify-full (or require) for TLS"
+            .into()),
+        // libpq: "if a root CA file exists, the behavior of sslmode=require
+        // will be the same as that of verify-ca"; the driver would accept
+        // any certificate.
+        (PgSslMode::Require, Some(_)) => Ok(server.ssl_mode(PgSslMode::VerifyCa)),
+        _ => Ok(server),
+    }
 }
 
 /// `text` percent-decoded as the driver reads a query (`+` is a space,
@@ -210,6 +260,69 @@ mod tests {
                 "standby",
             ),
             ("mysql://db/x", "expected postgres"),
+        ] {
+            let error = postgres_options(url).expect_err(url);
+            assert!(
+                !error.contains("s3cret"),
+                "a password is never echoed: {error}"
+            );
+            assert!(
+                error.starts_with("not a PostgreSQL URL the store can open: ")
+                    && error.contains(reason),
+                "{url}: {error}"
+            );
+        }
+    }
+
+    fn ssl_mode(url: &str) -> PgSslMode {
+        let servers = postgres_options(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        servers.servers()[0].get_ssl_mode()
+    }
+
+    #[test]
+    fn tls_modes_are_read_as_libpq_reads_them() {
+        for (query, mode) in [
+            ("sslmode=disable", PgSslMode::Disable),
+            ("sslmode=prefer", PgSslMode::Prefer),
+            ("sslmode=require", PgSslMode::Require),
+            ("sslmode=verify-ca", PgSslMode::VerifyCa),
+            ("sslmode=verify-full", PgSslMode::VerifyFull),
+            // A root certificate makes `require` verify the CA, as in libpq.
+            (
+                "sslmode=require&sslrootcert=/etc/ca.pem",
+                PgSslMode::VerifyCa,
+            ),
+            (
+                "sslrootcert=/etc/ca.pem&sslmode=require",
+                PgSslMode::VerifyCa,
+            ),
+            (
+                "sslmode=verify-full&sslrootcert=ca.pem",
+                PgSslMode::VerifyFull,
+            ),
+        ] {
+            let url = format!("postgres://gw@db/x?{query}");
+            assert_eq!(
+                format!("{:?}", ssl_mode(&url)),
+                format!("{mode:?}"),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn tls_settings_the_driver_cannot_follow_are_refused() {
+        for (url, reason) in [
+            ("postgres://gw@db/x?sslmode=allow", "sslmode=allow"),
+            ("postgres://gw@h1,h2/x?sslmode=ALLOW", "sslmode=allow"),
+            (
+                "postgres://gw@db/x?sslmode=verify-full&sslkey=k.pem&sslpassword=s3cret",
+                "encrypted client keys",
+            ),
+            (
+                "postgres://gw@db/x?sslmode=verify-full&sslrootcert=system",
+                "sslrootcert=system",
+            ),
         ] {
             let error = postgres_options(url).expect_err(url);
             assert!(
