@@ -230,9 +230,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 /// The async runtime. `serve`: a single-threaded one on this thread, the
 /// first of [`worker_threads`] (`idemgate::workers`: each proxy connection
 /// lives on one thread). Other commands (the in-process `bench` and
-/// `demo`): tokio's work-stealing one, one worker thread per CPU but one,
-/// at least one, as the store's writer thread runs beside the workers.
-/// `TOKIO_WORKER_THREADS` overrides, as tokio documents.
+/// `demo`, `healthcheck`, …): tokio's work-stealing one, one worker thread
+/// per CPU but one, at least one, as the store's writer thread runs beside
+/// the workers; `TOKIO_WORKER_THREADS` overrides ([`threads_set`]).
 fn runtime(serving: bool) -> std::io::Result<tokio::runtime::Runtime> {
     if serving {
         return tokio::runtime::Builder::new_current_thread()

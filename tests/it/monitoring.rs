@@ -112,7 +112,8 @@ async fn held_retries_are_no_upstream_failures() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_and_dashboard_query_only_exported_metrics() {
     // A gateway that has written, held an operation and paused a route,
-    // so every family has samples (histogram buckets included).
+    // so every family has samples (histogram buckets included) and the
+    // pause gauge reads 1 somewhere.
     let gw = spawn_gateway_with(Setup::route("").admin()).await;
     assert_fresh_created(&write(gw.addr(), "/orders", Some("m-1"), "{}").await);
     write(gw.addr(), "/status/502", Some("m-2"), "{}").await;

@@ -348,7 +348,9 @@ impl Metrics {
     pub(crate) fn start_at_zero<'a>(&self, routes: impl IntoIterator<Item = &'a str>) {
         let mut known = self.routes.lock().unwrap_or_else(|e| e.into_inner());
         for route in routes {
-            known.push(route.to_string());
+            if !known.iter().any(|k| k == route) {
+                known.push(route.to_string());
+            }
             let labels = RouteLabels::of(route);
             // Creating the child is the point; its guard is dropped at once.
             drop(self.upstream_seconds.get_or_create(&labels));

@@ -55,10 +55,9 @@ pub enum ScopeKeyError {
     Malformed { source_name: String, reason: String },
     #[error("the scope key file {path}: {error}")]
     File { path: String, error: std::io::Error },
-    /// The directory a created key file (beside the SQLite store) would
-    /// go in does not exist: the store's own directory is missing.
+    /// The directory a key file would be created in does not exist.
     #[error(
-        "the directory {0} does not exist: it holds the store and its scope key file; create it, or name another store path"
+        "the scope key file {0} cannot be created: its directory does not exist (by default the store's own: create it, or name another store path)"
     )]
     MissingDirectory(String),
     #[error(
@@ -235,9 +234,9 @@ fn read_file(path: &Path, create: bool) -> Result<ScopeKey, ScopeKeyError> {
     };
     if create
         && let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty())
-        && !dir.is_dir()
+        && matches!(dir.try_exists(), Ok(false))
     {
-        return Err(ScopeKeyError::MissingDirectory(dir.display().to_string()));
+        return Err(ScopeKeyError::MissingDirectory(path.display().to_string()));
     }
     let created = create && create_file(path).map_err(file_error)?;
     let text = std::fs::read_to_string(path).map_err(file_error)?;
@@ -339,7 +338,7 @@ mod tests {
         };
         let error = error.to_string();
         assert!(
-            error.contains("nowhere") && error.contains("does not exist"),
+            error.contains("nowhere/s.db.scope-key") && error.contains("does not exist"),
             "{error}"
         );
     }

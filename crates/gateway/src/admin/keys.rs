@@ -507,7 +507,8 @@ pub async fn resolve(
 /// one while the held attempt may still land at the destination
 /// ([`reconcile::may_land_until`]: the next attempt it would let through
 /// could make the write twice). An operation whose route is no longer
-/// configured is held to neither; one that is gone is the store's 404.
+/// configured is held to none of the route's checks (the answer's kind
+/// below included); one that is gone is the store's 404.
 /// First, a resolution decided on another attempt than the one held now
 /// (the store checks it again in its transaction).
 /// And the answer another kind of route takes (409 `wrong-answer-kind`):

@@ -907,6 +907,10 @@ fn an_mcp_route_takes_no_http_probe() {
         error.contains("routes[0].reconcile") && error.contains("[routes.mcp.reconcile]"),
         "{error}"
     );
+}
+
+#[test]
+fn an_mcp_probes_arguments_are_an_object() {
     let array = "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\nprofile = \"mcp\"\n\
                  [routes.mcp.reconcile]\ntool = \"find\"\narguments = '[1]'\n";
     let error = Config::from_toml_str(array, "t.toml")

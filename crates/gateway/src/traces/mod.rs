@@ -71,13 +71,26 @@ const SHUTDOWN_BOUND: Duration = Duration::from_secs(5);
 /// Why the traces could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    // The cause is the source, which an error chain prints after this.
-    #[error("traces")]
-    Setting(#[from] settings::TraceSettingError),
+    // Each says its cause, which is therefore not also its source (an
+    // error chain would say it twice).
+    #[error("traces: {0}")]
+    Setting(settings::TraceSettingError),
     #[error("traces: the OTLP exporter: {0}")]
     Exporter(String),
-    #[error("traces: the collector's TLS")]
-    Tls(#[from] rustls::Error),
+    #[error("traces: the collector's TLS: {0}")]
+    Tls(rustls::Error),
+}
+
+impl From<settings::TraceSettingError> for TraceError {
+    fn from(error: settings::TraceSettingError) -> Self {
+        TraceError::Setting(error)
+    }
+}
+
+impl From<rustls::Error> for TraceError {
+    fn from(error: rustls::Error) -> Self {
+        TraceError::Tls(error)
+    }
 }
 
 /// A gateway's traces: its tracer and the provider that exports its spans.
