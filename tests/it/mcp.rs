@@ -903,7 +903,7 @@ async fn rehearse_runs_its_cases_with_tool_calls() {
 async fn probing_gateway(server: &McpServer, suffix: &str) -> TestGateway {
     let route = format!(
         "profile = \"mcp\"\nstore_request_body = true\n\
-         [routes.mcp.reconcile]\ntool = \"find_task\"\n\
+         [routes.mcp.reconcile]\ntool = \"find_task\"\ntools = [\"die_after_effect\"]\n\
          arguments = '{{\"title\": \"{{argument:title}}{suffix}\"}}'\n\
          found_json_pointer = \"/structuredContent/seq\"\n"
     );
