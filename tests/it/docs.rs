@@ -687,6 +687,11 @@ fn context(key: &str) -> toml::Table {
             "routes[].mcp.reconcile.tool",
             text("find_task"),
         );
+        set(
+            &mut config,
+            "routes[].mcp.reconcile.tools",
+            toml::Value::Array(vec![text("create_task")]),
+        );
     }
     config
 }

@@ -54,6 +54,9 @@
 //! - a keyless retry of a keyed call held or running is
 //!   `possible-duplicate`, not made; a keyed retry of a keyless call is
 //!   told to call again with no key;
+//! - a key argument sent as `null` is no key, as an absent one, and no
+//!   part of the call: retries that send it `null`, leave it out or send
+//!   a key are held, not made; absent, `null` and `{}` arguments are one;
 //! - a batch holding a `notifications/cancelled` for a call in flight is
 //!   refused whole (`-32600`), none of it sent, and the call runs on.
 //!
@@ -900,7 +903,7 @@ async fn rehearse_runs_its_cases_with_tool_calls() {
 async fn probing_gateway(server: &McpServer, suffix: &str) -> TestGateway {
     let route = format!(
         "profile = \"mcp\"\nstore_request_body = true\n\
-         [routes.mcp.reconcile]\ntool = \"find_task\"\n\
+         [routes.mcp.reconcile]\ntool = \"find_task\"\ntools = [\"die_after_effect\"]\n\
          arguments = '{{\"title\": \"{{argument:title}}{suffix}\"}}'\n\
          found_json_pointer = \"/structuredContent/seq\"\n"
     );
@@ -1179,6 +1182,98 @@ async fn a_keyless_retry_of_a_held_keyed_call_is_not_made() {
         "its own operation answers"
     );
     assert_eq!(gw.upstream.writes(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_null_key_argument_is_no_key_and_no_part_of_the_call() {
+    let route = "profile = \"mcp\"\n[routes.mcp]\nkey_argument = \"request_id\"";
+    let gw = spawn_gateway_at("/drop", route).await;
+    let create = |title: &str, request_id: Option<Value>| {
+        let mut arguments = json!({ "title": title });
+        if let Some(id) = request_id {
+            arguments["request_id"] = id;
+        }
+        json!({"name": "create_task", "arguments": arguments})
+    };
+    // Each first call's answer is lost; each retry is the same call, its
+    // optional key sent as `null`, left out, or another key.
+    let cases = [
+        (
+            "null-first",
+            Some(Value::Null),
+            vec![
+                (None, "outcome-unknown"),
+                (Some(json!("x1")), "possible-duplicate"),
+            ],
+        ),
+        (
+            "absent-first",
+            None,
+            vec![(Some(Value::Null), "outcome-unknown")],
+        ),
+        (
+            "keyed-first",
+            Some(json!("r-1")),
+            vec![(Some(Value::Null), "possible-duplicate")],
+        ),
+    ];
+    let mut id = 0;
+    for (round, (title, first, retries)) in cases.into_iter().enumerate() {
+        id += 1;
+        let lost = call_at(&gw, "/drop", id, &create(title, first), &[]).await;
+        assert_eq!(
+            own_meta(&lost, "problem"),
+            "outcome-unknown",
+            "{title}: {:?}",
+            lost.json()
+        );
+        for (request_id, problem) in retries {
+            id += 1;
+            let again = call_at(&gw, "/drop", id, &create(title, request_id), &[]).await;
+            assert_eq!(
+                own_meta(&again, "problem"),
+                problem,
+                "{title}: {:?}",
+                again.json()
+            );
+            assert_eq!(own_meta(&again, "state"), "unknown");
+            assert_eq!(
+                own_meta(&again, "operation-id"),
+                own_meta(&lost, "operation-id")
+            );
+        }
+        assert_eq!(gw.upstream.writes(), round + 1, "{title}: made once");
+    }
+    // A call without arguments, retried with `{}` or `null`: one call.
+    let bare = json!({"name": "create_task"});
+    let lost = call_at(&gw, "/drop", 20, &bare, &[]).await;
+    assert_eq!(
+        own_meta(&lost, "problem"),
+        "outcome-unknown",
+        "{:?}",
+        lost.json()
+    );
+    for (id, arguments) in [(21, json!({})), (22, Value::Null)] {
+        let again = call_at(
+            &gw,
+            "/drop",
+            id,
+            &json!({"name": "create_task", "arguments": arguments}),
+            &[],
+        )
+        .await;
+        assert_eq!(
+            own_meta(&again, "problem"),
+            "outcome-unknown",
+            "{arguments}: {:?}",
+            again.json()
+        );
+        assert_eq!(
+            own_meta(&again, "operation-id"),
+            own_meta(&lost, "operation-id")
+        );
+    }
+    assert_eq!(gw.upstream.writes(), 4, "the bare call made once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,9 @@
 //! committing; `/once-429/…` refuses the first write per key (429,
 //! uncommitted); `GET /_effects` counts writes, `GET /_effects/{key}` finds
 //! the write committed under a key; `/mcp` answers JSON-RPC as a small MCP
-//! server whose `create_task` commits, `/mcp/drop` committing and closing.
+//! server whose `create_task` and `comment_task` commit (`count_tasks`
+//! counting the tasks alone), `/mcp/drop` committing and closing,
+//! `/mcp/{code}` answering `code` without committing.
 //!
 //! No in-process gateway restarts here: this binary spawns children.
 
@@ -231,6 +233,20 @@ async fn mock_mcp_endpoint_answers_json_rpc_and_commits_tool_calls() {
     assert_eq!(called["result"]["content"][0]["text"], "created task 1");
     assert!(rpc("/agent/mcp/drop", call).await.is_err(), "dropped");
     assert_eq!(effects(mock.addr()).await, 2, "both calls committed");
+    // A comment is an effect but no task; a proxy's 502 runs nothing.
+    let comment = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"comment_task","arguments":{}}}"#;
+    assert_eq!(
+        rpc("/mcp", comment).await.expect("answered").json()["result"]["isError"],
+        false
+    );
+    assert_eq!(
+        rpc("/mcp/502", comment).await.expect("answered").status,
+        502
+    );
+    assert_eq!(effects(mock.addr()).await, 3, "the comment once");
+    let count = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"count_tasks","arguments":{}}}"#;
+    let counted = rpc("/mcp", count).await.expect("answered").json();
+    assert_eq!(counted["result"]["structuredContent"]["tasks"], 2);
     let unknown = rpc("/mcp", r#"{"jsonrpc":"2.0","id":2,"method":"nope"}"#).await;
     assert_eq!(unknown.expect("answered").json()["error"]["code"], -32601);
 }

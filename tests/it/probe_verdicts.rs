@@ -21,7 +21,9 @@
 //! - a confirm request that hangs past the probe's timeout is never
 //!   absent: the operation stays held;
 //! - an `mcp` route's probe tool reads by the same rules: a count of 0 is
-//!   absent, and the retried call is sent once.
+//!   absent, and the retried call is sent once; a held call of a tool the
+//!   probe is not for is never probed (a task found proves no comment, nor
+//!   does none found disprove one).
 //!
 //! `/metrics` counts each verdict by route.
 
@@ -585,14 +587,14 @@ async fn a_confirm_request_past_its_timeout_is_never_absent() {
     assert_eq!(verdicts_counted(&gw, "absent").await, 0.0);
 }
 
-/// A `tools/call` of `create_task` as a 2026-07-28 client sends it, to
-/// `path` through the gateway at `addr`, under `key`.
-async fn create_task(addr: SocketAddr, path: &str, key: &str) -> Response {
+/// A `tools/call` of `tool` for the task `title` as a 2026-07-28 client
+/// sends it, to `path` through the gateway at `addr`, under `key`.
+async fn call_tool(addr: SocketAddr, path: &str, tool: &str, title: &str, key: &str) -> Response {
     let body = serde_json::json!({
         "jsonrpc": "2.0", "id": 7, "method": "tools/call",
         "params": {
-            "name": "create_task",
-            "arguments": {"title": "probed"},
+            "name": tool,
+            "arguments": {"title": title},
             "_meta": {
                 "io.modelcontextprotocol/protocolVersion": "2026-07-28",
                 "io.modelcontextprotocol/clientCapabilities": {},
@@ -605,10 +607,15 @@ async fn create_task(addr: SocketAddr, path: &str, key: &str) -> Response {
         ("authorization", ALICE),
         ("mcp-protocol-version", "2026-07-28"),
         ("mcp-method", "tools/call"),
-        ("mcp-name", "create_task"),
+        ("mcp-name", tool),
         ("idempotency-key", key),
     ];
     send(addr, "POST", path, &headers, body.to_string()).await
+}
+
+/// A `tools/call` of `create_task` for the task `probed`.
+async fn create_task(addr: SocketAddr, path: &str, key: &str) -> Response {
+    call_tool(addr, path, "create_task", "probed", key).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -617,7 +624,7 @@ async fn an_mcp_probe_tool_that_counts_nothing_releases_the_call_and_it_is_sent_
         .await
         .expect("mock starts");
     let route = "profile = \"mcp\"\nlate_window = \"1ms\"\n[routes.mcp.reconcile]\ntool = \"count_tasks\"\n\
-        absent_json_pointer = \"/structuredContent/tasks\"\n\
+        tools = [\"create_task\"]\nabsent_json_pointer = \"/structuredContent/tasks\"\n\
         count_json_pointer = \"/structuredContent/tasks\"\nmin_age = \"1s\"\n";
     let setup = Setup::route(route)
         .at("/mcp")
@@ -662,5 +669,77 @@ async fn an_mcp_probe_tool_that_counts_nothing_releases_the_call_and_it_is_sent_
         "tools/call count_tasks"
     );
     assert_eq!(probes.last().expect("probes")["count"], 0);
+    mock.stop().await;
+}
+
+/// The gateway's `_meta` entry `name` (`problem`, `state`) in a tool
+/// result answered as JSON.
+fn own_meta(answer: &Response, name: &str) -> Value {
+    answer.json()["result"]["_meta"][format!("dev.idemgate/{name}")].clone()
+}
+
+/// A probe for one tool's writes says nothing of another's: the mock's
+/// `count_tasks` counts tasks, not comments. So a held `comment_task` is
+/// never probed — neither settled `completed` because a task exists (its
+/// comment refused before it ran), nor released because none does (its
+/// comment made, its answer lost) — while a held `create_task` still is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_probe_settles_only_the_calls_of_the_tools_it_is_for() {
+    let mock = MockUpstream::start(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("mock starts");
+    let route = "profile = \"mcp\"\nlate_window = \"1ms\"\n[routes.mcp.reconcile]\ntool = \"count_tasks\"\n\
+        tools = [\"create_task\"]\nabsent_json_pointer = \"/structuredContent/tasks\"\n\
+        count_json_pointer = \"/structuredContent/tasks\"\nmin_age = \"1s\"\n";
+    let clock = ManualClock::new();
+    let setup = Setup::route(route)
+        .at("/mcp")
+        .upstream_url(format!("http://{}", mock.addr()))
+        .clock(clock.clone())
+        .admin();
+    let gw = spawn_gateway_with(setup).await;
+    let held = |answer: &Response| {
+        assert_eq!(
+            own_meta(answer, "problem"),
+            "outcome-unknown",
+            "{:?}",
+            answer.json()
+        );
+    };
+
+    // The comment made, its answer lost; no task exists.
+    held(&call_tool(gw.addr(), "/mcp/drop", "comment_task", "TB", "c-b").await);
+    for _ in 0..2 {
+        // Past min_age and each probe's spacing: absence would be believed.
+        clock.advance(Duration::from_secs(120));
+        held(&call_tool(gw.addr(), "/mcp/drop", "comment_task", "TB", "c-b").await);
+    }
+    assert_eq!(mock.writes(), 1, "one comment on TB");
+
+    // A call of a tool the probe is for: the task made, its answer lost,
+    // found by the probe and replayed.
+    held(&call_tool(gw.addr(), "/mcp/drop", "create_task", "TA", "t-a").await);
+    let settled = call_tool(gw.addr(), "/mcp/drop", "create_task", "TA", "t-a").await;
+    let result = &settled.json()["result"];
+    assert_eq!(result["isError"], false, "{result}");
+    assert_eq!(result["_meta"]["dev.idemgate/reconciled-by"], "count_tasks");
+    assert_eq!(gw.operation("create_task/t-a").await["state"], "completed");
+
+    // The comment refused with 502 before the tool ran; task TA exists.
+    held(&call_tool(gw.addr(), "/mcp/502", "comment_task", "TA", "c-a").await);
+    clock.advance(Duration::from_secs(120));
+    let retry = call_tool(gw.addr(), "/mcp/502", "comment_task", "TA", "c-a").await;
+    held(&retry);
+    assert_eq!(own_meta(&retry, "state"), "unknown");
+    assert_eq!(
+        mock.writes(),
+        2,
+        "the comment on TB and the task TA, no more"
+    );
+    for key in ["comment_task/c-b", "comment_task/c-a"] {
+        let stored = gw.operation(key).await;
+        assert_eq!(stored["state"], "unknown", "{key}");
+        assert!(events_of(&stored, "probe").is_empty(), "{key}: {stored}");
+    }
     mock.stop().await;
 }

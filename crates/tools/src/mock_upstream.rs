@@ -20,13 +20,16 @@
 //!
 //! A POST to a path ending in `/mcp` is a JSON-RPC message to a stateless
 //! MCP server over Streamable HTTP, answered as JSON: `initialize`, `ping`,
-//! `tools/list` (`create_task`, which commits an effect, and the read-only
-//! `count_tasks`, whose `structuredContent` is `{"tasks": n}`), `tools/call`;
-//! a notification gets 202. After `/mcp/` comes a fault for `create_task`'s
-//! calls, as above: `/mcp/drop` commits and drops the connection,
-//! `/mcp/slow?ms=N` waits, and `/mcp/lose-once` drops the first call per
-//! `Idempotency-Key` without committing it (a call lost on its way: a
-//! probe finds it absent), later ones commit.
+//! `tools/list` (`create_task` and `comment_task`, each of which commits
+//! an effect, and the read-only `count_tasks`, whose `structuredContent`
+//! is `{"tasks": n}`, the tasks created: comments are no tasks),
+//! `tools/call`; a notification gets 202. After `/mcp/` comes a fault for
+//! the writing tools' calls, as above: `/mcp/drop` commits and drops the
+//! connection, `/mcp/slow?ms=N` waits, `/mcp/{code}` answers that HTTP
+//! status without running the tool (a proxy before it failing), and
+//! `/mcp/lose-once` drops the first call per `Idempotency-Key` without
+//! committing it (a call lost on its way: a probe finds it absent), later
+//! ones commit.
 //!
 //! `GET /_effects` answers `{"writes": n, "keys": m}`, m the distinct
 //! `Idempotency-Key`s writes were committed under: `writes == keys` means
@@ -60,6 +63,8 @@ const MAX_SLOW: Duration = Duration::from_secs(60);
 #[derive(Default)]
 struct Effects {
     writes: u64,
+    /// Of the writes, the MCP server's tasks created (`count_tasks`).
+    tasks: u64,
     /// Effect id by the `Idempotency-Key` it was committed under.
     by_key: HashMap<String, u64>,
     /// Keys that already got their one 429 on `/once-429`.
@@ -249,27 +254,42 @@ mod mcp {
                 {"name": "count_tasks", "description": "How many tasks exist.",
                  "inputSchema": {"type": "object"},
                  "annotations": {"readOnlyHint": true}},
+                {"name": "comment_task", "description": "Comment on a task (not idempotent).",
+                 "inputSchema": {"type": "object", "properties": {
+                     "title": {"type": "string"}, "text": {"type": "string"}}},
+                 "annotations": {"readOnlyHint": false}},
             ]}),
             "tools/call" => match message["params"]["name"].as_str() {
-                Some("create_task") => {
+                Some(tool @ ("create_task" | "comment_task")) => {
+                    if let Ok(status) = fault.parse::<StatusCode>() {
+                        return Ok(json_response(status, json!({ "status": status.as_u16() })));
+                    }
                     if fault == "lose-once"
                         && refuse_once(effects, key.as_deref().unwrap_or_default())
                     {
                         return Err("dropped before commit".into());
                     }
                     let id = commit(effects, key);
+                    if tool == "create_task"
+                        && let Ok(mut effects) = effects.lock()
+                    {
+                        effects.tasks += 1;
+                    }
                     match fault {
                         "drop" => return Err("dropped after commit".into()),
                         "hang" => std::future::pending().await,
                         "slow" => tokio::time::sleep(slow(query)).await,
                         _ => {}
                     }
-                    text(&format!("created task {id}"))
+                    match tool {
+                        "create_task" => text(&format!("created task {id}")),
+                        _ => text(&format!("commented ({id})")),
+                    }
                 }
                 Some("count_tasks") => {
-                    let writes = effects.lock().map_or(0, |e| e.writes);
-                    let mut counted = text(&format!("{writes} tasks"));
-                    counted["structuredContent"] = json!({ "tasks": writes });
+                    let tasks = effects.lock().map_or(0, |e| e.tasks);
+                    let mut counted = text(&format!("{tasks} tasks"));
+                    counted["structuredContent"] = json!({ "tasks": tasks });
                     counted
                 }
                 _ => return Ok(error(StatusCode::OK, id, -32602, "Unknown tool")),

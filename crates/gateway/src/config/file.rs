@@ -121,6 +121,7 @@ pub(super) struct RawMcp {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawMcpReconcile {
     pub(super) tool: String,
+    pub(super) tools: Option<Vec<String>>,
     pub(super) arguments: Option<String>,
     pub(super) found_json_pointer: Option<String>,
     pub(super) absent_json_pointer: Option<String>,

@@ -439,8 +439,9 @@ impl Route {
         self.key != KeyMode::Off && self.methods.contains(method)
     }
 
-    /// Whether a held operation of this route may be proved by a probe:
-    /// an HTTP route's `[routes.reconcile]`, an MCP route's read-only tool.
+    /// Whether any held operation of this route may be proved by a probe:
+    /// an HTTP route's `[routes.reconcile]`, an MCP route's read-only tool
+    /// (which proves a call of the tools it names only).
     pub fn has_probe(&self) -> bool {
         self.reconcile.is_some() || self.mcp.as_ref().is_some_and(|m| m.reconcile.is_some())
     }
@@ -547,6 +548,9 @@ pub(crate) fn fill_template(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McpReconcile {
     pub tool: String,
+    /// The tools whose writes the probe proves: a held call of any other
+    /// is never probed (what the probe finds says nothing of it).
+    pub(crate) tools: Vec<String>,
     pub(crate) arguments: String,
     /// The result must have a non-null value here too (after `isError` is
     /// not true).
@@ -555,6 +559,13 @@ pub struct McpReconcile {
     /// confirm request is another call.
     pub(crate) verdicts: Verdicts<ToolCall>,
     pub(crate) timeout: Duration,
+}
+
+impl McpReconcile {
+    /// Whether the probe may settle a held call of `tool`: one of `tools`.
+    pub fn proves(&self, tool: &str) -> bool {
+        self.tools.iter().any(|t| t == tool)
+    }
 }
 
 /// What an upstream connection trusts and presents.

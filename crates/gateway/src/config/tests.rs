@@ -410,7 +410,7 @@ fn an_mcp_probe_takes_the_same_verdicts() {
     let with = |table: &str| {
         let text = format!(
             "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\nprofile = \"mcp\"\n\
-             [routes.mcp.reconcile]\ntool = \"find\"\n{table}"
+             [routes.mcp.reconcile]\ntool = \"find\"\ntools = [\"create\"]\n{table}"
         );
         Config::from_toml_str(&text, "t")
     };
@@ -445,6 +445,50 @@ fn an_mcp_probe_takes_the_same_verdicts() {
     assert!(err("confirm_arguments = \"{}\"\n").contains("confirm_tool"));
     assert!(err("absent_json_pointer = \"/n\"\nconfirm_tool = \"list\"\nconfirm_absent_json_pointer = \"/n\"\nconfirm_arguments = '{\"t\": \"{argument:title}\"}'\n")
         .contains("store_request_body"));
+}
+
+/// An MCP probe proves the writes of the tools it names, and no other's:
+/// without them, or naming a tool whose calls are never held, it is
+/// refused.
+#[test]
+fn an_mcp_probe_names_the_tools_whose_writes_it_proves() {
+    let with = |tools: &str| {
+        let text = format!(
+            "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\nprofile = \"mcp\"\n\
+             [routes.mcp]\nread_only_tools = [\"search\"]\nprotected_tools = [\"archive\"]\n\
+             [routes.mcp.reconcile]\ntool = \"find\"\n{tools}"
+        );
+        Config::from_toml_str(&text, "t.toml")
+    };
+    let config = with("tools = [\"create\", \"archive\"]\n").unwrap();
+    let probe = config.routes[0]
+        .mcp
+        .as_ref()
+        .unwrap()
+        .reconcile
+        .clone()
+        .unwrap();
+    assert!(probe.proves("create") && probe.proves("archive"));
+    assert!(!probe.proves("comment"));
+    for (tools, says) in [
+        (
+            "",
+            "a probe for one tool's writes says nothing of another's",
+        ),
+        (
+            "tools = []\n",
+            "a probe for one tool's writes says nothing of another's",
+        ),
+        ("tools = [\"\"]\n", "not a tool name"),
+        ("tools = [\"search\"]\n", "read_only_tools"),
+        ("tools = [\"find\"]\n", "the probe's own tool"),
+    ] {
+        let error = with(tools).unwrap_err().to_string();
+        assert!(
+            error.contains("routes[0].mcp.reconcile.tools") && error.contains(says),
+            "{tools}: {error}"
+        );
+    }
 }
 
 #[test]
@@ -877,7 +921,7 @@ fn an_mcp_probe_asks_by_the_destination_key_only_where_one_is_sent() {
     let route = |lines: &str, arguments: &str| {
         let text = format!(
             "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\nprofile = \"mcp\"\n{lines}\n\
-             [routes.mcp.reconcile]\ntool = \"find\"\narguments = '{arguments}'\n"
+             [routes.mcp.reconcile]\ntool = \"find\"\ntools = [\"create\"]\narguments = '{arguments}'\n"
         );
         Config::from_toml_str(&text, "t.toml")
     };
@@ -912,7 +956,7 @@ fn an_mcp_route_takes_no_http_probe() {
 #[test]
 fn an_mcp_probes_arguments_are_an_object() {
     let array = "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\nprofile = \"mcp\"\n\
-                 [routes.mcp.reconcile]\ntool = \"find\"\narguments = '[1]'\n";
+                 [routes.mcp.reconcile]\ntool = \"find\"\ntools = [\"create\"]\narguments = '[1]'\n";
     let error = Config::from_toml_str(array, "t.toml")
         .unwrap_err()
         .to_string();
@@ -1082,7 +1126,7 @@ fn a_synchronous_standby_is_required_only_of_a_durable_postgres_store() {
 fn an_mcp_probes_absence_needs_where_a_found_result_holds_the_write() {
     let route = |extra: &str| {
         let toml = format!(
-            "[[routes]]\nname = \"r\"\nupstream = \"http://127.0.0.1:9\"\nprofile = \"mcp\"\n[routes.mcp]\nread_only_tools = [\"count_tasks\"]\n[routes.mcp.reconcile]\ntool = \"count_tasks\"\n{extra}"
+            "[[routes]]\nname = \"r\"\nupstream = \"http://127.0.0.1:9\"\nprofile = \"mcp\"\n[routes.mcp]\nread_only_tools = [\"count_tasks\"]\n[routes.mcp.reconcile]\ntool = \"count_tasks\"\ntools = [\"create_task\"]\n{extra}"
         );
         Config::from_toml_str(&toml, "t.toml").map(|_| ())
     };

@@ -66,6 +66,15 @@ const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
 /// handler, a body and an upstream exchange.
 const MAX_HTTP2_STREAMS: u32 = 10_000;
 
+/// An MCP route's lists of tools, as its probe is checked against them.
+#[derive(Clone, Copy)]
+struct McpToolLists<'a> {
+    /// `read_only_tools`: never held.
+    read_only: &'a [String],
+    /// `protected_tools`: held whatever the server says, so never a probe.
+    protected: &'a [String],
+}
+
 /// What a route's probes may ask a held operation by: the keys its
 /// destination got, and the request body if the store keeps it.
 struct Askable {
@@ -1093,7 +1102,11 @@ impl Validator<'_> {
         let reconcile = raw
             .reconcile
             .map(|probe| {
-                self.mcp_reconcile(&format!("{field}.reconcile"), probe, &protected, askable)
+                let tools = McpToolLists {
+                    read_only: &read_only,
+                    protected: &protected,
+                };
+                self.mcp_reconcile(&format!("{field}.reconcile"), probe, tools, askable)
             })
             .transpose()?;
         Ok(McpTools {
@@ -1106,14 +1119,15 @@ impl Validator<'_> {
 
     /// `[routes.mcp.reconcile]`: a read-only tool, arguments that are a
     /// JSON object once filled, `{argument:…}` only where bodies are kept;
-    /// the same for a confirm call.
+    /// the same for a confirm call; the tools whose writes it proves.
     fn mcp_reconcile(
         &self,
         field: &str,
         raw: RawMcpReconcile,
-        protected: &[String],
+        lists: McpToolLists<'_>,
         askable: &Askable,
     ) -> Result<McpReconcile, ConfigError> {
+        let protected = lists.protected;
         let call = self.tool_call(
             (&format!("{field}.tool"), &format!("{field}.arguments")),
             raw.tool,
@@ -1121,6 +1135,7 @@ impl Validator<'_> {
             protected,
             askable,
         )?;
+        let tools = self.proved_tools(&format!("{field}.tools"), raw.tools, &call.tool, lists)?;
         let found_json_pointer = self.pointer(
             &format!("{field}.found_json_pointer"),
             raw.found_json_pointer,
@@ -1179,6 +1194,7 @@ impl Validator<'_> {
         }
         Ok(McpReconcile {
             tool: call.tool,
+            tools,
             arguments: call.arguments,
             found_json_pointer,
             verdicts: self.verdicts(field, absent, raw.count_json_pointer, raw.min_age, confirm)?,
@@ -1188,6 +1204,37 @@ impl Validator<'_> {
                 reconcile::TIMEOUT,
             )?,
         })
+    }
+
+    /// The tools whose writes an MCP probe proves: named, since what it
+    /// finds for one tool's writes says nothing of another's; each a tool
+    /// whose calls are held (not read-only), and not the probe's own.
+    fn proved_tools(
+        &self,
+        field: &str,
+        tools: Option<Vec<String>>,
+        probe: &str,
+        lists: McpToolLists<'_>,
+    ) -> Result<Vec<String>, ConfigError> {
+        let tools = tools.filter(|t| !t.is_empty()).ok_or_else(|| {
+            self.invalid(
+                field,
+                "is required: the tools whose writes the probe proves (a probe for one tool's writes says nothing of another's, so a held call of a tool not named here is never probed)",
+            )
+        })?;
+        for tool in &tools {
+            let refused = if tool.is_empty() {
+                "is not a tool name"
+            } else if lists.read_only.contains(tool) {
+                "is in read_only_tools: its calls are never held, and so never probed"
+            } else if tool == probe {
+                "is the probe's own tool, which only reads"
+            } else {
+                continue;
+            };
+            return Err(self.invalid(field, format!("`{tool}` {refused}")));
+        }
+        Ok(tools)
     }
 
     /// A read-only tool's call: not a protected tool, arguments a JSON

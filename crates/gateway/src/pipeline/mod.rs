@@ -693,7 +693,9 @@ impl Proxy {
             match self.claim_once(active, &write, &new).await? {
                 Claimed::Send(claim, guard) => break (claim, guard),
                 Claimed::Answer(response) => return Ok(Next::Answer(response)),
-                Claimed::Held(operation) if probed || !route.has_probe() => {
+                Claimed::Held(operation)
+                    if probed || !reconcile::probes(route, write.key.as_str()) =>
+                {
                     return replay::answer_existing(&operation, &write.fingerprint)
                         .map(Next::Answer);
                 }

@@ -66,15 +66,7 @@ pub(crate) async fn run_all(
         destination: plan.route.upstream.origin.to_string(),
         method: plan.method.to_string(),
         path: plan.path.clone(),
-        probe: plan
-            .route
-            .reconcile
-            .as_ref()
-            .map(|r| r.url.clone())
-            .or_else(|| {
-                let tool = plan.route.mcp.as_ref()?.reconcile.as_ref()?;
-                Some(format!("tools/call {}", tool.tool))
-            }),
+        probe: plan.probe(),
         headers: plan.header_sources.clone(),
         cases: Vec::new(),
         stopped: None,
@@ -249,7 +241,7 @@ impl Run<'_> {
     }
 
     fn has_probe(&self) -> bool {
-        self.plan.route.has_probe()
+        self.plan.probe().is_some()
     }
 
     /// Case 1.

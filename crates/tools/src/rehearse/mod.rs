@@ -218,6 +218,20 @@ impl Plan {
         }
     }
 
+    /// The route's probe for the rehearsed writes, as the report names
+    /// it: an HTTP route's URL template, or an MCP route's probe tool when
+    /// it is for the rehearsed tool (it proves no other's writes).
+    pub(crate) fn probe(&self) -> Option<String> {
+        if let Some(reconcile) = &self.route.reconcile {
+            return Some(reconcile.url.clone());
+        }
+        let probe = self.route.mcp.as_ref()?.reconcile.as_ref()?;
+        let tool = self.tool.as_deref()?;
+        probe
+            .proves(tool)
+            .then(|| format!("tools/call {}", probe.tool))
+    }
+
     /// The body for `key`.
     pub(crate) fn body_for(&self, key: &str) -> String {
         self.body.replace("{key}", key)

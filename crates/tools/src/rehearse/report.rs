@@ -28,7 +28,8 @@ pub struct Report {
     pub destination: String,
     pub(crate) method: String,
     pub(crate) path: String,
-    /// The reconcile probe's URL template, if the route has one.
+    /// The reconcile probe's URL template, or `tools/call NAME` for an
+    /// MCP probe of the rehearsed tool, if the route has one.
     pub(crate) probe: Option<String>,
     /// The headers every write carried, as `name from $VARIABLE`.
     pub(crate) headers: Vec<String>,

@@ -13,8 +13,10 @@
 //! - the fingerprint is the tool and the canonical JSON of its arguments:
 //!   never the JSON-RPC id, `_meta`, a session, a continuation
 //!   (`inputResponses`, `requestState`) nor the key argument when it is
-//!   the key; arguments canonical JSON would merge with others are hashed
-//!   as sent.
+//!   the key or `null` (no key, as an absent one: a model that sends an
+//!   optional key as `null` on one try and leaves it out on the next
+//!   makes one call); absent, `null` and `{}` arguments are one; arguments
+//!   canonical JSON would merge with others are hashed as sent.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -77,8 +79,7 @@ pub fn identify(
             }
         },
     };
-    let left_out = key_argument.filter(|_| from_argument);
-    let fingerprint = fingerprint(call, body, left_out);
+    let fingerprint = fingerprint(call, body, key_argument.map(|name| (name, from_argument)));
     let (key, source) = match sent {
         Some(key) => (key, KeySource::Sent),
         None if route.key == KeyMode::Derive => (
@@ -99,17 +100,36 @@ pub fn identify(
     })
 }
 
+/// The tool of the operation stored under `key` on an MCP route
+/// (`<tool>/<key>`, the tool percent-encoded).
+pub fn tool_of(key: &str) -> Option<String> {
+    let (tool, _) = key.split_once('/')?;
+    let decoded = percent_encoding::percent_decode_str(tool)
+        .decode_utf8()
+        .ok()?;
+    Some(decoded.into_owned())
+}
+
 /// The call's fingerprint: its tool and arguments as RFC 8785 canonical
-/// JSON, without the argument `left_out` (the one that carried the key).
-fn fingerprint(call: &Call, body: &[u8], left_out: Option<&str>) -> Fingerprint {
+/// JSON, arguments absent, `null` and `{}` alike, without the key
+/// argument (`name`, and whether it carried the key) when it carried the
+/// key or is `null`: a `null` key argument is no key, as an absent one,
+/// and no more part of the call.
+fn fingerprint(call: &Call, body: &[u8], key_argument: Option<(&str, bool)>) -> Fingerprint {
     let mut hasher = Sha256::new();
     part(&mut hasher, b"idemgate-mcp-v1");
     part(&mut hasher, call.tool.as_bytes());
-    let raw = canonical_json::raw_at(body, ARGUMENTS).unwrap_or(b"null");
+    let raw = canonical_json::raw_at(body, ARGUMENTS).unwrap_or(b"{}");
     match canonical_json::parse_exact(raw) {
         Ok(mut arguments) => {
-            if let Some(name) = left_out {
-                canonical_json::remove_pointer(&mut arguments, &pointer_to(name));
+            if arguments.is_null() {
+                arguments = Value::Object(serde_json::Map::new());
+            }
+            if let Some((name, carried_key)) = key_argument {
+                let pointer = pointer_to(name);
+                if carried_key || arguments.pointer(&pointer).is_some_and(Value::is_null) {
+                    canonical_json::remove_pointer(&mut arguments, &pointer);
+                }
             }
             part(&mut hasher, b"json");
             part(&mut hasher, &canonical_json::canonicalize(&arguments));
@@ -123,7 +143,7 @@ fn fingerprint(call: &Call, body: &[u8], left_out: Option<&str>) -> Fingerprint 
 }
 
 /// The argument `name` as key text ([`key_text`]); anything else is no
-/// key, and the argument stays in the fingerprint.
+/// key, and the argument stays in the fingerprint unless it is `null`.
 fn argument_text(body: &[u8], name: &str) -> Option<String> {
     let raw = canonical_json::raw_at(body, &format!("{ARGUMENTS}{}", pointer_to(name)))?;
     key_text(&canonical_json::parse_exact(raw).ok()?)
@@ -280,6 +300,67 @@ mod tests {
         let other = identify_as(&call(None), &[], r#"{"title":"b","n":1}"#, &route);
         assert_ne!(other.key, a.key);
         assert!(a.key.as_str().starts_with("create_task/derived-"));
+    }
+
+    #[test]
+    fn a_null_key_argument_is_as_absent() {
+        let route = route(Some("request_id"));
+        let absent = identify_as(&call(None), &[], r#"{"title":"a"}"#, &route);
+        let null = identify_as(
+            &call(None),
+            &[],
+            r#"{"title":"a","request_id":null}"#,
+            &route,
+        );
+        assert_eq!(null.source, KeySource::Derived);
+        assert_eq!(
+            (null.key.as_str(), &null.fingerprint),
+            (absent.key.as_str(), &absent.fingerprint)
+        );
+        // A keyed retry is the same call under another key.
+        let keyed = identify_as(
+            &call(None),
+            &[],
+            r#"{"title":"a","request_id":"x1"}"#,
+            &route,
+        );
+        assert_eq!(keyed.fingerprint, absent.fingerprint);
+        // Beside a `_meta` key too: the argument is no part of the call.
+        let meta = call(Some("m-1"));
+        let with_null = identify_as(&meta, &[], r#"{"title":"a","request_id":null}"#, &route);
+        let without = identify_as(&meta, &[], r#"{"title":"a"}"#, &route);
+        assert_eq!(with_null.fingerprint, without.fingerprint);
+        // Of another type it is no key, and tells calls apart.
+        let other = identify_as(
+            &call(None),
+            &[],
+            r#"{"title":"a","request_id":true}"#,
+            &route,
+        );
+        assert_ne!(other.fingerprint, absent.fingerprint);
+    }
+
+    #[test]
+    fn absent_null_and_empty_arguments_are_one() {
+        let route = route(None);
+        let without =
+            br#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"create_task"}}"#;
+        let absent = identify(
+            &call(None),
+            &http::HeaderMap::new(),
+            without,
+            &route,
+            &scope(),
+        )
+        .unwrap();
+        for arguments in ["null", "{}"] {
+            let other = identify_as(&call(None), &[], arguments, &route);
+            assert_eq!(
+                (other.key.as_str(), &other.fingerprint),
+                (absent.key.as_str(), &absent.fingerprint),
+                "{arguments}"
+            );
+        }
     }
 
     #[test]

@@ -43,6 +43,9 @@
 //!   entries, its first and its latest, which counts the probes it stands
 //!   for (`RequestPath::add_probe_event`), so retries never grow a held
 //!   operation's timeline without bound;
+//! - an MCP route's probe asks only about a held call of a tool it is
+//!   for (its `tools`): what it finds of one tool's writes says nothing
+//!   of another's;
 //! - a probe asks about its own operation and nothing else:
 //!   `http::url` is the one place a probe URL is built;
 //! - a probe asks by keys its destination got: `{key}` only where the
@@ -70,6 +73,7 @@ use crate::config::{Absence, McpReconcile, ProbeKeys, Reconcile, Route};
 use crate::metrics::Metrics;
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::forward::{self, ProbeClient};
+use crate::pipeline::mcp::identity;
 use crate::traces::{self, Step};
 use idemgate_model::backoff::Backoff;
 use idemgate_model::clock;
@@ -130,11 +134,16 @@ enum Probe<'a> {
 }
 
 impl<'a> Probe<'a> {
-    fn of(route: &'a Route) -> Option<Self> {
+    /// The route's probe for the operation stored under `key`. An MCP
+    /// route's proves the writes of its `tools` only: a held call of any
+    /// other tool has none, and stays held for an operator.
+    fn of(route: &'a Route, key: &str) -> Option<Self> {
         let tool = route.mcp.as_ref().and_then(|m| m.reconcile.as_ref());
         match (route.reconcile.as_ref(), tool) {
             (Some(reconcile), _) => Some(Probe::Http(reconcile)),
-            (None, Some(tool)) => Some(Probe::Tool(tool)),
+            (None, Some(probe)) => identity::tool_of(key)
+                .is_some_and(|tool| probe.proves(&tool))
+                .then_some(Probe::Tool(probe)),
             (None, None) => None,
         }
     }
@@ -300,7 +309,7 @@ impl Reconciler {
         credentials: &HeaderMap,
     ) {
         let route = &active.route;
-        let Some(probe) = Probe::of(route) else {
+        let Some(probe) = Probe::of(route, key) else {
             return;
         };
         let done = match self.running.entry(operation_id.to_string()) {
@@ -538,6 +547,11 @@ async fn within(timeout: Duration, asked: &str, question: impl Future<Output = A
                 humantime::format_duration(timeout)
             )),
         })
+}
+
+/// Whether the operation stored under `key` on `route` has a probe.
+pub(crate) fn probes(route: &Route, key: &str) -> bool {
+    Probe::of(route, key).is_some()
 }
 
 /// A probe's request sent: its response, or why not.
