@@ -20,7 +20,8 @@
 //!
 //! A POST to a path ending in `/mcp` is a JSON-RPC message to a stateless
 //! MCP server over Streamable HTTP, answered as JSON: `initialize`, `ping`,
-//! `tools/list` (`create_task`, which commits an effect, and the read-only
+//! `tools/list` (`create_task`, which commits an effect and declares an
+//! `outputSchema`, its `structuredContent` `{"id": n}`, and the read-only
 //! `count_tasks`, whose `structuredContent` is `{"tasks": n}`), `tools/call`;
 //! a notification gets 202. After `/mcp/` comes a fault for `create_task`'s
 //! calls, as above: `/mcp/drop` commits and drops the connection,
@@ -245,6 +246,8 @@ mod mcp {
             "tools/list" => json!({"tools": [
                 {"name": "create_task", "description": "Create a task (not idempotent).",
                  "inputSchema": {"type": "object", "properties": {"title": {"type": "string"}}},
+                 "outputSchema": {"type": "object", "properties": {"id": {"type": "integer"}},
+                                  "required": ["id"]},
                  "annotations": {"readOnlyHint": false}},
                 {"name": "count_tasks", "description": "How many tasks exist.",
                  "inputSchema": {"type": "object"},
@@ -264,7 +267,9 @@ mod mcp {
                         "slow" => tokio::time::sleep(slow(query)).await,
                         _ => {}
                     }
-                    text(&format!("created task {id}"))
+                    let mut created = text(&format!("created task {id}"));
+                    created["structuredContent"] = json!({ "id": id });
+                    created
                 }
                 Some("count_tasks") => {
                     let writes = effects.lock().map_or(0, |e| e.writes);
