@@ -672,8 +672,8 @@ async fn a_route_a_probe_paused_is_shown_as_paused_by_the_probe() {
 }
 
 /// A held MCP tool call is settled with a tool result: the form offers
-/// its text and isError (no HTTP status or body), the confirmation quotes
-/// it, and the agent's retry gets it.
+/// its text, structured content and isError (no HTTP status or body), the
+/// confirmation quotes it, and the agent's retry gets it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
 async fn a_held_tool_call_is_settled_with_a_tool_result() {
@@ -709,11 +709,12 @@ async fn a_held_tool_call_is_settled_with_a_tool_result() {
     );
     type_into(&client, "#settle-operator", "ann").await;
     type_into(&client, "#settle-tool-text", "created task 42").await;
+    type_into(&client, "#settle-tool-structured", r#"{"id": 42}"#).await;
     click(&client, "#settle-form button[type=submit]").await;
     wait_text(
         &client,
         "#confirm-text",
-        "tool result “created task 42” (isError: false)",
+        "tool result “created task 42” (isError: false) with its structured content",
     )
     .await;
     click(&client, "#confirm-ok").await;
@@ -723,7 +724,9 @@ async fn a_held_tool_call_is_settled_with_a_tool_result() {
     assert_eq!(retry.status, 200);
     let text = String::from_utf8_lossy(&retry.body);
     assert!(
-        text.contains("created task 42") && text.contains("\"isError\":false"),
+        text.contains("created task 42")
+            && text.contains("\"isError\":false")
+            && text.contains("\"structuredContent\":{\"id\":42}"),
         "{text}"
     );
 

@@ -1,8 +1,10 @@
 //! `idemgate keys list|show|resolve` against the real `idemgate serve`
 //! process: an operation lost to a timeout is listed and shown with its
 //! timeline, resolved from the command line, and the client's retry then
-//! gets the stored response; API errors are `error: <status> <name>:
-//! <detail>` on stderr with a non-zero exit; `--json` prints JSON.
+//! gets the stored response; a held MCP tool call is settled with
+//! `--result`, the tool result its retries get; API errors are `error:
+//! <status> <name>: <detail>` on stderr with a non-zero exit; `--json`
+//! prints JSON.
 //!
 //! The admin token reaches both processes through `Command::env` only.
 
@@ -31,8 +33,15 @@ impl Served {
         let token = format!("cli-token-{unique}");
         // A late window short enough that `not_attempted` is taken at
         // once (`attempt-may-still-land` has its own test in admin_api).
-        let setup = Setup::route("upstream_timeout = \"300ms\"\nlate_window = \"1ms\"")
-            .server(&format!("admin_token_env = \"{variable}\""));
+        // And an `mcp` route at `/drop`, whose calls' answers are lost.
+        let tools = format!(
+            "\n[[routes]]\nname = \"tools\"\nprofile = \"mcp\"\npath_prefix = \"/drop\"\nupstream = \"{}\"\n",
+            upstream.url()
+        );
+        let setup = Setup::route(&format!(
+            "upstream_timeout = \"300ms\"\nlate_window = \"1ms\"\n{tools}"
+        ))
+        .server(&format!("admin_token_env = \"{variable}\""));
         let toml = gateway_toml_with(&dir.path().join("idemgate.db"), &upstream.url(), &setup);
         let config = write_config(dir.path(), "idemgate.toml", &toml);
         let mut cmd = binary();
@@ -93,6 +102,28 @@ impl Served {
     async fn lose(&self, key: &str) {
         let lost = write(self.gateway.proxy, "/hold", Some(key), ORDER).await;
         lost.assert_operation_problem(504, "outcome-unknown", "unknown");
+    }
+
+    /// A `tools/call` of `create_task` through the `mcp` route, under
+    /// `key`: the first one's answer is lost (`/drop`).
+    async fn call_tool(&self, key: &str) -> Response {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                          "params": {"name": "create_task", "arguments": {"title": "t"}}});
+        let headers = [
+            ("content-type", "application/json"),
+            ("accept", "application/json"),
+            ("authorization", ALICE),
+            ("mcp-protocol-version", "2025-11-25"),
+            ("idempotency-key", key),
+        ];
+        send(
+            self.gateway.proxy,
+            "POST",
+            "/drop",
+            &headers,
+            body.to_string(),
+        )
+        .await
     }
 
     /// The id of the one operation with `key`, from `keys list --json`.
@@ -339,6 +370,54 @@ async fn resolutions_from_the_command_line_take_every_form() {
         .fails(served.keys(&resolve(&id, "not_attempted", "ann", &["--status", "200"])))
         .await;
     assert_api_error(&refused, 400, "invalid-resolution");
+}
+
+/// An MCP tool call is settled with `--result`, the whole tool result
+/// its retries get (`structuredContent` included); a `--result` for an
+/// HTTP route's write, and `--status` for a tool call, are refused as the
+/// API refuses them, the latter naming `--result`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_is_settled_with_a_result() {
+    let served = Served::start().await;
+    let lost = served.call_tool("cli-tool").await;
+    assert_eq!(lost.json()["result"]["isError"], true, "{:?}", lost.json());
+    let id = served.id_of("create_task/cli-tool").await;
+    let result = r#"{"content":[{"type":"text","text":"created task 9"}],"structuredContent":{"id":9},"isError":false}"#;
+
+    let refused = served
+        .fails(served.keys(&resolve(
+            &id,
+            "completed",
+            "ann",
+            &["--status", "200", "--json-body", "{}"],
+        )))
+        .await;
+    assert_api_error(&refused, 409, "wrong-answer-kind");
+    assert!(refused.contains("--result"), "{refused}");
+    served.lose("cli-http").await;
+    let http = served.id_of("cli-http").await;
+    let refused = served
+        .fails(served.keys(&resolve(&http, "completed", "ann", &["--result", result])))
+        .await;
+    assert_api_error(&refused, 409, "wrong-answer-kind");
+
+    served
+        .ok(&resolve(&id, "completed", "ann", &["--result", result]))
+        .await;
+    let retry = served.call_tool("cli-tool").await;
+    let replayed = &retry.json()["result"];
+    assert_eq!(
+        replayed["content"][0]["text"], "created task 9",
+        "{replayed}"
+    );
+    assert_eq!(replayed["structuredContent"], json!({"id": 9}));
+    assert_eq!(replayed["isError"], false);
+    assert_eq!(replayed["_meta"]["dev.idemgate/replayed"], true);
+    assert_eq!(
+        served.upstream.writes(),
+        2,
+        "the call and the HTTP write, once each"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

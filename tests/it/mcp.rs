@@ -16,7 +16,9 @@
 //!   do not reach the server while the call runs);
 //! - a server that dies mid-call leaves the call `unknown`: its retry is
 //!   the `outcome-unknown` tool result, and an operator's resolution is
-//!   what the next retry gets;
+//!   what the next retry gets — a `result` with the `structuredContent`
+//!   the tool's `outputSchema` asks for as given, none the gateway's own
+//!   answer that it already ran, which every client takes;
 //! - a read-only tool runs every time;
 //! - the gateway killed (SIGKILL) mid-call recovers it to `unknown` and
 //!   never executes it again;
@@ -24,8 +26,9 @@
 //! - a call under a rotated key while an identical one is in progress or
 //!   held is `possible-duplicate`, not run; after it completed, it runs;
 //! - a held call is proved by the route's read-only probe tool, its
-//!   arguments filled from the held call: completed with the probe's
-//!   result; a probe that finds nothing leaves it held;
+//!   arguments filled from the held call: completed, its retries (every
+//!   client) answered by the gateway that it already ran, never with the
+//!   probe tool's result; a probe that finds nothing leaves it held;
 //! - `idemgate rehearse` runs its five cases against the server with tool
 //!   calls, every case as expected, and counts the writes it sent;
 //! - `@modelcontextprotocol/conformance`, run against a reference server
@@ -58,7 +61,14 @@
 //!   part of the call: retries that send it `null`, leave it out or send
 //!   a key are held, not made; absent, `null` and `{}` arguments are one;
 //! - a batch holding a `notifications/cancelled` for a call in flight is
-//!   refused whole (`-32600`), none of it sent, and the call runs on.
+//!   refused whole (`-32600`), none of it sent, and the call runs on;
+//! - a held call resolved `completed` with no `result` is answered by the
+//!   gateway (`isError: true`, no `structuredContent`, who resolved it),
+//!   and a `result` with `structuredContent` is replayed as given.
+//!
+//! And with `idemgate mock-upstream`'s MCP server (`create_task` declares
+//! an `outputSchema`), a call its `count_tasks` probe finds is answered
+//! by the gateway too, never with `count_tasks`' `structuredContent`.
 //!
 //! Those with the SDKs need `tests/clients/mcp` installed (`.ci/run`
 //! does) and are `#[ignore]`d for a plain `cargo test`; the header check
@@ -68,6 +78,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
 use crate::common::*;
+use idemgate_tools::mock_upstream::MockUpstream;
 use serde_json::{Value, json};
 
 /// `tests/clients/mcp`.
@@ -452,10 +463,14 @@ async fn a_call_whose_server_died_is_held_until_an_operator_resolves_it() {
         .as_str()
         .unwrap()
         .to_string();
+    // `die_after_effect` declares an `outputSchema`: the result carries
+    // the `structuredContent` it asks for. Each client lists the tools
+    // first, so each checks the result against it.
     let resolution = json!({
         "outcome": "completed",
         "operator": "ops",
-        "result": {"content": [{"type": "text", "text": "created task 42"}], "isError": false},
+        "result": {"content": [{"type": "text", "text": "created task 42"}],
+                   "structuredContent": {"id": 42}, "isError": false},
     });
     let resolved = gw.resolve(&id, &resolution).await;
     assert_eq!(
@@ -464,16 +479,68 @@ async fn a_call_whose_server_died_is_held_until_an_operator_resolves_it() {
         "{}",
         String::from_utf8_lossy(&resolved.body)
     );
+    let listing = strs(&key)
+        .into_iter()
+        .chain(["--list-first"])
+        .collect::<Vec<_>>();
     for client in CLIENTS {
-        let settled = call(client, &gw, "die_after_effect", &args, 1, &strs(&key)).await;
+        let settled = call(client, &gw, "die_after_effect", &args, 1, &listing).await;
         assert_eq!(
             text(&settled[0]),
             "created task 42",
             "{client:?}: {settled:?}"
         );
+        assert_eq!(settled[0]["structuredContent"], json!({"id": 42}));
         assert!(replayed(&settled[0]), "{settled:?}");
     }
     assert_eq!(server.executions("die_after_effect", "died"), 1);
+
+    // Resolved with no result: the gateway's own answer, which every
+    // client takes whatever the tool's `outputSchema`.
+    let args = json!({ "title": "died-again" });
+    let key = self::key("died-2");
+    call(
+        Client::Python,
+        &gw,
+        "die_after_effect",
+        &args,
+        1,
+        &strs(&key),
+    )
+    .await;
+    server.restart().await;
+    let id = gw.operation("die_after_effect/died-2").await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let resolution = json!({"outcome": "completed", "operator": "ops", "reference": "T-3"});
+    assert_eq!(gw.resolve(&id, &resolution).await.status, 200);
+    let listing = strs(&key)
+        .into_iter()
+        .chain(["--list-first"])
+        .collect::<Vec<_>>();
+    for client in CLIENTS {
+        let settled = call(client, &gw, "die_after_effect", &args, 1, &listing).await;
+        assert_taken_as_already_done(client, &settled[0]);
+    }
+    assert_eq!(server.executions("die_after_effect", "died-again"), 1);
+}
+
+/// A call's result as `client` printed it: the gateway's own answer that
+/// the call already ran, taken (not raised) by an SDK client that checks
+/// results against the tool's `outputSchema`.
+fn assert_taken_as_already_done(client: Client, line: &Value) {
+    assert!(line.get("error").is_none(), "{client:?} refused it: {line}");
+    assert_eq!(line["isError"], true, "{client:?}: {line}");
+    assert_eq!(line["structuredContent"], Value::Null, "{client:?}: {line}");
+    assert_eq!(
+        line["meta"]["dev.idemgate/problem"], "completed-without-result",
+        "{client:?}: {line}"
+    );
+    assert!(
+        text(line).contains("already happened and succeeded"),
+        "{client:?}: {line}"
+    );
 }
 
 /// `client.py` through the gateway at `proxy`, calling `slow_create`
@@ -682,15 +749,114 @@ async fn a_held_call_is_settled_with_a_tool_result_not_an_http_response() {
         "{problem}"
     );
     let result = json!({"outcome": "completed", "operator": "ann",
-                        "result": {"content": [{"type": "text", "text": "created"}], "isError": false}});
+                        "result": {"content": [{"type": "text", "text": "created"}],
+                                   "structuredContent": {"id": 42}, "isError": false}});
     assert_eq!(gw.resolve(&id, &result).await.status, 200);
     let retry = send(gw.addr(), "POST", "/drop", &headers, body.to_string()).await;
     assert_eq!(retry.status, 200);
     let messages = messages_of(&retry);
-    assert_eq!(
-        messages[0]["result"]["content"][0]["text"], "created",
-        "{messages:?}"
+    let replayed = &messages[0]["result"];
+    assert_eq!(replayed["content"][0]["text"], "created", "{messages:?}");
+    assert_eq!(replayed["structuredContent"], json!({"id": 42}), "as given");
+    assert_eq!(replayed["isError"], false);
+}
+
+/// What an official SDK client takes from a tool that declares an
+/// `outputSchema`, when the gateway answers in its stead: a result it
+/// checks against no schema (`isError: true`: the Python SDKs and the
+/// TypeScript SDK skip the check then, and the TypeScript SDK checks a
+/// `structuredContent` given with it still, so there is none), saying the
+/// call already ran.
+fn assert_settled_without_result(result: &Value) {
+    assert_eq!(result["isError"], true, "{result}");
+    assert!(result.get("structuredContent").is_none(), "{result}");
+    let meta = &result["_meta"];
+    assert_eq!(meta["dev.idemgate/problem"], "completed-without-result");
+    assert_eq!(meta["dev.idemgate/state"], "completed");
+    assert_eq!(meta["dev.idemgate/replayed"], true);
+    let text = result["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("already happened and succeeded") && text.contains("Do not call it again"),
+        "{text}"
     );
+}
+
+/// A held call an operator resolves `completed` with no `result` is
+/// answered by the gateway, in a shape the SDKs take whatever the tool's
+/// `outputSchema`, naming who resolved it: not the `{"resolved_by", …}`
+/// text an HTTP route's retries get, which a client refuses when the
+/// tool declares an `outputSchema` ("did not return structured
+/// content"). The 409 for an HTTP `response` names the CLI's flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_resolved_without_a_result_is_answered_by_the_gateway() {
+    let setup = Setup::route("profile = \"mcp\"").at("/drop").admin();
+    let gw = spawn_gateway_with(setup).await;
+    let params = json!({"name": "create_task", "arguments": {"title": "t"}});
+    let key = [("idempotency-key", "settled-1")];
+    call_at(&gw, "/drop", 1, &params, &key).await;
+    let id = gw.operation("create_task/settled-1").await["id"]
+        .as_str()
+        .expect("held")
+        .to_owned();
+    let http = json!({"outcome": "completed", "operator": "ann",
+                      "response": {"status": 200, "body": "x"}});
+    let problem = gw
+        .resolve(&id, &http)
+        .await
+        .assert_problem(409, "wrong-answer-kind");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("idemgate keys resolve --result")),
+        "{problem}"
+    );
+    let resolution = json!({"outcome": "completed", "operator": "ann", "reference": "T-9"});
+    assert_eq!(gw.resolve(&id, &resolution).await.status, 200);
+    let retry = call_at(&gw, "/drop", 2, &params, &key).await;
+    let result = &retry.json()["result"];
+    assert_settled_without_result(result);
+    assert_eq!(result["_meta"]["dev.idemgate/resolved-by"], "ann");
+    assert_eq!(result["_meta"]["dev.idemgate/operation-id"], id.as_str());
+    let text = result["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("ann") && text.contains("T-9"), "{text}");
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+/// A held call the route's probe tool proves happened is answered by the
+/// gateway, with the probe's content as evidence and never its
+/// `structuredContent` (`count_tasks`' `{"tasks": n}`, which
+/// `create_task`'s `outputSchema` refuses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_found_by_the_probe_tool_is_not_answered_with_its_result() {
+    let mock = MockUpstream::start(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("mock starts");
+    let route = "profile = \"mcp\"\n[routes.mcp.reconcile]\ntool = \"count_tasks\"\n\
+        found_json_pointer = \"/structuredContent/tasks\"\n";
+    let setup = Setup::route(route)
+        .at("/mcp")
+        .upstream_url(format!("http://{}", mock.addr()))
+        .admin();
+    let gw = spawn_gateway_with(setup).await;
+    let params = json!({"name": "create_task", "arguments": {"title": "t"}});
+    let key = [("idempotency-key", "found-1")];
+    // Committed, its answer dropped: held, and probed at once.
+    call_at(&gw, "/mcp/drop", 1, &params, &key).await;
+    eventually("the probe to settle the call", || async {
+        let shown = gw.operation("create_task/found-1").await;
+        (shown["state"] == "completed").then_some(())
+    })
+    .await;
+    let retry = call_at(&gw, "/mcp/drop", 2, &params, &key).await;
+    let result = &retry.json()["result"];
+    assert_settled_without_result(result);
+    assert_eq!(result["_meta"]["dev.idemgate/reconciled-by"], "count_tasks");
+    assert_eq!(
+        result["content"][1]["text"], "1 tasks",
+        "the probe's content, as evidence: {result}"
+    );
+    assert_eq!(mock.writes(), 1);
+    mock.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -940,17 +1106,19 @@ async fn a_held_call_is_proved_by_the_routes_probe_tool() {
         server.restart().await;
     }
     // The retry of a held call probes again, now that the server is back.
-    let settled = call(Client::PythonModern, &gw, "die_after_effect", &args, 1, &[]).await;
-    assert!(replayed(&settled[0]), "{settled:?}");
-    assert_eq!(settled[0]["isError"], false, "{settled:?}");
-    assert!(
-        text(&settled[0]).contains("\"seq\""),
-        "the probe's result: {settled:?}"
-    );
-    assert_eq!(
-        settled[0]["meta"]["dev.idemgate/reconciled-by"],
-        "find_task"
-    );
+    // It is answered by the gateway, not with `find_task`'s result, whose
+    // `structuredContent` (`{"seq": n}`) `die_after_effect`'s
+    // `outputSchema` (`{"id": n}`) refuses: each
+    // client, listing the tools first, takes the answer.
+    for client in CLIENTS {
+        let settled = call(client, &gw, "die_after_effect", &args, 1, &["--list-first"]).await;
+        assert_taken_as_already_done(client, &settled[0]);
+        assert!(replayed(&settled[0]), "{settled:?}");
+        assert_eq!(
+            settled[0]["meta"]["dev.idemgate/reconciled-by"],
+            "find_task"
+        );
+    }
     // Not found is no proof: still held, and the probe on the timeline.
     let held = call(
         Client::PythonModern,

@@ -302,8 +302,8 @@ pub struct KeysResolve {
     #[arg(long)]
     pub(crate) attempt: Option<u32>,
     /// The status later replays get (completed only). Without it, replays get
-    /// 200 {"resolved_by", "reference"}.
-    #[arg(long)]
+    /// 200 {"resolved_by", "reference"}. Not for an MCP tool call: see --result.
+    #[arg(long, conflicts_with = "result")]
     pub(crate) status: Option<u16>,
     /// A header of the stored response, `name: value`; repeatable.
     #[arg(long = "header", value_name = "NAME: VALUE", requires = "status")]
@@ -315,6 +315,13 @@ pub struct KeysResolve {
     /// content-type: application/json unless a --header sets one).
     #[arg(long, value_name = "JSON", requires = "status")]
     pub(crate) json_body: Option<String>,
+    /// An MCP tool call's result, the whole object its retries get
+    /// (completed only): {"content": [...], "structuredContent": {...},
+    /// "isError": false}, with structuredContent matching the tool's
+    /// outputSchema when it declares one. Without it, retries get the
+    /// gateway's own result saying the call already ran (docs/mcp.md).
+    #[arg(long, value_name = "JSON")]
+    pub(crate) result: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -59,8 +59,11 @@ pub enum KeysError {
     AdminUrl { url: String, reason: String },
     #[error("--header `{header}`: expected `name: value`")]
     Header { header: String },
-    #[error("--json-body is not JSON: {0}")]
-    JsonBody(#[source] serde_json::Error),
+    #[error("{flag} is not JSON: {source}")]
+    NotJson {
+        flag: &'static str,
+        source: serde_json::Error,
+    },
     #[error("cannot set up TLS for the admin API: {0}")]
     Tls(#[from] TlsError),
     #[error("cannot reach the admin API at {url}: {reason}")]
@@ -185,8 +188,9 @@ fn list_path(list: &KeysList) -> String {
 
 /// The body of `POST /admin/keys/{id}/resolve` these flags describe. A
 /// `response` is sent only with `--status` (clap enforces that the other
-/// response flags need it); the API judges the rest (e.g. a response on a
-/// `not_attempted` resolution).
+/// response flags need it), a tool `result` only with `--result` (never
+/// with `--status`); the API judges the rest (e.g. a response on a
+/// `not_attempted` resolution, a `result` for a route that is not `mcp`).
 pub fn resolution(resolve: &KeysResolve) -> Result<Value, KeysError> {
     let mut body = json!({
         "outcome": resolve.outcome.as_str(),
@@ -200,6 +204,12 @@ pub fn resolution(resolve: &KeysResolve) -> Result<Value, KeysError> {
     }
     if let Some(attempt) = resolve.attempt {
         body["attempt"] = json!(attempt);
+    }
+    if let Some(result) = &resolve.result {
+        body["result"] = serde_json::from_str(result).map_err(|source| KeysError::NotJson {
+            flag: "--result",
+            source,
+        })?;
     }
     let Some(status) = resolve.status else {
         return Ok(body);
@@ -224,7 +234,12 @@ pub fn resolution(resolve: &KeysResolve) -> Result<Value, KeysError> {
             // stores a string body verbatim, where a JSON value would be
             // stored as serde_json writes it again (`null` as no body, an
             // object's members sorted, a string unquoted).
-            serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(KeysError::JsonBody)?;
+            serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|source| {
+                KeysError::NotJson {
+                    flag: "--json-body",
+                    source,
+                }
+            })?;
             if !headers.contains_key("content-type") {
                 headers.insert("content-type".into(), json!("application/json"));
             }
@@ -640,7 +655,20 @@ mod tests {
             headers: Vec::new(),
             body: None,
             json_body: None,
+            result: None,
         }
+    }
+
+    #[test]
+    fn a_tool_result_is_sent_as_the_result() {
+        let mut r = resolve(None);
+        r.result = Some(r#"{"content":[],"structuredContent":{"id":4},"isError":false}"#.into());
+        let body = resolution(&r).unwrap();
+        assert_eq!(
+            body["result"],
+            json!({"content": [], "structuredContent": {"id": 4}, "isError": false})
+        );
+        assert!(body.get("response").is_none(), "{body}");
     }
 
     #[test]
@@ -705,7 +733,22 @@ mod tests {
         assert!(matches!(resolution(&r), Err(KeysError::Header { .. })));
         r.headers = Vec::new();
         r.json_body = Some("{oops".into());
-        assert!(matches!(resolution(&r), Err(KeysError::JsonBody(_))));
+        assert!(matches!(
+            resolution(&r),
+            Err(KeysError::NotJson {
+                flag: "--json-body",
+                ..
+            })
+        ));
+        let mut r = resolve(None);
+        r.result = Some("{oops".into());
+        assert!(matches!(
+            resolution(&r),
+            Err(KeysError::NotJson {
+                flag: "--result",
+                ..
+            })
+        ));
         for url in ["127.0.0.1:9090", "ftp://h", "http://h/?a=1", "not a url"] {
             assert!(
                 matches!(admin_base(url), Err(KeysError::AdminUrl { .. })),

@@ -20,14 +20,15 @@
 //!
 //! A POST to a path ending in `/mcp` is a JSON-RPC message to a stateless
 //! MCP server over Streamable HTTP, answered as JSON: `initialize`, `ping`,
-//! `tools/list` (`create_task` and `comment_task`, each of which commits
-//! an effect, and the read-only `count_tasks`, whose `structuredContent`
-//! is `{"tasks": n}`, the tasks created: comments are no tasks),
-//! `tools/call`; a notification gets 202. After `/mcp/` comes a fault for
-//! the writing tools' calls, as above: `/mcp/drop` commits and drops the
-//! connection, `/mcp/slow?ms=N` waits, `/mcp/{code}` answers that HTTP
-//! status without running the tool (a proxy before it failing), and
-//! `/mcp/lose-once` drops the first call per `Idempotency-Key` without
+//! `tools/list` (`create_task`, which commits an effect and declares an
+//! `outputSchema`, its `structuredContent` `{"id": n}`; `comment_task`,
+//! which commits an effect; and the read-only `count_tasks`, whose
+//! `structuredContent` is `{"tasks": n}`, the tasks created: comments are
+//! no tasks), `tools/call`; a notification gets 202. After `/mcp/` comes a
+//! fault for the writing tools' calls, as above: `/mcp/drop` commits and
+//! drops the connection, `/mcp/slow?ms=N` waits, `/mcp/{code}` answers
+//! that HTTP status without running the tool (a proxy before it failing),
+//! and `/mcp/lose-once` drops the first call per `Idempotency-Key` without
 //! committing it (a call lost on its way: a probe finds it absent), later
 //! ones commit.
 //!
@@ -250,6 +251,8 @@ mod mcp {
             "tools/list" => json!({"tools": [
                 {"name": "create_task", "description": "Create a task (not idempotent).",
                  "inputSchema": {"type": "object", "properties": {"title": {"type": "string"}}},
+                 "outputSchema": {"type": "object", "properties": {"id": {"type": "integer"}},
+                                  "required": ["id"]},
                  "annotations": {"readOnlyHint": false}},
                 {"name": "count_tasks", "description": "How many tasks exist.",
                  "inputSchema": {"type": "object"},
@@ -281,9 +284,12 @@ mod mcp {
                         "slow" => tokio::time::sleep(slow(query)).await,
                         _ => {}
                     }
-                    match tool {
-                        "create_task" => text(&format!("created task {id}")),
-                        _ => text(&format!("commented ({id})")),
+                    if tool == "create_task" {
+                        let mut created = text(&format!("created task {id}"));
+                        created["structuredContent"] = json!({ "id": id });
+                        created
+                    } else {
+                        text(&format!("commented ({id})"))
                     }
                 }
                 Some("count_tasks") => {

@@ -8,7 +8,7 @@
 // Mcp-Session-Id (if the server mints one) and MCP-Protocol-Version on every request.
 // Each of the N calls is a fresh tools/call (a new JSON-RPC id) on the same session, and
 // prints one JSON line on stdout:
-//   {"isError": bool, "content": [...], "meta": result._meta or null}
+//   {"isError": bool, "content": [...], "structuredContent": ... or null, "meta": result._meta or null}
 // or, when the call failed (timeout, JSON-RPC error, transport failure):
 //   {"error": "message", "code": JSON-RPC code or null, "kind": error class}
 // (for kind StreamableHTTPError, i.e. a non-2xx HTTP answer, this SDK puts the HTTP status
@@ -75,7 +75,7 @@ try {
   for (let i = 0; i < times; i++) {
     try {
       const result = await client.callTool({ name: values.tool, arguments: toolArgs }, undefined, requestOptions);
-      emit({ isError: Boolean(result.isError), content: result.content ?? [], meta: result._meta ?? null });
+      emit({ isError: Boolean(result.isError), content: result.content ?? [], structuredContent: result.structuredContent ?? null, meta: result._meta ?? null });
     } catch (err) {
       failures++;
       emit(errorReport(err));

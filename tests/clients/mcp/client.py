@@ -13,7 +13,7 @@ a `ClientSession` over the SDK's Streamable HTTP client transport.
 
 Each of the N calls is a fresh tools/call (a new JSON-RPC id) on the same session, and
 prints one JSON line on stdout:
-  {"isError": bool, "content": [...], "meta": result._meta or null}
+  {"isError": bool, "content": [...], "structuredContent": ... or null, "meta": result._meta or null}
 or, when the call raised (timeout, JSON-RPC error, transport failure):
   {"error": "message", "code": JSON-RPC code or null, "kind": exception class}
 
@@ -153,6 +153,7 @@ async def _run(ns: argparse.Namespace) -> int:
                     {
                         "isError": bool(dumped.get("isError", False)),
                         "content": dumped.get("content", []),
+                        "structuredContent": dumped.get("structuredContent"),
                         "meta": dumped.get("_meta"),
                     }
                 )

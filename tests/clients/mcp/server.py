@@ -20,7 +20,8 @@ Tools:
   held_create(title)        notes its start like slow_create, then waits (at most 30 s)
                             until EFFECTS.release holds a line with its title, then
                             records an effect like create_task
-  die_after_effect(title)   records the effect, then os._exit(17) before answering
+  die_after_effect(title)   records the effect, then os._exit(17) before answering; declares
+                            an outputSchema ({"id": int}), as the SDK does for a typed return
   confirm_create(title)     asks the client to confirm (elicitation), then records an
                             effect like create_task
   list_tasks()              readOnlyHint=true; returns the titles recorded so far
@@ -145,8 +146,12 @@ async def held_create(title: str) -> str:
     return f"created task {n}"
 
 
-@mcp.tool(annotations=NON_IDEMPOTENT, structured_output=False)
-def die_after_effect(title: str) -> str:
+class Created(BaseModel):
+    id: int
+
+
+@mcp.tool(annotations=NON_IDEMPOTENT, structured_output=True)
+def die_after_effect(title: str) -> Created:
     """Record the effect, then kill this server process before any answer is sent."""
     _record_effect("die_after_effect", {"title": title})
     sys.stdout.flush()

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::{Admin, AdminError, json_response};
 use crate::body::ProxyBody;
+use crate::pipeline::mcp::answer::{self, Proof};
 use crate::pipeline::reconcile;
 use crate::profile::Profile;
 use idemgate_model::clock::rfc3339;
@@ -277,6 +278,7 @@ pub struct Resolution {
     /// [`check`]).
     answer: Option<AnswerKind>,
     operator: String,
+    reference: Option<String>,
     outcome: String,
 }
 
@@ -308,8 +310,27 @@ impl Resolution {
                 None
             },
             operator: body.operator,
+            reference: body.reference,
             outcome: body.outcome,
         })
+    }
+
+    /// On an MCP route: a `completed` resolution that gives no `result`
+    /// answers the call's retries with the gateway's own tool result
+    /// ([`answer::settled`]), not the `{"resolved_by", "reference"}` body
+    /// an HTTP route's retries get, which an SDK client would refuse for a
+    /// tool that declares an `outputSchema`.
+    fn answer_as_tool_call(&mut self, id: &str) {
+        if self.answer.is_some() {
+            return;
+        }
+        if let Decision::Completed { response } = &mut self.decision {
+            let proof = Proof::Resolved {
+                operator: &self.operator,
+                reference: self.reference.as_deref(),
+            };
+            *response = answer::settled(id, &proof);
+        }
     }
 }
 
@@ -470,8 +491,8 @@ pub async fn resolve(
     id: &str,
     body: &[u8],
 ) -> Result<Response<ProxyBody>, AdminError> {
-    let resolution = Resolution::read(body)?;
-    check(admin, id, &resolution).await?;
+    let mut resolution = Resolution::read(body)?;
+    check(admin, id, &mut resolution).await?;
     match admin
         .store
         .resolve(
@@ -511,12 +532,14 @@ pub async fn resolve(
 /// below included); one that is gone is the store's 404.
 /// First, a resolution decided on another attempt than the one held now
 /// (the store checks it again in its transaction).
-/// And the answer another kind of route takes (409 `wrong-answer-kind`):
+/// And the answer another kind of route takes (409 `wrong-answer-kind`),
+/// and on an MCP route the gateway's own result for a `completed` one
+/// given none ([`Resolution::answer_as_tool_call`]):
 /// an HTTP `response` for an MCP route's tool call, which takes a
 /// `result` (a stored status is kept, and one other than 200 would reach
 /// the agent as an HTTP error carrying a success result); a tool `result`
 /// for an HTTP route's write, whose clients would be replayed JSON-RPC.
-async fn check(admin: &Admin, id: &str, resolution: &Resolution) -> Result<(), AdminError> {
+async fn check(admin: &Admin, id: &str, resolution: &mut Resolution) -> Result<(), AdminError> {
     let Some((operation, events)) = admin.store.get(id).await? else {
         return Ok(());
     };
@@ -530,7 +553,6 @@ async fn check(admin: &Admin, id: &str, resolution: &Resolution) -> Result<(), A
             state: operation.state.as_str(),
         });
     }
-    let decision = &resolution.decision;
     let Some(route) = admin
         .proxy
         .routes()
@@ -542,7 +564,7 @@ async fn check(admin: &Admin, id: &str, resolution: &Resolution) -> Result<(), A
     match resolution.answer {
         Some(AnswerKind::HttpResponse) if mcp => {
             return Err(AdminError::WrongAnswerKind(format!(
-                "an MCP tool call takes a `result` ({{\"content\": [...], \"isError\": false}}), not an HTTP `response`: route `{}` answers its retries as JSON-RPC, and a stored status other than 200 would reach the agent as an HTTP error carrying a success",
+                "an MCP tool call takes a `result` ({{\"content\": [...], \"structuredContent\": {{...}}, \"isError\": false}}; `idemgate keys resolve --result JSON`), or none, not an HTTP `response`: route `{}` answers its retries as JSON-RPC, and a stored status other than 200 would reach the agent as an HTTP error carrying a success",
                 operation.route
             )));
         }
@@ -555,7 +577,10 @@ async fn check(admin: &Admin, id: &str, resolution: &Resolution) -> Result<(), A
         }
         _ => {}
     }
-    match decision {
+    if mcp {
+        resolution.answer_as_tool_call(id);
+    }
+    match &resolution.decision {
         Decision::Completed { response } => {
             let length = response.body.as_ref().map_or(0, Vec::len);
             if length > route.max_stored_response {
@@ -663,12 +688,7 @@ fn tool_result(result: &Value) -> Result<StoredResponse, AdminError> {
     if members.get("isError").is_some_and(|e| !e.is_boolean()) {
         return Err(invalid("`result.isError` is true or false"));
     }
-    let body = json!({"jsonrpc": "2.0", "id": null, "result": result});
-    Ok(StoredResponse {
-        status: 200,
-        headers: vec![("content-type".into(), b"application/json".to_vec())],
-        body: Some(body.to_string().into_bytes()),
-    })
+    Ok(answer::stored(result.clone()))
 }
 
 /// Statuses whose responses have no content (RFC 9110 §15.3.5, §15.3.6,

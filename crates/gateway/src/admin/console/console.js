@@ -382,7 +382,7 @@
     for (const radio of document.querySelectorAll('input[name="outcome"]')) {
       radio.checked = radio.value === "completed";
     }
-    for (const field of ["settle-reference", "settle-note", "settle-status", "settle-body", "settle-tool-text"]) {
+    for (const field of ["settle-reference", "settle-note", "settle-status", "settle-body", "settle-tool-text", "settle-tool-structured"]) {
       $(field).value = "";
     }
     $("settle-tool-error").checked = false;
@@ -551,9 +551,25 @@
     if (note) body.note = note;
     if (body.outcome === "completed" && toolCall()) {
       const text = $("settle-tool-text").value;
+      const structured = $("settle-tool-structured").value.trim();
       const isError = $("settle-tool-error").checked;
-      if (text || isError) {
+      if (text || structured || isError) {
         body.result = { content: text ? [{ type: "text", text }] : [], isError };
+      }
+      if (structured) {
+        let parsed;
+        try {
+          parsed = JSON.parse(structured);
+        } catch (_) {
+          return "The structured content is not JSON.";
+        }
+        if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+          return "The structured content is a JSON object, as the tool's outputSchema describes it.";
+        }
+        body.result.structuredContent = parsed;
+        // A tool that returns structured content also returns it as text
+        // (the MCP specification): a model reads the text.
+        if (!text) body.result.content = [{ type: "text", text: structured }];
       }
     } else if (body.outcome === "completed") {
       const status = $("settle-status").value.trim();
@@ -600,14 +616,17 @@
     }
     if (body.result) {
       const text = body.result.content.length ? body.result.content[0].text : "";
+      const structured = body.result.structuredContent ? " with its structured content" :
+        " with no structured content (an MCP client refuses that, unless isError, from a tool that declares an outputSchema)";
       return retry + " will get the tool result “" +
         (text.length > 200 ? text.slice(0, 200) + "…" : text) + "” (isError: " +
-        body.result.isError + "), replayed; nothing is sent to the server.";
+        body.result.isError + ")" + structured + ", replayed; nothing is sent to the server.";
     }
     if (toolCall()) {
-      return retry + " will get a tool result whose text is {\"resolved_by\": \"" + body.operator +
-        "\", \"reference\": " + (body.reference ? "\"" + body.reference + "\"" : "null") +
-        "}, replayed; nothing is sent to the server.";
+      return retry + " will get the gateway's own tool result saying the call already ran and succeeded " +
+        "(confirmed by " + body.operator + (body.reference ? ", reference " + body.reference : "") +
+        "), that its result was lost and that it must not be called again (isError: true, which every " +
+        "MCP client takes), replayed; nothing is sent to the server.";
     }
     if (body.response) {
       const typed = body.response.body;

@@ -16,7 +16,14 @@
 //!   JSON-RPC errors, which agents tend to retry; only a request refused
 //!   before it is classified (a body that is no JSON, a header mismatch,
 //!   a batch holding a call or cancelling one in flight) is a JSON-RPC
-//!   error, as the specification says.
+//!   error, as the specification says;
+//! - a call settled `completed` without a result of its own tool (a
+//!   reconcile probe found it, an operator resolved it without a
+//!   `result`) is answered by the gateway ([`settled`]), never with
+//!   another tool's result: `isError: true` and no `structuredContent`,
+//!   the one shape every SDK client takes whatever `outputSchema` the tool
+//!   declares (they check a result's structured content against it only
+//!   when `isError` is not true).
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
@@ -31,6 +38,7 @@ use crate::pipeline::mcp::call::{Call, Refusal};
 use crate::pipeline::mcp::outcome::{Message, Relayed};
 use crate::pipeline::sse;
 use crate::profile::Profile;
+use idemgate_model::operation::StoredResponse;
 
 /// The `_meta` keys of the gateway's own.
 pub mod meta {
@@ -38,7 +46,12 @@ pub mod meta {
     pub const PROBLEM: &str = "dev.idemgate/problem";
     pub const OPERATION_ID: &str = "dev.idemgate/operation-id";
     pub const STATE: &str = "dev.idemgate/state";
+    pub const RECONCILED_BY: &str = "dev.idemgate/reconciled-by";
+    pub const RESOLVED_BY: &str = "dev.idemgate/resolved-by";
 }
+
+/// The problem of a call settled without its own result ([`settled`]).
+const COMPLETED_WITHOUT_RESULT: &str = "completed-without-result";
 
 /// The answer to `call`, from what the write phases answered.
 pub async fn finish(
@@ -302,6 +315,88 @@ fn held(operation: Option<OperationId>, call: &Call) -> Response<ProxyBody> {
     }
     let (parts, _) = response.into_parts();
     render(parts, &message, &[], call)
+}
+
+/// How a call settled `completed` without its own result was proved to
+/// have run.
+pub enum Proof<'a> {
+    /// The route's reconcile probe found its effect: the probe's tool, and
+    /// the `content` of the probe's result (its `structuredContent` is
+    /// that tool's, never this one's, and is left out).
+    Found { tool: &'a str, content: &'a [Value] },
+    /// An operator resolved it `completed` without a `result`.
+    Resolved {
+        operator: &'a str,
+        reference: Option<&'a str>,
+    },
+}
+
+/// What the retries of `operation`, settled `completed` by `proof`
+/// without its own tool's result, get: the gateway's own tool result
+/// saying that the action already ran and succeeded, must not be called
+/// again, and that its output was lost. `isError: true` with no
+/// `structuredContent`: an SDK client refuses a result that is not an
+/// error and lacks the structured content the tool's `outputSchema` asks
+/// for, and the gateway cannot know that schema for sure: what it reads
+/// of `tools/list` is kept in memory only, and this answer is stored once
+/// for every later retry (docs/mcp.md, "Settled without its result").
+pub fn settled(operation: &str, proof: &Proof<'_>) -> StoredResponse {
+    let (how, by) = match proof {
+        Proof::Found { tool, content } => (
+            format!(
+                "the gateway's check with the read-only tool `{tool}` found its effect at the server{}",
+                if content.is_empty() {
+                    String::new()
+                } else {
+                    format!("; what `{tool}` answered follows")
+                }
+            ),
+            (meta::RECONCILED_BY, *tool),
+        ),
+        Proof::Resolved {
+            operator,
+            reference,
+        } => (
+            format!(
+                "an operator ({operator}) confirmed it{}",
+                reference.map_or(String::new(), |r| format!(" (reference: {r})"))
+            ),
+            (meta::RESOLVED_BY, *operator),
+        ),
+    };
+    let text = format!(
+        "This action already happened and succeeded (operation {operation}): {how}. Its own \
+         result was lost, so it cannot be shown. Do not call it again, not with another \
+         idempotency key nor with other wording: that would do it a second time."
+    );
+    let mut content = vec![json!({"type": "text", "text": text})];
+    if let Proof::Found { content: found, .. } = proof {
+        content.extend(found.iter().cloned());
+    }
+    let mut result = Map::new();
+    result.insert("content".into(), Value::Array(content));
+    result.insert("isError".into(), Value::Bool(true));
+    add_meta(
+        &mut result,
+        [
+            (meta::PROBLEM, Value::from(COMPLETED_WITHOUT_RESULT)),
+            (meta::OPERATION_ID, Value::from(operation)),
+            (meta::STATE, Value::from("completed")),
+            (by.0, Value::from(by.1)),
+        ],
+    );
+    stored(Value::Object(result))
+}
+
+/// A tool `result` as stored: the JSON-RPC response each retry gets under
+/// its own id ([`finish`]).
+pub fn stored(result: Value) -> StoredResponse {
+    let body = json!({"jsonrpc": "2.0", "id": null, "result": result});
+    StoredResponse {
+        status: 200,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: Some(body.to_string().into_bytes()),
+    }
 }
 
 /// What a model should read for problem `name` about `about`: what

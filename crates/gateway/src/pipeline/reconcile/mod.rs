@@ -6,7 +6,8 @@
 //!
 //! Invariants:
 //! - four verdicts: *found* settles the operation `completed` (evidence
-//!   `reconciled`) with the probe's response as what later replays get;
+//!   `reconciled`) with the probe's response as what later replays get
+//!   (on an MCP route the gateway's own answer naming the probe, `tool`);
 //!   *absent* settles it `not_attempted` (evidence `reconciled-absent`) so
 //!   the next request is sent; *more than once* keeps it `unknown` with
 //!   evidence `duplicated-at-destination`, raises an alert and pauses the

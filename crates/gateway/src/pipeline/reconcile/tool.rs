@@ -1,7 +1,10 @@
 //! An MCP route's probe questions: a call of a read-only tool, its
 //! arguments filled from the held call ([`fill_template`]), as a stateless
 //! 2026-07-28 request to the endpoint the held call went to. Its answer is
-//! the tool's result; a result that is an error is no answer at all.
+//! the tool's result; a result that is an error is no answer at all. A
+//! result that proves the held call happened is not what its retries get
+//! (it is another tool's): they get the gateway's own answer
+//! ([`answer::settled`]).
 
 use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use http::{HeaderMap, Request};
@@ -13,6 +16,7 @@ use super::verdict::{Answer, Got};
 use crate::body::full;
 use crate::config::{ProbeKeys, Route, fill_template};
 use crate::pipeline::forward::{self, ProbeClient};
+use crate::pipeline::mcp::answer::{self, Proof};
 use crate::pipeline::sse;
 use crate::traces;
 use idemgate_model::operation::{Operation, StoredResponse};
@@ -30,9 +34,9 @@ pub struct Call<'a> {
     pub(crate) keys: ProbeKeys<'a>,
 }
 
-/// Calls the tool with `credentials`: its result, or why there is none.
-/// Whole, the result (marked `dev.idemgate/reconciled-by`) is what retries
-/// of the held call get if it proves the call happened.
+/// Calls the tool with `credentials`: its result, or why there is none,
+/// and what retries of the held call get if it proves the call happened
+/// ([`retries_answer`]).
 pub async fn call(
     client: &ProbeClient,
     route: &Route,
@@ -132,7 +136,7 @@ pub async fn call(
     if result["isError"] == true {
         return answer(status, Err("the tool answered an error".into()));
     }
-    let response = marked(&result, call.tool);
+    let response = retries_answer(&result, call.tool, &call.held.id);
     answer(
         status,
         Ok(Got {
@@ -142,20 +146,11 @@ pub async fn call(
     )
 }
 
-/// The result as retries of the held call get it: marked
-/// `dev.idemgate/reconciled-by`, in a JSON-RPC response.
-fn marked(result: &Value, tool: &str) -> StoredResponse {
-    let mut result = result.clone();
-    if let Some(members) = result.as_object_mut() {
-        let meta = members.entry("_meta").or_insert_with(|| json!({}));
-        if let Some(meta) = meta.as_object_mut() {
-            meta.insert("dev.idemgate/reconciled-by".into(), json!(tool));
-        }
-    }
-    let stored = json!({"jsonrpc": "2.0", "id": null, "result": result});
-    StoredResponse {
-        status: 200,
-        headers: vec![("content-type".into(), b"application/json".to_vec())],
-        body: Some(stored.to_string().into_bytes()),
-    }
+/// What retries of the held call get when `result` proves it happened:
+/// the gateway's own answer, naming `tool` and carrying its result's
+/// `content` — never the result itself, another tool's, whose
+/// `structuredContent` the held call's tool's `outputSchema` would refuse.
+fn retries_answer(result: &Value, tool: &str, operation: &str) -> StoredResponse {
+    let content = result["content"].as_array().map_or(&[][..], Vec::as_slice);
+    answer::settled(operation, &Proof::Found { tool, content })
 }
