@@ -831,7 +831,7 @@ async fn a_call_found_by_the_probe_tool_is_not_answered_with_its_result() {
     let mock = MockUpstream::start(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
         .await
         .expect("mock starts");
-    let route = "profile = \"mcp\"\n[routes.mcp.reconcile]\ntool = \"count_tasks\"\n\
+    let route = "profile = \"mcp\"\n[routes.mcp.reconcile]\ntool = \"count_tasks\"\ntools = [\"create_task\"]\n\
         found_json_pointer = \"/structuredContent/tasks\"\n";
     let setup = Setup::route(route)
         .at("/mcp")
