@@ -191,6 +191,57 @@ async fn refused_connect_is_retried_by_the_gateway_until_the_upstream_is_up() {
     assert_eq!(upstream.writes(), 1, "exactly one write in the end");
 }
 
+/// A gateway whose upstream answers no connect ([`SilentPort`]) and
+/// whose `connect_timeout` is longer than its `upstream_timeout`, no
+/// connect retried: the write's first answer, and the port.
+async fn connect_outlasting_the_upstream_timeout(key: &str) -> (TestGateway, SilentPort, Response) {
+    let port = silent_port().await;
+    let route = "upstream_timeout = \"300ms\"\nconnect_timeout = \"1500ms\"\nconnect_retries = 0";
+    let setup = Setup::route(route)
+        .admin()
+        .upstream_url(format!("http://{}", port.addr()));
+    let gw = spawn_gateway_with(setup).await;
+    let first = write(gw.addr(), "/orders", Some(key), BODY).await;
+    (gw, port, first)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_slower_than_the_upstream_timeout_is_not_attempted() {
+    let (gw, port, first) = connect_outlasting_the_upstream_timeout("slow-1").await;
+    first.assert_operation_problem(502, "upstream-unreachable", "not_attempted");
+    let stored = gw.operation("slow-1").await;
+    assert_eq!(stored["state"], "not_attempted");
+    assert!(
+        events_of(&stored, "sent").is_empty(),
+        "nothing was handed over: {stored}"
+    );
+    assert_eq!(events_of(&stored, "connect-failed").len(), 1, "{stored}");
+
+    let upstream = port.serve();
+    let retry = write(gw.addr(), "/orders", Some("slow-1"), BODY).await;
+    assert_fresh_created(&retry);
+    assert_eq!(gw.operation("slow-1").await["attempts"], 2);
+    assert_eq!(upstream.writes(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_still_connecting_when_its_client_is_answered_is_never_sent() {
+    let (gw, port, _) = connect_outlasting_the_upstream_timeout("slow-2").await;
+    // The upstream starts accepting once the client has its answer: the
+    // connect that was under way then must not go on to write, and the
+    // retry is the write.
+    let upstream = port.serve();
+    let retry = write(gw.addr(), "/orders", Some("slow-2"), BODY).await;
+    assert_fresh_created(&retry);
+    assert_eq!(
+        upstream.write_requests().len(),
+        1,
+        "the retry's is the only write the upstream received"
+    );
+    let stored = gw.operation("slow-2").await;
+    assert_eq!(events_of(&stored, "sent").len(), 1, "{stored}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_write_is_not_attempted_and_the_client_retry_is_attempt_2() {
     let port = closed_port().await;

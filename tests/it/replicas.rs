@@ -4,7 +4,9 @@
 //! - 32 concurrent duplicates of each of 200 keys, split across both
 //!   replicas: exactly one upstream write per key;
 //! - wait mode across replicas: a duplicate on one waits for the other's
-//!   attempt and replays it;
+//!   attempt and replays it; if that attempt is refused (429) the
+//!   waiters get 503 `attempt-not-made` and send nothing; `max_waiters`
+//!   of them wait, more get 409 at once;
 //! - a replica SIGKILLed mid-request: once its lease runs out the other
 //!   reports the operation `unknown` (`replica-lost`) and never re-sends
 //!   it; restarted with the same config, the replica rejoins;
@@ -170,6 +172,67 @@ async fn a_duplicate_waits_for_the_other_replicas_attempt() {
         assert_replay_of(&waited, &original);
     }
     assert_eq!(upstream.writes(), 1);
+}
+
+/// A write to `path` through replica `a`, and once the upstream has it,
+/// `duplicates` of it through replica `b`, waiting: the original's answer
+/// and theirs.
+async fn waited_on_through_the_other_replica(
+    replicas: &Replicas,
+    path: &'static str,
+    duplicates: usize,
+) -> (Response, Vec<Response>) {
+    let proxy = replicas.a.proxy;
+    let original = tokio::spawn(async move { write(proxy, path, Some("w-2"), BODY).await });
+    replicas.upstream.wait_for_requests(1).await;
+    let mut waiting = JoinSet::new();
+    for _ in 0..duplicates {
+        let proxy = replicas.b.proxy;
+        waiting.spawn(async move { write(proxy, path, Some("w-2"), BODY).await });
+    }
+    let original = original.await.unwrap();
+    (original, waiting.join_all().await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn waiters_on_the_other_replicas_refused_attempt_send_nothing() {
+    let replicas = Replicas::start("in_progress = \"wait\"").await;
+    // The upstream refuses the first write under the key (429, nothing
+    // done) after a moment; it would take the next.
+    let (original, waited) =
+        waited_on_through_the_other_replica(&replicas, "/once/429?ms=800", 4).await;
+    assert_eq!(original.status, StatusCode::TOO_MANY_REQUESTS);
+    for waiter in &waited {
+        let problem = waiter.assert_operation_problem(503, "attempt-not-made", "not_attempted");
+        assert!(
+            problem["detail"].as_str().unwrap().contains("released-429"),
+            "{problem}"
+        );
+    }
+    assert_eq!(
+        replicas.upstream.write_requests().len(),
+        1,
+        "one attempt for the client, none for its waiters"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn waiters_on_the_other_replica_are_bounded_by_max_waiters() {
+    let replicas = Replicas::start("in_progress = \"wait\"\nmax_waiters = 2").await;
+    let (original, waited) =
+        waited_on_through_the_other_replica(&replicas, "/slow?ms=1500", 5).await;
+    assert_fresh_created(&original);
+    let (replayed, refused): (Vec<_>, Vec<_>) = waited.iter().partition(|r| r.is_replay());
+    assert_eq!(replayed.len(), 2, "max_waiters waited");
+    for waiter in replayed {
+        assert_replay_of(waiter, &original);
+    }
+    for waiter in refused {
+        waiter.assert_operation_problem(409, "request-in-progress", "in_progress");
+    }
+    assert_eq!(replicas.upstream.writes(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,6 +53,9 @@ pub enum ProblemKind {
     PossibleDuplicate,
     OutcomeUnknown(UnknownSince),
     ResponseNotStored,
+    /// A waiter's attempt, claimed through another replica, ended
+    /// `not_attempted`.
+    AttemptNotMade,
     RoutePaused,
     QuotaExceeded,
     // The gateway or what it depends on.
@@ -128,7 +131,7 @@ impl ProblemKind {
             UpstreamUnreachable | UpstreamFailed => StatusCode::BAD_GATEWAY,
             OutcomeUnknown(UnknownSince::Broken) => StatusCode::BAD_GATEWAY,
             UpstreamTimeout | OutcomeUnknown(UnknownSince::Timeout) => StatusCode::GATEWAY_TIMEOUT,
-            StoreUnavailable | LeaseLost | RoutePaused | Overloaded | Draining => {
+            StoreUnavailable | LeaseLost | RoutePaused | Overloaded | Draining | AttemptNotMade => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
         }
@@ -164,6 +167,7 @@ impl ProblemKind {
             PossibleDuplicate => ("possible-duplicate", "Possible duplicate"),
             OutcomeUnknown(_) => ("outcome-unknown", "Outcome unknown"),
             ResponseNotStored => ("response-not-stored", "Response not stored"),
+            AttemptNotMade => ("attempt-not-made", "Attempt not made"),
             RoutePaused => ("route-paused", "Route paused"),
             QuotaExceeded => ("quota-exceeded", "Quota exceeded"),
             StoreUnavailable => ("store-unavailable", "Store unavailable"),
@@ -354,7 +358,7 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 43] = [
+    const CASES: [(ProblemKind, u16, &str); 44] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (InvalidHost, 400, "invalid-host"),
@@ -388,6 +392,7 @@ mod tests {
         ),
         (OutcomeUnknown(UnknownSince::Broken), 502, "outcome-unknown"),
         (ResponseNotStored, 409, "response-not-stored"),
+        (AttemptNotMade, 503, "attempt-not-made"),
         (RoutePaused, 503, "route-paused"),
         (QuotaExceeded, 429, "quota-exceeded"),
         (StoreUnavailable, 503, "store-unavailable"),

@@ -65,6 +65,8 @@
 //!   the real `idemgate mock-upstream`.
 //! - [`send`] / [`write`]: one request through a fresh hyper client;
 //!   [`try_send`] when the peer may break or stay silent.
+//! - [`silent_port`]: a listener whose full accept queue leaves every
+//!   connect unanswered, until [`SilentPort::serve`].
 //! - [`raw_exchange`]: raw TCP, for malformed or hand-framed requests;
 //!   [`half_closed_exchange`] shuts the write side once the request is sent.
 //! - [`TestCa`]: a CA made at test time and the certificates it signs (PEM

@@ -204,6 +204,54 @@ pub async fn closed_port() -> RefusingPort {
     }
 }
 
+/// A loopback listener whose accept queue is full, so that a connect to
+/// it gets no answer to its SYN (Linux drops a SYN while the queue is
+/// full) and hangs until the connector's own timeout, as one to an
+/// overloaded or firewalled upstream does; until [`SilentPort::serve`].
+pub struct SilentPort {
+    listener: TcpListener,
+    /// The connections that fill the queue, never accepted meanwhile.
+    _queued: Vec<TcpStream>,
+}
+
+impl SilentPort {
+    pub fn addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("silent addr")
+    }
+
+    /// "The upstream starts accepting": the fake upstream serves on it
+    /// from now on (the connections that filled the queue, sending
+    /// nothing, are no requests).
+    pub fn serve(self) -> FakeUpstream {
+        FakeUpstream::accepting(self.listener)
+    }
+}
+
+/// A port whose connects hang unanswered ([`SilentPort`]): listening with
+/// a backlog of 0, connected to until a connect is not answered within a
+/// moment — the queue is full then.
+pub async fn silent_port() -> SilentPort {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.bind("127.0.0.1:0".parse().unwrap()).expect("bind");
+    let listener = socket.listen(0).expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let mut queued = Vec::new();
+    for _ in 0..8 {
+        let connect = TcpStream::connect(addr);
+        match tokio::time::timeout(Duration::from_millis(300), connect).await {
+            Ok(Ok(stream)) => queued.push(stream),
+            Ok(Err(e)) => panic!("connect to a listening port: {e}"),
+            Err(_) => {
+                return SilentPort {
+                    listener,
+                    _queued: queued,
+                };
+            }
+        }
+    }
+    panic!("a listener with backlog 0 still answered 8 connects: its SYNs are not dropped");
+}
+
 /// Asserts the gateway still proxies a plain GET after some abuse.
 pub async fn assert_still_serving(gw: &TestGateway) {
     let resp = send(gw.addr(), "GET", "/alive", &[], Bytes::new()).await;

@@ -137,6 +137,21 @@ impl FakeUpstream {
         http2: bool,
     ) -> FakeUpstream {
         let listener = TcpListener::bind(addr).await.expect("bind upstream");
+        FakeUpstream::serve_on(listener, aliases, tls, http2)
+    }
+
+    /// Serves on `listener`, bound and listening already: one whose
+    /// connections waited unaccepted until now ([`SilentPort::serve`]).
+    pub fn accepting(listener: TcpListener) -> FakeUpstream {
+        FakeUpstream::serve_on(listener, HashMap::new(), None, false)
+    }
+
+    fn serve_on(
+        listener: TcpListener,
+        aliases: HashMap<String, String>,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        http2: bool,
+    ) -> FakeUpstream {
         let addr = listener.local_addr().expect("upstream addr");
         let serves_tls = tls.is_some();
         let state = Arc::new(UpstreamState {

@@ -16,6 +16,11 @@
 //!   asked. A waiter whose attempt ended `not_attempted` gets that
 //!   attempt's answer ([`Released`]) and sends nothing — the client's next
 //!   retry is the next attempt; any other waiter looks again;
+//! - a duplicate of an attempt claimed through another replica waits by
+//!   reading the store, never by claiming ([`wait_elsewhere`]): when that
+//!   attempt ends `not_attempted` it gets 503 `attempt-not-made` and sends
+//!   nothing, as a waiter in this process would; the route's `max_waiters`
+//!   bounds both kinds of waiter;
 //! - every answer comes from the operation the store holds now for the
 //!   identity ([`NewOperation::outdates`] decides what "now" excludes): the
 //!   replay cache mirrors what the store said under the identity's guard,
@@ -100,6 +105,27 @@ pub enum Claimed {
 #[derive(Default)]
 pub struct InFlight {
     entries: DashMap<String, Arc<Entry>>,
+    /// Per identity, this process's duplicates waiting for an attempt
+    /// claimed through another replica ([`wait_elsewhere`]).
+    elsewhere: DashMap<String, usize>,
+}
+
+/// A place among an identity's duplicates waiting for another replica's
+/// attempt; dropping it frees the place.
+struct WaitingElsewhere<'a> {
+    in_flight: &'a InFlight,
+    identity: &'a str,
+}
+
+impl Drop for WaitingElsewhere<'_> {
+    fn drop(&mut self) {
+        self.in_flight
+            .elsewhere
+            .remove_if_mut(self.identity, |_, waiting| {
+                *waiting -= 1;
+                *waiting == 0
+            });
+    }
 }
 
 /// Where an identity's entry stands.
@@ -199,6 +225,21 @@ pub fn identity(route: &str, scope: &str, key: &str) -> String {
 }
 
 impl InFlight {
+    /// A place to wait for another replica's attempt at `identity`,
+    /// unless `max` duplicates of this process wait so already.
+    fn wait_elsewhere<'a>(&'a self, identity: &'a str, max: usize) -> Option<WaitingElsewhere<'a>> {
+        let mut waiting = self.elsewhere.entry(identity.to_string()).or_insert(0);
+        // At `max` (at least 1) the entry is others': none is left at 0.
+        if *waiting >= max {
+            return None;
+        }
+        *waiting += 1;
+        Some(WaitingElsewhere {
+            in_flight: self,
+            identity,
+        })
+    }
+
     /// Enters `new`'s identity to claim it, or returns the entry of the
     /// request already there (cloned out: no map guard outlives this call),
     /// marked as duplicated.
@@ -273,12 +314,8 @@ pub(super) async fn claim(
             Ok(guard) => {
                 match claim_in_store(sources, route, new, write.exact, hold, guard).await? {
                     Stored::Decided(claimed) => return Ok(claimed),
-                    Stored::Elsewhere(operation) => {
-                        let now = Instant::now();
-                        if now >= deadline {
-                            return Err(ProxyError::InProgress { operation });
-                        }
-                        tokio::time::sleep(POLL.min(deadline - now)).await;
+                    Stored::Elsewhere(waited) => {
+                        wait_elsewhere(sources, route, new, (identity, &waited), deadline).await?;
                         continue;
                     }
                 }
@@ -352,12 +389,80 @@ fn answer_released(
     answer.answer(operation_id).map(Claimed::Answer)
 }
 
+/// Waits, as a duplicate, for the attempt `waited` is in — in progress
+/// but not in this process's map: claimed through another replica — to
+/// end, reading the store every [`POLL`] and never claiming, so that no
+/// waiter sends the next attempt: if it ended `not_attempted` (or a later
+/// attempt began, which only follows one that did), 503
+/// `attempt-not-made`, nothing sent, since its own answer is in the other
+/// replica's memory only. At most the route's `max_waiters` of this
+/// process wait so per identity; more get 409 `request-in-progress` at
+/// once, as all do at `deadline`. `Ok` when the attempt ended otherwise,
+/// or the operation is no longer the identity's: the caller asks again,
+/// and the store answers.
+async fn wait_elsewhere(
+    sources: &Sources<'_>,
+    route: &Route,
+    new: &NewOperation,
+    (identity, waited): (&str, &Operation),
+    deadline: Instant,
+) -> Result<(), ProxyError> {
+    let in_progress = || ProxyError::InProgress {
+        operation: OperationRef::from(waited),
+    };
+    let Some(_waiting) = sources
+        .in_flight
+        .wait_elsewhere(identity, route.max_waiters)
+    else {
+        return Err(in_progress());
+    };
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(in_progress());
+        }
+        tokio::time::sleep(POLL.min(deadline - now)).await;
+        let current = sources
+            .store
+            .current(new)
+            .await
+            .map_err(ProxyError::store)?;
+        let Some(operation) = current.filter(|operation| operation.id == waited.id) else {
+            return Ok(());
+        };
+        let same_attempt = operation.attempt == waited.attempt;
+        match operation.state {
+            State::InProgress if same_attempt => {}
+            State::NotAttempted if same_attempt => {
+                return Err(not_made(&operation.id, Some(operation.evidence)));
+            }
+            // The store describes the later attempt now, not that one.
+            _ if operation.attempt > waited.attempt => return Err(not_made(&operation.id, None)),
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// 503 `attempt-not-made` about operation `id`, in the state the attempt
+/// waited for ended in (a later one may have begun since), with the
+/// store's `evidence` for that attempt when it still describes it.
+fn not_made(id: &str, evidence: Option<String>) -> ProxyError {
+    ProxyError::AttemptNotMade {
+        operation: OperationRef {
+            id: id.to_string(),
+            state: State::NotAttempted,
+        },
+        evidence,
+    }
+}
+
 /// What the store said to the request that entered the identity.
 enum Stored {
     Decided(Claimed),
-    /// A wait-mode request should look again: in progress, but not in this
-    /// process's map (another gateway's, or it settled a moment ago).
-    Elsewhere(OperationRef),
+    /// A wait-mode request should wait for this operation's attempt: in
+    /// progress, but not in this process's map (another gateway's, or it
+    /// settled a moment ago).
+    Elsewhere(Box<Operation>),
 }
 
 async fn claim_in_store(
@@ -410,7 +515,7 @@ async fn claim_in_store(
         return Ok(Stored::Decided(Claimed::Held(operation)));
     }
     if route.in_progress == InProgressMode::Wait && same && operation.state == State::InProgress {
-        return Ok(Stored::Elsewhere(OperationRef::from(operation.as_ref())));
+        return Ok(Stored::Elsewhere(operation));
     }
     replay::answer_existing(&operation, &new.fingerprint)
         .map(|response| Stored::Decided(Claimed::Answer(response)))
@@ -472,6 +577,22 @@ mod tests {
             in_flight.enter("id", &new).is_ok(),
             "and the next may enter"
         );
+    }
+
+    #[test]
+    fn max_waiters_bound_the_duplicates_waiting_for_another_replica() {
+        let in_flight = InFlight::default();
+        let first = in_flight.wait_elsewhere("id", 2).expect("a place");
+        let second = in_flight.wait_elsewhere("id", 2).expect("a place");
+        assert!(in_flight.wait_elsewhere("id", 2).is_none(), "past max");
+        assert!(
+            in_flight.wait_elsewhere("other", 2).is_some(),
+            "per identity"
+        );
+        drop(first);
+        let third = in_flight.wait_elsewhere("id", 2).expect("a freed place");
+        drop((second, third));
+        assert!(in_flight.elsewhere.is_empty(), "no count left behind");
     }
 
     #[test]

@@ -95,6 +95,19 @@ pub enum ProxyError {
         "the operation completed, but its response was too large to store and cannot be replayed"
     )]
     ResponseNotStored { operation: OperationRef },
+    /// A duplicate that waited, on one replica, for an attempt claimed
+    /// through another, which ended `not_attempted`: that attempt's own
+    /// answer is in the other replica's memory only.
+    #[error(
+        "the attempt this request waited for, claimed through another gateway, was not made{}; nothing was sent for this request either: retry with the same key, later if the upstream asked clients to back off",
+        evidence.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+    )]
+    AttemptNotMade {
+        operation: OperationRef,
+        /// What the store says of that attempt (`released-429`,
+        /// `connect-failed`, …), when it still describes it.
+        evidence: Option<String>,
+    },
     #[error("route `{route}` is paused ({reason}); completed operations are still replayed")]
     RoutePaused {
         route: String,
@@ -212,6 +225,7 @@ impl ProxyError {
                 operation, since, ..
             } => (ProblemKind::OutcomeUnknown(*since), Some(operation)),
             ResponseNotStored { operation } => (ProblemKind::ResponseNotStored, Some(operation)),
+            AttemptNotMade { operation, .. } => (ProblemKind::AttemptNotMade, Some(operation)),
             RoutePaused { operation, .. } => (ProblemKind::RoutePaused, operation.as_ref()),
             StoreUnavailable { .. } => (ProblemKind::StoreUnavailable, None),
             StoreUnreadable { .. } => (ProblemKind::StoreUnreadable, None),
@@ -287,6 +301,7 @@ impl ProxyError {
             UpstreamUnreachable {
                 operation: Some(_), ..
             }
+            | AttemptNotMade { .. }
             | Overloaded {
                 operation: Some(_), ..
             } => Outcome::released,
@@ -500,6 +515,21 @@ mod tests {
         );
         assert_eq!(lease.retry_after, Some(2));
         assert_eq!(lease.operation_id.as_deref(), Some("op-1"));
+        let not_made = check(
+            ProxyError::AttemptNotMade {
+                operation: op(State::NotAttempted),
+                evidence: Some("released-429".into()),
+            },
+            503,
+            "attempt-not-made",
+        );
+        // The upstream's Retry-After is not stored: none is made up.
+        assert_eq!(not_made.retry_after, None);
+        assert!(
+            not_made.detail.contains("(released-429)"),
+            "{}",
+            not_made.detail
+        );
         check(
             ProxyError::UpstreamUnreachable {
                 operation: None,

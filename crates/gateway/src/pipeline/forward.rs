@@ -14,6 +14,13 @@
 //!   its route may hold open in use ([`pool::Slots`]) is never written:
 //!   [`Exchange::Busy`]. Every other failure may have reached the upstream
 //!   and is [`Exchange::Lost`];
+//! - a write's `upstream_timeout` runs from when the request is handed to
+//!   a connection that is up ([`Pool::establish`], then
+//!   [`Pool::send_on`]): a connect is bounded by `connect_timeout` alone,
+//!   and one that fails or runs out is [`Exchange::NotSent`]. So nothing is
+//!   written to the upstream after its client was answered that the
+//!   outcome is unknown unless it was handed over before: the exchange
+//!   read on after the timeout ([`Sent::late`]) never connects;
 //! - a response is [`Exchange::Complete`] only when its whole body arrived;
 //! - an answer streamed to the client ([`Streamed`]: passed through, or a
 //!   write's not stored) is cut when the upstream sends nothing for
@@ -45,7 +52,7 @@ use crate::pipeline::connector::{FenceDown, UpstreamConnector};
 use crate::pipeline::error::{OperationRef, ProxyError};
 use crate::pipeline::fields::foreign_coding;
 use crate::pipeline::host::ViaTls;
-use crate::pipeline::pool::{self, Pool, PooledBody, SendError, Slots};
+use crate::pipeline::pool::{self, Handback, Pool, PooledBody, SendError, Slots};
 use crate::pipeline::sse;
 use crate::tls::TlsError;
 use crate::traces;
@@ -95,6 +102,7 @@ pub fn pool(
         connector(route, fence)?,
         route.upstream.origin.clone(),
         route.upstream_http2,
+        route.connect_timeout,
         slots.clone(),
     ))
 }
@@ -552,23 +560,29 @@ pub struct Sent {
 }
 
 /// The longest [`send_write`] may be writing to the destination after it
-/// began: every connect retry's try and wait, then the exchange itself,
-/// each try bounded by `upstream_timeout` (a late response, read on after
-/// that, is another matter: [`Sent::late`]).
+/// began: every connect try's waits for a connection (a slot and a
+/// connect, `connect_timeout` each) and the backoff between them, then
+/// the exchange itself, bounded by `upstream_timeout` (a late response,
+/// read on after that, is another matter: [`Sent::late`]).
 pub(crate) fn longest_write(route: &Route) -> Duration {
     let retries = route.connect_retries;
-    route.upstream_timeout.saturating_mul(retries + 1)
+    route.connect_timeout.saturating_mul(2 * (retries + 1))
         + CONNECT_BACKOFF.ceiling(retries).saturating_mul(retries)
+        + route.upstream_timeout
 }
 
 /// Sends a write and reads its response, retrying only connect failures.
 /// Each try first takes what it sends on ([`Pool::ticket`]; none within
-/// the wait is [`Exchange::Busy`]), and its `upstream_timeout` runs from
-/// then. Before every try `permit` must hold (the fence, unlapsed since the
-/// claim), and every new connection must have come up with the fence
-/// holding (`pool`'s connector), or nothing is written.
+/// the wait is [`Exchange::Busy`]), then has it up within
+/// `connect_timeout` ([`Pool::establish`]; nothing is written before, so
+/// a connect that fails or takes longer is a try that sent nothing), and
+/// its `upstream_timeout` runs from when the request is handed to that
+/// connection. Before every try `permit` must hold (the fence, unlapsed
+/// since the claim), and every new connection must have come up with the
+/// fence holding (`pool`'s connector), or nothing is written.
 /// On `upstream_timeout` the exchange is not dropped: [`Sent::late`] goes on
-/// listening, for the caller to bound by `late_window`.
+/// listening, for the caller to bound by `late_window`; it only ever reads
+/// the answer to what was handed over, and never connects nor sends.
 /// With `answer`, a response that is an event stream is read event by
 /// event ([`read_events`]): its answer kept, the rest handed over as it
 /// comes.
@@ -583,34 +597,79 @@ pub(crate) async fn send_write(
     let mut tries = 0;
     loop {
         tries += 1;
-        let fenced = Sent {
-            exchange: Exchange::Fenced { attempts: tries },
+        let ended = |exchange, late| Sent {
+            exchange,
             tries,
-            late: None,
+            late,
         };
-        let ticket = match pool.ticket().await {
-            Ok(ticket) => ticket,
-            Err(e) => {
-                let exchange = Exchange::Busy {
-                    attempts: tries,
-                    reason: error_chain(&e),
-                };
-                return Sent {
-                    exchange,
-                    tries,
-                    late: None,
-                };
+        let error = match try_write(pool, route, request, (permit, tries), &mut answer).await {
+            Ok((exchange, late)) => return ended(exchange, late),
+            Err(TryFailed::Fenced) => return ended(Exchange::Fenced { attempts: tries }, None),
+            Err(TryFailed::Send(error)) => error,
+        };
+        let reason = error_chain(&error);
+        let exchange = match error {
+            _ if fenced_off(&error) => Exchange::Fenced { attempts: tries },
+            SendError::Busy { .. } => Exchange::Busy {
+                attempts: tries,
+                reason,
+            },
+            _ if not_written(&error) && tries <= route.connect_retries => {
+                traces::connect_retry(tries, || reason);
+                metrics.connect_retry(&route.name);
+                tokio::time::sleep(CONNECT_BACKOFF.delay(tries - 1)).await;
+                continue;
             }
+            _ if not_written(&error) => Exchange::NotSent {
+                attempts: tries,
+                reason,
+            },
+            _ => lost(LostCause::Broken, reason),
         };
-        // After the wait for a connection, which may have been long.
-        if !permit.holds() {
-            return fenced;
-        }
+        return ended(exchange, None);
+    }
+}
+
+/// Why a try of [`send_write`] got no response head.
+enum TryFailed {
+    /// The fence no longer held after the wait for a connection: nothing
+    /// was written.
+    Fenced,
+    /// The pool's error, for `send_write` to read whether anything was
+    /// written.
+    Send(SendError),
+}
+
+/// Try `tries` of [`send_write`]: a connection, up within `connect_timeout`,
+/// then the exchange on it within `upstream_timeout`, timed from when the
+/// request is handed over; a reused connection that hands it back untaken
+/// makes way for another, with a clock of its own.
+async fn try_write(
+    pool: &Arc<Pool>,
+    route: &Arc<Route>,
+    request: &WriteRequest,
+    (permit, tries): (&Permit, u32),
+    answer: &mut Option<Box<dyn EventAnswer>>,
+) -> Result<(Exchange, Option<Late>), TryFailed> {
+    let mut ticket = pool.ticket().await.map_err(TryFailed::Send)?;
+    // After the wait for a connection, which may have been long.
+    if !permit.holds() {
+        return Err(TryFailed::Fenced);
+    }
+    let busy = request.busy_is_unknown;
+    let mut upstream = request.build();
+    loop {
+        let connected = pool.establish(ticket).await.map_err(TryFailed::Send)?;
         let deadline = Instant::now() + route.upstream_timeout;
-        let busy = request.busy_is_unknown;
-        let (pool, upstream) = (pool.clone(), request.build());
-        let mut pending = Box::pin(async move { pool.send(upstream, ticket).await });
-        let (exchange, late) = match timeout_at(deadline, pending.as_mut()).await {
+        let pool = pool.clone();
+        let mut pending = Box::pin(async move { pool.send_on(connected, upstream).await });
+        let response = match timeout_at(deadline, pending.as_mut()).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(Handback::Untaken(untaken))) => {
+                (upstream, ticket) = (untaken.request, untaken.next);
+                continue;
+            }
+            Ok(Err(Handback::Failed(error))) => return Err(TryFailed::Send(error)),
             Err(_) => {
                 let route = route.clone();
                 let answer = answer.take();
@@ -621,50 +680,18 @@ pub(crate) async fn send_write(
                                 .await
                                 .0
                         }
-                        Err(e) => lost(LostCause::Broken, error_chain(&e)),
+                        Err(Handback::Untaken(_)) => Exchange::NotSent {
+                            attempts: tries,
+                            reason: "the connection closed before taking the request".into(),
+                        },
+                        Err(Handback::Failed(e)) => lost(LostCause::Broken, error_chain(&e)),
                     }
                 });
-                (
-                    lost(LostCause::Timeout, "no response head in time".into()),
-                    Some(late),
-                )
+                let timeout = lost(LostCause::Timeout, "no response head in time".into());
+                return Ok((timeout, Some(late)));
             }
-            Ok(Ok(response)) => {
-                read_response(response, route, (Some(deadline), busy), answer.take()).await
-            }
-            Ok(Err(e)) if fenced_off(&e) => return fenced,
-            // Its HTTP/2 connection closed before taking it, and no slot
-            // for a new one came free in time.
-            Ok(Err(e @ SendError::Busy { .. })) => (
-                Exchange::Busy {
-                    attempts: tries,
-                    reason: error_chain(&e),
-                },
-                None,
-            ),
-            Ok(Err(e)) if not_written(&e) && tries <= route.connect_retries => {
-                traces::connect_retry(tries, || error_chain(&e));
-                metrics.connect_retry(&route.name);
-                tokio::time::sleep(CONNECT_BACKOFF.delay(tries - 1)).await;
-                continue;
-            }
-            Ok(Err(e)) if not_written(&e) => {
-                let reason = error_chain(&e);
-                (
-                    Exchange::NotSent {
-                        attempts: tries,
-                        reason,
-                    },
-                    None,
-                )
-            }
-            Ok(Err(e)) => (lost(LostCause::Broken, error_chain(&e)), None),
         };
-        return Sent {
-            exchange,
-            tries,
-            late,
-        };
+        return Ok(read_response(response, route, (Some(deadline), busy), answer.take()).await);
     }
 }
 

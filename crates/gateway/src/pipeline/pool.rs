@@ -10,10 +10,21 @@
 //! connection made on one thread served requests from another, every socket
 //! event a wake-up across threads (slower and costlier side by side:
 //! benches/README.md, "paired.sh"). Here the request's own task polls the
-//! connection: while it waits for the response head ([`Pool::send`]) and
+//! connection: while it waits for the response head ([`Pool::send_on`]) and
 //! while the response body is read ([`PooledBody`]). Once the body has
 //! ended the connection goes back to the idle list of the thread it was
 //! used on, ready for that thread's next request.
+//!
+//! A request goes out in two steps, so that its caller can tell "still
+//! connecting" from "handed over" and time each on its own clock:
+//! [`Pool::establish`] has a connection up and ready (a new one within the
+//! route's `connect_timeout`, TCP, TLS and the HTTP/2 handshake included),
+//! writing nothing; [`Pool::send_on`] hands the request to it and waits for
+//! the response head. A write's `upstream_timeout` runs from the second
+//! (`forward::send_write`), so a slow connect is a connect failure, never a
+//! lost answer, and what goes on listening after the timeout only ever
+//! reads the answer to what was handed over. [`Pool::send`] does both, for
+//! requests timed as a whole.
 //!
 //! Invariants:
 //! - an error tells whether the request may have been written:
@@ -21,9 +32,10 @@
 //!   came up (refused, DNS, `connect_timeout`, a TLS handshake broken off,
 //!   the fence), or a new connection closed before hyper took the request
 //!   (hyper hands an untaken request back);
-//! - the pool sends a request again only when hyper handed it back untaken
-//!   from an idle connection that closed meanwhile (the keep-alive race),
-//!   and then on another connection;
+//! - a request is handed over again only when hyper handed it back
+//!   untaken from a reused connection that closed meanwhile (the
+//!   keep-alive race, [`Handback::Untaken`]), and then on another
+//!   connection, established anew;
 //! - an idle connection is used again only on the thread it went idle on
 //!   (its socket is registered with that thread's I/O driver when each
 //!   thread runs a runtime of its own), after [`IDLE_TIMEOUT`] it is
@@ -191,7 +203,11 @@ impl Slots {
 /// What a request sends on, taken before its exchange's clock starts
 /// ([`Pool::ticket`]), so that the wait for a slot is never taken for the
 /// upstream's silence.
-pub struct Ticket(Checkout);
+pub struct Ticket {
+    checkout: Checkout,
+    /// Connections that handed this request back untaken so far.
+    stale: usize,
+}
 
 enum Checkout {
     /// This thread's HTTP/2 connection.
@@ -200,7 +216,43 @@ enum Checkout {
     Idle(Box<Conn>),
     /// A slot for a new connection.
     New(OwnedSemaphorePermit),
+    /// Not chosen yet (after a connection handed the request back): as
+    /// [`Pool::next`] chooses, on the slot the closed connection freed if
+    /// it held one.
+    Next(Option<OwnedSemaphorePermit>),
 }
+
+/// A connection up and ready to take a request, nothing written on it
+/// yet ([`Pool::establish`]).
+pub struct Connected {
+    link: Link,
+    /// Made for this request, not reused.
+    new: bool,
+    /// As its [`Ticket`]'s.
+    stale: usize,
+}
+
+/// Why a request handed to a connection ([`Pool::send_on`]) got no
+/// response head.
+pub enum Handback {
+    /// A reused connection closed before hyper took the request: nothing
+    /// of it was written, and it may go on another.
+    Untaken(Box<Untaken>),
+    Failed(SendError),
+}
+
+/// A request a connection handed back untaken, and what to send it on
+/// next.
+pub struct Untaken {
+    pub request: Request<ProxyBody>,
+    pub next: Ticket,
+}
+
+/// A new connection that did not come up within the route's
+/// `connect_timeout`, TLS and HTTP/2 handshakes included.
+#[derive(Debug, thiserror::Error)]
+#[error("no connection within connect_timeout ({})", humantime::format_duration(*.0))]
+struct ConnectTimedOut(Duration);
 
 /// The connections to one upstream origin.
 pub struct Pool {
@@ -211,6 +263,8 @@ pub struct Pool {
     origin: Uri,
     /// HTTP/2 when the upstream takes it (`upstream_http2`).
     http2: bool,
+    /// How long a new connection may take to come up: the route's.
+    connect_timeout: Duration,
     /// Idle connections by the thread they went idle on, newest last.
     /// std Mutex: never held across `.await`.
     idle: Mutex<HashMap<ThreadId, Vec<Idle>>>,
@@ -225,8 +279,8 @@ struct Shared {
     used: Instant,
 }
 
-/// A new connection: HTTP/1.1, for one request at a time, or HTTP/2.
-enum Made {
+/// A connection: HTTP/1.1, for one request at a time, or HTTP/2.
+enum Link {
     One(Box<Conn>),
     Shared(http2::SendRequest<ProxyBody>),
 }
@@ -290,13 +344,14 @@ thread_local! {
 }
 
 impl Pool {
-    /// A pool of connections to `origin` made by `connector`, each holding
-    /// one of `slots`; idle ones are closed in the background after
+    /// A pool of connections to `origin` made by `connector` within
+    /// `connect_timeout`, each holding one of `slots`; idle ones are closed in the background after
     /// [`IDLE_TIMEOUT`] (when made inside a runtime).
     pub fn new(
         connector: UpstreamConnector,
         origin: Uri,
         http2: bool,
+        connect_timeout: Duration,
         slots: Arc<Slots>,
     ) -> Arc<Pool> {
         let pool = Arc::new(Pool {
@@ -304,6 +359,7 @@ impl Pool {
             slots: slots.clone(),
             origin,
             http2,
+            connect_timeout,
             idle: Mutex::default(),
             shared: Mutex::default(),
         });
@@ -320,7 +376,8 @@ impl Pool {
     /// connection, its newest idle connection, or a slot for a new one
     /// ([`Slots`]); [`SendError::Busy`] when none comes within the wait.
     pub async fn ticket(&self) -> Result<Ticket, SendError> {
-        Ok(Ticket(self.next(0, None).await?))
+        let checkout = self.next(0, None).await?;
+        Ok(Ticket { checkout, stale: 0 })
     }
 
     /// What to send on after `stale` connections handed a request back:
@@ -354,104 +411,154 @@ impl Pool {
     pub async fn send(
         self: &Arc<Self>,
         mut request: Request<ProxyBody>,
-        ticket: Ticket,
+        mut ticket: Ticket,
     ) -> Result<Response<PooledBody>, SendError> {
-        let mut stale = 0;
-        let mut checkout = ticket.0;
         loop {
-            let reused = matches!(checkout, Checkout::Idle(_));
-            let mut conn = match checkout {
-                Checkout::Shared(sender) => match self.send_shared(sender, request).await {
-                    Ok(response) => return Ok(response),
-                    Err(SharedFailed::Untaken(untaken)) => {
-                        stale += 1;
-                        request = *untaken;
-                        checkout = self.next(stale, None).await?;
-                        continue;
+            let connected = self.establish(ticket).await?;
+            match self.send_on(connected, request).await {
+                Ok(response) => return Ok(response),
+                Err(Handback::Untaken(untaken)) => {
+                    (request, ticket) = (untaken.request, untaken.next)
+                }
+                Err(Handback::Failed(error)) => return Err(error),
+            }
+        }
+    }
+
+    /// The connection `ticket` holds, up and ready to take a request:
+    /// this thread's HTTP/2 connection, an idle one still open (one the
+    /// upstream closed meanwhile makes way for the next), or a new one on
+    /// the ticket's slot, made within `connect_timeout`. Nothing of a
+    /// request is written here: every error is [`SendError::Connect`] or
+    /// [`SendError::Busy`].
+    pub async fn establish(&self, ticket: Ticket) -> Result<Connected, SendError> {
+        let Ticket {
+            mut checkout,
+            mut stale,
+        } = ticket;
+        loop {
+            checkout = match checkout {
+                Checkout::Next(slot) => self.next(stale, slot).await?,
+                Checkout::Shared(sender) => {
+                    let link = Link::Shared(sender);
+                    return Ok(Connected {
+                        link,
+                        new: false,
+                        stale,
+                    });
+                }
+                Checkout::Idle(mut conn) => {
+                    // An upstream that closed it meanwhile shows now.
+                    poll_fn(|cx| {
+                        conn.drive(cx);
+                        Poll::Ready(())
+                    })
+                    .await;
+                    if conn.reusable() {
+                        let link = Link::One(conn);
+                        return Ok(Connected {
+                            link,
+                            new: false,
+                            stale,
+                        });
                     }
-                    Err(SharedFailed::Failed(error)) => return Err(error),
-                },
-                Checkout::Idle(conn) => conn,
-                Checkout::New(slot) => {
-                    // Another request of this thread made its HTTP/2
-                    // connection while this one waited: one is enough.
+                    stale += 1;
+                    Checkout::Next(Some(conn.into_slot()))
+                }
+                // Another request of this thread made its HTTP/2
+                // connection while this one waited: one is enough.
+                Checkout::New(slot)
                     if self.http2
                         && stale < STALE_TRIES
-                        && let Some(sender) = self.take_shared()
-                    {
-                        drop(slot);
-                        checkout = Checkout::Shared(sender);
-                        continue;
-                    }
+                        && let Some(sender) = self.take_shared() =>
+                {
+                    drop(slot);
+                    Checkout::Shared(sender)
+                }
+                Checkout::New(slot) => {
                     // Boxed: the connect's futures hold the new socket inline.
-                    match Box::pin(self.connect(slot)).await? {
-                        Made::One(conn) => conn,
-                        Made::Shared(sender) => {
-                            return match self.send_shared(sender, request).await {
-                                Ok(response) => Ok(response),
-                                Err(SharedFailed::Untaken(_)) => Err(SendError::Connect(
-                                    "the new connection closed before the request was sent".into(),
-                                )),
-                                Err(SharedFailed::Failed(error)) => Err(error),
-                            };
+                    let connecting = Box::pin(self.connect(slot));
+                    let link = match tokio::time::timeout(self.connect_timeout, connecting).await {
+                        Ok(made) => made?,
+                        Err(_) => {
+                            let waited = ConnectTimedOut(self.connect_timeout);
+                            return Err(SendError::Connect(waited.into()));
                         }
-                    }
+                    };
+                    return Ok(Connected {
+                        link,
+                        new: true,
+                        stale,
+                    });
                 }
+            }
+        }
+    }
+
+    /// Hands `request` to `connected` and waits for the response head:
+    /// from here on what fails may have been written, but for
+    /// [`Handback::Untaken`] (a connection that closed before taking it)
+    /// and what [`SendError`] says was not.
+    pub async fn send_on(
+        self: &Arc<Self>,
+        connected: Connected,
+        request: Request<ProxyBody>,
+    ) -> Result<Response<PooledBody>, Handback> {
+        let Connected { link, new, stale } = connected;
+        // A new connection that closed before taking it is a connect that
+        // failed; a reused one makes way for the next (the keep-alive race).
+        let untaken = |request, slot| {
+            if new {
+                let closed = "the new connection closed before the request was sent";
+                return Handback::Failed(SendError::Connect(closed.into()));
+            }
+            let next = Ticket {
+                checkout: Checkout::Next(slot),
+                stale: stale + 1,
             };
-            if reused {
-                // An upstream that closed it meanwhile shows now.
-                poll_fn(|cx| {
-                    conn.drive(cx);
-                    Poll::Ready(())
-                })
-                .await;
-                if !conn.reusable() {
-                    stale += 1;
-                    checkout = self.next(stale, Some(conn.into_slot())).await?;
-                    continue;
-                }
+            Handback::Untaken(Box::new(Untaken { request, next }))
+        };
+        let mut conn = match link {
+            Link::Shared(sender) => {
+                return match self.send_shared(sender, request).await {
+                    Ok(response) => Ok(response),
+                    Err(SharedFailed::Untaken(request)) => Err(untaken(*request, None)),
+                    Err(SharedFailed::Failed(error)) => Err(Handback::Failed(error)),
+                };
             }
-            let mut response = std::pin::pin!(conn.sender.try_send_request(request));
-            let sent = poll_fn(|cx| {
-                conn.drive(cx);
-                response.as_mut().poll(cx)
-            })
-            .await;
-            match sent {
-                Ok(response) => {
-                    let bytes = head_bytes(&response);
-                    if bytes > MAX_RESPONSE_HEAD as usize {
-                        // The connection goes with `conn`: the rest of this
-                        // answer is never read.
-                        return Err(SendError::HeadTooLarge { bytes });
-                    }
-                    let pool = Arc::downgrade(self);
-                    return Ok(response.map(|body| PooledBody {
-                        body,
-                        conn: Some(conn),
-                        pool,
-                    }));
+            Link::One(conn) => conn,
+        };
+        let mut response = std::pin::pin!(conn.sender.try_send_request(request));
+        let sent = poll_fn(|cx| {
+            conn.drive(cx);
+            response.as_mut().poll(cx)
+        })
+        .await;
+        match sent {
+            Ok(response) => {
+                let bytes = head_bytes(&response);
+                if bytes > MAX_RESPONSE_HEAD as usize {
+                    // The connection goes with `conn`: the rest of this
+                    // answer is never read.
+                    return Err(Handback::Failed(SendError::HeadTooLarge { bytes }));
                 }
-                Err(mut error) => match error.take_message() {
-                    Some(untaken) if reused => {
-                        stale += 1;
-                        request = untaken;
-                        checkout = self.next(stale, Some(conn.into_slot())).await?;
-                    }
-                    Some(_) => {
-                        return Err(SendError::Connect(
-                            "the new connection closed before the request was sent".into(),
-                        ));
-                    }
-                    None => return Err(SendError::Exchange(error.into_error())),
-                },
+                let pool = Arc::downgrade(self);
+                Ok(response.map(|body| PooledBody {
+                    body,
+                    conn: Some(conn),
+                    pool,
+                }))
             }
+            Err(mut error) => match error.take_message() {
+                Some(request) => Err(untaken(request, Some(conn.into_slot()))),
+                None => Err(Handback::Failed(SendError::Exchange(error.into_error()))),
+            },
         }
     }
 
     /// A new connection on `slot`, through the connector (TCP, TLS, the
     /// fence): an HTTP/2 one becomes this thread's shared connection.
-    async fn connect(&self, slot: OwnedSemaphorePermit) -> Result<Made, SendError> {
+    async fn connect(&self, slot: OwnedSemaphorePermit) -> Result<Link, SendError> {
         let mut connector = self.connector.clone();
         poll_fn(|cx| connector.poll_ready(cx))
             .await
@@ -482,14 +589,14 @@ impl Pool {
                 used: Instant::now(),
             };
             self.shared().insert(thread, shared);
-            return Ok(Made::Shared(sender));
+            return Ok(Link::Shared(sender));
         }
         let (sender, connection) = http1::Builder::new()
             .max_headers(MAX_HEAD_FIELDS)
             .handshake(io)
             .await
             .map_err(|error| SendError::Connect(error.into()))?;
-        Ok(Made::One(Box::new(Conn {
+        Ok(Link::One(Box::new(Conn {
             sender,
             connection: Some(connection),
             slot,
@@ -863,6 +970,7 @@ mod tests {
             UpstreamConnector { https, fence: None },
             origin.clone(),
             false,
+            Duration::from_secs(5),
             slots,
         )
     }
