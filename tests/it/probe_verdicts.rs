@@ -717,11 +717,16 @@ async fn an_mcp_probe_settles_only_the_calls_of_the_tools_it_is_for() {
     assert_eq!(mock.writes(), 1, "one comment on TB");
 
     // A call of a tool the probe is for: the task made, its answer lost,
-    // found by the probe and replayed.
+    // found by the probe, and answered as the gateway answers a call
+    // settled without its own result (docs/mcp.md).
     held(&call_tool(gw.addr(), "/mcp/drop", "create_task", "TA", "t-a").await);
     let settled = call_tool(gw.addr(), "/mcp/drop", "create_task", "TA", "t-a").await;
     let result = &settled.json()["result"];
-    assert_eq!(result["isError"], false, "{result}");
+    assert_eq!(
+        own_meta(&settled, "problem"),
+        "completed-without-result",
+        "{result}"
+    );
     assert_eq!(result["_meta"]["dev.idemgate/reconciled-by"], "count_tasks");
     assert_eq!(gw.operation("create_task/t-a").await["state"], "completed");
 
