@@ -709,7 +709,13 @@ async fn a_held_tool_call_is_settled_with_a_tool_result() {
     );
     type_into(&client, "#settle-operator", "ann").await;
     type_into(&client, "#settle-tool-text", "created task 42").await;
-    type_into(&client, "#settle-tool-structured", r#"{"id": 42}"#).await;
+    // An id no double holds: sent as typed, not parsed and written again.
+    type_into(
+        &client,
+        "#settle-tool-structured",
+        r#"{"id": 42, "ref": 1790000000000000123}"#,
+    )
+    .await;
     click(&client, "#settle-form button[type=submit]").await;
     wait_text(
         &client,
@@ -726,7 +732,7 @@ async fn a_held_tool_call_is_settled_with_a_tool_result() {
     assert!(
         text.contains("created task 42")
             && text.contains("\"isError\":false")
-            && text.contains("\"structuredContent\":{\"id\":42}"),
+            && text.contains("\"structuredContent\":{\"id\":42,\"ref\":1790000000000000123}"),
         "{text}"
     );
 

@@ -215,6 +215,13 @@ async fn an_unknown_operation_is_listed_shown_resolved_and_then_replayed() {
         "{block}"
     );
     assert!(block.contains("POST /hold"), "{block}");
+    // The profile says how it is settled (a tool `result` for mcp).
+    assert!(
+        block
+            .lines()
+            .any(|l| l.starts_with("route") && l.contains("(profile idemgate)")),
+        "{block}"
+    );
     let timeline: Vec<&str> = block
         .lines()
         .skip_while(|l| *l != "timeline")

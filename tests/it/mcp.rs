@@ -737,6 +737,12 @@ async fn a_held_call_is_settled_with_a_tool_result_not_an_http_response() {
         .await
         .json();
     assert_eq!(shown["profile"], "mcp", "{shown}");
+    // What to do says how a tool call is settled and what its retries get.
+    let next = shown["next_action"].as_str().unwrap_or_default();
+    assert!(
+        next.contains("tool `result`") && next.contains("--result") && !next.contains("409"),
+        "{next}"
+    );
 
     let http = json!({"outcome": "completed", "operator": "ann",
                       "response": {"status": 500, "body": "x"}});

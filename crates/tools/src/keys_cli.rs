@@ -478,7 +478,10 @@ fn render_operation(op: &Value) -> Result<String, KeysError> {
     let get = |name: &str| field(op.get(name).unwrap_or(&Value::Null));
     let mut lines: Vec<(&str, String)> = vec![
         ("operation", get("id")),
-        ("route", get("route")),
+        (
+            "route",
+            format!("{} (profile {})", get("route"), get("profile")),
+        ),
         ("key", get("key")),
         (
             "state",

@@ -175,15 +175,20 @@ pub async fn show(admin: &Admin, id: &str) -> Result<Response<ProxyBody>, AdminE
     if let Some(route) = route
         && operation.state == State::Unknown
     {
+        let held = Held::of(route.profile);
         let until = reconcile::may_land_until(&operation, &events, route);
-        if admin.clock.now_millis() < until {
-            shown["next_action"] = json!(format!(
-                "Attempt {} may still land at the destination until {} (the route's late_window): until then a destination that shows nothing is no proof, and only a completed resolution is taken. Then check the destination for key `{}`: if the operation happened, resolve it as completed; if it did not, as not_attempted so the client's next retry is forwarded. Until then retries get 409 outcome-unknown and nothing is sent.",
+        shown["next_action"] = json!(if admin.clock.now_millis() < until {
+            format!(
+                "Attempt {} may still land at the destination until {} (the route's late_window): until then a destination that shows nothing is no proof, and only a completed resolution is taken. Then check the destination for key `{}`: if the operation happened, resolve it as completed (optionally with {}); if it did not, as not_attempted so the client's next retry is forwarded. Until then {}.",
                 operation.attempt,
                 rfc3339(until),
-                operation.key
-            ));
-        }
+                operation.key,
+                held.completed_with,
+                held.retries
+            )
+        } else {
+            unknown_action(&operation.key, held)
+        });
     }
     if let Some(destination) = destination {
         // The operation's id, on the header its route sends it in
@@ -240,6 +245,38 @@ pub fn detail(op: &Operation, events: &[StoredEvent]) -> Value {
     value
 }
 
+/// How an `unknown` operation's route takes its answer and answers its
+/// retries meanwhile: an MCP tool call's are tool results, not HTTP.
+#[derive(Clone, Copy)]
+struct Held {
+    completed_with: &'static str,
+    retries: &'static str,
+}
+
+impl Held {
+    fn of(profile: Profile) -> Held {
+        if profile == Profile::Mcp {
+            Held {
+                completed_with: "the tool `result` retries should get, with `structuredContent` if the tool declares an outputSchema (`idemgate keys resolve --result`)",
+                retries: "retries get a tool result saying the call is held (outcome-unknown), and nothing is sent",
+            }
+        } else {
+            Held {
+                completed_with: "the response retries should get",
+                retries: "retries get 409 outcome-unknown and nothing is sent",
+            }
+        }
+    }
+}
+
+/// An `unknown` operation's next action, where `key` is held.
+fn unknown_action(key: &str, held: Held) -> String {
+    format!(
+        "Check the destination for key `{key}`. If the operation happened, resolve it as completed (optionally with {}); if it did not, resolve it as not_attempted so the client's next retry is forwarded. Until then {}.",
+        held.completed_with, held.retries
+    )
+}
+
 /// What an operator should do next, per state (the states table, README
 /// "The states", in words).
 fn next_action(op: &Operation) -> String {
@@ -252,10 +289,7 @@ fn next_action(op: &Operation) -> String {
             "Nothing to do: it completed, but its response was too large to store, so retries get 409 response-not-stored.".into()
         }
         State::Completed => "Nothing to do: retries get the stored response replayed.".into(),
-        State::Unknown => format!(
-            "Check the destination for key `{}`. If the operation happened, resolve it as completed (optionally with the response retries should get); if it did not, resolve it as not_attempted so the client's next retry is forwarded. Until then retries get 409 outcome-unknown and nothing is sent.",
-            op.key
-        ),
+        State::Unknown => unknown_action(&op.key, Held::of(Profile::Idemgate)),
         State::NotAttempted => format!(
             "Nothing reached the destination. The client's next retry with this key is forwarded as attempt {}.",
             op.attempt + 1
@@ -584,8 +618,13 @@ async fn check(admin: &Admin, id: &str, resolution: &mut Resolution) -> Result<(
         Decision::Completed { response } => {
             let length = response.body.as_ref().map_or(0, Vec::len);
             if length > route.max_stored_response {
+                let what = if mcp {
+                    "the tool result, in the JSON-RPC message retries get,"
+                } else {
+                    "the response's body"
+                };
                 return Err(AdminError::InvalidResolution(format!(
-                    "the response's body is {length} bytes, more than route `{}`'s max_stored_response ({} bytes)",
+                    "{what} is {length} bytes, more than route `{}`'s max_stored_response ({} bytes)",
                     operation.route, route.max_stored_response
                 )));
             }
@@ -600,6 +639,10 @@ async fn check(admin: &Admin, id: &str, resolution: &mut Resolution) -> Result<(
                     wait: Duration::from_millis(u64::try_from(until - now).unwrap_or(0)),
                 });
             }
+            // Judged on this attempt: the store takes it only while the
+            // operation is still at it (a retry let through meanwhile and
+            // lost again may still land, and nobody judged that one).
+            resolution.attempt.get_or_insert(operation.attempt);
         }
         Decision::NotAttempted => {}
     }
@@ -678,17 +721,66 @@ fn tool_result(result: &Value) -> Result<StoredResponse, AdminError> {
             "`result` is a tool result object: {\"content\": [...]}",
         ));
     };
-    let content_ok = members
-        .get("content")
-        .and_then(Value::as_array)
-        .is_some_and(|items| items.iter().all(Value::is_object));
-    if !content_ok {
+    let Some(content) = members.get("content").and_then(Value::as_array) else {
         return Err(invalid("`result.content` is an array of content objects"));
+    };
+    if let Some((index, reason)) = content
+        .iter()
+        .enumerate()
+        .find_map(|(index, block)| content_fault(block).map(|reason| (index, reason)))
+    {
+        return Err(AdminError::InvalidResolution(format!(
+            "`result.content[{index}]` {reason}: MCP clients refuse such a result, and a completed operation cannot be resolved again"
+        )));
     }
     if members.get("isError").is_some_and(|e| !e.is_boolean()) {
         return Err(invalid("`result.isError` is true or false"));
     }
+    if members
+        .get("structuredContent")
+        .is_some_and(|s| !s.is_object())
+    {
+        return Err(invalid(
+            "`result.structuredContent` is a JSON object (what the tool's outputSchema describes), or absent",
+        ));
+    }
     Ok(answer::stored(result.clone()))
+}
+
+/// What makes `block` no content block of the MCP schema (the fields each
+/// `type` requires, as the SDKs check them), if anything.
+fn content_fault(block: &Value) -> Option<String> {
+    let Some(kind) = block.get("type").and_then(Value::as_str) else {
+        return Some("is not a content object with a `type`".into());
+    };
+    let required: &[&str] = match kind {
+        "text" => &["text"],
+        "image" | "audio" => &["data", "mimeType"],
+        "resource_link" => &["uri", "name"],
+        "resource" => {
+            let resource = block.get("resource");
+            let uri = resource
+                .and_then(|r| r.get("uri"))
+                .is_some_and(Value::is_string);
+            let body = resource.is_some_and(|r| {
+                r.get("text").is_some_and(Value::is_string)
+                    || r.get("blob").is_some_and(Value::is_string)
+            });
+            return (!uri || !body).then(|| {
+                "of type `resource` needs `resource` with a string `uri` and `text` or `blob`"
+                    .into()
+            });
+        }
+        other => {
+            return Some(format!(
+                "has type `{other}`: expected text, image, audio, resource_link or resource"
+            ));
+        }
+    };
+    required
+        .iter()
+        .find(|field| !block.get(**field).is_some_and(Value::is_string))
+        .map(|field| format!("of type `{kind}` needs a string `{field}`"))
 }
 
 /// Statuses whose responses have no content (RFC 9110 §15.3.5, §15.3.6,
@@ -842,6 +934,41 @@ mod tests {
         assert!(matches!(with("0.0"), Err(AdminError::InvalidResolution(_))));
         assert_eq!(with("1").unwrap(), Some(1));
         assert_eq!(with("2.0").unwrap(), Some(2));
+    }
+
+    /// A tool result an MCP client would refuse is refused before it is
+    /// stored for good: content blocks as the schema has them, and
+    /// structured content an object.
+    #[test]
+    fn a_tool_result_is_one_mcp_clients_take() {
+        let with = |result: &str| {
+            let text = format!(r#"{{"outcome":"completed","operator":"ann","result":{result}}}"#);
+            Resolution::read(text.as_bytes()).map(|_| ())
+        };
+        for taken in [
+            r#"{"content":[]}"#,
+            r#"{"content":[{"type":"text","text":"ok"}],"structuredContent":{"id":1}}"#,
+            r#"{"content":[{"type":"image","data":"AA==","mimeType":"image/png"}]}"#,
+            r#"{"content":[{"type":"resource_link","uri":"x:1","name":"n"}]}"#,
+            r#"{"content":[{"type":"resource","resource":{"uri":"x:1","text":"t"}}],"isError":true}"#,
+        ] {
+            assert!(with(taken).is_ok(), "{taken}");
+        }
+        for refused in [
+            r#"{"content":[{"type":"txt","text":"ok"}]}"#,
+            r#"{"content":[{"type":"text"}]}"#,
+            r#"{"content":[{"text":"ok"}]}"#,
+            r#"{"content":[{"type":"image","data":"AA=="}]}"#,
+            r#"{"content":[{"type":"resource","resource":{"uri":"x:1"}}]}"#,
+            r#"{"content":[],"structuredContent":[1]}"#,
+            r#"{"content":[],"structuredContent":"s"}"#,
+            r#"{"content":[],"structuredContent":null}"#,
+        ] {
+            assert!(
+                matches!(with(refused), Err(AdminError::InvalidResolution(_))),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

@@ -113,7 +113,8 @@ pub enum AdminError {
     /// operation is at `attempt` now: a retry was let through since, and
     /// what the operator checked says nothing about the attempt now held.
     #[error(
-        "operation {id} is at attempt {attempt} ({state}) now, not at attempt {decided} that the resolution was decided on: a retry was forwarded since. Read it again and check attempt {attempt} at the destination before resolving it"
+        "operation {id} is at attempt {attempt} ({state}) now, not at attempt {decided} that the resolution was decided on: {}. Read it again and check attempt {attempt} at the destination before resolving it",
+        if decided > attempt { "there has been no such attempt" } else { "a retry was forwarded since" }
     )]
     OperationChanged {
         id: String,
@@ -562,6 +563,21 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_changed_operation_says_whether_the_attempt_ever_was() {
+        let changed = |decided| {
+            AdminError::OperationChanged {
+                id: "a".into(),
+                decided,
+                attempt: 2,
+                state: "unknown",
+            }
+            .to_string()
+        };
+        assert!(changed(1).contains("a retry was forwarded since"));
+        assert!(changed(3).contains("there has been no such attempt"));
+    }
 
     #[test]
     fn each_admin_error_maps_to_its_status_and_name() {

@@ -93,12 +93,31 @@
     return sessionStorage.getItem(TOKEN_KEY) || "";
   }
 
+  // JSON typed by the operator, sent as typed: parsed and written again
+  // here, its numbers would become doubles (an id past 2^53 changed).
+  class RawJson {
+    constructor(text) {
+      this.text = text;
+    }
+  }
+
+  // JSON.stringify, each RawJson written as its text.
+  function serialize(value) {
+    const raws = [];
+    const text = JSON.stringify(value, (_, v) => {
+      if (!(v instanceof RawJson)) return v;
+      raws.push(v.text);
+      return "\u0000raw" + (raws.length - 1);
+    });
+    return text.replace(/"\\u0000raw(\d+)"/g, (_, i) => raws[Number(i)]);
+  }
+
   async function api(method, path, body) {
     const headers = { Accept: "application/json", Authorization: "Bearer " + token() };
     const init = { method, headers, cache: "no-store", credentials: "omit" };
     if (body !== undefined) {
       headers["Content-Type"] = "application/json";
-      init.body = JSON.stringify(body);
+      init.body = serialize(body);
     }
     let response;
     try {
@@ -566,7 +585,7 @@
         if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
           return "The structured content is a JSON object, as the tool's outputSchema describes it.";
         }
-        body.result.structuredContent = parsed;
+        body.result.structuredContent = new RawJson(structured);
         // A tool that returns structured content also returns it as text
         // (the MCP specification): a model reads the text.
         if (!text) body.result.content = [{ type: "text", text: structured }];
