@@ -183,7 +183,26 @@ async fn check_config_and_serve_read(
 ) -> (String, Result<(), String>, Result<(), String>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_, scope_key_file, _key_dir) = new_scope_key_file();
-    let setup = Setup::route("").shared_store(&url, &scope_key_file);
+    // The files a documented URL names (`sslrootcert=/etc/…`) are read
+    // with it: here, one that exists stands in for each.
+    let file = dir.path().join("tls.pem");
+    std::fs::write(&file, "").expect("a file");
+    let opened = url
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, value))
+                if value != "system"
+                    && ["sslrootcert", "sslcert", "sslkey"]
+                        .iter()
+                        .any(|n| name.ends_with(n)) =>
+            {
+                format!("{name}={}", file.display())
+            }
+            _ => pair.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    let setup = Setup::route("").shared_store(&opened, &scope_key_file);
     let toml = gateway_toml_with(
         &dir.path().join("unused.db"),
         "http://upstream.example",
@@ -233,8 +252,9 @@ async fn check_config_and_serve_accept_the_same_store_urls() {
         "postgres://gw@h1:5432,,h2:5432/db",
         "postgres://gw@h1,h2/db?port=5433",
         "postgres://gw@db:notaport/x",
-        // TLS settings the driver cannot follow.
+        // TLS settings the driver cannot follow, or files it cannot read.
         "postgres://gw@db/x?sslmode=allow",
+        "postgres://gw@db/x?sslmode=verify-full&sslcert=gw.crt",
         "postgres://gw@db/x?sslmode=verify-full&sslrootcert=system",
         "postgres://gw@db/x?sslmode=verify-full&sslkey=gw.key&sslpassword=k",
     ];

@@ -64,10 +64,28 @@ fn read(url: &str) -> Result<PostgresServers, String> {
     // libpq's environment variable, which the driver reads too, unless
     // the URL names one.
     let mut root_cert = std::env::var("PGSSLROOTCERT").ok();
+    let (mut client_cert, mut client_key) = (false, false);
+    let mut files = Vec::new();
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value = decode(value);
-        match decode(key).as_str() {
+        let key = decode(key);
+        if matches!(
+            key.as_str(),
+            "sslrootcert"
+                | "ssl-root-cert"
+                | "ssl-ca"
+                | "sslcert"
+                | "ssl-cert"
+                | "sslkey"
+                | "ssl-key"
+        ) && value != "system"
+        {
+            files.push((key.clone(), value.clone()));
+        }
+        client_cert |= matches!(key.as_str(), "sslcert" | "ssl-cert");
+        client_key |= matches!(key.as_str(), "sslkey" | "ssl-key");
+        match key.as_str() {
             "target_session_attrs" => session_attrs(&value)?,
             "sslpassword" => {
                 return Err(
@@ -89,6 +107,16 @@ fn read(url: &str) -> Result<PostgresServers, String> {
             }
             _ => kept.push(pair),
         }
+    }
+    for (key, file) in &files {
+        readable(key, file)?;
+    }
+    if client_cert != client_key {
+        return Err(
+            "a client certificate takes both `sslcert` and `sslkey`: the driver uses \
+             neither alone"
+                .into(),
+        );
     }
     let query = match kept.is_empty() {
         true => String::new(),
@@ -135,6 +163,15 @@ fn tls(server: PgConnectOptions, root_cert: Option<&str>) -> Result<PgConnectOpt
     }
 }
 
+/// Whether the file `value` that the URL's `key` names can be read, as
+/// the driver will read it only when it connects (its error then names
+/// no file).
+fn readable(key: &str, value: &str) -> Result<(), String> {
+    std::fs::File::open(value)
+        .map(drop)
+        .map_err(|e| format!("{key}={value}: the file cannot be read: {e}"))
+}
+
 /// `text` percent-decoded as the driver reads a query (`+` is a space,
 /// bytes that are not UTF-8 replaced).
 fn decode(text: &str) -> String {
@@ -171,10 +208,11 @@ pub fn redact_url(url: &str) -> String {
         let pairs: Vec<String> = query
             .split('&')
             .map(|pair| match pair.split_once('=') {
+                // The name as the driver reads it: `pass%77ord` is a password.
                 Some((name, _))
                     if SECRET_PARAMETERS
                         .iter()
-                        .any(|s| name.eq_ignore_ascii_case(s)) =>
+                        .any(|s| decode(name).eq_ignore_ascii_case(s)) =>
                 {
                     format!("{name}=***")
                 }
@@ -281,6 +319,8 @@ mod tests {
 
     #[test]
     fn tls_modes_are_read_as_libpq_reads_them() {
+        let ca = tempfile::NamedTempFile::new().unwrap();
+        let ca = ca.path().display().to_string();
         for (query, mode) in [
             ("sslmode=disable", PgSslMode::Disable),
             ("sslmode=prefer", PgSslMode::Prefer),
@@ -288,26 +328,58 @@ mod tests {
             ("sslmode=verify-ca", PgSslMode::VerifyCa),
             ("sslmode=verify-full", PgSslMode::VerifyFull),
             // A root certificate makes `require` verify the CA, as in libpq.
-            (
-                "sslmode=require&sslrootcert=/etc/ca.pem",
-                PgSslMode::VerifyCa,
-            ),
-            (
-                "sslrootcert=/etc/ca.pem&sslmode=require",
-                PgSslMode::VerifyCa,
-            ),
-            (
-                "sslmode=verify-full&sslrootcert=ca.pem",
-                PgSslMode::VerifyFull,
-            ),
+            ("sslmode=require&sslrootcert=CA", PgSslMode::VerifyCa),
+            ("sslrootcert=CA&sslmode=require", PgSslMode::VerifyCa),
+            ("sslmode=verify-full&sslrootcert=CA", PgSslMode::VerifyFull),
         ] {
-            let url = format!("postgres://gw@db/x?{query}");
+            let url = format!("postgres://gw@db/x?{}", query.replace("CA", &ca));
             assert_eq!(
                 format!("{:?}", ssl_mode(&url)),
                 format!("{mode:?}"),
                 "{url}"
             );
         }
+    }
+
+    /// The files a URL names are read when `check-config` reads it, not
+    /// first when the driver connects (whose error names no file); a
+    /// client certificate takes its key.
+    #[test]
+    fn tls_files_are_read_with_the_url() {
+        let cert = tempfile::NamedTempFile::new().unwrap();
+        let cert = cert.path().display().to_string();
+        for (query, reason) in [
+            (
+                "sslrootcert=/nonexistent/ca.pem",
+                "sslrootcert=/nonexistent/ca.pem",
+            ),
+            (
+                "sslcert=CERT&sslkey=/nonexistent/k.pem",
+                "sslkey=/nonexistent/k.pem",
+            ),
+            ("sslcert=CERT", "takes both"),
+            ("sslkey=CERT", "takes both"),
+        ] {
+            let url = format!(
+                "postgres://gw@db/x?sslmode=verify-full&{}",
+                query.replace("CERT", &cert)
+            );
+            let error = postgres_options(&url).expect_err(&url);
+            assert!(error.contains(reason), "{url}: {error}");
+        }
+        let both = format!("postgres://gw@db/x?sslmode=verify-full&sslcert={cert}&sslkey={cert}");
+        assert!(postgres_options(&both).is_ok());
+    }
+
+    /// A secret parameter is one by the name the driver reads.
+    #[test]
+    fn a_password_under_an_encoded_name_is_redacted() {
+        let url = "postgres://gw@db/x?sslmode=require&pass%77ord=S3cret&PASSWORD=T0p";
+        let redacted = redact_url(url);
+        assert!(
+            !redacted.contains("S3cret") && !redacted.contains("T0p"),
+            "{redacted}"
+        );
     }
 
     #[test]
