@@ -141,12 +141,7 @@ pub async fn send_h2(
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
 ) -> Response {
-    let client = Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build_http::<Full<Bytes>>();
-    let req =
-        build_request(method, &format!("http://{addr}{path}"), headers, body).expect("request");
-    whole(exchange(client, req, WAIT).await, method, path)
+    h2_exchange(addr, method, path, headers, body, |body| body).await
 }
 
 /// Like [`send_h2`], the body sent as one of unknown length: no
@@ -158,12 +153,27 @@ pub async fn send_h2_unsized(
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
 ) -> Response {
+    h2_exchange(addr, method, path, headers, body, Unsized).await
+}
+
+/// One HTTP/2 exchange, the body as `wrap` makes it.
+async fn h2_exchange<B>(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+    wrap: impl FnOnce(Full<Bytes>) -> B,
+) -> Response
+where
+    B: hyper::body::Body<Data = Bytes, Error = std::convert::Infallible> + Send + Unpin + 'static,
+{
     let client = Client::builder(TokioExecutor::new())
         .http2_only(true)
-        .build_http::<Unsized>();
+        .build_http::<B>();
     let req = build_request(method, &format!("http://{addr}{path}"), headers, body)
         .expect("request")
-        .map(Unsized);
+        .map(wrap);
     whole(exchange(client, req, WAIT).await, method, path)
 }
 
