@@ -6,7 +6,9 @@
 //! standby promoted. With synchronous replication no claim or record the
 //! gateway heard of is lost: every key told 201 is replayed afterwards,
 //! and no key reaches the API twice. With asynchronous replication the
-//! gateway refuses to write at all, so nothing can be lost or sent twice.
+//! gateway refuses to write at all, so nothing can be lost or sent twice;
+//! without that setting, a record lost with the old primary leaves its
+//! operation held `unknown`, never `in_progress` under a live gateway.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -207,4 +209,85 @@ async fn a_claim_that_commits_once_the_standby_is_back_is_released() {
     assert_eq!(released["evidence"], "claim-unanswered", "{released}");
     assert_fresh_created(&write(gw.addr(), "/orders", Some("k-lost"), ORDER).await);
     assert_eq!(writes_by_key(&gw).get("k-lost"), Some(&1));
+}
+
+/// A failover without a synchronous standby (docs/replicas.md,
+/// "Failover"): a write whose claim reached the standby but whose record
+/// did not is `in_progress` on the promoted server under a gateway whose
+/// lease runs on there. The gateway holds it `unknown` (`record-lost`)
+/// within a few of its looks, so retries hear `outcome-unknown` and an
+/// operator can settle it — while a write it still has in flight across
+/// the same failover is left alone and recorded when its answer comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL 15 cluster tools (pg_createcluster, pg_basebackup) (.ci/run runs it)"]
+async fn a_record_lost_in_an_asynchronous_failover_is_held_unknown() {
+    let pair = PgPair::create("test").await;
+    let link = TcpRelay::start(pair.primary.port).await;
+    pair.replicate_through(link.port(), false).await;
+    let setup = Setup::route("upstream_timeout = \"60s\"")
+        .shared_store(&pair.url("test"), &pair.scope_key_file)
+        .durable()
+        .admin();
+    let gw = spawn_gateway_with(setup).await;
+    gw.upstream.script(Scripted::Hold);
+    let addr = gw.addr();
+    let lost = tokio::spawn(async move { write(addr, "/scripted", Some("k-lost"), ORDER).await });
+    gw.upstream.wait_for_writes(1).await;
+    let live = tokio::spawn(async move { write(addr, "/scripted", Some("k-live"), ORDER).await });
+    gw.upstream.wait_for_writes(2).await;
+    // Both claims reach the standby; then the link is cut, so k-lost's
+    // record commits on the primary alone.
+    pair.wait_replayed().await;
+    let nowhere = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    link.move_to(nowhere.local_addr().expect("address").port());
+    drop(nowhere);
+    gw.upstream.release_one();
+    let told = lost.await.expect("client task");
+    assert_fresh_created(&told);
+    pair.primary.stop_immediately().await;
+    pair.promote().await;
+
+    let held = write_until(gw.addr(), "/scripted", "k-lost", ORDER, WAIT, |r| {
+        r.status == 409 && r.json()["state"] == "unknown"
+    })
+    .await;
+    assert_held_unknown(&held);
+    let op = gw.operation("k-lost").await;
+    assert_eq!(op["evidence"], "record-lost", "{op}");
+    let in_flight = gw.operation("k-live").await;
+    assert_eq!(in_flight["state"], "in_progress", "{in_flight}");
+
+    // The operator settles the lost record from the destination's word.
+    let id = op["id"].as_str().expect("id");
+    let settled = gw
+        .resolve(
+            id,
+            &serde_json::json!({"outcome": "completed", "operator": "ann", "reference": "T-9",
+                "response": {"status": 201, "body": {"id": "o-1"}}}),
+        )
+        .await;
+    assert_eq!(
+        settled.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&settled.body)
+    );
+
+    // The write in flight (its client gave up waiting: the gateway goes
+    // on) is answered, recorded on the promoted server and replayed from
+    // it.
+    live.abort();
+    gw.upstream.release_one();
+    let recorded = eventually("the write in flight to be recorded", || async {
+        let op = gw.operation("k-live").await;
+        (op["state"] != "in_progress").then_some(op)
+    })
+    .await;
+    assert_eq!(recorded["state"], "completed", "{recorded}");
+    let retry = write(gw.addr(), "/scripted", Some("k-live"), ORDER).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.is_replay(), "a replay");
+    assert_eq!(gw.upstream.writes(), 2, "nothing sent twice");
 }

@@ -15,6 +15,10 @@
 //!   operations `unknown` (`replica-lost`), each once (the update is the
 //!   compare-and-set), and never touches a live peer's; an operator may
 //!   resolve an `in_progress` operation only when its owner is dead;
+//! - a replica's own `in_progress` operation that none of its attempts
+//!   works on (its record was lost with a failed-over server, its claim
+//!   not) is marked `unknown` (`record-lost`) by that replica
+//!   ([`mod@attempts`]), so none stays `in_progress` under a live lease;
 //! - a replica that could not renew stops claiming (503) at four fifths of
 //!   its lease, counted on its own monotonic clock from *before* the last
 //!   renewal was sent, so it stops before the database can see its lease
@@ -76,6 +80,7 @@
 //! read is served by are listed in the module docs of `crates/store/src/lib.rs`
 //! ("Access paths").
 
+mod attempts;
 mod batch;
 mod outbox;
 mod primary;
@@ -92,6 +97,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
+use attempts::{Attempts, Pending};
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use idemgate_model::backoff::Backoff;
 use idemgate_model::clock::{self, Clock};
@@ -139,6 +145,9 @@ pub struct PostgresStore {
     batches: StoreBatches,
     /// This replica's instance id, written as `owner` on every claim.
     owner: Arc<str>,
+    /// Its attempts between claim and record, to tell those it no longer
+    /// works on ([`Maintenance::recover`]).
+    attempts: Attempts,
     /// The lease as this process sees it: claims and sends stop when it
     /// no longer provably runs.
     fence: Fence,
@@ -304,6 +313,7 @@ impl PostgresStore {
             records,
             batches,
             owner,
+            attempts: Attempts::new(clock.clone()),
             fence,
             clock,
             renewal,
@@ -410,8 +420,9 @@ async fn release_unanswered(
     pool: PgPool,
     owner: Arc<str>,
     new: Arc<NewOperation>,
-    (claimed_at, clock): (i64, Arc<dyn Clock>),
+    (pending, clock): (Pending, Arc<dyn Clock>),
 ) {
+    let claimed_at = pending.now;
     let mut unreachable = false;
     for n in 0..RELEASE_TRIES {
         tokio::time::sleep(RELEASE_BACKOFF.delay(n)).await;
@@ -443,6 +454,26 @@ const RELEASE_TRIES: u32 = 12;
 const RELEASE_BACKOFF: Backoff =
     Backoff::full_jitter(Duration::from_millis(500), Duration::from_secs(60));
 
+impl PostgresStore {
+    /// Marks `unknown` (`record-lost`) this replica's `in_progress`
+    /// operations that no attempt of its own works on ([`mod@attempts`]);
+    /// the routes of those marked.
+    async fn mark_orphans(&self, now: i64) -> Result<Vec<String>, StoreError> {
+        let claimed_before = self.attempts.claimed_before();
+        let mut ids = statements::own_in_progress(&self.pool, &self.owner, claimed_before).await?;
+        ids.retain(|id| !self.attempts.working_on(id));
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let orphaned = Owners::Orphaned {
+            this: &self.owner,
+            ids: &ids,
+            claimed_before,
+        };
+        statements::mark_in_progress_unknown(&self.pool, now, "record-lost", orphaned).await
+    }
+}
+
 /// A store dropped without [`Maintenance::close`] stops renewing: to its peers
 /// this replica is as good as dead once the lease runs out.
 impl Drop for PostgresStore {
@@ -467,19 +498,24 @@ impl RequestPath for PostgresStore {
                 _ => Err(StoreError::Busy(reason)),
             };
         }
-        let now = self.clock.now_millis();
+        let pending = self.attempts.claim();
         let call = ClaimCall {
-            now,
+            now: pending.now,
             new: new.clone(),
         };
         let claimed = self.claims.call(call).await;
-        if let Err(StoreError::Unanswered(_)) = &claimed {
-            tokio::spawn(release_unanswered(
+        match &claimed {
+            // Covered until it is found, or given up on.
+            Err(StoreError::Unanswered(_)) => drop(tokio::spawn(release_unanswered(
                 self.pool.clone(),
                 self.owner.clone(),
                 new.clone(),
-                (now, self.clock.clone()),
-            ));
+                (pending, self.clock.clone()),
+            ))),
+            Ok(Ok(ClaimResult::Claimed(claim))) => {
+                self.attempts.claimed(pending, &claim.operation_id);
+            }
+            _ => {}
         }
         claimed?
     }
@@ -496,7 +532,11 @@ impl RequestPath for PostgresStore {
             settlement: settlement.clone(),
             events: events.to_vec(),
         };
-        self.records.call(call).await
+        let recorded = self.records.call(call).await;
+        if recorded.is_ok() {
+            self.attempts.recorded(&claim.operation_id);
+        }
+        recorded
     }
 
     async fn current(&self, new: &NewOperation) -> Result<Option<Operation>, StoreError> {
@@ -621,15 +661,27 @@ impl Maintenance for PostgresStore {
     async fn recover(&self) -> Result<Vec<String>, StoreError> {
         let lost = Owners::Lost { by: &self.owner };
         let now = self.clock.now_millis();
-        let routes = statements::mark_in_progress_unknown(&self.pool, now, "replica-lost", lost)
-            .await
-            .inspect_err(|error| self.primary.suspect(error))?;
+        let mut routes =
+            statements::mark_in_progress_unknown(&self.pool, now, "replica-lost", lost)
+                .await
+                .inspect_err(|error| self.primary.suspect(error))?;
         if !routes.is_empty() {
             tracing::warn!(target: TARGET,
                 count = routes.len(),
                 "operations left in flight by a lost replica are now unknown"
             );
         }
+        let orphaned = self
+            .mark_orphans(now)
+            .await
+            .inspect_err(|error| self.primary.suspect(error))?;
+        if !orphaned.is_empty() {
+            tracing::warn!(target: TARGET,
+                count = orphaned.len(),
+                "operations this replica claimed and no longer works on are now unknown: their records were lost, as in a failover without a synchronous standby"
+            );
+        }
+        routes.extend(orphaned);
         Ok(routes)
     }
 

@@ -383,6 +383,31 @@ pub(crate) enum Owners<'a> {
     This(&'a str),
     /// Every owner without a running lease, by a replica whose own lease runs.
     Lost { by: &'a str },
+    /// Those of `ids` this replica claimed before `claimed_before` and
+    /// still holds: attempts it no longer works on (`attempts`).
+    Orphaned {
+        this: &'a str,
+        ids: &'a [String],
+        claimed_before: i64,
+    },
+}
+
+/// The ids of this replica's `in_progress` operations claimed before
+/// `claimed_before` (served by `operations_in_progress_owner`).
+pub(crate) async fn own_in_progress(
+    pool: &PgPool,
+    owner: &str,
+    claimed_before: i64,
+) -> Result<Vec<String>, StoreError> {
+    let ids = sqlx::query_scalar(
+        "SELECT id FROM operations
+         WHERE state = 'in_progress' AND owner = $1 AND updated_at < $2",
+    )
+    .bind(owner)
+    .bind(claimed_before)
+    .fetch_all(pool)
+    .await?;
+    Ok(ids)
 }
 
 /// `in_progress` → `unknown` with `evidence`, each operation once (the
@@ -394,34 +419,50 @@ pub(crate) async fn mark_in_progress_unknown(
     evidence: &str,
     owners: Owners<'_>,
 ) -> Result<Vec<String>, StoreError> {
-    let (whose, replica) = match owners {
-        Owners::This(owner) => ("owner = $3".to_string(), owner),
+    let (whose, replica, event) = match &owners {
+        Owners::This(owner) => ("owner = $3".to_string(), *owner, "owner-lost"),
         Owners::Lost { by } => (
             format!(
                 "owner IS DISTINCT FROM $3 AND NOT {OWNER_ALIVE}
                  AND EXISTS (SELECT 1 FROM replicas r
                     WHERE r.id = $3 AND r.lease_until > clock_timestamp())"
             ),
-            by,
+            *by,
+            "owner-lost",
+        ),
+        // The claim's time is the compare-and-set: a later attempt of the
+        // same operation is claimed after it.
+        Owners::Orphaned { this, .. } => (
+            "owner = $3 AND id = ANY($4) AND updated_at < $5".to_string(),
+            *this,
+            "record-lost",
         ),
     };
-    let routes = sqlx::query_scalar(&format!(
+    let sql = format!(
         "WITH marked AS (
             UPDATE operations SET state = 'unknown', evidence = $1, updated_at = $2
             WHERE state = 'in_progress' AND {whose}
             RETURNING id, owner, route
          ), kept AS (
             INSERT INTO events (operation_id, at, kind, detail)
-            SELECT id, $2, 'owner-lost', json_build_object('reason', $1::text, 'owner', owner)::text
+            SELECT id, $2, '{event}', json_build_object('reason', $1::text, 'owner', owner)::text
             FROM marked
          )
          SELECT route FROM marked"
-    ))
-    .bind(evidence)
-    .bind(now)
-    .bind(replica)
-    .fetch_all(pool)
-    .await?;
+    );
+    let mut query = sqlx::query_scalar(&sql)
+        .bind(evidence)
+        .bind(now)
+        .bind(replica);
+    if let Owners::Orphaned {
+        ids,
+        claimed_before,
+        ..
+    } = owners
+    {
+        query = query.bind(ids).bind(claimed_before);
+    }
+    let routes = query.fetch_all(pool).await?;
     Ok(routes)
 }
 

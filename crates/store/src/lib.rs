@@ -856,8 +856,10 @@ pub trait Maintenance: Send + Sync {
     /// re-sent. Run at start, before the first request is served. SQLite:
     /// this process alone holds the store, so every one found is a dead
     /// owner's (`gateway-restarted`); call it only then. A [`shared`]
-    /// store: the owners whose lease ran out (`replica-lost`), at any time.
-    /// Returns the routes of the operations it marked, for their pause
+    /// store: the owners whose lease ran out (`replica-lost`), and this
+    /// replica's own that none of its attempts works on any more
+    /// (`record-lost`: their records were lost with a failed-over server),
+    /// at any time. Returns the routes of the operations it marked, for their pause
     /// latches.
     ///
     /// [`shared`]: RequestPath::shared
