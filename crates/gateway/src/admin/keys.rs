@@ -12,6 +12,7 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::{Admin, AdminError, json_response};
@@ -390,15 +391,17 @@ struct ResolutionBody {
     #[serde(default, deserialize_with = "object_or_null")]
     response: Option<ResolutionResponse>,
     /// An MCP tool result (`{"content": [...], "isError": false}`) retries
-    /// of a tool call get; `null` is no result, and refused.
+    /// of a tool call get, as written; `null` is no result, and refused.
     #[serde(default, deserialize_with = "present")]
-    result: Option<Value>,
+    result: Option<Box<RawValue>>,
 }
 
 /// A member that is there, even as `null` (which `Option` would read as
 /// absent).
-fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(deserializer).map(Some)
+fn present<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(deserializer).map(Some)
 }
 
 /// The `response` of a resolution: an object or `null`, never the
@@ -438,7 +441,8 @@ struct ResolutionResponse {
     /// (a map's order would differ from one reading of the body to the next).
     #[serde(default, deserialize_with = "in_order")]
     headers: Vec<(String, HeaderValues)>,
-    body: Option<Value>,
+    /// A string is the body's text; any other JSON is the body, as written.
+    body: Option<Box<RawValue>>,
 }
 
 /// A JSON object's members in the order they are written, repeats kept.
@@ -714,9 +718,10 @@ fn decision(resolution: &ResolutionBody) -> Result<Decision, AdminError> {
 /// (an object whose `content` is an array of content objects, with
 /// `isError` a boolean if given), stored as the JSON-RPC response each
 /// retry gets under its own id (`pipeline::mcp::answer`).
-fn tool_result(result: &Value) -> Result<StoredResponse, AdminError> {
+fn tool_result(written: &RawValue) -> Result<StoredResponse, AdminError> {
     let invalid = |reason: &str| AdminError::InvalidResolution(reason.to_string());
-    let Value::Object(members) = result else {
+    let result: Value = serde_json::from_str(written.get()).unwrap_or_default();
+    let Value::Object(members) = &result else {
         return Err(invalid(
             "`result` is a tool result object: {\"content\": [...]}",
         ));
@@ -744,7 +749,7 @@ fn tool_result(result: &Value) -> Result<StoredResponse, AdminError> {
             "`result.structuredContent` is a JSON object (what the tool's outputSchema describes), or absent",
         ));
     }
-    Ok(answer::stored(result.clone()))
+    Ok(answer::stored(written))
 }
 
 /// What makes `block` no content block of the MCP schema (the fields each
@@ -832,13 +837,15 @@ fn stored_response(response: &ResolutionResponse) -> Result<StoredResponse, Admi
     }
     let body = match &response.body {
         None => Vec::new(),
-        Some(Value::String(text)) => text.clone().into_bytes(),
-        Some(other) => {
-            if !headers.iter().any(|(n, _)| n == "content-type") {
-                headers.push(("content-type".into(), b"application/json".to_vec()));
+        Some(written) => match serde_json::from_str::<String>(written.get()) {
+            Ok(text) => text.into_bytes(),
+            Err(_) => {
+                if !headers.iter().any(|(n, _)| n == "content-type") {
+                    headers.push(("content-type".into(), b"application/json".to_vec()));
+                }
+                written.get().as_bytes().to_vec()
             }
-            other.to_string().into_bytes()
-        }
+        },
     };
     if !body.is_empty() && WITHOUT_CONTENT.contains(&response.status) {
         return Err(invalid(format!(
@@ -894,6 +901,16 @@ mod tests {
             panic!("not completed");
         };
         assert_eq!(response.body.as_deref(), Some(&br#"{"id":7}"#[..]));
+        // As written: a number beyond a double's precision, members in
+        // their order.
+        let written = r#"{"z": 123456789012345678901234567890, "a": 0.10000000000000000555}"#;
+        let text = format!(
+            r#"{{"outcome":"completed","operator":"ann","response":{{"status":201,"body":{written}}}}}"#
+        );
+        let Decision::Completed { response } = resolution(&text).unwrap() else {
+            panic!("not completed");
+        };
+        assert_eq!(response.body.as_deref(), Some(written.as_bytes()));
         assert!(
             response
                 .headers
@@ -969,6 +986,20 @@ mod tests {
                 "{refused}"
             );
         }
+    }
+
+    /// A tool result is stored as written: a number beyond a double's
+    /// precision is what the tool's client reads.
+    #[test]
+    fn a_tool_result_is_stored_as_written() {
+        let result =
+            r#"{"content": [], "structuredContent": {"id": 123456789012345678901234567890}}"#;
+        let text = format!(r#"{{"outcome":"completed","operator":"ann","result":{result}}}"#);
+        let Decision::Completed { response } = resolution(&text).unwrap() else {
+            panic!("not completed");
+        };
+        let body = String::from_utf8(response.body.unwrap()).unwrap();
+        assert!(body.contains(result), "{body}");
     }
 
     #[test]

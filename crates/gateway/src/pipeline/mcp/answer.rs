@@ -23,12 +23,20 @@
 //!   another tool's result: `isError: true` and no `structuredContent`,
 //!   the one shape every SDK client takes whatever `outputSchema` the tool
 //!   declares (they check a result's structured content against it only
-//!   when `isError` is not true).
+//!   when `isError` is not true);
+//! - what the gateway does not change of an answer (all but its `id` and
+//!   its result's `resultType` and `_meta`) is answered as the server
+//!   wrote it, numbers beyond a double's precision included: a message is
+//!   read only as far as [`Members`].
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt;
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::body::{ProxyBody, full};
@@ -84,9 +92,9 @@ pub async fn finish(
         };
         return problem(error, call).await;
     };
-    let message = serde_json::from_slice::<Value>(&bytes)
+    let message = serde_json::from_slice::<Members>(&bytes)
         .ok()
-        .filter(|m| m.get("jsonrpc").is_some());
+        .filter(|m| m.contains_key("jsonrpc"));
     let replayed = outcome == Some(Outcome::replayed);
     let mut message = match message {
         Some(message) => message,
@@ -94,19 +102,32 @@ pub async fn finish(
         // response): its text is the tool's result.
         None if replayed => {
             let text = String::from_utf8_lossy(&bytes);
-            json!({"jsonrpc": "2.0", "id": null, "result": {
-                "content": [{"type": "text", "text": text}], "isError": false,
-            }})
+            let result = json!({"content": [{"type": "text", "text": text}], "isError": false});
+            Members::from([
+                ("jsonrpc".into(), raw(&"2.0")),
+                ("result".into(), raw(&result)),
+            ])
         }
         // Not JSON-RPC (an upstream's 4xx page): as it came.
         None => return Response::from_parts(parts, full(bytes)),
     };
-    message["id"] = call.id.clone();
-    if let Some(result) = message.get_mut("result").and_then(Value::as_object_mut) {
-        complete(result, call);
-        if replayed {
-            add_meta(result, [(meta::REPLAYED, Value::Bool(true))]);
+    message.insert("id".into(), raw(&call.id));
+    let result = message.get("result");
+    if let Some(mut result) = result.and_then(|r| serde_json::from_str::<Members>(r.get()).ok()) {
+        if call.modern {
+            result
+                .entry("resultType".into())
+                .or_insert_with(|| raw(&"complete"));
         }
+        if replayed {
+            let meta = result.get("_meta");
+            let mut meta = meta
+                .and_then(|m| serde_json::from_str::<Members>(m.get()).ok())
+                .unwrap_or_default();
+            meta.insert(meta::REPLAYED.into(), raw(&true));
+            result.insert("_meta".into(), raw(&meta));
+        }
+        message.insert("result".into(), raw(&result));
     }
     let relayed = parts.extensions.remove::<Relayed>().unwrap_or_default();
     parts.headers.remove(CONTENT_LENGTH);
@@ -165,6 +186,15 @@ pub fn accepted() -> Response<ProxyBody> {
     response
 }
 
+/// A JSON object's members, each as the text it was written as.
+type Members = BTreeMap<String, Box<RawValue>>;
+
+/// `value` as JSON text.
+fn raw(value: &impl Serialize) -> Box<RawValue> {
+    // Values and maps of text serialize.
+    serde_json::value::to_raw_value(value).unwrap_or_default()
+}
+
 /// A result as the request's revision requires it: `resultType` under
 /// the modern one.
 fn complete(result: &mut Map<String, Value>, call: &Call) {
@@ -195,7 +225,7 @@ fn add_meta<'a>(
 /// `-32602`).
 fn render(
     mut parts: http::response::Parts,
-    message: &Value,
+    message: &impl Serialize,
     relayed: &[Bytes],
     call: &Call,
 ) -> Response<ProxyBody> {
@@ -385,17 +415,27 @@ pub fn settled(operation: &str, proof: &Proof<'_>) -> StoredResponse {
             (by.0, Value::from(by.1)),
         ],
     );
-    stored(Value::Object(result))
+    stored(&raw(&result))
 }
 
-/// A tool `result` as stored: the JSON-RPC response each retry gets under
-/// its own id ([`finish`]).
-pub fn stored(result: Value) -> StoredResponse {
-    let body = json!({"jsonrpc": "2.0", "id": null, "result": result});
+/// A tool `result` as stored, as written: the JSON-RPC response each
+/// retry gets under its own id ([`finish`]).
+pub fn stored(result: &RawValue) -> StoredResponse {
+    #[derive(Serialize)]
+    struct Stored<'a> {
+        jsonrpc: &'static str,
+        id: (),
+        result: &'a RawValue,
+    }
+    let body = Stored {
+        jsonrpc: "2.0",
+        id: (),
+        result,
+    };
     StoredResponse {
         status: 200,
         headers: vec![("content-type".into(), b"application/json".to_vec())],
-        body: Some(body.to_string().into_bytes()),
+        body: serde_json::to_vec(&body).ok(),
     }
 }
 
@@ -499,6 +539,36 @@ mod tests {
             assert_eq!(result_type.is_some(), modern, "{message}");
         }
         assert_eq!(response.headers()[replay::IDEMPOTENT_REPLAYED], "true");
+    }
+
+    /// A tool's numbers beyond what a double holds, and its members'
+    /// order and spacing inside the result, are answered as the server
+    /// wrote them: first time and replayed.
+    #[tokio::test]
+    async fn a_result_is_answered_as_the_server_wrote_it() {
+        let content = r#"{"id": 123456789012345678901234567890, "price": 0.10000000000000000555, "z": 1, "a": 2}"#;
+        let answer = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{"content":[],"structuredContent":{content},"isError":false}}}}"#
+        );
+        let first = {
+            let mut response = Response::new(full(answer.clone()));
+            response.extensions_mut().insert(Message);
+            response
+        };
+        let replayed = replay::respond(&stored(&answer));
+        for (response, modern) in [(first, false), (replayed, true)] {
+            let response = finish(Ok(response), &call(modern)).await;
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let text = String::from_utf8(body.to_vec()).unwrap();
+            assert!(text.contains(content), "{text}");
+            let message: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(message["id"], "req-9");
+            assert_eq!(
+                message["result"].get("resultType").is_some(),
+                modern,
+                "{text}"
+            );
+        }
     }
 
     #[tokio::test]
