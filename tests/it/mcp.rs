@@ -1656,3 +1656,40 @@ async fn a_batch_cancelling_a_call_in_flight_is_refused_and_the_call_runs_on() {
     let answered = running.await.expect("the call");
     assert_eq!(answered.status, 200);
 }
+
+/// Without a session, a client's `notifications/cancelled` names its own
+/// calls only: another client (another credential) cancelling its own
+/// request 5 is sent on to the server, not taken for the protected call 5
+/// in flight; the caller's own cancellation still is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_session_a_cancellation_is_the_callers_own() {
+    let gw = spawn_gateway_at("/scripted", "profile = \"mcp\"").await;
+    gw.upstream.script(Scripted::Hold);
+    let post = |authorization: &'static str, body: String| {
+        let addr = gw.addr();
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("accept", BOTH),
+                ("authorization", authorization),
+            ];
+            send(addr, "POST", "/scripted", &headers, body).await
+        }
+    };
+    let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                      "params": {"name": "create_task", "arguments": {"title": "mine"}}});
+    let running = tokio::spawn(post(ALICE, call.to_string()));
+    gw.upstream.wait_for_writes(1).await;
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                        "params": {"requestId": 5, "reason": "client timeout"}})
+    .to_string();
+    gw.upstream.script(Scripted::Create);
+    let bobs = post(BOB, cancel.clone()).await;
+    assert_ne!(bobs.status, 202, "not taken by the gateway");
+    assert_eq!(gw.upstream.requests().len(), 2, "Bob's reached the server");
+    assert_eq!(post(ALICE, cancel).await.status, 202);
+    assert_eq!(gw.upstream.requests().len(), 2, "Alice's did not");
+    gw.upstream.release_one();
+    let answered = running.await.expect("the call");
+    assert_eq!(answered.status, 200);
+}

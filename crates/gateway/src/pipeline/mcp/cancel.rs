@@ -16,8 +16,8 @@
 //! they have ended.
 //!
 //! Invariants: a cancellation is kept from the upstream only while the
-//! call it names (by session and request id, a number by its value) is
-//! in flight here, alone (taken) or in a batch (refused whole, as a batch
+//! call it names (by its [`Caller`] and request id, a number by its
+//! value) is in flight here, alone (taken) or in a batch (refused whole, as a batch
 //! holding a call is); any other one is sent on. A session's DELETE is held
 //! back only while one of its calls is in flight, and never past the
 //! bound its caller sets.
@@ -35,10 +35,31 @@ use crate::pipeline::forward::EventAnswer;
 use crate::pipeline::mcp::call::id_key;
 use crate::pipeline::mcp::relay::{CallEvents, Relay};
 
-/// Protected calls in flight on a route, by session and request id.
+/// Whose calls a request's are: its 2025-11-25 session's, or without a
+/// session its scope's (the keyed digest of the credentials it is sent
+/// with), so that one client's cancellation never names another client's
+/// call of the same request id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Caller {
+    Session(String),
+    Scope(String),
+}
+
+impl Caller {
+    /// The caller of a request with `headers`, whose scope is `scope` (read
+    /// only when it has no session).
+    pub fn of(headers: &HeaderMap, scope: impl FnOnce() -> String) -> Caller {
+        match session(headers) {
+            Some(session) => Caller::Session(session),
+            None => Caller::Scope(scope()),
+        }
+    }
+}
+
+/// Protected calls in flight on a route, by caller and request id.
 #[derive(Debug, Default)]
 pub struct InFlightCalls {
-    calls: DashMap<(String, String), usize>,
+    calls: DashMap<(Caller, String), usize>,
     /// Told each time a call ends.
     ended: Notify,
     /// Sessions whose DELETE is held back: one each, however many come.
@@ -49,7 +70,7 @@ pub struct InFlightCalls {
 #[derive(Debug)]
 pub struct Tracked {
     calls: Arc<InFlightCalls>,
-    key: (String, String),
+    key: (Caller, String),
 }
 
 impl Drop for Tracked {
@@ -91,15 +112,10 @@ impl Pending {
 }
 
 impl InFlightCalls {
-    /// Counts the call `id` of the request with `headers` in flight, for as
-    /// long as the returned [`Pending`] lives.
-    pub fn track(
-        self: &Arc<Self>,
-        headers: &HeaderMap,
-        id: &Value,
-        relay: Option<Relay>,
-    ) -> Pending {
-        let key = (session(headers), id_key(id));
+    /// Counts `caller`'s call `id` in flight, for as long as the returned
+    /// [`Pending`] lives.
+    pub fn track(self: &Arc<Self>, caller: Caller, id: &Value, relay: Option<Relay>) -> Pending {
+        let key = (caller, id_key(id));
         *self.calls.entry(key.clone()).or_default() += 1;
         Pending {
             id: id.clone(),
@@ -111,33 +127,32 @@ impl InFlightCalls {
         }
     }
 
-    /// What `body`, POSTed in the session of `headers`, is to the calls
-    /// in flight there: a `notifications/cancelled` for one, alone or in
-    /// a batch, or nothing to them.
-    pub fn cancelling(&self, headers: &HeaderMap, body: &[u8]) -> Cancelling {
+    /// What `body`, POSTed by `caller`, is to its calls in flight: a
+    /// `notifications/cancelled` for one, alone or in a batch, or nothing
+    /// to them.
+    pub fn cancelling(&self, caller: &Caller, body: &[u8]) -> Cancelling {
         let Ok(message) = serde_json::from_slice::<Value>(body) else {
             return Cancelling::Nothing;
         };
-        let session = session(headers);
         match &message {
-            Value::Array(batch) if batch.iter().any(|m| self.cancels(&session, m)) => {
+            Value::Array(batch) if batch.iter().any(|m| self.cancels(caller, m)) => {
                 Cancelling::InBatch
             }
-            message if self.cancels(&session, message) => Cancelling::Alone,
+            message if self.cancels(caller, message) => Cancelling::Alone,
             _ => Cancelling::Nothing,
         }
     }
 
-    /// Whether `message` is a `notifications/cancelled` for a call in
-    /// flight in `session`.
-    fn cancels(&self, session: &str, message: &Value) -> bool {
+    /// Whether `message` is a `notifications/cancelled` for a call of
+    /// `caller`'s in flight.
+    fn cancels(&self, caller: &Caller, message: &Value) -> bool {
         if message.get("method").and_then(Value::as_str) != Some("notifications/cancelled") {
             return false;
         }
         let Some(id) = message.pointer("/params/requestId") else {
             return false;
         };
-        self.calls.contains_key(&(session.to_string(), id_key(id)))
+        self.calls.contains_key(&(caller.clone(), id_key(id)))
     }
 }
 
@@ -160,14 +175,17 @@ impl InFlightCalls {
     /// Whether the session of `headers` (a 2025-11-25 one) has a call in
     /// flight.
     pub fn session_busy(&self, headers: &HeaderMap) -> bool {
-        let session = session(headers);
-        !session.is_empty() && self.calls.iter().any(|entry| entry.key().0 == session)
+        let Some(session) = session(headers) else {
+            return false;
+        };
+        let caller = Caller::Session(session);
+        self.calls.iter().any(|entry| entry.key().0 == caller)
     }
 
     /// Holds back the DELETE of the session of `headers`: `None` when one
     /// already is (this one is answered and dropped: the first goes on).
     pub fn hold_end(self: &Arc<Self>, headers: &HeaderMap) -> Option<HeldEnd> {
-        let session = session(headers);
+        let session = session(headers).unwrap_or_default();
         match self.ending.entry(session.clone()) {
             dashmap::mapref::entry::Entry::Occupied(_) => None,
             dashmap::mapref::entry::Entry::Vacant(vacant) => {
@@ -209,13 +227,13 @@ impl Drop for HeldEnd {
     }
 }
 
-/// The request's 2025-11-25 session, `""` without one.
-fn session(headers: &HeaderMap) -> String {
+/// The request's 2025-11-25 session, if it names one.
+fn session(headers: &HeaderMap) -> Option<String> {
     headers
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string()
+        .filter(|session| !session.is_empty())
+        .map(str::to_string)
 }
 
 #[cfg(test)]
@@ -228,18 +246,22 @@ mod tests {
         headers
     }
 
+    fn session_of(id: &str) -> Caller {
+        Caller::of(&in_session(id), || unreachable!("a session is the caller"))
+    }
+
     const CANCEL_7: &[u8] =
         br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}"#;
 
     #[test]
     fn only_a_call_in_flight_keeps_its_cancellation() {
         let calls = Arc::new(InFlightCalls::default());
-        let (a, b) = (in_session("a"), in_session("b"));
+        let (a, b) = (session_of("a"), session_of("b"));
         let taken =
-            |headers: &HeaderMap, body: &[u8]| calls.cancelling(headers, body) == Cancelling::Alone;
+            |caller: &Caller, body: &[u8]| calls.cancelling(caller, body) == Cancelling::Alone;
         assert!(!taken(&a, CANCEL_7));
-        let first = calls.track(&a, &Value::from(7.0), None);
-        let again = calls.track(&a, &Value::from(7), None);
+        let first = calls.track(a.clone(), &Value::from(7.0), None);
+        let again = calls.track(a.clone(), &Value::from(7), None);
         assert!(taken(&a, CANCEL_7));
         // Another session's request 7, or request "7", is another call.
         assert!(!taken(&b, CANCEL_7));
@@ -255,21 +277,37 @@ mod tests {
     #[test]
     fn a_batch_cancelling_a_call_in_flight_is_told_apart() {
         let calls = Arc::new(InFlightCalls::default());
-        let a = in_session("a");
+        let a = session_of("a");
         let cancel = std::str::from_utf8(CANCEL_7).unwrap();
         let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
         let batch = format!("[{ping},{cancel}]");
         assert_eq!(calls.cancelling(&a, batch.as_bytes()), Cancelling::Nothing);
-        let _call = calls.track(&a, &Value::from(7), None);
+        let _call = calls.track(a.clone(), &Value::from(7), None);
         assert_eq!(calls.cancelling(&a, batch.as_bytes()), Cancelling::InBatch);
         let alone = format!("[{cancel}]");
         assert_eq!(calls.cancelling(&a, alone.as_bytes()), Cancelling::InBatch);
         assert_eq!(
-            calls.cancelling(&in_session("b"), batch.as_bytes()),
+            calls.cancelling(&session_of("b"), batch.as_bytes()),
             Cancelling::Nothing
         );
         let other = format!("[{ping}]");
         assert_eq!(calls.cancelling(&a, other.as_bytes()), Cancelling::Nothing);
+    }
+
+    /// Without a session, a client's cancellation names its own calls
+    /// only: another client's call of the same id runs on untouched, and
+    /// its own is still taken.
+    #[test]
+    fn without_a_session_a_cancellation_names_its_scopes_calls() {
+        let calls = Arc::new(InFlightCalls::default());
+        let (alice, bob) = (
+            Caller::of(&HeaderMap::new(), || "scope-alice".into()),
+            Caller::of(&HeaderMap::new(), || "scope-bob".into()),
+        );
+        let _call = calls.track(alice.clone(), &Value::from(7), None);
+        assert_eq!(calls.cancelling(&bob, CANCEL_7), Cancelling::Nothing);
+        assert_eq!(calls.cancelling(&alice, CANCEL_7), Cancelling::Alone);
+        assert!(!calls.session_busy(&HeaderMap::new()));
     }
 
     #[test]

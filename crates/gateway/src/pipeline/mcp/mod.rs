@@ -72,7 +72,11 @@ impl Proxy {
             Ok(read) => read,
             Err(error) => return error.into_response(),
         };
-        match active.calls.cancelling(&parts.headers, &body) {
+        let caller = cancel::Caller::of(&parts.headers, || {
+            let scope = self.scope_of(route, &parts);
+            scope.map(|s| s.as_str().to_string()).unwrap_or_default()
+        });
+        match active.calls.cancelling(&caller, &body) {
             cancel::Cancelling::Nothing => {}
             cancel::Cancelling::Alone => return answer::accepted(),
             cancel::Cancelling::InBatch => {
@@ -212,6 +216,7 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let route = &active.route;
         let scope = self.scope_of(route, &parts)?;
+        let caller = cancel::Caller::of(&parts.headers, || scope.as_str().to_string());
         let identified = identity::identify(call, &parts.headers, &body.0, route, &scope)?;
         let sent = identified.source == identity::KeySource::Sent;
         let named = self.name(route, &scope, identified.key, sent);
@@ -220,7 +225,7 @@ impl Proxy {
         let write = self.identify(route, named, scope, (identified.fingerprint, exact), now);
         // Its answer is read as JSON-RPC ([`outcome`]): in no coding.
         forward::ask_for_identity(&mut parts.headers);
-        let call = Some(active.calls.track(&parts.headers, &call.id, relay));
+        let call = Some(active.calls.track(caller, &call.id, relay));
         let payload = Payload {
             parts,
             body,
