@@ -709,7 +709,8 @@ async fn a_held_tool_call_is_settled_with_a_tool_result() {
     );
     type_into(&client, "#settle-operator", "ann").await;
     type_into(&client, "#settle-tool-text", "created task 42").await;
-    // An id no double holds: sent as typed, not parsed and written again.
+    // An id no double holds: sent and kept as typed, not parsed and
+    // written again.
     type_into(
         &client,
         "#settle-tool-structured",
@@ -732,7 +733,7 @@ async fn a_held_tool_call_is_settled_with_a_tool_result() {
     assert!(
         text.contains("created task 42")
             && text.contains("\"isError\":false")
-            && text.contains("\"structuredContent\":{\"id\":42,\"ref\":1790000000000000123}"),
+            && text.contains(r#""structuredContent":{"id": 42, "ref": 1790000000000000123}"#),
         "{text}"
     );
 

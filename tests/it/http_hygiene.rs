@@ -424,6 +424,30 @@ async fn a_request_in_a_transfer_coding_other_than_chunked_is_refused() {
     assert!(gw.upstream.requests().is_empty(), "nothing sent");
 }
 
+/// `CONNECT` asks for a tunnel, which a reverse proxy does not make: in
+/// any case it is refused, nothing sent (a 2xx passed back would have
+/// become a tunnel, the answer lost to the client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_is_refused_and_never_sent() {
+    let gw = spawn_gateway("").await;
+    for method in ["CONNECT", "connect"] {
+        let request = format!(
+            "{method} /orders/x HTTP/1.1\r\nhost: idemgate.test\r\nauthorization: {ALICE}\r\n\
+             idempotency-key: tunnel-{method}\r\ncontent-length: 2\r\n\r\n{{}}"
+        );
+        let answer = raw_exchange(gw.addr(), request.as_bytes())
+            .await
+            .expect("an answer");
+        assert_eq!(answer.status, 501, "{method}: {}", answer.head);
+        assert!(
+            String::from_utf8_lossy(&answer.body).contains("unsupported-method"),
+            "{method}: {:?}",
+            answer.body
+        );
+    }
+    assert!(gw.upstream.requests().is_empty(), "nothing sent");
+}
+
 const GZIP_CODED: &[u8] = b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n\
 transfer-encoding: gzip, chunked\r\n\r\n4\r\n\x1f\x8b\x08\x00\r\n0\r\n\r\n";
 

@@ -1693,3 +1693,53 @@ async fn without_a_session_a_cancellation_is_the_callers_own() {
     let answered = running.await.expect("the call");
     assert_eq!(answered.status, 200);
 }
+
+/// The key argument is no part of the call wherever the call's key came
+/// from: a lost call keyed by its argument, retried with the same
+/// arguments under a key sent elsewhere (the header, `_meta`), and a lost
+/// call keyed by the header, retried with its key in the argument alone,
+/// are held `possible-duplicate`, not made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_argument_is_no_part_of_the_call_wherever_the_key_came_from() {
+    let route = "profile = \"mcp\"\n[routes.mcp]\nkey_argument = \"request_id\"";
+    let gw = spawn_gateway_at("/drop", route).await;
+    let create = |title: &str, meta_key: Option<&str>| {
+        let mut params = json!({"name": "create_task",
+                                "arguments": {"title": title, "request_id": format!("r-{title}")}});
+        if let Some(key) = meta_key {
+            params["_meta"] = json!({ "dev.idemgate/idempotency-key": key });
+        }
+        params
+    };
+    let by_argument = call_at(&gw, "/drop", 1, &create("a", None), &[]).await;
+    assert_eq!(own_meta(&by_argument, "problem"), "outcome-unknown");
+    let by_header = [("idempotency-key", "h-a")];
+    let retries = [
+        call_at(&gw, "/drop", 2, &create("a", None), &by_header).await,
+        call_at(&gw, "/drop", 3, &create("a", Some("m-a")), &[]).await,
+    ];
+    for again in &retries {
+        assert_eq!(
+            own_meta(again, "problem"),
+            "possible-duplicate",
+            "{:?}",
+            again.json()
+        );
+        assert_eq!(
+            own_meta(again, "operation-id"),
+            own_meta(&by_argument, "operation-id")
+        );
+    }
+    assert_eq!(gw.upstream.writes(), 1);
+    let keyed = [("idempotency-key", "h-b")];
+    let lost = call_at(&gw, "/drop", 4, &create("b", None), &keyed).await;
+    assert_eq!(own_meta(&lost, "problem"), "outcome-unknown");
+    let again = call_at(&gw, "/drop", 5, &create("b", None), &[]).await;
+    assert_eq!(
+        own_meta(&again, "problem"),
+        "possible-duplicate",
+        "{:?}",
+        again.json()
+    );
+    assert_eq!(gw.upstream.writes(), 2, "each made once");
+}

@@ -36,6 +36,7 @@ pub enum ProblemKind {
     InvalidHost,
     InvalidHeader,
     UnsupportedTransferCoding,
+    UnsupportedMethod,
     HeadersTooLarge,
     UnknownOperation,
     MissingKey,
@@ -124,7 +125,7 @@ impl ProblemKind {
             KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
+            UnsupportedTransferCoding | UnsupportedMethod => StatusCode::NOT_IMPLEMENTED,
             // The gateway's own failures: 500 when retrying cannot help...
             StoreUnreadable | Internal => StatusCode::INTERNAL_SERVER_ERROR,
             // ...502/504 about the upstream, 503 when a retry soon may pass.
@@ -150,6 +151,7 @@ impl ProblemKind {
                 "unsupported-transfer-coding",
                 "Transfer coding not supported",
             ),
+            UnsupportedMethod => ("unsupported-method", "Method not supported"),
             HeadersTooLarge => ("headers-too-large", "Request head too large"),
             UnknownOperation => ("unknown-operation", "Unknown operation"),
             MissingKey => ("missing-key", "Idempotency-Key required"),
@@ -358,7 +360,7 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 44] = [
+    const CASES: [(ProblemKind, u16, &str); 45] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (InvalidHost, 400, "invalid-host"),
@@ -368,6 +370,7 @@ mod tests {
             501,
             "unsupported-transfer-coding",
         ),
+        (UnsupportedMethod, 501, "unsupported-method"),
         (HeadersTooLarge, 431, "headers-too-large"),
         (UnknownOperation, 404, "unknown-operation"),
         (MissingKey, 400, "missing-key"),

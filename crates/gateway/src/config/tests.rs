@@ -72,6 +72,11 @@ fn bad_values_name_field_and_reason() {
             "safe method",
         ),
         (
+            route("methods = [\"POST\", \"CONNECT\"]"),
+            "routes[0].methods",
+            "tunnel",
+        ),
+        (
             route("scope_headers = []"),
             "routes[0].scope_headers",
             "allow_anonymous",

@@ -677,6 +677,12 @@ impl Validator<'_> {
                             format!("`{m}` is a safe method, never a write"),
                         ));
                     }
+                    if method == Method::CONNECT {
+                        return Err(self.invalid(
+                            field("methods"),
+                            "`CONNECT` asks for a tunnel, which the gateway refuses: never a write",
+                        ));
+                    }
                     Ok(method)
                 })
                 .collect::<Result<Vec<_>, _>>()?;

@@ -15,6 +15,7 @@ use crate::metrics::{OperationId, Outcome, StoreFailure};
 use crate::pipeline::fields::FieldError;
 use crate::pipeline::host::HostError;
 use crate::pipeline::key::KeyError;
+use crate::pipeline::method::MethodError;
 use crate::pipeline::path::PathError;
 use crate::pipeline::quota::QuotaSpent;
 use crate::problem::{Problem, ProblemKind, UnknownSince};
@@ -50,6 +51,8 @@ pub enum ProxyError {
     InvalidHost(#[from] HostError),
     #[error(transparent)]
     InvalidHeader(#[from] FieldError),
+    #[error(transparent)]
+    UnsupportedMethod(#[from] MethodError),
     #[error("the request head is larger than {limit} bytes")]
     HeadersTooLarge { limit: usize },
     #[error("no operation with this key in your scope")]
@@ -207,6 +210,7 @@ impl ProxyError {
             InvalidHeader(FieldError::Coded { .. }) => {
                 (ProblemKind::UnsupportedTransferCoding, None)
             }
+            UnsupportedMethod(_) => (ProblemKind::UnsupportedMethod, None),
             HeadersTooLarge { .. } => (ProblemKind::HeadersTooLarge, None),
             UnknownOperation => (ProblemKind::UnknownOperation, None),
             MissingKey => (ProblemKind::MissingKey, None),
@@ -316,6 +320,7 @@ impl ProxyError {
             | InvalidPath(_)
             | InvalidHost(_)
             | InvalidHeader(_)
+            | UnsupportedMethod(_)
             | UnknownOperation
             | HeadersTooLarge { .. }
             | MissingKey

@@ -105,7 +105,7 @@ impl KeyError {
             }
             BadQuoting => format!("the quoted {key} is not a valid sf-string"),
             LeadingQuote => format!(
-                "the {key} starts with a quote after unquoting; its bare form would read as a quoted key"
+                "the {key} starts with a quote (once unquoted, if it was sent quoted): it would read as the quoted spelling (sf-string) of another key"
             ),
             NotString => {
                 format!("the {key} must be an sf-string (\"…\"), as the IETF draft's §2.1 says")

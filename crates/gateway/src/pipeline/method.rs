@@ -8,10 +8,12 @@
 //!
 //! Invariant: after [`normalize`], a request whose method is a standard
 //! method (RFC 9110 §9.3 and `PATCH`, RFC 5789) in any case carries it
-//! upper-case, so routes intercept it, the fingerprint reads it and the
 //! upstream gets it so; any other method keeps its spelling. `HEAD` and
 //! `CONNECT` are left out: hyper frames the answer to a `head` it parsed
-//! as another method, and no route takes either as a write.
+//! as another method, and no route takes either as a write. `CONNECT`, in
+//! any case, is refused ([`refuse_tunnel`]): it asks for a tunnel, which a
+//! reverse proxy does not make, and hyper would turn a 2xx answer to it
+//! into one, the answer's body lost.
 
 use http::{Method, Request};
 
@@ -25,6 +27,26 @@ const STANDARD: [Method; 7] = [
     Method::TRACE,
     Method::PATCH,
 ];
+
+/// A method the gateway does not serve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MethodError {
+    #[error(
+        "CONNECT asks for a tunnel, which the gateway does not make (it is a reverse proxy); nothing was sent"
+    )]
+    Tunnel,
+}
+
+/// Refuses `CONNECT`, spelled in any case.
+pub fn refuse_tunnel(method: &Method) -> Result<(), MethodError> {
+    if method
+        .as_str()
+        .eq_ignore_ascii_case(Method::CONNECT.as_str())
+    {
+        return Err(MethodError::Tunnel);
+    }
+    Ok(())
+}
 
 /// Brings a standard method spelled in another case into upper case, in
 /// place.
@@ -69,5 +91,14 @@ mod tests {
         ] {
             assert_eq!(normal(sent), read, "{sent}");
         }
+    }
+
+    #[test]
+    fn connect_in_any_case_is_refused() {
+        for method in ["CONNECT", "connect", "Connect"] {
+            let method = Method::from_bytes(method.as_bytes()).unwrap();
+            assert_eq!(refuse_tunnel(&method), Err(MethodError::Tunnel));
+        }
+        assert_eq!(refuse_tunnel(&Method::POST), Ok(()));
     }
 }

@@ -7,7 +7,8 @@
 //!    the host likewise, one `host` header from `:authority` or `Host`
 //!    whichever version brought it; a `Host` that disagrees with the
 //!    authority → 400 `invalid-host`. `method`: a standard method in any
-//!    case upper-case (`post` is `POST`). `fields`: an HTTP/2 request's cookie
+//!    case upper-case (`post` is `POST`); `CONNECT` → 501
+//!    `unsupported-method`. `fields`: an HTTP/2 request's cookie
 //!    crumbs joined into one `Cookie`; a value with whitespace around it
 //!    → 400 `invalid-header`; a body in a transfer coding other than
 //!    `chunked` → 501 `unsupported-transfer-coding`.
@@ -348,6 +349,7 @@ impl Proxy {
         // Phase 0, once: from here on a standard method is upper-case.
         method::normalize(&mut request);
         let method = request.method().clone();
+        let tunnel = method::refuse_tunnel(&method);
         // The head as sent, before its path is normalized.
         let head_bytes = head_size(&request);
         // Phase 0, once: from here on the request's path is in normal form.
@@ -375,6 +377,8 @@ impl Proxy {
             Err(ProxyError::HeadersTooLarge {
                 limit: self.max_header_bytes,
             })
+        } else if let Err(error) = tunnel {
+            Err(error.into())
         } else if let Err(error) = routed {
             Err(error.into())
         } else if let Err(error) = host {

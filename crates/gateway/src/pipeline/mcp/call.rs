@@ -141,18 +141,32 @@ pub fn classify(
     if let Err(refusal) = headers_agree(headers, object, method) {
         return Classified::Refused(Refusal { id, ..refusal });
     }
+    if method != "tools/call" {
+        let listing = method == "tools/list" && object.contains_key("id");
+        return Classified::PassThrough { listing };
+    }
+    // A call the gateway cannot protect is never sent on: a lenient server
+    // would run it, unprotected, as often as it came.
+    if !matches!(id, Value::String(_) | Value::Number(_)) {
+        return Classified::Refused(Refusal {
+            id: Value::Null,
+            code: code::INVALID_REQUEST,
+            message: "a tools/call is a request: its `id` is a string or an integer (never null, \
+                      nor absent as in a notification)"
+                .into(),
+        });
+    }
     let name = object
         .get("params")
         .and_then(|p| p.get("name"))
         .and_then(Value::as_str);
-    let (Some(tool), true) = (name, method == "tools/call") else {
-        let listing = method == "tools/list" && object.contains_key("id");
-        return Classified::PassThrough { listing };
+    let Some(tool) = name else {
+        return Classified::Refused(Refusal {
+            id,
+            code: code::INVALID_PARAMS,
+            message: "a tools/call names its tool in `params.name`, a string".into(),
+        });
     };
-    if !matches!(id, Value::String(_) | Value::Number(_)) {
-        // A notification, or an id no request may have: the server's to refuse.
-        return PASS;
-    }
     let arguments = object
         .get("params")
         .is_some_and(|p| p.get("arguments").is_some());
@@ -356,13 +370,46 @@ mod tests {
         for other in [
             r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-            r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"create_task"}}"#,
             r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#,
         ] {
             assert!(
                 matches!(classify_as(&[], other), Classified::PassThrough { .. }),
                 "{other}"
             );
+        }
+    }
+
+    /// A tools/call the gateway cannot protect (no id a response could
+    /// answer, no tool named) is refused, never sent on for a lenient
+    /// server to run unprotected.
+    #[test]
+    fn a_call_that_cannot_be_protected_is_refused() {
+        for (call, code) in [
+            (
+                r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"create_task"}}"#,
+                code::INVALID_REQUEST,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"create_task"}}"#,
+                code::INVALID_REQUEST,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":true,"method":"tools/call","params":{"name":"create_task"}}"#,
+                code::INVALID_REQUEST,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":["create_task"]}}"#,
+                code::INVALID_PARAMS,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{}}"#,
+                code::INVALID_PARAMS,
+            ),
+        ] {
+            let Classified::Refused(refusal) = classify_as(&[], call) else {
+                panic!("{call} was not refused");
+            };
+            assert_eq!(refusal.code, code, "{call}");
         }
     }
 

@@ -12,11 +12,14 @@
 //!   per tool;
 //! - the fingerprint is the tool and the canonical JSON of its arguments:
 //!   never the JSON-RPC id, `_meta`, a session, a continuation
-//!   (`inputResponses`, `requestState`) nor the key argument when it is
-//!   the key or `null` (no key, as an absent one: a model that sends an
-//!   optional key as `null` on one try and leaves it out on the next
-//!   makes one call); absent, `null` and `{}` arguments are one; arguments
-//!   canonical JSON would merge with others are hashed as sent.
+//!   (`inputResponses`, `requestState`) nor the key argument when it
+//!   holds key text or `null`, wherever the call's key came from (a key
+//!   is no part of the call: a retry that carries its key elsewhere, or
+//!   none, is the same call, as the rotated-key guard must see it; `null`
+//!   is no key, as an absent one: a model that sends an optional key as
+//!   `null` on one try and leaves it out on the next makes one call);
+//!   absent, `null` and `{}` arguments are one; arguments canonical JSON
+//!   would merge with others are hashed as sent.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -62,24 +65,22 @@ pub fn identify(
     scope: &Scope,
 ) -> Result<Identified, ProxyError> {
     let key_argument = route.mcp.as_ref().and_then(|m| m.key_argument.as_deref());
-    let (sent, from_argument) = match &call.meta_key {
+    let sent = match &call.meta_key {
         // Any other value is refused, never read as no key: the key is not
         // in the fingerprint, so calls told apart only by it would merge.
         Some(value) => {
             let text = key_text(value).ok_or(KeyError::NotTextNorInteger { at: META_AT })?;
-            (Some(IdempotencyKey::new(&text)?), false)
+            Some(IdempotencyKey::new(&text)?)
         }
         None => match IdempotencyKey::from_headers(headers)? {
-            Some(key) => (Some(key), false),
+            Some(key) => Some(key),
             None => {
                 let text = key_argument.and_then(|name| argument_text(body, name));
-                let key = text.map(|t| IdempotencyKey::new(&t)).transpose()?;
-                let from_argument = key.is_some();
-                (key, from_argument)
+                text.map(|t| IdempotencyKey::new(&t)).transpose()?
             }
         },
     };
-    let fingerprint = fingerprint(call, body, key_argument.map(|name| (name, from_argument)));
+    let fingerprint = fingerprint(call, body, key_argument);
     let (key, source) = match sent {
         Some(key) => (key, KeySource::Sent),
         None if route.key == KeyMode::Derive => (
@@ -112,10 +113,10 @@ pub fn tool_of(key: &str) -> Option<String> {
 
 /// The call's fingerprint: its tool and arguments as RFC 8785 canonical
 /// JSON, arguments absent, `null` and `{}` alike, without the key
-/// argument (`name`, and whether it carried the key) when it carried the
-/// key or is `null`: a `null` key argument is no key, as an absent one,
-/// and no more part of the call.
-fn fingerprint(call: &Call, body: &[u8], key_argument: Option<(&str, bool)>) -> Fingerprint {
+/// argument (`name`) when it holds key text or is `null`, whether or not
+/// the call's key came from it: a key is no part of the call, and a
+/// `null` key argument is no key, as an absent one.
+fn fingerprint(call: &Call, body: &[u8], key_argument: Option<&str>) -> Fingerprint {
     let mut hasher = Sha256::new();
     part(&mut hasher, b"idemgate-mcp-v1");
     part(&mut hasher, call.tool.as_bytes());
@@ -125,9 +126,10 @@ fn fingerprint(call: &Call, body: &[u8], key_argument: Option<(&str, bool)>) -> 
             if arguments.is_null() {
                 arguments = Value::Object(serde_json::Map::new());
             }
-            if let Some((name, carried_key)) = key_argument {
+            if let Some(name) = key_argument {
                 let pointer = pointer_to(name);
-                if carried_key || arguments.pointer(&pointer).is_some_and(Value::is_null) {
+                let value = arguments.pointer(&pointer);
+                if value.is_some_and(|v| v.is_null() || key_text(v).is_some()) {
                     canonical_json::remove_pointer(&mut arguments, &pointer);
                 }
             }
@@ -239,8 +241,10 @@ mod tests {
         let from_argument = identify_as(&call(None), &[], args, &route);
         assert_eq!(from_argument.key.as_str(), "create_task/r-1");
         assert_eq!(from_argument.source, KeySource::Sent);
-        // The key argument is left out of the fingerprint only when it is
-        // the key: another request id with the same title is the same call.
+        // The key argument is no part of the call, wherever its key came
+        // from: another request id with the same title is the same call,
+        // and so is the call keyed by `_meta` or the header beside it (the
+        // rotated-key guard holds a retry keyed elsewhere).
         let other_id = identify_as(
             &call(None),
             &[],
@@ -248,7 +252,10 @@ mod tests {
             &route,
         );
         assert_eq!(other_id.fingerprint, from_argument.fingerprint);
-        assert_ne!(meta.fingerprint, from_argument.fingerprint);
+        assert_eq!(meta.fingerprint, from_argument.fingerprint);
+        assert_eq!(from_header.fingerprint, from_argument.fingerprint);
+        let without = identify_as(&call(Some("m-1")), &[], r#"{"title":"a"}"#, &route);
+        assert_eq!(without.fingerprint, from_argument.fingerprint);
     }
 
     #[test]
