@@ -32,12 +32,16 @@ async fn replica(schema: &PgSchema, owner: &str) -> PostgresStore {
 }
 
 async fn replica_at(url: String, owner: String) -> PostgresStore {
+    leased_replica_at(url, owner, LEASE).await
+}
+
+async fn leased_replica_at(url: String, owner: String, lease: Duration) -> PostgresStore {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     PostgresStore::open(
         &url,
         PostgresSettings {
             durability: Durability::Normal,
-            lease: LEASE,
+            lease,
             require_synchronous_standby: false,
         },
         owner.clone(),
@@ -241,6 +245,60 @@ async fn a_replica_that_cannot_renew_stops_claiming_before_its_lease_ends() {
             other => panic!("no claim after renewing: {other:?}"),
         }
     }
+    store.close().await;
+}
+
+/// A renewal that failed is tried again within a second: a replica whose
+/// fence ran out while every connection to its database broke at once
+/// holds it again within about a second of the database answering, not a
+/// third of a lease later (a load balancer saw it ready, then not, then
+/// ready). The lease is long, so that a third of it stands apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_replica_renews_soon_after_its_database_answers_again() {
+    let schema = PgSchema::create().await;
+    let (host, rest) = schema.url.split_once('@').expect("a user in the URL");
+    let (address, path) = rest.split_once('/').expect("a database in the URL");
+    let port: u16 = address.rsplit(':').next().unwrap().parse().expect("a port");
+    let link = TcpRelay::start(port).await;
+    let url = format!("{host}@127.0.0.1:{}/{path}", link.port());
+    let lease = Duration::from_secs(30);
+    let store = leased_replica_at(url, "linked".into(), lease).await;
+    claim_id(&store, "before").await;
+    // Every connection through the link now ends as soon as it is made.
+    let breaking = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let breaks_at = breaking.local_addr().expect("address").port();
+    let breaker = tokio::spawn(async move {
+        while let Ok((connection, _)) = breaking.accept().await {
+            drop(connection);
+        }
+    });
+    link.move_to(breaks_at);
+    let fence = store.fence();
+    let deadline = tokio::time::Instant::now() + lease;
+    while fence.holds() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the fence held past its lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    link.move_to(port);
+    let back = tokio::time::Instant::now();
+    while !fence.holds() {
+        assert!(
+            back.elapsed() < Duration::from_secs(3),
+            "the fence was not renewed within 3 s of the database answering again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(matches!(
+        store.claim(&new_op("after")).await,
+        Ok(ClaimResult::Claimed(_))
+    ));
+    breaker.abort();
     store.close().await;
 }
 

@@ -352,9 +352,11 @@ async fn check_keys(pool: &PgPool, seal: Seal, scope: &ScopeKey) -> Result<Seal,
 
 /// Renews the lease every third of its length until `stop`: each renewal
 /// starts a third of a lease after the previous one started, however long
-/// that one took, and is given up once it could no longer extend the fence
-/// (four fifths of a lease after it started); meanwhile claims and sends
-/// stop once the last good one is too old ([`Fence::holds`]). Each good
+/// that one took — or [`RENEW_RETRY`] after one that failed, so that a
+/// replica whose fence ran low serves again within about that of its
+/// database answering — and is given up once it could no longer extend
+/// the fence (four fifths of a lease after it started); meanwhile claims
+/// and sends stop once the last good one is too old ([`Fence::holds`]). Each good
 /// renewal reads the server's replication too ([`Replication`]). `pool` is
 /// the lease's own connection, closed when renewing stops; a renewal that
 /// fails wakes the search for the `primary`.
@@ -392,11 +394,13 @@ async fn renew(
             }
             Ok(Err(error)) => {
                 failing = true;
+                next = next.min(tokio::time::Instant::now() + RENEW_RETRY);
                 primary.suspect(&error);
                 tracing::error!(target: TARGET, %error, "cannot renew this replica's lease; writes get 503 once it runs low");
             }
             Err(_) => {
                 failing = true;
+                next = next.min(tokio::time::Instant::now() + RENEW_RETRY);
                 primary.wake();
                 tracing::error!(target: TARGET,
                     "renewing this replica's lease timed out; writes get 503 once it runs low"
@@ -405,6 +409,10 @@ async fn renew(
         }
     }
 }
+
+/// How soon a renewal that failed is tried again (unless a third of the
+/// lease comes sooner).
+const RENEW_RETRY: Duration = Duration::from_secs(1);
 
 /// Finds out what became of a claim whose answer was lost, and releases it
 /// if it committed ([`statements::release_unanswered_claim`]): its client
