@@ -31,7 +31,7 @@ use crate::common::*;
 use http::StatusCode;
 use idemgate_model::clock::ManualClock;
 use idemgate_tools::mock_upstream::MockUpstream;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -463,6 +463,23 @@ async fn a_write_held_twice_at_the_destination_is_alerted_pauses_the_route_and_i
         "the finding, then the latest of three more"
     );
     assert_eq!(verdicts_counted(&gw, "duplicated").await, 4.0);
+
+    // An operator settles it as what it is: it happened. Resolved
+    // not_attempted, the next retry would make it once more.
+    let stored = gw.operation("dup-1").await;
+    let next = stored["next_action"].as_str().expect("next action");
+    assert!(
+        next.contains("more than once") && next.contains("not_attempted is refused"),
+        "{next}"
+    );
+    let id = stored["id"].as_str().expect("id");
+    gw.resolve(id, &json!({"outcome": "not_attempted", "operator": "ann"}))
+        .await
+        .assert_problem(409, "found-at-destination");
+    let settled = gw
+        .resolve(id, &json!({"outcome": "completed", "operator": "ann"}))
+        .await;
+    assert_eq!(settled.status, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

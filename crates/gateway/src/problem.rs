@@ -82,6 +82,9 @@ pub enum ProblemKind {
     /// takes: an HTTP `response` for an MCP tool call, a tool `result`
     /// for an HTTP route's write.
     WrongAnswerKind,
+    /// A `not_attempted` resolution of an operation a probe found at the
+    /// destination more than once.
+    FoundAtDestination,
     AmbiguousCredentials,
     InvalidCursor,
     InvalidRequest,
@@ -119,7 +122,9 @@ impl ProblemKind {
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             RequestInProgress | ResponseNotStored | NotResolvable | AttemptMayStillLand
-            | OperationChanged | WrongAnswerKind | PossibleDuplicate => StatusCode::CONFLICT,
+            | OperationChanged | WrongAnswerKind | FoundAtDestination | PossibleDuplicate => {
+                StatusCode::CONFLICT
+            }
             OutcomeUnknown(UnknownSince::Earlier) => StatusCode::CONFLICT,
             BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -187,6 +192,7 @@ impl ProblemKind {
             AttemptMayStillLand => ("attempt-may-still-land", "Attempt may still land"),
             OperationChanged => ("operation-changed", "Operation changed"),
             WrongAnswerKind => ("wrong-answer-kind", "Wrong kind of answer"),
+            FoundAtDestination => ("found-at-destination", "Found at the destination"),
             AmbiguousCredentials => ("ambiguous-credentials", "Ambiguous credentials"),
             InvalidCursor => ("invalid-cursor", "Invalid cursor"),
             InvalidRequest => ("invalid-request", "Invalid request"),
@@ -360,7 +366,7 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 45] = [
+    const CASES: [(ProblemKind, u16, &str); 46] = [
         (NoRoute, 404, "no-route"),
         (InvalidPath, 400, "invalid-path"),
         (InvalidHost, 400, "invalid-host"),
@@ -413,6 +419,7 @@ mod tests {
         (AttemptMayStillLand, 409, "attempt-may-still-land"),
         (OperationChanged, 409, "operation-changed"),
         (WrongAnswerKind, 409, "wrong-answer-kind"),
+        (FoundAtDestination, 409, "found-at-destination"),
         (AmbiguousCredentials, 400, "ambiguous-credentials"),
         (InvalidCursor, 400, "invalid-cursor"),
         (InvalidRequest, 400, "invalid-request"),

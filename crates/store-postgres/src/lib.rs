@@ -613,6 +613,10 @@ impl Operators for PostgresStore {
         statements::get(&self.pool, &self.seal, id).await
     }
 
+    async fn owner_alive(&self, owner: &str) -> Result<bool, StoreError> {
+        statements::lease_runs(&self.pool, owner).await
+    }
+
     async fn find_newest(
         &self,
         scopes: &[(String, String)],

@@ -522,6 +522,12 @@ impl Operators for SqliteStore {
             .await
     }
 
+    /// This process alone writes the store, and what a dead one left
+    /// `in_progress` is marked at open: only this process is alive.
+    async fn owner_alive(&self, owner: &str) -> Result<bool, StoreError> {
+        Ok(*owner == *self.owner)
+    }
+
     async fn get(&self, id: &str) -> Result<Option<(Operation, Vec<StoredEvent>)>, StoreError> {
         let (id, seal) = (id.to_string(), self.seal.clone());
         self.readers

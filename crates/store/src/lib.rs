@@ -816,6 +816,11 @@ pub trait Operators: Send + Sync {
         event: &Event,
     ) -> Result<Resolved, StoreError>;
 
+    /// Whether `owner` (an operation's) is a live gateway: an `in_progress`
+    /// operation of a live owner is in flight, and [`Operators::resolve`]
+    /// refuses it.
+    async fn owner_alive(&self, owner: &str) -> Result<bool, StoreError>;
+
     /// Counts by route and state, and the oldest `unknown` operation.
     async fn stats(&self) -> Result<Stats, StoreError>;
 

@@ -22,7 +22,7 @@ use crate::pipeline::reconcile;
 use crate::profile::Profile;
 use idemgate_model::clock::rfc3339;
 use idemgate_model::operation::{Event, Operation, State, StoredResponse};
-use idemgate_store::{Decision, ListFilter, Resolved, StoredEvent, Summary};
+use idemgate_store::{DUPLICATED, Decision, ListFilter, Resolved, StoredEvent, Summary};
 
 const DEFAULT_LIMIT: u32 = 50;
 const MAX_LIMIT: u32 = 500;
@@ -39,6 +39,17 @@ pub async fn list(admin: &Admin, query: Option<&str>) -> Result<Response<ProxyBo
         ..ListFilter::default()
     };
     let given = form_pairs(query.unwrap_or(""))?;
+    // One value each: which of two a filter took would be a guess.
+    if let Some((name, _)) = given
+        .iter()
+        .enumerate()
+        .find(|(i, (name, _))| given[..*i].iter().any(|(earlier, _)| earlier == name))
+        .map(|(_, pair)| pair)
+    {
+        return Err(AdminError::BadRequest(format!(
+            "parameter `{name}` given twice: give it once"
+        )));
+    }
     let blank = |(name, value): &(String, String)| {
         value.is_empty() && matches!(name.as_str(), "route" | "key")
     };
@@ -175,6 +186,7 @@ pub async fn show(admin: &Admin, id: &str) -> Result<Response<ProxyBody>, AdminE
     shown["profile"] = json!(route.map(|route| route.profile.name()));
     if let Some(route) = route
         && operation.state == State::Unknown
+        && operation.evidence != DUPLICATED
     {
         let held = Held::of(route.profile);
         let until = reconcile::may_land_until(&operation, &events, route);
@@ -290,6 +302,10 @@ fn next_action(op: &Operation) -> String {
             "Nothing to do: it completed, but its response was too large to store, so retries get 409 response-not-stored.".into()
         }
         State::Completed => "Nothing to do: retries get the stored response replayed.".into(),
+        State::Unknown if op.evidence == DUPLICATED => format!(
+            "A reconcile probe found key `{}` at the destination more than once: it happened, twice or more, and its route is paused. Undo the duplicates at the destination, resolve it as completed (not_attempted is refused: a retry would make it once more), then resume the route.",
+            op.key
+        ),
         State::Unknown => unknown_action(&op.key, Held::of(Profile::Idemgate)),
         State::NotAttempted => format!(
             "Nothing reached the destination. The client's next retry with this key is forwarded as attempt {}.",
@@ -618,6 +634,17 @@ async fn check(admin: &Admin, id: &str, resolution: &mut Resolution) -> Result<(
     if mcp {
         resolution.answer_as_tool_call(id);
     }
+    // In flight at a live gateway: the store's refusal, whatever the
+    // decision, rather than a wait that would not make it resolvable.
+    if operation.state == State::InProgress
+        && let Some(owner) = &operation.owner
+        && admin.store.owner_alive(owner).await?
+    {
+        return Err(AdminError::NotResolvable {
+            id: id.to_string(),
+            state: operation.state.as_str(),
+        });
+    }
     match &resolution.decision {
         Decision::Completed { response } => {
             let length = response.body.as_ref().map_or(0, Vec::len);
@@ -632,6 +659,9 @@ async fn check(admin: &Admin, id: &str, resolution: &mut Resolution) -> Result<(
                     operation.route, route.max_stored_response
                 )));
             }
+        }
+        Decision::NotAttempted if operation.evidence == DUPLICATED => {
+            return Err(AdminError::FoundAtDestination { id: id.to_string() });
         }
         Decision::NotAttempted if resolvable(&operation) => {
             let until = reconcile::may_land_until(&operation, &events, route);
@@ -792,6 +822,14 @@ fn content_fault(block: &Value) -> Option<String> {
 /// §15.4.5): a replay sends them without a body.
 const WITHOUT_CONTENT: [u16; 3] = [204, 205, 304];
 
+/// The most header fields a resolution's response may have, and bytes in
+/// all (`name: value` and its line end, each): what common clients read
+/// (Python's `http.client` takes 100 fields, Node.js 16 KiB of head), so
+/// that no replay of a decision that can never be taken back is one its
+/// clients refuse.
+const MAX_RESPONSE_FIELDS: usize = 100;
+const MAX_RESPONSE_HEAD_BYTES: usize = 16 * 1024;
+
 /// The response later replays get, checked like a real one: a valid
 /// status, end-to-end headers only, and no body for a status that cannot
 /// carry one (a body accepted is a body replayed).
@@ -834,6 +872,13 @@ fn stored_response(response: &ResolutionResponse) -> Result<StoredResponse, Admi
             }
             headers.push((header.as_str().to_string(), value.as_bytes().to_vec()));
         }
+    }
+    let head_bytes: usize = headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum();
+    if headers.len() > MAX_RESPONSE_FIELDS || head_bytes > MAX_RESPONSE_HEAD_BYTES {
+        return Err(invalid(format!(
+            "the response's headers are {} fields, {head_bytes} bytes: at most {MAX_RESPONSE_FIELDS} fields and {MAX_RESPONSE_HEAD_BYTES} bytes, what clients read in a replay",
+            headers.len()
+        )));
     }
     let body = match &response.body {
         None => Vec::new(),
@@ -878,6 +923,34 @@ mod tests {
         assert_eq!(response.status, 200);
         let body: Value = serde_json::from_slice(response.body.as_deref().unwrap()).unwrap();
         assert_eq!(body, json!({ "resolved_by": "ann", "reference": "T-1" }));
+    }
+
+    /// A response's headers are bounded by what clients read in a replay:
+    /// a resolution past them is refused, never stored for good.
+    #[test]
+    fn a_responses_headers_are_bounded() {
+        let with = |headers: Value| {
+            let text = json!({"outcome": "completed", "operator": "ann",
+                              "response": {"status": 201, "headers": headers}});
+            resolution(&text.to_string())
+        };
+        let many: serde_json::Map<String, Value> = (0..MAX_RESPONSE_FIELDS)
+            .map(|i| (format!("x-h{i}"), Value::from("v")))
+            .collect();
+        assert!(with(Value::Object(many.clone())).is_ok());
+        let mut more = many;
+        more.insert("x-one-more".into(), Value::from("v"));
+        assert!(matches!(
+            with(Value::Object(more)),
+            Err(AdminError::InvalidResolution(_))
+        ));
+        let long = json!({ "x-long": "v".repeat(MAX_RESPONSE_HEAD_BYTES) });
+        assert!(matches!(with(long), Err(AdminError::InvalidResolution(_))));
+        let repeated = json!({ "x-tag": vec!["v"; MAX_RESPONSE_FIELDS + 1] });
+        assert!(matches!(
+            with(repeated),
+            Err(AdminError::InvalidResolution(_))
+        ));
     }
 
     #[test]

@@ -122,6 +122,13 @@ pub enum AdminError {
         attempt: u32,
         state: &'static str,
     },
+    /// A `not_attempted` resolution of an operation a probe found at the
+    /// destination more than once: it happened, and a retry let through
+    /// would make it once more.
+    #[error(
+        "a reconcile probe found operation {id} at the destination more than once: it happened (twice or more), so it cannot be resolved as not_attempted, which would let a retry make it once more. Undo the duplicates at the destination, then resolve it as completed"
+    )]
+    FoundAtDestination { id: String },
     /// A resolution whose answer is not the kind the operation's route
     /// replays: an MCP tool call takes a tool `result`, any other route's
     /// write an HTTP `response` (or neither). 409, not 400: the body is
@@ -171,6 +178,7 @@ impl AdminError {
             AdminError::AttemptMayStillLand { .. } => ProblemKind::AttemptMayStillLand,
             AdminError::OperationChanged { .. } => ProblemKind::OperationChanged,
             AdminError::WrongAnswerKind(_) => ProblemKind::WrongAnswerKind,
+            AdminError::FoundAtDestination { .. } => ProblemKind::FoundAtDestination,
             AdminError::AmbiguousCredentials { .. } => ProblemKind::AmbiguousCredentials,
             AdminError::InvalidCursor => ProblemKind::InvalidCursor,
             AdminError::BadRequest(_) => ProblemKind::InvalidRequest,
@@ -520,8 +528,13 @@ struct PauseBody {
     reason: Option<String>,
 }
 
+/// The longest pause reason, in characters: it is stored, shown on
+/// `/admin/stats` and sent in every `route-paused` alert.
+const MAX_REASON_CHARS: usize = 400;
+
 /// `POST /admin/routes/{name}/pause|resume`, with an optional
-/// `{"reason": "…"}` for a pause.
+/// `{"reason": "…"}` for a pause (a resume has nowhere to keep one, so it
+/// is refused rather than dropped).
 async fn pause(
     admin: &Admin,
     name: &str,
@@ -535,6 +548,18 @@ async fn pause(
             .map_err(|e| AdminError::BadRequest(format!("the body is not {{\"reason\": …}}: {e}")))?
             .reason
     };
+    if let Some(reason) = &reason {
+        if action == "resume" {
+            return Err(AdminError::BadRequest(
+                "a resume takes no reason: send an empty body (or {})".into(),
+            ));
+        }
+        if reason.chars().count() > MAX_REASON_CHARS || reason.chars().any(char::is_control) {
+            return Err(AdminError::BadRequest(format!(
+                "`reason` is at most {MAX_REASON_CHARS} characters, none a control character"
+            )));
+        }
+    }
     let reason =
         (action == "pause").then(|| reason.unwrap_or_else(|| "paused by an operator".into()));
     if !admin.proxy.set_paused(name, reason.as_deref()).await? {
@@ -614,6 +639,11 @@ mod tests {
                 AdminError::WrongAnswerKind("x".into()),
                 409,
                 "wrong-answer-kind",
+            ),
+            (
+                AdminError::FoundAtDestination { id: "a".into() },
+                409,
+                "found-at-destination",
             ),
             (AdminError::BadRequest("x".into()), 400, "invalid-request"),
             (

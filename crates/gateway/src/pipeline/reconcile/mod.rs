@@ -426,16 +426,22 @@ pub(crate) fn may_land_until(operation: &Operation, events: &[StoredEvent], rout
 
 /// When a held write could last have been on its way to the destination:
 /// when the operation became `unknown` (its last update, which comes after
-/// its attempt was sent), or the latest a re-send under its destination key
-/// could still be writing: each re-send's events (one is written before it
-/// is sent) plus `longest_write`, the most one may take.
+/// its attempt was sent) — or, `in_progress` (its gateway died), its claim
+/// plus `longest_write`, the most its attempt may take — or the latest a
+/// re-send under its destination key could still be writing: each
+/// re-send's events (one is written before it is sent) plus
+/// `longest_write`.
 fn last_sent(operation: &Operation, events: &[StoredEvent], longest_write: Duration) -> i64 {
     let writing = clock::millis(longest_write);
+    let last = match operation.state {
+        State::InProgress => operation.updated_at.saturating_add(writing),
+        _ => operation.updated_at,
+    };
     events
         .iter()
         .filter(|event| event.kind == "resend")
         .map(|event| event.at.saturating_add(writing))
-        .fold(operation.updated_at, i64::max)
+        .fold(last, i64::max)
 }
 
 /// When (ms) the next probe of an operation whose timeline is `events` may
@@ -666,5 +672,12 @@ mod tests {
             event(9_000, "probe"),
         ];
         assert_eq!(last_sent(&held, &resent, writing), 37_000);
+        // In flight when its gateway died, claimed at 2 s: its attempt may
+        // be writing for as long as one may take.
+        let in_flight = Operation {
+            state: State::InProgress,
+            ..held
+        };
+        assert_eq!(last_sent(&in_flight, &quiet, writing), 32_000);
     }
 }
