@@ -86,7 +86,7 @@ impl Config {
     fn parse(text: &str, source_name: &str, base: &Path) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             source_name: source_name.to_string(),
-            message: e.to_string().trim_end().to_string(),
+            message: parse_error(text, &e),
         })?;
         Validator { source_name, base }.config(raw)
     }
@@ -136,6 +136,30 @@ impl Config {
             })?;
         }
         Ok(())
+    }
+}
+
+/// Where and why `text` is no config, naming the key its line sets but
+/// never quoting the line: the parser's own message shows it whole, and a
+/// value may be a credential (a store URL's password).
+fn parse_error(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message().trim_end();
+    let Some(span) = error.span() else {
+        return message.to_string();
+    };
+    let start = span.start.min(text.len());
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[..start].matches('\n').count() + 1;
+    let column = text[line_start..start].chars().count() + 1;
+    let key = text[line_start..]
+        .lines()
+        .next()
+        .and_then(|line| line.split_once('='))
+        .map(|(key, _)| key.trim())
+        .filter(|key| !key.is_empty() && key.chars().count() <= 100 && !key.starts_with('#'));
+    match key {
+        Some(key) => format!("line {line}, column {column} (`{key}`): {message}"),
+        None => format!("line {line}, column {column}: {message}"),
     }
 }
 

@@ -1144,3 +1144,27 @@ fn an_mcp_probes_absence_needs_where_a_found_result_holds_the_write() {
     route("absent_json_pointer = \"/structuredContent/tasks\"\nfound_json_pointer = \"/structuredContent/tasks/0\"\n")
         .expect("with a found pointer");
 }
+
+/// A file the parser refuses is named by line, column and the key its
+/// line sets, never quoted: the line may hold a credential.
+#[test]
+fn a_parse_error_never_quotes_the_line() {
+    let secret = "PWsecret123";
+    for (text, key) in [
+        (
+            format!(
+                "[store]\nurl = \"postgres://u:{secret}@db/x\"\nurl = \"postgres://u:{secret}@db/y\"\n{MINIMAL}"
+            ),
+            "`url`",
+        ),
+        (
+            format!("[store]\nurl = \"postgres://u:{secret}@db/x\n{MINIMAL}"),
+            "line 2",
+        ),
+    ] {
+        let error = error_of(&text);
+        assert!(!error.contains(secret), "{error}");
+        assert!(error.contains(key), "{error}");
+        assert!(error.starts_with("test.toml: line "), "{error}");
+    }
+}

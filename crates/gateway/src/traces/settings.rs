@@ -118,6 +118,22 @@ impl TraceSettings {
             .map(|h| pairs(headers_var, &h))
             .transpose()?
             .unwrap_or_default();
+        // The exporter would drop a pair it cannot send, a credential
+        // among them, without a word: refused here, the value never shown.
+        for (name, value) in &headers {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(invalid(
+                    headers_var,
+                    format!("`{name}` is not a header name"),
+                ));
+            }
+            if http::HeaderValue::from_str(value).is_err() {
+                return Err(invalid(
+                    headers_var,
+                    format!("the value of `{name}` is not a valid header value"),
+                ));
+            }
+        }
         let (timeout_var, timeout) = first_set(
             &set,
             "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
@@ -406,6 +422,19 @@ mod tests {
         ] {
             let error = read(&vars).expect_err(variable);
             assert_eq!(error.variable, variable, "{error}");
+        }
+    }
+
+    /// A pair the exporter could not send (a credential, say) stops the
+    /// start, naming the variable and the header, never the value.
+    #[test]
+    fn a_header_that_cannot_be_sent_is_refused_without_showing_it() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
+        for headers in ["bad header=s3cret,x-ok=1", "authorization=Bearer%0As3cret"] {
+            let error =
+                read(&[endpoint, ("OTEL_EXPORTER_OTLP_HEADERS", headers)]).expect_err(headers);
+            assert_eq!(error.variable, "OTEL_EXPORTER_OTLP_HEADERS", "{error}");
+            assert!(!error.to_string().contains("s3cret"), "{error}");
         }
     }
 
