@@ -1070,6 +1070,43 @@ async fn rehearse_runs_its_cases_with_tool_calls() {
     assert_eq!(Some(executed), report["writes_sent"].as_u64(), "{report}");
 }
 
+/// A route whose probe tool proves the rehearsed tool's writes: the
+/// report names it (not "No reconcile probe"), and the lost answers'
+/// cases wait for it to run, so they are settled by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn rehearse_names_and_waits_for_an_mcp_routes_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = McpServer::start(dir.path()).await;
+    let toml = format!(
+        "[[routes]]\nname = \"tools\"\nprofile = \"mcp\"\npath_prefix = \"/mcp\"\nupstream = \"{}\"\n\
+         store_request_body = true\n[routes.mcp.reconcile]\ntool = \"find_task\"\n\
+         tools = [\"create_task\"]\narguments = '{{\"title\": \"{{argument:title}}\"}}'\n\
+         found_json_pointer = \"/structuredContent/seq\"\n",
+        server.url()
+    );
+    let config = write_config(dir.path(), "rehearse.toml", &toml);
+    let mut cmd = binary();
+    cmd.arg("rehearse")
+        .arg("--config")
+        .arg(&config)
+        .args(["--route", "tools", "--tool", "create_task"])
+        .args(["--arguments", r#"{"title":"rehearsal {key}"}"#])
+        .args(["--writes", "9"])
+        .args(["--header-env", "authorization=REHEARSE_TOKEN"])
+        .env("REHEARSE_TOKEN", ALICE);
+    let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
+    assert!(status.success(), "rehearse failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("Reconcile probe: tools/call find_task"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("the route's probe found the write at the destination"),
+        "the lost answer was settled by the probe:\n{stdout}"
+    );
+}
+
 /// A gateway whose `mcp` route keeps bodies and probes with `find_task`
 /// for the held call's title with `suffix` added.
 async fn probing_gateway(server: &McpServer, suffix: &str) -> TestGateway {

@@ -558,7 +558,7 @@ pub struct McpReconcile {
     /// Absence and counts over the tool's result (never a status); a
     /// confirm request is another call.
     pub(crate) verdicts: Verdicts<ToolCall>,
-    pub(crate) timeout: Duration,
+    pub timeout: Duration,
 }
 
 impl McpReconcile {

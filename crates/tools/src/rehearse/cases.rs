@@ -209,10 +209,10 @@ impl Run<'_> {
     /// After a lost response on a route with a probe: waits (bounded) for
     /// the gateway's probe to have run, then what the store holds.
     async fn held_after_probe(&self, key: &str) -> Result<Held, RehearseError> {
-        let Some(probe) = &self.plan.route.reconcile else {
+        let Some(timeout) = self.plan.probe_timeout() else {
             return self.held(key).await;
         };
-        let lookups = (probe.timeout.as_millis() / 50) as u32 + PROBE_LOOKUPS_EXTRA;
+        let lookups = (timeout.as_millis() / 50) as u32 + PROBE_LOOKUPS_EXTRA;
         let mut held = self.held(key).await?;
         for _ in 0..lookups {
             if !held.probes.is_empty() || held.state != "unknown" {

@@ -225,11 +225,23 @@ impl Plan {
         if let Some(reconcile) = &self.route.reconcile {
             return Some(reconcile.url.clone());
         }
+        self.tool_probe()
+            .map(|probe| format!("tools/call {}", probe.tool))
+    }
+
+    /// How long the route's probe for the rehearsed writes may take.
+    pub(crate) fn probe_timeout(&self) -> Option<std::time::Duration> {
+        match &self.route.reconcile {
+            Some(reconcile) => Some(reconcile.timeout),
+            None => self.tool_probe().map(|probe| probe.timeout),
+        }
+    }
+
+    /// An MCP route's probe tool, when it proves the rehearsed tool's
+    /// writes.
+    fn tool_probe(&self) -> Option<&idemgate::config::McpReconcile> {
         let probe = self.route.mcp.as_ref()?.reconcile.as_ref()?;
-        let tool = self.tool.as_deref()?;
-        probe
-            .proves(tool)
-            .then(|| format!("tools/call {}", probe.tool))
+        probe.proves(self.tool.as_deref()?).then_some(probe)
     }
 
     /// The body for `key`.

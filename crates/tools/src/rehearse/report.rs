@@ -191,14 +191,16 @@ pub(crate) fn preamble(out: &mut impl Write, plan: &Plan) -> std::io::Result<()>
             plan.route.name, plan.method, plan.path, plan.route.upstream.origin
         ),
     )?;
-    match &plan.route.reconcile {
+    match plan.probe() {
+        Some(probe) if plan.route.reconcile.is_some() => wrap(
+            out,
+            "",
+            &format!("Reconcile probe: GET {probe} (reads: not counted as writes)."),
+        )?,
         Some(probe) => wrap(
             out,
             "",
-            &format!(
-                "Reconcile probe: GET {} (reads: not counted as writes).",
-                probe.url
-            ),
+            &format!("Reconcile probe: {probe} (a read-only tool: not counted as writes)."),
         )?,
         None => writeln!(out, "No reconcile probe: operators settle lost responses.")?,
     }
