@@ -67,6 +67,37 @@ async fn second_process_on_same_store_exits_naming_the_store() {
     assert_fresh_created(&write(first.proxy, "/invoices", Some("inv-7"), BODY).await);
 }
 
+/// A store file of two names (a hard link) is refused, by either name:
+/// SQLite keeps its log beside the name it opens, so a gateway started
+/// through the other name after a crash would not see what the last one
+/// committed, and would send those writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_file_of_two_names_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("idemgate.db");
+    std::fs::write(&store, b"").expect("store file");
+    let other = dir.path().join("other.db");
+    std::fs::hard_link(&store, &other).expect("hard link");
+    for name in [&store, &other] {
+        let mut serve = binary();
+        serve
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--upstream", "http://127.0.0.1:9"])
+            .arg("--store")
+            .arg(format!("sqlite://{}", name.display()));
+        let (status, stdout, stderr) = run_to_exit(serve).await;
+        assert!(!status.success(), "{}: exited {status}", name.display());
+        assert!(!stdout.contains("listening"), "{stdout}");
+        assert!(stderr.contains("2 names (hard links)"), "{stderr}");
+    }
+}
+
 /// The lock is not a file beside the store: with the empty ones removed
 /// (what an operator tidying up may take for stale; releases before this
 /// one locked an empty `<file>.lock`, and a second process then started and

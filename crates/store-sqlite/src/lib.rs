@@ -137,7 +137,7 @@ mod transitions;
 mod writer;
 
 use std::fs::{File, TryLockError};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -372,6 +372,12 @@ enum ConnectError {
 /// symlink to it or to a directory on its way, a hard link) opens the
 /// same file, so they are one lock.
 ///
+/// But one name only: SQLite keeps its write-ahead log beside the name it
+/// opens (`<name>-wal`), so a file of two names (hard links) would be two
+/// logs, and a gateway started through the other name after a crash would
+/// not see what the last one committed, and would send its writes again.
+/// Such a file is refused (a symlink is one name: SQLite follows it).
+///
 /// On Linux a `flock` and SQLite's own locks (`fcntl` byte ranges, on the
 /// same file) never see each other, so SQLite's connections work under
 /// it. Closing any descriptor of the file drops every `fcntl` lock this
@@ -395,6 +401,15 @@ fn lock_database(path: &Path, store_name: &str) -> Result<File, StoreError> {
         let file = std::fs::canonicalize(path).unwrap_or_else(|_| PathBuf::from(path));
         file.display().to_string()
     };
+    let names = file
+        .metadata()
+        .map_err(|e| open_error(format!("cannot read it: {e}")))?
+        .nlink();
+    if names > 1 {
+        return Err(open_error(format!(
+            "the file has {names} names (hard links): SQLite keeps its write-ahead log beside the name it is opened by, so a gateway started through another name would not see what the last one wrote, and would send those writes again; keep one name (a symlink is fine)"
+        )));
+    }
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(TryLockError::WouldBlock) => Err(StoreError::Locked {
