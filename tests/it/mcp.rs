@@ -1780,3 +1780,22 @@ async fn a_key_argument_is_no_part_of_the_call_wherever_the_key_came_from() {
     );
     assert_eq!(gw.upstream.writes(), 2, "each made once");
 }
+
+/// One route fronting several servers (`/mcp/jira`, `/mcp/github`), or
+/// taking a credential in the query: the same call to another endpoint is
+/// a call of its own, made there, never answered with the first's result
+/// nor held as its duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_call_to_another_endpoint_is_its_own() {
+    let gw = spawn_gateway_at("/mcp", "profile = \"mcp\"").await;
+    let call = json!({"name": "create_task", "arguments": {"title": "same"}});
+    for (n, path) in ["/mcp/jira", "/mcp/github", "/mcp/jira?tenant=b"]
+        .into_iter()
+        .enumerate()
+    {
+        let answer = call_at(&gw, path, n as u64 + 1, &call, &[]).await;
+        assert_eq!(answer.status, 200, "{path}");
+        assert!(!answer.is_replay(), "{path}: {:?}", answer.json());
+        assert_eq!(gw.upstream.writes(), n + 1, "{path} was made");
+    }
+}

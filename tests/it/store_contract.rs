@@ -915,6 +915,18 @@ async fn a_write_found_twice_is_settled_by_an_operator_only(bench: Bench) {
         .assert_counts_exact(store.as_ref(), "evidence refused")
         .await;
 
+    // It happened: a decision that it did not is refused in the store's
+    // own transaction (an operator who read it before the finding landed
+    // is refused too), at its attempt or at none.
+    for attempt in [None, Some(1)] {
+        let not_made = store
+            .resolve(id, attempt, &Decision::NotAttempted, &operator_event())
+            .await;
+        assert!(
+            matches!(not_made.unwrap(), Resolved::FoundAtDestination),
+            "{attempt:?}"
+        );
+    }
     let decision = Decision::Completed {
         response: response(201, "{\"id\":2}"),
     };

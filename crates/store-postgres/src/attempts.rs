@@ -16,7 +16,7 @@
 //! this replica's, `in_progress`, claimed before the bound and not
 //! covered by id is one nobody works on.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use idemgate_model::clock::Clock;
@@ -36,10 +36,11 @@ struct Covered {
     next: u64,
     /// The claims out, by ticket: the time each claims at.
     pending: BTreeMap<u64, i64>,
-    /// The operations claimed and not yet recorded, each with how many of
-    /// its attempts are (one, unless a record is still being retried
-    /// when the next attempt is claimed).
-    claimed: HashMap<String, u32>,
+    /// The operations claimed and not yet recorded, each with its attempts
+    /// that are (one, unless a record is still being retried when the next
+    /// attempt is claimed): by attempt, so that a late record of one never
+    /// uncovers another.
+    claimed: HashMap<String, BTreeSet<u32>>,
 }
 
 /// A claim out: covers its time until it is dropped or
@@ -87,21 +88,25 @@ impl Attempts {
         }
     }
 
-    /// `pending` claimed `operation_id`'s attempt: covered by its id until
-    /// [`Attempts::recorded`].
-    pub(crate) fn claimed(&self, pending: Pending, operation_id: &str) {
+    /// `pending` claimed `operation_id`'s `attempt`: covered by its id
+    /// until [`Attempts::recorded`].
+    pub(crate) fn claimed(&self, pending: Pending, operation_id: &str, attempt: u32) {
         let mut covered = lock(&self.covered);
-        *covered.claimed.entry(operation_id.to_string()).or_default() += 1;
+        covered
+            .claimed
+            .entry(operation_id.to_string())
+            .or_default()
+            .insert(attempt);
         covered.pending.remove(&pending.ticket);
     }
 
-    /// An attempt of `operation_id`'s was recorded (or found no longer
-    /// its to record).
-    pub(crate) fn recorded(&self, operation_id: &str) {
+    /// `operation_id`'s `attempt` was recorded (or found no longer its to
+    /// record).
+    pub(crate) fn recorded(&self, operation_id: &str, attempt: u32) {
         let mut covered = lock(&self.covered);
-        if let Some(count) = covered.claimed.get_mut(operation_id) {
-            *count -= 1;
-            if *count == 0 {
+        if let Some(attempts) = covered.claimed.get_mut(operation_id) {
+            attempts.remove(&attempt);
+            if attempts.is_empty() {
                 covered.claimed.remove(operation_id);
             }
         }
@@ -149,10 +154,10 @@ mod tests {
     }
 
     #[test]
-    fn a_claimed_attempt_is_worked_on_until_each_of_its_records() {
+    fn a_claimed_attempt_is_worked_on_until_its_own_record() {
         let (clock, attempts, start) = attempts();
         let first = attempts.claim();
-        attempts.claimed(first, "op-1");
+        attempts.claimed(first, "op-1", 1);
         clock.advance(Duration::from_secs(5));
         // Claimed: the bound moves on, the id covers it.
         assert_eq!(
@@ -162,15 +167,14 @@ mod tests {
         assert!(attempts.working_on("op-1"));
         // The next attempt claimed while the first's record is retried.
         let second = attempts.claim();
-        attempts.claimed(second, "op-1");
-        attempts.recorded("op-1");
+        attempts.claimed(second, "op-1", 2);
+        attempts.recorded("op-1", 1);
         assert!(attempts.working_on("op-1"));
-        attempts.recorded("op-1");
+        // A stray record of the first (a task that died records it again)
+        // never uncovers the second.
+        attempts.recorded("op-1", 1);
+        assert!(attempts.working_on("op-1"));
+        attempts.recorded("op-1", 2);
         assert!(!attempts.working_on("op-1"));
-        attempts.recorded("op-1");
-        assert!(
-            !attempts.working_on("op-1"),
-            "a stray record changes nothing"
-        );
     }
 }

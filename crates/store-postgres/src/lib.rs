@@ -521,7 +521,8 @@ impl RequestPath for PostgresStore {
                 (pending, self.clock.clone()),
             ))),
             Ok(Ok(ClaimResult::Claimed(claim))) => {
-                self.attempts.claimed(pending, &claim.operation_id);
+                self.attempts
+                    .claimed(pending, &claim.operation_id, claim.attempt);
             }
             _ => {}
         }
@@ -542,7 +543,7 @@ impl RequestPath for PostgresStore {
         };
         let recorded = self.records.call(call).await;
         if recorded.is_ok() {
-            self.attempts.recorded(&claim.operation_id);
+            self.attempts.recorded(&claim.operation_id, claim.attempt);
         }
         recorded
     }
@@ -683,10 +684,16 @@ impl Maintenance for PostgresStore {
                 "operations left in flight by a lost replica are now unknown"
             );
         }
-        let orphaned = self
-            .mark_orphans(now)
-            .await
-            .inspect_err(|error| self.primary.suspect(error))?;
+        // What was marked above is the caller's either way (its routes'
+        // latches): a failure here is logged, and looked at again next pass.
+        let orphaned = match self.mark_orphans(now).await {
+            Ok(orphaned) => orphaned,
+            Err(error) => {
+                self.primary.suspect(&error);
+                tracing::warn!(target: TARGET, %error, "cannot look for operations this replica no longer works on; trying again");
+                Vec::new()
+            }
+        };
         if !orphaned.is_empty() {
             tracing::warn!(target: TARGET,
                 count = orphaned.len(),

@@ -932,6 +932,7 @@ pub async fn resolve(
                 response_headers = $3, response_body = $4, updated_at = $5
             WHERE id = $6 AND (state = 'unknown' OR (state = 'in_progress' AND NOT {OWNER_ALIVE}))
               AND ($9::integer IS NULL OR attempt = $9)
+              AND NOT ($10 AND evidence = '{DUPLICATED}')
             RETURNING id
          ), kept AS (
             INSERT INTO events (operation_id, at, kind, detail)
@@ -948,19 +949,24 @@ pub async fn resolve(
     .bind(event.kind)
     .bind(event.detail.to_string())
     .bind(attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX)))
+    .bind(state == State::NotAttempted)
     .fetch_one(pool)
     .await?;
     if updated == 1 {
         return Ok(Resolved::Done);
     }
-    let now_at: Option<(String, i32)> =
-        sqlx::query_as("SELECT state, attempt FROM operations WHERE id = $1")
+    let now_at: Option<(String, i32, String)> =
+        sqlx::query_as("SELECT state, attempt, evidence FROM operations WHERE id = $1")
             .bind(id)
             .fetch_optional(pool)
             .await?;
-    let Some((state, current)) = now_at else {
+    let Some((state_now, current, evidence)) = now_at else {
         return Ok(Resolved::NotFound);
     };
+    if state == State::NotAttempted && state_now == "unknown" && evidence == DUPLICATED {
+        return Ok(Resolved::FoundAtDestination);
+    }
+    let state = state_now;
     let state = State::parse(&state)?;
     let current =
         u32::try_from(current).map_err(|_| StoreError::Corrupt(format!("attempt {current}")))?;

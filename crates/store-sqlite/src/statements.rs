@@ -860,6 +860,9 @@ pub fn resolve(
             state: row.state,
         });
     }
+    if state == State::NotAttempted && row.state == State::Unknown && row.evidence == DUPLICATED {
+        return Ok(Resolved::FoundAtDestination);
+    }
     let stored = response.map(|r| seal.stored_form(id, &row.identity, r));
     let updated = conn
         .prepare_cached(
@@ -1271,6 +1274,7 @@ struct StoredRow {
     key: String,
     state: State,
     attempt: u32,
+    evidence: String,
 }
 
 impl StoredRow {
@@ -1294,7 +1298,7 @@ fn operation_exists(conn: &Connection, id: &str) -> Result<bool, StoreError> {
 fn stored_row(conn: &Connection, id: &str) -> Result<Option<StoredRow>, StoreError> {
     let row = conn
         .prepare_cached(&format!(
-            "SELECT {IDENTITY_COLUMNS}, state, attempt FROM operations WHERE id = ?1"
+            "SELECT {IDENTITY_COLUMNS}, state, attempt, evidence FROM operations WHERE id = ?1"
         ))?
         .query_row(params![id], |row| {
             Ok((
@@ -1303,10 +1307,11 @@ fn stored_row(conn: &Connection, id: &str) -> Result<Option<StoredRow>, StoreErr
                 row.get::<_, String>("idem_key")?,
                 row.get::<_, String>("state")?,
                 row.get::<_, i64>("attempt")?,
+                row.get::<_, String>("evidence")?,
             ))
         })
         .optional()?;
-    row.map(|(identity, route, key, state, attempt)| {
+    row.map(|(identity, route, key, state, attempt, evidence)| {
         Ok(StoredRow {
             identity,
             route,
@@ -1314,6 +1319,7 @@ fn stored_row(conn: &Connection, id: &str) -> Result<Option<StoredRow>, StoreErr
             state: State::parse(&state)?,
             attempt: u32::try_from(attempt)
                 .map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))?,
+            evidence,
         })
     })
     .transpose()

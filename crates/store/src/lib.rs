@@ -354,6 +354,12 @@ pub enum Resolved {
     NotFound,
     /// Settled already, or `in_progress` with a live owner.
     NotResolvable(State),
+    /// A `not_attempted` decision on an operation a probe found at the
+    /// destination more than once ([`DUPLICATED`]): it happened, and the
+    /// retry it would let through would make it once more. Checked in the
+    /// store's own transaction, so a probe's finding that lands after the
+    /// operator read the operation still refuses it.
+    FoundAtDestination,
     /// The operator decided on another attempt than the one the operation
     /// is at now (a retry claimed it since the page was read): that
     /// attempt was never checked, so the decision says nothing about it.

@@ -562,6 +562,7 @@ pub async fn resolve(
             show(admin, id).await
         }
         Resolved::NotFound => Err(AdminError::NotFound("operation")),
+        Resolved::FoundAtDestination => Err(AdminError::FoundAtDestination { id: id.to_string() }),
         Resolved::NotResolvable(state) => Err(AdminError::NotResolvable {
             id: id.to_string(),
             state: state.as_str(),
@@ -823,12 +824,14 @@ fn content_fault(block: &Value) -> Option<String> {
 const WITHOUT_CONTENT: [u16; 3] = [204, 205, 304];
 
 /// The most header fields a resolution's response may have, and bytes in
-/// all (`name: value` and its line end, each): what common clients read
-/// (Python's `http.client` takes 100 fields, Node.js 16 KiB of head), so
-/// that no replay of a decision that can never be taken back is one its
-/// clients refuse.
-const MAX_RESPONSE_FIELDS: usize = 100;
-const MAX_RESPONSE_HEAD_BYTES: usize = 16 * 1024;
+/// all (`name: value` and its line end, each, the content type the body
+/// brings included): well within what common clients read of a head
+/// (Python's `http.client` takes 100 fields, Node.js 16 KiB), beside the
+/// fields a replay adds (`Idempotent-Replayed`, `Content-Length`, `Date`,
+/// a profile's own), so that no replay of a decision that can never be
+/// taken back is one its clients refuse.
+const MAX_RESPONSE_FIELDS: usize = 64;
+const MAX_RESPONSE_HEAD_BYTES: usize = 8 * 1024;
 
 /// The response later replays get, checked like a real one: a valid
 /// status, end-to-end headers only, and no body for a status that cannot
@@ -873,13 +876,6 @@ fn stored_response(response: &ResolutionResponse) -> Result<StoredResponse, Admi
             headers.push((header.as_str().to_string(), value.as_bytes().to_vec()));
         }
     }
-    let head_bytes: usize = headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum();
-    if headers.len() > MAX_RESPONSE_FIELDS || head_bytes > MAX_RESPONSE_HEAD_BYTES {
-        return Err(invalid(format!(
-            "the response's headers are {} fields, {head_bytes} bytes: at most {MAX_RESPONSE_FIELDS} fields and {MAX_RESPONSE_HEAD_BYTES} bytes, what clients read in a replay",
-            headers.len()
-        )));
-    }
     let body = match &response.body {
         None => Vec::new(),
         Some(written) => match serde_json::from_str::<String>(written.get()) {
@@ -892,6 +888,13 @@ fn stored_response(response: &ResolutionResponse) -> Result<StoredResponse, Admi
             }
         },
     };
+    let head_bytes: usize = headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum();
+    if headers.len() > MAX_RESPONSE_FIELDS || head_bytes > MAX_RESPONSE_HEAD_BYTES {
+        return Err(invalid(format!(
+            "the response's headers are {} fields, {head_bytes} bytes: at most {MAX_RESPONSE_FIELDS} fields and {MAX_RESPONSE_HEAD_BYTES} bytes, what clients read in a replay",
+            headers.len()
+        )));
+    }
     if !body.is_empty() && WITHOUT_CONTENT.contains(&response.status) {
         return Err(invalid(format!(
             "status {} has no content (RFC 9110), so a replay could not send this `body`: leave it out or empty",
@@ -949,6 +952,16 @@ mod tests {
         let repeated = json!({ "x-tag": vec!["v"; MAX_RESPONSE_FIELDS + 1] });
         assert!(matches!(
             with(repeated),
+            Err(AdminError::InvalidResolution(_))
+        ));
+        // A JSON body brings its content type, which counts too.
+        let full: serde_json::Map<String, Value> = (0..MAX_RESPONSE_FIELDS)
+            .map(|i| (format!("x-h{i}"), Value::from("v")))
+            .collect();
+        let text = json!({"outcome": "completed", "operator": "ann",
+                          "response": {"status": 201, "headers": full, "body": {"id": 1}}});
+        assert!(matches!(
+            resolution(&text.to_string()),
             Err(AdminError::InvalidResolution(_))
         ));
     }

@@ -140,10 +140,12 @@ impl Config {
 }
 
 /// Where and why `text` is no config, naming the key its line sets but
-/// never quoting the line: the parser's own message shows it whole, and a
+/// never quoting the line, nor a string value the message quotes (`invalid
+/// type: string "…"`): the parser's own message shows the line whole, and a
 /// value may be a credential (a store URL's password).
 fn parse_error(text: &str, error: &toml::de::Error) -> String {
-    let message = error.message().trim_end();
+    let message = without_strings(error.message().trim_end());
+    let message = message.as_str();
     let Some(span) = error.span() else {
         return message.to_string();
     };
@@ -161,6 +163,30 @@ fn parse_error(text: &str, error: &toml::de::Error) -> String {
         Some(key) => format!("line {line}, column {column} (`{key}`): {message}"),
         None => format!("line {line}, column {column}: {message}"),
     }
+}
+
+/// `message` with every double-quoted string in it shown as `"…"` (names
+/// the parser quotes with backticks stay).
+fn without_strings(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut chars = message.chars();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c != '"' {
+            continue;
+        }
+        out.push('…');
+        let mut escaped = false;
+        for inner in chars.by_ref() {
+            match inner {
+                '"' if !escaped => break,
+                '\\' => escaped = !escaped,
+                _ => escaped = false,
+            }
+        }
+        out.push('"');
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1161,6 +1161,11 @@ fn a_parse_error_never_quotes_the_line() {
             format!("[store]\nurl = \"postgres://u:{secret}@db/x\n{MINIMAL}"),
             "line 2",
         ),
+        // A string where a table belongs: the message names its type only.
+        (
+            format!("store = \"postgres://u:{secret}@db/x\"\n{MINIMAL}"),
+            "`store`",
+        ),
     ] {
         let error = error_of(&text);
         assert!(!error.contains(secret), "{error}");

@@ -8,6 +8,7 @@
 //!
 //! Invariant: after [`normalize`], a request whose method is a standard
 //! method (RFC 9110 §9.3 and `PATCH`, RFC 5789) in any case carries it
+//! upper-case, so routes intercept it, the fingerprint reads it and the
 //! upstream gets it so; any other method keeps its spelling. `HEAD` and
 //! `CONNECT` are left out: hyper frames the answer to a `head` it parsed
 //! as another method, and no route takes either as a write. `CONNECT`, in

@@ -433,7 +433,9 @@ pub async fn keep_recording(
 }
 
 /// Marks a claimed attempt `unknown` if the task forwarding it ends without
-/// recording an outcome (a panic): it may have been sent.
+/// recording an outcome (a panic): it may have been sent. Recorded as any
+/// refused record is, until it lands: an operation is never left
+/// `in_progress` by a live process.
 pub struct SettleGuard {
     armed: Option<(Arc<dyn RequestPath>, Claim)>,
 }
@@ -460,9 +462,12 @@ impl Drop for SettleGuard {
         };
         runtime.spawn(async move {
             let settlement = Settlement::Unknown { evidence: "forward-task-died".into() };
-            let event = Event { kind: "forward-task-died", detail: json!({}) };
-            if let Err(error) = store.record(&claim, &settlement, &[event]).await {
-                tracing::error!(operation_id = %claim.operation_id, %error, "cannot mark an abandoned attempt unknown");
+            let events = [Event { kind: "forward-task-died", detail: json!({}) }];
+            if let Err(error) = store.record(&claim, &settlement, &events).await {
+                tracing::error!(operation_id = %claim.operation_id, %error, "cannot yet mark an abandoned attempt unknown; trying again");
+                // The process's end (the store's close) marks it otherwise.
+                let never = CancellationToken::new();
+                keep_recording(store.as_ref(), &claim, &settlement, &events, &never).await;
             }
         });
     }

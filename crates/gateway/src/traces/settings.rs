@@ -120,11 +120,16 @@ impl TraceSettings {
             .unwrap_or_default();
         // The exporter would drop a pair it cannot send, a credential
         // among them, without a word: refused here, the value never shown.
-        for (name, value) in &headers {
+        for (n, (name, value)) in headers.iter().enumerate() {
+            // Not shown either: written `Authorization: Basic …`, the
+            // "name" is the credential.
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
                 return Err(invalid(
                     headers_var,
-                    format!("`{name}` is not a header name"),
+                    format!(
+                        "pair {} has no header name before its `=` (pairs read `name=value`, the value percent-encoded)",
+                        n + 1
+                    ),
                 ));
             }
             if http::HeaderValue::from_str(value).is_err() {
@@ -430,7 +435,11 @@ mod tests {
     #[test]
     fn a_header_that_cannot_be_sent_is_refused_without_showing_it() {
         let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
-        for headers in ["bad header=s3cret,x-ok=1", "authorization=Bearer%0As3cret"] {
+        for headers in [
+            "bad header=s3cret,x-ok=1",
+            "authorization=Bearer%0As3cret",
+            "Authorization: Basic s3cret==",
+        ] {
             let error =
                 read(&[endpoint, ("OTEL_EXPORTER_OTLP_HEADERS", headers)]).expect_err(headers);
             assert_eq!(error.variable, "OTEL_EXPORTER_OTLP_HEADERS", "{error}");

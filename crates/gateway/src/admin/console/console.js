@@ -424,7 +424,7 @@
     "upstream-busy": "Not sent: every upstream connection in use",
     "route-paused": "Route paused",
     "owner-lost": "Gateway lost",
-    "record-lost": "Record lost in a failover",
+    "record-lost": "Record lost (its gateway holds no attempt of it)",
     "forward-task-died": "Forwarding task died",
   };
 

@@ -10,7 +10,10 @@
 //!   of the fingerprint, so calls told apart by it alone would merge);
 //!   the operation's key is `<tool>/<key>`, so one key names one operation
 //!   per tool;
-//! - the fingerprint is the tool and the canonical JSON of its arguments:
+//! - the fingerprint is the tool, the endpoint below the route's prefix
+//!   (its path and query, when there is one: one route may front several
+//!   servers, `/mcp/jira` and `/mcp/github`, or carry a credential in the
+//!   query), and the canonical JSON of its arguments:
 //!   never the JSON-RPC id, `_meta`, a session, a continuation
 //!   (`inputResponses`, `requestState`) nor the key argument when it
 //!   holds key text or `null`, wherever the call's key came from (a key
@@ -56,10 +59,10 @@ pub struct Identified {
     pub(crate) fingerprint: Fingerprint,
 }
 
-/// The call's key and fingerprint, in `scope`.
+/// The call's key and fingerprint, in `scope`, for a request to `uri`.
 pub fn identify(
     call: &Call,
-    headers: &http::HeaderMap,
+    (uri, headers): (&http::Uri, &http::HeaderMap),
     body: &[u8],
     route: &Route,
     scope: &Scope,
@@ -80,7 +83,8 @@ pub fn identify(
             }
         },
     };
-    let fingerprint = fingerprint(call, body, key_argument);
+    let endpoint = endpoint(uri, &route.path_prefix);
+    let fingerprint = fingerprint(call, &endpoint, body, key_argument);
     let (key, source) = match sent {
         Some(key) => (key, KeySource::Sent),
         None if route.key == KeyMode::Derive => (
@@ -111,15 +115,37 @@ pub fn tool_of(key: &str) -> Option<String> {
     Some(decoded.into_owned())
 }
 
-/// The call's fingerprint: its tool and arguments as RFC 8785 canonical
-/// JSON, arguments absent, `null` and `{}` alike, without the key
-/// argument (`name`) when it holds key text or is `null`, whether or not
-/// the call's key came from it: a key is no part of the call, and a
-/// `null` key argument is no key, as an absent one.
-fn fingerprint(call: &Call, body: &[u8], key_argument: Option<&str>) -> Fingerprint {
+/// What of `uri` (normalized) lies below the route's `prefix`: the rest of
+/// its path and its query (`?…`), empty for a call to the prefix itself.
+fn endpoint(uri: &http::Uri, prefix: &str) -> String {
+    let path = uri.path();
+    let below = path.strip_prefix(prefix).unwrap_or(path);
+    match uri.query() {
+        Some(query) => format!("{below}?{query}"),
+        None => below.to_string(),
+    }
+}
+
+/// The call's fingerprint: its tool, its `endpoint` below the route's
+/// prefix when there is one (none leaves the fingerprint of a call to the
+/// prefix as it was before endpoints counted), and its arguments as RFC
+/// 8785 canonical JSON, arguments absent, `null` and `{}` alike, without
+/// the key argument (`name`) when it holds key text or is `null`, whether
+/// or not the call's key came from it: a key is no part of the call, and
+/// a `null` key argument is no key, as an absent one.
+fn fingerprint(
+    call: &Call,
+    endpoint: &str,
+    body: &[u8],
+    key_argument: Option<&str>,
+) -> Fingerprint {
     let mut hasher = Sha256::new();
     part(&mut hasher, b"idemgate-mcp-v1");
     part(&mut hasher, call.tool.as_bytes());
+    if !endpoint.is_empty() {
+        part(&mut hasher, b"endpoint");
+        part(&mut hasher, endpoint.as_bytes());
+    }
     let raw = canonical_json::raw_at(body, ARGUMENTS).unwrap_or(b"{}");
     match canonical_json::parse_exact(raw) {
         Ok(mut arguments) => {
@@ -226,7 +252,19 @@ mod tests {
         for (name, value) in headers {
             map.insert(*name, value.parse().unwrap());
         }
-        identify(call, &map, &body(arguments), route, &scope()).unwrap()
+        identify(
+            call,
+            (&to_prefix(), &map),
+            &body(arguments),
+            route,
+            &scope(),
+        )
+        .unwrap()
+    }
+
+    /// A call to the route's prefix itself.
+    fn to_prefix() -> http::Uri {
+        http::Uri::from_static("/")
     }
 
     #[test]
@@ -278,7 +316,7 @@ mod tests {
         ] {
             let refused = identify(
                 &with(other.clone()),
-                &http::HeaderMap::new(),
+                (&to_prefix(), &http::HeaderMap::new()),
                 &body("{}"),
                 &route,
                 &scope(),
@@ -347,6 +385,35 @@ mod tests {
         assert_ne!(other.fingerprint, absent.fingerprint);
     }
 
+    /// The endpoint below the route's prefix is part of the call: one
+    /// route fronting `/mcp/jira` and `/mcp/github`, or taking a
+    /// credential in the query, makes the same call to each a call of its
+    /// own; a call to the prefix itself has no endpoint part.
+    #[test]
+    fn the_endpoint_below_the_prefix_is_part_of_the_call() {
+        let mut route = route(None);
+        route.path_prefix = "/mcp".into();
+        let at = |uri: &'static str| {
+            let uri = http::Uri::from_static(uri);
+            let map = http::HeaderMap::new();
+            identify(&call(None), (&uri, &map), &body("{}"), &route, &scope()).unwrap()
+        };
+        let prefix = at("/mcp");
+        let jira = at("/mcp/jira");
+        let github = at("/mcp/github");
+        let tenant_a = at("/mcp/jira?tenant=a");
+        let tenant_b = at("/mcp/jira?tenant=b");
+        let all = [&prefix, &jira, &github, &tenant_a, &tenant_b];
+        for (i, one) in all.iter().enumerate() {
+            for other in &all[i + 1..] {
+                assert_ne!(one.fingerprint, other.fingerprint);
+                assert_ne!(one.key, other.key, "derived from the fingerprint");
+            }
+        }
+        assert_eq!(at("/mcp/jira").fingerprint, jira.fingerprint);
+        assert_eq!(endpoint(&http::Uri::from_static("/mcp"), "/mcp"), "");
+    }
+
     #[test]
     fn absent_null_and_empty_arguments_are_one() {
         let route = route(None);
@@ -354,7 +421,7 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"create_task"}}"#;
         let absent = identify(
             &call(None),
-            &http::HeaderMap::new(),
+            (&to_prefix(), &http::HeaderMap::new()),
             without,
             &route,
             &scope(),
@@ -380,7 +447,7 @@ mod tests {
         let long = "k".repeat(244);
         let Err(ProxyError::InvalidKey(error)) = identify(
             &call(Some(&long)),
-            &http::HeaderMap::new(),
+            (&to_prefix(), &http::HeaderMap::new()),
             &body("{}"),
             &route,
             &scope(),

@@ -217,7 +217,8 @@ impl Proxy {
         let route = &active.route;
         let scope = self.scope_of(route, &parts)?;
         let caller = cancel::Caller::of(&parts.headers, || scope.as_str().to_string());
-        let identified = identity::identify(call, &parts.headers, &body.0, route, &scope)?;
+        let request = (&parts.uri, &parts.headers);
+        let identified = identity::identify(call, request, &body.0, route, &scope)?;
         let sent = identified.source == identity::KeySource::Sent;
         let named = self.name(route, &scope, identified.key, sent);
         let exact = ExactDigest::of(&identified.fingerprint);
