@@ -765,3 +765,49 @@ async fn an_mcp_probe_settles_only_the_calls_of_the_tools_it_is_for() {
     }
     mock.stop().await;
 }
+
+/// A retry's probe finds the write while an operator resolves it
+/// `not_attempted` (the late window past): the store then lets the retry
+/// claim the next attempt, but the probe saw the write at the destination,
+/// so it is held `unknown` (`found-at-destination`), never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_a_probe_finds_is_not_sent_again_past_an_operators_not_attempted() {
+    let gw = probing_with(
+        "url = \"{up}/records?key={key}&ms=1500\"\nfound_json_pointer = \"/data/0\"",
+        "",
+        |setup| setup,
+    )
+    .await;
+    gw.upstream.script(Scripted::Drop);
+    let lost = write(gw.addr(), "/scripted", Some("found-1"), BODY).await;
+    assert_eq!(lost.status, StatusCode::BAD_GATEWAY);
+    gw.upstream.script(Scripted::Create);
+    assert_eq!(gw.upstream.writes(), 1, "committed at the destination");
+    let asked_before = gw.upstream.requests().len();
+    let addr = gw.addr();
+    let retry = tokio::spawn(async move { write(addr, "/scripted", Some("found-1"), BODY).await });
+    gw.upstream.wait_for_requests(asked_before + 1).await;
+    // The probe is asking; the operator decides it was not made.
+    let id = gw.operation("found-1").await["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let resolved = gw
+        .resolve(&id, &json!({"outcome": "not_attempted", "operator": "ann"}))
+        .await;
+    assert_eq!(
+        resolved.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&resolved.body)
+    );
+    let answered = retry.await.expect("client task");
+    assert_held_unknown(&answered);
+    assert_eq!(gw.upstream.writes(), 1, "never sent again");
+    let op = gw.operation("found-1").await;
+    assert_eq!(
+        (&op["state"], &op["evidence"]),
+        (&"unknown".into(), &"found-at-destination".into()),
+        "{op}"
+    );
+}

@@ -114,13 +114,13 @@ use error::ProxyError;
 use fingerprint::{ExactDigest, FingerprintInput};
 use forward::{Peer, ProbeClient, WriteRequest};
 use idemgate_model::clock::{self, Clock};
-use idemgate_model::operation::{Fingerprint, RequestSummary};
+use idemgate_model::operation::{Event, Fingerprint, RequestSummary, Settlement};
 use idemgate_store::scope_key::ScopeKey;
-use idemgate_store::{NewOperation, Operators, RequestPath, Store, StoreError};
+use idemgate_store::{Claim, NewOperation, Operators, RequestPath, Store, StoreError};
 use key::{IDEMPOTENCY_KEY, IdempotencyKey, Scope};
 use pool::Pool;
 use quota::{Quotas, StoredCharge};
-use reconcile::Reconciler;
+use reconcile::{FOUND_BY_PROBE, Reconciler};
 use replay::ReplayCache;
 
 /// A configured route with its upstream connections.
@@ -692,9 +692,13 @@ impl Proxy {
         // Taken before the claim is sent: a lease that lapses from here on
         // voids it, even once renewed (a peer may have taken over).
         let permit = self.shared.store.fence().permit();
-        let mut probed = false;
+        let (mut probed, mut found) = (false, false);
         let (claim, in_flight) = loop {
             match self.claim_once(active, &write, &new).await? {
+                Claimed::Send(claim, guard) if found => {
+                    drop(guard);
+                    return self.hold_found(&claim, &write).await;
+                }
                 Claimed::Send(claim, guard) => break (claim, guard),
                 Claimed::Answer(response) => return Ok(Next::Answer(response)),
                 Claimed::Held(operation)
@@ -708,7 +712,7 @@ impl Proxy {
                     let ctx = self.shared.probe_ctx();
                     let key = write.key.as_str();
                     // Boxed: rare, and its future would make every claim's as large.
-                    Box::pin(self.shared.reconciler.reconcile(
+                    found = Box::pin(self.shared.reconciler.reconcile(
                         &ctx,
                         active,
                         &operation.id,
@@ -738,6 +742,39 @@ impl Proxy {
             call,
             write,
         })))
+    }
+
+    /// An attempt claimed right after this request's probe found its write
+    /// at the destination (an operator's `not_attempted` landed while the
+    /// probe ran, and the probe's finding could not settle it): never sent,
+    /// it is held `unknown` (`found-at-destination`), for the next probe or
+    /// an operator to settle as what it is, and the client is told so.
+    async fn hold_found(&self, claim: &Claim, write: &Write) -> Result<Next, ProxyError> {
+        let settlement = Settlement::Unknown {
+            evidence: FOUND_BY_PROBE.into(),
+        };
+        let event = Event {
+            kind: FOUND_BY_PROBE,
+            detail: serde_json::json!({ "attempt": claim.attempt, "sent": false }),
+        };
+        let store = self.shared.store.as_ref();
+        record::keep_recording(
+            store,
+            claim,
+            &settlement,
+            &[event],
+            &CancellationToken::new(),
+        )
+        .await;
+        tracing::warn!(operation_id = %claim.operation_id, "a probe found the write at the destination as an operator resolved it not_attempted: held again, not sent");
+        let held = self.shared.operators.get(&claim.operation_id).await;
+        let held = held.map_err(ProxyError::store)?;
+        match held {
+            Some((operation, _)) => {
+                replay::answer_existing(&operation, &write.fingerprint).map(Next::Answer)
+            }
+            None => Err(ProxyError::UnknownOperation),
+        }
     }
 
     /// One claim of `new` (sent, answered, or held), under the route's

@@ -27,6 +27,7 @@ use crate::pipeline::forward::{self, ProbeClient, strip_hop_by_hop};
 use crate::pipeline::key::url_component;
 use crate::pipeline::record::stored_response;
 use crate::traces;
+use idemgate_model::canonical_json;
 
 /// A probe URL, filled.
 #[derive(Debug, PartialEq, Eq)]
@@ -39,8 +40,11 @@ pub struct Filled {
 }
 
 /// `template` filled with `keys` and the fields of the stored request
-/// `body`; `Err` says why no URL can name the operation's resource.
-pub fn url(template: &str, keys: ProbeKeys<'_>, body: Option<&Value>) -> Result<Filled, String> {
+/// `body` (JSON), each as written: a string's text, a number's or a
+/// boolean's own spelling (an id past 2^64 is asked about as sent, never
+/// as the double it would read as); `Err` says why no URL can name the
+/// operation's resource.
+pub fn url(template: &str, keys: ProbeKeys<'_>, body: Option<&[u8]>) -> Result<Filled, String> {
     let pieces = url_pieces(template)?;
     let room = template.len() + keys.key.len().max(keys.destination_key.len());
     let mut filled = Filled {
@@ -59,12 +63,14 @@ pub fn url(template: &str, keys: ProbeKeys<'_>, body: Option<&Value>) -> Result<
             Piece::Key => (keys.key.to_string(), None),
             Piece::DestinationKey => (keys.destination_key.to_string(), None),
             Piece::Body(pointer) => {
-                let field = body
-                    .and_then(|body| body.pointer(pointer))
+                let written = body
+                    .and_then(|body| canonical_json::raw_at(body, pointer))
                     .ok_or(format!("the stored request body has no value at {pointer}"))?;
-                let text = match field {
-                    Value::String(text) => text.clone(),
-                    Value::Number(_) | Value::Bool(_) => field.to_string(),
+                let text = match serde_json::from_slice::<Value>(written) {
+                    Ok(Value::String(text)) => text,
+                    Ok(Value::Number(_) | Value::Bool(_)) => {
+                        String::from_utf8_lossy(written).into_owned()
+                    }
                     _ => {
                         return Err(format!(
                             "the stored request body's {pointer} is not a string, a number or a boolean"
@@ -199,11 +205,12 @@ mod tests {
 
     #[test]
     fn body_fields_are_sent_but_not_shown() {
-        let body = json!({"title": "a b", "n": 3, "nested": {"x": ".."}});
+        let body = json!({"title": "a b", "n": 3, "nested": {"x": ".."}}).to_string();
+        let body = body.as_bytes();
         let filled = url(
             "http://api/v1/orders?title={body:/title}&n={body:/n}&key={key}",
             keys("k"),
-            Some(&body),
+            Some(body),
         )
         .unwrap();
         assert_eq!(filled.sent, "http://api/v1/orders?title=a%20b&n=3&key=k");
@@ -213,9 +220,32 @@ mod tests {
         );
         // A field that is missing or not a scalar names nothing; a dot
         // field in the path is refused as a dot key is.
-        assert!(url("http://api/x?t={body:/missing}", keys("k"), Some(&body)).is_err());
-        assert!(url("http://api/x?t={body:/nested}", keys("k"), Some(&body)).is_err());
-        assert!(url("http://api/x/{body:/nested/x}", keys("k"), Some(&body)).is_err());
+        assert!(url("http://api/x?t={body:/missing}", keys("k"), Some(body)).is_err());
+        assert!(url("http://api/x?t={body:/nested}", keys("k"), Some(body)).is_err());
+        assert!(url("http://api/x/{body:/nested/x}", keys("k"), Some(body)).is_err());
         assert!(url("http://api/x?t={body:/title}", keys("k"), None).is_err());
+    }
+
+    /// A number is asked about as written: one past what a double holds
+    /// exactly would otherwise be asked rounded (`1.8446744073709552e19`),
+    /// found absent, and its write sent again.
+    #[test]
+    fn a_body_number_is_asked_about_as_written() {
+        for written in [
+            "18446744073709551616",
+            "-9223372036854775809",
+            "1e3",
+            "2.50",
+        ] {
+            let body = format!(r#"{{"ref": {written}, "ok": true}}"#);
+            let filled = url(
+                "http://api/x?ref={body:/ref}&ok={body:/ok}",
+                keys("k"),
+                Some(body.as_bytes()),
+            )
+            .unwrap();
+            let expected = format!("http://api/x?ref={}&ok=true", url_component(written));
+            assert_eq!(filled.sent, expected);
+        }
     }
 }

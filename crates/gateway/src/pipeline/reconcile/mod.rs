@@ -95,18 +95,20 @@ use verdict::{Answer, Rules, Verdict, classify};
 const SPACING: Backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(60));
 
 /// The probes in flight in this process, by operation id; each probe's
-/// receiver lets a request that comes meanwhile wait for it to end.
+/// receiver lets a request that comes meanwhile wait for it to end, and
+/// learn whether it found the write at the destination.
 #[derive(Default)]
 pub(crate) struct Reconciler {
-    running: DashMap<String, watch::Receiver<()>>,
+    running: DashMap<String, watch::Receiver<bool>>,
 }
 
 /// Held while a probe runs: dropping it removes the operation from the
-/// running set and (dropping the sender) wakes whoever waits on it.
+/// running set and (dropping the sender) wakes whoever waits on it, who
+/// reads what it sent: whether the probe found the write.
 struct Running<'a> {
     reconciler: &'a Reconciler,
     operation_id: &'a str,
-    _done: watch::Sender<()>,
+    done: watch::Sender<bool>,
 }
 
 impl Drop for Running<'_> {
@@ -255,13 +257,8 @@ impl Question<'_> {
     ) -> Answer {
         match self {
             Question::Url(template) => {
-                let body = held
-                    .operation
-                    .request
-                    .body
-                    .as_deref()
-                    .and_then(|body| serde_json::from_slice(body).ok());
-                match http::url(template, held.keys(), body.as_ref()) {
+                let body = held.operation.request.body.as_deref();
+                match http::url(template, held.keys(), body) {
                     Ok(url) => {
                         let asked = url.shown.clone();
                         let answer = http::get(client, route, &url, held.credentials);
@@ -295,12 +292,20 @@ struct Concluded {
     detail: Value,
 }
 
+/// The evidence of an attempt claimed right after its request's probe
+/// found the write at the destination, held instead of sent
+/// (`Proxy::hold_found`).
+pub(crate) const FOUND_BY_PROBE: &str = "found-at-destination";
+
 impl Reconciler {
     /// Probes for a held operation and settles it by the verdict; the
     /// probe is on its timeline either way. When a probe for the operation
     /// is already running, waits for it to end instead. Either way the
     /// caller then reads the store, which holds whatever the probe (or
-    /// anything else) settled.
+    /// anything else) settled. Whether this call's own probe found the
+    /// write at the destination (once or more): if the store lets the
+    /// caller claim it all the same (an operator resolved it
+    /// `not_attempted` while the probe ran), its write must not be sent.
     pub async fn reconcile(
         &self,
         ctx: &Ctx<'_>,
@@ -308,15 +313,15 @@ impl Reconciler {
         operation_id: &str,
         key: &str,
         credentials: &HeaderMap,
-    ) {
+    ) -> bool {
         let route = &active.route;
         let Some(probe) = Probe::of(route, key) else {
-            return;
+            return false;
         };
         let done = match self.running.entry(operation_id.to_string()) {
             Entry::Occupied(running) => Err(running.get().clone()),
             Entry::Vacant(vacant) => {
-                let (done, running) = watch::channel(());
+                let (done, running) = watch::channel(false);
                 vacant.insert(running);
                 Ok(done)
             }
@@ -324,30 +329,31 @@ impl Reconciler {
         let done = match done {
             Ok(done) => done,
             Err(mut running) => {
-                // `changed` ends when the running probe drops its sender.
+                // `changed` ends when the running probe says what it found,
+                // or drops its sender.
                 let _ = tokio::time::timeout(probe.bound(), running.changed()).await;
-                return;
+                return *running.borrow();
             }
         };
-        let _running = Running {
+        let running = Running {
             reconciler: self,
             operation_id,
-            _done: done,
+            done,
         };
         let (held, events) = match ctx.operators.get(operation_id).await {
             Ok(Some((operation, events))) if operation.state == State::Unknown => {
                 (operation, events)
             }
             // Settled meanwhile, or gone: nothing to ask.
-            Ok(_) => return,
+            Ok(_) => return false,
             Err(error) => {
                 tracing::warn!(%operation_id, %error, "cannot read a held operation to probe it");
-                return;
+                return false;
             }
         };
         if next_probe_at(&events).is_some_and(|due| ctx.now < due) {
             // Probed lately: the store holds what that probe concluded.
-            return;
+            return false;
         }
         let asking = Held {
             operation: &held,
@@ -368,7 +374,13 @@ impl Reconciler {
         .await;
         ctx.metrics
             .probe_verdict(&route.name, concluded.verdict.name());
+        let found = matches!(
+            concluded.verdict,
+            Verdict::Found(_) | Verdict::Duplicated(_)
+        );
         settle(ctx.store, active, &held, concluded).await;
+        running.done.send_replace(found);
+        found
     }
 }
 

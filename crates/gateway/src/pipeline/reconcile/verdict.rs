@@ -78,13 +78,35 @@ impl Answer {
     }
 
     /// How many records the answer counts at `pointer`: an array's length,
-    /// or a number.
+    /// or a whole number however it is spelled (`2`, `2.0`, `2e0`; one past
+    /// 2^64 counts as that many). `None` without a count there.
     pub fn count(&self, pointer: Option<&str>) -> Option<u64> {
-        let value = self.at(pointer?)?;
-        value
-            .as_array()
-            .map(|items| items.len() as u64)
-            .or_else(|| value.as_u64())
+        self.counted(pointer).ok().flatten()
+    }
+
+    /// [`Answer::count`], or why the member at `pointer` is no count (a
+    /// fraction, a negative number, a string): an answer that says how
+    /// many in no way the gateway can read proves nothing.
+    fn counted(&self, pointer: Option<&str>) -> Result<Option<u64>, String> {
+        let Some(pointer) = pointer else {
+            return Ok(None);
+        };
+        let Some(value) = self.at(pointer).filter(|value| !value.is_null()) else {
+            return Ok(None);
+        };
+        if let Some(items) = value.as_array() {
+            return Ok(Some(items.len() as u64));
+        }
+        match value.as_f64() {
+            Some(n) if n >= 0.0 && n.fract() == 0.0 => Ok(Some(if n >= u64::MAX as f64 {
+                u64::MAX
+            } else {
+                n as u64
+            })),
+            _ => Err(format!(
+                "the count at {pointer} is not an array nor a whole number"
+            )),
+        }
     }
 
     /// Whether the answer says absent by `absence`.
@@ -123,7 +145,10 @@ pub fn classify(answer: &Answer, rules: &Rules) -> Verdict {
         .found_status
         .is_none_or(|status| answer.status == Some(status));
     if at_found_status {
-        let count = answer.count(rules.count_json_pointer);
+        let count = match answer.counted(rules.count_json_pointer) {
+            Ok(count) => count,
+            Err(reason) => return Verdict::Undetermined(reason),
+        };
         if let Some(n) = count.filter(|n| *n > 1) {
             return Verdict::Duplicated(n);
         }
@@ -203,6 +228,36 @@ mod tests {
         // A missing member proves nothing.
         assert_eq!(verdict(json!({"error": "x"})), "undetermined");
         assert_eq!(verdict(json!({"data": null})), "absent");
+    }
+
+    /// A count is a whole number however it is spelled; a member that is
+    /// none (a fraction, a negative number, text) proves nothing, never a
+    /// single record.
+    #[test]
+    fn a_count_is_read_however_it_is_spelled() {
+        let rules = Rules {
+            found_status: Some(200),
+            found_json_pointer: Some("/data/0"),
+            absent: None,
+            count_json_pointer: Some("/count"),
+        };
+        let verdict = |count: Value| {
+            let body = json!({"data": [{"id": 1}], "count": count});
+            classify(&answer(200, body), &rules).name()
+        };
+        for twice in [
+            json!(2),
+            json!(2.0),
+            json!(2e0),
+            json!(18446744073709551617.0),
+        ] {
+            assert_eq!(verdict(twice.clone()), "duplicated", "{twice}");
+        }
+        assert_eq!(verdict(json!(1.0)), "found");
+        for unreadable in [json!(1.5), json!(-1), json!("2")] {
+            assert_eq!(verdict(unreadable.clone()), "undetermined", "{unreadable}");
+        }
+        assert_ne!(verdict(json!(0.0)), "found", "none counted");
     }
 
     /// A tool's result with no pointer for what is found: any result is
