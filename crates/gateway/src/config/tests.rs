@@ -741,6 +741,41 @@ fn no_key_takes_a_header_that_frames_routes_or_authenticates_the_request() {
         assert!(error.contains("take its place"), "{error}");
         let own = format!("{MINIMAL}{field} = \"X-Request-Key\"\n");
         assert!(Config::from_toml_str(&own, "t").is_ok(), "{field}");
+        // Nor one the route's profile reads beside the key: the destination
+        // reads it as the profile does (another account, another client).
+        for (profile, name) in [
+            ("stripe", "Stripe-Account"),
+            ("stripe", "Stripe-Context"),
+            ("oasis", "Repeatability-Client-ID"),
+            ("oasis", "Repeatability-First-Sent"),
+        ] {
+            let error = error_of(&format!(
+                "{MINIMAL}profile = \"{profile}\"\n{field} = \"{name}\"\n"
+            ));
+            assert!(
+                error.contains("take its place"),
+                "{profile} {field} = {name}: {error}"
+            );
+        }
+    }
+}
+
+/// Absence is said by a 2xx or a 4xx only: an error or a redirect (never
+/// followed) says nothing of the write.
+#[test]
+fn an_absent_status_is_a_2xx_or_a_4xx() {
+    let with = |status: u16| {
+        error_of(&format!(
+            "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\n[routes.reconcile]\n\
+             url = \"http://api:8000/v1/orders/{{key}}\"\nfound_json_pointer = \"/id\"\n\
+             absent_status = {status}\n"
+        ))
+    };
+    for status in [500, 503, 302, 101] {
+        assert!(
+            with(status).contains("says nothing of the write"),
+            "{status}"
+        );
     }
 }
 

@@ -758,16 +758,30 @@ impl Validator<'_> {
             rotated_keys_default,
             &[("hold", RotatedKeys::Hold), ("off", RotatedKeys::Off)],
         )?;
+        // What the key headers may not take: the route's scope headers and
+        // the headers its profile reads beside the key (Stripe's account
+        // and context, OASIS's client id and first-sent time), which the
+        // destination reads as the profile does.
+        let read_headers: Vec<HeaderName> = scope_headers
+            .iter()
+            .cloned()
+            .chain(
+                wire.narrowing_headers
+                    .iter()
+                    .chain(wire.first_sent.iter())
+                    .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok()),
+            )
+            .collect();
         let forward_key_header = self.key_header(
             &field("forward_key_header"),
             raw.forward_key_header
                 .as_deref()
                 .unwrap_or(route::FORWARD_KEY_HEADER),
-            &scope_headers,
+            &read_headers,
         )?;
         let destination_key = self.destination_key(
             &field,
-            &scope_headers,
+            &read_headers,
             raw.destination_key_header.as_deref(),
             raw.destination_key_window.as_deref(),
             raw.resend_unknown,
@@ -944,21 +958,22 @@ impl Validator<'_> {
     /// A header a key is sent to the destination in (`forward_key_header`,
     /// `destination_key_header`): none when empty. Never one that frames,
     /// routes or describes the request, or carries its credentials or the
-    /// gateway's own forwarding fields: the key would replace it, and the
+    /// gateway's own forwarding fields, nor one of `read_headers` (the
+    /// route's scope headers, and those its profile reads beside the key): the key would replace it, and the
     /// destination get another request than the one sent — or, for a
     /// header the gateway writes after it, never get the key.
     fn key_header(
         &self,
         field: &str,
         name: &str,
-        scope_headers: &[HeaderName],
+        read_headers: &[HeaderName],
     ) -> Result<Option<HeaderName>, ConfigError> {
         if name.is_empty() {
             return Ok(None);
         }
         let header = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| self.invalid(field, format!("`{name}` is not a header name")))?;
-        if NOT_A_KEY_HEADER.contains(&header.as_str()) || scope_headers.contains(&header) {
+        if NOT_A_KEY_HEADER.contains(&header.as_str()) || read_headers.contains(&header) {
             return Err(self.invalid(
                 field,
                 format!(
@@ -975,7 +990,7 @@ impl Validator<'_> {
     fn destination_key(
         &self,
         field: &dyn Fn(&str) -> String,
-        scope_headers: &[HeaderName],
+        read_headers: &[HeaderName],
         header: Option<&str>,
         window: Option<&str>,
         resend_unknown: Option<bool>,
@@ -984,7 +999,7 @@ impl Validator<'_> {
         let header = self.key_header(
             &field("destination_key_header"),
             header.unwrap_or(route::DESTINATION_KEY_HEADER),
-            scope_headers,
+            read_headers,
         )?;
         let Some(header) = header else {
             if window.is_some() {
@@ -1494,6 +1509,17 @@ impl Validator<'_> {
     ) -> Result<Option<Absence>, ConfigError> {
         let pointer = self.pointer(pointer_field, pointer)?;
         let status = status.map(|s| self.status(status_field, s)).transpose()?;
+        // An error or a redirect (never followed) is no answer about the
+        // write: taken for absence, the write would be sent again.
+        if let Some(status) = status.filter(|s| !(200..300).contains(s) && !(400..500).contains(s))
+        {
+            return Err(self.invalid(
+                status_field,
+                format!(
+                    "{status} says nothing of the write (only a 2xx or a 4xx can say it is absent)"
+                ),
+            ));
+        }
         Ok(match (status, pointer) {
             (None, None) => None,
             (status, json_pointer) => Some(Absence {
