@@ -441,8 +441,8 @@ pub(crate) fn may_land_until(operation: &Operation, events: &[StoredEvent], rout
 /// its attempt was sent) — or, `in_progress` (its gateway died), its claim
 /// plus `longest_write`, the most its attempt may take — or the latest a
 /// re-send under its destination key could still be writing: each
-/// re-send's events (one is written before it is sent) plus
-/// `longest_write`.
+/// re-send's `sending` event (written before it is sent; a skipped try's
+/// and a try's result are none) plus `longest_write`.
 fn last_sent(operation: &Operation, events: &[StoredEvent], longest_write: Duration) -> i64 {
     let writing = clock::millis(longest_write);
     let last = match operation.state {
@@ -451,7 +451,7 @@ fn last_sent(operation: &Operation, events: &[StoredEvent], longest_write: Durat
     };
     events
         .iter()
-        .filter(|event| event.kind == "resend")
+        .filter(|event| event.kind == "resend" && event.detail["sending"] == true)
         .map(|event| event.at.saturating_add(writing))
         .fold(last, i64::max)
 }
@@ -677,11 +677,26 @@ mod tests {
         let writing = Duration::from_secs(30);
         assert_eq!(last_sent(&held, &quiet, writing), 2_000);
         // A re-send under the destination key began at 7 s: it may be
-        // writing until 37 s.
+        // writing until 37 s; a try skipped at 20 s, and the first's
+        // result at 9 s, sent nothing.
+        let sending = StoredEvent {
+            detail: json!({ "sending": true, "try": 1 }),
+            ..event(7_000, "resend")
+        };
+        let skipped = StoredEvent {
+            detail: json!({ "skipped": "the route is paused", "try": 2 }),
+            ..event(20_000, "resend")
+        };
+        let result = StoredEvent {
+            detail: json!({ "status": 500, "try": 1 }),
+            ..event(9_000, "resend")
+        };
         let resent = [
             event(2_000, "timeout"),
-            event(7_000, "resend"),
+            sending,
+            result,
             event(9_000, "probe"),
+            skipped,
         ];
         assert_eq!(last_sent(&held, &resent, writing), 37_000);
         // In flight when its gateway died, claimed at 2 s: its attempt may
