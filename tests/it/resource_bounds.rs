@@ -618,3 +618,50 @@ async fn streams_of_http2_clients_hold_no_more_upstream_connections_than_the_rou
     })
     .await;
 }
+
+/// A client that stops reading a streamed answer (a write's too large to
+/// store) is cut off once it has taken nothing for `header_read_timeout`,
+/// and the upstream connection streaming to it comes free: with one
+/// allowed, the route's next write is served, never 503 `overloaded` for
+/// as long as the reader likes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_frees_the_upstream_connection() {
+    let setup = Setup::route("max_upstream_connections = 1\nconnect_timeout = \"300ms\"")
+        .server("header_read_timeout = \"1s\"\n");
+    let gw = spawn_gateway_with(setup).await;
+    // Far more than the sockets between them buffer.
+    let head = raw_write_head(
+        "/big?bytes=48000000",
+        "application/json",
+        "big-1",
+        &["content-length: 2"],
+    );
+    let mut stalled = tokio::net::TcpStream::connect(gw.addr())
+        .await
+        .expect("connect");
+    stalled
+        .write_all(format!("{head}{{}}").as_bytes())
+        .await
+        .expect("send");
+    let mut first = [0u8; 1024];
+    let read = stalled.read(&mut first).await.expect("the answer begins");
+    assert!(read > 0);
+    // It reads no more, and keeps its connection open.
+    let served = eventually_within(
+        "the next write to be served",
+        Duration::from_secs(20),
+        || async {
+            let answer = write(
+                gw.addr(),
+                "/orders",
+                Some(&uuid::Uuid::now_v7().to_string()),
+                "{}",
+            )
+            .await;
+            (answer.status == StatusCode::CREATED).then_some(answer)
+        },
+    )
+    .await;
+    assert_fresh_created(&served);
+    drop(stalled);
+}

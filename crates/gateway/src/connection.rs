@@ -71,6 +71,7 @@ use crate::body::ProxyBody;
 use crate::config::ServerConfig;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::pool::MAX_HEAD_FIELDS;
+use crate::write_stall::WriteStall;
 
 /// Streams a client may reset before the gateway accepted them, at once;
 /// more close the connection (GOAWAY `ENHANCE_YOUR_CALM`). h2's default.
@@ -164,6 +165,10 @@ impl Http {
             inner: service,
             streams: streams.clone(),
         };
+        // A client that takes nothing of an answer for as long as it may
+        // take to send a head is cut off, and the upstream streaming that
+        // answer freed (`write_stall`).
+        let io = WriteStall::new(io, self.idle);
         let mut connection = pin!(self.builder.serve_connection(io, counted));
         // The connection's own token, so that nothing polled here is shared
         // with the other workers' connections.

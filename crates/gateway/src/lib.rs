@@ -84,3 +84,4 @@ pub mod systemd;
 pub mod tls;
 mod traces;
 pub mod workers;
+mod write_stall;

@@ -18,7 +18,8 @@
 //! A request goes out in two steps, so that its caller can tell "still
 //! connecting" from "handed over" and time each on its own clock:
 //! [`Pool::establish`] has a connection up and ready (a new one within the
-//! route's `connect_timeout`, TCP, TLS and the HTTP/2 handshake included),
+//! route's `connect_timeout`, TCP, TLS and the HTTP/2 preface included:
+//! hyper's handshake does not wait for the server's SETTINGS),
 //! writing nothing; [`Pool::send_on`] hands the request to it and waits for
 //! the response head. A write's `upstream_timeout` runs from the second
 //! (`forward::send_write`), so a slow connect is a connect failure, never a
@@ -249,7 +250,7 @@ pub struct Untaken {
 }
 
 /// A new connection that did not come up within the route's
-/// `connect_timeout`, TLS and HTTP/2 handshakes included.
+/// `connect_timeout`, the TLS handshake and the HTTP/2 preface included.
 #[derive(Debug, thiserror::Error)]
 #[error("no connection within connect_timeout ({})", humantime::format_duration(*.0))]
 struct ConnectTimedOut(Duration);
