@@ -1038,22 +1038,8 @@ async fn the_conformance_suite_gives_the_same_verdicts_through_the_gateway() {
 async fn rehearse_runs_its_cases_with_tool_calls() {
     let dir = tempfile::tempdir().unwrap();
     let server = McpServer::start(dir.path()).await;
-    let toml = format!(
-        "[[routes]]\nname = \"tools\"\nprofile = \"mcp\"\npath_prefix = \"/mcp\"\nupstream = \"{}\"\n",
-        server.url()
-    );
-    let config = write_config(dir.path(), "rehearse.toml", &toml);
-    let mut cmd = binary();
-    cmd.arg("rehearse")
-        .arg("--config")
-        .arg(&config)
-        .args(["--route", "tools", "--tool", "create_task"])
-        .args(["--arguments", r#"{"title":"rehearsal {key}"}"#])
-        .args(["--writes", "9", "--check-destination", "--json"])
-        .args(["--header-env", "authorization=REHEARSE_TOKEN"])
-        .env("REHEARSE_TOKEN", ALICE);
-    let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
-    assert!(status.success(), "rehearse failed:\n{stdout}\n{stderr}");
+    let stdout =
+        rehearse_create_task(dir.path(), &server, "", &["--check-destination", "--json"]).await;
     let report: Value = serde_json::from_str(&stdout).expect("one JSON report");
     assert_eq!(report["ok"], true, "{report}");
     let cases = report["cases"].as_array().expect("cases");
@@ -1078,25 +1064,10 @@ async fn rehearse_runs_its_cases_with_tool_calls() {
 async fn rehearse_names_and_waits_for_an_mcp_routes_probe() {
     let dir = tempfile::tempdir().unwrap();
     let server = McpServer::start(dir.path()).await;
-    let toml = format!(
-        "[[routes]]\nname = \"tools\"\nprofile = \"mcp\"\npath_prefix = \"/mcp\"\nupstream = \"{}\"\n\
-         store_request_body = true\n[routes.mcp.reconcile]\ntool = \"find_task\"\n\
-         tools = [\"create_task\"]\narguments = '{{\"title\": \"{{argument:title}}\"}}'\n\
-         found_json_pointer = \"/structuredContent/seq\"\n",
-        server.url()
-    );
-    let config = write_config(dir.path(), "rehearse.toml", &toml);
-    let mut cmd = binary();
-    cmd.arg("rehearse")
-        .arg("--config")
-        .arg(&config)
-        .args(["--route", "tools", "--tool", "create_task"])
-        .args(["--arguments", r#"{"title":"rehearsal {key}"}"#])
-        .args(["--writes", "9"])
-        .args(["--header-env", "authorization=REHEARSE_TOKEN"])
-        .env("REHEARSE_TOKEN", ALICE);
-    let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
-    assert!(status.success(), "rehearse failed:\n{stdout}\n{stderr}");
+    let probe = "store_request_body = true\n[routes.mcp.reconcile]\ntool = \"find_task\"\n\
+         tools = [\"create_task\"]\narguments = '{\"title\": \"{argument:title}\"}'\n\
+         found_json_pointer = \"/structuredContent/seq\"\n";
+    let stdout = rehearse_create_task(dir.path(), &server, probe, &[]).await;
     assert!(
         stdout.contains("Reconcile probe: tools/call find_task"),
         "{stdout}"
@@ -1105,6 +1076,35 @@ async fn rehearse_names_and_waits_for_an_mcp_routes_probe() {
         stdout.contains("the route's probe found the write at the destination"),
         "the lost answer was settled by the probe:\n{stdout}"
     );
+}
+
+/// `idemgate rehearse` of `create_task` calls (9 writes) on a route
+/// `tools` to `server`, with `route_extra` lines and `args` more; its
+/// stdout, once it succeeded.
+async fn rehearse_create_task(
+    dir: &std::path::Path,
+    server: &McpServer,
+    route_extra: &str,
+    args: &[&str],
+) -> String {
+    let toml = format!(
+        "[[routes]]\nname = \"tools\"\nprofile = \"mcp\"\npath_prefix = \"/mcp\"\nupstream = \"{}\"\n{route_extra}",
+        server.url()
+    );
+    let config = write_config(dir, "rehearse.toml", &toml);
+    let mut cmd = binary();
+    cmd.arg("rehearse")
+        .arg("--config")
+        .arg(&config)
+        .args(["--route", "tools", "--tool", "create_task"])
+        .args(["--arguments", r#"{"title":"rehearsal {key}"}"#])
+        .args(["--writes", "9"])
+        .args(args)
+        .args(["--header-env", "authorization=REHEARSE_TOKEN"])
+        .env("REHEARSE_TOKEN", ALICE);
+    let (status, stdout, stderr) = run_to_exit_within(cmd, CLIENT_RUN).await;
+    assert!(status.success(), "rehearse failed:\n{stdout}\n{stderr}");
+    stdout
 }
 
 /// A gateway whose `mcp` route keeps bodies and probes with `find_task`
