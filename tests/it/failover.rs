@@ -135,6 +135,25 @@ fn created(answers: &Answers) -> usize {
     answers.iter().filter(|(_, r)| r.status == 201).count()
 }
 
+/// A primary and its standby replicating through a relay the test can cut
+/// ([`cut`]), synchronously or not.
+async fn linked_pair(synchronous: bool) -> (PgPair, TcpRelay) {
+    let pair = PgPair::create("test").await;
+    let link = TcpRelay::start(pair.primary.port).await;
+    pair.replicate_through(link.port(), synchronous).await;
+    (pair, link)
+}
+
+/// The standby loses its link to the primary: the relay leads to a port
+/// nothing listens on.
+async fn cut(link: &TcpRelay) {
+    let nowhere = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    link.move_to(nowhere.local_addr().expect("address").port());
+    drop(nowhere);
+}
+
 /// The writes that reached the API, by the key they carried.
 fn writes_by_key(gw: &TestGateway) -> HashMap<String, usize> {
     let mut writes: HashMap<String, usize> = HashMap::new();
@@ -153,9 +172,7 @@ fn writes_by_key(gw: &TestGateway) -> HashMap<String, usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL 15 cluster tools (pg_createcluster, pg_basebackup) (.ci/run runs it)"]
 async fn a_claim_that_commits_once_the_standby_is_back_is_released() {
-    let pair = PgPair::create("test").await;
-    let link = TcpRelay::start(pair.primary.port).await;
-    pair.replicate_through(link.port(), true).await;
+    let (pair, link) = linked_pair(true).await;
     // Commits wait for the standby (the server's setting); writes are not
     // refused without one, so the claim goes out and waits.
     let setup = Setup::route("")
@@ -165,11 +182,7 @@ async fn a_claim_that_commits_once_the_standby_is_back_is_released() {
     let gw = spawn_gateway_with(setup).await;
     assert_fresh_created(&write(gw.addr(), "/orders", Some("k-1"), ORDER).await);
     // The standby loses its link: nothing commits until it is back.
-    let nowhere = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    link.move_to(nowhere.local_addr().expect("address").port());
-    drop(nowhere);
+    cut(&link).await;
     let lost = write(gw.addr(), "/orders", Some("k-lost"), ORDER).await;
     lost.assert_problem(503, "store-unavailable");
     assert!(
@@ -221,9 +234,7 @@ async fn a_claim_that_commits_once_the_standby_is_back_is_released() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL 15 cluster tools (pg_createcluster, pg_basebackup) (.ci/run runs it)"]
 async fn a_record_lost_in_an_asynchronous_failover_is_held_unknown() {
-    let pair = PgPair::create("test").await;
-    let link = TcpRelay::start(pair.primary.port).await;
-    pair.replicate_through(link.port(), false).await;
+    let (pair, link) = linked_pair(false).await;
     let setup = Setup::route("upstream_timeout = \"60s\"")
         .shared_store(&pair.url("test"), &pair.scope_key_file)
         .durable()
@@ -238,11 +249,7 @@ async fn a_record_lost_in_an_asynchronous_failover_is_held_unknown() {
     // Both claims reach the standby; then the link is cut, so k-lost's
     // record commits on the primary alone.
     pair.wait_replayed().await;
-    let nowhere = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    link.move_to(nowhere.local_addr().expect("address").port());
-    drop(nowhere);
+    cut(&link).await;
     gw.upstream.release_one();
     let told = lost.await.expect("client task");
     assert_fresh_created(&told);
