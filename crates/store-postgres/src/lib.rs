@@ -86,6 +86,7 @@ mod outbox;
 mod primary;
 mod replication;
 mod statements;
+mod unanswered;
 mod url;
 
 pub use url::{PostgresServers, postgres_options, redact_url};
@@ -101,7 +102,7 @@ use attempts::{Attempts, Pending};
 use batch::{BATCH_TIMEOUT, Batcher, QUEUE_TIMEOUT};
 use idemgate_model::backoff::Backoff;
 use idemgate_model::clock::{self, Clock};
-use idemgate_model::operation::{Event, Operation, Settlement};
+use idemgate_model::operation::{Event, Operation, Settlement, State};
 use idemgate_store::Durability;
 use idemgate_store::Fence;
 use idemgate_store::StoreBatches;
@@ -115,6 +116,7 @@ use idemgate_store::{
 use primary::{Primary, Session};
 use replication::Replication;
 use statements::{ClaimCall, Owners, RecordCall};
+use unanswered::{Look, Unanswered};
 
 /// This module's log target (`idemgate_store`'s crate docs, "Log targets").
 const TARGET: &str = "idemgate::store::postgres";
@@ -148,6 +150,8 @@ pub struct PostgresStore {
     /// Its attempts between claim and record, to tell those it no longer
     /// works on ([`Maintenance::recover`]).
     attempts: Attempts,
+    /// Its claims whose answers were lost, while it looks for them.
+    unanswered: Unanswered,
     /// The lease as this process sees it: claims and sends stop when it
     /// no longer provably runs.
     fence: Fence,
@@ -314,6 +318,7 @@ impl PostgresStore {
             batches,
             owner,
             attempts: Attempts::new(clock.clone()),
+            unanswered: Unanswered::default(),
             fence,
             clock,
             renewal,
@@ -428,12 +433,12 @@ async fn release_unanswered(
     pool: PgPool,
     owner: Arc<str>,
     new: Arc<NewOperation>,
-    (pending, clock): (Pending, Arc<dyn Clock>),
+    (pending, look, clock): (Pending, Look, Arc<dyn Clock>),
 ) {
     let claimed_at = pending.now;
     let mut unreachable = false;
     for n in 0..RELEASE_TRIES {
-        tokio::time::sleep(RELEASE_BACKOFF.delay(n)).await;
+        look.wait(RELEASE_BACKOFF.delay(n)).await;
         let now = clock.now_millis();
         let release = statements::release_unanswered_claim(&pool, &owner, &new, (claimed_at, now));
         match tokio::time::timeout(BATCH_TIMEOUT, release).await {
@@ -463,6 +468,16 @@ const RELEASE_BACKOFF: Backoff =
     Backoff::full_jitter(Duration::from_millis(500), Duration::from_secs(60));
 
 impl PostgresStore {
+    /// Whether `held`, found by `new`'s claim, is a claim of this
+    /// replica's whose answer was lost ([`mod@unanswered`]): never sent, and
+    /// its look woken to release it.
+    fn never_sent(&self, new: &NewOperation, held: &Operation) -> bool {
+        held.state == State::InProgress
+            && held.owner.as_deref() == Some(&*self.owner)
+            && !self.attempts.working_on(&held.id)
+            && self.unanswered.wake(new, held.updated_at)
+    }
+
     /// Marks `unknown` (`record-lost`) this replica's `in_progress`
     /// operations that no attempt of its own works on ([`mod@attempts`]);
     /// the routes of those marked.
@@ -514,15 +529,24 @@ impl RequestPath for PostgresStore {
         let claimed = self.claims.call(call).await;
         match &claimed {
             // Covered until it is found, or given up on.
-            Err(StoreError::Unanswered(_)) => drop(tokio::spawn(release_unanswered(
-                self.pool.clone(),
-                self.owner.clone(),
-                new.clone(),
-                (pending, self.clock.clone()),
-            ))),
+            Err(StoreError::Unanswered(_)) => {
+                let look = self.unanswered.look(new, pending.now);
+                drop(tokio::spawn(release_unanswered(
+                    self.pool.clone(),
+                    self.owner.clone(),
+                    new.clone(),
+                    (pending, look, self.clock.clone()),
+                )))
+            }
             Ok(Ok(ClaimResult::Claimed(claim))) => {
                 self.attempts
                     .claimed(pending, &claim.operation_id, claim.attempt);
+            }
+            Ok(Ok(ClaimResult::Existing(held))) if self.never_sent(new, held) => {
+                return Err(StoreError::Busy(
+                    "a claim of this key whose answer was lost is being released; nothing was sent"
+                        .into(),
+                ));
             }
             _ => {}
         }
