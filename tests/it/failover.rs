@@ -268,19 +268,12 @@ async fn a_record_lost_in_an_asynchronous_failover_is_held_unknown() {
 
     // The operator settles the lost record from the destination's word.
     let id = op["id"].as_str().expect("id");
-    let settled = gw
-        .resolve(
-            id,
-            &serde_json::json!({"outcome": "completed", "operator": "ann", "reference": "T-9",
-                "response": {"status": 201, "body": {"id": "o-1"}}}),
-        )
-        .await;
-    assert_eq!(
-        settled.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&settled.body)
-    );
+    gw.resolved(
+        id,
+        &serde_json::json!({"outcome": "completed", "operator": "ann", "reference": "T-9",
+            "response": {"status": 201, "body": {"id": "o-1"}}}),
+    )
+    .await;
 
     // The write in flight (its client gave up waiting: the gateway goes
     // on) is answered, recorded on the promoted server and replayed from

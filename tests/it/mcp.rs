@@ -472,13 +472,7 @@ async fn a_call_whose_server_died_is_held_until_an_operator_resolves_it() {
         "result": {"content": [{"type": "text", "text": "created task 42"}],
                    "structuredContent": {"id": 42}, "isError": false},
     });
-    let resolved = gw.resolve(&id, &resolution).await;
-    assert_eq!(
-        resolved.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&resolved.body)
-    );
+    gw.resolved(&id, &resolution).await;
     let listing = strs(&key)
         .into_iter()
         .chain(["--list-first"])
@@ -514,7 +508,7 @@ async fn a_call_whose_server_died_is_held_until_an_operator_resolves_it() {
         .unwrap()
         .to_string();
     let resolution = json!({"outcome": "completed", "operator": "ops", "reference": "T-3"});
-    assert_eq!(gw.resolve(&id, &resolution).await.status, 200);
+    gw.resolved(&id, &resolution).await;
     let listing = strs(&key)
         .into_iter()
         .chain(["--list-first"])
@@ -757,7 +751,7 @@ async fn a_held_call_is_settled_with_a_tool_result_not_an_http_response() {
     let result = json!({"outcome": "completed", "operator": "ann",
                         "result": {"content": [{"type": "text", "text": "created"}],
                                    "structuredContent": {"id": 42}, "isError": false}});
-    assert_eq!(gw.resolve(&id, &result).await.status, 200);
+    gw.resolved(&id, &result).await;
     let retry = send(gw.addr(), "POST", "/drop", &headers, body.to_string()).await;
     assert_eq!(retry.status, 200);
     let messages = messages_of(&retry);
@@ -817,7 +811,7 @@ async fn a_call_resolved_without_a_result_is_answered_by_the_gateway() {
         "{problem}"
     );
     let resolution = json!({"outcome": "completed", "operator": "ann", "reference": "T-9"});
-    assert_eq!(gw.resolve(&id, &resolution).await.status, 200);
+    gw.resolved(&id, &resolution).await;
     let retry = call_at(&gw, "/drop", 2, &params, &key).await;
     let result = &retry.json()["result"];
     assert_settled_without_result(result);

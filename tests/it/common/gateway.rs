@@ -177,6 +177,12 @@ impl TestGateway {
         self.admin("POST", &path, &resolution.to_string()).await
     }
 
+    /// [`TestGateway::resolve`] that must be taken (200): the operation it
+    /// answers.
+    pub async fn resolved(&self, id: &str, resolution: &Value) -> Value {
+        taken(&self.resolve(id, resolution).await, resolution)
+    }
+
     /// The newest operation with `key`, as `GET /admin/keys/{id}` shows it:
     /// `state`, `attempts`, `evidence`, `events` (`kind`, `detail`), …
     pub async fn operation(&self, key: &str) -> Value {
@@ -194,6 +200,14 @@ impl TestGateway {
             .expect("operation() needs a gateway set up with Setup::admin()");
         try_operation_at(self.admin_addr(), token, key).await
     }
+}
+
+/// The answer to `resolution`, which must have been taken (200): the
+/// operation it answers.
+pub fn taken(resolved: &Response, resolution: &Value) -> Value {
+    let body = String::from_utf8_lossy(&resolved.body);
+    assert_eq!(resolved.status, 200, "{resolution} refused: {body}");
+    resolved.json()
 }
 
 /// The newest operation with `key`, as the admin API at `admin` shows it
