@@ -37,6 +37,8 @@ use sha2::Sha256;
 
 use idemgate_model::hex_text;
 
+use crate::seal::key_from_base64;
+
 /// This module's log target (the crate docs, "Log targets").
 const TARGET: &str = "idemgate::scope_key";
 
@@ -213,16 +215,10 @@ pub fn default_file(db: &Path) -> PathBuf {
 }
 
 fn decode(text: &str, source_name: &str) -> Result<[u8; 32], ScopeKeyError> {
-    let malformed = |reason: String| ScopeKeyError::Malformed {
+    key_from_base64(text).map_err(|reason| ScopeKeyError::Malformed {
         source_name: source_name.to_string(),
         reason,
-    };
-    let bytes = STANDARD
-        .decode(text.trim())
-        .map_err(|e| malformed(format!("not base64 ({e})")))?;
-    bytes
-        .try_into()
-        .map_err(|b: Vec<u8>| malformed(format!("{} bytes", b.len())))
+    })
 }
 
 /// The key in the file at `path`; a new one, written with mode 0600,

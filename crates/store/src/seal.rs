@@ -223,6 +223,23 @@ pub struct StoreKey {
     cipher: Aes256Gcm,
 }
 
+/// A 32-byte key written in standard base64, surrounding whitespace
+/// ignored; what is wrong with it otherwise, saying nothing of the text
+/// (the decoder's own error names a character of the secret and where).
+pub(crate) fn key_from_base64(text: &str) -> Result<[u8; 32], String> {
+    let text = text.trim();
+    let bytes = STANDARD.decode(text).map_err(|_| {
+        if text.contains(['-', '_']) {
+            "not standard base64 (it has `-` or `_`: write `+` and `/`)".to_string()
+        } else {
+            "not base64".to_string()
+        }
+    })?;
+    bytes
+        .try_into()
+        .map_err(|b: Vec<u8>| format!("{} bytes, not 32", b.len()))
+}
+
 impl StoreKey {
     /// The key held in `env` (named by config `field`), as `lookup` reads it:
     /// 32 bytes, in standard base64 (surrounding whitespace ignored).
@@ -240,13 +257,7 @@ impl StoreKey {
             field,
             reason,
         };
-        let bytes = STANDARD
-            .decode(text.trim())
-            .map_err(|e| malformed(format!("not base64 ({e})")))?;
-        let key: [u8; 32] = bytes
-            .try_into()
-            .map_err(|b: Vec<u8>| malformed(format!("{} bytes", b.len())))?;
-        Ok(Self::new(&key))
+        Ok(Self::new(&key_from_base64(&text).map_err(malformed)?))
     }
 
     /// A new random key in base64, as `store.encryption_key_env` takes it.
