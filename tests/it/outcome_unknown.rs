@@ -357,6 +357,25 @@ async fn status_429_and_503_release_the_key() {
     assert_eq!(gw.upstream.write_requests().len(), 4);
 }
 
+/// A release status whose body is larger than `max_stored_response` is
+/// passed on without it, and without the headers that described it: an
+/// empty body labelled JSON is one an SDK fails to parse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_status_too_large_to_keep_comes_without_its_body_and_its_type() {
+    let gw = spawn_gateway_with(Setup::route("max_stored_response = \"8B\"")).await;
+    let refused = write(gw.addr(), "/status/429", Some("rel-large"), BODY).await;
+    assert_eq!(refused.status, 429, "{:?}", refused.body);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert!(refused.body.is_empty(), "{:?}", refused.body);
+    assert_eq!(
+        refused.header("content-type"),
+        None,
+        "{:?}",
+        refused.headers
+    );
+    assert_eq!(gw.upstream.writes(), 0);
+}
+
 // ------------------------------------------------ 4: a two-step workflow
 
 /// Create (key `wf-create`), then notify (key `wf-notify`, refused with 503

@@ -932,8 +932,10 @@ fn read_events(
 }
 
 /// A release status's body, read whole by `deadline` and within
-/// `max_stored_response`; empty (with no `Content-Length`) when it is
-/// larger, cut or late: the status and headers are what say "back off".
+/// `max_stored_response`; empty when it is larger, cut or late, with no
+/// header left that describes the body it was (its length, type and
+/// coding: an SDK would parse nothing as JSON): the status and the other
+/// headers are what say "back off".
 async fn read_released(
     head: &mut http::response::Parts,
     body: PooledBody,
@@ -948,7 +950,14 @@ async fn read_released(
     match read {
         Some(Ok(collected)) => collected.to_bytes(),
         _ => {
-            head.headers.remove(header::CONTENT_LENGTH);
+            for described in [
+                header::CONTENT_LENGTH,
+                header::CONTENT_TYPE,
+                header::CONTENT_ENCODING,
+                header::CONTENT_RANGE,
+            ] {
+                head.headers.remove(described);
+            }
             Bytes::new()
         }
     }
