@@ -197,8 +197,9 @@ struct TaskLabels {
 /// counted with one atomic add, with no label hashed, no `String` made and
 /// no lock taken on the family's map, which both workers' requests
 /// otherwise share (a cache line passed between the cores per request).
-/// A request counter is created at its first request, as through
-/// [`Metrics::request`], so `/metrics` lists the same series.
+/// A request counter not created at start ([`Metrics::start_at_zero`]) is
+/// created at its first request, as through [`Metrics::request`], so
+/// `/metrics` lists the same series.
 pub struct RouteSeries {
     route: String,
     requests: Family<RequestLabels, Counter>,
@@ -357,6 +358,13 @@ impl Metrics {
             drop(self.late_responses.get_or_create(&labels));
             drop(self.connect_retries.get_or_create(&labels));
             drop(self.store_errors.get_or_create(&labels));
+            for outcome in Outcome::ALL {
+                let route = route.to_string();
+                drop(
+                    self.requests
+                        .get_or_create(&RequestLabels { route, outcome }),
+                );
+            }
         }
         for outcome in ["delivered", "failed", "gave_up"] {
             drop(
@@ -681,6 +689,13 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"idemgate_operations{route="other",state="completed"} 0"#));
+        // Each of its outcomes, so that the first `unknown` after a start
+        // is an increase to the shipped rules (a series born at 1 is none).
+        for outcome in Outcome::ALL {
+            let zero =
+                format!(r#"idemgate_requests_total{{route="other",outcome="{outcome:?}"}} 0"#);
+            assert!(text.contains(&zero), "{zero} not in {text}");
+        }
         assert!(text.contains(r#"idemgate_operations{route="api",state="completed"} 0"#));
         assert!(text.contains("idemgate_oldest_unknown_age_seconds 10.0"));
         assert!(text.contains("idemgate_store_up 1\n"), "{text}");
