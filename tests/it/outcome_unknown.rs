@@ -376,6 +376,35 @@ async fn a_release_status_too_large_to_keep_comes_without_its_body_and_its_type(
     assert_eq!(gw.upstream.writes(), 0);
 }
 
+/// A Stripe answer that says its request may be retried as it is
+/// (`Stripe-Should-Retry: true`: no endpoint began, nothing was saved for
+/// the key) releases the attempt whatever its status: the SDK's retry is
+/// sent, not answered a stored copy that tells it to retry for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stripe_answer_that_says_retry_releases_the_key() {
+    let conflict = RawUpstream::start(Breakage::Answers(STRIPE_LOCK_TIMEOUT)).await;
+    let gw = spawn_gateway_with(
+        Setup::route("profile = \"stripe\"")
+            .upstream_url(conflict.url())
+            .admin(),
+    )
+    .await;
+    let refused = write(gw.addr(), "/orders", Some("k-lock"), BODY).await;
+    assert_eq!(refused.status, 409, "{:?}", refused.body);
+    assert_eq!(refused.header("stripe-should-retry"), Some("true"));
+    assert!(!refused.is_replay());
+    assert_eq!(gw.operation("k-lock").await["state"], "not_attempted");
+    let retried = write(gw.addr(), "/orders", Some("k-lock"), BODY).await;
+    assert_eq!(retried.status, 409, "{:?}", retried.body);
+    assert!(!retried.is_replay(), "sent again, not replayed");
+    assert_eq!(conflict.requests(), 2, "released: its retry is sent");
+}
+
+const STRIPE_LOCK_TIMEOUT: &[u8] = b"HTTP/1.1 409 Conflict\r\n\
+content-type: application/json\r\nstripe-should-retry: true\r\nconnection: close\r\n\
+content-length: 33\r\n\r\n\
+{\"error\":{\"code\":\"lock_timeout\"}}";
+
 // ------------------------------------------------ 4: a two-step workflow
 
 /// Create (key `wf-create`), then notify (key `wf-notify`, refused with 503

@@ -228,6 +228,11 @@ pub struct Wire {
     pub(crate) release_5xx: bool,
     /// `check-config` refuses a `store.retention` shorter than this.
     pub(crate) retention_floor: Option<Duration>,
+    /// An upstream answer header that, set to `true`, says the request
+    /// may be retried as it is — nothing was done, nothing saved for its
+    /// key (Stripe's `Stripe-Should-Retry`): the attempt is released
+    /// whatever its status, unless the route holds that status `unknown`.
+    pub(crate) retry_safe_header: Option<&'static str>,
     /// Replays carry `Idempotent-Replayed: true`.
     pub(crate) replayed_header: bool,
     pub(crate) echo_key: EchoKey,
@@ -244,6 +249,14 @@ pub struct Wire {
 }
 
 impl Wire {
+    /// Whether an upstream answer with `headers` says its request may be
+    /// retried as it is ([`Wire::retry_safe_header`]).
+    pub(crate) fn says_retry_is_safe(&self, headers: &http::HeaderMap) -> bool {
+        self.retry_safe_header
+            .and_then(|name| headers.get(name))
+            .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true"))
+    }
+
     /// `key` as the profile writes it in an `Idempotency-Key` it sends (to
     /// the upstream, or a key it made back to the client): an sf-string
     /// where the key is only one ([`KeySyntax::String`], the IETF draft's
@@ -315,6 +328,7 @@ const IDEMGATE: Wire = Wire {
     body_as_sent: false,
     release_5xx: false,
     retention_floor: None,
+    retry_safe_header: None,
     replayed_header: true,
     echo_key: EchoKey::Made,
     echo_request_headers: &[],
@@ -363,6 +377,10 @@ const STRIPE: Wire = Wire {
     // the second would tell its caller that an object exists on an
     // account where none was made.
     narrowing_headers: &["Stripe-Account", "Stripe-Context"],
+    // Stripe saves no result for a request no endpoint began (failed
+    // validation, a concurrent conflict) and says so: the SDKs retry it,
+    // and a stored copy would answer every retry the same for good.
+    retry_safe_header: Some("stripe-should-retry"),
     echo_key: EchoKey::Always,
     body: BodyShape::StripeError,
     answers: &[

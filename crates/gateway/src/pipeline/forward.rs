@@ -802,10 +802,15 @@ async fn read_response(
         // has none), a write's answer announces none.
         head.headers.remove(header::TRAILER);
         let status = head.status.as_u16();
+        let unknown = route.unknown_statuses.contains(&status)
+            || (busy_is_unknown && matches!(status, 409 | 425));
+        let released = route.release_statuses.contains(&status)
+            || (!unknown && route.profile.wire().says_retry_is_safe(&head.headers));
         if let Some(coding) = coded {
             // A status that says nothing was done says so in any coding:
             // released, its body (which cannot be passed on) left out.
-            if route.release_statuses.contains(&status) {
+            if released {
+                without_its_body(&mut head.headers);
                 return (
                     Exchange::Released {
                         head,
@@ -832,13 +837,11 @@ async fn read_response(
                 None,
             );
         }
-        if route.release_statuses.contains(&status) {
+        if released {
             let body = read_released(&mut head, body, route, deadline).await;
             return (Exchange::Released { head, body }, None);
         }
-        if route.unknown_statuses.contains(&status)
-            || (busy_is_unknown && matches!(status, 409 | 425))
-        {
+        if unknown {
             let body = IdleTimeout::new(body, route.upstream_timeout);
             return (Exchange::Classified { head, body }, None);
         }
@@ -932,10 +935,9 @@ fn read_events(
 }
 
 /// A release status's body, read whole by `deadline` and within
-/// `max_stored_response`; empty when it is larger, cut or late, with no
-/// header left that describes the body it was (its length, type and
-/// coding: an SDK would parse nothing as JSON): the status and the other
-/// headers are what say "back off".
+/// `max_stored_response`; empty when it is larger, cut or late
+/// ([`without_its_body`]): the status and the other headers are what say
+/// "back off".
 async fn read_released(
     head: &mut http::response::Parts,
     body: PooledBody,
@@ -950,16 +952,23 @@ async fn read_released(
     match read {
         Some(Ok(collected)) => collected.to_bytes(),
         _ => {
-            for described in [
-                header::CONTENT_LENGTH,
-                header::CONTENT_TYPE,
-                header::CONTENT_ENCODING,
-                header::CONTENT_RANGE,
-            ] {
-                head.headers.remove(described);
-            }
+            without_its_body(&mut head.headers);
             Bytes::new()
         }
+    }
+}
+
+/// Drops the headers that describe a body (its length, type, coding and
+/// range) from an answer passed on without it: an SDK would parse the
+/// empty body as what they say.
+fn without_its_body(headers: &mut http::HeaderMap) {
+    for described in [
+        header::CONTENT_LENGTH,
+        header::CONTENT_TYPE,
+        header::CONTENT_ENCODING,
+        header::CONTENT_RANGE,
+    ] {
+        headers.remove(described);
     }
 }
 
