@@ -64,6 +64,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         .collect(),
                 },
                 access_log,
+                accept_route_changes: serve.accept_route_changes,
                 ..StartOptions::default()
             };
             let gateway = tokio::select! {

@@ -312,3 +312,51 @@ fn digests_as_before_0007(store: &std::path::Path) {
             COMMIT;";
     conn.execute_batch(&sql).unwrap();
 }
+
+/// A route's identity settings are kept in the store: a start that would
+/// leave operations held under the old ones unfound — scope headers
+/// reordered, a route renamed — is refused, saying what changed and what
+/// it holds (their retries would be new writes: sent again, before); the
+/// previous settings start, and the held write is still held; the
+/// operator may accept the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_would_leave_held_operations_unfound_is_refused() {
+    const SCOPED: &str = "scope_headers = [\"authorization\", \"x-tenant\"]";
+    let mut gw = spawn_gateway_with(Setup::route(SCOPED).admin()).await;
+    let done = write(gw.addr(), "/invoices", Some("done"), BODY).await;
+    assert_fresh_created(&done);
+    let lost = write(gw.addr(), "/status/502", Some("lost"), BODY).await;
+    assert_eq!(lost.status, 502, "held unknown: {:?}", lost.body);
+    gw.shutdown().await;
+    let before = gw.toml.clone();
+    let reordered = before.replace(SCOPED, "scope_headers = [\"x-tenant\", \"authorization\"]");
+    let renamed = before.replace("name = \"api\"", "name = \"api-v2\"");
+    for (changed, says) in [
+        (&reordered, "route `api`: its identity settings changed"),
+        (&renamed, "route `api` is no longer configured"),
+    ] {
+        gw.toml = changed.clone();
+        let refused = gw.try_start().await.err().expect("refused").to_string();
+        assert!(refused.contains(says), "{refused}");
+        assert!(
+            refused.contains("1 held") && refused.contains("1 settled"),
+            "{refused}"
+        );
+        assert!(refused.contains("--accept-route-changes"), "{refused}");
+    }
+    gw.toml = before;
+    gw.start_again().await;
+    write(gw.addr(), "/status/502", Some("lost"), BODY)
+        .await
+        .assert_operation_problem(409, "outcome-unknown", "unknown");
+    gw.assert_retry_replays(("/invoices", "done", BODY), &done, 1)
+        .await;
+    gw.shutdown().await;
+    gw.toml = reordered;
+    gw.accept_route_changes = true;
+    gw.start_again().await;
+    // Accepted: the new settings are kept, and the next start takes them.
+    gw.shutdown().await;
+    gw.accept_route_changes = false;
+    gw.start_again().await;
+}

@@ -145,6 +145,7 @@ contract!(
     a_held_twin_is_an_identical_operation_in_flight_or_held,
     a_held_twin_holds_back_what_the_derive_window_outdates,
     racing_rotated_keys_have_one_winner,
+    route_settings_are_kept_and_forgotten,
 );
 
 async fn run<F, Fut>(backend: Backend, test: F)
@@ -1082,6 +1083,34 @@ async fn probes_in_a_row_keep_their_first_and_latest_event(bench: Bench) {
         .sum();
     assert_eq!(counted, 20);
     store.close().await;
+}
+
+/// The routes' identity settings, kept by route name (one with `%` or
+/// `_` in it, which a pattern would take for wildcards), replaced, and
+/// forgotten, several in one call.
+async fn route_settings_are_kept_and_forgotten(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    assert!(store.route_settings().await.unwrap().is_empty());
+    let keep =
+        |route: &str, settings: Option<&str>| (route.to_string(), settings.map(str::to_string));
+    store
+        .keep_route_settings(&[keep("api", Some("a")), keep("50%_off", Some("b"))])
+        .await
+        .unwrap();
+    let mut kept = store.route_settings().await.unwrap();
+    kept.sort();
+    assert_eq!(
+        kept,
+        [("50%_off".into(), "b".into()), ("api".into(), "a".into())]
+    );
+    store
+        .keep_route_settings(&[keep("api", Some("c")), keep("50%_off", None)])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.route_settings().await.unwrap(),
+        [("api".into(), "c".into())]
+    );
 }
 
 async fn pauses_and_the_latch(bench: Bench) {

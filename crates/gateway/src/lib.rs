@@ -26,6 +26,8 @@
 //!   holds the interface's traits. The store knows neither the pipeline nor
 //!   the metrics exporter: [`metrics`] reads its counters.
 //! - `replicas`: dead owners' operations, and keeping up with peer replicas.
+//! - `route_settings`: a start that would leave stored operations unfound
+//!   (a route renamed, its scopes or fingerprints made otherwise) noticed.
 //! - `retention`: the background sweep of expired operations;
 //!   `background`: the background loops' one shape.
 //! - [`alerts`]: webhooks told about held work, from the store's outbox.
@@ -78,6 +80,7 @@ pub mod profile;
 pub mod rekey;
 mod replicas;
 mod retention;
+pub mod route_settings;
 pub mod server;
 pub mod stores;
 pub mod systemd;

@@ -56,6 +56,7 @@ use crate::pipeline::error::ProxyError;
 use crate::pipeline::forward::Peer;
 use crate::pipeline::host::ViaTls;
 use crate::pipeline::{Proxy, Shutdown};
+use crate::route_settings;
 use crate::tls::{FieldError, ServerTls, TlsError};
 use crate::traces::settings::TraceSettings;
 use crate::traces::{TraceError, Tracing};
@@ -91,6 +92,8 @@ pub enum StartError {
     Alerts(#[from] AlertError),
     #[error(transparent)]
     Traces(#[from] TraceError),
+    #[error(transparent)]
+    RouteSettings(#[from] route_settings::StartRefused),
 }
 
 /// A running gateway.
@@ -134,6 +137,10 @@ pub struct StartOptions {
     /// Where each proxied request's line goes (`serve`'s stderr, when
     /// `RUST_LOG` lets them through); none: not written.
     pub access_log: Option<AccessLog>,
+    /// Start even where a route's identity settings changed while the
+    /// store holds operations held under the old ones
+    /// (`serve --accept-route-changes`, [`route_settings`]).
+    pub accept_route_changes: bool,
 }
 
 /// How often the background tasks run: the defaults suit a deployment;
@@ -190,6 +197,7 @@ impl Default for StartOptions {
             workers: Vec::new(),
             drill: None,
             access_log: None,
+            accept_route_changes: false,
         }
     }
 }
@@ -242,7 +250,7 @@ impl Gateway {
     ) -> Result<Gateway, StartError> {
         let (clock, pace) = (options.clock, options.pace);
         let (workers, drill) = (options.workers, options.drill);
-        let access_log = options.access_log;
+        let (access_log, accept_route_changes) = (options.access_log, options.accept_route_changes);
         let server = config.server.clone();
         let token = match options.admin_token {
             Some(token) => AdminToken::new(token, &server.admin_token_env),
@@ -281,6 +289,7 @@ impl Gateway {
         // The latch trips on transitions to `unknown`, and the recovery is
         // one; a restart that marks nothing leaves an operator's resume alone.
         replicas::recover(store.as_ref(), &config.routes).await?;
+        route_settings::check(store.as_ref(), &config.routes, accept_route_changes).await?;
         let paused = store.paused_routes().await?;
         let metrics = Arc::new(Metrics::new(store.batches()));
         metrics.start_at_zero(config.routes.iter().map(|route| route.name.as_str()));

@@ -750,6 +750,17 @@ impl Maintenance for PostgresStore {
         statements::set_meta(&self.pool, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, true).await
     }
 
+    async fn route_settings(&self) -> Result<Vec<(String, String)>, StoreError> {
+        statements::route_settings(&self.pool).await
+    }
+
+    async fn keep_route_settings(
+        &self,
+        settings: &[(String, Option<String>)],
+    ) -> Result<(), StoreError> {
+        statements::keep_route_settings(&self.pool, settings).await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         let runs = statements::lease_runs(&self.pool, &self.owner).await?;
         if !runs || !self.fence.holds() {

@@ -20,7 +20,8 @@ use sqlx::postgres::{PgPool, PgRow};
 
 use idemgate_model::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
 use idemgate_store::backend::{
-    COUNTS_EXACT, COUNTS_ROW, SUMMARY_COLUMNS, is_implied_by_record, new_id, operation_count,
+    COUNTS_EXACT, COUNTS_ROW, ROUTE_SETTINGS_ROW, SUMMARY_COLUMNS, is_implied_by_record, new_id,
+    operation_count,
 };
 use idemgate_store::scope_key::{self, ScopeKey};
 use idemgate_store::seal::{Identity, Payloads, Seal, StoredForm};
@@ -1252,6 +1253,41 @@ pub async fn meta(pool: &PgPool, name: &str) -> Result<Option<String>, StoreErro
             .fetch_optional(pool)
             .await?,
     )
+}
+
+/// The routes' identity settings kept in `store_meta`, by route name.
+pub(crate) async fn route_settings(pool: &PgPool) -> Result<Vec<(String, String)>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT substr(name, length($1) + 1), value FROM store_meta
+         WHERE starts_with(name, $1)",
+    )
+    .bind(ROUTE_SETTINGS_ROW)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Keeps each route's identity settings, or forgets them (`None`), in one
+/// transaction.
+pub(crate) async fn keep_route_settings(
+    pool: &PgPool,
+    settings: &[(String, Option<String>)],
+) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    for (route, kept) in settings {
+        let name = format!("{ROUTE_SETTINGS_ROW}{route}");
+        let statement = match kept {
+            Some(value) => sqlx::query(
+                "INSERT INTO store_meta (name, value) VALUES ($1, $2)
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            )
+            .bind(name)
+            .bind(value),
+            None => sqlx::query("DELETE FROM store_meta WHERE name = $1").bind(name),
+        };
+        statement.execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Whether the store holds any operation.

@@ -620,6 +620,20 @@ impl Maintenance for SqliteStore {
         &self.batches
     }
 
+    async fn route_settings(&self) -> Result<Vec<(String, String)>, StoreError> {
+        self.readers.run(statements::route_settings).await
+    }
+
+    async fn keep_route_settings(
+        &self,
+        settings: &[(String, Option<String>)],
+    ) -> Result<(), StoreError> {
+        let settings = settings.to_vec();
+        self.writer
+            .run(move |conn| statements::keep_route_settings(conn, &settings))
+            .await
+    }
+
     /// A write on the writer: ready means a write can commit, and reach
     /// the log ([`statements::readiness_write`]).
     async fn ping(&self) -> Result<(), StoreError> {

@@ -23,7 +23,8 @@ use super::held::Db;
 use super::transitions::{self, Row as Changed};
 use idemgate_model::operation::{Event, Fingerprint, Operation, RequestSummary, Settlement, State};
 use idemgate_store::backend::{
-    COUNTS_EXACT, COUNTS_ROW, SUMMARY_COLUMNS, is_implied_by_record, new_id, operation_count,
+    COUNTS_EXACT, COUNTS_ROW, ROUTE_SETTINGS_ROW, SUMMARY_COLUMNS, is_implied_by_record, new_id,
+    operation_count,
 };
 use idemgate_store::scope_key::{self, ScopeKey};
 use idemgate_store::seal::{Identity, Payloads, Seal, StoredForm};
@@ -1092,6 +1093,36 @@ pub(crate) fn set_meta(conn: &Connection, name: &str, value: &str) -> Result<(),
          ON CONFLICT (name) DO UPDATE SET value = excluded.value",
     )?
     .execute(params![name, value])?;
+    Ok(())
+}
+
+/// The routes' identity settings kept in `store_meta`, by route name.
+pub(crate) fn route_settings(conn: &Connection) -> Result<Vec<(String, String)>, StoreError> {
+    let mut statement = conn.prepare_cached(
+        "SELECT substr(name, length(?1) + 1), value FROM store_meta
+         WHERE substr(name, 1, length(?1)) = ?1",
+    )?;
+    let rows = statement.query_map(params![ROUTE_SETTINGS_ROW], |row| {
+        Ok((row.get(0)?, row.get(1)?))
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Keeps each route's identity settings, or forgets them (`None`).
+pub(crate) fn keep_route_settings(
+    conn: &Connection,
+    settings: &[(String, Option<String>)],
+) -> Result<(), StoreError> {
+    for (route, kept) in settings {
+        let name = format!("{ROUTE_SETTINGS_ROW}{route}");
+        match kept {
+            Some(value) => set_meta(conn, &name, value)?,
+            None => {
+                conn.prepare_cached("DELETE FROM store_meta WHERE name = ?1")?
+                    .execute(params![name])?;
+            }
+        }
+    }
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! What the backends share and nothing above them uses: the columns a
 //! summary is read from, response headers as stored, the kept counts'
-//! row, the events a row implies, the aging scan's window and new
+//! row, the routes' settings rows, the events a row implies, the aging scan's window and new
 //! operation ids. Public because each backend is a crate of its own; the
 //! gateway and the tools never name this module.
 
@@ -25,6 +25,10 @@ pub fn is_implied_by_record(state: State, events: &[Event]) -> bool {
 /// [`COUNTS_EXACT`]). The migration that adds the counts writes it; one
 /// that changes `operations` around the statements that keep the counts
 /// deletes it, and the next open recounts.
+/// The `store_meta` rows of the routes' identity settings
+/// ([`crate::Maintenance::route_settings`]): this prefix, then the route's name.
+pub const ROUTE_SETTINGS_ROW: &str = "route-settings:";
+
 pub const COUNTS_ROW: &str = "operation-counts";
 pub const COUNTS_EXACT: &str = "exact";
 

@@ -894,6 +894,18 @@ pub trait Maintenance: Send + Sync {
     /// current key, so only that key is needed from now on.
     async fn finish_rekey(&self) -> Result<(), StoreError>;
 
+    /// The identity settings kept for each route, by route name
+    /// ([`Maintenance::keep_route_settings`]): what the gateway last
+    /// started with, that decides which stored operation a request is.
+    async fn route_settings(&self) -> Result<Vec<(String, String)>, StoreError>;
+
+    /// Keeps each route's identity settings (`None`: forgets the
+    /// route's), in one transaction.
+    async fn keep_route_settings(
+        &self,
+        settings: &[(String, Option<String>)],
+    ) -> Result<(), StoreError>;
+
     /// Whether the store can take a write now (readiness: `/readyz`, the
     /// systemd watchdog). SQLite makes one, a row of its own committed
     /// as any write is, since a transaction that writes nothing commits on

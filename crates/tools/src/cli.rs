@@ -129,6 +129,12 @@ pub struct Serve {
     pub(crate) key_mode: Option<String>,
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Start even where a route was renamed or removed, or its scope,
+    /// derived-key or fingerprint settings changed, while the store holds
+    /// operations held under the old ones: their retries will be new
+    /// writes (docs/configuration.md, "Changing a route").
+    #[arg(long)]
+    pub accept_route_changes: bool,
 }
 
 impl Serve {

@@ -14,6 +14,8 @@ pub struct TestGateway {
     /// What the gateway reads before its environment (store keys); a test
     /// may change it (and `toml`) between a shutdown and a start.
     pub env: HashMap<String, String>,
+    /// `serve --accept-route-changes` at the next start.
+    pub accept_route_changes: bool,
     /// Holds the store's directory, removed after the gateway above is
     /// dropped (the last field).
     _dir: TempDir,
@@ -63,6 +65,7 @@ pub async fn spawn_gateway_on(upstream: FakeUpstream, setup: Setup) -> TestGatew
         admin_token: setup.admin_token,
         pace: setup.pace,
         env: setup.env,
+        accept_route_changes: false,
         _dir: dir,
     };
     gateway.start_again().await;
@@ -128,6 +131,7 @@ impl TestGateway {
             admin_token: self.admin_token.clone(),
             env: self.env.clone(),
             pace: self.pace,
+            accept_route_changes: self.accept_route_changes,
             ..Default::default()
         };
         tokio::time::timeout(WAIT, Gateway::start_with(parse_config(&self.toml), options))

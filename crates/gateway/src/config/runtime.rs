@@ -434,6 +434,34 @@ pub struct Route {
 }
 
 impl Route {
+    /// The settings that decide which stored operation a request is — its
+    /// scope, its derived key, its fingerprint — as text an operator can
+    /// read: kept in the store at each start, so that a start that changes
+    /// them while operations are stored under the old ones is noticed
+    /// (`route_settings`). The route's name is the rest of that identity.
+    pub(crate) fn identity_settings(&self) -> String {
+        let names = |headers: &[HeaderName]| {
+            let names: Vec<_> = headers.iter().map(HeaderName::as_str).collect();
+            format!("{names:?}")
+        };
+        let mut text = format!(
+            "profile = {:?}, scope_headers = {}, fingerprint_headers = {}, ignore_fields = {:?}, derive_from = {:?}",
+            self.profile.wire().name,
+            names(&self.scope_headers),
+            names(&self.fingerprint_headers),
+            self.ignore_fields,
+            self.derive_from,
+        );
+        if let Some(mcp) = &self.mcp {
+            // A call's endpoint below the prefix is part of its fingerprint.
+            text.push_str(&format!(
+                ", path_prefix = {:?}, mcp.key_argument = {:?}",
+                self.path_prefix, mcp.key_argument
+            ));
+        }
+        text
+    }
+
     /// Whether a request with this method is a write this route protects.
     pub fn intercepts(&self, method: &Method) -> bool {
         self.key != KeyMode::Off && self.methods.contains(method)
