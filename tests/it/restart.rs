@@ -360,3 +360,32 @@ async fn a_start_that_would_leave_held_operations_unfound_is_refused() {
     gw.accept_route_changes = false;
     gw.start_again().await;
 }
+
+/// A route paused and then renamed stays paused in the store, reported
+/// for good, until it is resumed under its old name (404 `no-route`,
+/// before: only a database edit cleared it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_left_by_a_renamed_route_can_be_resumed() {
+    let mut gw = spawn_gateway_with(Setup::route("").admin()).await;
+    let paused = gw.admin("POST", "/admin/routes/api/pause", "").await;
+    assert_eq!(paused.status, 200, "{:?}", paused.body);
+    gw.shutdown().await;
+    gw.toml = gw.toml.replace("name = \"api\"", "name = \"api-v2\"");
+    gw.start_again().await;
+    let stats = gw.admin("GET", "/admin/stats", "").await.json();
+    assert_eq!(
+        stats["paused_routes"],
+        serde_json::json!(["api"]),
+        "{stats}"
+    );
+    gw.admin("POST", "/admin/routes/api/pause", "")
+        .await
+        .assert_problem(404, "no-route");
+    let resumed = gw.admin("POST", "/admin/routes/api/resume", "").await;
+    assert_eq!(resumed.status, 200, "{:?}", resumed.body);
+    let stats = gw.admin("GET", "/admin/stats", "").await.json();
+    assert_eq!(stats["paused_routes"], serde_json::json!([]), "{stats}");
+    gw.admin("POST", "/admin/routes/api/resume", "")
+        .await
+        .assert_problem(404, "no-route");
+}

@@ -296,10 +296,17 @@ impl Proxy {
     }
 
     /// Pauses (with `reason`) or resumes a route, stored first; `false` when
-    /// there is no such route.
+    /// there is no such route. A route no longer configured (renamed or
+    /// removed since it was paused) may still be resumed: its pause, left
+    /// in the store, would be reported for good.
     pub async fn set_paused(&self, name: &str, reason: Option<&str>) -> Result<bool, StoreError> {
         let Some(active) = self.routes.iter().find(|a| a.route.name == name) else {
-            return Ok(false);
+            let operators = &self.shared.operators;
+            if reason.is_some() || !operators.paused_routes().await?.iter().any(|r| r == name) {
+                return Ok(false);
+            }
+            operators.set_paused(name, None).await?;
+            return Ok(true);
         };
         self.shared.operators.set_paused(name, reason).await?;
         active.paused.store(reason.is_some(), Ordering::SeqCst);
