@@ -370,6 +370,10 @@ impl Gateway {
             stop_accepting.clone(),
         ));
         let alerting = !config.alerts.is_empty();
+        let console = alerts::console_base(&config.server, admin_addr);
+        if alerting && config.server.console_url.is_none() && admin_addr.ip().is_unspecified() {
+            tracing::warn!(%console, "alerts link to the console at the admin listener's address, which names every interface and opens none: set server.console_url");
+        }
         let alerts = tokio::spawn(
             Arc::new(Deliverer {
                 store: store.clone(),
@@ -377,7 +381,7 @@ impl Gateway {
                 poster,
                 clock,
                 metrics: metrics.clone(),
-                console: alerts::console_base(&config.server, admin_addr),
+                console,
             })
             .run(pace.alert_poll, pace.alert_idle, stop_alerts.clone()),
         );

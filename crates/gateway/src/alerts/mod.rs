@@ -244,9 +244,13 @@ fn sample(now: i64) -> Alert {
     }
 }
 
-/// The console's base URL, as alerts link to it: the admin listener at
-/// `admin`, over https when `server` gives it a certificate.
+/// The console's base URL, as alerts link to it: `server.console_url`, or
+/// the admin listener at `admin`, over https when `server` gives it a
+/// certificate.
 pub(crate) fn console_base(server: &ServerConfig, admin: std::net::SocketAddr) -> String {
+    if let Some(url) = &server.console_url {
+        return url.clone();
+    }
     let scheme = if server.admin_tls.is_some() {
         "https"
     } else {
@@ -265,6 +269,37 @@ mod tests {
             "[[routes]]\nname = \"api\"\nupstream = \"http://127.0.0.1:9\"\n[[alerts]]\nurl = \"https://hooks.example.com/x?token=s3cret\"\n{extra}"
         );
         Config::from_toml_str(&text, "t").unwrap().alerts.remove(0)
+    }
+
+    /// Alerts link to `server.console_url` where it is set: a wildcard
+    /// admin listener's address opens nothing.
+    #[test]
+    fn the_console_is_linked_where_operators_open_it() {
+        let config = |server: &str| {
+            let text = format!(
+                "[server]\nadmin_listen = \"0.0.0.0:9090\"\n{server}\n[[routes]]\nname = \"api\"\nupstream = \"http://127.0.0.1:9\"\n"
+            );
+            Config::from_toml_str(&text, "t")
+        };
+        let bound = "0.0.0.0:9090".parse().unwrap();
+        let default = config("").unwrap();
+        assert_eq!(console_base(&default.server, bound), "http://0.0.0.0:9090/");
+        let named = config("console_url = \"https://ops.example.com/idemgate\"").unwrap();
+        assert_eq!(
+            console_base(&named.server, bound),
+            "https://ops.example.com/idemgate/"
+        );
+        for wrong in [
+            "ftp://ops.example.com/",
+            "https://ops.example.com/?a=1",
+            "/idemgate/",
+        ] {
+            let refused = config(&format!("console_url = \"{wrong}\"")).unwrap_err();
+            assert!(
+                refused.to_string().contains("server.console_url"),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub(super) struct RawServer {
     pub(super) tls_key: Option<String>,
     pub(super) admin_tls_cert: Option<String>,
     pub(super) admin_tls_key: Option<String>,
+    pub(super) console_url: Option<String>,
     pub(super) header_read_timeout: Option<String>,
     pub(super) max_header_bytes: Option<String>,
     pub(super) shutdown_grace: Option<String>,

@@ -81,6 +81,10 @@ pub struct ServerConfig {
     pub(crate) tls: Option<CertPair>,
     /// The admin listener's, set apart: operators may use another CA.
     pub admin_tls: Option<CertPair>,
+    /// The operator console as operators open it (behind a proxy, or on a
+    /// host name), ending in `/`: what alerts link to; `None`: the admin
+    /// listener's own address.
+    pub(crate) console_url: Option<String>,
     /// Slow or silent clients are cut off after this long without a full head.
     pub header_read_timeout: Duration,
     /// hyper's read buffer bound; larger request heads get 431.

@@ -136,6 +136,19 @@ pub(super) struct Validator<'a> {
     pub(super) base: &'a Path,
 }
 
+/// `server.console_url` as alerts append an operation's fragment to it:
+/// an http or https URL with no query or fragment, ending in `/`.
+fn console_base_url(text: &str) -> Result<String, String> {
+    Upstream::parse_any(text)?;
+    if text.contains(['?', '#']) {
+        return Err("must have no query or fragment: alerts add `#/op/ID` to it".into());
+    }
+    Ok(match text.ends_with('/') {
+        true => text.to_string(),
+        false => format!("{text}/"),
+    })
+}
+
 /// Why the two listeners cannot both bind, if they cannot: one port on one
 /// address, or on a wildcard beside another (the second bind fails).
 pub(super) fn listeners_clash(listen: SocketAddr, admin_listen: SocketAddr) -> Option<String> {
@@ -491,12 +504,19 @@ impl Validator<'_> {
         if let Some(reason) = listeners_clash(listen, admin_listen) {
             return Err(self.invalid("server.admin_listen", reason));
         }
+        let console_url = raw
+            .console_url
+            .map(|url| {
+                console_base_url(&url).map_err(|reason| self.invalid("server.console_url", reason))
+            })
+            .transpose()?;
         Ok(ServerConfig {
             listen,
             admin_listen,
             admin_token_env,
             tls,
             admin_tls,
+            console_url,
             header_read_timeout: self.duration(
                 "server.header_read_timeout",
                 raw.header_read_timeout.as_deref(),
