@@ -6,8 +6,10 @@
 //!   starts, while the request in flight still finishes;
 //! - `/readyz` answers within a second whatever the store does: 503
 //!   `store-unavailable` when it does not answer within 900 ms;
-//! - `idemgate healthcheck` exits 0 only when `/readyz` says ready, plain
-//!   or over TLS, and gives up within its bound on a silent listener;
+//! - `idemgate healthcheck` exits 0 only when `/readyz` says ready
+//!   (`{"status":"ready"}`, not any 200), plain or over TLS, refuses an
+//!   `--admin` with a query or a fragment, and gives up within its bound
+//!   on a silent listener;
 //! - systemd's notify protocol, received on a `NOTIFY_SOCKET` of the
 //!   test's own: `READY=1` once serving, `RELOADING=1` (with
 //!   `MONOTONIC_USEC`) and `READY=1` around a SIGHUP with the reload's
@@ -180,6 +182,71 @@ async fn healthcheck_never_prints_a_password_in_its_url() {
         "{stderr}"
     );
     assert!(stderr.contains("ops:***@"), "{stderr}");
+}
+
+/// An `--admin` with a query or a fragment had `/readyz` appended inside
+/// it, so it asked `GET /`: the console page, a 200 whatever the store
+/// did, taken as ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_refuses_an_admin_url_with_a_query_or_a_fragment() {
+    let gw = spawn_gateway("").await;
+    // /readyz says 503 while the store's writer waits behind this lock.
+    let lock = WriteLock::take(&gw).await;
+    let admin = gw.admin_addr();
+    let (ready, _, stderr) = healthcheck(&["--admin", &format!("http://{admin}")]).await;
+    assert!(!ready && stderr.contains("store-unavailable"), "{stderr}");
+    for (url, refusal) in [
+        (format!("http://{admin}/?probe=1"), "no query"),
+        (format!("http://{admin}/#x"), "no fragment"),
+    ] {
+        let (ready, stdout, stderr) = healthcheck(&["--admin", &url]).await;
+        assert!(!ready, "{url} was taken as ready: {stdout}");
+        assert!(
+            stderr.starts_with("not ready: --admin ") && stderr.contains(refusal),
+            "{stderr}"
+        );
+    }
+    lock.release().await;
+}
+
+/// A listener that answers every request on it `200 OK` with `body`
+/// (a proxy's page, another service on the port).
+async fn answering_200(body: &'static str) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_takes_only_the_readiness_answer_as_ready() {
+    let page = "<!doctype html><title>welcome</title>";
+    let url = format!("http://{}", answering_200(page).await);
+    let (ready, stdout, stderr) = healthcheck(&["--admin", &url]).await;
+    assert!(
+        !ready,
+        "a 200 that is not /readyz's was taken as ready: {stdout}"
+    );
+    assert!(
+        stderr.contains("not the readiness answer") && stderr.contains(page),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
