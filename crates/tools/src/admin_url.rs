@@ -4,16 +4,24 @@
 //!
 //! A base is `http://` or `https://`, a host, and perhaps a path (an admin
 //! API behind a reverse proxy under a prefix); each command appends its own
-//! path to it (`/readyz`, `/admin/keys/…`). A query or a fragment is
-//! refused ([`Refusal`]): the command's path would land inside it, and the
-//! request would ask the base itself (the console page, always 200) rather
-//! than the endpoint meant. A refusal shows the URL without its password.
+//! path to it (`/readyz`, `/admin/keys/…`). Refused, each with a reason
+//! ([`Refusal`]):
+//!
+//! - a query or a fragment: the command's path would land inside it, and
+//!   the request would ask the base itself (the console page, always 200)
+//!   rather than the endpoint meant;
+//! - userinfo (`user:password@`): nothing sends it (`keys` authenticates
+//!   with the token named by `--token-env`, `/readyz` takes none), so a
+//!   password there would only be left in shell history and process
+//!   listings while the user believes it is in use. The refusal shows the
+//!   URL with its userinfo masked, never a part of it.
+//!
+//! So an [`AdminUrl`] holds no secret, and every message may show it.
 
 use std::fmt;
 use std::net::SocketAddr;
 
 use http::Uri;
-use idemgate::config::redact_url;
 
 /// A checked admin base URL, without a trailing `/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,7 +29,7 @@ pub struct AdminUrl {
     base: String,
 }
 
-/// Why an `--admin` value is not a base URL.
+/// Why an `--admin` value is not a base URL; the value is shown masked.
 #[derive(Debug, thiserror::Error)]
 #[error("--admin {shown}: {refusal}")]
 pub struct AdminUrlError {
@@ -49,13 +57,17 @@ pub enum Refusal {
     Query,
     #[error("a base URL takes no fragment: each command appends its own path")]
     Fragment,
+    #[error(
+        "a base URL takes no user or password: nothing sends them (`keys` sends the token named by --token-env, /readyz needs none); leave them out of the command line"
+    )]
+    Userinfo,
 }
 
 impl AdminUrl {
     /// `url` checked as a base (module doc); a path is kept.
     pub fn parse(url: &str) -> Result<AdminUrl, AdminUrlError> {
         let refuse = |refusal| AdminUrlError {
-            shown: redact_url(url),
+            shown: masked(url),
             refusal,
         };
         // `Uri` drops a fragment without a word: look for one first.
@@ -68,6 +80,9 @@ impl AdminUrl {
             _ => return Err(refuse(Refusal::Scheme)),
         };
         let authority = uri.authority().ok_or_else(|| refuse(Refusal::NoHost))?;
+        if authority.as_str().contains('@') {
+            return Err(refuse(Refusal::Userinfo));
+        }
         if authority.host().is_empty() {
             return Err(refuse(Refusal::NoHost));
         }
@@ -102,6 +117,18 @@ impl AdminUrl {
 impl fmt::Display for AdminUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.base)
+    }
+}
+
+/// `url` with everything from the start of its authority to its last `@`
+/// replaced by `***`. The value may not parse, so where its userinfo ends
+/// is a guess: masking to the last `@` can hide a little more than the
+/// userinfo, never less.
+fn masked(url: &str) -> String {
+    let start = url.find("://").map_or(0, |at| at + 3);
+    match url[start..].rfind('@') {
+        Some(at) => format!("{}***{}", &url[..start], &url[start + at..]),
+        None => url.to_string(),
     }
 }
 
@@ -142,5 +169,23 @@ mod tests {
         assert_eq!(refusal("http://127.0.0.1:9090?"), Refusal::Query);
         assert_eq!(refusal("http://127.0.0.1:9090/#x"), Refusal::Fragment);
         assert_eq!(refusal("http://127.0.0.1:9090#x"), Refusal::Fragment);
+        assert_eq!(refusal("http://ops:pw@127.0.0.1:9090"), Refusal::Userinfo);
+        assert_eq!(refusal("http://token@127.0.0.1:9090"), Refusal::Userinfo);
+    }
+
+    #[test]
+    fn a_refusal_never_shows_userinfo() {
+        for (url, shown) in [
+            ("http://ops:S3CRET@127.0.0.1:1", "http://***@127.0.0.1:1"),
+            ("http://S3CRET@127.0.0.1:1/a", "http://***@127.0.0.1:1/a"),
+            // Not a URL at all: masked all the same.
+            ("ops:S3CRET@127.0.0.1:1", "***@127.0.0.1:1"),
+            ("http://ops:S3/CRET@h:1 x", "http://***@h:1 x"),
+            ("http://ops:S3@CRET@h/#x", "http://***@h/#x"),
+        ] {
+            let error = AdminUrl::parse(url).expect_err(url).to_string();
+            assert!(!error.contains("S3"), "{error}");
+            assert!(error.starts_with(&format!("--admin {shown}: ")), "{error}");
+        }
     }
 }

@@ -26,7 +26,7 @@ use serde::Deserialize;
 use crate::admin_url::{AdminUrl, AdminUrlError};
 use crate::cli::Healthcheck;
 use crate::terminal::printable;
-use idemgate::config::{ClientTls, Config, ConfigError, redact_url};
+use idemgate::config::{ClientTls, Config, ConfigError};
 use idemgate::http_client::{self, ExchangeError};
 use idemgate::tls::TlsError;
 
@@ -71,27 +71,25 @@ pub async fn run(check: &Healthcheck) -> Result<String, NotReady> {
     .client_config()?;
     let client = http_client::client_with::<Empty<Bytes>>(check.timeout, tls);
     let url = admin.join("/readyz");
-    // What messages name: never a password in the URL's userinfo.
-    let shown = redact_url(&url);
     let request = Request::get(&url)
         .body(Empty::new())
         .map_err(|error| NotReady::Url {
-            url: shown.clone(),
+            url: url.clone(),
             reason: error.to_string(),
         })?;
     let (status, body) = http_client::exchange(&client, request, MAX_ANSWER, check.timeout)
         .await
         .map_err(|error| match error {
             ExchangeError::Failed(reason) => NotReady::Unreachable {
-                url: shown.clone(),
+                url: url.clone(),
                 reason,
             },
             ExchangeError::Timeout => NotReady::Timeout {
-                url: shown.clone(),
+                url: url.clone(),
                 within: check.timeout,
             },
         })?;
-    judge(shown, status, &body)
+    judge(url, status, &body)
 }
 
 /// The admin listener: `--config`'s if given, else `--admin`.

@@ -13,7 +13,8 @@
 //! `--json` prints the API's answer as it came (pretty-printed), and the
 //! human form is rendered from that same answer; an API error
 //! (problem+json) becomes [`KeysError::Api`], shown as
-//! `<status> <name>: <detail>`.
+//! `<status> <name>: <detail>`. `--admin` is an [`AdminUrl`], which holds
+//! no userinfo, so the URL every error names carries no password.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
