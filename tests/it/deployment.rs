@@ -7,9 +7,10 @@
 //! - `/readyz` answers within a second whatever the store does: 503
 //!   `store-unavailable` when it does not answer within 900 ms;
 //! - `idemgate healthcheck` exits 0 only when `/readyz` says ready
-//!   (`{"status":"ready"}`, not any 200), plain or over TLS, refuses an
-//!   `--admin` with a query, a fragment or a password, and gives up within
-//!   its bound on a silent listener;
+//!   (`{"status":"ready"}`, not any 200), plain or over TLS (a certificate
+//!   checked against `--server-name` when given), refuses an `--admin`
+//!   with a query, a fragment or a password, and gives up within its bound
+//!   on a silent listener;
 //! - systemd's notify protocol, received on a `NOTIFY_SOCKET` of the
 //!   test's own: `READY=1` once serving, `RELOADING=1` (with
 //!   `MONOTONIC_USEC`) and `READY=1` around a SIGHUP with the reload's
@@ -287,6 +288,66 @@ async fn healthcheck_reads_the_admin_listener_from_the_config_and_speaks_its_tls
     let (ready, _, stderr) = healthcheck(&["--config", bound]).await;
     assert!(!ready, "an untrusted certificate was accepted");
     assert!(stderr.contains("https://"), "{stderr}");
+}
+
+/// A certificate that names only the DNS name clients know the listener
+/// by never matched the loopback address the healthcheck asks on, and
+/// nothing could say which name to check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_checks_the_certificate_against_the_server_name_given() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let operators = TestCa::new(dir.path(), "operators-ca");
+    let identity = operators.server_cert_for(dir.path(), "admin", &["gw.example.com"]);
+    let tls = format!(
+        "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"\n",
+        identity.cert.display(),
+        identity.key.display()
+    );
+    let toml = gateway_toml_with(
+        &dir.path().join("idemgate.db"),
+        &upstream.url(),
+        &Setup::route("").server(&tls),
+    );
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let gateway = BinaryGateway::start(&config, &dir.path().join("gateway.log")).await;
+    let bound = toml.replace(
+        "admin_listen = \"127.0.0.1:0\"",
+        &format!("admin_listen = \"{}\"", gateway.admin),
+    );
+    let bound = write_config(dir.path(), "bound.toml", &bound);
+    let bound = bound.to_str().expect("utf-8 path");
+    let ca = operators.pem.to_str().expect("utf-8 path");
+    let admin = format!("https://{}", gateway.admin);
+
+    // Checked against the address asked: not a name the certificate holds.
+    let (ready, _, stderr) = healthcheck(&["--config", bound, "--ca", ca]).await;
+    assert!(!ready && stderr.contains("not valid for name"), "{stderr}");
+    let name = ["--server-name", "gw.example.com"];
+    for target in [["--config", bound], ["--admin", &admin]] {
+        let (ready, stdout, stderr) =
+            healthcheck(&[&target[..], &["--ca", ca], &name].concat()).await;
+        assert!(ready, "{target:?}: {stderr}");
+        assert!(
+            stdout.starts_with(r#"ready: {"status":"ready"}"#),
+            "{stdout}"
+        );
+    }
+    let other = [
+        "--admin",
+        &admin,
+        "--ca",
+        ca,
+        "--server-name",
+        "other.example.com",
+    ];
+    let (ready, _, stderr) = healthcheck(&other).await;
+    assert!(!ready && stderr.contains("not valid for name"), "{stderr}");
+    // A plain listener has no certificate to check the name against.
+    let plain = format!("http://{}", gateway.admin);
+    let (ready, _, stderr) =
+        healthcheck(&["--admin", &plain, "--server-name", "gw.example.com"]).await;
+    assert!(!ready && stderr.contains("--server-name"), "{stderr}");
 }
 
 /// systemd's end of the notify protocol: a datagram socket of the test's

@@ -5,8 +5,10 @@
 //! It asks the admin listener (the one that serves `/readyz`) named by
 //! `--admin` (an [`AdminUrl`], read as `keys` reads it), or by a config
 //! file's `admin_listen` (an unspecified address such as `0.0.0.0` is asked
-//! on loopback; https when `admin_tls_cert` is set, checked against the
-//! public roots and `--ca`).
+//! on loopback; https when `admin_tls_cert` is set). Over https the
+//! certificate is checked against the public roots and `--ca`, and against
+//! `--server-name` instead of the host asked when given: a listener asked
+//! on loopback may hold a certificate that names only its DNS name.
 //!
 //! Ready is a 200 whose body is `/readyz`'s own `{"status":"ready"}`: a
 //! 200 with another body is some other page (a proxy's, the console's),
@@ -21,6 +23,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Empty;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use serde::Deserialize;
 
 use crate::admin_url::{AdminUrl, AdminUrlError};
@@ -45,6 +50,8 @@ pub enum NotReady {
     AdminUrl(#[from] AdminUrlError),
     #[error("--ca: {0}")]
     Ca(#[from] TlsError),
+    #[error("--server-name: {url} is not https; the name is what a certificate is checked against")]
+    ServerNameWithoutTls { url: AdminUrl },
     #[error("{url}: not a URL: {reason}")]
     Url { url: String, reason: String },
     #[error("{url}: no answer: {reason}")]
@@ -64,12 +71,7 @@ pub enum NotReady {
 /// Asks the gateway `check` names; `Ok` with its answer when it is ready.
 pub async fn run(check: &Healthcheck) -> Result<String, NotReady> {
     let admin = admin_listener(check)?;
-    let tls = ClientTls {
-        ca: check.ca.clone(),
-        identity: None,
-    }
-    .client_config()?;
-    let client = http_client::client_with::<Empty<Bytes>>(check.timeout, tls);
+    let client = client(check, &admin)?;
     let url = admin.join("/readyz");
     let request = Request::get(&url)
         .body(Empty::new())
@@ -103,6 +105,29 @@ fn admin_listener(check: &Healthcheck) -> Result<AdminUrl, NotReady> {
             ))
         }
         None => Ok(AdminUrl::parse(&check.admin)?),
+    }
+}
+
+/// A client trusting what `--ca` adds, checking certificates against
+/// `--server-name` when given. A name for a plain http listener is
+/// refused: the check it asks for would silently not happen.
+fn client(
+    check: &Healthcheck,
+    admin: &AdminUrl,
+) -> Result<Client<HttpsConnector<HttpConnector>, Empty<Bytes>>, NotReady> {
+    let tls = ClientTls {
+        ca: check.ca.clone(),
+        identity: None,
+    }
+    .client_config()?;
+    match &check.server_name {
+        None => Ok(http_client::client_with(check.timeout, tls)),
+        Some(_) if !admin.is_https() => Err(NotReady::ServerNameWithoutTls { url: admin.clone() }),
+        Some(name) => Ok(http_client::client_checking(
+            check.timeout,
+            tls,
+            name.clone(),
+        )),
     }
 }
 
