@@ -6,8 +6,11 @@
 //!   starts, while the request in flight still finishes;
 //! - `/readyz` answers within a second whatever the store does: 503
 //!   `store-unavailable` when it does not answer within 900 ms;
-//! - `idemgate healthcheck` exits 0 only when `/readyz` says ready, plain
-//!   or over TLS, and gives up within its bound on a silent listener;
+//! - `idemgate healthcheck` exits 0 only when `/readyz` says ready
+//!   (`{"status":"ready"}`, not any 200), plain or over TLS (a certificate
+//!   checked against `--server-name` when given), refuses an `--admin`
+//!   with a query, a fragment or a password, and gives up within its bound
+//!   on a silent listener;
 //! - systemd's notify protocol, received on a `NOTIFY_SOCKET` of the
 //!   test's own: `READY=1` once serving, `RELOADING=1` (with
 //!   `MONOTONIC_USEC`) and `READY=1` around a SIGHUP with the reload's
@@ -179,7 +182,76 @@ async fn healthcheck_never_prints_a_password_in_its_url() {
         !stderr.contains("s3cretpw") && !stdout.contains("s3cretpw"),
         "{stderr}"
     );
-    assert!(stderr.contains("ops:***@"), "{stderr}");
+    // Refused, nothing sends it: shown masked, user and all.
+    assert!(
+        stderr.contains(&format!("http://***@{addr}")) && stderr.contains("no user or password"),
+        "{stderr}"
+    );
+}
+
+/// An `--admin` with a query or a fragment had `/readyz` appended inside
+/// it, so it asked `GET /`: the console page, a 200 whatever the store
+/// did, taken as ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_refuses_an_admin_url_with_a_query_or_a_fragment() {
+    let gw = spawn_gateway("").await;
+    // /readyz says 503 while the store's writer waits behind this lock.
+    let lock = WriteLock::take(&gw).await;
+    let admin = gw.admin_addr();
+    let (ready, _, stderr) = healthcheck(&["--admin", &format!("http://{admin}")]).await;
+    assert!(!ready && stderr.contains("store-unavailable"), "{stderr}");
+    for (url, refusal) in [
+        (format!("http://{admin}/?probe=1"), "no query"),
+        (format!("http://{admin}/#x"), "no fragment"),
+    ] {
+        let (ready, stdout, stderr) = healthcheck(&["--admin", &url]).await;
+        assert!(!ready, "{url} was taken as ready: {stdout}");
+        assert!(
+            stderr.starts_with("not ready: --admin ") && stderr.contains(refusal),
+            "{stderr}"
+        );
+    }
+    lock.release().await;
+}
+
+/// A listener that answers every request on it `200 OK` with `body`
+/// (a proxy's page, another service on the port).
+async fn answering_200(body: &'static str) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_takes_only_the_readiness_answer_as_ready() {
+    let page = "<!doctype html><title>welcome</title>";
+    let url = format!("http://{}", answering_200(page).await);
+    let (ready, stdout, stderr) = healthcheck(&["--admin", &url]).await;
+    assert!(
+        !ready,
+        "a 200 that is not /readyz's was taken as ready: {stdout}"
+    );
+    assert!(
+        stderr.contains("not the readiness answer") && stderr.contains(page),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,6 +288,66 @@ async fn healthcheck_reads_the_admin_listener_from_the_config_and_speaks_its_tls
     let (ready, _, stderr) = healthcheck(&["--config", bound]).await;
     assert!(!ready, "an untrusted certificate was accepted");
     assert!(stderr.contains("https://"), "{stderr}");
+}
+
+/// A certificate that names only the DNS name clients know the listener
+/// by never matched the loopback address the healthcheck asks on, and
+/// nothing could say which name to check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_checks_the_certificate_against_the_server_name_given() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let operators = TestCa::new(dir.path(), "operators-ca");
+    let identity = operators.server_cert_for(dir.path(), "admin", &["gw.example.com"]);
+    let tls = format!(
+        "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"\n",
+        identity.cert.display(),
+        identity.key.display()
+    );
+    let toml = gateway_toml_with(
+        &dir.path().join("idemgate.db"),
+        &upstream.url(),
+        &Setup::route("").server(&tls),
+    );
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let gateway = BinaryGateway::start(&config, &dir.path().join("gateway.log")).await;
+    let bound = toml.replace(
+        "admin_listen = \"127.0.0.1:0\"",
+        &format!("admin_listen = \"{}\"", gateway.admin),
+    );
+    let bound = write_config(dir.path(), "bound.toml", &bound);
+    let bound = bound.to_str().expect("utf-8 path");
+    let ca = operators.pem.to_str().expect("utf-8 path");
+    let admin = format!("https://{}", gateway.admin);
+
+    // Checked against the address asked: not a name the certificate holds.
+    let (ready, _, stderr) = healthcheck(&["--config", bound, "--ca", ca]).await;
+    assert!(!ready && stderr.contains("not valid for name"), "{stderr}");
+    let name = ["--server-name", "gw.example.com"];
+    for target in [["--config", bound], ["--admin", &admin]] {
+        let (ready, stdout, stderr) =
+            healthcheck(&[&target[..], &["--ca", ca], &name].concat()).await;
+        assert!(ready, "{target:?}: {stderr}");
+        assert!(
+            stdout.starts_with(r#"ready: {"status":"ready"}"#),
+            "{stdout}"
+        );
+    }
+    let other = [
+        "--admin",
+        &admin,
+        "--ca",
+        ca,
+        "--server-name",
+        "other.example.com",
+    ];
+    let (ready, _, stderr) = healthcheck(&other).await;
+    assert!(!ready && stderr.contains("not valid for name"), "{stderr}");
+    // A plain listener has no certificate to check the name against.
+    let plain = format!("http://{}", gateway.admin);
+    let (ready, _, stderr) =
+        healthcheck(&["--admin", &plain, "--server-name", "gw.example.com"]).await;
+    assert!(!ready && stderr.contains("--server-name"), "{stderr}");
 }
 
 /// systemd's end of the notify protocol: a datagram socket of the test's

@@ -4,7 +4,7 @@
 //! gets the stored response; a held MCP tool call is settled with
 //! `--result`, the tool result its retries get; API errors are `error:
 //! <status> <name>: <detail>` on stderr with a non-zero exit; `--json`
-//! prints JSON.
+//! prints JSON; an `--admin` with a password is refused without showing it.
 //!
 //! The admin token reaches both processes through `Command::env` only.
 
@@ -483,4 +483,31 @@ async fn errors_are_one_line_on_stderr_with_a_non_zero_exit() {
         )))
         .await;
     assert!(bad_header.contains("--header"), "{bad_header}");
+}
+
+/// A password in `--admin` was printed in full by the error that said the
+/// admin API could not be reached; it is refused, masked, before any call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_url_with_a_password_is_refused_without_showing_it() {
+    let closed = closed_port().await;
+    let variable = format!("IDEMGATE_TEST_TOKEN_{}", uuid::Uuid::now_v7().simple());
+    for admin in [
+        format!("http://ops:S3CRET-PW@{closed}"),
+        format!("http://S3CRET-PW@{closed}/"),
+    ] {
+        let mut cmd = binary();
+        cmd.args(["keys", "list", "--admin", &admin, "--token-env", &variable])
+            .env(&variable, "a-token-that-is-set");
+        let (status, stdout, stderr) = run_to_exit(cmd).await;
+        assert!(!status.success(), "{admin}: {stdout}");
+        assert!(
+            !stderr.contains("S3CRET") && !stdout.contains("S3CRET"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.starts_with(&format!("error: --admin http://***@{closed}"))
+                && stderr.contains("no user or password"),
+            "{stderr}"
+        );
+    }
 }

@@ -1,7 +1,9 @@
 //! The HTTP client for the gateway's own calls that are not proxied writes
 //! (the `keys` CLI's admin calls, alert webhooks): HTTP/1.1, plain http or
 //! https through rustls with the webpki roots (plus a private CA where the
-//! caller gives one), a bounded connect.
+//! caller gives one), a bounded connect. A certificate is checked against
+//! the host connected to, or against a name the caller gives
+//! ([`client_checking`]).
 
 use idemgate_model::error_chain::error_chain;
 use std::time::Duration;
@@ -9,11 +11,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper_rustls::builderstates::WantsSchemes;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::builderstates::WantsProtocols1;
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::ServerName;
 
 /// A client whose connects give up after `connect_timeout`.
 pub fn webpki_client<B>(
@@ -25,7 +28,7 @@ where
 {
     let tls = HttpsConnectorBuilder::new()
         .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?;
-    Ok(finish(tls, connect_timeout))
+    Ok(finish(tls.https_or_http(), connect_timeout))
 }
 
 /// Like [`webpki_client`], trusting what `tls` trusts (the `keys` CLI's
@@ -39,13 +42,37 @@ where
     B::Data: Send,
 {
     finish(
-        HttpsConnectorBuilder::new().with_tls_config(tls),
+        HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http(),
+        connect_timeout,
+    )
+}
+
+/// Like [`client_with`], checking every certificate against `name`
+/// whatever host it connects to: `idemgate healthcheck --server-name`
+/// asks an admin listener on loopback whose certificate names only the
+/// DNS name clients know it by.
+pub fn client_checking<B>(
+    connect_timeout: Duration,
+    tls: rustls::ClientConfig,
+    name: ServerName<'static>,
+) -> Client<HttpsConnector<HttpConnector>, B>
+where
+    B: http_body::Body + Send,
+    B::Data: Send,
+{
+    finish(
+        HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .with_server_name_resolver(FixedServerNameResolver::new(name)),
         connect_timeout,
     )
 }
 
 fn finish<B>(
-    tls: HttpsConnectorBuilder<WantsSchemes>,
+    tls: HttpsConnectorBuilder<WantsProtocols1>,
     connect_timeout: Duration,
 ) -> Client<HttpsConnector<HttpConnector>, B>
 where
@@ -55,7 +82,7 @@ where
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(Some(connect_timeout));
-    let https = tls.https_or_http().enable_http1().wrap_connector(http);
+    let https = tls.enable_http1().wrap_connector(http);
     Client::builder(TokioExecutor::new()).build(https)
 }
 

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use rustls::pki_types::{InvalidDnsNameError, ServerName};
 
 use idemgate::config::{Config, ConfigError, Durability, KeyMode, Overrides, defaults};
 
@@ -224,9 +225,19 @@ pub struct Healthcheck {
     /// certificate a private CA signed.
     #[arg(long)]
     pub(crate) ca: Option<PathBuf>,
+    /// The name the https admin listener's certificate is checked against,
+    /// when it is not the host asked (e.g. a certificate for
+    /// gw.example.com, asked on 127.0.0.1).
+    #[arg(long, value_parser = server_name)]
+    pub(crate) server_name: Option<ServerName<'static>>,
     /// Give up (exit 1) when no whole answer came within this long.
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     pub(crate) timeout: Duration,
+}
+
+/// `--server-name`: a DNS name or an IP address, as a certificate names it.
+fn server_name(name: &str) -> Result<ServerName<'static>, InvalidDnsNameError> {
+    ServerName::try_from(name.to_string())
 }
 
 #[derive(Debug, Subcommand)]

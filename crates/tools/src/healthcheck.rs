@@ -3,12 +3,19 @@
 //! waits for a gateway to come up.
 //!
 //! It asks the admin listener (the one that serves `/readyz`) named by
-//! `--admin`, or by a config file's `admin_listen` (an unspecified address
-//! such as `0.0.0.0` is asked on loopback; https when `admin_tls_cert` is
-//! set, checked against the public roots and `--ca`). Ready is a 200; any
-//! other status (503 `store-unavailable`, 503 `draining`), a refused
-//! connection, a TLS failure or no whole answer within `--timeout` is not
-//! ready. The answer read is bounded, and nothing needs the admin token.
+//! `--admin` (an [`AdminUrl`], read as `keys` reads it), or by a config
+//! file's `admin_listen` (an unspecified address such as `0.0.0.0` is asked
+//! on loopback; https when `admin_tls_cert` is set). Over https the
+//! certificate is checked against the public roots and `--ca`, and against
+//! `--server-name` instead of the host asked when given: a listener asked
+//! on loopback may hold a certificate that names only its DNS name.
+//!
+//! Ready is a 200 whose body is `/readyz`'s own `{"status":"ready"}`: a
+//! 200 with another body is some other page (a proxy's, the console's),
+//! which proves nothing about the store. Any other status (503
+//! `store-unavailable`, 503 `draining`), a refused connection, a TLS
+//! failure or no whole answer within `--timeout` is not ready. The answer
+//! read is bounded, and nothing needs the admin token.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -16,22 +23,35 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Empty;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde::Deserialize;
 
+use crate::admin_url::{AdminUrl, AdminUrlError};
 use crate::cli::Healthcheck;
-use idemgate::config::{ClientTls, Config, ConfigError, redact_url};
+use crate::terminal::printable;
+use idemgate::config::{ClientTls, Config, ConfigError};
 use idemgate::http_client::{self, ExchangeError};
 use idemgate::tls::TlsError;
 
 /// The most of an answer read: `/readyz` says a line of JSON.
 const MAX_ANSWER: usize = 64 * 1024;
+/// The most of an answer a message shows: enough to tell a problem's
+/// detail or a page's title, not a page.
+const MAX_SHOWN_ANSWER: usize = 300;
 
 /// Why the gateway is not known to be ready.
 #[derive(Debug, thiserror::Error)]
 pub enum NotReady {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    AdminUrl(#[from] AdminUrlError),
     #[error("--ca: {0}")]
     Ca(#[from] TlsError),
+    #[error("--server-name: {url} is not https; the name is what a certificate is checked against")]
+    ServerNameWithoutTls { url: AdminUrl },
     #[error("{url}: not a URL: {reason}")]
     Url { url: String, reason: String },
     #[error("{url}: no answer: {reason}")]
@@ -44,63 +64,109 @@ pub enum NotReady {
         status: StatusCode,
         answer: String,
     },
+    #[error(r#"{url}: 200 but not the readiness answer {{"status":"ready"}}: {answer}"#)]
+    NotReadiness { url: String, answer: String },
 }
 
 /// Asks the gateway `check` names; `Ok` with its answer when it is ready.
 pub async fn run(check: &Healthcheck) -> Result<String, NotReady> {
-    let url = readyz_url(check)?;
-    // What messages name: never a password in the URL's userinfo.
-    let shown = redact_url(&url);
-    let tls = ClientTls {
-        ca: check.ca.clone(),
-        identity: None,
-    }
-    .client_config()?;
-    let client = http_client::client_with::<Empty<Bytes>>(check.timeout, tls);
+    let admin = admin_listener(check)?;
+    let client = client(check, &admin)?;
+    let url = admin.join("/readyz");
     let request = Request::get(&url)
         .body(Empty::new())
         .map_err(|error| NotReady::Url {
-            url: shown.clone(),
+            url: url.clone(),
             reason: error.to_string(),
         })?;
     let (status, body) = http_client::exchange(&client, request, MAX_ANSWER, check.timeout)
         .await
         .map_err(|error| match error {
             ExchangeError::Failed(reason) => NotReady::Unreachable {
-                url: shown.clone(),
+                url: url.clone(),
                 reason,
             },
             ExchangeError::Timeout => NotReady::Timeout {
-                url: shown.clone(),
+                url: url.clone(),
                 within: check.timeout,
             },
         })?;
-    let answer = String::from_utf8_lossy(&body).into_owned();
+    judge(url, status, &body)
+}
+
+/// The admin listener: `--config`'s if given, else `--admin`.
+fn admin_listener(check: &Healthcheck) -> Result<AdminUrl, NotReady> {
+    match &check.config {
+        Some(file) => {
+            let server = Config::load(file)?.server;
+            Ok(AdminUrl::listener(
+                on_loopback(server.admin_listen),
+                server.admin_tls.is_some(),
+            ))
+        }
+        None => Ok(AdminUrl::parse(&check.admin)?),
+    }
+}
+
+/// A client trusting what `--ca` adds, checking certificates against
+/// `--server-name` when given. A name for a plain http listener is
+/// refused: the check it asks for would silently not happen.
+fn client(
+    check: &Healthcheck,
+    admin: &AdminUrl,
+) -> Result<Client<HttpsConnector<HttpConnector>, Empty<Bytes>>, NotReady> {
+    let tls = ClientTls {
+        ca: check.ca.clone(),
+        identity: None,
+    }
+    .client_config()?;
+    match &check.server_name {
+        None => Ok(http_client::client_with(check.timeout, tls)),
+        Some(_) if !admin.is_https() => Err(NotReady::ServerNameWithoutTls { url: admin.clone() }),
+        Some(name) => Ok(http_client::client_checking(
+            check.timeout,
+            tls,
+            name.clone(),
+        )),
+    }
+}
+
+/// `/readyz`'s answer when the gateway is ready.
+#[derive(Deserialize)]
+struct Readiness {
+    status: String,
+}
+
+/// Ready only on a 200 that is `/readyz` saying so; the answer as text.
+fn judge(url: String, status: StatusCode, body: &[u8]) -> Result<String, NotReady> {
+    let answer = String::from_utf8_lossy(body).into_owned();
     if status != StatusCode::OK {
         return Err(NotReady::Status {
-            url: shown,
+            url,
             status,
-            answer,
+            answer: excerpt(&answer),
+        });
+    }
+    let ready = serde_json::from_slice::<Readiness>(body).is_ok_and(|said| said.status == "ready");
+    if !ready {
+        return Err(NotReady::NotReadiness {
+            url,
+            answer: excerpt(&answer),
         });
     }
     Ok(answer)
 }
 
-/// `<admin>/readyz`, the admin listener from `--config` if given.
-fn readyz_url(check: &Healthcheck) -> Result<String, NotReady> {
-    let base = match &check.config {
-        Some(file) => {
-            let server = Config::load(file)?.server;
-            let scheme = if server.admin_tls.is_some() {
-                "https"
-            } else {
-                "http"
-            };
-            format!("{scheme}://{}", on_loopback(server.admin_listen))
-        }
-        None => check.admin.clone(),
-    };
-    Ok(format!("{}/readyz", base.trim_end_matches('/')))
+/// The start of `answer`, on one line and safe to print: a page may be
+/// long, and its bytes are not the terminal's to obey.
+fn excerpt(answer: &str) -> String {
+    let answer = answer.trim();
+    let start: String = answer.chars().take(MAX_SHOWN_ANSWER).collect();
+    let mut shown = printable(&start);
+    if start.len() < answer.len() {
+        shown.push('…');
+    }
+    shown
 }
 
 /// `addr`, with an unspecified IP (listening on every interface) replaced
@@ -124,5 +190,35 @@ mod tests {
         assert_eq!(ask("0.0.0.0:9090"), "127.0.0.1:9090");
         assert_eq!(ask("[::]:9090"), "[::1]:9090");
         assert_eq!(ask("10.0.0.7:9090"), "10.0.0.7:9090");
+    }
+
+    #[test]
+    fn only_the_readiness_answer_is_ready() {
+        let url = || "http://127.0.0.1:9090/readyz".to_string();
+        let ready = judge(url(), StatusCode::OK, br#"{"status":"ready"}"#);
+        assert_eq!(ready.unwrap(), r#"{"status":"ready"}"#);
+        // What `GET /` answers: the console page, a 200.
+        let page = b"<!doctype html>\n<title>idemgate console</title>";
+        for body in [
+            &page[..],
+            br#"{"status":"ok"}"#,
+            br#"{"status":"draining"}"#,
+            b"",
+        ] {
+            let error = judge(url(), StatusCode::OK, body).expect_err("not ready");
+            assert!(matches!(error, NotReady::NotReadiness { .. }), "{error}");
+        }
+        let error = judge(url(), StatusCode::OK, page).unwrap_err().to_string();
+        assert!(error.contains(r"<!doctype html>\n<title>"), "{error}");
+        let draining = br#"{"type":"urn:idemgate:problem:draining","status":503}"#;
+        let error = judge(url(), StatusCode::SERVICE_UNAVAILABLE, draining).unwrap_err();
+        assert!(matches!(error, NotReady::Status { .. }), "{error}");
+    }
+
+    #[test]
+    fn a_long_answer_is_shown_cut() {
+        let shown = excerpt(&"x".repeat(MAX_SHOWN_ANSWER + 1));
+        assert_eq!(shown, format!("{}…", "x".repeat(MAX_SHOWN_ANSWER)));
+        assert_eq!(excerpt(" short\n"), "short");
     }
 }

@@ -13,7 +13,8 @@
 //! `--json` prints the API's answer as it came (pretty-printed), and the
 //! human form is rendered from that same answer; an API error
 //! (problem+json) becomes [`KeysError::Api`], shown as
-//! `<status> <name>: <detail>`.
+//! `<status> <name>: <detail>`. `--admin` is an [`AdminUrl`], which holds
+//! no userinfo, so the URL every error names carries no password.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -21,14 +22,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
-use http::{Method, Request, StatusCode, Uri};
+use http::{Method, Request, StatusCode};
 use http_body_util::Full;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Map, Value, json};
 
+use crate::admin_url::{AdminUrl, AdminUrlError};
 use crate::cli::{Keys, KeysCommand, KeysList, KeysResolve};
+use crate::terminal::printable;
 use idemgate::admin::auth::{UnusableToken, token_fault};
 use idemgate::config::ClientTls;
 use idemgate::http_client::{self, ExchangeError};
@@ -55,8 +58,10 @@ pub enum KeysError {
     TokenInvalid { variable: String },
     #[error(transparent)]
     TokenUnusable(UnusableToken),
-    #[error("--admin {url}: {reason}")]
-    AdminUrl { url: String, reason: String },
+    #[error(transparent)]
+    AdminUrl(#[from] AdminUrlError),
+    #[error("cannot make a request of {url}: {reason}")]
+    Request { url: String, reason: String },
     #[error("--header `{header}`: expected `name: value`")]
     Header { header: String },
     #[error("{flag} is not JSON: {source}")]
@@ -99,7 +104,7 @@ pub async fn run(keys: &Keys) -> Result<String, KeysError> {
             Some(resolution(resolve)?),
         ),
     };
-    let base = admin_base(&keys.admin)?;
+    let base = AdminUrl::parse(&keys.admin)?;
     let token = token_from_env(&keys.token_env)?;
     let api = AdminApi::new(base, &token, &keys.token_env, keys.ca.clone())?;
     let (method, path, body) = call;
@@ -137,28 +142,6 @@ fn token_from_env(variable: &str) -> Result<String, KeysError> {
             fault,
         })),
     }
-}
-
-/// `--admin`, checked and without a trailing `/`; a path is kept, for an
-/// admin API behind a reverse proxy under a prefix.
-fn admin_base(url: &str) -> Result<String, KeysError> {
-    let invalid = |reason: &str| KeysError::AdminUrl {
-        url: url.to_string(),
-        reason: reason.to_string(),
-    };
-    let uri: Uri = url
-        .parse()
-        .map_err(|_| invalid("not a URL; expected e.g. http://127.0.0.1:9090"))?;
-    if !matches!(uri.scheme_str(), Some("http" | "https")) {
-        return Err(invalid("expected an http:// or https:// URL"));
-    }
-    if uri.authority().is_none() {
-        return Err(invalid("no host"));
-    }
-    if uri.query().is_some() {
-        return Err(invalid("a base URL takes no query"));
-    }
-    Ok(url.trim_end_matches('/').to_string())
 }
 
 /// `/admin/keys?…` with the filters given.
@@ -270,14 +253,14 @@ fn parse_header(header: &str) -> Result<(String, String), KeysError> {
 
 /// A client of one admin listener.
 struct AdminApi {
-    base: String,
+    base: AdminUrl,
     authorization: HeaderValue,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 impl AdminApi {
     fn new(
-        base: String,
+        base: AdminUrl,
         token: &str,
         variable: &str,
         ca: Option<PathBuf>,
@@ -306,7 +289,7 @@ impl AdminApi {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, KeysError> {
-        let url = format!("{}{path}", self.base);
+        let url = self.base.join(path);
         let mut request = Request::builder()
             .method(method)
             .uri(&url)
@@ -318,7 +301,7 @@ impl AdminApi {
         let payload = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
         let request = request
             .body(Full::new(payload))
-            .map_err(|e| KeysError::AdminUrl {
+            .map_err(|e| KeysError::Request {
                 url: url.clone(),
                 reason: e.to_string(),
             })?;
@@ -385,20 +368,6 @@ fn pretty(value: &Value) -> String {
     let mut text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
     text.push('\n');
     text
-}
-
-/// Text from the API made safe for a terminal: control characters (an
-/// escape sequence in a key or a note) are shown escaped, never obeyed.
-fn printable(text: &str) -> String {
-    let mut shown = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() {
-            shown.extend(c.escape_default());
-        } else {
-            shown.push(c);
-        }
-    }
-    shown
 }
 
 /// A field for a table cell or a block line: strings as they are, `-` for
@@ -752,16 +721,6 @@ mod tests {
                 ..
             })
         ));
-        for url in ["127.0.0.1:9090", "ftp://h", "http://h/?a=1", "not a url"] {
-            assert!(
-                matches!(admin_base(url), Err(KeysError::AdminUrl { .. })),
-                "{url}"
-            );
-        }
-        assert_eq!(
-            admin_base("http://127.0.0.1:9090/").unwrap(),
-            "http://127.0.0.1:9090"
-        );
     }
 
     #[test]

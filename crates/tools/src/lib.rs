@@ -4,7 +4,9 @@
 //!
 //! - [`cli`]: the command line, `serve`'s arguments and each tool's.
 //! - [`keys_cli`]: `idemgate keys …`, the admin API from a terminal;
-//!   [`healthcheck`]: `idemgate healthcheck`, `/readyz` as an exit code.
+//!   [`healthcheck`]: `idemgate healthcheck`, `/readyz` as an exit code;
+//!   [`admin_url`]: the `--admin` base URL both take; `terminal`: what
+//!   a server sent, made safe to print.
 //! - [`mock_upstream`]: a fault-injecting API to try idemgate against;
 //!   [`demo`]: the newcomer's tour against it; [`rehearse`]: the
 //!   interruption drill against a route's real destination, faults
@@ -14,6 +16,7 @@
 //!   endpoint.
 #![forbid(unsafe_code)]
 
+pub mod admin_url;
 pub mod bench;
 pub mod cli;
 pub mod conformance;
@@ -23,3 +26,4 @@ pub mod healthcheck;
 pub mod keys_cli;
 pub mod mock_upstream;
 pub mod rehearse;
+mod terminal;

@@ -75,6 +75,14 @@ impl TestCa {
         )
     }
 
+    /// A server certificate for `names` only (e.g. a DNS name a client
+    /// is told to check, not the address it connects to), written like
+    /// [`TestCa::server_cert`].
+    pub fn server_cert_for(&self, dir: &Path, name: &str, names: &[&str]) -> PemPair {
+        let names = names.iter().map(|n| n.to_string()).collect();
+        self.issue(dir, name, names, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
     /// A client certificate (mTLS), written like [`TestCa::server_cert`].
     pub fn client_cert(&self, dir: &Path, name: &str) -> PemPair {
         self.issue(dir, name, vec![], ExtendedKeyUsagePurpose::ClientAuth)
