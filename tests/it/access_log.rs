@@ -237,10 +237,20 @@ async fn a_status_lookup_is_logged_without_its_key() {
     )
     .await;
     assert_eq!(unread.status, 400, "{:?}", unread.body);
-    send(gateway.proxy, "GET", "/elsewhere", &[], Bytes::new()).await;
+    // A segment's parameters (a servlet session id) are left out too.
+    send(
+        gateway.proxy,
+        "GET",
+        "/app;jsessionid=SESSION-7F3A/elsewhere;v=1",
+        &[],
+        Bytes::new(),
+    )
+    .await;
     let logged = gateway.wait_for_log("/elsewhere").await;
     gateway.kill();
     assert!(!logged.contains(key), "{logged}");
+    assert!(!logged.contains("SESSION-7F3A"), "{logged}");
+    assert!(logged.contains("path=/app/elsewhere "), "{logged}");
     assert!(
         logged.contains("path=/.idemgate/operations/{key}"),
         "{logged}"

@@ -86,6 +86,7 @@ pub mod sse;
 pub(crate) mod status;
 pub(crate) mod wire;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -366,11 +367,12 @@ impl Proxy {
         let path = request.uri().path().to_string();
         let reserved = normalized.is_ok() && path.starts_with(status::PREFIX);
         // What logs and traces write: never a lookup's key, even in a
-        // path that could not be normalized (its `.` still encoded).
+        // path that could not be normalized (its `.` still encoded), nor
+        // a segment's parameters.
         let logged = if status::names_a_lookup(&path) {
-            status::logged_path(&path)
+            Cow::Borrowed(status::logged_path(&path))
         } else {
-            path.as_str()
+            path::without_parameters(&path)
         };
         let routed = normalized.and_then(|()| {
             if reserved {
@@ -438,7 +440,7 @@ impl Proxy {
             .map(|id| id.0.as_str());
         traces::answered(traces::Answer {
             route,
-            path: logged,
+            path: &logged,
             outcome,
             status: response.status().as_u16(),
             operation_id,
@@ -448,7 +450,7 @@ impl Proxy {
             access_log.write(&AccessLine {
                 route,
                 method: &method,
-                path: logged,
+                path: &logged,
                 operation_id,
                 outcome,
                 status: response.status().as_u16(),

@@ -79,6 +79,20 @@ pub fn normalize(uri: &mut Uri) -> Result<(), PathError> {
     Ok(())
 }
 
+/// `path` without its segments' parameters (`;jsessionid=…`, RFC 3986
+/// §3.3), as logs and traces write it: servlet-style session ids, and
+/// other credentials, travel there; borrowed when it has none.
+pub(crate) fn without_parameters(path: &str) -> Cow<'_, str> {
+    if !path.contains(';') {
+        return Cow::Borrowed(path);
+    }
+    let segments: Vec<&str> = path
+        .split('/')
+        .map(|segment| segment.split_once(';').map_or(segment, |(kept, _)| kept))
+        .collect();
+    Cow::Owned(segments.join("/"))
+}
+
 /// `path` in normal form; borrowed when it already is.
 pub fn normal_form(path: &str) -> Result<Cow<'_, str>, PathError> {
     if !path.starts_with('/') {
@@ -290,6 +304,16 @@ fn remove_dot_segments(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parameters_are_left_out_of_what_is_logged() {
+        assert!(matches!(without_parameters("/a/b"), Cow::Borrowed("/a/b")));
+        assert_eq!(
+            without_parameters("/app;jsessionid=S/orders;v=1/7"),
+            "/app/orders/7"
+        );
+        assert_eq!(without_parameters("/a%3Bb/;x"), "/a%3Bb/");
+    }
 
     fn normal(path: &str) -> String {
         normal_form(path)
