@@ -15,8 +15,12 @@
 //! - the real binary, SIGKILLed between the state change and the alert's
 //!   delivery, delivers it after a restart, signed
 //!   (`X-Idemgate-Signature`, checked here with an HMAC of our own);
+//! - a webhook that takes each POST and never answers delays no other
+//!   webhook's alerts, nor their retries: deliveries do not wait on each
+//!   other;
 //! - an operation that becomes `unknown` while the gateway drains is
-//!   alerted before it stops;
+//!   alerted before it stops; a stop that ends its grace with a post in
+//!   flight says so, and one with none in flight does not;
 //! - `idemgate alerts test` says what each endpoint answered.
 
 use std::time::Duration;
@@ -223,6 +227,51 @@ fn alerted_keys(receiver: &FakeUpstream) -> Vec<String> {
 async fn lose(gw: &TestGateway, key: &str) {
     let lost = write(gw.addr(), "/drop", Some(key), "{}").await;
     lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+}
+
+/// A webhook that reads each POST and never answers: the gateway's bound
+/// on a post (10 s) ends each, closing its connection ([`RawUpstream::closed`]).
+async fn hung_webhook() -> RawUpstream {
+    RawUpstream::start(Breakage::Stalls(b"")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_webhook_delays_no_other_webhooks_alerts() {
+    let (good, hung) = (FakeUpstream::start().await, hung_webhook().await);
+    good.script(Scripted::Refuse(503));
+    let events = "events = [\"operation-unknown\"]";
+    let route = format!(
+        "{}\n[[alerts]]\nurl = \"{}/hook\"\n{events}",
+        alerted("", &good, events),
+        hung.url()
+    );
+    let gw = spawn_gateway_with(Setup::route(&route).quick()).await;
+    lose(&gw, "first").await;
+    eventually("the hung webhook holding a post", || async {
+        (hung.requests() == 1).then_some(())
+    })
+    .await;
+    good.wait_for_requests(1).await;
+    // Refused: due again within a second or two, while the hung post
+    // lasts its 10 s; and a second alert comes due meanwhile.
+    good.script(Scripted::Create);
+    lose(&gw, "second").await;
+    // The good webhook's count is read before the hung post's end: both
+    // alerts in, and the hung post not yet ended, is the order asked for.
+    let hung_ended_first = eventually("both alerts at the good webhook", || async {
+        let delivered = good.writes() == 2;
+        let hung_ended = hung.closed() > 0;
+        (delivered || hung_ended).then_some(hung_ended)
+    })
+    .await;
+    assert!(
+        !hung_ended_first,
+        "the good webhook's retry and next alert waited for the hung post: {} of 2 delivered",
+        good.writes()
+    );
+    let mut keys = alerted_keys(&good);
+    keys.dedup();
+    assert_eq!(keys, ["first", "second"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -439,4 +488,58 @@ async fn an_operation_lost_while_draining_is_alerted_before_the_gateway_stops() 
     let alert = json_of(&alerts[0]);
     assert_eq!(alert["event"], "operation-unknown");
     assert_eq!(alert["key"], "drained-1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_warns_of_alerts_still_being_delivered_only_when_one_is() {
+    const UNDELIVERED: &str = "alerts still being delivered at the end of the grace period";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (upstream, hung) = (FakeUpstream::start().await, hung_webhook().await);
+    let route = format!(
+        "upstream_timeout = \"5s\"\n[[alerts]]\nurl = \"{}/hook\"\nevents = [\"operation-unknown\"]",
+        hung.url()
+    );
+    let setup = Setup::route(&route).server("shutdown_grace = \"1s\"");
+    let store = dir.path().join("idemgate.db");
+    let toml = gateway_toml_with(&store, &upstream.url(), &setup);
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+
+    // A write the upstream holds past the grace takes all of it, and no
+    // alert is being posted meanwhile.
+    let mut gateway = BinaryGateway::start(&config, &dir.path().join("held.log")).await;
+    let proxy = gateway.proxy;
+    // Its answer never comes: the gateway stops first.
+    let _held = tokio::spawn(async move {
+        let headers = [
+            ("content-type", "application/json"),
+            ("idempotency-key", "held-1"),
+            ("authorization", ALICE),
+        ];
+        try_send(proxy, "POST", "/hold", &headers, "{}", WAIT).await
+    });
+    upstream.wait_for_requests(1).await;
+    gateway.signal("TERM");
+    gateway.wait_for_exit().await;
+    let logged = gateway.stderr();
+    assert!(
+        logged.contains("forward tasks still running at the end of the grace period"),
+        "{logged}"
+    );
+    assert!(
+        !logged.contains(UNDELIVERED),
+        "nothing was being posted: {logged}"
+    );
+
+    // A post the hung webhook holds at the stop outlasts the grace.
+    let mut gateway = BinaryGateway::start(&config, &dir.path().join("posting.log")).await;
+    let lost = write(gateway.proxy, "/drop", Some("lost-1"), "{}").await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    eventually("the hung webhook holding a post", || async {
+        (hung.requests() >= 1).then_some(())
+    })
+    .await;
+    gateway.signal("TERM");
+    gateway.wait_for_exit().await;
+    let logged = gateway.stderr();
+    assert!(logged.contains(UNDELIVERED), "{logged}");
 }

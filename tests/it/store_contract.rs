@@ -12,6 +12,9 @@
 //!   its latest, which counts every probe of the run, also when they race;
 //! - `not_attempted` gives its next attempt to the same payload only; the
 //!   derive window supersedes what it outdates;
+//! - an alert delivery taken is leased: not taken again until it is
+//!   settled or the lease ends; a busy endpoint's deliveries are left for
+//!   a later poll, the others' taken meanwhile;
 //! - pauses, the latch, listing, counts, retention and shutdown behave the
 //!   same on both; the counts the store keeps with its writes are what
 //!   counting the table says, after any sequence of writes;
@@ -32,8 +35,9 @@ use idemgate_model::operation::{
     Event, Fingerprint, RequestSummary, Settlement, State, StoredResponse,
 };
 use idemgate_store::{
-    Claim, ClaimResult, Decision, Finding, LateEvidence, LateSource, ListFilter, NewOperation,
-    PausedBy, Probed, Recorded, Resolved, Store,
+    AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription, Claim, ClaimResult, Decision,
+    Finding, LateEvidence, LateSource, ListFilter, NewOperation, PausedBy, Probed, Recorded,
+    Resolved, Store,
 };
 use idemgate_store_postgres::{PostgresSettings, PostgresStore};
 use idemgate_store_sqlite::SqliteStore;
@@ -133,6 +137,7 @@ contract!(
     probe_findings_apply_only_to_unknown_at_their_attempt,
     a_write_found_twice_is_settled_by_an_operator_only,
     a_write_found_twice_after_its_late_response_is_alerted_and_pauses_its_route,
+    an_alert_delivery_taken_is_leased_and_a_busy_endpoint_waits,
     probes_in_a_row_keep_their_first_and_latest_event,
     pauses_and_the_latch,
     listing_and_counting,
@@ -980,6 +985,64 @@ async fn a_write_found_twice_after_its_late_response_is_alerted_and_pauses_its_r
     bench
         .assert_counts_exact(store.as_ref(), "a finding after the fact")
         .await;
+    store.close().await;
+}
+
+/// How long the alert polls below lease what they take (ms).
+const ALERT_LEASE: i64 = 30_000;
+
+/// Takes at `now` the `operation-unknown` deliveries due for endpoints
+/// `a` and `b`, none of `busy`'s, leased for [`ALERT_LEASE`].
+async fn take_alerts(store: &dyn Store, now: i64, busy: &[&str]) -> Vec<AlertDelivery> {
+    let subscription = |endpoint: &str| AlertSubscription {
+        endpoint: endpoint.into(),
+        event: "operation-unknown",
+        aged_after: 0,
+    };
+    let poll = AlertPoll {
+        subscriptions: vec![subscription("a"), subscription("b")],
+        aging: false,
+        now,
+        lease_until: now + ALERT_LEASE,
+        limit: 10,
+        busy: busy.iter().map(|e| e.to_string()).collect(),
+        forget_before: 0,
+    };
+    let mut taken = store.take_alerts(&poll).await.expect("take alerts");
+    taken.sort_by(|x, y| x.endpoint.cmp(&y.endpoint));
+    taken
+}
+
+fn endpoints(taken: &[AlertDelivery]) -> Vec<&str> {
+    taken.iter().map(|d| d.endpoint.as_str()).collect()
+}
+
+async fn an_alert_delivery_taken_is_leased_and_a_busy_endpoint_waits(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let now = bench.clock.now_millis();
+    // A shared store fans an alert out to the endpoints recorded before it.
+    assert!(take_alerts(store.as_ref(), now, &[]).await.is_empty());
+    held(store.as_ref(), "lost").await;
+    let b = take_alerts(store.as_ref(), now, &["a"]).await;
+    assert_eq!(endpoints(&b), ["b"], "a is busy: left for a later poll");
+    let a = take_alerts(store.as_ref(), now, &[]).await;
+    assert_eq!(endpoints(&a), ["a"], "b is leased");
+    let lease_end = now + ALERT_LEASE;
+    assert!(
+        take_alerts(store.as_ref(), lease_end - 1, &[])
+            .await
+            .is_empty(),
+        "both leased"
+    );
+    // Not settled by the end of their lease: due again (at least once).
+    let again = take_alerts(store.as_ref(), lease_end, &[]).await;
+    assert_eq!(endpoints(&again), ["a", "b"]);
+    for delivery in &again {
+        let settled = store.settle_alert(delivery, &AlertOutcome::Delivered, lease_end);
+        settled.await.expect("settle");
+    }
+    let after = lease_end + ALERT_LEASE;
+    assert!(take_alerts(store.as_ref(), after, &[]).await.is_empty());
     store.close().await;
 }
 

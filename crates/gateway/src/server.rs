@@ -47,6 +47,7 @@ use crate::access_log::AccessLog;
 use crate::admin::auth::{AdminToken, ExposedAdmin, UnusableToken};
 use crate::admin::{self, Admin};
 use crate::alerts::deliverer::Deliverer;
+use crate::alerts::in_flight::InFlight;
 use crate::alerts::{self, AlertError, Endpoint, Poster};
 use crate::config::{Config, ServerConfig};
 use crate::connection::Http;
@@ -369,11 +370,13 @@ impl Gateway {
             metrics.clone(),
             stop_accepting.clone(),
         ));
-        let alerting = !config.alerts.is_empty();
         let console = alerts::console_base(&config.server, admin_addr);
-        if alerting && config.server.console_url.is_none() && admin_addr.ip().is_unspecified() {
+        let unopenable = config.server.console_url.is_none() && admin_addr.ip().is_unspecified();
+        if !config.alerts.is_empty() && unopenable {
             tracing::warn!(%console, "alerts link to the console at the admin listener's address, which names every interface and opens none: set server.console_url");
         }
+        // What the alerts' task is posting: what a stop abandons, if any.
+        let alert_posts = Arc::new(InFlight::default());
         let alerts = tokio::spawn(
             Arc::new(Deliverer {
                 store: store.clone(),
@@ -382,6 +385,7 @@ impl Gateway {
                 clock,
                 metrics: metrics.clone(),
                 console,
+                in_flight: alert_posts.clone(),
             })
             .run(pace.alert_poll, pace.alert_idle, stop_alerts.clone()),
         );
@@ -430,11 +434,14 @@ impl Gateway {
                 stop_alerts.cancel();
                 let alerts_abort = alerts.abort_handle();
                 if timeout_at(deadline, alerts).await.is_err() {
+                    // Counted before the abort ends them. None (the grace
+                    // spent on the drain, or no endpoints): nothing was
+                    // being delivered, whatever the task was doing.
+                    let posting = alert_posts.len();
                     alerts_abort.abort();
-                    // Without endpoints there is nothing to deliver (the
-                    // task only ages operations): nothing to warn of.
-                    if alerting {
+                    if posting > 0 {
                         tracing::warn!(
+                            posting,
                             "alerts still being delivered at the end of the grace period: they are sent after the next start"
                         );
                     }

@@ -208,6 +208,7 @@ pub async fn take_alerts(
         "WITH due AS (
             SELECT alert_id, endpoint FROM alert_deliveries
             WHERE done_at IS NULL AND next_at <= $1 AND endpoint = ANY($4)
+              AND endpoint <> ALL($5)
             ORDER BY next_at LIMIT $3
             FOR UPDATE SKIP LOCKED
          ), taken AS (
@@ -223,6 +224,7 @@ pub async fn take_alerts(
     .bind(poll.lease_until)
     .bind(i64::from(poll.limit))
     .bind(&endpoints)
+    .bind(&poll.busy)
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;

@@ -92,12 +92,19 @@ pub fn take_alerts(conn: &Connection, poll: &AlertPoll) -> Result<Vec<AlertDeliv
             "UPDATE alert_deliveries SET next_at = ?2
              WHERE rowid IN (SELECT rowid FROM alert_deliveries
                              WHERE done_at IS NULL AND next_at <= ?1
+                               AND endpoint NOT IN (SELECT value FROM json_each(?4))
                              ORDER BY next_at LIMIT ?3)
              RETURNING alert_id, endpoint, attempts",
         )?
-        .query_map(params![poll.now, poll.lease_until, poll.limit], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-        })?
+        .query_map(
+            params![
+                poll.now,
+                poll.lease_until,
+                poll.limit,
+                serde_json::Value::from(poll.busy.clone()).to_string()
+            ],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )?
         .collect::<Result<_, _>>()?;
     let mut deliveries = Vec::with_capacity(taken.len());
     for (alert_id, endpoint, attempts) in taken {

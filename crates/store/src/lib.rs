@@ -841,12 +841,13 @@ pub trait Outbox: Send + Sync {
     /// operations `unknown` longer than a subscription's threshold (each
     /// once), fans the alerts not yet fanned out to the endpoints that
     /// subscribe to them, drops old finished ones, and takes up to `limit`
-    /// deliveries due, leasing them. A [`shared`](RequestPath::shared) store
-    /// fans out to the subscriptions of every replica that polled lately,
-    /// not only to `poll`'s, and hands out only deliveries of `poll`'s
-    /// endpoints: another replica may have the others. A single-process
-    /// store hands out any, and one whose endpoint is no longer configured
-    /// is the caller's to give up.
+    /// deliveries due, none of `busy` endpoints', leasing them: a delivery
+    /// taken is not due again before `lease_until` unless settled. A
+    /// [`shared`](RequestPath::shared) store fans out to the subscriptions
+    /// of every replica that polled lately, not only to `poll`'s, and hands
+    /// out only deliveries of `poll`'s endpoints: another replica may have
+    /// the others. A single-process store hands out any, and one whose
+    /// endpoint is no longer configured is the caller's to give up.
     async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError>;
 
     /// Settles a delivery taken by [`Outbox::take_alerts`].

@@ -133,6 +133,10 @@ pub struct AlertPoll {
     /// Taken deliveries are not due again before this (ms), unless settled.
     pub lease_until: i64,
     pub limit: u32,
+    /// Endpoints none of whose deliveries are taken: the deliverer has as
+    /// many posts in flight to each as it lets one endpoint have, so a
+    /// hung webhook cannot take the room the others need.
+    pub busy: Vec<String>,
     /// Alerts older than this (ms), with every delivery done, are dropped.
     pub forget_before: i64,
 }

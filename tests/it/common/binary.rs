@@ -72,6 +72,16 @@ impl BinaryGateway {
         .unwrap_or_else(|| panic!("{needle:?} never logged:\n{}", self.stderr()))
     }
 
+    /// Waits (up to [`WAIT`]) for the process to end, as after a SIGTERM
+    /// it ends once its shutdown is done, and reaps it.
+    pub async fn wait_for_exit(&mut self) -> std::process::ExitStatus {
+        let child = &mut self.child;
+        eventually("the process to exit", || {
+            std::future::ready(child.try_wait().expect("wait for the process"))
+        })
+        .await
+    }
+
     /// Sends the process signal `name` (`HUP`, `TERM`, …) with `kill -s`.
     pub fn signal(&self, name: &str) {
         let status = child_status(

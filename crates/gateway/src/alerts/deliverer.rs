@@ -2,27 +2,36 @@
 //! period its caller names: tests shorten it), asks the store for the
 //! deliveries due (the store also ages `unknown` operations
 //! and fans new alerts out to the endpoints, in the same transaction),
-//! POSTs them concurrently, and settles each: delivered; failed and due
-//! again after a full-jitter backoff; or given up once the alert is older
-//! than the endpoint's `give_up_after` (or, on SQLite, its endpoint is no
-//! longer configured: a PostgreSQL store hands a replica only its own
-//! endpoints' deliveries, since a peer may have the others).
+//! POSTs each in a task of its own, and settles each: delivered; failed
+//! and due again after a full-jitter backoff; or given up once the alert
+//! is older than the endpoint's `give_up_after` (or, on SQLite, its
+//! endpoint is no longer configured: a PostgreSQL store hands a replica
+//! only its own endpoints' deliveries, since a peer may have the others).
 //!
 //! It never runs on a request's path: a slow or failing endpoint costs
-//! this task time, never a client. A delivery is leased while it is being
-//! posted, so after a crash it is due again once the lease ends: alerts
-//! arrive at least once.
+//! this task time, never a client. Nor does one endpoint cost another:
+//! a poll does not wait for its posts, so the next poll takes what came
+//! due meanwhile while a hung webhook's posts wait out their bound, and
+//! the bounds on posts in flight ([`in_flight`](super::in_flight)) keep
+//! a hung webhook from taking them all. A delivery is leased while it is
+//! being posted ([`LEASE`], longer than a post may take), so no poll
+//! takes it again meanwhile, and after a crash it is due again once the
+//! lease ends: alerts arrive at least once.
 //!
-//! Each poll whose read of the outbox succeeded is counted, once its posts
-//! are settled (`idemgate_background_passes_total{task="alerts"}`), so a
-//! test can tell that a poll ran before asserting that nothing was sent.
+//! Each poll whose read of the outbox succeeded is counted
+//! (`idemgate_background_passes_total{task="alerts"}`) once its posts,
+//! and every earlier poll's, are settled, so a test can tell that a poll
+//! ran, and what it took was settled, before asserting that nothing was
+//! sent.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::alerts::in_flight::{InFlight, Ticket};
 use crate::alerts::{Endpoint, Poster, payload};
 use crate::background;
 use crate::metrics::{Metrics, Task};
@@ -36,10 +45,11 @@ pub(crate) const POLL: Duration = Duration::from_millis(500);
 /// Without endpoints the outbox is only tidied (and, on a shared store,
 /// fanned out for the replicas that have some), now and then.
 pub(crate) const IDLE_POLL: Duration = Duration::from_secs(60);
-/// A taken delivery is not taken again for this long unless settled: more
-/// than a post can take.
+/// A taken delivery is not taken again for this long unless settled: a
+/// post takes at most its 10 s bound (`POST_TIMEOUT`), and the settle a
+/// store write after it.
 const LEASE: Duration = Duration::from_secs(30);
-/// Deliveries taken per poll.
+/// Deliveries taken per poll, at most.
 const BATCH: u32 = 32;
 /// Before a failed delivery is due again: full jitter under 1 s doubling
 /// with its attempts, up to 10 minutes.
@@ -61,21 +71,25 @@ pub(crate) struct Deliverer {
     pub(crate) metrics: Arc<Metrics>,
     /// The console's base URL, for the alerts' links.
     pub(crate) console: String,
+    /// What is being posted or settled: the server reads it when it stops
+    /// waiting for this task.
+    pub(crate) in_flight: Arc<InFlight>,
 }
 
 impl Deliverer {
     /// Polls every `every` ([`POLL`] unless a test says otherwise), or
-    /// every `idle` ([`IDLE_POLL`]) without endpoints, until `stop`;
-    /// deliveries in flight then are due again after their lease. Once
+    /// every `idle` ([`IDLE_POLL`]) without endpoints, until `stop`. Once
     /// stopped it polls once more, so that what became due up to the stop
     /// (an operation lost while the gateway drained) is sent before the
-    /// store closes: the caller bounds that pass.
+    /// store closes, and waits for every post in flight: the caller bounds
+    /// that, and what it abandons is due again after its lease.
     pub async fn run(self: Arc<Self>, every: Duration, idle: Duration, stop: CancellationToken) {
         let period = if self.endpoints.is_empty() {
             idle
         } else {
             every
         };
+        let mut polls = Polls::default();
         // When the last aging pass ran (ms, the gateway's clock).
         let mut aged_at = i64::MIN;
         while background::tick(period, &stop).await {
@@ -84,38 +98,18 @@ impl Deliverer {
             if aging {
                 aged_at = now;
             }
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = self.clone().poll_once(now, aging) => {}
-            }
+            self.poll(now, aging, &mut polls).await;
         }
         let now = self.clock.now_millis();
-        self.poll_once(now, false).await;
+        self.poll(now, false, &mut polls).await;
+        polls.settled().await;
     }
 
     /// One poll at `now`, an aging pass with it if `aging`: take what is
-    /// due, post it, settle it.
-    async fn poll_once(self: Arc<Self>, now: i64, aging: bool) {
-        let keep = self
-            .endpoints
-            .iter()
-            .map(|e| e.config.give_up_after)
-            .max()
-            .unwrap_or_default()
-            + KEEP;
-        let poll = AlertPoll {
-            subscriptions: self
-                .endpoints
-                .iter()
-                .flat_map(Endpoint::subscriptions)
-                .collect(),
-            aging,
-            now,
-            lease_until: now + clock::millis(LEASE),
-            limit: BATCH,
-            forget_before: now - clock::millis(keep),
-        };
-        let due = match self.store.take_alerts(&poll).await {
+    /// due and post each in a task of its own, added to `polls`; the
+    /// poll does not wait for them.
+    async fn poll(self: &Arc<Self>, now: i64, aging: bool, polls: &mut Polls) {
+        let due = match self.store.take_alerts(&self.alert_poll(now, aging)).await {
             Ok(due) => due,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the alert outbox; trying again later");
@@ -124,13 +118,44 @@ impl Deliverer {
         };
         let mut posts = JoinSet::new();
         for delivery in due {
-            posts.spawn(self.clone().deliver(delivery));
+            // `None`: still in flight from an earlier poll, whose post
+            // settles it.
+            if let Some(ticket) = self.in_flight.start(&delivery) {
+                posts.spawn(self.clone().deliver(delivery, ticket));
+            }
         }
-        while posts.join_next().await.is_some() {}
-        self.metrics.background_pass(Task::alerts);
+        polls.add(posts, self.metrics.clone());
     }
 
-    async fn deliver(self: Arc<Self>, delivery: AlertDelivery) {
+    /// What a poll at `now` asks of the store: the deliveries due that
+    /// the bounds on posts in flight leave room for.
+    fn alert_poll(&self, now: i64, aging: bool) -> AlertPoll {
+        let keep = self
+            .endpoints
+            .iter()
+            .map(|e| e.config.give_up_after)
+            .max()
+            .unwrap_or_default()
+            + KEEP;
+        let room = u32::try_from(self.in_flight.room()).unwrap_or(BATCH);
+        AlertPoll {
+            subscriptions: self
+                .endpoints
+                .iter()
+                .flat_map(Endpoint::subscriptions)
+                .collect(),
+            aging,
+            now,
+            lease_until: now + clock::millis(LEASE),
+            limit: room.min(BATCH),
+            busy: self.in_flight.busy(),
+            forget_before: now - clock::millis(keep),
+        }
+    }
+
+    /// Posts `delivery` and settles it; it is in flight until `ticket`
+    /// is dropped, at the end.
+    async fn deliver(self: Arc<Self>, delivery: AlertDelivery, ticket: Ticket) {
         let outcome = match self.endpoints.iter().find(|e| e.id == delivery.endpoint) {
             // Only a single-process store hands one out: configured before
             // a restart, and gone since.
@@ -162,6 +187,8 @@ impl Deliverer {
         if let Err(error) = self.store.settle_alert(&delivery, &outcome, now).await {
             tracing::warn!(%error, "cannot record an alert delivery; it is due again after its lease");
         }
+        // Settled (or left to its lease): a poll may take it again once due.
+        drop(ticket);
     }
 
     async fn post(&self, endpoint: &Endpoint, delivery: &AlertDelivery) -> AlertOutcome {
@@ -182,5 +209,42 @@ impl Deliverer {
                 }
             }
         }
+    }
+}
+
+/// The polls whose posts are not all settled, each a task that waits for
+/// its own posts and then for the poll before it, and then counts it: a
+/// count says that poll's posts and every earlier poll's are settled.
+/// Dropped (the deliverer's task aborted), it aborts them all.
+#[derive(Default)]
+struct Polls {
+    tasks: JoinSet<()>,
+    /// Fires once the latest poll is counted.
+    latest: Option<oneshot::Receiver<()>>,
+}
+
+impl Polls {
+    /// A poll whose posts are `posts`.
+    fn add(&mut self, mut posts: JoinSet<()>, metrics: Arc<Metrics>) {
+        // Finished polls are only forgotten here: a poll a period keeps
+        // the set small.
+        while self.tasks.try_join_next().is_some() {}
+        let (counted, next) = oneshot::channel();
+        let before = self.latest.replace(next);
+        self.tasks.spawn(async move {
+            while posts.join_next().await.is_some() {}
+            if let Some(before) = before {
+                // Err: the poll before ended uncounted (aborted, or it
+                // panicked); this one is counted all the same.
+                let _ = before.await;
+            }
+            metrics.background_pass(Task::alerts);
+            let _ = counted.send(());
+        });
+    }
+
+    /// Once every poll's posts are settled.
+    async fn settled(mut self) {
+        while self.tasks.join_next().await.is_some() {}
     }
 }

@@ -5,13 +5,15 @@
 //! The store's outbox is the source: the database writes an alert in the
 //! transaction of the state change it reports (migrations `*_alert_outbox`),
 //! so it survives a crash the moment the change does. The [`deliverer`]
-//! takes due deliveries from it off the proxy's path and POSTs them; this
-//! module holds what a delivery is made of: the endpoints, the payload
-//! (never request or response payloads, never credentials) and its
-//! signature, `X-Idemgate-Signature: t=<unix>,v1=<hex HMAC-SHA256 of
-//! "<t>.<body>">`, as Stripe signs its webhooks.
+//! takes due deliveries from it off the proxy's path and POSTs them,
+//! within the bounds [`in_flight`] keeps; this module holds what a
+//! delivery is made of: the endpoints, the payload (never request or
+//! response payloads, never credentials) and its signature,
+//! `X-Idemgate-Signature: t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>">`,
+//! as Stripe signs its webhooks.
 
 pub mod deliverer;
+pub(crate) mod in_flight;
 
 use std::time::Duration;
 
