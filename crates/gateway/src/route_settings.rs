@@ -1,18 +1,22 @@
 //! The routes' identity settings across starts. An operation is found by
 //! its route's name, its scope and its key, and matched by its fingerprint:
-//! a start that renames a route, or changes how its scopes, derived keys or
-//! fingerprints are made ([`Route::identity_settings`]), leaves the
-//! operations stored before unfound — a retry of one is a new write, sent
-//! again, or a key reused (422).
+//! a start that renames a route, or changes how its scopes, keys or
+//! fingerprints are made, or which of its writes it protects
+//! ([`Route::identity_settings`]), leaves the operations stored before
+//! unfound — a retry of one is a new write, sent again, or a key reused
+//! (422).
 //!
-//! Invariant: a start proceeds over operations held (`unknown` or
-//! `in_progress`) under settings that changed, or under a route gone since
-//! a start that kept its settings, only when the operator said so
-//! (`serve --accept-route-changes`); the settings the store keeps are the
-//! last start's. Settled operations under changed settings are warned
-//! about, not refused: they age out with retention.
+//! Invariant: a start proceeds over operations held `unknown` under
+//! settings that changed, or under a route no longer configured, only when
+//! the operator said so (`serve --accept-route-changes`); the settings the
+//! store keeps are those of the last start that served, a route no longer
+//! configured kept as [`NO_LONGER_CONFIGURED`] while it has operations.
+//! Settled operations under changed settings are warned about, not
+//! refused: they age out with retention. `in_progress` ones are not
+//! counted: on a shared store they are peers' writes in flight, answered
+//! within milliseconds, and this process's own are `unknown` by now.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use idemgate_model::operation::State;
 use idemgate_store::{Store, StoreError};
@@ -21,6 +25,10 @@ use crate::config::Route;
 
 /// This module's log target.
 const TARGET: &str = "idemgate::route_settings";
+
+/// What the store keeps for a route that had operations and is no longer
+/// configured: compared as any settings are, should the name come back.
+const NO_LONGER_CONFIGURED: &str = "(no longer configured)";
 
 /// A start that would leave held operations unfound.
 #[derive(Debug, thiserror::Error)]
@@ -33,65 +41,99 @@ pub struct HeldUnderChangedRoutes {
     changes: Vec<String>,
 }
 
-/// A route's operations in the store, held and settled.
+/// Why a start is refused here.
+#[derive(Debug, thiserror::Error)]
+pub enum StartRefused {
+    /// Held operations would be left unfound.
+    #[error(transparent)]
+    Held(#[from] HeldUnderChangedRoutes),
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The settings to keep once the start can no longer fail ([`check`]).
+#[must_use = "the settings are kept only by Keep::keep"]
+pub(crate) struct Keep(Vec<(String, Option<String>)>);
+
+impl Keep {
+    /// Keeps the settings of the start that now serves.
+    pub(crate) async fn keep(self, store: &dyn Store) -> Result<(), StoreError> {
+        match self.0.is_empty() {
+            true => Ok(()),
+            false => store.keep_route_settings(&self.0).await,
+        }
+    }
+}
+
+/// A route's operations in the store.
 #[derive(Default, Clone, Copy)]
-struct Held {
+struct RouteCounts {
+    /// `unknown`: waiting for a retry, a probe or an operator.
     held: u64,
+    /// `completed` or `not_attempted`: a retry is replayed or sent.
     settled: u64,
 }
 
 /// Compares `routes`' identity settings with those the store kept at the
-/// last start and keeps the new ones; refuses (unless `accept`) a start
-/// that would leave held operations unfound, and warns of settled ones.
+/// last start; refuses (unless `accept`) a start that would leave held
+/// operations unfound, and warns of settled ones. What to keep, once the
+/// start serves.
 pub(crate) async fn check(
     store: &dyn Store,
     routes: &[Route],
     accept: bool,
-) -> Result<(), StartRefused> {
+) -> Result<Keep, StartRefused> {
     let kept: HashMap<String, String> = store.route_settings().await?.into_iter().collect();
     let stored = stored_by_route(store).await?;
+    let counts = |route: &str| stored.get(route).copied().unwrap_or_default();
     let mut refused = Vec::new();
     let mut keep = Vec::new();
     for route in routes {
         let now = route.identity_settings();
         let before = kept.get(&route.name);
         if let Some(before) = before.filter(|before| **before != now) {
-            let ops = stored.get(&route.name).copied().unwrap_or_default();
             let change = format!(
                 "route `{}`: its identity settings changed, from {before} to {now}",
                 route.name
             );
-            weigh(change, ops, accept, &mut refused);
+            weigh(change, counts(&route.name), accept, &mut refused);
         }
         if before != Some(&now) {
             keep.push((route.name.clone(), Some(now)));
         }
     }
-    for gone in kept
+    // Gone: kept at a start and no longer configured, or holding
+    // operations the store kept no settings for (written before it did).
+    let gone: BTreeSet<&String> = kept
         .keys()
-        .filter(|name| !routes.iter().any(|r| &r.name == *name))
-    {
-        let ops = stored.get(gone).copied().unwrap_or_default();
-        let change = format!("route `{gone}` is no longer configured (renamed, or removed)");
-        weigh(change, ops, accept, &mut refused);
-        keep.push((gone.clone(), None));
+        .chain(stored.keys())
+        .filter(|name| !routes.iter().any(|route| &route.name == *name))
+        .collect();
+    for name in gone {
+        let ops = counts(name);
+        let marked = kept.get(name).is_some_and(|v| v == NO_LONGER_CONFIGURED);
+        if !marked {
+            let change = format!("route `{name}` is no longer configured (renamed, or removed)");
+            weigh(change, ops, accept, &mut refused);
+        }
+        let gone_for_good = ops.held + ops.settled == 0;
+        match (gone_for_good, marked) {
+            (true, _) if kept.contains_key(name) => keep.push((name.clone(), None)),
+            (false, false) => keep.push((name.clone(), Some(NO_LONGER_CONFIGURED.into()))),
+            _ => {}
+        }
     }
     if !refused.is_empty() {
         return Err(HeldUnderChangedRoutes { changes: refused }.into());
     }
-    if !keep.is_empty() {
-        store.keep_route_settings(&keep).await?;
-    }
-    Ok(())
+    Ok(Keep(keep))
 }
 
 /// Adds `change` to `refused` when it leaves held operations unfound and
 /// the operator did not accept it; warns of it otherwise, if it leaves any.
-fn weigh(change: String, ops: Held, accept: bool, refused: &mut Vec<String>) {
-    let counts = format!(
-        "{} held (unknown or in_progress), {} settled",
-        ops.held, ops.settled
-    );
+fn weigh(change: String, ops: RouteCounts, accept: bool, refused: &mut Vec<String>) {
+    let counts = format!("{} held unknown, {} settled", ops.held, ops.settled);
     if ops.held > 0 && !accept {
         refused.push(format!("{change}; the store holds {counts} under it"));
     } else if ops.held + ops.settled > 0 {
@@ -100,23 +142,15 @@ fn weigh(change: String, ops: Held, accept: bool, refused: &mut Vec<String>) {
 }
 
 /// The store's operations by route.
-async fn stored_by_route(store: &dyn Store) -> Result<HashMap<String, Held>, StoreError> {
-    let mut by_route: HashMap<String, Held> = HashMap::new();
+async fn stored_by_route(store: &dyn Store) -> Result<HashMap<String, RouteCounts>, StoreError> {
+    let mut by_route: HashMap<String, RouteCounts> = HashMap::new();
     for (route, state, n) in store.stats().await?.counts {
         let ops = by_route.entry(route).or_default();
         match state {
-            State::Unknown | State::InProgress => ops.held += n,
+            State::Unknown => ops.held += n,
             State::Completed | State::NotAttempted => ops.settled += n,
+            State::InProgress => {}
         }
     }
     Ok(by_route)
-}
-
-/// Why [`check`] refused a start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartRefused {
-    #[error(transparent)]
-    Held(#[from] HeldUnderChangedRoutes),
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }

@@ -290,7 +290,8 @@ impl Gateway {
         // The latch trips on transitions to `unknown`, and the recovery is
         // one; a restart that marks nothing leaves an operator's resume alone.
         replicas::recover(store.as_ref(), &config.routes).await?;
-        route_settings::check(store.as_ref(), &config.routes, accept_route_changes).await?;
+        let settings =
+            route_settings::check(store.as_ref(), &config.routes, accept_route_changes).await?;
         let paused = store.paused_routes().await?;
         let metrics = Arc::new(Metrics::new(store.batches()));
         metrics.start_at_zero(config.routes.iter().map(|route| route.name.as_str()));
@@ -325,6 +326,8 @@ impl Gateway {
         .logged(access_log);
         proxy.follow_pauses(&paused);
         let proxy = Arc::new(proxy);
+        // The start can no longer fail: these settings now serve.
+        settings.keep(store.as_ref()).await?;
         let admin = Arc::new(Admin {
             store: store.clone(),
             proxy: proxy.clone(),

@@ -473,6 +473,7 @@ impl PostgresStore {
     /// its look woken to release it.
     fn never_sent(&self, new: &NewOperation, held: &Operation) -> bool {
         held.state == State::InProgress
+            && held.fingerprint == new.fingerprint
             && held.owner.as_deref() == Some(&*self.owner)
             && !self.attempts.working_on(&held.id)
             && self.unanswered.wake(new, held.updated_at)

@@ -1,8 +1,8 @@
 //! What the backends share and nothing above them uses: the columns a
 //! summary is read from, response headers as stored, the kept counts'
-//! row, the routes' settings rows, the events a row implies, the aging scan's window and new
-//! operation ids. Public because each backend is a crate of its own; the
-//! gateway and the tools never name this module.
+//! row, the routes' settings rows, the events a row implies, the aging
+//! scan's window and new operation ids. Public because each backend is a
+//! crate of its own; the gateway and the tools never name this module.
 
 use idemgate_model::operation::{Event, State};
 
@@ -21,14 +21,15 @@ pub fn is_implied_by_record(state: State, events: &[Event]) -> bool {
         && matches!(events, [sent, response] if first_try(sent) && response.kind == "response")
 }
 
+/// The `store_meta` rows of the routes' identity settings
+/// ([`crate::Maintenance::route_settings`]): this prefix, then the route's
+/// name.
+pub const ROUTE_SETTINGS_ROW: &str = "route-settings:";
+
 /// The store-meta row that says the kept counts are exact (the value
 /// [`COUNTS_EXACT`]). The migration that adds the counts writes it; one
 /// that changes `operations` around the statements that keep the counts
 /// deletes it, and the next open recounts.
-/// The `store_meta` rows of the routes' identity settings
-/// ([`crate::Maintenance::route_settings`]): this prefix, then the route's name.
-pub const ROUTE_SETTINGS_ROW: &str = "route-settings:";
-
 pub const COUNTS_ROW: &str = "operation-counts";
 pub const COUNTS_EXACT: &str = "exact";
 

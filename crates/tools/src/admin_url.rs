@@ -121,14 +121,19 @@ impl fmt::Display for AdminUrl {
 }
 
 /// `url` with everything from the start of its authority to its last `@`
-/// replaced by `***`. The value may not parse, so where its userinfo ends
-/// is a guess: masking to the last `@` can hide a little more than the
-/// userinfo, never less.
+/// replaced by `***`, and what follows a `?` or `#` after that (a token
+/// in a query is as secret). The value may not parse, so where its
+/// userinfo ends is a guess: masking to the last `@` can hide a little
+/// more than the userinfo, never less.
 fn masked(url: &str) -> String {
     let start = url.find("://").map_or(0, |at| at + 3);
-    match url[start..].rfind('@') {
+    let shown = match url[start..].rfind('@') {
         Some(at) => format!("{}***{}", &url[..start], &url[start + at..]),
         None => url.to_string(),
+    };
+    match shown.find(['?', '#']) {
+        Some(at) => format!("{}***", &shown[..=at]),
+        None => shown,
     }
 }
 
@@ -174,14 +179,15 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_never_shows_userinfo() {
+    fn a_refusal_never_shows_userinfo_nor_a_query() {
         for (url, shown) in [
             ("http://ops:S3CRET@127.0.0.1:1", "http://***@127.0.0.1:1"),
             ("http://S3CRET@127.0.0.1:1/a", "http://***@127.0.0.1:1/a"),
             // Not a URL at all: masked all the same.
             ("ops:S3CRET@127.0.0.1:1", "***@127.0.0.1:1"),
             ("http://ops:S3/CRET@h:1 x", "http://***@h:1 x"),
-            ("http://ops:S3@CRET@h/#x", "http://***@h/#x"),
+            ("http://ops:S3@CRET@h/#x", "http://***@h/#***"),
+            ("http://h:1/?token=S3CRET", "http://h:1/?***"),
         ] {
             let error = AdminUrl::parse(url).expect_err(url).to_string();
             assert!(!error.contains("S3"), "{error}");

@@ -439,29 +439,39 @@ pub struct Route {
 
 impl Route {
     /// The settings that decide which stored operation a request is — its
-    /// scope, its derived key, its fingerprint — as text an operator can
-    /// read: kept in the store at each start, so that a start that changes
-    /// them while operations are stored under the old ones is noticed
-    /// (`route_settings`). The route's name is the rest of that identity.
+    /// scope, its key, its fingerprint — and which writes are protected at
+    /// all, as text an operator can read: kept in the store at each start,
+    /// so that a start that changes them while operations are stored under
+    /// the old ones is noticed (`route_settings`). The route's name is the
+    /// rest of that identity.
     pub(crate) fn identity_settings(&self) -> String {
-        let names = |headers: &[HeaderName]| {
-            let names: Vec<_> = headers.iter().map(HeaderName::as_str).collect();
-            format!("{names:?}")
-        };
+        let mut methods: Vec<_> = self.methods.iter().map(Method::as_str).collect();
+        methods.sort_unstable();
         let mut text = format!(
-            "profile = {:?}, scope_headers = {}, fingerprint_headers = {}, ignore_fields = {:?}, derive_from = {:?}",
+            "profile = {:?}, key = {:?}, methods = {methods:?}, scope_headers = {:?}",
             self.profile.wire().name,
-            names(&self.scope_headers),
-            names(&self.fingerprint_headers),
-            self.ignore_fields,
-            self.derive_from,
+            self.key,
+            self.scope_headers
+                .iter()
+                .map(HeaderName::as_str)
+                .collect::<Vec<_>>(),
         );
-        if let Some(mcp) = &self.mcp {
-            // A call's endpoint below the prefix is part of its fingerprint.
-            text.push_str(&format!(
-                ", path_prefix = {:?}, mcp.key_argument = {:?}",
-                self.path_prefix, mcp.key_argument
-            ));
+        match &self.mcp {
+            // A call's fingerprint is its tool, its endpoint below the
+            // prefix and its arguments but the key's.
+            Some(mcp) => text.push_str(&format!(
+                ", path_prefix = {:?}, mcp.key_argument = {:?}, mcp.protected = {:?}, mcp.read_only = {:?}",
+                self.path_prefix, mcp.key_argument, mcp.protected, mcp.read_only
+            )),
+            None => text.push_str(&format!(
+                ", fingerprint_headers = {:?}, ignore_fields = {:?}, derive_from = {:?}",
+                self.fingerprint_headers
+                    .iter()
+                    .map(HeaderName::as_str)
+                    .collect::<Vec<_>>(),
+                self.ignore_fields,
+                self.derive_from,
+            )),
         }
         text
     }

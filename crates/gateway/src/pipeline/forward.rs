@@ -804,8 +804,11 @@ async fn read_response(
         let status = head.status.as_u16();
         let unknown = route.unknown_statuses.contains(&status)
             || (busy_is_unknown && matches!(status, 409 | 425));
+        // A success is what it says, whatever a header adds.
         let released = route.release_statuses.contains(&status)
-            || (!unknown && route.profile.wire().says_retry_is_safe(&head.headers));
+            || (status >= 400
+                && !unknown
+                && route.profile.wire().says_retry_is_safe(&head.headers));
         if let Some(coding) = coded {
             // A status that says nothing was done says so in any coding:
             // released, its body (which cannot be passed on) left out.
