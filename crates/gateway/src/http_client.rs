@@ -3,7 +3,7 @@
 //! https through rustls with the webpki roots (plus a private CA where the
 //! caller gives one), a bounded connect.
 
-use idemgate_model::error_chain::error_chain;
+use crate::tls::error_chain;
 use std::time::Duration;
 
 use bytes::Bytes;

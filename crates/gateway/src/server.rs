@@ -207,6 +207,9 @@ impl Gateway {
         // First: a file that cannot be used is refused before anything is
         // created or locked.
         let listeners = tls::read(&config)?;
+        for warning in listeners.warnings() {
+            tracing::warn!("{warning}");
+        }
         let clock = options.clock.clone();
         let lookup = |name: &str| options.var(name);
         let trace_settings = TraceSettings::from_env(&lookup).map_err(TraceError::from)?;

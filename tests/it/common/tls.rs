@@ -46,6 +46,50 @@ impl PemPair {
     }
 }
 
+impl PemPair {
+    /// `cert` and `key` written to `dir/<name>.crt` and `dir/<name>.key`.
+    fn write(dir: &Path, name: &str, cert: &rcgen::Certificate, key: &KeyPair) -> PemPair {
+        let pair = PemPair {
+            cert: dir.join(format!("{name}.crt")),
+            key: dir.join(format!("{name}.key")),
+            issued: cert.der().clone(),
+        };
+        std::fs::write(&pair.cert, cert.pem()).expect("write certificate");
+        std::fs::write(&pair.key, key.serialize_pem()).expect("write key");
+        pair
+    }
+}
+
+/// A leaf certificate's parameters: `name` as its common name, `names` as
+/// its subject alternative names, for `usage`.
+fn leaf_params(
+    name: &str,
+    names: Vec<String>,
+    usage: ExtendedKeyUsagePurpose,
+) -> CertificateParams {
+    let mut params = CertificateParams::new(names).expect("leaf params");
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.extended_key_usages = vec![usage];
+    params
+}
+
+/// A self-signed server certificate for `127.0.0.1`, written like
+/// [`TestCa::server_cert`]; with `ca`, marked a CA (`basicConstraints
+/// CA:TRUE`), as `openssl req -x509` makes one unless told otherwise.
+pub fn self_signed_server_cert(dir: &Path, name: &str, ca: bool) -> PemPair {
+    let mut params = leaf_params(
+        name,
+        vec!["127.0.0.1".into()],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    if ca {
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    }
+    let key = KeyPair::generate().expect("key");
+    let cert = params.self_signed(&key).expect("self-signed certificate");
+    PemPair::write(dir, name, &cert, &key)
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -87,21 +131,11 @@ impl TestCa {
         names: Vec<String>,
         usage: ExtendedKeyUsagePurpose,
     ) -> PemPair {
-        let mut params = CertificateParams::new(names).expect("leaf params");
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.extended_key_usages = vec![usage];
         let key = KeyPair::generate().expect("leaf key");
-        let cert = params
+        let cert = leaf_params(name, names, usage)
             .signed_by(&key, &self.issuer)
             .expect("leaf certificate");
-        let pair = PemPair {
-            cert: dir.join(format!("{name}.crt")),
-            key: dir.join(format!("{name}.key")),
-            issued: cert.der().clone(),
-        };
-        std::fs::write(&pair.cert, cert.pem()).expect("write certificate");
-        std::fs::write(&pair.key, key.serialize_pem()).expect("write key");
-        pair
+        PemPair::write(dir, name, &cert, &key)
     }
 
     fn roots(&self) -> RootCertStore {

@@ -5,7 +5,9 @@
 //! The configuration only names these files ([`crate::config`]); they are
 //! read here, at start ([`read`], before the store is opened) and by
 //! `idemgate check-config` through the same call, so a file that cannot be
-//! used is refused the same way by both, naming the field that names it.
+//! used is refused the same way by both, naming the field that names it,
+//! and a file that loads but that a peer will refuse is warned of the same
+//! way by both ([`Warning`], found by `preflight`).
 //!
 //! Invariants:
 //! - a certificate a listener presents was read whole and matches its key; a
@@ -13,20 +15,28 @@
 //!   in use, and a swap only changes what new handshakes get: open
 //!   connections keep theirs;
 //! - an upstream is trusted by the public (webpki) roots plus its route's
-//!   `upstream_ca`, never by fewer checks: no verification is switched off.
+//!   `upstream_ca`, never by fewer checks: no verification is switched off;
+//! - a server's certificate that rustls refused is said in words
+//!   ([`error_chain`], `certificate_error`), in logs and in the 502 a
+//!   client gets, never in rustls's Debug form.
+
+mod certificate_error;
+mod preflight;
+
+pub use certificate_error::error_chain;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{ClientConfig, RootCertStore};
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::{CertPair, ClientTls, Config};
+use crate::config::{CertPair, ClientTls, Config, Upstream};
 
 /// Why TLS material could not be used; names the file.
 #[derive(Debug, thiserror::Error)]
@@ -72,10 +82,25 @@ pub struct FieldError {
     pub(crate) error: TlsError,
 }
 
+/// A TLS file the configuration names that loads, but that a peer will
+/// refuse: reported at start and by `check-config`, not refused, since
+/// what the peer will present or accept is not known until it does.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct Warning(FieldError);
+
 /// The listeners' TLS, read whole at start.
 pub struct Listeners {
     pub(crate) proxy: Option<ServerTls>,
     pub(crate) admin: Option<ServerTls>,
+    warnings: Vec<Warning>,
+}
+
+impl Listeners {
+    /// What the files hold that peers will refuse.
+    pub fn warnings(&self) -> &[Warning] {
+        &self.warnings
+    }
 }
 
 /// Reads every TLS file `config` names and checks it as it will be used:
@@ -84,6 +109,7 @@ pub struct Listeners {
 /// configurations are built again from the same files by their clients
 /// (`pipeline::forward::client`), moments later in the same start.
 pub fn read(config: &Config) -> Result<Listeners, FieldError> {
+    let mut warnings = Vec::new();
     let listener = |name, files: &Option<CertPair>, fields: (&str, &str)| {
         files
             .as_ref()
@@ -106,17 +132,42 @@ pub fn read(config: &Config) -> Result<Listeners, FieldError> {
     for (i, route) in config.routes.iter().enumerate() {
         let field = |name: &str| format!("routes[{i}].{name}");
         if let Some(ca) = &route.upstream_tls.ca {
-            roots(Some(ca)).map_err(|error| FieldError {
+            let named = |error| FieldError {
                 field: field("upstream_ca"),
                 error,
-            })?;
+            };
+            roots(Some(ca)).map_err(named)?;
+            let refused = ca_as_upstream(ca, &route.upstream).map(named);
+            warnings.extend(refused.map(Warning));
         }
         if let Some(identity) = &route.upstream_tls.identity {
             let fields = (field("upstream_client_cert"), field("upstream_client_key"));
             read_pair(identity, fields)?;
         }
     }
-    Ok(Listeners { proxy, admin })
+    Ok(Listeners {
+        proxy,
+        admin,
+        warnings,
+    })
+}
+
+/// Why the upstream will be refused when it presents a certificate of
+/// the `upstream_ca` file `ca` as its own: one named for its host that is
+/// a CA certificate.
+fn ca_as_upstream(ca: &Path, upstream: &Upstream) -> Option<TlsError> {
+    // An IPv6 address is written in brackets in a URL, not in a certificate.
+    let host = upstream
+        .authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let host = ServerName::try_from(host).ok()?;
+    certificates(ca)
+        .ok()?
+        .iter()
+        .find_map(|certificate| preflight::ca_named_for(certificate, &host))
+        .map(|reason| TlsError::invalid(ca, reason))
 }
 
 /// A certificate chain and its key, read and checked to belong together;
