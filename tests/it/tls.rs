@@ -516,3 +516,49 @@ async fn a_self_signed_upstream_certificate_must_not_be_a_ca() {
     assert_fresh_created(&write(gw.addr(), "/invoices", Some("self-1"), BODY).await);
     assert_eq!(gw.upstream.writes(), 1);
 }
+
+/// A listener certificate outside its validity period: a SIGHUP that
+/// finds one refuses it as it refuses a garbled file (the good certificate
+/// stays, the log says why); `check-config`, and a start, warn of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_certificate_is_refused_by_a_reload_and_warned_of_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(dir.path(), "ca");
+    let good = ca.server_cert(dir.path(), "proxy");
+    let toml = gateway_toml_with(
+        &dir.path().join("idemgate.db"),
+        "http://127.0.0.1:9",
+        &Setup::route("").server("tls_cert = \"proxy.crt\"\ntls_key = \"proxy.key\"\n"),
+    );
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let gateway = BinaryGateway::start(&config, &dir.path().join("gateway.log")).await;
+
+    ca.expired_server_cert(dir.path(), "proxy");
+    let (ok, stdout, stderr) = check_config(dir.path(), &toml).await;
+    assert!(ok && stdout.trim() == "ok", "{stdout}{stderr}");
+    assert!(
+        stderr.starts_with("warning: field `server.tls_cert`: ")
+            && stderr.contains("proxy.crt")
+            && stderr.contains("expired"),
+        "{stderr}"
+    );
+
+    gateway.signal("HUP");
+    let logged = gateway.wait_for_log("TLS certificate not reloaded").await;
+    assert!(
+        logged.contains("proxy.crt") && logged.contains("expired"),
+        "{logged}"
+    );
+    assert!(!logged.contains("TLS certificate reloaded"), "{logged}");
+    let after = TlsClient::connect(gateway.proxy, ca.client_config(None))
+        .await
+        .expect("still serving the good certificate");
+    assert_eq!(after.peer_certificate, good.der());
+    drop(gateway);
+
+    // Started with it: serves (the admin listener with it), and says why
+    // TLS clients will refuse the proxy's certificate.
+    let restarted = BinaryGateway::start(&config, &dir.path().join("again.log")).await;
+    let logged = restarted.wait_for_log("outside its validity period").await;
+    assert!(logged.contains("proxy.crt"), "{logged}");
+}

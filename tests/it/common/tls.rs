@@ -119,6 +119,22 @@ impl TestCa {
         )
     }
 
+    /// Like [`TestCa::server_cert`], valid only during 2020: expired.
+    pub fn expired_server_cert(&self, dir: &Path, name: &str) -> PemPair {
+        let mut params = leaf_params(
+            name,
+            vec!["127.0.0.1".into(), "localhost".into()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        let key = KeyPair::generate().expect("leaf key");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("leaf certificate");
+        PemPair::write(dir, name, &cert, &key)
+    }
+
     /// A client certificate (mTLS), written like [`TestCa::server_cert`].
     pub fn client_cert(&self, dir: &Path, name: &str) -> PemPair {
         self.issue(dir, name, vec![], ExtendedKeyUsagePurpose::ClientAuth)

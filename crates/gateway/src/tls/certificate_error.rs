@@ -85,7 +85,7 @@ fn certificate(error: &CertificateError) -> String {
 
 /// A webpki error in words; the dates and kinds rustls maps to its own
 /// variants are said as those are.
-fn webpki_words(error: &webpki::Error) -> String {
+pub(super) fn webpki_words(error: &webpki::Error) -> String {
     match error {
         webpki::Error::CertExpired { time, not_after } => expired(*time, *not_after),
         webpki::Error::CertNotValidYet { time, not_before } => not_yet_valid(*time, *not_before),

@@ -11,9 +11,10 @@
 //!
 //! Invariants:
 //! - a certificate a listener presents was read whole and matches its key; a
-//!   reload that fails (a missing, garbled or mismatched file) keeps the one
-//!   in use, and a swap only changes what new handshakes get: open
-//!   connections keep theirs;
+//!   reload that fails (a missing, garbled or mismatched file, or a
+//!   certificate outside its validity period, which every client would
+//!   refuse) keeps the one in use, and a swap only changes what new
+//!   handshakes get: open connections keep theirs;
 //! - an upstream is trusted by the public (webpki) roots plus its route's
 //!   `upstream_ca`, never by fewer checks: no verification is switched off;
 //! - a server's certificate that rustls refused is said in words
@@ -30,7 +31,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{ClientConfig, RootCertStore};
@@ -96,6 +97,13 @@ pub struct Listeners {
     warnings: Vec<Warning>,
 }
 
+impl Warning {
+    fn new(field: &str, error: TlsError) -> Warning {
+        let field = field.into();
+        Warning(FieldError { field, error })
+    }
+}
+
 impl Listeners {
     /// What the files hold that peers will refuse.
     pub fn warnings(&self) -> &[Warning] {
@@ -109,12 +117,18 @@ impl Listeners {
 /// configurations are built again from the same files by their clients
 /// (`pipeline::forward::client`), moments later in the same start.
 pub fn read(config: &Config) -> Result<Listeners, FieldError> {
+    // A certificate outside its validity period is a warning here, not an
+    // error: there is no other to keep (a reload refuses it), refusing to
+    // start would take the admin listener down with the proxy's, and a
+    // host whose clock is not set yet at boot would refuse a good one.
     let mut warnings = Vec::new();
-    let listener = |name, files: &Option<CertPair>, fields: (&str, &str)| {
+    let mut listener = |name, files: &Option<CertPair>, fields: (&str, &str)| {
         files
             .as_ref()
             .map(|files| {
                 let certified = read_pair(files, (fields.0.into(), fields.1.into()))?;
+                let dated = outside_validity(&certified, &files.cert);
+                warnings.extend(dated.map(|error| Warning::new(fields.0, error)));
                 ServerTls::new(name, files, certified).map_err(|error| FieldError {
                     field: fields.0.into(),
                     error,
@@ -132,17 +146,18 @@ pub fn read(config: &Config) -> Result<Listeners, FieldError> {
     for (i, route) in config.routes.iter().enumerate() {
         let field = |name: &str| format!("routes[{i}].{name}");
         if let Some(ca) = &route.upstream_tls.ca {
-            let named = |error| FieldError {
+            roots(Some(ca)).map_err(|error| FieldError {
                 field: field("upstream_ca"),
                 error,
-            };
-            roots(Some(ca)).map_err(named)?;
-            let refused = ca_as_upstream(ca, &route.upstream).map(named);
-            warnings.extend(refused.map(Warning));
+            })?;
+            let refused = ca_as_upstream(ca, &route.upstream);
+            warnings.extend(refused.map(|error| Warning::new(&field("upstream_ca"), error)));
         }
         if let Some(identity) = &route.upstream_tls.identity {
             let fields = (field("upstream_client_cert"), field("upstream_client_key"));
-            read_pair(identity, fields)?;
+            let certified = read_pair(identity, fields.clone())?;
+            let dated = outside_validity(&certified, &identity.cert);
+            warnings.extend(dated.map(|error| Warning::new(&fields.0, error)));
         }
     }
     Ok(Listeners {
@@ -168,6 +183,15 @@ fn ca_as_upstream(ca: &Path, upstream: &Upstream) -> Option<TlsError> {
         .iter()
         .find_map(|certificate| preflight::ca_named_for(certificate, &host))
         .map(|reason| TlsError::invalid(ca, reason))
+}
+
+/// Why `certified`'s certificate, read from `cert`, will be refused now:
+/// it is outside its validity period.
+fn outside_validity(certified: &CertifiedKey, cert: &Path) -> Option<TlsError> {
+    let leaf = certified.end_entity_cert().ok()?;
+    let why = preflight::outside_validity(leaf, UnixTime::now())?;
+    let reason = format!("the certificate is outside its validity period: {why}");
+    Some(TlsError::invalid(cert, reason))
 }
 
 /// A certificate chain and its key, read and checked to belong together;
@@ -309,9 +333,14 @@ impl ServerTls {
     }
 
     /// Reads the files again; new handshakes get the new certificate. On
-    /// error the certificate in use stays.
+    /// error the certificate in use stays: a certificate outside its
+    /// validity period is one, since every client would refuse it and the
+    /// one in use serves them no worse.
     pub fn reload(&self) -> Result<(), TlsError> {
         let fresh = certified_key(&self.files.cert, &self.files.key)?;
+        if let Some(error) = outside_validity(&fresh, &self.files.cert) {
+            return Err(error);
+        }
         *self
             .current
             .0
