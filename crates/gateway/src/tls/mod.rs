@@ -225,16 +225,34 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certificates)
 }
 
-/// The first private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+/// The first private key of a PEM file (PKCS#8, PKCS#1 or SEC1),
+/// unencrypted.
 fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let text = read_file(path)?;
     PrivateKeyDer::from_pem_slice(&text).map_err(|e| match e {
+        // The PEM reader skips a block it has no type for, and reads a
+        // legacy encrypted one's headers as broken base64: either way what
+        // it says would hide the cause.
+        _ if encrypted(&text) => TlsError::invalid(
+            path,
+            "the private key is encrypted, which is not supported: decrypt it first \
+             (`openssl pkey -in KEY -out PLAIN`) and keep the plain file readable by \
+             the gateway's user only",
+        ),
         pem::Error::NoItemsFound => TlsError::invalid(
             path,
             "no PEM private key block (PKCS#8, PKCS#1 or SEC1) in the file",
         ),
         e => TlsError::invalid(path, format!("not a PEM private key file: {e}")),
     })
+}
+
+/// Whether a PEM file holds an encrypted private key: PKCS#8's own
+/// block, or a PKCS#1 or SEC1 block with OpenSSL's legacy encryption
+/// header.
+fn encrypted(text: &[u8]) -> bool {
+    let holds = |needle: &[u8]| text.windows(needle.len()).any(|window| window == needle);
+    holds(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || holds(b"Proc-Type: 4,ENCRYPTED")
 }
 
 /// A certificate chain (leaf first) and the key it certifies, checked to
@@ -436,5 +454,23 @@ mod tests {
         );
         let listeners = read(&config(&good)).unwrap();
         assert!(listeners.proxy.is_some() && listeners.admin.is_none());
+    }
+
+    #[test]
+    fn an_encrypted_key_is_said_to_be_encrypted() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key.pem");
+        // The label or the header is what says so; what the block holds
+        // is never read.
+        let pkcs8 = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIFHDBOBgkqhkiG9w0BBQ0wQTApBgkqhkiG9w0BBQwwHAQI\n-----END ENCRYPTED PRIVATE KEY-----\n";
+        let legacy = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,5FB270A6F1BE3B81E9DF3819CD2948E4\n\nMIIEpAIBAAKCAQEA\n-----END RSA PRIVATE KEY-----\n";
+        for encrypted in [pkcs8, legacy] {
+            std::fs::write(&key, encrypted).unwrap();
+            let err = private_key(&key).unwrap_err().to_string();
+            assert!(
+                err.contains("the private key is encrypted") && err.contains("decrypt it first"),
+                "{err}"
+            );
+        }
     }
 }
