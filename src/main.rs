@@ -119,7 +119,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::CheckConfig { file } => {
             let config = Config::load(&file)?;
             // As `serve` reads them at start, named by their fields.
-            idemgate::tls::read(&config).with_context(|| file.display().to_string())?;
+            let tls = idemgate::tls::read(&config).with_context(|| file.display().to_string())?;
+            for warning in tls.warnings() {
+                eprintln!("warning: {warning}");
+            }
             println!("ok");
             Ok(())
         }

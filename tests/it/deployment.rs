@@ -15,12 +15,14 @@
 //!   test's own: `READY=1` once serving, `RELOADING=1` (with
 //!   `MONOTONIC_USEC`) and `READY=1` around a SIGHUP with the reload's
 //!   result in `STATUS=`, `STOPPING=1` at SIGTERM, `WATCHDOG=1` when
-//!   `WATCHDOG_USEC` asks for it;
+//!   `WATCHDOG_USEC` asks for it; a socket named `@name` is in the
+//!   abstract namespace, and an empty `NOTIFY_SOCKET` is none;
 //! - `contrib/idemgate.service` passes `systemd-analyze verify`;
 //! - the `Containerfile`'s image, built with buildah, runs its own
 //!   binary from its own filesystem under `chroot` (`.ci/build-image`).
 
-use std::path::{Path, PathBuf};
+use std::ffi::OsString;
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -354,8 +356,10 @@ async fn healthcheck_checks_the_certificate_against_the_server_name_given() {
 /// own, named to the gateway in `NOTIFY_SOCKET`.
 struct NotifySocket {
     socket: tokio::net::UnixDatagram,
-    path: PathBuf,
-    _dir: tempfile::TempDir,
+    /// What `NOTIFY_SOCKET` says: a path, or `@` and an abstract name.
+    name: OsString,
+    /// Where the path is, removed with the socket.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl NotifySocket {
@@ -365,8 +369,24 @@ impl NotifySocket {
         let socket = tokio::net::UnixDatagram::bind(&path).expect("bind the notify socket");
         NotifySocket {
             socket,
-            path,
-            _dir: dir,
+            name: path.into_os_string(),
+            _dir: Some(dir),
+        }
+    }
+
+    /// A socket in Linux's abstract namespace, named `@name` in
+    /// `NOTIFY_SOCKET` as sd_notify(3) writes it (how systemd names its
+    /// own to a unit).
+    fn bind_abstract() -> NotifySocket {
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("idemgate-test-{}", uuid::Uuid::now_v7().simple());
+        let address = std::os::unix::net::SocketAddr::from_abstract_name(&name).expect("a name");
+        let socket = std::os::unix::net::UnixDatagram::bind_addr(&address).expect("bind");
+        socket.set_nonblocking(true).expect("non-blocking");
+        NotifySocket {
+            socket: tokio::net::UnixDatagram::from_std(socket).expect("a tokio socket"),
+            name: format!("@{name}").into(),
+            _dir: None,
         }
     }
 
@@ -376,7 +396,7 @@ impl NotifySocket {
         cmd.arg("serve")
             .arg("--config")
             .arg(config)
-            .env("NOTIFY_SOCKET", &self.path)
+            .env("NOTIFY_SOCKET", &self.name)
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID");
         cmd
@@ -510,6 +530,55 @@ async fn systemd_hears_ready_then_each_reload_with_its_outcome_then_stopping() {
         field(&stopping, "STATUS").is_some_and(|s| s.starts_with("draining")),
         "{stopping:?}"
     );
+}
+
+/// `NOTIFY_SOCKET=@name` is a socket in the abstract namespace
+/// (sd_notify(3)), not a file named `@name`: it hears the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemd_is_heard_on_an_abstract_notify_socket() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("idemgate.db");
+    let config = write_config(
+        dir.path(),
+        "idemgate.toml",
+        &gateway_toml(&store, "http://127.0.0.1:9", "/", ""),
+    );
+    let notify = NotifySocket::bind_abstract();
+    let gateway = BinaryGateway::spawn(notify.serve(&config), &dir.path().join("gw.log")).await;
+    let ready = notify.until("READY=1", |lines| lines[0] == "READY=1").await;
+    assert!(
+        field(&ready, "STATUS").is_some_and(|s| s.starts_with("serving")),
+        "{ready:?}"
+    );
+    assert!(
+        !gateway.stderr().contains("cannot notify"),
+        "{}",
+        gateway.stderr()
+    );
+}
+
+/// An empty `NOTIFY_SOCKET` names no service manager, as an unset one:
+/// nothing is sent, and nothing is logged about it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_notify_socket_is_no_service_manager() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("idemgate.db");
+    let config = write_config(
+        dir.path(),
+        "idemgate.toml",
+        &gateway_toml(&store, "http://127.0.0.1:9", "/", ""),
+    );
+    let mut serve = binary();
+    serve
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env("NOTIFY_SOCKET", "");
+    let gateway = BinaryGateway::spawn(serve, &dir.path().join("gw.log")).await;
+    // Logged after the first notification was sent (`STATUS=` while the
+    // store opens), by the same writer, in order.
+    let logged = gateway.wait_for_log("listening").await;
+    assert!(!logged.contains("cannot notify"), "{logged}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,10 @@
 //!   is cut short, never ended as if whole, and the client's connection
 //!   and the upstream's are closed, a client that went away meanwhile
 //!   included; one that keeps coming, however slowly, goes on;
+//! - file descriptors: a process out of them refuses a new connection as
+//!   it comes (reset unread), not left waiting in the kernel's backlog,
+//!   and says so in its log once, then once more with how many it refused
+//!   when accepting works again;
 //! - connections open to a route's upstream
 //!   (`routes[].max_upstream_connections`), whatever asks for them (here
 //!   the streams of one HTTP/2 client connection): past it a request waits
@@ -664,4 +668,97 @@ async fn a_client_that_stops_reading_frees_the_upstream_connection() {
     .await;
     assert_fresh_created(&served);
     drop(stalled);
+}
+
+/// `idemgate serve --config config` allowed `descriptors` open files
+/// (`ulimit -n`), as a unit's `LimitNOFILE=` does.
+fn serve_with_descriptors(config: &std::path::Path, descriptors: u32) -> std::process::Command {
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "ulimit -n {descriptors} && exec \"$0\" serve --config \"$1\""
+        ))
+        .arg(env!("CARGO_BIN_EXE_idemgate"))
+        .arg(config);
+    cmd
+}
+
+/// A new connection's `GET /elsewhere` (no route: the gateway answers
+/// 404 itself), kept open once answered; `None` when the gateway closed or
+/// reset it unanswered (a reset may come before `connect` returns).
+/// Panics when it is neither within [`WAIT`].
+async fn answered_and_kept(addr: SocketAddr) -> Option<TcpStream> {
+    let mut stream = match TcpStream::connect(addr).await {
+        Ok(stream) => stream,
+        Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => return None,
+        Err(error) => panic!("connect: {error}"),
+    };
+    let exchange = async {
+        let _ = stream
+            .write_all(b"GET /elsewhere HTTP/1.1\r\nhost: a\r\n\r\n")
+            .await;
+        read_response(&mut stream).await
+    };
+    let answer = tokio::time::timeout(WAIT, exchange)
+        .await
+        .expect("neither answered nor refused: left waiting in the backlog");
+    let response = answer?;
+    assert_eq!(response.status, 404, "{}", response.head);
+    Some(stream)
+}
+
+/// Out of file descriptors, a new connection is refused at once (closed
+/// unanswered, as the client connects), not left waiting in the kernel's
+/// backlog until one frees; that is logged once, and once more when
+/// connections are accepted again, with how many were refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_a_connection_is_refused_at_once_and_logged_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let setup = Setup::route("")
+        .at("/api")
+        .server("header_read_timeout = \"60s\"\n");
+    let toml = gateway_toml_with(
+        &dir.path().join("idemgate.db"),
+        "http://127.0.0.1:9",
+        &setup,
+    );
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let serve = serve_with_descriptors(&config, 64);
+    let gateway = BinaryGateway::spawn(serve, &dir.path().join("gw.log")).await;
+
+    let mut held = Vec::new();
+    while let Some(stream) = answered_and_kept(gateway.proxy).await {
+        held.push(stream);
+        assert!(held.len() < 64, "64 connections held under `ulimit -n 64`");
+    }
+    let refused = AtomicUsize::new(1);
+    for _ in 0..2 {
+        let again = answered_and_kept(gateway.proxy).await;
+        assert!(again.is_none(), "served while out of descriptors");
+        refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    // Connections close: new ones are served, and once that has lasted
+    // (a listener at its limit refuses and serves in turn), the log says
+    // so.
+    drop(held);
+    let logged = eventually("connections accepted again, and so logged", || async {
+        if answered_and_kept(gateway.proxy).await.is_none() {
+            refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let logged = gateway.stderr();
+        logged
+            .contains("accepting connections again")
+            .then_some(logged)
+    })
+    .await;
+    assert_eq!(
+        logged.matches("out of file descriptors").count(),
+        1,
+        "{logged}"
+    );
+    let counted = format!("refused={}", refused.load(Ordering::Relaxed));
+    assert!(logged.contains(&counted), "{counted}: {logged}");
 }

@@ -458,3 +458,107 @@ async fn bad_tls_files_are_refused_at_startup_naming_field_and_file() {
         "{stderr}"
     );
 }
+
+/// `idemgate check-config` of `toml`, written to `dir`: (exit 0, stdout, stderr).
+async fn check_config(dir: &Path, toml: &str) -> (bool, String, String) {
+    let config = write_config(dir, "check.toml", toml);
+    let mut cmd = binary();
+    cmd.arg("check-config").arg(&config);
+    let (status, stdout, stderr) = run_to_exit(cmd).await;
+    (status.success(), stdout, stderr)
+}
+
+/// A self-signed upstream certificate made as `openssl req -x509` makes
+/// one (a CA: `basicConstraints CA:TRUE`) is refused by webpki as the
+/// upstream's own, whatever `upstream_ca` says: `check-config` warns of it
+/// in those words, and a write's 502 says why in words too, not in
+/// rustls's debug form. Made `CA:FALSE`, the same certificate is trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_signed_upstream_certificate_must_not_be_a_ca() {
+    let pki = tempfile::tempdir().expect("tempdir");
+    let as_ca = self_signed_server_cert(pki.path(), "as-ca", true);
+    let upstream = FakeUpstream::start_tls(server_config(&as_ca)).await;
+    let route = format!(
+        "connect_retries = 0\nupstream_ca = \"{}\"\n",
+        as_ca.cert.display()
+    );
+    let gw = spawn_gateway_on(upstream, Setup::route(&route)).await;
+
+    let (ok, stdout, stderr) = check_config(pki.path(), &gw.toml).await;
+    assert!(ok && stdout.trim() == "ok", "{stdout}{stderr}");
+    assert!(
+        stderr.starts_with("warning: field `routes[0].upstream_ca`: ")
+            && stderr.contains("as-ca.crt")
+            && stderr.contains("CA:TRUE")
+            && stderr.contains("CA:FALSE"),
+        "{stderr}"
+    );
+
+    let refused = write(gw.addr(), "/invoices", Some("self-ca-1"), BODY).await;
+    let problem = refused.assert_operation_problem(502, "upstream-unreachable", "not_attempted");
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("is a CA certificate (CA:TRUE)") && !detail.contains("Other("),
+        "{detail}"
+    );
+    assert_eq!(gw.upstream.writes(), 0);
+
+    // The usual fix: the same kind of certificate, CA:FALSE.
+    let plain = self_signed_server_cert(pki.path(), "plain", false);
+    let upstream = FakeUpstream::start_tls(server_config(&plain)).await;
+    let route = format!("upstream_ca = \"{}\"\n", plain.cert.display());
+    let gw = spawn_gateway_on(upstream, Setup::route(&route)).await;
+    let (ok, stdout, stderr) = check_config(pki.path(), &gw.toml).await;
+    assert!(
+        ok && stdout.trim() == "ok" && stderr.is_empty(),
+        "{stdout}{stderr}"
+    );
+    assert_fresh_created(&write(gw.addr(), "/invoices", Some("self-1"), BODY).await);
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
+/// A listener certificate outside its validity period: a SIGHUP that
+/// finds one refuses it as it refuses a garbled file (the good certificate
+/// stays, the log says why); `check-config`, and a start, warn of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_certificate_is_refused_by_a_reload_and_warned_of_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(dir.path(), "ca");
+    let good = ca.server_cert(dir.path(), "proxy");
+    let toml = gateway_toml_with(
+        &dir.path().join("idemgate.db"),
+        "http://127.0.0.1:9",
+        &Setup::route("").server("tls_cert = \"proxy.crt\"\ntls_key = \"proxy.key\"\n"),
+    );
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let gateway = BinaryGateway::start(&config, &dir.path().join("gateway.log")).await;
+
+    ca.expired_server_cert(dir.path(), "proxy");
+    let (ok, stdout, stderr) = check_config(dir.path(), &toml).await;
+    assert!(ok && stdout.trim() == "ok", "{stdout}{stderr}");
+    assert!(
+        stderr.starts_with("warning: field `server.tls_cert`: ")
+            && stderr.contains("proxy.crt")
+            && stderr.contains("expired"),
+        "{stderr}"
+    );
+
+    gateway.signal("HUP");
+    let logged = gateway.wait_for_log("TLS certificate not reloaded").await;
+    assert!(
+        logged.contains("proxy.crt") && logged.contains("expired"),
+        "{logged}"
+    );
+    assert!(!logged.contains("TLS certificate reloaded"), "{logged}");
+    let after = TlsClient::connect(gateway.proxy, ca.client_config(None))
+        .await
+        .expect("still serving the good certificate");
+    assert_eq!(after.peer_certificate, good.der());
+    drop(gateway);
+
+    // Started with it: serves (the admin listener with it), and says why
+    // TLS clients will refuse the proxy's certificate.
+    let restarted = BinaryGateway::start(&config, &dir.path().join("again.log")).await;
+    let logged = restarted.wait_for_log("outside its validity period").await;
+    assert!(logged.contains("proxy.crt"), "{logged}");
+}

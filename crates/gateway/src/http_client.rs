@@ -5,7 +5,7 @@
 //! the host connected to, or against a name the caller gives
 //! ([`client_checking`]).
 
-use idemgate_model::error_chain::error_chain;
+use crate::tls::error_chain;
 use std::time::Duration;
 
 use bytes::Bytes;

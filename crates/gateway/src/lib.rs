@@ -5,8 +5,10 @@
 //!
 //! # Layout
 //! - [`config`]: the TOML file → validated [`config::Config`].
-//! - [`server`]: listeners, accept loops, graceful shutdown; [`workers`]: the
-//!   threads (a runtime each) proxy connections are spread over;
+//! - [`server`]: listeners, accept loops, graceful shutdown; `accept`:
+//!   taking a connection off a listener, refusing it at once when out of
+//!   file descriptors; [`workers`]: the threads (a runtime each) proxy
+//!   connections are spread over;
 //!   `connection`: one connection served as HTTP/1.1 or HTTP/2, with
 //!   the listener's limits.
 //! - [`systemd`]: readiness, reloads, the drain and a watchdog told to
@@ -64,6 +66,7 @@
 //! these modules import each other (tests/it/layout.rs checks it).
 #![forbid(unsafe_code)]
 
+mod accept;
 pub mod access_log;
 pub mod admin;
 pub mod alerts;

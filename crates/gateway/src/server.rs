@@ -16,7 +16,8 @@
 //! is closed, and those refusals are bounded in number and time too. Over
 //! the admin listener's cap the liveness probe is still answered 200: the
 //! process that answers it is alive, only busy, and a restart would cut
-//! every write in flight.
+//! every write in flight. A process out of file descriptors refuses a new
+//! connection as it comes (`accept`).
 //!
 //! A listener with a certificate (`tls_cert`, `admin_tls_cert`) speaks TLS
 //! only: the handshake runs in the connection's task, holding its place
@@ -43,6 +44,7 @@ use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::accept::Acceptor;
 use crate::access_log::AccessLog;
 use crate::admin::auth::{AdminToken, ExposedAdmin, UnusableToken};
 use crate::admin::{self, Admin};
@@ -214,6 +216,9 @@ impl Gateway {
         // First: a file that cannot be used is refused before anything is
         // created or locked.
         let listeners = tls::read(&config)?;
+        for warning in listeners.warnings() {
+            tracing::warn!("{warning}");
+        }
         let clock = options.clock.clone();
         let lookup = |name: &str| options.var(name);
         let trace_settings = TraceSettings::from_env(&lookup).map_err(TraceError::from)?;
@@ -684,18 +689,11 @@ async fn accept_loop<F, S>(
     // in progress and closes; the tracker waits for them.
     let closing = CancellationToken::new();
     let connections = TaskTracker::new();
+    let mut acceptor = Acceptor::new(listener, cap.listener);
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = acceptor.accept() => accepted,
         };
         let Ok(permit) = cap.open.clone().try_acquire_owned() else {
             tracing::debug!(%peer, listener = cap.listener, "connection refused: listener at its cap");
@@ -721,7 +719,7 @@ async fn accept_loop<F, S>(
             drop(tracked);
         });
     }
-    drop(listener);
+    drop(acceptor);
     let deadline = Instant::now() + server.shutdown_grace;
     closing.cancel();
     connections.close();

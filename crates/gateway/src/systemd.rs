@@ -21,10 +21,17 @@
 //!   serves, how many operations are held `unknown`, or that the store does
 //!   not answer.
 //!
-//! Without `NOTIFY_SOCKET` (not under systemd) nothing is sent and no timer
-//! runs. A notification that cannot be sent is logged and never stops the
-//! gateway: serving matters more than telling.
+//! `NOTIFY_SOCKET` is read as sd_notify(3) reads it: a path, or `@` and a
+//! name in Linux's abstract namespace (how systemd names its socket to a
+//! unit in a private mount namespace, and how a container runtime may).
+//! Unset or empty (not under systemd), nothing is sent and no timer runs;
+//! a value that names no socket is logged once, at start, and counts as
+//! unset. A notification that cannot be sent is logged and never stops
+//! the gateway: serving matters more than telling.
 
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::Duration;
 
 use sd_notify::NotifyState;
@@ -38,10 +45,10 @@ use idemgate_store::StoreError;
 pub(crate) const STATUS_EVERY: Duration = Duration::from_secs(30);
 
 /// The service manager, if one listens.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Notifier {
-    /// `NOTIFY_SOCKET` is set.
-    listening: bool,
+    /// Where it listens (`NOTIFY_SOCKET`).
+    socket: Option<SocketAddr>,
     /// `WATCHDOG_USEC`, when it is meant for this process.
     watchdog: Option<Duration>,
 }
@@ -49,9 +56,16 @@ pub struct Notifier {
 impl Notifier {
     /// The service manager this process's environment names, if any.
     pub fn from_env() -> Notifier {
-        let listening = std::env::var_os("NOTIFY_SOCKET").is_some();
+        let named = std::env::var_os("NOTIFY_SOCKET");
+        let socket = named.as_deref().and_then(|name| {
+            destination(name).unwrap_or_else(|error| {
+                tracing::warn!(?name, %error, "NOTIFY_SOCKET names no socket: systemd is not told");
+                None
+            })
+        });
+        let listening = socket.is_some();
         Notifier {
-            listening,
+            socket,
             watchdog: sd_notify::watchdog_enabled().filter(|_| listening),
         }
     }
@@ -69,7 +83,7 @@ impl Notifier {
 
     /// `RELOADING=1` with `MONOTONIC_USEC=`: a SIGHUP is being handled.
     pub fn reloading(&self) {
-        if !self.listening {
+        if self.socket.is_none() {
             return;
         }
         match NotifyState::monotonic_usec_now() {
@@ -138,21 +152,52 @@ impl Notifier {
     /// timeout, as sd_watchdog_enabled(3) advises, at most
     /// `STATUS_EVERY`; `None` without a service manager.
     pub fn period(&self) -> Option<Duration> {
-        if !self.listening {
-            return None;
-        }
+        self.socket.as_ref()?;
         let watchdog = self.watchdog.map_or(STATUS_EVERY, |timeout| timeout / 2);
         Some(watchdog.min(STATUS_EVERY).max(Duration::from_millis(1)))
     }
 
     fn send(&self, states: &[NotifyState<'_>]) {
-        if !self.listening {
+        let Some(socket) = &self.socket else {
             return;
-        }
-        if let Err(error) = sd_notify::notify(states) {
+        };
+        let message: String = states.iter().map(|state| format!("{state}\n")).collect();
+        if let Err(error) = send_to(socket, message.as_bytes()) {
             tracing::warn!(%error, "cannot notify systemd (NOTIFY_SOCKET)");
         }
     }
+}
+
+/// The socket `NOTIFY_SOCKET` names: `None` when it is empty, an abstract
+/// name after `@`, else a path. (The sd-notify crate connects to any value
+/// as a path, so an abstract name was never reached.)
+fn destination(name: &OsStr) -> io::Result<Option<SocketAddr>> {
+    use std::os::unix::ffi::OsStrExt;
+    match name.as_bytes() {
+        [] => Ok(None),
+        [b'@', name @ ..] => abstract_name(name).map(Some),
+        _ => SocketAddr::from_pathname(name).map(Some),
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn abstract_name(name: &[u8]) -> io::Result<SocketAddr> {
+    use std::os::linux::net::SocketAddrExt;
+    SocketAddr::from_abstract_name(name)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn abstract_name(_: &[u8]) -> io::Result<SocketAddr> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "an abstract socket name (`@…`) is Linux's",
+    ))
+}
+
+/// One datagram to `socket`, from a socket of its own.
+fn send_to(socket: &SocketAddr, message: &[u8]) -> io::Result<()> {
+    UnixDatagram::unbound()?.send_to_addr(message, socket)?;
+    Ok(())
 }
 
 /// The status line while serving: where, and how many operations are
@@ -184,8 +229,9 @@ mod tests {
 
     #[test]
     fn the_watch_runs_at_half_the_watchdog_and_at_least_every_status_period() {
+        let socket = SocketAddr::from_pathname("/run/systemd/notify").unwrap();
         let under = |watchdog| Notifier {
-            listening: true,
+            socket: Some(socket.clone()),
             watchdog,
         };
         assert_eq!(
@@ -198,10 +244,25 @@ mod tests {
         );
         assert_eq!(under(None).period(), Some(STATUS_EVERY));
         let alone = Notifier {
-            listening: false,
+            socket: None,
             watchdog: None,
         };
         assert_eq!(alone.period(), None);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn notify_socket_is_read_as_sd_notify_reads_it() {
+        use std::os::linux::net::SocketAddrExt;
+        let read = |value: &str| destination(OsStr::new(value)).unwrap();
+        assert!(read("").is_none(), "empty is unset");
+        let named = read("@idemgate-notify").unwrap();
+        assert_eq!(named.as_abstract_name(), Some(&b"idemgate-notify"[..]));
+        let path = read("/run/systemd/notify").unwrap();
+        assert_eq!(
+            path.as_pathname(),
+            Some(std::path::Path::new("/run/systemd/notify"))
+        );
     }
 
     #[test]

@@ -46,6 +46,50 @@ impl PemPair {
     }
 }
 
+impl PemPair {
+    /// `cert` and `key` written to `dir/<name>.crt` and `dir/<name>.key`.
+    fn write(dir: &Path, name: &str, cert: &rcgen::Certificate, key: &KeyPair) -> PemPair {
+        let pair = PemPair {
+            cert: dir.join(format!("{name}.crt")),
+            key: dir.join(format!("{name}.key")),
+            issued: cert.der().clone(),
+        };
+        std::fs::write(&pair.cert, cert.pem()).expect("write certificate");
+        std::fs::write(&pair.key, key.serialize_pem()).expect("write key");
+        pair
+    }
+}
+
+/// A leaf certificate's parameters: `name` as its common name, `names` as
+/// its subject alternative names, for `usage`.
+fn leaf_params(
+    name: &str,
+    names: Vec<String>,
+    usage: ExtendedKeyUsagePurpose,
+) -> CertificateParams {
+    let mut params = CertificateParams::new(names).expect("leaf params");
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.extended_key_usages = vec![usage];
+    params
+}
+
+/// A self-signed server certificate for `127.0.0.1`, written like
+/// [`TestCa::server_cert`]; with `ca`, marked a CA (`basicConstraints
+/// CA:TRUE`), as `openssl req -x509` makes one unless told otherwise.
+pub fn self_signed_server_cert(dir: &Path, name: &str, ca: bool) -> PemPair {
+    let mut params = leaf_params(
+        name,
+        vec!["127.0.0.1".into()],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    if ca {
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    }
+    let key = KeyPair::generate().expect("key");
+    let cert = params.self_signed(&key).expect("self-signed certificate");
+    PemPair::write(dir, name, &cert, &key)
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -83,6 +127,22 @@ impl TestCa {
         self.issue(dir, name, names, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
+    /// Like [`TestCa::server_cert`], valid only during 2020: expired.
+    pub fn expired_server_cert(&self, dir: &Path, name: &str) -> PemPair {
+        let mut params = leaf_params(
+            name,
+            vec!["127.0.0.1".into(), "localhost".into()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        let key = KeyPair::generate().expect("leaf key");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("leaf certificate");
+        PemPair::write(dir, name, &cert, &key)
+    }
+
     /// A client certificate (mTLS), written like [`TestCa::server_cert`].
     pub fn client_cert(&self, dir: &Path, name: &str) -> PemPair {
         self.issue(dir, name, vec![], ExtendedKeyUsagePurpose::ClientAuth)
@@ -95,21 +155,11 @@ impl TestCa {
         names: Vec<String>,
         usage: ExtendedKeyUsagePurpose,
     ) -> PemPair {
-        let mut params = CertificateParams::new(names).expect("leaf params");
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.extended_key_usages = vec![usage];
         let key = KeyPair::generate().expect("leaf key");
-        let cert = params
+        let cert = leaf_params(name, names, usage)
             .signed_by(&key, &self.issuer)
             .expect("leaf certificate");
-        let pair = PemPair {
-            cert: dir.join(format!("{name}.crt")),
-            key: dir.join(format!("{name}.key")),
-            issued: cert.der().clone(),
-        };
-        std::fs::write(&pair.cert, cert.pem()).expect("write certificate");
-        std::fs::write(&pair.key, key.serialize_pem()).expect("write key");
-        pair
+        PemPair::write(dir, name, &cert, &key)
     }
 
     fn roots(&self) -> RootCertStore {

@@ -55,9 +55,9 @@ use crate::pipeline::host::ViaTls;
 use crate::pipeline::pool::{self, Handback, Pool, PooledBody, SendError, Slots};
 use crate::pipeline::sse;
 use crate::tls::TlsError;
+use crate::tls::error_chain;
 use crate::traces;
 use idemgate_model::backoff::Backoff;
-use idemgate_model::error_chain::error_chain;
 use idemgate_store::{Claim, Fence, Permit};
 
 /// The client of reconcile probes, whose URLs may name any host.

@@ -5,28 +5,39 @@
 //! The configuration only names these files ([`crate::config`]); they are
 //! read here, at start ([`read`], before the store is opened) and by
 //! `idemgate check-config` through the same call, so a file that cannot be
-//! used is refused the same way by both, naming the field that names it.
+//! used is refused the same way by both, naming the field that names it,
+//! and a file that loads but that a peer will refuse is warned of the same
+//! way by both ([`Warning`], found by `preflight`).
 //!
 //! Invariants:
 //! - a certificate a listener presents was read whole and matches its key; a
-//!   reload that fails (a missing, garbled or mismatched file) keeps the one
-//!   in use, and a swap only changes what new handshakes get: open
-//!   connections keep theirs;
+//!   reload that fails (a missing, garbled or mismatched file, or a
+//!   certificate outside its validity period, which every client would
+//!   refuse) keeps the one in use, and a swap only changes what new
+//!   handshakes get: open connections keep theirs;
 //! - an upstream is trusted by the public (webpki) roots plus its route's
-//!   `upstream_ca`, never by fewer checks: no verification is switched off.
+//!   `upstream_ca`, never by fewer checks: no verification is switched off;
+//! - a server's certificate that rustls refused is said in words
+//!   ([`error_chain`], `certificate_error`), in logs and in the 502 a
+//!   client gets, never in rustls's Debug form.
+
+mod certificate_error;
+mod preflight;
+
+pub use certificate_error::error_chain;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{ClientConfig, RootCertStore};
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::{CertPair, ClientTls, Config};
+use crate::config::{CertPair, ClientTls, Config, Upstream};
 
 /// Why TLS material could not be used; names the file.
 #[derive(Debug, thiserror::Error)]
@@ -72,10 +83,32 @@ pub struct FieldError {
     pub(crate) error: TlsError,
 }
 
+/// A TLS file the configuration names that loads, but that a peer will
+/// refuse: reported at start and by `check-config`, not refused, since
+/// what the peer will present or accept is not known until it does.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct Warning(FieldError);
+
 /// The listeners' TLS, read whole at start.
 pub struct Listeners {
     pub(crate) proxy: Option<ServerTls>,
     pub(crate) admin: Option<ServerTls>,
+    warnings: Vec<Warning>,
+}
+
+impl Warning {
+    fn new(field: &str, error: TlsError) -> Warning {
+        let field = field.into();
+        Warning(FieldError { field, error })
+    }
+}
+
+impl Listeners {
+    /// What the files hold that peers will refuse.
+    pub fn warnings(&self) -> &[Warning] {
+        &self.warnings
+    }
 }
 
 /// Reads every TLS file `config` names and checks it as it will be used:
@@ -84,11 +117,18 @@ pub struct Listeners {
 /// configurations are built again from the same files by their clients
 /// (`pipeline::forward::client`), moments later in the same start.
 pub fn read(config: &Config) -> Result<Listeners, FieldError> {
-    let listener = |name, files: &Option<CertPair>, fields: (&str, &str)| {
+    // A certificate outside its validity period is a warning here, not an
+    // error: there is no other to keep (a reload refuses it), refusing to
+    // start would take the admin listener down with the proxy's, and a
+    // host whose clock is not set yet at boot would refuse a good one.
+    let mut warnings = Vec::new();
+    let mut listener = |name, files: &Option<CertPair>, fields: (&str, &str)| {
         files
             .as_ref()
             .map(|files| {
                 let certified = read_pair(files, (fields.0.into(), fields.1.into()))?;
+                let dated = outside_validity(&certified, &files.cert);
+                warnings.extend(dated.map(|error| Warning::new(fields.0, error)));
                 ServerTls::new(name, files, certified).map_err(|error| FieldError {
                     field: fields.0.into(),
                     error,
@@ -110,13 +150,48 @@ pub fn read(config: &Config) -> Result<Listeners, FieldError> {
                 field: field("upstream_ca"),
                 error,
             })?;
+            let refused = ca_as_upstream(ca, &route.upstream);
+            warnings.extend(refused.map(|error| Warning::new(&field("upstream_ca"), error)));
         }
         if let Some(identity) = &route.upstream_tls.identity {
             let fields = (field("upstream_client_cert"), field("upstream_client_key"));
-            read_pair(identity, fields)?;
+            let certified = read_pair(identity, fields.clone())?;
+            let dated = outside_validity(&certified, &identity.cert);
+            warnings.extend(dated.map(|error| Warning::new(&fields.0, error)));
         }
     }
-    Ok(Listeners { proxy, admin })
+    Ok(Listeners {
+        proxy,
+        admin,
+        warnings,
+    })
+}
+
+/// Why the upstream will be refused when it presents a certificate of
+/// the `upstream_ca` file `ca` as its own: one named for its host that is
+/// a CA certificate.
+fn ca_as_upstream(ca: &Path, upstream: &Upstream) -> Option<TlsError> {
+    // An IPv6 address is written in brackets in a URL, not in a certificate.
+    let host = upstream
+        .authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let host = ServerName::try_from(host).ok()?;
+    certificates(ca)
+        .ok()?
+        .iter()
+        .find_map(|certificate| preflight::ca_named_for(certificate, &host))
+        .map(|reason| TlsError::invalid(ca, reason))
+}
+
+/// Why `certified`'s certificate, read from `cert`, will be refused now:
+/// it is outside its validity period.
+fn outside_validity(certified: &CertifiedKey, cert: &Path) -> Option<TlsError> {
+    let leaf = certified.end_entity_cert().ok()?;
+    let why = preflight::outside_validity(leaf, UnixTime::now())?;
+    let reason = format!("the certificate is outside its validity period: {why}");
+    Some(TlsError::invalid(cert, reason))
 }
 
 /// A certificate chain and its key, read and checked to belong together;
@@ -150,16 +225,34 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certificates)
 }
 
-/// The first private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+/// The first private key of a PEM file (PKCS#8, PKCS#1 or SEC1),
+/// unencrypted.
 fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let text = read_file(path)?;
     PrivateKeyDer::from_pem_slice(&text).map_err(|e| match e {
+        // The PEM reader skips a block it has no type for, and reads a
+        // legacy encrypted one's headers as broken base64: either way what
+        // it says would hide the cause.
+        _ if encrypted(&text) => TlsError::invalid(
+            path,
+            "the private key is encrypted, which is not supported: decrypt it first \
+             (`openssl pkey -in KEY -out PLAIN`) and keep the plain file readable by \
+             the gateway's user only",
+        ),
         pem::Error::NoItemsFound => TlsError::invalid(
             path,
             "no PEM private key block (PKCS#8, PKCS#1 or SEC1) in the file",
         ),
         e => TlsError::invalid(path, format!("not a PEM private key file: {e}")),
     })
+}
+
+/// Whether a PEM file holds an encrypted private key: PKCS#8's own
+/// block, or a PKCS#1 or SEC1 block with OpenSSL's legacy encryption
+/// header.
+fn encrypted(text: &[u8]) -> bool {
+    let holds = |needle: &[u8]| text.windows(needle.len()).any(|window| window == needle);
+    holds(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || holds(b"Proc-Type: 4,ENCRYPTED")
 }
 
 /// A certificate chain (leaf first) and the key it certifies, checked to
@@ -258,9 +351,14 @@ impl ServerTls {
     }
 
     /// Reads the files again; new handshakes get the new certificate. On
-    /// error the certificate in use stays.
+    /// error the certificate in use stays: a certificate outside its
+    /// validity period is one, since every client would refuse it and the
+    /// one in use serves them no worse.
     pub fn reload(&self) -> Result<(), TlsError> {
         let fresh = certified_key(&self.files.cert, &self.files.key)?;
+        if let Some(error) = outside_validity(&fresh, &self.files.cert) {
+            return Err(error);
+        }
         *self
             .current
             .0
@@ -356,5 +454,23 @@ mod tests {
         );
         let listeners = read(&config(&good)).unwrap();
         assert!(listeners.proxy.is_some() && listeners.admin.is_none());
+    }
+
+    #[test]
+    fn an_encrypted_key_is_said_to_be_encrypted() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key.pem");
+        // The label or the header is what says so; what the block holds
+        // is never read.
+        let pkcs8 = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIFHDBOBgkqhkiG9w0BBQ0wQTApBgkqhkiG9w0BBQwwHAQI\n-----END ENCRYPTED PRIVATE KEY-----\n";
+        let legacy = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,5FB270A6F1BE3B81E9DF3819CD2948E4\n\nMIIEpAIBAAKCAQEA\n-----END RSA PRIVATE KEY-----\n";
+        for encrypted in [pkcs8, legacy] {
+            std::fs::write(&key, encrypted).unwrap();
+            let err = private_key(&key).unwrap_err().to_string();
+            assert!(
+                err.contains("the private key is encrypted") && err.contains("decrypt it first"),
+                "{err}"
+            );
+        }
     }
 }
