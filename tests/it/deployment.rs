@@ -258,30 +258,9 @@ async fn healthcheck_takes_only_the_readiness_answer_as_ready() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthcheck_reads_the_admin_listener_from_the_config_and_speaks_its_tls() {
-    let upstream = FakeUpstream::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let operators = TestCa::new(dir.path(), "operators-ca");
-    let identity = operators.server_cert(dir.path(), "admin");
-    let tls = format!(
-        "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"\n",
-        identity.cert.display(),
-        identity.key.display()
-    );
-    let toml = gateway_toml_with(
-        &dir.path().join("idemgate.db"),
-        &upstream.url(),
-        &Setup::route("").server(&tls),
-    );
-    let config = write_config(dir.path(), "idemgate.toml", &toml);
-    let gateway = BinaryGateway::start(&config, &dir.path().join("gateway.log")).await;
-    // The file says port 0; the one bound is the gateway's.
-    let bound = toml.replace(
-        "admin_listen = \"127.0.0.1:0\"",
-        &format!("admin_listen = \"{}\"", gateway.admin),
-    );
-    let bound = write_config(dir.path(), "bound.toml", &bound);
-    let bound = bound.to_str().expect("utf-8 path");
-    let ca = operators.pem.to_str().expect("utf-8 path");
+    let served = AdminOverTls::start(dir.path(), |ca, dir| ca.server_cert(dir, "admin")).await;
+    let (bound, ca) = (served.bound(), served.ca());
 
     let (ready, stdout, stderr) = healthcheck(&["--config", bound, "--ca", ca]).await;
     assert!(ready, "{stderr}");
@@ -297,29 +276,13 @@ async fn healthcheck_reads_the_admin_listener_from_the_config_and_speaks_its_tls
 /// nothing could say which name to check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthcheck_checks_the_certificate_against_the_server_name_given() {
-    let upstream = FakeUpstream::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let operators = TestCa::new(dir.path(), "operators-ca");
-    let identity = operators.server_cert_for(dir.path(), "admin", &["gw.example.com"]);
-    let tls = format!(
-        "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"\n",
-        identity.cert.display(),
-        identity.key.display()
-    );
-    let toml = gateway_toml_with(
-        &dir.path().join("idemgate.db"),
-        &upstream.url(),
-        &Setup::route("").server(&tls),
-    );
-    let config = write_config(dir.path(), "idemgate.toml", &toml);
-    let gateway = BinaryGateway::start(&config, &dir.path().join("gateway.log")).await;
-    let bound = toml.replace(
-        "admin_listen = \"127.0.0.1:0\"",
-        &format!("admin_listen = \"{}\"", gateway.admin),
-    );
-    let bound = write_config(dir.path(), "bound.toml", &bound);
-    let bound = bound.to_str().expect("utf-8 path");
-    let ca = operators.pem.to_str().expect("utf-8 path");
+    let served = AdminOverTls::start(dir.path(), |ca, dir| {
+        ca.server_cert_for(dir, "admin", &["gw.example.com"])
+    })
+    .await;
+    let (bound, ca) = (served.bound(), served.ca());
+    let gateway = &served.gateway;
     let admin = format!("https://{}", gateway.admin);
 
     // Checked against the address asked: not a name the certificate holds.
@@ -774,4 +737,55 @@ async fn the_container_image_serves_from_its_own_filesystem() {
     let store = std::fs::metadata(rootfs.join("var/lib/idemgate/idemgate.db"))
         .expect("the store in the volume");
     assert_eq!(store.uid(), 10001);
+}
+
+/// A gateway (the real binary) whose admin listener speaks TLS with the
+/// certificate `identity` issues from an operators' CA, and a copy of its
+/// config naming the admin port it bound.
+struct AdminOverTls {
+    gateway: BinaryGateway,
+    bound: std::path::PathBuf,
+    ca: std::path::PathBuf,
+    _upstream: FakeUpstream,
+}
+
+impl AdminOverTls {
+    async fn start(dir: &Path, identity: impl FnOnce(&TestCa, &Path) -> PemPair) -> AdminOverTls {
+        let upstream = FakeUpstream::start().await;
+        let operators = TestCa::new(dir, "operators-ca");
+        let identity = identity(&operators, dir);
+        let tls = format!(
+            "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"\n",
+            identity.cert.display(),
+            identity.key.display()
+        );
+        let toml = gateway_toml_with(
+            &dir.join("idemgate.db"),
+            &upstream.url(),
+            &Setup::route("").server(&tls),
+        );
+        let config = write_config(dir, "idemgate.toml", &toml);
+        let gateway = BinaryGateway::start(&config, &dir.join("gateway.log")).await;
+        // The file says port 0; the one bound is the gateway's.
+        let bound = toml.replace(
+            "admin_listen = \"127.0.0.1:0\"",
+            &format!("admin_listen = \"{}\"", gateway.admin),
+        );
+        AdminOverTls {
+            gateway,
+            bound: write_config(dir, "bound.toml", &bound),
+            ca: operators.pem.clone(),
+            _upstream: upstream,
+        }
+    }
+
+    /// The config naming the bound admin port.
+    fn bound(&self) -> &str {
+        self.bound.to_str().expect("utf-8 path")
+    }
+
+    /// The operators' CA certificate.
+    fn ca(&self) -> &str {
+        self.ca.to_str().expect("utf-8 path")
+    }
 }
