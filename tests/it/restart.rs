@@ -389,3 +389,31 @@ async fn a_pause_left_by_a_renamed_route_can_be_resumed() {
         .await
         .assert_problem(404, "no-route");
 }
+
+/// What does not change an operation's identity does not refuse a start:
+/// `ignore_fields` in another order, or named twice; and a route renamed
+/// (accepted) and then put back as it was finds its held write again.
+/// Both were refused (the second advising what it then refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_keeps_identities_is_not_refused() {
+    const IGNORED: &str = "ignore_fields = [\"/t\", \"/z\"]";
+    let mut gw = spawn_gateway_with(Setup::route(IGNORED).admin()).await;
+    let lost = write(gw.addr(), "/status/502", Some("lost"), BODY).await;
+    assert_eq!(lost.status, 502, "held unknown: {:?}", lost.body);
+    gw.shutdown().await;
+    let first = gw.toml.clone();
+    gw.toml = first.replace(IGNORED, "ignore_fields = [\"/z\", \"/t\", \"/t\"]");
+    gw.start_again().await;
+    gw.shutdown().await;
+    gw.toml = first.replace("name = \"api\"", "name = \"api-v2\"");
+    gw.accept_route_changes = true;
+    gw.start_again().await;
+    gw.shutdown().await;
+    gw.accept_route_changes = false;
+    gw.toml = first;
+    gw.start_again().await;
+    write(gw.addr(), "/status/502", Some("lost"), BODY)
+        .await
+        .assert_operation_problem(409, "outcome-unknown", "unknown");
+    assert_eq!(gw.upstream.writes(), 0);
+}

@@ -10,7 +10,9 @@
 //! settings that changed, or under a route no longer configured, only when
 //! the operator said so (`serve --accept-route-changes`); the settings the
 //! store keeps are those of the last start that served, a route no longer
-//! configured kept as [`NO_LONGER_CONFIGURED`] while it has operations.
+//! configured kept marked [`NO_LONGER_CONFIGURED`], with its last
+//! settings, while it has operations: put back as it was, it is no
+//! change.
 //! Settled operations under changed settings are warned about, not
 //! refused: they age out with retention. `in_progress` ones are not
 //! counted: on a shared store they are peers' writes in flight, answered
@@ -26,9 +28,10 @@ use crate::config::Route;
 /// This module's log target.
 const TARGET: &str = "idemgate::route_settings";
 
-/// What the store keeps for a route that had operations and is no longer
-/// configured: compared as any settings are, should the name come back.
-const NO_LONGER_CONFIGURED: &str = "(no longer configured)";
+/// What the store keeps before the last settings of a route that had
+/// operations and is no longer configured (none, for a route a store
+/// written before it kept settings held operations under).
+const NO_LONGER_CONFIGURED: &str = "(no longer configured) ";
 
 /// A start that would leave held operations unfound.
 #[derive(Debug, thiserror::Error)]
@@ -91,15 +94,17 @@ pub(crate) async fn check(
     let mut keep = Vec::new();
     for route in routes {
         let now = route.identity_settings();
-        let before = kept.get(&route.name);
-        if let Some(before) = before.filter(|before| **before != now) {
+        let stored_as = kept.get(&route.name).map(String::as_str);
+        // A route put back as it was before it went is no change.
+        let before = stored_as.map(|kept| kept.strip_prefix(NO_LONGER_CONFIGURED).unwrap_or(kept));
+        if let Some(before) = before.filter(|before| *before != now) {
             let change = format!(
                 "route `{}`: its identity settings changed, from {before} to {now}",
                 route.name
             );
             weigh(change, counts(&route.name), accept, &mut refused);
         }
-        if before != Some(&now) {
+        if stored_as != Some(&now) {
             keep.push((route.name.clone(), Some(now)));
         }
     }
@@ -112,15 +117,19 @@ pub(crate) async fn check(
         .collect();
     for name in gone {
         let ops = counts(name);
-        let marked = kept.get(name).is_some_and(|v| v == NO_LONGER_CONFIGURED);
+        let last = kept.get(name).map(String::as_str);
+        let marked = last.is_some_and(|last| last.starts_with(NO_LONGER_CONFIGURED));
         if !marked {
             let change = format!("route `{name}` is no longer configured (renamed, or removed)");
             weigh(change, ops, accept, &mut refused);
         }
         let gone_for_good = ops.held + ops.settled == 0;
         match (gone_for_good, marked) {
-            (true, _) if kept.contains_key(name) => keep.push((name.clone(), None)),
-            (false, false) => keep.push((name.clone(), Some(NO_LONGER_CONFIGURED.into()))),
+            (true, _) if last.is_some() => keep.push((name.clone(), None)),
+            (false, false) => {
+                let mark = format!("{NO_LONGER_CONFIGURED}{}", last.unwrap_or_default());
+                keep.push((name.clone(), Some(mark)));
+            }
             _ => {}
         }
     }

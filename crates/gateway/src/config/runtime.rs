@@ -445,10 +445,14 @@ impl Route {
     /// the old ones is noticed (`route_settings`). The route's name is the
     /// rest of that identity.
     pub(crate) fn identity_settings(&self) -> String {
-        let mut methods: Vec<_> = self.methods.iter().map(Method::as_str).collect();
-        methods.sort_unstable();
+        // Sets, as what reads them takes them: in any order, once.
+        let set = |items: &mut dyn Iterator<Item = &str>| {
+            let set: std::collections::BTreeSet<&str> = items.collect();
+            format!("{set:?}")
+        };
+        let methods = set(&mut self.methods.iter().map(Method::as_str));
         let mut text = format!(
-            "profile = {:?}, key = {:?}, methods = {methods:?}, scope_headers = {:?}",
+            "profile = {:?}, key = {:?}, methods = {methods}, scope_headers = {:?}",
             self.profile.wire().name,
             self.key,
             self.scope_headers
@@ -460,16 +464,19 @@ impl Route {
             // A call's fingerprint is its tool, its endpoint below the
             // prefix and its arguments but the key's.
             Some(mcp) => text.push_str(&format!(
-                ", path_prefix = {:?}, mcp.key_argument = {:?}, mcp.protected = {:?}, mcp.read_only = {:?}",
-                self.path_prefix, mcp.key_argument, mcp.protected, mcp.read_only
+                ", path_prefix = {:?}, mcp.key_argument = {:?}, mcp.protected = {}, mcp.read_only = {}",
+                self.path_prefix,
+                mcp.key_argument,
+                set(&mut mcp.protected.iter().map(String::as_str)),
+                set(&mut mcp.read_only.iter().map(String::as_str)),
             )),
             None => text.push_str(&format!(
-                ", fingerprint_headers = {:?}, ignore_fields = {:?}, derive_from = {:?}",
+                ", fingerprint_headers = {:?}, ignore_fields = {}, derive_from = {:?}",
                 self.fingerprint_headers
                     .iter()
                     .map(HeaderName::as_str)
                     .collect::<Vec<_>>(),
-                self.ignore_fields,
+                set(&mut self.ignore_fields.iter().map(String::as_str)),
                 self.derive_from,
             )),
         }
