@@ -495,17 +495,20 @@ async fn systemd_hears_ready_then_each_reload_with_its_outcome_then_stopping() {
     );
 }
 
+/// A config of one route to nowhere, its store in `dir`: for what happens
+/// before any request.
+fn plain_config(dir: &Path) -> std::path::PathBuf {
+    let store = dir.join("idemgate.db");
+    let toml = gateway_toml(&store, "http://127.0.0.1:9", "/", "");
+    write_config(dir, "idemgate.toml", &toml)
+}
+
 /// `NOTIFY_SOCKET=@name` is a socket in the abstract namespace
 /// (sd_notify(3)), not a file named `@name`: it hears the gateway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn systemd_is_heard_on_an_abstract_notify_socket() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = dir.path().join("idemgate.db");
-    let config = write_config(
-        dir.path(),
-        "idemgate.toml",
-        &gateway_toml(&store, "http://127.0.0.1:9", "/", ""),
-    );
+    let config = plain_config(dir.path());
     let notify = NotifySocket::bind_abstract();
     let gateway = BinaryGateway::spawn(notify.serve(&config), &dir.path().join("gw.log")).await;
     let ready = notify.until("READY=1", |lines| lines[0] == "READY=1").await;
@@ -525,12 +528,7 @@ async fn systemd_is_heard_on_an_abstract_notify_socket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_notify_socket_is_no_service_manager() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = dir.path().join("idemgate.db");
-    let config = write_config(
-        dir.path(),
-        "idemgate.toml",
-        &gateway_toml(&store, "http://127.0.0.1:9", "/", ""),
-    );
+    let config = plain_config(dir.path());
     let mut serve = binary();
     serve
         .arg("serve")
