@@ -3,7 +3,7 @@
 //! https through rustls with the webpki roots (plus a private CA where the
 //! caller gives one), a bounded connect. A certificate is checked against
 //! the host connected to, or against a name the caller gives
-//! ([`client_checking`]).
+//! ([`client_with`]).
 
 use crate::tls::error_chain;
 use std::time::Duration;
@@ -32,43 +32,28 @@ where
 }
 
 /// Like [`webpki_client`], trusting what `tls` trusts (the `keys` CLI's
-/// `--ca` for an admin listener behind a private CA).
+/// `--ca` for an admin listener behind a private CA); with `name`, every
+/// certificate is checked against it whatever host is connected to
+/// (`idemgate healthcheck --server-name`: an admin listener asked on
+/// loopback whose certificate names only the DNS name clients know it
+/// by).
 pub fn client_with<B>(
     connect_timeout: Duration,
     tls: rustls::ClientConfig,
+    name: Option<ServerName<'static>>,
 ) -> Client<HttpsConnector<HttpConnector>, B>
 where
     B: http_body::Body + Send,
     B::Data: Send,
 {
-    finish(
-        HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http(),
-        connect_timeout,
-    )
-}
-
-/// Like [`client_with`], checking every certificate against `name`
-/// whatever host it connects to: `idemgate healthcheck --server-name`
-/// asks an admin listener on loopback whose certificate names only the
-/// DNS name clients know it by.
-pub fn client_checking<B>(
-    connect_timeout: Duration,
-    tls: rustls::ClientConfig,
-    name: ServerName<'static>,
-) -> Client<HttpsConnector<HttpConnector>, B>
-where
-    B: http_body::Body + Send,
-    B::Data: Send,
-{
-    finish(
-        HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .with_server_name_resolver(FixedServerNameResolver::new(name)),
-        connect_timeout,
-    )
+    let builder = HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    let builder = match name {
+        Some(name) => builder.with_server_name_resolver(FixedServerNameResolver::new(name)),
+        None => builder,
+    };
+    finish(builder, connect_timeout)
 }
 
 fn finish<B>(

@@ -120,15 +120,11 @@ fn client(
         identity: None,
     }
     .client_config()?;
-    match &check.server_name {
-        None => Ok(http_client::client_with(check.timeout, tls)),
-        Some(_) if !admin.is_https() => Err(NotReady::ServerNameWithoutTls { url: admin.clone() }),
-        Some(name) => Ok(http_client::client_checking(
-            check.timeout,
-            tls,
-            name.clone(),
-        )),
+    if check.server_name.is_some() && !admin.is_https() {
+        return Err(NotReady::ServerNameWithoutTls { url: admin.clone() });
     }
+    let name = check.server_name.clone();
+    Ok(http_client::client_with(check.timeout, tls, name))
 }
 
 /// `/readyz`'s answer when the gateway is ready.

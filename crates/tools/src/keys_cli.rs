@@ -278,6 +278,7 @@ impl AdminApi {
             client: http_client::client_with(
                 CONNECT_TIMEOUT,
                 ClientTls { ca, identity: None }.client_config()?,
+                None,
             ),
         })
     }
