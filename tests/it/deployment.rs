@@ -275,7 +275,7 @@ async fn healthcheck_reads_the_admin_listener_from_the_config_and_speaks_its_tls
 /// by never matched the loopback address the healthcheck asks on, and
 /// nothing could say which name to check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn healthcheck_checks_the_certificate_against_the_server_name_given() {
+async fn healthcheck_and_keys_check_the_certificate_against_the_server_name_given() {
     let dir = tempfile::tempdir().expect("tempdir");
     let served = AdminOverTls::start(dir.path(), |ca, dir| {
         ca.server_cert_for(dir, "admin", &["gw.example.com"])
@@ -313,6 +313,21 @@ async fn healthcheck_checks_the_certificate_against_the_server_name_given() {
     let (ready, _, stderr) =
         healthcheck(&["--admin", &plain, "--server-name", "gw.example.com"]).await;
     assert!(!ready && stderr.contains("--server-name"), "{stderr}");
+
+    // `idemgate keys` checks the certificate as the healthcheck does.
+    let keys = |admin: &str, name: &[&str]| {
+        let mut cmd = binary();
+        cmd.args(["keys", "list", "--admin", admin, "--ca", ca])
+            .args(name)
+            .env("IDEMGATE_ADMIN_TOKEN", "not-the-gateways");
+        run_to_exit(cmd)
+    };
+    let (_, _, stderr) = keys(&admin, &[]).await;
+    assert!(stderr.contains("not valid for name"), "{stderr}");
+    let (_, _, stderr) = keys(&admin, &name).await;
+    assert!(stderr.contains("401"), "the API answered: {stderr}");
+    let (_, _, stderr) = keys(&plain, &name).await;
+    assert!(stderr.contains("--server-name"), "{stderr}");
 }
 
 /// systemd's end of the notify protocol: a datagram socket of the test's

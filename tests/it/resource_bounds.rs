@@ -761,4 +761,12 @@ async fn out_of_descriptors_a_connection_is_refused_at_once_and_logged_once() {
     );
     let counted = format!("refused={}", refused.load(Ordering::Relaxed));
     assert!(logged.contains(&counted), "{counted}: {logged}");
+    let metrics = scrape_metrics(gateway.admin).await;
+    let series = r#"idemgate_refused_connections_total{listener="proxy"}"#;
+    let in_metrics = metric(&metrics, series);
+    assert_eq!(
+        in_metrics,
+        Some(refused.load(Ordering::Relaxed) as f64),
+        "{series}"
+    );
 }

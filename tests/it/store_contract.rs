@@ -137,7 +137,8 @@ contract!(
     probe_findings_apply_only_to_unknown_at_their_attempt,
     a_write_found_twice_is_settled_by_an_operator_only,
     a_write_found_twice_after_its_late_response_is_alerted_and_pauses_its_route,
-    an_alert_delivery_taken_is_leased_and_a_busy_endpoint_waits,
+    an_alert_delivery_taken_is_leased_and_an_endpoint_without_room_waits,
+    an_endpoint_is_handed_no_more_alert_deliveries_than_its_room,
     probes_in_a_row_keep_their_first_and_latest_event,
     pauses_and_the_latch,
     listing_and_counting,
@@ -992,8 +993,9 @@ async fn a_write_found_twice_after_its_late_response_is_alerted_and_pauses_its_r
 const ALERT_LEASE: i64 = 30_000;
 
 /// Takes at `now` the `operation-unknown` deliveries due for endpoints
-/// `a` and `b`, none of `busy`'s, leased for [`ALERT_LEASE`].
-async fn take_alerts(store: &dyn Store, now: i64, busy: &[&str]) -> Vec<AlertDelivery> {
+/// `a` and `b`, up to `room` of each named there, leased for
+/// [`ALERT_LEASE`].
+async fn take_alerts(store: &dyn Store, now: i64, room: &[(&str, u32)]) -> Vec<AlertDelivery> {
     let subscription = |endpoint: &str| AlertSubscription {
         endpoint: endpoint.into(),
         event: "operation-unknown",
@@ -1005,7 +1007,7 @@ async fn take_alerts(store: &dyn Store, now: i64, busy: &[&str]) -> Vec<AlertDel
         now,
         lease_until: now + ALERT_LEASE,
         limit: 10,
-        busy: busy.iter().map(|e| e.to_string()).collect(),
+        room: room.iter().map(|&(e, n)| (e.to_string(), n)).collect(),
         forget_before: 0,
     };
     let mut taken = store.take_alerts(&poll).await.expect("take alerts");
@@ -1017,14 +1019,14 @@ fn endpoints(taken: &[AlertDelivery]) -> Vec<&str> {
     taken.iter().map(|d| d.endpoint.as_str()).collect()
 }
 
-async fn an_alert_delivery_taken_is_leased_and_a_busy_endpoint_waits(bench: Bench) {
+async fn an_alert_delivery_taken_is_leased_and_an_endpoint_without_room_waits(bench: Bench) {
     let store = bench.open("gw-1").await;
     let now = bench.clock.now_millis();
     // A shared store fans an alert out to the endpoints recorded before it.
     assert!(take_alerts(store.as_ref(), now, &[]).await.is_empty());
     held(store.as_ref(), "lost").await;
-    let b = take_alerts(store.as_ref(), now, &["a"]).await;
-    assert_eq!(endpoints(&b), ["b"], "a is busy: left for a later poll");
+    let b = take_alerts(store.as_ref(), now, &[("a", 0)]).await;
+    assert_eq!(endpoints(&b), ["b"], "a has no room: left for a later poll");
     let a = take_alerts(store.as_ref(), now, &[]).await;
     assert_eq!(endpoints(&a), ["a"], "b is leased");
     let lease_end = now + ALERT_LEASE;
@@ -1043,6 +1045,28 @@ async fn an_alert_delivery_taken_is_leased_and_a_busy_endpoint_waits(bench: Benc
     }
     let after = lease_end + ALERT_LEASE;
     assert!(take_alerts(store.as_ref(), after, &[]).await.is_empty());
+    store.close().await;
+}
+
+async fn an_endpoint_is_handed_no_more_alert_deliveries_than_its_room(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let now = bench.clock.now_millis();
+    assert!(take_alerts(store.as_ref(), now, &[]).await.is_empty());
+    for key in ["lost-1", "lost-2", "lost-3"] {
+        held(store.as_ref(), key).await;
+    }
+    let first = take_alerts(store.as_ref(), now, &[("a", 1), ("b", 2)]).await;
+    assert_eq!(
+        endpoints(&first),
+        ["a", "b", "b"],
+        "one poll, within each room"
+    );
+    let rest = take_alerts(store.as_ref(), now, &[("a", 5)]).await;
+    assert_eq!(
+        endpoints(&rest),
+        ["a", "a", "b"],
+        "the rest, b up to the limit"
+    );
     store.close().await;
 }
 

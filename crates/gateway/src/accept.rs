@@ -9,7 +9,8 @@
 //! one descriptor spare: out of descriptors, it closes the spare, takes the
 //! waiting connection with the descriptor that freed, resets it at once
 //! and takes the spare again. The client is refused as soon as it
-//! connects, and nothing of it was read, so its retry is safe.
+//! connects, and nothing of it was read, so its retry is safe. Each
+//! refusal is counted (`idemgate_refused_connections_total`).
 //!
 //! Invariants:
 //! - a connection [`Acceptor::accept`] returns is one to serve; one it
@@ -22,10 +23,13 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::net::UnixDatagram;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
+
+use crate::metrics::Metrics;
 
 /// How long accepting must work before a run of failures is over.
 const QUIET: Duration = Duration::from_secs(1);
@@ -38,8 +42,10 @@ const BACKOFF: Duration = Duration::from_millis(50);
 /// A listener, its spare descriptor, and the run of failures it is in.
 pub(crate) struct Acceptor {
     listener: TcpListener,
-    /// `proxy` or `admin`, for logs.
+    /// `proxy` or `admin`, for logs and metrics.
     name: &'static str,
+    /// Where each connection refused is counted.
+    metrics: Arc<Metrics>,
     spare: Spare,
     trouble: Option<Trouble>,
 }
@@ -72,10 +78,15 @@ struct Trouble {
 }
 
 impl Acceptor {
-    pub(crate) fn new(listener: TcpListener, name: &'static str) -> Acceptor {
+    pub(crate) fn new(
+        listener: TcpListener,
+        name: &'static str,
+        metrics: Arc<Metrics>,
+    ) -> Acceptor {
         Acceptor {
             listener,
             name,
+            metrics,
             spare: Spare::take(),
             trouble: None,
         }
@@ -105,6 +116,7 @@ impl Acceptor {
         // Dropped either way; without SO_LINGER 0 the client gets a FIN,
         // which reads as an empty answer.
         let _ = stream.set_zero_linger();
+        self.metrics.refused_connection(self.name);
         if let Some(trouble) = &mut self.trouble {
             trouble.refused += 1;
         }

@@ -299,7 +299,7 @@ impl Metrics {
         let refused_connections = registered(
             &mut registry,
             "refused_connections",
-            "Connections refused (503 overloaded, or closed) because their listener was at its cap",
+            "Connections refused (503 overloaded, or closed) because their listener was at its cap, or reset unread because the process was out of file descriptors",
             Family::default(),
         );
         let store_errors = registered(
@@ -437,7 +437,8 @@ impl Metrics {
             .inc();
     }
 
-    /// A connection refused on `listener` (`proxy` or `admin`) at its cap.
+    /// A connection refused on `listener` (`proxy` or `admin`) at its cap,
+    /// or out of file descriptors.
     pub(crate) fn refused_connection(&self, listener: &'static str) {
         self.refused_connections
             .get_or_create(&ListenerLabels { listener })

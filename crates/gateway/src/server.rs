@@ -689,7 +689,7 @@ async fn accept_loop<F, S>(
     // in progress and closes; the tracker waits for them.
     let closing = CancellationToken::new();
     let connections = TaskTracker::new();
-    let mut acceptor = Acceptor::new(listener, cap.listener);
+    let mut acceptor = Acceptor::new(listener, cap.listener, cap.metrics.clone());
     loop {
         let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => break,

@@ -206,11 +206,14 @@ pub async fn take_alerts(
     .await?;
     let rows = sqlx::query(
         "WITH due AS (
-            SELECT alert_id, endpoint FROM alert_deliveries
-            WHERE done_at IS NULL AND next_at <= $1 AND endpoint = ANY($4)
-              AND endpoint <> ALL($5)
-            ORDER BY next_at LIMIT $3
-            FOR UPDATE SKIP LOCKED
+            SELECT d.alert_id, d.endpoint
+            FROM unnest($4::text[], $5::bigint[]) AS r (endpoint, room)
+            CROSS JOIN LATERAL (
+                SELECT alert_id, endpoint, next_at FROM alert_deliveries
+                WHERE done_at IS NULL AND next_at <= $1 AND endpoint = r.endpoint
+                ORDER BY next_at LIMIT r.room
+                FOR UPDATE SKIP LOCKED) d
+            ORDER BY d.next_at LIMIT $3
          ), taken AS (
             UPDATE alert_deliveries d SET next_at = $2
             FROM due WHERE d.alert_id = due.alert_id AND d.endpoint = due.endpoint
@@ -224,7 +227,12 @@ pub async fn take_alerts(
     .bind(poll.lease_until)
     .bind(i64::from(poll.limit))
     .bind(&endpoints)
-    .bind(&poll.busy)
+    .bind(
+        endpoints
+            .iter()
+            .map(|e| i64::from(poll.room_of(e)))
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;

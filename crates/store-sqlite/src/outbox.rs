@@ -90,19 +90,20 @@ pub fn take_alerts(conn: &Connection, poll: &AlertPoll) -> Result<Vec<AlertDeliv
     let taken: Vec<(i64, String, u32)> = conn
         .prepare_cached(
             "UPDATE alert_deliveries SET next_at = ?2
-             WHERE rowid IN (SELECT rowid FROM alert_deliveries
-                             WHERE done_at IS NULL AND next_at <= ?1
-                               AND endpoint NOT IN (SELECT value FROM json_each(?4))
-                             ORDER BY next_at LIMIT ?3)
+             WHERE rowid IN (
+                SELECT rowid FROM (
+                    SELECT d.rowid, d.next_at,
+                        row_number() OVER (PARTITION BY d.endpoint ORDER BY d.next_at, d.rowid)
+                            AS nth,
+                        coalesce(r.value, ?3) AS room
+                    FROM alert_deliveries d LEFT JOIN json_each(?4) r ON r.key = d.endpoint
+                    WHERE d.done_at IS NULL AND d.next_at <= ?1)
+                WHERE nth <= room
+                ORDER BY next_at LIMIT ?3)
              RETURNING alert_id, endpoint, attempts",
         )?
         .query_map(
-            params![
-                poll.now,
-                poll.lease_until,
-                poll.limit,
-                serde_json::Value::from(poll.busy.clone()).to_string()
-            ],
+            params![poll.now, poll.lease_until, poll.limit, room_json(poll)],
             |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
         )?
         .collect::<Result<_, _>>()?;
@@ -118,6 +119,15 @@ pub fn take_alerts(conn: &Connection, poll: &AlertPoll) -> Result<Vec<AlertDeliv
         }
     }
     Ok(deliveries)
+}
+
+/// `poll`'s room per endpoint as the JSON object `take_alerts` reads.
+fn room_json(poll: &AlertPoll) -> String {
+    let room = poll
+        .room
+        .iter()
+        .map(|(endpoint, room)| (endpoint.clone(), (*room).into()));
+    serde_json::Value::Object(room.collect()).to_string()
 }
 
 /// One aging pass for threshold `aged_after`: the operations that became

@@ -4,6 +4,8 @@
 //! that alert for one endpoint, taken by one deliverer at a time under a
 //! lease, and settled once: delivered, due again later, or given up.
 
+use std::collections::BTreeMap;
+
 use super::{AccessPath, Param};
 
 /// Operations an aging pass reports per threshold, at most: a backlog
@@ -104,6 +106,11 @@ impl AlertPoll {
         thresholds.dedup();
         thresholds
     }
+
+    /// How many more of `endpoint`'s deliveries may be handed out.
+    pub fn room_of(&self, endpoint: &str) -> u32 {
+        self.room.get(endpoint).copied().unwrap_or(self.limit)
+    }
 }
 
 impl AlertOutcome {
@@ -132,11 +139,13 @@ pub struct AlertPoll {
     pub now: i64,
     /// Taken deliveries are not due again before this (ms), unless settled.
     pub lease_until: i64,
+    /// Deliveries taken, at most.
     pub limit: u32,
-    /// Endpoints none of whose deliveries are taken: the deliverer has as
-    /// many posts in flight to each as it lets one endpoint have, so a
-    /// hung webhook cannot take the room the others need.
-    pub busy: Vec<String>,
+    /// How many more of its deliveries each endpoint may be handed (its
+    /// posts in flight, subtracted from the most one endpoint may have),
+    /// so a hung webhook cannot take the room the others need. An
+    /// endpoint not named here may be handed up to `limit`.
+    pub room: BTreeMap<String, u32>,
     /// Alerts older than this (ms), with every delivery done, are dropped.
     pub forget_before: i64,
 }

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use rustls::pki_types::{InvalidDnsNameError, ServerName};
 
+use crate::admin_tls::AdminTls;
 use idemgate::config::{Config, ConfigError, Durability, KeyMode, Overrides, defaults};
 
 #[derive(Debug, Parser)]
@@ -195,10 +195,8 @@ pub struct Keys {
     /// in shell history and process listings.
     #[arg(long, global = true, default_value = defaults::server::ADMIN_TOKEN_ENV)]
     pub(crate) token_env: String,
-    /// A PEM file of extra trust roots for an https admin listener whose
-    /// certificate a private CA signed (`server.admin_tls_cert`).
-    #[arg(long, global = true)]
-    pub(crate) ca: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub(crate) tls: AdminTls,
     /// Print the API's JSON answer instead of the human-readable form.
     #[arg(long, global = true)]
     pub(crate) json: bool,
@@ -221,23 +219,11 @@ pub struct Healthcheck {
     /// `admin_tls_cert` is set.
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
-    /// A PEM file of extra trust roots for an https admin listener whose
-    /// certificate a private CA signed.
-    #[arg(long)]
-    pub(crate) ca: Option<PathBuf>,
-    /// The name the https admin listener's certificate is checked against,
-    /// when it is not the host asked (e.g. a certificate for
-    /// gw.example.com, asked on 127.0.0.1).
-    #[arg(long, value_parser = server_name)]
-    pub(crate) server_name: Option<ServerName<'static>>,
+    #[command(flatten)]
+    pub(crate) tls: AdminTls,
     /// Give up (exit 1) when no whole answer came within this long.
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     pub(crate) timeout: Duration,
-}
-
-/// `--server-name`: a DNS name or an IP address, as a certificate names it.
-fn server_name(name: &str) -> Result<ServerName<'static>, InvalidDnsNameError> {
-    ServerName::try_from(name.to_string())
 }
 
 #[derive(Debug, Subcommand)]

@@ -6,9 +6,7 @@
 //! `--admin` (an [`AdminUrl`], read as `keys` reads it), or by a config
 //! file's `admin_listen` (an unspecified address such as `0.0.0.0` is asked
 //! on loopback; https when `admin_tls_cert` is set). Over https the
-//! certificate is checked against the public roots and `--ca`, and against
-//! `--server-name` instead of the host asked when given: a listener asked
-//! on loopback may hold a certificate that names only its DNS name.
+//! certificate is checked as [`AdminTls`](crate::admin_tls) says.
 //!
 //! Ready is a 200 whose body is `/readyz`'s own `{"status":"ready"}`: a
 //! 200 with another body is some other page (a proxy's, the console's),
@@ -23,17 +21,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Empty;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use serde::Deserialize;
 
+use crate::admin_tls::AdminTlsError;
 use crate::admin_url::{AdminUrl, AdminUrlError};
 use crate::cli::Healthcheck;
 use crate::terminal::printable;
-use idemgate::config::{ClientTls, Config, ConfigError};
+use idemgate::config::{Config, ConfigError};
 use idemgate::http_client::{self, ExchangeError};
-use idemgate::tls::TlsError;
 
 /// The most of an answer read: `/readyz` says a line of JSON.
 const MAX_ANSWER: usize = 64 * 1024;
@@ -48,10 +43,8 @@ pub enum NotReady {
     Config(#[from] ConfigError),
     #[error(transparent)]
     AdminUrl(#[from] AdminUrlError),
-    #[error("--ca: {0}")]
-    Ca(#[from] TlsError),
-    #[error("--server-name: {url} is not https; the name is what a certificate is checked against")]
-    ServerNameWithoutTls { url: AdminUrl },
+    #[error(transparent)]
+    Tls(#[from] AdminTlsError),
     #[error("{url}: not a URL: {reason}")]
     Url { url: String, reason: String },
     #[error("{url}: no answer: {reason}")]
@@ -71,7 +64,7 @@ pub enum NotReady {
 /// Asks the gateway `check` names; `Ok` with its answer when it is ready.
 pub async fn run(check: &Healthcheck) -> Result<String, NotReady> {
     let admin = admin_listener(check)?;
-    let client = client(check, &admin)?;
+    let client = check.tls.client::<Empty<Bytes>>(&admin, check.timeout)?;
     let url = admin.join("/readyz");
     let request = Request::get(&url)
         .body(Empty::new())
@@ -106,25 +99,6 @@ fn admin_listener(check: &Healthcheck) -> Result<AdminUrl, NotReady> {
         }
         None => Ok(AdminUrl::parse(&check.admin)?),
     }
-}
-
-/// A client trusting what `--ca` adds, checking certificates against
-/// `--server-name` when given. A name for a plain http listener is
-/// refused: the check it asks for would silently not happen.
-fn client(
-    check: &Healthcheck,
-    admin: &AdminUrl,
-) -> Result<Client<HttpsConnector<HttpConnector>, Empty<Bytes>>, NotReady> {
-    let tls = ClientTls {
-        ca: check.ca.clone(),
-        identity: None,
-    }
-    .client_config()?;
-    if check.server_name.is_some() && !admin.is_https() {
-        return Err(NotReady::ServerNameWithoutTls { url: admin.clone() });
-    }
-    let name = check.server_name.clone();
-    Ok(http_client::client_with(check.timeout, tls, name))
 }
 
 /// `/readyz`'s answer when the gateway is ready.

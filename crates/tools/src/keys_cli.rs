@@ -17,7 +17,6 @@
 //! no userinfo, so the URL every error names carries no password.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,14 +28,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Map, Value, json};
 
+use crate::admin_tls::{AdminTls, AdminTlsError};
 use crate::admin_url::{AdminUrl, AdminUrlError};
 use crate::cli::{Keys, KeysCommand, KeysList, KeysResolve};
 use crate::terminal::printable;
 use idemgate::admin::auth::{UnusableToken, token_fault};
-use idemgate::config::ClientTls;
 use idemgate::http_client::{self, ExchangeError};
 use idemgate::pipeline::key::url_component;
-use idemgate::tls::TlsError;
 
 /// One admin call, connect to last byte; the admin API answers from the
 /// store, so anything slower is a gateway in trouble, not a slow answer.
@@ -69,8 +67,8 @@ pub enum KeysError {
         flag: &'static str,
         source: serde_json::Error,
     },
-    #[error("cannot set up TLS for the admin API: {0}")]
-    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Tls(#[from] AdminTlsError),
     #[error("cannot reach the admin API at {url}: {reason}")]
     Unreachable { url: String, reason: String },
     #[error("no answer from the admin API at {url} within {}s", REQUEST_TIMEOUT.as_secs())]
@@ -106,7 +104,7 @@ pub async fn run(keys: &Keys) -> Result<String, KeysError> {
     };
     let base = AdminUrl::parse(&keys.admin)?;
     let token = token_from_env(&keys.token_env)?;
-    let api = AdminApi::new(base, &token, &keys.token_env, keys.ca.clone())?;
+    let api = AdminApi::new(base, &token, &keys.token_env, &keys.tls)?;
     let (method, path, body) = call;
     let answer = api.call(method, &path, body.as_ref()).await?;
     if keys.json {
@@ -263,7 +261,7 @@ impl AdminApi {
         base: AdminUrl,
         token: &str,
         variable: &str,
-        ca: Option<PathBuf>,
+        tls: &AdminTls,
     ) -> Result<AdminApi, KeysError> {
         let mut authorization =
             HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
@@ -272,14 +270,11 @@ impl AdminApi {
                 }
             })?;
         authorization.set_sensitive(true);
+        let client = tls.client(&base, CONNECT_TIMEOUT)?;
         Ok(AdminApi {
             base,
             authorization,
-            client: http_client::client_with(
-                CONNECT_TIMEOUT,
-                ClientTls { ca, identity: None }.client_config()?,
-                None,
-            ),
+            client,
         })
     }
 

@@ -16,6 +16,7 @@
 //!   endpoint.
 #![forbid(unsafe_code)]
 
+pub mod admin_tls;
 pub mod admin_url;
 pub mod bench;
 pub mod cli;

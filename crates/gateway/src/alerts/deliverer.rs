@@ -148,7 +148,7 @@ impl Deliverer {
             now,
             lease_until: now + clock::millis(LEASE),
             limit: room.min(BATCH),
-            busy: self.in_flight.busy(),
+            room: (self.in_flight).room_per_endpoint(self.endpoints.iter().map(|e| e.id.as_str())),
             forget_before: now - clock::millis(keep),
         }
     }

@@ -3,17 +3,16 @@
 //! others: each post may wait up to its 10 s bound, and meanwhile the
 //! other endpoints' deliveries keep being taken and posted.
 //!
-//! - An endpoint with [`PER_ENDPOINT`] deliveries in flight is handed no
-//!   more until one of them ends ([`InFlight::busy`]). One poll takes at
-//!   most a batch, so an endpoint has fewer than `PER_ENDPOINT` and a
-//!   batch in flight.
+//! - An endpoint is handed no more than [`PER_ENDPOINT`] less its
+//!   deliveries in flight ([`InFlight::room_per_endpoint`]), so it never
+//!   has more than `PER_ENDPOINT` in flight.
 //! - All endpoints together have at most [`MAX`] ([`InFlight::room`]).
 //! - A delivery is in flight from [`InFlight::start`] until its [`Ticket`]
 //!   is dropped (settled, or its task aborted), and at most once: one the
 //!   store hands out again while it is still in flight here (its lease ran
 //!   out under a slow settle, or the clock jumped) is not posted twice.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use idemgate_store::AlertDelivery;
@@ -63,21 +62,24 @@ impl InFlight {
         MAX.saturating_sub(self.len())
     }
 
-    /// The endpoints with [`PER_ENDPOINT`] in flight: none of their
-    /// deliveries are to be taken now.
-    pub(crate) fn busy(&self) -> Vec<String> {
-        let mut counts: HashMap<&str, usize> = HashMap::new();
-        let deliveries = self.deliveries();
-        for (_, endpoint) in deliveries.iter() {
-            *counts.entry(endpoint.as_str()).or_default() += 1;
-        }
-        let mut busy: Vec<String> = counts
+    /// How many more deliveries each of `endpoints` may be handed:
+    /// [`PER_ENDPOINT`] less those in flight to it.
+    pub(crate) fn room_per_endpoint<'a>(
+        &self,
+        endpoints: impl IntoIterator<Item = &'a str>,
+    ) -> BTreeMap<String, u32> {
+        let mut room: BTreeMap<String, usize> = endpoints
             .into_iter()
-            .filter(|&(_, n)| n >= PER_ENDPOINT)
-            .map(|(endpoint, _)| endpoint.to_string())
+            .map(|endpoint| (endpoint.to_string(), PER_ENDPOINT))
             .collect();
-        busy.sort_unstable();
-        busy
+        for (_, endpoint) in self.deliveries().iter() {
+            if let Some(left) = room.get_mut(endpoint.as_str()) {
+                *left = left.saturating_sub(1);
+            }
+        }
+        room.into_iter()
+            .map(|(endpoint, left)| (endpoint, u32::try_from(left).unwrap_or(0)))
+            .collect()
     }
 
     /// The set, whole whatever a task that panicked holding it left: each
@@ -118,17 +120,26 @@ mod tests {
     }
 
     #[test]
-    fn an_endpoint_is_busy_with_per_endpoint_in_flight_and_free_once_one_ends() {
+    fn an_endpoint_has_room_for_per_endpoint_less_its_in_flight() {
         let in_flight = Arc::new(InFlight::default());
-        let mut hung: Vec<Ticket> = (0..PER_ENDPOINT as i64)
+        let mut hung: Vec<Ticket> = (0..PER_ENDPOINT as i64 - 1)
             .map(|id| in_flight.start(&delivery(id, "hung")).expect("started"))
             .collect();
         let _good = in_flight.start(&delivery(0, "good")).expect("started");
-        assert_eq!(in_flight.busy(), ["hung"], "the good endpoint is not");
-        assert_eq!(in_flight.len(), PER_ENDPOINT + 1);
-        assert_eq!(in_flight.room(), MAX - PER_ENDPOINT - 1);
+        let _gone = in_flight.start(&delivery(0, "gone")).expect("started");
+        let room = |in_flight: &InFlight| in_flight.room_per_endpoint(["good", "hung", "idle"]);
+        let all = PER_ENDPOINT as u32;
+        let expected = [("good", all - 1), ("hung", 1), ("idle", all)];
+        assert_eq!(
+            room(&in_flight),
+            expected.map(|(e, n)| (e.to_string(), n)).into()
+        );
+        hung.push(in_flight.start(&delivery(99, "hung")).expect("started"));
+        assert_eq!(room(&in_flight)["hung"], 0, "full");
+        assert_eq!(in_flight.len(), PER_ENDPOINT + 2);
+        assert_eq!(in_flight.room(), MAX - PER_ENDPOINT - 2);
         hung.pop();
-        assert!(in_flight.busy().is_empty(), "one ended: room for one more");
+        assert_eq!(room(&in_flight)["hung"], 1, "one ended: room for one more");
     }
 
     #[test]

@@ -314,7 +314,7 @@ pub struct Upstream {
 impl Upstream {
     /// An upstream: the origin only.
     pub(super) fn parse(url: &str) -> Result<Self, String> {
-        let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+        let uri = Self::uri(url)?;
         if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
             return Err(
                 "give the origin only (scheme://host[:port]); each request's own path is forwarded"
@@ -324,9 +324,19 @@ impl Upstream {
         Self::parse_any(url)
     }
 
+    fn uri(url: &str) -> Result<Uri, String> {
+        // The URL parser's own word for this is "empty string".
+        if let Some((_, rest)) = url.split_once("://")
+            && rest.split(['/', '?', '#']).next() == Some("")
+        {
+            return Err("the URL has no host".into());
+        }
+        url.parse().map_err(|e| format!("not a URL: {e}"))
+    }
+
     /// The origin of any http(s) URL.
     pub(super) fn parse_any(url: &str) -> Result<Self, String> {
-        let uri: Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+        let uri = Self::uri(url)?;
         let scheme = uri.scheme().cloned().ok_or("the URL has no scheme")?;
         if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
             return Err(format!("scheme `{scheme}` is not http or https"));

@@ -163,6 +163,16 @@ fn upstream_must_be_an_origin() {
         assert!(err.contains("is not a port"), "{port}: {err}");
     }
     assert!(with("http://[::1]:70000").contains("is not a port"));
+    // Said so, not the URL parser's "empty string".
+    for hostless in ["https://", "http:///v1", "http://?x"] {
+        assert!(with(hostless).contains("has no host"), "{hostless}");
+    }
+    let console = format!("[server]\nconsole_url = \"https://\"\n{MINIMAL}");
+    let error = error_of(&console);
+    assert!(
+        error.contains("server.console_url") && error.contains("has no host"),
+        "{error}"
+    );
     let fine = |u: &str| {
         let toml = format!("[[routes]]\nname = \"a\"\nupstream = \"{u}\"\n");
         Config::from_toml_str(&toml, "t").map(|_| ())
