@@ -111,7 +111,7 @@ pub async fn finish(
         // Not JSON-RPC (an upstream's 4xx page): as it came.
         None => return Response::from_parts(parts, full(bytes)),
     };
-    message.insert("id".into(), raw(&call.id));
+    message.insert("id".into(), call.id_as_sent.clone());
     let result = message.get("result");
     if let Some(mut result) = result.and_then(|r| serde_json::from_str::<Members>(r.get()).ok()) {
         if call.modern {
@@ -309,7 +309,7 @@ enum First {
 
 /// The gateway's own tool result for problem `name` about `about`, under
 /// `call`'s id.
-fn own_result(call: &Call, name: &str, detail: &str, about: &About<'_>) -> Value {
+fn own_result(call: &Call, name: &str, detail: &str, about: &About<'_>) -> Members {
     let text = guidance(name, detail, about);
     let mut result = Map::new();
     result.insert("content".into(), json!([{"type": "text", "text": text}]));
@@ -326,7 +326,11 @@ fn own_result(call: &Call, name: &str, detail: &str, about: &About<'_>) -> Value
             .filter_map(|(key, value)| Some((key, Value::from(value?)))),
     );
     complete(&mut result, call);
-    json!({"jsonrpc": "2.0", "id": call.id, "result": result})
+    Members::from([
+        ("jsonrpc".into(), raw(&"2.0")),
+        ("id".into(), call.id_as_sent.clone()),
+        ("result".into(), raw(&result)),
+    ])
 }
 
 /// The held answer to `call` for an operation `unknown` by an upstream
@@ -494,12 +498,14 @@ fn guidance(name: &str, detail: &str, about: &About<'_>) -> String {
 mod tests {
     use super::*;
     use crate::pipeline::error::OperationRef;
+    use crate::pipeline::mcp::call::as_raw;
     use crate::pipeline::replay;
     use idemgate_model::operation::State;
 
     fn call(modern: bool) -> Call {
         Call {
             id: Value::from("req-9"),
+            id_as_sent: as_raw(&Value::from("req-9")),
             tool: "create_task".into(),
             meta_key: None,
             modern,
@@ -568,6 +574,36 @@ mod tests {
                 modern,
                 "{text}"
             );
+        }
+    }
+
+    /// A replay, and the gateway's own answer, carry the id as the
+    /// request spelled it, not as the double it reads as.
+    #[tokio::test]
+    async fn an_answer_carries_the_id_as_the_request_spelled_it() {
+        for id in ["12345678901234567890123", "-0", "1e2"] {
+            let call = Call {
+                id: serde_json::from_str(id).unwrap(),
+                id_as_sent: RawValue::from_string(id.into()).unwrap(),
+                ..call(false)
+            };
+            let replayed = replay::respond(&stored(
+                r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}"#,
+            ));
+            let held = ProxyError::OutcomeUnknown {
+                operation: OperationRef {
+                    id: "op-1".into(),
+                    state: State::Unknown,
+                },
+                since: crate::problem::UnknownSince::Earlier,
+                detail: "held".into(),
+            };
+            for answered in [Ok(replayed), Err(held)] {
+                let response = finish(answered, &call).await;
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                let text = String::from_utf8(body.to_vec()).unwrap();
+                assert!(text.contains(&format!(r#""id":{id}"#)), "{text}");
+            }
         }
     }
 

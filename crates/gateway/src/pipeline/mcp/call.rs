@@ -17,6 +17,7 @@ use base64::Engine;
 use http::HeaderMap;
 use http::header::ACCEPT;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::config::McpTools;
 use crate::pipeline::mcp::tools::Learned;
@@ -44,8 +45,12 @@ pub mod code {
 /// A protected `tools/call`, as the rest of the write needs it.
 #[derive(Debug, Clone)]
 pub struct Call {
-    /// The JSON-RPC id of this request: every answer to it carries it.
+    /// The JSON-RPC id of this request, as a value to match answers and
+    /// cancellations by ([`id_key`]).
     pub(crate) id: Value,
+    /// The id as the request spelled it: every answer to it carries it so
+    /// (`12345678901234567890123`, not the double it reads as).
+    pub(crate) id_as_sent: Box<RawValue>,
     pub(crate) tool: String,
     /// The value of `params._meta["dev.idemgate/idempotency-key"]`, if
     /// any, as sent: `identity` reads it as the key, or refuses it.
@@ -56,6 +61,12 @@ pub struct Call {
     pub(crate) accepts_json: bool,
     /// The client's `Accept` takes `text/event-stream`.
     pub(crate) accepts_stream: bool,
+}
+
+/// `id` as JSON text.
+pub(crate) fn as_raw(id: &Value) -> Box<RawValue> {
+    // A value read from JSON serializes.
+    serde_json::value::to_raw_value(id).unwrap_or_default()
 }
 
 /// A JSON-RPC id as one text per id: a number by its value (`7`, `7.0`
@@ -97,12 +108,13 @@ pub struct Refusal {
 const PASS: Classified = Classified::PassThrough { listing: false };
 
 /// Classifies a POST's `body` with its `headers` for a route whose tools
-/// are `tools`, with what its server's `tools/list` said (`learned`).
+/// are `tools`, with what the server at `endpoint` (below the route's
+/// prefix) said in its `tools/list` (`learned`).
 pub fn classify(
     headers: &HeaderMap,
     body: &[u8],
     tools: &McpTools,
-    learned: &Learned,
+    (learned, endpoint): (&Learned, &str),
 ) -> Classified {
     let message = match serde_json::from_slice::<Value>(body) {
         Ok(message) => message,
@@ -180,7 +192,7 @@ pub fn classify(
             });
         }
     }
-    let read_only = tools.read_only.iter().any(|t| t == tool) || learned.read_only(tool);
+    let read_only = tools.read_only.iter().any(|t| t == tool) || learned.read_only(endpoint, tool);
     let protected = tools.protected.iter().any(|t| t == tool) || !read_only;
     if !protected {
         return PASS;
@@ -195,7 +207,11 @@ pub fn classify(
         .and_then(|m| m.get(META_KEY))
         .cloned();
     let (accepts_json, accepts_stream) = accepts(headers);
+    // Read above: `/id` names one value, of a JSON text.
+    let as_sent = canonical_json::raw_at(body, "/id").and_then(|id| std::str::from_utf8(id).ok());
+    let id_as_sent = as_sent.and_then(|id| RawValue::from_string(id.to_string()).ok());
     Classified::Protected(Call {
+        id_as_sent: id_as_sent.unwrap_or_else(|| as_raw(&id)),
         id,
         tool: tool.to_string(),
         meta_key,
@@ -331,17 +347,31 @@ mod tests {
         }
         let learned = Learned::default();
         learned.note_list(
+            "",
             br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[
             {"name":"search","annotations":{"readOnlyHint":true}},
             {"name":"lookup","annotations":{"readOnlyHint":true}}]}}"#,
         );
-        classify(&map, body.as_bytes(), &tools(), &learned)
+        classify(&map, body.as_bytes(), &tools(), (&learned, ""))
     }
 
     fn call_of(tool: &str) -> String {
         format!(
             r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"{tool}","arguments":{{}}}}}}"#
         )
+    }
+
+    /// Answers carried the id re-typed (`1.2345678901234568e+22`,
+    /// `-0.0`, `100.0`): a client matching ids exactly never matched.
+    #[test]
+    fn a_calls_id_is_kept_as_the_request_spelled_it() {
+        for id in ["12345678901234567890123", "-0", "1e2", r#""req-\u0041""#] {
+            let body = call_of("create_task").replace(r#""id":7"#, &format!(r#""id": {id}"#));
+            let Classified::Protected(protected) = classify_as(&[], &body) else {
+                panic!("{id}: a tool call is protected");
+            };
+            assert_eq!(protected.id_as_sent.get(), id);
+        }
     }
 
     #[test]

@@ -117,7 +117,7 @@ pub fn tool_of(key: &str) -> Option<String> {
 
 /// What of `uri` (normalized) lies below the route's `prefix`: the rest of
 /// its path and its query (`?…`), empty for a call to the prefix itself.
-fn endpoint(uri: &http::Uri, prefix: &str) -> String {
+pub(super) fn endpoint(uri: &http::Uri, prefix: &str) -> String {
     let path = uri.path();
     let below = path.strip_prefix(prefix).unwrap_or(path);
     match uri.query() {
@@ -177,11 +177,21 @@ fn argument_text(body: &[u8], name: &str) -> Option<String> {
     key_text(&canonical_json::parse_exact(raw).ok()?)
 }
 
-/// A JSON value as key text: a string as it is, an integer in decimal.
+/// A JSON value as key text: a string as it is, an integer in decimal,
+/// spelled with a fraction or an exponent too (`7.0`, `7e0`: the integer 7
+/// to RFC 8785 and to a server reading it as a number), up to 2^53, past
+/// which a double no longer holds every integer.
 fn key_text(value: &Value) -> Option<String> {
+    /// 2^53.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
     match value {
         Value::String(text) => Some(text.clone()),
         Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+        Value::Number(n) => {
+            let float = n.as_f64()?;
+            #[allow(clippy::cast_possible_truncation)] // integral, within ±2^53
+            (float.fract() == 0.0 && float.abs() <= EXACT).then(|| (float as i64).to_string())
+        }
         _ => None,
     }
 }
@@ -223,6 +233,7 @@ mod tests {
     fn call(meta_key: Option<&str>) -> Call {
         Call {
             id: 1.into(),
+            id_as_sent: crate::pipeline::mcp::call::as_raw(&1.into()),
             tool: "create_task".into(),
             meta_key: meta_key.map(Value::from),
             modern: false,
@@ -328,6 +339,38 @@ mod tests {
                 ),
                 "{other}: {refused:?}"
             );
+        }
+    }
+
+    /// `7.0` is the integer 7 to the server: it was no key, so a retry
+    /// spelled so was sent again, twice at once while the first ran.
+    #[test]
+    fn an_integer_key_spelled_with_a_fraction_or_an_exponent_is_that_integer() {
+        let route = route(Some("request_id"));
+        let as_integer = identify_as(&call(None), &[], r#"{"title":"a","request_id":7}"#, &route);
+        assert_eq!(as_integer.key.as_str(), "create_task/7");
+        for spelled in ["7.0", "7e0", "0.7e1", "7.000"] {
+            let args = format!(r#"{{"title":"a","request_id":{spelled}}}"#);
+            let other = identify_as(&call(None), &[], &args, &route);
+            assert_eq!(
+                (other.key.as_str(), &other.fingerprint),
+                (as_integer.key.as_str(), &as_integer.fingerprint),
+                "{spelled}"
+            );
+        }
+        let meta = Call {
+            meta_key: Some(serde_json::json!(-3.0)),
+            ..call(None)
+        };
+        assert_eq!(
+            identify_as(&meta, &[], "{}", &route).key.as_str(),
+            "create_task/-3"
+        );
+        // A fraction, or an integer past 2^53 spelled as a double, is no key.
+        for no_key in ["7.5", "1e300", "9007199254740994.0"] {
+            let args = format!(r#"{{"title":"a","request_id":{no_key}}}"#);
+            let other = identify_as(&call(None), &[], &args, &route);
+            assert_eq!(other.source, KeySource::Derived, "{no_key}");
         }
     }
 

@@ -90,7 +90,9 @@ impl Proxy {
             }
         }
         let tools = route.mcp.clone().unwrap_or_default();
-        match call::classify(&parts.headers, &body, &tools, &active.learned) {
+        let endpoint = identity::endpoint(&parts.uri, &route.path_prefix);
+        let known = (&active.learned, endpoint.as_str());
+        match call::classify(&parts.headers, &body, &tools, known) {
             call::Classified::Refused(refusal) => answer::refused(refusal),
             call::Classified::Protected(call) => {
                 Box::pin(self.mcp_call(active, parts, (body, reservation), peer, call)).await
@@ -105,9 +107,7 @@ impl Proxy {
                 let request = Request::from_parts(parts, crate::body::full(body));
                 let pass = forward::pass_through(&active.client, route, request, &peer);
                 match Box::pin(pass).await {
-                    Ok(response) if listing => {
-                        tools::read_listing(response, route, &active.learned).await
-                    }
+                    Ok(response) if listing => tools::read_listing(response, route, known).await,
                     Ok(response) => response,
                     Err(error) => error.into_response(),
                 }

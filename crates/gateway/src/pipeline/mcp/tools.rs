@@ -4,9 +4,12 @@
 //!
 //! Invariants: an annotation is a hint from the server, so it only decides
 //! for a tool the route's `[routes.mcp]` names in neither list
-//! (`pipeline::mcp::call`); the latest list that names a tool decides for
-//! it, so a tool whose hint is withdrawn is protected again; what is
-//! learned is kept in memory per route, never stored.
+//! (`pipeline::mcp::call`); what is learned is the endpoint's (the path
+//! below the route's prefix, as a call's fingerprint has it): one route may
+//! front several servers, and one server's read-only `sync` says nothing
+//! of another's; the latest list an endpoint answers that names a tool
+//! decides for it there, so a tool whose hint is withdrawn is protected
+//! again; what is learned is kept in memory per route, never stored.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -20,26 +23,29 @@ use crate::body::{Prefixed, ProxyBody, full, stream};
 use crate::config::Route;
 use crate::pipeline::sse;
 
-/// The tools whose latest listing said `readOnlyHint: true`.
+/// Each endpoint's tools, and whether its latest listing said
+/// `readOnlyHint: true`.
 #[derive(Debug, Default)]
 pub struct Learned {
-    read_only: RwLock<HashMap<String, bool>>,
+    read_only: RwLock<HashMap<(String, String), bool>>,
 }
 
-/// Tools remembered per route at most: a server listing more (or a
-/// hostile one inventing names) cannot grow the map without bound.
+/// Tools remembered per route at most, of all its endpoints: a server
+/// listing more (or a hostile one inventing names) cannot grow the map
+/// without bound.
 const MAX_TOOLS: usize = 4096;
 
 impl Learned {
-    /// Whether the server's latest listing of `tool` hinted it read-only.
-    pub fn read_only(&self, tool: &str) -> bool {
+    /// Whether `endpoint`'s latest listing of `tool` hinted it read-only.
+    pub fn read_only(&self, endpoint: &str, tool: &str) -> bool {
         let learned = self.read_only.read().unwrap_or_else(|e| e.into_inner());
-        learned.get(tool).copied().unwrap_or(false)
+        let key = (endpoint.to_string(), tool.to_string());
+        learned.get(&key).copied().unwrap_or(false)
     }
 
-    /// Notes the tools an answer to `tools/list` lists: a JSON-RPC
-    /// response, or an event stream holding one.
-    pub fn note_list(&self, answer: &[u8]) {
+    /// Notes the tools an answer to `tools/list` from `endpoint` lists: a
+    /// JSON-RPC response, or an event stream holding one.
+    pub fn note_list(&self, endpoint: &str, answer: &[u8]) {
         let messages = match serde_json::from_slice::<Value>(answer) {
             Ok(message) => vec![message],
             Err(_) => sse::messages(answer)
@@ -58,22 +64,23 @@ impl Learned {
                 };
                 let read_only =
                     tool.pointer("/annotations/readOnlyHint") == Some(&Value::Bool(true));
-                if learned.len() < MAX_TOOLS || learned.contains_key(name) {
-                    learned.insert(name.to_string(), read_only);
+                let key = (endpoint.to_string(), name.to_string());
+                if learned.len() < MAX_TOOLS || learned.contains_key(&key) {
+                    learned.insert(key, read_only);
                 }
             }
         }
     }
 }
 
-/// The answer to a `tools/list` passing through `route`, noted in
-/// `learned` when it is read whole within the route's
+/// The answer to a `tools/list` passing through `route` from `endpoint`,
+/// noted in `learned` when it is read whole within the route's
 /// `max_stored_response` and `upstream_timeout`; answered as it came
 /// either way (a larger one streamed on, unread).
 pub async fn read_listing(
     response: Response<ProxyBody>,
     route: &Route,
-    learned: &Learned,
+    (learned, endpoint): (&Learned, &str),
 ) -> Response<ProxyBody> {
     let (parts, body) = response.into_parts();
     let mut body = body;
@@ -94,7 +101,7 @@ pub async fn read_listing(
         }
     }
     let read = read.freeze();
-    learned.note_list(&read);
+    learned.note_list(endpoint, &read);
     Response::from_parts(parts, full(read))
 }
 
@@ -106,19 +113,42 @@ mod tests {
     fn the_latest_listing_decides() {
         let learned = Learned::default();
         learned.note_list(
+            "",
             br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[
             {"name":"list_tasks","annotations":{"readOnlyHint":true}},
             {"name":"create_task","annotations":{"readOnlyHint":false}},
             {"name":"plain"}]}}"#,
         );
-        assert!(learned.read_only("list_tasks"));
-        assert!(!learned.read_only("create_task"));
-        assert!(!learned.read_only("plain"));
-        assert!(!learned.read_only("unlisted"));
+        assert!(learned.read_only("", "list_tasks"));
+        assert!(!learned.read_only("", "create_task"));
+        assert!(!learned.read_only("", "plain"));
+        assert!(!learned.read_only("", "unlisted"));
         // Listed again without the hint, over an event stream.
         learned.note_list(
+            "",
             b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"tools\":[{\"name\":\"list_tasks\"}]}}\n\n",
         );
-        assert!(!learned.read_only("list_tasks"));
+        assert!(!learned.read_only("", "list_tasks"));
+    }
+
+    /// Two servers behind one route, each with a tool `sync`: one's
+    /// read-only hint made the other's write unprotected.
+    #[test]
+    fn what_an_endpoint_lists_is_its_own() {
+        let learned = Learned::default();
+        let sync = |read_only: bool| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"result":{{"tools":[
+                {{"name":"sync","annotations":{{"readOnlyHint":{read_only}}}}}]}}}}"#
+            )
+        };
+        learned.note_list("/github", sync(false).as_bytes());
+        learned.note_list("/jira", sync(true).as_bytes());
+        assert!(learned.read_only("/jira", "sync"));
+        assert!(!learned.read_only("/github", "sync"), "the other server's");
+        assert!(
+            !learned.read_only("", "sync"),
+            "the prefix's own is another endpoint"
+        );
     }
 }
