@@ -1,5 +1,7 @@
 //! The `idemgate` binary: parse the command line, set up logging, run.
 
+mod config_file;
+
 use std::io::{IsTerminal, Write};
 
 use anyhow::Context;
@@ -14,6 +16,8 @@ use idemgate_tools::cli::{AlertsCommand, Cli, Command, LogFormat};
 use idemgate_tools::mock_upstream::MockUpstream;
 use tokio::signal::unix::{SignalKind, signal as unix_signal};
 use tracing_subscriber::EnvFilter;
+
+use crate::config_file::StartedFrom;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -42,6 +46,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(serve) => {
             let (access_log, _log) = init_logging(serve.log_format)?;
             let config = serve.config()?;
+            let started_from = StartedFrom::read(&serve);
             // Taken over before the start: from then on a SIGHUP reloads
             // the TLS certificates instead of ending the process.
             let mut hangup = unix_signal(SignalKind::hangup())?;
@@ -104,6 +109,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             systemd.reloading();
                             // Logged per listener; the old certificate stays on error.
                             let outcome = gateway.reload_tls();
+                            if let Some(file) = &started_from {
+                                file.warn_if_changed();
+                            }
                             systemd.reloaded(&gateway, &outcome).await;
                         }
                         () = &mut watch => {}

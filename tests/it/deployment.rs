@@ -330,6 +330,39 @@ async fn healthcheck_and_keys_check_the_certificate_against_the_server_name_give
     assert!(stderr.contains("--server-name"), "{stderr}");
 }
 
+/// A reload reads only the listeners' certificates again: an edited
+/// config file was left for the operator to believe applied, logged as
+/// nothing ("no TLS listener: nothing to reload").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_says_the_config_file_changed_and_whether_it_would_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let upstream = FakeUpstream::start().await;
+    let toml = gateway_toml_with(
+        &dir.path().join("idemgate.db"),
+        &upstream.url(),
+        &Setup::route(""),
+    );
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let gateway = BinaryGateway::start(&config, &dir.path().join("gw.log")).await;
+    let changed = "changed since the start";
+    gateway.signal("HUP");
+    gateway.wait_for_log("nothing to reload").await;
+    assert!(!gateway.stderr().contains(changed), "the file is as it was");
+
+    let edited = toml.replace("[[routes]]", "# an operator's edit\n[[routes]]");
+    write_config(dir.path(), "idemgate.toml", &edited);
+    gateway.signal("HUP");
+    let logged = gateway.wait_for_log(changed).await;
+    assert!(logged.contains("restart to apply it"), "{logged}");
+
+    write_config(dir.path(), "idemgate.toml", "[[routes]\n");
+    gateway.signal("HUP");
+    gateway.wait_for_log("would not start").await;
+    // Still serving as started.
+    let written = write(gateway.proxy, "/x", Some("after-reloads"), r#"{"n":1}"#).await;
+    assert_eq!(written.status, 201, "{:?}", written.body);
+}
+
 /// systemd's end of the notify protocol: a datagram socket of the test's
 /// own, named to the gateway in `NOTIFY_SOCKET`.
 struct NotifySocket {

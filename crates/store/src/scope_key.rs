@@ -235,6 +235,12 @@ fn read_file(path: &Path, create: bool) -> Result<ScopeKey, ScopeKeyError> {
         return Err(ScopeKeyError::MissingDirectory(path.display().to_string()));
     }
     let created = create && create_file(path).map_err(file_error)?;
+    if created {
+        tracing::info!(target: TARGET,
+            path = %path.display(),
+            "wrote a new scope key: back it up with the store (docs/deploying.md, \"Keyed scope hashes\")"
+        );
+    }
     let text = std::fs::read_to_string(path).map_err(file_error)?;
     let mode = std::fs::metadata(path)
         .map_err(file_error)?

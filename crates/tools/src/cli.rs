@@ -139,6 +139,11 @@ pub struct Serve {
 }
 
 impl Serve {
+    /// The config file `--config` names, if any.
+    pub fn config_file(&self) -> Option<&std::path::Path> {
+        self.config.as_deref()
+    }
+
     /// The configuration these flags describe: the file with overrides, or
     /// the single-route no-file mode.
     pub fn config(&self) -> Result<Config, ConfigError> {

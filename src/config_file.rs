@@ -1,0 +1,46 @@
+//! The config file `idemgate serve` started from, as a SIGHUP finds it:
+//! a reload reads only the listeners' certificates again, so a file
+//! edited since the start is said to be one, with whether it would start,
+//! rather than left for the operator to believe applied.
+
+use std::path::PathBuf;
+
+use idemgate::config::Config;
+use idemgate_tools::cli::Serve;
+
+/// The file's bytes as the start read them.
+pub struct StartedFrom {
+    path: PathBuf,
+    text: Option<Vec<u8>>,
+}
+
+impl StartedFrom {
+    /// The file `serve` names, read now; `None` without `--config`.
+    pub fn read(serve: &Serve) -> Option<StartedFrom> {
+        let path = serve.config_file()?.to_path_buf();
+        let text = std::fs::read(&path).ok();
+        Some(StartedFrom { path, text })
+    }
+
+    /// Logs a warning when the file is not what the start read.
+    pub fn warn_if_changed(&self) {
+        let path = self.path.display();
+        let now = std::fs::read(&self.path);
+        match now {
+            Ok(now) if Some(&now) == self.text.as_ref() => {}
+            Ok(_) => match Config::load(&self.path) {
+                Ok(_) => tracing::warn!(
+                    "the config file {path} changed since the start: a reload reads only the listeners' certificates again; restart to apply it"
+                ),
+                Err(error) => tracing::warn!(
+                    "the config file {path} changed since the start, and would not start: {error}; a reload reads only the listeners' certificates again"
+                ),
+            },
+            Err(error) => {
+                tracing::warn!(
+                    "the config file {path} cannot be read: {error}; a restart would fail"
+                )
+            }
+        }
+    }
+}
