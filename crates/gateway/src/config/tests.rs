@@ -235,6 +235,17 @@ fn store_keys_are_named_by_variables() {
     assert!(error_of(&with("encryption_key_env = \"\"\n")).contains("environment variable"));
     let same = with("encryption_key_env = \"K\"\nprevious_key_env = \"K\"\n");
     assert!(error_of(&same).contains("same variable"));
+    // One key for scopes and sealing: rotating it would change both.
+    for sealing in [
+        "encryption_key_env = \"K\"\n",
+        "encryption_key_env = \"J\"\nprevious_key_env = \"K\"\n",
+    ] {
+        let error = error_of(&with(&format!("{sealing}scope_key_env = \"K\"\n")));
+        assert!(
+            error.contains("`store.scope_key_env`: names the same variable"),
+            "{error}"
+        );
+    }
 }
 
 #[test]

@@ -582,6 +582,21 @@ impl Validator<'_> {
         if raw.scope_key_file.as_deref() == Some("") {
             return Err(self.invalid("store.scope_key_file", "names no file"));
         }
+        let sealing = [
+            ("encryption_key_env", &encryption_key_env),
+            ("previous_key_env", &previous_key_env),
+        ];
+        if let Some((field, _)) = sealing
+            .iter()
+            .find(|(_, name)| scope_key_env.is_some() && **name == scope_key_env)
+        {
+            return Err(self.invalid(
+                "store.scope_key_env",
+                format!(
+                    "names the same variable as store.{field}: give the scope key its own (a sealing key rotated would change the scope key with it, and every stored scope would match no request)"
+                ),
+            ));
+        }
         if previous_key_env.is_some() && previous_key_env == encryption_key_env {
             return Err(self.invalid(
                 "store.previous_key_env",
