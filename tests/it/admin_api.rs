@@ -1112,7 +1112,7 @@ async fn a_paused_route_refuses_new_writes_replays_completed_and_stays_paused() 
     assert_eq!(stats["paused_routes"], json!(["api"]));
     assert_eq!(
         stats["routes"],
-        json!([{"name": "api", "path_prefix": "/", "paused": true,
+        json!([{"name": "api", "configured": true, "path_prefix": "/", "paused": true,
                 "reason": "maintenance", "paused_by": "operator"}])
     );
     assert_eq!(gw.upstream.write_requests().len(), 1);
@@ -1182,7 +1182,7 @@ async fn stats_say_which_routes_the_latch_paused() {
     let before = admin.get_json("/admin/stats").await;
     assert_eq!(
         route(&before),
-        json!({"name": "api", "path_prefix": "/", "paused": false,
+        json!({"name": "api", "configured": true, "path_prefix": "/", "paused": false,
                "reason": null, "paused_by": null})
     );
     let lost = write(gw.addr(), "/drop", Some("latch-1"), ORDER).await;

@@ -4,8 +4,9 @@
 //! the operation `/drop` left `unknown`, settles it, and the client's retry
 //! through the proxy gets the replay (a body typed on settling, as typed);
 //! a second operator's late settle shows the 409; a route is paused and
-//! resumed; the main flow works by keyboard; at 360 px nothing overflows
-//! sideways.
+//! resumed, and one no longer configured is still shown, and resumed;
+//! signing out empties the page; the main flow works by keyboard; at
+//! 360 px nothing overflows sideways.
 //!
 //! chromium and chromium-driver are Debian packages that `.ci/run`
 //! installs; the tests are `#[ignore]`d, `.ci/run` runs them
@@ -84,6 +85,11 @@ fn driver() -> Driver {
 
 /// A headless Chromium whose page is `width` px wide.
 async fn browser(driver: &Driver, width: u32) -> Client {
+    browser_with(driver, width, json!({})).await
+}
+
+/// Like [`browser`], with Chromium's preferences `prefs` set.
+async fn browser_with(driver: &Driver, width: u32, prefs: Value) -> Client {
     let args = [
         "--headless=new",
         "--no-sandbox",
@@ -95,7 +101,7 @@ async fn browser(driver: &Driver, width: u32) -> Client {
     ];
     // A window is at least 500 px wide: narrower pages are emulated, as a
     // phone's would be.
-    let mut options = json!({ "args": args });
+    let mut options = json!({ "args": args, "prefs": prefs });
     if width < 1280 {
         options["mobileEmulation"] = json!({
             "deviceMetrics": { "width": width, "height": 800, "pixelRatio": 1.0 }
@@ -891,6 +897,63 @@ async fn held_work_pages_oldest_first_and_other_states_page_by_cursor() {
     client.close().await.expect("close");
 }
 
+/// More held operations on one route than the console reads: the list
+/// says that only the newest were read and gives the command that lists
+/// the older ones, from where reading stopped; filtered by that route, it
+/// no longer advises filtering by route (which reached nothing more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn past_what_the_console_reads_it_says_how_to_list_the_older_held_work() {
+    let driver = driver();
+    let (gw, url) = console_gateway_with(Setup::route("pause_after_unknown = 0")).await;
+    let oldest = lose(&gw, "held-00000").await;
+    // The console reads 10,000 held operations at most.
+    let addr = gw.addr();
+    let mut writes = tokio::task::JoinSet::new();
+    for n in 1..=10_000 {
+        if writes.len() == 8 {
+            assert_eq!(
+                writes.join_next().await.expect("a write").expect("ran"),
+                502
+            );
+        }
+        writes.spawn(async move {
+            let key = format!("held-{n:05}");
+            write(addr, "/drop", Some(&key), ORDER).await.status
+        });
+    }
+    while let Some(status) = writes.join_next().await {
+        assert_eq!(status.expect("ran"), 502);
+    }
+
+    let client = signed_in(&driver, &gw, &url, "10000 held operations").await;
+    let summary = wait_text(&client, "#list-summary", "Only the newest 10000").await;
+    assert!(summary.contains("filtering by route or key"), "{summary}");
+    type_into(&client, "#filter-route", "api").await;
+    click(&client, "#filter-form button[type=submit]").await;
+    let summary = wait_text(&client, "#list-summary", "--route api --cursor").await;
+    assert!(!summary.contains("filtering by"), "{summary}");
+    let command = summary
+        .split("the older ones are listed by: ")
+        .nth(1)
+        .and_then(|c| c.strip_suffix('.'))
+        .unwrap_or_else(|| panic!("no command: {summary}"));
+    let cursor = command
+        .strip_prefix("idemgate keys list --state unknown --route api --cursor ")
+        .unwrap_or_else(|| panic!("{command}"));
+    let older = gw
+        .admin(
+            "GET",
+            &format!("/admin/keys?state=unknown&route=api&cursor={cursor}"),
+            "",
+        )
+        .await
+        .json();
+    assert_eq!(older["items"][0]["id"], oldest.as_str(), "{older}");
+    assert_eq!(older["items"][1], Value::Null, "{older}");
+    client.close().await.expect("close");
+}
+
 /// "Back to the list" returns to the page left; "Held work" shows held
 /// work, unfiltered, from its first page, even after another state was
 /// chosen (the address unchanged).
@@ -970,6 +1033,159 @@ async fn an_operator_pauses_and_resumes_a_route_and_counts_refresh() {
     let sent = write(gw.addr(), "/orders", Some("fresh-2"), ORDER).await;
     assert_eq!(sent.status, 201);
 
+    client.close().await.expect("close");
+}
+
+/// The text of each option `#pause-route` offers.
+async fn route_choices(client: &Client) -> Value {
+    js(
+        client,
+        "return [...document.querySelectorAll('#pause-route option')].map((o) => o.textContent);",
+    )
+    .await
+}
+
+/// A route paused and then renamed stays paused in the store: the Routes
+/// page lists its old name, marked no longer configured, with the pause
+/// and its operations' counts, and offers to resume it, not to pause it.
+/// A reason typed before Resume is refused on the page, as the API would,
+/// rather than dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn a_paused_route_no_longer_configured_is_listed_and_resumed() {
+    let driver = driver();
+    let (mut gw, _) = console_gateway().await;
+    lose(&gw, "lost-before-the-rename").await;
+    let paused = gw
+        .admin(
+            "POST",
+            "/admin/routes/api/pause",
+            r#"{"reason": "incident 7"}"#,
+        )
+        .await;
+    assert_eq!(paused.status, 200);
+    gw.shutdown().await;
+    gw.toml = gw.toml.replace("name = \"api\"", "name = \"api-v2\"");
+    gw.accept_route_changes = true;
+    gw.start_again().await;
+    let url = format!("http://{}/", gw.admin_addr());
+
+    let client = browser(&driver, 1280).await;
+    client.goto(&format!("{url}#/routes")).await.expect("open");
+    sign_in_by_keyboard(&client, gw.admin_token()).await;
+    let old = "#routes tbody tr:nth-child(2)";
+    let row = wait_text(&client, old, "no longer configured").await;
+    assert!(row.contains("operator: incident 7"), "{row}");
+    wait_text(&client, &format!("{old} td[data-label=Route]"), "api").await;
+    wait_text(&client, &format!("{old} td[data-label=Pause]"), "Paused").await;
+    wait_text(&client, &format!("{old} td[data-label=unknown]"), "1").await;
+    // Like every other time on the console, in UTC.
+    let summary = wait_text(&client, "#routes-summary", "last read").await;
+    assert!(summary.ends_with(" UTC."), "{summary}");
+    assert_eq!(
+        route_choices(&client).await,
+        json!(["api-v2", "api (paused; no longer configured: resume only)"])
+    );
+    screenshot(&client, "routes-no-longer-configured").await;
+
+    let choice = client
+        .find(Locator::Id("pause-route"))
+        .await
+        .expect("route");
+    choice.select_by_value("api").await.expect("select");
+    let pause = client
+        .find(Locator::Id("pause-button"))
+        .await
+        .expect("pause");
+    assert_eq!(
+        pause.prop("disabled").await.expect("disabled").as_deref(),
+        Some("true"),
+        "a route no longer configured cannot be paused"
+    );
+    // A reason is for a pause: typed before Resume, it is not sent.
+    type_into(&client, "#pause-reason", "all clear").await;
+    click(&client, "#resume-button").await;
+    wait_text(&client, "#pause-result", "a resume takes no reason").await;
+    assert_eq!(
+        gw.admin("GET", "/admin/stats", "").await.json()["paused_routes"],
+        json!(["api"])
+    );
+    type_into(&client, "#pause-reason", "").await;
+    click(&client, "#resume-button").await;
+    wait_text(&client, "#pause-result", "Route api is resumed").await;
+    let stats = gw.admin("GET", "/admin/stats", "").await.json();
+    assert_eq!(stats["paused_routes"], json!([]), "{stats}");
+    // Its operations are still counted under its old name.
+    wait_text(
+        &client,
+        &format!("{old} td[data-label=Pause]"),
+        "Not paused",
+    )
+    .await;
+    wait_text(&client, old, "no longer configured").await;
+    wait_text(&client, &format!("{old} td[data-label=unknown]"), "1").await;
+    assert_eq!(route_choices(&client).await, json!(["api-v2"]));
+
+    client.close().await.expect("close");
+}
+
+/// Signing out empties the page, not only hides it: nothing of the
+/// operation shown (its facts, timeline, the settle form's text), the
+/// list or the routes is left in the document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn signing_out_leaves_no_operation_data_in_the_page() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    let id = lose(&gw, "order-of-a-customer").await;
+    let client = signed_in(&driver, &gw, &url, "1 held operation").await;
+    type_into(&client, "#filter-key", "order-of-a-customer").await;
+    client
+        .goto(&format!("{url}#/routes"))
+        .await
+        .expect("routes");
+    wait_text(&client, "#routes tbody tr", "Not paused").await;
+    client.goto(&format!("{url}#/op/{id}")).await.expect("open");
+    wait_text(&client, "#timeline", "Sent upstream").await;
+    wait_text(&client, "#operation-facts", "POST /drop").await;
+    type_into(&client, "#settle-note", "phoned the customer").await;
+
+    click(&client, "#sign-out").await;
+    wait_text(&client, "#notice", "Signed out").await;
+    let left = js(
+        &client,
+        "return document.getElementById('main').textContent + ' ' +
+           [...document.querySelectorAll('input, textarea, select')].map((f) => f.value).join(' ');",
+    )
+    .await;
+    let left = left.as_str().expect("text");
+    for data in [
+        "order-of-a-customer",
+        id.as_str(),
+        "POST /drop",
+        "Sent upstream",
+        "phoned the customer",
+        "Not paused",
+        "held operation",
+    ] {
+        assert!(!left.contains(data), "{data:?} is left in the page: {left}");
+    }
+    client.close().await.expect("close");
+}
+
+/// With JavaScript off, the page says that the console needs it and what
+/// else does the work, rather than show its title alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn without_javascript_the_page_says_it_needs_it() {
+    let driver = driver();
+    let (_gw, url) = console_gateway().await;
+    let off = json!({ "profile.managed_default_content_settings.javascript": 2 });
+    let client = browser_with(&driver, 1280, off).await;
+    client.goto(&url).await.expect("open");
+    let said = wait_text(&client, "#main", "needs JavaScript").await;
+    assert!(said.contains("idemgate keys"), "{said}");
+    screenshot(&client, "no-javascript").await;
     client.close().await.expect("close");
 }
 

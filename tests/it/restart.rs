@@ -362,8 +362,9 @@ async fn a_start_that_would_leave_held_operations_unfound_is_refused() {
 }
 
 /// A route paused and then renamed stays paused in the store, reported
-/// for good, until it is resumed under its old name (404 `no-route`,
-/// before: only a database edit cleared it).
+/// for good (on `/admin/stats` with its pause, marked no longer
+/// configured), until it is resumed under its old name; it cannot be
+/// paused again (404 `no-route`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_left_by_a_renamed_route_can_be_resumed() {
     let mut gw = spawn_gateway_with(Setup::route("").admin()).await;
@@ -378,6 +379,18 @@ async fn a_pause_left_by_a_renamed_route_can_be_resumed() {
         serde_json::json!(["api"]),
         "{stats}"
     );
+    // Listed with its pause, after the configured routes and marked so,
+    // as the console shows it.
+    assert_eq!(
+        stats["routes"],
+        serde_json::json!([
+            {"name": "api-v2", "configured": true, "path_prefix": "/", "paused": false,
+             "reason": null, "paused_by": null},
+            {"name": "api", "configured": false, "path_prefix": null, "paused": true,
+             "reason": "paused by an operator", "paused_by": "operator"},
+        ]),
+        "{stats}"
+    );
     gw.admin("POST", "/admin/routes/api/pause", "")
         .await
         .assert_problem(404, "no-route");
@@ -385,6 +398,7 @@ async fn a_pause_left_by_a_renamed_route_can_be_resumed() {
     assert_eq!(resumed.status, 200, "{:?}", resumed.body);
     let stats = gw.admin("GET", "/admin/stats", "").await.json();
     assert_eq!(stats["paused_routes"], serde_json::json!([]), "{stats}");
+    assert_eq!(stats["routes"][1], serde_json::Value::Null, "{stats}");
     gw.admin("POST", "/admin/routes/api/resume", "")
         .await
         .assert_problem(404, "no-route");

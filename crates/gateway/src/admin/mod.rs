@@ -22,7 +22,9 @@
 //!   request summary, response status and its event timeline.
 //! - `POST /admin/keys/{id}/resolve` — an operator settles a held operation.
 //! - `GET /admin/stats` — counts by state and route, oldest `unknown` age,
-//!   every route with its pause (reason, by an operator or the latch).
+//!   every configured route with its pause (reason, and who set it), then
+//!   every route no longer configured whose pause or operations the store
+//!   still holds, marked `"configured": false`.
 //! - `POST /admin/routes/{name}/pause`, `POST /admin/routes/{name}/resume`.
 //! - `GET /admin/openapi.json` — the OpenAPI 3.1 description of these routes.
 //!
@@ -37,6 +39,7 @@ mod keys;
 
 pub use keys::Resolution;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -487,19 +490,32 @@ async fn stats(admin: &Admin) -> Result<Response<ProxyBody>, AdminError> {
         .map(|since| (now - since).max(0) as f64 / 1000.0);
     let pauses = admin.store.pauses().await?;
     let paused: Vec<&str> = pauses.iter().map(|p| p.route.as_str()).collect();
+    // A route's entry; `path_prefix` is `None` for one no longer configured.
+    let entry = |name: &str, path_prefix: Option<&str>| {
+        let pause = pauses.iter().find(|p| p.route == name);
+        json!({
+            "name": name,
+            "configured": path_prefix.is_some(),
+            "path_prefix": path_prefix,
+            "paused": pause.is_some(),
+            "reason": pause.map(|p| &p.reason),
+            "paused_by": pause.map(|p| p.by.as_str()),
+        })
+    };
+    // A route renamed or removed from the file keeps its pause (until it
+    // is resumed under its old name) and its operations: listed too, or
+    // the pause that `idemgate_route_paused` reports is shown nowhere.
+    let unconfigured: BTreeSet<&str> = paused
+        .iter()
+        .copied()
+        .chain(by_route.keys().map(String::as_str))
+        .filter(|name| !admin.proxy.routes().any(|route| route.name == *name))
+        .collect();
     let routes: Vec<Value> = admin
         .proxy
         .routes()
-        .map(|route| {
-            let pause = pauses.iter().find(|p| p.route == route.name);
-            json!({
-                "name": route.name,
-                "path_prefix": route.path_prefix,
-                "paused": pause.is_some(),
-                "reason": pause.map(|p| &p.reason),
-                "paused_by": pause.map(|p| p.by.as_str()),
-            })
-        })
+        .map(|route| entry(&route.name, Some(&route.path_prefix)))
+        .chain(unconfigured.into_iter().map(|name| entry(name, None)))
         .collect();
     Ok(json_response(
         StatusCode::OK,

@@ -113,7 +113,8 @@
   }
 
   async function api(method, path, body) {
-    const headers = { Accept: "application/json", Authorization: "Bearer " + token() };
+    const sent = token();
+    const headers = { Accept: "application/json", Authorization: "Bearer " + sent };
     const init = { method, headers, cache: "no-store", credentials: "omit" };
     if (body !== undefined) {
       headers["Content-Type"] = "application/json";
@@ -129,6 +130,11 @@
       });
     }
     const text = await response.text();
+    // Signed out while it was on its way: its answer is not shown (a
+    // refused token's error, which nothing shows).
+    if (token() !== sent) {
+      throw new ApiError(401, { title: "Signed out", detail: "signed out before the answer came" });
+    }
     let data = null;
     try {
       data = text ? JSON.parse(text) : null;
@@ -164,6 +170,7 @@
   function signedOut(error) {
     sessionStorage.removeItem(TOKEN_KEY);
     stopRefresh();
+    forget();
     showView("sign-in", true);
     show($("sign-in-error"), error ? signInProblem(error) : "");
     $("token").focus();
@@ -193,6 +200,27 @@
     else route();
   }
 
+  // Takes out of the page everything the API said and everything typed
+  // about it: a hidden view still holds its content, for anyone at this
+  // screen after the token is gone.
+  function forget() {
+    const dialog = $("confirm");
+    if (dialog.open) dialog.close();
+    current = null;
+    formFor = null;
+    Object.assign(list, emptyList());
+    for (const table of ["operations", "routes"]) $(table).tBodies[0].replaceChildren();
+    for (const holder of ["operation-facts", "timeline", "pause-route"]) $(holder).replaceChildren();
+    $("operation-title").textContent = "Operation";
+    $("settle").hidden = true;
+    resetSettleForm();
+    for (const field of ["settle-operator", "filter-route", "filter-key", "pause-reason"]) {
+      $(field).value = "";
+    }
+    for (const text of ["list-summary", "routes-summary"]) $(text).textContent = "";
+    for (const text of ["settle-result", "pause-result"]) show($(text), "");
+  }
+
   function signOut() {
     sessionStorage.removeItem(TOKEN_KEY);
     notice("Signed out: the token is gone from this tab.");
@@ -219,19 +247,25 @@
   // ---------------------------------------------------------------- list
 
   // What the list shows now: filters, the rows read, and where we are.
-  const list = {
-    filter: { state: "unknown", route: "", key: "" },
-    // Held work: every row, oldest first, paged here.
-    rows: [],
-    offset: 0,
-    truncated: false,
-    // How many of `rows` (first) a probe found more than once.
-    duplicated: 0,
-    // Other states: the API's pages, newest first; cursors of pages seen.
-    cursors: [null],
-    page: 0,
-    next: null,
-  };
+  function emptyList() {
+    return {
+      filter: { state: "unknown", route: "", key: "" },
+      // Held work: every row read, oldest first, paged here.
+      rows: [],
+      offset: 0,
+      // The cursor reading held work stopped at (the older rows are past
+      // it), or null when it was read whole.
+      older: null,
+      // How many of `rows` (first) a probe found more than once.
+      duplicated: 0,
+      // Other states: the API's pages, newest first; cursors of pages seen.
+      cursors: [null],
+      page: 0,
+      next: null,
+    };
+  }
+
+  const list = emptyList();
 
   function query(filter, limit, cursor) {
     const params = new URLSearchParams();
@@ -264,7 +298,7 @@
         cursor = page.next_cursor;
         pages += 1;
       } while (cursor && pages < HELD_PAGES);
-      list.truncated = Boolean(cursor);
+      list.older = cursor;
       // Found more than once at the destination: first, as the API
       // lists them; then the rest, oldest first.
       const duplicated = rows.filter((row) => row.duplicated_at_destination);
@@ -312,9 +346,11 @@
             ? ", the " + list.duplicated + " found more than once at the destination first, then oldest first; showing "
             : ", oldest first; showing ") +
           (list.offset + 1) + "–" + (list.offset + shown.length) + ".";
-      if (list.truncated) {
-        summary += " Only the newest " + HELD_PAGE * HELD_PAGES +
-          " were read: filter by route or key to reach older ones.";
+      if (list.older) {
+        const narrowed = list.filter.route || list.filter.key;
+        summary += " Only the newest " + HELD_PAGE * HELD_PAGES + " were read" +
+          (narrowed ? "" : " (filtering by route or key narrows the list)") +
+          "; the older ones are listed by: " + olderCommand() + ".";
       }
     } else {
       summary = shown.length === 0
@@ -325,6 +361,19 @@
     $("list-summary").textContent = summary;
     $("page-previous").disabled = held() ? list.offset === 0 : list.page === 0;
     $("page-next").disabled = held() ? list.offset + PAGE >= list.rows.length : !list.next;
+  }
+
+  // The command that lists the held operations past those read.
+  function olderCommand() {
+    let command = "idemgate keys list --state unknown";
+    if (list.filter.route) command += " --route " + shellWord(list.filter.route);
+    if (list.filter.key) command += " --key " + shellWord(list.filter.key);
+    return command + " --cursor " + shellWord(list.older);
+  }
+
+  // `text` as one word of a shell command line.
+  function shellWord(text) {
+    return /^[\w.\/:=@%+-]+$/.test(text) ? text : "'" + text.replace(/'/g, "'\\''") + "'";
   }
 
   // A table row: one cell per column, labelled with it (the narrow
@@ -695,7 +744,8 @@
       return;
     }
     if (!(await confirm(consequence(op, body)))) {
-      show($("settle-result"), "Not settled: cancelled.");
+      // Signing out closes the dialog too: then nothing is said.
+      if (current === op) show($("settle-result"), "Not settled: cancelled.");
       return;
     }
     // The attempt this page shows, the one the operator checked: if a
@@ -797,6 +847,9 @@
     refreshTimer = null;
   }
 
+  // Every configured route, then those no longer configured whose pause
+  // or operations the store still holds (renamed or removed from the
+  // file): such a pause lasts until it is resumed under the old name.
   async function loadRoutes() {
     const stats = await api("GET", "/admin/stats");
     const routes = stats.routes || [];
@@ -810,7 +863,7 @@
         return tableRow(
           ROUTE_COLUMNS,
           el("strong", {}, route.name),
-          el("code", {}, route.path_prefix),
+          route.configured ? el("code", {}, route.path_prefix) : el("em", {}, "no longer configured"),
           el("span", { class: route.paused ? "state state-paused" : "state" },
             route.paused ? "Paused" : "Not paused"),
           why,
@@ -818,18 +871,34 @@
         );
       }),
     );
+    // A route no longer configured can be resumed, not paused.
+    const choices = routes.filter((route) => route.configured || route.paused);
     const select = $("pause-route");
     const chosen = select.value;
-    select.replaceChildren(...routes.map((route) =>
-      el("option", { value: route.name }, route.name + (route.paused ? " (paused)" : ""))));
-    if (routes.some((route) => route.name === chosen)) select.value = chosen;
+    select.replaceChildren(...choices.map((route) =>
+      el("option", { value: route.name, "data-resume-only": !route.configured },
+        route.name + (route.configured
+          ? (route.paused ? " (paused)" : "")
+          : " (paused; no longer configured: resume only)"))));
+    if (choices.some((route) => route.name === chosen)) select.value = chosen;
+    syncPauseForm();
     const oldest = stats.oldest_unknown_age_seconds;
     $("routes-summary").textContent =
       (oldest === null || oldest === undefined
         ? "No operation is unknown."
         : "Oldest unknown operation: " + age(new Date(Date.now() - oldest * 1000).toISOString()) + " old.") +
       " Counts refresh every " + REFRESH_MS / 1000 + " s; last read " +
-      new Date().toLocaleTimeString() + ".";
+      when(new Date().toISOString()) + ".";
+  }
+
+  // Whether the route chosen is no longer configured: it can be resumed only.
+  function resumeOnly() {
+    const option = $("pause-route").selectedOptions[0];
+    return Boolean(option && option.hasAttribute("data-resume-only"));
+  }
+
+  function syncPauseForm() {
+    $("pause-button").disabled = resumeOnly();
   }
 
   async function pauseOrResume(event) {
@@ -838,12 +907,20 @@
     const name = $("pause-route").value;
     if (!name) return;
     const reason = $("pause-reason").value.trim();
+    if (action === "resume" && reason) {
+      // The API refuses it too: a resume keeps no reason.
+      show($("pause-result"), "Not done: a resume takes no reason (only a pause keeps one). " +
+        "Clear the reason to resume " + name + ".");
+      return;
+    }
     const path = "/admin/routes/" + segment(name) + "/" + action;
     try {
       const result = await api("POST", path, action === "pause" && reason ? { reason } : undefined);
       show($("pause-result"), result.paused
         ? "Route " + result.route + " is paused: " + result.reason + ". New writes get 503 route-paused; stored responses are still replayed."
-        : "Route " + result.route + " is resumed: new writes are sent again.");
+        : "Route " + result.route + " is resumed: " + (resumeOnly()
+          ? "no longer configured, it takes no writes under this name."
+          : "new writes are sent again."));
       $("pause-reason").value = "";
       await loadRoutes();
     } catch (error) {
@@ -907,6 +984,7 @@
       radio.addEventListener("change", syncOutcome);
     }
     $("pause-form").addEventListener("submit", pauseOrResume);
+    $("pause-route").addEventListener("change", syncPauseForm);
     window.addEventListener("hashchange", route);
     route();
   });
