@@ -1,8 +1,9 @@
 //! `idemgate rehearse` against destinations that really listen, counting
 //! what reached each: the mock API (deduplicates nothing, through the
-//! real binaries), a destination that honours `Idempotency-Key`, one with
-//! a reconcile probe, one that refuses every write, one over TLS, and a
-//! `--writes` bound too small for every case.
+//! real binaries), a destination that honours `Idempotency-Key`, one that
+//! echoes what it was sent, one with a reconcile probe, one that refuses
+//! every write, one over TLS, and a `--writes` bound too small for every
+//! case; and one that refuses every connection, which nothing reaches.
 
 use std::path::{Path, PathBuf};
 
@@ -229,10 +230,78 @@ async fn the_check_asks_on_the_destination_keys_header() {
 async fn a_destination_answering_every_write_alike_is_not_called_deduplicating() {
     let (upstream, report, text) = rehearse_fake("/commit-then/201", 9, true, false).await;
     assert_eq!(report.destination_check.as_ref().unwrap().sent, 3, "{text}");
-    let alike = "not told: the destination answers every write alike";
+    let alike = "not told: the destination answered the same write under a control key alike";
     assert_verdict(&report, None, alike);
     assert_sent_as_planned(&report, &upstream, 9);
     assert_eq!(upstream.writes(), 9, "the repeat created a record too");
+}
+
+/// A destination that makes a record of every write and answers with the
+/// body it was sent, under the docs' body that carries the key: the
+/// control carries the very body of the key it is sent between, so all
+/// three answers are alike and the repeat's proves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_echoing_the_body_is_not_called_deduplicating() {
+    let (upstream, report, text) = rehearse_fake("/echo", 9, true, false).await;
+    assert!(report.ok, "{text}");
+    let alike = "not told: the destination answered the same write under a control key alike";
+    assert_verdict(&report, None, alike);
+    assert_eq!(upstream.writes(), 9, "the repeat created a record too");
+    let checked = &upstream.write_requests()[6..];
+    let keys: Vec<_> = checked
+        .iter()
+        .map(|w| w.header("idempotency-key"))
+        .collect();
+    assert!(keys[0] == keys[2] && keys[0] != keys[1], "{keys:?}");
+    assert!(
+        checked.iter().all(|w| w.body == checked[0].body),
+        "the control differs from the repeat in its key alone"
+    );
+}
+
+/// A destination that refuses every connection: nothing reaches it, so
+/// nothing counts against `--writes` and every case runs; none is judged
+/// as expected, each says its writes could not reach the destination,
+/// and no note tells of what did not happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_refusing_connections_is_reached_by_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = closed_port().await;
+    let file = config(dir.path(), &format!("http://{port}"), "connect_retries = 0");
+    let (report, text) = rehearse(&args(file, "/tasks", 9, true)).await;
+    assert!(!report.ok, "{text}");
+    assert_eq!(report.writes_sent, 0, "{text}");
+    assert!(
+        text.contains("\n0 writes reached the destination (of --writes 9)."),
+        "{text}"
+    );
+    assert!(!text.contains("STOPPED"), "{text}");
+    assert_eq!(report.cases.len(), 5, "{text}");
+    assert_eq!(text.matches("UNEXPECTED: see above").count(), 5, "{text}");
+    for case in &report.cases {
+        assert_eq!(case.sent, 0, "case {}: {text}", case.number);
+        assert!(
+            case.notes
+                .iter()
+                .any(|n| n.contains("could not reach the destination")),
+            "case {}: {text}",
+            case.number
+        );
+        for untrue in [
+            "held (409",
+            "answered from the store",
+            "settled it",
+            "should have",
+        ] {
+            assert!(
+                !case.notes.iter().any(|n| n.contains(untrue)),
+                "case {}, {untrue}: {text}",
+                case.number
+            );
+        }
+    }
+    let check = report.destination_check.as_ref().expect("checked");
+    assert_eq!((check.sent, check.deduplicates), (0, None), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

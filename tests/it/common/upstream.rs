@@ -458,6 +458,9 @@ async fn handle(
             Ok(response)
         }
         "/mcp-events" => Ok(event_stream(&received, &parts.headers)),
+        // Every write a record, answered with the body it carried: an
+        // answer that tells nothing of the record it made.
+        "/echo" => Ok(echo(&received)),
         "/drop" | "/dedup-lost" | "/dedup-busy" => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Drop => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Hold => {
@@ -645,6 +648,15 @@ fn status_response(code: &str) -> hyper::Response<UpstreamBody> {
         .header("content-type", "application/json")
         .header("retry-after", "1")
         .body(boxed(Full::new(Bytes::from(body))))
+        .expect("response")
+}
+
+/// 201 with `received` as the body.
+fn echo(received: &Value) -> hyper::Response<UpstreamBody> {
+    hyper::Response::builder()
+        .status(StatusCode::CREATED)
+        .header("content-type", "application/json")
+        .body(boxed(Full::new(Bytes::from(received.to_string()))))
         .expect("response")
 }
 

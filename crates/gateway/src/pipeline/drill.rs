@@ -14,6 +14,9 @@
 //! - a drill bounds the writes its gateway sends (`rehearse --writes`):
 //!   past the bound a write fails before a byte of it is written, so a
 //!   bug in the rehearsal can never create more records than it promised;
+//!   a write counts as sent once a byte of it may have been written, and
+//!   one that reached nothing (its connection refused) gives its share of
+//!   the bound back;
 //! - a fault only changes what the gateway makes of an exchange, never
 //!   what is sent: the write goes out as the route would send it, once.
 
@@ -33,8 +36,9 @@ pub enum Fault {
     /// It is sent and the destination's whole response read, then dropped,
     /// as a connection reset before the client heard would drop it.
     LoseResponse,
-    /// It is sent and its response read, then held until
-    /// [`Drill::release`]: the operation stays `in_progress` meanwhile.
+    /// Its exchange runs (sent and its response read, or refused before a
+    /// byte), then it is held until [`Drill::release`]: the operation
+    /// stays `in_progress` meanwhile.
     Hold,
 }
 
@@ -50,9 +54,12 @@ pub struct Drill {
 
 struct State {
     armed: Option<Fault>,
-    /// Writes that may still be sent.
+    /// Writes that may still be sent; one that reached nothing is given
+    /// back.
     left: u64,
-    /// Writes sent to the destination.
+    /// Writes whose exchange ran: sent, or refused before a byte.
+    forwarded: u64,
+    /// Writes that reached the destination, or may have (a byte written).
     sent: u64,
     /// The status of the last response the destination gave, whether or
     /// not the client got it.
@@ -66,6 +73,7 @@ impl Drill {
             state: Mutex::new(State {
                 armed: None,
                 left: writes,
+                forwarded: 0,
                 sent: 0,
                 answered: None,
             }),
@@ -87,9 +95,16 @@ impl Drill {
         self.with(|s| s.armed = Some(fault));
     }
 
-    /// Writes sent to the destination so far.
+    /// Writes that reached the destination so far, or may have.
     pub fn sent(&self) -> u64 {
         self.with(|s| s.sent)
+    }
+
+    /// Writes the gateway forwarded so far: those sent, and those whose
+    /// connection failed before a byte was written (not the ones this
+    /// drill failed or refused itself).
+    pub fn forwarded(&self) -> u64 {
+        self.with(|s| s.forwarded)
     }
 
     /// The status of the destination's last response, delivered or not;
@@ -122,7 +137,7 @@ impl Drill {
                 return Err("the rehearsal's --writes bound is reached: nothing more is sent");
             }
             s.left -= 1;
-            s.sent += 1;
+            s.forwarded += 1;
             Ok(fault)
         });
         let fault = match taken {
@@ -146,7 +161,14 @@ impl Drill {
             | Exchange::Oversized { head, .. } => Some(head.status.as_u16()),
             _ => None,
         };
-        self.with(|s| s.answered = status);
+        self.with(|s| {
+            if sent.exchange.written() {
+                s.sent += 1;
+                s.answered = status;
+            } else {
+                s.left += 1;
+            }
+        });
         match fault {
             Some(Fault::LoseResponse) if status.is_some() => {
                 sent.exchange = Exchange::Lost {
@@ -198,6 +220,34 @@ mod tests {
         let sent = drill.run(async { panic!("sent past the bound") }).await;
         assert!(matches!(sent.exchange, Exchange::NotSent { .. }));
         assert_eq!(drill.sent(), 1);
+    }
+
+    /// A write whose connection was refused reached nothing: it is not
+    /// counted sent, and its share of the bound is given back.
+    #[tokio::test]
+    async fn a_write_that_reached_nothing_is_not_counted() {
+        let drill = Drill::new(1);
+        drill.arm(Fault::LoseResponse);
+        let refused = drill
+            .run(async {
+                Sent {
+                    exchange: Exchange::NotSent {
+                        attempts: 1,
+                        reason: "connection refused".into(),
+                    },
+                    tries: 1,
+                    late: None,
+                }
+            })
+            .await;
+        assert!(matches!(refused.exchange, Exchange::NotSent { .. }));
+        assert_eq!((drill.sent(), drill.forwarded()), (0, 1));
+        assert_eq!(drill.take_answered(), None);
+        let sent = drill.run(async { complete(201) }).await;
+        assert!(matches!(sent.exchange, Exchange::Complete { .. }));
+        assert_eq!((drill.sent(), drill.forwarded()), (1, 2));
+        let sent = drill.run(async { panic!("sent past the bound") }).await;
+        assert!(matches!(sent.exchange, Exchange::NotSent { .. }));
     }
 
     #[tokio::test]

@@ -510,6 +510,16 @@ pub enum Exchange {
 pub type Streamed = IdleTimeout<PooledBody>;
 
 impl Exchange {
+    /// Whether a byte of the request may have reached the upstream: not
+    /// for a request refused before a byte was written (a connect that
+    /// failed, a lost fence, no connection free).
+    pub(crate) fn written(&self) -> bool {
+        !matches!(
+            self,
+            Exchange::NotSent { .. } | Exchange::Fenced { .. } | Exchange::Busy { .. }
+        )
+    }
+
     /// How far the request got, in a word, and the upstream's status if
     /// it answered (for traces).
     pub fn summary(&self) -> (&'static str, Option<u16>) {

@@ -95,10 +95,7 @@ impl Released {
 /// The settlement, its events, and the reply for an exchange that took
 /// `tries` connection attempts to send `bytes` of body.
 pub fn settle(claim: &Claim, exchange: Exchange, tries: u32, bytes: usize) -> Settled {
-    let written = !matches!(
-        exchange,
-        Exchange::NotSent { .. } | Exchange::Fenced { .. } | Exchange::Busy { .. }
-    );
+    let written = exchange.written();
     let released = match &exchange {
         Exchange::NotSent { reason, .. } => Some(Released::Unreachable {
             reason: reason.clone(),

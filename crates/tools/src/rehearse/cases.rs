@@ -7,7 +7,11 @@
 //!
 //! A case's `ok` judges the gateway, never the destination: a destination
 //! that refuses every write still gets each case right, and each case says
-//! what the destination answered.
+//! what the destination answered. A write that could not reach it (its
+//! connection refused) is no write it answered: the case is not as
+//! expected, since it shows nothing of what it rehearses. A note says only
+//! what happened: each is written when what it tells is what the answers,
+//! the store and the drill show.
 
 use std::future::Future;
 use std::time::Duration;
@@ -89,7 +93,7 @@ pub(crate) async fn run_all(
             ));
             break;
         }
-        let before = drill.sent();
+        let before = (drill.sent(), drill.forwarded());
         drill.take_answered();
         let mut case = match number {
             1 => run.interrupted_before_accept().await?,
@@ -98,9 +102,10 @@ pub(crate) async fn run_all(
             4 => run.later_step_fails().await?,
             _ => run.resumed_after_manual_completion().await?,
         };
-        case.sent = drill.sent() - before;
+        case.sent = drill.sent() - before.0;
         case.destination_answered = drill.take_answered();
-        run.judge_sent(&mut case, *needs);
+        let unreached = drill.forwarded() - before.1 - case.sent;
+        judge_sent(&mut case, *needs, unreached);
         run.destination_says(&mut case).await;
         report.cases.push(case);
     }
@@ -252,19 +257,21 @@ impl Run<'_> {
         let first = self.write(&key).await?;
         case.requests.push(Step::new("first write", &key, &first));
         let between = self.held(&key).await?;
-        let unsent = self.drill.sent();
+        let (sent, forwarded) = (self.drill.sent(), self.drill.forwarded());
         let retry = self.write(&key).await?;
         case.requests
             .push(Step::new("client's retry", &key, &retry));
         let after = self.held(&key).await?;
         case.ok = first.problem().as_deref() == Some("upstream-unreachable")
             && between.state == "not_attempted"
-            && self.drill.sent() == unsent + 1
+            && self.drill.sent() == sent + 1
             && retry.problem().is_none();
-        case.notes.push(format!(
-            "after the failed connection the store held `{}`: nothing had reached the destination, so the retry was forwarded",
-            between.state
-        ));
+        let retry_forwarded = self.drill.forwarded() > forwarded;
+        case.notes.push(match (between.state.as_str(), retry_forwarded) {
+            ("not_attempted", true) => "after the failed connection the store held `not_attempted`: nothing had reached the destination, so the retry was forwarded".into(),
+            ("not_attempted", false) => "after the failed connection the store held `not_attempted`: nothing had reached the destination, yet the retry was not forwarded".into(),
+            (state, _) => format!("after the failed connection the store held `{state}`, not `not_attempted`"),
+        });
         answered_note(&mut case, &retry, &self.plan.route.release_statuses);
         case.operations.push(after);
         Ok(case)
@@ -282,14 +289,11 @@ impl Run<'_> {
         case.ok = lost.problem().as_deref() == Some("outcome-unknown")
             && (held.state == "unknown" || self.has_probe())
             && settled_or_held(&retry, &after);
-        if after.state == "completed" {
-            case.notes.push(
-                "the route's probe found the write at the destination: the operation is completed with the probe's answer, and the retry got it replayed".into(),
-            );
-        } else {
-            case.notes.push(
-                "the write may have happened, so the retry was held (409 outcome-unknown) and not sent: an operator settles it, as `operator` says".into(),
-            );
+        if case.ok {
+            case.notes.push(match after.state.as_str() {
+                "completed" => "the route's probe found the write at the destination: the operation is completed with the probe's answer, and the retry got it replayed".into(),
+                _ => "the write may have happened, so the retry was held (409 outcome-unknown) and not sent: an operator settles it, as `operator` says".into(),
+            });
         }
         case.operations.push(after);
         Ok(case)
@@ -347,7 +351,7 @@ impl Run<'_> {
         case.requests.push(Step::new("create", &create, &created));
         answered_note(&mut case, &created, &self.plan.route.release_statuses);
         let (lost, held) = self.lose_response(&mut case, "later step", &next).await?;
-        let sent = self.drill.sent();
+        let forwarded = self.drill.forwarded();
         let create_again = self.write(&create).await?;
         case.requests
             .push(Step::new("create, retried", &create, &create_again));
@@ -360,10 +364,16 @@ impl Run<'_> {
             && lost.problem().as_deref() == Some("outcome-unknown")
             && (held.state == "unknown" || self.has_probe())
             && settled_or_held(&next_again, &next_held)
-            && self.drill.sent() == sent;
-        case.notes.push(
-            "the whole run retried: the create was answered from the store, the later step held, and neither was sent again".into(),
-        );
+            && self.drill.forwarded() == forwarded;
+        if case.ok {
+            let next = match next_held.state.as_str() {
+                "completed" => "the later step's probe found it and it was replayed",
+                _ => "the later step held",
+            };
+            case.notes.push(format!(
+                "the whole run retried: the create was answered from the store, {next}, and neither was sent again"
+            ));
+        }
         case.operations.push(create_held);
         case.operations.push(next_held);
         Ok(case)
@@ -394,34 +404,29 @@ impl Run<'_> {
                 answer.status.as_u16()
             ));
             answer.status == StatusCode::OK
-        } else {
+        } else if !held.probes.is_empty() {
             case.notes.push(format!(
                 "the route's probe settled it ({}) before an operator had to",
                 held.state
             ));
             held.state == "completed"
+        } else {
+            case.notes.push(format!(
+                "after the first write the store held `{}`, not `unknown`: there was nothing for an operator to resolve",
+                held.state
+            ));
+            false
         };
-        let sent = self.drill.sent();
+        let forwarded = self.drill.forwarded();
         let retry = self.write(&key).await?;
         case.requests
             .push(Step::new("client's retry", &key, &retry));
         case.ok = lost.problem().as_deref() == Some("outcome-unknown")
             && resolved
             && retry.replayed
-            && self.drill.sent() == sent;
+            && self.drill.forwarded() == forwarded;
         case.operations.push(self.held(&key).await?);
         Ok(case)
-    }
-
-    /// A case that sent other than it needed is wrong whatever else it did.
-    fn judge_sent(&self, case: &mut Case, needs: u64) {
-        if case.sent != needs {
-            case.ok = false;
-            case.notes.push(format!(
-                "{} write(s) reached the destination where {needs} should have",
-                case.sent
-            ));
-        }
     }
 
     /// On a route with a probe: what the destination says it holds for
@@ -438,6 +443,24 @@ impl Run<'_> {
                 case.destination_holds.push(detail);
             }
         }
+    }
+}
+
+/// A case whose writes did not all reach the destination, `unreached` of
+/// them forwarded but written nowhere, or that sent other than it needed,
+/// is wrong whatever else it did.
+fn judge_sent(case: &mut Case, needs: u64, unreached: u64) {
+    if unreached > 0 {
+        case.ok = false;
+        case.notes.push(format!(
+            "{unreached} write(s) the gateway forwarded could not reach the destination (not a byte written; the answers above say why): the case shows nothing of what it rehearses"
+        ));
+    } else if case.sent != needs {
+        case.ok = false;
+        case.notes.push(format!(
+            "{} write(s) reached the destination where {needs} should have",
+            case.sent
+        ));
     }
 }
 

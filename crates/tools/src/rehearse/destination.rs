@@ -1,17 +1,25 @@
-//! `--check-destination`: one key sent twice straight to the destination,
-//! past the gateway, with the route's TLS and the writes' headers, then a
-//! control key once, to find whether the destination deduplicates on its
-//! own — what the verdict line says this destination needs from the
-//! gateway, and whether `resend_unknown` may re-send a lost response under
-//! the destination key (the lost-response case re-sent: one record or
-//! two). The control tells a repeat answered from the first write
-//! apart from a destination that answers every write alike (a fixed
-//! `{"ok":true}`): only an answer that differs for another key shows that
-//! the repeat's was the first write's.
+//! `--check-destination`: one write sent straight to the destination,
+//! past the gateway, with the route's TLS and the writes' headers, under a
+//! key, then the very same bytes under a control key, then under the key
+//! again, to find whether the destination deduplicates on its own — what
+//! the verdict line says this destination needs from the gateway, and
+//! whether `resend_unknown` may re-send a lost response under the
+//! destination key (the lost-response case re-sent: one record or two).
 //!
-//! Invariant: exactly [`CHECK_WRITES`] writes, each counted against
-//! `--writes` whether or not it was answered; each bounded by the route's
-//! `upstream_timeout` and its answer by `max_stored_response`.
+//! The control differs from the repeat in its key alone, and is sent
+//! between the key's two writes: only a control answered otherwise than
+//! the first write (beyond the key it may echo) shows that the
+//! destination's answers tell records apart, and so that the repeat's
+//! answer, the same as the first's, was the first write's. Answers that
+//! depend only on what was sent (an echo of the body) or on when (a
+//! clock, a counter) cannot make the repeat's match the first's while the
+//! control's, between them, does not; those are *not told*, never
+//! *deduplicates* (docs/rehearse.md, "The verdict").
+//!
+//! Invariant: at most [`CHECK_WRITES`](super::CHECK_WRITES) writes, each
+//! counted against `--writes` unless its connection failed before a byte
+//! was written; each bounded by the route's `upstream_timeout` and its
+//! answer by `max_stored_response`.
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
@@ -20,7 +28,7 @@ use http_body_util::{BodyExt, Limited};
 use serde::Serialize;
 
 use super::text::shorten;
-use super::{CHECK_WRITES, Plan, RehearseError};
+use super::{Plan, RehearseError};
 use idemgate::body::full;
 use idemgate::pipeline::forward::ProbeClient;
 use idemgate::pipeline::key::IDEMPOTENCY_KEY;
@@ -32,12 +40,14 @@ pub struct DestinationCheck {
     /// The header the key went in: the route's `destination_key_header`,
     /// else its `forward_key_header`.
     pub(crate) key_header: String,
-    /// Writes sent straight to the destination (always 3).
+    /// Writes that reached the destination straight, or may have: 3 but
+    /// for those whose connection failed before a byte was written.
     pub sent: u64,
-    /// Each answer, `STATUS BODY` on one line: the key's first write, its
-    /// repeat, the control key's write.
+    /// Each answer, `STATUS BODY` on one line: the key's first write, the
+    /// control key's, the key's repeat.
     pub(crate) answers: Vec<String>,
-    /// The control key, sent once after the repeat.
+    /// The control key, sent once between the key's two writes with the
+    /// same body.
     pub(crate) control_key: String,
     /// `true`: it answered the repeat from the first; `false`: it created
     /// a second record; `null`: it could not be told.
@@ -45,15 +55,40 @@ pub struct DestinationCheck {
     pub(crate) verdict: String,
 }
 
-/// One answer, or why there was none.
+/// One answer.
 struct Answered {
     status: StatusCode,
     replayed: bool,
     body: Bytes,
 }
 
-/// Sends the plan's write twice under one new key and once under a control
-/// key, straight to the destination.
+/// Why a write got no complete answer, and whether it may have reached
+/// the destination all the same.
+struct Unanswered {
+    why: String,
+    /// A byte of it may have been written: only a connection that failed
+    /// (or a request that could not be made) shows that none was.
+    sent: bool,
+}
+
+impl Unanswered {
+    fn unsent(why: impl ToString) -> Unanswered {
+        Unanswered {
+            why: why.to_string(),
+            sent: false,
+        }
+    }
+
+    fn sent(why: impl ToString) -> Unanswered {
+        Unanswered {
+            why: why.to_string(),
+            sent: true,
+        }
+    }
+}
+
+/// Sends the plan's write under one new key, the same bytes under a control
+/// key, then under the key again, straight to the destination.
 pub async fn check(plan: &Plan) -> Result<DestinationCheck, RehearseError> {
     let client = plan.upstream_client()?;
     let new_key = || format!("rehearse-check-{}", uuid::Uuid::now_v7().simple());
@@ -64,9 +99,11 @@ pub async fn check(plan: &Plan) -> Result<DestinationCheck, RehearseError> {
         (None, Some(forwarded)) => forwarded.clone(),
         (None, None) => IDEMPOTENCY_KEY,
     };
+    // One body for all three: the control differs in its key alone.
+    let body = plan.body_for(&key);
     let mut answers = Vec::new();
-    for sent_under in [&key, &key, &control_key] {
-        answers.push(send(plan, &client, &header, sent_under).await);
+    for sent_under in [&key, &control_key, &key] {
+        answers.push(send(plan, &client, &header, sent_under, &body).await);
     }
     let lines = answers
         .iter()
@@ -76,14 +113,18 @@ pub async fn check(plan: &Plan) -> Result<DestinationCheck, RehearseError> {
                 a.status.as_u16(),
                 shorten(&String::from_utf8_lossy(&a.body))
             ),
-            Err(error) => format!("no complete answer: {error}"),
+            Err(error) => format!("no complete answer: {}", error.why),
         })
         .collect();
-    let (deduplicates, verdict) = verdict(&answers, &header);
+    let sent = answers
+        .iter()
+        .filter(|answer| answer.as_ref().map_or_else(|e| e.sent, |_| true))
+        .count() as u64;
+    let (deduplicates, verdict) = verdict(&answers, (&key, &control_key), &header);
     Ok(DestinationCheck {
         key,
         key_header: header.to_string(),
-        sent: CHECK_WRITES,
+        sent,
         answers: lines,
         control_key,
         deduplicates,
@@ -91,32 +132,41 @@ pub async fn check(plan: &Plan) -> Result<DestinationCheck, RehearseError> {
     })
 }
 
+/// `body` under `key`, straight to the destination.
 async fn send(
     plan: &Plan,
     client: &ProbeClient,
     header: &HeaderName,
     key: &str,
-) -> Result<Answered, String> {
+    body: &str,
+) -> Result<Answered, Unanswered> {
     let uri = plan
         .route
         .upstream
         .uri_for(&plan.path)
-        .map_err(|e| e.to_string())?;
+        .map_err(Unanswered::unsent)?;
     let mut request = Request::builder()
         .method(plan.method.clone())
         .uri(uri)
-        .body(full(plan.body_for(key)))
-        .map_err(|e| e.to_string())?;
+        .body(full(body.to_string()))
+        .map_err(Unanswered::unsent)?;
     let headers = request.headers_mut();
     headers.extend(plan.headers.clone());
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(
         header.clone(),
-        HeaderValue::from_str(key).map_err(|e| e.to_string())?,
+        HeaderValue::from_str(key).map_err(Unanswered::unsent)?,
     );
     let route = &plan.route;
     let exchange = async {
-        let response = client.request(request).await.map_err(|e| e.to_string())?;
+        let response = client.request(request).await.map_err(|e| {
+            // A connect error (the TLS handshake included) wrote nothing.
+            if e.is_connect() {
+                Unanswered::unsent(e)
+            } else {
+                Unanswered::sent(e)
+            }
+        })?;
         let status = response.status();
         let replayed = ["idempotent-replayed", "idempotency-replayed"]
             .iter()
@@ -124,7 +174,7 @@ async fn send(
         let body = Limited::new(response.into_body(), route.max_stored_response)
             .collect()
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(Unanswered::sent)?
             .to_bytes();
         Ok(Answered {
             status,
@@ -134,14 +184,18 @@ async fn send(
     };
     tokio::time::timeout(route.upstream_timeout, exchange)
         .await
-        .map_err(|_| format!("none within {:?}", route.upstream_timeout))?
+        .map_err(|_| Unanswered::sent(format!("none within {:?}", route.upstream_timeout)))?
 }
 
-/// What the answers (the key's first, its repeat, the control key's) say
-/// about the destination.
-fn verdict(answers: &[Result<Answered, String>], header: &HeaderName) -> (Option<bool>, String) {
-    let (first, second, control) = match answers {
-        [Ok(first), Ok(second), Ok(control)] => (first, second, control),
+/// What the answers (the key's first, the control key's, the key's
+/// repeat) say about the destination, `keys` the key and the control key.
+fn verdict(
+    answers: &[Result<Answered, Unanswered>],
+    (key, control_key): (&str, &str),
+    header: &HeaderName,
+) -> (Option<bool>, String) {
+    let (first, control, repeat) = match answers {
+        [Ok(first), Ok(control), Ok(repeat)] => (first, control, repeat),
         _ => {
             return (
                 None,
@@ -159,27 +213,22 @@ fn verdict(answers: &[Result<Answered, String>], header: &HeaderName) -> (Option
             ),
         );
     }
-    let alike = |a: &Answered, b: &Answered| a.status == b.status && a.body == b.body;
-    let refused_repeat = matches!(second.status.as_u16(), 409 | 422);
-    if alike(first, second) && alike(first, control) && !second.replayed {
-        return (
-            None,
-            format!(
-                "not told: the destination answers every write alike ({} with the same body for a new key too), so the same answer to the repeat does not show whether it created a second record; check what it holds for the key.",
-                control.status.as_u16()
-            ),
-        );
-    }
-    if alike(first, second) || second.replayed || refused_repeat {
-        return (
+    let deduplicates = |why: String| {
+        (
             Some(true),
             format!(
-                "the destination deduplicates on `{header}` itself: it answered the repeat ({}) instead of creating a second record. The gateway still adds what it cannot: duplicates in flight answered, a changed payload refused, a lost response held as unknown — and with `destination_key_header = \"{header}\"`, `resend_unknown` may settle a lost response by sending it again within the key's retention.",
-                second.status.as_u16()
+                "the destination deduplicates on `{header}` itself: {why}. The gateway still adds what it cannot: duplicates in flight answered, a changed payload refused, a lost response held as unknown — and with `destination_key_header = \"{header}\"`, `resend_unknown` may settle a lost response by sending it again within the key's retention."
             ),
-        );
+        )
+    };
+    if repeat.replayed {
+        return deduplicates(format!(
+            "it answered the repeat ({}) as a replay",
+            repeat.status.as_u16()
+        ));
     }
-    if second.status.is_success() {
+    let alike = |a: &Answered, b: &Answered| a.status == b.status && a.body == b.body;
+    if repeat.status.is_success() && !alike(first, repeat) {
         return (
             Some(false),
             format!(
@@ -187,65 +236,133 @@ fn verdict(answers: &[Result<Answered, String>], header: &HeaderName) -> (Option
             ),
         );
     }
-    (
-        None,
-        format!(
-            "not told: the destination answered the repeat {} (the first {}); check what it holds for the key.",
-            second.status.as_u16(),
-            first.status.as_u16()
-        ),
-    )
+    if !control.status.is_success() {
+        return (
+            None,
+            format!(
+                "not told: the destination answered the same write under a control key {}, not as a new write, so there is nothing to read its answer to the repeat ({}) against; check what it holds for the key.",
+                control.status.as_u16(),
+                repeat.status.as_u16()
+            ),
+        );
+    }
+    if matches!(repeat.status.as_u16(), 409 | 422) {
+        return deduplicates(format!(
+            "it refused the repeat ({}) and took the same write under a control key",
+            repeat.status.as_u16()
+        ));
+    }
+    if !alike(first, repeat) {
+        return (
+            None,
+            format!(
+                "not told: the destination answered the repeat {} (the first {}); check what it holds for the key.",
+                repeat.status.as_u16(),
+                first.status.as_u16()
+            ),
+        );
+    }
+    // The control's answer with the control key read as the key: what a
+    // second record's answer would be if answers told records apart only
+    // by echoing the key they came under.
+    let control_as_key = String::from_utf8_lossy(&control.body).replace(control_key, key);
+    if control.status == first.status && control_as_key.as_bytes() == first.body {
+        return (
+            None,
+            format!(
+                "not told: the destination answered the same write under a control key alike ({} with the same body), so its answers tell no record from another, and the same answer to the repeat does not show whether it created a second record; check what it holds for the key.",
+                control.status.as_u16()
+            ),
+        );
+    }
+    deduplicates(format!(
+        "it answered the repeat ({}) as it answered the key's first write, where the same write under a control key, sent between them, got another answer",
+        repeat.status.as_u16()
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn answered(status: u16, body: &'static str, replayed: bool) -> Result<Answered, String> {
+    const KEY: &str = "rehearse-check-a";
+    const CONTROL: &str = "rehearse-check-b";
+
+    fn answered(status: u16, body: &str, replayed: bool) -> Result<Answered, Unanswered> {
         Ok(Answered {
             status: StatusCode::from_u16(status).unwrap(),
             replayed,
-            body: Bytes::from_static(body.as_bytes()),
+            body: Bytes::from(body.to_string()),
         })
     }
 
-    /// Each reading of the key's first answer, its repeat's and the
-    /// control key's.
+    /// Each reading of the key's first answer, the control key's (the same
+    /// body) and the key's repeat.
     #[test]
     fn the_verdict_reads_the_repeat_against_the_control() {
         let plain = |status, body| answered(status, body, false);
+        let echoed = |key: &str| format!(r#"{{"key":"{key}"}}"#);
         let cases = [
             // Two records: a different answer for the repeat.
             (
                 [plain(201, "1"), plain(201, "2"), plain(201, "3")],
                 Some(false),
             ),
-            // The first answer again, another for a new key.
+            // The first answer again, another for the control between them.
             (
-                [plain(201, "1"), plain(201, "1"), plain(201, "3")],
+                [plain(201, "1"), plain(201, "2"), plain(201, "1")],
                 Some(true),
             ),
-            // Alike for every key: the answers prove nothing.
+            // Alike for every key (answers of the body alone, an echo of
+            // it): the answers prove nothing.
             ([plain(201, "ok"), plain(201, "ok"), plain(201, "ok")], None),
+            // Answers that differ by the key they came under, and by
+            // nothing else: no record told from another.
+            (
+                [
+                    plain(201, &echoed(KEY)),
+                    plain(201, &echoed(CONTROL)),
+                    plain(201, &echoed(KEY)),
+                ],
+                None,
+            ),
             // Said to be a replay, whatever the bodies.
             (
                 [
                     plain(201, "ok"),
-                    answered(201, "ok", true),
                     plain(201, "ok"),
+                    answered(201, "ok", true),
                 ],
                 Some(true),
             ),
+            // The repeat refused, the same write under another key taken.
             (
-                [plain(201, "1"), plain(409, "busy"), plain(201, "3")],
+                [plain(201, "1"), plain(201, "2"), plain(409, "busy")],
                 Some(true),
             ),
+            // Refused under another key too: the body is refused, not the
+            // key; and a control refused shows nothing.
+            (
+                [plain(201, "1"), plain(409, "taken"), plain(409, "taken")],
+                None,
+            ),
+            (
+                [plain(201, "1"), plain(429, "later"), plain(201, "1")],
+                None,
+            ),
             ([plain(403, "no"), plain(403, "no"), plain(403, "no")], None),
-            ([plain(201, "1"), Err("none".into()), plain(201, "3")], None),
-            ([plain(201, "1"), plain(500, "x"), plain(201, "3")], None),
+            (
+                [
+                    plain(201, "1"),
+                    Err(Unanswered::sent("none")),
+                    plain(201, "3"),
+                ],
+                None,
+            ),
+            ([plain(201, "1"), plain(201, "2"), plain(500, "x")], None),
         ];
         for (answers, expected) in cases {
-            let (deduplicates, verdict) = verdict(&answers, &IDEMPOTENCY_KEY);
+            let (deduplicates, verdict) = verdict(&answers, (KEY, CONTROL), &IDEMPOTENCY_KEY);
             assert_eq!(deduplicates, expected, "{verdict}");
         }
     }

@@ -13,7 +13,9 @@
 //! - at most `--writes` requests that may write reach the destination:
 //!   the number is printed first, a case that would need more than is
 //!   left is not run, and the drill refuses any write past the bound;
-//!   reconcile probes are reads and are not counted;
+//!   a write counts once a byte of it may have reached the destination,
+//!   so one whose connection failed spends nothing; reconcile probes are
+//!   reads and are not counted;
 //! - the credentials the writes carry come from the environment
 //!   (`--header-env NAME=VAR`) and are never printed: the report names
 //!   the variable, never its value.
@@ -68,7 +70,7 @@ pub enum RehearseError {
 pub(crate) const CASE_WRITES: [u64; 5] = [1, 1, 1, 2, 1];
 
 /// Writes `--check-destination` sends straight to the destination: one
-/// key twice, and a control key once.
+/// write under a key twice and, between them, under a control key.
 pub(crate) const CHECK_WRITES: u64 = 3;
 
 /// Runs the rehearsal `args` describes, reading environment variables

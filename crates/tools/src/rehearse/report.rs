@@ -233,7 +233,7 @@ pub fn write(out: &mut impl Write, report: &Report, json: bool) -> std::io::Resu
     if let Some(check) = &report.destination_check {
         writeln!(
             out,
-            "\nStraight to the destination, one key twice, then a control key:"
+            "\nStraight to the destination, one body: the key, a control key, the key again:"
         )?;
         for (n, answer) in check.answers.iter().enumerate() {
             writeln!(out, "   {}. {answer}", n + 1)?;
