@@ -21,7 +21,8 @@
 //!    first-sent window, on a profile that dates requests: `wire`), and
 //!    the scope.
 //! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`)
-//!    and by the bodies' shared `budget` (503 `overloaded`).
+//!    and by the bodies' shared `budget` (503 `overloaded`); an HTTP/2
+//!    stream reset before its whole body came → 400 `invalid-body`.
 //! 4. [`fingerprint`]: the digest of the request exactly as sent, then what
 //!    makes a retry "the same request"; a write that sent no key is given
 //!    one from them (assigned, or derived). The write's context, `Write`,
@@ -1052,6 +1053,15 @@ async fn read_body(
         // the write it sent into none.
         while declared != Some(size as u64) {
             let Some(frame) = body.frame().await else {
+                // hyper ends the body of a stream the client reset with
+                // `NO_ERROR` as if it had ended; h2 still says it did not
+                // (no END_STREAM came). Cut short, it is not the write
+                // the client sent, with or without a declared length.
+                let ended =
+                    parts.version != http::Version::HTTP_2 || http_body::Body::is_end_stream(&body);
+                if declared.is_some() || !ended {
+                    return Err(cut_short(size, declared).into());
+                }
                 break;
             };
             if let Ok(data) = frame?.into_data() {
@@ -1086,6 +1096,13 @@ async fn read_body(
             reason: error.to_string(),
         }),
     }
+}
+
+/// Why a body that stopped after `size` bytes, of `declared` if it said,
+/// is not read whole.
+fn cut_short(size: usize, declared: Option<u64>) -> String {
+    let of = declared.map_or(String::new(), |declared| format!(" of {declared}"));
+    format!("the stream was reset before its body ended ({size}{of} bytes came)")
 }
 
 /// Waits for the end of an HTTP/2 request stream whose declared length has
