@@ -10,7 +10,10 @@
 //! SETTINGS flood, a header block growing without end in CONTINUATION
 //! frames — each bounded, with the gateway answering another client
 //! meanwhile; and a connection that opens no stream, or sends nothing at
-//! all, is closed after `header_read_timeout`.
+//! all, is closed after `header_read_timeout`. An h2 client in the test
+//! itself (the h2 crate: never ignored) resets a write's stream with
+//! `NO_ERROR` before its whole body came: refused, nothing sent, with or
+//! without a `content-length`.
 //!
 //! Upstreams: a route with `upstream_http2` writes over one multiplexed
 //! connection to hyper's HTTP/2 server (writes counted), and how an h2
@@ -194,6 +197,65 @@ async fn more_data_than_the_content_length_sends_nothing() {
         "{report}"
     );
     assert_eq!(gw.upstream.writes(), 0, "{report}");
+}
+
+/// A stream the client resets with `NO_ERROR` before its whole body came
+/// (which hyper reads as the body's end) is refused 400 `invalid-body`
+/// with nothing sent, whether or not a `content-length` said how much was
+/// to come: a write cut short is not the one the client sent. Its retry
+/// with the whole body under the same key is then the first write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_reset_before_its_whole_body_sends_nothing() {
+    let gw = spawn_gateway("").await;
+    let refused = r#"idemgate_requests_total{route="api",outcome="rejected"}"#;
+    for (n, declared) in [true, false].into_iter().enumerate() {
+        let key = format!("h2-cut-{n}");
+        reset_mid_body(gw.addr(), &key, declared).await;
+        // The stream's end: refused and counted, or sent.
+        eventually("the reset stream handled", || async {
+            let counted = metric(&scrape_metrics(gw.admin_addr()).await, refused);
+            (counted.unwrap_or(0.0) > n as f64 || gw.upstream.writes() > n).then_some(())
+        })
+        .await;
+        let sent = gw.upstream.write_requests();
+        assert_eq!(
+            sent.len(),
+            n,
+            "content-length declared: {declared}: {sent:?}"
+        );
+        assert_fresh_created(&write(gw.addr(), "/h2-cut", Some(&key), BODY).await);
+        assert_eq!(gw.upstream.write_requests()[n].body, BODY, "the whole body");
+    }
+}
+
+/// `POST /h2-cut` with `key` on an h2 connection of its own: the first
+/// bytes of [`BODY`] as DATA (its whole length in `content-length` if
+/// `declared`), then `RST_STREAM(NO_ERROR)`.
+async fn reset_mid_body(addr: std::net::SocketAddr, key: &str, declared: bool) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (client, mut connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let mut ping = connection.ping_pong().expect("the connection's pings");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.expect("a stream");
+    let mut request = http::Request::post(format!("http://{addr}/h2-cut"))
+        .header("content-type", "application/json")
+        .header("authorization", ALICE)
+        .header("idempotency-key", key);
+    if declared {
+        request = request.header("content-length", BODY.len());
+    }
+    let (_answer, mut stream) = client
+        .send_request(request.body(()).expect("request"), false)
+        .expect("HEADERS");
+    stream
+        .send_data(Bytes::from_static(&BODY.as_bytes()[..5]), false)
+        .expect("DATA");
+    // h2 drops what it has not written of a stream it resets: a PING
+    // answered says the DATA queued before it went out, and another one
+    // that the reset did.
+    ping.ping(h2::Ping::opaque()).await.expect("a pong");
+    stream.send_reset(h2::Reason::NO_ERROR);
+    ping.ping(h2::Ping::opaque()).await.expect("a pong");
 }
 
 /// `[server]` lines: at most `streams` HTTP/2 streams per connection.

@@ -11,6 +11,11 @@
 //! - a `;` parameter or an encoded `%2F`/`%3B` that another upstream's
 //!   reading would move onto another route is 400 `invalid-path`; where
 //!   every reading keeps the route, the path is forwarded as sent;
+//! - a path whose letters in another case (`/API/tasks`), or a `/` added
+//!   at its end (`/o/prot`), match a longer prefix than its own route's is
+//!   400 `invalid-path` too;
+//! - an extension method a route names (`PURGE`) is that route's write in
+//!   any case (`purge`), one operation, forwarded as the route names it;
 //! - a reconcile probe never asks about the collection an upstream that
 //!   resolves dot-segments would answer for: the keys `.` and `..` are
 //!   never put in a probe's path (the operation stays held), and a key with
@@ -35,9 +40,18 @@ async fn protected_api_beside_a_catch_all() -> TestGateway {
 /// Route `api` at `protected` (keys required) beside `open` at `open_at`,
 /// a plain proxy (`key = "off"`), both to one fake upstream.
 async fn protected_beside_open(protected: &str, open_at: &str) -> TestGateway {
+    protected_with_beside_open(protected, "", open_at).await
+}
+
+/// Like [`protected_beside_open`], `api` with `route_extra` (TOML lines).
+async fn protected_with_beside_open(
+    protected: &str,
+    route_extra: &str,
+    open_at: &str,
+) -> TestGateway {
     let upstream = FakeUpstream::start().await;
     let open = format!(
-        "key = \"require\"\n[[routes]]\nname = \"open\"\npath_prefix = \"{open_at}\"\n\
+        "key = \"require\"\n{route_extra}[[routes]]\nname = \"open\"\npath_prefix = \"{open_at}\"\n\
          upstream = \"{}\"\nkey = \"off\"\n",
         upstream.url()
     );
@@ -351,6 +365,67 @@ async fn a_path_an_upstream_could_route_elsewhere_is_refused() {
         let sent = gw.upstream.write_requests();
         assert_eq!(sent[n].uri, path.replace("%2f", "%2F"), "{path}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_an_upstream_reads_in_another_case_or_with_a_slash_is_refused() {
+    // Literally the open route's; an upstream that routes without regard
+    // to case (Express, ASP.NET Core) or to a trailing `/` (Express) writes
+    // them as the protected route's.
+    let gw = protected_api_beside_a_catch_all().await;
+    for path in ["/API/tasks", "/Api/tasks", "/aPI"] {
+        for _ in 0..2 {
+            let resp = write(gw.addr(), path, Some("cased-1"), BODY).await;
+            resp.assert_problem_mentioning(400, "invalid-path", "/api");
+        }
+    }
+    assert!(gw.upstream.requests().is_empty(), "nothing sent");
+    // What no case could move keeps its route.
+    assert_fresh_created(&write(gw.addr(), "/api/Tasks", Some("cased-2"), BODY).await);
+    assert_fresh_created(&write(gw.addr(), "/APIs/x", None, BODY).await);
+    assert_eq!(gw.upstream.write_requests()[0].uri, "/api/Tasks");
+
+    let gw = protected_prefix_inside_an_open_one().await;
+    for path in ["/o/prot", "/o/PROT/create", "/O/Prot"] {
+        for _ in 0..2 {
+            let resp = write(gw.addr(), path, Some("slashed-1"), BODY).await;
+            resp.assert_problem_mentioning(400, "invalid-path", "/o/prot/");
+        }
+    }
+    assert!(gw.upstream.requests().is_empty(), "nothing sent");
+    for (path, key) in [("/o/prot/", Some("slashed-2")), ("/o/protx", None)] {
+        assert_fresh_created(&write(gw.addr(), path, key, BODY).await);
+    }
+    assert_eq!(gw.upstream.writes(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_method_a_route_names_is_intercepted_in_any_case() {
+    let methods = "methods = [\"POST\", \"PURGE\", \"MKCOL\"]\n";
+    let gw = protected_with_beside_open("/dav", methods, "/").await;
+    let keyed = [("authorization", ALICE), ("idempotency-key", "purged-1")];
+    let first = send(gw.addr(), "purge", "/dav/cache", &keyed, BODY.to_owned()).await;
+    assert_fresh_created(&first);
+    let retry = send(gw.addr(), "Purge", "/dav/cache", &keyed, BODY.to_owned()).await;
+    assert_replay_of(&retry, &first);
+    assert_eq!(gw.upstream.writes(), 1, "one write");
+    assert_eq!(gw.upstream.write_requests()[0].method.as_str(), "PURGE");
+    // The route's rules hold whatever the spelling.
+    let keyless = [("authorization", ALICE)];
+    send(gw.addr(), "Mkcol", "/dav/col", &keyless, BODY.to_owned())
+        .await
+        .assert_problem(400, "missing-key");
+    // A method no route names keeps its spelling.
+    send(gw.addr(), "purge", "/other", &[], Bytes::new()).await;
+    let other = gw
+        .upstream
+        .requests()
+        .last()
+        .expect("the other")
+        .method
+        .clone();
+    assert_eq!(other.as_str(), "purge");
+    assert_eq!(gw.upstream.writes(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,11 +6,15 @@
 //! the route intercepts, and would be passed through, unprotected, to an
 //! upstream that performs it as a `POST` each time it is retried.
 //!
+//! The same holds for an extension method a route names among its
+//! `methods` (`PURGE`, `MKCOL`): Werkzeug and Django upper-case those too.
+//!
 //! Invariant: after [`normalize`], a request whose method is a standard
 //! method (RFC 9110 §9.3 and `PATCH`, RFC 5789) in any case carries it
-//! upper-case, so routes intercept it, the fingerprint reads it and the
-//! upstream gets it so; any other method keeps its spelling. `HEAD` and
-//! `CONNECT` are left out: hyper frames the answer to a `head` it parsed
+//! upper-case, and once its route is chosen ([`normalize_for`]), one the
+//! route names in any case carries it as named (upper-case), so the route
+//! intercepts it, the fingerprint reads it and the upstream gets it so;
+//! any other method keeps its spelling. `HEAD` and `CONNECT` are left out: hyper frames the answer to a `head` it parsed
 //! as another method, and no route takes either as a write. `CONNECT`, in
 //! any case, is refused ([`refuse_tunnel`]): it asks for a tunnel, which a
 //! reverse proxy does not make, and hyper would turn a 2xx answer to it
@@ -47,6 +51,22 @@ pub fn refuse_tunnel(method: &Method) -> Result<(), MethodError> {
         return Err(MethodError::Tunnel);
     }
     Ok(())
+}
+
+/// Brings an extension method one of the route's `methods` names (`PURGE`,
+/// `MKCOL`), spelled in another case, into the route's spelling, in place.
+pub fn normalize_for<B>(methods: &[Method], request: &mut Request<B>) {
+    let method = request.method();
+    if methods.contains(method) {
+        return;
+    }
+    let spelled = method.as_str();
+    if let Some(named) = methods
+        .iter()
+        .find(|m| m.as_str().eq_ignore_ascii_case(spelled))
+    {
+        *request.method_mut() = named.clone();
+    }
 }
 
 /// Brings a standard method spelled in another case into upper case, in
@@ -91,6 +111,22 @@ mod tests {
             ("PROPFIND", "PROPFIND"),
         ] {
             assert_eq!(normal(sent), read, "{sent}");
+        }
+    }
+
+    #[test]
+    fn a_method_a_route_names_is_spelled_as_it_names_it() {
+        let named = [Method::POST, Method::from_bytes(b"PURGE").unwrap()];
+        for (sent, read) in [
+            ("purge", "PURGE"),
+            ("Purge", "PURGE"),
+            ("PURGE", "PURGE"),
+            ("mkcol", "mkcol"),
+            ("GET", "GET"),
+        ] {
+            let mut request = Request::builder().method(sent).body(()).unwrap();
+            normalize_for(&named, &mut request);
+            assert_eq!(request.method().as_str(), read, "{sent}");
         }
     }
 

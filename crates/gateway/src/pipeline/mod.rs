@@ -13,15 +13,18 @@
 //!    → 400 `invalid-header`; a body in a transfer coding other than
 //!    `chunked` → 501 `unsupported-transfer-coding`.
 //! 1. `route`: longest `path_prefix`; none → 404 `no-route`; a path that
-//!    another upstream's reading (`;` stripped, `%2F` decoded) puts on another
-//!    route → 400 `invalid-path`. A method the route does not intercept is
-//!    streamed through (`forward::pass_through`), unchanged but for its
-//!    normalized path and hop-by-hop headers.
+//!    another upstream's reading puts on another route — `;` stripped,
+//!    `%2F` decoded, its letters in another case, a `/` added at its end
+//!    (`route::Spellings`) — → 400 `invalid-path`. A method the route
+//!    names, in any case, is spelled as it names it; one the route does
+//!    not intercept is streamed through (`forward::pass_through`),
+//!    unchanged but for its normalized path and hop-by-hop headers.
 //! 2. [`key`]: the `Idempotency-Key` the client sent, if any (within its
 //!    first-sent window, on a profile that dates requests: `wire`), and
 //!    the scope.
 //! 3. body: read whole, bounded by `max_body` (413 before `100 Continue`)
-//!    and by the bodies' shared `budget` (503 `overloaded`).
+//!    and by the bodies' shared `budget` (503 `overloaded`); an HTTP/2
+//!    stream reset before its whole body came → 400 `invalid-body`.
 //! 4. [`fingerprint`]: the digest of the request exactly as sent, then what
 //!    makes a retry "the same request"; a write that sent no key is given
 //!    one from them (assigned, or derived). The write's context, `Write`,
@@ -153,6 +156,9 @@ pub struct ActiveRoute {
 /// The proxy: routes, the store, and the forward tasks in flight.
 pub struct Proxy {
     routes: Vec<Arc<ActiveRoute>>,
+    /// Whether a path spelled otherwise than a route's prefix may be read
+    /// as it (`route::select_unambiguous`).
+    spellings: route::Spellings,
     /// What the requests and their attempts share: an [`Attempt`] holds
     /// this, not copies of its parts.
     shared: Arc<Shared>,
@@ -227,7 +233,7 @@ impl Proxy {
         shutdown: Shutdown,
         drill: Option<Arc<drill::Drill>>,
     ) -> Result<Self, TlsError> {
-        let routes = config
+        let routes: Vec<Arc<ActiveRoute>> = config
             .routes
             .iter()
             .map(|route| {
@@ -255,6 +261,7 @@ impl Proxy {
             .collect::<Result<_, TlsError>>()?;
         let shared_store = store.shared();
         Ok(Proxy {
+            spellings: route::Spellings::of(routes.iter().map(|r| r.route.path_prefix.as_str())),
             routes,
             shared: Arc::new(Shared {
                 store: store.clone(),
@@ -356,8 +363,7 @@ impl Proxy {
         let started = Instant::now();
         // Phase 0, once: from here on a standard method is upper-case.
         method::normalize(&mut request);
-        let method = request.method().clone();
-        let tunnel = method::refuse_tunnel(&method);
+        let tunnel = method::refuse_tunnel(request.method());
         // The head as sent, before its path is normalized.
         let head_bytes = head_size(&request);
         // Phase 0, once: from here on the request's path is in normal form.
@@ -378,10 +384,16 @@ impl Proxy {
             if reserved {
                 return Ok(None);
             }
-            route::select_unambiguous(&self.routes, &path, |active| &active.route)
+            route::select_unambiguous(&self.routes, self.spellings, &path, |active| &active.route)
                 .map(Option::<&Arc<ActiveRoute>>::cloned)
         });
         let active = routed.as_ref().ok().cloned().flatten();
+        if let Some(active) = &active {
+            // Phase 1, once: from here on a method the route names is
+            // spelled as it names it.
+            method::normalize_for(&active.route.methods, &mut request);
+        }
+        let method = request.method().clone();
         let answered = if head_bytes > self.max_header_bytes {
             Err(ProxyError::HeadersTooLarge {
                 limit: self.max_header_bytes,
@@ -1052,6 +1064,15 @@ async fn read_body(
         // the write it sent into none.
         while declared != Some(size as u64) {
             let Some(frame) = body.frame().await else {
+                // hyper ends the body of a stream the client reset with
+                // `NO_ERROR` as if it had ended; h2 still says it did not
+                // (no END_STREAM came). Cut short, it is not the write
+                // the client sent, with or without a declared length.
+                let ended =
+                    parts.version != http::Version::HTTP_2 || http_body::Body::is_end_stream(&body);
+                if declared.is_some() || !ended {
+                    return Err(cut_short(size, declared).into());
+                }
                 break;
             };
             if let Ok(data) = frame?.into_data() {
@@ -1086,6 +1107,13 @@ async fn read_body(
             reason: error.to_string(),
         }),
     }
+}
+
+/// Why a body that stopped after `size` bytes, of `declared` if it said,
+/// is not read whole.
+fn cut_short(size: usize, declared: Option<u64>) -> String {
+    let of = declared.map_or(String::new(), |declared| format!(" of {declared}"));
+    format!("the stream was reset before its body ended ({size}{of} bytes came)")
 }
 
 /// Waits for the end of an HTTP/2 request stream whose declared length has

@@ -54,10 +54,11 @@ pub enum PathError {
     BadPercentEncoding { at: usize },
     #[error("the normalized request path is not a valid request target")]
     Unrepresentable,
-    /// An upstream that strips `;` parameters or decodes `%2F`/`%3B` before
-    /// it routes would take the path for `reading`, on another route.
+    /// An upstream that strips `;` parameters, decodes `%2F`/`%3B`, or
+    /// routes without regard to case or to a trailing `/` would take the
+    /// path for `reading`, on another route.
     #[error(
-        "the request path belongs to another route when read as an upstream may read it ({reading}: `;` parameters stripped, or `%2F` and `%3B` decoded); send that path instead"
+        "the request path belongs to another route when read as an upstream may read it ({reading}: `;` parameters stripped, `%2F` and `%3B` decoded, letters in another case, or a `/` at the end); send that path instead"
     )]
     AnotherRouteWhenRead { reading: String },
 }
