@@ -210,7 +210,7 @@ async fn a_stream_reset_before_its_whole_body_sends_nothing() {
     let refused = r#"idemgate_requests_total{route="api",outcome="rejected"}"#;
     for (n, declared) in [true, false].into_iter().enumerate() {
         let key = format!("h2-cut-{n}");
-        reset_mid_body(gw.addr(), &key, declared).await;
+        reset_mid_body(gw.addr(), "POST", &key, declared).await;
         // The stream's end: refused and counted, or sent.
         eventually("the reset stream handled", || async {
             let counted = metric(&scrape_metrics(gw.admin_addr()).await, refused);
@@ -228,16 +228,36 @@ async fn a_stream_reset_before_its_whole_body_sends_nothing() {
     }
 }
 
-/// `POST /h2-cut` with `key` on an h2 connection of its own: the first
+/// A request the route does not intercept, its stream reset the same
+/// way without a `content-length`, reached the upstream as a whole
+/// request of the part that came (hyper's chunked end after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_passed_through_reset_before_its_whole_body_is_not_sent_whole() {
+    let gw = spawn_gateway("methods = [\"POST\"]\n").await;
+    reset_mid_body(gw.addr(), "PUT", "h2-cut-pass", false).await;
+    gw.upstream.wait_for_requests(1).await;
+    let request = gw.upstream.requests().remove(0);
+    assert_eq!(request.method, "PUT");
+    // The fake keeps what it could read: nothing, its body failed.
+    assert_ne!(
+        request.body.as_ref(),
+        &BODY.as_bytes()[..5],
+        "the part that came, taken as whole"
+    );
+}
+
+/// `method /h2-cut` with `key` on an h2 connection of its own: the first
 /// bytes of [`BODY`] as DATA (its whole length in `content-length` if
 /// `declared`), then `RST_STREAM(NO_ERROR)`.
-async fn reset_mid_body(addr: std::net::SocketAddr, key: &str, declared: bool) {
+async fn reset_mid_body(addr: std::net::SocketAddr, method: &str, key: &str, declared: bool) {
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let (client, mut connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
     let mut ping = connection.ping_pong().expect("the connection's pings");
     tokio::spawn(connection);
     let mut client = client.ready().await.expect("a stream");
-    let mut request = http::Request::post(format!("http://{addr}/h2-cut"))
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}/h2-cut"))
         .header("content-type", "application/json")
         .header("authorization", ALICE)
         .header("idempotency-key", key);

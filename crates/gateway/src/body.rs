@@ -45,6 +45,53 @@ where
 }
 
 pin_project_lite::pin_project! {
+    /// An HTTP/2 request body passed through, which fails rather than ends
+    /// when its stream ended without END_STREAM: hyper hands a client's
+    /// `RST_STREAM(NO_ERROR)` on as the body's end, and the upstream would
+    /// otherwise take the part that came for the whole request.
+    pub struct Whole<B> {
+        #[pin]
+        inner: B,
+    }
+}
+
+impl<B> Whole<B> {
+    pub fn new(inner: B) -> Self {
+        Whole { inner }
+    }
+}
+
+impl<B> http_body::Body for Whole<B>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let mut inner = self.project().inner;
+        match std::task::ready!(inner.as_mut().poll_frame(cx)) {
+            None if !inner.is_end_stream() => std::task::Poll::Ready(Some(Err(
+                "the client reset its stream before its body ended".into(),
+            ))),
+            frame => std::task::Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pin_project_lite::pin_project! {
     /// A body whose first bytes were already read (while deciding whether the
     /// response fits the store), followed by the rest as it streams.
     pub struct Prefixed<B> {

@@ -193,6 +193,13 @@ fn upstream_must_be_an_origin() {
 fn routes_need_unique_names_and_prefixes() {
     let twice = format!("{MINIMAL}{MINIMAL}");
     assert!(error_of(&twice).contains("used twice"));
+    let cased = "[[routes]]\nname = \"a\"\nupstream = \"http://h\"\npath_prefix = \"/api\"\n\
+                 [[routes]]\nname = \"b\"\nupstream = \"http://h\"\npath_prefix = \"/API\"\n";
+    let error = error_of(cased);
+    assert!(
+        error.contains("routes[1].path_prefix") && error.contains("in another case"),
+        "{error}"
+    );
     assert!(error_of("[server]\n").contains("at least one"));
 }
 

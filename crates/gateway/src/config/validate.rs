@@ -344,14 +344,19 @@ impl Validator<'_> {
                     format!("route name `{}` is used twice", route.name),
                 ));
             }
-            if routes
-                .iter()
-                .any(|r: &Route| r.path_prefix == route.path_prefix)
-            {
-                return Err(self.invalid(
-                    format!("routes[{i}].path_prefix"),
-                    format!("path_prefix `{}` is used twice", route.path_prefix),
-                ));
+            let same_prefix = |r: &&Route| r.path_prefix.eq_ignore_ascii_case(&route.path_prefix);
+            if let Some(other) = routes.iter().find(same_prefix) {
+                // In another case it is one prefix to an upstream that
+                // reads paths so, and every path under it would be refused
+                // as ambiguous (`pipeline::route`).
+                let reason = match other.path_prefix == route.path_prefix {
+                    true => format!("path_prefix `{}` is used twice", route.path_prefix),
+                    false => format!(
+                        "path_prefix `{}` is `{}` (route `{}`) in another case, which many upstreams read as one path: give the two routes prefixes that differ in more than case",
+                        route.path_prefix, other.path_prefix, other.name
+                    ),
+                };
+                return Err(self.invalid(format!("routes[{i}].path_prefix"), reason));
             }
             if route.max_body > server.buffered_body_budget {
                 return Err(self.invalid(
