@@ -340,12 +340,13 @@ async fn an_admin_token_with_surrounding_whitespace_refuses_to_start() {
 // ------------------------------------------------------- unknown, shown
 
 /// A write carrying a credential in every place one can hide: the
-/// Authorization header, a second scope header and the query string.
+/// Authorization header, a second scope header, a path parameter and the
+/// query string.
 async fn send_with_secrets(gw: &TestGateway) -> Response {
     send(
         gw.addr(),
         "POST",
-        "/hold?api_key=query-secret-77",
+        "/hold;jsessionid=session-secret-5?api_key=query-secret-77",
         &[
             ("content-type", "application/json"),
             ("authorization", ALICE),
@@ -366,6 +367,7 @@ async fn an_unknown_operation_is_listed_and_shown_without_credentials() {
         "alice-token",
         "acct-secret-42",
         "query-secret-77",
+        "session-secret-5",
         admin.token.as_str(),
     ];
     let lost = send_with_secrets(&gw).await;
@@ -433,7 +435,10 @@ async fn an_unknown_operation_is_listed_and_shown_without_credentials() {
         "{op}"
     );
     assert_eq!(op["request"]["method"], "POST");
-    assert_eq!(op["request"]["path"], "/hold", "no query string: {op}");
+    assert_eq!(
+        op["request"]["path"], "/hold",
+        "no parameter, no query: {op}"
+    );
     assert_eq!(op["request"]["content_type"], "application/json");
     assert_eq!(op["request"]["body_size"], ORDER.len());
     assert_eq!(

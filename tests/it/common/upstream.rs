@@ -360,7 +360,10 @@ async fn handle(
         });
         state.received.send_replace(requests.len());
     }
+    // Read as servlet containers read it: a segment's `;parameters` (a
+    // session id) are not part of what it names.
     let path = parts.uri.path();
+    let path = path.split_once(';').map_or(path, |(named, _)| named);
     let path = state.aliases.get(path).map_or(path, String::as_str);
 
     if is_read(&parts.method) {

@@ -3,7 +3,8 @@
 //!
 //! Invariants: what is shown is never a credential (scopes are not shown;
 //! the request's query string is not shown, since automations put API keys
-//! there; the request body only when the route stores it), and a resolution
+//! there, nor its segments' `;parameters`, where session ids go; the
+//! request body only when the route stores it), and a resolution
 //! is one store transaction that a concurrent client retry cannot interleave
 //! with.
 
@@ -227,6 +228,9 @@ pub fn detail(op: &Operation, events: &[StoredEvent]) -> Value {
     });
     let request = &op.request;
     let path = request.path.split('?').next().unwrap_or("");
+    // As logs and traces show it: a segment's `;parameters` are where
+    // servlet containers put session ids.
+    let path = crate::pipeline::path::without_parameters(path);
     let mut request_json = json!({
         "method": request.method,
         "path": path,

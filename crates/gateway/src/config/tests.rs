@@ -189,6 +189,24 @@ fn upstream_must_be_an_origin() {
     assert!(error_of(&alert).contains("is not a port"));
 }
 
+/// The fingerprint is a bare SHA-256, kept in clear: a credential in it
+/// could be confirmed from a copy of the store by hashing guesses.
+#[test]
+fn no_credential_is_a_fingerprint_header() {
+    let with = |lines: &str| format!("[[routes]]\nname = \"a\"\nupstream = \"http://h\"\n{lines}");
+    for credential in ["Authorization", "cookie", "x-api-key"] {
+        let error = error_of(&with(&format!(
+            "fingerprint_headers = [\"{credential}\"]\n"
+        )));
+        assert!(error.contains("is a credential"), "{credential}: {error}");
+    }
+    let scope =
+        "scope_headers = [\"x-tenant-token\"]\nfingerprint_headers = [\"x-tenant-token\"]\n";
+    assert!(error_of(&with(scope)).contains("`x-tenant-token` is a credential"));
+    let fine = with("fingerprint_headers = [\"content-type\", \"x-request-kind\"]\n");
+    assert!(Config::from_toml_str(&fine, "t").is_ok());
+}
+
 #[test]
 fn routes_need_unique_names_and_prefixes() {
     let twice = format!("{MINIMAL}{MINIMAL}");

@@ -55,6 +55,15 @@ const NOT_A_KEY_HEADER: &[&str] = &[
     "x-forwarded-host",
 ];
 
+/// Headers that carry a credential wherever they are sent.
+const CREDENTIALS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "x-api-key",
+    "api-key",
+];
+
 /// The longest duration a field takes. Every duration is a deadline
 /// somewhere (an `Instant`, or the store's milliseconds since 1970): one
 /// of 300 million years overflowed the store's clock (a quota window that
@@ -327,6 +336,35 @@ impl Validator<'_> {
                     .map_err(|_| self.invalid(field, format!("`{n}` is not a header name")))
             })
             .collect()
+    }
+
+    /// A route's `fingerprint_headers`, none of them a credential: the
+    /// fingerprint is a bare SHA-256 kept in clear, so a credential in it
+    /// could be confirmed offline from a copy of the store by hashing
+    /// guesses, where a scope header is kept keyed ([`CREDENTIALS`], and
+    /// the route's `scope_headers`).
+    fn fingerprint_headers(
+        &self,
+        field: &str,
+        names: Option<Vec<String>>,
+        (wire, scope_headers): (&Wire, &[HeaderName]),
+    ) -> Result<Vec<HeaderName>, ConfigError> {
+        let default = wire
+            .fingerprint_headers
+            .unwrap_or(route::FINGERPRINT_HEADERS);
+        let headers = self.headers(field, names, default)?;
+        let credential = headers
+            .iter()
+            .find(|name| CREDENTIALS.contains(&name.as_str()) || scope_headers.contains(name));
+        match credential {
+            Some(name) => Err(self.invalid(
+                field,
+                format!(
+                    "`{name}` is a credential: the fingerprint is kept unkeyed, so a guess at it could be confirmed from a copy of the store; name it in scope_headers, which are kept keyed and tell its requests apart as well"
+                ),
+            )),
+            None => Ok(headers),
+        }
     }
 
     pub(super) fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
@@ -912,6 +950,11 @@ impl Validator<'_> {
         if connect_retries > 10 {
             return Err(self.invalid(field("connect_retries"), "at most 10"));
         }
+        let fingerprint_headers = self.fingerprint_headers(
+            &field("fingerprint_headers"),
+            raw.fingerprint_headers,
+            (wire, &scope_headers),
+        )?;
         Ok(Route {
             name,
             profile,
@@ -923,12 +966,7 @@ impl Validator<'_> {
             key,
             scope_headers,
             allow_anonymous,
-            fingerprint_headers: self.headers(
-                &field("fingerprint_headers"),
-                raw.fingerprint_headers,
-                wire.fingerprint_headers
-                    .unwrap_or(route::FINGERPRINT_HEADERS),
-            )?,
+            fingerprint_headers,
             ignore_fields,
             forward_key_header,
             destination_key,

@@ -63,7 +63,7 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ::http::header::{AUTHORIZATION, HeaderName};
+use ::http::header::{AUTHORIZATION, HOST, HeaderName};
 use ::http::{HeaderMap, Request};
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
@@ -583,7 +583,10 @@ async fn send(
 }
 
 /// Keeps only the headers a probe may carry: `authorization` and the
-/// route's scope headers.
+/// route's scope headers but `host`. A probe asks the host its URL names,
+/// as a write is sent with the upstream's: the client's `Host` (the
+/// gateway's own name) would ask a server that serves by name for
+/// another site, whose 404 would read as the write's absence.
 pub fn credentials(headers: &HeaderMap, route: &Route) -> HeaderMap {
     let mut kept = HeaderMap::new();
     if !route.has_probe() {
@@ -592,6 +595,7 @@ pub fn credentials(headers: &HeaderMap, route: &Route) -> HeaderMap {
     }
     let mut names: Vec<&HeaderName> = std::iter::once(&AUTHORIZATION)
         .chain(&route.scope_headers)
+        .filter(|name| **name != HOST)
         .collect();
     names.sort_by_key(|n| n.as_str());
     names.dedup();
@@ -614,6 +618,30 @@ mod tests {
             kind: kind.into(),
             detail: Value::Null,
         }
+    }
+
+    /// A route scoped by `host` sent the client's `Host` on its probes: a
+    /// server serving by name answered 404 for the gateway's name, and the
+    /// write was taken for absent and sent again.
+    #[test]
+    fn a_probe_carries_the_credentials_but_never_the_clients_host() {
+        let text = "[[routes]]\nname = \"a\"\nupstream = \"http://api:8000\"\n\
+                    scope_headers = [\"authorization\", \"host\", \"x-tenant\"]\n\
+                    [routes.reconcile]\nurl = \"http://api:8000/v1/orders/{key}\"\n\
+                    found_json_pointer = \"/id\"\n";
+        let config = crate::config::Config::from_toml_str(text, "t").unwrap();
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("authorization", "Bearer t1"),
+            ("host", "gateway.example"),
+            ("x-tenant", "t-9"),
+            ("cookie", "c=1"),
+        ] {
+            headers.insert(name, value.parse().unwrap());
+        }
+        let kept = credentials(&headers, &config.routes[0]);
+        let names: Vec<&str> = kept.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["authorization", "x-tenant"]);
     }
 
     #[test]
