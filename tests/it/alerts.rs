@@ -422,12 +422,17 @@ async fn alerts_test_says_what_each_endpoint_answered() {
     cmd.args(["alerts", "test", "--config"]).arg(&config);
     let (status, stdout, stderr) = run_to_exit(cmd).await;
     assert!(!status.success(), "one endpoint is down: {stdout}{stderr}");
+    // Each named by its place and origin: a webhook's path holds its token.
     assert!(
-        stdout.contains(&format!("{}/hooks: delivered (201)", receiver.url())),
+        stdout.contains(&format!("alerts[0] {}/…: delivered (201)", receiver.url())),
         "{stdout}"
     );
     assert!(
-        stdout.contains(&format!("http://{closed_addr}/down: not delivered")),
+        stdout.contains(&format!("alerts[1] http://{closed_addr}/…: not delivered")),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("/hooks") && !stdout.contains("/down"),
         "{stdout}"
     );
     assert!(

@@ -67,6 +67,26 @@ async fn second_process_on_same_store_exits_naming_the_store() {
     assert_fresh_created(&write(first.proxy, "/invoices", Some("inv-7"), BODY).await);
 }
 
+/// A new store's files hold bodies, answers and keys: they were made
+/// 0644 under the usual umask, readable by every user of the host unless
+/// a unit's `UMask` said otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_stores_files_are_its_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let upstream = FakeUpstream::start().await;
+    let store = dir.path().join("idemgate.db");
+    let toml = gateway_toml_with(&store, &upstream.url(), &Setup::route(""));
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let gateway = BinaryGateway::start(&config, &dir.path().join("gw.log")).await;
+    assert_fresh_created(&write(gateway.proxy, "/invoices", Some("inv-mode"), BODY).await);
+    for suffix in ["", "-wal", "-shm", ".scope-key"] {
+        let file = format!("{}{suffix}", store.display());
+        let mode = std::fs::metadata(&file).expect(&file).permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{file}: {:o}", mode & 0o777);
+    }
+}
+
 /// A store file of two names (a hard link) is refused, by either name:
 /// SQLite keeps its log beside the name it opens, so a gateway started
 /// through the other name after a crash would not see what the last one

@@ -393,8 +393,9 @@ fn lock_database(path: &Path, store_name: &str) -> Result<File, StoreError> {
         .truncate(false)
         .read(true)
         .write(true)
-        // SQLite's own default mode for a database it makes.
-        .mode(0o644)
+        // The owner's alone: it holds bodies, answers and keys, and SQLite
+        // gives its log and shared-memory files the database's mode.
+        .mode(0o600)
         .open(path)
         .map_err(|e| open_error(format!("cannot open it to lock it: {e}")))?;
     let resolved = || {

@@ -111,15 +111,20 @@ impl Endpoint {
         })
     }
 
-    /// The URL for logs and output: without its query, where webhook
-    /// tokens often are.
+    /// The URL for logs and output: its origin only, with `/…` for a
+    /// path — webhooks carry their tokens in the path (Slack's
+    /// `/services/T…/B…/<token>`, Discord's) or the query.
     pub(crate) fn display_url(&self) -> String {
         let url = &self.config.url;
         format!(
             "{}://{}{}",
             url.scheme_str().unwrap_or("http"),
             url.authority().map_or("", |a| a.as_str()),
-            url.path()
+            if matches!(url.path(), "" | "/") {
+                ""
+            } else {
+                "/…"
+            }
         )
     }
 }
@@ -218,13 +223,14 @@ pub async fn test_endpoints(config: &Config) -> Result<(String, bool), AlertErro
         &console_base(&config.server, config.server.admin_listen),
     );
     let (mut report, mut all) = (String::new(), true);
-    for endpoint in &endpoints {
+    for (n, endpoint) in endpoints.iter().enumerate() {
         let unix = u64::try_from(now / 1000).unwrap_or(0);
+        let named = format!("alerts[{n}] {}", endpoint.display_url());
         let line = match poster.post(endpoint, body.clone(), unix).await {
-            Ok(status) => format!("{}: delivered ({status})", endpoint.display_url()),
+            Ok(status) => format!("{named}: delivered ({status})"),
             Err(error) => {
                 all = false;
-                format!("{}: not delivered: {error}", endpoint.display_url())
+                format!("{named}: not delivered: {error}")
             }
         };
         report.push_str(&line);
@@ -332,7 +338,7 @@ mod tests {
         let found = Endpoint::new(0, &config, |_| Some("s".into())).unwrap();
         assert_eq!(found.id.len(), 16);
         assert!(!found.id.contains("s3cret"));
-        assert_eq!(found.display_url(), "https://hooks.example.com/x");
+        assert_eq!(found.display_url(), "https://hooks.example.com/…");
         let subscriptions: Vec<_> = found.subscriptions().collect();
         assert_eq!(subscriptions.len(), 1);
         assert_eq!(subscriptions[0].event, "unknown-aged");
