@@ -25,7 +25,9 @@
 //!   canonical reason phrase to one of the upstream's own, first answer,
 //!   replay and pass-through alike;
 //! - a write's answer is kept without its trailer fields, and neither it
-//!   nor its replay announces any (`Trailer`).
+//!   nor its replay announces any (`Trailer`);
+//! - a passed-through request whose own body is malformed is the client's
+//!   400 `invalid-body`, not a 502 blaming the upstream.
 
 use crate::common::*;
 use bytes::Bytes;
@@ -471,3 +473,23 @@ async fn an_answer_in_a_transfer_coding_other_than_chunked_is_not_passed_on() {
 
 const GZIP_CODED_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
 transfer-encoding: gzip, chunked\r\n\r\n4\r\n\x1f\x8b\x08\x00\r\n0\r\n\r\n";
+
+/// A chunk-size line hyper cannot read, on a request passed through: the
+/// exchange failed on the client's body, and the client heard 502
+/// `upstream-failed`, sent to look at a healthy upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_through_body_that_is_malformed_is_the_clients_400() {
+    let gw = spawn_gateway("methods = [\"POST\"]\n").await;
+    let head = raw_post_head(
+        "/upload",
+        &["content-type: text/plain", "transfer-encoding: chunked"],
+    )
+    .replace("POST", "PUT");
+    let request = format!("{head}5\r\nhello\r\nzz\r\nmore\r\n0\r\n\r\n");
+    let answer = raw_exchange(gw.addr(), request.as_bytes())
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status, 400, "{}", answer.head);
+    let body = String::from_utf8_lossy(&answer.body);
+    assert!(body.contains("invalid-body"), "{body}");
+}

@@ -44,24 +44,46 @@ where
     body.map_err(Into::into).boxed()
 }
 
+/// A client's request body failed as it was passed through (malformed
+/// framing, a stream reset before its end): the client's fault, not the
+/// upstream's.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body could not be read: {0}")]
+pub struct ClientBodyError(pub(crate) BoxError);
+
+impl ClientBodyError {
+    /// The one under `error` (an upstream exchange's), if the client's
+    /// body is what failed it.
+    pub fn under<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e ClientBodyError> {
+        std::iter::successors(Some(error), |e| e.source())
+            .take(16)
+            .find_map(|e| e.downcast_ref::<ClientBodyError>())
+    }
+}
+
 pin_project_lite::pin_project! {
-    /// An HTTP/2 request body passed through, which fails rather than ends
-    /// when its stream ended without END_STREAM: hyper hands a client's
+    /// A client's request body passed through to the upstream: its errors
+    /// are [`ClientBodyError`]s, and on HTTP/2 it fails rather than ends
+    /// when its stream ended without END_STREAM — hyper hands a client's
     /// `RST_STREAM(NO_ERROR)` on as the body's end, and the upstream would
     /// otherwise take the part that came for the whole request.
-    pub struct Whole<B> {
+    pub struct ClientBody<B> {
         #[pin]
         inner: B,
+        http2: bool,
     }
 }
 
-impl<B> Whole<B> {
-    pub fn new(inner: B) -> Self {
-        Whole { inner }
+impl<B> ClientBody<B> {
+    pub fn new(inner: B, version: http::Version) -> Self {
+        ClientBody {
+            inner,
+            http2: version == http::Version::HTTP_2,
+        }
     }
 }
 
-impl<B> http_body::Body for Whole<B>
+impl<B> http_body::Body for ClientBody<B>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -73,13 +95,17 @@ where
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        let mut inner = self.project().inner;
-        match std::task::ready!(inner.as_mut().poll_frame(cx)) {
-            None if !inner.is_end_stream() => std::task::Poll::Ready(Some(Err(
-                "the client reset its stream before its body ended".into(),
-            ))),
-            frame => std::task::Poll::Ready(frame.map(|f| f.map_err(Into::into))),
-        }
+        let this = self.project();
+        let mut inner = this.inner;
+        let failed = |error: BoxError| Some(Err(Box::new(ClientBodyError(error)) as BoxError));
+        std::task::Poll::Ready(match std::task::ready!(inner.as_mut().poll_frame(cx)) {
+            None if *this.http2 && !inner.is_end_stream() => {
+                failed("the client reset its stream before its body ended".into())
+            }
+            None => None,
+            Some(Err(error)) => failed(error.into()),
+            Some(Ok(frame)) => Some(Ok(frame)),
+        })
     }
 
     fn is_end_stream(&self) -> bool {

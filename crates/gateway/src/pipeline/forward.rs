@@ -44,7 +44,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::{Instant, timeout_at};
 
-use crate::body::{IdleTimeout, ProxyBody, full, stream};
+use crate::body::{ClientBodyError, IdleTimeout, ProxyBody, full, stream};
 use crate::config::Route;
 use crate::metrics::{Metrics, Outcome};
 use crate::pipeline::budget::Reservation;
@@ -358,6 +358,11 @@ pub(crate) async fn pass_through(
     let response = match sent {
         Err(_) => return Err(ProxyError::UpstreamTimeout),
         Ok(Err(SendError::Busy { .. })) => return Err(overloaded(None)),
+        Ok(Err(ref e)) if let Some(failed) = ClientBodyError::under(e) => {
+            return Err(ProxyError::BodyRead {
+                reason: failed.0.to_string(),
+            });
+        }
         Ok(Err(e)) if not_written(&e) => {
             return Err(ProxyError::UpstreamUnreachable {
                 operation: None,

@@ -105,7 +105,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::access_log::{AccessLine, AccessLog};
-use crate::body::{BoxError, ProxyBody, Whole, declared_length, stream};
+use crate::body::{BoxError, ClientBody, ProxyBody, declared_length, stream};
 use crate::config::{Config, KeyMode, RotatedKeys, Route};
 use crate::metrics::{Metrics, OperationId, Outcome, RouteSeries, StoreFailure};
 use crate::profile::{Profile, Wire};
@@ -425,10 +425,8 @@ impl Proxy {
             {
                 Ok(self.end_session_later(active, request, peer))
             } else {
-                let request = match request.version() {
-                    http::Version::HTTP_2 => request.map(|b| stream(Whole::new(b))),
-                    _ => request.map(stream),
-                };
+                let version = request.version();
+                let request = request.map(|body| stream(ClientBody::new(body, version)));
                 let pass = forward::pass_through(&active.client, &active.route, request, &peer);
                 Box::pin(pass).await
             }
