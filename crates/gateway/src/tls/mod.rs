@@ -243,6 +243,11 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
             path,
             "no PEM private key block (PKCS#8, PKCS#1 or SEC1) in the file",
         ),
+        // The decoder's words name one of the key's characters and where.
+        pem::Error::Base64Decode(_) => TlsError::invalid(
+            path,
+            "not a PEM private key file: a block's base64 does not decode",
+        ),
         e => TlsError::invalid(path, format!("not a PEM private key file: {e}")),
     })
 }
@@ -454,6 +459,19 @@ mod tests {
         );
         let listeners = read(&config(&good)).unwrap();
         assert!(listeners.proxy.is_some() && listeners.admin.is_none());
+    }
+
+    /// The base64 decoder's words named one of the key's characters and
+    /// where it was (`InvalidCharacter(33)`).
+    #[test]
+    fn a_garbled_key_is_said_to_be_without_its_characters() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key.pem");
+        let garbled = "-----BEGIN PRIVATE KEY-----\nMIIEv!QIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n";
+        std::fs::write(&key, garbled).unwrap();
+        let err = private_key(&key).unwrap_err().to_string();
+        assert!(err.ends_with("a block's base64 does not decode"), "{err}");
+        assert!(!err.contains("33") && !err.contains('!'), "{err}");
     }
 
     #[test]
