@@ -25,21 +25,21 @@ impl StartedFrom {
     /// Logs a warning when the file is not what the start read.
     pub fn warn_if_changed(&self) {
         let path = self.path.display();
-        let now = std::fs::read(&self.path);
-        match now {
+        match std::fs::read(&self.path) {
             Ok(now) if Some(&now) == self.text.as_ref() => {}
             Ok(_) => match Config::load(&self.path) {
                 Ok(_) => tracing::warn!(
-                    "the config file {path} changed since the start: a reload reads only the listeners' certificates again; restart to apply it"
+                    %path,
+                    "the config file changed since the start: a reload reads only the listeners' certificates again; restart to apply it"
                 ),
                 Err(error) => tracing::warn!(
-                    "the config file {path} changed since the start, and would not start: {error}; a reload reads only the listeners' certificates again"
+                    %path,
+                    %error,
+                    "the config file changed since the start, and would not start; a reload reads only the listeners' certificates again"
                 ),
             },
             Err(error) => {
-                tracing::warn!(
-                    "the config file {path} cannot be read: {error}; a restart would fail"
-                )
+                tracing::warn!(%path, %error, "the config file cannot be read; a restart would fail")
             }
         }
     }

@@ -45,8 +45,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(serve) => {
             let (access_log, _log) = init_logging(serve.log_format)?;
-            let config = serve.config()?;
+            // Read first: an edit between the two reads is then one a
+            // reload reports, never one taken for what started.
             let started_from = StartedFrom::read(&serve);
+            let config = serve.config()?;
             // Taken over before the start: from then on a SIGHUP reloads
             // the TLS certificates instead of ending the process.
             let mut hangup = unix_signal(SignalKind::hangup())?;
@@ -129,6 +131,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // As `serve` reads them at start, named by their fields.
             let tls = idemgate::tls::read(&config).with_context(|| file.display().to_string())?;
             for warning in tls.warnings() {
+                eprintln!("warning: {warning}");
+            }
+            for warning in config.warnings() {
                 eprintln!("warning: {warning}");
             }
             println!("ok");

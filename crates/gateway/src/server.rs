@@ -219,6 +219,9 @@ impl Gateway {
         for warning in listeners.warnings() {
             tracing::warn!("{warning}");
         }
+        for warning in config.warnings() {
+            tracing::warn!("{warning}");
+        }
         let clock = options.clock.clone();
         let lookup = |name: &str| options.var(name);
         let trace_settings = TraceSettings::from_env(&lookup).map_err(TraceError::from)?;

@@ -202,7 +202,7 @@ pub enum ScopeKeySource<'a> {
 }
 
 /// Where a PostgreSQL store's scope key is read when the config names none.
-pub(crate) const DEFAULT_POSTGRES_ENV: &str = "IDEMGATE_SCOPE_KEY";
+pub const DEFAULT_POSTGRES_ENV: &str = "IDEMGATE_SCOPE_KEY";
 
 /// The meta row the scope key's canary is kept in.
 pub const CANARY_ROW: &str = "scope-canary";

@@ -138,6 +138,7 @@ impl Deliverer {
             .unwrap_or_default()
             + KEEP;
         let room = u32::try_from(self.in_flight.room()).unwrap_or(BATCH);
+        let ids = self.endpoints.iter().map(|e| e.id.as_str());
         AlertPoll {
             subscriptions: self
                 .endpoints
@@ -148,7 +149,7 @@ impl Deliverer {
             now,
             lease_until: now + clock::millis(LEASE),
             limit: room.min(BATCH),
-            room: (self.in_flight).room_per_endpoint(self.endpoints.iter().map(|e| e.id.as_str())),
+            room: self.in_flight.room_per_endpoint(ids),
             forget_before: now - clock::millis(keep),
         }
     }

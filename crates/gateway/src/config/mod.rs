@@ -111,6 +111,24 @@ impl Config {
         Ok(config)
     }
 
+    /// What the config allows but should not be: a credential in a
+    /// route's `fingerprint_headers`, which a copy of the store would let a
+    /// guess at be confirmed (refusing it would change the fingerprint of
+    /// every request a store written before holds, so their retries would
+    /// be new writes or `key-reused`). Said at start and by `check-config`.
+    pub fn warnings(&self) -> Vec<String> {
+        self.routes
+            .iter()
+            .filter_map(|route| {
+                let name = validate::credential_in_fingerprint(route)?;
+                Some(format!(
+                    "routes `{}`: fingerprint_headers names `{name}`, a credential: the fingerprint is kept unkeyed, so a guess at it could be confirmed from a copy of the store; move it to scope_headers, which are kept keyed, once the route holds no operation a retry may still come for (the fingerprint changes with it)",
+                    route.name
+                ))
+            })
+            .collect()
+    }
+
     /// Applies command-line overrides, validating them like file values.
     pub fn apply(&mut self, overrides: &Overrides) -> Result<(), ConfigError> {
         if let Some(listen) = overrides.listen {

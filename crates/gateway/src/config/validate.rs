@@ -28,6 +28,7 @@ use super::runtime::{
 };
 use super::{ConfigError, Durability, StoreConfig, StoreUrl};
 use crate::profile::{Profile, Wire};
+use idemgate_store::scope_key;
 
 /// Headers no key may be sent in ([`Validator::key_header`]): framing and
 /// hop-by-hop fields, the host, what describes the body, credentials, and
@@ -54,6 +55,17 @@ const NOT_A_KEY_HEADER: &[&str] = &[
     "x-forwarded-proto",
     "x-forwarded-host",
 ];
+
+/// The first of `route`'s `fingerprint_headers` that is a credential
+/// ([`CREDENTIALS`], or one of its `scope_headers`): the fingerprint is a
+/// bare SHA-256 kept in clear, so a guess at it could be confirmed from a
+/// copy of the store, where a scope header is kept keyed.
+pub(super) fn credential_in_fingerprint(route: &Route) -> Option<&HeaderName> {
+    route
+        .fingerprint_headers
+        .iter()
+        .find(|name| CREDENTIALS.contains(&name.as_str()) || route.scope_headers.contains(name))
+}
 
 /// Headers that carry a credential wherever they are sent.
 const CREDENTIALS: &[&str] = &[
@@ -338,35 +350,6 @@ impl Validator<'_> {
             .collect()
     }
 
-    /// A route's `fingerprint_headers`, none of them a credential: the
-    /// fingerprint is a bare SHA-256 kept in clear, so a credential in it
-    /// could be confirmed offline from a copy of the store by hashing
-    /// guesses, where a scope header is kept keyed ([`CREDENTIALS`], and
-    /// the route's `scope_headers`).
-    fn fingerprint_headers(
-        &self,
-        field: &str,
-        names: Option<Vec<String>>,
-        (wire, scope_headers): (&Wire, &[HeaderName]),
-    ) -> Result<Vec<HeaderName>, ConfigError> {
-        let default = wire
-            .fingerprint_headers
-            .unwrap_or(route::FINGERPRINT_HEADERS);
-        let headers = self.headers(field, names, default)?;
-        let credential = headers
-            .iter()
-            .find(|name| CREDENTIALS.contains(&name.as_str()) || scope_headers.contains(name));
-        match credential {
-            Some(name) => Err(self.invalid(
-                field,
-                format!(
-                    "`{name}` is a credential: the fingerprint is kept unkeyed, so a guess at it could be confirmed from a copy of the store; name it in scope_headers, which are kept keyed and tell its requests apart as well"
-                ),
-            )),
-            None => Ok(headers),
-        }
-    }
-
     pub(super) fn config(&self, raw: RawConfig) -> Result<Config, ConfigError> {
         let server = self.server(raw.server)?;
         let store = self.store(raw.store)?;
@@ -382,15 +365,20 @@ impl Validator<'_> {
                     format!("route name `{}` is used twice", route.name),
                 ));
             }
-            let same_prefix = |r: &&Route| r.path_prefix.eq_ignore_ascii_case(&route.path_prefix);
+            // In another case, or with a `/` at its end, it is one prefix
+            // to an upstream that reads paths so, and the paths one of the
+            // two routes would take are refused as ambiguous
+            // (`pipeline::route`): it would serve nothing.
+            let spelled = |prefix: &str| {
+                let trimmed = prefix.strip_suffix('/').filter(|p| !p.is_empty());
+                trimmed.unwrap_or(prefix).to_ascii_lowercase()
+            };
+            let same_prefix = |r: &&Route| spelled(&r.path_prefix) == spelled(&route.path_prefix);
             if let Some(other) = routes.iter().find(same_prefix) {
-                // In another case it is one prefix to an upstream that
-                // reads paths so, and every path under it would be refused
-                // as ambiguous (`pipeline::route`).
                 let reason = match other.path_prefix == route.path_prefix {
                     true => format!("path_prefix `{}` is used twice", route.path_prefix),
                     false => format!(
-                        "path_prefix `{}` is `{}` (route `{}`) in another case, which many upstreams read as one path: give the two routes prefixes that differ in more than case",
+                        "path_prefix `{}` is `{}` (route `{}`) in another case or with a `/` at its end, which many upstreams read as one path: give the two routes prefixes that differ in more than that",
                         route.path_prefix, other.path_prefix, other.name
                     ),
                 };
@@ -625,21 +613,6 @@ impl Validator<'_> {
         if raw.scope_key_file.as_deref() == Some("") {
             return Err(self.invalid("store.scope_key_file", "names no file"));
         }
-        let sealing = [
-            ("encryption_key_env", &encryption_key_env),
-            ("previous_key_env", &previous_key_env),
-        ];
-        if let Some((field, _)) = sealing
-            .iter()
-            .find(|(_, name)| scope_key_env.is_some() && **name == scope_key_env)
-        {
-            return Err(self.invalid(
-                "store.scope_key_env",
-                format!(
-                    "names the same variable as store.{field}: give the scope key its own (a sealing key rotated would change the scope key with it, and every stored scope would match no request)"
-                ),
-            ));
-        }
         if previous_key_env.is_some() && previous_key_env == encryption_key_env {
             return Err(self.invalid(
                 "store.previous_key_env",
@@ -648,6 +621,33 @@ impl Validator<'_> {
         }
         let url = StoreUrl::parse(raw.url.as_deref().unwrap_or(store::URL))
             .map_err(|reason| self.invalid("store.url", reason))?;
+        // The variable the scope key is read from, the shared store's
+        // default included.
+        let scope_variable = match (&scope_key_env, &raw.scope_key_file, &url) {
+            (Some(env), _, _) => Some(env.as_str()),
+            (None, None, StoreUrl::Postgres(_)) => Some(scope_key::DEFAULT_POSTGRES_ENV),
+            _ => None,
+        };
+        let sealing = [
+            ("encryption_key_env", &encryption_key_env),
+            ("previous_key_env", &previous_key_env),
+        ];
+        if let Some((field, _)) = sealing
+            .iter()
+            .find(|(_, name)| scope_variable.is_some() && name.as_deref() == scope_variable)
+        {
+            let by = match scope_key_env {
+                Some(_) => "store.scope_key_env",
+                None => "a postgres:// store's default",
+            };
+            return Err(self.invalid(
+                format!("store.{field}"),
+                format!(
+                    "names {}, the variable the scope key is read from ({by}): one key for both, a rotation of the sealing key would change the scope key with it, and every stored scope would match no request; move the same value into a variable of its own for the scope key (a new value would leave every stored scope matching no request too)",
+                    scope_variable.unwrap_or_default()
+                ),
+            ));
+        }
         if matches!(url, StoreUrl::Sqlite(_)) && raw.lease.is_some() {
             return Err(self.invalid(
                 "store.lease",
@@ -950,10 +950,11 @@ impl Validator<'_> {
         if connect_retries > 10 {
             return Err(self.invalid(field("connect_retries"), "at most 10"));
         }
-        let fingerprint_headers = self.fingerprint_headers(
+        let fingerprint_headers = self.headers(
             &field("fingerprint_headers"),
             raw.fingerprint_headers,
-            (wire, &scope_headers),
+            wire.fingerprint_headers
+                .unwrap_or(route::FINGERPRINT_HEADERS),
         )?;
         Ok(Route {
             name,

@@ -357,23 +357,7 @@ pub(crate) async fn pass_through(
     let sent = tokio::time::timeout(route.upstream_timeout, pool.send(upstream, ticket)).await;
     let response = match sent {
         Err(_) => return Err(ProxyError::UpstreamTimeout),
-        Ok(Err(SendError::Busy { .. })) => return Err(overloaded(None)),
-        Ok(Err(ref e)) if let Some(failed) = ClientBodyError::under(e) => {
-            return Err(ProxyError::BodyRead {
-                reason: failed.0.to_string(),
-            });
-        }
-        Ok(Err(e)) if not_written(&e) => {
-            return Err(ProxyError::UpstreamUnreachable {
-                operation: None,
-                reason: error_chain(&e),
-            });
-        }
-        Ok(Err(e)) => {
-            return Err(ProxyError::UpstreamFailed {
-                reason: error_chain(&e),
-            });
-        }
+        Ok(Err(error)) => return Err(failed_pass_through(error)),
         Ok(Ok(response)) => response,
     };
     let (mut parts, body) = response.into_parts();
@@ -389,6 +373,27 @@ pub(crate) async fn pass_through(
     let mut response = Response::from_parts(parts, body);
     response.extensions_mut().insert(Outcome::proxied);
     Ok(response)
+}
+
+/// What a passed-through request's failed exchange is to its client: its
+/// own body's failure (400), no room for it, or the upstream's failure,
+/// before a byte was written or after.
+fn failed_pass_through(error: SendError) -> ProxyError {
+    if let Some(failed) = ClientBodyError::under(&error) {
+        return ProxyError::BodyRead {
+            reason: failed.0.to_string(),
+        };
+    }
+    match error {
+        SendError::Busy { .. } => overloaded(None),
+        error if not_written(&error) => ProxyError::UpstreamUnreachable {
+            operation: None,
+            reason: error_chain(&error),
+        },
+        error => ProxyError::UpstreamFailed {
+            reason: error_chain(&error),
+        },
+    }
 }
 
 /// A buffered write on its way upstream.

@@ -117,7 +117,7 @@ pub fn tool_of(key: &str) -> Option<String> {
 
 /// What of `uri` (normalized) lies below the route's `prefix`: the rest of
 /// its path and its query (`?…`), empty for a call to the prefix itself.
-pub(super) fn endpoint(uri: &http::Uri, prefix: &str) -> String {
+fn endpoint(uri: &http::Uri, prefix: &str) -> String {
     let path = uri.path();
     let below = path.strip_prefix(prefix).unwrap_or(path);
     match uri.query() {

@@ -90,7 +90,7 @@ impl Proxy {
             }
         }
         let tools = route.mcp.clone().unwrap_or_default();
-        let endpoint = identity::endpoint(&parts.uri, &route.path_prefix);
+        let endpoint = tools::listed_at(&parts.uri, &route.path_prefix);
         let known = (&active.learned, endpoint.as_str());
         match call::classify(&parts.headers, &body, &tools, known) {
             call::Classified::Refused(refusal) => answer::refused(refusal),

@@ -5,7 +5,8 @@
 //! Invariants: an annotation is a hint from the server, so it only decides
 //! for a tool the route's `[routes.mcp]` names in neither list
 //! (`pipeline::mcp::call`); what is learned is the endpoint's (the path
-//! below the route's prefix, as a call's fingerprint has it): one route may
+//! below the route's prefix, without the query a call's fingerprint also
+//! has, where a per-user token may be): one route may
 //! front several servers, and one server's read-only `sync` says nothing
 //! of another's; the latest list an endpoint answers that names a tool
 //! decides for it there, so a tool whose hint is withdrawn is protected
@@ -71,6 +72,15 @@ impl Learned {
             }
         }
     }
+}
+
+/// The endpoint a listing from `uri` speaks for: its path below the
+/// route's `prefix`, not its query, where a per-user token may be (each
+/// value would be one more endpoint to remember, up to the cap, and a
+/// token kept).
+pub fn listed_at(uri: &http::Uri, prefix: &str) -> String {
+    let path = uri.path();
+    path.strip_prefix(prefix).unwrap_or(path).to_string()
 }
 
 /// The answer to a `tools/list` passing through `route` from `endpoint`,
@@ -150,5 +160,9 @@ mod tests {
             !learned.read_only("", "sync"),
             "the prefix's own is another endpoint"
         );
+        let at = |uri: &'static str| listed_at(&http::Uri::from_static(uri), "/mcp");
+        assert_eq!(at("/mcp/jira?token=u1"), at("/mcp/jira?token=u2"));
+        assert_eq!(at("/mcp/jira?token=u1"), "/jira");
+        assert_eq!(at("/mcp"), "");
     }
 }
