@@ -15,7 +15,8 @@
 //! - `config/idemgate.toml` shows every key, and each value it shows where
 //!   a key has a default is that default; SECURITY.md's limits table agrees.
 //! - Every `idemgate …` command line in the documents' code blocks parses
-//!   with the real command line.
+//!   with the real command line, and every command and flag it has is
+//!   named in the documents (each command in operating.md's table).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -1012,5 +1013,53 @@ fn every_command_line_shown_parses() {
         "command lines read",
         "command lines the CLI refuses",
         &wrong,
+    );
+}
+
+/// Every command and every long flag of the command line (what `idemgate
+/// <command> --help` lists) is named in the documents: each command in
+/// operating.md's "The command line" as `idemgate NAME`, each flag
+/// somewhere as `--flag`.
+#[test]
+fn every_command_and_flag_is_documented() {
+    use clap::CommandFactory;
+    let all: String = documents().iter().map(|doc| read(doc)).collect();
+    let operating = read(Path::new("docs/operating.md"));
+    let table = operating
+        .split("\n## The command line\n")
+        .nth(1)
+        .expect("operating.md has \"The command line\"");
+    let named = |text: &str, word: &str| {
+        text.match_indices(word).any(|(at, _)| {
+            let next = text[at + word.len()..].chars().next();
+            !next.is_some_and(|c| c.is_alphanumeric() || c == '-' || c == '_')
+        })
+    };
+    let (mut checked, mut missing) = (0, Vec::new());
+    let mut commands = vec![(String::new(), Cli::command())];
+    while let Some((path, command)) = commands.pop() {
+        for arg in command.get_arguments().filter(|arg| !arg.is_hide_set()) {
+            let Some(long) = arg.get_long().filter(|l| !["help", "version"].contains(l)) else {
+                continue;
+            };
+            checked += 1;
+            if !named(&all, &format!("--{long}")) {
+                missing.push(format!("`idemgate{path} --{long}`"));
+            }
+        }
+        for sub in command.get_subcommands() {
+            let path = format!("{path} {}", sub.get_name());
+            if path.matches(' ').count() == 1 && !named(table, &format!("`idemgate{path}")) {
+                missing.push(format!("`idemgate{path}` in operating.md's command table"));
+            }
+            commands.push((path, sub.clone()));
+        }
+    }
+    verdict(
+        checked,
+        40,
+        "flags read",
+        "commands or flags no document names",
+        &missing,
     );
 }

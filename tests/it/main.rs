@@ -8,6 +8,7 @@ mod access_log;
 mod admin_api;
 mod alerts;
 mod bench_cli;
+mod build_context;
 mod config_and_cli;
 mod conformance;
 mod console;

@@ -30,7 +30,9 @@
 //!   client) answered by the gateway that it already ran, never with the
 //!   probe tool's result; a probe that finds nothing leaves it held;
 //! - `idemgate rehearse` runs its five cases against the server with tool
-//!   calls, every case as expected, and counts the writes it sent;
+//!   calls, every case as expected, names a held retry's answer and a
+//!   probe as they were (a tool result, a `tools/call`), and counts the
+//!   writes it sent;
 //! - `@modelcontextprotocol/conformance`, run against a reference server
 //!   (`everything.py`, the fixtures its scenarios expect) directly and
 //!   through the gateway, passes every scenario both ways.
@@ -1041,6 +1043,12 @@ async fn rehearse_runs_its_cases_with_tool_calls() {
     for case in cases {
         assert_eq!(case["ok"], true, "{case}");
     }
+    // The held retry's answer as an agent got it: a tool result, not a 409.
+    let held = cases[1]["notes"][0].as_str().unwrap_or_default();
+    assert!(
+        held.contains("the retry was held (a tool result saying outcome-unknown)"),
+        "{held}"
+    );
     assert_eq!(
         report["destination_check"]["deduplicates"], false,
         "{report}"
@@ -1070,6 +1078,12 @@ async fn rehearse_names_and_waits_for_an_mcp_routes_probe() {
         stdout.contains("the route's probe found the write at the destination"),
         "the lost answer was settled by the probe:\n{stdout}"
     );
+    // A POSTed tools/call, named as `keys show` names it.
+    assert!(
+        stdout.contains("   probe       tools/call find_task → 200, found"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("GET tools/call"), "{stdout}");
 }
 
 /// `idemgate rehearse` of `create_task` calls (9 writes) on a route

@@ -263,10 +263,12 @@ async fn writes_wait_for_a_synchronous_standby_when_one_is_required() {
     assert_eq!(gw.upstream.write_requests().len(), 0, "nothing sent");
     let ready = admin_call(gw.admin_addr(), "GET", "/readyz", None, "").await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    let said = String::from_utf8_lossy(&ready.body);
     assert!(
-        String::from_utf8_lossy(&ready.body).contains("synchronous_standby_names"),
+        said.contains("writes are refused: the store's server has no synchronous_standby_names"),
         "{ready:?}"
     );
+    assert!(!said.contains("busy"), "{ready:?}");
     let stats = gw.admin("GET", "/admin/stats", "").await.json();
     assert_eq!(
         stats["replication"],

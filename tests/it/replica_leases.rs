@@ -219,7 +219,7 @@ async fn a_replica_that_cannot_renew_stops_claiming_before_its_lease_ends() {
         assert!(tokio::time::Instant::now() < deadline, "still claiming");
         let new = new_op(&format!("k-{}", uuid::Uuid::now_v7()));
         let claimed = tokio::time::timeout(Duration::from_millis(200), store.claim(&new)).await;
-        if let Ok(Err(StoreError::Busy(_))) = claimed {
+        if let Ok(Err(StoreError::WritesRefused(_))) = claimed {
             let runs: bool = sqlx::query_scalar(&lease_runs)
                 .fetch_one(&mut observer)
                 .await
@@ -239,7 +239,7 @@ async fn a_replica_that_cannot_renew_stops_claiming_before_its_lease_ends() {
     loop {
         match store.claim(&new_op("after")).await {
             Ok(ClaimResult::Claimed(_)) => break,
-            Err(StoreError::Busy(_)) if tokio::time::Instant::now() < deadline => {
+            Err(StoreError::WritesRefused(_)) if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             other => panic!("no claim after renewing: {other:?}"),

@@ -510,7 +510,7 @@ impl Drop for PostgresStore {
 impl RequestPath for PostgresStore {
     async fn claim(&self, new: &Arc<NewOperation>) -> Result<ClaimResult, StoreError> {
         if !self.fence.holds() {
-            return Err(StoreError::Busy(
+            return Err(StoreError::WritesRefused(
                 "this replica could not renew its lease in the store".into(),
             ));
         }
@@ -519,7 +519,7 @@ impl RequestPath for PostgresStore {
             // replay, a held operation, a reused key.
             return match self.current(new).await? {
                 Some(held) if !new.would_send(&held) => Ok(ClaimResult::Existing(Box::new(held))),
-                _ => Err(StoreError::Busy(reason)),
+                _ => Err(StoreError::WritesRefused(reason)),
             };
         }
         let pending = self.attempts.claim();
@@ -765,12 +765,12 @@ impl Maintenance for PostgresStore {
     async fn ping(&self) -> Result<(), StoreError> {
         let runs = statements::lease_runs(&self.pool, &self.owner).await?;
         if !runs || !self.fence.holds() {
-            return Err(StoreError::Busy(
+            return Err(StoreError::WritesRefused(
                 "this replica could not renew its lease in the store".into(),
             ));
         }
         match self.replication.refusal() {
-            Some(reason) => Err(StoreError::Busy(reason)),
+            Some(reason) => Err(StoreError::WritesRefused(reason)),
             None => Ok(()),
         }
     }

@@ -655,6 +655,11 @@ pub enum StoreError {
     Open { store: String, reason: String },
     #[error("the store is busy: {0}")]
     Busy(String),
+    /// Writes are refused though the store answers: this replica's lease
+    /// is not renewed, or the server cannot keep a commit through a
+    /// failover (docs/replicas.md).
+    #[error("writes are refused: {0}")]
+    WritesRefused(String),
     #[cfg(feature = "postgres")]
     #[error("the store is unavailable: {0}")]
     Unavailable(#[from] sqlx::Error),

@@ -536,6 +536,16 @@ fn render_operation(op: &Value) -> Result<String, KeysError> {
     Ok(out)
 }
 
+/// A probe's question as the timeline names it (its `url`) made a line's
+/// start: `GET URL`, or an MCP probe's `tools/call NAME` as it is (a POST).
+pub(crate) fn probe_question(url: &str) -> String {
+    if url.starts_with("tools/call ") {
+        url.to_string()
+    } else {
+        format!("GET {url}")
+    }
+}
+
 /// A probe's timeline entry as a line: each question and its answer, and
 /// the verdict (`GET URL → 404; confirm GET URL → 200 [1], not absent →
 /// undetermined (reason)`), after how many probes it stands for when it is
@@ -550,13 +560,7 @@ fn probe_line(detail: &Value) -> String {
         _ => String::new(),
     };
     let answer = |asked: &Value| {
-        let url = field(asked.get("url").unwrap_or(&Value::Null));
-        // An MCP probe's question is `tools/call NAME` already.
-        let question = if url.starts_with("tools/call ") {
-            url
-        } else {
-            format!("GET {url}")
-        };
+        let question = probe_question(&field(asked.get("url").unwrap_or(&Value::Null)));
         let said = match asked.get("error").and_then(Value::as_str) {
             Some(error) => format!("no answer ({error})"),
             None => field(asked.get("status").unwrap_or(&Value::Null)),

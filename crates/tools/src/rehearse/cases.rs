@@ -292,7 +292,7 @@ impl Run<'_> {
         if case.ok {
             case.notes.push(match after.state.as_str() {
                 "completed" => "the route's probe found the write at the destination: the operation is completed with the probe's answer, and the retry got it replayed".into(),
-                _ => "the write may have happened, so the retry was held (409 outcome-unknown) and not sent: an operator settles it, as `operator` says".into(),
+                _ => format!("the write may have happened, so the retry was held ({}) and not sent: an operator settles it, as `operator` says", self.plan.conflict("outcome-unknown")),
             });
         }
         case.operations.push(after);
@@ -336,7 +336,8 @@ impl Run<'_> {
         }
         case.ok = holding.is_ok() && told == DUPLICATES;
         case.notes.push(format!(
-            "{told} of {DUPLICATES} duplicates were answered by the gateway (409 request-in-progress, or the first write's answer replayed) without reaching the destination"
+            "{told} of {DUPLICATES} duplicates were answered by the gateway ({}, or the first write's answer replayed) without reaching the destination",
+            self.plan.conflict("request-in-progress")
         ));
         answered_note(&mut case, &first, &self.plan.route.release_statuses);
         case.operations.push(self.held(&key).await?);
@@ -465,7 +466,7 @@ fn judge_sent(case: &mut Case, needs: u64, unreached: u64) {
 }
 
 /// A retry of a held operation: replayed if it was settled meanwhile,
-/// else held (409 `outcome-unknown`); never forwarded.
+/// else held (`outcome-unknown`); never forwarded.
 fn settled_or_held(retry: &Answer, after: &Held) -> bool {
     match after.state.as_str() {
         "completed" => retry.replayed,

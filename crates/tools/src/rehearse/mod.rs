@@ -246,6 +246,15 @@ impl Plan {
         probe.proves(self.tool.as_deref()?).then_some(probe)
     }
 
+    /// A 409 answer of the gateway's own, `problem`, as the client gets
+    /// it: on an MCP route a tool result (HTTP 200) saying it.
+    pub(crate) fn conflict(&self, problem: &str) -> String {
+        match self.tool {
+            Some(_) => format!("a tool result saying {problem}"),
+            None => format!("409 {problem}"),
+        }
+    }
+
     /// The body for `key`.
     pub(crate) fn body_for(&self, key: &str) -> String {
         self.body.replace("{key}", key)

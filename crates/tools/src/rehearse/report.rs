@@ -14,6 +14,7 @@ use super::destination::DestinationCheck;
 use super::text::{cut, shorten};
 use super::{CHECK_WRITES, Plan};
 use crate::gateway_client::Answer;
+use crate::keys_cli::probe_question;
 
 /// The whole rehearsal.
 #[derive(Debug, Serialize)]
@@ -94,15 +95,17 @@ impl Step {
         }
     }
 
-    fn got(&self) -> String {
-        let mut got = match &self.problem {
+    /// `request → answer  (replayed)` in at most `width` characters: the
+    /// answer is cut, never the marker.
+    fn line(&self, width: usize) -> String {
+        let start = format!("{:<20} → ", self.request);
+        let marker = if self.replayed { "  (replayed)" } else { "" };
+        let got = match &self.problem {
             Some(problem) => format!("{} {problem}", self.status),
             None => format!("{} {}", self.status, self.body),
         };
-        if self.replayed {
-            got.push_str("  (replayed)");
-        }
-        got
+        let room = width.saturating_sub(start.chars().count() + marker.chars().count());
+        format!("{start}{}{marker}", cut(&got, room))
     }
 }
 
@@ -261,8 +264,7 @@ fn write_case(out: &mut impl Write, case: &Case) -> std::io::Result<()> {
     line(out, "expected", case.expected)?;
     for step in &case.requests {
         // One line each, cut to the width: a body does not wrap well.
-        let got = format!("{:<20} → {}", step.request, step.got());
-        writeln!(out, "{:15}{}", "", cut(&got, WIDTH - 15))?;
+        writeln!(out, "{:15}{}", "", step.line(WIDTH - 15))?;
     }
     for held in &case.operations {
         let evidence = held
@@ -338,7 +340,7 @@ fn wrap(out: &mut impl Write, prefix: &str, text: &str) -> std::io::Result<()> {
     writeln!(out, "{current}")
 }
 
-/// `GET URL → 200, matched` from a probe's event.
+/// `GET URL → 200, found` (or `tools/call NAME → …`) from a probe's event.
 fn probe_line(probe: &Value) -> String {
     let url = probe["url"].as_str().unwrap_or("?");
     let status = probe["status"]
@@ -353,5 +355,65 @@ fn probe_line(probe: &Value) -> String {
         .as_str()
         .map(|e| format!(" ({e})"))
         .unwrap_or_default();
-    format!("GET {url} → {status}, {matched}{error}")
+    format!("{} → {status}, {matched}{error}", probe_question(url))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn case(requests: Vec<Step>) -> Case {
+        Case {
+            number: 4,
+            name: "later-step-fails",
+            title: "A later step fails after the create succeeded",
+            fault: "a second write, its own key, has its response withheld",
+            expected: "the first replayed, the second held; neither sent again",
+            requests,
+            operations: Vec::new(),
+            sent: 2,
+            destination_answered: Some(201),
+            destination_holds: Vec::new(),
+            notes: Vec::new(),
+            ok: true,
+        }
+    }
+
+    /// A long answer is cut to the line; its replay marker never is.
+    #[test]
+    fn a_long_replayed_answer_keeps_its_marker() {
+        let step = |body: &str| Step {
+            request: "create, retried".into(),
+            key: "k".into(),
+            status: 201,
+            problem: None,
+            replayed: true,
+            body: body.into(),
+        };
+        let long = r#"{"id":163,"path":"/tasks","title":"rehearsal k"}"#;
+        let mut out = Vec::new();
+        write_case(&mut out, &case(vec![step(long), step("{}")])).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("→")).collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        for line in lines {
+            assert!(line.ends_with("  (replayed)"), "{line}");
+            assert!(line.chars().count() <= WIDTH, "{line}");
+        }
+        assert!(text.contains("→ 201 {\"id\":163,"), "{text}");
+    }
+
+    /// An MCP probe is a POSTed `tools/call`: no `GET` before it.
+    #[test]
+    fn a_tool_probe_is_named_as_the_call_it_is() {
+        let tool = json!({"url": "tools/call find_task", "status": 200, "matched": false});
+        assert_eq!(probe_line(&tool), "tools/call find_task → 200, not found");
+        let http = json!({"url": "http://api/lookup?key=k", "status": 404, "matched": false});
+        assert_eq!(
+            probe_line(&http),
+            "GET http://api/lookup?key=k → 404, not found"
+        );
+    }
 }

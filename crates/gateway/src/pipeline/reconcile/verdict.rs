@@ -152,10 +152,19 @@ pub fn classify(answer: &Answer, rules: &Rules) -> Verdict {
         if let Some(n) = count.filter(|n| *n > 1) {
             return Verdict::Duplicated(n);
         }
-        let holds = rules
+        let missing = rules
             .found_json_pointer
-            .is_none_or(|pointer| answer.at(pointer).is_some_and(|v| !v.is_null()));
-        if holds && count != Some(0) {
+            .filter(|pointer| answer.at(pointer).is_none_or(Value::is_null));
+        if let (Some(pointer), false) = (missing, absent) {
+            return Verdict::Undetermined(format!(
+                "{}nothing at found_json_pointer `{pointer}`: neither found nor absent by the route's rules",
+                answer
+                    .status
+                    .map(|s| format!("status {s}, but "))
+                    .unwrap_or_default()
+            ));
+        }
+        if missing.is_none() && count != Some(0) {
             if absent {
                 // Rules that read one answer both ways prove nothing.
                 return Verdict::Undetermined(
@@ -274,6 +283,20 @@ mod tests {
         let verdict = |body| classify(&answer(200, body), &rules).name();
         assert_eq!(verdict(json!({"data": []})), "undetermined");
         assert_eq!(verdict(json!({"data": [{"id": 1}]})), "found");
+    }
+
+    /// An answer at the found status without the found pointer's member
+    /// says which member it lacks.
+    #[test]
+    fn an_answer_without_the_found_pointer_names_it() {
+        let rules = rules(None);
+        let Verdict::Undetermined(why) = classify(&answer(200, json!({"data": []})), &rules) else {
+            panic!("not undetermined");
+        };
+        assert_eq!(
+            why,
+            "status 200, but nothing at found_json_pointer `/data/0`: neither found nor absent by the route's rules"
+        );
     }
 
     #[test]
