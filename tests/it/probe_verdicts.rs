@@ -340,6 +340,51 @@ async fn a_lagging_lookup_that_the_confirm_request_contradicts_stays_held() {
     assert_eq!(verdicts_counted(&gw, "absent").await, 0.0);
 }
 
+/// The late window is judged on the wall clock from the stored times; a
+/// clock stepped forward past it (NTP, a resumed VM) while the lost
+/// write's exchange could still land had a probe's absence believed, and
+/// an operator's `not_attempted` taken: the write was sent again. The
+/// gateway that sent it knows by its monotonic clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_stepped_forward_does_not_cut_the_late_window_short() {
+    let clock = ManualClock::new();
+    let upstream = FakeUpstream::start().await;
+    let route = format!(
+        "late_window = \"60s\"\n[routes.reconcile]\nurl = \"{}/lagging?key={{key}}\"\n\
+         absent_status = 404\nmin_age = \"1ms\"\n",
+        upstream.url()
+    );
+    let setup = Setup::route(&route).admin().clock(clock.clone());
+    let gw = spawn_gateway_on(upstream, setup).await;
+    let lost = write(gw.addr(), "/drop", Some("stepped-1"), BODY).await;
+    lost.assert_operation_problem(502, "outcome-unknown", "unknown");
+    first_probe_done(&gw, "stepped-1").await;
+
+    // The wall clock stepped past the late window; no time passed.
+    clock.step(Duration::from_secs(70));
+    let retry = write(gw.addr(), "/drop", Some("stepped-1"), BODY).await;
+    assert_held_unknown(&retry);
+    assert_eq!(gw.upstream.writes(), 1, "not sent again");
+    let probes = probe_events(&gw, "stepped-1").await;
+    let last = probes.last().expect("probed");
+    assert_eq!(last["verdict"], "undetermined", "{probes:?}");
+    let reason = last["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("monotonic clock"), "{last}");
+
+    let id = gw.operation("stepped-1").await["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let not_attempted = json!({"outcome": "not_attempted", "operator": "ann"});
+    let refused = gw.resolve(&id, &not_attempted).await;
+    refused.assert_problem(409, "attempt-may-still-land");
+    let wait: u64 = refused
+        .header("retry-after")
+        .and_then(|s| s.parse().ok())
+        .expect("Retry-After in seconds");
+    assert!((1..=61).contains(&wait), "Retry-After: {wait}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_lookup_that_the_confirm_request_agrees_with_releases() {
     let gw = probing(LAGGING, "").await;

@@ -139,6 +139,7 @@ contract!(
     a_write_found_twice_after_its_late_response_is_alerted_and_pauses_its_route,
     an_alert_delivery_taken_is_leased_and_an_endpoint_without_room_waits,
     an_endpoint_is_handed_no_more_alert_deliveries_than_its_room,
+    an_aging_pass_after_a_fast_clock_still_reports_what_ages,
     probes_in_a_row_keep_their_first_and_latest_event,
     pauses_and_the_latch,
     listing_and_counting,
@@ -1067,6 +1068,42 @@ async fn an_endpoint_is_handed_no_more_alert_deliveries_than_its_room(bench: Ben
         ["a", "a", "b"],
         "the rest, b up to the limit"
     );
+    store.close().await;
+}
+
+/// A pass run on a clock an hour fast left its cursor an hour ahead: every
+/// operation that became `unknown` until the clock caught up with it was
+/// never reported aged, even after a restart.
+async fn an_aging_pass_after_a_fast_clock_still_reports_what_ages(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let aged_after = 5_000;
+    let poll = |now: i64| AlertPoll {
+        subscriptions: vec![AlertSubscription {
+            endpoint: "a".into(),
+            event: "unknown-aged",
+            aged_after,
+        }],
+        aging: true,
+        now,
+        lease_until: now + ALERT_LEASE,
+        limit: 10,
+        room: Default::default(),
+        forget_before: 0,
+    };
+    let now = bench.clock.now_millis();
+    let fast = store
+        .take_alerts(&poll(now + 3_600_000))
+        .await
+        .expect("take alerts");
+    assert!(fast.is_empty());
+    held(store.as_ref(), "lost-after-the-step").await;
+    let aged = store
+        .take_alerts(&poll(now + aged_after + 1))
+        .await
+        .expect("take alerts");
+    let events: Vec<&str> = aged.iter().map(|d| d.alert.event.as_str()).collect();
+    assert_eq!(events, ["unknown-aged"], "reported once the clock is right");
+    assert_eq!(aged[0].alert.key.as_deref(), Some("lost-after-the-step"));
     store.close().await;
 }
 

@@ -1,17 +1,24 @@
 //! The time the store keeps: every timestamp idemgate writes and every
 //! window it measures (retention, `derive_window`) reads one [`Clock`], so
-//! tests can move time instead of waiting for it.
+//! tests can move time instead of waiting for it; beside it, a monotonic
+//! reading for how long something has lasted in this process, which no
+//! step of the wall clock moves (a test can step one without the other).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch, and a monotonic reading beside it.
 pub trait Clock: Send + Sync {
     fn now_millis(&self) -> i64;
+
+    /// Milliseconds on a clock no step moves (NTP, a resumed VM, an
+    /// operator): for how long something lasts in this process, never a
+    /// time to store. Its zero is arbitrary.
+    fn monotonic_millis(&self) -> i64;
 }
 
-/// The system's wall clock.
+/// The system's wall clock, and its monotonic one.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemClock;
 
@@ -21,26 +28,51 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
     }
+
+    fn monotonic_millis(&self) -> i64 {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let since = START.get_or_init(Instant::now).elapsed();
+        i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+    }
 }
 
 /// A clock that starts at the system time and moves only when told to.
 #[derive(Debug)]
-pub struct ManualClock(AtomicI64);
+pub struct ManualClock {
+    wall: AtomicI64,
+    monotonic: AtomicI64,
+}
 
 impl ManualClock {
     pub fn new() -> Arc<Self> {
-        Arc::new(ManualClock(AtomicI64::new(SystemClock.now_millis())))
+        Arc::new(ManualClock {
+            wall: AtomicI64::new(SystemClock.now_millis()),
+            monotonic: AtomicI64::new(0),
+        })
     }
 
+    /// Time passes: both readings move on.
     pub fn advance(&self, by: Duration) {
         let millis = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
-        self.0.fetch_add(millis, Ordering::SeqCst);
+        self.wall.fetch_add(millis, Ordering::SeqCst);
+        self.monotonic.fetch_add(millis, Ordering::SeqCst);
+    }
+
+    /// The wall clock is stepped forward, as NTP or a resumed VM steps it:
+    /// no time passes.
+    pub fn step(&self, by: Duration) {
+        let millis = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        self.wall.fetch_add(millis, Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
     fn now_millis(&self) -> i64 {
-        self.0.load(Ordering::SeqCst)
+        self.wall.load(Ordering::SeqCst)
+    }
+
+    fn monotonic_millis(&self) -> i64 {
+        self.monotonic.load(Ordering::SeqCst)
     }
 }
 

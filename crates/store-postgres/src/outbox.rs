@@ -84,6 +84,10 @@ const AGED_INSERT: &str = concat!(
     " AND (updated_at, id) <= ($4, $5::text) ORDER BY updated_at ON CONFLICT DO NOTHING"
 );
 
+/// Sets threshold $1's cursor back to ($2, $3) ([`AlertPoll::aged_scan_from`]).
+const AGED_SET_BACK: &str =
+    "UPDATE alert_aged_scans SET updated_at = $2, id = $3 WHERE aged_after = $1";
+
 /// Moves threshold $1's cursor to ($2, $3), never back: replicas may pass
 /// over one window at once (each alert is still added once).
 const AGED_ADVANCE: &str = "INSERT INTO alert_aged_scans AS s (aged_after, updated_at, id)
@@ -103,11 +107,19 @@ async fn add_aged(
     aged_after: i64,
 ) -> Result<(), StoreError> {
     let latest = now - aged_after;
-    let (from, from_id): (i64, String) = sqlx::query_as(AGED_CURSOR)
+    let cursor: Option<(i64, String)> = sqlx::query_as(AGED_CURSOR)
         .bind(aged_after)
         .fetch_optional(&mut *tx)
-        .await?
-        .unwrap_or((i64::MIN, String::new()));
+        .await?;
+    let ((from, from_id), set_back) = AlertPoll::aged_scan_from(cursor, now, aged_after);
+    if set_back {
+        sqlx::query(AGED_SET_BACK)
+            .bind(aged_after)
+            .bind(from)
+            .bind(&from_id)
+            .execute(&mut *tx)
+            .await?;
+    }
     // `(latest + 1, "")` is past every operation at `latest`: every id is
     // longer than "".
     let (to, to_id): (i64, String) = sqlx::query_as(AGED_END)

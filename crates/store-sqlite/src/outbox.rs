@@ -53,6 +53,10 @@ const AGED_INSERT: &str = concat!(
     " AND (updated_at, id) <= (?4, ?5) ON CONFLICT DO NOTHING"
 );
 
+/// Sets threshold ?1's cursor back to (?2, ?3) ([`AlertPoll::aged_scan_from`]).
+const AGED_SET_BACK: &str =
+    "UPDATE alert_aged_scans SET updated_at = ?2, id = ?3 WHERE aged_after = ?1";
+
 /// Moves threshold ?1's cursor to (?2, ?3), never back.
 const AGED_ADVANCE: &str = "INSERT INTO alert_aged_scans (aged_after, updated_at, id)
      VALUES (?1, ?2, ?3)
@@ -139,11 +143,15 @@ fn room_json(poll: &AlertPoll) -> String {
 fn add_aged(conn: &Connection, now: i64, aged_after: i64) -> Result<(), StoreError> {
     let latest = now - aged_after;
     let pair = |row: &rusqlite::Row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?));
-    let (from, from_id) = conn
+    let cursor = conn
         .prepare_cached(AGED_CURSOR)?
         .query_row(params![aged_after], pair)
-        .optional()?
-        .unwrap_or((i64::MIN, String::new()));
+        .optional()?;
+    let ((from, from_id), set_back) = AlertPoll::aged_scan_from(cursor, now, aged_after);
+    if set_back {
+        conn.prepare_cached(AGED_SET_BACK)?
+            .execute(params![aged_after, from, from_id])?;
+    }
     // `(latest + 1, "")` is past every operation at `latest`: every id is
     // longer than "".
     let (to, to_id) = conn

@@ -107,6 +107,29 @@ impl AlertPoll {
         thresholds
     }
 
+    /// Where an aging pass for `aged_after` starts, from its stored
+    /// `cursor`: the cursor, unless it is past `now` — only a clock stepped
+    /// back since it was stored (or a fast one that stored it) puts it
+    /// there, and left so, every operation that became `unknown` until the
+    /// clock caught up with it would never be reported aged. Then the pass
+    /// starts `aged_after` before what can have aged by now, and `true`
+    /// says the cursor is to be set back there (what it passes over again
+    /// is still reported once per operation and threshold).
+    pub fn aged_scan_from(
+        cursor: Option<(i64, String)>,
+        now: i64,
+        aged_after: i64,
+    ) -> ((i64, String), bool) {
+        match cursor {
+            Some((at, _)) if at > now => {
+                let back = now.saturating_sub(aged_after.saturating_mul(2));
+                ((back, String::new()), true)
+            }
+            Some(cursor) => (cursor, false),
+            None => ((i64::MIN, String::new()), false),
+        }
+    }
+
     /// How many more of `endpoint`'s deliveries may be handed out.
     pub fn room_of(&self, endpoint: &str) -> u32 {
         self.room.get(endpoint).copied().unwrap_or(self.limit)

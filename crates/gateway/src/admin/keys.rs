@@ -18,10 +18,11 @@ use serde_json::{Value, json};
 
 use super::{Admin, AdminError, json_response};
 use crate::body::ProxyBody;
+use crate::config::Route;
 use crate::pipeline::mcp::answer::{self, Proof};
 use crate::pipeline::reconcile;
 use crate::profile::Profile;
-use idemgate_model::clock::rfc3339;
+use idemgate_model::clock::{self, rfc3339};
 use idemgate_model::operation::{Event, Operation, State, StoredResponse};
 use idemgate_store::{DUPLICATED, Decision, ListFilter, Resolved, StoredEvent, Summary};
 
@@ -140,6 +141,25 @@ fn cursor(value: &str) -> Result<String, AdminError> {
 }
 
 /// `a=1&b=x%20y` as decoded pairs.
+/// Until when (ms, the wall clock's `now` read) a held write's exchange
+/// may still land: by the stored times, or longer by this process's
+/// monotonic clock if it sent the exchange and the wall clock was stepped
+/// forward since (`pipeline::landing`).
+fn may_land_until(
+    admin: &Admin,
+    operation: &Operation,
+    events: &[StoredEvent],
+    route: &Route,
+    now: i64,
+) -> i64 {
+    let stored = reconcile::may_land_until(operation, events, route);
+    match admin.proxy.may_still_land(&operation.id) {
+        // Over by the wall clock, not by the monotonic one: it was stepped.
+        Some(left) if now >= stored => now.saturating_add(clock::millis(left)),
+        _ => stored,
+    }
+}
+
 fn form_pairs(query: &str) -> Result<Vec<(String, String)>, AdminError> {
     let decode = |text: &str| {
         percent_encoding::percent_decode_str(&text.replace('+', " "))
@@ -190,8 +210,9 @@ pub async fn show(admin: &Admin, id: &str) -> Result<Response<ProxyBody>, AdminE
         && operation.evidence != DUPLICATED
     {
         let held = Held::of(route.profile);
-        let until = reconcile::may_land_until(&operation, &events, route);
-        shown["next_action"] = json!(if admin.clock.now_millis() < until {
+        let now = admin.clock.now_millis();
+        let until = may_land_until(admin, &operation, &events, route, now);
+        shown["next_action"] = json!(if now < until {
             format!(
                 "Attempt {} may still land at the destination until {} (the route's late_window): until then a destination that shows nothing is no proof, and only a completed resolution is taken. Then check the destination for key `{}`: if the operation happened, resolve it as completed (optionally with {}); if it did not, as not_attempted so the client's next retry is forwarded. Until then {}.",
                 operation.attempt,
@@ -669,8 +690,8 @@ async fn check(admin: &Admin, id: &str, resolution: &mut Resolution) -> Result<(
             return Err(AdminError::FoundAtDestination { id: id.to_string() });
         }
         Decision::NotAttempted if resolvable(&operation) => {
-            let until = reconcile::may_land_until(&operation, &events, route);
             let now = admin.clock.now_millis();
+            let until = may_land_until(admin, &operation, &events, route, now);
             if now < until {
                 return Err(AdminError::AttemptMayStillLand {
                     attempt: operation.attempt,

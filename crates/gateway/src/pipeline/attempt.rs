@@ -288,6 +288,13 @@ impl Attempt {
         // may still settle it for their next retry.
         drop(self.in_flight.take());
         let route = &self.active.route;
+        let clock = self.shared.clock.as_ref();
+        self.shared
+            .landing
+            .may_land_for(&self.claim.operation_id, route.late_window, clock);
+        // When the loss was, by both clocks: a re-send's window is judged
+        // on the monotonic one from here.
+        let lost_at = (clock.monotonic_millis(), clock.now_millis());
         let ctx = self.shared.probe_ctx();
         let probe = self.shared.reconciler.reconcile(
             &ctx,
@@ -307,7 +314,7 @@ impl Attempt {
             if let Some(destination) = &route.destination_key
                 && destination.resend_unknown
             {
-                self.resend_unknown(destination).await;
+                self.resend_unknown(destination, lost_at).await;
             }
         };
         tokio::select! {
@@ -319,12 +326,17 @@ impl Attempt {
     /// Step 4: the request sent again under its destination key until an
     /// answer settles the operation, it is settled otherwise, the tries run
     /// out or the next try could end past the destination key's window.
-    async fn resend_unknown(&self, destination: &DestinationKey) {
+    async fn resend_unknown(&self, destination: &DestinationKey, lost_at: (i64, i64)) {
         let Some(window) = destination.window else {
             return;
         };
         let (store, route) = (self.shared.store.as_ref(), &self.active.route);
         let id = &self.claim.operation_id;
+        // The window's end by the monotonic clock too, from what the wall
+        // clock left of it at the loss: a clock stepped back since would
+        // otherwise stretch it by the step.
+        let window_ms = clock::millis(window);
+        let mut window_left = None;
         for n in 0..RESEND_TRIES {
             tokio::time::sleep(RESEND_BACKOFF.delay(n)).await;
             let held = match self.shared.operators.get(id).await {
@@ -340,9 +352,15 @@ impl Attempt {
             if held.state != State::Unknown || held.evidence == DUPLICATED {
                 return;
             }
-            let ends_by =
-                self.shared.clock.now_millis() + clock::millis(forward::longest_write(route));
-            if ends_by > held.created_at.saturating_add(clock::millis(window)) {
+            let writing = forward::longest_write(route);
+            let ends_by = self.shared.clock.now_millis() + clock::millis(writing);
+            let left = *window_left.get_or_insert_with(|| {
+                let end = held.created_at.saturating_add(window_ms);
+                end.saturating_sub(lost_at.1)
+            });
+            let since = self.shared.clock.monotonic_millis() - lost_at.0;
+            let past = since.saturating_add(clock::millis(writing)) > left;
+            if past || ends_by > held.created_at.saturating_add(window_ms) {
                 let detail = json!({ "skipped": "past the destination key's window" });
                 return self.add_event(&resend_event(n, detail)).await;
             }
@@ -357,6 +375,9 @@ impl Attempt {
             // absence.
             self.add_event(&resend_event(n, json!({ "sending": true })))
                 .await;
+            let clock = self.shared.clock.as_ref();
+            let window = writing + route.late_window;
+            self.shared.landing.may_land_for(id, window, clock);
             let sent = forward::send_write(
                 &self.active.writes,
                 route,

@@ -76,6 +76,7 @@ pub mod fingerprint;
 pub mod forward;
 pub(crate) mod host;
 pub mod key;
+pub(crate) mod landing;
 pub(crate) mod mcp;
 pub(crate) mod method;
 pub(crate) mod path;
@@ -190,6 +191,9 @@ struct Shared {
     operators: Arc<dyn Operators>,
     /// The probes running, so an operation is probed once at a time.
     reconciler: Reconciler,
+    /// The held writes whose exchange may still land, by the monotonic
+    /// clock.
+    landing: landing::Landing,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     /// Completed responses, so most replays need no store read.
@@ -207,6 +211,8 @@ impl Shared {
             operators: self.operators.as_ref(),
             metrics: &self.metrics,
             now: self.clock.now_millis(),
+            landing: &self.landing,
+            clock: self.clock.as_ref(),
         }
     }
 }
@@ -267,6 +273,7 @@ impl Proxy {
                 store: store.clone(),
                 operators: store,
                 reconciler: Reconciler::default(),
+                landing: landing::Landing::default(),
                 metrics,
                 clock,
                 // Replicas sharing a store: a peer may change what a cached
@@ -319,6 +326,14 @@ impl Proxy {
         self.shared.operators.set_paused(name, reason).await?;
         active.paused.store(reason.is_some(), Ordering::SeqCst);
         Ok(true)
+    }
+
+    /// How much longer a held write this process sent may still land at
+    /// the destination, by the monotonic clock ([`landing`]).
+    pub(crate) fn may_still_land(&self, operation_id: &str) -> Option<std::time::Duration> {
+        self.shared
+            .landing
+            .left(operation_id, self.shared.clock.as_ref())
     }
 
     /// The configured routes, in the config file's order.

@@ -64,6 +64,15 @@ struct Window {
     stored: u64,
 }
 
+impl Window {
+    /// Whether it is over at `now` for windows of `length`: ended, or
+    /// ending further off than a window lasts (the clock was stepped back
+    /// since it began, which would otherwise stretch it by the step).
+    fn over(&self, now: i64, length: Duration) -> bool {
+        now >= self.ends || self.ends - now > clock::millis(length)
+    }
+}
+
 /// The scope has used its quota (`used` per `window`): seconds until its
 /// window ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +112,7 @@ impl Quotas {
         let Some(window) = self.windows.get(&key(route, scope)).map(|w| *w) else {
             return Ok(());
         };
-        if now >= window.ends {
+        if window.over(now, quota.window) {
             return Ok(());
         }
         let used = match (quota.operations, quota.stored_bytes) {
@@ -142,7 +151,7 @@ impl Quotas {
         {
             // The map guard ends here, before `prune` walks the map.
             let mut window = self.windows.entry(key(route, scope)).or_insert(fresh);
-            if now >= window.ends {
+            if window.over(now, quota.window) {
                 *window = fresh;
             }
             window.sent = window.sent.saturating_add(sent);
@@ -235,6 +244,14 @@ mod tests {
         quotas.count(&route, "alice", 0, 10_000);
         quotas.count(&route, "alice", 0, 10_001);
         assert!(quotas.check(&route, "alice", 10_002).is_err());
+        // The clock stepped back an hour: the window ends no later than a
+        // window lasts from now (it was told to retry after an hour).
+        let stepped = 10_002 - 3_600_000;
+        assert_eq!(quotas.check(&route, "alice", stepped), Ok(()));
+        quotas.count(&route, "alice", 0, stepped);
+        quotas.count(&route, "alice", 0, stepped + 1);
+        let spent = quotas.check(&route, "alice", stepped + 2).unwrap_err();
+        assert_eq!(spent.retry_after, 10);
     }
 
     #[test]

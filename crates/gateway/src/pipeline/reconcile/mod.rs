@@ -74,10 +74,11 @@ use crate::config::{Absence, McpReconcile, ProbeKeys, Reconcile, Route};
 use crate::metrics::Metrics;
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::forward::{self, ProbeClient};
+use crate::pipeline::landing::Landing;
 use crate::pipeline::mcp::identity;
 use crate::traces::{self, Step};
 use idemgate_model::backoff::Backoff;
-use idemgate_model::clock;
+use idemgate_model::clock::{self, Clock};
 use idemgate_model::operation::{Event, Operation, State};
 use idemgate_store::{
     DUPLICATED, Finding, LateEvidence, LateSource, Operators, Probed, RequestPath, StoredEvent,
@@ -127,6 +128,10 @@ pub(crate) struct Ctx<'a> {
     pub(crate) metrics: &'a Metrics,
     /// Now (ms), for the minimum age.
     pub(crate) now: i64,
+    /// The held writes this process sent that may still land, and the
+    /// clock they are timed on.
+    pub(crate) landing: &'a Landing,
+    pub(crate) clock: &'a dyn Clock,
 }
 
 /// A route's probe, HTTP or MCP.
@@ -230,6 +235,9 @@ struct Held<'a> {
     /// When (ms) the write could last have been on its way ([`last_sent`]):
     /// what `min_age` counts from.
     since: i64,
+    /// How much longer, by the monotonic clock, an exchange this process
+    /// sent may land ([`Landing`]): whatever the wall clock says.
+    landing: Option<Duration>,
     /// The operation's key (an MCP call's is `<tool>/<key>`).
     key: &'a str,
     credentials: &'a HeaderMap,
@@ -351,13 +359,14 @@ impl Reconciler {
                 return false;
             }
         };
-        if next_probe_at(&events).is_some_and(|due| ctx.now < due) {
+        if probed_lately(&events, ctx.now) {
             // Probed lately: the store holds what that probe concluded.
             return false;
         }
         let asking = Held {
             operation: &held,
             since: last_sent(&held, &events, forward::longest_write(route)),
+            landing: ctx.landing.left(operation_id, ctx.clock),
             key,
             credentials,
         };
@@ -408,6 +417,11 @@ async fn conclude(
                 humantime::format_duration(Duration::from_secs(age.as_secs())),
                 humantime::format_duration(min_age)
             ));
+        } else if let Some(left) = held.landing {
+            verdict = Verdict::Undetermined(format!(
+                "absent, but the exchange this gateway sent may still land for {} by its monotonic clock (the wall clock says the late window has passed: it was stepped)",
+                humantime::format_duration(Duration::from_secs(left.as_secs().max(1)))
+            ));
         } else if let Some((question, absence)) = probe.confirm() {
             let confirmed = question.ask(client, route, held, timeout).await;
             let agrees = confirmed.says_absent(absence);
@@ -454,6 +468,16 @@ fn last_sent(operation: &Operation, events: &[StoredEvent], longest_write: Durat
         .filter(|event| event.kind == "resend" && event.detail["sending"] == true)
         .map(|event| event.at.saturating_add(writing))
         .fold(last, i64::max)
+}
+
+/// Whether the operation whose timeline is `events` was probed too lately
+/// at `now` for another probe ([`next_probe_at`]): not when the next is
+/// due further off than the longest spacing, which only a clock stepped
+/// back since the latest probe makes so (it would hold the probes back by
+/// the step).
+fn probed_lately(events: &[StoredEvent], now: i64) -> bool {
+    let longest = clock::millis(SPACING.ceiling(u32::MAX));
+    next_probe_at(events).is_some_and(|due| now < due && due - now <= longest)
 }
 
 /// When (ms) the next probe of an operation whose timeline is `events` may
@@ -672,8 +696,15 @@ mod tests {
         let all = [first.clone(), folded(900_000, u64::MAX)];
         assert_eq!(next_probe_at(&all), Some(960_000));
         // Another event since (a re-send, a new loss): at once again.
-        let resent = [first, folded(9_000, 3), event(9_500, "resend")];
+        let resent = [first.clone(), folded(9_000, 3), event(9_500, "resend")];
         assert_eq!(next_probe_at(&resent), None);
+        // Due at 4 s: held back at 3.5 s; with the clock stepped back an
+        // hour since the latest probe, due in an hour, which holds nothing
+        // back.
+        let probed = [lost, first];
+        assert!(probed_lately(&probed, 3_500));
+        assert!(!probed_lately(&probed, 4_000));
+        assert!(!probed_lately(&probed, 4_000 - 3_600_000));
     }
 
     #[test]
