@@ -18,9 +18,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use idemgate_store::AlertDelivery;
 
 /// Deliveries in flight to one endpoint past which it is handed no more:
-/// enough to keep up with a webhook that answers (a poll every 0.5 s),
-/// few enough that a hung one holds a small share of [`MAX`].
-pub(crate) const PER_ENDPOINT: usize = 8;
+/// a poll's whole batch, so a webhook that answers is kept up with at 64 a
+/// second (an incident's backlog drains in minutes), while a hung one
+/// holds a quarter of [`MAX`] at most.
+pub(crate) const PER_ENDPOINT: usize = 32;
 /// Deliveries in flight to all endpoints together, at most: connections
 /// open at once for alerts.
 pub(crate) const MAX: usize = 128;
