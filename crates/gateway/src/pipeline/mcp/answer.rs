@@ -514,6 +514,18 @@ mod tests {
         }
     }
 
+    /// The problem of a call held `unknown`.
+    fn held() -> ProxyError {
+        ProxyError::OutcomeUnknown {
+            operation: OperationRef {
+                id: "op-1".into(),
+                state: State::Unknown,
+            },
+            since: crate::problem::UnknownSince::Earlier,
+            detail: "held".into(),
+        }
+    }
+
     async fn json_of(response: Response<ProxyBody>) -> (StatusCode, Value) {
         let status = response.status();
         let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -590,15 +602,7 @@ mod tests {
             let replayed = replay::respond(&stored(
                 r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}"#,
             ));
-            let held = ProxyError::OutcomeUnknown {
-                operation: OperationRef {
-                    id: "op-1".into(),
-                    state: State::Unknown,
-                },
-                since: crate::problem::UnknownSince::Earlier,
-                detail: "held".into(),
-            };
-            for answered in [Ok(replayed), Err(held)] {
+            for answered in [Ok(replayed), Err(held())] {
                 let response = finish(answered, &call).await;
                 let body = response.into_body().collect().await.unwrap().to_bytes();
                 let text = String::from_utf8(body.to_vec()).unwrap();
@@ -609,15 +613,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_gateways_own_answers_are_tool_results() {
-        let held = ProxyError::OutcomeUnknown {
-            operation: OperationRef {
-                id: "op-1".into(),
-                state: State::Unknown,
-            },
-            since: crate::problem::UnknownSince::Earlier,
-            detail: "held".into(),
-        };
-        let (status, message) = json_of(finish(Err(held), &call(true)).await).await;
+        let (status, message) = json_of(finish(Err(held()), &call(true)).await).await;
         assert_eq!(status, 200, "a tool result, not the problem's 409");
         let result = &message["result"];
         assert_eq!(result["isError"], true);
