@@ -140,6 +140,8 @@ contract!(
     an_alert_delivery_taken_is_leased_and_an_endpoint_without_room_waits,
     an_endpoint_is_handed_no_more_alert_deliveries_than_its_room,
     an_aging_pass_after_a_fast_clock_still_reports_what_ages,
+    a_new_loss_is_alerted_before_a_backlog_of_aged_ones,
+    finished_alerts_are_dropped_a_window_a_poll,
     probes_in_a_row_keep_their_first_and_latest_event,
     pauses_and_the_latch,
     listing_and_counting,
@@ -1010,6 +1012,7 @@ async fn take_alerts(store: &dyn Store, now: i64, room: &[(&str, u32)]) -> Vec<A
         limit: 10,
         room: room.iter().map(|&(e, n)| (e.to_string(), n)).collect(),
         forget_before: 0,
+        forget_window: 1000,
     };
     let mut taken = store.take_alerts(&poll).await.expect("take alerts");
     taken.sort_by(|x, y| x.endpoint.cmp(&y.endpoint));
@@ -1089,6 +1092,7 @@ async fn an_aging_pass_after_a_fast_clock_still_reports_what_ages(bench: Bench) 
         limit: 10,
         room: Default::default(),
         forget_before: 0,
+        forget_window: 1000,
     };
     let now = bench.clock.now_millis();
     let fast = store
@@ -1104,6 +1108,157 @@ async fn an_aging_pass_after_a_fast_clock_still_reports_what_ages(bench: Bench) 
     let events: Vec<&str> = aged.iter().map(|d| d.alert.event.as_str()).collect();
     assert_eq!(events, ["unknown-aged"], "reported once the clock is right");
     assert_eq!(aged[0].alert.key.as_deref(), Some("lost-after-the-step"));
+    store.close().await;
+}
+
+/// After a mass incident, a new loss's `operation-unknown` alert waited
+/// behind every aged reminder due before it (oldest first): an operator
+/// heard of it minutes late.
+async fn a_new_loss_is_alerted_before_a_backlog_of_aged_ones(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let aged_after = 5_000;
+    let poll = |now: i64| AlertPoll {
+        subscriptions: ["operation-unknown", "unknown-aged"]
+            .into_iter()
+            .map(|event| AlertSubscription {
+                endpoint: "a".into(),
+                event,
+                aged_after: if event == "unknown-aged" {
+                    aged_after
+                } else {
+                    0
+                },
+            })
+            .collect(),
+        aging: true,
+        now,
+        lease_until: now + ALERT_LEASE,
+        limit: 10,
+        room: [("a".to_string(), 1)].into_iter().collect(),
+        forget_before: 0,
+        forget_window: 1000,
+    };
+    let take = |now: i64| {
+        let poll = poll(now);
+        let store = store.as_ref();
+        async move {
+            let taken = store.take_alerts(&poll).await.expect("take alerts");
+            let alerts: Vec<(String, String)> = taken
+                .iter()
+                .map(|d| {
+                    (
+                        d.alert.event.clone(),
+                        d.alert.key.clone().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            for delivery in &taken {
+                let settled = store.settle_alert(delivery, &AlertOutcome::Delivered, now);
+                settled.await.expect("settle");
+            }
+            alerts
+        }
+    };
+    let now = bench.clock.now_millis();
+    assert!(take(now).await.is_empty());
+    for key in ["old-1", "old-2", "old-3"] {
+        held(store.as_ref(), key).await;
+    }
+    // Their losses are told, one a poll (the endpoint's room).
+    for _ in 0..3 {
+        let told = take(now).await;
+        assert_eq!(told.len(), 1);
+        assert_eq!(told[0].0, "operation-unknown");
+    }
+    // Aged: three reminders due, one delivered.
+    let aged = now + aged_after + 1;
+    assert_eq!(take(aged).await[0].0, "unknown-aged");
+    // A new loss comes before the two reminders still due.
+    held(store.as_ref(), "new").await;
+    assert_eq!(
+        take(aged + 1).await,
+        [("operation-unknown".to_string(), "new".to_string())]
+    );
+    let rest = [take(aged + 2).await, take(aged + 3).await];
+    assert!(
+        rest.iter()
+            .all(|t| t.len() == 1 && t[0].0 == "unknown-aged"),
+        "{rest:?}"
+    );
+    store.close().await;
+}
+
+/// Each poll looked for finished alerts among every alert kept (those of
+/// operations still held, or not yet delivered): with tens of thousands,
+/// tens of milliseconds of the store's time a poll. A poll looks at a
+/// window of them, the next after the last it looked at.
+async fn finished_alerts_are_dropped_a_window_a_poll(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let aged_after = 5_000;
+    let poll = |now: i64, forget_before: i64, forget_window: u32| AlertPoll {
+        subscriptions: ["operation-unknown", "unknown-aged"]
+            .into_iter()
+            .map(|event| AlertSubscription {
+                endpoint: "a".into(),
+                event,
+                aged_after: if event == "unknown-aged" {
+                    aged_after
+                } else {
+                    0
+                },
+            })
+            .collect(),
+        aging: forget_before == 0,
+        now,
+        lease_until: now + ALERT_LEASE,
+        limit: 10,
+        room: Default::default(),
+        forget_before,
+        forget_window,
+    };
+    let deliver_all = |poll: AlertPoll| {
+        let store = store.as_ref();
+        async move {
+            let taken = store.take_alerts(&poll).await.expect("take alerts");
+            for delivery in &taken {
+                let settled = store.settle_alert(delivery, &AlertOutcome::Delivered, poll.now);
+                settled.await.expect("settle");
+            }
+            taken.len()
+        }
+    };
+    let now = bench.clock.now_millis();
+    assert_eq!(deliver_all(poll(now, 0, 1000)).await, 0);
+    let mut held_ids = Vec::new();
+    for key in ["k1", "k2", "k3"] {
+        held_ids.push(held(store.as_ref(), key).await.operation_id);
+    }
+    assert_eq!(deliver_all(poll(now, 0, 1000)).await, 3);
+    let aged = now + aged_after + 1;
+    assert_eq!(deliver_all(poll(aged, 0, 1000)).await, 3);
+    // k1 is settled: its aged alert is finished; k2's and k3's are what
+    // reports them aged once, kept while they are held.
+    let (decision, event) = (Decision::NotAttempted, operator_event());
+    let resolved = store.resolve(&held_ids[0], None, &decision, &event);
+    assert!(matches!(resolved.await.unwrap(), Resolved::Done));
+    let kept = || async {
+        let fresh = bench.alerts("operation-unknown").await;
+        let aged = bench.alerts("unknown-aged").await;
+        (fresh.len(), aged)
+    };
+    assert_eq!(kept().await.0, 3);
+    // Two alerts a poll, oldest first: k1's and k2's losses, then k3's and
+    // k1's aged alert, then k2's and k3's aged alerts, kept.
+    let later = aged + 1;
+    let forget = |window| deliver_all(poll(later, later, window));
+    forget(2).await;
+    assert_eq!(kept().await, (1, held_ids.clone()), "the first two alone");
+    forget(2).await;
+    assert_eq!(kept().await, (0, held_ids[1..].to_vec()));
+    for _ in 0..3 {
+        forget(2).await;
+        assert_eq!(kept().await, (0, held_ids[1..].to_vec()));
+    }
     store.close().await;
 }
 

@@ -106,6 +106,7 @@ use idemgate_model::operation::{Event, Operation, Settlement, State};
 use idemgate_store::Durability;
 use idemgate_store::Fence;
 use idemgate_store::StoreBatches;
+use idemgate_store::backend::ForgetCursor;
 use idemgate_store::scope_key::ScopeKey;
 use idemgate_store::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use idemgate_store::{
@@ -164,6 +165,8 @@ pub struct PostgresStore {
     replication: Arc<Replication>,
     /// The server the pools connect to ([`mod@primary`]).
     primary: Primary,
+    /// Where dropping finished alerts stands.
+    forget_cursor: ForgetCursor,
 }
 
 /// How a replica uses its PostgreSQL store, from `[store]`.
@@ -325,6 +328,7 @@ impl PostgresStore {
             seal,
             replication,
             primary,
+            forget_cursor: ForgetCursor::default(),
         })
     }
 }
@@ -678,7 +682,7 @@ impl Operators for PostgresStore {
 #[async_trait]
 impl Outbox for PostgresStore {
     async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError> {
-        outbox::take_alerts(&self.pool, poll).await
+        outbox::take_alerts(&self.pool, poll, &self.forget_cursor).await
     }
 
     async fn settle_alert(

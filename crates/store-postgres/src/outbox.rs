@@ -17,7 +17,8 @@
 //! - a replica takes only the due deliveries of its own endpoints (with
 //!   `FOR UPDATE SKIP LOCKED` and a lease, so one replica delivers each at
 //!   a time): another replica may have the others, and a replica without
-//!   `[[alerts]]` takes none;
+//!   `[[alerts]]` takes none; fresh alerts' deliveries go before aged
+//!   ones' (`aged`, set at fan-out);
 //! - an endpoint no replica has recorded for [`SUBSCRIBED_FOR`] gets no
 //!   new deliveries, and the ones it was left, which no replica takes, no
 //!   longer keep their alert: it is dropped as finished alerts are.
@@ -25,13 +26,10 @@
 //! [`Outbox::take_alerts`]: idemgate_store::Outbox::take_alerts
 //! [`Outbox::settle_alert`]: idemgate_store::Outbox::settle_alert
 
-use sqlx::{PgPool, Row};
+use sqlx::{PgPool, Postgres, Row, Transaction};
 
-use idemgate_store::backend::{AGED_PER_PASS, aged_access_paths};
+use idemgate_store::backend::{AGED_PER_PASS, ForgetCursor, aged_access_paths};
 use idemgate_store::{AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, StoreError};
-
-/// Finished alerts dropped per poll, so one poll stays short.
-const FORGET_PER_POLL: i64 = 500;
 
 /// How long after a replica last polled with a subscription it still
 /// counts (ms): alerts raised that long after still reach its endpoint.
@@ -154,9 +152,54 @@ pub(crate) fn access_paths() -> Vec<AccessPath> {
     aged_access_paths(AGED_END, AGED_INSERT, "updated_at >= ")
 }
 
+/// Drops the finished alerts among the poll's window ([`ForgetCursor`]):
+/// older than `forget_before`, fanned out, with no delivery left that an
+/// endpoint recorded lately would take, and an `unknown-aged` one only
+/// once its operation is no longer `unknown` (the row is what reports it
+/// once).
+async fn forget(
+    tx: &mut Transaction<'_, Postgres>,
+    poll: &AlertPoll,
+    cursor: &ForgetCursor,
+) -> Result<(), StoreError> {
+    let after = cursor.after();
+    let (last, seen): (Option<i64>, i64) = sqlx::query_as(
+        "SELECT max(id), count(*) FROM (
+            SELECT id FROM alert_outbox WHERE id > $1 ORDER BY id LIMIT $2) w",
+    )
+    .bind(after)
+    .bind(i64::from(poll.forget_window))
+    .fetch_one(&mut **tx)
+    .await?;
+    if let Some(last) = last {
+        sqlx::query(
+            "DELETE FROM alert_outbox WHERE id IN (
+                SELECT o.id FROM alert_outbox o
+                WHERE o.id > $1 AND o.id <= $2 AND o.at < $3 AND o.fanned_out
+                  AND NOT EXISTS (SELECT 1 FROM alert_deliveries d
+                                  JOIN alert_subscriptions s
+                                    ON s.endpoint = d.endpoint AND s.seen_at >= $4
+                                  WHERE d.alert_id = o.id AND d.done_at IS NULL)
+                  AND (o.event <> 'unknown-aged' OR NOT EXISTS (
+                        SELECT 1 FROM operations p
+                        WHERE p.id = o.operation_id AND p.state = 'unknown'))
+                FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(after)
+        .bind(last)
+        .bind(poll.forget_before)
+        .bind(poll.now - SUBSCRIBED_FOR)
+        .execute(&mut **tx)
+        .await?;
+    }
+    cursor.looked_at(last, seen, poll.forget_window);
+    Ok(())
+}
+
 pub async fn take_alerts(
     pool: &PgPool,
     poll: &AlertPoll,
+    forget_cursor: &ForgetCursor,
 ) -> Result<Vec<AlertDelivery>, StoreError> {
     // Sorted and distinct: two replicas lock the rows they share in one
     // order, and one statement updates a row once.
@@ -187,8 +230,8 @@ pub async fn take_alerts(
             UPDATE alert_outbox SET fanned_out = true WHERE NOT fanned_out
             RETURNING id, event, at, aged_after
          )
-         INSERT INTO alert_deliveries (alert_id, endpoint, next_at)
-         SELECT f.id, s.endpoint, $1
+         INSERT INTO alert_deliveries (alert_id, endpoint, next_at, aged)
+         SELECT f.id, s.endpoint, $1, f.event = 'unknown-aged'
          FROM fresh f
          JOIN alert_subscriptions s
            ON f.event = s.event AND (f.event <> 'unknown-aged' OR f.aged_after = s.aged_after)
@@ -199,33 +242,17 @@ pub async fn take_alerts(
     .bind(SUBSCRIBED_FOR)
     .execute(&mut *tx)
     .await?;
-    sqlx::query(
-        "DELETE FROM alert_outbox WHERE id IN (
-            SELECT o.id FROM alert_outbox o
-            WHERE o.at < $1 AND o.fanned_out
-              AND NOT EXISTS (SELECT 1 FROM alert_deliveries d
-                              JOIN alert_subscriptions s
-                                ON s.endpoint = d.endpoint AND s.seen_at >= $3
-                              WHERE d.alert_id = o.id AND d.done_at IS NULL)
-              AND (o.event <> 'unknown-aged' OR NOT EXISTS (
-                    SELECT 1 FROM operations p WHERE p.id = o.operation_id AND p.state = 'unknown'))
-            LIMIT $2 FOR UPDATE SKIP LOCKED)",
-    )
-    .bind(poll.forget_before)
-    .bind(FORGET_PER_POLL)
-    .bind(poll.now - SUBSCRIBED_FOR)
-    .execute(&mut *tx)
-    .await?;
+    forget(&mut tx, poll, forget_cursor).await?;
     let rows = sqlx::query(
         "WITH due AS (
             SELECT d.alert_id, d.endpoint
             FROM unnest($4::text[], $5::bigint[]) AS r (endpoint, room)
             CROSS JOIN LATERAL (
-                SELECT alert_id, endpoint, next_at FROM alert_deliveries
+                SELECT alert_id, endpoint, aged, next_at FROM alert_deliveries
                 WHERE done_at IS NULL AND next_at <= $1 AND endpoint = r.endpoint
-                ORDER BY next_at LIMIT r.room
+                ORDER BY aged, next_at LIMIT r.room
                 FOR UPDATE SKIP LOCKED) d
-            ORDER BY d.next_at LIMIT $3
+            ORDER BY d.aged, d.next_at LIMIT $3
          ), taken AS (
             UPDATE alert_deliveries d SET next_at = $2
             FROM due WHERE d.alert_id = due.alert_id AND d.endpoint = due.endpoint

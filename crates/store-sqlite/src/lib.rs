@@ -150,6 +150,7 @@ use idemgate_model::clock::Clock;
 use idemgate_model::operation::{Event, Operation, Settlement};
 use idemgate_store::Durability;
 use idemgate_store::Fence;
+use idemgate_store::backend::ForgetCursor;
 use idemgate_store::scope_key::ScopeKey;
 use idemgate_store::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use idemgate_store::{
@@ -182,6 +183,8 @@ pub struct SqliteStore {
     /// Holds from open to close: the file lock keeps every other process
     /// from taking this one's attempts.
     fence: Fence,
+    /// Where dropping finished alerts stands.
+    forget_cursor: Arc<ForgetCursor>,
 }
 
 impl SqliteStore {
@@ -236,6 +239,7 @@ impl SqliteStore {
             clock,
             seal: keys.seal,
             fence: Fence::unshared(),
+            forget_cursor: Arc::default(),
         };
         if let Err(error) = store.check_keys(keys.scope).await {
             store.writer.stop().await;
@@ -597,8 +601,9 @@ impl Operators for SqliteStore {
 impl Outbox for SqliteStore {
     async fn take_alerts(&self, poll: &AlertPoll) -> Result<Vec<AlertDelivery>, StoreError> {
         let poll = poll.clone();
+        let forget_cursor = Arc::clone(&self.forget_cursor);
         self.writer
-            .run(move |conn| outbox::take_alerts(conn, &poll))
+            .run(move |conn| outbox::take_alerts(conn, &poll, &forget_cursor))
             .await
     }
 

@@ -1,14 +1,15 @@
 //! What the backends share and nothing above them uses: the columns a
 //! summary is read from, response headers as stored, the kept counts'
 //! row, the routes' settings rows, the events a row implies, the aging
-//! scan's window and new operation ids. Public because each backend is a
+//! scan's window, where dropping finished alerts stands and new
+//! operation ids. Public because each backend is a
 //! crate of its own; the gateway and the tools never name this module.
 
 use idemgate_model::operation::{Event, State};
 
 use crate::StoreError;
 pub use crate::operation_id::new_id;
-pub use crate::outbox::{AGED_PER_PASS, aged_access_paths};
+pub use crate::outbox::{AGED_PER_PASS, ForgetCursor, aged_access_paths};
 
 /// Events the operation row itself proves, so the happy path need not
 /// store them (two fewer event rows, and their index entries, per write):

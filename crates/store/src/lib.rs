@@ -846,8 +846,10 @@ pub trait Outbox: Send + Sync {
     /// operations `unknown` longer than a subscription's threshold (each
     /// once), fans the alerts not yet fanned out to the endpoints that
     /// subscribe to them, drops old finished ones, and takes up to `limit`
-    /// deliveries due, the earliest first and no more of one endpoint's
-    /// than its `room`, leasing them: a delivery
+    /// deliveries due — fresh alerts' before `unknown-aged` ones', so a new
+    /// loss never waits behind a backlog of reminders, each kind the
+    /// earliest first — and no more of one endpoint's than its `room`,
+    /// leasing them: a delivery
     /// taken is not due again before `lease_until` unless settled. A
     /// [`shared`](RequestPath::shared) store fans out to the subscriptions
     /// of every replica that polled lately, not only to `poll`'s, and hands

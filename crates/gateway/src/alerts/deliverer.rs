@@ -62,6 +62,10 @@ pub const AGING: Duration = Duration::from_secs(30);
 /// Finished alerts are kept this long past the longest `give_up_after`.
 const KEEP: Duration = Duration::from_secs(3600);
 
+/// Alerts a poll looks at to drop the finished ones: a store's kept
+/// alerts are gone over a window a poll (every 1,000 in 0.5 s).
+const FORGET_WINDOW: u32 = 1000;
+
 /// What the deliverer posts with and where it reads and settles alerts.
 pub(crate) struct Deliverer {
     pub(crate) store: Arc<dyn Outbox>,
@@ -151,6 +155,7 @@ impl Deliverer {
             limit: room.min(BATCH),
             room: self.in_flight.room_per_endpoint(ids),
             forget_before: now - clock::millis(keep),
+            forget_window: FORGET_WINDOW,
         }
     }
 

@@ -1,0 +1,13 @@
+-- Fresh alerts (an operation just held, a route just paused) are handed
+-- out before the reminders of aged ones: after a mass incident, or an
+-- `aged_after` set over a store full of held work, a new loss's alert no
+-- longer waits behind the backlog of aged ones. `aged` is 1 for an
+-- `unknown-aged` alert's deliveries (docs/operating.md, "Alerts").
+-- Each endpoint's due deliveries are read in that order from the index,
+-- no further than its room, so a poll costs the same over any backlog.
+ALTER TABLE alert_deliveries ADD COLUMN aged INTEGER NOT NULL DEFAULT 0;
+UPDATE alert_deliveries SET aged = 1
+ WHERE alert_id IN (SELECT id FROM alert_outbox WHERE event = 'unknown-aged');
+DROP INDEX alert_deliveries_due;
+CREATE INDEX alert_deliveries_due ON alert_deliveries (endpoint, aged, next_at)
+    WHERE done_at IS NULL;
