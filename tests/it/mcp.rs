@@ -28,7 +28,9 @@
 //! - a held call is proved by the route's read-only probe tool, its
 //!   arguments filled from the held call: completed, its retries (every
 //!   client) answered by the gateway that it already ran, never with the
-//!   probe tool's result; a probe that finds nothing leaves it held;
+//!   probe tool's result; a probe that finds nothing leaves it held; a
+//!   server of 2025-11-25 only (`server.py --only-2025`) is probed in a
+//!   session;
 //! - `idemgate rehearse` runs its five cases against the server with tool
 //!   calls, every case as expected, names a held retry's answer and a
 //!   probe as they were (a tool result, a `tools/call`), and counts the
@@ -104,22 +106,32 @@ struct McpServer {
     port: u16,
     effects: PathBuf,
     dir: PathBuf,
+    /// `server.py`'s own options, kept across a restart.
+    args: Vec<&'static str>,
 }
 
 impl McpServer {
     /// `server.py` on a free port, counting effects in `dir`.
     async fn start(dir: &Path) -> McpServer {
-        McpServer::on_port(dir, 0).await
+        McpServer::on_port(dir, 0, &[]).await
     }
 
-    async fn on_port(dir: &Path, port: u16) -> McpServer {
+    /// `server.py` refusing 2026-07-28, as a server of 2025-11-25 does.
+    async fn only_2025(dir: &Path) -> McpServer {
+        McpServer::on_port(dir, 0, &["--only-2025"]).await
+    }
+
+    async fn on_port(dir: &Path, port: u16, args: &[&'static str]) -> McpServer {
         let effects = dir.join("effects.jsonl");
         let mut cmd = Command::new(python());
         cmd.arg(mcp_dir().join("server.py"))
             .args(["--port", &port.to_string()])
             .arg("--effects")
-            .arg(&effects);
-        McpServer::spawn(cmd, dir, port, effects).await
+            .arg(&effects)
+            .args(args);
+        let mut server = McpServer::spawn(cmd, dir, port, effects).await;
+        server.args = args.to_vec();
+        server
     }
 
     /// `everything.py`: the fixtures the MCP conformance suite expects.
@@ -144,6 +156,7 @@ impl McpServer {
             port,
             effects,
             dir: dir.to_owned(),
+            args: Vec::new(),
         }
     }
 
@@ -151,7 +164,7 @@ impl McpServer {
     async fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let again = McpServer::on_port(&self.dir, self.port).await;
+        let again = McpServer::on_port(&self.dir, self.port, &self.args).await;
         *self = again;
     }
 
@@ -1129,6 +1142,36 @@ async fn probing_gateway(server: &McpServer, suffix: &str) -> TestGateway {
         .upstream_url(server.url())
         .admin();
     spawn_gateway_with(setup).await
+}
+
+/// A server of 2025-11-25 only refused the stateless probe (400), and
+/// every call it held waited for an operator: the probe asks again in a
+/// session, as its clients do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs tests/clients/mcp installed (.ci/run)"]
+async fn a_server_of_2025_only_is_probed_in_a_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = McpServer::only_2025(dir.path()).await;
+    let gw = probing_gateway(&server, "").await;
+    let args = json!({ "title": "probed-in-a-session" });
+    let lost = call(Client::Python, &gw, "die_after_effect", &args, 1, &[]).await;
+    assert_eq!(
+        lost[0]["meta"]["dev.idemgate/problem"], "outcome-unknown",
+        "{lost:?}"
+    );
+    server.restart().await;
+    for client in [Client::Python, Client::TypeScript] {
+        let settled = call(client, &gw, "die_after_effect", &args, 1, &["--list-first"]).await;
+        assert_taken_as_already_done(client, &settled[0]);
+        assert_eq!(
+            settled[0]["meta"]["dev.idemgate/reconciled-by"],
+            "find_task"
+        );
+    }
+    assert_eq!(
+        server.executions("die_after_effect", "probed-in-a-session"),
+        1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 """An MCP test server (Python SDK `mcp`, pinned in requirements.txt) over
 Streamable HTTP, used as the upstream behind idemgate's `mcp` route profile.
 
-    python server.py --port 0 --effects /tmp/effects.jsonl [--stateless] [--json-response]
+    python server.py --port 0 --effects /tmp/effects.jsonl [--stateless] [--json-response] [--only-2025]
 
 Listens on 127.0.0.1 (``--host``), endpoint ``/mcp``. With ``--port 0`` the
 kernel picks a port. The server prints ``listening PORT`` on stdout (one
@@ -30,7 +30,8 @@ Tools:
 
 The SDK answers both protocol eras on the same endpoint: 2025-11-25 and older
 (initialize handshake, Mcp-Session-Id unless --stateless) and 2026-07-28
-(per-request _meta envelope, server/discover, no sessions).
+(per-request _meta envelope, server/discover, no sessions); ``--only-2025``
+refuses the latter, as a server of 2025-11-25 only does.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ def _parse_args() -> argparse.Namespace:
     p.add_argument("--effects", required=True, help="JSON-lines file, one line per tool side effect")
     p.add_argument("--stateless", action="store_true", help="no Mcp-Session-Id on the 2025-11-25 path")
     p.add_argument("--json-response", action="store_true", help="answer requests with application/json, not SSE")
+    p.add_argument(
+        "--only-2025",
+        action="store_true",
+        help="refuse 2026-07-28 requests as a server of 2025-11-25 only does (HTTP 400)",
+    )
     p.add_argument(
         "--no-dns-rebinding-protection",
         action="store_true",
@@ -213,7 +219,32 @@ async def _serve() -> None:
         transport_security=security,
         host=ARGS.host,
     )
+    if ARGS.only_2025:
+        app = _only_2025(app)
     await listen.serve(app, ARGS.host, ARGS.port, ARGS.log_level)
+
+
+def _only_2025(app):
+    """The app behind a refusal of every request announcing 2026-07-28, as
+    a server that speaks 2025-11-25 and older answers one (HTTP 400,
+    "Unsupported protocol version"): clients of 2025-11-25 and older pass."""
+
+    async def only_2025(scope, receive, send):
+        headers = dict(scope.get("headers") or []) if scope["type"] == "http" else {}
+        if headers.get(b"mcp-protocol-version") == b"2026-07-28":
+            response = JSONResponse(
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": -32600, "message": "Bad Request: Unsupported protocol version: 2026-07-28"},
+                },
+                status_code=400,
+            )
+            await response(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return only_2025
 
 if __name__ == "__main__":
     asyncio.run(_serve())

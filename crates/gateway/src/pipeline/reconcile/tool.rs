@@ -1,15 +1,18 @@
 //! An MCP route's probe questions: a call of a read-only tool, its
 //! arguments filled from the held call ([`fill_template`]), as a stateless
-//! 2026-07-28 request to the endpoint the held call went to. Its answer is
+//! 2026-07-28 request to the endpoint the held call went to, or, if the
+//! server refuses that, in a session of 2025-11-25 or the older revision
+//! the server answers with. Its answer is
 //! the tool's result; a result that is an error is no answer at all. A
 //! result that proves the held call happened is not what its retries get
 //! (it is another tool's): they get the gateway's own answer
 //! ([`answer::settled`]).
 
 use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
-use http::{HeaderMap, Request};
+use http::{HeaderMap, Request, Uri};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use std::time::Duration;
 
 use super::send;
 use super::verdict::{Answer, Got};
@@ -21,8 +24,21 @@ use crate::pipeline::sse;
 use crate::traces;
 use idemgate_model::operation::{Operation, StoredResponse};
 
-/// The MCP revision an MCP probe speaks: stateless, so it needs no session.
+/// The MCP revision an MCP probe speaks first: stateless, so it needs no
+/// session.
 const PROBE_REVISION: &str = "2026-07-28";
+
+/// The revision a probe asks for in a session, with a server that refuses
+/// a stateless request: the server may answer with an older one it
+/// speaks, which the probe then speaks (the call is the same in each).
+const SESSION_REVISION: &str = "2025-11-25";
+
+/// The JSON-RPC id of a probe's call (and of its `initialize`, in a
+/// session, before it).
+const CALL_ID: i64 = 1;
+
+/// How long a session's end (its `DELETE`) may take, after the probe.
+const SESSION_END: Duration = Duration::from_secs(5);
 
 /// One tool call and the held call it asks about.
 pub struct Call<'a> {
@@ -67,70 +83,43 @@ pub async fn call(
         Ok(arguments) => arguments,
         Err(e) => return answer(None, Err(e)),
     };
-    let body = json!({
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {
-            "name": call.tool,
-            "arguments": arguments,
-            "_meta": {
-                "io.modelcontextprotocol/protocolVersion": PROBE_REVISION,
-                "io.modelcontextprotocol/clientCapabilities": {},
-            },
-        },
-    });
     let uri = match route.upstream.uri_for(&call.held.request.path) {
         Ok(uri) => uri,
         Err(e) => return answer(None, Err(e.to_string())),
     };
-    let mut request = Request::post(uri).body(full(body.to_string()));
-    if let Ok(request) = &mut request {
-        let headers = request.headers_mut();
-        *headers = credentials.clone();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(
-            ACCEPT,
-            HeaderValue::from_static("application/json, text/event-stream"),
-        );
-        forward::ask_for_identity(headers);
-        headers.insert(
-            "mcp-protocol-version",
-            HeaderValue::from_static(PROBE_REVISION),
-        );
-        headers.insert("mcp-method", HeaderValue::from_static("tools/call"));
-        if let Ok(name) = HeaderValue::from_str(call.tool) {
-            headers.insert("mcp-name", name);
+    let ask = Asking {
+        client,
+        route,
+        uri: &uri,
+        credentials,
+    };
+    let stateless = ask
+        .exchange(
+            &Speaking::Stateless(call.tool),
+            tool_call(call.tool, &arguments, true),
+        )
+        .await;
+    // A server of an older revision only refuses a stateless request (400:
+    // `Unsupported protocol version`, or `Missing session ID` from one
+    // that keeps sessions; or an error for the call): ask again as its
+    // clients do, in a session. What a server refuses both ways is told
+    // as its stateless answer.
+    let refused = |e: &Exchanged| {
+        e.status == 400 || reply(&e.messages).is_some_and(|m| m.get("error").is_some())
+    };
+    let exchanged = match stateless {
+        Ok(stateless) if refused(&stateless) => {
+            let in_session = ask.in_session(call.tool, &arguments).await;
+            in_session.unwrap_or(stateless)
         }
-        traces::inject(headers);
-    }
-    let response = match send(client, request).await {
-        Ok(response) => response,
+        Ok(exchanged) => exchanged,
         Err(error) => return answer(None, Err(error)),
     };
-    let status = Some(response.status().as_u16());
-    let streamed = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.trim_start().starts_with("text/event-stream"));
-    let limited = http_body_util::Limited::new(response.into_body(), route.max_stored_response);
-    let read = match limited.collect().await {
-        Ok(read) => read.to_bytes(),
-        Err(e) => return answer(status, Err(format!("probe answer unread: {e}"))),
-    };
-    let messages: Vec<Value> = if streamed {
-        sse::messages(&read)
-            .iter()
-            .filter_map(|data| serde_json::from_str(data).ok())
-            .collect()
-    } else {
-        serde_json::from_slice(&read).into_iter().collect()
-    };
-    let reply = messages
-        .into_iter()
-        .find(|m| m.get("id") == Some(&Value::from(1)));
-    let Some(result) = reply.and_then(|mut m| m.get_mut("result").map(std::mem::take)) else {
+    let status = Some(exchanged.status);
+    let result = reply(&exchanged.messages)
+        .and_then(|m| m.get("result"))
+        .cloned();
+    let Some(result) = result else {
         return answer(status, Err("no result for the probe's call".into()));
     };
     if result["isError"] == true {
@@ -144,6 +133,173 @@ pub async fn call(
             response,
         }),
     )
+}
+
+/// The `tools/call` of `tool` with `arguments`; `stateless` carries the
+/// revision and capabilities in its `_meta`, as 2026-07-28 asks.
+fn tool_call(tool: &str, arguments: &Value, stateless: bool) -> Value {
+    let mut call = json!({
+        "jsonrpc": "2.0",
+        "id": CALL_ID,
+        "method": "tools/call",
+        "params": { "name": tool, "arguments": arguments },
+    });
+    if stateless {
+        call["params"]["_meta"] = json!({
+            "io.modelcontextprotocol/protocolVersion": PROBE_REVISION,
+            "io.modelcontextprotocol/clientCapabilities": {},
+        });
+    }
+    call
+}
+
+/// The response to a probe's request among `messages`.
+fn reply(messages: &[Value]) -> Option<&Value> {
+    messages
+        .iter()
+        .find(|m| m.get("id") == Some(&Value::from(CALL_ID)))
+}
+
+/// How a probe's request speaks MCP.
+enum Speaking<'a> {
+    /// 2026-07-28, calling this tool (its `Mcp-Name`).
+    Stateless(&'a str),
+    /// Opening a session: no revision header yet.
+    Opening,
+    /// In a session of this revision, with the server's session id if it
+    /// gave one.
+    InSession(&'a str, Option<&'a HeaderValue>),
+}
+
+/// A probe's answer: its status, headers and JSON-RPC messages.
+struct Exchanged {
+    status: u16,
+    headers: HeaderMap,
+    messages: Vec<Value>,
+}
+
+/// Where and as whom a probe asks.
+struct Asking<'a> {
+    client: &'a ProbeClient,
+    route: &'a Route,
+    uri: &'a Uri,
+    credentials: &'a HeaderMap,
+}
+
+impl Asking<'_> {
+    /// The request's headers: the held call's credentials and what MCP
+    /// asks of a client speaking as `speaking` says.
+    fn headers(&self, speaking: &Speaking) -> HeaderMap {
+        let mut headers = self.credentials.clone();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        forward::ask_for_identity(&mut headers);
+        match speaking {
+            Speaking::Stateless(tool) => {
+                headers.insert(
+                    "mcp-protocol-version",
+                    HeaderValue::from_static(PROBE_REVISION),
+                );
+                headers.insert("mcp-method", HeaderValue::from_static("tools/call"));
+                if let Ok(name) = HeaderValue::from_str(tool) {
+                    headers.insert("mcp-name", name);
+                }
+            }
+            Speaking::Opening => {}
+            Speaking::InSession(revision, session) => {
+                if let Ok(revision) = HeaderValue::from_str(revision) {
+                    headers.insert("mcp-protocol-version", revision);
+                }
+                if let Some(session) = session {
+                    headers.insert("mcp-session-id", (*session).clone());
+                }
+            }
+        }
+        traces::inject(&mut headers);
+        headers
+    }
+
+    /// POSTs `message` and reads the answer, JSON or an event stream, up
+    /// to the route's `max_stored_response`.
+    async fn exchange(&self, speaking: &Speaking<'_>, message: Value) -> Result<Exchanged, String> {
+        let mut request = Request::post(self.uri.clone()).body(full(message.to_string()));
+        if let Ok(request) = &mut request {
+            *request.headers_mut() = self.headers(speaking);
+        }
+        let response = send(self.client, request).await?;
+        let (parts, body) = response.into_parts();
+        let streamed = parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.trim_start().starts_with("text/event-stream"));
+        let limited = http_body_util::Limited::new(body, self.route.max_stored_response);
+        let read = match limited.collect().await {
+            Ok(read) => read.to_bytes(),
+            Err(e) => return Err(format!("probe answer unread: {e}")),
+        };
+        let messages = if streamed {
+            sse::messages(&read)
+                .iter()
+                .filter_map(|data| serde_json::from_str(data).ok())
+                .collect()
+        } else {
+            serde_json::from_slice(&read).into_iter().collect()
+        };
+        Ok(Exchanged {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            messages,
+        })
+    }
+
+    /// Calls `tool` as a client of [`SESSION_REVISION`] does: opens a
+    /// session (`initialize`, `notifications/initialized`), calls, and
+    /// ends the session the server gave, after the probe, never waiting
+    /// for it.
+    async fn in_session(&self, tool: &str, arguments: &Value) -> Result<Exchanged, String> {
+        let initialize = json!({
+            "jsonrpc": "2.0",
+            "id": CALL_ID,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": SESSION_REVISION,
+                "capabilities": {},
+                "clientInfo": { "name": "idemgate-probe", "version": env!("CARGO_PKG_VERSION") },
+            },
+        });
+        let opened = self.exchange(&Speaking::Opening, initialize).await?;
+        let Some(result) = reply(&opened.messages).and_then(|m| m.get("result")) else {
+            return Err(format!(
+                "the server refused a stateless call and a session (HTTP {})",
+                opened.status
+            ));
+        };
+        let revision = result["protocolVersion"]
+            .as_str()
+            .unwrap_or(SESSION_REVISION)
+            .to_owned();
+        let session = opened.headers.get("mcp-session-id");
+        let speaking = Speaking::InSession(&revision, session);
+        let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+        self.exchange(&speaking, initialized).await?;
+        let called = self
+            .exchange(&speaking, tool_call(tool, arguments, false))
+            .await;
+        if session.is_some() {
+            let end = Request::delete(self.uri.clone()).body(full(""));
+            let (client, headers) = (self.client.clone(), self.headers(&speaking));
+            tokio::spawn(async move {
+                let Ok(mut end) = end else { return };
+                *end.headers_mut() = headers;
+                let _ = tokio::time::timeout(SESSION_END, client.request(end)).await;
+            });
+        }
+        called
+    }
 }
 
 /// What retries of the held call get when `result` proves it happened:
