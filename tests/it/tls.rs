@@ -330,6 +330,44 @@ async fn an_upstream_requiring_client_certificates_accepts_the_gateways() {
     assert_eq!(gw.upstream.writes(), 1);
 }
 
+/// Upstream client certificates were read once, at start: one renewed in
+/// place (short-lived certificates are) took a restart to present. A
+/// SIGHUP reads them again, as it does the listeners'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_upstream_client_certificate() {
+    let pki = tempfile::tempdir().expect("tempdir");
+    let servers = TestCa::new(pki.path(), "servers-ca");
+    let clients = TestCa::new(pki.path(), "clients-ca");
+    let strangers = TestCa::new(pki.path(), "strangers-ca");
+    let upstream = mtls_upstream(pki.path(), &servers, &clients).await;
+    // A certificate the upstream no longer trusts...
+    let identity = strangers.client_cert(pki.path(), "gateway");
+    let route = format!(
+        "upstream_ca = \"{}\"\nupstream_client_cert = \"{}\"\nupstream_client_key = \"{}\"\n",
+        servers.pem.display(),
+        identity.cert.display(),
+        identity.key.display()
+    );
+    let toml = gateway_toml_with(
+        &pki.path().join("idemgate.db"),
+        &upstream.url(),
+        &Setup::route(&route),
+    );
+    let config = write_config(pki.path(), "idemgate.toml", &toml);
+    let gateway = BinaryGateway::start(&config, &pki.path().join("gateway.log")).await;
+    let refused = write(gateway.proxy, "/invoices", Some("renewed"), BODY).await;
+    refused.assert_operation_problem(502, "upstream-unreachable", "not_attempted");
+    // ...renewed in place by one it trusts, then SIGHUP.
+    clients.client_cert(pki.path(), "gateway");
+    gateway.signal("HUP");
+    gateway
+        .wait_for_log("upstream client certificate reloaded")
+        .await;
+    let sent = write(gateway.proxy, "/invoices", Some("renewed"), BODY).await;
+    assert_fresh_created(&sent);
+    assert_eq!(upstream.writes(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_refusing_the_gateways_certificate_is_not_attempted() {
     let pki = tempfile::tempdir().expect("tempdir");

@@ -60,7 +60,7 @@ use crate::pipeline::forward::Peer;
 use crate::pipeline::host::ViaTls;
 use crate::pipeline::{Proxy, Shutdown};
 use crate::route_settings;
-use crate::tls::{FieldError, ServerTls, TlsError};
+use crate::tls::{FieldError, Reloadable, ServerTls, TlsError};
 use crate::traces::settings::TraceSettings;
 use crate::traces::{TraceError, Tracing};
 use crate::{replicas, retention, stores, tls};
@@ -107,6 +107,8 @@ pub struct Gateway {
     serving: JoinHandle<()>,
     /// The listeners that speak TLS, for [`Gateway::reload_tls`].
     tls: Vec<Arc<ServerTls>>,
+    /// The routes' upstream client certificates, by route name, likewise.
+    upstream_identities: Vec<(String, Reloadable)>,
     /// For [`Gateway::health`].
     store: Arc<dyn Store>,
 }
@@ -333,6 +335,7 @@ impl Gateway {
         .traced(traces.clone())
         .logged(access_log);
         proxy.follow_pauses(&paused);
+        let upstream_identities = proxy.upstream_identities();
         let proxy = Arc::new(proxy);
         // The start can no longer fail: these settings now serve.
         settings.keep(store.as_ref()).await?;
@@ -480,24 +483,36 @@ impl Gateway {
             shutdown,
             serving,
             tls: proxy_tls.into_iter().chain(admin_tls).collect(),
+            upstream_identities,
             store,
         })
     }
 
-    /// Reads every TLS listener's certificate and key again (SIGHUP): new
-    /// handshakes get the new certificate, open connections keep theirs. A
-    /// listener whose files do not load keeps the certificate it has; each
-    /// outcome is logged, and the first failure returned.
+    /// Reads every TLS listener's certificate and key again, and every
+    /// route's upstream client certificate (SIGHUP): new handshakes get
+    /// the new certificate, open connections keep theirs. One whose files
+    /// do not load keeps the certificate it has; each outcome is logged,
+    /// and the first failure returned.
     pub fn reload_tls(&self) -> Result<(), TlsError> {
-        if self.tls.is_empty() {
-            tracing::info!("no TLS listener: nothing to reload");
+        if self.tls.is_empty() && self.upstream_identities.is_empty() {
+            tracing::info!("no TLS listener and no upstream client certificate: nothing to reload");
         }
         let mut first_error = None;
         for tls in &self.tls {
+            let listener = tls.listener();
             match tls.reload() {
-                Ok(()) => tracing::info!(listener = tls.listener(), "TLS certificate reloaded"),
+                Ok(()) => tracing::info!(listener, "TLS certificate reloaded"),
                 Err(error) => {
-                    tracing::error!(listener = tls.listener(), %error, "TLS certificate not reloaded; the previous one stays in use");
+                    tracing::error!(listener, %error, "TLS certificate not reloaded; the previous one stays in use");
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        for (route, identity) in &self.upstream_identities {
+            match identity.reload() {
+                Ok(()) => tracing::info!(route, "upstream client certificate reloaded"),
+                Err(error) => {
+                    tracing::error!(route, %error, "upstream client certificate not reloaded; the previous one stays in use");
                     first_error.get_or_insert(error);
                 }
             }

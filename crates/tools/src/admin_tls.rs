@@ -63,7 +63,7 @@ impl AdminTls {
             ca: self.ca.clone(),
             identity: None,
         }
-        .client_config()?;
+        .client_config(None)?;
         let name = self.server_name.clone();
         Ok(http_client::client_with(connect_timeout, tls, name))
     }

@@ -54,8 +54,8 @@ use crate::pipeline::fields::foreign_coding;
 use crate::pipeline::host::ViaTls;
 use crate::pipeline::pool::{self, Handback, Pool, PooledBody, SendError, Slots};
 use crate::pipeline::sse;
-use crate::tls::TlsError;
 use crate::tls::error_chain;
+use crate::tls::{Reloadable, TlsError};
 use crate::traces;
 use idemgate_model::backoff::Backoff;
 use idemgate_store::{Claim, Fence, Permit};
@@ -72,14 +72,20 @@ pub(crate) const CONNECT_BACKOFF: Backoff =
 /// certificate if it has one. A TLS handshake runs inside the connector, so
 /// its failure is a connect error: the request was not written. With a
 /// `fence` (claimed writes), a connection that comes up after the fence
-/// stopped holding is dropped unwritten.
-fn connector(route: &Route, fence: Option<Fence>) -> Result<UpstreamConnector, TlsError> {
+/// stopped holding is dropped unwritten. `identity` is the route's client
+/// certificate ([`ClientTls::identity`](crate::config::ClientTls)), shared
+/// by its connectors so that a reload reaches all of them.
+fn connector(
+    route: &Route,
+    fence: Option<Fence>,
+    identity: Option<&Reloadable>,
+) -> Result<UpstreamConnector, TlsError> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(route.connect_timeout));
     let tls = HttpsConnectorBuilder::new()
-        .with_tls_config(route.upstream_tls.client_config()?)
+        .with_tls_config(route.upstream_tls.client_config(identity)?)
         .https_or_http();
     // ALPN offers `h2` only on a route that speaks HTTP/2 to its upstream.
     let https = if route.upstream_http2 {
@@ -97,9 +103,10 @@ pub fn pool(
     route: &Route,
     fence: Option<Fence>,
     slots: &Arc<Slots>,
+    identity: Option<&Reloadable>,
 ) -> Result<Arc<Pool>, TlsError> {
     Ok(Pool::new(
-        connector(route, fence)?,
+        connector(route, fence, identity)?,
         route.upstream.origin.clone(),
         route.upstream_http2,
         route.connect_timeout,
@@ -123,13 +130,20 @@ pub(crate) fn overloaded(operation: Option<OperationRef>) -> ProxyError {
     }
 }
 
+/// The client certificate the route's upstream connections present, read
+/// from its files now; the same one for every connector of the route, so
+/// that a reload reaches them all.
+pub fn identity(route: &Route) -> Result<Option<Reloadable>, TlsError> {
+    route.upstream_tls.identity()
+}
+
 /// A pooled HTTP/1.1 client with the route's TLS configuration, for its
 /// reconcile probes.
-pub fn probe_client(route: &Route) -> Result<ProbeClient, TlsError> {
+pub fn probe_client(route: &Route, identity: Option<&Reloadable>) -> Result<ProbeClient, TlsError> {
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(pool::IDLE_TIMEOUT)
         .http1_max_headers(pool::MAX_HEAD_FIELDS)
-        .build(connector(route, None)?))
+        .build(connector(route, None, identity)?))
 }
 
 /// The hop-by-hop headers of RFC 9110 §7.6.1 (and the pre-standard

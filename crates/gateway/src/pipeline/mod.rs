@@ -110,7 +110,7 @@ use crate::body::{BoxError, ClientBody, ProxyBody, declared_length, stream};
 use crate::config::{Config, KeyMode, RotatedKeys, Route};
 use crate::metrics::{Metrics, OperationId, Outcome, RouteSeries, StoreFailure};
 use crate::profile::{Profile, Wire};
-use crate::tls::TlsError;
+use crate::tls::{Reloadable, TlsError};
 use crate::traces::{self, Step, Tracing};
 use attempt::Attempt;
 use budget::{BodyBudget, BudgetSpent, Reservation};
@@ -141,6 +141,8 @@ pub struct ActiveRoute {
     writes: Arc<Pool>,
     /// Reconcile probes.
     probes: ProbeClient,
+    /// The client certificate its upstream connections present, if any.
+    identity: Option<Reloadable>,
     /// Mirrors the stored pause; the store is the truth across restarts.
     paused: AtomicBool,
     /// Faults injected into its writes: a rehearsal's gateway only.
@@ -249,14 +251,16 @@ impl Proxy {
                     Err(_) => route.path_prefix.clone(),
                 };
                 let slots = forward::slots(route);
+                let identity = forward::identity(route)?;
                 Ok(Arc::new(ActiveRoute {
                     route: Arc::new(Route {
                         path_prefix,
                         ..route.clone()
                     }),
-                    client: forward::pool(route, None, &slots)?,
-                    writes: forward::pool(route, Some(store.fence()), &slots)?,
-                    probes: forward::probe_client(route)?,
+                    client: forward::pool(route, None, &slots, identity.as_ref())?,
+                    writes: forward::pool(route, Some(store.fence()), &slots, identity.as_ref())?,
+                    probes: forward::probe_client(route, identity.as_ref())?,
+                    identity,
                     paused: AtomicBool::new(false),
                     drill: drill.clone(),
                     series: metrics.route_series(&route.name),
@@ -296,6 +300,16 @@ impl Proxy {
             traces: None,
             access_log: None,
         })
+    }
+
+    /// The routes' client certificates, by route name, for a reload
+    /// (`Gateway::reload_tls`).
+    pub fn upstream_identities(&self) -> Vec<(String, Reloadable)> {
+        let with_one = self.routes.iter().filter_map(|active| {
+            let identity = active.identity.clone()?;
+            Some((active.route.name.clone(), identity))
+        });
+        with_one.collect()
     }
 
     /// The proxy, each request traced with `traces` when some.

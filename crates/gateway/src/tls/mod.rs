@@ -10,8 +10,8 @@
 //! way by both ([`Warning`], found by `preflight`).
 //!
 //! Invariants:
-//! - a certificate a listener presents was read whole and matches its key; a
-//!   reload that fails (a missing, garbled or mismatched file, or a
+//! - a certificate a listener or an upstream connection presents was read
+//!   whole and matches its key; a reload that fails (a missing, garbled or mismatched file, or a
 //!   certificate outside its validity period, which every client would
 //!   refuse) keeps the one in use, and a swap only changes what new
 //!   handshakes get: open connections keep theirs;
@@ -29,12 +29,13 @@ pub use certificate_error::error_chain;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 
+use rustls::client::ResolvesClientCert;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::{ClientHello, ResolvesServerCert};
-use rustls::sign::{CertifiedKey, SingleCertAndKey};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, RootCertStore, SignatureScheme};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{CertPair, ClientTls, Config, Upstream};
@@ -300,64 +301,54 @@ fn roots(ca: Option<&Path>) -> Result<RootCertStore, TlsError> {
 }
 
 impl ClientTls {
-    /// The rustls client configuration, read from the files now.
-    pub fn client_config(&self) -> Result<ClientConfig, TlsError> {
+    /// The client certificate the route's upstream connections present,
+    /// read from its files now (none without `upstream_client_cert`).
+    pub fn identity(&self) -> Result<Option<Reloadable>, TlsError> {
+        self.identity.as_ref().map(Reloadable::load).transpose()
+    }
+
+    /// The rustls client configuration: its trust roots read from the
+    /// files now, presenting `identity` ([`ClientTls::identity`]) as it
+    /// stands at each handshake.
+    pub fn client_config(&self, identity: Option<&Reloadable>) -> Result<ClientConfig, TlsError> {
         let builder = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots(self.ca.as_deref())?);
-        Ok(match &self.identity {
+        Ok(match identity {
             None => builder.with_no_client_auth(),
-            Some(pair) => builder.with_client_cert_resolver(Arc::new(SingleCertAndKey::from(
-                certified_key(&pair.cert, &pair.key)?,
-            ))),
+            Some(identity) => builder.with_client_cert_resolver(identity.current.clone()),
         })
     }
 }
 
-/// A listener's TLS: its acceptor, and the files it reloads from.
-pub struct ServerTls {
-    /// `proxy` or `admin`, for logs.
-    listener: &'static str,
+/// A certificate and its key read from files, presented by new handshakes
+/// until a reload reads them again: a listener's, or the client
+/// certificate of a route's upstream connections. Its clones present and
+/// reload one certificate.
+#[derive(Debug, Clone)]
+pub struct Reloadable {
     files: CertPair,
     current: Arc<CurrentCertificate>,
-    acceptor: TlsAcceptor,
 }
 
-impl ServerTls {
-    /// The listener's configuration around the certificate read from
-    /// `files` (which it reloads from): HTTP/2 and HTTP/1.1 offered by ALPN
-    /// (`h2` first; `connection.rs` serves either), TLS 1.2 and 1.3,
-    /// no client certificates.
-    fn new(
-        listener: &'static str,
-        files: &CertPair,
-        certified: CertifiedKey,
-    ) -> Result<Self, TlsError> {
-        let current = Arc::new(CurrentCertificate(RwLock::new(Arc::new(certified))));
-        let mut config = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_cert_resolver(current.clone());
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(ServerTls {
-            listener,
+impl Reloadable {
+    fn load(files: &CertPair) -> Result<Self, TlsError> {
+        Ok(Reloadable::with(
+            files,
+            certified_key(&files.cert, &files.key)?,
+        ))
+    }
+
+    fn with(files: &CertPair, certified: CertifiedKey) -> Self {
+        Reloadable {
             files: files.clone(),
-            current,
-            acceptor: TlsAcceptor::from(Arc::new(config)),
-        })
-    }
-
-    pub fn acceptor(&self) -> &TlsAcceptor {
-        &self.acceptor
-    }
-
-    pub fn listener(&self) -> &'static str {
-        self.listener
+            current: Arc::new(CurrentCertificate(RwLock::new(Arc::new(certified)))),
+        }
     }
 
     /// Reads the files again; new handshakes get the new certificate. On
     /// error the certificate in use stays: a certificate outside its
-    /// validity period is one, since every client would refuse it and the
+    /// validity period is one, since every peer would refuse it and the
     /// one in use serves them no worse.
     pub fn reload(&self) -> Result<(), TlsError> {
         let fresh = certified_key(&self.files.cert, &self.files.key)?;
@@ -373,19 +364,84 @@ impl ServerTls {
     }
 }
 
+/// A listener's TLS: its acceptor, and the files it reloads from.
+pub struct ServerTls {
+    /// `proxy` or `admin`, for logs.
+    listener: &'static str,
+    certificate: Reloadable,
+    acceptor: TlsAcceptor,
+}
+
+impl ServerTls {
+    /// The listener's configuration around the certificate read from
+    /// `files` (which it reloads from): HTTP/2 and HTTP/1.1 offered by ALPN
+    /// (`h2` first; `connection.rs` serves either), TLS 1.2 and 1.3,
+    /// no client certificates.
+    fn new(
+        listener: &'static str,
+        files: &CertPair,
+        certified: CertifiedKey,
+    ) -> Result<Self, TlsError> {
+        let certificate = Reloadable::with(files, certified);
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_cert_resolver(certificate.current.clone());
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(ServerTls {
+            listener,
+            certificate,
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+        })
+    }
+
+    pub fn acceptor(&self) -> &TlsAcceptor {
+        &self.acceptor
+    }
+
+    pub fn listener(&self) -> &'static str {
+        self.listener
+    }
+
+    /// Reads the files again ([`Reloadable::reload`]).
+    pub fn reload(&self) -> Result<(), TlsError> {
+        self.certificate.reload()
+    }
+}
+
 /// The certificate new handshakes get. std RwLock: held only to clone or
 /// replace an `Arc`, never across `.await`.
 #[derive(Debug)]
 struct CurrentCertificate(RwLock<Arc<CertifiedKey>>);
 
+impl CurrentCertificate {
+    fn now(&self) -> Arc<CertifiedKey> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
 impl ResolvesServerCert for CurrentCertificate {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(
-            self.0
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-        )
+        Some(self.now())
+    }
+}
+
+/// As rustls's `SingleCertAndKey` presents its one certificate to every
+/// server that asks, whatever it names as its CAs.
+impl ResolvesClientCert for CurrentCertificate {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _schemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(self.now())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
     }
 }
 

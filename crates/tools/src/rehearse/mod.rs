@@ -263,7 +263,8 @@ impl Plan {
     /// A client of the route's upstream with its TLS, for probes and the
     /// destination check.
     pub(crate) fn upstream_client(&self) -> Result<ProbeClient, TlsError> {
-        forward::probe_client(&self.route)
+        let identity = forward::identity(&self.route)?;
+        forward::probe_client(&self.route, identity.as_ref())
     }
 }
 
