@@ -366,6 +366,66 @@ async fn oasis_client_ids_are_read_as_scope_headers_are() {
     assert_eq!(gw.upstream.writes(), 1, "nothing sent");
 }
 
+/// An SDK that signs each try anew (Azure Communication Services' HMAC,
+/// AWS's SigV4) sends another `Authorization` with each retry: hashed
+/// whole, each try was a scope of its own, and the retry of a write whose
+/// answer was lost was sent a second time. Its scope is the signer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_signed_anew_for_each_try_is_one_clients() {
+    let gw = spawn_gateway(OASIS).await;
+    let now = date_from_now(0);
+    let acs = |signature: &str| {
+        format!(
+            "HMAC-SHA256 SignedHeaders=x-ms-date;host;x-ms-content-sha256&Signature={signature}"
+        )
+    };
+    let try_signed = |signature: String, path: &'static str| {
+        let gw = &gw;
+        let now = now.clone();
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("authorization", signature.as_str()),
+                ("repeatability-request-id", "signed-1"),
+                ("repeatability-first-sent", now.as_str()),
+            ];
+            send(gw.addr(), "POST", path, &headers, BODY).await
+        }
+    };
+    let lost = try_signed(acs("Zmlyc3Q="), "/drop").await;
+    lost.assert_problem(502, "outcome-unknown");
+    let retry = try_signed(acs("c2Vjb25k"), "/drop").await;
+    retry.assert_problem(409, "outcome-unknown");
+    assert_eq!(retry.header("repeatability-result"), Some("accepted"));
+    assert_eq!(gw.upstream.writes(), 1, "the retry was not sent");
+    // SigV4, on a route of the gateway's own convention: re-signed the
+    // next day, the retry is a replay; another access key, another scope.
+    let idemgate = spawn_gateway("").await;
+    let sigv4 = |key: &str, date: &str, signature: &str| {
+        format!(
+            "AWS4-HMAC-SHA256 Credential={key}/{date}/eu-west-1/sqs/aws4_request, \
+             SignedHeaders=host;x-amz-date, Signature={signature}"
+        )
+    };
+    let write = |authorization: String| {
+        let idemgate = &idemgate;
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("authorization", authorization.as_str()),
+                ("idempotency-key", "signed-2"),
+            ];
+            send(idemgate.addr(), "POST", "/tasks", &headers, BODY).await
+        }
+    };
+    let first = assert_fresh_created(&write(sigv4("AKIDA", "20261207", "aa")).await);
+    let replay = write(sigv4("AKIDA", "20261208", "bb")).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.json()["id"].as_u64(), Some(first));
+    assert_fresh_created(&write(sigv4("AKIDB", "20261207", "aa")).await);
+    assert_eq!(idemgate.upstream.writes(), 2);
+}
+
 fn assert_names_only_the_oasis_header(body: &str) {
     assert!(body.contains("Repeatability-Request-ID"), "{body}");
     assert!(!body.contains("Idempotency-Key"), "{body}");

@@ -8,13 +8,16 @@
 //! as a [`Scope`]: a SHA-256 digest, stored only keyed with the scope key
 //! (HMAC-SHA256, [`ScopeKey`]), never in clear.
 
+use std::borrow::Cow;
+
 use http::HeaderMap;
-use http::header::HeaderName;
+use http::header::{AUTHORIZATION, HeaderName};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
 use crate::pipeline::fingerprint::digest_hex;
 use crate::pipeline::path;
+use crate::pipeline::signer::signer;
 use crate::profile::{KeySyntax, Profile, Wire};
 use idemgate_model::canonical_json::{self, NotExact};
 use idemgate_model::operation::Fingerprint;
@@ -309,7 +312,9 @@ impl Scope {
     /// An anonymous route gives requests without them one shared scope.
     /// A value that is empty or only whitespace counts as absent: an empty
     /// `Authorization` is no credential, and clients sending one must not
-    /// share a scope (and each other's stored responses).
+    /// share a scope (and each other's stored responses). An
+    /// `Authorization` signed anew for each try counts as its signer
+    /// ([`signer`]).
     pub fn from_headers(
         headers: &HeaderMap,
         names: &[HeaderName],
@@ -327,8 +332,13 @@ impl Scope {
             let values: Vec<_> = given(name).collect();
             hasher.update((values.len() as u64).to_be_bytes());
             for value in values {
+                let value = if *name == AUTHORIZATION {
+                    signer(value.as_bytes())
+                } else {
+                    Cow::Borrowed(value.as_bytes())
+                };
                 hasher.update((value.len() as u64).to_be_bytes());
-                hasher.update(value.as_bytes());
+                hasher.update(&value);
             }
         }
         let digest = digest_hex(hasher);

@@ -86,6 +86,7 @@ pub mod reconcile;
 pub(crate) mod record;
 pub(crate) mod replay;
 pub(crate) mod route;
+pub(crate) mod signer;
 pub mod sse;
 pub(crate) mod status;
 pub(crate) mod wire;
