@@ -726,6 +726,103 @@ async fn an_mcp_probe_tool_that_counts_nothing_releases_the_call_and_it_is_sent_
     mock.stop().await;
 }
 
+/// A probe tool asked by `{key}`, the call's own key bare, as a server
+/// that knows calls by a key argument got it. A call keyed in its HTTP
+/// header (or derived) never brought the server that key — only
+/// `<tool>/<key>` in `Idempotency-Key` — so the server's "none" said
+/// nothing of it: the call was released and, if it had run, run again.
+/// Its absence is believed only for a call whose kept body carried the
+/// key (`_meta`, or the key argument).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_probe_by_the_calls_own_key_believes_absence_only_where_the_call_carried_it() {
+    let mock = MockUpstream::start(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("mock starts");
+    let route = "profile = \"mcp\"\nlate_window = \"1ms\"\nstore_request_body = true\n\
+        [routes.mcp.reconcile]\ntool = \"count_tasks\"\ntools = [\"create_task\"]\n\
+        arguments = '{\"request_id\": \"{key}\"}'\n\
+        absent_json_pointer = \"/structuredContent/tasks\"\n\
+        count_json_pointer = \"/structuredContent/tasks\"\nmin_age = \"1s\"\n";
+    let clock = ManualClock::new();
+    let setup = Setup::route(route)
+        .at("/mcp")
+        .upstream_url(format!("http://{}", mock.addr()))
+        .clock(clock.clone())
+        .admin();
+    let gw = spawn_gateway_with(setup).await;
+    // Keyed in its header: the server never got `hdr-1` bare.
+    let lost = call_tool(gw.addr(), "/mcp/lose-once", "create_task", "T1", "hdr-1").await;
+    assert_eq!(own_meta(&lost, "problem"), "outcome-unknown");
+    // Past min_age and the probes' spacing (from the probe at the loss),
+    // a retry's probe reads absent by the count, and is not believed.
+    let probes = |key: &'static str| {
+        let gw = &gw;
+        async move { events_of(&gw.operation(key).await, "probe") }
+    };
+    eventually("the probe at the loss", || async {
+        (!probes("create_task/hdr-1").await.is_empty()).then_some(())
+    })
+    .await;
+    clock.advance(Duration::from_secs(120));
+    let retry = call_tool(gw.addr(), "/mcp/lose-once", "create_task", "T1", "hdr-1").await;
+    assert_eq!(own_meta(&retry, "problem"), "outcome-unknown", "still held");
+    let probe = eventually("the retry's probe", || async {
+        let latest = probes("create_task/hdr-1").await.last().cloned()?;
+        let reason = latest["reason"].as_str().unwrap_or_default();
+        (!reason.contains("unknown for")).then_some(latest)
+    })
+    .await;
+    assert_eq!(probe["verdict"], "undetermined", "{probe}");
+    assert!(
+        probe["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("own key"),
+        "{probe}"
+    );
+    let again = call_tool(gw.addr(), "/mcp/lose-once", "create_task", "T1", "hdr-1").await;
+    assert_eq!(own_meta(&again, "problem"), "outcome-unknown", "still held");
+    assert_eq!(mock.writes(), 0, "never sent again");
+
+    // Keyed in its `_meta`: the server got it bare, and its none is believed.
+    let meta_keyed = |id: u64| {
+        let body = serde_json::json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {
+                "name": "create_task",
+                "arguments": {"title": "T2"},
+                "_meta": {"dev.idemgate/idempotency-key": "meta-1"},
+            },
+        });
+        let headers = [
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("authorization", ALICE),
+            ("mcp-protocol-version", "2025-11-25"),
+        ];
+        let addr = gw.addr();
+        async move { send(addr, "POST", "/mcp/lose-once", &headers, body.to_string()).await }
+    };
+    assert_eq!(own_meta(&meta_keyed(1).await, "problem"), "outcome-unknown");
+    eventually("the probe at the loss", || async {
+        (!probes("create_task/meta-1").await.is_empty()).then_some(())
+    })
+    .await;
+    clock.advance(Duration::from_secs(120));
+    // A retry probes; one after its conclusion is sent.
+    let sent = eventually("the call released and sent", || async {
+        let retry = meta_keyed(2).await;
+        (retry.json()["result"]["isError"] == false).then_some(retry)
+    })
+    .await;
+    assert_eq!(
+        sent.json()["result"]["content"][0]["text"],
+        "created task 1"
+    );
+    assert_eq!(mock.writes(), 1, "released, and sent once");
+    mock.stop().await;
+}
+
 /// The gateway's `_meta` entry `name` (`problem`, `state`) in a tool
 /// result answered as JSON.
 fn own_meta(answer: &Response, name: &str) -> Value {

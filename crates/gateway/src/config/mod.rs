@@ -117,16 +117,24 @@ impl Config {
     /// every request a store written before holds, so their retries would
     /// be new writes or `key-reused`). Said at start and by `check-config`.
     pub fn warnings(&self) -> Vec<String> {
-        self.routes
+        let credentials = self.routes.iter().filter_map(|route| {
+            let name = validate::credential_in_fingerprint(route)?;
+            Some(format!(
+                "routes `{}`: fingerprint_headers names `{name}`, a credential: the fingerprint is kept unkeyed, so a guess at it could be confirmed from a copy of the store; move it to scope_headers, which are kept keyed, once the route holds no operation a retry may still come for (the fingerprint changes with it)",
+                route.name
+            ))
+        });
+        let unprovable = self
+            .routes
             .iter()
-            .filter_map(|route| {
-                let name = validate::credential_in_fingerprint(route)?;
-                Some(format!(
-                    "routes `{}`: fingerprint_headers names `{name}`, a credential: the fingerprint is kept unkeyed, so a guess at it could be confirmed from a copy of the store; move it to scope_headers, which are kept keyed, once the route holds no operation a retry may still come for (the fingerprint changes with it)",
+            .filter(|route| validate::absence_by_an_unprovable_key(route))
+            .map(|route| {
+                format!(
+                    "routes `{}`: mcp.reconcile asks by {{key}} and reads absence, but the route keeps no bodies: a call's own key reached the server only if the call carried it (in _meta or its key argument), which cannot be told without store_request_body = true, so no absence will be believed",
                     route.name
-                ))
-            })
-            .collect()
+                )
+            });
+        credentials.chain(unprovable).collect()
     }
 
     /// Applies command-line overrides, validating them like file values.

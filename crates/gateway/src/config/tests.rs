@@ -209,6 +209,32 @@ fn a_credential_in_the_fingerprint_is_warned_of() {
     assert!(with("fingerprint_headers = [\"content-type\", \"x-kind\"]\n").is_empty());
 }
 
+/// An MCP probe that asks by `{key}` believes an absence only for a call
+/// whose kept body shows it carried its key: without kept bodies none is
+/// believed, said at start rather than found by an operator.
+#[test]
+fn an_mcp_probe_reading_absence_by_an_unprovable_key_is_warned_of() {
+    let with = |lines: &str, arguments: &str| {
+        let text = format!(
+            "[[routes]]\nname = \"a\"\nupstream = \"http://h\"\nprofile = \"mcp\"\n{lines}\
+             [routes.mcp.reconcile]\ntool = \"find\"\ntools = [\"create\"]\narguments = '{arguments}'\n\
+             absent_json_pointer = \"/structuredContent/tasks\"\ncount_json_pointer = \"/structuredContent/tasks\"\n"
+        );
+        Config::from_toml_str(&text, "t").unwrap().warnings()
+    };
+    let by_key = r#"{"request_id": "{key}"}"#;
+    let warnings = with("", by_key);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("store_request_body = true"),
+        "{}",
+        warnings[0]
+    );
+    assert!(with("store_request_body = true\n", by_key).is_empty());
+    let destination = "destination_key_header = \"X-Request-Id\"\n";
+    assert!(with(destination, r#"{"request_id": "{destination_key}"}"#).is_empty());
+}
+
 #[test]
 fn routes_need_unique_names_and_prefixes() {
     let twice = format!("{MINIMAL}{MINIMAL}");

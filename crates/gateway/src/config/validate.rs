@@ -67,6 +67,19 @@ pub(super) fn credential_in_fingerprint(route: &Route) -> Option<&HeaderName> {
         .find(|name| CREDENTIALS.contains(&name.as_str()) || route.scope_headers.contains(name))
 }
 
+/// Whether a route's MCP probe reads absence asking by `{key}` where no
+/// absence can be believed: the call's own key reached the server only if
+/// the call carried it, which without kept bodies cannot be told
+/// (`pipeline::reconcile`, "key_unseen").
+pub(super) fn absence_by_an_unprovable_key(route: &Route) -> bool {
+    let Some(probe) = route.mcp.as_ref().and_then(|m| m.reconcile.as_ref()) else {
+        return false;
+    };
+    probe.verdicts.absent.is_some()
+        && probe.arguments.contains("{key}")
+        && !route.store_request_body
+}
+
 /// Headers that carry a credential wherever they are sent.
 const CREDENTIALS: &[&str] = &[
     "authorization",

@@ -41,6 +41,9 @@ const ARGUMENTS: &str = "/params/arguments";
 /// Where a call's `_meta` key is, as a refusal names it.
 const META_AT: &str = "params._meta[\"dev.idemgate/idempotency-key\"]";
 
+/// The same, as an RFC 6901 pointer.
+const META_POINTER: &str = "/params/_meta/dev.idemgate~1idempotency-key";
+
 /// Where a call's key came from, and so whether the gateway made it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
@@ -103,6 +106,18 @@ pub fn identify(
         source,
         fingerprint,
     })
+}
+
+/// Whether a call's `body` brought the server its key `own` bare, in its
+/// `_meta` or in the route's key argument: a key that came in the HTTP
+/// header, or was derived, reached the server only in
+/// `forward_key_header`, as `<tool>/<key>`.
+pub fn carries_key(body: &[u8], own: &str, key_argument: Option<&str>) -> bool {
+    let meta = canonical_json::raw_at(body, META_POINTER)
+        .and_then(|raw| canonical_json::parse_exact(raw).ok())
+        .and_then(|value| key_text(&value));
+    let argument = key_argument.and_then(|name| argument_text(body, name));
+    meta.as_deref() == Some(own) || argument.as_deref() == Some(own)
 }
 
 /// The tool of the operation stored under `key` on an MCP route
@@ -305,6 +320,34 @@ mod tests {
         assert_eq!(from_header.fingerprint, from_argument.fingerprint);
         let without = identify_as(&call(Some("m-1")), &[], r#"{"title":"a"}"#, &route);
         assert_eq!(without.fingerprint, from_argument.fingerprint);
+    }
+
+    #[test]
+    fn a_call_carries_its_key_in_its_meta_or_its_key_argument_only() {
+        let body = |meta: &str, argument: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{{"request_id":{argument}}}{meta}}}}}"#
+            )
+        };
+        let meta = r#","_meta":{"dev.idemgate/idempotency-key":"k-1"}"#;
+        assert!(carries_key(body(meta, "null").as_bytes(), "k-1", None));
+        assert!(carries_key(
+            body("", "\"k-1\"").as_bytes(),
+            "k-1",
+            Some("request_id")
+        ));
+        assert!(carries_key(
+            body("", "1001.0").as_bytes(),
+            "1001",
+            Some("request_id")
+        ));
+        assert!(!carries_key(body("", "\"k-1\"").as_bytes(), "k-1", None));
+        assert!(!carries_key(
+            body("", "\"other\"").as_bytes(),
+            "k-1",
+            Some("request_id")
+        ));
+        assert!(!carries_key(b"", "k-1", Some("request_id")));
     }
 
     #[test]

@@ -212,6 +212,36 @@ impl<'a> Probe<'a> {
         }
     }
 
+    /// Why an absence this probe reads says nothing of `held`: a tool
+    /// probe that asks by `{key}`, the call's own key, which reached the
+    /// server only if the call brought it in its body (`_meta` or the key
+    /// argument), as its kept body shows; not asked, the server may well
+    /// not know the call by it. (`{key}` fills in the key bare, as a server
+    /// that knows calls by a key argument got it.)
+    fn key_unseen(self, route: &Route, held: &Held<'_>) -> Option<String> {
+        let Probe::Tool(probe) = self else {
+            return None;
+        };
+        let confirm = probe.verdicts.confirm.as_ref();
+        let asked_by_key = std::iter::once(&probe.arguments)
+            .chain(confirm.map(|c| &c.question.arguments))
+            .any(|arguments| arguments.contains("{key}"));
+        if !asked_by_key {
+            return None;
+        }
+        let own = held.key.split_once('/').map_or(held.key, |(_, own)| own);
+        let key_argument = route.mcp.as_ref().and_then(|m| m.key_argument.as_deref());
+        match held.operation.request.body.as_deref() {
+            Some(body) if identity::carries_key(body, own, key_argument) => None,
+            Some(_) => Some(
+                "absent, but asked by the call's own key, which the call never brought the server: it came in the HTTP header or was derived, and the server got it only as `<tool>/<key>` in forward_key_header".into(),
+            ),
+            None => Some(
+                "absent, but asked by the call's own key, which the server got bare only if the call carried it (in _meta or its key argument): the route keeps no bodies (store_request_body), so that cannot be told".into(),
+            ),
+        }
+    }
+
     fn question(self) -> Question<'a> {
         match self {
             Probe::Http(r) => Question::Url(&r.url),
@@ -417,6 +447,8 @@ async fn conclude(
                 humantime::format_duration(Duration::from_secs(age.as_secs())),
                 humantime::format_duration(min_age)
             ));
+        } else if let Some(reason) = probe.key_unseen(route, held) {
+            verdict = Verdict::Undetermined(reason);
         } else if let Some(left) = held.landing {
             verdict = Verdict::Undetermined(format!(
                 "absent, but the exchange this gateway sent may still land for {} by its monotonic clock (the wall clock says the late window has passed: it was stepped)",
