@@ -6,7 +6,8 @@
 //!   peers look, and an operator may then resolve them;
 //! - a live peer's operations are never touched, nor resolvable;
 //! - a replica that cannot renew stops claiming while the database still
-//!   counts its lease, and claims again once it renews;
+//!   counts its lease (answering what the store holds), and claims again
+//!   once it renews;
 //! - one replica sweeps at a time, and a sweep never deletes an operation
 //!   a claim takes for its next attempt meanwhile; a record of an
 //!   operation a sweep deletes meanwhile is stale; replicas starting
@@ -233,6 +234,13 @@ async fn a_replica_that_cannot_renew_stops_claiming_before_its_lease_ends() {
         "claims stop while the database still counts the lease"
     );
     assert!(store.ping().await.is_err(), "not ready either");
+    // What the store holds is still answered, nothing written: past its
+    // lease (a renewal waiting for a synchronous standby gone away) the
+    // replica refused replays, held operations and reused keys too.
+    match store.claim(&new_op("before")).await {
+        Ok(ClaimResult::Existing(held)) => assert_eq!(held.state, State::InProgress),
+        other => panic!("the stored operation not answered: {other:?}"),
+    }
 
     sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
     let deadline = tokio::time::Instant::now() + LEASE * 2;

@@ -419,6 +419,10 @@ async fn renew(
     }
 }
 
+/// Why writes are refused once the fence lapsed. A renewal is a commit:
+/// on a server that requires a synchronous standby, it waits for one.
+const LEASE_NOT_RENEWED: &str = "this replica could not renew its lease in the store (a renewal commits, and waits for a synchronous standby where the server requires one)";
+
 /// How soon a renewal that failed is tried again (unless a third of the
 /// lease comes sooner).
 const RENEW_RETRY: Duration = Duration::from_secs(1);
@@ -513,14 +517,16 @@ impl Drop for PostgresStore {
 #[async_trait]
 impl RequestPath for PostgresStore {
     async fn claim(&self, new: &Arc<NewOperation>) -> Result<ClaimResult, StoreError> {
-        if !self.fence.holds() {
-            return Err(StoreError::WritesRefused(
-                "this replica could not renew its lease in the store".into(),
-            ));
-        }
-        if let Some(reason) = self.replication.refusal() {
+        let refusal = if self.fence.holds() {
+            self.replication.refusal()
+        } else {
+            Some(LEASE_NOT_RENEWED.to_string())
+        };
+        if let Some(reason) = refusal {
             // Nothing is written, but what the store holds is answered: a
-            // replay, a held operation, a reused key.
+            // replay, a held operation, a reused key. Also past the lease:
+            // a renewal that waits for a synchronous standby gone away
+            // lets the fence lapse, and a read sends nothing.
             return match self.current(new).await? {
                 Some(held) if !new.would_send(&held) => Ok(ClaimResult::Existing(Box::new(held))),
                 _ => Err(StoreError::WritesRefused(reason)),
@@ -769,9 +775,7 @@ impl Maintenance for PostgresStore {
     async fn ping(&self) -> Result<(), StoreError> {
         let runs = statements::lease_runs(&self.pool, &self.owner).await?;
         if !runs || !self.fence.holds() {
-            return Err(StoreError::WritesRefused(
-                "this replica could not renew its lease in the store".into(),
-            ));
+            return Err(StoreError::WritesRefused(LEASE_NOT_RENEWED.into()));
         }
         match self.replication.refusal() {
             Some(reason) => Err(StoreError::WritesRefused(reason)),
