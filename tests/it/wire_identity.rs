@@ -426,6 +426,32 @@ async fn a_write_signed_anew_for_each_try_is_one_clients() {
     assert_eq!(idemgate.upstream.writes(), 2);
 }
 
+/// An identical write under another request id, held back while the
+/// first is held (`rotated_keys = "hold"`), was told `accepted`: nothing
+/// was processed or recorded under its id, which OASIS calls `rejected`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oasis_write_held_back_as_a_possible_duplicate_is_rejected() {
+    let gw = spawn_gateway(&format!("{OASIS}\nrotated_keys = \"hold\"")).await;
+    let now = date_from_now(0);
+    let write = |id: &'static str| {
+        let (gw, now) = (&gw, now.clone());
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("authorization", ALICE),
+                ("repeatability-request-id", id),
+                ("repeatability-first-sent", now.as_str()),
+            ];
+            send(gw.addr(), "POST", "/drop", &headers, BODY).await
+        }
+    };
+    write("r-held").await.assert_problem(502, "outcome-unknown");
+    let twin = write("r-rotated").await;
+    twin.assert_problem(409, "possible-duplicate");
+    assert_eq!(twin.header("repeatability-result"), Some("rejected"));
+    assert_eq!(gw.upstream.writes(), 1);
+}
+
 fn assert_names_only_the_oasis_header(body: &str) {
     assert!(body.contains("Repeatability-Request-ID"), "{body}");
     assert!(!body.contains("Idempotency-Key"), "{body}");

@@ -305,8 +305,13 @@ impl Problem {
     pub(crate) fn into_response_as(mut self, wire: &Wire) -> Response<ProxyBody> {
         let decided = wire.decide(self.kind.name(), self.status);
         let retry_after = decided.retry_after.or(self.retry_after);
-        // Refused outright, or about no operation: not taken as repeatable.
-        let rejected = self.kind == ProblemKind::KeyReused || self.operation_id.is_none();
+        // Refused outright, or about no operation of its own (a rotated
+        // key's refusal names the identical operation held, another id's):
+        // not taken as repeatable.
+        let rejected = matches!(
+            self.kind,
+            ProblemKind::KeyReused | ProblemKind::PossibleDuplicate
+        ) || self.operation_id.is_none();
         let envelope = || {
             serde_json::json!({
                 "type": decided.error_type,

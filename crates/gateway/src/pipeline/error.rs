@@ -64,12 +64,12 @@ pub enum ProxyError {
     #[error("this write carries none of the scope headers ({headers})")]
     MissingScope { headers: String },
     #[error(
-        "this request was first sent at {first_sent}, longer ago than the {} operations are kept: whether it already happened cannot be told, so it is not sent",
-        humantime::format_duration(*retention)
+        "this request was first sent at {first_sent}, longer ago than the {} a request is tracked for (store.retention less the route's first_sent_skew): whether it already happened cannot be told, so it is not sent",
+        humantime::format_duration(*tracked)
     )]
     FirstSentTooOld {
         first_sent: String,
-        retention: std::time::Duration,
+        tracked: std::time::Duration,
     },
     #[error("the request body is larger than {limit} bytes")]
     BodyTooLarge { limit: usize },
@@ -446,7 +446,7 @@ mod tests {
         check(ProxyError::BodyTooLarge { limit: 1 }, 413, "body-too-large");
         let old = ProxyError::FirstSentTooOld {
             first_sent: "Tue, 01 Dec 2026 10:00:00 GMT".into(),
-            retention: std::time::Duration::from_secs(60),
+            tracked: std::time::Duration::from_secs(60),
         };
         check(old, 412, "first-sent-too-old");
         check(

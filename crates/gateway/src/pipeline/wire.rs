@@ -49,19 +49,19 @@ pub fn check_first_sent(
         .ok_or(KeyError::FirstSentMissing { header })?
         .to_str()
         .map_err(|_| KeyError::FirstSentInvalid { header })?;
+    // A time up to the skew ahead was taken at the first send: its retries
+    // must stop looking recent the skew sooner, or the last of them would
+    // come after the operation was deleted.
+    let tracked = window.retention.saturating_sub(window.skew);
     let too_old = || ProxyError::FirstSentTooOld {
         first_sent: text.to_string(),
-        retention: window.retention,
+        tracked,
     };
     let sent_ms = match http_date_millis(text, now) {
         Ok(ms) => ms,
         Err(HttpDateError::BeforeTheEpoch) => return Err(too_old()),
         Err(HttpDateError::Invalid) => return Err(KeyError::FirstSentInvalid { header }.into()),
     };
-    // A time up to the skew ahead was taken at the first send: its retries
-    // must stop looking recent the skew sooner, or the last of them would
-    // come after the operation was deleted.
-    let tracked = window.retention.saturating_sub(window.skew);
     if now.saturating_sub(sent_ms) > clock::millis(tracked) {
         return Err(too_old());
     }
@@ -100,12 +100,37 @@ fn http_date_millis(text: &str, now: i64) -> Result<i64, HttpDateError> {
     if let Some(at) = imf.find(":60 ") {
         imf.replace_range(at..at + 3, ":59");
     }
-    let sent = httpdate::parse_http_date(&imf).map_err(|_| HttpDateError::Invalid)?;
+    let Ok(sent) = httpdate::parse_http_date(&imf) else {
+        return Err(match four_centuries_on(&imf) {
+            Some(later) if httpdate::parse_http_date(&later).is_ok() => {
+                HttpDateError::BeforeTheEpoch
+            }
+            _ => HttpDateError::Invalid,
+        });
+    };
     let ms = sent
         .duration_since(UNIX_EPOCH)
         .map_err(|_| HttpDateError::BeforeTheEpoch)?
         .as_millis();
     Ok(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
+/// An IMF-fixdate or asctime date of a year before 1970, which `httpdate`
+/// refuses as it does a malformed one, with the year 400 years on, or
+/// 800, past 1969: the Gregorian calendar repeats every 400 years,
+/// weekdays included, so that date is well formed exactly when this one
+/// is. `None` when `text` has no year before 1970 (its one four-digit
+/// part: an IMF-fixdate's day and an asctime's have one or two).
+fn four_centuries_on(text: &str) -> Option<String> {
+    let mut parts = text.split(' ');
+    let year = parts.find(|part| part.len() == 4 && part.bytes().all(|b| b.is_ascii_digit()))?;
+    let year: u32 = year.parse().ok()?;
+    if year >= 1970 {
+        return None;
+    }
+    let later = year + (1970 - year).div_ceil(400) * 400;
+    let at = text.find(&format!(" {year:04}"))? + 1;
+    Some(format!("{}{later:04}{}", &text[..at], &text[at + 4..]))
 }
 
 /// An RFC 850 date (`Sunday, 06-Nov-94 08:49:37 GMT`) rewritten as the
@@ -358,6 +383,29 @@ mod tests {
                 http_date_millis(odd, SENT),
                 Err(HttpDateError::Invalid),
                 "{odd}"
+            );
+        }
+        // Before 1970 in the forms with four-digit years too: 412, not
+        // "not an HTTP-date" (`httpdate` refuses them as malformed).
+        for before in [
+            "Wed, 31 Dec 1969 23:59:59 GMT",
+            "Wed Dec 31 23:59:59 1969",
+            "Wed, 01 Jan 1000 00:00:00 GMT",
+        ] {
+            assert_eq!(
+                http_date_millis(before, SENT),
+                Err(HttpDateError::BeforeTheEpoch),
+                "{before}"
+            );
+        }
+        for malformed in [
+            "Thu, 31 Dec 1969 23:59:59 GMT",
+            "Wed, 32 Dec 1969 23:59:59 GMT",
+        ] {
+            assert_eq!(
+                http_date_millis(malformed, SENT),
+                Err(HttpDateError::Invalid),
+                "{malformed}"
             );
         }
         // In 2015, 69 is 2069 - 54 years ahead - so 1969, before the
