@@ -3,7 +3,7 @@
 //! brought them, and a body in no transfer coding hyper cannot undo.
 //!
 //! HTTP/1.1's parser drops the whitespace around a field value, and a
-//! client sends its cookie on one `Cookie` line; an HTTP/2 client sends
+//! client sends its cookie on one `Cookie` line (most do); an HTTP/2 client sends
 //! values as they are and may split its cookie into crumbs, one field each
 //! (RFC 9113 §8.2.3). What reads fields — a route's `scope_headers` and
 //! `fingerprint_headers`, the key, the upstream, which hears HTTP/1.1 —
@@ -11,13 +11,14 @@
 //! over one version and retried over the other is a new operation (a
 //! second write upstream).
 //!
-//! Invariant: after [`normalize`], an HTTP/2 request carries at most one
-//! `cookie` field, its crumbs joined with `"; "` in the order sent; and an
+//! Invariant: after [`normalize`], a request carries at most one `cookie`
+//! field, its crumbs (HTTP/2) or lines (HTTP/1.1, which RFC 6265 forbids
+//! but clients send) joined with `"; "` in the order sent; and an
 //! HTTP/2 request with a field value that starts or ends with a space or a
 //! tab, which RFC 9113 §8.2.1 makes malformed and no intermediary may
 //! forward, is refused ([`FieldError::Padded`], 400 `invalid-header`)
-//! before anything reads it. An HTTP/1.1 request is left as it came, but
-//! for one whose body is in a transfer coding other than `chunked`, which
+//! before anything reads it. An HTTP/1.1 request's other fields are left
+//! as they came, and one whose body is in a transfer coding other than `chunked`, which
 //! hyper does not undo and the upstream would get still coded: refused
 //! ([`FieldError::Coded`], 501 `unsupported-transfer-coding`).
 
@@ -41,10 +42,11 @@ pub enum FieldError {
 /// refuses what cannot be passed on, as the module doc says.
 pub fn normalize<B>(request: &mut Request<B>) -> Result<(), FieldError> {
     if request.version() != Version::HTTP_2 {
-        return match foreign_coding(request.headers()) {
-            Some(coding) => Err(FieldError::Coded { coding }),
-            None => Ok(()),
-        };
+        if let Some(coding) = foreign_coding(request.headers()) {
+            return Err(FieldError::Coded { coding });
+        }
+        join_cookies(request.headers_mut());
+        return Ok(());
     }
     let headers = request.headers_mut();
     if let Some((name, _)) = headers.iter().find(|(_, value)| padded(value)) {
@@ -52,6 +54,12 @@ pub fn normalize<B>(request: &mut Request<B>) -> Result<(), FieldError> {
             name: name.as_str().to_string(),
         });
     }
+    join_cookies(headers);
+    Ok(())
+}
+
+/// Several `cookie` fields made one, joined with `"; "` in the order sent.
+fn join_cookies(headers: &mut HeaderMap) {
     let mut crumbs = headers.get_all(COOKIE).iter();
     if let (Some(_), Some(_)) = (crumbs.next(), crumbs.next()) {
         let joined: Vec<&[u8]> = headers
@@ -64,7 +72,6 @@ pub fn normalize<B>(request: &mut Request<B>) -> Result<(), FieldError> {
             headers.insert(COOKIE, cookie);
         }
     }
-    Ok(())
 }
 
 /// A transfer coding a message's `Transfer-Encoding` names that hyper does
@@ -149,10 +156,11 @@ mod tests {
         let mut one = request(Version::HTTP_2, &[("cookie", "a=1; b=2")]);
         normalize(&mut one).unwrap();
         assert_eq!(cookies(&one), ["a=1; b=2"]);
-        // HTTP/1.1 as it came.
+        // Two HTTP/1.1 lines likewise: a write sent so and retried over
+        // HTTP/2 with the same cookie in crumbs was another scope.
         let mut h1 = request(Version::HTTP_11, &crumbs);
         normalize(&mut h1).unwrap();
-        assert_eq!(cookies(&h1), ["b=2", "a=1"]);
+        assert_eq!(cookies(&h1), ["b=2; a=1"]);
     }
 
     #[test]
