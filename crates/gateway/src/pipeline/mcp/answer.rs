@@ -480,6 +480,12 @@ fn guidance(name: &str, detail: &str, about: &About<'_>) -> String {
              so this call was not made. A new action needs a new key; a retry of the earlier one \
              needs its own arguments."
         ),
+        // The generic detail asks for a header, which a model cannot set.
+        ("missing-key", _) => "The gateway did not make this call: calls of this tool need an \
+             idempotency key, a new one for each new action and the same one for its retries. \
+             Give it in the tool's key argument if it has one, or in the call's `_meta` as \
+             `dev.idemgate/idempotency-key`."
+            .to_string(),
         ("response-not-stored", _) => format!(
             "This action happened{held_as}, but its result was too large for the gateway to keep, \
              so it cannot be shown again. Do not call it again."
@@ -637,6 +643,14 @@ mod tests {
             guidance(name, "why", &about)
         };
         assert!(says("route-paused", None).starts_with(not_made));
+        // A model cannot set a header: the key goes in the call.
+        let keyless = says("missing-key", None);
+        assert!(keyless.starts_with(not_made), "{keyless}");
+        assert!(
+            keyless.contains("dev.idemgate/idempotency-key"),
+            "{keyless}"
+        );
+        assert!(!keyless.contains("header"), "{keyless}");
         assert!(says("upstream-unreachable", Some("not_attempted")).starts_with(not_made));
         // Sent, or maybe sent: never "not made".
         for (name, state) in [
