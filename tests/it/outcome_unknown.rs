@@ -80,7 +80,22 @@ async fn connection_closed_after_commit_is_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hang_past_the_upstream_timeout_is_504_and_held() {
-    lost_and_held_once("upstream_timeout = \"300ms\"", "/hold", lost_with(504)).await;
+    let gw = lost_and_held_once("upstream_timeout = \"300ms\"", "/hold", lost_with(504)).await;
+    // The timeline shows the write leaving when it left, not with its
+    // timeout 300 ms later (where an operator would look at the
+    // destination's logs).
+    let held = gw.operation("lost-1").await;
+    let at = |kind: &str| {
+        let events = held["events"].as_array().expect("events");
+        let event = events.iter().find(|e| e["kind"] == kind).expect(kind);
+        let at = humantime::parse_rfc3339(event["at"].as_str().expect("at")).expect("RFC 3339");
+        let since = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970");
+        since.as_millis() as i64
+    };
+    assert!(at("timeout") - at("sent") >= 300, "{held}");
+    assert!(at("sent") - at("claimed") < 300, "{held}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

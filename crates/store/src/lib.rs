@@ -133,7 +133,16 @@ pub fn timeline(operation: &Operation, stored: Vec<StoredEvent>) -> Vec<StoredEv
         .rposition(|e| e.kind == "claimed")
         .map_or(&stored[..], |last| &stored[last..]);
     let responded = since_last_claim.iter().any(|e| e.kind == "response");
-    events.extend(stored);
+    // A write's `sent` is recorded with its outcome, and says how long
+    // before it was handed over (`took_ms`): shown then.
+    events.extend(stored.into_iter().map(|mut event| {
+        if event.kind == "sent"
+            && let Some(took) = event.detail["took_ms"].as_i64()
+        {
+            event.at = event.at.saturating_sub(took);
+        }
+        event
+    }));
     if let (State::Completed, "response", false, Some(response)) = (
         operation.state,
         operation.evidence.as_str(),

@@ -81,6 +81,27 @@ fn the_happy_path_timeline_comes_from_the_row() {
     assert_eq!(kinds(&events).last(), Some(&(30, "late-response")));
 }
 
+/// A `sent` is recorded with the write's outcome; a timeout's came
+/// `upstream_timeout` after the write left, and the timeline showed it
+/// leaving then: it shows it `took_ms` earlier.
+#[test]
+fn a_sent_event_is_shown_when_the_write_left() {
+    let mut held = completed(10, 30_020);
+    held.evidence = "timeout".into();
+    let stored = vec![
+        event(
+            30_020,
+            "sent",
+            serde_json::json!({"tries": 1, "took_ms": 30_000}),
+        ),
+        event(30_020, "timeout", serde_json::json!({})),
+    ];
+    assert_eq!(
+        kinds(&timeline(&held, stored)),
+        [(10, "claimed"), (20, "sent"), (30_020, "timeout")]
+    );
+}
+
 #[test]
 fn stored_events_are_never_implied_twice() {
     // A second attempt whose response was stored (it took connect retries).

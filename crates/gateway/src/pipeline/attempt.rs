@@ -128,8 +128,8 @@ impl Attempt {
         } = record::settle(
             &self.claim,
             sent.exchange,
-            sent.tries,
-            self.request.body_len(),
+            (sent.tries, self.request.body_len()),
+            started.elapsed(),
         );
         let held = matches!(settlement, Settlement::Unknown { .. });
         traces::note_attempt(self.claim.attempt, settlement.state().as_str());

@@ -93,8 +93,16 @@ impl Released {
 }
 
 /// The settlement, its events, and the reply for an exchange that took
-/// `tries` connection attempts to send `bytes` of body.
-pub fn settle(claim: &Claim, exchange: Exchange, tries: u32, bytes: usize) -> Settled {
+/// `tries` connection attempts to send `bytes` of body, `took` from when
+/// it was handed over to its outcome: the `sent` event carries it
+/// (`took_ms`), so the timeline shows when the write left, not when its
+/// outcome was recorded (a timeout's is `upstream_timeout` later).
+pub fn settle(
+    claim: &Claim,
+    exchange: Exchange,
+    (tries, bytes): (u32, usize),
+    took: std::time::Duration,
+) -> Settled {
     let written = exchange.written();
     let released = match &exchange {
         Exchange::NotSent { reason, .. } => Some(Released::Unreachable {
@@ -109,7 +117,8 @@ pub fn settle(claim: &Claim, exchange: Exchange, tries: u32, bytes: usize) -> Se
     };
     let (settlement, mut events, reply) = classify(claim, exchange);
     if written {
-        let detail = json!({ "tries": tries, "bytes": bytes });
+        let took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        let detail = json!({ "tries": tries, "bytes": bytes, "took_ms": took_ms });
         events.insert(
             0,
             Event {
@@ -597,7 +606,7 @@ mod tests {
             ),
         ];
         for (exchange, state, evidence, events, status, outcome) in cases {
-            let settled = settle(&claim(), exchange, 3, 7);
+            let settled = settle(&claim(), exchange, (3, 7), Duration::from_millis(1500));
             let expected = (
                 state,
                 evidence.to_string(),
@@ -607,7 +616,8 @@ mod tests {
             );
             assert_eq!(summary(&settled), expected, "{evidence}");
             if events[0] == "sent" {
-                assert_eq!(settled.events[0].detail, json!({"tries": 3, "bytes": 7}));
+                let detail = json!({"tries": 3, "bytes": 7, "took_ms": 1500});
+                assert_eq!(settled.events[0].detail, detail);
             }
         }
     }
@@ -618,7 +628,10 @@ mod tests {
             cause: LostCause::Timeout,
             reason: "gone".into(),
         };
-        let problem = settle(&claim(), lost, 1, 0).reply.unwrap_err().problem();
+        let problem = settle(&claim(), lost, (1, 0), Duration::ZERO)
+            .reply
+            .unwrap_err()
+            .problem();
         assert_eq!(
             (problem.operation_id.as_deref(), problem.state),
             (Some("op-1"), Some("unknown"))
@@ -634,7 +647,7 @@ mod tests {
             attempts: 3,
             reason: "refused".into(),
         };
-        let settled = settle(&claim(), not_sent, 3, 0);
+        let settled = settle(&claim(), not_sent, (3, 0), Duration::ZERO);
         assert!(matches!(
             &settled.released,
             Some(Released::Unreachable { reason }) if reason == "refused"
@@ -643,7 +656,9 @@ mod tests {
             head: parts(503),
             body: Bytes::from_static(b"busy"),
         };
-        let Some(Released::Refused(stored)) = settle(&claim(), refused, 1, 0).released else {
+        let Some(Released::Refused(stored)) =
+            settle(&claim(), refused, (1, 0), Duration::ZERO).released
+        else {
             panic!("no answer for the waiters");
         };
         assert_eq!(
@@ -659,7 +674,9 @@ mod tests {
             attempts: 1,
             reason: "all in use".into(),
         };
-        let released = settle(&claim(), busy, 1, 0).released.expect("an answer");
+        let released = settle(&claim(), busy, (1, 0), Duration::ZERO)
+            .released
+            .expect("an answer");
         let problem = released.answer("op-1").unwrap_err().problem();
         assert_eq!(
             (
@@ -669,13 +686,22 @@ mod tests {
             ),
             (503, Some("op-1"), Some("not_attempted"))
         );
-        let fenced = settle(&claim(), Exchange::Fenced { attempts: 1 }, 1, 0);
+        let fenced = settle(
+            &claim(),
+            Exchange::Fenced { attempts: 1 },
+            (1, 0),
+            Duration::ZERO,
+        );
         assert!(fenced.released.is_none());
         let lost = Exchange::Lost {
             cause: LostCause::Broken,
             reason: "gone".into(),
         };
-        assert!(settle(&claim(), lost, 1, 0).released.is_none());
+        assert!(
+            settle(&claim(), lost, (1, 0), Duration::ZERO)
+                .released
+                .is_none()
+        );
     }
 
     #[test]
