@@ -117,6 +117,39 @@ async fn verdicts_counted(gw: &TestGateway, verdict: &str) -> f64 {
     metric(&text, &series).unwrap_or(0.0)
 }
 
+/// A probe whose URL the key cannot be put in (`..`, a path's own
+/// segment) goes out to no one: it is on the timeline, but it was counted
+/// as an `undetermined` verdict, once per retry, though no probe was made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_that_could_not_be_asked_is_no_verdict() {
+    let gw = probing(
+        "url = \"{up}/lookup/{key}\"\nfound_json_pointer = \"/id\"",
+        "",
+    )
+    .await;
+    lost_uncommitted(&gw, "..").await;
+    for _ in 0..2 {
+        assert_held_unknown(&write(gw.addr(), "/scripted", Some(".."), BODY).await);
+    }
+    let held = gw.operation("..").await;
+    let probes = events_of(&held, "probe");
+    assert!(!probes.is_empty(), "{held}");
+    assert!(
+        probes.iter().all(|p| p["error"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("not asked")),
+        "{probes:?}"
+    );
+    assert!(
+        gw.upstream
+            .requests()
+            .iter()
+            .all(|r| r.method == http::Method::POST)
+    );
+    assert_eq!(verdicts_counted(&gw, "undetermined").await, 0.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consistent_lookup_releases_an_absent_write_and_the_retry_is_sent_once() {
     let upstream = FakeUpstream::start().await;

@@ -1,5 +1,5 @@
 //! What of an `Authorization` value names its sender, for the scope
-//! ([`Scope`](super::key::Scope)). A credential sent as it is — a bearer
+//! (`key::Scope`). A credential sent as it is — a bearer
 //! token, an API key, basic credentials — is the scope byte for byte. A
 //! signature that the client makes anew for each try is not: the SDKs
 //! that sign (AWS's SigV4, Azure Communication Services' HMAC, Azure

@@ -302,11 +302,7 @@ impl Question<'_> {
                         let answer = http::get(client, route, &url, held.credentials);
                         within(timeout, &asked, answer).await
                     }
-                    Err(reason) => Answer {
-                        asked: template.to_string(),
-                        status: None,
-                        got: Err(format!("not asked: {reason}")),
-                    },
+                    Err(reason) => Answer::not_asked(template.to_string(), &reason),
                 }
             }
             Question::Tool(name, arguments) => {
@@ -328,6 +324,9 @@ impl Question<'_> {
 struct Concluded {
     verdict: Verdict,
     detail: Value,
+    /// Whether the probe's question went out: one that could not be asked
+    /// is on the timeline, but counts as no probe in the metrics.
+    went_out: bool,
 }
 
 /// The evidence of an attempt claimed right after its request's probe
@@ -411,8 +410,10 @@ impl Reconciler {
             concluded
         })
         .await;
-        ctx.metrics
-            .probe_verdict(&route.name, concluded.verdict.name());
+        if concluded.went_out {
+            ctx.metrics
+                .probe_verdict(&route.name, concluded.verdict.name());
+        }
         let found = matches!(
             concluded.verdict,
             Verdict::Found(_) | Verdict::Duplicated(_)
@@ -435,6 +436,7 @@ async fn conclude(
     let timeout = probe.timeout();
     let rules = probe.rules();
     let answer = probe.question().ask(client, route, held, timeout).await;
+    let went_out = answer.went_out();
     let mut verdict = classify(&answer, &rules);
     let mut detail = answer.shown(answer.count(rules.count_json_pointer));
     if matches!(verdict, Verdict::Absent) {
@@ -470,7 +472,11 @@ async fn conclude(
     if let Verdict::Undetermined(reason) = &verdict {
         detail["reason"] = json!(reason);
     }
-    Concluded { verdict, detail }
+    Concluded {
+        verdict,
+        detail,
+        went_out,
+    }
 }
 
 /// Until when (ms) a held write's exchange may still land at the

@@ -81,7 +81,7 @@ pub async fn call(
         sent.pointer("/params/arguments")?.get(name).cloned()
     }) {
         Ok(arguments) => arguments,
-        Err(e) => return answer(None, Err(e)),
+        Err(e) => return Answer::not_asked(format!("tools/call {}", call.tool), &e),
     };
     let uri = match route.upstream.uri_for(&call.held.request.path) {
         Ok(uri) => uri,

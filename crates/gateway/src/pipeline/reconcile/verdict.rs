@@ -70,7 +70,25 @@ impl Verdict {
     }
 }
 
+/// What begins the error of a question never asked (its placeholders could
+/// not be filled): an answer that never went out.
+const NOT_ASKED: &str = "not asked: ";
+
 impl Answer {
+    /// A question that could not be asked, for `reason`: nothing went out.
+    pub(crate) fn not_asked(asked: String, reason: &str) -> Answer {
+        Answer {
+            asked,
+            status: None,
+            got: Err(format!("{NOT_ASKED}{reason}")),
+        }
+    }
+
+    /// Whether the question went out (a probe the metrics count).
+    pub(crate) fn went_out(&self) -> bool {
+        !matches!(&self.got, Err(error) if error.starts_with(NOT_ASKED))
+    }
+
     /// The value at `pointer` in the answer's JSON, if it came whole.
     fn at(&self, pointer: &str) -> Option<&Value> {
         let got = self.got.as_ref().ok()?;
