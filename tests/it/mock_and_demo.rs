@@ -5,7 +5,8 @@
 //! The mock's promises, checked against it directly (no gateway) unless noted:
 //! `/slow?ms=N` commits and answers 201 after N ms; `/drop` commits and
 //! closes without answering; `/hang` commits and never answers; `/truncate`
-//! commits and cuts its body short; `/status/{code}` answers `code` without
+//! commits, sends its head and part of the body it announces, and closes;
+//! `/status/{code}` answers `code` without
 //! committing; `/once-429/…` refuses the first write per key (429,
 //! uncommitted); `GET /_effects` counts writes, `GET /_effects/{key}` finds
 //! the write committed under a key; `/mcp` answers JSON-RPC as a small MCP
@@ -41,6 +42,35 @@ async fn post(
         headers.push(("idempotency-key", key));
     }
     try_send(mock, "POST", path, &headers, r#"{"title":"t"}"#, within).await
+}
+
+/// What a raw client of the mock reads for a POST of `path` under `key`,
+/// head and all, until the mock closes the connection (or resets it:
+/// what came before is kept).
+async fn read_until_closed(mock: SocketAddr, path: &str, key: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(mock).await.expect("connect");
+    let body = r#"{"title":"t"}"#;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: mock\r\nidempotency-key: {key}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("request written");
+    let mut read = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(WAIT, stream.read(&mut chunk))
+            .await
+            .expect("the mock closes the connection");
+        match n {
+            Ok(0) | Err(_) => break,
+            Ok(n) => read.extend_from_slice(&chunk[..n]),
+        }
+    }
+    String::from_utf8_lossy(&read).into_owned()
 }
 
 async fn get_json(mock: SocketAddr, path: &str) -> (StatusCode, serde_json::Value) {
@@ -124,8 +154,23 @@ async fn mock_lost_answer_paths_commit_without_a_whole_response() {
         "/truncate: {cut:?}"
     );
     assert_eq!(mock.writes(), 3, "/truncate committed");
+    // A cut body, not a dropped connection: the head and part of the
+    // announced body reach the client before the close.
+    let raw = read_until_closed(addr, "/truncate", "t-2").await;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    assert!(head.starts_with("HTTP/1.1 201 "), "/truncate: {raw:?}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("\r\ncontent-length: 100"),
+        "/truncate: {raw:?}"
+    );
+    assert!(
+        !body.is_empty() && body.len() < 100,
+        "part of the body: {raw:?}"
+    );
+    assert_eq!(mock.writes(), 4, "/truncate committed");
 
-    for key in ["d-1", "h-1", "t-1"] {
+    for key in ["d-1", "h-1", "t-1", "t-2"] {
         assert_eq!(
             get_json(addr, &format!("/_effects/{key}")).await.0,
             StatusCode::OK,

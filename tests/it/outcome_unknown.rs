@@ -133,7 +133,22 @@ async fn a_response_head_too_large_is_held_on_any_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_cut_short_is_502_and_held() {
-    lost_and_held_once("", "/truncate", lost_with(502)).await;
+    let gw = lost_and_held_once("", "/truncate", lost_with(502)).await;
+    // Read as a cut body (6 bytes of the 100 announced), not as a
+    // connection closed before any answer.
+    let held = gw.operation("lost-1").await;
+    let errors: Vec<&str> = held["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|event| event["detail"]["error"].as_str())
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("response body cut after 6 bytes")),
+        "{held}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -345,15 +345,33 @@ async fn a_destination_refusing_every_write_is_said_so_and_never_retried_blindly
         assert_eq!(case.destination_answered, Some(403), "case {}", case.number);
     }
     assert!(text.matches("the last answered 403").count() == 5, "{text}");
-    for case in [0, 2] {
+    // Each case says so, also where the client never got the refusal.
+    for case in &report.cases {
         assert!(
-            report.cases[case]
-                .notes
+            case.notes
                 .iter()
-                .any(|n| n.contains("refused the write")),
-            "{text}"
+                .any(|n| n.starts_with("the destination answered 403: it refused the write; ")),
+            "case {}: {text}",
+            case.number
         );
     }
+    assert!(
+        report.cases[3]
+            .notes
+            .iter()
+            .any(|n| n.starts_with("the destination answered 403: it refused the later step; ")),
+        "{text}"
+    );
+    // A write the destination refused is never resolved as one that
+    // happened: case 5's operator leaves it held, and its retry is held.
+    let resumed = &text[text.find("\n5. ").expect("case 5")..];
+    assert_eq!(states(&report, 4), ["unknown"], "{text}");
+    assert!(
+        resumed.contains("client's retry       → 409 outcome-unknown"),
+        "{resumed}"
+    );
+    assert!(!resumed.contains("resolved it completed"), "{resumed}");
+    assert!(resumed.contains("   ok: as expected"), "{resumed}");
     assert_sent_as_planned(&report, &upstream, 9);
     assert_eq!(upstream.writes(), 0);
     assert_verdict(&report, None, "not told: the destination refused");

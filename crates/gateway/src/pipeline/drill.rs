@@ -113,6 +113,13 @@ impl Drill {
         self.with(|s| s.answered.take())
     }
 
+    /// The status of the destination's last response, delivered or not,
+    /// left for [`Drill::take_answered`]: what a case reads of a response
+    /// its client never got.
+    pub fn answered(&self) -> Option<u16> {
+        self.with(|s| s.answered)
+    }
+
     /// Resolves once a write armed with [`Fault::Hold`] is holding.
     pub async fn holding(&self) {
         self.holding.notified().await;
@@ -262,6 +269,7 @@ mod tests {
                 ..
             }
         ));
+        assert_eq!(drill.answered(), Some(201), "read, not taken");
         assert_eq!(drill.take_answered(), Some(201));
         // Disarmed: the next write's response reaches the client.
         let sent = drill.run(async { complete(403) }).await;

@@ -7,11 +7,13 @@
 //!
 //! A case's `ok` judges the gateway, never the destination: a destination
 //! that refuses every write still gets each case right, and each case says
-//! what the destination answered. A write that could not reach it (its
-//! connection refused) is no write it answered: the case is not as
-//! expected, since it shows nothing of what it rehearses. A note says only
-//! what happened: each is written when what it tells is what the answers,
-//! the store and the drill show.
+//! what the destination answered, and that it refused, also where the
+//! client never got that answer (the lost responses of cases 2, 4 and 5);
+//! a refused write is never resolved `completed`. A write that could not
+//! reach it (its connection refused) is no write it answered: the case is
+//! not as expected, since it shows nothing of what it rehearses. A note
+//! says only what happened: each is written when what it tells is what
+//! the answers, the store and the drill show.
 
 use std::future::Future;
 use std::time::Duration;
@@ -144,7 +146,7 @@ fn case(number: u32) -> Case {
             "resumed-after-manual-completion",
             "Resumed after an operator recorded manual completion",
             "the write's response is withheld; an operator resolves it completed",
-            "the client's retry gets a replay; nothing sent",
+            "the client's retry gets a replay (held, if the destination refused the write); nothing sent",
         ),
     };
     Case {
@@ -230,19 +232,24 @@ impl Run<'_> {
     }
 
     /// The write of `key` with its response withheld, shown as `request`:
-    /// what the client got, and what the store holds once the route's
+    /// what the client got, the status the destination answered the write
+    /// (if it reached it), and what the store holds once the route's
     /// probe (if any) has run.
     async fn lose_response(
         &self,
         case: &mut Case,
         request: &str,
         key: &str,
-    ) -> Result<(Answer, Held), RehearseError> {
+    ) -> Result<(Answer, Option<u16>, Held), RehearseError> {
         self.drill.arm(Fault::LoseResponse);
+        let sent = self.drill.sent();
         let lost = self.write(key).await?;
+        let withheld = (self.drill.sent() > sent)
+            .then(|| self.drill.answered())
+            .flatten();
         case.requests.push(Step::new(request, key, &lost));
         let held = self.held_after_probe(key).await?;
-        Ok((lost, held))
+        Ok((lost, withheld, held))
     }
 
     fn has_probe(&self) -> bool {
@@ -281,7 +288,7 @@ impl Run<'_> {
     async fn response_lost(&self) -> Result<Case, RehearseError> {
         let mut case = case(2);
         let key = self.key(2, "");
-        let (lost, held) = self.lose_response(&mut case, "first write", &key).await?;
+        let (lost, withheld, held) = self.lose_response(&mut case, "first write", &key).await?;
         let retry = self.write(&key).await?;
         case.requests
             .push(Step::new("client's retry", &key, &retry));
@@ -289,10 +296,13 @@ impl Run<'_> {
         case.ok = lost.problem().as_deref() == Some("outcome-unknown")
             && (held.state == "unknown" || self.has_probe())
             && settled_or_held(&retry, &after);
+        withheld_note(&mut case, "write", withheld, &after);
         if case.ok {
+            let conflict = self.plan.conflict("outcome-unknown");
             case.notes.push(match after.state.as_str() {
                 "completed" => "the route's probe found the write at the destination: the operation is completed with the probe's answer, and the retry got it replayed".into(),
-                _ => format!("the write may have happened, so the retry was held ({}) and not sent: an operator settles it, as `operator` says", self.plan.conflict("outcome-unknown")),
+                _ if withheld.is_some_and(refused) => format!("the retry was held ({conflict}) and not sent: an operator settles it, as `operator` says"),
+                _ => format!("the write may have happened, so the retry was held ({conflict}) and not sent: an operator settles it, as `operator` says"),
             });
         }
         case.operations.push(after);
@@ -351,7 +361,7 @@ impl Run<'_> {
         let created = self.write(&create).await?;
         case.requests.push(Step::new("create", &create, &created));
         answered_note(&mut case, &created, &self.plan.route.release_statuses);
-        let (lost, held) = self.lose_response(&mut case, "later step", &next).await?;
+        let (lost, withheld, held) = self.lose_response(&mut case, "later step", &next).await?;
         let forwarded = self.drill.forwarded();
         let create_again = self.write(&create).await?;
         case.requests
@@ -360,6 +370,7 @@ impl Run<'_> {
         case.requests
             .push(Step::new("later step, retried", &next, &next_again));
         let (create_held, next_held) = (self.held(&create).await?, self.held(&next).await?);
+        withheld_note(&mut case, "later step", withheld, &next_held);
         let replayed = create_again.replayed && create_again.repeats(&created);
         case.ok = replayed
             && lost.problem().as_deref() == Some("outcome-unknown")
@@ -384,8 +395,15 @@ impl Run<'_> {
     async fn resumed_after_manual_completion(&self) -> Result<Case, RehearseError> {
         let mut case = case(5);
         let key = self.key(5, "");
-        let (lost, held) = self.lose_response(&mut case, "first write", &key).await?;
-        let resolved = if held.state == "unknown" {
+        let (lost, withheld, held) = self.lose_response(&mut case, "first write", &key).await?;
+        withheld_note(&mut case, "write", withheld, &held);
+        // A write the destination refused did not happen: resolved
+        // completed, its retries would be told it did.
+        let left_held = held.state == "unknown" && withheld.is_some_and(refused);
+        let resolved = if left_held {
+            case.notes.push("the rehearsal's operator does not resolve it completed, which would record a write the destination refused, and leaves it held: resolving it not_attempted is refused until the route's late_window has passed, and would let the retry through as one more write".into());
+            false
+        } else if held.state == "unknown" {
             let resolution = json!({
                 "outcome": "completed",
                 "operator": "idemgate rehearse",
@@ -422,9 +440,13 @@ impl Run<'_> {
         let retry = self.write(&key).await?;
         case.requests
             .push(Step::new("client's retry", &key, &retry));
+        let retried_as_expected = if left_held {
+            retry.problem().as_deref() == Some("outcome-unknown")
+        } else {
+            resolved && retry.replayed
+        };
         case.ok = lost.problem().as_deref() == Some("outcome-unknown")
-            && resolved
-            && retry.replayed
+            && retried_as_expected
             && self.drill.forwarded() == forwarded;
         case.operations.push(self.held(&key).await?);
         Ok(case)
@@ -475,12 +497,34 @@ fn settled_or_held(retry: &Answer, after: &Held) -> bool {
     }
 }
 
+/// Whether the destination's answer `status` refused the write.
+fn refused(status: u16) -> bool {
+    !(200..300).contains(&status)
+}
+
+/// Says that the destination refused `what`, a write whose answer
+/// (`status`, if it reached the destination) the client never got: the
+/// gateway could not read it, so it holds the operation as any lost
+/// response; `held` is what the store holds for it.
+fn withheld_note(case: &mut Case, what: &str, status: Option<u16>, held: &Held) {
+    let Some(status) = status.filter(|status| refused(*status)) else {
+        return;
+    };
+    let then = match held.state.as_str() {
+        "unknown" => "so the gateway holds it `unknown`, as any lost response: an operator who finds no record of it at the destination resolves it not_attempted once the route's late_window has passed, and the client's next retry is forwarded".to_string(),
+        state => format!("and the store holds `{state}`"),
+    };
+    case.notes.push(format!(
+        "the destination answered {status}: it refused the {what}; the client never got that answer (withheld on purpose), {then}"
+    ));
+}
+
 /// Says what the destination's answer to a delivered write was, when it
 /// refused it: a release status (`not_attempted`, the next retry is
 /// forwarded) or any other (kept and replayed).
 fn answered_note(case: &mut Case, answer: &Answer, release: &[u16]) {
     let status = answer.status.as_u16();
-    if answer.problem().is_some() || answer.status.is_success() {
+    if answer.problem().is_some() || !refused(status) {
         return;
     }
     case.notes.push(if release.contains(&status) {
