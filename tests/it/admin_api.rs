@@ -415,6 +415,10 @@ async fn an_unknown_operation_is_listed_and_shown_without_credentials() {
     assert_eq!(keys, [&json!("done-1")], "{completed}");
     let partial = admin.get_json("/admin/keys?key=held").await;
     assert_eq!(partial["items"], json!([]), "key= matches exactly");
+    // In the header's quoted form too, as a status lookup takes it (an
+    // operator pasting the header's value found nothing).
+    let quoted = admin.get_json("/admin/keys?key=%22done-1%22").await;
+    assert_eq!(quoted["items"][0]["key"], "done-1", "{quoted}");
     let other_route = admin.get_json("/admin/keys?route=other").await;
     assert_eq!(other_route["items"], json!([]));
 

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use super::{Admin, AdminError, json_response};
 use crate::body::ProxyBody;
 use crate::config::Route;
+use crate::pipeline::key::IdempotencyKey;
 use crate::pipeline::mcp::answer::{self, Proof};
 use crate::pipeline::reconcile;
 use crate::profile::Profile;
@@ -65,7 +66,7 @@ pub async fn list(admin: &Admin, query: Option<&str>) -> Result<Response<ProxyBo
                 })?)
             }
             "route" => filter.route = Some(value),
-            "key" => filter.key = Some(value),
+            "key" => filter.key = Some(bare_key(value)?),
             "cursor" => filter.before = Some(cursor(&value)?),
             "limit" => {
                 filter.limit = value
@@ -95,6 +96,18 @@ pub async fn list(admin: &Admin, query: Option<&str>) -> Result<Response<ProxyBo
         StatusCode::OK,
         &json!({ "items": items, "next_cursor": next_cursor }),
     ))
+}
+
+/// A `key` filter in either form the header accepts, as a status lookup
+/// takes it: an sf-string `"…"` is its key (no stored key starts with
+/// `"`, so it could match none); anything else as written.
+fn bare_key(value: String) -> Result<String, AdminError> {
+    if !value.starts_with('"') {
+        return Ok(value);
+    }
+    IdempotencyKey::parse(&value)
+        .map(|key| key.as_str().to_string())
+        .map_err(|error| AdminError::BadRequest(format!("key `{value}`: {error}")))
 }
 
 /// The held list puts the operations a probe found more than once at the
