@@ -18,7 +18,9 @@
 //!   `FOR UPDATE SKIP LOCKED` and a lease, so one replica delivers each at
 //!   a time): another replica may have the others, and a replica without
 //!   `[[alerts]]` takes none; fresh alerts' deliveries go before aged
-//!   ones' (`aged`, set at fan-out);
+//!   ones' (`aged`, set at fan-out), each kind read from
+//!   `alert_deliveries_due` as a range that ends now, so deliveries
+//!   waiting out a backoff are never read;
 //! - an endpoint no replica has recorded for [`SUBSCRIBED_FOR`] gets no
 //!   new deliveries, and the ones it was left, which no replica takes, no
 //!   longer keep their alert: it is dropped as finished alerts are.
@@ -244,15 +246,26 @@ pub async fn take_alerts(
     .await?;
     forget(&mut tx, poll, forget_cursor).await?;
     let rows = sqlx::query(
-        "WITH due AS (
-            SELECT d.alert_id, d.endpoint
-            FROM unnest($4::text[], $5::bigint[]) AS r (endpoint, room)
+        "WITH rooms AS (
+            SELECT * FROM unnest($4::text[], $5::bigint[]) AS r (endpoint, room)
+         ), fresh AS (
+            SELECT d.alert_id, d.endpoint, d.aged, d.next_at FROM rooms r
             CROSS JOIN LATERAL (
                 SELECT alert_id, endpoint, aged, next_at FROM alert_deliveries
-                WHERE done_at IS NULL AND next_at <= $1 AND endpoint = r.endpoint
-                ORDER BY aged, next_at LIMIT r.room
+                WHERE done_at IS NULL AND endpoint = r.endpoint AND NOT aged AND next_at <= $1
+                ORDER BY next_at LIMIT r.room
                 FOR UPDATE SKIP LOCKED) d
-            ORDER BY d.aged, d.next_at LIMIT $3
+         ), reminders AS (
+            SELECT d.alert_id, d.endpoint, d.aged, d.next_at FROM rooms r
+            CROSS JOIN LATERAL (
+                SELECT alert_id, endpoint, aged, next_at FROM alert_deliveries
+                WHERE done_at IS NULL AND endpoint = r.endpoint AND aged AND next_at <= $1
+                ORDER BY next_at
+                LIMIT greatest(r.room - (SELECT count(*) FROM fresh f WHERE f.endpoint = r.endpoint), 0)
+                FOR UPDATE SKIP LOCKED) d
+         ), due AS (
+            SELECT * FROM fresh UNION ALL SELECT * FROM reminders
+            ORDER BY aged, next_at LIMIT $3
          ), taken AS (
             UPDATE alert_deliveries d SET next_at = $2
             FROM due WHERE d.alert_id = due.alert_id AND d.endpoint = due.endpoint

@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use idemgate_store::backend::{AGED_PER_PASS, ForgetCursor, aged_access_paths};
 use idemgate_store::{
-    AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription, StoreError,
+    AccessPath, Alert, AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription, Param, StoreError,
 };
 
 /// The last of the (up to ?2) alerts after id ?1, and how many there are.
@@ -132,11 +132,12 @@ fn forget(conn: &Connection, poll: &AlertPoll, cursor: &ForgetCursor) -> Result<
 const NEXT_ENDPOINT: &str = "SELECT endpoint FROM alert_deliveries
      WHERE done_at IS NULL AND endpoint > ?1 ORDER BY endpoint LIMIT 1";
 
-/// Endpoint ?1's deliveries due at ?2, fresh before aged, each the
-/// earliest first, up to ?3 of them (`alert_deliveries_due`).
+/// Endpoint ?1's deliveries of one kind (?4: `aged`) due at ?2, the
+/// earliest first, up to ?3 of them: a range of `alert_deliveries_due`
+/// that ends at ?2, so the deliveries waiting out a backoff are never read.
 const DUE_OF_ENDPOINT: &str = "SELECT rowid, aged, next_at FROM alert_deliveries
-     WHERE done_at IS NULL AND endpoint = ?1 AND next_at <= ?2
-     ORDER BY aged, next_at, rowid LIMIT ?3";
+     WHERE done_at IS NULL AND endpoint = ?1 AND aged = ?4 AND next_at <= ?2
+     ORDER BY next_at, rowid LIMIT ?3";
 
 /// Leases delivery ?1 until ?2.
 const LEASE: &str = "UPDATE alert_deliveries SET next_at = ?2 WHERE rowid = ?1
@@ -144,10 +145,11 @@ const LEASE: &str = "UPDATE alert_deliveries SET next_at = ?2 WHERE rowid = ?1
 
 /// Takes up to `poll.limit` deliveries due, each endpoint's up to its
 /// room, fresh alerts' before aged ones' and each kind the earliest first,
-/// and leases them. Each endpoint's are read from the index in that order
-/// and no further than its room, so a poll costs the same over a backlog
-/// of any size (a window numbering every due delivery took ~100 ms of the
-/// writer's time a poll over 30,000 of them).
+/// and leases them. Each endpoint's are read from the index a kind at a
+/// time, from the earliest to now and no further than its room, so a poll
+/// costs the same over a backlog of any size, due or backing off (a
+/// window numbering every due delivery took ~100 ms of the writer's time
+/// a poll over 30,000 of them).
 fn take_due(conn: &Connection, poll: &AlertPoll) -> Result<Vec<(i64, String, u32)>, StoreError> {
     let mut due: Vec<(bool, i64, i64)> = Vec::new();
     let mut endpoint = String::new();
@@ -157,13 +159,16 @@ fn take_due(conn: &Connection, poll: &AlertPoll) -> Result<Vec<(i64, String, u32
         .optional()?
     {
         endpoint = next;
-        let room = poll.room_of(&endpoint).min(poll.limit);
+        let mut room = poll.room_of(&endpoint).min(poll.limit);
         let mut of_endpoint = conn.prepare_cached(DUE_OF_ENDPOINT)?;
-        let rows = of_endpoint.query_map(params![endpoint, poll.now, room], |row| {
-            Ok((row.get(1)?, row.get(2)?, row.get(0)?))
-        })?;
-        for row in rows {
-            due.push(row?);
+        for aged in [false, true] {
+            let rows = of_endpoint.query_map(params![endpoint, poll.now, room, aged], |row| {
+                Ok((row.get(1)?, row.get(2)?, row.get(0)?))
+            })?;
+            for row in rows {
+                due.push(row?);
+                room -= 1;
+            }
         }
     }
     due.sort_unstable();
@@ -211,9 +216,23 @@ fn add_aged(conn: &Connection, now: i64, aged_after: i64) -> Result<(), StoreErr
     Ok(())
 }
 
-/// The aging pass's reads of `operations` ([`AccessPath`]).
+/// The aging pass's reads of `operations`, and the take's of
+/// `alert_deliveries`, bounded by now ([`AccessPath`]).
 pub(crate) fn access_paths() -> Vec<AccessPath> {
-    aged_access_paths(AGED_END, AGED_INSERT, "updated_at>")
+    let mut paths = aged_access_paths(AGED_END, AGED_INSERT, "updated_at>");
+    paths.push(AccessPath {
+        name: "alert deliveries due, of one endpoint and kind".into(),
+        sql: DUE_OF_ENDPOINT.into(),
+        index: "alert_deliveries_due",
+        bound: Some("next_at<"),
+        params: vec![
+            Param::text("a"),
+            Param::Int(1_000),
+            Param::Int(32),
+            Param::Int(1),
+        ],
+    });
+    paths
 }
 
 fn alert(conn: &Connection, id: i64) -> Result<Option<Alert>, StoreError> {
