@@ -777,12 +777,7 @@ async fn an_mcp_probe_by_the_calls_own_key_believes_absence_only_where_the_call_
         absent_json_pointer = \"/structuredContent/tasks\"\n\
         count_json_pointer = \"/structuredContent/tasks\"\nmin_age = \"1s\"\n";
     let clock = ManualClock::new();
-    let setup = Setup::route(route)
-        .at("/mcp")
-        .upstream_url(format!("http://{}", mock.addr()))
-        .clock(clock.clone())
-        .admin();
-    let gw = spawn_gateway_with(setup).await;
+    let gw = mock_mcp_gateway(&mock, route, &clock).await;
     // Keyed in its header: the server never got `hdr-1` bare.
     let lost = call_tool(gw.addr(), "/mcp/lose-once", "create_task", "T1", "hdr-1").await;
     assert_eq!(own_meta(&lost, "problem"), "outcome-unknown");
@@ -856,6 +851,21 @@ async fn an_mcp_probe_by_the_calls_own_key_believes_absence_only_where_the_call_
     mock.stop().await;
 }
 
+/// A gateway (admin API on, `clock` its clock) whose `mcp` route `route`
+/// at `/mcp` fronts `mock`'s MCP server.
+async fn mock_mcp_gateway(
+    mock: &MockUpstream,
+    route: &str,
+    clock: &Arc<ManualClock>,
+) -> TestGateway {
+    let setup = Setup::route(route)
+        .at("/mcp")
+        .upstream_url(format!("http://{}", mock.addr()))
+        .clock(clock.clone())
+        .admin();
+    spawn_gateway_with(setup).await
+}
+
 /// The gateway's `_meta` entry `name` (`problem`, `state`) in a tool
 /// result answered as JSON.
 fn own_meta(answer: &Response, name: &str) -> Value {
@@ -876,12 +886,7 @@ async fn an_mcp_probe_settles_only_the_calls_of_the_tools_it_is_for() {
         tools = [\"create_task\"]\nabsent_json_pointer = \"/structuredContent/tasks\"\n\
         count_json_pointer = \"/structuredContent/tasks\"\nmin_age = \"1s\"\n";
     let clock = ManualClock::new();
-    let setup = Setup::route(route)
-        .at("/mcp")
-        .upstream_url(format!("http://{}", mock.addr()))
-        .clock(clock.clone())
-        .admin();
-    let gw = spawn_gateway_with(setup).await;
+    let gw = mock_mcp_gateway(&mock, route, &clock).await;
     let held = |answer: &Response| {
         assert_eq!(
             own_meta(answer, "problem"),

@@ -1111,6 +1111,20 @@ async fn an_aging_pass_after_a_fast_clock_still_reports_what_ages(bench: Bench) 
     store.close().await;
 }
 
+/// Endpoint `a`'s subscriptions to new losses and to those `unknown`
+/// longer than `aged_after`.
+fn lost_and_aged(aged_after: i64) -> Vec<AlertSubscription> {
+    let subscription = |event, aged_after| AlertSubscription {
+        endpoint: "a".into(),
+        event,
+        aged_after,
+    };
+    vec![
+        subscription("operation-unknown", 0),
+        subscription("unknown-aged", aged_after),
+    ]
+}
+
 /// After a mass incident, a new loss's `operation-unknown` alert waited
 /// behind every aged reminder due before it (oldest first): an operator
 /// heard of it minutes late.
@@ -1118,18 +1132,7 @@ async fn a_new_loss_is_alerted_before_a_backlog_of_aged_ones(bench: Bench) {
     let store = bench.open("gw-1").await;
     let aged_after = 5_000;
     let poll = |now: i64| AlertPoll {
-        subscriptions: ["operation-unknown", "unknown-aged"]
-            .into_iter()
-            .map(|event| AlertSubscription {
-                endpoint: "a".into(),
-                event,
-                aged_after: if event == "unknown-aged" {
-                    aged_after
-                } else {
-                    0
-                },
-            })
-            .collect(),
+        subscriptions: lost_and_aged(aged_after),
         aging: true,
         now,
         lease_until: now + ALERT_LEASE,
@@ -1196,18 +1199,7 @@ async fn finished_alerts_are_dropped_a_window_a_poll(bench: Bench) {
     let store = bench.open("gw-1").await;
     let aged_after = 5_000;
     let poll = |now: i64, forget_before: i64, forget_window: u32| AlertPoll {
-        subscriptions: ["operation-unknown", "unknown-aged"]
-            .into_iter()
-            .map(|event| AlertSubscription {
-                endpoint: "a".into(),
-                event,
-                aged_after: if event == "unknown-aged" {
-                    aged_after
-                } else {
-                    0
-                },
-            })
-            .collect(),
+        subscriptions: lost_and_aged(aged_after),
         aging: forget_before == 0,
         now,
         lease_until: now + ALERT_LEASE,

@@ -238,26 +238,23 @@ where
 
 /// A body that sends one part and then fails, so hyper cuts the response
 /// short of its Content-Length: the mock upstream's (and the tests')
-/// truncated response. It fails [`CUT_AFTER`] after the part, not at the
-/// next poll: hyper's HTTP/1 server drops what it has not written yet when
-/// a body fails, and it writes out what it buffered (the head, the part)
-/// while the body is pending — failing at once would send nothing at all,
-/// a dropped connection rather than a cut body.
+/// truncated response. Between the two it is pending once, waking itself
+/// at once: hyper's HTTP/1 server drops what it has not written yet when a
+/// body fails, and it writes out what it buffered (the head, the part)
+/// when the body is pending, before it polls the body again — failing at
+/// the next poll would send nothing at all, a dropped connection rather
+/// than a cut body.
 pub struct CutShort {
     part: Option<Bytes>,
-    /// Set once the part went out: the failure waits for it.
-    cut: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Whether the body has been pending since its part.
+    flushed: bool,
 }
-
-/// How long a [`CutShort`] body waits after its part before it fails:
-/// time for hyper to write the part to the socket.
-const CUT_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl CutShort {
     pub fn new(part: Bytes) -> Self {
         CutShort {
             part: Some(part),
-            cut: None,
+            flushed: false,
         }
     }
 }
@@ -270,13 +267,12 @@ impl http_body::Body for CutShort {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        use std::future::Future;
         if let Some(part) = self.part.take() {
-            self.cut = Some(Box::pin(tokio::time::sleep(CUT_AFTER)));
             return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(part))));
         }
-        if let Some(cut) = self.cut.as_mut() {
-            std::task::ready!(cut.as_mut().poll(cx));
+        if !std::mem::replace(&mut self.flushed, true) {
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
         }
         std::task::Poll::Ready(Some(Err("cut short on purpose".into())))
     }

@@ -149,19 +149,20 @@ pub fn timeline(operation: &Operation, stored: Vec<StoredEvent>) -> Vec<StoredEv
         responded,
         &operation.response,
     ) {
-        let at = operation.updated_at;
         let bytes = operation.request.body_size;
         let answer = match &response.body {
             Some(body) => serde_json::json!({ "status": response.status, "bytes": body.len() }),
             None => serde_json::json!({ "status": response.status, "body_stored": false }),
         };
+        // Sent right after its claim (the row's creation); answered at the
+        // row's last update.
         events.push(StoredEvent {
-            at,
+            at: operation.created_at,
             kind: "sent".into(),
             detail: serde_json::json!({ "tries": 1, "bytes": bytes }),
         });
         events.push(StoredEvent {
-            at,
+            at: operation.updated_at,
             kind: "response".into(),
             detail: answer,
         });

@@ -61,7 +61,7 @@ fn the_happy_path_timeline_comes_from_the_row() {
     let events = timeline(&completed(10, 20), vec![]);
     assert_eq!(
         kinds(&events),
-        [(10, "claimed"), (20, "sent"), (20, "response")]
+        [(10, "claimed"), (10, "sent"), (20, "response")]
     );
     assert_eq!(
         events[0].detail,

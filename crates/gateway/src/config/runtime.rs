@@ -625,6 +625,15 @@ impl McpReconcile {
     pub fn proves(&self, tool: &str) -> bool {
         self.tools.iter().any(|t| t == tool)
     }
+
+    /// Whether its call or its confirm call asks by `{key}`, the held
+    /// call's own key.
+    pub(crate) fn asks_by_key(&self) -> bool {
+        let confirm = self.verdicts.confirm.as_ref();
+        std::iter::once(&self.arguments)
+            .chain(confirm.map(|c| &c.question.arguments))
+            .any(|arguments| arguments.contains("{key}"))
+    }
 }
 
 /// What an upstream connection trusts and presents.

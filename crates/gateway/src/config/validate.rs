@@ -75,9 +75,7 @@ pub(super) fn absence_by_an_unprovable_key(route: &Route) -> bool {
     let Some(probe) = route.mcp.as_ref().and_then(|m| m.reconcile.as_ref()) else {
         return false;
     };
-    probe.verdicts.absent.is_some()
-        && probe.arguments.contains("{key}")
-        && !route.store_request_body
+    probe.verdicts.absent.is_some() && probe.asks_by_key() && !route.store_request_body
 }
 
 /// Headers that carry a credential wherever they are sent.

@@ -13,8 +13,9 @@
 //! scheme's, is read whole.
 //!
 //! The gateway verifies no signature (the upstream does): whoever can
-//! name a signed scope (its key id, for ACS only the scheme) shares its
-//! key space, so such keys must be unguessable, as the SDKs' UUIDs are
+//! name a signed scope (its key id; for Azure Communication Services,
+//! whose signature names no key, only the scheme) shares its key space,
+//! so such keys must be unguessable, as the SDKs' UUIDs are
 //! (docs/decisions.md, "Scope by credential").
 
 use std::borrow::Cow;
@@ -31,7 +32,10 @@ pub(crate) fn signer(value: &[u8]) -> Cow<'_, [u8]> {
     let rest = rest.trim();
     let signed = match scheme.to_ascii_lowercase().as_str() {
         "aws4-hmac-sha256" => sigv4_key(rest).map(|key| format!("aws4-hmac-sha256 {key}")),
-        "hmac-sha256" if rest.contains("Signature=") => Some("hmac-sha256".to_string()),
+        "hmac-sha256" if rest.contains("Signature=") => Some(hmac_key(rest).map_or_else(
+            || "hmac-sha256".to_string(),
+            |key| format!("hmac-sha256 {key}"),
+        )),
         scheme @ ("sharedkey" | "sharedkeylite") => rest
             .split_once(':')
             .filter(|(account, signature)| !account.is_empty() && !signature.is_empty())
@@ -41,6 +45,17 @@ pub(crate) fn signer(value: &[u8]) -> Cow<'_, [u8]> {
     signed.map_or(Cow::Borrowed(value), |signed| {
         Cow::Owned(signed.into_bytes())
     })
+}
+
+/// An `HMAC-SHA256` signature's `Credential=` (Azure App Configuration's
+/// access key id; `&`-separated parameters), if it names one: Azure
+/// Communication Services' names none, its resource's key being the one
+/// every signer of it holds.
+fn hmac_key(params: &str) -> Option<&str> {
+    params
+        .split('&')
+        .find_map(|param| param.trim().strip_prefix("Credential="))
+        .filter(|key| !key.is_empty())
 }
 
 /// A SigV4 `Credential=KEY/DATE/REGION/SERVICE/aws4_request` as
@@ -85,6 +100,14 @@ mod tests {
             format!("HMAC-SHA256 SignedHeaders=x-ms-date;host;x-ms-content-sha256&Signature={s}")
         };
         assert_eq!(of(&acs("x=")), of(&acs("y=")));
+        // Azure App Configuration names its access key: two keys, two scopes.
+        let app_config = |key: &str, s: &str| {
+            format!("HMAC-SHA256 Credential={key}&SignedHeaders=x-ms-date;host&Signature={s}")
+        };
+        assert_eq!(of(&app_config("id-1", "x=")), of(&app_config("id-1", "y=")));
+        assert_eq!(of(&app_config("id-1", "x=")), "hmac-sha256 id-1");
+        assert_ne!(of(&app_config("id-1", "x=")), of(&app_config("id-2", "x=")));
+        assert_ne!(of(&app_config("id-1", "x=")), of(&acs("x=")));
         assert_eq!(of("SharedKey acct:c2ln"), of("SharedKey acct:b3RoZXI="));
         assert_ne!(of("SharedKey acct:c2ln"), of("SharedKey other:c2ln"));
     }

@@ -316,7 +316,15 @@ impl ClientTls {
             .with_root_certificates(roots(self.ca.as_deref())?);
         Ok(match identity {
             None => builder.with_no_client_auth(),
-            Some(identity) => builder.with_client_cert_resolver(identity.current.clone()),
+            Some(identity) => {
+                let mut config = builder.with_client_cert_resolver(identity.current.clone());
+                // A resumed session presents no certificate, and the
+                // server would go on seeing the one the session began
+                // with: after a reload, every new connection presents
+                // the certificate in use.
+                config.resumption = rustls::client::Resumption::disabled();
+                config
+            }
         })
     }
 }

@@ -130,6 +130,12 @@ pub fn tool_of(key: &str) -> Option<String> {
     Some(decoded.into_owned())
 }
 
+/// The call's own key of the operation stored under `key` on an MCP route
+/// (`<tool>/<key>`): what is after the tool.
+pub fn own_key(key: &str) -> &str {
+    key.split_once('/').map_or(key, |(_, own)| own)
+}
+
 /// What of `uri` (normalized) lies below the route's `prefix`: the rest of
 /// its path and its query (`?…`), empty for a call to the prefix itself.
 fn endpoint(uri: &http::Uri, prefix: &str) -> String {

@@ -53,7 +53,11 @@
 //!   route sends it the client's key, `{destination_key}` (the operation's
 //!   id) only where it sends a destination key (checked at load, see
 //!   `config`), since a key the destination never saw finds nothing and,
-//!   with rules for absence, would release the write to be sent again.
+//!   with rules for absence, would release the write to be sent again; an
+//!   MCP call's own key reached its server only if the call carried it,
+//!   so a tool probe asking by `{key}` believes an absence only for a
+//!   call whose kept body shows that (checked at each probe,
+//!   `Probe::key_unseen`).
 
 pub(crate) mod http;
 pub(crate) mod tool;
@@ -222,14 +226,10 @@ impl<'a> Probe<'a> {
         let Probe::Tool(probe) = self else {
             return None;
         };
-        let confirm = probe.verdicts.confirm.as_ref();
-        let asked_by_key = std::iter::once(&probe.arguments)
-            .chain(confirm.map(|c| &c.question.arguments))
-            .any(|arguments| arguments.contains("{key}"));
-        if !asked_by_key {
+        if !probe.asks_by_key() {
             return None;
         }
-        let own = held.key.split_once('/').map_or(held.key, |(_, own)| own);
+        let own = identity::own_key(held.key);
         let key_argument = route.mcp.as_ref().and_then(|m| m.key_argument.as_deref());
         match held.operation.request.body.as_deref() {
             Some(body) if identity::carries_key(body, own, key_argument) => None,

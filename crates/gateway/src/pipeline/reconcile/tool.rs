@@ -20,6 +20,7 @@ use crate::body::full;
 use crate::config::{ProbeKeys, Route, fill_template};
 use crate::pipeline::forward::{self, ProbeClient};
 use crate::pipeline::mcp::answer::{self, Proof};
+use crate::pipeline::mcp::identity;
 use crate::pipeline::sse;
 use crate::traces;
 use idemgate_model::operation::{Operation, StoredResponse};
@@ -33,9 +34,12 @@ const PROBE_REVISION: &str = "2026-07-28";
 /// speaks, which the probe then speaks (the call is the same in each).
 const SESSION_REVISION: &str = "2025-11-25";
 
-/// The JSON-RPC id of a probe's call (and of its `initialize`, in a
-/// session, before it).
+/// The JSON-RPC id of a probe's call.
 const CALL_ID: i64 = 1;
+
+/// The id of a session's `initialize`: not the call's, since a session
+/// never reuses an id.
+const INITIALIZE_ID: i64 = 0;
 
 /// How long a session's end (its `DELETE`) may take, after the probe.
 const SESSION_END: Duration = Duration::from_secs(5);
@@ -71,10 +75,8 @@ pub async fn call(
         .as_deref()
         .and_then(|body| serde_json::from_slice(body).ok())
         .unwrap_or_default();
-    // The operation's key is `<tool>/<key>`: the call's own key is after it.
-    let key = call.keys.key;
     let keys = ProbeKeys {
-        key: key.split_once('/').map_or(key, |(_, own)| own),
+        key: identity::own_key(call.keys.key),
         ..call.keys
     };
     let arguments = match fill_template(call.arguments, keys, |name| {
@@ -85,7 +87,7 @@ pub async fn call(
     };
     let uri = match route.upstream.uri_for(&call.held.request.path) {
         Ok(uri) => uri,
-        Err(e) => return answer(None, Err(e.to_string())),
+        Err(e) => return Answer::not_asked(format!("tools/call {}", call.tool), &e.to_string()),
     };
     let ask = Asking {
         client,
@@ -263,7 +265,7 @@ impl Asking<'_> {
     async fn in_session(&self, tool: &str, arguments: &Value) -> Result<Exchanged, String> {
         let initialize = json!({
             "jsonrpc": "2.0",
-            "id": CALL_ID,
+            "id": INITIALIZE_ID,
             "method": "initialize",
             "params": {
                 "protocolVersion": SESSION_REVISION,
@@ -272,7 +274,11 @@ impl Asking<'_> {
             },
         });
         let opened = self.exchange(&Speaking::Opening, initialize).await?;
-        let Some(result) = reply(&opened.messages).and_then(|m| m.get("result")) else {
+        let opening = opened
+            .messages
+            .iter()
+            .find(|m| m.get("id") == Some(&Value::from(INITIALIZE_ID)));
+        let Some(result) = opening.and_then(|m| m.get("result")) else {
             return Err(format!(
                 "the server refused a stateless call and a session (HTTP {})",
                 opened.status
@@ -285,10 +291,15 @@ impl Asking<'_> {
         let session = opened.headers.get("mcp-session-id");
         let speaking = Speaking::InSession(&revision, session);
         let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
-        self.exchange(&speaking, initialized).await?;
-        let called = self
-            .exchange(&speaking, tool_call(tool, arguments, false))
-            .await;
+        let called = match self.exchange(&speaking, initialized).await {
+            Ok(_) => {
+                self.exchange(&speaking, tool_call(tool, arguments, false))
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        // Ended whatever became of the call: the server keeps no session
+        // of a probe's.
         if session.is_some() {
             let end = Request::delete(self.uri.clone()).body(full(""));
             let (client, headers) = (self.client.clone(), self.headers(&speaking));
