@@ -368,6 +368,51 @@ async fn sighup_reloads_the_upstream_client_certificate() {
     assert_eq!(upstream.writes(), 1);
 }
 
+/// A reloaded client certificate is the one a new connection presents: a
+/// resumed TLS session presents none, and the upstream goes on seeing the
+/// certificate the session began with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_after_a_reload_presents_the_new_client_certificate() {
+    let pki = tempfile::tempdir().expect("tempdir");
+    let servers = TestCa::new(pki.path(), "servers-ca");
+    let clients = TestCa::new(pki.path(), "clients-ca");
+    let upstream = mtls_upstream(pki.path(), &servers, &clients).await;
+    let first = clients.client_cert(pki.path(), "gateway");
+    let route = format!(
+        "upstream_ca = \"{}\"\nupstream_client_cert = \"{}\"\nupstream_client_key = \"{}\"\n",
+        servers.pem.display(),
+        first.cert.display(),
+        first.key.display()
+    );
+    let toml = gateway_toml_with(
+        &pki.path().join("idemgate.db"),
+        &upstream.url(),
+        &Setup::route(&route),
+    );
+    let config = write_config(pki.path(), "idemgate.toml", &toml);
+    let gateway = BinaryGateway::start(&config, &pki.path().join("gateway.log")).await;
+    // Each write on a connection the upstream closes after it.
+    assert_fresh_created(&write(gateway.proxy, "/close", Some("before"), BODY).await);
+    let renewed = clients.client_cert(pki.path(), "gateway");
+    assert_ne!(first.der(), renewed.der());
+    gateway.signal("HUP");
+    gateway
+        .wait_for_log("upstream client certificate reloaded")
+        .await;
+    assert_fresh_created(&write(gateway.proxy, "/close", Some("after"), BODY).await);
+    let presented: Vec<&str> = upstream
+        .requests()
+        .iter()
+        .map(|r| match r.peer_certificate.as_deref() {
+            Some(der) if der == first.der().as_ref() => "first",
+            Some(der) if der == renewed.der().as_ref() => "renewed",
+            Some(_) => "another",
+            None => "none",
+        })
+        .collect();
+    assert_eq!(presented, ["first", "renewed"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_refusing_the_gateways_certificate_is_not_attempted() {
     let pki = tempfile::tempdir().expect("tempdir");

@@ -12,7 +12,13 @@ pub struct Recorded {
     pub uri: String,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// The client certificate its TLS connection was made with, if any.
+    pub peer_certificate: Option<Vec<u8>>,
 }
+
+/// A TLS connection's client certificate, handed to each of its requests.
+#[derive(Clone)]
+struct PeerCertificate(Vec<u8>);
 
 impl Recorded {
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -198,6 +204,15 @@ impl FakeUpstream {
                                 closed.send_modify(|n| *n += 1);
                                 return;
                             };
+                            let peer = stream.get_ref().1.peer_certificates().and_then(|chain| {
+                                chain.first().map(|c| PeerCertificate(c.to_vec()))
+                            });
+                            let service = service_fn(move |mut req: Request<Incoming>| {
+                                if let Some(peer) = &peer {
+                                    req.extensions_mut().insert(peer.clone());
+                                }
+                                hyper::service::Service::call(&service, req)
+                            });
                             // HTTP/2 when the config offered it by ALPN and the client chose it.
                             if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
                                 let http =
@@ -357,6 +372,10 @@ async fn handle(
             uri,
             headers: parts.headers.clone(),
             body,
+            peer_certificate: parts
+                .extensions
+                .get::<PeerCertificate>()
+                .map(|p| p.0.clone()),
         });
         state.received.send_replace(requests.len());
     }
@@ -464,6 +483,16 @@ async fn handle(
         // Every write a record, answered with the body it carried: an
         // answer that tells nothing of the record it made.
         "/echo" => Ok(echo(&received)),
+        // Created, and the connection closed after it: the next request
+        // needs a new one.
+        "/close" => {
+            let mut response = json_response(StatusCode::CREATED, id, received);
+            let close = http::HeaderValue::from_static("close");
+            response
+                .headers_mut()
+                .insert(http::header::CONNECTION, close);
+            Ok(response)
+        }
         "/drop" | "/dedup-lost" | "/dedup-busy" => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Drop => Err("dropped after commit".into()),
         "/scripted" if scripted == Scripted::Hold => {
