@@ -300,6 +300,28 @@ async fn an_untrusted_upstream_is_not_attempted_and_sent_once_when_trusted() {
     );
 }
 
+/// A route to an upstream whose certificate `servers` signed, presenting
+/// `identity` when it asks for one.
+fn mtls_route(servers: &TestCa, identity: &PemPair) -> String {
+    format!(
+        "upstream_ca = \"{}\"\nupstream_client_cert = \"{}\"\nupstream_client_key = \"{}\"\n",
+        servers.pem.display(),
+        identity.cert.display(),
+        identity.key.display()
+    )
+}
+
+/// The binary, to signal, with one `route` to `upstream`, its files in `dir`.
+async fn reloading_gateway(dir: &Path, upstream: &FakeUpstream, route: &str) -> BinaryGateway {
+    let toml = gateway_toml_with(
+        &dir.join("idemgate.db"),
+        &upstream.url(),
+        &Setup::route(route),
+    );
+    let config = write_config(dir, "idemgate.toml", &toml);
+    BinaryGateway::start(&config, &dir.join("gateway.log")).await
+}
+
 /// An upstream that requires client certificates signed by `clients`.
 async fn mtls_upstream(pki: &Path, servers: &TestCa, clients: &TestCa) -> FakeUpstream {
     let identity = servers.server_cert(pki, "api");
@@ -313,13 +335,7 @@ async fn an_upstream_requiring_client_certificates_accepts_the_gateways() {
     let clients = TestCa::new(pki.path(), "clients-ca");
     let upstream = mtls_upstream(pki.path(), &servers, &clients).await;
     let identity = clients.client_cert(pki.path(), "gateway");
-    let route = format!(
-        "upstream_ca = \"{}\"\nupstream_client_cert = \"{}\"\nupstream_client_key = \"{}\"\n",
-        servers.pem.display(),
-        identity.cert.display(),
-        identity.key.display()
-    );
-    let gw = spawn_gateway_on(upstream, Setup::route(&route)).await;
+    let gw = spawn_gateway_on(upstream, Setup::route(&mtls_route(&servers, &identity))).await;
 
     let first = write(gw.addr(), "/invoices", Some("mtls-1"), BODY).await;
     assert_fresh_created(&first);
@@ -342,19 +358,7 @@ async fn sighup_reloads_the_upstream_client_certificate() {
     let upstream = mtls_upstream(pki.path(), &servers, &clients).await;
     // A certificate the upstream no longer trusts...
     let identity = strangers.client_cert(pki.path(), "gateway");
-    let route = format!(
-        "upstream_ca = \"{}\"\nupstream_client_cert = \"{}\"\nupstream_client_key = \"{}\"\n",
-        servers.pem.display(),
-        identity.cert.display(),
-        identity.key.display()
-    );
-    let toml = gateway_toml_with(
-        &pki.path().join("idemgate.db"),
-        &upstream.url(),
-        &Setup::route(&route),
-    );
-    let config = write_config(pki.path(), "idemgate.toml", &toml);
-    let gateway = BinaryGateway::start(&config, &pki.path().join("gateway.log")).await;
+    let gateway = reloading_gateway(pki.path(), &upstream, &mtls_route(&servers, &identity)).await;
     let refused = write(gateway.proxy, "/invoices", Some("renewed"), BODY).await;
     refused.assert_operation_problem(502, "upstream-unreachable", "not_attempted");
     // ...renewed in place by one it trusts, then SIGHUP.
@@ -378,19 +382,7 @@ async fn a_new_connection_after_a_reload_presents_the_new_client_certificate() {
     let clients = TestCa::new(pki.path(), "clients-ca");
     let upstream = mtls_upstream(pki.path(), &servers, &clients).await;
     let first = clients.client_cert(pki.path(), "gateway");
-    let route = format!(
-        "upstream_ca = \"{}\"\nupstream_client_cert = \"{}\"\nupstream_client_key = \"{}\"\n",
-        servers.pem.display(),
-        first.cert.display(),
-        first.key.display()
-    );
-    let toml = gateway_toml_with(
-        &pki.path().join("idemgate.db"),
-        &upstream.url(),
-        &Setup::route(&route),
-    );
-    let config = write_config(pki.path(), "idemgate.toml", &toml);
-    let gateway = BinaryGateway::start(&config, &pki.path().join("gateway.log")).await;
+    let gateway = reloading_gateway(pki.path(), &upstream, &mtls_route(&servers, &first)).await;
     // Each write on a connection the upstream closes after it.
     assert_fresh_created(&write(gateway.proxy, "/close", Some("before"), BODY).await);
     let renewed = clients.client_cert(pki.path(), "gateway");
