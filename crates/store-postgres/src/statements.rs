@@ -635,8 +635,8 @@ pub async fn settle_probed(pool: &PgPool, now: i64, probed: &Probed) -> Result<b
     Ok(updated == 1)
 }
 
-/// Pauses `route` if at least `threshold` of its operations are `unknown`;
-/// whether it is paused afterwards.
+/// Pauses `route` if at least `threshold` of its operations are `unknown`,
+/// saying how many are; whether it is paused afterwards.
 pub async fn trip_pause_latch(
     pool: &PgPool,
     now: i64,
@@ -645,8 +645,9 @@ pub async fn trip_pause_latch(
 ) -> Result<bool, StoreError> {
     sqlx::query(
         "INSERT INTO route_pauses (route, reason, paused_by, updated_at)
-         SELECT $1, 'pause_after_unknown: ' || $2 || ' operations unknown', 'latch', $3
-         WHERE (SELECT count(*) FROM operations WHERE route = $1 AND state = 'unknown') >= $2
+         SELECT $1, 'pause_after_unknown: ' || held || ' operations unknown', 'latch', $3
+         FROM (SELECT count(*) AS held FROM operations WHERE route = $1 AND state = 'unknown') c
+         WHERE held >= $2
          ON CONFLICT (route) DO NOTHING",
     )
     .bind(route)

@@ -584,8 +584,8 @@ pub fn settle_probed(conn: &Connection, now: i64, probed: &Probed) -> Result<boo
     Ok(applied)
 }
 
-/// Pauses `route` if at least `threshold` of its operations are `unknown`;
-/// whether it is paused afterwards.
+/// Pauses `route` if at least `threshold` of its operations are `unknown`,
+/// saying how many are; whether it is paused afterwards.
 pub fn trip_pause_latch(
     conn: &Connection,
     now: i64,
@@ -594,10 +594,10 @@ pub fn trip_pause_latch(
 ) -> Result<bool, StoreError> {
     conn.prepare_cached(concat!(
         "INSERT INTO route_pauses (route, reason, paused_by, updated_at)
-         SELECT ?1, 'pause_after_unknown: ' || ?2 || ' operations unknown', 'latch', ?3
-         WHERE (SELECT count(*) FROM operations WHERE route = ?1 AND state = 'unknown' AND ",
+         SELECT ?1, 'pause_after_unknown: ' || held || ' operations unknown', 'latch', ?3
+         FROM (SELECT count(*) AS held FROM operations WHERE route = ?1 AND state = 'unknown' AND ",
         not_in_progress!(),
-        ") >= ?2 ON CONFLICT (route) DO NOTHING"
+        ") WHERE held >= ?2 ON CONFLICT (route) DO NOTHING"
     ))?
     .execute(params![route, threshold, now])?;
     let paused = conn
