@@ -58,18 +58,29 @@ pub fn normalize<B>(request: &mut Request<B>) -> Result<(), FieldError> {
     Ok(())
 }
 
-/// Several `cookie` fields made one, joined with `"; "` in the order sent.
+/// Several `cookie` fields made one, joined with `"; "` in the order sent,
+/// the blank ones left out: a blank value is no cookie (a scope reads it
+/// as none), and joined in it would make `a=1; ; b=2` another scope than
+/// `a=1; b=2`, and blank lines alone a cookie. Only blank ones: none.
 fn join_cookies(headers: &mut HeaderMap) {
-    let mut crumbs = headers.get_all(COOKIE).iter();
-    if let (Some(_), Some(_)) = (crumbs.next(), crumbs.next()) {
-        let joined: Vec<&[u8]> = headers
-            .get_all(COOKIE)
-            .iter()
-            .map(HeaderValue::as_bytes)
-            .collect();
-        // Made of valid values and "; ", it is always a valid value.
-        if let Ok(cookie) = HeaderValue::from_bytes(&joined.join(&b"; "[..])) {
+    let mut fields = headers.get_all(COOKIE).iter();
+    let (Some(_), Some(_)) = (fields.next(), fields.next()) else {
+        return;
+    };
+    let blank = |value: &&[u8]| value.iter().all(|b| matches!(b, b' ' | b'\t'));
+    let crumbs: Vec<&[u8]> = headers
+        .get_all(COOKIE)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .filter(|value| !blank(value))
+        .collect();
+    // Made of valid values and "; ", it is always a valid value.
+    match HeaderValue::from_bytes(&crumbs.join(&b"; "[..])) {
+        Ok(cookie) if !crumbs.is_empty() => {
             headers.insert(COOKIE, cookie);
+        }
+        _ => {
+            headers.remove(COOKIE);
         }
     }
 }
@@ -161,6 +172,16 @@ mod tests {
         let mut h1 = request(Version::HTTP_11, &crumbs);
         normalize(&mut h1).unwrap();
         assert_eq!(cookies(&h1), ["b=2; a=1"]);
+        // Blank ones are no cookie: left out, and alone, none at all.
+        let with_blank = [("cookie", "a=1"), ("cookie", ""), ("cookie", "b=2")];
+        for version in [Version::HTTP_11, Version::HTTP_2] {
+            let mut sent = request(version, &with_blank);
+            normalize(&mut sent).unwrap();
+            assert_eq!(cookies(&sent), ["a=1; b=2"], "{version:?}");
+            let mut blank = request(version, &[("cookie", ""), ("cookie", "")]);
+            normalize(&mut blank).unwrap();
+            assert!(cookies(&blank).is_empty(), "{version:?}");
+        }
     }
 
     #[test]
