@@ -63,8 +63,9 @@ pub async fn call(
     call: &Call<'_>,
     credentials: &HeaderMap,
 ) -> Answer {
+    let asked = || format!("tools/call {}", call.tool);
     let answer = |status, got| Answer {
-        asked: format!("tools/call {}", call.tool),
+        asked: asked(),
         status,
         got,
     };
@@ -83,11 +84,11 @@ pub async fn call(
         sent.pointer("/params/arguments")?.get(name).cloned()
     }) {
         Ok(arguments) => arguments,
-        Err(e) => return Answer::not_asked(format!("tools/call {}", call.tool), &e),
+        Err(e) => return Answer::not_asked(asked(), &e),
     };
     let uri = match route.upstream.uri_for(&call.held.request.path) {
         Ok(uri) => uri,
-        Err(e) => return Answer::not_asked(format!("tools/call {}", call.tool), &e.to_string()),
+        Err(e) => return Answer::not_asked(asked(), &e.to_string()),
     };
     let ask = Asking {
         client,
@@ -104,10 +105,10 @@ pub async fn call(
     // A server of an older revision only refuses a stateless request (400:
     // `Unsupported protocol version`, or `Missing session ID` from one
     // that keeps sessions; or an error for the call): ask again as its
-    // clients do, in a session. What a server refuses both ways is told
-    // as its stateless answer.
+    // clients do, in a session. Where no session could be opened, its
+    // stateless answer is told.
     let refused = |e: &Exchanged| {
-        e.status == 400 || reply(&e.messages).is_some_and(|m| m.get("error").is_some())
+        e.status == 400 || reply(&e.messages, CALL_ID).is_some_and(|m| m.get("error").is_some())
     };
     let exchanged = match stateless {
         Ok(stateless) if refused(&stateless) => {
@@ -118,7 +119,7 @@ pub async fn call(
         Err(error) => return answer(None, Err(error)),
     };
     let status = Some(exchanged.status);
-    let result = reply(&exchanged.messages)
+    let result = reply(&exchanged.messages, CALL_ID)
         .and_then(|m| m.get("result"))
         .cloned();
     let Some(result) = result else {
@@ -155,11 +156,11 @@ fn tool_call(tool: &str, arguments: &Value, stateless: bool) -> Value {
     call
 }
 
-/// The response to a probe's request among `messages`.
-fn reply(messages: &[Value]) -> Option<&Value> {
+/// The response to a probe's request `id` among `messages`.
+fn reply(messages: &[Value], id: i64) -> Option<&Value> {
     messages
         .iter()
-        .find(|m| m.get("id") == Some(&Value::from(CALL_ID)))
+        .find(|m| m.get("id") == Some(&Value::from(id)))
 }
 
 /// How a probe's request speaks MCP.
@@ -274,10 +275,7 @@ impl Asking<'_> {
             },
         });
         let opened = self.exchange(&Speaking::Opening, initialize).await?;
-        let opening = opened
-            .messages
-            .iter()
-            .find(|m| m.get("id") == Some(&Value::from(INITIALIZE_ID)));
+        let opening = reply(&opened.messages, INITIALIZE_ID);
         let Some(result) = opening.and_then(|m| m.get("result")) else {
             return Err(format!(
                 "the server refused a stateless call and a session (HTTP {})",
