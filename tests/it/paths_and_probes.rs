@@ -8,8 +8,10 @@
 //! - empty segments merge: `/o//prot/create`, `//o/prot/create` and
 //!   `/o///prot/create` are `/o/prot/create`, one operation on its route,
 //!   and the upstream receives `/o/prot/create`;
-//! - a `;` parameter or an encoded `%2F`/`%3B` that another upstream's
-//!   reading would move onto another route is 400 `invalid-path`; where
+//! - a `;` parameter or an encoded delimiter (`%2F`, `%3B`, `%3A`, `%40`…)
+//!   that another upstream's reading would move onto another route is 400
+//!   `invalid-path`; under a profile that scopes keys by endpoint, one
+//!   path spelled with and without such an encoding is one endpoint; where
 //!   every reading keeps the route, the path is forwarded as sent;
 //! - a path whose letters in another case (`/API/tasks`), or a `/` added
 //!   at its end (`/o/prot`), match a longer prefix than its own route's is
@@ -152,13 +154,14 @@ async fn a_path_spelled_raw_or_encoded_is_one_endpoint() {
     assert_eq!(gw.upstream.writes(), spellings.len() + 1);
 }
 
-/// An encoded `%2F` or `%3B`, in either case, is a `/` or `;` to an
-/// upstream that decodes before it routes: under a profile that scopes
-/// keys by endpoint (`acp`, `ucp`), a retry spelled so is the same
-/// endpoint's, so its changed path is the profile's `key-reused`, never a
-/// second write.
+/// An encoded delimiter, in either case — `%2F`, `%3B`, or a character a
+/// segment may hold as itself (`%3A`, `%40`, `%2B`, `%21`, `%3D`, `%2C`,
+/// `%27`…) — is that character to an upstream that decodes before it
+/// routes or reads its parameters: under a profile that scopes keys by
+/// endpoint (`acp`, `ucp`), a retry spelled so is the same endpoint's, so
+/// its changed path is the profile's `key-reused`, never a second write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn encoded_separators_name_the_same_endpoint() {
+async fn encoded_delimiters_name_the_same_endpoint() {
     // (profile, collection, key-reused status and code)
     let profiles = [
         ("acp", "/checkout_sessions", 422, "idempotency_conflict"),
@@ -172,6 +175,13 @@ async fn encoded_separators_name_the_same_endpoint() {
         ("/cs_1/complete", "/cs_1/complete%3B"),
         ("/cs_1/complete", "/cs_1/complete%2F"),
         ("/cs_2/complete", "/cs_1%2F..%2Fcs_2/complete"),
+        ("/cs:1/complete", "/cs%3A1/complete"),
+        ("/cs%3a2/complete", "/cs:2/complete"),
+        ("/cs@1/complete", "/cs%401/complete"),
+        ("/cs+1/complete", "/cs%2b1/complete"),
+        ("/cs!1/complete", "/cs%211/complete"),
+        ("/cs=1,2'/complete", "/cs%3D1%2C2%27/complete"),
+        ("/cs($1*&)/complete", "/cs%28%241%2A%26%29/complete"),
     ];
     for (profile, collection, status, code) in profiles {
         let gw = spawn_gateway(&format!("profile = \"{profile}\"")).await;
@@ -365,6 +375,30 @@ async fn a_path_an_upstream_could_route_elsewhere_is_refused() {
         let sent = gw.upstream.write_requests();
         assert_eq!(sent[n].uri, path.replace("%2f", "%2F"), "{path}");
     }
+}
+
+/// A prefix holding a character a segment may hold as itself (`:` in a
+/// custom method, `@` in a handle): the same path with it encoded is the
+/// protected route's to an upstream that decodes before it routes, so it
+/// is refused, never taken by the catch-all that needs no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_with_an_encoded_delimiter_is_not_slipped_past() {
+    let gw = protected_beside_open("/v1/payments:charge", "/").await;
+    for path in [
+        "/v1/payments%3Acharge",
+        "/v1/payments%3acharge/x",
+        "/v1%2Fpayments:charge",
+    ] {
+        let resp = write(gw.addr(), path, None, BODY).await;
+        resp.assert_problem_mentioning(400, "invalid-path", "/v1/payments:charge");
+    }
+    write(gw.addr(), "/v1/payments:charge", None, BODY)
+        .await
+        .assert_problem(400, "missing-key");
+    assert!(gw.upstream.requests().is_empty(), "nothing sent");
+    // Where no reading changes the route, the encoding is data, kept.
+    assert_fresh_created(&write(gw.addr(), "/v1/users/a%40b", None, BODY).await);
+    assert_eq!(gw.upstream.write_requests()[0].uri, "/v1/users/a%40b");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,7 @@
 //!   value can neither split a line nor drive a terminal;
 //! - a line holds no header, query string, credential or body: the path
 //!   is the normalized path alone, without its segments' parameters
-//!   (`pipeline::path::without_parameters`).
+//!   (`request_path::without_parameters`).
 //!
 //! It is not a `tracing` event: it has no level, span or message to write,
 //! and it skips an event's dispatch and per-field `dyn Visit`, which cost

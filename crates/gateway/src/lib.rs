@@ -82,6 +82,7 @@ mod problem;
 pub mod profile;
 pub mod rekey;
 mod replicas;
+mod request_path;
 mod retention;
 pub mod route_settings;
 pub mod server;

@@ -264,7 +264,7 @@ pub fn detail(op: &Operation, events: &[StoredEvent]) -> Value {
     let path = request.path.split('?').next().unwrap_or("");
     // As logs and traces show it: a segment's `;parameters` are where
     // servlet containers put session ids.
-    let path = crate::pipeline::path::without_parameters(path);
+    let path = crate::request_path::without_parameters(path);
     let mut request_json = json!({
         "method": request.method,
         "path": path,

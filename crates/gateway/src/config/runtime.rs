@@ -388,6 +388,8 @@ pub struct Route {
     pub name: String,
     /// The conventions the route speaks on the wire (docs/profiles.md).
     pub profile: Profile,
+    /// In normal form, read alike by every upstream (`request_path::prefix`),
+    /// as the request paths it is matched against are.
     pub path_prefix: String,
     pub upstream: Upstream,
     /// Extra trust roots and a client certificate for an https upstream.

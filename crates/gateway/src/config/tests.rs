@@ -256,6 +256,38 @@ fn routes_need_unique_names_and_prefixes() {
     assert!(error_of("[server]\n").contains("at least one"));
 }
 
+/// A prefix is matched against paths in normal form, so it is kept in
+/// that form; one an upstream reads as another path would serve nothing
+/// (each path under it refused as that path's route), so it is refused.
+#[test]
+fn a_prefix_is_kept_in_normal_form_and_read_alike_by_upstreams() {
+    let at = |prefix: &str| {
+        format!("[[routes]]\nname = \"a\"\nupstream = \"http://h\"\npath_prefix = \"{prefix}\"\n")
+    };
+    for (written, kept) in [
+        ("/%61pi", "/api"),
+        ("/a//b/", "/a/b/"),
+        ("/v1/caf\u{e9}", "/v1/caf%C3%A9"),
+        ("/v1/payments:charge", "/v1/payments:charge"),
+    ] {
+        let config = Config::from_toml_str(&at(written), "t").expect(written);
+        assert_eq!(config.routes[0].path_prefix, kept, "{written}");
+    }
+    for (written, read) in [
+        ("/v1/payments%3Acharge", "/v1/payments:charge"),
+        ("/users/%40me", "/users/@me"),
+        ("/a%2Fb", "/a/b"),
+        ("/api;v=1", "/api"),
+    ] {
+        let error = error_of(&at(written));
+        assert!(
+            error.contains("routes[0].path_prefix") && error.contains(&format!("`{read}`")),
+            "{written}: {error}"
+        );
+    }
+    assert!(error_of(&at("/a%zz")).contains("two hex digits"));
+}
+
 #[test]
 fn alerts_are_validated_with_their_defaults() {
     let alert = |lines: &str| format!("{MINIMAL}[[alerts]]\n{lines}\n");

@@ -28,6 +28,7 @@ use super::runtime::{
 };
 use super::{ConfigError, Durability, StoreConfig, StoreUrl};
 use crate::profile::{Profile, Wire};
+use crate::request_path;
 use idemgate_store::scope_key;
 
 /// Headers no key may be sent in ([`Validator::key_header`]): framing and
@@ -724,6 +725,8 @@ impl Validator<'_> {
         if !path_prefix.starts_with('/') || path_prefix.contains(['?', '#']) {
             return Err(self.invalid(field("path_prefix"), "must be a path starting with `/`"));
         }
+        let path_prefix = request_path::prefix(&path_prefix)
+            .map_err(|error| self.invalid(field("path_prefix"), error.to_string()))?;
         let upstream_text = raw
             .upstream
             .ok_or_else(|| self.invalid(field("upstream"), "is required"))?;

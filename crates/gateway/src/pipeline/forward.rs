@@ -258,7 +258,7 @@ impl Peer {
 
 /// Rewrites a request head, in place, as the upstream gets it, for writes
 /// and pass-through alike. Its path is the request's as `Proxy::handle`
-/// left it: normalized ([`crate::pipeline::path`]), so the upstream
+/// left it: normalized ([`crate::request_path`]), so the upstream
 /// performs the write on the path that was routed and fingerprinted; the
 /// request line is in origin form (the connection is the upstream's).
 fn upstream_head(route: &Route, parts: &mut request::Parts, peer: &Peer) {

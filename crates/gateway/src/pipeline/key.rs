@@ -16,9 +16,9 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
 use crate::pipeline::fingerprint::digest_hex;
-use crate::pipeline::path;
 use crate::pipeline::signer::signer;
 use crate::profile::{KeySyntax, Profile, Wire};
+use crate::request_path;
 use idemgate_model::canonical_json::{self, NotExact};
 use idemgate_model::operation::Fingerprint;
 use idemgate_store::scope_key::ScopeKey;
@@ -385,7 +385,7 @@ impl Scope {
         let mut hasher = Sha256::new();
         hasher.update(b"idemgate-scope-v1:narrowed");
         hasher.update(self.digest.as_bytes());
-        let endpoint = wire.scope_path.then(|| path::endpoint(path));
+        let endpoint = wire.scope_path.then(|| request_path::endpoint(path));
         let path = endpoint.as_deref().map(|p| (&b"path"[..], p.as_bytes()));
         for (label, part) in path.into_iter().chain(sent) {
             hasher.update(label);

@@ -79,7 +79,6 @@ pub mod key;
 pub(crate) mod landing;
 pub(crate) mod mcp;
 pub(crate) mod method;
-pub(crate) mod path;
 pub(crate) mod pool;
 pub(crate) mod quota;
 pub mod reconcile;
@@ -111,6 +110,7 @@ use crate::body::{BoxError, ClientBody, ProxyBody, declared_length, stream};
 use crate::config::{Config, KeyMode, RotatedKeys, Route};
 use crate::metrics::{Metrics, OperationId, Outcome, RouteSeries, StoreFailure};
 use crate::profile::{Profile, Wire};
+use crate::request_path;
 use crate::tls::{Reloadable, TlsError};
 use crate::traces::{self, Step, Tracing};
 use attempt::Attempt;
@@ -246,18 +246,10 @@ impl Proxy {
             .routes
             .iter()
             .map(|route| {
-                // Matched against paths in normal form: its prefix too.
-                let path_prefix = match path::normal_form(&route.path_prefix) {
-                    Ok(normal) => normal.into_owned(),
-                    Err(_) => route.path_prefix.clone(),
-                };
                 let slots = forward::slots(route);
                 let identity = forward::identity(route)?;
                 Ok(Arc::new(ActiveRoute {
-                    route: Arc::new(Route {
-                        path_prefix,
-                        ..route.clone()
-                    }),
+                    route: Arc::new(route.clone()),
                     client: forward::pool(route, None, &slots, identity.as_ref())?,
                     writes: forward::pool(route, Some(store.fence()), &slots, identity.as_ref())?,
                     probes: forward::probe_client(route, identity.as_ref())?,
@@ -397,7 +389,7 @@ impl Proxy {
         // The head as sent, before its path is normalized.
         let head_bytes = head_size(&request);
         // Phase 0, once: from here on the request's path is in normal form.
-        let normalized = path::normalize(request.uri_mut());
+        let normalized = request_path::normalize(request.uri_mut());
         let host = host::normalize(&mut request);
         let fields = fields::normalize(&mut request);
         let path = request.uri().path().to_string();
@@ -408,7 +400,7 @@ impl Proxy {
         let logged = if status::names_a_lookup(&path) {
             Cow::Borrowed(status::logged_path(&path))
         } else {
-            path::without_parameters(&path)
+            request_path::without_parameters(&path)
         };
         let routed = normalized.and_then(|()| {
             if reserved {

@@ -2,17 +2,17 @@
 //! longest `path_prefix` that matches on a segment boundary.
 //!
 //! Invariant: a request's route is the one the upstream's own reading of its
-//! path would give. The normal form (`path`) settles every spelling it can;
+//! path would give. The normal form (`request_path`) settles every spelling it can;
 //! for the ones it cannot, [`select_unambiguous`] refuses a path that another
 //! reading puts on another route, instead of guessing which upstream it is:
-//! `;` parameters, `%2F` and `%3B` (see [`path::readings`]), and the
+//! `;` parameters, encoded delimiters (see [`request_path::readings`]), and the
 //! [`Spellings`] a route's prefix may be matched in — letters in another
 //! case (Express by default, ASP.NET Core and IIS route without regard to
 //! it) and a trailing `/` (Express's default routing, and others', takes
 //! `/o/prot` for `/o/prot/`).
 
 use crate::config::Route;
-use crate::pipeline::path::{self, PathError};
+use crate::request_path::{self, PathError};
 
 /// Whether a table's prefixes may be matched by a path spelled otherwise
 /// than they are — in another case, or without the `/` one ends in —
@@ -101,7 +101,7 @@ fn respelled(prefix: &str, path: &str, case: bool) -> Option<String> {
 }
 
 /// Like [`select`] for a path in normal form, but an error if another
-/// upstream's reading of `path` — [`path::readings`], or a prefix matched
+/// upstream's reading of `path` — [`request_path::readings`], or a prefix matched
 /// in other [`Spellings`] — selects another entry: the write would then run
 /// under rules it does not get here.
 pub fn select_unambiguous<'a, R>(
@@ -115,7 +115,7 @@ pub fn select_unambiguous<'a, R>(
     if let Some(reading) = spellings.another(routes, path, chosen, &route_of) {
         return refused(reading);
     }
-    for reading in path::readings(path) {
+    for reading in request_path::readings(path) {
         let other = select(routes, &reading, &route_of);
         let same = match (chosen, other) {
             (Some(a), Some(b)) => std::ptr::eq(a, b),

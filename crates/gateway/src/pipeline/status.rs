@@ -23,7 +23,7 @@ use crate::metrics::{OperationId, Outcome};
 use crate::pipeline::ActiveRoute;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::key::{IdempotencyKey, KeyError, Scope};
-use crate::pipeline::path::{self, PathError};
+use crate::request_path::{self, PathError};
 use idemgate_model::clock::rfc3339;
 use idemgate_store::Operators;
 use idemgate_store::scope_key::ScopeKey;
@@ -128,5 +128,5 @@ fn written_path(query: Option<&str>) -> Result<Option<String>, ProxyError> {
     let decoded = percent_decode_str(value)
         .decode_utf8()
         .map_err(|_| ProxyError::InvalidPath(PathError::Unrepresentable))?;
-    Ok(Some(path::normal_form(&decoded)?.into_owned()))
+    Ok(Some(request_path::normal_form(&decoded)?.into_owned()))
 }

@@ -33,9 +33,12 @@
 //!
 //! Two spellings have no one reading, so no normal form can settle them: a
 //! `;` parameter in a segment (`/api;x/tasks` is `/api/tasks` to a servlet
-//! container, `/api;x/tasks` to nginx) and an encoded `%2F` or `%3B` (a `/`
-//! or `;` to an upstream that decodes before it routes, data to one that
-//! does not). They are kept as sent, and [`readings`] lists what other
+//! container, `/api;x/tasks` to nginx) and an encoded delimiter — `%2F`,
+//! `%3B`, or another character a segment may also hold as itself, such as
+//! `%3A` or `%40` ([`DELIMITERS`]): a `/`, `;`, `:` or `@` to an upstream
+//! that decodes before it routes, data to one that does not; and
+//! re-encoding or decoding it would change what a signed request signs.
+//! They are kept as sent, and [`readings`] lists what other
 //! upstreams make of them, so that route selection can refuse a path whose
 //! route those readings would change (`route::select_unambiguous`);
 //! [`endpoint`] reads them the widest way, so that a profile scoping keys
@@ -58,9 +61,30 @@ pub enum PathError {
     /// routes without regard to case or to a trailing `/` would take the
     /// path for `reading`, on another route.
     #[error(
-        "the request path belongs to another route when read as an upstream may read it ({reading}: `;` parameters stripped, `%2F` and `%3B` decoded, letters in another case, or a `/` at the end); send that path instead"
+        "the request path belongs to another route when read as an upstream may read it ({reading}: `;` parameters stripped, encoded delimiters such as `%2F`, `%3B` or `%3A` decoded, letters in another case, or a `/` at the end); send that path instead"
     )]
     AnotherRouteWhenRead { reading: String },
+    /// A route's prefix that upstreams read as another path: a request
+    /// under it would be refused as [`PathError::AnotherRouteWhenRead`].
+    #[error(
+        "`{prefix}` is `{reading}` to an upstream that strips `;` parameters or decodes what a path may hold as itself (`%2F`, `%3B`, `%3A`, `%40`…): write the prefix as the path that upstream reads, or the route serves nothing"
+    )]
+    PrefixReadOtherwise { prefix: String, reading: String },
+}
+
+/// A route's `path_prefix` as the normal-form paths it is matched against
+/// spell it (`/%61pi` is `/api`), refused when an upstream reads it as
+/// another path ([`readings`]): each path under it would be, and route
+/// selection would refuse them all.
+pub(crate) fn prefix(prefix: &str) -> Result<String, PathError> {
+    let normal = normal_form(prefix)?.into_owned();
+    match readings(&normal).into_iter().next() {
+        Some(reading) => Err(PathError::PrefixReadOtherwise {
+            prefix: normal,
+            reading,
+        }),
+        None => Ok(normal),
+    }
 }
 
 /// Rewrites `uri`'s path into normal form, keeping its query (and scheme and
@@ -113,12 +137,12 @@ pub fn normal_form(path: &str) -> Result<Cow<'_, str>, PathError> {
 }
 
 /// The normal forms other upstreams give the normal-form `path`, where they
-/// differ from it: with `%2F` and `%3B` decoded (an upstream that decodes
-/// before it routes), with every segment's `;` parameters stripped (a
+/// differ from it: with its encoded [`DELIMITERS`] decoded (an upstream
+/// that decodes before it routes), with every segment's `;` parameters stripped (a
 /// servlet container), and both (the first in front of the second).
 /// Empty for a path with neither spelling, as most are.
 pub fn readings(path: &str) -> Vec<String> {
-    let decoded = decode_separators(path);
+    let decoded = decode_delimiters(path);
     if decoded.is_none() && !path.contains(';') {
         return Vec::new();
     }
@@ -138,14 +162,14 @@ pub fn readings(path: &str) -> Vec<String> {
 
 /// The endpoint the normal-form `path` names, as a profile that scopes
 /// keys by endpoint reads it (`Wire::scope_path`): the path as the
-/// widest of its [`readings`] gives it — `%2F` and `%3B` decoded, then
+/// widest of its [`readings`] gives it — encoded delimiters decoded, then
 /// every segment's `;` parameters stripped — with a trailing `/` dropped,
 /// since some upstream reads each of those spellings as the same endpoint
 /// (one that decodes before it routes, a servlet container, most
 /// frameworks); a key reused across them is then one scope's, and its
 /// changed path a `key-reused`, never a second write.
 pub fn endpoint(path: &str) -> Cow<'_, str> {
-    let decoded = decode_separators(path);
+    let decoded = decode_delimiters(path);
     let with_parameters = decoded.as_deref().unwrap_or(path);
     let read = if with_parameters.contains(';') {
         Some(strip_parameters(with_parameters))
@@ -159,15 +183,38 @@ pub fn endpoint(path: &str) -> Cow<'_, str> {
     }
 }
 
-/// The normal-form `path` with `%2F` and `%3B` decoded, as an upstream that
-/// decodes before it routes reads it (the normal form spells them
-/// upper-case, so `%2f` and `%3b` are these too); `None` when it holds
-/// neither.
-fn decode_separators(path: &str) -> Option<String> {
-    // Byte scans first: a substring search costs hundreds of instructions
-    // even on a short path, and most paths hold no `%`.
-    let encoded = path.contains('%') && (path.contains("%2F") || path.contains("%3B"));
-    encoded.then(|| path.replace("%2F", "/").replace("%3B", ";"))
+/// What a segment may hold as itself (RFC 3986's `pchar`, less the
+/// unreserved characters the normal form already decodes) and a path may
+/// therefore spell two ways: the separators `/` and `;`, the other
+/// sub-delims, `:` and `@`. An upstream that decodes its path before it
+/// routes or reads it (nginx's `location`, Go's `URL.Path`, Express's and
+/// Django's parameters) takes `%3A` for `:`, so `/cs%3A1` and `/cs:1` are
+/// one endpoint to it.
+const DELIMITERS: &[u8] = b"/;!$&'()*+,:=@";
+
+/// The normal-form `path` with every encoded [`DELIMITERS`] character
+/// decoded, as an upstream that decodes before it routes reads it (the
+/// normal form spells encodings upper-case, and every `%` it holds starts
+/// one); `None` when it holds none.
+fn decode_delimiters(path: &str) -> Option<String> {
+    let (mut read, mut copied) = (String::new(), 0);
+    for (at, _) in path.match_indices('%') {
+        let delimiter = path
+            .get(at + 1..at + 3)
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+            .filter(|byte| DELIMITERS.contains(byte));
+        if let Some(byte) = delimiter {
+            read.push_str(&path[copied..at]);
+            read.push(char::from(byte));
+            copied = at + 3;
+        }
+    }
+    // A path starts with `/`: nothing decoded is nothing copied.
+    if copied == 0 {
+        return None;
+    }
+    read.push_str(&path[copied..]);
+    Some(read)
 }
 
 /// A reading of a normal-form path in normal form again: decoding and
@@ -437,6 +484,25 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoint_reads_every_encoded_delimiter_as_itself() {
+        for (path, read) in [
+            ("/cs%3A1", "/cs:1"),
+            ("/u/%40me/x", "/u/@me/x"),
+            ("/a%21%24%26%27%28%29%2A%2B%2C%3D", "/a!$&'()*+,="),
+            ("/a%3Ab%3Bc/d", "/a:b/d"),
+        ] {
+            assert_eq!(endpoint(path), read, "{path}");
+            assert_eq!(endpoint(path), endpoint(read), "{path}");
+        }
+        // What a segment may not hold as itself stays encoded: decoding
+        // `%25`, `%3F` or `%20` would make another path, not a spelling.
+        for kept in ["/a%25b", "/a%3Fb", "/a%23b", "/a%20b", "/caf%C3%A9"] {
+            assert!(matches!(endpoint(kept), Cow::Borrowed(_)), "{kept}");
+            assert!(readings(kept).is_empty(), "{kept}");
+        }
+    }
+
+    #[test]
     fn readings_list_what_stripping_and_decoding_upstreams_route_on() {
         let read = |path: &str| readings(path);
         assert!(read("/api/tasks").is_empty());
@@ -447,6 +513,8 @@ mod tests {
         assert_eq!(read("/a/x%2F..%2Fb"), ["/a/b"]);
         assert_eq!(read("/a%3Bx/b"), ["/a;x/b", "/a/b"]);
         assert_eq!(read("/a;p%2Fq/b"), ["/a;p/q/b", "/a/b", "/a/q/b"]);
+        assert_eq!(read("/v1/payments%3Acharge"), ["/v1/payments:charge"]);
+        assert_eq!(read("/a%3Db;x/c"), ["/a=b;x/c", "/a%3Db/c", "/a=b/c"]);
         // A reading that is the path itself is no other reading.
         assert!(read("/a%2F").iter().all(|p| p != "/a%2F"));
     }
