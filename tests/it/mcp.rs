@@ -1681,6 +1681,58 @@ async fn a_call_and_a_listing_are_asked_for_in_no_content_coding() {
     assert_eq!(sent[3].header("accept-encoding"), Some("gzip, deflate"));
 }
 
+/// A server may list its tools otherwise for another caller — a
+/// credential, or a query naming a tenant or carrying a token: a listing
+/// answered to one caller says nothing of another's calls, so one
+/// caller's read-only hint never leaves another's write unprotected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_hint_speaks_for_the_caller_it_was_listed_to() {
+    let gw = events_gateway().await;
+    let at = |auth: &'static str, path: &'static str, body: Value| {
+        let addr = gw.addr();
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("accept", BOTH),
+                ("authorization", auth),
+                ("mcp-protocol-version", "2025-11-25"),
+            ];
+            send(addr, "POST", path, &headers, body.to_string()).await
+        }
+    };
+    let listing = r#"data: {"jsonrpc":"2.0","id":{id},"result":{"tools":[{"name":"lookup","annotations":{"readOnlyHint":true}}]}}"#;
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+                      "params": {"arguments": {"events": [format!("{listing}\n\n")]}}});
+    for (auth, path) in [(BOB, "/mcp-events"), (ALICE, "/mcp-events?tenant=ro")] {
+        let listed = at(auth, path, list.clone()).await;
+        assert!(String::from_utf8_lossy(&listed.body).contains("readOnlyHint"));
+    }
+    let response = r#"data: {"jsonrpc":"2.0","id":{id},"result":{"content":[]}}"#;
+    let events = json!([format!("{response}\n\n")]);
+    let call = |id: u64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": "lookup", "arguments": {"title": "t", "events": events}}})
+    };
+    // Alice never listed `lookup` here: her call is a write, run once.
+    let first = at(ALICE, "/mcp-events", call(2)).await;
+    assert!(!first.is_replay(), "{:?}", first.json());
+    let again = at(ALICE, "/mcp-events", call(3)).await;
+    assert!(again.is_replay(), "{:?}", again.json());
+    assert_eq!(gw.upstream.writes(), 3, "two listings, one call");
+    // Where it was listed read-only, it runs every time.
+    for (auth, path, id) in [(BOB, "/mcp-events", 4), (BOB, "/mcp-events", 5)] {
+        assert!(!at(auth, path, call(id)).await.is_replay());
+    }
+    for id in [6, 7] {
+        assert!(
+            !at(ALICE, "/mcp-events?tenant=ro", call(id))
+                .await
+                .is_replay()
+        );
+    }
+    assert_eq!(gw.upstream.writes(), 7);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_cancelling_a_call_in_flight_is_refused_and_the_call_runs_on() {
     let gw = spawn_gateway_at("/scripted", "profile = \"mcp\"").await;

@@ -159,12 +159,15 @@ pub fn classify(
     }
     // A call the gateway cannot protect is never sent on: a lenient server
     // would run it, unprotected, as often as it came.
-    if !matches!(id, Value::String(_) | Value::Number(_)) {
+    // A fraction is no integer (an SDK's server reads `1.5` as no id at
+    // all, a notification it never answers).
+    let integral = |n: &serde_json::Number| n.as_f64().is_some_and(|n| n.fract() == 0.0);
+    if !matches!(&id, Value::String(_)) && !matches!(&id, Value::Number(n) if integral(n)) {
         return Classified::Refused(Refusal {
             id: Value::Null,
             code: code::INVALID_REQUEST,
             message: "a tools/call is a request: its `id` is a string or an integer (never null, \
-                      nor absent as in a notification)"
+                      a fraction, nor absent as in a notification)"
                 .into(),
         });
     }
@@ -371,6 +374,15 @@ mod tests {
                 panic!("{id}: a tool call is protected");
             };
             assert_eq!(protected.id_as_sent.get(), id);
+        }
+        // A fraction is no integer: refused, never sent to be read as a
+        // notification and left unanswered.
+        for id in ["1.5", "0.5", "-7.25", "7e-1"] {
+            let body = call_of("create_task").replace(r#""id":7"#, &format!(r#""id": {id}"#));
+            let Classified::Refused(refusal) = classify_as(&[], &body) else {
+                panic!("{id}: refused");
+            };
+            assert_eq!(refusal.code, code::INVALID_REQUEST, "{id}");
         }
     }
 

@@ -46,12 +46,12 @@ pub enum Caller {
 }
 
 impl Caller {
-    /// The caller of a request with `headers`, whose scope is `scope` (read
-    /// only when it has no session).
-    pub fn of(headers: &HeaderMap, scope: impl FnOnce() -> String) -> Caller {
+    /// The caller of a request with `headers`, whose scope is `scope`
+    /// (which names it when it has no session).
+    pub fn of(headers: &HeaderMap, scope: String) -> Caller {
         match session(headers) {
             Some(session) => Caller::Session(session),
-            None => Caller::Scope(scope()),
+            None => Caller::Scope(scope),
         }
     }
 }
@@ -115,7 +115,7 @@ impl InFlightCalls {
     /// Counts `caller`'s call `id` in flight, for as long as the returned
     /// [`Pending`] lives.
     pub fn track(self: &Arc<Self>, caller: Caller, id: &Value, relay: Option<Relay>) -> Pending {
-        let key = (caller, id_key(id));
+        let key = (caller, correlated(id));
         *self.calls.entry(key.clone()).or_default() += 1;
         Pending {
             id: id.clone(),
@@ -152,7 +152,25 @@ impl InFlightCalls {
         let Some(id) = message.pointer("/params/requestId") else {
             return false;
         };
-        self.calls.contains_key(&(caller.clone(), id_key(id)))
+        self.calls.contains_key(&(caller.clone(), correlated(id)))
+    }
+}
+
+/// `id` as the servers a call may reach correlate it, the cancellation's
+/// `requestId` with the call's: a number by its value ([`id_key`]), and a
+/// string that reads as a number as that number — the Python SDK takes
+/// `"7"` (and `" 07 "`, `"+7"`, `"7_0"` for 70: Python's `int`) for the
+/// call `7`, and `"7"` for a call `"7"` by the same rule. Reading more
+/// strings as one id than a server does only means a cancellation the
+/// gateway takes itself (the call runs on); reading fewer sent one on.
+fn correlated(id: &Value) -> String {
+    let number = id.as_str().and_then(|text| {
+        let loose: String = text.trim().chars().filter(|c| *c != '_').collect();
+        loose.parse::<f64>().ok().filter(|n| n.is_finite())
+    });
+    match number {
+        Some(number) => id_key(&Value::from(number)),
+        None => id_key(id),
     }
 }
 
@@ -247,7 +265,7 @@ mod tests {
     }
 
     fn session_of(id: &str) -> Caller {
-        Caller::of(&in_session(id), || unreachable!("a session is the caller"))
+        Caller::of(&in_session(id), "its scope".into())
     }
 
     const CANCEL_7: &[u8] =
@@ -263,15 +281,42 @@ mod tests {
         let first = calls.track(a.clone(), &Value::from(7.0), None);
         let again = calls.track(a.clone(), &Value::from(7), None);
         assert!(taken(&a, CANCEL_7));
-        // Another session's request 7, or request "7", is another call.
+        // Another session's request 7 is another call.
         assert!(!taken(&b, CANCEL_7));
-        let quoted =
-            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"7"}}"#;
-        assert!(!taken(&a, quoted));
         drop(first);
         assert!(taken(&a, CANCEL_7));
         drop(again);
         assert!(!taken(&a, CANCEL_7));
+    }
+
+    /// The Python SDK's server takes `"7"` for request 7 (and the
+    /// reverse): a cancellation spelled so stopped the call the gateway
+    /// had been told it would take.
+    #[test]
+    fn a_cancellation_names_its_call_as_a_server_correlates_ids() {
+        let calls = Arc::new(InFlightCalls::default());
+        let a = session_of("a");
+        let cancel = |id: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{id}}}}}"#
+            )
+        };
+        let taken = |id: &str| calls.cancelling(&a, cancel(id).as_bytes()) == Cancelling::Alone;
+        let number = calls.track(a.clone(), &Value::from(7), None);
+        for same in ["7", "7.0", r#""7""#, r#"" 07 ""#, r#""+7""#, r#""7.0""#] {
+            assert!(taken(same), "{same}");
+        }
+        for other in ["8", r#""7a""#, r#""x""#, "\"\"", r#""70""#] {
+            assert!(!taken(other), "{other}");
+        }
+        drop(number);
+        let text = calls.track(a.clone(), &Value::from("5"), None);
+        assert!(taken("5") && taken(r#""5""#) && taken(r#""05""#));
+        drop(text);
+        let word = calls.track(a.clone(), &Value::from("req-1"), None);
+        assert!(taken(r#""req-1""#) && !taken(r#""req-2""#));
+        drop(word);
+        assert!(!taken(r#""req-1""#));
     }
 
     #[test]
@@ -301,8 +346,8 @@ mod tests {
     fn without_a_session_a_cancellation_names_its_scopes_calls() {
         let calls = Arc::new(InFlightCalls::default());
         let (alice, bob) = (
-            Caller::of(&HeaderMap::new(), || "scope-alice".into()),
-            Caller::of(&HeaderMap::new(), || "scope-bob".into()),
+            Caller::of(&HeaderMap::new(), "scope-alice".into()),
+            Caller::of(&HeaderMap::new(), "scope-bob".into()),
         );
         let _call = calls.track(alice.clone(), &Value::from(7), None);
         assert_eq!(calls.cancelling(&bob, CANCEL_7), Cancelling::Nothing);

@@ -72,10 +72,13 @@ impl Proxy {
             Ok(read) => read,
             Err(error) => return error.into_response(),
         };
-        let caller = cancel::Caller::of(&parts.headers, || {
-            let scope = self.scope_of(route, &parts);
-            scope.map(|s| s.as_str().to_string()).unwrap_or_default()
-        });
+        // The caller's scope: whose calls a cancellation without a session
+        // names, and whose listings tell what a call is.
+        let scope = self.scope_of(route, &parts);
+        let scope = scope.map(|s| s.as_str().to_string()).unwrap_or_default();
+        let tools = route.mcp.clone().unwrap_or_default();
+        let endpoint = tools::listed_at(&parts.uri, &route.path_prefix, &scope);
+        let caller = cancel::Caller::of(&parts.headers, scope);
         match active.calls.cancelling(&caller, &body) {
             cancel::Cancelling::Nothing => {}
             cancel::Cancelling::Alone => return answer::accepted(),
@@ -89,8 +92,6 @@ impl Proxy {
                 });
             }
         }
-        let tools = route.mcp.clone().unwrap_or_default();
-        let endpoint = tools::listed_at(&parts.uri, &route.path_prefix);
         let known = (&active.learned, endpoint.as_str());
         match call::classify(&parts.headers, &body, &tools, known) {
             call::Classified::Refused(refusal) => answer::refused(refusal),
@@ -216,7 +217,7 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let route = &active.route;
         let scope = self.scope_of(route, &parts)?;
-        let caller = cancel::Caller::of(&parts.headers, || scope.as_str().to_string());
+        let caller = cancel::Caller::of(&parts.headers, scope.as_str().to_string());
         let request = (&parts.uri, &parts.headers);
         let identified = identity::identify(call, request, &body.0, route, &scope)?;
         let sent = identified.source == identity::KeySource::Sent;

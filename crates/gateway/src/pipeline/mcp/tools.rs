@@ -4,11 +4,14 @@
 //!
 //! Invariants: an annotation is a hint from the server, so it only decides
 //! for a tool the route's `[routes.mcp]` names in neither list
-//! (`pipeline::mcp::call`); what is learned is the endpoint's (the path
-//! below the route's prefix, without the query a call's fingerprint also
-//! has, where a per-user token may be): one route may
-//! front several servers, and one server's read-only `sync` says nothing
-//! of another's; the latest list an endpoint answers that names a tool
+//! (`pipeline::mcp::call`); what is learned is the endpoint's, as one
+//! caller reaches it (the path below the route's prefix, with its query
+//! and the caller's scope, which is how calls are told apart too): one
+//! route may front several servers, and one server's read-only `sync`
+//! says nothing of another's; a server may list its tools otherwise for
+//! another tenant or user (a query or a credential naming them), and one
+//! caller's read-only hint must not leave another's write unprotected;
+//! the latest list an endpoint answers that names a tool
 //! decides for it there, so a tool whose hint is withdrawn is protected
 //! again; what is learned is kept in memory per route, never stored.
 
@@ -19,6 +22,7 @@ use bytes::BytesMut;
 use http::Response;
 use http_body_util::BodyExt;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::body::{Prefixed, ProxyBody, full, stream};
 use crate::config::Route;
@@ -74,13 +78,19 @@ impl Learned {
     }
 }
 
-/// The endpoint a listing from `uri` speaks for: its path below the
-/// route's `prefix`, not its query, where a per-user token may be (each
-/// value would be one more endpoint to remember, up to the cap, and a
-/// token kept).
-pub fn listed_at(uri: &http::Uri, prefix: &str) -> String {
+/// The endpoint a listing from `uri` by the caller of `scope` (its
+/// digest) speaks for, and a call there asks about: its path below the
+/// route's `prefix`, then a digest of its query and of `scope` — a token
+/// a query or a credential carries is never kept.
+pub fn listed_at(uri: &http::Uri, prefix: &str, scope: &str) -> String {
     let path = uri.path();
-    path.strip_prefix(prefix).unwrap_or(path).to_string()
+    let below = path.strip_prefix(prefix).unwrap_or(path);
+    let caller = Sha256::new()
+        .chain_update(uri.query().unwrap_or_default())
+        .chain_update([0])
+        .chain_update(scope)
+        .finalize();
+    format!("{below} {}", hex::encode(&caller[..16]))
 }
 
 /// The answer to a `tools/list` passing through `route` from `endpoint`,
@@ -160,9 +170,23 @@ mod tests {
             !learned.read_only("", "sync"),
             "the prefix's own is another endpoint"
         );
-        let at = |uri: &'static str| listed_at(&http::Uri::from_static(uri), "/mcp");
-        assert_eq!(at("/mcp/jira?token=u1"), at("/mcp/jira?token=u2"));
-        assert_eq!(at("/mcp/jira?token=u1"), "/jira");
-        assert_eq!(at("/mcp"), "");
+    }
+
+    /// A listing a server answers one caller speaks for that caller:
+    /// another query (a tenant, a token) or another scope (a credential)
+    /// is another endpoint, and neither the query nor the scope is kept.
+    #[test]
+    fn an_endpoint_is_reached_by_one_caller() {
+        let at =
+            |uri: &'static str, scope: &str| listed_at(&http::Uri::from_static(uri), "/mcp", scope);
+        assert_eq!(at("/mcp/jira?t=1", "a"), at("/mcp/jira?t=1", "a"));
+        assert_ne!(at("/mcp/jira?t=1", "a"), at("/mcp/jira?t=2", "a"));
+        assert_ne!(at("/mcp/jira?t=1", "a"), at("/mcp/jira?t=1", "b"));
+        assert_ne!(at("/mcp/jira", "a"), at("/mcp/github", "a"));
+        // The query and the scope are not read as each other.
+        assert_ne!(at("/mcp/jira?a", ""), at("/mcp/jira", "a"));
+        let endpoint = at("/mcp/jira?token=secret-u1", "a");
+        assert!(endpoint.starts_with("/jira "), "{endpoint}");
+        assert!(!endpoint.contains("secret"), "{endpoint}");
     }
 }
