@@ -282,6 +282,9 @@ async fn refused_write_is_not_attempted_and_the_client_retry_is_attempt_2() {
 
     let refused = write(gw.addr(), "/orders", Some("conn-2"), BODY).await;
     refused.assert_operation_problem(502, "upstream-unreachable", "not_attempted");
+    // Nothing was sent, so a retry now is the next attempt: said so to an
+    // SDK that retries a POST only when told to (azure-core).
+    assert_eq!(refused.header("retry-after"), Some("1"));
     let stored = gw.operation("conn-2").await;
     assert_eq!(stored["state"], "not_attempted");
     assert_eq!(

@@ -262,7 +262,8 @@ impl ProxyError {
         use ProxyError::*;
         let (kind, operation) = self.kind();
         let retry_after = match self {
-            InProgress { .. } | Overloaded { .. } => Some(1),
+            // Nothing was sent: a retry now is the next attempt.
+            InProgress { .. } | Overloaded { .. } | UpstreamUnreachable { .. } => Some(1),
             QuotaExceeded { spent, .. } => Some(spent.retry_after),
             StoreUnavailable { .. } | StoreUnavailableAfterSend { .. } | LeaseLost { .. } => {
                 Some(2)
