@@ -438,6 +438,33 @@ async fn a_lagging_lookup_that_the_confirm_request_agrees_with_releases() {
     assert_eq!(absent[0]["confirm"]["count"], Value::Null);
 }
 
+/// A probe that asks a list or a search (the only lookup Stripe's API
+/// has) finds the write inside its answer: retries got the whole list as
+/// the created object, which stripe-python returned as a `ListObject`
+/// with no `id`. With `result_json_pointer` they get the write's object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_found_in_a_list_is_answered_with_its_own_object() {
+    let gw = probing(
+        "url = \"{up}/records?key={key}\"\nfound_json_pointer = \"/data/0/id\"\n\
+         count_json_pointer = \"/data\"\nresult_json_pointer = \"/data/0\"",
+        "",
+    )
+    .await;
+    gw.upstream.script(Scripted::Drop);
+    let lost = write(gw.addr(), "/scripted", Some("listed-1"), BODY).await;
+    assert_eq!(lost.status, StatusCode::BAD_GATEWAY, "{:?}", lost.body);
+    let found = retried_while_held(&gw, "listed-1").await;
+    assert!(found.is_replay(), "{:?} {:?}", found.status, found.body);
+    assert_eq!(found.status, StatusCode::OK);
+    assert_eq!(found.json(), json!({"id": 1}), "the write's object alone");
+    assert_eq!(found.header("content-type"), Some("application/json"));
+    let again = write(gw.addr(), "/scripted", Some("listed-1"), BODY).await;
+    assert_eq!(again.body, found.body);
+    assert_eq!(gw.upstream.writes(), 1);
+    let stored = gw.operation("listed-1").await;
+    assert_eq!(stored["evidence"], "reconciled");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_held_twice_at_the_destination_is_alerted_pauses_the_route_and_is_listed_first() {
     let receiver = FakeUpstream::start().await;

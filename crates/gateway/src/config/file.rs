@@ -140,6 +140,7 @@ pub(super) struct RawReconcile {
     pub(super) url: String,
     pub(super) found_status: Option<u16>,
     pub(super) found_json_pointer: Option<String>,
+    pub(super) result_json_pointer: Option<String>,
     pub(super) absent_status: Option<u16>,
     pub(super) absent_json_pointer: Option<String>,
     pub(super) count_json_pointer: Option<String>,

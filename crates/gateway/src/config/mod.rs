@@ -134,7 +134,14 @@ impl Config {
                     route.name
                 )
             });
-        credentials.chain(unprovable).collect()
+        let lists = self.routes.iter().filter_map(|route| {
+            let pointer = validate::list_replayed_whole(route)?;
+            Some(format!(
+                "routes `{}`: reconcile reads its answer as a list (`{pointer}`), and a found write's retries get that whole answer as the write's response, which an SDK reads as the object it created: set result_json_pointer to where the answer holds the write (`/data/0`, say)",
+                route.name
+            ))
+        });
+        credentials.chain(unprovable).chain(lists).collect()
     }
 
     /// Applies command-line overrides, validating them like file values.

@@ -180,6 +180,9 @@ pub struct Reconcile {
     pub found_status: u16,
     /// When set, the probe's JSON body must have a non-null value here.
     pub(crate) found_json_pointer: Option<String>,
+    /// When set, what a found answer holds here (the write's object in a
+    /// list or search result) is what retries get, not the whole answer.
+    pub(crate) result_json_pointer: Option<String>,
     /// Absence, more than once; a confirm request is another GET.
     pub(crate) verdicts: Verdicts<String>,
     pub timeout: Duration,

@@ -235,6 +235,42 @@ fn an_mcp_probe_reading_absence_by_an_unprovable_key_is_warned_of() {
     assert!(with(destination, r#"{"request_id": "{destination_key}"}"#).is_empty());
 }
 
+/// A probe that finds the write inside a list (Stripe's API has no
+/// lookup but its lists and searches) replays that whole list to the
+/// write's retries unless `result_json_pointer` says which part is the
+/// write: an SDK reads it as the object it created.
+#[test]
+fn a_probe_reading_a_list_without_a_result_pointer_is_warned_of() {
+    let with = |lines: &str| {
+        let text = format!(
+            "[[routes]]\nname = \"a\"\nupstream = \"http://h\"\n[routes.reconcile]\n\
+             url = \"http://h/v1/customers/search?query={{key}}\"\n{lines}"
+        );
+        Config::from_toml_str(&text, "t").unwrap().warnings()
+    };
+    for lines in [
+        "found_json_pointer = \"/data/0/id\"\n",
+        "found_json_pointer = \"/data/0\"\n",
+        "count_json_pointer = \"/data\"\n",
+    ] {
+        let warnings = with(lines);
+        assert_eq!(warnings.len(), 1, "{lines}: {warnings:?}");
+        assert!(
+            warnings[0].contains("result_json_pointer"),
+            "{}",
+            warnings[0]
+        );
+        let pointed = format!("{lines}result_json_pointer = \"/data/0\"\n");
+        assert!(with(&pointed).is_empty(), "{pointed}");
+    }
+    assert!(with("found_json_pointer = \"/id\"\n").is_empty());
+    assert!(with("").is_empty());
+    let text = "[[routes]]\nname = \"a\"\nupstream = \"http://h\"\n[routes.reconcile]\n\
+                url = \"http://h/x/{key}\"\nresult_json_pointer = \"data\"\n";
+    let error = Config::from_toml_str(text, "t").unwrap_err().to_string();
+    assert!(error.contains("result_json_pointer"), "{error}");
+}
+
 #[test]
 fn routes_need_unique_names_and_prefixes() {
     let twice = format!("{MINIMAL}{MINIMAL}");

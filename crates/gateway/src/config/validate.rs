@@ -79,6 +79,25 @@ pub(super) fn absence_by_an_unprovable_key(route: &Route) -> bool {
     probe.verdicts.absent.is_some() && probe.asks_by_key() && !route.store_request_body
 }
 
+/// The pointer of a route's HTTP probe that reads its answer as a list
+/// (a count, or an index in its found pointer) where no
+/// `result_json_pointer` says which part is the write: a found write's
+/// retries would get the whole list as its response.
+pub(super) fn list_replayed_whole(route: &Route) -> Option<&str> {
+    let probe = route.reconcile.as_ref()?;
+    if probe.result_json_pointer.is_some() {
+        return None;
+    }
+    let indexed = |pointer: &&String| {
+        let mut segments = pointer.split('/');
+        segments.any(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let found = probe.found_json_pointer.as_ref().filter(indexed);
+    found
+        .or(probe.verdicts.count_json_pointer.as_ref())
+        .map(String::as_str)
+}
+
 /// Headers that carry a credential wherever they are sent.
 const CREDENTIALS: &[&str] = &[
     "authorization",
@@ -1440,6 +1459,10 @@ impl Validator<'_> {
             &format!("{field}.found_json_pointer"),
             raw.found_json_pointer,
         )?;
+        let result_json_pointer = self.pointer(
+            &format!("{field}.result_json_pointer"),
+            raw.result_json_pointer,
+        )?;
         let absent = self.absence(
             &format!("{field}.absent_status"),
             raw.absent_status,
@@ -1491,6 +1514,7 @@ impl Validator<'_> {
             url: raw.url,
             found_status,
             found_json_pointer,
+            result_json_pointer,
             verdicts: self.verdicts(field, absent, raw.count_json_pointer, raw.min_age, confirm)?,
             timeout: self.duration(
                 &format!("{field}.timeout"),

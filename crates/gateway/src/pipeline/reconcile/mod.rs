@@ -188,12 +188,14 @@ impl<'a> Probe<'a> {
             Probe::Http(r) => Rules {
                 found_status: Some(r.found_status),
                 found_json_pointer: r.found_json_pointer.as_deref(),
+                result_json_pointer: r.result_json_pointer.as_deref(),
                 absent: r.verdicts.absent.as_ref(),
                 count_json_pointer: r.verdicts.count_json_pointer.as_deref(),
             },
             Probe::Tool(t) => Rules {
                 found_status: None,
                 found_json_pointer: t.found_json_pointer.as_deref(),
+                result_json_pointer: None,
                 absent: t.verdicts.absent.as_ref(),
                 count_json_pointer: t.verdicts.count_json_pointer.as_deref(),
             },
@@ -488,18 +490,26 @@ pub(crate) fn may_land_until(operation: &Operation, events: &[StoredEvent], rout
         .saturating_add(clock::millis(route.late_window))
 }
 
+/// The evidence of an operation marked `unknown` while its attempt was
+/// still in flight: its gateway restarted or stopped, or its replica lost
+/// its lease. The mark says nothing of when that attempt ended.
+const MARKED_IN_FLIGHT: [&str; 3] = ["gateway-restarted", "gateway-stopped", "replica-lost"];
+
 /// When a held write could last have been on its way to the destination:
 /// when the operation became `unknown` (its last update, which comes after
-/// its attempt was sent) — or, `in_progress` (its gateway died), its claim
+/// its attempt ended) — or, `in_progress` (its gateway died) or marked
+/// `unknown` with its attempt in flight ([`MARKED_IN_FLIGHT`]), that time
 /// plus `longest_write`, the most its attempt may take — or the latest a
 /// re-send under its destination key could still be writing: each
 /// re-send's `sending` event (written before it is sent; a skipped try's
 /// and a try's result are none) plus `longest_write`.
 fn last_sent(operation: &Operation, events: &[StoredEvent], longest_write: Duration) -> i64 {
     let writing = clock::millis(longest_write);
-    let last = match operation.state {
-        State::InProgress => operation.updated_at.saturating_add(writing),
-        _ => operation.updated_at,
+    let in_flight = operation.state == State::InProgress
+        || MARKED_IN_FLIGHT.contains(&operation.evidence.as_str());
+    let last = match in_flight {
+        true => operation.updated_at.saturating_add(writing),
+        false => operation.updated_at,
     };
     events
         .iter()
@@ -796,6 +806,16 @@ mod tests {
             skipped,
         ];
         assert_eq!(last_sent(&held, &resent, writing), 37_000);
+        // Marked unknown by a restart, a stop or a lost lease at 2 s: the
+        // attempt in flight then may be writing until 32 s, as it may
+        // while `in_progress` (a probe's 404 at 2.4 s released it).
+        for evidence in ["gateway-restarted", "gateway-stopped", "replica-lost"] {
+            let marked = Operation {
+                evidence: evidence.into(),
+                ..held.clone()
+            };
+            assert_eq!(last_sent(&marked, &quiet, writing), 32_000, "{evidence}");
+        }
         // In flight when its gateway died, claimed at 2 s: its attempt may
         // be writing for as long as one may take.
         let in_flight = Operation {

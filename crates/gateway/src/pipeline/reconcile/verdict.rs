@@ -42,6 +42,9 @@ pub struct Rules<'a> {
     /// `None`: any status (a tool's result, whose errors are no answer).
     pub(crate) found_status: Option<u16>,
     pub(crate) found_json_pointer: Option<&'a str>,
+    /// Where a found answer holds the write's own object, which replays
+    /// get instead of the whole answer; `None`: the whole answer.
+    pub(crate) result_json_pointer: Option<&'a str>,
     pub(crate) absent: Option<&'a Absence>,
     pub(crate) count_json_pointer: Option<&'a str>,
 }
@@ -189,7 +192,18 @@ pub fn classify(answer: &Answer, rules: &Rules) -> Verdict {
                     "the answer is both found and absent by the route's rules".into(),
                 );
             }
-            return Verdict::Found(got.response.clone());
+            return match rules.result_json_pointer {
+                None => Verdict::Found(got.response.clone()),
+                Some(pointer) => match answer.at(pointer).filter(|v| !v.is_null()) {
+                    Some(result) => Verdict::Found(result_response(&got.response, result)),
+                    // A found write with nothing to answer its retries
+                    // with is an operator's: the whole answer (a list) is
+                    // what the route said retries must not get.
+                    None => Verdict::Undetermined(format!(
+                        "found, but nothing at result_json_pointer `{pointer}` to answer retries with"
+                    )),
+                },
+            };
         }
     }
     if absent {
@@ -199,6 +213,30 @@ pub fn classify(answer: &Answer, rules: &Rules) -> Verdict {
         Some(status) => format!("status {status}: neither found nor absent by the route's rules"),
         None => "neither found nor absent by the route's rules".into(),
     })
+}
+
+/// The answer a found write's retries get when its probe's answer holds
+/// the write's object at `result_json_pointer`: that object, as JSON, at
+/// the answer's status, with its headers but those that described the
+/// whole body (its type, length, coding, digest or version).
+fn result_response(answer: &StoredResponse, result: &Value) -> StoredResponse {
+    let describes_body = |name: &str| {
+        let name = name.to_ascii_lowercase();
+        name.starts_with("content-")
+            || ["etag", "digest", "repr-digest", "last-modified"].contains(&name.as_str())
+    };
+    let mut headers: Vec<(String, Vec<u8>)> = answer
+        .headers
+        .iter()
+        .filter(|(name, _)| !describes_body(name))
+        .cloned()
+        .collect();
+    headers.push(("content-type".into(), b"application/json".to_vec()));
+    StoredResponse {
+        status: answer.status,
+        headers,
+        body: Some(result.to_string().into_bytes()),
+    }
 }
 
 /// An empty answer at a pointer: `[]`, `0` or `null`.
@@ -229,9 +267,51 @@ mod tests {
         Rules {
             found_status: Some(200),
             found_json_pointer: Some("/data/0"),
+            result_json_pointer: None,
             absent,
             count_json_pointer: Some("/data"),
         }
+    }
+
+    /// A found write's object, where `result_json_pointer` says it is:
+    /// replays get it alone, as JSON, with no header that described the
+    /// whole answer; found with nothing there, it is an operator's.
+    #[test]
+    fn a_result_pointer_answers_with_the_writes_object() {
+        let mut found = answer(200, json!({"object": "list", "data": [{"id": "cus_1"}]}));
+        if let Ok(got) = &mut found.got {
+            got.response.headers = vec![
+                (
+                    "Content-Type".into(),
+                    b"application/json; charset=utf-8".to_vec(),
+                ),
+                ("Content-Length".into(), b"44".to_vec()),
+                ("ETag".into(), b"\"v1\"".to_vec()),
+                ("Request-Id".into(), b"req_9".to_vec()),
+            ];
+        }
+        let rules = |result| Rules {
+            found_status: Some(200),
+            found_json_pointer: Some("/data/0/id"),
+            result_json_pointer: result,
+            absent: None,
+            count_json_pointer: Some("/data"),
+        };
+        let Verdict::Found(response) = classify(&found, &rules(Some("/data/0"))) else {
+            panic!("found");
+        };
+        assert_eq!(response.status, 200);
+        assert_eq!(response.body.as_deref(), Some(&br#"{"id":"cus_1"}"#[..]));
+        let names: Vec<&str> = response.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["Request-Id", "content-type"]);
+        assert!(matches!(
+            classify(&found, &rules(Some("/data/1"))),
+            Verdict::Undetermined(reason) if reason.contains("result_json_pointer")
+        ));
+        let Verdict::Found(whole) = classify(&found, &rules(None)) else {
+            panic!("found");
+        };
+        assert_eq!(whole.headers.len(), 4, "the whole answer, as it came");
     }
 
     fn list(status: Option<u16>) -> Absence {
@@ -265,6 +345,7 @@ mod tests {
         let rules = Rules {
             found_status: Some(200),
             found_json_pointer: Some("/data/0"),
+            result_json_pointer: None,
             absent: None,
             count_json_pointer: Some("/count"),
         };
@@ -295,6 +376,7 @@ mod tests {
         let rules = Rules {
             found_status: None,
             found_json_pointer: None,
+            result_json_pointer: None,
             absent: Some(&absence),
             count_json_pointer: None,
         };
