@@ -361,6 +361,53 @@ async fn a_start_that_would_leave_held_operations_unfound_is_refused() {
     gw.start_again().await;
 }
 
+/// A start whose routes send a held operation's path to another route —
+/// a route with a longer prefix added, or its own prefix changed — left
+/// it unfound: the retry was that route's new write, sent again. Refused
+/// like a renamed route, naming the route that takes the path; accepted,
+/// the retry is indeed a new write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_routes_a_held_operation_elsewhere_is_refused() {
+    let mut gw = spawn_gateway_with(Setup::route("").admin()).await;
+    let lost = write(gw.addr(), "/status/502", Some("lost"), BODY).await;
+    assert_eq!(lost.status, 502, "held unknown: {:?}", lost.body);
+    let done = write(gw.addr(), "/invoices", Some("done"), BODY).await;
+    assert_fresh_created(&done);
+    gw.shutdown().await;
+    let before = gw.toml.clone();
+    let upstream = format!("upstream = \"{}\"\n", gw.upstream.url());
+    let added =
+        format!("{before}\n[[routes]]\nname = \"status\"\npath_prefix = \"/status\"\n{upstream}");
+    let moved = before.replace("path_prefix = \"/\"", "path_prefix = \"/invoices\"");
+    assert_ne!(moved, before, "the route's prefix is written out");
+    for (changed, says) in [
+        (&added, "paths route `status` takes now"),
+        (&moved, "paths no route takes now"),
+    ] {
+        gw.toml = changed.clone();
+        let refused = gw.try_start().await.err().expect("refused").to_string();
+        assert!(
+            refused.contains("route `api`: operations held"),
+            "{refused}"
+        );
+        assert!(refused.contains(says), "{refused}");
+        assert!(refused.contains("1 held"), "{refused}");
+    }
+    // The settled write stays found under the new route: no refusal for it.
+    gw.toml = added;
+    gw.accept_route_changes = true;
+    gw.start_again().await;
+    let retry = write(gw.addr(), "/status/502", Some("lost"), BODY).await;
+    assert_eq!(
+        retry.status, 502,
+        "a new write on `status`: {:?}",
+        retry.body
+    );
+    let sent = gw.upstream.requests();
+    let lost_sent = sent.iter().filter(|r| r.uri == "/status/502").count();
+    assert_eq!(lost_sent, 2, "accepted: the held write sent again");
+}
+
 /// A route paused and then renamed stays paused in the store, reported
 /// for good (on `/admin/stats` with its pause, marked no longer
 /// configured), until it is resumed under its old name; it cannot be

@@ -6,8 +6,13 @@
 //! unfound — a retry of one is a new write, sent again, or a key reused
 //! (422).
 //!
+//! A start that routes a held operation's path to another route (a
+//! `path_prefix` changed, or a route with a longer one added) leaves it
+//! unfound too: its retry is that route's new write.
+//!
 //! Invariant: a start proceeds over operations held `unknown` under
-//! settings that changed, or under a route no longer configured, only when
+//! settings that changed, under a route no longer configured, or at a path
+//! another route now takes, only when
 //! the operator said so (`serve --accept-route-changes`); the settings the
 //! store keeps are those of the last start that served, a route no longer
 //! configured kept marked [`NO_LONGER_CONFIGURED`], with its last
@@ -18,12 +23,13 @@
 //! counted: on a shared store they are peers' writes in flight, answered
 //! within milliseconds, and this process's own are `unknown` by now.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use idemgate_model::operation::State;
-use idemgate_store::{Store, StoreError};
+use idemgate_store::{ListFilter, Store, StoreError};
 
 use crate::config::Route;
+use crate::pipeline::route;
 
 /// This module's log target.
 const TARGET: &str = "idemgate::route_settings";
@@ -133,10 +139,65 @@ pub(crate) async fn check(
             _ => {}
         }
     }
+    for ((from, to), held) in rerouted_held(store, routes, &stored).await? {
+        let now = match to {
+            Some(to) => format!("route `{to}` takes"),
+            None => "no route takes".into(),
+        };
+        let change = format!(
+            "route `{from}`: operations held under it are at paths {now} now (a path_prefix changed, or a route was added)"
+        );
+        let ops = RouteCounts { held, settled: 0 };
+        weigh(change, ops, accept, &mut refused);
+    }
     if !refused.is_empty() {
         return Err(HeldUnderChangedRoutes { changes: refused }.into());
     }
     Ok(Keep(keep))
+}
+
+/// How many operations held `unknown` under each configured route that
+/// holds some are at paths `routes` now send to another route (or none),
+/// by their route and the one that takes them.
+async fn rerouted_held(
+    store: &dyn Store,
+    routes: &[Route],
+    stored: &HashMap<String, RouteCounts>,
+) -> Result<BTreeMap<(String, Option<String>), u64>, StoreError> {
+    /// Held operations read per page.
+    const PAGE: u32 = 500;
+    let mut rerouted = BTreeMap::new();
+    let holding = routes
+        .iter()
+        .filter(|r| stored.get(&r.name).is_some_and(|ops| ops.held > 0));
+    for held_on in holding {
+        let mut filter = ListFilter {
+            state: Some(State::Unknown),
+            route: Some(held_on.name.clone()),
+            key: None,
+            before: None,
+            limit: PAGE,
+        };
+        loop {
+            let page = store.list(&filter).await?;
+            for summary in &page {
+                let Some((operation, _)) = store.get(&summary.id).await? else {
+                    continue;
+                };
+                let path = operation.request.path.split('?').next().unwrap_or_default();
+                let takes = route::select(routes, path, |r| r).map(|r| &r.name);
+                if takes != Some(&held_on.name) {
+                    let moved = (held_on.name.clone(), takes.cloned());
+                    *rerouted.entry(moved).or_default() += 1;
+                }
+            }
+            match page.last() {
+                Some(last) if page.len() == PAGE as usize => filter.before = Some(last.id.clone()),
+                _ => break,
+            }
+        }
+    }
+    Ok(rerouted)
 }
 
 /// Adds `change` to `refused` when it leaves held operations unfound and
