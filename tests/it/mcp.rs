@@ -1797,6 +1797,59 @@ async fn a_batch_cancelling_a_call_in_flight_is_refused_and_the_call_runs_on() {
     assert_eq!(answered.status, 200);
 }
 
+/// A call still running at its server when the gateway stopped (past its
+/// grace, or killed) is no longer known in flight by the process that
+/// starts next: its session's DELETE and its cancellation were sent on at
+/// once, and the server stopped the tool halfway. For as long as such a
+/// call may run, both are kept back: the DELETE answered and sent on
+/// after, the cancellation taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_marked_unknown_in_flight_is_not_stopped_after_a_restart() {
+    let route = "profile = \"mcp\"\nupstream_timeout = \"1s\"\nlate_window = \"1s\"\n\
+                 connect_timeout = \"100ms\"\nconnect_retries = 0";
+    let setup = Setup::route(route)
+        .at("/scripted")
+        .server("shutdown_grace = \"100ms\"");
+    let mut gw = spawn_gateway_with(setup).await;
+    gw.upstream.script(Scripted::Hold);
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", BOTH),
+        ("authorization", ALICE),
+        ("mcp-session-id", "s-1"),
+    ];
+    let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                      "params": {"name": "create_task", "arguments": {"title": "running"}}});
+    let running = {
+        let (addr, call) = (gw.addr(), call.to_string());
+        tokio::spawn(async move { send(addr, "POST", "/scripted", &headers, call).await })
+    };
+    gw.upstream.wait_for_writes(1).await;
+    gw.shutdown().await;
+    drop(running.await);
+    gw.start_again().await;
+    let ended = send(gw.addr(), "DELETE", "/scripted", &headers, "").await;
+    assert!(ended.status.is_success(), "{:?}", ended.status);
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                        "params": {"requestId": 5, "reason": "client timeout"}});
+    let taken = send(gw.addr(), "POST", "/scripted", &headers, cancel.to_string()).await;
+    assert_eq!(taken.status, 202);
+    let methods = |gw: &TestGateway| -> Vec<String> {
+        gw.upstream
+            .requests()
+            .iter()
+            .map(|r| r.method.to_string())
+            .collect()
+    };
+    assert_eq!(methods(&gw), ["POST"], "only the call reached the server");
+    // Sent on once the call may no longer run (its attempt and late window).
+    eventually("the DELETE held back to reach the server", || async {
+        (methods(&gw) == ["POST", "DELETE"]).then_some(())
+    })
+    .await;
+    gw.upstream.release_one();
+}
+
 /// Without a session, a client's `notifications/cancelled` names its own
 /// calls only: another client (another credential) cancelling its own
 /// request 5 is sent on to the server, not taken for the protected call 5

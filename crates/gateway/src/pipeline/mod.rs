@@ -357,6 +357,38 @@ impl Proxy {
         }
     }
 
+    /// Tells the MCP routes among `routes`, whose calls in flight were just
+    /// marked `unknown` (a peer replica was lost), that those calls may
+    /// still be running at their servers.
+    pub(crate) fn calls_recovered(&self, routes: &[String]) {
+        let now = self.shared.clock.now_millis();
+        let marked: Vec<(String, i64)> = routes.iter().map(|r| (r.clone(), now)).collect();
+        self.calls_marked(&marked);
+    }
+
+    /// Tells each MCP route of `marked` that a call of its became `unknown`
+    /// at that time (ms): one marked so in flight (a restart, a stop past
+    /// its grace, a lost peer) may still run at its server for as long as
+    /// its attempt may take and its `late_window`.
+    pub(crate) fn calls_marked(&self, marked: &[(String, i64)]) {
+        let now = self.shared.clock.now_millis();
+        for (name, at) in marked {
+            let Some(active) = self.routes.iter().find(|a| &a.route.name == name) else {
+                continue;
+            };
+            let route = &active.route;
+            let running = forward::longest_write(route) + route.late_window;
+            let left = at
+                .saturating_add(clock::millis(running))
+                .saturating_sub(now);
+            if route.profile == Profile::Mcp && left > 0 {
+                active
+                    .calls
+                    .recovered(Duration::from_millis(left.unsigned_abs()));
+            }
+        }
+    }
+
     /// The forward tasks, for shutdown to wait on.
     pub fn tasks(&self) -> &TaskTracker {
         &self.tasks

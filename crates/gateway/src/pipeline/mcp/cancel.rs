@@ -15,14 +15,22 @@
 //! with protected calls in flight is answered at once and sent on once
 //! they have ended.
 //!
+//! Calls in flight when this process restarted, or on a peer replica
+//! found lost, are no longer known here by session or id, but may still
+//! be running at their servers: for as long as one may, every
+//! cancellation on the route is taken and every DELETE held back
+//! ([`InFlightCalls::recovered`]). A read-only call a client cancels then
+//! runs to its end, which costs its server nothing it was not asked for.
+//!
 //! Invariants: a cancellation is kept from the upstream only while the
-//! call it names (by its [`Caller`] and request id, a number by its
-//! value) is in flight here, alone (taken) or in a batch (refused whole, as a batch
-//! holding a call is); any other one is sent on. A session's DELETE is held
-//! back only while one of its calls is in flight, and never past the
-//! bound its caller sets.
+//! call it names (by its [`Caller`] and request id, as servers correlate
+//! them) is in flight here, or while recovered calls may run, alone
+//! (taken) or in a batch (refused whole, as a batch holding a call is);
+//! any other one is sent on. A session's DELETE is held back only while
+//! one of its calls is in flight, or recovered calls may run, and never
+//! past the bound its caller sets.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
 
@@ -30,6 +38,7 @@ use dashmap::DashMap;
 use http::HeaderMap;
 use serde_json::Value;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::pipeline::forward::EventAnswer;
 use crate::pipeline::mcp::call::id_key;
@@ -64,6 +73,9 @@ pub struct InFlightCalls {
     ended: Notify,
     /// Sessions whose DELETE is held back: one each, however many come.
     ending: DashMap<String, ()>,
+    /// Until when calls marked `unknown` in flight (a restart, a lost
+    /// peer) may still run at their servers.
+    recovered: Mutex<Option<Instant>>,
 }
 
 /// A call counted in flight until dropped.
@@ -144,7 +156,7 @@ impl InFlightCalls {
     }
 
     /// Whether `message` is a `notifications/cancelled` for a call of
-    /// `caller`'s in flight.
+    /// `caller`'s in flight, or for any call while recovered ones may run.
     fn cancels(&self, caller: &Caller, message: &Value) -> bool {
         if message.get("method").and_then(Value::as_str) != Some("notifications/cancelled") {
             return false;
@@ -152,7 +164,22 @@ impl InFlightCalls {
         let Some(id) = message.pointer("/params/requestId") else {
             return false;
         };
-        self.calls.contains_key(&(caller.clone(), correlated(id)))
+        self.recovering().is_some() || self.calls.contains_key(&(caller.clone(), correlated(id)))
+    }
+
+    /// Calls of the route were marked `unknown` in flight and may run at
+    /// their servers for `running` yet: until then, cancellations are
+    /// taken and DELETEs held back.
+    pub fn recovered(&self, running: Duration) {
+        let until = Instant::now() + running;
+        let mut recovered = self.recovered.lock().unwrap_or_else(|e| e.into_inner());
+        *recovered = Some(recovered.map_or(until, |earlier| earlier.max(until)));
+    }
+
+    /// Until when recovered calls may still run, if they may now.
+    fn recovering(&self) -> Option<Instant> {
+        let recovered = self.recovered.lock().unwrap_or_else(|e| e.into_inner());
+        recovered.filter(|until| *until > Instant::now())
     }
 }
 
@@ -191,11 +218,14 @@ pub enum Cancelling {
 
 impl InFlightCalls {
     /// Whether the session of `headers` (a 2025-11-25 one) has a call in
-    /// flight.
+    /// flight, or may have one recovered.
     pub fn session_busy(&self, headers: &HeaderMap) -> bool {
         let Some(session) = session(headers) else {
             return false;
         };
+        if self.recovering().is_some() {
+            return true;
+        }
         let caller = Caller::Session(session);
         self.calls.iter().any(|entry| entry.key().0 == caller)
     }
@@ -222,6 +252,10 @@ impl InFlightCalls {
         let wait = async {
             loop {
                 let ended = self.ended.notified();
+                if let Some(until) = self.recovering() {
+                    tokio::time::sleep_until(until).await;
+                    continue;
+                }
                 if !self.session_busy(headers) {
                     return;
                 }
@@ -317,6 +351,26 @@ mod tests {
         assert!(taken(r#""req-1""#) && !taken(r#""req-2""#));
         drop(word);
         assert!(!taken(r#""req-1""#));
+    }
+
+    /// Calls marked `unknown` in flight are not known by session or id:
+    /// while they may run, every cancellation is taken and every DELETE
+    /// waits; then neither is.
+    #[tokio::test(start_paused = true)]
+    async fn recovered_calls_keep_what_would_stop_them_while_they_may_run() {
+        let calls = Arc::new(InFlightCalls::default());
+        let (a, session) = (session_of("a"), in_session("a"));
+        assert_eq!(calls.cancelling(&a, CANCEL_7), Cancelling::Nothing);
+        assert!(!calls.session_busy(&session));
+        calls.recovered(Duration::from_secs(90));
+        calls.recovered(Duration::from_secs(30));
+        assert_eq!(calls.cancelling(&a, CANCEL_7), Cancelling::Alone);
+        assert!(calls.session_busy(&session));
+        let start = Instant::now();
+        calls.session_idle(&session, Duration::from_secs(600)).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(90), "the longer");
+        assert_eq!(calls.cancelling(&a, CANCEL_7), Cancelling::Nothing);
+        assert!(!calls.session_busy(&session));
     }
 
     #[test]
