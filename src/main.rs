@@ -112,7 +112,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             // Logged per listener; the old certificate stays on error.
                             let outcome = gateway.reload_tls();
                             if let Some(file) = &started_from {
-                                file.warn_if_changed();
+                                file.warn_if_changed(&gateway).await;
                             }
                             systemd.reloaded(&gateway, &outcome).await;
                         }

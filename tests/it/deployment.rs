@@ -362,6 +362,21 @@ async fn a_reload_says_the_config_file_changed_and_whether_it_would_start() {
     // Still serving as started.
     let written = write(gateway.proxy, "/x", Some("after-reloads"), r#"{"n":1}"#).await;
     assert_eq!(written.status, 201, "{:?}", written.body);
+    // A file that reads, but whose start the store refuses (a route renamed
+    // over a held operation), is not one a restart applies: said so.
+    let held = write(gateway.proxy, "/status/502", Some("held"), r#"{"n":2}"#).await;
+    assert_eq!(held.status, 502, "{:?}", held.body);
+    let renamed = toml.replace("name = \"api\"", "name = \"api-v2\"");
+    assert_ne!(renamed, toml);
+    write_config(dir.path(), "idemgate.toml", &renamed);
+    gateway.signal("HUP");
+    let logged = gateway
+        .wait_for_log("would not start over the operations the store holds")
+        .await;
+    assert!(
+        logged.contains("route `api` is no longer configured"),
+        "{logged}"
+    );
 }
 
 /// systemd's end of the notify protocol: a datagram socket of the test's

@@ -51,7 +51,7 @@ use crate::admin::{self, Admin};
 use crate::alerts::deliverer::Deliverer;
 use crate::alerts::in_flight::InFlight;
 use crate::alerts::{self, AlertError, Endpoint, Poster};
-use crate::config::{Config, ServerConfig};
+use crate::config::{Config, Route, ServerConfig};
 use crate::connection::Http;
 use crate::metrics::Metrics;
 use crate::pipeline::drill::Drill;
@@ -495,6 +495,14 @@ impl Gateway {
     /// the new certificate, open connections keep theirs. One whose files
     /// do not load keeps the certificate it has; each outcome is logged,
     /// and the first failure returned.
+    /// Why a start with `routes` would be refused over what the store holds
+    /// now (`accept`: with `--accept-route-changes`), if it would: a
+    /// reload's word on an edited config file. Nothing is kept.
+    pub async fn refusal_of(&self, routes: &[Route], accept: bool) -> Option<String> {
+        let checked = route_settings::check(self.store.as_ref(), routes, accept).await;
+        checked.err().map(|refused| refused.to_string())
+    }
+
     pub fn reload_tls(&self) -> Result<(), TlsError> {
         if self.tls.is_empty() && self.upstream_identities.is_empty() {
             tracing::info!("no TLS listener and no upstream client certificate: nothing to reload");
