@@ -31,6 +31,8 @@ pub use store::{StoreConfig, StoreUrl};
 use std::net::SocketAddr;
 use std::path::Path;
 
+use http::Method;
+
 use file::{RawConfig, RawRoute};
 use validate::Validator;
 
@@ -141,7 +143,29 @@ impl Config {
                 route.name
             ))
         });
-        credentials.chain(unprovable).chain(lists).collect()
+        let methods = self.routes.iter().filter_map(|route| {
+            let standard = [Method::POST, Method::PUT, Method::PATCH, Method::DELETE];
+            let unusual: Vec<&str> = (route.methods.iter())
+                .filter(|m| !standard.contains(m))
+                .map(Method::as_str)
+                .collect();
+            let name = &route.name;
+            match (route.methods.is_empty(), unusual.is_empty()) {
+                (true, _) => Some(format!(
+                    "routes `{name}`: methods is empty, so no write is protected (key = \"off\" says so, if that is meant)"
+                )),
+                (false, false) => Some(format!(
+                    "routes `{name}`: methods names {}, no standard method: protected as an extension method if the upstream has one by that name, while a misspelled method's writes are not protected",
+                    unusual.join(", ")
+                )),
+                (false, true) => None,
+            }
+        });
+        credentials
+            .chain(unprovable)
+            .chain(lists)
+            .chain(methods)
+            .collect()
     }
 
     /// Applies command-line overrides, validating them like file values.

@@ -271,6 +271,27 @@ fn a_probe_reading_a_list_without_a_result_pointer_is_warned_of() {
     assert!(error.contains("result_json_pointer"), "{error}");
 }
 
+/// `methods = ["PSOT"]` took the typo as an extension method and left
+/// every POST unprotected, and `methods = []` protected nothing: both
+/// said nothing at all.
+#[test]
+fn methods_that_protect_no_standard_write_are_warned_of() {
+    let with = |methods: &str| {
+        let text =
+            format!("[[routes]]\nname = \"a\"\nupstream = \"http://h\"\nmethods = {methods}\n");
+        Config::from_toml_str(&text, "t").unwrap().warnings()
+    };
+    let typo = with(r#"["PSOT", "PUT"]"#);
+    assert_eq!(typo.len(), 1, "{typo:?}");
+    assert!(
+        typo[0].contains("PSOT") && !typo[0].contains("PUT,"),
+        "{}",
+        typo[0]
+    );
+    assert!(with("[]")[0].contains("no write is protected"));
+    assert!(with(r#"["POST", "PATCH", "DELETE"]"#).is_empty());
+}
+
 #[test]
 fn routes_need_unique_names_and_prefixes() {
     let twice = format!("{MINIMAL}{MINIMAL}");
