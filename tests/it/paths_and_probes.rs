@@ -388,6 +388,10 @@ async fn a_prefix_with_an_encoded_delimiter_is_not_slipped_past() {
         "/v1/payments%3Acharge",
         "/v1/payments%3acharge/x",
         "/v1%2Fpayments:charge",
+        // Fully decoded it is `/z`, the catch-all's; an upstream that
+        // keeps `%2F` as data and decodes the rest routes it to the
+        // protected route.
+        "/v1/payments%3Acharge/a%2F..%2F..%2F..%2Fz",
     ] {
         let resp = write(gw.addr(), path, None, BODY).await;
         resp.assert_problem_mentioning(400, "invalid-path", "/v1/payments:charge");

@@ -653,7 +653,19 @@ impl Run {
                 let id = op["id"].as_str().expect("operation id");
                 self.wait_out_the_late_window();
                 let resolution = json!({"outcome": "not_attempted", "operator": "model"});
-                let resp = self.gws[peer].resolve(id, &resolution).await;
+                let mut resp = self.gws[peer].resolve(id, &resolution).await;
+                // Marked with its attempt in flight, that attempt may land
+                // as long as one in progress may (its connects too): the
+                // operator is told until when, and waits that out.
+                if resp.status == StatusCode::CONFLICT {
+                    let seconds = resp.header("retry-after").and_then(|s| s.parse::<u64>().ok());
+                    let Some(seconds) = seconds else {
+                        return Err(format!("resolve gated: 409 {:?}", resp.body));
+                    };
+                    let _ = writeln!(self.log, "    (told to wait, the operator waits {seconds} s)");
+                    self.advance(seconds * 1000 + 1);
+                    resp = self.gws[peer].resolve(id, &resolution).await;
+                }
                 if resp.status != StatusCode::OK {
                     return Err(format!("resolve gated: {} {:?}", resp.status, resp.body));
                 }

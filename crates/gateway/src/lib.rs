@@ -5,6 +5,9 @@
 //!
 //! # Layout
 //! - [`config`]: the TOML file → validated [`config::Config`].
+//! - `request_path`: a request path in normal form, and the readings other
+//!   upstreams give it; the config keeps route prefixes so, the pipeline
+//!   routes and scopes by it.
 //! - [`server`]: listeners, accept loops, graceful shutdown; `accept`:
 //!   taking a connection off a listener, refusing it at once when out of
 //!   file descriptors; [`workers`]: the threads (a runtime each) proxy

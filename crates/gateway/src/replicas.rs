@@ -13,10 +13,10 @@
 //!   caller may name another period (tests do); each look that ends
 //!   without a store error is counted
 //!   (`idemgate_background_passes_total{task="replicas"}`).
-//! - Either way, an MCP route whose calls were marked `unknown` in flight
-//!   is told so ([`marked_lately`] at start, each recovery of a peer's
-//!   after): those calls may still run at their servers, and what would
-//!   stop them there is kept back meanwhile (`pipeline::mcp::cancel`).
+//! - Either way, the MCP routes look for calls marked `unknown` in flight
+//!   (at start, and on a shared store each period: a peer's marked by any
+//!   replica): those may still run at their servers, and what would stop
+//!   them there is kept back meanwhile (`Proxy::follow_marked_calls`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,16 +27,14 @@ use crate::background;
 use crate::config::Route;
 use crate::metrics::{Metrics, Task};
 use crate::pipeline::Proxy;
-use crate::profile::Profile;
-use idemgate_model::operation::State;
-use idemgate_store::{ListFilter, Store, StoreError};
+use idemgate_store::{Store, StoreError};
 
 /// How often a replica looks for lost peers and re-reads the pauses.
 pub(crate) const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// Marks dead owners' operations `unknown` and trips the latches of the
 /// routes they were on.
-pub async fn recover(store: &dyn Store, routes: &[Route]) -> Result<Vec<String>, StoreError> {
+pub async fn recover(store: &dyn Store, routes: &[Route]) -> Result<(), StoreError> {
     let touched = store.recover().await?;
     for route in routes.iter().filter(|r| r.pause_after_unknown > 0) {
         if touched.contains(&route.name)
@@ -47,38 +45,7 @@ pub async fn recover(store: &dyn Store, routes: &[Route]) -> Result<Vec<String>,
             tracing::warn!(route = %route.name, "route paused: too many operations unknown");
         }
     }
-    Ok(touched)
-}
-
-/// The latest time (ms) an operation of each MCP route among `routes`
-/// became `unknown`, among its newest held ones: one its gateway marked
-/// so in flight (a restart, a stop past its grace) may still run at its
-/// server, which a session's DELETE or a cancellation sent on now would
-/// stop halfway (`Proxy::calls_marked`).
-pub async fn marked_lately(
-    store: &dyn Store,
-    routes: &[Route],
-) -> Result<Vec<(String, i64)>, StoreError> {
-    /// Newest held operations looked at per route.
-    const NEWEST: u32 = 100;
-    let mut marked = Vec::new();
-    for route in routes.iter().filter(|r| r.profile == Profile::Mcp) {
-        let filter = ListFilter {
-            state: Some(State::Unknown),
-            route: Some(route.name.clone()),
-            key: None,
-            before: None,
-            limit: NEWEST,
-        };
-        let latest = store
-            .list(&filter)
-            .await?
-            .iter()
-            .map(|s| s.updated_at)
-            .max();
-        marked.extend(latest.map(|at| (route.name.clone(), at)));
-    }
-    Ok(marked)
+    Ok(())
 }
 
 /// On a shared store, until `stop`: [`recover`], then follow the stored
@@ -92,10 +59,12 @@ pub async fn watch(
     stop: CancellationToken,
 ) {
     while background::tick(every, &stop).await {
-        let recovered = recover(store.as_ref(), &routes).await;
-        match &recovered {
-            Ok(touched) => proxy.calls_recovered(touched),
-            Err(error) => tracing::warn!(%error, "cannot look for lost replicas; trying again"),
+        let mut recovered = recover(store.as_ref(), &routes).await.map(drop);
+        if recovered.is_ok() {
+            recovered = proxy.follow_marked_calls().await;
+        }
+        if let Err(error) = &recovered {
+            tracing::warn!(%error, "cannot look for lost replicas; trying again");
         }
         let followed = store
             .paused_routes()

@@ -35,7 +35,7 @@
 //! `;` parameter in a segment (`/api;x/tasks` is `/api/tasks` to a servlet
 //! container, `/api;x/tasks` to nginx) and an encoded delimiter — `%2F`,
 //! `%3B`, or another character a segment may also hold as itself, such as
-//! `%3A` or `%40` ([`DELIMITERS`]): a `/`, `;`, `:` or `@` to an upstream
+//! `%3A` or `%40` ([`is_delimiter`]): a `/`, `;`, `:` or `@` to an upstream
 //! that decodes before it routes, data to one that does not; and
 //! re-encoding or decoding it would change what a signed request signs.
 //! They are kept as sent, and [`readings`] lists what other
@@ -57,9 +57,9 @@ pub enum PathError {
     BadPercentEncoding { at: usize },
     #[error("the normalized request path is not a valid request target")]
     Unrepresentable,
-    /// An upstream that strips `;` parameters, decodes `%2F`/`%3B`, or
-    /// routes without regard to case or to a trailing `/` would take the
-    /// path for `reading`, on another route.
+    /// An upstream that strips `;` parameters, decodes encoded delimiters
+    /// (`%2F`, `%3B`, `%3A`…), or routes without regard to case or to a
+    /// trailing `/` would take the path for `reading`, on another route.
     #[error(
         "the request path belongs to another route when read as an upstream may read it ({reading}: `;` parameters stripped, encoded delimiters such as `%2F`, `%3B` or `%3A` decoded, letters in another case, or a `/` at the end); send that path instead"
     )]
@@ -137,27 +137,34 @@ pub fn normal_form(path: &str) -> Result<Cow<'_, str>, PathError> {
 }
 
 /// The normal forms other upstreams give the normal-form `path`, where they
-/// differ from it: with its encoded [`DELIMITERS`] decoded (an upstream
-/// that decodes before it routes), with every segment's `;` parameters stripped (a
-/// servlet container), and both (the first in front of the second).
-/// Empty for a path with neither spelling, as most are.
+/// differ from it: with its encoded delimiters ([`is_delimiter`]) decoded
+/// (an upstream that decodes before it routes), with all but `%2F`
+/// decoded (one that keeps an encoded slash as data: Apache's
+/// `AllowEncodedSlashes NoDecode`, Tomcat's `passthrough`), with every
+/// segment's `;` parameters stripped (a servlet container), and each
+/// decoding stripped too. Empty for a path with neither spelling, as most
+/// are; no reading twice.
 pub fn readings(path: &str) -> Vec<String> {
-    let decoded = decode_delimiters(path);
+    let decoded = decode_delimiters(path, Slash::Decoded);
     if decoded.is_none() && !path.contains(';') {
         return Vec::new();
     }
-    let mut read: Vec<String> = decoded.iter().cloned().collect();
-    read.extend(
-        [Some(path), decoded.as_deref()]
-            .into_iter()
-            .flatten()
-            .filter(|p| p.contains(';'))
-            .map(strip_parameters),
-    );
-    read.into_iter()
-        .map(renormalized)
-        .filter(|p| p != path)
-        .collect()
+    let slash_kept = decode_delimiters(path, Slash::Kept);
+    let decodings = [decoded, slash_kept].into_iter().flatten();
+    let mut read: Vec<String> = decodings.collect();
+    let stripped: Vec<String> = std::iter::once(path)
+        .chain(read.iter().map(String::as_str))
+        .filter(|p| p.contains(';'))
+        .map(strip_parameters)
+        .collect();
+    read.extend(stripped);
+    let mut readings: Vec<String> = Vec::with_capacity(read.len());
+    for reading in read.into_iter().map(renormalized) {
+        if reading != path && !readings.contains(&reading) {
+            readings.push(reading);
+        }
+    }
+    readings
 }
 
 /// The endpoint the normal-form `path` names, as a profile that scopes
@@ -169,7 +176,7 @@ pub fn readings(path: &str) -> Vec<String> {
 /// frameworks); a key reused across them is then one scope's, and its
 /// changed path a `key-reused`, never a second write.
 pub fn endpoint(path: &str) -> Cow<'_, str> {
-    let decoded = decode_delimiters(path);
+    let decoded = decode_delimiters(path, Slash::Decoded);
     let with_parameters = decoded.as_deref().unwrap_or(path);
     let read = if with_parameters.contains(';') {
         Some(strip_parameters(with_parameters))
@@ -183,26 +190,36 @@ pub fn endpoint(path: &str) -> Cow<'_, str> {
     }
 }
 
-/// What a segment may hold as itself (RFC 3986's `pchar`, less the
-/// unreserved characters the normal form already decodes) and a path may
-/// therefore spell two ways: the separators `/` and `;`, the other
-/// sub-delims, `:` and `@`. An upstream that decodes its path before it
-/// routes or reads it (nginx's `location`, Go's `URL.Path`, Express's and
-/// Django's parameters) takes `%3A` for `:`, so `/cs%3A1` and `/cs:1` are
-/// one endpoint to it.
-const DELIMITERS: &[u8] = b"/;!$&'()*+,:=@";
+/// Whether a path may hold `byte` as itself ([`AS_SENT`]) and spell it
+/// encoded too, with another meaning to some upstream: the separators `/`
+/// and `;`, the other sub-delims, `:` and `@` (RFC 3986's `pchar` less
+/// the unreserved characters the normal form decodes). An upstream that
+/// decodes its path before it routes or reads it (nginx's `location`,
+/// Go's `URL.Path`, Express's and Django's parameters) takes `%3A` for
+/// `:`, so `/cs%3A1` and `/cs:1` are one endpoint to it.
+fn is_delimiter(byte: u8) -> bool {
+    let unreserved = byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~');
+    AS_SENT[usize::from(byte)] && !unreserved && byte != b'%'
+}
 
-/// The normal-form `path` with every encoded [`DELIMITERS`] character
-/// decoded, as an upstream that decodes before it routes reads it (the
-/// normal form spells encodings upper-case, and every `%` it holds starts
-/// one); `None` when it holds none.
-fn decode_delimiters(path: &str) -> Option<String> {
+/// Whether a decoding reads `%2F` as a `/` too.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Slash {
+    Decoded,
+    Kept,
+}
+
+/// The normal-form `path` with its encoded delimiters ([`is_delimiter`])
+/// decoded, `%2F` as `slash` says, as an upstream that decodes before it
+/// routes reads it (the normal form spells encodings upper-case, and
+/// every `%` it holds starts one); `None` when it holds none.
+fn decode_delimiters(path: &str, slash: Slash) -> Option<String> {
     let (mut read, mut copied) = (String::new(), 0);
     for (at, _) in path.match_indices('%') {
         let delimiter = path
             .get(at + 1..at + 3)
             .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-            .filter(|byte| DELIMITERS.contains(byte));
+            .filter(|&byte| is_delimiter(byte) && (byte != b'/' || slash == Slash::Decoded));
         if let Some(byte) = delimiter {
             read.push_str(&path[copied..at]);
             read.push(char::from(byte));
@@ -514,6 +531,14 @@ mod tests {
         assert_eq!(read("/a%3Bx/b"), ["/a;x/b", "/a/b"]);
         assert_eq!(read("/a;p%2Fq/b"), ["/a;p/q/b", "/a/b", "/a/q/b"]);
         assert_eq!(read("/v1/payments%3Acharge"), ["/v1/payments:charge"]);
+        // An upstream that decodes all but `%2F` (Apache's NoDecode,
+        // Tomcat's passthrough) reads a path no full decoding gives.
+        let partly = "/v1/payments%3Acharge/a%2F..%2F..%2Fz";
+        assert_eq!(
+            read(partly),
+            ["/v1/z", "/v1/payments:charge/a%2F..%2F..%2Fz"],
+            "{partly}"
+        );
         assert_eq!(read("/a%3Db;x/c"), ["/a=b;x/c", "/a%3Db/c", "/a=b/c"]);
         // A reading that is the path itself is no other reading.
         assert!(read("/a%2F").iter().all(|p| p != "/a%2F"));

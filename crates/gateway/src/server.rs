@@ -300,7 +300,6 @@ impl Gateway {
         // The latch trips on transitions to `unknown`, and the recovery is
         // one; a restart that marks nothing leaves an operator's resume alone.
         replicas::recover(store.as_ref(), &config.routes).await?;
-        let marked = replicas::marked_lately(store.as_ref(), &config.routes).await?;
         let settings =
             route_settings::check(store.as_ref(), &config.routes, accept_route_changes).await?;
         let paused = store.paused_routes().await?;
@@ -336,7 +335,7 @@ impl Gateway {
         .traced(traces.clone())
         .logged(access_log);
         proxy.follow_pauses(&paused);
-        proxy.calls_marked(&marked);
+        proxy.follow_marked_calls().await?;
         let upstream_identities = proxy.upstream_identities();
         let proxy = Arc::new(proxy);
         // The start can no longer fail: these settings now serve.

@@ -110,9 +110,10 @@ use idemgate_store::backend::ForgetCursor;
 use idemgate_store::scope_key::ScopeKey;
 use idemgate_store::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use idemgate_store::{
-    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, LateEvidence, ListFilter,
-    Maintenance, NewOperation, Operators, Outbox, Probed, Recorded, RekeyBatch, RequestPath,
-    Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
+    AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, GATEWAY_STOPPED,
+    LateEvidence, ListFilter, Maintenance, NewOperation, Operators, Outbox, Probed, REPLICA_LOST,
+    Recorded, RekeyBatch, RequestPath, Resolved, RoutePause, Stats, StoreError, StoreKeys,
+    StoredEvent, Summary,
 };
 use primary::{Primary, Session};
 use replication::Replication;
@@ -709,10 +710,9 @@ impl Maintenance for PostgresStore {
     async fn recover(&self) -> Result<Vec<String>, StoreError> {
         let lost = Owners::Lost { by: &self.owner };
         let now = self.clock.now_millis();
-        let mut routes =
-            statements::mark_in_progress_unknown(&self.pool, now, "replica-lost", lost)
-                .await
-                .inspect_err(|error| self.primary.suspect(error))?;
+        let mut routes = statements::mark_in_progress_unknown(&self.pool, now, REPLICA_LOST, lost)
+            .await
+            .inspect_err(|error| self.primary.suspect(error))?;
         if !routes.is_empty() {
             tracing::warn!(target: TARGET,
                 count = routes.len(),
@@ -788,7 +788,7 @@ impl Maintenance for PostgresStore {
         self.renewal.cancel();
         let now = self.clock.now_millis();
         let this = Owners::This(&self.owner);
-        match statements::mark_in_progress_unknown(&self.pool, now, "gateway-stopped", this).await {
+        match statements::mark_in_progress_unknown(&self.pool, now, GATEWAY_STOPPED, this).await {
             Ok(routes) if routes.is_empty() => {}
             Ok(routes) => tracing::warn!(target: TARGET,
                 count = routes.len(),

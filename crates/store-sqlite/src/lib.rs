@@ -154,9 +154,10 @@ use idemgate_store::backend::ForgetCursor;
 use idemgate_store::scope_key::ScopeKey;
 use idemgate_store::seal::{CANARY_ROW, Canary, SEALED_ONLY_ROW, SEALED_ONLY_VALUE, Seal};
 use idemgate_store::{
-    AccessPath, AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision, LateEvidence,
-    ListFilter, Maintenance, NewOperation, Operators, Outbox, Probed, Recorded, RekeyBatch,
-    RequestPath, Resolved, RoutePause, Stats, StoreError, StoreKeys, StoredEvent, Summary,
+    AccessPath, AlertDelivery, AlertOutcome, AlertPoll, Claim, ClaimResult, Decision,
+    GATEWAY_RESTARTED, GATEWAY_STOPPED, LateEvidence, ListFilter, Maintenance, NewOperation,
+    Operators, Outbox, Probed, Recorded, RekeyBatch, RequestPath, Resolved, RoutePause, Stats,
+    StoreError, StoreKeys, StoredEvent, Summary,
 };
 use reader::Readers;
 use writer::{LogSyncs, QUEUE_TIMEOUT, Writer};
@@ -653,7 +654,7 @@ impl Maintenance for SqliteStore {
         let routes = self
             .writer
             .run(move |conn| {
-                statements::mark_in_progress_unknown(conn, now, "gateway-restarted", None)
+                statements::mark_in_progress_unknown(conn, now, GATEWAY_RESTARTED, None)
             })
             .await?;
         if !routes.is_empty() {
@@ -698,7 +699,7 @@ impl Maintenance for SqliteStore {
         let marked = self
             .writer
             .run(move |conn| {
-                statements::mark_in_progress_unknown(conn, now, "gateway-stopped", Some(&owner))
+                statements::mark_in_progress_unknown(conn, now, GATEWAY_STOPPED, Some(&owner))
             })
             .await;
         match marked {

@@ -620,6 +620,17 @@ impl Finding {
 /// than once at the destination.
 pub const DUPLICATED: &str = "duplicated-at-destination";
 
+/// The evidence of an operation its owner left `in_progress`, marked
+/// `unknown` by the next start ([`Maintenance::recover`]).
+pub const GATEWAY_RESTARTED: &str = "gateway-restarted";
+/// ... by its owner stopping past its grace ([`Maintenance::close`]).
+pub const GATEWAY_STOPPED: &str = "gateway-stopped";
+/// ... by a peer replica that found its owner's lease lapsed.
+pub const REPLICA_LOST: &str = "replica-lost";
+/// The evidence of an operation marked `unknown` with its attempt still in
+/// flight: the mark says nothing of when that attempt ended.
+pub const MARKED_IN_FLIGHT: [&str; 3] = [GATEWAY_RESTARTED, GATEWAY_STOPPED, REPLICA_LOST];
+
 /// What [`RequestPath::claim`] found.
 #[derive(Debug)]
 pub enum ClaimResult {

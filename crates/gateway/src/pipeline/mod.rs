@@ -1,6 +1,8 @@
 //! The life of a request, as phases in a fixed order, one module each:
 //!
-//! 0. `path`: the request path in normal form (RFC 3986 §6.2.2), rewritten
+//! 0. `path` (`crate::request_path`, below the pipeline, since the config
+//!    keeps route prefixes in the same form): the request path in normal
+//!    form (RFC 3986 §6.2.2), rewritten
 //!    in place, so everything after it — the reserved `/.idemgate/` prefix
 //!    (`status`), routing, the fingerprint and the upstream's request line —
 //!    sees one spelling; a path that has none → 400 `invalid-path`. `host`:
@@ -354,38 +356,6 @@ impl Proxy {
         for active in &self.routes {
             let now = paused.contains(&active.route.name);
             active.paused.store(now, Ordering::SeqCst);
-        }
-    }
-
-    /// Tells the MCP routes among `routes`, whose calls in flight were just
-    /// marked `unknown` (a peer replica was lost), that those calls may
-    /// still be running at their servers.
-    pub(crate) fn calls_recovered(&self, routes: &[String]) {
-        let now = self.shared.clock.now_millis();
-        let marked: Vec<(String, i64)> = routes.iter().map(|r| (r.clone(), now)).collect();
-        self.calls_marked(&marked);
-    }
-
-    /// Tells each MCP route of `marked` that a call of its became `unknown`
-    /// at that time (ms): one marked so in flight (a restart, a stop past
-    /// its grace, a lost peer) may still run at its server for as long as
-    /// its attempt may take and its `late_window`.
-    pub(crate) fn calls_marked(&self, marked: &[(String, i64)]) {
-        let now = self.shared.clock.now_millis();
-        for (name, at) in marked {
-            let Some(active) = self.routes.iter().find(|a| &a.route.name == name) else {
-                continue;
-            };
-            let route = &active.route;
-            let running = forward::longest_write(route) + route.late_window;
-            let left = at
-                .saturating_add(clock::millis(running))
-                .saturating_sub(now);
-            if route.profile == Profile::Mcp && left > 0 {
-                active
-                    .calls
-                    .recovered(Duration::from_millis(left.unsigned_abs()));
-            }
         }
     }
 

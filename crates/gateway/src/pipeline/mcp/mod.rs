@@ -41,6 +41,7 @@ pub mod relay;
 pub mod tools;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, request};
@@ -49,6 +50,10 @@ use tokio::sync::oneshot;
 
 use crate::body::ProxyBody;
 use crate::metrics::Outcome;
+use crate::profile::Profile;
+use idemgate_model::clock;
+use idemgate_model::operation::State;
+use idemgate_store::{ListFilter, MARKED_IN_FLIGHT, StoreError};
 use crate::pipeline::budget::Reservation;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::fingerprint::ExactDigest;
@@ -114,6 +119,48 @@ impl Proxy {
                 }
             }
         }
+    }
+
+    /// Looks at each MCP route's newest held calls for one marked `unknown`
+    /// with its attempt in flight ([`MARKED_IN_FLIGHT`]: a restart, a stop
+    /// past its grace, a lost peer) lately enough that it may still run at
+    /// its server — its connects, `upstream_timeout` and `late_window`
+    /// from the mark: until then the route keeps back what would stop it
+    /// there ([`cancel::InFlightCalls::recovered`]). At start, and on a
+    /// shared store each time the replicas are looked after.
+    pub(crate) async fn follow_marked_calls(&self) -> Result<(), StoreError> {
+        /// Newest held calls looked at per route.
+        const NEWEST: u32 = 100;
+        let operators = &self.shared.operators;
+        let now = self.shared.clock.now_millis();
+        for active in self.routes.iter().filter(|a| a.route.profile == Profile::Mcp) {
+            let route = &active.route;
+            let running = clock::millis(forward::longest_write(route) + route.late_window);
+            let filter = ListFilter {
+                state: Some(State::Unknown),
+                route: Some(route.name.clone()),
+                key: None,
+                before: None,
+                limit: NEWEST,
+            };
+            let mut latest = None;
+            for summary in operators.list(&filter).await? {
+                if summary.updated_at.saturating_add(running) <= now {
+                    continue;
+                }
+                let Some((operation, _)) = operators.get(&summary.id).await? else {
+                    continue;
+                };
+                if MARKED_IN_FLIGHT.contains(&operation.evidence.as_str()) {
+                    latest = latest.max(Some(operation.updated_at));
+                }
+            }
+            let left = latest.map(|at| at.saturating_add(running).saturating_sub(now));
+            if let Some(left) = left.filter(|left| *left > 0) {
+                active.calls.recovered(Duration::from_millis(left.unsigned_abs()));
+            }
+        }
+        Ok(())
     }
 
     /// An MCP session's DELETE while its protected calls are in flight:

@@ -85,7 +85,8 @@ use idemgate_model::backoff::Backoff;
 use idemgate_model::clock::{self, Clock};
 use idemgate_model::operation::{Event, Operation, State};
 use idemgate_store::{
-    DUPLICATED, Finding, LateEvidence, LateSource, Operators, Probed, RequestPath, StoredEvent,
+    DUPLICATED, Finding, LateEvidence, LateSource, MARKED_IN_FLIGHT, Operators, Probed,
+    RequestPath, StoredEvent,
 };
 use verdict::{Answer, Rules, Verdict, classify};
 
@@ -489,11 +490,6 @@ pub(crate) fn may_land_until(operation: &Operation, events: &[StoredEvent], rout
     last_sent(operation, events, forward::longest_write(route))
         .saturating_add(clock::millis(route.late_window))
 }
-
-/// The evidence of an operation marked `unknown` while its attempt was
-/// still in flight: its gateway restarted or stopped, or its replica lost
-/// its lease. The mark says nothing of when that attempt ended.
-const MARKED_IN_FLIGHT: [&str; 3] = ["gateway-restarted", "gateway-stopped", "replica-lost"];
 
 /// When a held write could last have been on its way to the destination:
 /// when the operation became `unknown` (its last update, which comes after
