@@ -1119,7 +1119,7 @@ async fn rehearse_create_task(
         .arg(&config)
         .args(["--route", "tools", "--tool", "create_task"])
         .args(["--arguments", r#"{"title":"rehearsal {key}"}"#])
-        .args(["--writes", "9"])
+        .args(["--writes", "10"])
         .args(args)
         .args(["--header-env", "authorization=REHEARSE_TOKEN"])
         .env("REHEARSE_TOKEN", ALICE);

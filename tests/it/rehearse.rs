@@ -1,9 +1,10 @@
 //! `idemgate rehearse` against destinations that really listen, counting
 //! what reached each: the mock API (deduplicates nothing, through the
 //! real binaries), a destination that honours `Idempotency-Key`, one that
-//! echoes what it was sent, one with a reconcile probe, one that refuses
-//! every write, one over TLS, and a `--writes` bound too small for every
-//! case; and one that refuses every connection, which nothing reaches.
+//! echoes what it was sent, ones whose answers alternate or all claim to
+//! be replays, one with a reconcile probe, one that refuses every write,
+//! one over TLS, and a `--writes` bound too small for every case; and one
+//! that refuses every connection, which nothing reaches.
 
 use std::path::{Path, PathBuf};
 
@@ -116,12 +117,12 @@ async fn the_mock_api_gets_every_case_and_the_verdict_that_it_does_not_deduplica
     cmd.args(["rehearse", "--config"])
         .arg(&file)
         .args(["--route", "tasks", "--path", "/tasks", "--body", BODY])
-        .args(["--writes", "9", "--check-destination"])
+        .args(["--writes", "10", "--check-destination"])
         .args(["--header-env", &format!("authorization={TOKEN_VAR}")])
         .env(TOKEN_VAR, TOKEN);
     let (status, stdout, stderr) = run_to_exit(cmd).await;
     assert!(status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.starts_with("--writes 9: "), "{stdout}");
+    assert!(stdout.starts_with("--writes 10: "), "{stdout}");
     assert!(!stdout.contains("rehearse-secret") && !stderr.contains("rehearse-secret"));
     for title in [
         "1. Interrupted before the destination accepts",
@@ -138,24 +139,24 @@ async fn the_mock_api_gets_every_case_and_the_verdict_that_it_does_not_deduplica
         "{stdout}"
     );
     assert!(
-        stdout.contains("9 writes reached the destination"),
+        stdout.contains("10 writes reached the destination"),
         "{stdout}"
     );
     let effects = send(mock.addr, "GET", "/_effects", &[], bytes::Bytes::new()).await;
     assert_eq!(
         effects.json()["writes"],
-        9,
-        "6 by the cases, 3 by the check"
+        10,
+        "6 by the cases, 4 by the check"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_that_honours_keys_gets_the_other_verdict() {
-    let (upstream, report, text) = rehearse_fake("/dedup", 9, true, false).await;
+    let (upstream, report, text) = rehearse_fake("/dedup", 10, true, false).await;
     assert!(report.ok, "{text}");
-    let deduplicates = "the destination deduplicates on `idempotency-key` itself";
+    let deduplicates = "by its answers, the destination deduplicates on `idempotency-key` itself";
     assert_verdict(&report, Some(true), deduplicates);
-    assert_sent_as_planned(&report, &upstream, 9);
+    assert_sent_as_planned(&report, &upstream, 10);
     assert_eq!(upstream.writes(), 8, "the repeat created nothing");
     // Without a probe the lost responses stay held for an operator.
     assert_eq!(states(&report, 1), ["unknown"]);
@@ -184,25 +185,25 @@ async fn the_check_asks_on_the_destination_keys_header() {
     let upstream = FakeUpstream::start().await;
     let resending = "destination_key_header = \"Idempotency-Key\"\ndestination_key_window = \"24h\"\nresend_unknown = true";
     let file = config(dir.path(), &upstream.url(), resending);
-    let (report, text) = rehearse(&args(file, "/dedup", 9, true)).await;
+    let (report, text) = rehearse(&args(file, "/dedup", 10, true)).await;
     assert!(report.ok, "{text}");
     assert_verdict(
         &report,
         Some(true),
-        "the destination deduplicates on `idempotency-key` itself",
+        "by its answers, the destination deduplicates on `idempotency-key` itself",
     );
     assert!(
         report.verdict.contains("resend_unknown"),
         "{}",
         report.verdict
     );
-    assert_sent_as_planned(&report, &upstream, 9);
+    assert_sent_as_planned(&report, &upstream, 10);
     assert_eq!(states(&report, 1), ["unknown"], "not re-sent");
 
     let upstream = FakeUpstream::start().await;
     let own_header = "destination_key_header = \"X-Destination-Key\"";
     let file = config(dir.path(), &upstream.url(), own_header);
-    let (report, text) = rehearse(&args(file, "/dedup", 9, true)).await;
+    let (report, text) = rehearse(&args(file, "/dedup", 10, true)).await;
     assert!(report.ok, "{text}");
     assert_verdict(
         &report,
@@ -228,12 +229,32 @@ async fn the_check_asks_on_the_destination_keys_header() {
 /// the repeat proves nothing, and the control key says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_answering_every_write_alike_is_not_called_deduplicating() {
-    let (upstream, report, text) = rehearse_fake("/commit-then/201", 9, true, false).await;
-    assert_eq!(report.destination_check.as_ref().unwrap().sent, 3, "{text}");
+    let (upstream, report, text) = rehearse_fake("/commit-then/201", 10, true, false).await;
+    assert_eq!(report.destination_check.as_ref().unwrap().sent, 4, "{text}");
     let alike = "not told: the destination answered the same write under a control key alike";
     assert_verdict(&report, None, alike);
-    assert_sent_as_planned(&report, &upstream, 9);
-    assert_eq!(upstream.writes(), 9, "the repeat created a record too");
+    assert_sent_as_planned(&report, &upstream, 10);
+    assert_eq!(upstream.writes(), 10, "the repeats created a record each");
+}
+
+/// Destinations that make a record of every write whose answers could pass
+/// for the first write's: answers of period 2 (two nodes in turn), where
+/// the first repeat matches the first write by chance; and answers each
+/// said to be a replay, the first and the control too. Each is told as
+/// what it is: it does not deduplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_that_pass_for_a_replay_once_are_not_called_deduplicating() {
+    for path in ["/alternate", "/says-replayed"] {
+        let (upstream, report, text) = rehearse_fake(path, 10, true, false).await;
+        let differ = "the destination does not deduplicate on its own";
+        assert_verdict(&report, Some(false), differ);
+        assert_sent_as_planned(&report, &upstream, 10);
+        assert_eq!(
+            upstream.writes(),
+            10,
+            "{path}: every write a record: {text}"
+        );
+    }
 }
 
 /// A destination that makes a record of every write and answers with the
@@ -242,17 +263,20 @@ async fn a_destination_answering_every_write_alike_is_not_called_deduplicating()
 /// three answers are alike and the repeat's proves nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_echoing_the_body_is_not_called_deduplicating() {
-    let (upstream, report, text) = rehearse_fake("/echo", 9, true, false).await;
+    let (upstream, report, text) = rehearse_fake("/echo", 10, true, false).await;
     assert!(report.ok, "{text}");
     let alike = "not told: the destination answered the same write under a control key alike";
     assert_verdict(&report, None, alike);
-    assert_eq!(upstream.writes(), 9, "the repeat created a record too");
+    assert_eq!(upstream.writes(), 10, "the repeats created a record each");
     let checked = &upstream.write_requests()[6..];
     let keys: Vec<_> = checked
         .iter()
         .map(|w| w.header("idempotency-key"))
         .collect();
-    assert!(keys[0] == keys[2] && keys[0] != keys[1], "{keys:?}");
+    assert!(
+        keys[0] == keys[2] && keys[0] == keys[3] && keys[0] != keys[1],
+        "{keys:?}"
+    );
     assert!(
         checked.iter().all(|w| w.body == checked[0].body),
         "the control differs from the repeat in its key alone"
@@ -268,11 +292,11 @@ async fn a_destination_refusing_connections_is_reached_by_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = closed_port().await;
     let file = config(dir.path(), &format!("http://{port}"), "connect_retries = 0");
-    let (report, text) = rehearse(&args(file, "/tasks", 9, true)).await;
+    let (report, text) = rehearse(&args(file, "/tasks", 10, true)).await;
     assert!(!report.ok, "{text}");
     assert_eq!(report.writes_sent, 0, "{text}");
     assert!(
-        text.contains("\n0 writes reached the destination (of --writes 9)."),
+        text.contains("\n0 writes reached the destination (of --writes 10)."),
         "{text}"
     );
     assert!(!text.contains("STOPPED"), "{text}");
@@ -339,7 +363,7 @@ async fn with_a_probe_the_lost_responses_are_settled_by_it_and_shown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_refusing_every_write_is_said_so_and_never_retried_blindly() {
-    let (upstream, report, text) = rehearse_fake("/status/403", 9, true, false).await;
+    let (upstream, report, text) = rehearse_fake("/status/403", 10, true, false).await;
     assert!(report.ok, "{text}");
     for case in &report.cases {
         assert_eq!(case.destination_answered, Some(403), "case {}", case.number);
@@ -372,7 +396,7 @@ async fn a_destination_refusing_every_write_is_said_so_and_never_retried_blindly
     );
     assert!(!resumed.contains("resolved it completed"), "{resumed}");
     assert!(resumed.contains("   ok: as expected"), "{resumed}");
-    assert_sent_as_planned(&report, &upstream, 9);
+    assert_sent_as_planned(&report, &upstream, 10);
     assert_eq!(upstream.writes(), 0);
     assert_verdict(&report, None, "not told: the destination refused");
 }
@@ -384,10 +408,10 @@ async fn over_a_tls_upstream_the_cases_hold() {
     let upstream = FakeUpstream::start_tls(server_config(&ca.server_cert(pki.path(), "api"))).await;
     let extra = format!("upstream_ca = \"{}\"", ca.pem.display());
     let file = config(pki.path(), &upstream.url(), &extra);
-    let (report, text) = rehearse(&args(file, "/tasks", 9, true)).await;
+    let (report, text) = rehearse(&args(file, "/tasks", 10, true)).await;
     assert!(report.ok, "{text}");
     assert!(report.destination.starts_with("https://"));
-    assert_sent_as_planned(&report, &upstream, 9);
+    assert_sent_as_planned(&report, &upstream, 10);
     assert_eq!(report.destination_check.unwrap().deduplicates, Some(false));
 }
 
@@ -407,11 +431,11 @@ async fn too_few_writes_stop_before_the_case_that_needs_more() {
     );
     assert_sent_as_planned(&report, &upstream, 3);
 
-    // The check's three writes are kept out of the cases' share of the bound.
-    let (report, text) = rehearse(&args(file.clone(), "/tasks", 8, true)).await;
+    // The check's four writes are kept out of the cases' share of the bound.
+    let (report, text) = rehearse(&args(file.clone(), "/tasks", 9, true)).await;
     assert_eq!(report.cases.len(), 4, "{text}");
     assert!(report.destination_check.is_some());
-    assert_eq!(upstream.write_requests().len(), 3 + 5 + 3);
+    assert_eq!(upstream.write_requests().len(), 3 + 5 + 4);
 
     // No credential for the route's scope header: refused before anything is sent.
     let mut bare = args(file, "/tasks", 8, false);
@@ -420,7 +444,7 @@ async fn too_few_writes_stop_before_the_case_that_needs_more() {
     let refused = idemgate_tools::rehearse::run(&bare, &env, Vec::new()).await;
     let error = refused.expect_err("refused").to_string();
     assert!(error.contains("--header-env authorization="), "{error}");
-    assert_eq!(upstream.write_requests().len(), 3 + 5 + 3, "none more");
+    assert_eq!(upstream.write_requests().len(), 3 + 5 + 4, "none more");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

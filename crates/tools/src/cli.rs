@@ -390,9 +390,9 @@ pub struct Rehearse {
     /// scope headers (its credentials) come this way.
     #[arg(long = "header-env", value_name = "NAME=VARIABLE")]
     pub header_env: Vec<String>,
-    /// Also send one write straight to the destination under a key twice
-    /// and, between them, under a control key (3 writes) to find whether
-    /// it deduplicates on its own: the verdict line.
+    /// Also send one write straight to the destination under a key, under
+    /// a control key, then under the key twice more (4 writes) to find
+    /// whether it deduplicates on its own: the verdict line.
     #[arg(long)]
     pub check_destination: bool,
     /// Print the report as one JSON object.

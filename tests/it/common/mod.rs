@@ -26,6 +26,10 @@
 //!   - `/once/{code}[?ms=N]`: the first write per `Idempotency-Key` waits N
 //!     ms and gets `code` uncommitted; later ones commit and wait N ms, then
 //!     answer like the default;
+//!   - `/alternate`: commit, then answer 202 `{"id": n % 2, "received":
+//!     null}`: two nodes in turn, whose answers tell no record from another;
+//!   - `/says-replayed`: commit, then answer like the default with
+//!     `Idempotent-Replayed: true`, every write a record all the same;
 //!   - `/mcp-events`: commit, then answer 200 `text/event-stream` made of
 //!     the strings the JSON-RPC body's `params.arguments.events` lists, as
 //!     written, `{id}` in each replaced by the request's id (an MCP

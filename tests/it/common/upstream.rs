@@ -480,6 +480,18 @@ async fn handle(
             Ok(response)
         }
         "/mcp-events" => Ok(event_stream(&received, &parts.headers)),
+        // Every write a record, answered by one of two nodes in turn: an
+        // answer of period 2 that tells no record from another.
+        "/alternate" => Ok(json_response(StatusCode::ACCEPTED, id % 2, Value::Null)),
+        // Every write a record, each answer said to be a replay.
+        "/says-replayed" => {
+            let mut response = json_response(StatusCode::CREATED, id, received);
+            let replayed = http::HeaderValue::from_static("true");
+            response
+                .headers_mut()
+                .insert("idempotent-replayed", replayed);
+            Ok(response)
+        }
         // Every write a record, answered with the body it carried: an
         // answer that tells nothing of the record it made.
         "/echo" => Ok(echo(&received)),

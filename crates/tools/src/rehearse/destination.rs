@@ -1,20 +1,27 @@
 //! `--check-destination`: one write sent straight to the destination,
 //! past the gateway, with the route's TLS and the writes' headers, under a
 //! key, then the very same bytes under a control key, then under the key
-//! again, to find whether the destination deduplicates on its own — what
-//! the verdict line says this destination needs from the gateway, and
-//! whether `resend_unknown` may re-send a lost response under the
+//! twice more, to find whether the destination deduplicates on its own —
+//! what the verdict line says this destination needs from the gateway,
+//! and whether `resend_unknown` may re-send a lost response under the
 //! destination key (the lost-response case re-sent: one record or two).
 //!
-//! The control differs from the repeat in its key alone, and is sent
-//! between the key's two writes: only a control answered otherwise than
-//! the first write (beyond the key it may echo) shows that the
-//! destination's answers tell records apart, and so that the repeat's
+//! The control differs from the repeats in its key alone, and is sent
+//! between the first write and the repeats: only a control answered
+//! otherwise than the first write (beyond the key it may echo) shows that
+//! the destination's answers tell records apart, and so that a repeat's
 //! answer, the same as the first's, was the first write's. Answers that
-//! depend only on what was sent (an echo of the body) or on when (a
-//! clock, a counter) cannot make the repeat's match the first's while the
-//! control's, between them, does not; those are *not told*, never
-//! *deduplicates* (docs/rehearse.md, "The verdict").
+//! depend only on what was sent (an echo of the body) are alike for the
+//! control too; answers that follow a clock, a counter or a round robin
+//! cannot match the first's at two consecutive repeats while the
+//! control's, before them, does not (period 2 gives the second repeat the
+//! control's); a replay header counts only where neither the first answer
+//! nor the control's carries one. Those are *not told* or *does not
+//! deduplicate*, never *deduplicates*. An answer derived from the key
+//! alone (an id computed from it) on a destination that deduplicates
+//! nothing reads as deduplicating: answers cannot show it, and the verdict
+//! says to check the destination's records (docs/rehearse.md, "The
+//! verdict").
 //!
 //! Invariant: at most [`CHECK_WRITES`](super::CHECK_WRITES) writes, each
 //! counted against `--writes` unless its connection failed before a byte
@@ -33,24 +40,29 @@ use idemgate::body::full;
 use idemgate::pipeline::forward::ProbeClient;
 use idemgate::pipeline::key::IDEMPOTENCY_KEY;
 
-/// What the destination did with one key sent twice.
+/// Repeats of the key after the control: two, so that an answer of
+/// period 2 (a two-node round robin) cannot match the first at both.
+pub(crate) const REPEATS: usize = 2;
+
+/// What the destination did with one key sent three times.
 #[derive(Debug, Serialize)]
 pub struct DestinationCheck {
     pub(crate) key: String,
     /// The header the key went in: the route's `destination_key_header`,
     /// else its `forward_key_header`.
     pub(crate) key_header: String,
-    /// Writes that reached the destination straight, or may have: 3 but
+    /// Writes that reached the destination straight, or may have: 4 but
     /// for those whose connection failed before a byte was written.
     pub sent: u64,
     /// Each answer, `STATUS BODY` on one line: the key's first write, the
-    /// control key's, the key's repeat.
+    /// control key's, the key's two repeats.
     pub(crate) answers: Vec<String>,
-    /// The control key, sent once between the key's two writes with the
-    /// same body.
+    /// The control key, sent once with the same body between the key's
+    /// first write and its repeats.
     pub(crate) control_key: String,
-    /// `true`: it answered the repeat from the first; `false`: it created
-    /// a second record; `null`: it could not be told.
+    /// `true`: its answers say it answered the repeats from the first
+    /// (its records have the last word); `false`: it created a second
+    /// record; `null`: it could not be told.
     pub deduplicates: Option<bool>,
     pub(crate) verdict: String,
 }
@@ -88,7 +100,7 @@ impl Unanswered {
 }
 
 /// Sends the plan's write under one new key, the same bytes under a control
-/// key, then under the key again, straight to the destination.
+/// key, then under the key twice more, straight to the destination.
 pub async fn check(plan: &Plan) -> Result<DestinationCheck, RehearseError> {
     let client = plan.upstream_client()?;
     let new_key = || format!("rehearse-check-{}", uuid::Uuid::now_v7().simple());
@@ -99,10 +111,13 @@ pub async fn check(plan: &Plan) -> Result<DestinationCheck, RehearseError> {
         (None, Some(forwarded)) => forwarded.clone(),
         (None, None) => IDEMPOTENCY_KEY,
     };
-    // One body for all three: the control differs in its key alone.
+    // One body for all four: the control differs in its key alone.
     let body = plan.body_for(&key);
     let mut answers = Vec::new();
-    for sent_under in [&key, &control_key, &key] {
+    let order = [&key, &control_key]
+        .into_iter()
+        .chain(std::iter::repeat_n(&key, REPEATS));
+    for sent_under in order {
         answers.push(send(plan, &client, &header, sent_under, &body).await);
     }
     let lines = answers
@@ -187,15 +202,63 @@ async fn send(
         .map_err(|_| Unanswered::sent(format!("none within {:?}", route.upstream_timeout)))?
 }
 
-/// What the answers (the key's first, the control key's, the key's
-/// repeat) say about the destination, `keys` the key and the control key.
+/// What one repeat of the key shows of the first write's record.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// The first write's answer again.
+    Same,
+    /// Said to be a replay, where neither the first answer nor the
+    /// control's said so.
+    Replayed,
+    /// Refused (409, 422): the key was taken.
+    Refused,
+    /// Another successful answer: a second record.
+    Different,
+    /// Another failure: it shows nothing.
+    Failed,
+}
+
+impl Reading {
+    fn of(repeat: &Answered, first: &Answered, replay_believed: bool) -> Reading {
+        if repeat.replayed && replay_believed {
+            Reading::Replayed
+        } else if repeat.status.is_success() {
+            match repeat.status == first.status && repeat.body == first.body {
+                true => Reading::Same,
+                false => Reading::Different,
+            }
+        } else if matches!(repeat.status.as_u16(), 409 | 422) {
+            Reading::Refused
+        } else {
+            Reading::Failed
+        }
+    }
+
+    fn said(self, repeat: &Answered) -> String {
+        let status = repeat.status.as_u16();
+        match self {
+            Reading::Same => format!("{status}, the first answer again"),
+            Reading::Replayed => format!("{status}, said to be a replay"),
+            Reading::Refused => format!("{status}, the key refused"),
+            Reading::Different | Reading::Failed => format!("{status}"),
+        }
+    }
+}
+
+/// What the answers (the key's first, the control key's, then the key's
+/// repeats) say about the destination, `keys` the key and the control
+/// key.
 fn verdict(
     answers: &[Result<Answered, Unanswered>],
     (key, control_key): (&str, &str),
     header: &HeaderName,
 ) -> (Option<bool>, String) {
-    let (first, control, repeat) = match answers {
-        [Ok(first), Ok(control), Ok(repeat)] => (first, control, repeat),
+    let answered = answers
+        .iter()
+        .map(|answer| answer.as_ref().ok())
+        .collect::<Option<Vec<_>>>();
+    let (first, control, repeats) = match answered.as_deref() {
+        Some([first, control, repeats @ ..]) if !repeats.is_empty() => (*first, *control, repeats),
         _ => {
             return (
                 None,
@@ -213,51 +276,63 @@ fn verdict(
             ),
         );
     }
+    // A replay header on an answer that replays nothing (the first, the
+    // control) says nothing of the repeats' either.
+    let replay_believed = !first.replayed && !control.replayed;
+    let readings: Vec<Reading> = repeats
+        .iter()
+        .map(|repeat| Reading::of(repeat, first, replay_believed))
+        .collect();
+    let statuses = repeats
+        .iter()
+        .map(|repeat| repeat.status.as_u16().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if readings.contains(&Reading::Different) {
+        return (
+            Some(false),
+            format!(
+                "the destination does not deduplicate on its own (on `{header}`): the same key got different answers, so a blind retry would have created a second record. Send every retry through the gateway, and leave `resend_unknown` off."
+            ),
+        );
+    }
+    let said = || {
+        readings
+            .iter()
+            .zip(repeats)
+            .map(|(reading, repeat)| reading.said(repeat))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
     let deduplicates = |why: String| {
         (
             Some(true),
             format!(
-                "the destination deduplicates on `{header}` itself: {why}. The gateway still adds what it cannot: duplicates in flight answered, a changed payload refused, a lost response held as unknown — and with `destination_key_header = \"{header}\"`, `resend_unknown` may settle a lost response by sending it again within the key's retention."
+                "by its answers, the destination deduplicates on `{header}` itself: {why}. Answers cannot tell this from a destination that makes a record of every write and derives its answer from the key alone (an id computed from it): before turning `resend_unknown` on, check that the destination holds one record for key `{key}`, sent {} times. The gateway still adds what it cannot: duplicates in flight answered, a changed payload refused, a lost response held as unknown — and with `destination_key_header = \"{header}\"`, `resend_unknown` may settle a lost response by sending it again within the key's retention.",
+                repeats.len() + 1
             ),
         )
     };
-    if repeat.replayed {
+    if readings.iter().all(|r| *r == Reading::Replayed) {
         return deduplicates(format!(
-            "it answered the repeat ({}) as a replay",
-            repeat.status.as_u16()
+            "it answered each repeat of the key as a replay ({}), and neither its first answer nor the control's",
+            said()
         ));
-    }
-    let alike = |a: &Answered, b: &Answered| a.status == b.status && a.body == b.body;
-    if repeat.status.is_success() && !alike(first, repeat) {
-        return (
-            Some(false),
-            format!(
-                "the destination does not deduplicate on its own (on `{header}`): the same key twice got two different answers, so a blind retry would have created a second record. Send every retry through the gateway, and leave `resend_unknown` off."
-            ),
-        );
     }
     if !control.status.is_success() {
         return (
             None,
             format!(
-                "not told: the destination answered the same write under a control key {}, not as a new write, so there is nothing to read its answer to the repeat ({}) against; check what it holds for the key.",
+                "not told: the destination answered the same write under a control key {}, not as a new write, so there is nothing to read its answers to the repeats ({statuses}) against; check what it holds for the key.",
                 control.status.as_u16(),
-                repeat.status.as_u16()
             ),
         );
     }
-    if matches!(repeat.status.as_u16(), 409 | 422) {
-        return deduplicates(format!(
-            "it refused the repeat ({}) and took the same write under a control key",
-            repeat.status.as_u16()
-        ));
-    }
-    if !alike(first, repeat) {
+    if readings.contains(&Reading::Failed) {
         return (
             None,
             format!(
-                "not told: the destination answered the repeat {} (the first {}); check what it holds for the key.",
-                repeat.status.as_u16(),
+                "not told: the destination answered the repeats {statuses} (the first {}); check what it holds for the key.",
                 first.status.as_u16()
             ),
         );
@@ -266,18 +341,19 @@ fn verdict(
     // second record's answer would be if answers told records apart only
     // by echoing the key they came under.
     let control_as_key = String::from_utf8_lossy(&control.body).replace(control_key, key);
-    if control.status == first.status && control_as_key.as_bytes() == first.body {
+    let control_alike = control.status == first.status && control_as_key.as_bytes() == first.body;
+    if control_alike && readings.contains(&Reading::Same) {
         return (
             None,
             format!(
-                "not told: the destination answered the same write under a control key alike ({} with the same body), so its answers tell no record from another, and the same answer to the repeat does not show whether it created a second record; check what it holds for the key.",
+                "not told: the destination answered the same write under a control key alike ({} with the same body), so its answers tell no record from another, and the same answer to a repeat does not show whether it created a second record; check what it holds for the key.",
                 control.status.as_u16()
             ),
         );
     }
     deduplicates(format!(
-        "it answered the repeat ({}) as it answered the key's first write, where the same write under a control key, sent between them, got another answer",
-        repeat.status.as_u16()
+        "it answered each repeat of the key from its first write ({}), where the same write under a control key, sent between the first write and the repeats, was taken as a new write",
+        said()
     ))
 }
 
@@ -297,25 +373,56 @@ mod tests {
     }
 
     /// Each reading of the key's first answer, the control key's (the same
-    /// body) and the key's repeat.
+    /// body) and the key's two repeats.
     #[test]
-    fn the_verdict_reads_the_repeat_against_the_control() {
+    fn the_verdict_reads_the_repeats_against_the_control() {
         let plain = |status, body| answered(status, body, false);
+        let replay = |body| answered(201, body, true);
         let echoed = |key: &str| format!(r#"{{"key":"{key}"}}"#);
         let cases = [
-            // Two records: a different answer for the repeat.
+            // Two records: a different answer for a repeat.
             (
-                [plain(201, "1"), plain(201, "2"), plain(201, "3")],
+                [
+                    plain(201, "1"),
+                    plain(201, "2"),
+                    plain(201, "3"),
+                    plain(201, "4"),
+                ],
                 Some(false),
             ),
-            // The first answer again, another for the control between them.
+            // The first answer again, another for the control before them.
             (
-                [plain(201, "1"), plain(201, "2"), plain(201, "1")],
+                [
+                    plain(201, "1"),
+                    plain(201, "2"),
+                    plain(201, "1"),
+                    plain(201, "1"),
+                ],
                 Some(true),
+            ),
+            // Answers of period 2 (a two-node round robin, an id that
+            // alternates): the first repeat matches the first by chance,
+            // the second cannot.
+            (
+                [
+                    plain(202, "a"),
+                    plain(202, "b"),
+                    plain(202, "a"),
+                    plain(202, "b"),
+                ],
+                Some(false),
             ),
             // Alike for every key (answers of the body alone, an echo of
             // it): the answers prove nothing.
-            ([plain(201, "ok"), plain(201, "ok"), plain(201, "ok")], None),
+            (
+                [
+                    plain(201, "ok"),
+                    plain(201, "ok"),
+                    plain(201, "ok"),
+                    plain(201, "ok"),
+                ],
+                None,
+            ),
             // Answers that differ by the key they came under, and by
             // nothing else: no record told from another.
             (
@@ -323,47 +430,103 @@ mod tests {
                     plain(201, &echoed(KEY)),
                     plain(201, &echoed(CONTROL)),
                     plain(201, &echoed(KEY)),
+                    plain(201, &echoed(KEY)),
                 ],
                 None,
             ),
-            // Said to be a replay, whatever the bodies.
+            // Said to be a replay where the first and the control were not,
+            // whatever the bodies.
             (
                 [
                     plain(201, "ok"),
                     plain(201, "ok"),
-                    answered(201, "ok", true),
+                    replay("ok"),
+                    replay("ok"),
                 ],
                 Some(true),
             ),
-            // The repeat refused, the same write under another key taken.
+            // Said to be a replay on every answer, the control's too: the
+            // header says nothing, the different bodies two records.
             (
-                [plain(201, "1"), plain(201, "2"), plain(409, "busy")],
+                [replay("1"), replay("2"), replay("3"), replay("4")],
+                Some(false),
+            ),
+            // The repeats refused, the same write under another key taken.
+            (
+                [
+                    plain(201, "1"),
+                    plain(201, "2"),
+                    plain(409, "busy"),
+                    plain(409, "busy"),
+                ],
                 Some(true),
             ),
             // Refused under another key too: the body is refused, not the
             // key; and a control refused shows nothing.
             (
-                [plain(201, "1"), plain(409, "taken"), plain(409, "taken")],
+                [
+                    plain(201, "1"),
+                    plain(409, "taken"),
+                    plain(409, "taken"),
+                    plain(409, "taken"),
+                ],
                 None,
             ),
             (
-                [plain(201, "1"), plain(429, "later"), plain(201, "1")],
+                [
+                    plain(201, "1"),
+                    plain(429, "later"),
+                    plain(201, "1"),
+                    plain(201, "1"),
+                ],
                 None,
             ),
-            ([plain(403, "no"), plain(403, "no"), plain(403, "no")], None),
+            (
+                [
+                    plain(403, "no"),
+                    plain(403, "no"),
+                    plain(403, "no"),
+                    plain(403, "no"),
+                ],
+                None,
+            ),
             (
                 [
                     plain(201, "1"),
                     Err(Unanswered::sent("none")),
                     plain(201, "3"),
+                    plain(201, "4"),
                 ],
                 None,
             ),
-            ([plain(201, "1"), plain(201, "2"), plain(500, "x")], None),
+            (
+                [
+                    plain(201, "1"),
+                    plain(201, "2"),
+                    plain(201, "1"),
+                    plain(500, "x"),
+                ],
+                None,
+            ),
         ];
         for (answers, expected) in cases {
             let (deduplicates, verdict) = verdict(&answers, (KEY, CONTROL), &IDEMPOTENCY_KEY);
             assert_eq!(deduplicates, expected, "{verdict}");
         }
+    }
+
+    /// An answer derived from the key alone reads as deduplicating: the
+    /// verdict says that answers cannot tell, and to check the records.
+    #[test]
+    fn a_deduplicating_verdict_says_the_records_decide() {
+        let plain = |body| answered(201, body, false);
+        let answers = [plain("h1"), plain("h2"), plain("h1"), plain("h1")];
+        let (deduplicates, verdict) = verdict(&answers, (KEY, CONTROL), &IDEMPOTENCY_KEY);
+        assert_eq!(deduplicates, Some(true));
+        assert!(verdict.starts_with("by its answers, "), "{verdict}");
+        assert!(
+            verdict.contains(&format!("holds one record for key `{KEY}`, sent 3 times")),
+            "{verdict}"
+        );
     }
 }

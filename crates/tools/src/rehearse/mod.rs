@@ -70,8 +70,9 @@ pub enum RehearseError {
 pub(crate) const CASE_WRITES: [u64; 5] = [1, 1, 1, 2, 1];
 
 /// Writes `--check-destination` sends straight to the destination: one
-/// write under a key twice and, between them, under a control key.
-pub(crate) const CHECK_WRITES: u64 = 3;
+/// write under a key, under a control key, then under the key again
+/// [`REPEATS`](destination::REPEATS) times.
+pub(crate) const CHECK_WRITES: u64 = 2 + destination::REPEATS as u64;
 
 /// Runs the rehearsal `args` describes, reading environment variables
 /// through `env`, printing the report to `out` (as JSON with `--json`).

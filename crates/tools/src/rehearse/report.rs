@@ -161,7 +161,7 @@ impl Report {
                 "not checked: --writes left too few for --check-destination.".into()
             }
             None => format!(
-                "not checked: --check-destination sends one key twice and a control key once straight to the destination ({CHECK_WRITES} more writes) to find whether it deduplicates on its own."
+                "not checked: --check-destination sends one key three times and a control key once straight to the destination ({CHECK_WRITES} more writes) to find whether it deduplicates on its own."
             ),
         };
         self.ok = self.stopped.is_none()
@@ -236,7 +236,7 @@ pub fn write(out: &mut impl Write, report: &Report, json: bool) -> std::io::Resu
     if let Some(check) = &report.destination_check {
         writeln!(
             out,
-            "\nStraight to the destination, one body: the key, a control key, the key again:"
+            "\nStraight to the destination, one body: the key, a control key, the key twice:"
         )?;
         for (n, answer) in check.answers.iter().enumerate() {
             writeln!(out, "   {}. {answer}", n + 1)?;
