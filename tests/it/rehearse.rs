@@ -401,6 +401,45 @@ async fn a_destination_refusing_every_write_is_said_so_and_never_retried_blindly
     assert_verdict(&report, None, "not told: the destination refused");
 }
 
+/// A destination that releases every write (429, 503: `release_statuses`)
+/// has each released and its retry forwarded, as the gateway should: every
+/// case passes within the writes it needs, case 4 says its create was not
+/// retried, and none says a refusal is kept. One that answers every write
+/// 502 or 504 (`unknown_statuses`) has each held `unknown`, and the notes
+/// say so, not that its answer is kept and replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_and_unknown_statuses_are_told_as_the_gateway_treats_them() {
+    for (status, stored, said) in [
+        (429, "not_attempted", "the client's next retry is forwarded"),
+        (503, "not_attempted", "the client's next retry is forwarded"),
+        (502, "unknown", "holds the write `unknown`"),
+        (504, "unknown", "holds the write `unknown`"),
+    ] {
+        let path = format!("/status/{status}");
+        let (upstream, report, text) = rehearse_fake(&path, 10, true, false).await;
+        assert!(report.ok, "{status}: {text}");
+        assert!(!text.contains("STOPPED"), "{status}: {text}");
+        assert_sent_as_planned(&report, &upstream, 10);
+        for case in [0, 2, 3] {
+            let notes = &report.cases[case].notes;
+            let answered = format!("the destination answered {status}: ");
+            assert!(
+                notes
+                    .iter()
+                    .any(|n| n.starts_with(&answered) && n.contains(said)),
+                "{status}, case {}: {text}",
+                case + 1
+            );
+            assert!(
+                !notes.iter().any(|n| n.contains("gives it to every retry")),
+                "{status}, case {}: {text}",
+                case + 1
+            );
+        }
+        assert_eq!(states(&report, 3)[0], stored, "{status}: {text}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_a_tls_upstream_the_cases_hold() {
     let pki = tempfile::tempdir().expect("tempdir");

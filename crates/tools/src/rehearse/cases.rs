@@ -24,7 +24,7 @@ use serde_json::json;
 use super::report::{Case, Held, Report, Step};
 use super::{CASE_WRITES, Plan, RehearseError};
 use crate::gateway_client::{Answer, CallError, GatewayClient, join_all};
-use idemgate::config::{InProgressMode, ProbeKeys};
+use idemgate::config::{InProgressMode, ProbeKeys, Route};
 use idemgate::pipeline::drill::{Drill, Fault};
 use idemgate::pipeline::forward::ProbeClient;
 use idemgate::pipeline::reconcile;
@@ -140,7 +140,7 @@ fn case(number: u32) -> Case {
             "later-step-fails",
             "A later step fails after the create succeeded",
             "a second write, its own key, has its response withheld",
-            "the first replayed, the second held; neither sent again",
+            "the first replayed (held after one of the route's unknown_statuses, not retried after one of its release_statuses), the second held; neither sent again",
         ),
         _ => (
             "resumed-after-manual-completion",
@@ -279,7 +279,7 @@ impl Run<'_> {
             ("not_attempted", false) => "after the failed connection the store held `not_attempted`: nothing had reached the destination, yet the retry was not forwarded".into(),
             (state, _) => format!("after the failed connection the store held `{state}`, not `not_attempted`"),
         });
-        answered_note(&mut case, &retry, &self.plan.route.release_statuses);
+        answered_note(&mut case, &retry, &self.plan.route);
         case.operations.push(after);
         Ok(case)
     }
@@ -349,7 +349,7 @@ impl Run<'_> {
             "{told} of {DUPLICATES} duplicates were answered by the gateway ({}, or the first write's answer replayed) without reaching the destination",
             self.plan.conflict("request-in-progress")
         ));
-        answered_note(&mut case, &first, &self.plan.route.release_statuses);
+        answered_note(&mut case, &first, &self.plan.route);
         case.operations.push(self.held(&key).await?);
         Ok(case)
     }
@@ -360,19 +360,34 @@ impl Run<'_> {
         let (create, next) = (self.key(4, "-create"), self.key(4, "-next"));
         let created = self.write(&create).await?;
         case.requests.push(Step::new("create", &create, &created));
-        answered_note(&mut case, &created, &self.plan.route.release_statuses);
+        answered_note(&mut case, &created, &self.plan.route);
+        let create_stored = stored_after(&created, &self.plan.route);
         let (lost, withheld, held) = self.lose_response(&mut case, "later step", &next).await?;
         let forwarded = self.drill.forwarded();
-        let create_again = self.write(&create).await?;
-        case.requests
-            .push(Step::new("create, retried", &create, &create_again));
+        // A released create is retried as the next attempt, as case 1
+        // shows: here that would be one more write, which this case does
+        // not need.
+        let create_again = match create_stored {
+            Some("not_attempted") => None,
+            _ => {
+                let again = self.write(&create).await?;
+                case.requests
+                    .push(Step::new("create, retried", &create, &again));
+                Some(again)
+            }
+        };
         let next_again = self.write(&next).await?;
         case.requests
             .push(Step::new("later step, retried", &next, &next_again));
         let (create_held, next_held) = (self.held(&create).await?, self.held(&next).await?);
         withheld_note(&mut case, "later step", withheld, &next_held);
-        let replayed = create_again.replayed && create_again.repeats(&created);
-        case.ok = replayed
+        let create_ok = match (create_stored, &create_again) {
+            (Some("completed"), Some(again)) => again.replayed && again.repeats(&created),
+            (Some("unknown"), Some(again)) => settled_or_held(again, &create_held),
+            (Some("not_attempted"), None) => create_held.state == "not_attempted",
+            _ => false,
+        };
+        case.ok = create_ok
             && lost.problem().as_deref() == Some("outcome-unknown")
             && (held.state == "unknown" || self.has_probe())
             && settled_or_held(&next_again, &next_held)
@@ -382,9 +397,17 @@ impl Run<'_> {
                 "completed" => "the later step's probe found it and it was replayed",
                 _ => "the later step held",
             };
-            case.notes.push(format!(
-                "the whole run retried: the create was answered from the store, {next}, and neither was sent again"
-            ));
+            case.notes.push(match create_stored {
+                Some("not_attempted") => format!(
+                    "the run retried: {next}, and not sent again; the create, which the destination released, was not retried here (its retry is forwarded as the next attempt, as in case 1: one more write)"
+                ),
+                Some("unknown") => format!(
+                    "the whole run retried: the create held as its answer left it, {next}, and neither was sent again"
+                ),
+                _ => format!(
+                    "the whole run retried: the create was answered from the store, {next}, and neither was sent again"
+                ),
+            });
         }
         case.operations.push(create_held);
         case.operations.push(next_held);
@@ -519,17 +542,45 @@ fn withheld_note(case: &mut Case, what: &str, status: Option<u16>, held: &Held) 
     ));
 }
 
-/// Says what the destination's answer to a delivered write was, when it
-/// refused it: a release status (`not_attempted`, the next retry is
-/// forwarded) or any other (kept and replayed).
-fn answered_note(case: &mut Case, answer: &Answer, release: &[u16]) {
+/// What the store holds once the client got `answer`, the destination's
+/// own answer delivered as it gave it (docs/requests.md, "What each
+/// failure becomes"): `not_attempted` after one of the route's
+/// `release_statuses`, `unknown` after one of its `unknown_statuses`,
+/// `completed` after any other; `None` for the gateway's own answer.
+fn stored_after(answer: &Answer, route: &Route) -> Option<&'static str> {
     let status = answer.status.as_u16();
-    if answer.problem().is_some() || !refused(status) {
+    if answer.problem().is_some() {
+        None
+    } else if route.release_statuses.contains(&status) {
+        Some("not_attempted")
+    } else if route.unknown_statuses.contains(&status) {
+        Some("unknown")
+    } else {
+        Some("completed")
+    }
+}
+
+/// Says what the destination's answer to a delivered write was, when it
+/// refused it, and what the gateway made of it: a release status
+/// (`not_attempted`, the next retry is forwarded), an unknown status
+/// (`unknown`, retries held) or any other (kept and replayed).
+fn answered_note(case: &mut Case, answer: &Answer, route: &Route) {
+    let status = answer.status.as_u16();
+    if !refused(status) {
         return;
     }
-    case.notes.push(if release.contains(&status) {
-        format!("the destination answered {status}: it refused the write, and said so; the gateway records not_attempted, so the client's next retry is forwarded")
-    } else {
-        format!("the destination answered {status}: it refused the write; the gateway keeps that answer and gives it to every retry instead of sending the write again")
-    });
+    let then = match stored_after(answer, route) {
+        Some("not_attempted") => {
+            "it refused the write, and said so; the gateway records not_attempted, so the client's next retry is forwarded"
+        }
+        Some("unknown") => {
+            "the gateway passed it on and holds the write `unknown`, since such an answer (a proxy's, often) does not say whether the write happened: retries get 409 outcome-unknown until a probe or an operator settles it"
+        }
+        Some(_) => {
+            "it refused the write; the gateway keeps that answer and gives it to every retry instead of sending the write again"
+        }
+        None => return,
+    };
+    case.notes
+        .push(format!("the destination answered {status}: {then}"));
 }
