@@ -3,7 +3,7 @@
 //! real binaries), a destination that honours `Idempotency-Key`, one that
 //! echoes what it was sent, ones whose answers alternate or all claim to
 //! be replays, one with a reconcile probe, one that refuses every write,
-//! one over TLS, and a `--writes` bound too small for every case; and one
+//! ones that never answer, one over TLS, and a `--writes` bound too small for every case; and one
 //! that refuses every connection, which nothing reaches.
 
 use std::path::{Path, PathBuf};
@@ -437,6 +437,41 @@ async fn release_and_unknown_statuses_are_told_as_the_gateway_treats_them() {
             );
         }
         assert_eq!(states(&report, 3)[0], stored, "{status}: {text}");
+    }
+}
+
+/// A destination that gives no write an answer — it resets the
+/// connection after the write (`/drop`), or never answers (`/hold`, past
+/// `upstream_timeout`) — leaves nothing to withhold or hold: no case is
+/// as expected, each says its writes got no answer, and case 5's operator
+/// does not resolve `completed` a write nobody saw answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_that_never_answers_is_said_so_and_never_resolved() {
+    for path in ["/drop", "/hold"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let upstream = FakeUpstream::start().await;
+        let file = config(dir.path(), &upstream.url(), "upstream_timeout = \"1s\"");
+        let (report, text) = rehearse(&args(file, path, 6, false)).await;
+        assert!(!report.ok, "{path}: {text}");
+        assert_eq!(report.cases.len(), 5, "{path}: {text}");
+        assert_eq!(
+            text.matches("UNEXPECTED: see above").count(),
+            5,
+            "{path}: {text}"
+        );
+        for case in &report.cases {
+            assert_eq!(case.destination_answered, None, "{path}: {text}");
+            assert!(
+                case.notes
+                    .iter()
+                    .any(|n| n.contains("got no complete answer")),
+                "{path}, case {}: {text}",
+                case.number
+            );
+        }
+        assert_eq!(states(&report, 4), ["unknown"], "{path}: {text}");
+        assert!(!text.contains("resolved it completed"), "{path}: {text}");
+        assert!(!text.contains("the destination answered"), "{path}: {text}");
     }
 }
 

@@ -61,6 +61,8 @@ struct State {
     forwarded: u64,
     /// Writes that reached the destination, or may have (a byte written).
     sent: u64,
+    /// Of those, the ones the destination gave no complete answer.
+    unanswered: u64,
     /// The status of the last response the destination gave, whether or
     /// not the client got it.
     answered: Option<u16>,
@@ -75,6 +77,7 @@ impl Drill {
                 left: writes,
                 forwarded: 0,
                 sent: 0,
+                unanswered: 0,
                 answered: None,
             }),
             holding: Notify::new(),
@@ -98,6 +101,12 @@ impl Drill {
     /// Writes that reached the destination so far, or may have.
     pub fn sent(&self) -> u64 {
         self.with(|s| s.sent)
+    }
+
+    /// Writes sent so far that the destination gave no complete answer
+    /// (a reset, a timeout): nothing to deliver, withhold or hold.
+    pub fn unanswered(&self) -> u64 {
+        self.with(|s| s.unanswered)
     }
 
     /// Writes the gateway forwarded so far: those sent, and those whose
@@ -171,6 +180,7 @@ impl Drill {
         self.with(|s| {
             if sent.exchange.written() {
                 s.sent += 1;
+                s.unanswered += u64::from(status.is_none());
                 s.answered = status;
             } else {
                 s.left += 1;
@@ -271,10 +281,34 @@ mod tests {
         ));
         assert_eq!(drill.answered(), Some(201), "read, not taken");
         assert_eq!(drill.take_answered(), Some(201));
+        assert_eq!(drill.unanswered(), 0, "answered, then withheld");
         // Disarmed: the next write's response reaches the client.
         let sent = drill.run(async { complete(403) }).await;
         assert!(matches!(sent.exchange, Exchange::Complete { .. }));
         assert_eq!(drill.take_answered(), Some(403));
+    }
+
+    /// A write sent whose answer never came is counted sent and
+    /// unanswered: there was nothing to withhold.
+    #[tokio::test]
+    async fn a_write_without_an_answer_is_counted_unanswered() {
+        let drill = Drill::new(1);
+        drill.arm(Fault::LoseResponse);
+        let lost = drill
+            .run(async {
+                Sent {
+                    exchange: Exchange::Lost {
+                        cause: LostCause::Broken,
+                        reason: "reset".into(),
+                    },
+                    tries: 1,
+                    late: None,
+                }
+            })
+            .await;
+        assert!(matches!(lost.exchange, Exchange::Lost { .. }));
+        assert_eq!((drill.sent(), drill.unanswered()), (1, 1));
+        assert_eq!(drill.take_answered(), None);
     }
 
     #[tokio::test]

@@ -10,8 +10,10 @@
 //! what the destination answered, and that it refused, also where the
 //! client never got that answer (the lost responses of cases 2, 4 and 5);
 //! a refused write is never resolved `completed`. A write that could not
-//! reach it (its connection refused) is no write it answered: the case is
-//! not as expected, since it shows nothing of what it rehearses. A note
+//! reach it (its connection refused), or that it gave no complete answer
+//! (a reset, a timeout), is no write it answered: the case is not as
+//! expected, since it shows nothing of what it rehearses, and such a write
+//! is never resolved `completed` either. A note
 //! says only what happened: each is written when what it tells is what
 //! the answers, the store and the drill show.
 
@@ -95,7 +97,7 @@ pub(crate) async fn run_all(
             ));
             break;
         }
-        let before = (drill.sent(), drill.forwarded());
+        let before = (drill.sent(), drill.forwarded(), drill.unanswered());
         drill.take_answered();
         let mut case = match number {
             1 => run.interrupted_before_accept().await?,
@@ -107,7 +109,8 @@ pub(crate) async fn run_all(
         case.sent = drill.sent() - before.0;
         case.destination_answered = drill.take_answered();
         let unreached = drill.forwarded() - before.1 - case.sent;
-        judge_sent(&mut case, *needs, unreached);
+        let unanswered = drill.unanswered() - before.2;
+        judge_sent(&mut case, *needs, unreached, unanswered);
         run.destination_says(&mut case).await;
         report.cases.push(case);
     }
@@ -146,7 +149,7 @@ fn case(number: u32) -> Case {
             "resumed-after-manual-completion",
             "Resumed after an operator recorded manual completion",
             "the write's response is withheld; an operator resolves it completed",
-            "the client's retry gets a replay (held, if the destination refused the write); nothing sent",
+            "the client's retry gets a replay (held, if the destination refused the write or gave it no answer); nothing sent",
         ),
     };
     Case {
@@ -420,11 +423,18 @@ impl Run<'_> {
         let key = self.key(5, "");
         let (lost, withheld, held) = self.lose_response(&mut case, "first write", &key).await?;
         withheld_note(&mut case, "write", withheld, &held);
-        // A write the destination refused did not happen: resolved
-        // completed, its retries would be told it did.
-        let left_held = held.state == "unknown" && withheld.is_some_and(refused);
+        // A write the destination refused did not happen, and one it gave
+        // no answer may not have: resolved completed, its retries would be
+        // told it did.
+        let left_held = held.state == "unknown" && withheld.is_none_or(refused);
         let resolved = if left_held {
-            case.notes.push("the rehearsal's operator does not resolve it completed, which would record a write the destination refused, and leaves it held: resolving it not_attempted is refused until the route's late_window has passed, and would let the retry through as one more write".into());
+            let why = match withheld {
+                Some(_) => "which would record a write the destination refused",
+                None => {
+                    "which would record a write the destination gave no answer to, and so may not have made"
+                }
+            };
+            case.notes.push(format!("the rehearsal's operator does not resolve it completed, {why}, and leaves it held: resolving it not_attempted is refused until the route's late_window has passed, and would let the retry through as one more write"));
             false
         } else if held.state == "unknown" {
             let resolution = json!({
@@ -493,13 +503,19 @@ impl Run<'_> {
 }
 
 /// A case whose writes did not all reach the destination, `unreached` of
-/// them forwarded but written nowhere, or that sent other than it needed,
-/// is wrong whatever else it did.
-fn judge_sent(case: &mut Case, needs: u64, unreached: u64) {
+/// them forwarded but written nowhere, whose writes the destination did
+/// not all answer, `unanswered` of them sent without a complete answer,
+/// or that sent other than it needed, is wrong whatever else it did.
+fn judge_sent(case: &mut Case, needs: u64, unreached: u64, unanswered: u64) {
     if unreached > 0 {
         case.ok = false;
         case.notes.push(format!(
             "{unreached} write(s) the gateway forwarded could not reach the destination (not a byte written; the answers above say why): the case shows nothing of what it rehearses"
+        ));
+    } else if unanswered > 0 {
+        case.ok = false;
+        case.notes.push(format!(
+            "{unanswered} write(s) the gateway sent got no complete answer from the destination (the answers above say what the client got): there was no answer to deliver, withhold or hold on purpose, so the case shows nothing of what it rehearses"
         ));
     } else if case.sent != needs {
         case.ok = false;

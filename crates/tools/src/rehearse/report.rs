@@ -284,10 +284,11 @@ fn write_case(out: &mut impl Write, case: &Case) -> std::io::Result<()> {
             line(out, "operator", &held.next_action)?;
         }
     }
-    let answered = case
-        .destination_answered
-        .map(|s| format!(", the last answered {s}"))
-        .unwrap_or_default();
+    let answered = match case.destination_answered {
+        Some(status) => format!(", the last answered {status}"),
+        None if case.sent > 0 => ", the last got no complete answer".to_string(),
+        None => String::new(),
+    };
     let requests = if case.sent == 1 {
         "request"
     } else {
