@@ -5,7 +5,8 @@
 //! in the store — not in SQLite's database, WAL or shared-memory files,
 //! not in any row of the PostgreSQL schema. A wrong key, no key, or a
 //! malformed one refuses to start with a message that says which; a key is
-//! rotated with `store.previous_key_env` and `idemgate rekey`; a sealed
+//! rotated with `store.previous_key_env` and `idemgate rekey`, which
+//! refuses a store that does not exist; a sealed
 //! value that was altered is reported (500 `store-unreadable`), never
 //! replayed.
 
@@ -434,6 +435,46 @@ forgeries!(
     sealed_values_swapped_between_rows_are_refused: BetweenRows,
     a_sealed_value_moved_between_fields_is_refused: BetweenFields,
 );
+
+/// The real binary: `idemgate rekey` on a SQLite store that does not
+/// exist refuses it, saying so, and creates nothing (no database, no WAL,
+/// no scope-key file); `idemgate migrate` still creates a store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rekey_refuses_a_store_that_does_not_exist() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("missing.db");
+    let toml = gateway_toml_with(
+        &db,
+        "http://127.0.0.1:9",
+        &Setup::route("").store(&format!("encryption_key_env = \"{KEY_ENV}\"\n")),
+    );
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let files = || {
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("read dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut cmd = binary();
+    cmd.arg("rekey")
+        .arg("--config")
+        .arg(&config)
+        .env(KEY_ENV, StoreKey::generate_base64());
+    let (status, stdout, stderr) = run_to_exit_within(cmd, WAIT).await;
+    assert!(!status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains("there is no store at"), "{stderr}");
+    assert!(!stdout.contains("rekeyed"), "{stdout}");
+    assert_eq!(files(), ["idemgate.toml"], "nothing created");
+
+    let mut cmd = binary();
+    cmd.args(["migrate", "--store"])
+        .arg(format!("sqlite://{}", db.display()));
+    let (status, _, stderr) = run_to_exit_within(cmd, WAIT).await;
+    assert!(status.success(), "{stderr}");
+    assert!(db.exists(), "migrate creates the store");
+}
 
 /// The real binary: a key variable unset, not base64, or not 32 bytes
 /// refuses to start, naming the variable and the field; `idemgate rekey`

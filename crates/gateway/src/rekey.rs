@@ -3,7 +3,10 @@
 //! previous key, or none for a store sealed after it was first used, is
 //! needed no more, and the store becomes sealed-only.
 //!
-//! Invariant: the canary moves to the current key, and the store is
+//! Invariant: it rekeys a store that exists and creates none: a SQLite
+//! file that is not there is refused before anything is opened or
+//! written (no database, no scope-key file). The canary moves to the
+//! current key, and the store is
 //! marked sealed-only, only after a pass over every operation found
 //! nothing left under another key, in format 1, or plain, so such a store
 //! holds no payload that needs another key or is read in clear. In a
@@ -12,9 +15,10 @@
 //! order, each update a compare-and-set, so a replica writing meanwhile
 //! (under the current key) keeps its values.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::config::Config;
+use crate::config::{Config, StoreUrl};
 use crate::stores;
 use idemgate_model::clock::SystemClock;
 use idemgate_store::scope_key::ScopeKeyError;
@@ -25,6 +29,11 @@ const BATCH: u32 = 500;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RekeyError {
+    #[error(
+        "there is no store at {}: rekey seals an existing store again and creates none (check store.url)",
+        .0.display()
+    )]
+    NoStore(PathBuf),
     #[error("store.encryption_key_env is not set: there is no key to seal under")]
     NoKey,
     #[error(transparent)]
@@ -53,6 +62,12 @@ pub async fn run(
     let seal = stores::seal(&config.store, lookup)?;
     if !seal.is_sealing() {
         return Err(RekeyError::NoKey);
+    }
+    // Before the scope key, which a SQLite store creates beside its file.
+    if let StoreUrl::Sqlite(path) = &config.store.url
+        && !path.exists()
+    {
+        return Err(RekeyError::NoStore(path.clone()));
     }
     let keys = StoreKeys {
         seal,
