@@ -147,6 +147,13 @@ async fn a_target_gateway_is_checked_through_the_mocks_counter() {
     let (code, report) = bench(&[&SMALL[..], &["--target", &closed]].concat()).await;
     assert_eq!(code, 1, "{report}");
     assert_eq!(count(&report, "transport error"), 60, "{report}");
+
+    // So did a compared run that got no answer: no ratios, exit 1.
+    let (code, report) =
+        bench(&[&SMALL[..], &["--target", &target, "--compare", &closed]].concat()).await;
+    assert_eq!(code, 1, "{report}");
+    assert_eq!(count(&report["compare"], "transport error"), 60, "{report}");
+    assert!(report["compare"]["throughput_ratio"].is_null(), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,11 +65,13 @@ pub struct Compared {
     pub(crate) target: String,
     #[serde(flatten)]
     pub(crate) figures: Figures,
-    /// The run's throughput over this one's (1.0: as fast).
-    pub(crate) throughput_ratio: f64,
-    /// The run's p50 and p99 latency over this one's (1.0: as fast).
-    pub(crate) p50_ratio: f64,
-    pub(crate) p99_ratio: f64,
+    /// The run's throughput over this one's (1.0: as fast); `null` when
+    /// this one measured nothing.
+    pub(crate) throughput_ratio: Option<f64>,
+    /// The run's p50 and p99 latency over this one's (1.0: as fast);
+    /// `null` when this one measured nothing.
+    pub(crate) p50_ratio: Option<f64>,
+    pub(crate) p99_ratio: Option<f64>,
 }
 
 /// `--populate`: how fast completed operations were stored, and what they cost.
@@ -108,7 +110,9 @@ impl From<&Measured> for Figures {
 
 impl Compared {
     pub fn new(target: String, figures: Figures, run: &Figures) -> Compared {
-        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+        // A load that got no answer has no throughput or latency to divide by.
+        let measured = figures.answered();
+        let ratio = |a: f64, b: f64| (measured && b > 0.0).then(|| a / b);
         Compared {
             target,
             throughput_ratio: ratio(run.throughput_rps, figures.throughput_rps),
@@ -120,13 +124,15 @@ impl Compared {
 }
 
 impl Report {
-    /// Whether any request got an HTTP answer: a run whose every request
-    /// failed to connect or timed out measured nothing (exit 1).
+    /// Whether the run, and the compared run if any, measured something:
+    /// one whose every request failed to connect or timed out measured
+    /// nothing (exit 1).
     pub fn answered(&self) -> bool {
-        self.figures
-            .outcomes
-            .keys()
-            .any(|name| name != super::load::TRANSPORT_ERROR && name != super::load::TIMEOUT)
+        self.figures.answered()
+            && self
+                .compare
+                .as_ref()
+                .is_none_or(|compare| compare.figures.answered())
     }
 
     pub(crate) fn write_json(&self, mut out: impl Write) -> std::io::Result<()> {
@@ -164,11 +170,20 @@ impl Report {
         if let Some(compare) = &self.compare {
             writeln!(out, "compare       {}", compare.target)?;
             compare.figures.write_text(&mut out, "  ")?;
-            writeln!(
-                out,
-                "ratio         {:.2}× the throughput; latency p50 {:.2}×, p99 {:.2}×",
-                compare.throughput_ratio, compare.p50_ratio, compare.p99_ratio
-            )?;
+            match (
+                compare.throughput_ratio,
+                compare.p50_ratio,
+                compare.p99_ratio,
+            ) {
+                (Some(throughput), Some(p50), Some(p99)) => writeln!(
+                    out,
+                    "ratio         {throughput:.2}× the throughput; latency p50 {p50:.2}×, p99 {p99:.2}×"
+                )?,
+                _ => writeln!(
+                    out,
+                    "ratio         none: the compared run measured nothing (no request got an answer)"
+                )?,
+            }
         }
         if let Some(populated) = &self.populate {
             let size = |bytes: Option<u64>| {
@@ -212,6 +227,13 @@ impl Report {
 }
 
 impl Figures {
+    /// Whether any request got an HTTP answer.
+    fn answered(&self) -> bool {
+        self.outcomes
+            .keys()
+            .any(|name| name != super::load::TRANSPORT_ERROR && name != super::load::TIMEOUT)
+    }
+
     fn write_text(&self, out: &mut impl Write, indent: &str) -> std::io::Result<()> {
         let l = &self.latency_ms;
         writeln!(
