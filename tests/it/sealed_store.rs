@@ -476,6 +476,40 @@ async fn rekey_refuses_a_store_that_does_not_exist() {
     assert!(db.exists(), "migrate creates the store");
 }
 
+/// `rekey` on a PostgreSQL database without a store (a fresh schema)
+/// refuses it and creates nothing there: no table, where opening it as a
+/// gateway does would have migrated it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn rekey_refuses_a_postgres_database_without_a_store() {
+    let schema = PgSchema::create().await;
+    let setup = Setup::route("")
+        .store(&format!("encryption_key_env = \"{KEY_ENV}\"\n"))
+        .postgres(&schema);
+    let config = parse_config(&gateway_toml_with(
+        std::path::Path::new("unused.db"),
+        "http://127.0.0.1:9",
+        &setup,
+    ));
+    let key = StoreKey::generate_base64();
+    let refused =
+        idemgate::rekey::run(&config, &|name| (name == KEY_ENV).then(|| key.clone())).await;
+    let error = refused.expect_err("refused").to_string();
+    assert!(
+        error.starts_with("there is no store at postgres"),
+        "{error}"
+    );
+    let mut conn = admin_connection().await;
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+    )
+    .bind(&schema.name)
+    .fetch_one(&mut conn)
+    .await
+    .expect("tables");
+    assert_eq!(tables, 0, "nothing created");
+}
+
 /// The real binary: a key variable unset, not base64, or not 32 bytes
 /// refuses to start, naming the variable and the field; `idemgate rekey`
 /// without a key says there is none to seal under.

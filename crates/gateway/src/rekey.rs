@@ -4,8 +4,9 @@
 //! needed no more, and the store becomes sealed-only.
 //!
 //! Invariant: it rekeys a store that exists and creates none: a SQLite
-//! file that is not there is refused before anything is opened or
-//! written (no database, no scope-key file). The canary moves to the
+//! file that is not there, or a PostgreSQL database without a store, is
+//! refused before anything is opened or written (no database, no schema,
+//! no scope-key file). The canary moves to the
 //! current key, and the store is
 //! marked sealed-only, only after a pass over every operation found
 //! nothing left under another key, in format 1, or plain, so such a store
@@ -15,10 +16,9 @@
 //! order, each update a compare-and-set, so a replica writing meanwhile
 //! (under the current key) keeps its values.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::config::{Config, StoreUrl};
+use crate::config::Config;
 use crate::stores;
 use idemgate_model::clock::SystemClock;
 use idemgate_store::scope_key::ScopeKeyError;
@@ -30,10 +30,9 @@ const BATCH: u32 = 500;
 #[derive(Debug, thiserror::Error)]
 pub enum RekeyError {
     #[error(
-        "there is no store at {}: rekey seals an existing store again and creates none (check store.url)",
-        .0.display()
+        "there is no store at {0}: rekey seals an existing store again and creates none (check store.url)"
     )]
-    NoStore(PathBuf),
+    NoStore(String),
     #[error("store.encryption_key_env is not set: there is no key to seal under")]
     NoKey,
     #[error(transparent)]
@@ -64,10 +63,8 @@ pub async fn run(
         return Err(RekeyError::NoKey);
     }
     // Before the scope key, which a SQLite store creates beside its file.
-    if let StoreUrl::Sqlite(path) = &config.store.url
-        && !path.exists()
-    {
-        return Err(RekeyError::NoStore(path.clone()));
+    if !stores::exists(&config.store.url).await? {
+        return Err(RekeyError::NoStore(config.store.url.to_string()));
     }
     let keys = StoreKeys {
         seal,

@@ -80,6 +80,17 @@ pub async fn open(
     })
 }
 
+/// Whether the store `url` names exists: a SQLite file that is there, a
+/// PostgreSQL database that holds a store. Opening either makes one where
+/// there is none; a command that must find one (`idemgate rekey`) asks
+/// first.
+pub async fn exists(url: &StoreUrl) -> Result<bool, StoreError> {
+    match url {
+        StoreUrl::Sqlite(path) => Ok(path.exists()),
+        StoreUrl::Postgres(url) => PostgresStore::exists(url).await,
+    }
+}
+
 /// Applies the migrations to the store `url` names (`idemgate migrate`).
 pub async fn migrate(url: &StoreUrl) -> Result<(), StoreError> {
     match url {

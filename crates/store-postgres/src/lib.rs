@@ -224,6 +224,21 @@ impl PostgresStore {
         migrated
     }
 
+    /// Whether the database `url` names holds a store (its schema on the
+    /// search path): [`open`](Self::open) makes one where there is none,
+    /// so a command that must find one (`idemgate rekey`) asks first.
+    pub async fn exists(url: &str) -> Result<bool, StoreError> {
+        let pool = primary(url).await?.pool(
+            PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(ACQUIRE_TIMEOUT),
+            &[],
+        );
+        let found = statements::store_exists(&pool).await;
+        pool.close().await;
+        found
+    }
+
     /// Connects, migrates, checks that `keys` fit the store (keying its
     /// scopes if it was written before),
     /// registers this replica (`owner`) with a lease of `lease` and keeps

@@ -1511,3 +1511,11 @@ fn summary_from_row(row: &PgRow) -> Result<Summary, StoreError> {
         updated_at: row.try_get("updated_at")?,
     })
 }
+
+/// Whether a store is there: its `operations` table on the search path.
+pub(crate) async fn store_exists(pool: &PgPool) -> Result<bool, StoreError> {
+    let found: bool = sqlx::query_scalar("SELECT to_regclass('operations') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    Ok(found)
+}
