@@ -61,6 +61,15 @@ pub enum StartRefused {
     Store(#[from] StoreError),
 }
 
+/// Who asks [`check`]: a start, which logs what it accepts over settled
+/// operations, or a reload asking whether an edited file would start,
+/// which logs nothing (nothing changes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Start,
+    Reload,
+}
+
 /// The settings to keep once the start can no longer fail ([`check`]).
 #[must_use = "the settings are kept only by Keep::keep"]
 pub(crate) struct Keep(Vec<(String, Option<String>)>);
@@ -92,6 +101,7 @@ pub(crate) async fn check(
     store: &dyn Store,
     routes: &[Route],
     accept: bool,
+    mode: Mode,
 ) -> Result<Keep, StartRefused> {
     let kept: HashMap<String, String> = store.route_settings().await?.into_iter().collect();
     let stored = stored_by_route(store).await?;
@@ -108,7 +118,7 @@ pub(crate) async fn check(
                 "route `{}`: its identity settings changed, from {before} to {now}",
                 route.name
             );
-            weigh(change, counts(&route.name), accept, &mut refused);
+            weigh(change, counts(&route.name), (accept, mode), &mut refused);
         }
         if stored_as != Some(&now) {
             keep.push((route.name.clone(), Some(now)));
@@ -127,7 +137,7 @@ pub(crate) async fn check(
         let marked = last.is_some_and(|last| last.starts_with(NO_LONGER_CONFIGURED));
         if !marked {
             let change = format!("route `{name}` is no longer configured (renamed, or removed)");
-            weigh(change, ops, accept, &mut refused);
+            weigh(change, ops, (accept, mode), &mut refused);
         }
         let gone_for_good = ops.held + ops.settled == 0;
         match (gone_for_good, marked) {
@@ -148,7 +158,7 @@ pub(crate) async fn check(
             "route `{from}`: operations held under it are at paths {now} now (a path_prefix changed, or a route was added)"
         );
         let ops = RouteCounts { held, settled: 0 };
-        weigh(change, ops, accept, &mut refused);
+        weigh(change, ops, (accept, mode), &mut refused);
     }
     if !refused.is_empty() {
         return Err(HeldUnderChangedRoutes { changes: refused }.into());
@@ -201,12 +211,18 @@ async fn rerouted_held(
 }
 
 /// Adds `change` to `refused` when it leaves held operations unfound and
-/// the operator did not accept it; warns of it otherwise, if it leaves any.
-fn weigh(change: String, ops: RouteCounts, accept: bool, refused: &mut Vec<String>) {
+/// the operator did not accept it; at a start, warns of it otherwise, if it
+/// leaves any.
+fn weigh(
+    change: String,
+    ops: RouteCounts,
+    (accept, mode): (bool, Mode),
+    refused: &mut Vec<String>,
+) {
     let counts = format!("{} held unknown, {} settled", ops.held, ops.settled);
     if ops.held > 0 && !accept {
         refused.push(format!("{change}; the store holds {counts} under it"));
-    } else if ops.held + ops.settled > 0 {
+    } else if ops.held + ops.settled > 0 && mode == Mode::Start {
         tracing::warn!(target: TARGET, "{change}; its operations stored before ({counts}) will not be found by their retries, which are new writes");
     }
 }

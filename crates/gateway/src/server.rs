@@ -59,7 +59,7 @@ use crate::pipeline::error::ProxyError;
 use crate::pipeline::forward::Peer;
 use crate::pipeline::host::ViaTls;
 use crate::pipeline::{Proxy, Shutdown};
-use crate::route_settings;
+use crate::route_settings::{self, Mode, StartRefused};
 use crate::tls::{FieldError, Reloadable, ServerTls, TlsError};
 use crate::traces::settings::TraceSettings;
 use crate::traces::{TraceError, Tracing};
@@ -300,8 +300,13 @@ impl Gateway {
         // The latch trips on transitions to `unknown`, and the recovery is
         // one; a restart that marks nothing leaves an operator's resume alone.
         replicas::recover(store.as_ref(), &config.routes).await?;
-        let settings =
-            route_settings::check(store.as_ref(), &config.routes, accept_route_changes).await?;
+        let settings = route_settings::check(
+            store.as_ref(),
+            &config.routes,
+            accept_route_changes,
+            Mode::Start,
+        )
+        .await?;
         let paused = store.paused_routes().await?;
         let metrics = Arc::new(Metrics::new(store.batches()));
         metrics.start_at_zero(config.routes.iter().map(|route| route.name.as_str()));
@@ -489,19 +494,29 @@ impl Gateway {
         })
     }
 
+    /// Why a start with `routes` would be refused over what the store holds
+    /// now (`accept`: with `--accept-route-changes`), if it would: a
+    /// reload's word on an edited config file. Nothing is kept or logged;
+    /// a store that cannot be read in [`REFUSAL_CHECK`] says so.
+    pub async fn refusal_of(&self, routes: &[Route], accept: bool) -> Option<String> {
+        let check = route_settings::check(self.store.as_ref(), routes, accept, Mode::Reload);
+        match tokio::time::timeout(REFUSAL_CHECK, check).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(StartRefused::Held(held))) => Some(held.to_string()),
+            Ok(Err(StartRefused::Store(error))) => Some(format!(
+                "the store could not be read to tell whether it would start: {error}"
+            )),
+            Err(_) => Some(format!(
+                "the store did not answer within {REFUSAL_CHECK:?} to tell whether it would start"
+            )),
+        }
+    }
+
     /// Reads every TLS listener's certificate and key again, and every
     /// route's upstream client certificate (SIGHUP): new handshakes get
     /// the new certificate, open connections keep theirs. One whose files
     /// do not load keeps the certificate it has; each outcome is logged,
     /// and the first failure returned.
-    /// Why a start with `routes` would be refused over what the store holds
-    /// now (`accept`: with `--accept-route-changes`), if it would: a
-    /// reload's word on an edited config file. Nothing is kept.
-    pub async fn refusal_of(&self, routes: &[Route], accept: bool) -> Option<String> {
-        let checked = route_settings::check(self.store.as_ref(), routes, accept).await;
-        checked.err().map(|refused| refused.to_string())
-    }
-
     pub fn reload_tls(&self) -> Result<(), TlsError> {
         if self.tls.is_empty() && self.upstream_identities.is_empty() {
             tracing::info!("no TLS listener and no upstream client certificate: nothing to reload");
@@ -561,6 +576,11 @@ impl Gateway {
         }
     }
 }
+
+/// How long a reload waits for the store to tell whether an edited
+/// config file would start ([`Gateway::refusal_of`]): a signal's handling
+/// is not held up by a slow store.
+const REFUSAL_CHECK: Duration = Duration::from_secs(5);
 
 /// Connections over a listener's cap that are being answered 503, at most:
 /// each holds a read buffer for one request head, and for at most

@@ -66,6 +66,42 @@ pub struct Overrides {
     pub store_url: Option<String>,
 }
 
+/// The standard write `method` is a near miss of (`PSOT`, `PUTT`, `PACTH`):
+/// its letters in another order, or one letter more, fewer or other. An
+/// extension method (`PURGE`) is none.
+fn misspelling_of(method: &Method) -> Option<&'static str> {
+    const WRITES: [&str; 4] = ["POST", "PUT", "PATCH", "DELETE"];
+    let sent = method.as_str().as_bytes();
+    let sorted = |word: &[u8]| {
+        let mut letters = word.to_vec();
+        letters.sort_unstable();
+        letters
+    };
+    let near = |write: &str| {
+        let write = write.as_bytes();
+        let one_edit = match sent.len().abs_diff(write.len()) {
+            0 => sent.iter().zip(write).filter(|(a, b)| a != b).count() == 1,
+            1 => {
+                let (long, short) = if sent.len() > write.len() {
+                    (sent, write)
+                } else {
+                    (write, sent)
+                };
+                (0..long.len()).any(|skip| {
+                    long.iter()
+                        .enumerate()
+                        .filter(|(i, _)| *i != skip)
+                        .map(|(_, b)| b)
+                        .eq(short.iter())
+                })
+            }
+            _ => false,
+        };
+        sent != write && (one_edit || sorted(sent) == sorted(write))
+    };
+    WRITES.into_iter().find(|write| near(write))
+}
+
 impl Config {
     /// Reads and validates a config file. Relative TLS file paths in it are
     /// relative to its directory.
@@ -113,11 +149,14 @@ impl Config {
         Ok(config)
     }
 
-    /// What the config allows but should not be: a credential in a
-    /// route's `fingerprint_headers`, which a copy of the store would let a
-    /// guess at be confirmed (refusing it would change the fingerprint of
-    /// every request a store written before holds, so their retries would
-    /// be new writes or `key-reused`). Said at start and by `check-config`.
+    /// What the config allows but should not be, said at start and by
+    /// `check-config`: a credential in a route's `fingerprint_headers`,
+    /// which a copy of the store would let a guess at be confirmed
+    /// (refusing it would change the fingerprint of every request a store
+    /// written before holds, so their retries would be new writes or
+    /// `key-reused`); an MCP probe whose absence can never be believed; a
+    /// probe that reads a list without `result_json_pointer`; `methods`
+    /// empty or misspelled.
     pub fn warnings(&self) -> Vec<String> {
         let credentials = self.routes.iter().filter_map(|route| {
             let name = validate::credential_in_fingerprint(route)?;
@@ -144,22 +183,19 @@ impl Config {
             ))
         });
         let methods = self.routes.iter().filter_map(|route| {
-            let standard = [Method::POST, Method::PUT, Method::PATCH, Method::DELETE];
-            let unusual: Vec<&str> = (route.methods.iter())
-                .filter(|m| !standard.contains(m))
-                .map(Method::as_str)
-                .collect();
             let name = &route.name;
-            match (route.methods.is_empty(), unusual.is_empty()) {
-                (true, _) => Some(format!(
+            if route.methods.is_empty() {
+                return Some(format!(
                     "routes `{name}`: methods is empty, so no write is protected (key = \"off\" says so, if that is meant)"
-                )),
-                (false, false) => Some(format!(
-                    "routes `{name}`: methods names {}, no standard method: protected as an extension method if the upstream has one by that name, while a misspelled method's writes are not protected",
-                    unusual.join(", ")
-                )),
-                (false, true) => None,
+                ));
             }
+            let misspelled: Vec<String> = (route.methods.iter())
+                .filter_map(|m| Some(format!("{m} (for {})", misspelling_of(m)?)))
+                .collect();
+            (!misspelled.is_empty()).then(|| format!(
+                "routes `{name}`: methods names {}, taken as extension methods: the writes of the method meant are not protected",
+                misspelled.join(", ")
+            ))
         });
         credentials
             .chain(unprovable)

@@ -275,7 +275,7 @@ fn a_probe_reading_a_list_without_a_result_pointer_is_warned_of() {
 /// every POST unprotected, and `methods = []` protected nothing: both
 /// said nothing at all.
 #[test]
-fn methods_that_protect_no_standard_write_are_warned_of() {
+fn misspelled_or_no_methods_are_warned_of() {
     let with = |methods: &str| {
         let text =
             format!("[[routes]]\nname = \"a\"\nupstream = \"http://h\"\nmethods = {methods}\n");
@@ -284,12 +284,26 @@ fn methods_that_protect_no_standard_write_are_warned_of() {
     let typo = with(r#"["PSOT", "PUT"]"#);
     assert_eq!(typo.len(), 1, "{typo:?}");
     assert!(
-        typo[0].contains("PSOT") && !typo[0].contains("PUT,"),
+        typo[0].contains("names PSOT (for POST), taken"),
         "{}",
         typo[0]
     );
+    for (sent, meant) in [
+        ("PUTT", "PUT"),
+        ("PACTH", "PATCH"),
+        ("DELET", "DELETE"),
+        ("POTS", "POST"),
+    ] {
+        let warned = with(&format!(r#"["{sent}"]"#));
+        assert!(
+            warned[0].contains(&format!("{sent} (for {meant})")),
+            "{warned:?}"
+        );
+    }
     assert!(with("[]")[0].contains("no write is protected"));
+    // Methods that are meant: the standard ones, and extension methods.
     assert!(with(r#"["POST", "PATCH", "DELETE"]"#).is_empty());
+    assert!(with(r#"["POST", "PURGE", "LINK", "MKCOL"]"#).is_empty());
 }
 
 #[test]

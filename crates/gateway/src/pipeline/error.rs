@@ -262,7 +262,9 @@ impl ProxyError {
         use ProxyError::*;
         let (kind, operation) = self.kind();
         let retry_after = match self {
-            // Nothing was sent: a retry now is the next attempt.
+            // In a second: the attempt in flight may be over, the load
+            // lower; nothing was sent for an unreachable upstream, so a
+            // retry then is the next attempt.
             InProgress { .. } | Overloaded { .. } | UpstreamUnreachable { .. } => Some(1),
             QuotaExceeded { spent, .. } => Some(spent.retry_after),
             StoreUnavailable { .. } | StoreUnavailableAfterSend { .. } | LeaseLost { .. } => {
@@ -536,7 +538,7 @@ mod tests {
             "{}",
             not_made.detail
         );
-        check(
+        let unreachable = check(
             ProxyError::UpstreamUnreachable {
                 operation: None,
                 reason: "refused".into(),
@@ -544,6 +546,7 @@ mod tests {
             502,
             "upstream-unreachable",
         );
+        assert_eq!(unreachable.retry_after, Some(1), "nothing sent: retry now");
         check(ProxyError::UpstreamTimeout, 504, "upstream-timeout");
         check(
             ProxyError::UpstreamFailed {

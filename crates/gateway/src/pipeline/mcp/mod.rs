@@ -50,15 +50,15 @@ use tokio::sync::oneshot;
 
 use crate::body::ProxyBody;
 use crate::metrics::Outcome;
-use crate::profile::Profile;
-use idemgate_model::clock;
-use idemgate_model::operation::State;
-use idemgate_store::{ListFilter, MARKED_IN_FLIGHT, StoreError};
 use crate::pipeline::budget::Reservation;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::forward::{self, Peer};
 use crate::pipeline::{ActiveRoute, Payload, Proxy, read_body};
+use crate::profile::Profile;
+use idemgate_model::clock;
+use idemgate_model::operation::State;
+use idemgate_store::{ListFilter, MARKED_IN_FLIGHT, StoreError};
 
 impl Proxy {
     /// A POST to an MCP route: read whole, then a protected tool call is a
@@ -133,7 +133,11 @@ impl Proxy {
         const NEWEST: u32 = 100;
         let operators = &self.shared.operators;
         let now = self.shared.clock.now_millis();
-        for active in self.routes.iter().filter(|a| a.route.profile == Profile::Mcp) {
+        for active in self
+            .routes
+            .iter()
+            .filter(|a| a.route.profile == Profile::Mcp)
+        {
             let route = &active.route;
             let running = clock::millis(forward::longest_write(route) + route.late_window);
             let filter = ListFilter {
@@ -157,7 +161,9 @@ impl Proxy {
             }
             let left = latest.map(|at| at.saturating_add(running).saturating_sub(now));
             if let Some(left) = left.filter(|left| *left > 0) {
-                active.calls.recovered(Duration::from_millis(left.unsigned_abs()));
+                active
+                    .calls
+                    .recovered(Duration::from_millis(left.unsigned_abs()));
             }
         }
         Ok(())

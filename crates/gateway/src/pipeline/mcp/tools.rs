@@ -35,9 +35,11 @@ pub struct Learned {
     read_only: RwLock<HashMap<(String, String), bool>>,
 }
 
-/// Tools remembered per route at most, of all its endpoints: a server
-/// listing more (or a hostile one inventing names) cannot grow the map
-/// without bound.
+/// Tools remembered per route at most, of all its endpoints and callers: a
+/// server listing more, or callers listing under ever new queries, cannot
+/// grow the map without bound. A full map forgets one entry for each new
+/// one, so the latest listings are always learned; a forgotten read-only
+/// hint only protects its tool's calls again until it is listed again.
 const MAX_TOOLS: usize = 4096;
 
 impl Learned {
@@ -70,9 +72,11 @@ impl Learned {
                 let read_only =
                     tool.pointer("/annotations/readOnlyHint") == Some(&Value::Bool(true));
                 let key = (endpoint.to_string(), name.to_string());
-                if learned.len() < MAX_TOOLS || learned.contains_key(&key) {
-                    learned.insert(key, read_only);
+                let full = learned.len() >= MAX_TOOLS && !learned.contains_key(&key);
+                if let Some(forgotten) = full.then(|| learned.keys().next().cloned()).flatten() {
+                    learned.remove(&forgotten);
                 }
+                learned.insert(key, read_only);
             }
         }
     }
@@ -170,6 +174,22 @@ mod tests {
             !learned.read_only("", "sync"),
             "the prefix's own is another endpoint"
         );
+    }
+
+    /// Listings under ever new queries (or by ever new callers) filled the
+    /// map, and no later caller's hints were learned: the latest are.
+    #[test]
+    fn a_full_map_still_learns_the_latest_listing() {
+        let learned = Learned::default();
+        let read_only = br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[
+            {"name":"lookup","annotations":{"readOnlyHint":true}}]}}"#;
+        for n in 0..MAX_TOOLS + 10 {
+            learned.note_list(&format!("/?n={n}"), read_only);
+        }
+        learned.note_list("/mine", read_only);
+        assert!(learned.read_only("/mine", "lookup"));
+        let kept = learned.read_only.read().unwrap().len();
+        assert_eq!(kept, MAX_TOOLS);
     }
 
     /// A listing a server answers one caller speaks for that caller:
