@@ -927,20 +927,36 @@ async fn a_relayed_event_of_several_lines_reaches_the_client_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_to_the_same_number_written_otherwise_answers_the_call() {
     let gw = events_gateway().await;
-    // The server echoes id 7.0 as 7, as JSON.parse and JSON.stringify do:
-    // the same JSON number.
-    let response = r#"data: {"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#;
+    // The server echoes an id past 2^53 as a double, as JSON.parse and
+    // JSON.stringify do: the same JSON number by its value.
+    let big = "12345678901234567890123";
+    let response = r#"data: {"jsonrpc":"2.0","id":1.2345678901234568e+22,"result":{"content":[]}}"#;
     for (round, accept) in [BOTH, "application/json"].into_iter().enumerate() {
         let arguments = json!({ "title": accept, "events": [format!("{response}\n\n")] });
-        let first = call_with_id(&gw, "7.0", &arguments, accept).await;
+        let first = call_with_id(&gw, big, &arguments, accept).await;
         let text = String::from_utf8_lossy(&first.body);
-        assert!(text.contains(r#""id":7.0"#), "under its own id: {text}");
+        assert!(
+            text.contains(&format!(r#""id":{big}"#)),
+            "under its own id: {text}"
+        );
         assert_eq!(first.json()["result"]["content"], json!([]), "{text}");
         let again = call_with_id(&gw, "8", &arguments, accept).await;
         assert!(again.is_replay(), "{:?}", again.json());
         assert_eq!(again.json()["id"], 8);
         assert_eq!(gw.upstream.writes(), round + 1, "{accept}");
     }
+    // An integer written otherwise (`7.0`) is refused, nothing sent: the
+    // Python SDK's server would read it as a notification, never answered.
+    let arguments = json!({ "title": "seven", "events": [format!("{response}\n\n")] });
+    let refused = call_with_id(&gw, "7.0", &arguments, BOTH).await;
+    assert_eq!(refused.status, 400);
+    assert_eq!(
+        refused.json()["error"]["code"],
+        -32600,
+        "{:?}",
+        refused.json()
+    );
+    assert_eq!(gw.upstream.writes(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -418,7 +418,7 @@ async fn a_replica_past_its_lease_sends_nothing() {
         dir.path(),
         &schema,
         &url,
-        "connect_retries = 10\nlate_window = \"1ms\"",
+        "connect_retries = 10\nlate_window = \"1ms\"\nupstream_timeout = \"1s\"",
         SHORT_LEASE,
     );
     let a = start_replica(&config, &dir.path().join("a.log")).await;
@@ -456,14 +456,30 @@ async fn a_replica_past_its_lease_sends_nothing() {
     let settled = operation_until(b.admin, "fenced-1", |op| op["state"] != "in_progress").await;
     if settled["state"] == "unknown" {
         assert_eq!(settled["evidence"], "replica-lost", "{settled}");
-        let resolved = admin_call(
-            b.admin,
-            "POST",
-            &format!("/admin/keys/{id}/resolve"),
-            Some(ADMIN_TOKEN),
-            r#"{"outcome": "not_attempted", "operator": "ann"}"#,
-        )
-        .await;
+        let path = format!("/admin/keys/{id}/resolve");
+        let resolve = || {
+            admin_call(
+                b.admin,
+                "POST",
+                &path,
+                Some(ADMIN_TOKEN),
+                r#"{"outcome": "not_attempted", "operator": "ann"}"#,
+            )
+        };
+        let mut resolved = resolve().await;
+        // An exchange A handed over before its lease lapsed may land for
+        // `upstream_timeout` and the late window after B marked it: the
+        // operator is told until when, and waits that out (the bound the
+        // refusal's Retry-After gives, at most a few seconds here).
+        if resolved.status == StatusCode::CONFLICT {
+            let wait = resolved
+                .header("retry-after")
+                .and_then(|s| s.parse::<u64>().ok());
+            let wait = wait.unwrap_or_else(|| panic!("told until when: {:?}", resolved.body));
+            assert!(wait <= 5, "upstream_timeout and late_window: {wait} s");
+            tokio::time::sleep(Duration::from_secs(wait) + Duration::from_millis(100)).await;
+            resolved = resolve().await;
+        }
         assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
     } else {
         assert_eq!(

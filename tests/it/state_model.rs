@@ -658,11 +658,16 @@ impl Run {
                 // as long as one in progress may (its connects too): the
                 // operator is told until when, and waits that out.
                 if resp.status == StatusCode::CONFLICT {
-                    let seconds = resp.header("retry-after").and_then(|s| s.parse::<u64>().ok());
+                    let seconds = resp
+                        .header("retry-after")
+                        .and_then(|s| s.parse::<u64>().ok());
                     let Some(seconds) = seconds else {
                         return Err(format!("resolve gated: 409 {:?}", resp.body));
                     };
-                    let _ = writeln!(self.log, "    (told to wait, the operator waits {seconds} s)");
+                    let _ = writeln!(
+                        self.log,
+                        "    (told to wait, the operator waits {seconds} s)"
+                    );
                     self.advance(seconds * 1000 + 1);
                     resp = self.gws[peer].resolve(id, &resolution).await;
                 }

@@ -159,15 +159,19 @@ pub fn classify(
     }
     // A call the gateway cannot protect is never sent on: a lenient server
     // would run it, unprotected, as often as it came.
-    // A fraction is no integer (an SDK's server reads `1.5` as no id at
-    // all, a notification it never answers).
-    let integral = |n: &serde_json::Number| n.as_f64().is_some_and(|n| n.fract() == 0.0);
-    if !matches!(&id, Value::String(_)) && !matches!(&id, Value::Number(n) if integral(n)) {
+    // An integer is written as one: the Python SDK's server reads `1.5`,
+    // and `7.0` or `7e0` too, as no id at all, a notification it never
+    // answers, which would be held `unknown` though nothing ran.
+    let written_as_integer = canonical_json::raw_at(body, "/id")
+        .is_some_and(|raw| !raw.iter().any(|b| matches!(b, b'.' | b'e' | b'E')));
+    let request_id = id.is_string() || (id.is_number() && written_as_integer);
+    if !request_id {
         return Classified::Refused(Refusal {
             id: Value::Null,
             code: code::INVALID_REQUEST,
-            message: "a tools/call is a request: its `id` is a string or an integer (never null, \
-                      a fraction, nor absent as in a notification)"
+            message: "a tools/call is a request: its `id` is a string or an integer written as \
+                      one (never null, a fraction, `7.0` or `7e0`, nor absent as in a \
+                      notification)"
                 .into(),
         });
     }
@@ -368,16 +372,16 @@ mod tests {
     /// `-0.0`, `100.0`): a client matching ids exactly never matched.
     #[test]
     fn a_calls_id_is_kept_as_the_request_spelled_it() {
-        for id in ["12345678901234567890123", "-0", "1e2", r#""req-\u0041""#] {
+        for id in ["12345678901234567890123", "-0", r#""req-\u0041""#] {
             let body = call_of("create_task").replace(r#""id":7"#, &format!(r#""id": {id}"#));
             let Classified::Protected(protected) = classify_as(&[], &body) else {
                 panic!("{id}: a tool call is protected");
             };
             assert_eq!(protected.id_as_sent.get(), id);
         }
-        // A fraction is no integer: refused, never sent to be read as a
-        // notification and left unanswered.
-        for id in ["1.5", "0.5", "-7.25", "7e-1"] {
+        // A fraction, or an integer not written as one, is refused: never
+        // sent to be read as a notification and left unanswered.
+        for id in ["1.5", "0.5", "-7.25", "7e-1", "7.0", "1e2", "70E-1"] {
             let body = call_of("create_task").replace(r#""id":7"#, &format!(r#""id": {id}"#));
             let Classified::Refused(refusal) = classify_as(&[], &body) else {
                 panic!("{id}: refused");

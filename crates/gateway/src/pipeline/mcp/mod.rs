@@ -124,8 +124,8 @@ impl Proxy {
     /// Looks at each MCP route's newest held calls for one marked `unknown`
     /// with its attempt in flight ([`MARKED_IN_FLIGHT`]: a restart, a stop
     /// past its grace, a lost peer) lately enough that it may still run at
-    /// its server — its connects, `upstream_timeout` and `late_window`
-    /// from the mark: until then the route keeps back what would stop it
+    /// its server — `upstream_timeout` and `late_window` from the mark (its
+    /// owner sends nothing after it): until then the route keeps back what would stop it
     /// there ([`cancel::InFlightCalls::recovered`]). At start, and on a
     /// shared store each time the replicas are looked after.
     pub(crate) async fn follow_marked_calls(&self) -> Result<(), StoreError> {
@@ -139,7 +139,7 @@ impl Proxy {
             .filter(|a| a.route.profile == Profile::Mcp)
         {
             let route = &active.route;
-            let running = clock::millis(forward::longest_write(route) + route.late_window);
+            let running = clock::millis(route.upstream_timeout + route.late_window);
             let filter = ListFilter {
                 state: Some(State::Unknown),
                 route: Some(route.name.clone()),

@@ -397,7 +397,7 @@ impl Reconciler {
         }
         let asking = Held {
             operation: &held,
-            since: last_sent(&held, &events, forward::longest_write(route)),
+            since: last_sent(&held, &events, Writing::of(route)),
             landing: ctx.landing.left(operation_id, ctx.clock),
             key,
             credentials,
@@ -447,11 +447,24 @@ async fn conclude(
         // While the late window runs, the first exchange may still land.
         let min_age = probe.min_age().max(route.late_window);
         if age < min_age {
-            verdict = Verdict::Undetermined(format!(
-                "absent, but unknown for {} only: absence is believed after min_age and the late window ({})",
-                humantime::format_duration(Duration::from_secs(age.as_secs())),
-                humantime::format_duration(min_age)
-            ));
+            let seconds =
+                |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs()));
+            let on_its_way = u64::try_from(held.since - now)
+                .ok()
+                .filter(|left| *left > 0);
+            verdict = Verdict::Undetermined(match on_its_way {
+                // In progress, or marked unknown with its attempt in flight.
+                Some(left) => format!(
+                    "absent, but its attempt may still be on its way for {}: absence is believed min_age and the late window ({}) after that",
+                    seconds(Duration::from_millis(left)),
+                    seconds(min_age)
+                ),
+                None => format!(
+                    "absent, but unknown for {} only: absence is believed after min_age and the late window ({})",
+                    seconds(age),
+                    seconds(min_age)
+                ),
+            });
         } else if let Some(reason) = probe.key_unseen(route, held) {
             verdict = Verdict::Undetermined(reason);
         } else if let Some(left) = held.landing {
@@ -487,30 +500,56 @@ async fn conclude(
 /// absence is believed before — a probe's (which also waits its `min_age`)
 /// nor an operator's `not_attempted`.
 pub(crate) fn may_land_until(operation: &Operation, events: &[StoredEvent], route: &Route) -> i64 {
-    last_sent(operation, events, forward::longest_write(route))
+    last_sent(operation, events, Writing::of(route))
         .saturating_add(clock::millis(route.late_window))
+}
+
+/// How long a write may be on its way to the destination.
+#[derive(Debug, Clone, Copy)]
+struct Writing {
+    /// From its claim: its connects, then its exchange
+    /// ([`forward::longest_write`]).
+    from_claim: Duration,
+    /// From the last moment it could have been handed over: its exchange
+    /// (`upstream_timeout`).
+    from_hand_over: Duration,
+}
+
+impl Writing {
+    fn of(route: &Route) -> Writing {
+        Writing {
+            from_claim: forward::longest_write(route),
+            from_hand_over: route.upstream_timeout,
+        }
+    }
 }
 
 /// When a held write could last have been on its way to the destination:
 /// when the operation became `unknown` (its last update, which comes after
-/// its attempt ended) — or, `in_progress` (its gateway died) or marked
-/// `unknown` with its attempt in flight ([`MARKED_IN_FLIGHT`]), that time
-/// plus `longest_write`, the most its attempt may take — or the latest a
-/// re-send under its destination key could still be writing: each
-/// re-send's `sending` event (written before it is sent; a skipped try's
-/// and a try's result are none) plus `longest_write`.
-fn last_sent(operation: &Operation, events: &[StoredEvent], longest_write: Duration) -> i64 {
-    let writing = clock::millis(longest_write);
-    let in_flight = operation.state == State::InProgress
-        || MARKED_IN_FLIGHT.contains(&operation.evidence.as_str());
-    let last = match in_flight {
-        true => operation.updated_at.saturating_add(writing),
-        false => operation.updated_at,
+/// its attempt ended) — or, `in_progress` (its gateway died), its claim
+/// plus the most its attempt may take; marked `unknown` with its attempt
+/// in flight ([`MARKED_IN_FLIGHT`]: its owner dead, stopped or fenced, so
+/// sending nothing after the mark), the mark plus the exchange it may have
+/// handed over before — or the latest a re-send under its destination key
+/// could still be writing: each re-send's `sending` event (written before
+/// it is sent; a skipped try's and a try's result are none) plus the most
+/// its attempt may take.
+fn last_sent(operation: &Operation, events: &[StoredEvent], writing: Writing) -> i64 {
+    let (from_claim, from_hand_over) = (
+        clock::millis(writing.from_claim),
+        clock::millis(writing.from_hand_over),
+    );
+    let last = if operation.state == State::InProgress {
+        operation.updated_at.saturating_add(from_claim)
+    } else if MARKED_IN_FLIGHT.contains(&operation.evidence.as_str()) {
+        operation.updated_at.saturating_add(from_hand_over)
+    } else {
+        operation.updated_at
     };
     events
         .iter()
         .filter(|event| event.kind == "resend" && event.detail["sending"] == true)
-        .map(|event| event.at.saturating_add(writing))
+        .map(|event| event.at.saturating_add(from_claim))
         .fold(last, i64::max)
 }
 
@@ -777,7 +816,10 @@ mod tests {
         };
         // Became unknown at 2 s; probes and other events are no send.
         let quiet = [event(1_000, "claimed"), event(2_500, "probe")];
-        let writing = Duration::from_secs(30);
+        let writing = Writing {
+            from_claim: Duration::from_secs(30),
+            from_hand_over: Duration::from_secs(10),
+        };
         assert_eq!(last_sent(&held, &quiet, writing), 2_000);
         // A re-send under the destination key began at 7 s: it may be
         // writing until 37 s; a try skipped at 20 s, and the first's
@@ -803,14 +845,14 @@ mod tests {
         ];
         assert_eq!(last_sent(&held, &resent, writing), 37_000);
         // Marked unknown by a restart, a stop or a lost lease at 2 s: the
-        // attempt in flight then may be writing until 32 s, as it may
-        // while `in_progress` (a probe's 404 at 2.4 s released it).
+        // exchange it may have handed over before may be writing until
+        // 12 s (a probe's 404 at 2.4 s released it); nothing is sent after.
         for evidence in ["gateway-restarted", "gateway-stopped", "replica-lost"] {
             let marked = Operation {
                 evidence: evidence.into(),
                 ..held.clone()
             };
-            assert_eq!(last_sent(&marked, &quiet, writing), 32_000, "{evidence}");
+            assert_eq!(last_sent(&marked, &quiet, writing), 12_000, "{evidence}");
         }
         // In flight when its gateway died, claimed at 2 s: its attempt may
         // be writing for as long as one may take.
