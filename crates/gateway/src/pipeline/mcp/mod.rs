@@ -54,11 +54,19 @@ use crate::pipeline::budget::Reservation;
 use crate::pipeline::error::ProxyError;
 use crate::pipeline::fingerprint::ExactDigest;
 use crate::pipeline::forward::{self, Peer};
+use crate::pipeline::key::Scope;
 use crate::pipeline::{ActiveRoute, Payload, Proxy, read_body};
 use crate::profile::Profile;
 use idemgate_model::clock;
 use idemgate_model::operation::State;
 use idemgate_store::{ListFilter, MARKED_IN_FLIGHT, StoreError};
+
+/// Who sent a protected call, as the request's reading found it: its scope
+/// (or why it has none) and the caller its cancellations name.
+struct Sender {
+    scope: Result<Scope, ProxyError>,
+    caller: cancel::Caller,
+}
 
 impl Proxy {
     /// A POST to an MCP route: read whole, then a protected tool call is a
@@ -78,12 +86,13 @@ impl Proxy {
             Err(error) => return error.into_response(),
         };
         // The caller's scope: whose calls a cancellation without a session
-        // names, and whose listings tell what a call is.
+        // names, whose listings tell what a call is, and a protected call's
+        // own (none refuses it as a write).
         let scope = self.scope_of(route, &parts);
-        let scope = scope.map(|s| s.as_str().to_string()).unwrap_or_default();
+        let digest = scope.as_ref().map(|s| s.as_str()).unwrap_or_default();
         let tools = route.mcp.clone().unwrap_or_default();
-        let endpoint = tools::listed_at(&parts.uri, &route.path_prefix, &scope);
-        let caller = cancel::Caller::of(&parts.headers, scope);
+        let endpoint = tools::listed_at(&parts.uri, &route.path_prefix, digest);
+        let caller = cancel::Caller::of(&parts.headers, digest.to_string());
         match active.calls.cancelling(&caller, &body) {
             cancel::Cancelling::Nothing => {}
             cancel::Cancelling::Alone => return answer::accepted(),
@@ -101,7 +110,9 @@ impl Proxy {
         match call::classify(&parts.headers, &body, &tools, known) {
             call::Classified::Refused(refusal) => answer::refused(refusal),
             call::Classified::Protected(call) => {
-                Box::pin(self.mcp_call(active, parts, (body, reservation), peer, call)).await
+                let sender = Sender { scope, caller };
+                Box::pin(self.mcp_call(active, (parts, sender), (body, reservation), peer, call))
+                    .await
             }
             call::Classified::PassThrough { listing } => {
                 drop(reservation);
@@ -211,7 +222,7 @@ impl Proxy {
     async fn mcp_call(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
-        parts: request::Parts,
+        request: (request::Parts, Sender),
         body: (Bytes, Reservation),
         peer: Peer,
         call: call::Call,
@@ -225,7 +236,7 @@ impl Proxy {
         };
         let (this, route, called) = (self.clone(), active.clone(), call.clone());
         let mut write = Box::pin(async move {
-            this.mcp_write(&route, parts, body, peer, &called, relay)
+            this.mcp_write(&route, request, body, peer, &called, relay)
                 .await
         });
         let Some(mut relayed) = relayed else {
@@ -262,15 +273,15 @@ impl Proxy {
     async fn mcp_write(
         self: &Arc<Self>,
         active: &Arc<ActiveRoute>,
-        mut parts: request::Parts,
+        (mut parts, sender): (request::Parts, Sender),
         body: (Bytes, Reservation),
         peer: Peer,
         call: &call::Call,
         relay: Option<relay::Relay>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let route = &active.route;
-        let scope = self.scope_of(route, &parts)?;
-        let caller = cancel::Caller::of(&parts.headers, scope.as_str().to_string());
+        let Sender { scope, caller } = sender;
+        let scope = scope?;
         let request = (&parts.uri, &parts.headers);
         let identified = identity::identify(call, request, &body.0, route, &scope)?;
         let sent = identified.source == identity::KeySource::Sent;
