@@ -44,17 +44,18 @@ fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(serve) => {
+            // Taken over before anything else (a config file may be slow to
+            // read): from then on a SIGHUP reloads the TLS certificates
+            // instead of ending the process.
+            let mut hangup = unix_signal(SignalKind::hangup())?;
+            // Likewise SIGTERM and SIGINT: one while the gateway starts
+            // stops it there, instead of the signal's default ending it.
+            let mut shutdown = Shutdown::listen()?;
             let (access_log, _log) = init_logging(serve.log_format)?;
             // Read first: an edit between the two reads is then one a
             // reload reports, never one taken for what started.
             let started_from = StartedFrom::read(&serve);
             let config = serve.config()?;
-            // Taken over before the start: from then on a SIGHUP reloads
-            // the TLS certificates instead of ending the process.
-            let mut hangup = unix_signal(SignalKind::hangup())?;
-            // Likewise SIGTERM and SIGINT: one while the gateway starts
-            // stops it there, instead of the signal's default ending it.
-            let mut shutdown = Shutdown::listen()?;
             let store = config.store.url.to_string();
             let grace = config.server.shutdown_grace;
             let systemd = Notifier::from_env();

@@ -379,6 +379,68 @@ async fn a_reload_says_the_config_file_changed_and_whether_it_would_start() {
     );
 }
 
+/// A SIGHUP that came while the config file was still being read (a
+/// supervisor's reload racing the start) ended the process: the signal's
+/// default then. The signals are taken over first; the start goes on and
+/// the SIGHUP is a reload like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_while_the_config_is_read_is_a_reload_not_the_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = gateway_toml(
+        &dir.path().join("idemgate.db"),
+        "http://127.0.0.1:9",
+        "/",
+        "",
+    );
+    // A pipe for a config file: the start waits in its read until the
+    // test writes, and the test knows when the process is there.
+    let fifo = dir.path().join("fifo.toml");
+    let made = child_status(Command::new("mkfifo").arg(&fifo)).expect("run mkfifo");
+    assert!(made.success(), "mkfifo failed");
+    let mut cmd = binary();
+    cmd.arg("serve").arg("--config").arg(&fifo);
+    let stderr = dir.path().join("gw.log");
+    let started = tokio::spawn({
+        let stderr = stderr.clone();
+        async move { spawn_until_first_line(cmd, &stderr).await }
+    });
+    let fed = tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        // Opening a pipe to write returns once the process opened it to
+        // read: it is past its start's first steps, reading the file.
+        let mut pipe = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&fifo)
+            .expect("open the pipe");
+        let hup = child_status(Command::new("pkill").arg("-HUP").arg("-f").arg(&fifo))
+            .expect("run pkill");
+        assert!(hup.success(), "no process read the pipe");
+        pipe.write_all(toml.as_bytes()).expect("write the config");
+        drop(pipe);
+        // The start reads the file twice (what it started from, then the
+        // config); each read is one writer.
+        std::fs::write(&fifo, &toml).expect("write the config again");
+    });
+    tokio::time::timeout(WAIT, fed)
+        .await
+        .expect("the start read the config")
+        .expect("fed");
+    let (mut child, _stdout, line) = started.await.expect("started");
+    assert!(line.starts_with("listening"), "{line}");
+    let logged = within_wait(|| async {
+        let logged = read_to_string(&stderr);
+        logged.contains("nothing to reload").then_some(logged)
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        logged.is_some(),
+        "the SIGHUP was not a reload: {}",
+        read_to_string(&stderr)
+    );
+}
+
 /// systemd's end of the notify protocol: a datagram socket of the test's
 /// own, named to the gateway in `NOTIFY_SOCKET`.
 struct NotifySocket {
