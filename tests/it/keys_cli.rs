@@ -511,3 +511,48 @@ async fn an_admin_url_with_a_password_is_refused_without_showing_it() {
         );
     }
 }
+
+/// `keys` given the proxy's port for the admin API's: the gateway
+/// forwarded the call, admin token and all, to the upstream behind its
+/// catch-all route. It refuses it (421 `misdirected-admin-call`, nothing
+/// sent), and the CLI says so; a request at another path, or with
+/// another token, is the upstream's as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_sent_to_the_proxy_listener_never_reaches_the_upstream() {
+    let served = Served::start().await;
+    let mut cmd = binary();
+    cmd.args(["keys", "list", "--admin"])
+        .arg(format!("http://{}", served.gateway.proxy))
+        .arg("--token-env")
+        .arg(&served.variable)
+        .env(&served.variable, &served.token);
+    let misdirected = served.fails(cmd).await;
+    assert_api_error(&misdirected, 421, "misdirected-admin-call");
+    assert!(misdirected.contains("admin listener"), "{misdirected}");
+    // Any spelling of the scheme, and a write as well as a read.
+    for (method, scheme) in [("POST", "bearer"), ("GET", "BEARER")] {
+        let auth = format!("{scheme} {}", served.token);
+        let headers = [
+            ("authorization", auth.as_str()),
+            ("idempotency-key", "k-misdirected"),
+        ];
+        let answer = send(served.gateway.proxy, method, "/admin/keys", &headers, "{}").await;
+        answer.assert_problem(421, "misdirected-admin-call");
+    }
+    let sent_token = served.upstream.requests().iter().any(|r| {
+        r.header("authorization")
+            .is_some_and(|a| a.contains(&served.token))
+    });
+    assert!(!sent_token, "the admin token reached the upstream");
+    // Another path, or another token at an /admin/ path: the upstream's.
+    let own = format!("Bearer {}", served.token);
+    for (path, auth) in [
+        ("/admin/keys", "Bearer the-upstream-s-own"),
+        ("/v1/keys", own.as_str()),
+    ] {
+        let headers = [("authorization", auth)];
+        let answer = send(served.gateway.proxy, "GET", path, &headers, "").await;
+        assert_eq!(answer.status, 200, "{path}: {:?}", answer.body);
+    }
+    assert_eq!(served.upstream.requests().len(), 2);
+}

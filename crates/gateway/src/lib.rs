@@ -74,6 +74,7 @@ pub mod access_log;
 pub mod admin;
 pub mod alerts;
 mod background;
+mod bearer;
 pub mod body;
 pub mod config;
 mod connection;

@@ -32,6 +32,8 @@ use idemgate_store::StoreError;
 pub enum ProblemKind {
     // Refused before anything was claimed: the request itself is wrong.
     NoRoute,
+    /// A call for the admin API, with its token, on the proxy listener.
+    MisdirectedAdminCall,
     InvalidPath,
     InvalidHost,
     InvalidHeader,
@@ -120,6 +122,7 @@ impl ProblemKind {
             FirstSentTooOld => StatusCode::PRECONDITION_FAILED,
             NoRoute | UnknownOperation => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            MisdirectedAdminCall => StatusCode::MISDIRECTED_REQUEST,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             RequestInProgress | ResponseNotStored | NotResolvable | AttemptMayStillLand
             | OperationChanged | WrongAnswerKind | FoundAtDestination | PossibleDuplicate => {
@@ -149,6 +152,10 @@ impl ProblemKind {
         use ProblemKind::*;
         match self {
             NoRoute => ("no-route", "No route"),
+            MisdirectedAdminCall => (
+                "misdirected-admin-call",
+                "Admin API call on the proxy listener",
+            ),
             InvalidPath => ("invalid-path", "Invalid request path"),
             InvalidHost => ("invalid-host", "Invalid request host"),
             InvalidHeader => ("invalid-header", "Malformed request header"),
@@ -371,8 +378,9 @@ mod tests {
 
     /// Every kind and what it must answer, written out apart from the
     /// mapping (each [`UnknownSince`] once).
-    const CASES: [(ProblemKind, u16, &str); 46] = [
+    const CASES: [(ProblemKind, u16, &str); 47] = [
         (NoRoute, 404, "no-route"),
+        (MisdirectedAdminCall, 421, "misdirected-admin-call"),
         (InvalidPath, 400, "invalid-path"),
         (InvalidHost, 400, "invalid-host"),
         (InvalidHeader, 400, "invalid-header"),

@@ -338,7 +338,8 @@ impl Gateway {
             drill,
         )?
         .traced(traces.clone())
-        .logged(access_log);
+        .logged(access_log)
+        .guarding(token.digest());
         proxy.follow_pauses(&paused);
         proxy.follow_marked_calls().await?;
         let upstream_identities = proxy.upstream_identities();

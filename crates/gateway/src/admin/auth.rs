@@ -3,9 +3,8 @@
 //! by `admin_token_env`.
 //!
 //! Invariants: the comparison takes the same time wherever the first wrong
-//! byte is and whatever the presented token's length: what is compared is
-//! the SHA-256 of each, 32 bytes against 32 (`subtle`), and the token
-//! itself is not kept; a request with more than one `Authorization` line is
+//! byte is and whatever the presented token's length, and the token itself
+//! is not kept (`crate::bearer`); a request with more than one `Authorization` line is
 //! refused (400 `ambiguous-credentials`) whatever the lines hold, never
 //! judged by one of them; with no token configured (the variable unset or
 //! empty) every `/admin/*` call is 401 `admin-token-unset`, which names the
@@ -22,16 +21,15 @@ use std::net::SocketAddr;
 
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use super::AdminError;
+use crate::bearer::TokenDigest;
 
 /// The configured token, if any, as its SHA-256: never logged or shown,
 /// and compared digest to digest so that a presented token's length, which
 /// an attacker chooses, says nothing of the configured one's.
 pub struct AdminToken {
-    token: Option<[u8; 32]>,
+    token: Option<TokenDigest>,
     /// The variable the token is read from, named when there is none.
     variable: String,
 }
@@ -102,7 +100,7 @@ pub fn token_fault(token: &str) -> Option<TokenFault> {
 impl AdminToken {
     fn set(token: &[u8], variable: &str) -> Self {
         AdminToken {
-            token: Some(Sha256::digest(token).into()),
+            token: Some(TokenDigest::of(token)),
             variable: variable.to_string(),
         }
     }
@@ -170,19 +168,16 @@ impl AdminToken {
         if count > 1 {
             return Err(AdminError::AmbiguousCredentials { count });
         }
-        // The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
-        let presented = headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| Sha256::digest(token.trim().as_bytes()))
-            .ok_or(AdminError::Unauthorized)?;
-        if bool::from(presented.as_slice().ct_eq(expected)) {
-            Ok(())
-        } else {
-            Err(AdminError::Unauthorized)
+        match headers.get(AUTHORIZATION) {
+            Some(field) if expected.presented_in(field) => Ok(()),
+            _ => Err(AdminError::Unauthorized),
         }
+    }
+
+    /// The token's digest, for the proxy listener to refuse a call that
+    /// carries it; `None` when there is no token.
+    pub(crate) fn digest(&self) -> Option<TokenDigest> {
+        self.token
     }
 }
 

@@ -45,6 +45,12 @@ impl From<&Operation> for OperationRef {
 pub enum ProxyError {
     #[error("no route matches {path}")]
     NoRoute { path: String },
+    /// A call for the admin API, with its token, sent to the proxy
+    /// listener: refused, so the token never reaches an upstream.
+    #[error(
+        "this request carries the gateway's admin token: the admin API answers on the admin listener (server.admin_listen), not this one; nothing was sent upstream"
+    )]
+    MisdirectedAdminCall,
     #[error(transparent)]
     InvalidPath(#[from] PathError),
     #[error(transparent)]
@@ -204,6 +210,7 @@ impl ProxyError {
         use ProxyError::*;
         match self {
             NoRoute { .. } => (ProblemKind::NoRoute, None),
+            MisdirectedAdminCall => (ProblemKind::MisdirectedAdminCall, None),
             InvalidPath(_) => (ProblemKind::InvalidPath, None),
             InvalidHost(_) => (ProblemKind::InvalidHost, None),
             InvalidHeader(FieldError::Padded { .. }) => (ProblemKind::InvalidHeader, None),
@@ -320,6 +327,7 @@ impl ProxyError {
             // Nothing was sent: the replica could not prove its lease.
             LeaseLost { .. }
             | NoRoute { .. }
+            | MisdirectedAdminCall
             | InvalidPath(_)
             | InvalidHost(_)
             | InvalidHeader(_)

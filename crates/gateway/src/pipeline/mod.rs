@@ -108,6 +108,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::access_log::{AccessLine, AccessLog};
+use crate::bearer::TokenDigest;
 use crate::body::{BoxError, ClientBody, ProxyBody, declared_length, stream};
 use crate::config::{Config, KeyMode, RotatedKeys, Route};
 use crate::metrics::{Metrics, OperationId, Outcome, RouteSeries, StoreFailure};
@@ -183,6 +184,9 @@ pub struct Proxy {
     traces: Option<Arc<Tracing>>,
     /// Where each request's line goes; `None`: not written.
     access_log: Option<AccessLog>,
+    /// The admin token, refused on an `/admin/` call here instead of
+    /// forwarded; `None`: there is none.
+    admin_token: Option<TokenDigest>,
 }
 
 /// The proxy's parts that every request and every attempt uses, made once
@@ -294,6 +298,7 @@ impl Proxy {
             scope_key,
             traces: None,
             access_log: None,
+            admin_token: None,
         })
     }
 
@@ -317,6 +322,27 @@ impl Proxy {
     pub fn logged(mut self, access_log: Option<AccessLog>) -> Self {
         self.access_log = access_log;
         self
+    }
+
+    /// The proxy, refusing an `/admin/` call that carries `admin_token`
+    /// (a tool or a console given the wrong port) instead of forwarding
+    /// the token upstream.
+    pub(crate) fn guarding(mut self, admin_token: Option<TokenDigest>) -> Self {
+        self.admin_token = admin_token;
+        self
+    }
+
+    /// Whether the request is a call for the admin API that carries its
+    /// token: only `/admin/` paths are looked at (the admin API's), so a
+    /// request elsewhere costs nothing.
+    fn misdirected_admin_call(&self, path: &str, headers: &http::HeaderMap) -> bool {
+        self.admin_token.is_some_and(|token| {
+            path.starts_with("/admin/")
+                && headers
+                    .get_all(http::header::AUTHORIZATION)
+                    .iter()
+                    .any(|field| token.presented_in(field))
+        })
     }
 
     /// Pauses (with `reason`) or resumes a route, stored first; `false` when
@@ -424,6 +450,8 @@ impl Proxy {
             })
         } else if let Err(error) = tunnel {
             Err(error.into())
+        } else if self.misdirected_admin_call(&path, request.headers()) {
+            Err(ProxyError::MisdirectedAdminCall)
         } else if let Err(error) = routed {
             Err(error.into())
         } else if let Err(error) = host {
