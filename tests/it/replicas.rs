@@ -429,30 +429,12 @@ async fn a_replica_past_its_lease_sends_nothing() {
     let claimed = operation_until(b.admin, "fenced-1", |op| op["state"] == "in_progress").await;
     let id = claimed["id"].as_str().expect("id").to_string();
 
-    // A's database link stalls: its `replicas` row is held by another
-    // transaction, so it cannot renew, while everything else goes on.
-    let mut stall = database().await;
-    sqlx::query("BEGIN").execute(&mut stall).await.unwrap();
-    let owner: String = sqlx::query_scalar(&format!(
-        "SELECT owner FROM {}.operations WHERE id = $1",
-        schema.name
-    ))
-    .bind(&id)
-    .fetch_one(&mut stall)
-    .await
-    .unwrap();
-    sqlx::query(&format!(
-        "SELECT 1 FROM {}.replicas WHERE id = $1 FOR UPDATE",
-        schema.name
-    ))
-    .bind(&owner)
-    .execute(&mut stall)
-    .await
-    .unwrap();
+    let mut stall = stall_lease_of(&schema, "fenced-1").await;
 
     // Past A's lease: held (B marks it `replica-lost`) or settled by A
-    // itself as never sent; an operator who finds nothing at the
-    // destination resolves a held one `not_attempted`, as docs/replicas.md says.
+    // itself as never sent (before B's mark, or after it once fenced);
+    // an operator who finds nothing at the destination resolves a held
+    // one `not_attempted`, as docs/replicas.md says.
     let settled = operation_until(b.admin, "fenced-1", |op| op["state"] != "in_progress").await;
     if settled["state"] == "unknown" {
         assert_eq!(settled["evidence"], "replica-lost", "{settled}");
@@ -480,7 +462,16 @@ async fn a_replica_past_its_lease_sends_nothing() {
             tokio::time::sleep(Duration::from_secs(wait) + Duration::from_millis(100)).await;
             resolved = resolve().await;
         }
-        assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+        // Unless A, fenced meanwhile, settled it as never sent first.
+        if resolved.status != StatusCode::OK {
+            resolved.assert_problem(409, "not-resolvable");
+            let op = operation_at(b.admin, ADMIN_TOKEN, "fenced-1").await;
+            assert_eq!(
+                (&op["state"], &op["evidence"]),
+                (&"not_attempted".into(), &"lease-lost".into()),
+                "{op}"
+            );
+        }
     } else {
         assert_eq!(
             (&settled["state"], &settled["evidence"]),
@@ -515,6 +506,92 @@ async fn a_replica_past_its_lease_sends_nothing() {
     assert_replay_of(&again, &retried);
     assert_eq!(upstream.writes(), 1);
     drop((a, b));
+}
+
+/// A replica fenced before writing a byte of its attempt, after its peer
+/// held the attempt `unknown` (`replica-lost`): its client heard 503
+/// `lease-lost`, `not_attempted`, while the store kept the peer's
+/// `unknown` until an operator came. The owner, which knows it sent
+/// nothing, settles it `not_attempted` (`lease-lost`): what its client
+/// heard is what the store holds, and a retry is a new attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn a_fenced_replica_settles_what_its_peer_held_as_never_sent() {
+    let schema = PgSchema::create().await;
+    // A TLS upstream that takes connections and never answers their
+    // handshake: A's connect lasts its whole connect_timeout, past its
+    // lease and B's mark, and writes nothing.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let accepting = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("https://127.0.0.1:{port}");
+    let config = replica_config(
+        dir.path(),
+        &schema,
+        &url,
+        "connect_timeout = \"4s\"\nconnect_retries = 1\nupstream_timeout = \"1s\"",
+        SHORT_LEASE,
+    );
+    let a = start_replica(&config, &dir.path().join("a.log")).await;
+    let b = start_replica(&config, &dir.path().join("b.log")).await;
+    let proxy = a.proxy;
+    let first = tokio::spawn(async move { write(proxy, "/orders", Some("fenced-2"), BODY).await });
+    operation_until(b.admin, "fenced-2", |op| op["state"] == "in_progress").await;
+    let stall = stall_lease_of(&schema, "fenced-2").await;
+    let marked = operation_until(b.admin, "fenced-2", |op| op["state"] != "in_progress").await;
+    assert_eq!(
+        (&marked["state"], &marked["evidence"]),
+        (&"unknown".into(), &"replica-lost".into()),
+        "B holds it first: {marked}"
+    );
+    let first = tokio::time::timeout(WAIT * 2, first)
+        .await
+        .expect("A's attempt ends")
+        .expect("request task");
+    first.assert_operation_problem(503, "lease-lost", "not_attempted");
+    let settled = operation_until(b.admin, "fenced-2", |op| op["state"] != "unknown").await;
+    assert_eq!(
+        (&settled["state"], &settled["evidence"]),
+        (&"not_attempted".into(), &"lease-lost".into()),
+        "{settled}"
+    );
+    drop(stall);
+    accepting.abort();
+    drop((a, b));
+}
+
+/// Stalls the database link of the replica that owns `key`'s operation:
+/// its `replicas` row is held by the transaction returned, so it cannot
+/// renew its lease, while everything else goes on; rolled back (or
+/// dropped) to let it renew again.
+async fn stall_lease_of(schema: &PgSchema, key: &str) -> sqlx::PgConnection {
+    let mut stall = database().await;
+    sqlx::query("BEGIN").execute(&mut stall).await.unwrap();
+    let owner: String = sqlx::query_scalar(&format!(
+        "SELECT owner FROM {}.operations WHERE idem_key = $1",
+        schema.name
+    ))
+    .bind(key)
+    .fetch_one(&mut stall)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {}.replicas WHERE id = $1 FOR UPDATE",
+        schema.name
+    ))
+    .bind(&owner)
+    .execute(&mut stall)
+    .await
+    .unwrap();
+    stall
 }
 
 /// A replica frozen (SIGSTOP) while `/slow` holds its write, until its

@@ -513,7 +513,24 @@ impl Run {
             self.wait_out_the_late_window();
             json!({"outcome": "not_attempted", "operator": "model"})
         };
-        let resp = self.gws[via].resolve(id, &resolution).await;
+        let mut resp = self.gws[via].resolve(id, &resolution).await;
+        // Marked with its attempt in flight (a stalled replica's), that
+        // attempt may land for its exchange after the mark, not only the
+        // late window: the operator is told until when, and waits it out.
+        if !completed && resp.status == StatusCode::CONFLICT {
+            let Some(seconds) = resp
+                .header("retry-after")
+                .and_then(|s| s.parse::<u64>().ok())
+            else {
+                return Err(format!("resolve: 409 {:?}", resp.body));
+            };
+            let _ = writeln!(
+                self.log,
+                "    (told to wait, the operator waits {seconds} s)"
+            );
+            self.advance(seconds * 1000 + 1);
+            resp = self.gws[via].resolve(id, &resolution).await;
+        }
         if resp.status != StatusCode::OK {
             return Err(format!("resolve: {} {:?}", resp.status, resp.body));
         }
@@ -638,8 +655,9 @@ impl Run {
     }
 
     /// The stalled replica's write to the gated route, `first`: held
-    /// (`replica-lost`, resolved `not_attempted` by an operator) or
-    /// settled `not_attempted` (`lease-lost`); its retry through `peer`
+    /// (`replica-lost`, resolved `not_attempted` by an operator, unless
+    /// its fenced owner settles it first) or settled `not_attempted`
+    /// (`lease-lost`); its retry through `peer`
     /// sends once the upstream is up; `first` ends fenced, unsent.
     async fn fenced(
         &mut self,
@@ -671,7 +689,12 @@ impl Run {
                     self.advance(seconds * 1000 + 1);
                     resp = self.gws[peer].resolve(id, &resolution).await;
                 }
-                if resp.status != StatusCode::OK {
+                // Unless the stalled replica, fenced meanwhile, settled
+                // it as never sent first.
+                let now = self.gws[peer].operation(GATED_KEY).await;
+                let settled_by_owner =
+                    now["state"] == "not_attempted" && now["evidence"] == "lease-lost";
+                if resp.status != StatusCode::OK && !settled_by_owner {
                     return Err(format!("resolve gated: {} {:?}", resp.status, resp.body));
                 }
             }

@@ -36,8 +36,8 @@ use idemgate_model::operation::{
 };
 use idemgate_store::{
     AlertDelivery, AlertOutcome, AlertPoll, AlertSubscription, Claim, ClaimResult, Decision,
-    Finding, LateEvidence, LateSource, ListFilter, NewOperation, PausedBy, Probed, Recorded,
-    Resolved, Store,
+    Finding, LEASE_LOST, LateEvidence, LateSource, ListFilter, NewOperation, PausedBy, Probed,
+    Recorded, Resolved, Store,
 };
 use idemgate_store_postgres::{PostgresSettings, PostgresStore};
 use idemgate_store_sqlite::SqliteStore;
@@ -133,6 +133,7 @@ contract!(
     concurrent_writes_each_get_their_own_answer,
     operators_resolve_only_held_operations,
     a_resolution_decided_on_an_earlier_attempt_is_refused,
+    a_fenced_attempt_settles_its_hold_as_never_sent,
     late_evidence_settles_only_unknown,
     probe_findings_apply_only_to_unknown_at_their_attempt,
     a_write_found_twice_is_settled_by_an_operator_only,
@@ -691,6 +692,38 @@ async fn operators_resolve_only_held_operations(bench: Bench) {
     assert!(matches!(released.unwrap(), Resolved::Done));
     let next = claimed(store.as_ref(), &new_op("released", "fp")).await;
     assert_eq!(next.attempt, 2);
+    store.close().await;
+}
+
+/// A replica fenced before writing its attempt, which a peer held
+/// `unknown` meanwhile, settles it `not_attempted` with the evidence
+/// `lease-lost`, not `operator`: only at its own attempt, only while held.
+async fn a_fenced_attempt_settles_its_hold_as_never_sent(bench: Bench) {
+    let store = bench.open("gw-1").await;
+    let first = held(store.as_ref(), "fenced").await;
+    let id = &first.operation_id;
+    let event = Event {
+        kind: LEASE_LOST,
+        detail: serde_json::json!({ "tries": 1 }),
+    };
+    let other = store.resolve(id, Some(2), &Decision::Fenced, &event).await;
+    assert!(matches!(
+        other.unwrap(),
+        Resolved::OtherAttempt { attempt: 1, .. }
+    ));
+    let settled = store.resolve(id, Some(1), &Decision::Fenced, &event).await;
+    assert!(matches!(settled.unwrap(), Resolved::Done));
+    let (op, events) = store.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (op.state, op.evidence.as_str()),
+        (State::NotAttempted, LEASE_LOST)
+    );
+    assert!(kinds(&events).contains(&LEASE_LOST), "{events:?}");
+    let again = store.resolve(id, Some(1), &Decision::Fenced, &event).await;
+    assert!(matches!(
+        again.unwrap(),
+        Resolved::NotResolvable(State::NotAttempted)
+    ));
     store.close().await;
 }
 

@@ -930,7 +930,7 @@ pub async fn resolve(
     let stored = response.map(|r| seal.stored_form(id, &identity, r));
     let updated: i64 = sqlx::query_scalar(&format!(
         "WITH updated AS (
-            UPDATE operations SET state = $1, evidence = 'operator', response_status = $2,
+            UPDATE operations SET state = $1, evidence = $11, response_status = $2,
                 response_headers = $3, response_body = $4, updated_at = $5
             WHERE id = $6 AND (state = 'unknown' OR (state = 'in_progress' AND NOT {OWNER_ALIVE}))
               AND ($9::integer IS NULL OR attempt = $9)
@@ -952,6 +952,7 @@ pub async fn resolve(
     .bind(event.detail.to_string())
     .bind(attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX)))
     .bind(state == State::NotAttempted)
+    .bind(decision.evidence())
     .fetch_one(pool)
     .await?;
     if updated == 1 {

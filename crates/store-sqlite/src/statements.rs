@@ -867,7 +867,7 @@ pub fn resolve(
     let stored = response.map(|r| seal.stored_form(id, &row.identity, r));
     let updated = conn
         .prepare_cached(
-            "UPDATE operations SET state = ?1, evidence = 'operator', response_status = ?2,
+            "UPDATE operations SET state = ?1, evidence = ?9, response_status = ?2,
                 response_headers = ?3, response_body = ?4, updated_at = ?5
              WHERE id = ?6
                AND (state = 'unknown' OR (state = 'in_progress' AND owner IS NOT ?7))
@@ -882,6 +882,7 @@ pub fn resolve(
             id,
             owner,
             attempt,
+            decision.evidence(),
         ])?;
     if updated == 0 {
         // Nothing wrote since the read: this call holds the writer.

@@ -338,13 +338,19 @@ impl rusqlite::ToSql for Param {
     }
 }
 
-/// An operator's decision about a held operation.
+/// A decision about a held operation: an operator's, or the gateway's
+/// that claimed the attempt and knows it sent nothing.
 #[derive(Debug, Clone)]
 pub enum Decision {
     /// It happened; later requests replay `response`.
     Completed { response: StoredResponse },
     /// It did not happen; the next request is forwarded as a new attempt.
     NotAttempted,
+    /// Not an operator's: the replica that claimed the attempt was fenced
+    /// before writing a byte of it (its lease ran low), after a peer held
+    /// it `unknown` (`replica-lost`). Settles it as [`Decision::NotAttempted`]
+    /// does, with the evidence [`LEASE_LOST`].
+    Fenced,
 }
 
 impl Decision {
@@ -352,7 +358,15 @@ impl Decision {
     pub fn outcome(&self) -> (State, Option<&StoredResponse>) {
         match self {
             Decision::Completed { response } => (State::Completed, Some(response)),
-            Decision::NotAttempted => (State::NotAttempted, None),
+            Decision::NotAttempted | Decision::Fenced => (State::NotAttempted, None),
+        }
+    }
+
+    /// The operation's `evidence` once settled by it.
+    pub fn evidence(&self) -> &'static str {
+        match self {
+            Decision::Completed { .. } | Decision::NotAttempted => "operator",
+            Decision::Fenced => LEASE_LOST,
         }
     }
 }
@@ -627,6 +641,9 @@ pub const GATEWAY_RESTARTED: &str = "gateway-restarted";
 pub const GATEWAY_STOPPED: &str = "gateway-stopped";
 /// ... by a peer replica that found its owner's lease lapsed.
 pub const REPLICA_LOST: &str = "replica-lost";
+/// The evidence of an attempt its replica never sent: the fence (its
+/// lease ran low) held it back before a byte was written.
+pub const LEASE_LOST: &str = "lease-lost";
 /// The evidence of an operation marked `unknown` with its attempt still in
 /// flight: the mark says nothing of when that attempt ended.
 pub const MARKED_IN_FLIGHT: [&str; 3] = [GATEWAY_RESTARTED, GATEWAY_STOPPED, REPLICA_LOST];

@@ -717,7 +717,8 @@ async fn check(admin: &Admin, id: &str, resolution: &mut Resolution) -> Result<(
             // lost again may still land, and nobody judged that one).
             resolution.attempt.get_or_insert(operation.attempt);
         }
-        Decision::NotAttempted => {}
+        // Never an operator's (`resolution` makes no other).
+        Decision::NotAttempted | Decision::Fenced => {}
     }
     Ok(())
 }

@@ -148,11 +148,16 @@ impl Attempt {
         if fenced {
             // Nothing was sent, whatever the store says later: the client
             // hears so at once, and the record (`not_attempted`, a
-            // compare-and-set that loses to a peer's `replica-lost`) goes on
-            // while the store is slow, as the lease trouble suggests.
+            // compare-and-set) goes on while the store is slow, as the
+            // lease trouble suggests. Lost to a peer's `replica-lost`, it
+            // settles what the peer held.
             deliver(response);
             drop(self.in_flight.take());
-            Box::pin(self.keep_recording(&settlement, &events)).await;
+            let recorded = Box::pin(self.keep_recording(&settlement, &events)).await;
+            if let Some(Recorded::Stale) = recorded {
+                let operators = self.shared.operators.as_ref();
+                Box::pin(record::settle_fenced(operators, &self.claim, &events)).await;
+            }
             guard.disarm();
             return;
         }

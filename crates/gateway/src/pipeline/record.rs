@@ -34,7 +34,7 @@ use crate::pipeline::forward::{self, Exchange, LostCause};
 use crate::pipeline::replay;
 use crate::problem::UnknownSince;
 use idemgate_model::backoff::Backoff;
-use idemgate_store::{Claim, LateEvidence, LateSource, Recorded};
+use idemgate_store::{Claim, Decision, LEASE_LOST, LateEvidence, LateSource, Recorded, Resolved};
 
 /// Between attempts to record an outcome the store refused: 200 ms
 /// doubling up to 5 s, unjittered (one operation's own retries).
@@ -152,10 +152,10 @@ fn classify(claim: &Claim, exchange: Exchange) -> (Settlement, Vec<Event>, Reply
     match exchange {
         Exchange::Fenced { attempts } => (
             Settlement::NotAttempted {
-                evidence: "lease-lost".into(),
+                evidence: LEASE_LOST.into(),
             },
             vec![Event {
-                kind: "lease-lost",
+                kind: LEASE_LOST,
                 detail: json!({ "tries": attempts }),
             }],
             Err(ProxyError::LeaseLost {
@@ -435,6 +435,30 @@ pub async fn keep_recording(
             }
         }
         retry = retry.saturating_add(1);
+    }
+}
+
+/// Settles a fenced attempt (nothing written) whose record lost its
+/// compare-and-set: a peer held it `unknown` first, its owner's lease
+/// having lapsed, while this replica, the owner, knows it sent nothing.
+/// Taken only while the operation is still held at this attempt (not
+/// since decided, nor retried).
+pub async fn settle_fenced(operators: &dyn Operators, claim: &Claim, events: &[Event]) {
+    let Some(event) = events.iter().find(|e| e.kind == LEASE_LOST) else {
+        return;
+    };
+    let id = &claim.operation_id;
+    match operators
+        .resolve(id, Some(claim.attempt), &Decision::Fenced, event)
+        .await
+    {
+        Ok(Resolved::Done) => {
+            tracing::info!(operation_id = %id, "an attempt this replica never sent, held by a peer when its lease lapsed, is settled not_attempted");
+        }
+        Ok(_) => {}
+        Err(error) => {
+            tracing::warn!(operation_id = %id, %error, "cannot settle an attempt never sent; it stays held");
+        }
     }
 }
 
