@@ -110,3 +110,36 @@ async fn the_same_bytes_under_another_media_type_are_another_request() {
 
     assert_eq!(gw.upstream.requests().len(), 1);
 }
+
+/// A retry whose `Content-Type` spells the same media type otherwise (in
+/// another case, with `charset=utf-8` on JSON, which has no other) was a
+/// "different request", 422 `key-reused`, and a client minting a new key
+/// for it would send the write twice. Media types compare as RFC 9110
+/// says; another charset or another type is still another request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_spelling_its_media_type_otherwise_is_the_same_request() {
+    let gw = spawn_gateway("").await;
+    let body = r#"{"sku":"a-1"}"#;
+    let with = |content_type: &'static str| {
+        [
+            ("content-type", content_type),
+            ("idempotency-key", "k-media"),
+            ("authorization", ALICE),
+        ]
+    };
+    let created = send(gw.addr(), "POST", "/orders", &with("application/json"), body).await;
+    assert_fresh_created(&created);
+    for same in [
+        "application/json; charset=utf-8",
+        "Application/JSON",
+        "application/json;charset=\"UTF-8\"",
+    ] {
+        let retried = send(gw.addr(), "POST", "/orders", &with(same), body).await;
+        assert_replay_of(&retried, &created);
+    }
+    for other in ["application/json; charset=utf-16", "text/plain"] {
+        let refused = send(gw.addr(), "POST", "/orders", &with(other), body).await;
+        refused.assert_operation_problem(422, "key-reused", "completed");
+    }
+    assert_eq!(gw.upstream.writes(), 1);
+}

@@ -104,7 +104,61 @@ fn hash_request_head(hasher: &mut Sha256, tag: &[u8], input: &FingerprintInput<'
     part(hasher, input.method.as_str().as_bytes());
     part(hasher, input.path_and_query.as_bytes());
     for name in input.fingerprint_headers {
-        hash_values(hasher, input.headers, name);
+        if name == CONTENT_TYPE {
+            hash_media_types(hasher, input.headers);
+        } else {
+            hash_values(hasher, input.headers, name);
+        }
+    }
+}
+
+/// `Content-Type` as [`hash_values`] hashes a header, each value in its
+/// [normal form](media_type_normal): a retry that spells its media type
+/// otherwise sends the same request.
+fn hash_media_types(hasher: &mut Sha256, headers: &HeaderMap) {
+    part(hasher, CONTENT_TYPE.as_str().as_bytes());
+    let values = headers.get_all(CONTENT_TYPE);
+    part(hasher, &(values.iter().count() as u64).to_be_bytes());
+    for value in values {
+        match value.to_str() {
+            Ok(text) => part(hasher, media_type_normal(text).as_bytes()),
+            Err(_) => part(hasher, value.as_bytes()),
+        }
+    }
+}
+
+/// A media type as RFC 9110 §8.3.1 compares it: type, subtype and
+/// parameter names in any case, whitespace around the parts, a `charset`
+/// in any case or quoted; and a `charset=utf-8` on JSON, which has no
+/// other (RFC 8259 §11), is none. Written `type/subtype; name=value`, so
+/// a value already so spelled is unchanged.
+fn media_type_normal(value: &str) -> Cow<'_, str> {
+    let mut parts = value.split(';');
+    let media_type = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+    let json = media_type == "application/json" || media_type.ends_with("+json");
+    let mut normal = media_type;
+    for parameter in parts {
+        let (name, text) = parameter.split_once('=').unwrap_or((parameter, ""));
+        let name = name.trim().to_ascii_lowercase();
+        let mut text = text.trim().to_string();
+        if name.is_empty() {
+            continue;
+        }
+        if name == "charset" {
+            text = text.trim_matches('"').to_ascii_lowercase();
+            if json && text == "utf-8" {
+                continue;
+            }
+        }
+        normal.push_str("; ");
+        normal.push_str(&name);
+        normal.push('=');
+        normal.push_str(&text);
+    }
+    if normal == value {
+        Cow::Borrowed(value)
+    } else {
+        Cow::Owned(normal)
     }
 }
 
@@ -170,6 +224,38 @@ pub(crate) fn digest_hex(hasher: Sha256) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_media_type_is_compared_as_rfc_9110_compares_it() {
+        let same = [
+            ("application/json", "application/json"),
+            ("Application/JSON", "application/json"),
+            ("application/json; charset=utf-8", "application/json"),
+            ("application/json;charset=\"UTF-8\"", "application/json"),
+            ("text/plain; charset=UTF-8", "text/plain; charset=utf-8"),
+            ("text/plain;Charset=utf-8 ", "text/plain; charset=utf-8"),
+            (
+                "multipart/form-data; boundary=AbC",
+                "multipart/form-data; boundary=AbC",
+            ),
+        ];
+        for (sent, normal) in same {
+            assert_eq!(media_type_normal(sent), normal, "{sent}");
+        }
+        // Still apart: another charset, another boundary, another type.
+        assert_ne!(
+            media_type_normal("application/json; charset=utf-16"),
+            media_type_normal("application/json")
+        );
+        assert_ne!(
+            media_type_normal("multipart/form-data; boundary=abc"),
+            media_type_normal("multipart/form-data; boundary=ABC")
+        );
+        assert_ne!(
+            media_type_normal("text/plain"),
+            media_type_normal("text/html")
+        );
+    }
     use crate::pipeline::key::IdempotencyKey;
     use http::HeaderValue;
 
