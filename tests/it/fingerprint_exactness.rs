@@ -127,7 +127,14 @@ async fn a_retry_spelling_its_media_type_otherwise_is_the_same_request() {
             ("authorization", ALICE),
         ]
     };
-    let created = send(gw.addr(), "POST", "/orders", &with("application/json"), body).await;
+    let created = send(
+        gw.addr(),
+        "POST",
+        "/orders",
+        &with("application/json"),
+        body,
+    )
+    .await;
     assert_fresh_created(&created);
     for same in [
         "application/json; charset=utf-8",

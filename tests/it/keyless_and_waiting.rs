@@ -119,6 +119,31 @@ async fn body_lacking_the_derive_field_is_missing_key() {
     assert!(gw.upstream.requests().is_empty(), "nothing sent upstream");
 }
 
+/// A body that parses as JSON but says it is not (`text/plain`, a form)
+/// had a key derived from its fields, while the fingerprint compared it
+/// byte for byte; the docs call it "not JSON", 400 `missing-key`. It is,
+/// and the problem names the fields the key is derived from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_whose_media_type_is_not_json_derives_no_key() {
+    let gw = spawn_gateway(DERIVE_FROM_EVENT).await;
+    for media_type in ["text/plain", "application/x-www-form-urlencoded"] {
+        let headers = [("content-type", media_type), ("authorization", ALICE)];
+        let resp = send(gw.addr(), "POST", "/events", &headers, EVENT).await;
+        let problem = resp.assert_problem(400, "missing-key");
+        assert!(resp.header("idempotency-key").is_none(), "{media_type}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains("/event_id") && detail.contains("Content-Type"),
+            "{detail}"
+        );
+    }
+    let lacking = write(gw.addr(), "/events", None, r#"{"title":"none"}"#).await;
+    let problem = lacking.assert_problem(400, "missing-key");
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("/event_id"), "{detail}");
+    assert!(gw.upstream.requests().is_empty(), "nothing sent upstream");
+}
+
 /// A keyless retry whose body carries a number a double cannot hold (a
 /// 64-bit id, hashed as sent) and a timestamp the route ignores is one
 /// operation: the ignored field is masked, not counted.

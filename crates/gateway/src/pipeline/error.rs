@@ -65,6 +65,12 @@ pub enum ProxyError {
     UnknownOperation,
     #[error("{}", missing_key(Profile::Idemgate.wire().key_name))]
     MissingKey,
+    /// A keyless write on a `derive_from` route whose key could not be
+    /// derived: 400 `missing-key`, saying which fields it is derived from.
+    #[error(
+        "this write carries no key, and its key is derived from {fields} of a JSON body: {why}; nothing was sent"
+    )]
+    KeyNotDerived { fields: String, why: &'static str },
     #[error(transparent)]
     InvalidKey(#[from] KeyError),
     #[error("this write carries none of the scope headers ({headers})")]
@@ -220,7 +226,7 @@ impl ProxyError {
             UnsupportedMethod(_) => (ProblemKind::UnsupportedMethod, None),
             HeadersTooLarge { .. } => (ProblemKind::HeadersTooLarge, None),
             UnknownOperation => (ProblemKind::UnknownOperation, None),
-            MissingKey => (ProblemKind::MissingKey, None),
+            MissingKey | KeyNotDerived { .. } => (ProblemKind::MissingKey, None),
             InvalidKey(_) => (ProblemKind::InvalidKey, None),
             MissingScope { .. } => (ProblemKind::MissingScope, None),
             FirstSentTooOld { .. } => (ProblemKind::FirstSentTooOld, None),
@@ -335,6 +341,7 @@ impl ProxyError {
             | UnknownOperation
             | HeadersTooLarge { .. }
             | MissingKey
+            | KeyNotDerived { .. }
             | InvalidKey(_)
             | MissingScope { .. }
             | FirstSentTooOld { .. }

@@ -572,7 +572,7 @@ impl Proxy {
         let named = match sent {
             Some(named) => named,
             None => {
-                let key = made_key(route, &scope, &fingerprint, &body.0)?;
+                let key = made_key(route, &scope, &fingerprint, (&parts.headers, &body.0))?;
                 self.name(route, &scope, key, false)
             }
         };
@@ -1043,20 +1043,32 @@ async fn digest_of<T: Send + 'static>(
         })
 }
 
-/// The key for a write that sent none: assigned, or derived from the request.
+/// The key for a write that sent none: assigned, or derived from the
+/// request — from `derive_from`'s fields only in a body the fingerprint
+/// reads as JSON too (its media type says so), so that the fields which
+/// make it one action are compared as the fingerprint compares it.
 fn made_key(
     route: &Route,
     scope: &Scope,
     fingerprint: &Fingerprint,
-    body: &[u8],
+    (headers, body): (&http::HeaderMap, &[u8]),
 ) -> Result<IdempotencyKey, ProxyError> {
+    let not_derived = |why| ProxyError::KeyNotDerived {
+        fields: route.derive_from.join(", "),
+        why,
+    };
     match route.key {
         KeyMode::Assign => Ok(IdempotencyKey::assign()),
         KeyMode::Derive if route.derive_from.is_empty() => {
             Ok(IdempotencyKey::derive_from_fingerprint(scope, fingerprint))
         }
+        KeyMode::Derive if !fingerprint::is_json(headers) => Err(not_derived(
+            "its Content-Type is not application/json or a +json type",
+        )),
         KeyMode::Derive => IdempotencyKey::derive_from_body(scope, &route.derive_from, body)
-            .ok_or(ProxyError::MissingKey),
+            .ok_or_else(|| {
+                not_derived("the body is not JSON, lacks one of them, holds one as null, or names a member on the way twice")
+            }),
         KeyMode::Require | KeyMode::Off => Err(ProxyError::MissingKey),
     }
 }
