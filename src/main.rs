@@ -166,7 +166,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         },
         Command::MockUpstream { listen } => {
             let _log = init_logging(LogFormat::Text)?;
-            let mock = MockUpstream::start(listen).await?;
+            let mock = MockUpstream::start(listen)
+                .await
+                .with_context(|| format!("cannot listen on {listen}"))?;
             println!("listening mock={}", mock.addr());
             std::io::stdout().flush()?;
             Shutdown::listen()?.recv().await;

@@ -154,3 +154,18 @@ async fn the_command_needs_writes_and_tells_a_plain_api_from_the_gateway() {
     );
     mock.stop().await;
 }
+
+/// A target nobody answers at failed every case "needs an idempotency
+/// layer that honours the key; the target does not", a verdict about a
+/// target never heard: a case with an unanswered request says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_target_is_said_unanswered_not_judged() {
+    let closed = format!("http://{}", closed_port().await);
+    let (status, stdout, stderr) = run_to_exit_within(conformance(&closed, true), CLI_RUN).await;
+    assert!(!status.success(), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  replay") && stdout.contains("did not answer every request"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stdout.contains("honours the key"), "{stdout}");
+}

@@ -255,6 +255,22 @@ async fn mock_binary_behind_a_gateway_holds_a_dropped_write() {
     );
 }
 
+/// `mock-upstream --listen` on a port in use said only "Address already
+/// in use": which address, it did not say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mock_binary_on_a_busy_port_names_the_address() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = busy.local_addr().expect("addr").to_string();
+    let mut cmd = binary();
+    cmd.args(["mock-upstream", "--listen", &addr]);
+    let (status, _, stderr) = run_to_exit(cmd).await;
+    assert!(!status.success());
+    assert!(
+        stderr.contains(&format!("cannot listen on {addr}")),
+        "{stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mock_mcp_endpoint_answers_json_rpc_and_commits_tool_calls() {
     let mock = start_mock().await;

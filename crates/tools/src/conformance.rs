@@ -538,6 +538,9 @@ pub fn cases(profile: Profile) -> Vec<Case> {
 pub struct Verdict {
     /// Empty when it passed.
     pub failures: Vec<String>,
+    /// Some request got no answer: nothing is said of what the target
+    /// honours.
+    pub unanswered: bool,
 }
 
 impl Verdict {
@@ -616,7 +619,11 @@ impl Runner {
                 Err(error) => failures.push(format!("request {}: no answer ({error})", n + 1)),
             }
         }
-        Verdict { failures }
+        let unanswered = answers.iter().any(Result::is_err);
+        Verdict {
+            failures,
+            unanswered,
+        }
     }
 
     fn key(&self, index: usize, n: u8) -> String {
@@ -821,7 +828,9 @@ pub async fn command(
             writeln!(out, "pass  {} ({})", case.name, case.section)?;
             continue;
         }
-        let why = if case.needs_layer {
+        let why = if verdict.unanswered {
+            " — the target did not answer every request"
+        } else if case.needs_layer {
             " — needs an idempotency layer that honours the key; the target does not"
         } else {
             ""
