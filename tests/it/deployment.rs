@@ -415,11 +415,13 @@ async fn a_sighup_while_the_config_is_read_is_a_reload_not_the_end() {
         let hup = child_status(Command::new("pkill").arg("-HUP").arg("-f").arg(&fifo))
             .expect("run pkill");
         assert!(hup.success(), "no process read the pipe");
+        // The start reads the file again (what it started from, then the
+        // config): a plain file by then, put in the pipe's place while the
+        // first read holds the pipe.
+        let plain = fifo.with_extension("plain");
+        std::fs::write(&plain, &toml).expect("write the config");
+        std::fs::rename(&plain, &fifo).expect("replace the pipe");
         pipe.write_all(toml.as_bytes()).expect("write the config");
-        drop(pipe);
-        // The start reads the file twice (what it started from, then the
-        // config); each read is one writer.
-        std::fs::write(&fifo, &toml).expect("write the config again");
     });
     tokio::time::timeout(WAIT, fed)
         .await
