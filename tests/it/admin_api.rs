@@ -244,6 +244,32 @@ async fn every_admin_route_needs_the_exact_bearer_token() {
     }
 }
 
+/// The answers that carry operations' keys, paths, bodies and timelines
+/// had no `Cache-Control` (the console's static files, which hold none,
+/// did): a browser or a proxy in front of the console could keep them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_admin_answer_is_kept_by_a_cache_or_sniffed() {
+    let (gw, admin) = gateway(SETTLED_AT_ONCE).await;
+    let id = unknown_operation(&gw, &admin, "cache-1").await;
+    let refused = admin_call(admin.addr, "GET", "/admin/keys", None, "").await;
+    let answers = [
+        admin.get("/admin/keys").await,
+        admin.get(&format!("/admin/keys/{id}")).await,
+        admin.get("/admin/stats").await,
+        admin.get("/metrics").await,
+        admin.get("/admin/keys/no-such-id").await,
+        refused,
+    ];
+    for answer in answers {
+        assert_eq!(
+            answer.header("cache-control"),
+            Some("no-store"),
+            "{answer:?}"
+        );
+        assert_eq!(answer.header("x-content-type-options"), Some("nosniff"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_configured_token_every_admin_call_is_401() {
     // A variable nobody sets: no token at all.

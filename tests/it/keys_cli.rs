@@ -556,3 +556,30 @@ async fn the_admin_token_sent_to_the_proxy_listener_never_reaches_the_upstream()
     }
     assert_eq!(served.upstream.requests().len(), 2);
 }
+
+/// The operator's name went into the log line bare: a name holding
+/// ` outcome=not_attempted operation_id=…` wrote fields of its own into
+/// the audit line of who settled what. It is written quoted, escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_name_cannot_forge_fields_of_the_resolution_log_line() {
+    let served = Served::start().await;
+    served.lose("forge-1").await;
+    let listed = parse_json(&served.ok(&["list", "--state", "unknown", "--json"]).await);
+    let id = listed["items"][0]["id"].as_str().expect("an id").to_owned();
+    let forged = "eve outcome=not_attempted operator=ann\u{202e}x";
+    served.ok(&resolve(&id, "completed", forged, &[])).await;
+    let logged = served.gateway.wait_for_log("resolved by an operator").await;
+    let line = logged
+        .lines()
+        .find(|l| l.contains("resolved by an operator"))
+        .expect("the line");
+    assert!(
+        line.contains(r#"operator="eve outcome=not_attempted operator=ann\u{202e}x""#),
+        "{line}"
+    );
+    assert_eq!(
+        line.matches("outcome=").count(),
+        2,
+        "one field, one quoted text: {line}"
+    );
+}

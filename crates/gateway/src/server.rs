@@ -268,6 +268,7 @@ impl Gateway {
             None => AdminToken::from_env(&server.admin_token_env),
         }?;
         token.check_exposure(server.admin_listen, &server.admin_token_env)?;
+        token.check_length(server.max_header_bytes)?;
         let proxy_tls = listeners.proxy.map(Arc::new);
         let admin_tls = listeners.admin.map(Arc::new);
         let alert_endpoints = Endpoint::all(&config.alerts)?;

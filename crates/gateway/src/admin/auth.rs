@@ -30,6 +30,8 @@ use crate::bearer::TokenDigest;
 /// an attacker chooses, says nothing of the configured one's.
 pub struct AdminToken {
     token: Option<TokenDigest>,
+    /// The token's length, for the request heads it must fit in.
+    length: usize,
     /// The variable the token is read from, named when there is none.
     variable: String,
 }
@@ -75,6 +77,8 @@ pub enum TokenFault {
     SurroundingWhitespace,
     #[error("has a character outside printable ASCII")]
     NotPrintable,
+    #[error("is too long for a request head (server.max_header_bytes, less 1KiB for the rest)")]
+    TooLong,
 }
 
 /// What would keep a non-empty `token` from ever matching an
@@ -101,6 +105,7 @@ impl AdminToken {
     fn set(token: &[u8], variable: &str) -> Self {
         AdminToken {
             token: Some(TokenDigest::of(token)),
+            length: token.len(),
             variable: variable.to_string(),
         }
     }
@@ -108,6 +113,7 @@ impl AdminToken {
     fn unset(variable: &str) -> Self {
         AdminToken {
             token: None,
+            length: 0,
             variable: variable.to_string(),
         }
     }
@@ -138,6 +144,19 @@ impl AdminToken {
                 fault,
             }),
         }
+    }
+
+    /// Refuses a token no request head of at most `max_header_bytes`
+    /// could carry beside a request line and a few fields (1 KiB): every
+    /// admin call would be 431.
+    pub(crate) fn check_length(&self, max_header_bytes: usize) -> Result<(), UnusableToken> {
+        if self.length + 1024 > max_header_bytes && self.token.is_some() {
+            return Err(UnusableToken {
+                variable: self.variable.clone(),
+                fault: TokenFault::TooLong,
+            });
+        }
+        Ok(())
     }
 
     /// Refuses an admin listener off loopback without a token.
@@ -185,6 +204,25 @@ impl AdminToken {
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    #[test]
+    fn a_token_no_request_head_can_carry_is_refused() {
+        let long = AdminToken::new("t".repeat(65 * 1024), "V").unwrap();
+        let refused = long.check_length(64 * 1024).unwrap_err();
+        assert_eq!(refused.fault, TokenFault::TooLong);
+        assert!(
+            refused.to_string().contains("max_header_bytes"),
+            "{refused}"
+        );
+        let fits = AdminToken::new("t".repeat(63 * 1024), "V").unwrap();
+        assert!(fits.check_length(64 * 1024).is_ok());
+        assert!(
+            AdminToken::new(String::new(), "V")
+                .unwrap()
+                .check_length(8192)
+                .is_ok()
+        );
+    }
 
     fn with(auth: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();

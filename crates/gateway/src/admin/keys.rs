@@ -596,7 +596,7 @@ pub async fn resolve(
         .await?
     {
         Resolved::Done => {
-            tracing::info!(operation_id = %id, operator = %resolution.operator, outcome = %resolution.outcome, "resolved by an operator");
+            tracing::info!(operation_id = %id, operator = ?resolution.operator, outcome = %resolution.outcome, "resolved by an operator");
             show(admin, id).await
         }
         Resolved::NotFound => Err(AdminError::NotFound("operation")),

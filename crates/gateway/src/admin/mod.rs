@@ -231,11 +231,21 @@ impl AdminError {
     }
 }
 
-/// Answers one admin request.
+/// Answers one admin request. Every answer, operations' data and errors
+/// alike, is one no cache keeps (an operator's browser, a proxy in front
+/// of the console) and no browser reads as another type.
 pub async fn handle(admin: Arc<Admin>, request: Request<Incoming>) -> Response<ProxyBody> {
-    route(&admin, request)
+    let mut response = route(&admin, request)
         .await
-        .unwrap_or_else(AdminError::into_response)
+        .unwrap_or_else(AdminError::into_response);
+    let headers = response.headers_mut();
+    headers
+        .entry(http::header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    headers
+        .entry(http::header::X_CONTENT_TYPE_OPTIONS)
+        .or_insert(HeaderValue::from_static("nosniff"));
+    response
 }
 
 /// An admin path, recognised apart from its method so that a wrong method
@@ -581,7 +591,7 @@ async fn pause(
     if !admin.proxy.set_paused(name, reason.as_deref()).await? {
         return Err(AdminError::NoRoute(name.to_string()));
     }
-    tracing::warn!(route = %name, action, "route {action}d by an operator");
+    tracing::warn!(route = ?name, action, "route {action}d by an operator");
     Ok(json_response(
         StatusCode::OK,
         &json!({ "route": name, "paused": reason.is_some(), "reason": reason }),
