@@ -393,10 +393,6 @@ impl Gateway {
             stop_accepting.clone(),
         ));
         let console = alerts::console_base(&config.server, admin_addr);
-        let unopenable = config.server.console_url.is_none() && admin_addr.ip().is_unspecified();
-        if !config.alerts.is_empty() && unopenable {
-            tracing::warn!(%console, "alerts link to the console at the admin listener's address, which names every interface and opens none: set server.console_url");
-        }
         // What the alerts' task is posting: what a stop abandons, if any.
         let alert_posts = Arc::new(InFlight::default());
         let alerts = tokio::spawn(

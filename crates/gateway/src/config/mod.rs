@@ -197,10 +197,19 @@ impl Config {
                 misspelled.join(", ")
             ))
         });
+        let server = &self.server;
+        let console = (!self.alerts.is_empty()
+            && server.console_url.is_none()
+            && server.admin_listen.ip().is_unspecified())
+        .then(|| format!(
+            "server.admin_listen = {} names every interface and opens none, and alerts link to the console there: set server.console_url to the address operators open",
+            server.admin_listen
+        ));
         credentials
             .chain(unprovable)
             .chain(lists)
             .chain(methods)
+            .chain(console)
             .collect()
     }
 

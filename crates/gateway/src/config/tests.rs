@@ -306,6 +306,26 @@ fn misspelled_or_no_methods_are_warned_of() {
     assert!(with(r#"["POST", "PURGE", "LINK", "MKCOL"]"#).is_empty());
 }
 
+/// Alerts link to the console at the admin listener when no console_url
+/// says where operators open it: `0.0.0.0` opens nothing. Said by
+/// `check-config` as by `serve` (only `serve` said it).
+#[test]
+fn alerts_linking_to_a_wildcard_admin_listener_are_warned_of() {
+    let with = |server: &str| {
+        let text = format!(
+            "[server]\nadmin_listen = \"0.0.0.0:9090\"\nadmin_token_env = \"T\"\n{server}\n\
+             [[alerts]]\nurl = \"http://hooks.example/x\"\n{MINIMAL}"
+        );
+        Config::from_toml_str(&text, "t").unwrap().warnings()
+    };
+    let warned = with("");
+    assert!(
+        warned.iter().any(|w| w.contains("server.console_url")),
+        "{warned:?}"
+    );
+    assert!(with("console_url = \"https://ops.example/idemgate\"").is_empty());
+}
+
 #[test]
 fn routes_need_unique_names_and_prefixes() {
     let twice = format!("{MINIMAL}{MINIMAL}");
