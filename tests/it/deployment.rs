@@ -670,6 +670,44 @@ async fn an_empty_notify_socket_is_no_service_manager() {
     assert!(!logged.contains("cannot notify"), "{logged}");
 }
 
+/// A `NOTIFY_SOCKET` path with no socket there was warned of at every
+/// notification (every watchdog ping, for the life of the process), and
+/// a socket bound there later got them: it names none, said once at
+/// start, and counts as unset, as the docs say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notify_socket_naming_no_socket_is_said_once_and_unset() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = plain_config(dir.path());
+    let path = dir.path().join("later.sock");
+    let mut serve = binary();
+    serve
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env("NOTIFY_SOCKET", &path);
+    let gateway = BinaryGateway::spawn(serve, &dir.path().join("gw.log")).await;
+    gateway.wait_for_log("listening").await;
+    // A socket there now hears nothing: not the reload's RELOADING=1,
+    // sent before its outcome is logged.
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind");
+    socket.set_nonblocking(true).expect("nonblocking");
+    gateway.signal("HUP");
+    let logged = gateway.wait_for_log("nothing to reload").await;
+    let mut buffer = [0u8; 512];
+    let heard = socket.recv(&mut buffer);
+    assert!(
+        heard.is_err(),
+        "heard {:?}",
+        heard.map(|n| String::from_utf8_lossy(&buffer[..n]).into_owned())
+    );
+    assert_eq!(
+        logged.matches("NOTIFY_SOCKET names no socket").count(),
+        1,
+        "{logged}"
+    );
+    assert!(!logged.contains("cannot notify"), "{logged}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn systemd_watchdog_is_pinged_only_while_the_store_takes_writes() {
     let upstream = FakeUpstream::start().await;

@@ -171,12 +171,21 @@ impl Notifier {
 /// The socket `NOTIFY_SOCKET` names: `None` when it is empty, an abstract
 /// name after `@`, else a path. (The sd-notify crate connects to any value
 /// as a path, so an abstract name was never reached.)
+/// A path must be a socket now: one that is not (nothing there yet, a
+/// file) names none, and counts as unset rather than warned of at every
+/// notification.
 fn destination(name: &OsStr) -> io::Result<Option<SocketAddr>> {
     use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
     match name.as_bytes() {
         [] => Ok(None),
         [b'@', name @ ..] => abstract_name(name).map(Some),
-        _ => SocketAddr::from_pathname(name).map(Some),
+        _ => {
+            if !std::fs::metadata(name)?.file_type().is_socket() {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a socket"));
+            }
+            SocketAddr::from_pathname(name).map(Some)
+        }
     }
 }
 
