@@ -180,6 +180,39 @@ async fn replicas_answer_each_others_keys() {
     b.shutdown().await;
 }
 
+/// The operations table locked by another session (a migration, `VACUUM
+/// FULL`, an operator's `LOCK TABLE`): every claim waits, then is 503,
+/// while `/readyz` said ready, since it read the lease's table only. A
+/// load balancer kept sending every write to a gateway refusing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
+async fn readyz_is_503_while_the_operations_table_is_locked() {
+    let schema = PgSchema::create().await;
+    let mut gw = gateway(&schema, "").await;
+    let ready =
+        || async { send(gw.admin_addr(), "GET", "/readyz", &[], bytes::Bytes::new()).await };
+    assert_eq!(ready().await.status, StatusCode::OK);
+    let mut lock = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_url())
+        .await
+        .unwrap();
+    let exclusive = format!(
+        "BEGIN; LOCK TABLE {}.operations IN ACCESS EXCLUSIVE MODE",
+        schema.name
+    );
+    sqlx::raw_sql(&exclusive).execute(&mut lock).await.unwrap();
+    let locked = ready().await;
+    assert_eq!(
+        locked.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        locked.body
+    );
+    sqlx::raw_sql("ROLLBACK").execute(&mut lock).await.unwrap();
+    assert_eq!(ready().await.status, StatusCode::OK);
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("k-1"), ORDER).await);
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
 async fn a_replica_that_cannot_reach_the_store_refuses_writes() {

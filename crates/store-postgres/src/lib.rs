@@ -792,6 +792,7 @@ impl Maintenance for PostgresStore {
         if !runs || !self.fence.holds() {
             return Err(StoreError::WritesRefused(LEASE_NOT_RENEWED.into()));
         }
+        statements::operations_writable(&self.pool).await?;
         match self.replication.refusal() {
             Some(reason) => Err(StoreError::WritesRefused(reason)),
             None => Ok(()),

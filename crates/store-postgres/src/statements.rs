@@ -1232,6 +1232,24 @@ pub async fn lease_runs(pool: &PgPool, replica: &str) -> Result<bool, StoreError
     Ok(runs == Some(true))
 }
 
+/// Whether a claim could take its lock on `operations` now: the lock an
+/// `INSERT` takes, within half a second (readiness is asked with 900 ms
+/// to answer), in a transaction rolled back. A table locked by another
+/// session (a migration, `VACUUM FULL`, an operator's `LOCK TABLE`)
+/// fails it, as it stalls every claim; a lease check reads another
+/// table and would not see it.
+pub async fn operations_writable(pool: &PgPool) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL lock_timeout = '500ms'")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("LOCK TABLE operations IN ROW EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await?;
+    tx.rollback().await?;
+    Ok(())
+}
+
 /// Ends `replica`'s lease, and forgets replicas whose lease ran out long
 /// ago and that own nothing in flight.
 pub(crate) async fn end_lease(pool: &PgPool, replica: &str) -> Result<(), StoreError> {
