@@ -170,3 +170,44 @@ async fn not_ready_while_the_store_cannot_grow_its_files() {
     assert_fresh_created(&write(gw.proxy, "/tasks", Some("full-2"), TASK).await);
     assert_eq!(upstream.writes(), 2);
 }
+
+/// A store file replaced under the running gateway (a restore moved over
+/// it) took its lock with it: the gateway went on writing into a file no
+/// longer at the path, said ready, and a second gateway could start on
+/// the path, the same key then sent through each. Within a second of the
+/// swap every write is refused, nothing sent, and `/readyz` says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_file_replaced_under_the_gateway_takes_no_more_writes() {
+    let upstream = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("idemgate.db");
+    let toml = gateway_toml(&store, &upstream.url(), "/", "");
+    let config = write_config(dir.path(), "idemgate.toml", &toml);
+    let gw = BinaryGateway::start(&config, &dir.path().join("gateway.log")).await;
+    assert_fresh_created(&write(gw.proxy, "/tasks", Some("before"), TASK).await);
+
+    let restored = dir.path().join("restored.db");
+    std::fs::copy(&store, &restored).expect("copy");
+    std::fs::rename(&restored, &store).expect("move over the store");
+    let tries = std::sync::atomic::AtomicUsize::new(0);
+    let refused = eventually("writes to be refused", || async {
+        let n = tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let answer = write(gw.proxy, "/tasks", Some(&format!("after-{n}")), TASK).await;
+        (answer.status == 503).then_some(answer)
+    })
+    .await;
+    refused.assert_problem(503, "store-unavailable");
+    let ready = send(gw.admin, "GET", "/readyz", &[], bytes::Bytes::new()).await;
+    assert_eq!(ready.status, 503, "{:?}", ready.body);
+    assert!(
+        String::from_utf8_lossy(&ready.body).contains("replaced"),
+        "{:?}",
+        ready.body
+    );
+    // Each write before the refusal went to the old file: at most those.
+    let sent = upstream.writes();
+    let again = write(gw.proxy, "/tasks", Some("after-refused"), TASK).await;
+    again.assert_problem(503, "store-unavailable");
+    assert_eq!(upstream.writes(), sent, "nothing sent once refused");
+    gw.wait_for_log("was replaced under this process").await;
+}

@@ -7,7 +7,8 @@
 //!   store's life and released by the kernel when the process dies, so every
 //!   `in_progress` row found at open belongs to a dead owner and becomes
 //!   `unknown` (`gateway-restarted`, [`Maintenance::recover`]) before the first
-//!   request is served;
+//!   request is served; a file replaced or removed under the process takes
+//!   its lock with it, so the writer then fails every call (`placement`);
 //! - one writer: a thread of its own owns the only connection that writes
 //!   (`writer`), so transactions never race each other and a claim's
 //!   look-up and insert are atomic; it commits the calls of every request
@@ -130,6 +131,7 @@ macro_rules! not_in_progress {
 mod checkpointer;
 mod held;
 mod outbox;
+mod placement;
 mod reader;
 mod statements;
 mod syncer;

@@ -103,7 +103,7 @@ impl Horizon {
 
     /// The log can no longer be made durable: every read and write fails
     /// from now on.
-    fn fail(&self, reason: String) {
+    pub(crate) fn fail(&self, reason: String) {
         let _ = self.failure.set(reason);
         self.synced.send_replace(u64::MAX);
     }

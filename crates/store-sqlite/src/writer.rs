@@ -47,6 +47,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::checkpointer::{self, Checkpoints, Thresholds};
 use super::held::Db;
+use super::placement::Placement;
 use super::syncer::{self, Horizon, SyncLog, Syncer};
 use super::transitions::Deferred;
 use idemgate_store::StoreBatches;
@@ -225,6 +226,8 @@ impl Writer {
 /// checkpoints.
 struct AfterCommit {
     horizon: Arc<Horizon>,
+    /// Whether the store's path still names the file written.
+    placement: Placement,
     /// Answers after a sync of the log (`None`: at once).
     syncer: Option<Syncer>,
     checkpoints: Checkpoints,
@@ -238,6 +241,8 @@ impl AfterCommit {
     ) -> Result<AfterCommit, StoreError> {
         // The checkpointer first: it stops when dropped, should the sync
         // threads fail to start; nothing fallible follows them.
+        let placement = Placement::of(&log.store)
+            .map_err(|e| StoreError::Failed(format!("cannot read the store file: {e}")))?;
         let checkpoints = Checkpoints::start(&log.store, log.checkpoints)?;
         let syncer = match log.sync {
             Some(sync) => Some(Syncer::start(sync, horizon.clone(), batches.clone())?),
@@ -245,6 +250,7 @@ impl AfterCommit {
         };
         Ok(AfterCommit {
             checkpoints,
+            placement,
             horizon: horizon.clone(),
             syncer,
         })
@@ -252,6 +258,10 @@ impl AfterCommit {
 
     /// Commits `batch` and sees to its answers.
     fn commit(&mut self, db: &Db, batch: &mut Vec<Box<dyn Work>>) -> Option<String> {
+        if let Some(moved) = self.placement.moved(Instant::now()) {
+            tracing::error!(target: TARGET, "{moved}");
+            self.horizon.fail(moved);
+        }
         if let Some(failure) = self.horizon.failure_reason() {
             // Unrun, with the reason a sync thread gave (and logged once).
             answer(batch, Some(failure));
