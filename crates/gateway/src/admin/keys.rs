@@ -202,13 +202,30 @@ fn summary(s: &Summary) -> Value {
     })
 }
 
-/// `GET /admin/keys/{id}`.
-pub async fn show(admin: &Admin, id: &str) -> Result<Response<ProxyBody>, AdminError> {
-    let (operation, events) = admin
+/// `GET /admin/keys/{id}`; with `?body=omit`, without the stored request
+/// body (what the console's list asks: up to `max_body` each, escaped).
+pub async fn show(
+    admin: &Admin,
+    id: &str,
+    query: Option<&str>,
+) -> Result<Response<ProxyBody>, AdminError> {
+    let with_body = match form_pairs(query.unwrap_or(""))?.as_slice() {
+        [] => true,
+        [(name, value)] if name == "body" && value == "omit" => false,
+        _ => {
+            return Err(AdminError::BadRequest(
+                "the only parameter is `body=omit`".into(),
+            ));
+        }
+    };
+    let (mut operation, events) = admin
         .store
         .get(id)
         .await?
         .ok_or(AdminError::NotFound("operation"))?;
+    if !with_body {
+        operation.request.body = None;
+    }
     let route = admin
         .proxy
         .routes()
@@ -597,7 +614,7 @@ pub async fn resolve(
     {
         Resolved::Done => {
             tracing::info!(operation_id = %id, operator = ?resolution.operator, outcome = %resolution.outcome, "resolved by an operator");
-            show(admin, id).await
+            show(admin, id, None).await
         }
         Resolved::NotFound => Err(AdminError::NotFound("operation")),
         Resolved::FoundAtDestination => Err(AdminError::FoundAtDestination { id: id.to_string() }),

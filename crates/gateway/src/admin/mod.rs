@@ -374,7 +374,7 @@ async fn route(
             Ok(response)
         }
         Endpoint::ListKeys => keys::list(admin, request.uri().query()).await,
-        Endpoint::ShowKey(id) => keys::show(admin, id).await,
+        Endpoint::ShowKey(id) => keys::show(admin, id, request.uri().query()).await,
         Endpoint::Resolve(id) => {
             let body = read_body(request, admin.body_timeout).await?;
             keys::resolve(admin, id, &body).await

@@ -328,9 +328,11 @@
 
   async function renderList() {
     const shown = held() ? list.rows.slice(list.offset, list.offset + PAGE) : list.rows;
-    // Evidence and next action are in each operation's detail.
+    // Evidence and next action are in each operation's detail: asked
+    // without its request body, which may be megabytes each.
     const details = await Promise.all(
-      shown.map((row) => api("GET", "/admin/keys/" + segment(row.id)).catch(() => null)),
+      shown.map((row) =>
+        api("GET", "/admin/keys/" + segment(row.id) + "?body=omit").catch(() => null)),
     );
     const body = $("operations").tBodies[0];
     body.replaceChildren(
