@@ -1173,6 +1173,50 @@ async fn signing_out_leaves_no_operation_data_in_the_page() {
     client.close().await.expect("close");
 }
 
+/// Signing out while the held-work list was still reading its rows'
+/// details left the rows (keys, routes, states) written into the page
+/// once the details came: each failed detail was only "no detail".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver (.ci/run runs it)"]
+async fn signing_out_while_the_list_loads_leaves_no_rows() {
+    let driver = driver();
+    let (gw, url) = console_gateway().await;
+    lose(&gw, "order-in-flight").await;
+    let client = signed_in(&driver, &gw, &url, "1 held operation").await;
+    // The rows' details wait for the test: the list is loading.
+    js(
+        &client,
+        "window.heldDetails = [];
+         const original = window.fetch;
+         window.fetch = (path, init) => String(path).includes('?body=omit')
+           ? new Promise((answer) => window.heldDetails.push(() => answer(original(path, init))))
+           : original(path, init);
+         return null;",
+    )
+    .await;
+    click(&client, "#nav-held").await;
+    let deadline = Instant::now() + WAIT;
+    while js(&client, "return window.heldDetails.length;").await != json!(1) {
+        assert!(Instant::now() < deadline, "the list never asked a detail");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    click(&client, "#sign-out").await;
+    wait_text(&client, "#notice", "Signed out").await;
+    // The details come now, and the list's work ends.
+    let rows = client
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             window.heldDetails.forEach((release) => release());
+             setTimeout(() => done(document.querySelectorAll('#operations tbody tr').length
+               + ' ' + document.getElementById('main').textContent.includes('order-in-flight')), 500);",
+            vec![],
+        )
+        .await
+        .expect("script");
+    assert_eq!(rows, json!("0 false"), "rows written after signing out");
+    client.close().await.expect("close");
+}
+
 /// With JavaScript off, the page says that the console needs it and what
 /// else does the work, rather than show its title alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

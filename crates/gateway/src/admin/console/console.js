@@ -332,7 +332,12 @@
     // without its request body, which may be megabytes each.
     const details = await Promise.all(
       shown.map((row) =>
-        api("GET", "/admin/keys/" + segment(row.id) + "?body=omit").catch(() => null)),
+        api("GET", "/admin/keys/" + segment(row.id) + "?body=omit").catch((error) => {
+          // Signed out meanwhile: the rows, read with the token, are not
+          // shown either. Another failure leaves one row's detail out.
+          if (error instanceof ApiError && error.status === 401) throw error;
+          return null;
+        })),
     );
     const body = $("operations").tBodies[0];
     body.replaceChildren(
