@@ -294,6 +294,35 @@ async fn a_detail_asked_without_its_body_leaves_the_body_out() {
     }
 }
 
+/// A stored body that is not UTF-8 (a Latin-1 form, a gzip body) was
+/// shown as text with its bytes replaced by U+FFFD, beside the SHA-256 of
+/// the bytes sent: something the client never sent, with no sign of it.
+/// It is given as its bytes, in base64.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_body_that_is_not_utf8_is_shown_as_its_bytes() {
+    use base64::Engine as _;
+    let (gw, admin) = gateway(&format!("{SETTLED_AT_ONCE}\nstore_request_body = true")).await;
+    let latin1: &[u8] = b"name=Jos\xe9&city=K\xf6ln";
+    let headers = [
+        (
+            "content-type",
+            "application/x-www-form-urlencoded; charset=iso-8859-1",
+        ),
+        ("idempotency-key", "latin-1"),
+        ("authorization", ALICE),
+    ];
+    let lost = send(gw.addr(), "POST", "/hold", &headers, latin1.to_vec()).await;
+    lost.assert_operation_problem(504, "outcome-unknown", "unknown");
+    let id = admin.id_of("latin-1").await;
+    let shown = admin.get_json(&format!("/admin/keys/{id}")).await;
+    assert!(shown["request"].get("body").is_none(), "{shown}");
+    let encoded = shown["request"]["body_base64"].as_str().expect("base64");
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .expect("base64");
+    assert_eq!(decoded, latin1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_configured_token_every_admin_call_is_401() {
     // A variable nobody sets: no token at all.

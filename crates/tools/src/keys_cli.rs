@@ -482,6 +482,8 @@ fn render_operation(op: &Value) -> Result<String, KeysError> {
     ));
     if let Some(body) = request.get("body") {
         lines.push(("body", field(body)));
+    } else if let Some(bytes) = request.get("body_base64") {
+        lines.push(("body", format!("(not UTF-8, in base64) {}", field(bytes))));
     }
     let response = match op.get("response") {
         Some(Value::Object(response)) => {

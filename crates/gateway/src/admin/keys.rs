@@ -289,8 +289,17 @@ pub fn detail(op: &Operation, events: &[StoredEvent]) -> Value {
         "body_size": request.body_size,
         "body_sha256": request.body_sha256,
     });
+    // As sent: text when it is UTF-8, else its bytes in base64, never
+    // text with its bytes replaced (which `body_sha256` would not match).
     if let Some(body) = &request.body {
-        request_json["body"] = json!(String::from_utf8_lossy(body));
+        match std::str::from_utf8(body) {
+            Ok(text) => request_json["body"] = json!(text),
+            Err(_) => {
+                use base64::Engine as _;
+                let encoded = base64::engine::general_purpose::STANDARD.encode(body);
+                request_json["body_base64"] = json!(encoded);
+            }
+        }
     }
     let extra = json!({
         "evidence": op.evidence,

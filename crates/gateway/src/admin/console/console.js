@@ -571,6 +571,9 @@
         (request.content_type ? " (" + request.content_type + ")" : "") +
         ", " + request.body_size + " bytes, sha256 " + request.body_sha256),
       ...(request.body !== undefined ? fact("Request body", request.body) : []),
+      ...(request.body_base64 !== undefined
+        ? fact("Request body", "(not UTF-8, in base64) " + request.body_base64)
+        : []),
       ...fact("Response status", response ? response.status +
         (response.body_stored ? "" : " (body not stored)") : "none recorded"),
     );
