@@ -401,7 +401,12 @@ pub async fn after_stale(
 async fn read_operation(store: &dyn Operators, claim: &Claim) -> Result<Operation, Reply> {
     match store.get(&claim.operation_id).await {
         Ok(Some((operation, _))) => Ok(operation),
-        Ok(None) => Err(Err(unrecorded(claim))),
+        Ok(None) => {
+            // Not swept (an operation in flight never is): the store was
+            // dropped or restored from an older copy under the gateway.
+            tracing::error!(operation_id = %claim.operation_id, attempt = claim.attempt, "the store no longer holds this operation, whose attempt was made: its outcome cannot be recorded, and a retry of its key would be a new write (was the store replaced under the gateway?)");
+            Err(Err(unrecorded(claim)))
+        }
         Err(error) => {
             tracing::warn!(operation_id = %claim.operation_id, %error, "cannot read an operation whose record was refused");
             Err(Err(unrecorded(claim)))
