@@ -267,10 +267,18 @@ mod tests {
         assert!(read("").is_none(), "empty is unset");
         let named = read("@idemgate-notify").unwrap();
         assert_eq!(named.as_abstract_name(), Some(&b"idemgate-notify"[..]));
-        let path = read("/run/systemd/notify").unwrap();
-        assert_eq!(
-            path.as_pathname(),
-            Some(std::path::Path::new("/run/systemd/notify"))
+        let dir = tempfile::tempdir().unwrap();
+        let bound = dir.path().join("notify");
+        let _socket = UnixDatagram::bind(&bound).unwrap();
+        let path = read(bound.to_str().unwrap()).unwrap();
+        assert_eq!(path.as_pathname(), Some(bound.as_path()));
+        // A path with no socket there names none.
+        let missing = dir.path().join("missing");
+        assert!(destination(missing.as_os_str()).is_err());
+        std::fs::write(&missing, b"").unwrap();
+        assert!(
+            destination(missing.as_os_str()).is_err(),
+            "a file, not a socket"
         );
     }
 

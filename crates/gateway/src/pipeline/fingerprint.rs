@@ -133,6 +133,11 @@ fn hash_media_types(hasher: &mut Sha256, headers: &HeaderMap) {
 /// other (RFC 8259 §11), is none. Written `type/subtype; name=value`, so
 /// a value already so spelled is unchanged.
 fn media_type_normal(value: &str) -> Cow<'_, str> {
+    // The common spelling (`application/json`) as it is, unallocated.
+    let plain = |b: u8| !(b == b';' || b.is_ascii_whitespace() || b.is_ascii_uppercase());
+    if value.bytes().all(plain) {
+        return Cow::Borrowed(value);
+    }
     let mut parts = value.split(';');
     let media_type = parts.next().unwrap_or("").trim().to_ascii_lowercase();
     let json = media_type == "application/json" || media_type.ends_with("+json");
