@@ -15,7 +15,7 @@
 
 use std::borrow::Cow;
 
-use http::header::{CONTENT_TYPE, HeaderName};
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{HeaderMap, Method};
 use sha2::{Digest, Sha256};
 
@@ -84,7 +84,7 @@ impl ExactDigest {
     pub fn compute(input: &FingerprintInput<'_>) -> Self {
         let mut hasher = Sha256::new();
         hash_request_head(&mut hasher, b"idemgate-exact-v1", input);
-        hash_values(&mut hasher, input.headers, &CONTENT_TYPE);
+        hash_values(&mut hasher, input.headers, &CONTENT_TYPE, as_sent);
         part(&mut hasher, input.body);
         ExactDigest(hasher.finalize().into())
     }
@@ -104,26 +104,45 @@ fn hash_request_head(hasher: &mut Sha256, tag: &[u8], input: &FingerprintInput<'
     part(hasher, input.method.as_str().as_bytes());
     part(hasher, input.path_and_query.as_bytes());
     for name in input.fingerprint_headers {
-        if name == CONTENT_TYPE {
-            hash_media_types(hasher, input.headers);
+        // A `Content-Type` in its normal form: a retry that spells its
+        // media type otherwise sends the same request.
+        let form = if name == CONTENT_TYPE {
+            media_type
         } else {
-            hash_values(hasher, input.headers, name);
-        }
+            as_sent
+        };
+        hash_values(hasher, input.headers, name, form);
     }
 }
 
-/// `Content-Type` as [`hash_values`] hashes a header, each value in its
-/// [normal form](media_type_normal): a retry that spells its media type
-/// otherwise sends the same request.
-fn hash_media_types(hasher: &mut Sha256, headers: &HeaderMap) {
-    part(hasher, CONTENT_TYPE.as_str().as_bytes());
-    let values = headers.get_all(CONTENT_TYPE);
+/// A header's name, how many values it has, and each value in `form`.
+fn hash_values(
+    hasher: &mut Sha256,
+    headers: &HeaderMap,
+    name: &HeaderName,
+    form: fn(&HeaderValue) -> Cow<'_, [u8]>,
+) {
+    part(hasher, name.as_str().as_bytes());
+    let values = headers.get_all(name);
     part(hasher, &(values.iter().count() as u64).to_be_bytes());
     for value in values {
-        match value.to_str() {
-            Ok(text) => part(hasher, media_type_normal(text).as_bytes()),
-            Err(_) => part(hasher, value.as_bytes()),
-        }
+        part(hasher, &form(value));
+    }
+}
+
+fn as_sent(value: &HeaderValue) -> Cow<'_, [u8]> {
+    Cow::Borrowed(value.as_bytes())
+}
+
+/// A media type in its [normal form](media_type_normal); bytes that are
+/// not text, as sent.
+fn media_type(value: &HeaderValue) -> Cow<'_, [u8]> {
+    match value.to_str() {
+        Ok(text) => match media_type_normal(text) {
+            Cow::Borrowed(text) => Cow::Borrowed(text.as_bytes()),
+            Cow::Owned(text) => Cow::Owned(text.into_bytes()),
+        },
+        Err(_) => as_sent(value),
     }
 }
 
@@ -164,16 +183,6 @@ fn media_type_normal(value: &str) -> Cow<'_, str> {
         Cow::Borrowed(value)
     } else {
         Cow::Owned(normal)
-    }
-}
-
-/// A header's name, how many values it has, and each value.
-fn hash_values(hasher: &mut Sha256, headers: &HeaderMap, name: &HeaderName) {
-    part(hasher, name.as_str().as_bytes());
-    let values = headers.get_all(name);
-    part(hasher, &(values.iter().count() as u64).to_be_bytes());
-    for value in values {
-        part(hasher, value.as_bytes());
     }
 }
 
