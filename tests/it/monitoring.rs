@@ -109,6 +109,39 @@ async fn held_retries_are_no_upstream_failures() {
     assert_eq!(gw.upstream.writes(), 1);
 }
 
+/// An upstream answering 500 to every write was seen by no metric: each
+/// write is `forwarded` (its answer its outcome, replayed), and
+/// `IdemgateUpstreamErrors` counts only released and held writes. The
+/// upstream's answers are counted by status class; a replay, and a write
+/// whose answer was lost, are none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstreams_answers_are_counted_by_status_class() {
+    let gw = spawn_gateway_with(Setup::route("").admin()).await;
+    for key in ["e-1", "e-2"] {
+        let failed = write(gw.addr(), "/status/500", Some(key), "{}").await;
+        assert_eq!(failed.status, 500);
+    }
+    assert!(
+        write(gw.addr(), "/status/500", Some("e-1"), "{}")
+            .await
+            .is_replay()
+    );
+    assert_fresh_created(&write(gw.addr(), "/orders", Some("ok-1"), "{}").await);
+    write(gw.addr(), "/drop", Some("lost-1"), "{}")
+        .await
+        .assert_operation_problem(502, "outcome-unknown", "unknown");
+    let metrics = scrape_metrics(gw.admin_addr()).await;
+    let count = |class: &str| {
+        metric(
+            &metrics,
+            &format!(r#"idemgate_upstream_answers_total{{route="api",class="{class}"}}"#),
+        )
+    };
+    assert_eq!(count("5xx"), Some(2.0), "{metrics}");
+    assert_eq!(count("2xx"), Some(1.0), "{metrics}");
+    assert_eq!(count("4xx"), Some(0.0), "{metrics}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_and_dashboard_query_only_exported_metrics() {
     // A gateway that has written, held an operation and paused a route,

@@ -153,6 +153,16 @@ struct RequestLabels {
     outcome: Outcome,
 }
 
+/// A write's answer from the upstream: its route and status class.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct AnswerLabels {
+    route: String,
+    class: &'static str,
+}
+
+/// The classes of a final answer's status, `upstream_answers`' label.
+const ANSWER_CLASSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RouteLabels {
     route: String,
@@ -205,6 +215,8 @@ pub struct RouteSeries {
     requests: Family<RequestLabels, Counter>,
     by_outcome: [OnceLock<Counter>; Outcome::ALL.len()],
     upstream_seconds: Histogram,
+    /// By [`ANSWER_CLASSES`].
+    answers: [Counter; ANSWER_CLASSES.len()],
 }
 
 impl RouteSeries {
@@ -224,6 +236,15 @@ impl RouteSeries {
     pub(crate) fn upstream_duration(&self, seconds: f64) {
         self.upstream_seconds.observe(seconds);
     }
+
+    /// A write's final answer from the upstream, of `status`, whatever
+    /// became of the write (a 503 released, a 502 held, a 500 completed).
+    pub(crate) fn upstream_answer(&self, status: u16) {
+        let class = usize::from(status / 100).checked_sub(2);
+        if let Some(counter) = class.and_then(|class| self.answers.get(class)) {
+            counter.inc();
+        }
+    }
 }
 
 pub struct Metrics {
@@ -231,6 +252,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     upstream_seconds: Family<RouteLabels, Histogram>,
     late_responses: Family<RouteLabels, Counter>,
+    upstream_answers: Family<AnswerLabels, Counter>,
     probe_verdicts: Family<VerdictLabels, Counter>,
     connect_retries: Family<RouteLabels, Counter>,
     refused_connections: Family<ListenerLabels, Counter>,
@@ -284,6 +306,12 @@ impl Metrics {
             "Responses that arrived after their operation had left in_progress",
             Family::default(),
         );
+        let upstream_answers = registered(
+            &mut registry,
+            "upstream_answers",
+            "Writes' answers from the upstream by route and status class (2xx, 3xx, 4xx, 5xx), whatever became of the write: a 503 released, a 502 held, a 500 completed and replayed",
+            Family::default(),
+        );
         let probe_verdicts = registered(
             &mut registry,
             "probe_verdicts",
@@ -331,6 +359,7 @@ impl Metrics {
             requests,
             upstream_seconds,
             late_responses,
+            upstream_answers,
             probe_verdicts,
             connect_retries,
             refused_connections,
@@ -358,6 +387,13 @@ impl Metrics {
             drop(self.late_responses.get_or_create(&labels));
             drop(self.connect_retries.get_or_create(&labels));
             drop(self.store_errors.get_or_create(&labels));
+            for class in ANSWER_CLASSES {
+                let route = route.to_string();
+                drop(
+                    self.upstream_answers
+                        .get_or_create(&AnswerLabels { route, class }),
+                );
+            }
             for outcome in Outcome::ALL {
                 let route = route.to_string();
                 drop(
@@ -399,6 +435,12 @@ impl Metrics {
                 .upstream_seconds
                 .get_or_create(&RouteLabels::of(route))
                 .clone(),
+            answers: ANSWER_CLASSES.map(|class| {
+                let route = route.to_string();
+                self.upstream_answers
+                    .get_or_create(&AnswerLabels { route, class })
+                    .clone()
+            }),
         }
     }
 

@@ -113,12 +113,17 @@ impl Attempt {
             sent
         };
         let mut sent = traces::child(Step::Upstream, exchange).await;
+        // What the upstream said over HTTP, before an MCP call's reading.
+        if let (_, Some(status)) = sent.exchange.summary() {
+            self.active.series.upstream_answer(status);
+        }
         if let Some(call) = &self.call {
             sent.exchange = mcp::outcome::settle(sent.exchange, &call.id, call.spoke());
         }
         self.active
             .series
             .upstream_duration(started.elapsed().as_secs_f64());
+
         let fenced = matches!(sent.exchange, Exchange::Fenced { .. });
         let Settled {
             settlement,
