@@ -178,6 +178,37 @@ async fn not_ready_while_the_store_cannot_grow_its_files() {
 /// swap every write is refused, nothing sent, and `/readyz` says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_file_replaced_under_the_gateway_takes_no_more_writes() {
+    swapped_under_the_gateway(
+        |store| {
+            let restored = store.with_extension("restored");
+            std::fs::copy(store, &restored).expect("copy");
+            std::fs::rename(&restored, store).expect("move over the store");
+        },
+        "was replaced under this process",
+    )
+    .await;
+}
+
+/// Its log (`-wal`) removed: the commits not yet copied into the file went
+/// with it, and a retry after the restart of a write the gateway answered
+/// was sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_log_removed_under_the_gateway_takes_no_more_writes() {
+    swapped_under_the_gateway(
+        |store| {
+            let mut wal = store.as_os_str().to_owned();
+            wal.push("-wal");
+            std::fs::remove_file(wal).expect("remove the log");
+        },
+        "log",
+    )
+    .await;
+}
+
+/// A gateway whose store `swap` changes under it once it wrote: within a
+/// second every write is refused, nothing sent, `/readyz` says so, and
+/// its log says `said`.
+async fn swapped_under_the_gateway(swap: impl FnOnce(&std::path::Path), said: &str) {
     let upstream = FakeUpstream::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("idemgate.db");
@@ -186,9 +217,7 @@ async fn a_store_file_replaced_under_the_gateway_takes_no_more_writes() {
     let gw = BinaryGateway::start(&config, &dir.path().join("gateway.log")).await;
     assert_fresh_created(&write(gw.proxy, "/tasks", Some("before"), TASK).await);
 
-    let restored = dir.path().join("restored.db");
-    std::fs::copy(&store, &restored).expect("copy");
-    std::fs::rename(&restored, &store).expect("move over the store");
+    swap(&store);
     let tries = std::sync::atomic::AtomicUsize::new(0);
     let refused = eventually("writes to be refused", || async {
         let n = tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -200,7 +229,7 @@ async fn a_store_file_replaced_under_the_gateway_takes_no_more_writes() {
     let ready = send(gw.admin, "GET", "/readyz", &[], bytes::Bytes::new()).await;
     assert_eq!(ready.status, 503, "{:?}", ready.body);
     assert!(
-        String::from_utf8_lossy(&ready.body).contains("replaced"),
+        String::from_utf8_lossy(&ready.body).contains("under this process"),
         "{:?}",
         ready.body
     );
@@ -209,5 +238,5 @@ async fn a_store_file_replaced_under_the_gateway_takes_no_more_writes() {
     let again = write(gw.proxy, "/tasks", Some("after-refused"), TASK).await;
     again.assert_problem(503, "store-unavailable");
     assert_eq!(upstream.writes(), sent, "nothing sent once refused");
-    gw.wait_for_log("was replaced under this process").await;
+    gw.wait_for_log(said).await;
 }
