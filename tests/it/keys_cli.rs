@@ -529,14 +529,38 @@ async fn the_admin_token_sent_to_the_proxy_listener_never_reaches_the_upstream()
     let misdirected = served.fails(cmd).await;
     assert_api_error(&misdirected, 421, "misdirected-admin-call");
     assert!(misdirected.contains("admin listener"), "{misdirected}");
-    // Any spelling of the scheme, and a write as well as a read.
-    for (method, scheme) in [("POST", "bearer"), ("GET", "BEARER")] {
-        let auth = format!("{scheme} {}", served.token);
+    // Below a prefix the tool was given (`--admin http://host/ops`).
+    let mut prefixed = binary();
+    prefixed
+        .args(["keys", "list", "--admin"])
+        .arg(format!("http://{}/ops", served.gateway.proxy))
+        .arg("--token-env")
+        .arg(&served.variable)
+        .env(&served.variable, &served.token);
+    assert_api_error(&served.fails(prefixed).await, 421, "misdirected-admin-call");
+    // Any spelling of the scheme, the path or the framing, and a write as
+    // well as a read (found by the recheck: a prefix, `/ADMIN`, `%2F`,
+    // `;`, a tab, lines joined by a comma were forwarded).
+    let token = &served.token;
+    for (method, path, auth) in [
+        ("POST", "/admin/keys", format!("bearer {token}")),
+        ("GET", "/admin/keys", format!("BEARER {token}")),
+        ("GET", "/ADMIN/keys", format!("Bearer {token}")),
+        ("GET", "/admin%2Fkeys", format!("Bearer {token}")),
+        ("GET", "/admin;x/keys", format!("Bearer {token}")),
+        ("GET", "/admin", format!("Bearer {token}")),
+        ("GET", "/gw/admin/stats", format!("Bearer\t{token}")),
+        (
+            "GET",
+            "/admin/keys",
+            format!("Bearer other, Bearer {token}"),
+        ),
+    ] {
         let headers = [
             ("authorization", auth.as_str()),
             ("idempotency-key", "k-misdirected"),
         ];
-        let answer = send(served.gateway.proxy, method, "/admin/keys", &headers, "{}").await;
+        let answer = send(served.gateway.proxy, method, path, &headers, "{}").await;
         answer.assert_problem(421, "misdirected-admin-call");
     }
     let sent_token = served.upstream.requests().iter().any(|r| {
@@ -549,12 +573,13 @@ async fn the_admin_token_sent_to_the_proxy_listener_never_reaches_the_upstream()
     for (path, auth) in [
         ("/admin/keys", "Bearer the-upstream-s-own"),
         ("/v1/keys", own.as_str()),
+        ("/administrators", own.as_str()),
     ] {
         let headers = [("authorization", auth)];
         let answer = send(served.gateway.proxy, "GET", path, &headers, "").await;
         assert_eq!(answer.status, 200, "{path}: {:?}", answer.body);
     }
-    assert_eq!(served.upstream.requests().len(), 2);
+    assert_eq!(served.upstream.requests().len(), 3);
 }
 
 /// The operator's name went into the log line bare: a name holding

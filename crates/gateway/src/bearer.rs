@@ -35,10 +35,21 @@ impl TokenDigest {
             .ok()
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .is_some_and(|(_, token)| {
-                let presented = Sha256::digest(token.trim().as_bytes());
-                bool::from(presented.as_slice().ct_eq(&self.0))
-            })
+            .is_some_and(|(_, token)| self.is(token.trim()))
+    }
+
+    /// Whether the token is anywhere in `field`, however framed (another
+    /// separator, lines joined by commas): what must not be forwarded.
+    pub fn carried_by(&self, field: &HeaderValue) -> bool {
+        let text = String::from_utf8_lossy(field.as_bytes());
+        text.split(|c: char| c == ',' || c.is_ascii_whitespace())
+            .filter(|piece| !piece.is_empty())
+            .any(|piece| self.is(piece))
+    }
+
+    fn is(&self, token: &str) -> bool {
+        let presented = Sha256::digest(token.as_bytes());
+        bool::from(presented.as_slice().ct_eq(&self.0))
     }
 }
 
@@ -56,5 +67,10 @@ mod tests {
         assert!(!presents("Basic s3cret"));
         assert!(!presents("Bearer s3cret2"));
         assert!(!presents("s3cret"));
+        let carried = |v: &str| digest.carried_by(&HeaderValue::from_str(v).unwrap());
+        assert!(carried("Bearer\ts3cret"));
+        assert!(carried("Bearer other, Bearer s3cret"));
+        assert!(carried("s3cret"));
+        assert!(!carried("Bearer s3cret2, Basic x"));
     }
 }

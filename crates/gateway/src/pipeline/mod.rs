@@ -333,15 +333,17 @@ impl Proxy {
     }
 
     /// Whether the request is a call for the admin API that carries its
-    /// token: only `/admin/` paths are looked at (the admin API's), so a
-    /// request elsewhere costs nothing.
+    /// token, however framed: only paths with an `/admin` segment are
+    /// looked at (the admin API's, below any prefix a tool was given, in
+    /// any case or encoding), so a request elsewhere costs a scan of its
+    /// path.
     fn misdirected_admin_call(&self, path: &str, headers: &http::HeaderMap) -> bool {
         self.admin_token.is_some_and(|token| {
-            path.starts_with("/admin/")
+            names_admin(path)
                 && headers
                     .get_all(http::header::AUTHORIZATION)
                     .iter()
-                    .any(|field| token.presented_in(field))
+                    .any(|field| token.carried_by(field))
         })
     }
 
@@ -1041,6 +1043,23 @@ async fn digest_of<T: Send + 'static>(
         .map_err(|e| ProxyError::Internal {
             reason: format!("fingerprinting failed: {e}"),
         })
+}
+
+/// Whether `path` has a segment `admin` (in any case), ended by `/`, `;`,
+/// an encoded `/` or the path's end: where an admin API call lands,
+/// below whatever prefix.
+fn names_admin(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    path.match_indices('/').any(|(at, _)| {
+        let rest = &bytes[at..];
+        rest.len() >= 6
+            && rest[..6].eq_ignore_ascii_case(b"/admin")
+            && match &rest[6..] {
+                [] | [b'/' | b';', ..] => true,
+                [b'%', b'2', f, ..] => f.eq_ignore_ascii_case(&b'f'),
+                _ => false,
+            }
+    })
 }
 
 /// The key for a write that sent none: assigned, or derived from the
