@@ -186,7 +186,7 @@ async fn replicas_answer_each_others_keys() {
 /// load balancer kept sending every write to a gateway refusing them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL at 127.0.0.1:5432 (.ci/run runs it)"]
-async fn readyz_is_503_while_the_operations_table_is_locked() {
+async fn readyz_is_503_while_a_table_a_claim_writes_is_locked() {
     let schema = PgSchema::create().await;
     let mut gw = gateway(&schema, "").await;
     let ready =
@@ -195,20 +195,25 @@ async fn readyz_is_503_while_the_operations_table_is_locked() {
     let mut lock = <sqlx::PgConnection as sqlx::Connection>::connect(&postgres_url())
         .await
         .unwrap();
-    let exclusive = format!(
-        "BEGIN; LOCK TABLE {}.operations IN ACCESS EXCLUSIVE MODE",
-        schema.name
-    );
-    sqlx::raw_sql(&exclusive).execute(&mut lock).await.unwrap();
-    let locked = ready().await;
-    assert_eq!(
-        locked.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{:?}",
-        locked.body
-    );
-    sqlx::raw_sql("ROLLBACK").execute(&mut lock).await.unwrap();
-    assert_eq!(ready().await.status, StatusCode::OK);
+    // Every table a claim writes (the recheck found `events` and
+    // `operation_counts` missed), and a SHARE lock as a CREATE INDEX takes.
+    for (table, mode) in [
+        ("operations", "ACCESS EXCLUSIVE"),
+        ("events", "SHARE"),
+        ("operation_counts", "ACCESS EXCLUSIVE"),
+    ] {
+        let exclusive = format!("BEGIN; LOCK TABLE {}.{table} IN {mode} MODE", schema.name);
+        sqlx::raw_sql(&exclusive).execute(&mut lock).await.unwrap();
+        let locked = ready().await;
+        assert_eq!(
+            locked.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{table}: {:?}",
+            locked.body
+        );
+        sqlx::raw_sql("ROLLBACK").execute(&mut lock).await.unwrap();
+        assert_eq!(ready().await.status, StatusCode::OK, "{table}");
+    }
     assert_fresh_created(&write(gw.addr(), "/orders", Some("k-1"), ORDER).await);
     gw.shutdown().await;
 }

@@ -1232,18 +1232,19 @@ pub async fn lease_runs(pool: &PgPool, replica: &str) -> Result<bool, StoreError
     Ok(runs == Some(true))
 }
 
-/// Whether a claim could take its lock on `operations` now: the lock an
-/// `INSERT` takes, within half a second (readiness is asked with 900 ms
-/// to answer), in a transaction rolled back. A table locked by another
-/// session (a migration, `VACUUM FULL`, an operator's `LOCK TABLE`)
-/// fails it, as it stalls every claim; a lease check reads another
-/// table and would not see it.
+/// Whether a claim could take its locks now: the lock an `INSERT` takes
+/// on each table a claim writes (the operation, its event, its count),
+/// within half a second (readiness is asked with 900 ms to answer), in a
+/// transaction rolled back. A table locked by another session (a
+/// migration, `VACUUM FULL`, a `CREATE INDEX`, an operator's `LOCK
+/// TABLE`) fails it, as it stalls every claim; a lease check reads
+/// another table and would not see it.
 pub async fn operations_writable(pool: &PgPool) -> Result<(), StoreError> {
     let mut tx = pool.begin().await?;
     sqlx::query("SET LOCAL lock_timeout = '500ms'")
         .execute(&mut *tx)
         .await?;
-    sqlx::query("LOCK TABLE operations IN ROW EXCLUSIVE MODE")
+    sqlx::query("LOCK TABLE operations, events, operation_counts IN ROW EXCLUSIVE MODE")
         .execute(&mut *tx)
         .await?;
     tx.rollback().await?;
