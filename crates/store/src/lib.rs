@@ -958,7 +958,7 @@ pub trait Maintenance: Send + Sync {
     /// as any write is, since a transaction that writes nothing commits on
     /// a full disk; PostgreSQL asks whether this replica's lease runs, which
     /// only a renewal (a write) extends, and whether a claim could lock the
-    /// operations table now.
+    /// tables it writes now.
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// Marks what this process still has `in_progress` as `unknown`
