@@ -708,6 +708,34 @@ async fn a_notify_socket_naming_no_socket_is_said_once_and_unset() {
     assert!(!logged.contains("cannot notify"), "{logged}");
 }
 
+/// The same for an abstract name (`@name`), which cannot be looked at
+/// before a send: nobody hearing the first notification, it was warned of
+/// at every one, and a socket bound later got them (recheck).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abstract_notify_socket_nobody_hears_is_said_once_and_unset() {
+    use std::os::linux::net::SocketAddrExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = plain_config(dir.path());
+    let name = format!("idemgate-nobody-{}", uuid::Uuid::now_v7().simple());
+    let mut serve = binary();
+    serve
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env("NOTIFY_SOCKET", format!("@{name}"));
+    let gateway = BinaryGateway::spawn(serve, &dir.path().join("gw.log")).await;
+    gateway.wait_for_log("listening").await;
+    let address = std::os::unix::net::SocketAddr::from_abstract_name(&name).expect("a name");
+    let socket = std::os::unix::net::UnixDatagram::bind_addr(&address).expect("bind");
+    socket.set_nonblocking(true).expect("nonblocking");
+    gateway.signal("HUP");
+    let logged = gateway.wait_for_log("nothing to reload").await;
+    let mut buffer = [0u8; 512];
+    assert!(socket.recv(&mut buffer).is_err(), "a later socket heard it");
+    assert_eq!(logged.matches("names no socket").count(), 1, "{logged}");
+    assert!(!logged.contains("cannot notify"), "{logged}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn systemd_watchdog_is_pinged_only_while_the_store_takes_writes() {
     let upstream = FakeUpstream::start().await;

@@ -25,13 +25,17 @@
 //! name in Linux's abstract namespace (how systemd names its socket to a
 //! unit in a private mount namespace, and how a container runtime may).
 //! Unset or empty (not under systemd), nothing is sent and no timer runs;
-//! a value that names no socket is logged once, at start, and counts as
-//! unset. A notification that cannot be sent is logged and never stops
-//! the gateway: serving matters more than telling.
+//! a value that names no socket (a path with none there; an abstract name
+//! nobody hears at the first notification) is logged once, at start, and
+//! counts as unset. Notifications that cannot be sent are logged once per
+//! run of failures and never stop the gateway: serving matters more than
+//! telling.
 
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use sd_notify::NotifyState;
@@ -51,6 +55,22 @@ pub struct Notifier {
     socket: Option<SocketAddr>,
     /// `WATCHDOG_USEC`, when it is meant for this process.
     watchdog: Option<Duration>,
+    /// How the sends went ([`Heard`]), shared by the clones.
+    heard: Arc<AtomicU8>,
+}
+
+/// How a [`Notifier`]'s sends went, so that a socket nobody listens on is
+/// said once, not at every notification.
+#[repr(u8)]
+enum Heard {
+    /// Nothing sent yet.
+    NotYet,
+    /// The last send went through.
+    Yes,
+    /// The last sends failed (said once).
+    Failing,
+    /// The first send failed: nobody listens, as if unset.
+    Nobody,
 }
 
 impl Notifier {
@@ -67,6 +87,7 @@ impl Notifier {
         Notifier {
             socket,
             watchdog: sd_notify::watchdog_enabled().filter(|_| listening),
+            heard: Arc::new(AtomicU8::new(Heard::NotYet as u8)),
         }
     }
 
@@ -157,13 +178,28 @@ impl Notifier {
         Some(watchdog.min(STATUS_EVERY).max(Duration::from_millis(1)))
     }
 
+    /// Sends `states`. The first send failing means nobody listens (an
+    /// abstract name cannot be looked at before): said once, and nothing
+    /// more is sent; a later failure is said once per run of failures.
     fn send(&self, states: &[NotifyState<'_>]) {
         let Some(socket) = &self.socket else {
             return;
         };
+        if self.heard.load(Ordering::Relaxed) == Heard::Nobody as u8 {
+            return;
+        }
         let message: String = states.iter().map(|state| format!("{state}\n")).collect();
-        if let Err(error) = send_to(socket, message.as_bytes()) {
-            tracing::warn!(%error, "cannot notify systemd (NOTIFY_SOCKET)");
+        match send_to(socket, message.as_bytes()) {
+            Ok(()) => self.heard.store(Heard::Yes as u8, Ordering::Relaxed),
+            Err(error) => {
+                let before = self.heard.swap(Heard::Failing as u8, Ordering::Relaxed);
+                if before == Heard::NotYet as u8 {
+                    self.heard.store(Heard::Nobody as u8, Ordering::Relaxed);
+                    tracing::warn!(%error, "NOTIFY_SOCKET names no socket anyone listens on: systemd is not told");
+                } else if before == Heard::Yes as u8 {
+                    tracing::warn!(%error, "cannot notify systemd (NOTIFY_SOCKET)");
+                }
+            }
         }
     }
 }
@@ -242,6 +278,7 @@ mod tests {
         let under = |watchdog| Notifier {
             socket: Some(socket.clone()),
             watchdog,
+            heard: Arc::default(),
         };
         assert_eq!(
             under(Some(Duration::from_secs(10))).period(),
@@ -255,6 +292,7 @@ mod tests {
         let alone = Notifier {
             socket: None,
             watchdog: None,
+            heard: Arc::default(),
         };
         assert_eq!(alone.period(), None);
     }
