@@ -35,7 +35,7 @@ use crate::common::*;
 use http::StatusCode;
 use idemgate_model::clock::{Clock, ManualClock};
 use idemgate_store::Store;
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::Connection;
 
 const BODIES: [&str; 2] = [r#"{"task":"a"}"#, r#"{"task":"b"}"#];
@@ -493,6 +493,36 @@ impl Run {
         }
     }
 
+    /// `resolution` of `id` through gateway `via`, as an operator makes
+    /// it: an operation marked with its attempt in flight (a stalled
+    /// replica's) may land for that attempt's exchange after the mark, not
+    /// only the late window, so a 409 says until when, and the operator
+    /// waits that out and resolves again. `what` names it in an error.
+    async fn resolve_told(
+        &mut self,
+        via: usize,
+        id: &str,
+        resolution: &Value,
+        what: &str,
+    ) -> Result<Response, String> {
+        let resp = self.gws[via].resolve(id, resolution).await;
+        if resp.status != StatusCode::CONFLICT {
+            return Ok(resp);
+        }
+        let Some(seconds) = resp
+            .header("retry-after")
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            return Err(format!("{what}: 409 {:?}", resp.body));
+        };
+        let _ = writeln!(
+            self.log,
+            "    (told to wait, the operator waits {seconds} s)"
+        );
+        self.advance(seconds * 1000 + 1);
+        Ok(self.gws[via].resolve(id, resolution).await)
+    }
+
     async fn resolve(
         &mut self,
         via: usize,
@@ -513,24 +543,7 @@ impl Run {
             self.wait_out_the_late_window();
             json!({"outcome": "not_attempted", "operator": "model"})
         };
-        let mut resp = self.gws[via].resolve(id, &resolution).await;
-        // Marked with its attempt in flight (a stalled replica's), that
-        // attempt may land for its exchange after the mark, not only the
-        // late window: the operator is told until when, and waits it out.
-        if !completed && resp.status == StatusCode::CONFLICT {
-            let Some(seconds) = resp
-                .header("retry-after")
-                .and_then(|s| s.parse::<u64>().ok())
-            else {
-                return Err(format!("resolve: 409 {:?}", resp.body));
-            };
-            let _ = writeln!(
-                self.log,
-                "    (told to wait, the operator waits {seconds} s)"
-            );
-            self.advance(seconds * 1000 + 1);
-            resp = self.gws[via].resolve(id, &resolution).await;
-        }
+        let resp = self.resolve_told(via, id, &resolution, "resolve").await?;
         if resp.status != StatusCode::OK {
             return Err(format!("resolve: {} {:?}", resp.status, resp.body));
         }
@@ -671,24 +684,9 @@ impl Run {
                 let id = op["id"].as_str().expect("operation id");
                 self.wait_out_the_late_window();
                 let resolution = json!({"outcome": "not_attempted", "operator": "model"});
-                let mut resp = self.gws[peer].resolve(id, &resolution).await;
-                // Marked with its attempt in flight, that attempt may land
-                // as long as one in progress may (its connects too): the
-                // operator is told until when, and waits that out.
-                if resp.status == StatusCode::CONFLICT {
-                    let seconds = resp
-                        .header("retry-after")
-                        .and_then(|s| s.parse::<u64>().ok());
-                    let Some(seconds) = seconds else {
-                        return Err(format!("resolve gated: 409 {:?}", resp.body));
-                    };
-                    let _ = writeln!(
-                        self.log,
-                        "    (told to wait, the operator waits {seconds} s)"
-                    );
-                    self.advance(seconds * 1000 + 1);
-                    resp = self.gws[peer].resolve(id, &resolution).await;
-                }
+                let resp = self
+                    .resolve_told(peer, id, &resolution, "resolve gated")
+                    .await?;
                 // Unless the stalled replica, fenced meanwhile, settled
                 // it as never sent first.
                 let now = self.gws[peer].operation(GATED_KEY).await;
