@@ -410,23 +410,11 @@ async fn a_replica_past_its_lease_sends_nothing() {
     let schema = PgSchema::create().await;
     // The upstream refuses connections at first: A keeps retrying.
     let port = closed_port().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("http://{port}");
     // A late window of a millisecond: the operator below may resolve the
     // held write `not_attempted` as soon as B holds it.
-    let config = replica_config(
-        dir.path(),
-        &schema,
-        &url,
-        "connect_retries = 10\nlate_window = \"1ms\"\nupstream_timeout = \"1s\"",
-        SHORT_LEASE,
-    );
-    let a = start_replica(&config, &dir.path().join("a.log")).await;
-    let b = start_replica(&config, &dir.path().join("b.log")).await;
-
-    let proxy = a.proxy;
-    let first = tokio::spawn(async move { write(proxy, "/orders", Some("fenced-1"), BODY).await });
-    let claimed = operation_until(b.admin, "fenced-1", |op| op["state"] == "in_progress").await;
+    let route = "connect_retries = 10\nlate_window = \"1ms\"\nupstream_timeout = \"1s\"";
+    let (_dir, a, b, first, claimed) =
+        claimed_through_a(&schema, &format!("http://{port}"), route, "fenced-1").await;
     let id = claimed["id"].as_str().expect("id").to_string();
 
     let mut stall = stall_lease_of(&schema, "fenced-1").await;
@@ -531,20 +519,9 @@ async fn a_fenced_replica_settles_what_its_peer_held_as_never_sent() {
             open.push(socket);
         }
     });
-    let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("https://127.0.0.1:{port}");
-    let config = replica_config(
-        dir.path(),
-        &schema,
-        &url,
-        "connect_timeout = \"4s\"\nconnect_retries = 1\nupstream_timeout = \"1s\"",
-        SHORT_LEASE,
-    );
-    let a = start_replica(&config, &dir.path().join("a.log")).await;
-    let b = start_replica(&config, &dir.path().join("b.log")).await;
-    let proxy = a.proxy;
-    let first = tokio::spawn(async move { write(proxy, "/orders", Some("fenced-2"), BODY).await });
-    operation_until(b.admin, "fenced-2", |op| op["state"] == "in_progress").await;
+    let route = "connect_timeout = \"4s\"\nconnect_retries = 1\nupstream_timeout = \"1s\"";
+    let (_dir, a, b, first, _) = claimed_through_a(&schema, &url, route, "fenced-2").await;
     let stall = stall_lease_of(&schema, "fenced-2").await;
     let marked = operation_until(b.admin, "fenced-2", |op| op["state"] != "in_progress").await;
     assert_eq!(
@@ -566,6 +543,32 @@ async fn a_fenced_replica_settles_what_its_peer_held_as_never_sent() {
     drop(stall);
     accepting.abort();
     drop((a, b));
+}
+
+/// Replicas A and B on `schema` before `url` (with `route`'s settings and
+/// a short lease), and a write of `key` through A, once B sees it
+/// claimed: the dir their config is in, both, the write's task, and the
+/// claimed operation as B shows it.
+async fn claimed_through_a(
+    schema: &PgSchema,
+    url: &str,
+    route: &str,
+    key: &'static str,
+) -> (
+    tempfile::TempDir,
+    BinaryGateway,
+    BinaryGateway,
+    tokio::task::JoinHandle<Response>,
+    serde_json::Value,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = replica_config(dir.path(), schema, url, route, SHORT_LEASE);
+    let a = start_replica(&config, &dir.path().join("a.log")).await;
+    let b = start_replica(&config, &dir.path().join("b.log")).await;
+    let proxy = a.proxy;
+    let first = tokio::spawn(async move { write(proxy, "/orders", Some(key), BODY).await });
+    let claimed = operation_until(b.admin, key, |op| op["state"] == "in_progress").await;
+    (dir, a, b, first, claimed)
 }
 
 /// Stalls the database link of the replica that owns `key`'s operation:
